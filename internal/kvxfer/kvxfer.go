@@ -1,0 +1,254 @@
+// Package kvxfer is the KV channel between a decode worker and a prefill
+// worker: the messages of its protocol, their binary framing, and the Backend
+// interface that transports implement (tcp/ is the one used in production).
+//
+// # Protocol
+//
+// One long-lived connection per (decode, prefill) pair, opened by decode.
+// Every frame is
+//
+//	uint32 length (of what follows, big-endian) | uint8 type | payload
+//
+// with length ≤ the configured maximum frame size. Decode starts with HELLO
+// carrying the model fingerprint; prefill answers HELLO_OK, or HELLO_ERR with
+// a reason naming every mismatched field and closes. Then both sides send
+// PING every heartbeat interval and answer PONG; a side that hears nothing
+// for interval × misses declares the connection dead and fails its rooms.
+// Room messages (ROOM_OPEN … ABORT_ACK) carry (room, gen) and are handed to
+// the worker's lifecycle machine; the transport never interprets them.
+// A malformed frame or an unknown type closes the connection; it never
+// crashes the process.
+//
+// # Concurrency
+//
+// A Backend is safe for concurrent use. Handler methods are called from
+// transport goroutines and must not block for long.
+package kvxfer
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// Room identifies one request's KV rendezvous between a prefill and a decode
+// worker: 128 random bits minted by the router.
+type Room [16]byte
+
+// NewRoom returns a random room.
+func NewRoom() Room {
+	var r Room
+	_, _ = rand.Read(r[:]) // crypto/rand.Read never returns an error
+	return r
+}
+
+// String is the room as 32 lowercase hex digits.
+func (r Room) String() string { return hex.EncodeToString(r[:]) }
+
+// IsZero reports the zero room (never minted).
+func (r Room) IsZero() bool { return r == Room{} }
+
+// ParseRoom parses 32 hex digits.
+func ParseRoom(s string) (Room, error) {
+	var r Room
+	if len(s) != 32 {
+		return r, fmt.Errorf("room must be 32 hex digits, got %d characters", len(s))
+	}
+	if _, err := hex.Decode(r[:], []byte(s)); err != nil {
+		return r, fmt.Errorf("room: %w", err)
+	}
+	return r, nil
+}
+
+// MarshalText implements encoding.TextMarshaler (JSON as a hex string).
+func (r Room) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (r *Room) UnmarshalText(b []byte) error {
+	p, err := ParseRoom(string(b))
+	if err != nil {
+		return err
+	}
+	*r = p
+	return nil
+}
+
+// RoomGen is a room and the attempt (generation) using it. A retry of a
+// request uses the same room with Gen+1; frames of an older gen are stale.
+type RoomGen struct {
+	Room Room
+	Gen  uint32
+}
+
+func (rg RoomGen) String() string { return fmt.Sprintf("%s/%d", rg.Room, rg.Gen) }
+
+// Type is a frame type.
+type Type uint8
+
+// Frame types.
+const (
+	TypeHello     Type = 1
+	TypeHelloOK   Type = 2
+	TypeHelloErr  Type = 3
+	TypePing      Type = 4
+	TypePong      Type = 5
+	TypeRoomOpen  Type = 6
+	TypeRoomReady Type = 7
+	TypeRoomRenew Type = 8
+	TypeKVChunk   Type = 9
+	TypeKVDone    Type = 10
+	TypeKVAck     Type = 11
+	TypeAbort     Type = 12
+	TypeAbortAck  Type = 13
+)
+
+var typeNames = [...]string{"", "HELLO", "HELLO_OK", "HELLO_ERR", "PING", "PONG", "ROOM_OPEN",
+	"ROOM_READY", "ROOM_RENEW", "KV_CHUNK", "KV_DONE", "KV_ACK", "ABORT", "ABORT_ACK"}
+
+func (t Type) String() string {
+	if int(t) < len(typeNames) && t != 0 {
+		return typeNames[t]
+	}
+	return fmt.Sprintf("TYPE(%d)", uint8(t))
+}
+
+// ProtocolVersion is sent in HELLO; peers with another version are refused.
+const ProtocolVersion = 1
+
+// Message is one decoded frame.
+type Message interface {
+	Type() Type
+}
+
+// Hello opens a connection (decode → prefill).
+type Hello struct {
+	Version     uint16
+	Fingerprint model.Fingerprint
+	Auth        string // shared secret, may be empty
+}
+
+// HelloOK accepts a connection.
+type HelloOK struct{}
+
+// HelloErr refuses a connection; the sender closes it after this frame.
+type HelloErr struct{ Reason string }
+
+// Ping asks for a Pong with the same nonce.
+type Ping struct{ Nonce uint64 }
+
+// Pong answers a Ping.
+type Pong struct{ Nonce uint64 }
+
+// RoomOpen (decode → prefill) announces that decode admitted the request and
+// starts decode's lease on the room. NTokens and PromptHash let prefill check
+// that both legs carry the same request.
+type RoomOpen struct {
+	RoomGen
+	RID        string
+	NTokens    uint32
+	PromptHash uint64
+}
+
+// RoomReady (decode → prefill): decode holds pages for NTokens prompt tokens;
+// prefill may send KV.
+type RoomReady struct {
+	RoomGen
+	NTokens uint32
+}
+
+// RoomRenew lists the rooms the sender still holds for the receiver on this
+// connection; a room held for a peer that stops listing it is released
+// within one lease.
+type RoomRenew struct{ Rooms []RoomGen }
+
+// KVChunk (prefill → decode) carries the bytes of NPages consecutive prompt
+// pages starting at prompt page index FirstPage (0 = the page holding
+// tokens 0 … PageSize-1). len(Data) == NPages × page bytes.
+type KVChunk struct {
+	RoomGen
+	Seq       uint32
+	FirstPage uint32
+	NPages    uint32
+	Data      []byte
+}
+
+// KVDone (prefill → decode) ends a transfer: NPages pages were sent in
+// NChunks chunks; Checksum is CRC-32C (Castagnoli) over the bytes of all
+// NPages pages in order. FirstToken is the token prefill sampled after the
+// prompt, with its log-probability.
+type KVDone struct {
+	RoomGen
+	NChunks      uint32
+	NPages       uint32
+	NTokens      uint32
+	Checksum     uint32
+	FirstToken   int32
+	FirstLogprob float32
+}
+
+// KVAck (decode → prefill): the KV arrived and verified; prefill may free it.
+type KVAck struct{ RoomGen }
+
+// Abort tells the peer that the room failed or was aborted, and why.
+type Abort struct {
+	RoomGen
+	Reason string
+}
+
+// AbortAck answers an Abort.
+type AbortAck struct{ RoomGen }
+
+func (Hello) Type() Type     { return TypeHello }
+func (HelloOK) Type() Type   { return TypeHelloOK }
+func (HelloErr) Type() Type  { return TypeHelloErr }
+func (Ping) Type() Type      { return TypePing }
+func (Pong) Type() Type      { return TypePong }
+func (RoomOpen) Type() Type  { return TypeRoomOpen }
+func (RoomReady) Type() Type { return TypeRoomReady }
+func (RoomRenew) Type() Type { return TypeRoomRenew }
+func (KVChunk) Type() Type   { return TypeKVChunk }
+func (KVDone) Type() Type    { return TypeKVDone }
+func (KVAck) Type() Type     { return TypeKVAck }
+func (Abort) Type() Type     { return TypeAbort }
+func (AbortAck) Type() Type  { return TypeAbortAck }
+
+// PeerID names one connection within a process. A reconnect to the same
+// address gets a new PeerID, so state tied to a dead connection can never be
+// confused with the new one.
+type PeerID uint64
+
+// Handler receives what a Backend hears. Methods are called from transport
+// goroutines; they must hand work off and return promptly.
+type Handler interface {
+	// PeerUp is called once when a connection's handshake succeeded.
+	PeerUp(peer PeerID, remote string)
+	// HandleMessage is called for every room message (ROOM_OPEN … ABORT_ACK)
+	// in the order received on that connection.
+	HandleMessage(peer PeerID, m Message)
+	// PeerLost is called exactly once per connection that was returned by
+	// Connect or accepted, when it closes for any reason (handshake refused,
+	// heartbeat missed, malformed frame, Close), with that reason.
+	PeerLost(peer PeerID, err error)
+}
+
+// Backend moves KV channel messages between workers.
+type Backend interface {
+	// Listen accepts connections on addr (prefill side) until Close. It
+	// returns the address actually bound (addr may use port 0).
+	Listen(addr string) (string, error)
+	// Connect returns the live connection to a prefill's KV address, opening
+	// one if there is none (decode side). It does not block: messages sent
+	// before the handshake completes are queued, and a failed dial or
+	// handshake is reported through Handler.PeerLost.
+	Connect(addr string) PeerID
+	// Send queues m on the connection without blocking. It returns an error
+	// if the connection is closed or unknown; the message is then dropped.
+	Send(peer PeerID, m Message) error
+	// Remote returns the remote address of a connection ("" if unknown).
+	Remote(peer PeerID) string
+	// Close closes every connection and listener and waits for the
+	// backend's goroutines to exit.
+	Close() error
+}

@@ -1,0 +1,37 @@
+// Package lifecycle is the request state machine of one pdserve worker, for
+// every role: prefill, decode and colocated.
+//
+// # Overview
+//
+// After etcd's raft: a [Machine] holds all request state of a worker and
+// nothing else. Inputs go in through [Machine.Step] as events; side effects
+// come out of [Machine.Ready] as an ordered list that the caller (the worker
+// shell) executes. The machine has no goroutines, no clock and no I/O: time
+// arrives with every event, so tests drive it step by step and replay seeded
+// interleavings.
+//
+// Every non-terminal stage has a deadline, every stage that holds a peer's
+// room is covered by a lease that the peer renews, and every terminal
+// transition goes through one function that frees the request's pages
+// exactly once, tells the peer unless the peer caused it, leaves a tombstone
+// for failed rooms, and emits exactly one [Finalize] effect. Terminal states
+// are absorbing: nothing that arrives later changes them.
+//
+// Prefill: Bootstrap → Waiting → Prefilling → Parked → Transferring → done.
+// Decode: Prealloc → AwaitingKV → Queued → Decoding → done.
+// Colocated: Waiting → Prefilling → Decoding → done.
+//
+// # Concurrency
+//
+// A Machine is not safe for concurrent use: one goroutine (the worker loop)
+// calls Step and Ready. The forward pass of a [RunBatch] effect may run on
+// another goroutine while the loop keeps stepping; the machine never frees the
+// pages of a request in the running batch before the matching [BatchDone].
+//
+// # Ownership
+//
+// The machine owns the page Allocator: it alone allocates and frees pages.
+// The shell owns the page bytes and writes them only as effects direct
+// (RunBatch, WriteKV), so a frame for a room that is no longer live is
+// dropped here and can never land in reused pages.
+package lifecycle

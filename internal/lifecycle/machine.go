@@ -1,0 +1,710 @@
+package lifecycle
+
+import (
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// req is one live request.
+type req struct {
+	Request
+	stage      Stage
+	arrived    time.Time
+	stageSince time.Time
+	// deadline is the current stage's deadline and cause the outcome when it
+	// passes; hardDeadline caps the whole request.
+	deadline     time.Time
+	cause        Outcome
+	hardDeadline time.Time
+	pages        []kvcache.PageID
+	// computed is the number of prompt tokens whose KV is in pages
+	// (prefill, colocated).
+	computed int
+	// outputs are the tokens generated so far (decode, colocated; prefill
+	// keeps its one sampled token in first).
+	outputs []int32
+	first   model.SeqOutput
+	// inBatch is set while the running forward writes this request's pages.
+	inBatch bool
+
+	// KV channel state.
+	opened    bool // prefill: ROOM_OPEN seen; decode: ROOM_OPEN sent
+	ready     bool // prefill: ROOM_READY seen
+	peerUp    bool // decode: the connection's handshake is done
+	ackSent   bool // decode: KV_ACK sent, prefill has let go of the room
+	peerEnded bool // the peer ended the room (its ABORT), so it is not told back
+	sentPages int  // prefill: prompt pages sent
+	chunks    uint32
+	lastRenew time.Time
+	// decode receive state
+	recv        []bool
+	recvCount   int
+	xferStarted bool
+	verifying   bool
+	done        kvxfer.KVDone
+
+	stageTime [numStages]time.Duration
+	history   []HistoryEntry
+	hpos      int
+}
+
+// HistoryEntry is one lifecycle event of a request, for /debug/requests/{rid}.
+type HistoryEntry struct {
+	At   time.Time `json:"at"`
+	What string    `json:"what"`
+}
+
+type pendingOpen struct {
+	open    kvxfer.RoomOpen
+	peer    kvxfer.PeerID
+	at      time.Time
+	ready   bool
+	readyNT uint32
+}
+
+type tombstone struct {
+	gen     uint32
+	outcome Outcome
+	reason  string
+	until   time.Time
+}
+
+type tombKey struct {
+	room kvxfer.Room
+	rid  string
+}
+
+// Machine is the state machine of one worker. See the package doc.
+type Machine struct {
+	cfg   Config
+	alloc *kvcache.Allocator
+	now   time.Time
+
+	reqs  map[string]*req
+	rooms map[kvxfer.Room]*req
+	// queue holds requests in arrival order; scheduling scans it and drops
+	// entries that left.
+	queue []*req
+
+	pending    map[kvxfer.Room]*pendingOpen
+	tombs      map[tombKey]tombstone
+	tombOrder  []tombKey
+	stageCount [numStages]int
+
+	batch     []batchEntry // requests of the running forward
+	deferFree [][]kvcache.PageID // pages of requests that ended mid-batch
+
+	peersUp     map[kvxfer.PeerID]bool
+	lastRenewal time.Time
+	shutdown    bool
+
+	effects  []Effect
+	counters Counters
+}
+
+// New returns a machine. It returns an error for an invalid config.
+func New(cfg Config, alloc *kvcache.Allocator) (*Machine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Machine{
+		cfg:     cfg,
+		alloc:   alloc,
+		reqs:    make(map[string]*req),
+		rooms:   make(map[kvxfer.Room]*req),
+		pending: make(map[kvxfer.Room]*pendingOpen),
+		tombs:   make(map[tombKey]tombstone),
+		peersUp: make(map[kvxfer.PeerID]bool),
+		counters: Counters{
+			FramesDropped: make(map[string]uint64),
+		},
+	}, nil
+}
+
+// Config returns the machine's configuration.
+func (m *Machine) Config() Config { return m.cfg }
+
+// Ready returns the effects produced since the last call, in order, and
+// forgets them. The shell executes them before the next Step.
+func (m *Machine) Ready() []Effect {
+	e := m.effects
+	m.effects = nil
+	return e
+}
+
+// Busy reports whether a forward is running (a RunBatch not yet answered).
+func (m *Machine) Busy() bool { return m.batch != nil }
+
+// Step applies one event at time now. now must not go backwards; an earlier
+// time is treated as the last one seen.
+func (m *Machine) Step(now time.Time, ev Event) {
+	if now.After(m.now) {
+		m.now = now
+	}
+	switch e := ev.(type) {
+	case Arrive:
+		m.arrive(e.Req)
+	case Abort:
+		m.abort(e)
+	case Tick:
+		m.tick()
+	case Schedule:
+		m.admit()
+		m.schedule()
+	case BatchDone:
+		m.batchDone(e)
+	case Message:
+		m.message(e.Peer, e.Msg)
+	case PeerUp:
+		m.peerUp(e.Peer)
+	case PeerLost:
+		m.peerLost(e.Peer, e.Err)
+	case KVVerified:
+		m.kvVerified(e)
+	case Shutdown:
+		m.doShutdown()
+	default:
+		panic(fmt.Sprintf("lifecycle: unknown event %T", ev))
+	}
+	if m.cfg.Role == RoleDecode {
+		m.admit()
+	}
+}
+
+func (m *Machine) emit(e Effect) { m.effects = append(m.effects, e) }
+
+func (m *Machine) record(r *req, format string, args ...any) {
+	if m.cfg.History <= 0 {
+		return
+	}
+	h := HistoryEntry{At: m.now, What: fmt.Sprintf(format, args...)}
+	if len(r.history) < m.cfg.History {
+		r.history = append(r.history, h)
+		return
+	}
+	r.history[r.hpos] = h
+	r.hpos = (r.hpos + 1) % len(r.history)
+}
+
+// setStage moves r to stage s with deadline d (zero: only the hard cap).
+func (m *Machine) setStage(r *req, s Stage, d time.Duration, cause Outcome) {
+	if r.stage != StageNone {
+		m.stageCount[r.stage]--
+		r.stageTime[r.stage] += m.now.Sub(r.stageSince)
+	}
+	r.stage = s
+	r.stageSince = m.now
+	m.stageCount[s]++
+	r.deadline, r.cause = time.Time{}, OutcomeNone
+	if d > 0 {
+		r.deadline, r.cause = m.now.Add(d), cause
+	}
+	m.record(r, "stage %s", s)
+}
+
+// rejectEarly answers a request that was never admitted.
+func (m *Machine) rejectEarly(q Request, o Outcome, format string, args ...any) {
+	m.emit(Finalize{RID: q.RID, RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen}, Outcome: o,
+		Err: fmt.Sprintf(format, args...), PromptTokens: len(q.InputIDs)})
+}
+
+// validate checks a request against the config; it returns the outcome and
+// message of the first problem, or OutcomeNone.
+func (m *Machine) validate(q Request) (Outcome, string) {
+	n := len(q.InputIDs)
+	switch {
+	case q.RID == "":
+		return OutcomeRejectedInvalid, "request id is empty"
+	case n == 0:
+		return OutcomeRejectedInvalid, "prompt is empty"
+	case q.MaxTokens < 1:
+		return OutcomeRejectedInvalid, fmt.Sprintf("max_tokens must be at least 1, got %d", q.MaxTokens)
+	case n >= m.cfg.ContextLen:
+		return OutcomeRejectedInvalid, fmt.Sprintf("prompt has %d tokens; this worker's context length is %d", n, m.cfg.ContextLen)
+	case n+q.MaxTokens > m.cfg.ContextLen:
+		return OutcomeRejectedInvalid, fmt.Sprintf("prompt (%d tokens) + max_tokens (%d) exceeds the context length %d", n, q.MaxTokens, m.cfg.ContextLen)
+	case m.cfg.Role != RoleColocated && q.Room.IsZero():
+		return OutcomeRejectedInvalid, "room is missing"
+	}
+	for i, id := range q.InputIDs {
+		if id < 0 || int(id) >= m.cfg.VocabSize {
+			return OutcomeRejectedInvalid, fmt.Sprintf("input token %d at position %d is outside the vocabulary [0, %d)", id, i, m.cfg.VocabSize)
+		}
+	}
+	if err := q.Sampling.Validate(); err != nil {
+		return OutcomeRejectedInvalid, err.Error()
+	}
+	if need := m.pagesNeeded(q); need > m.alloc.Total() {
+		return OutcomeRejectedCapacity, fmt.Sprintf("request needs %d KV pages; this worker's pool has %d", need, m.alloc.Total())
+	}
+	return OutcomeNone, ""
+}
+
+// pagesNeeded is the pages a request holds at most on this worker: the prompt
+// on prefill; prompt + output on decode and colocated (allocated up front so
+// a running request never waits for memory).
+func (m *Machine) pagesNeeded(q Request) int {
+	n := len(q.InputIDs)
+	if m.cfg.Role != RolePrefill {
+		n += q.MaxTokens
+	}
+	return (n + m.cfg.PageSize - 1) / m.cfg.PageSize
+}
+
+func (m *Machine) promptPages(r *req) int {
+	return (len(r.InputIDs) + m.cfg.PageSize - 1) / m.cfg.PageSize
+}
+
+// PromptHash is the FNV-1a hash of a prompt's token ids (little-endian
+// int32s), carried in ROOM_OPEN so prefill can check both legs carry the
+// same prompt.
+func PromptHash(ids []int32) uint64 {
+	h := fnv.New64a()
+	var b [4]byte
+	for _, id := range ids {
+		b[0], b[1], b[2], b[3] = byte(id), byte(id>>8), byte(id>>16), byte(id>>24)
+		h.Write(b[:])
+	}
+	return h.Sum64()
+}
+
+func (m *Machine) arrive(q Request) {
+	if m.shutdown {
+		m.rejectEarly(q, OutcomeShutdown, "worker is shutting down")
+		return
+	}
+	if _, dup := m.reqs[q.RID]; dup {
+		m.rejectEarly(q, OutcomeRejectedInvalid, "request id %q is already in use", q.RID)
+		return
+	}
+	if t, ok := m.tombFor(q.RID, q.Room, q.Gen); ok {
+		m.counters.TombstoneHits++
+		m.rejectEarly(q, t.outcome, "request was aborted before it arrived: %s", t.reason)
+		m.dropPendingWithAbort(q.Room, q.Gen, t.reason)
+		return
+	}
+	if o, msg := m.validate(q); o != OutcomeNone {
+		m.rejectEarly(q, o, "%s", msg)
+		if m.cfg.Role == RolePrefill {
+			m.dropPendingWithAbort(q.Room, q.Gen, "prefill rejected the request: "+msg)
+		}
+		if m.cfg.Role != RoleColocated {
+			m.addTomb(tombKey{room: q.Room}, q.Gen, OutcomeAbortedPeer, "peer rejected the request: "+msg)
+		}
+		return
+	}
+	if old, ok := m.rooms[q.Room]; ok && m.cfg.Role != RoleColocated {
+		if q.Gen <= old.Gen {
+			m.rejectEarly(q, OutcomeRejectedInvalid, "room %s is in use by request %q (gen %d)", q.Room, old.RID, old.Gen)
+			return
+		}
+		m.finish(old, OutcomeAbortedPeer, fmt.Sprintf("superseded by retry gen %d", q.Gen), "")
+	}
+	r := &req{Request: q, arrived: m.now, stageSince: m.now}
+	limit := m.cfg.MaxRequestTime
+	if q.Timeout > 0 && q.Timeout < limit {
+		limit = q.Timeout
+	}
+	r.hardDeadline = m.now.Add(limit)
+	m.reqs[q.RID] = r
+	if m.cfg.Role != RoleColocated {
+		m.rooms[q.Room] = r
+	}
+	m.record(r, "arrive: %d prompt tokens, max_tokens %d", len(q.InputIDs), q.MaxTokens)
+	switch m.cfg.Role {
+	case RolePrefill:
+		m.setStage(r, StageBootstrap, m.cfg.BootstrapTimeout, OutcomeTimeoutBootstrap)
+		m.queue = append(m.queue, r)
+		if p, ok := m.pending[q.Room]; ok && p.open.Gen == q.Gen {
+			delete(m.pending, q.Room)
+			m.roomOpened(r, p.peer, p.open)
+			if r.stage != StageDone && p.ready {
+				m.roomReady(r, p.readyNT)
+			}
+		}
+	case RoleDecode:
+		m.setStage(r, StagePrealloc, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+		r.peerUp = m.peersUp[q.Peer]
+		r.lastRenew = m.now
+		r.opened = true
+		m.emit(Send{Peer: q.Peer, Msg: kvxfer.RoomOpen{RoomGen: r.roomGen(), RID: q.RID,
+			NTokens: uint32(len(q.InputIDs)), PromptHash: PromptHash(q.InputIDs)}})
+		m.record(r, "ROOM_OPEN sent to peer %d (%s)", q.Peer, q.PeerAddr)
+		m.queue = append(m.queue, r)
+	case RoleColocated:
+		m.setStage(r, StageWaiting, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+		m.queue = append(m.queue, r)
+	}
+}
+
+func (r *req) roomGen() kvxfer.RoomGen { return kvxfer.RoomGen{Room: r.Room, Gen: r.Gen} }
+
+// shared reports whether the peer still holds state for r's room, so an end
+// on this side must be told to it.
+func (m *Machine) shared(r *req) bool {
+	switch m.cfg.Role {
+	case RolePrefill:
+		return r.opened
+	case RoleDecode:
+		return r.opened && !r.ackSent
+	}
+	return false
+}
+
+// finish ends r: the one way out of every stage. It frees r's pages (after
+// the running forward if r is in it), tells the peer unless the peer caused
+// the end, leaves a tombstone for a failed room, and emits one Finalize.
+func (m *Machine) finish(r *req, o Outcome, reason, finishReason string) {
+	if r.stage == StageDone {
+		return
+	}
+	if o != OutcomeOK && m.shared(r) && o != OutcomePeerLost && !r.peerEnded {
+		m.emit(Send{Peer: r.Peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Reason: fmt.Sprintf("%s: %s", o, reason)}})
+	}
+	m.setStage(r, StageDone, 0, OutcomeNone)
+	m.stageCount[StageDone]--
+	if len(r.pages) > 0 {
+		if r.inBatch {
+			m.deferFree = append(m.deferFree, r.pages)
+		} else {
+			m.free(r.pages)
+		}
+		r.pages = nil
+	}
+	delete(m.reqs, r.RID)
+	if cur, ok := m.rooms[r.Room]; ok && cur == r {
+		delete(m.rooms, r.Room)
+	}
+	if o != OutcomeOK && m.cfg.Role != RoleColocated {
+		m.addTomb(tombKey{room: r.Room}, r.Gen, o, reason)
+	}
+	m.record(r, "end %s %s", o, reason)
+	st := make(map[Stage]time.Duration)
+	for s, d := range r.stageTime {
+		if d > 0 {
+			st[Stage(s)] = d
+		}
+	}
+	f := Finalize{RID: r.RID, RoomGen: r.roomGen(), Outcome: o, PromptTokens: len(r.InputIDs),
+		OutputTokens: len(r.outputs), StageTime: st, Age: m.now.Sub(r.arrived)}
+	if o == OutcomeOK {
+		f.FinishReason = finishReason
+		if m.cfg.Role == RolePrefill {
+			f.FirstToken = r.first
+			f.OutputTokens = 0
+		}
+	} else {
+		f.Err = reason
+	}
+	m.emit(f)
+}
+
+func (m *Machine) free(pages []kvcache.PageID) {
+	if err := m.alloc.Free(pages); err != nil {
+		// A double free would hand one page to two requests; the machine's
+		// bookkeeping makes it impossible, so this is a bug worth a crash.
+		panic(fmt.Sprintf("lifecycle: %v", err))
+	}
+}
+
+func (m *Machine) addTomb(k tombKey, gen uint32, o Outcome, reason string) {
+	if k.room.IsZero() && k.rid == "" {
+		return
+	}
+	if _, exists := m.tombs[k]; !exists {
+		m.tombOrder = append(m.tombOrder, k)
+	}
+	m.tombs[k] = tombstone{gen: gen, outcome: o, reason: reason, until: m.now.Add(m.cfg.TombstoneTTL)}
+	for len(m.tombs) > m.cfg.MaxTombstones && len(m.tombOrder) > 0 {
+		delete(m.tombs, m.tombOrder[0])
+		m.tombOrder = m.tombOrder[1:]
+	}
+}
+
+// tombFor finds a tombstone that covers (rid, room, gen): a room tombstone
+// covers its gen and older ones (gen 0 covers every gen).
+func (m *Machine) tombFor(rid string, room kvxfer.Room, gen uint32) (tombstone, bool) {
+	if !room.IsZero() {
+		if t, ok := m.tombs[tombKey{room: room}]; ok && (t.gen == 0 || gen <= t.gen) {
+			return t, true
+		}
+	}
+	if rid != "" {
+		if t, ok := m.tombs[tombKey{rid: rid}]; ok {
+			return t, true
+		}
+	}
+	return tombstone{}, false
+}
+
+// dropPendingWithAbort removes a pending ROOM_OPEN and tells its sender.
+func (m *Machine) dropPendingWithAbort(room kvxfer.Room, gen uint32, reason string) {
+	p, ok := m.pending[room]
+	if !ok || p.open.Gen != gen {
+		return
+	}
+	delete(m.pending, room)
+	m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Reason: reason}})
+}
+
+func (m *Machine) abort(a Abort) {
+	var r *req
+	if a.RID != "" {
+		r = m.reqs[a.RID]
+	}
+	if r == nil && !a.Room.IsZero() {
+		r = m.rooms[a.Room]
+	}
+	var o Outcome
+	var reason string
+	switch a.Reason {
+	case AbortStop:
+		o, reason = OutcomeOK, "stop"
+	case AbortPeerLeg:
+		o, reason = OutcomeAbortedPeer, "the other leg failed"
+	default:
+		o, reason = OutcomeAbortedClient, "aborted by client"
+	}
+	if a.Detail != "" {
+		reason += ": " + a.Detail
+	}
+	if r == nil || (a.Gen != 0 && r.Gen != a.Gen) {
+		if a.Reason == AbortStop {
+			return
+		}
+		if a.RID != "" {
+			m.addTomb(tombKey{rid: a.RID}, a.Gen, o, reason)
+		}
+		if !a.Room.IsZero() {
+			m.addTomb(tombKey{room: a.Room}, a.Gen, o, reason)
+			if m.cfg.Role == RolePrefill {
+				m.dropPendingWithAbort(a.Room, a.Gen, reason)
+			}
+		}
+		return
+	}
+	if o == OutcomeOK {
+		m.finish(r, o, "", "stop")
+		return
+	}
+	m.finish(r, o, reason, "")
+}
+
+func (m *Machine) doShutdown() {
+	m.shutdown = true
+	for _, r := range m.sortedLive() {
+		m.finish(r, OutcomeShutdown, "worker is shutting down", "")
+	}
+	for room, p := range m.pending {
+		delete(m.pending, room)
+		m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Reason: "prefill worker is shutting down"}})
+	}
+}
+
+// sortedLive returns live requests in arrival order (deterministic effects).
+func (m *Machine) sortedLive() []*req {
+	out := make([]*req, 0, len(m.reqs))
+	for _, r := range m.queue {
+		if r.stage != StageDone && m.reqs[r.RID] == r {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (m *Machine) tick() {
+	now := m.now
+	for _, r := range m.sortedLive() {
+		switch {
+		case !r.deadline.IsZero() && !now.Before(r.deadline):
+			m.finish(r, r.cause, fmt.Sprintf("%s deadline passed after %s", r.stage, now.Sub(r.stageSince).Round(time.Millisecond)), "")
+		case !now.Before(r.hardDeadline):
+			m.finish(r, OutcomeTimeoutRequest, fmt.Sprintf("request exceeded its time limit of %s (in stage %s)", r.hardDeadline.Sub(r.arrived), r.stage), "")
+		case m.leased(r) && now.Sub(r.lastRenew) > m.cfg.lease():
+			m.finish(r, OutcomeLeaseExpired, fmt.Sprintf("peer %d stopped renewing the room (no renewal for %s)", r.Peer, now.Sub(r.lastRenew).Round(time.Millisecond)), "")
+		}
+	}
+	for room, p := range m.pending {
+		if now.Sub(p.at) >= m.cfg.BootstrapTimeout {
+			delete(m.pending, room)
+			m.counters.PendingOpensExpired++
+			m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen,
+				Reason: fmt.Sprintf("unknown_room: no prefill request arrived for room %s within %s", room, m.cfg.BootstrapTimeout)}})
+		}
+	}
+	for len(m.tombOrder) > 0 {
+		k := m.tombOrder[0]
+		t, ok := m.tombs[k]
+		if ok && now.Before(t.until) {
+			break
+		}
+		delete(m.tombs, k)
+		m.tombOrder = m.tombOrder[1:]
+	}
+	if m.cfg.Role != RoleColocated && now.Sub(m.lastRenewal) >= m.cfg.HeartbeatInterval {
+		m.lastRenewal = now
+		m.renew()
+	}
+	m.compactQueue()
+}
+
+// leased reports whether r is held for a peer that must keep renewing it.
+func (m *Machine) leased(r *req) bool {
+	switch m.cfg.Role {
+	case RolePrefill:
+		return r.opened
+	case RoleDecode:
+		return r.peerUp && (r.stage == StagePrealloc || r.stage == StageAwaitingKV)
+	}
+	return false
+}
+
+// renew sends each peer the rooms this side still holds for it.
+func (m *Machine) renew() {
+	byPeer := make(map[kvxfer.PeerID][]kvxfer.RoomGen)
+	var peers []kvxfer.PeerID
+	add := func(p kvxfer.PeerID, rg kvxfer.RoomGen) {
+		if _, ok := byPeer[p]; !ok {
+			peers = append(peers, p)
+		}
+		byPeer[p] = append(byPeer[p], rg)
+	}
+	for _, r := range m.sortedLive() {
+		switch m.cfg.Role {
+		case RolePrefill:
+			if r.opened {
+				add(r.Peer, r.roomGen())
+			}
+		case RoleDecode:
+			if r.stage == StagePrealloc || r.stage == StageAwaitingKV {
+				add(r.Peer, r.roomGen())
+			}
+		}
+	}
+	for _, p := range m.pending {
+		add(p.peer, p.open.RoomGen)
+	}
+	slices.Sort(peers)
+	for _, p := range peers {
+		m.emit(Send{Peer: p, Msg: kvxfer.RoomRenew{Rooms: byPeer[p]}})
+	}
+}
+
+func (m *Machine) compactQueue() {
+	live := m.queue[:0]
+	for _, r := range m.queue {
+		if r.stage != StageDone {
+			live = append(live, r)
+		}
+	}
+	clear(m.queue[len(live):])
+	m.queue = live
+}
+
+func (m *Machine) peerUp(p kvxfer.PeerID) {
+	m.peersUp[p] = true
+	for _, r := range m.sortedLive() {
+		if r.Peer == p && !r.peerUp && m.cfg.Role == RoleDecode {
+			r.peerUp = true
+			r.lastRenew = m.now
+			m.record(r, "peer %d up", p)
+		}
+	}
+}
+
+func (m *Machine) peerLost(p kvxfer.PeerID, err error) {
+	delete(m.peersUp, p)
+	if m.cfg.Role == RoleColocated {
+		return
+	}
+	reason := fmt.Sprintf("KV connection (peer %d) lost", p)
+	if err != nil {
+		reason = fmt.Sprintf("KV connection lost: %v", err)
+	}
+	for _, r := range m.sortedLive() {
+		if r.Peer != p {
+			continue
+		}
+		if m.cfg.Role == RolePrefill && !r.opened {
+			continue
+		}
+		if m.cfg.Role == RoleDecode && r.ackSent {
+			continue // the KV is here; the peer no longer matters
+		}
+		m.finish(r, OutcomePeerLost, reason, "")
+	}
+	for room, po := range m.pending {
+		if po.peer == p {
+			delete(m.pending, room)
+		}
+	}
+}
+
+func (m *Machine) drop(reason string) { m.counters.FramesDropped[reason]++ }
+
+func (m *Machine) message(p kvxfer.PeerID, msg kvxfer.Message) {
+	switch x := msg.(type) {
+	case kvxfer.RoomRenew:
+		for _, rg := range x.Rooms {
+			if r, ok := m.rooms[rg.Room]; ok && r.Gen == rg.Gen && r.Peer == p {
+				r.lastRenew = m.now
+			}
+		}
+		return
+	case kvxfer.AbortAck:
+		m.counters.AbortsAcked++
+		return
+	case kvxfer.Abort:
+		m.peerAbort(p, x)
+		return
+	}
+	if m.cfg.Role == RolePrefill {
+		m.prefillMessage(p, msg)
+	} else if m.cfg.Role == RoleDecode {
+		m.decodeMessage(p, msg)
+	} else {
+		m.drop("wrong_role")
+	}
+}
+
+func (m *Machine) peerAbort(p kvxfer.PeerID, a kvxfer.Abort) {
+	m.emit(Send{Peer: p, Msg: kvxfer.AbortAck{RoomGen: a.RoomGen}})
+	if po, ok := m.pending[a.Room]; ok && po.peer == p && po.open.Gen == a.Gen {
+		delete(m.pending, a.Room)
+	}
+	r, ok := m.rooms[a.Room]
+	if !ok || r.Gen != a.Gen || (r.Peer != p && m.shared(r)) {
+		m.addTomb(tombKey{room: a.Room}, a.Gen, OutcomeAbortedPeer, "peer aborted: "+a.Reason)
+		return
+	}
+	m.record(r, "ABORT from peer: %s", a.Reason)
+	if m.cfg.Role == RoleDecode && r.ackSent {
+		return // prefill's side ended after handing over the KV
+	}
+	r.peerEnded = true
+	m.finish(r, OutcomeAbortedPeer, "peer aborted: "+a.Reason, "")
+}
+
+// liveFor finds the live request for a room message and checks gen and peer;
+// it counts and returns nil for a message to drop.
+func (m *Machine) liveFor(p kvxfer.PeerID, rg kvxfer.RoomGen) *req {
+	r, ok := m.rooms[rg.Room]
+	switch {
+	case !ok:
+		m.drop("unknown_room")
+		return nil
+	case r.Gen != rg.Gen:
+		m.drop("stale_gen")
+		return nil
+	case r.opened && r.Peer != p:
+		m.drop("wrong_peer")
+		return nil
+	}
+	return r
+}

@@ -1,0 +1,506 @@
+package lifecycle
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+)
+
+// stageSetup drives request q of a fresh harness into one stage.
+type stageSetup struct {
+	role  Role
+	stage Stage
+	// promptLen of the request under test.
+	promptLen int
+	drive     func(h *harness, q Request)
+	// deadline and outcome of the stage's own deadline (hard cap if none).
+	deadline time.Duration
+	timeout  Outcome
+	// shared: an end on this side must be told to the peer.
+	shared bool
+	// leased: the peer must renew the room.
+	leased bool
+}
+
+func next1(string) int32 { return 5 }
+
+func transferAll(h *harness, q Request) {
+	h.t.Helper()
+	pages := h.m.reqs[q.RID].pages
+	np := (len(q.InputIDs) + 3) / 4
+	for i := 0; i < np; i++ {
+		data := []byte(fmt.Sprintf("page%04d", i))
+		h.step(Message{Peer: q.Peer, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen},
+			Seq: uint32(i), FirstPage: uint32(i), NPages: 1, Data: data}})
+	}
+	sum := h.checksum(pages[:np])
+	effs := h.step(Message{Peer: q.Peer, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen},
+		NChunks: uint32(np), NPages: uint32(np), NTokens: uint32(len(q.InputIDs)), Checksum: sum, FirstToken: 5}})
+	v := effectsOf[VerifyKV](effs)
+	if len(v) != 1 {
+		h.t.Fatalf("want one VerifyKV, got\n%s", describe(effs))
+	}
+	h.step(KVVerified{RID: v[0].RID, Gen: v[0].Gen, Checksum: h.checksum(v[0].Pages)})
+}
+
+var stageSetups = []stageSetup{
+	{role: RolePrefill, stage: StageBootstrap, promptLen: 8, deadline: 10 * time.Second, timeout: OutcomeTimeoutBootstrap,
+		drive: func(h *harness, q Request) { h.step(Arrive{Req: q}) }},
+	{role: RolePrefill, stage: StageWaiting, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue, shared: true, leased: true,
+		drive: func(h *harness, q Request) {
+			h.step(Arrive{Req: q})
+			h.step(Message{Peer: 7, Msg: roomOpen(q)})
+		}},
+	{role: RolePrefill, stage: StagePrefilling, promptLen: 20, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest, shared: true, leased: true,
+		drive: func(h *harness, q Request) {
+			h.step(Arrive{Req: q})
+			h.step(Message{Peer: 7, Msg: roomOpen(q)})
+			h.step(Schedule{})
+		}},
+	{role: RolePrefill, stage: StageParked, promptLen: 8, deadline: 30 * time.Second, timeout: OutcomeTimeoutKVHold, shared: true, leased: true,
+		drive: func(h *harness, q Request) {
+			h.step(Arrive{Req: q})
+			h.step(Message{Peer: 7, Msg: roomOpen(q)})
+			h.step(Schedule{})
+			h.done(next1)
+		}},
+	{role: RolePrefill, stage: StageTransferring, promptLen: 8, deadline: 30 * time.Second, timeout: OutcomeTimeoutTransfer, shared: true, leased: true,
+		drive: func(h *harness, q Request) {
+			h.step(Arrive{Req: q})
+			h.step(Message{Peer: 7, Msg: roomOpen(q)})
+			h.step(Message{Peer: 7, Msg: kvxfer.RoomReady{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NTokens: uint32(len(q.InputIDs))}})
+			h.step(Schedule{})
+			h.done(next1)
+		}},
+	{role: RoleDecode, stage: StagePrealloc, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue, shared: true, leased: true,
+		drive: func(h *harness, q Request) {
+			filler := request(99, 40, 20) // takes 15 of 16 pages
+			h.step(Arrive{Req: filler})
+			h.step(PeerUp{Peer: 7})
+			h.step(Arrive{Req: q})
+		}},
+	{role: RoleDecode, stage: StageAwaitingKV, promptLen: 8, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest, shared: true, leased: true,
+		drive: func(h *harness, q Request) {
+			h.step(PeerUp{Peer: 7})
+			h.step(Arrive{Req: q})
+		}},
+	{role: RoleDecode, stage: StageAwaitingKV, promptLen: 8, deadline: 30 * time.Second, timeout: OutcomeTimeoutTransfer, shared: true, leased: true,
+		drive: func(h *harness, q Request) {
+			h.step(PeerUp{Peer: 7})
+			h.step(Arrive{Req: q})
+			h.step(Message{Peer: 7, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NPages: 1, Data: make([]byte, testPageBytes)}})
+		}},
+	{role: RoleDecode, stage: StageQueued, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue,
+		drive: func(h *harness, q Request) {
+			h.step(PeerUp{Peer: 7})
+			h.step(Arrive{Req: q})
+			transferAll(h, q)
+		}},
+	{role: RoleDecode, stage: StageDecoding, promptLen: 8, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest,
+		drive: func(h *harness, q Request) {
+			h.step(PeerUp{Peer: 7})
+			h.step(Arrive{Req: q})
+			transferAll(h, q)
+			h.step(Schedule{})
+		}},
+	{role: RoleColocated, stage: StageWaiting, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue,
+		drive: func(h *harness, q Request) { h.step(Arrive{Req: q}) }},
+	{role: RoleColocated, stage: StagePrefilling, promptLen: 20, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest,
+		drive: func(h *harness, q Request) {
+			h.step(Arrive{Req: q})
+			h.step(Schedule{})
+		}},
+	{role: RoleColocated, stage: StageDecoding, promptLen: 8, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest,
+		drive: func(h *harness, q Request) {
+			h.step(Arrive{Req: q})
+			h.step(Schedule{})
+			h.done(next1)
+			h.step(Schedule{})
+		}},
+}
+
+func (s stageSetup) name() string {
+	return fmt.Sprintf("%s/%s/deadline=%s", s.role, s.stage, s.deadline)
+}
+
+// setup returns a harness with the request under test in s.stage.
+func (s stageSetup) setup(t *testing.T) (*harness, Request) {
+	h := newHarness(t, testConfig(s.role), 16)
+	q := request(1, s.promptLen, 20)
+	s.drive(h, q)
+	if got := h.m.reqs[q.RID]; got == nil || got.stage != s.stage {
+		t.Fatalf("setup: request not in stage %s:\n%s", s.stage, describe(h.got))
+	}
+	h.take()
+	return h, q
+}
+
+// quiesce finishes a running batch and checks nothing is held.
+func (h *harness) quiesce() {
+	h.t.Helper()
+	if h.batch != nil {
+		h.done(next1)
+	}
+	for _, r := range h.m.reqs {
+		if r.RID == "r99" {
+			h.step(Abort{RID: "r99", Reason: AbortClient})
+		}
+	}
+	if h.alloc.Used() != 0 {
+		h.t.Fatalf("%d pages still in use", h.alloc.Used())
+	}
+	st := h.m.Stats(h.now)
+	for s, n := range st.Stages {
+		if n != 0 {
+			h.t.Fatalf("stage %s gauge %d, want 0", s, n)
+		}
+	}
+	if st.Live != 0 {
+		h.t.Fatalf("%d requests still live", st.Live)
+	}
+}
+
+// renewAll plays the peer: it renews every room the machine holds for peer 7.
+func (h *harness) renewAll() {
+	var rooms []kvxfer.RoomGen
+	for _, r := range h.m.reqs {
+		rooms = append(rooms, r.roomGen())
+	}
+	h.step(Message{Peer: 7, Msg: kvxfer.RoomRenew{Rooms: rooms}})
+}
+
+func TestAbortInEveryStage(t *testing.T) {
+	for _, s := range stageSetups {
+		t.Run(s.name(), func(t *testing.T) {
+			h, q := s.setup(t)
+			effs := h.step(Abort{RID: q.RID, Reason: AbortClient})
+			f, ok := h.finalOf(q.RID)
+			if !ok || f.Outcome != OutcomeAbortedClient {
+				t.Fatalf("want aborted_client, got %+v\n%s", f, describe(effs))
+			}
+			aborts := sends[kvxfer.Abort](effs)
+			if s.shared != (len(aborts) == 1) {
+				t.Fatalf("shared=%v but %d ABORTs sent:\n%s", s.shared, len(aborts), describe(effs))
+			}
+			// Idempotent: a second abort changes nothing and emits nothing.
+			if effs := h.step(Abort{RID: q.RID, Reason: AbortClient}); len(effs) != 0 {
+				t.Fatalf("second abort emitted:\n%s", describe(effs))
+			}
+			// Absorbing: a late peer message does not resurrect it.
+			h.step(Message{Peer: 7, Msg: kvxfer.KVAck{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}}})
+			if h.finals[q.RID] != 1 {
+				t.Fatalf("finalized %d times", h.finals[q.RID])
+			}
+			h.quiesce()
+		})
+	}
+}
+
+func TestDeadlineInEveryStage(t *testing.T) {
+	for _, s := range stageSetups {
+		t.Run(s.name(), func(t *testing.T) {
+			h, q := s.setup(t)
+			// Just before the deadline the request is alive (the peer keeps
+			// renewing its lease)...
+			for elapsed := time.Duration(0); elapsed+time.Second < s.deadline; elapsed += time.Second {
+				h.renewAll()
+				h.advance(time.Second)
+				if _, ok := h.finalOf(q.RID); ok {
+					t.Fatalf("ended after %s, before its %s deadline: %+v", elapsed+time.Second, s.deadline, h.outcomes[q.RID])
+				}
+			}
+			// ...and at it, it ends with the stage's timeout.
+			h.renewAll()
+			h.advance(time.Second)
+			f, ok := h.finalOf(q.RID)
+			if !ok || f.Outcome != s.timeout {
+				t.Fatalf("want %s at the deadline, got %+v", s.timeout, f)
+			}
+			h.quiesce()
+		})
+	}
+}
+
+func TestLeaseExpiryInEveryLeasedStage(t *testing.T) {
+	for _, s := range stageSetups {
+		if !s.leased {
+			continue
+		}
+		t.Run(s.name(), func(t *testing.T) {
+			h, q := s.setup(t)
+			lease := h.m.cfg.lease()
+			h.advance(lease)
+			if _, ok := h.finalOf(q.RID); ok {
+				t.Fatalf("ended at exactly one lease")
+			}
+			effs := h.advance(time.Millisecond)
+			f, ok := h.finalOf(q.RID)
+			if !ok || f.Outcome != OutcomeLeaseExpired {
+				t.Fatalf("want lease_expired just after one lease, got %+v\n%s", f, describe(effs))
+			}
+			told := 0
+			for _, a := range sends[kvxfer.Abort](effs) {
+				if a.Room == q.Room {
+					told++
+				}
+			}
+			if told != 1 {
+				t.Fatalf("the peer was not told:\n%s", describe(effs))
+			}
+			h.quiesce()
+		})
+	}
+}
+
+func TestPeerLostInEveryStage(t *testing.T) {
+	for _, s := range stageSetups {
+		t.Run(s.name(), func(t *testing.T) {
+			h, q := s.setup(t)
+			effs := h.step(PeerLost{Peer: 7, Err: fmt.Errorf("boom")})
+			f, ok := h.finalOf(q.RID)
+			holdsPeer := s.shared
+			if holdsPeer {
+				if !ok || f.Outcome != OutcomePeerLost {
+					t.Fatalf("want peer_lost, got %+v", f)
+				}
+				if len(sends[kvxfer.Abort](effs)) != 0 {
+					t.Fatalf("ABORT sent to a lost peer:\n%s", describe(effs))
+				}
+			} else if ok {
+				t.Fatalf("request that no longer needs the peer ended: %+v", f)
+			}
+			h.step(Abort{RID: q.RID})
+			h.quiesce()
+		})
+	}
+}
+
+func TestPeerAbortInEveryStage(t *testing.T) {
+	for _, s := range stageSetups {
+		t.Run(s.name(), func(t *testing.T) {
+			h, q := s.setup(t)
+			effs := h.step(Message{Peer: 7, Msg: kvxfer.Abort{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Reason: "decode gone"}})
+			if len(sends[kvxfer.AbortAck](effs)) != 1 {
+				t.Fatalf("no ABORT_ACK:\n%s", describe(effs))
+			}
+			if len(sends[kvxfer.Abort](effs)) != 0 {
+				t.Fatalf("peer's ABORT echoed back:\n%s", describe(effs))
+			}
+			f, ok := h.finalOf(q.RID)
+			switch {
+			case s.role == RoleDecode && !s.shared:
+				if ok {
+					t.Fatalf("ABORT after the KV was handed over ended the request: %+v", f)
+				}
+				h.step(Abort{RID: q.RID})
+			case s.role == RoleColocated:
+				if ok {
+					t.Fatalf("colocated request ended by a room message: %+v", f)
+				}
+				h.step(Abort{RID: q.RID})
+			default:
+				if !ok || f.Outcome != OutcomeAbortedPeer {
+					t.Fatalf("want aborted_peer, got %+v", f)
+				}
+			}
+			h.quiesce()
+		})
+	}
+}
+
+// TestAbortBeforeArrival: an abort for a room nobody registered is kept as a
+// tombstone, so the late request fails at once (PD-REFERENCE §9.3).
+func TestAbortBeforeArrival(t *testing.T) {
+	for _, role := range []Role{RolePrefill, RoleDecode} {
+		t.Run(role.String(), func(t *testing.T) {
+			h := newHarness(t, testConfig(role), 16)
+			q := request(1, 8, 4)
+			h.step(Abort{RID: q.RID, Room: q.Room, Gen: 1, Reason: AbortClient})
+			effs := h.step(Arrive{Req: q})
+			f, ok := h.finalOf(q.RID)
+			if !ok || f.Outcome != OutcomeAbortedClient {
+				t.Fatalf("late arrival not failed at once: %+v\n%s", f, describe(effs))
+			}
+			if role == RoleDecode && len(sends[kvxfer.RoomOpen](effs)) != 0 {
+				t.Fatalf("decode opened a room for an aborted request")
+			}
+			// A retry (gen 2) is not covered by the gen-1 tombstone.
+			q2 := q
+			q2.RID, q2.Gen = "r1-retry", 2
+			h.step(Arrive{Req: q2})
+			if h.m.reqs[q2.RID] == nil {
+				t.Fatalf("retry with gen 2 was refused: %+v", h.outcomes[q2.RID])
+			}
+			h.step(Abort{RID: q2.RID})
+			// The tombstone expires.
+			h.advance(h.m.cfg.TombstoneTTL + time.Second)
+			if n := h.m.Stats(h.now).Tombstones; n != 0 {
+				t.Fatalf("%d tombstones after their TTL", n)
+			}
+			h.quiesce()
+		})
+	}
+}
+
+// TestLateRoomOpenAfterPrefillFailed: decode's ROOM_OPEN for a room prefill
+// already failed is answered with ABORT at once (PD-REFERENCE §9.4, §9.7).
+func TestLateRoomOpenAfterPrefillFailed(t *testing.T) {
+	h := newHarness(t, testConfig(RolePrefill), 16)
+	q := request(1, 8, 4)
+	h.step(Arrive{Req: q})
+	h.advance(11 * time.Second) // bootstrap timeout
+	if f, _ := h.finalOf(q.RID); f.Outcome != OutcomeTimeoutBootstrap {
+		t.Fatalf("got %+v", f)
+	}
+	effs := h.step(Message{Peer: 7, Msg: roomOpen(q)})
+	a := sends[kvxfer.Abort](effs)
+	if len(a) != 1 || a[0].Room != q.Room {
+		t.Fatalf("want ABORT for the late ROOM_OPEN, got\n%s", describe(effs))
+	}
+	if n := h.m.Stats(h.now).PendingOpens; n != 0 {
+		t.Fatalf("late ROOM_OPEN left %d pending opens", n)
+	}
+	h.quiesce()
+}
+
+// TestPendingOpenExpires: a ROOM_OPEN whose request never arrives is dropped
+// after the bootstrap timeout and decode is told.
+func TestPendingOpenExpires(t *testing.T) {
+	h := newHarness(t, testConfig(RolePrefill), 16)
+	q := request(1, 8, 4)
+	h.step(Message{Peer: 7, Msg: roomOpen(q)})
+	if n := h.m.Stats(h.now).PendingOpens; n != 1 {
+		t.Fatalf("pending opens %d", n)
+	}
+	h.advance(9 * time.Second)
+	effs := h.advance(time.Second)
+	if a := sends[kvxfer.Abort](effs); len(a) != 1 {
+		t.Fatalf("want ABORT on expiry:\n%s", describe(effs))
+	}
+	if n := h.m.Stats(h.now).PendingOpens; n != 0 {
+		t.Fatalf("pending opens %d after expiry", n)
+	}
+}
+
+// TestPrefillRejectTellsDecode: a request prefill rejects leaves a tombstone,
+// so decode's ROOM_OPEN gets prefill's reason at once (scenario 1).
+func TestPrefillRejectTellsDecode(t *testing.T) {
+	h := newHarness(t, testConfig(RolePrefill), 16)
+	q := request(1, 70, 4) // longer than the 64-token context
+	h.step(Arrive{Req: q})
+	if f, _ := h.finalOf(q.RID); f.Outcome != OutcomeRejectedInvalid {
+		t.Fatalf("got %+v", f)
+	}
+	effs := h.step(Message{Peer: 7, Msg: roomOpen(q)})
+	a := sends[kvxfer.Abort](effs)
+	if len(a) != 1 {
+		t.Fatalf("want ABORT:\n%s", describe(effs))
+	}
+	if want := "context length"; !contains(a[0].Reason, want) {
+		t.Fatalf("reason %q does not carry prefill's %q", a[0].Reason, want)
+	}
+}
+
+// TestIdentityMismatch: both legs must carry the same request (scenario 9).
+func TestIdentityMismatch(t *testing.T) {
+	h := newHarness(t, testConfig(RolePrefill), 16)
+	q := request(1, 8, 4)
+	h.step(Arrive{Req: q})
+	open := roomOpen(q)
+	open.RID = "rewritten"
+	effs := h.step(Message{Peer: 7, Msg: open})
+	f, _ := h.finalOf(q.RID)
+	if f.Outcome != OutcomeFailedTransfer || !contains(f.Err, "identity mismatch") {
+		t.Fatalf("got %+v", f)
+	}
+	if len(sends[kvxfer.Abort](effs)) != 1 {
+		t.Fatalf("decode not told:\n%s", describe(effs))
+	}
+}
+
+// TestChecksumMismatch: corrupted KV fails the request instead of decoding it.
+func TestChecksumMismatch(t *testing.T) {
+	h := newHarness(t, testConfig(RoleDecode), 16)
+	q := request(1, 8, 4)
+	h.step(Arrive{Req: q})
+	pages := h.m.reqs[q.RID].pages
+	for i := 0; i < 2; i++ {
+		h.step(Message{Peer: 7, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Seq: uint32(i), FirstPage: uint32(i), NPages: 1, Data: []byte("abcdefgh")}})
+	}
+	good := h.checksum(pages[:2])
+	effs := h.step(Message{Peer: 7, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NChunks: 2, NPages: 2, NTokens: 8, Checksum: good ^ 1}})
+	v := effectsOf[VerifyKV](effs)
+	effs = h.step(KVVerified{RID: v[0].RID, Gen: 1, Checksum: h.checksum(v[0].Pages)})
+	f, _ := h.finalOf(q.RID)
+	if f.Outcome != OutcomeFailedTransfer || !contains(f.Err, "checksum") {
+		t.Fatalf("got %+v", f)
+	}
+	if len(effectsOf[Emit](effs)) != 0 {
+		t.Fatalf("tokens emitted from corrupted KV")
+	}
+	if len(sends[kvxfer.Abort](effs)) != 1 {
+		t.Fatalf("prefill not told")
+	}
+	h.quiesce()
+}
+
+// TestStaleFramesAreDropped: frames of an old gen, of another peer or of a
+// finished room never reach pages (invariant 3).
+func TestStaleFramesAreDropped(t *testing.T) {
+	h := newHarness(t, testConfig(RoleDecode), 16)
+	q := request(1, 8, 4)
+	h.step(Arrive{Req: q})
+	chunk := func(peer kvxfer.PeerID, gen uint32) []Effect {
+		return h.step(Message{Peer: peer, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: gen}, NPages: 1, Data: make([]byte, testPageBytes)}})
+	}
+	if len(effectsOf[WriteKV](chunk(7, 2))) != 0 || len(effectsOf[WriteKV](chunk(8, 1))) != 0 {
+		t.Fatalf("stale or foreign frame written")
+	}
+	h.step(Abort{RID: q.RID})
+	if len(effectsOf[WriteKV](chunk(7, 1))) != 0 {
+		t.Fatalf("frame for an aborted room written")
+	}
+	d := h.m.Stats(h.now).Counters.FramesDropped
+	if d["stale_gen"] != 1 || d["wrong_peer"] != 1 || d["unknown_room"] != 1 {
+		t.Fatalf("dropped counters %v", d)
+	}
+}
+
+// TestAbortMidBatchDefersFree: pages written by the running forward are freed
+// only when it finishes, never under it.
+func TestAbortMidBatchDefersFree(t *testing.T) {
+	h := newHarness(t, testConfig(RoleColocated), 16)
+	q := request(1, 8, 4)
+	h.step(Arrive{Req: q})
+	h.step(Schedule{})
+	used := h.alloc.Used()
+	h.step(Abort{RID: q.RID})
+	if h.alloc.Used() != used {
+		t.Fatalf("pages freed under the running forward")
+	}
+	q2 := request(2, 8, 4)
+	h.step(Arrive{Req: q2})
+	h.step(Schedule{}) // busy: no second batch
+	h.done(next1)
+	if h.alloc.Used() != 0 {
+		t.Fatalf("pages not freed after the batch: %d", h.alloc.Used())
+	}
+	h.step(Abort{RID: q2.RID})
+	h.quiesce()
+}
+
+func contains(s, sub string) bool { return len(s) >= len(sub) && (s == sub || indexOf(s, sub) >= 0) }
+
+func indexOf(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return i
+		}
+	}
+	return -1
+}
+
+var _ = kvcache.PageID(0)

@@ -1,0 +1,135 @@
+package lifecycle
+
+import (
+	"maps"
+	"time"
+)
+
+// Stats is a point-in-time view of a machine, for gauges.
+type Stats struct {
+	Role Role
+	// Stages counts live requests per stage of the role (every stage of the
+	// role is present, possibly 0).
+	Stages map[Stage]int
+	// OldestInStage is, per stage, how long the request that entered it
+	// earliest has been there (0 when the stage is empty).
+	OldestInStage map[Stage]time.Duration
+	Live          int
+	PagesUsed     int
+	PagesTotal    int
+	PendingOpens  int
+	Tombstones    int
+	Counters      Counters
+}
+
+// Stats returns the machine's counts at time now.
+func (m *Machine) Stats(now time.Time) Stats {
+	s := Stats{
+		Role:          m.cfg.Role,
+		Stages:        make(map[Stage]int),
+		OldestInStage: make(map[Stage]time.Duration),
+		Live:          len(m.reqs),
+		PagesUsed:     m.alloc.Used(),
+		PagesTotal:    m.alloc.Total(),
+		PendingOpens:  len(m.pending),
+		Tombstones:    len(m.tombs),
+		Counters: Counters{
+			FramesDropped:       maps.Clone(m.counters.FramesDropped),
+			TombstoneHits:       m.counters.TombstoneHits,
+			AbortsAcked:         m.counters.AbortsAcked,
+			PendingOpensExpired: m.counters.PendingOpensExpired,
+		},
+	}
+	for _, st := range m.cfg.Role.Stages() {
+		s.Stages[st] = m.stageCount[st]
+		s.OldestInStage[st] = 0
+	}
+	for _, r := range m.reqs {
+		if age := now.Sub(r.stageSince); age > s.OldestInStage[r.stage] {
+			s.OldestInStage[r.stage] = age
+		}
+	}
+	return s
+}
+
+// RequestInfo describes one live request, for /debug/requests and
+// `pdserve inspect`.
+type RequestInfo struct {
+	RID          string  `json:"rid"`
+	Room         string  `json:"room,omitempty"`
+	Gen          uint32  `json:"gen,omitempty"`
+	Stage        string  `json:"stage"`
+	AgeSeconds   float64 `json:"age_s"`
+	InStageSecs  float64 `json:"in_stage_s"`
+	DeadlineLeft float64 `json:"deadline_left_s"`
+	// StageBudget is the stage's whole deadline span (0 when the stage is
+	// bounded only by the request's time limit).
+	StageBudget  float64        `json:"stage_budget_s"`
+	Peer         uint64         `json:"peer,omitempty"`
+	PeerAddr     string         `json:"peer_addr,omitempty"`
+	PromptTokens int            `json:"prompt_tokens"`
+	OutputTokens int            `json:"output_tokens"`
+	Pages        int            `json:"pages"`
+	LastEvent    string         `json:"last_event"`
+	History      []HistoryEntry `json:"history,omitempty"`
+}
+
+func (m *Machine) info(r *req, now time.Time, history bool) RequestInfo {
+	ri := RequestInfo{
+		RID: r.RID, Gen: r.Gen, Stage: r.stage.String(),
+		AgeSeconds:   now.Sub(r.arrived).Seconds(),
+		InStageSecs:  now.Sub(r.stageSince).Seconds(),
+		Peer:         uint64(r.Peer),
+		PeerAddr:     r.PeerAddr,
+		PromptTokens: len(r.InputIDs),
+		OutputTokens: len(r.outputs),
+		Pages:        len(r.pages),
+	}
+	if !r.Room.IsZero() {
+		ri.Room = r.Room.String()
+	}
+	deadline := r.hardDeadline
+	if !r.deadline.IsZero() && r.deadline.Before(deadline) {
+		deadline = r.deadline
+		ri.StageBudget = r.deadline.Sub(r.stageSince).Seconds()
+	}
+	if m.leased(r) {
+		if lease := r.lastRenew.Add(m.cfg.lease()); lease.Before(deadline) {
+			deadline = lease
+		}
+	}
+	ri.DeadlineLeft = deadline.Sub(now).Seconds()
+	h := r.orderedHistory()
+	if len(h) > 0 {
+		ri.LastEvent = h[len(h)-1].What
+	}
+	if history {
+		ri.History = h
+	}
+	return ri
+}
+
+func (r *req) orderedHistory() []HistoryEntry {
+	out := make([]HistoryEntry, 0, len(r.history))
+	out = append(out, r.history[r.hpos:]...)
+	return append(out, r.history[:r.hpos]...)
+}
+
+// Requests lists live requests in arrival order.
+func (m *Machine) Requests(now time.Time) []RequestInfo {
+	live := m.sortedLive()
+	out := make([]RequestInfo, 0, len(live))
+	for _, r := range live {
+		out = append(out, m.info(r, now, false))
+	}
+	return out
+}
+
+// Request describes one live request with its recent lifecycle events.
+func (m *Machine) Request(rid string, now time.Time) (RequestInfo, bool) {
+	r, ok := m.reqs[rid]
+	if !ok {
+		return RequestInfo{}, false
+	}
+	return m.info(r, now, true), true
+}

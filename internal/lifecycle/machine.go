@@ -97,7 +97,7 @@ type Machine struct {
 	tombOrder  []tombKey
 	stageCount [numStages]int
 
-	batch     []batchEntry // requests of the running forward
+	batch     []batchEntry       // requests of the running forward
 	deferFree [][]kvcache.PageID // pages of requests that ended mid-batch
 
 	peersUp     map[kvxfer.PeerID]bool

@@ -100,7 +100,10 @@ type Machine struct {
 	batch     []batchEntry       // requests of the running forward
 	deferFree [][]kvcache.PageID // pages of requests that ended mid-batch
 
-	peersUp     map[kvxfer.PeerID]bool
+	peersUp map[kvxfer.PeerID]bool
+	// lostPeers remembers dead connections (PeerIDs are never reused), so a
+	// request that arrives naming one fails at once.
+	lostPeers   map[kvxfer.PeerID]time.Time
 	lastRenewal time.Time
 	shutdown    bool
 
@@ -114,13 +117,14 @@ func New(cfg Config, alloc *kvcache.Allocator) (*Machine, error) {
 		return nil, err
 	}
 	return &Machine{
-		cfg:     cfg,
-		alloc:   alloc,
-		reqs:    make(map[string]*req),
-		rooms:   make(map[kvxfer.Room]*req),
-		pending: make(map[kvxfer.Room]*pendingOpen),
-		tombs:   make(map[tombKey]tombstone),
-		peersUp: make(map[kvxfer.PeerID]bool),
+		cfg:       cfg,
+		alloc:     alloc,
+		reqs:      make(map[string]*req),
+		rooms:     make(map[kvxfer.Room]*req),
+		pending:   make(map[kvxfer.Room]*pendingOpen),
+		tombs:     make(map[tombKey]tombstone),
+		peersUp:   make(map[kvxfer.PeerID]bool),
+		lostPeers: make(map[kvxfer.PeerID]time.Time),
 		counters: Counters{
 			FramesDropped: make(map[string]uint64),
 		},
@@ -305,6 +309,11 @@ func (m *Machine) arrive(q Request) {
 			return
 		}
 		m.finish(old, OutcomeAbortedPeer, fmt.Sprintf("superseded by retry gen %d", q.Gen), "")
+	}
+	if _, lost := m.lostPeers[q.Peer]; lost && m.cfg.Role == RoleDecode {
+		m.rejectEarly(q, OutcomePeerLost, "KV connection to %s was lost before the request arrived", q.PeerAddr)
+		m.addTomb(tombKey{room: q.Room}, q.Gen, OutcomePeerLost, "decode lost its KV connection")
+		return
 	}
 	r := &req{Request: q, arrived: m.now, stageSince: m.now}
 	limit := m.cfg.MaxRequestTime
@@ -538,6 +547,11 @@ func (m *Machine) tick() {
 				Reason: fmt.Sprintf("unknown_room: no prefill request arrived for room %s within %s", room, m.cfg.BootstrapTimeout)}})
 		}
 	}
+	for p, at := range m.lostPeers {
+		if now.Sub(at) > m.cfg.TombstoneTTL {
+			delete(m.lostPeers, p)
+		}
+	}
 	for len(m.tombOrder) > 0 {
 		k := m.tombOrder[0]
 		t, ok := m.tombs[k]
@@ -623,6 +637,7 @@ func (m *Machine) peerLost(p kvxfer.PeerID, err error) {
 	if m.cfg.Role == RoleColocated {
 		return
 	}
+	m.lostPeers[p] = m.now
 	reason := fmt.Sprintf("KV connection (peer %d) lost", p)
 	if err != nil {
 		reason = fmt.Sprintf("KV connection lost: %v", err)

@@ -1,0 +1,480 @@
+package tcp
+
+import (
+	"bufio"
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+)
+
+const (
+	// readBufferBytes is the size of a connection's read buffer. Frame
+	// data larger than it is read straight into its destination.
+	readBufferBytes = 64 << 10
+	// maxWriteBytes bounds one system write call; WriteTimeout applies to
+	// each, so a slow but progressing peer is not mistaken for a dead one.
+	maxWriteBytes = 4 << 20
+)
+
+// outFrame is one queued frame: hdr is the encoded frame except a
+// KVChunk's Data, which follows it on the wire.
+type outFrame struct {
+	t    kvxfer.Type
+	hdr  []byte
+	data []byte
+}
+
+func (f outFrame) size() int { return len(f.hdr) + len(f.data) }
+
+// conn is one connection. Its reader goroutine (run) owns the handshake,
+// the reads and all Handler calls; its writer goroutine (writeLoop) owns the
+// writes after the handshake.
+type conn struct {
+	b      *Backend
+	id     kvxfer.PeerID
+	remote string
+	dialed bool
+
+	done       chan struct{} // closed by fail
+	writerDone chan struct{} // closed when writeLoop returns
+	notify     chan struct{} // capacity 1: the queues may be non-empty
+
+	mu     sync.Mutex
+	nc     net.Conn           // set once: at accept, or by dial under mu
+	cancel context.CancelFunc // cancels the dial in progress
+	err    error              // why the connection closed; nil while open
+	ctrl   []outFrame         // PONGs, written before queue
+	queue  []outFrame         // room messages from Send
+}
+
+// failed returns the reason the connection closed, or nil if it is open.
+func (c *conn) failed() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// fail closes the connection with err unless it is already closed, and
+// reports whether it did. Its goroutines notice through done and the closed
+// socket.
+func (c *conn) fail(err error) bool {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return false
+	}
+	c.err = err
+	clear(c.ctrl)
+	clear(c.queue)
+	c.ctrl, c.queue = nil, nil
+	nc, cancel := c.nc, c.cancel
+	close(c.done)
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if nc != nil {
+		nc.Close()
+	}
+	return true
+}
+
+// enqueue appends f to the control or data queue and wakes the writer.
+func (c *conn) enqueue(f outFrame, ctrl bool) error {
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return fmt.Errorf("kv send to peer %d: %w: %w", c.id, ErrConnClosed, err)
+	}
+	if ctrl {
+		c.ctrl = append(c.ctrl, f)
+	} else {
+		c.queue = append(c.queue, f)
+	}
+	c.mu.Unlock()
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// take moves every queued frame, control frames first, to the end of batch.
+func (c *conn) take(batch []outFrame) []outFrame {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	batch = append(batch, c.ctrl...)
+	batch = append(batch, c.queue...)
+	clear(c.ctrl)
+	clear(c.queue)
+	c.ctrl, c.queue = c.ctrl[:0], c.queue[:0]
+	return batch
+}
+
+// run is the connection's reader goroutine: dial (if dialed), handshake,
+// start the writer, read until failure, then report PeerLost.
+func (c *conn) run() {
+	b := c.b
+	writer := false
+	fr, err := c.handshake()
+	if err == nil {
+		b.mu.Lock()
+		b.goLocked(c.writeLoop)
+		b.mu.Unlock()
+		writer = true
+		err = c.readLoop(fr)
+	}
+	if c.fail(err) && errors.Is(err, ErrRefused) {
+		b.stats.refused.Add(1)
+	}
+	if writer {
+		<-c.writerDone
+	}
+	err = c.failed()
+	b.stats.lost.Add(1)
+	level := slog.LevelWarn
+	if errors.Is(err, ErrClosed) {
+		level = slog.LevelDebug
+	}
+	b.log.Log(context.Background(), level, "kv peer lost", "peer", c.id, "remote", c.remote, "err", err)
+	b.cfg.Handler.PeerLost(c.id, err)
+	b.forget(c)
+}
+
+// handshake dials (if needed), exchanges HELLO and calls PeerUp. It
+// returns the reader of the connection's frames, which fails once nothing
+// was received for the silence bound.
+func (c *conn) handshake() (*kvxfer.FrameReader, error) {
+	b := c.b
+	nc := c.nc // set before run started for an accepted connection
+	if c.dialed {
+		var err error
+		if nc, err = c.dial(); err != nil {
+			return nil, err
+		}
+	}
+	dr := &deadlineReader{nc: nc}
+	fr := kvxfer.NewFrameReader(bufio.NewReaderSize(dr, readBufferBytes))
+	fr.AllocData = b.cfg.AllocData
+	if err := nc.SetDeadline(time.Now().Add(b.cfg.HandshakeTimeout)); err != nil {
+		return nil, fmt.Errorf("kv handshake with %s: %w", c.remote, err)
+	}
+	var err error
+	if c.dialed {
+		err = c.helloDialed(nc, fr)
+	} else {
+		err = c.helloAccepted(nc, fr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.SetDeadline(time.Time{}); err != nil {
+		return nil, fmt.Errorf("kv peer %s: %w", c.remote, err)
+	}
+	dr.timeout = b.cfg.silence()
+	b.stats.up.Add(1)
+	b.log.Info("kv peer up", "peer", c.id, "remote", c.remote, "dialed", c.dialed)
+	b.cfg.Handler.PeerUp(c.id, c.remote)
+	return fr, nil
+}
+
+// dial opens the TCP connection of a connection started by Connect.
+func (c *conn) dial() (net.Conn, error) {
+	b := c.b
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
+	defer cancel()
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return nil, c.err
+	}
+	c.cancel = cancel
+	c.mu.Unlock()
+	nc, err := b.cfg.DialContext(ctx, "tcp", c.remote)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cancel = nil
+	if c.err != nil { // closed while dialing
+		if nc != nil {
+			nc.Close()
+		}
+		return nil, c.err
+	}
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Err != nil {
+			err = op.Err // "dial tcp <addr>:" would repeat the address
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no connection within %v: %w", b.cfg.DialTimeout, err)
+		}
+		return nil, fmt.Errorf("kv connect %s: %w", c.remote, err)
+	}
+	c.nc = nc
+	return nc, nil
+}
+
+// helloDialed sends HELLO and waits for HELLO_OK or HELLO_ERR.
+func (c *conn) helloDialed(nc net.Conn, fr *kvxfer.FrameReader) error {
+	b := c.b
+	hello := kvxfer.Hello{Version: kvxfer.ProtocolVersion, Fingerprint: b.cfg.Fingerprint, Auth: b.cfg.Auth}
+	if err := c.writeHandshake(nc, hello); err != nil {
+		return fmt.Errorf("kv handshake with %s: %w", c.remote, err)
+	}
+	m, n, err := fr.ReadFrame(kvxfer.MaxHandshakeFrameBytes)
+	if err != nil {
+		return fmt.Errorf("kv handshake with %s: %w", c.remote, c.handshakeReadError(err, "HELLO_OK"))
+	}
+	b.stats.received(m.Type(), n)
+	switch m := m.(type) {
+	case kvxfer.HelloOK:
+		return nil
+	case kvxfer.HelloErr:
+		return fmt.Errorf("kv handshake with %s %w: %s", c.remote, ErrRefused, m.Reason)
+	default:
+		b.stats.malformed.Add(1)
+		return fmt.Errorf("kv handshake with %s: %w: got %s, want HELLO_OK or HELLO_ERR", c.remote, ErrProtocol, m.Type())
+	}
+}
+
+// helloAccepted reads HELLO, checks it, and answers HELLO_OK or HELLO_ERR.
+func (c *conn) helloAccepted(nc net.Conn, fr *kvxfer.FrameReader) error {
+	b := c.b
+	m, n, err := fr.ReadFrame(kvxfer.MaxHandshakeFrameBytes)
+	var reason string
+	switch {
+	case err != nil:
+		err = c.handshakeReadError(err, "HELLO")
+		if !isCodecError(err) {
+			return fmt.Errorf("kv handshake from %s: %w", c.remote, err)
+		}
+		reason = err.Error()
+	case m.Type() != kvxfer.TypeHello:
+		b.stats.received(m.Type(), n)
+		b.stats.malformed.Add(1)
+		reason = fmt.Sprintf("first frame is %s, want HELLO", m.Type())
+	default:
+		b.stats.received(m.Type(), n)
+		reason = b.checkHello(m.(kvxfer.Hello))
+	}
+	if reason != "" {
+		// Best effort: the peer learns why, then the connection closes.
+		_ = c.writeHandshake(nc, kvxfer.HelloErr{Reason: reason})
+		b.log.Warn("kv handshake refused", "peer", c.id, "remote", c.remote, "reason", reason)
+		return fmt.Errorf("kv handshake from %s %w: %s", c.remote, ErrRefused, reason)
+	}
+	if err := c.writeHandshake(nc, kvxfer.HelloOK{}); err != nil {
+		return fmt.Errorf("kv handshake from %s: %w", c.remote, err)
+	}
+	return nil
+}
+
+// checkHello returns why a HELLO is refused, or "".
+func (b *Backend) checkHello(h kvxfer.Hello) string {
+	if h.Version != kvxfer.ProtocolVersion {
+		return fmt.Sprintf("protocol version %d vs %d (decode vs prefill)", h.Version, kvxfer.ProtocolVersion)
+	}
+	if subtle.ConstantTimeCompare([]byte(h.Auth), []byte(b.cfg.Auth)) != 1 {
+		return "auth token mismatch"
+	}
+	if d := h.Fingerprint.Mismatch(b.cfg.Fingerprint); d != "" {
+		return "incompatible KV peer (decode vs prefill): " + d
+	}
+	return ""
+}
+
+// writeHandshake writes one handshake frame (under the handshake deadline).
+func (c *conn) writeHandshake(nc net.Conn, m kvxfer.Message) error {
+	frame, err := kvxfer.AppendFrame(nil, m)
+	if err != nil {
+		return err
+	}
+	if _, err := nc.Write(frame); err != nil {
+		return fmt.Errorf("write %s: %w", m.Type(), err)
+	}
+	c.b.stats.sent(m.Type(), len(frame))
+	return nil
+}
+
+func (c *conn) handshakeReadError(err error, want string) error {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("peer %w for %v (no %s): %w", ErrSilent, c.b.cfg.HandshakeTimeout, want, err)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("connection closed before %s: %w", want, err)
+	case isCodecError(err):
+		c.b.stats.malformed.Add(1)
+	}
+	return err
+}
+
+func isCodecError(err error) bool {
+	return errors.Is(err, kvxfer.ErrMalformed) || errors.Is(err, kvxfer.ErrUnknownType) ||
+		errors.Is(err, kvxfer.ErrFrameTooLarge)
+}
+
+// readLoop reads frames until an error, answering PINGs and handing room
+// messages to the Handler.
+func (c *conn) readLoop(fr *kvxfer.FrameReader) error {
+	b := c.b
+	for {
+		m, n, err := fr.ReadFrame(b.cfg.MaxFrameBytes)
+		if err != nil {
+			return c.readError(err)
+		}
+		t := m.Type()
+		b.stats.received(t, n)
+		switch m := m.(type) {
+		case kvxfer.Ping:
+			pong, err := kvxfer.AppendFrame(nil, kvxfer.Pong(m))
+			if err != nil {
+				return err // cannot happen: a PONG always encodes
+			}
+			if err := c.enqueue(outFrame{t: kvxfer.TypePong, hdr: pong}, true); err != nil {
+				return err
+			}
+		case kvxfer.Pong:
+		case kvxfer.Hello, kvxfer.HelloOK, kvxfer.HelloErr:
+			b.stats.malformed.Add(1)
+			return fmt.Errorf("kv peer %s: %w: %s after the handshake", c.remote, ErrProtocol, t)
+		default:
+			b.cfg.Handler.HandleMessage(c.id, m)
+		}
+	}
+}
+
+func (c *conn) readError(err error) error {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		cfg := c.b.cfg
+		return fmt.Errorf("kv peer %s %w for %v (%d missed heartbeats)",
+			c.remote, ErrSilent, cfg.silence(), cfg.HeartbeatMisses)
+	case err == io.EOF:
+		return fmt.Errorf("kv peer %s closed the connection: %w", c.remote, err)
+	case isCodecError(err):
+		c.b.stats.malformed.Add(1)
+		return fmt.Errorf("kv peer %s sent a bad frame: %w", c.remote, err)
+	}
+	return fmt.Errorf("kv peer %s: read: %w", c.remote, err)
+}
+
+// writeLoop is the connection's writer goroutine: it writes queued frames
+// in order and a PING every HeartbeatInterval.
+func (c *conn) writeLoop() {
+	defer close(c.writerDone)
+	b := c.b
+	tick := time.NewTicker(b.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	var (
+		nonce uint64
+		batch []outFrame
+		w     = batchWriter{nc: c.nc, timeout: b.cfg.WriteTimeout}
+	)
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-c.notify:
+		case <-tick.C:
+			nonce++
+			ping, err := kvxfer.AppendFrame(nil, kvxfer.Ping{Nonce: nonce})
+			if err != nil {
+				c.fail(err) // cannot happen: a PING always encodes
+				return
+			}
+			batch = append(batch, outFrame{t: kvxfer.TypePing, hdr: ping})
+		}
+		batch = c.take(batch)
+		if len(batch) == 0 {
+			continue
+		}
+		if err := w.write(batch); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				err = fmt.Errorf("kv peer %s %w: accepted no data for %v: %w", c.remote, ErrSilent, b.cfg.WriteTimeout, err)
+			} else {
+				err = fmt.Errorf("kv peer %s: write: %w", c.remote, err)
+			}
+			c.fail(err)
+			return
+		}
+		for _, f := range batch {
+			b.stats.sent(f.t, f.size())
+		}
+		clear(batch)
+		batch = batch[:0]
+	}
+}
+
+// batchWriter writes frames with writev, at most maxWriteBytes per call,
+// each call under its own write deadline. Data is never copied.
+type batchWriter struct {
+	nc      net.Conn
+	timeout time.Duration
+	iov     [][]byte // every buffer of the batch
+	piece   [][]byte // the buffers of one write call
+}
+
+func (w *batchWriter) write(batch []outFrame) error {
+	w.iov = w.iov[:0]
+	for _, f := range batch {
+		w.iov = append(w.iov, f.hdr)
+		if len(f.data) > 0 {
+			w.iov = append(w.iov, f.data)
+		}
+	}
+	defer clear(w.iov)
+	rest := w.iov
+	for len(rest) > 0 {
+		w.piece = w.piece[:0]
+		n := 0
+		for len(rest) > 0 && n < maxWriteBytes {
+			p := rest[0]
+			if room := maxWriteBytes - n; len(p) > room {
+				w.piece = append(w.piece, p[:room])
+				rest[0] = p[room:]
+				n = maxWriteBytes
+				break
+			}
+			w.piece = append(w.piece, p)
+			n += len(p)
+			rest = rest[1:]
+		}
+		if err := w.nc.SetWriteDeadline(time.Now().Add(w.timeout)); err != nil {
+			return err
+		}
+		bufs := net.Buffers(w.piece)
+		if _, err := bufs.WriteTo(w.nc); err != nil {
+			clear(w.piece)
+			return err
+		}
+	}
+	clear(w.piece)
+	return nil
+}
+
+// deadlineReader reads from a connection, pushing the read deadline
+// timeout into the future before every read once the handshake is done, so
+// that a connection fails after timeout without a received byte.
+type deadlineReader struct {
+	nc      net.Conn
+	timeout time.Duration // 0 during the handshake (a fixed deadline applies)
+}
+
+func (r *deadlineReader) Read(p []byte) (int, error) {
+	if r.timeout > 0 {
+		if err := r.nc.SetReadDeadline(time.Now().Add(r.timeout)); err != nil {
+			return 0, err
+		}
+	}
+	return r.nc.Read(p)
+}

@@ -1,0 +1,77 @@
+package tcp
+
+import (
+	"sync/atomic"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+)
+
+// FrameCounts counts the frames of one type and their size in bytes (whole
+// frames: length prefix, type byte and payload).
+type FrameCounts struct {
+	Frames uint64
+	Bytes  uint64
+}
+
+// Stats is a snapshot of a Backend's counters, all monotonic since New.
+// Counters are read one by one, so a snapshot taken while traffic flows
+// need not be consistent across fields.
+type Stats struct {
+	// Sent and Received are indexed by kvxfer.Type (index 0 is unused).
+	// Sent counts frames once written to the socket.
+	Sent, Received [kvxfer.NumTypes]FrameCounts
+	// Dials counts connections started by Connect (including ones that
+	// failed at once because the Backend was closed).
+	Dials uint64
+	// Accepts counts connections accepted by Listen.
+	Accepts uint64
+	// Up counts handshakes that succeeded (PeerUp calls).
+	Up uint64
+	// Refused counts handshakes refused, by this side or the peer.
+	Refused uint64
+	// Lost counts connections closed for any reason (PeerLost calls).
+	Lost uint64
+	// Malformed counts bad frames received: malformed, unknown type,
+	// oversized, or not allowed where they came (HELLO after the handshake).
+	Malformed uint64
+}
+
+// Stats returns a snapshot of the counters. It is safe to call from any
+// goroutine at any time.
+func (b *Backend) Stats() Stats {
+	s := Stats{
+		Dials:     b.stats.dials.Load(),
+		Accepts:   b.stats.accepts.Load(),
+		Up:        b.stats.up.Load(),
+		Refused:   b.stats.refused.Load(),
+		Lost:      b.stats.lost.Load(),
+		Malformed: b.stats.malformed.Load(),
+	}
+	for i := range s.Sent {
+		s.Sent[i] = FrameCounts{b.stats.sentFrames[i].Load(), b.stats.sentBytes[i].Load()}
+		s.Received[i] = FrameCounts{b.stats.recvFrames[i].Load(), b.stats.recvBytes[i].Load()}
+	}
+	return s
+}
+
+type counters struct {
+	sentFrames, sentBytes [kvxfer.NumTypes]atomic.Uint64
+	recvFrames, recvBytes [kvxfer.NumTypes]atomic.Uint64
+	dials, accepts, up    atomic.Uint64
+	refused, lost         atomic.Uint64
+	malformed             atomic.Uint64
+}
+
+func (s *counters) sent(t kvxfer.Type, n int) {
+	if int(t) < kvxfer.NumTypes {
+		s.sentFrames[t].Add(1)
+		s.sentBytes[t].Add(uint64(n))
+	}
+}
+
+func (s *counters) received(t kvxfer.Type, n int) {
+	if int(t) < kvxfer.NumTypes {
+		s.recvFrames[t].Add(1)
+		s.recvBytes[t].Add(uint64(n))
+	}
+}

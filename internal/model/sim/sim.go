@@ -1,0 +1,283 @@
+package sim
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// digestVersion names the algorithm that turns tokens into KV bytes and KV
+// bytes into tokens; it is part of Info.Digest and changes whenever either
+// changes, so workers running different versions refuse each other's KV.
+const digestVersion = "sim-v1"
+
+// textTokens are the byte tokens that get finite logits besides EOS: the
+// lowercase letters, space and four punctuation marks (30 tokens).
+const textTokens = "abcdefghijklmnopqrstuvwxyz .,'"
+
+// Logit values. Text tokens and EOS draw uniformly from [0, logitSpan);
+// every other token gets offLogit. With 31 candidates of equal chance, EOS is
+// the greedy choice with probability 1/31, so greedy outputs average about 30
+// tokens. offLogit is −30 rather than −Inf so that every logprob is finite;
+// e^−30 ≈ 1e−13, so the 226 other tokens together hold < 1e−10 of the mass.
+const (
+	logitSpan = 4
+	offLogit  = -30
+)
+
+// Model is the simulated model. Create it with New.
+type Model struct {
+	cfg  Config
+	info model.Info
+	lay  slotLayout
+	tab  kvTable
+	// textKeys[i] keys the logit of token textIDs[i].
+	textIDs  []int32
+	textKeys []uint64
+
+	mu      sync.Mutex // guards the fields below
+	caches  map[*kvcache.Pool]*poolCache
+	logits  []float32 // [VocabSize], Forward's scratch
+	scratch []int32   // [VocabSize], model.Sample's scratch
+}
+
+var _ model.Model = (*Model)(nil)
+
+// New validates cfg, fills its defaults and builds the model. It returns an
+// error naming the offending field for an invalid geometry, a negative
+// context length or a negative latency.
+func New(cfg Config) (*Model, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	lay := newSlotLayout(cfg.Geometry)
+	m := &Model{
+		cfg:     cfg,
+		lay:     lay,
+		tab:     newKVTable(lay.wps),
+		caches:  make(map[*kvcache.Pool]*poolCache),
+		logits:  make([]float32, VocabSize),
+		scratch: make([]int32, VocabSize),
+	}
+	for i := range len(textTokens) {
+		m.textIDs = append(m.textIDs, int32(textTokens[i]))
+	}
+	m.textIDs = append(m.textIDs, EOS)
+	for _, id := range m.textIDs {
+		m.textKeys = append(m.textKeys, mix64(uint64(id)^saltLogit))
+	}
+	m.info = model.Info{
+		Name:       cfg.Name,
+		Geometry:   cfg.Geometry,
+		ContextLen: cfg.ContextLen,
+		VocabSize:  VocabSize,
+		Digest:     digestOf(cfg),
+	}
+	return m, nil
+}
+
+// digestOf derives Info.Digest from what determines the KV bytes and how they
+// are read: the algorithm version, the name and the geometry. Context length
+// and latency do not change KV, so they are left out.
+func digestOf(cfg Config) string {
+	g := cfg.Geometry
+	canon := fmt.Sprintf("%s\x00name=%s\x00layers=%d\x00kv_heads=%d\x00head_dim=%d\x00dtype=%s",
+		digestVersion, cfg.Name, g.Layers, g.KVHeads, g.HeadDim, g.DType)
+	sum := sha256.Sum256([]byte(canon))
+	return digestVersion + "-" + hex.EncodeToString(sum[:8])
+}
+
+// Info describes the model; EOS is a fresh slice on every call.
+func (m *Model) Info() model.Info {
+	info := m.info
+	info.EOS = []int32{EOS}
+	return info
+}
+
+// Tokenizer returns the byte tokenizer (see package doc).
+func (m *Model) Tokenizer() model.Tokenizer { return byteTokenizer{} }
+
+// isDecode reports whether s is a decode sequence: one token after at least
+// one position already in the cache.
+func isDecode(s *model.SeqInput) bool { return s.Pos > 0 && len(s.Tokens) == 1 }
+
+// StepLatency is the simulated time of one Forward over seqs:
+// PrefillPerToken × (tokens of the prefill sequences) + DecodePerStep if any
+// sequence decodes. A sequence decodes when it has one token and Pos > 0;
+// every other sequence (a first chunk, a later chunk of several tokens, a
+// one-token prompt) is prefill work and counts all its tokens. The model
+// follows the usual GPU cost split: prefill is compute-bound, linear in
+// tokens; a decode step is memory-bound, roughly constant for small batches.
+func (m *Model) StepLatency(seqs []model.SeqInput) time.Duration {
+	var prefill int
+	decode := false
+	for i := range seqs {
+		if isDecode(&seqs[i]) {
+			decode = true
+		} else {
+			prefill += len(seqs[i].Tokens)
+		}
+	}
+	d := m.cfg.PrefillPerToken * time.Duration(prefill)
+	if decode {
+		d += m.cfg.DecodePerStep
+	}
+	return d
+}
+
+// Forward runs one batched step (see model.Model). It checks every sequence
+// first and returns an error, having written nothing, for: a pool whose
+// geometry differs from the model's, len(out) ≠ len(seqs), a negative Pos, no
+// tokens, Pos+len(Tokens) > ContextLen, a token id outside [0, VocabSize),
+// too few pages, a page id outside the pool, a page listed twice among the
+// pages covering one sequence, a page that one sequence writes and another
+// covers, or invalid sampling parameters of a sampling sequence (TopP 0 is
+// read as 1, as model.Sample does). Then it sleeps StepLatency(seqs),
+// returning ctx.Err() without writing if ctx ends first, writes the KV of
+// every token, and sets out[i] for sampling sequences (zero otherwise).
+func (m *Model) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.SeqInput, out []model.SeqOutput) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := m.check(pool, seqs, out); err != nil {
+		return err
+	}
+	if d := m.StepLatency(seqs); d > 0 {
+		if err := m.cfg.Sleep(ctx, d); err != nil {
+			return err
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.cacheFor(pool)
+	for i := range seqs {
+		s := &seqs[i]
+		m.writeKV(pool, c, s.Pages, s.Pos, s.Tokens)
+	}
+	for i := range seqs {
+		s := &seqs[i]
+		if !s.Sample {
+			out[i] = model.SeqOutput{}
+			continue
+		}
+		m.fillLogits(m.seqDigest(pool, c, s.Pages, s.Pos+len(s.Tokens)))
+		tok, lp := model.Sample(m.logits, s.Sampling, s.Step, m.scratch)
+		out[i] = model.SeqOutput{Token: tok, Logprob: lp}
+	}
+	return nil
+}
+
+// fillLogits sets m.logits for sequence digest d.
+func (m *Model) fillLogits(d uint64) {
+	for i := range m.logits {
+		m.logits[i] = offLogit
+	}
+	for i, id := range m.textIDs {
+		u := float64(mix64(d^m.textKeys[i])>>11) / (1 << 53)
+		m.logits[id] = float32(u * logitSpan)
+	}
+}
+
+// errInput prefixes Forward's input errors.
+func errInput(seq int, format string, args ...any) error {
+	return fmt.Errorf("sim: seq %d: %s", seq, fmt.Sprintf(format, args...))
+}
+
+// check validates a Forward call without touching page bytes.
+func (m *Model) check(pool *kvcache.Pool, seqs []model.SeqInput, out []model.SeqOutput) error {
+	if pool == nil {
+		return errors.New("sim: nil pool")
+	}
+	if g := pool.Geometry(); g != m.cfg.Geometry {
+		return fmt.Errorf("sim: pool KV geometry %+v does not match the model's %+v", g, m.cfg.Geometry)
+	}
+	if len(out) != len(seqs) {
+		return fmt.Errorf("sim: %d outputs for %d sequences", len(out), len(seqs))
+	}
+	total := pool.Total()
+	for i := range seqs {
+		s := &seqs[i]
+		switch {
+		case s.Pos < 0:
+			return errInput(i, "negative position %d", s.Pos)
+		case len(s.Tokens) == 0:
+			return errInput(i, "no tokens")
+		case s.Pos+len(s.Tokens) > m.cfg.ContextLen:
+			return errInput(i, "position %d + %d tokens = %d exceeds the context length %d",
+				s.Pos, len(s.Tokens), s.Pos+len(s.Tokens), m.cfg.ContextLen)
+		}
+		for j, t := range s.Tokens {
+			if t < 0 || t >= VocabSize {
+				return errInput(i, "token %d at index %d out of range [0, %d)", t, j, VocabSize)
+			}
+		}
+		n := s.Pos + len(s.Tokens)
+		if need := pool.PagesFor(n); len(s.Pages) < need {
+			return errInput(i, "%d pages hold %d tokens; positions 0…%d need %d",
+				len(s.Pages), len(s.Pages)*pool.PageSize(), n-1, need)
+		}
+		for _, id := range s.Pages[:pool.PagesFor(n)] {
+			if id < 0 || int(id) >= total {
+				return errInput(i, "page %d outside the pool's pages [0, %d)", id, total)
+			}
+		}
+		if s.Sample {
+			p := s.Sampling
+			if p.TopP == 0 {
+				p.TopP = 1
+			}
+			if err := p.Validate(); err != nil {
+				return errInput(i, "%v", err)
+			}
+		}
+	}
+	return m.checkAliasing(pool, seqs)
+}
+
+// checkAliasing rejects a page listed twice among the pages covering one
+// sequence, and a page written by one sequence and covered by another. Pages
+// only read may be shared between sequences (a shared prefix). It costs
+// O(pages covered) with per-pool epoch stamps instead of maps.
+func (m *Model) checkAliasing(pool *kvcache.Pool, seqs []model.SeqInput) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.cacheFor(pool)
+	ps := pool.PageSize()
+	c.epoch++
+	batch := c.epoch
+	for i := range seqs {
+		s := &seqs[i]
+		c.epoch++
+		covered := s.Pages[:pool.PagesFor(s.Pos+len(s.Tokens))]
+		for _, id := range covered {
+			if c.stamp[id] == c.epoch {
+				return errInput(i, "page %d listed twice", id)
+			}
+			c.stamp[id] = c.epoch
+		}
+		for _, id := range covered[s.Pos/ps:] {
+			if c.wstamp[id] == batch {
+				return errInput(i, "page %d is also written by seq %d", id, c.wowner[id])
+			}
+			c.wstamp[id] = batch
+			c.wowner[id] = int32(i)
+		}
+	}
+	for i := range seqs {
+		s := &seqs[i]
+		for _, id := range s.Pages[:s.Pos/ps] {
+			if c.wstamp[id] == batch && int(c.wowner[id]) != i {
+				return errInput(i, "reads page %d that seq %d writes", id, c.wowner[id])
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package sim
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// Token ids of the simulated model's vocabulary.
+const (
+	// EOS ends generation; it decodes to no text.
+	EOS int32 = 256
+	// VocabSize counts the byte tokens 0…255 and EOS.
+	VocabSize = 257
+)
+
+// byteTokenizer maps text to its UTF-8 bytes, one token per byte. It is
+// stateless and safe for concurrent use.
+type byteTokenizer struct{}
+
+var _ model.Tokenizer = byteTokenizer{}
+
+// Encode returns the bytes of text as token ids; there is no BOS. Empty text
+// gives an empty, non-nil slice.
+func (byteTokenizer) Encode(text string) ([]int32, error) {
+	ids := make([]int32, len(text))
+	for i := range len(text) {
+		ids[i] = int32(text[i])
+	}
+	return ids, nil
+}
+
+// knownRole reports whether ApplyChatTemplate accepts role.
+func knownRole(role string) bool {
+	switch role {
+	case "system", "developer", "user", "assistant":
+		return true
+	}
+	return false
+}
+
+// ApplyChatTemplate renders "<|role|>\ncontent\n" per message and then
+// "<|assistant|>\n". It rejects an empty conversation and roles other than
+// system, developer, user and assistant.
+func (byteTokenizer) ApplyChatTemplate(msgs []model.Message) (string, error) {
+	if len(msgs) == 0 {
+		return "", fmt.Errorf("chat template: no messages")
+	}
+	var b strings.Builder
+	for i, m := range msgs {
+		if !knownRole(m.Role) {
+			return "", fmt.Errorf("chat template: message %d has unknown role %q (want system, developer, user or assistant)", i, m.Role)
+		}
+		b.WriteString("<|")
+		b.WriteString(m.Role)
+		b.WriteString("|>\n")
+		b.WriteString(m.Content)
+		b.WriteString("\n")
+	}
+	b.WriteString("<|assistant|>\n")
+	return b.String(), nil
+}
+
+// NewDecoder returns an incremental UTF-8 decoder of byte tokens.
+func (byteTokenizer) NewDecoder() model.Decoder { return &byteDecoder{} }
+
+// byteDecoder holds back the bytes of an incomplete UTF-8 character. pending
+// is always a proper prefix of a valid encoding, so it holds at most 3 bytes
+// between calls.
+type byteDecoder struct {
+	pending [utf8.UTFMax]byte
+	n       int
+}
+
+// Add appends byte token id and returns the characters it completes. Bytes
+// that cannot start or continue a valid encoding become U+FFFD, one per byte.
+// EOS and ids outside 0…255 add nothing.
+func (d *byteDecoder) Add(id int32) string {
+	if id < 0 || id > 255 {
+		return ""
+	}
+	d.pending[d.n] = byte(id)
+	d.n++
+	p := d.pending[:d.n]
+	var out string
+	for len(p) > 0 && utf8.FullRune(p) {
+		r, size := utf8.DecodeRune(p)
+		if r == utf8.RuneError && size == 1 {
+			out += string(utf8.RuneError)
+		} else {
+			out += string(p[:size])
+		}
+		p = p[size:]
+	}
+	d.n = copy(d.pending[:], p)
+	return out
+}
+
+// Flush returns U+FFFD for a held-back incomplete character (one per
+// character, as for any truncated sequence) and resets the decoder.
+func (d *byteDecoder) Flush() string {
+	if d.n == 0 {
+		return ""
+	}
+	d.n = 0
+	return string(utf8.RuneError)
+}

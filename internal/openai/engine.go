@@ -1,0 +1,75 @@
+package openai
+
+import (
+	"context"
+
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// Engine runs generation requests: the PD router, or a colocated worker.
+type Engine interface {
+	// Generate starts a request. ctx is the client's request context: when
+	// it is done the request must end (Recv returns an error promptly).
+	//
+	// An error returned here happens before any output; it should be an
+	// *Error (its status and OpenAI body reach the client unchanged);
+	// any other error is mapped by ToError (usually to 500).
+	Generate(ctx context.Context, req *GenerateRequest) (Stream, error)
+}
+
+// GenerateRequest is one validated generation request.
+type GenerateRequest struct {
+	// RID is the request id minted by the front end (32 hex characters by
+	// default); responses carry it as "cmpl-"+RID or "chatcmpl-"+RID.
+	RID string
+	// InputIDs is the tokenized prompt; never empty. Ids are not checked
+	// against the vocabulary here: the engine must reject ids out of range
+	// (with an *Error of status 400).
+	InputIDs []int32
+	// MaxTokens is the maximum number of output tokens, ≥ 1, with
+	// len(InputIDs)+MaxTokens ≤ the context length.
+	MaxTokens int
+	// Sampling has been validated with model.SamplingParams.Validate; Seed
+	// is always set (drawn at random when the client sent none).
+	Sampling model.SamplingParams
+	// StopTokenIDs end generation (finish reason "stop") like EOS does,
+	// even with IgnoreEOS.
+	StopTokenIDs []int32
+	// IgnoreEOS asks the engine not to stop at the model's EOS tokens.
+	IgnoreEOS bool
+}
+
+// Token is one output token.
+type Token struct {
+	ID int32
+	// Logprob is the natural log of the token's probability.
+	Logprob float32
+}
+
+// Chunk is a batch of output tokens, in order.
+type Chunk struct {
+	Tokens []Token
+	// FinishReason is "" until the last chunk, which carries "stop" (EOS or
+	// a stop token id, included as the last of Tokens) or "length"
+	// (MaxTokens reached).
+	FinishReason string
+}
+
+// Stream is the output of one request. The front end calls its methods
+// from one goroutine, never concurrently.
+type Stream interface {
+	// Recv returns the next chunk. After the chunk with a FinishReason it
+	// returns io.EOF (the front end does not call it again then). Other
+	// errors end the request; they should be *Error, or ToError maps them
+	// (usually to 500). It must return promptly once the context passed
+	// to Generate is done.
+	Recv() (Chunk, error)
+	// Stop tells the engine the front end finished the request early (a
+	// stop string matched): end it as finished, not as aborted by the
+	// client. Called at most once, before Close.
+	Stop()
+	// Close releases the stream; if the request has not finished (and Stop
+	// was not called) it aborts it, because the client is gone. Always
+	// called exactly once.
+	Close()
+}

@@ -1,0 +1,498 @@
+package openai
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	randv2 "math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// DefaultMaxBodyBytes is the default limit on a request body (4 MiB).
+const DefaultMaxBodyBytes = 4 << 20
+
+// DefaultIOTimeout is the default deadline for reading a request body and for
+// each write to the client.
+const DefaultIOTimeout = 30 * time.Second
+
+// Config configures NewHandler.
+type Config struct {
+	// ModelName is the served model's name (required). Requests naming
+	// another model get 404 model_not_found; requests without "model" are
+	// served.
+	ModelName string
+	// Tokenizer encodes prompts and decodes output. It may be nil: then
+	// only token-id prompts on /v1/completions work, text prompts, chat and
+	// stop strings get a 400, and responses carry no text (use
+	// return_token_ids).
+	Tokenizer model.Tokenizer
+	// ContextLen is the model's context length in tokens (required, ≥ 1):
+	// prompt + max_tokens may not exceed it.
+	ContextLen int
+	// EOS lists the model's end-of-sequence token ids. The engine stops at
+	// them; the front end only keeps them out of the output text.
+	EOS []int32
+	// MaxBodyBytes limits a request body (default DefaultMaxBodyBytes);
+	// larger bodies get 413.
+	MaxBodyBytes int64
+	// Engine runs the requests (required).
+	Engine Engine
+	// Logger receives one line per failed request (and per finished
+	// request at debug level); default: discard.
+	Logger *slog.Logger
+	// Now gives the "created" time of responses and of the model card;
+	// default time.Now. Network deadlines always use the wall clock.
+	Now func() time.Time
+	// NewRID mints request ids; default 32 random hex characters.
+	NewRID func() string
+	// IOTimeout is the deadline for reading a request body and for each
+	// write to the client (default DefaultIOTimeout; negative: none), so a
+	// client that stops reading cannot pin a request.
+	IOTimeout time.Duration
+}
+
+// handler is the http.Handler returned by NewHandler.
+type handler struct {
+	cfg     Config
+	parser  parser
+	log     *slog.Logger
+	created int64 // of the model card
+}
+
+// NewHandler returns the OpenAI front end over cfg.Engine:
+//
+//	POST /v1/completions
+//	POST /v1/chat/completions
+//	GET  /v1/models
+//	GET  /v1/models/{id}
+//
+// Any other path gets a 404 and a wrong method a 405, both with an OpenAI
+// error body. It panics if cfg.Engine is nil, cfg.ModelName is empty or
+// cfg.ContextLen < 1 (programming errors).
+func NewHandler(cfg Config) http.Handler {
+	return newHandler(cfg, randv2.Uint64)
+}
+
+func newHandler(cfg Config, newSeed func() uint64) *handler {
+	switch {
+	case cfg.Engine == nil:
+		panic("openai: Config.Engine is nil")
+	case cfg.ModelName == "":
+		panic("openai: Config.ModelName is empty")
+	case cfg.ContextLen < 1:
+		panic("openai: Config.ContextLen < 1")
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.NewRID == nil {
+		cfg.NewRID = randomRID
+	}
+	if cfg.IOTimeout == 0 {
+		cfg.IOTimeout = DefaultIOTimeout
+	}
+	return &handler{
+		cfg: cfg,
+		parser: parser{modelName: cfg.ModelName, tok: cfg.Tokenizer, contextLen: cfg.ContextLen,
+			newSeed: newSeed},
+		log:     cfg.Logger,
+		created: cfg.Now().Unix(),
+	}
+}
+
+// randomRID returns 128 random bits as 32 hex characters.
+func randomRID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// ServeHTTP routes by path. Model ids may contain "/", so /v1/models/{id}
+// takes the rest of the path.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	allow := func(method string) bool {
+		if r.Method == method {
+			return true
+		}
+		w.Header().Set("Allow", method)
+		WriteError(w, MethodNotAllowed(r.Method, path))
+		return false
+	}
+	switch {
+	case path == "/v1/completions":
+		if allow(http.MethodPost) {
+			h.generate(w, r, false)
+		}
+	case path == "/v1/chat/completions":
+		if allow(http.MethodPost) {
+			h.generate(w, r, true)
+		}
+	case path == "/v1/models":
+		if allow(http.MethodGet) {
+			writeJSON(w, http.StatusOK, ModelList{Object: "list", Data: []ModelCard{h.card()}})
+		}
+	case strings.HasPrefix(path, "/v1/models/"):
+		if allow(http.MethodGet) {
+			if id := strings.TrimPrefix(path, "/v1/models/"); id != h.cfg.ModelName {
+				WriteError(w, ModelNotFound(id))
+				return
+			}
+			writeJSON(w, http.StatusOK, h.card())
+		}
+	default:
+		WriteError(w, NotFound("Invalid URL (%s %s)", r.Method, path))
+	}
+}
+
+func (h *handler) card() ModelCard {
+	return ModelCard{ID: h.cfg.ModelName, Object: "model", Created: h.created, OwnedBy: "pdserve",
+		MaxModelLen: h.cfg.ContextLen}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(marshalJSON(v))
+}
+
+// generate serves one completion or chat completion request.
+func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	ctx := r.Context()
+	rc := http.NewResponseController(w)
+	endpoint := "completions"
+	if chat {
+		endpoint = "chat.completions"
+	}
+
+	// Read and validate the body, under a size limit and a deadline.
+	if h.cfg.IOTimeout > 0 {
+		_ = rc.SetReadDeadline(time.Now().Add(h.cfg.IOTimeout))
+		// Write deadlines are set before each write; clear the last one
+		// so that it does not outlive this request on a kept-alive
+		// connection.
+		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	}
+	body := http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
+	var (
+		req *request
+		err error
+	)
+	if chat {
+		req, err = h.parser.parseChat(body)
+	} else {
+		req, err = h.parser.parseCompletion(body)
+	}
+	if h.cfg.IOTimeout > 0 {
+		// The body is read (or rejected): the deadline has done its job.
+		// (net/http clears it too when it starts watching for the client
+		// going away; a body left unread must not be bounded by it later.)
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	if err != nil {
+		h.fail(w, endpoint, "", err)
+		return
+	}
+
+	rid := h.cfg.NewRID()
+	gr := &GenerateRequest{
+		RID:          rid,
+		InputIDs:     req.promptIDs,
+		MaxTokens:    req.maxTokens,
+		Sampling:     req.sampling,
+		StopTokenIDs: req.stopTokenIDs,
+		IgnoreEOS:    req.ignoreEOS,
+	}
+	stream, err := h.cfg.Engine.Generate(ctx, gr)
+	if err == nil && stream == nil {
+		err = Internal("the engine returned no stream")
+	}
+	if err != nil {
+		if stream != nil {
+			stream.Close() // the contract says no stream with an error; release it anyway
+		}
+		h.fail(w, endpoint, rid, err)
+		return
+	}
+	defer stream.Close()
+
+	rs := &response{
+		h: h, req: req, rid: rid, created: h.cfg.Now().Unix(),
+		out: newOutput(h.cfg.Tokenizer, req, h.cfg.EOS),
+	}
+	var outcome string
+	if req.stream {
+		outcome = rs.stream(ctx, w, rc, stream)
+	} else {
+		outcome = rs.collect(ctx, w, rc, stream)
+	}
+	h.log.Debug("request ended", "rid", rid, "endpoint", endpoint, "outcome", outcome,
+		"prompt_tokens", len(req.promptIDs), "completion_tokens", len(rs.out.ids))
+}
+
+// fail writes err as an error answer and logs it.
+func (h *handler) fail(w http.ResponseWriter, endpoint, rid string, err error) {
+	e := ToError(err)
+	h.logError(endpoint, rid, e, "before output")
+	WriteError(w, e)
+}
+
+func (h *handler) logError(endpoint, rid string, e *Error, when string) {
+	level := slog.LevelDebug
+	if e.Status >= 500 {
+		level = slog.LevelWarn
+	}
+	h.log.Log(context.Background(), level, "request failed", "rid", rid, "endpoint", endpoint,
+		"status", e.Status, "type", e.Type, "message", e.Message, "when", when)
+}
+
+// response is the state of one request's answer.
+type response struct {
+	h       *handler
+	req     *request
+	rid     string
+	created int64
+	out     *output
+}
+
+// recv reads the next chunk into the output, and tells the engine to stop
+// when a stop string ended the output.
+func (rs *response) recv(ctx context.Context, stream Stream) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		err = Internal("the engine ended the stream without a finish reason")
+	}
+	if err != nil {
+		return err
+	}
+	if rs.out.add(c) && rs.out.stopped {
+		stream.Stop()
+	}
+	return nil
+}
+
+func (rs *response) usage() *Usage {
+	p, c := len(rs.req.promptIDs), len(rs.out.ids)
+	return &Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c}
+}
+
+func (rs *response) endpoint() string {
+	if rs.req.chat {
+		return "chat.completions"
+	}
+	return "completions"
+}
+
+// tokenIDs returns ids for a token_ids field: non-nil (so it is sent, even
+// empty) only with return_token_ids.
+func (rs *response) tokenIDs(ids []int32) []int32 {
+	if !rs.req.returnTokenIDs {
+		return nil
+	}
+	if ids == nil {
+		return []int32{}
+	}
+	return ids
+}
+
+// collect answers a request that is not streamed: one JSON body once the
+// output is finished. It returns the outcome for the log.
+func (rs *response) collect(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, stream Stream) string {
+	for !rs.out.finished {
+		if err := rs.recv(ctx, stream); err != nil {
+			if ctx.Err() != nil {
+				return "client gone"
+			}
+			rs.h.fail(w, rs.endpoint(), rs.rid, err)
+			return "error"
+		}
+	}
+	text, ids := rs.out.all()
+	finish := rs.out.finish
+	var body any
+	if rs.req.chat {
+		body = ChatCompletionResponse{
+			ID: "chatcmpl-" + rs.rid, Object: "chat.completion", Created: rs.created, Model: rs.h.cfg.ModelName,
+			Choices: []ChatChoice{{
+				Message:      ChatResponseMessage{Role: "assistant", Content: text},
+				FinishReason: finish,
+				TokenIDs:     rs.tokenIDs(ids),
+			}},
+			Usage:          rs.usage(),
+			PromptTokenIDs: rs.tokenIDs(rs.req.promptIDs),
+		}
+	} else {
+		body = CompletionResponse{
+			ID: "cmpl-" + rs.rid, Object: "text_completion", Created: rs.created, Model: rs.h.cfg.ModelName,
+			Choices: []CompletionChoice{{
+				Text:           text,
+				FinishReason:   &finish,
+				PromptTokenIDs: rs.tokenIDs(rs.req.promptIDs),
+				TokenIDs:       rs.tokenIDs(ids),
+			}},
+			Usage: rs.usage(),
+		}
+	}
+	rs.h.setWriteDeadline(rc)
+	writeJSON(w, http.StatusOK, body)
+	return finish
+}
+
+func (h *handler) setWriteDeadline(rc *http.ResponseController) {
+	if h.cfg.IOTimeout > 0 {
+		_ = rc.SetWriteDeadline(time.Now().Add(h.cfg.IOTimeout))
+	}
+}
+
+// stream answers a streamed request with Server-Sent Events. The headers are
+// sent with the first chunk of output, so an error before any output is an
+// ordinary error answer. It returns the outcome for the log.
+func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, stream Stream) string {
+	sse := sseWriter{w: w, rc: rc, h: rs.h}
+	promptSent := false
+	for !rs.out.finished {
+		if err := rs.recv(ctx, stream); err != nil {
+			if ctx.Err() != nil {
+				return "client gone"
+			}
+			if !sse.started {
+				rs.h.fail(w, rs.endpoint(), rs.rid, err)
+				return "error"
+			}
+			// Output started: one error event, then [DONE] (as vLLM).
+			e := ToError(err)
+			rs.h.logError(rs.endpoint(), rs.rid, e, "during output")
+			if sse.send(e.Body()) == nil {
+				_ = sse.done()
+			}
+			return "error"
+		}
+		if !sse.started {
+			sse.start()
+			if rs.req.chat {
+				empty := ""
+				first := ChatCompletionChunk{
+					ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,
+					Model:          rs.h.cfg.ModelName,
+					Choices:        []ChatChunkChoice{{Delta: ChatDelta{Role: "assistant", Content: &empty}}},
+					PromptTokenIDs: rs.tokenIDs(rs.req.promptIDs),
+				}
+				promptSent = true
+				if sse.send(first) != nil {
+					return "client gone"
+				}
+			}
+		}
+		text, ids := rs.out.take()
+		if text == "" && !rs.out.finished && (len(ids) == 0 || !rs.req.returnTokenIDs) {
+			continue
+		}
+		var finish *string
+		if rs.out.finished {
+			f := rs.out.finish
+			finish = &f
+		}
+		var ev any
+		if rs.req.chat {
+			delta := ChatDelta{}
+			if text != "" {
+				delta.Content = &text
+			}
+			ev = ChatCompletionChunk{
+				ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,
+				Model:   rs.h.cfg.ModelName,
+				Choices: []ChatChunkChoice{{Delta: delta, FinishReason: finish, TokenIDs: rs.tokenIDs(ids)}},
+			}
+		} else {
+			choice := CompletionChoice{Text: text, FinishReason: finish, TokenIDs: rs.tokenIDs(ids)}
+			if !promptSent {
+				choice.PromptTokenIDs = rs.tokenIDs(rs.req.promptIDs)
+				promptSent = true
+			}
+			ev = CompletionResponse{
+				ID: "cmpl-" + rs.rid, Object: "text_completion", Created: rs.created,
+				Model: rs.h.cfg.ModelName, Choices: []CompletionChoice{choice},
+			}
+		}
+		if sse.send(ev) != nil {
+			return "client gone"
+		}
+	}
+	if rs.req.includeUsage {
+		var ev any
+		if rs.req.chat {
+			ev = ChatCompletionChunk{ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,
+				Model: rs.h.cfg.ModelName, Choices: []ChatChunkChoice{}, Usage: rs.usage()}
+		} else {
+			ev = CompletionResponse{ID: "cmpl-" + rs.rid, Object: "text_completion", Created: rs.created,
+				Model: rs.h.cfg.ModelName, Choices: []CompletionChoice{}, Usage: rs.usage()}
+		}
+		if sse.send(ev) != nil {
+			return "client gone"
+		}
+	}
+	if sse.done() != nil {
+		return "client gone"
+	}
+	return rs.out.finish
+}
+
+// sseWriter writes Server-Sent Events, one "data: <json>\n\n" per event,
+// flushed at once.
+type sseWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	h       *handler
+	started bool
+}
+
+// start sends the status and headers of the event stream.
+func (s *sseWriter) start() {
+	hd := s.w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-cache")
+	hd.Set("X-Accel-Buffering", "no") // ask proxies (nginx) not to buffer
+	s.w.WriteHeader(http.StatusOK)
+	s.started = true
+}
+
+// send writes v as one event; an error means the client is gone.
+func (s *sseWriter) send(v any) error {
+	return s.write(marshalJSON(v))
+}
+
+// done writes the final "data: [DONE]" event.
+func (s *sseWriter) done() error {
+	return s.write([]byte("[DONE]"))
+}
+
+func (s *sseWriter) write(data []byte) error {
+	s.h.setWriteDeadline(s.rc)
+	buf := make([]byte, 0, len(data)+8)
+	buf = append(buf, "data: "...)
+	buf = append(buf, data...)
+	buf = append(buf, "\n\n"...)
+	if _, err := s.w.Write(buf); err != nil {
+		return err
+	}
+	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
+}

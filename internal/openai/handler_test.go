@@ -1,0 +1,591 @@
+package openai
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+const testCreated = 1700000000
+
+func testConfig(t *testing.T, eng Engine) Config {
+	return Config{
+		ModelName:  "m",
+		Tokenizer:  byteTokenizer{},
+		ContextLen: testContextLen,
+		EOS:        []int32{eosID},
+		Engine:     eng,
+		Logger:     slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Now:        func() time.Time { return time.Unix(testCreated, 0) },
+		NewRID:     func() string { return "rid1" },
+	}
+}
+
+func newServer(t *testing.T, eng Engine, mods ...func(*Config)) *httptest.Server {
+	t.Helper()
+	cfg := testConfig(t, eng)
+	for _, m := range mods {
+		m(&cfg)
+	}
+	srv := httptest.NewServer(NewHandler(cfg))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func do(t *testing.T, srv *httptest.Server, method, path, body string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+func post(t *testing.T, srv *httptest.Server, path, body string) (*http.Response, string) {
+	t.Helper()
+	return do(t, srv, http.MethodPost, path, body)
+}
+
+// sseEvents splits an SSE body into its data payloads, checking the framing:
+// only "data: <payload>\n\n" events.
+func sseEvents(t *testing.T, body string) []string {
+	t.Helper()
+	if !strings.HasSuffix(body, "\n\n") {
+		t.Fatalf("SSE body does not end with a blank line: %q", body)
+	}
+	var out []string
+	for _, ev := range strings.Split(strings.TrimSuffix(body, "\n\n"), "\n\n") {
+		data, ok := strings.CutPrefix(ev, "data: ")
+		if !ok || strings.Contains(data, "\n") {
+			t.Fatalf("bad SSE event %q in %q", ev, body)
+		}
+		out = append(out, data)
+	}
+	return out
+}
+
+func checkSSEHeaders(t *testing.T, resp *http.Response) {
+	t.Helper()
+	if resp.StatusCode != 200 {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Errorf("Content-Type = %q", ct)
+	}
+	if cc := resp.Header.Get("Cache-Control"); cc != "no-cache" {
+		t.Errorf("Cache-Control = %q", cc)
+	}
+}
+
+// checkClosed checks the stream was closed exactly once and stopped stopN times.
+func checkClosed(t *testing.T, s *fakeStream, stopN int) {
+	t.Helper()
+	s.waitClosed(t)
+	gotStop, gotClose := s.counts()
+	if gotClose != 1 || gotStop != stopN {
+		t.Errorf("Stop called %d times (want %d), Close %d times (want 1)", gotStop, stopN, gotClose)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.recvAfterClose {
+		t.Error("Recv called after Close")
+	}
+}
+
+func TestSSEFramingChat(t *testing.T) {
+	eng := newFakeEngine(chunksOf("Hey", 2, "stop")...)
+	srv := newServer(t, eng)
+	resp, body := post(t, srv, "/v1/chat/completions",
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`)
+	checkSSEHeaders(t, resp)
+	const head = `data: {"id":"chatcmpl-rid1","object":"chat.completion.chunk","created":1700000000,"model":"m",`
+	want := head + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n" +
+		head + `"choices":[{"index":0,"delta":{"content":"He"},"logprobs":null,"finish_reason":null}]}` + "\n\n" +
+		head + `"choices":[{"index":0,"delta":{"content":"y"},"logprobs":null,"finish_reason":"stop"}]}` + "\n\n" +
+		head + `"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":3,"total_tokens":23}}` + "\n\n" +
+		"data: [DONE]\n\n"
+	if body != want {
+		t.Errorf("body\n got %s\nwant %s", body, want)
+	}
+	checkClosed(t, eng.nextStream(t), 0)
+}
+
+func TestSSEFramingCompletion(t *testing.T) {
+	eng := newFakeEngine(chunksOf("a<b", 2, "length")...)
+	srv := newServer(t, eng)
+	resp, body := post(t, srv, "/v1/completions", `{"prompt":[1,2],"stream":true,"return_token_ids":true}`)
+	checkSSEHeaders(t, resp)
+	const head = `data: {"id":"cmpl-rid1","object":"text_completion","created":1700000000,"model":"m",`
+	want := head + `"choices":[{"index":0,"text":"a<","logprobs":null,"finish_reason":null,"prompt_token_ids":[1,2],"token_ids":[97,60]}]}` + "\n\n" +
+		head + `"choices":[{"index":0,"text":"b","logprobs":null,"finish_reason":"length","token_ids":[98]}]}` + "\n\n" +
+		"data: [DONE]\n\n"
+	if body != want {
+		t.Errorf("body\n got %s\nwant %s", body, want)
+	}
+	checkClosed(t, eng.nextStream(t), 0)
+}
+
+type completionEvent struct {
+	Choices []struct {
+		Text         string  `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+		TokenIDs     []int32 `json:"token_ids"`
+	} `json:"choices"`
+	Usage *Usage `json:"usage"`
+}
+
+func decodeEvents(t *testing.T, body string) (events []completionEvent, done bool) {
+	t.Helper()
+	for _, data := range sseEvents(t, body) {
+		if data == "[DONE]" {
+			done = true
+			continue
+		}
+		var ev completionEvent
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("event %q: %v", data, err)
+		}
+		events = append(events, ev)
+	}
+	return events, done
+}
+
+func TestStreamStopStringSplitAcrossTokens(t *testing.T) {
+	// The engine would go on; the front end must stop at "END", which
+	// arrives one byte per token, and never send any of it.
+	eng := newFakeEngine(chunksOf("Hi ENough END more text", 1, "length")...)
+	srv := newServer(t, eng)
+	resp, body := post(t, srv, "/v1/completions",
+		`{"prompt":"x","stream":true,"stop":["END","zzz"],"return_token_ids":true,"stream_options":{"include_usage":true}}`)
+	checkSSEHeaders(t, resp)
+	events, done := decodeEvents(t, body)
+	if !done {
+		t.Error("no [DONE]")
+	}
+	var text strings.Builder
+	var ids []int32
+	var finish string
+	for _, ev := range events[:len(events)-1] {
+		c := ev.Choices[0]
+		if strings.HasSuffix(c.Text, "E") || strings.HasSuffix(c.Text, "EN") {
+			t.Errorf("event text %q ends with a stop-string prefix", c.Text)
+		}
+		text.WriteString(c.Text)
+		ids = append(ids, c.TokenIDs...)
+		if c.FinishReason != nil {
+			finish = *c.FinishReason
+		}
+	}
+	if got := text.String(); got != "Hi ENough " {
+		t.Errorf("text %q, want %q", got, "Hi ENough ")
+	}
+	if string(toBytes(ids)) != "Hi ENough END" {
+		t.Errorf("token ids %q, want the tokens up to and including the one completing the stop", toBytes(ids))
+	}
+	if finish != "stop" {
+		t.Errorf("finish %q", finish)
+	}
+	usage := events[len(events)-1].Usage
+	if usage == nil || *usage != (Usage{PromptTokens: 1, CompletionTokens: 13, TotalTokens: 14}) {
+		t.Errorf("usage %+v", usage)
+	}
+	s := eng.nextStream(t)
+	checkClosed(t, s, 1)
+	if s.recvN != 13 {
+		t.Errorf("Recv called %d times; want 13 (no read past the stop)", s.recvN)
+	}
+}
+
+func toBytes(ids []int32) []byte {
+	b := make([]byte, len(ids))
+	for i, id := range ids {
+		b[i] = byte(id)
+	}
+	return b
+}
+
+func TestNonStreamCompletion(t *testing.T) {
+	eng := newFakeEngine(Chunk{Tokens: toks("one ")}, Chunk{Tokens: append(toks("two"), Token{ID: eosID}), FinishReason: "stop"})
+	srv := newServer(t, eng)
+	resp, body := post(t, srv, "/v1/completions", `{"prompt":"hello","max_tokens":10,"return_token_ids":true,"seed":5}`)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("status %d %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+	want := `{"id":"cmpl-rid1","object":"text_completion","created":1700000000,"model":"m","choices":[{"index":0,"text":"one two","logprobs":null,"finish_reason":"stop","prompt_token_ids":[104,101,108,108,111],"token_ids":[111,110,101,32,116,119,111,256]}],"usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}`
+	if body != want {
+		t.Errorf("body\n got %s\nwant %s", body, want)
+	}
+	checkClosed(t, eng.nextStream(t), 0)
+	wantReq := &GenerateRequest{RID: "rid1", InputIDs: []int32{104, 101, 108, 108, 111}, MaxTokens: 10,
+		Sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 5}}
+	if diff := cmp.Diff(wantReq, eng.lastReq(t)); diff != "" {
+		t.Errorf("GenerateRequest (-want +got):\n%s", diff)
+	}
+}
+
+func TestNonStreamChatStop(t *testing.T) {
+	eng := newFakeEngine(chunksOf("Sure.\nUser: more", 3, "length")...)
+	srv := newServer(t, eng)
+	resp, body := post(t, srv, "/v1/chat/completions",
+		`{"messages":[{"role":"user","content":"q"}],"stop":"\nUser:","max_completion_tokens":20,"temperature":0,"top_k":3,"stop_token_ids":[9],"ignore_eos":true}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	want := `{"id":"chatcmpl-rid1","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Sure."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":11,"total_tokens":30}}`
+	if body != want {
+		t.Errorf("body\n got %s\nwant %s", body, want)
+	}
+	checkClosed(t, eng.nextStream(t), 1)
+	got := eng.lastReq(t)
+	if got.MaxTokens != 20 || got.Sampling.Temperature != 0 || got.Sampling.TopK != 3 || !got.IgnoreEOS ||
+		!cmp.Equal(got.StopTokenIDs, []int32{9}) {
+		t.Errorf("GenerateRequest %+v", got)
+	}
+}
+
+func TestRandomSeedWhenAbsent(t *testing.T) {
+	eng := newFakeEngine(chunksOf("a", 1, "length")...)
+	srv := newServer(t, eng)
+	seeds := map[uint64]bool{}
+	for range 2 {
+		if resp, body := post(t, srv, "/v1/completions", `{"prompt":"x"}`); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		seeds[eng.lastReq(t).Sampling.Seed] = true
+		checkClosed(t, eng.nextStream(t), 0)
+	}
+	if len(seeds) != 2 {
+		t.Errorf("two requests without seed got the same seed")
+	}
+}
+
+func TestErrorsBeforeOutput(t *testing.T) {
+	tests := []struct {
+		name    string
+		genErr  error
+		failAt0 error // Recv fails at once
+		body    string
+		status  int
+		msg     string
+	}{
+		{"engine rejects", BadRequest("prompt", "token id 300 is out of the vocabulary"), nil,
+			`{"prompt":"x"}`, 400, "token id 300 is out of the vocabulary"},
+		{"engine plain error", errors.New("boom"), nil, `{"prompt":"x","stream":true}`, 500, "internal error: boom"},
+		{"no worker", Unavailable("no decode worker"), nil, `{"prompt":"x","stream":true}`, 503, "no decode worker"},
+		{"first Recv fails, stream", nil, Unavailable("prefill failed"), `{"prompt":"x","stream":true}`, 503, "prefill failed"},
+		{"first Recv fails", nil, Timeout("bootstrap timeout"), `{"prompt":"x"}`, 504, "bootstrap timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			eng := newFakeEngine(chunksOf("a", 1, "length")...)
+			eng.genErr = tt.genErr
+			if tt.failAt0 != nil {
+				eng.failAt, eng.failErr = 0, tt.failAt0
+			}
+			srv := newServer(t, eng)
+			resp, body := post(t, srv, "/v1/completions", tt.body)
+			if resp.StatusCode != tt.status || resp.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("status %d %q, want %d JSON: %s", resp.StatusCode, resp.Header.Get("Content-Type"), tt.status, body)
+			}
+			e := DecodeError(resp.StatusCode, []byte(body))
+			if e.Message != tt.msg {
+				t.Errorf("message %q, want %q", e.Message, tt.msg)
+			}
+			if tt.genErr == nil {
+				checkClosed(t, eng.nextStream(t), 0)
+			}
+		})
+	}
+}
+
+func TestErrorMidStream(t *testing.T) {
+	eng := newFakeEngine(chunksOf("ab", 2, "")...)
+	eng.failAt, eng.failErr = 1, Unavailable("decode worker lost")
+	srv := newServer(t, eng)
+	resp, body := post(t, srv, "/v1/completions", `{"prompt":"x","stream":true,"stream_options":{"include_usage":true}}`)
+	checkSSEHeaders(t, resp)
+	want := `data: {"id":"cmpl-rid1","object":"text_completion","created":1700000000,"model":"m","choices":[{"index":0,"text":"ab","logprobs":null,"finish_reason":null}]}` + "\n\n" +
+		`data: {"error":{"message":"decode worker lost","type":"server_error","param":null,"code":null}}` + "\n\n" +
+		"data: [DONE]\n\n"
+	if body != want {
+		t.Errorf("body\n got %s\nwant %s", body, want)
+	}
+	checkClosed(t, eng.nextStream(t), 0)
+}
+
+func TestEngineEndsWithoutFinishReason(t *testing.T) {
+	eng := newFakeEngine(Chunk{Tokens: toks("a")})
+	srv := newServer(t, eng)
+	resp, body := post(t, srv, "/v1/completions", `{"prompt":"x"}`)
+	if resp.StatusCode != 500 || !strings.Contains(body, "without a finish reason") {
+		t.Errorf("status %d: %s", resp.StatusCode, body)
+	}
+	checkClosed(t, eng.nextStream(t), 0)
+}
+
+// TestClientDisconnect: the client goes away while the engine is busy;
+// the handler must Close (abort) the stream, not Stop it.
+func TestClientDisconnect(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		name := "stream"
+		if !stream {
+			name = "no stream"
+		}
+		t.Run(name, func(t *testing.T) {
+			eng := newFakeEngine(Chunk{Tokens: toks("Hi")}, Chunk{Tokens: toks("!"), FinishReason: "length"})
+			eng.blockAt = 1 // Recv blocks after the first chunk until the request ctx ends
+			srv := newServer(t, eng)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			body := `{"prompt":"x","stream":false}`
+			if stream {
+				body = `{"prompt":"x","stream":true}`
+			}
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				resp *http.Response
+				err  error
+			}
+			got := make(chan result, 1)
+			go func() {
+				resp, err := srv.Client().Do(req)
+				got <- result{resp, err}
+			}()
+			s := eng.nextStream(t)
+			if stream {
+				r := <-got
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				line, err := bufio.NewReader(r.resp.Body).ReadString('\n')
+				if err != nil || !strings.Contains(line, `"text":"Hi"`) {
+					t.Fatalf("first event %q, %v", line, err)
+				}
+				cancel()
+				r.resp.Body.Close()
+			} else {
+				cancel()
+				if r := <-got; r.err == nil {
+					r.resp.Body.Close()
+					t.Fatal("request succeeded after cancel")
+				}
+			}
+			checkClosed(t, s, 0)
+		})
+	}
+}
+
+func TestRoutes(t *testing.T) {
+	eng := newFakeEngine()
+	srv := newServer(t, eng)
+	slash := newServer(t, eng, func(c *Config) { c.ModelName = "org/name" })
+	tests := []struct {
+		name   string
+		srv    *httptest.Server
+		method string
+		path   string
+		status int
+		body   string // exact, or substring if it starts with "~"
+		allow  string
+	}{
+		{"list", srv, "GET", "/v1/models", 200,
+			`{"object":"list","data":[{"id":"m","object":"model","created":1700000000,"owned_by":"pdserve","max_model_len":64}]}`, ""},
+		{"get", srv, "GET", "/v1/models/m", 200,
+			`{"id":"m","object":"model","created":1700000000,"owned_by":"pdserve","max_model_len":64}`, ""},
+		{"get with slash", slash, "GET", "/v1/models/org/name", 200, `~"id":"org/name"`, ""},
+		{"get escaped slash", slash, "GET", "/v1/models/org%2Fname", 200, `~"id":"org/name"`, ""},
+		{"unknown model", srv, "GET", "/v1/models/x", 404,
+			`{"error":{"message":"The model ` + "`x`" + ` does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`, ""},
+		{"unknown path", srv, "GET", "/v1/nope", 404,
+			`{"error":{"message":"Invalid URL (GET /v1/nope)","type":"invalid_request_error","param":null,"code":null}}`, ""},
+		{"root", srv, "POST", "/", 404, `~Invalid URL (POST /)`, ""},
+		{"trailing slash", srv, "POST", "/v1/completions/", 404, `~Invalid URL`, ""},
+		{"GET completions", srv, "GET", "/v1/completions", 405,
+			`{"error":{"message":"Method GET is not allowed for /v1/completions","type":"invalid_request_error","param":null,"code":null}}`, "POST"},
+		{"GET chat", srv, "GET", "/v1/chat/completions", 405, `~not allowed`, "POST"},
+		{"POST models", srv, "POST", "/v1/models", 405, `~not allowed`, "GET"},
+		{"DELETE model", srv, "DELETE", "/v1/models/m", 405, `~not allowed`, "GET"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := do(t, tt.srv, tt.method, tt.path, "")
+			if resp.StatusCode != tt.status {
+				t.Errorf("status %d, want %d: %s", resp.StatusCode, tt.status, body)
+			}
+			if resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("Content-Type %q", resp.Header.Get("Content-Type"))
+			}
+			if sub, ok := strings.CutPrefix(tt.body, "~"); ok {
+				if !strings.Contains(body, sub) {
+					t.Errorf("body %s does not contain %s", body, sub)
+				}
+			} else if body != tt.body {
+				t.Errorf("body\n got %s\nwant %s", body, tt.body)
+			}
+			if a := resp.Header.Get("Allow"); a != tt.allow {
+				t.Errorf("Allow %q, want %q", a, tt.allow)
+			}
+		})
+	}
+}
+
+func TestValidationThroughHandler(t *testing.T) {
+	eng := newFakeEngine()
+	srv := newServer(t, eng, func(c *Config) { c.MaxBodyBytes = 100 })
+	tests := []struct {
+		path, body string
+		status     int
+		msg        string
+	}{
+		{"/v1/completions", `{"prompt":"` + strings.Repeat("a", 200) + `"}`, 413, "exceeds the limit of 100 bytes"},
+		{"/v1/completions", `{"prompt":"a"}` + strings.Repeat(" ", 200), 413, "exceeds the limit of 100 bytes"},
+		{"/v1/completions", `{"prompt":"a","max_tokens":"ten"}`, 400, "max_tokens must be an integer, got string"},
+		{"/v1/chat/completions", `{"messages":[]}`, 400, "messages must not be empty"},
+		{"/v1/chat/completions", `{`, 400, "invalid JSON"},
+		{"/v1/chat/completions", `{"model":"gpt","messages":[{"role":"user","content":"x"}]}`, 404, "does not exist"},
+	}
+	for _, tt := range tests {
+		resp, body := post(t, srv, tt.path, tt.body)
+		e := DecodeError(resp.StatusCode, []byte(body))
+		if resp.StatusCode != tt.status || !strings.Contains(e.Message, tt.msg) {
+			t.Errorf("%s %s: status %d, message %q; want %d, %q", tt.path, tt.body, resp.StatusCode, e.Message, tt.status, tt.msg)
+		}
+	}
+	eng.mu.Lock()
+	defer eng.mu.Unlock()
+	if len(eng.reqs) != 0 {
+		t.Errorf("engine got %d invalid requests", len(eng.reqs))
+	}
+}
+
+func TestNoTokenizerTokenIDs(t *testing.T) {
+	eng := newFakeEngine(chunksOf("ab", 1, "length")...)
+	srv := newServer(t, eng, func(c *Config) { c.Tokenizer = nil })
+	resp, body := post(t, srv, "/v1/completions", `{"prompt":[5,6],"return_token_ids":true,"stream":true}`)
+	checkSSEHeaders(t, resp)
+	events, done := decodeEvents(t, body)
+	if !done || len(events) != 2 || events[0].Choices[0].Text != "" || !cmp.Equal(events[1].Choices[0].TokenIDs, []int32{'b'}) {
+		t.Errorf("events %s", body)
+	}
+	checkClosed(t, eng.nextStream(t), 0)
+}
+
+func TestNewHandlerPanicsOnBadConfig(t *testing.T) {
+	for _, mod := range []func(*Config){
+		func(c *Config) { c.Engine = nil },
+		func(c *Config) { c.ModelName = "" },
+		func(c *Config) { c.ContextLen = 0 },
+	} {
+		cfg := testConfig(t, newFakeEngine())
+		mod(&cfg)
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Error("no panic")
+				}
+			}()
+			NewHandler(cfg)
+		}()
+	}
+}
+
+// TestServeWithRecorder runs the handler without a real connection (no
+// deadlines, no flusher) to check it copes.
+func TestServeWithRecorder(t *testing.T) {
+	eng := newFakeEngine(chunksOf("ok", 1, "length")...)
+	h := NewHandler(testConfig(t, eng))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/completions", strings.NewReader(`{"prompt":"x","stream":true}`)))
+	if rec.Code != 200 || !strings.HasSuffix(rec.Body.String(), "data: [DONE]\n\n") {
+		t.Errorf("%d %s", rec.Code, rec.Body)
+	}
+	checkClosed(t, eng.nextStream(t), 0)
+}
+
+// engineFunc adapts a function to Engine.
+type engineFunc func(context.Context, *GenerateRequest) (Stream, error)
+
+func (f engineFunc) Generate(ctx context.Context, req *GenerateRequest) (Stream, error) {
+	return f(ctx, req)
+}
+
+func TestBrokenEngine(t *testing.T) {
+	for name, eng := range map[string]Engine{
+		"nil stream":  engineFunc(func(context.Context, *GenerateRequest) (Stream, error) { return nil, nil }),
+		"nil *Error":  engineFunc(func(context.Context, *GenerateRequest) (Stream, error) { return nil, (*Error)(nil) }),
+		"zero *Error": engineFunc(func(context.Context, *GenerateRequest) (Stream, error) { return nil, &Error{} }),
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newServer(t, eng)
+			resp, body := post(t, srv, "/v1/completions", `{"prompt":"x"}`)
+			if resp.StatusCode != 500 || DecodeError(500, []byte(body)).Type != TypeServer {
+				t.Errorf("status %d: %s", resp.StatusCode, body)
+			}
+		})
+	}
+}
+
+// endlessStream returns the same chunk forever.
+type endlessStream struct {
+	ctx    context.Context
+	chunk  Chunk
+	closed chan struct{}
+}
+
+func (s *endlessStream) Recv() (Chunk, error) {
+	if err := s.ctx.Err(); err != nil {
+		return Chunk{}, err
+	}
+	return s.chunk, nil
+}
+func (s *endlessStream) Stop()  {}
+func (s *endlessStream) Close() { close(s.closed) }
+
+// TestClientThatStopsReading: a client that keeps the connection open but
+// stops reading must not pin the request: the write deadline (IOTimeout)
+// ends it and the stream is closed.
+func TestClientThatStopsReading(t *testing.T) {
+	streams := make(chan *endlessStream, 1)
+	chunk := Chunk{Tokens: toks(strings.Repeat("a", 16<<10))}
+	eng := engineFunc(func(ctx context.Context, _ *GenerateRequest) (Stream, error) {
+		s := &endlessStream{ctx: ctx, chunk: chunk, closed: make(chan struct{})}
+		streams <- s
+		return s, nil
+	})
+	srv := newServer(t, eng, func(c *Config) { c.IOTimeout = 50 * time.Millisecond })
+	resp, err := srv.Client().Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close() // never read
+	s := <-streams
+	select {
+	case <-s.closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a client that stopped reading pinned the request")
+	}
+}

@@ -1,0 +1,147 @@
+package openai
+
+import (
+	"bytes"
+	"slices"
+
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// output turns the engine's tokens into the text and token ids the client
+// sees: it detokenizes incrementally, applies stop strings, and (while
+// streaming) holds back any suffix that could still become a stop string.
+type output struct {
+	dec         model.Decoder // nil without a tokenizer: no text
+	stops       [][]byte
+	maxStop     int
+	includeStop bool
+	// noText holds the ids not rendered when they end the output with
+	// finish reason "stop": EOS (unless ignore_eos) and stop_token_ids.
+	noText []int32
+
+	text     []byte  // the output text so far (after a stop match: truncated)
+	ids      []int32 // every token counted (sent or to be sent)
+	textSent int     // bytes of text handed out by take
+	idsSent  int     // ids handed out by take
+
+	finished bool
+	finish   string // "stop" or "length" (or what the engine said) once finished
+	// stopped: the front end ended the request (a stop string matched
+	// before the engine finished); the engine must be told with Stop.
+	stopped bool
+}
+
+func newOutput(tok model.Tokenizer, req *request, eos []int32) *output {
+	o := &output{includeStop: req.includeStopStr}
+	if tok != nil {
+		o.dec = tok.NewDecoder()
+	}
+	for _, s := range req.stop {
+		o.stops = append(o.stops, []byte(s))
+		o.maxStop = max(o.maxStop, len(s))
+	}
+	if !req.ignoreEOS {
+		o.noText = append(o.noText, eos...)
+	}
+	o.noText = append(o.noText, req.stopTokenIDs...)
+	return o
+}
+
+// add consumes one chunk of the engine. Tokens after the output finished are
+// ignored (not counted). It reports whether the output is finished now.
+func (o *output) add(c Chunk) bool {
+	if o.finished {
+		return true
+	}
+	for i, t := range c.Tokens {
+		if o.finished {
+			break
+		}
+		o.ids = append(o.ids, t.ID)
+		if o.dec == nil {
+			continue
+		}
+		if c.FinishReason == "stop" && i == len(c.Tokens)-1 && slices.Contains(o.noText, t.ID) {
+			continue // the EOS or stop token itself is counted but not shown
+		}
+		o.appendText(o.dec.Add(t.ID))
+	}
+	if c.FinishReason != "" {
+		if !o.finished && o.dec != nil {
+			o.appendText(o.dec.Flush())
+		}
+		if !o.finished {
+			o.finished = true
+			o.finish = c.FinishReason
+		}
+		// The engine finished with this chunk too: nothing to stop.
+		o.stopped = false
+	}
+	return o.finished
+}
+
+// appendText adds s to the text and looks for a stop string that ends in it.
+func (o *output) appendText(s string) {
+	if s == "" || o.finished {
+		return
+	}
+	// A match not found before must end in s, so it starts at most
+	// maxStop-1 bytes before s.
+	from := max(0, len(o.text)-(o.maxStop-1))
+	o.text = append(o.text, s...)
+	if len(o.stops) == 0 {
+		return
+	}
+	at, n := -1, 0
+	for _, stop := range o.stops {
+		if i := bytes.Index(o.text[from:], stop); i >= 0 && (at < 0 || from+i < at) {
+			at, n = from+i, len(stop)
+		}
+	}
+	if at < 0 {
+		return
+	}
+	if o.includeStop {
+		at += n
+	}
+	o.text = o.text[:at]
+	o.finished, o.finish, o.stopped = true, "stop", true
+}
+
+// heldBack returns the length of the longest suffix of the text that is a
+// proper prefix of a stop string: text that may not be sent yet.
+func (o *output) heldBack() int {
+	best := 0
+	for _, stop := range o.stops {
+		for k := min(len(stop)-1, len(o.text)); k > best; k-- {
+			if o.text[len(o.text)-k] == stop[0] && bytes.HasSuffix(o.text, stop[:k]) {
+				best = k
+				break
+			}
+		}
+	}
+	return best
+}
+
+// take returns the text and ids not handed out yet that may be sent: all of
+// them once finished, else all but a possible stop-string prefix of text.
+func (o *output) take() (string, []int32) {
+	// A stop match never cuts into text already sent (that text was not a
+	// stop-string prefix), so start ≤ len(o.text); min and max only keep
+	// the slicing safe.
+	start := min(o.textSent, len(o.text))
+	end := len(o.text)
+	if !o.finished {
+		end = max(start, end-o.heldBack())
+	}
+	text := string(o.text[start:end])
+	o.textSent = end
+	ids := slices.Clone(o.ids[o.idsSent:])
+	o.idsSent = len(o.ids)
+	return text, ids
+}
+
+// all returns the whole text and ids (for a response that is not streamed).
+func (o *output) all() (string, []int32) {
+	return string(o.text), o.ids
+}

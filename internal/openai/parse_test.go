@@ -1,0 +1,290 @@
+package openai
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+const testContextLen = 64
+
+func testParser() *parser {
+	return &parser{modelName: "m", tok: byteTokenizer{}, contextLen: testContextLen, newSeed: func() uint64 { return 42 }}
+}
+
+func noTokParser() *parser {
+	p := testParser()
+	p.tok = nil
+	return p
+}
+
+type badCase struct {
+	name   string
+	body   string
+	status int
+	param  string // "-" = don't check
+	msg    string // substring of the message
+}
+
+func checkBad(t *testing.T, parse func(string) (*request, error), tests []badCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := parse(tt.body)
+			if err == nil {
+				t.Fatalf("accepted: %+v", req)
+			}
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("error %v is not an *Error", err)
+			}
+			if e.Status != tt.status {
+				t.Errorf("status = %d, want %d (%s)", e.Status, tt.status, e.Message)
+			}
+			if tt.param != "-" && e.Param != tt.param {
+				t.Errorf("param = %q, want %q (%s)", e.Param, tt.param, e.Message)
+			}
+			if !strings.Contains(e.Message, tt.msg) {
+				t.Errorf("message %q does not contain %q", e.Message, tt.msg)
+			}
+		})
+	}
+}
+
+func parseCompletionString(p *parser) func(string) (*request, error) {
+	return func(s string) (*request, error) { return p.parseCompletion(strings.NewReader(s)) }
+}
+
+func parseChatString(p *parser) func(string) (*request, error) {
+	return func(s string) (*request, error) { return p.parseChat(strings.NewReader(s)) }
+}
+
+func TestParseCompletionRejects(t *testing.T) {
+	long := `"` + strings.Repeat("x", testContextLen) + `"`
+	longer := `"` + strings.Repeat("x", testContextLen+6) + `"`
+	many := `[` + strings.Repeat(`"s",`, MaxStopStrings) + `"s"]`
+	checkBad(t, parseCompletionString(testParser()), []badCase{
+		{"not JSON", `not json`, 400, "", "invalid JSON"},
+		{"empty body", ``, 400, "", "empty"},
+		{"white space body", "  \n", 400, "", "empty"},
+		{"truncated", `{"prompt":"hi"`, 400, "", "unexpected end"},
+		{"array body", `[1,2]`, 400, "", "must be a JSON object"},
+		{"string body", `"hi"`, 400, "", "must be a JSON object"},
+		{"trailing garbage", `{"prompt":"hi"} x`, 400, "", "invalid JSON"},
+		{"two objects", `{"prompt":"hi"}{}`, 400, "", "unexpected data"},
+		{"max_tokens string", `{"prompt":"hi","max_tokens":"ten"}`, 400, "max_tokens", "max_tokens must be an integer"},
+		{"max_tokens float", `{"prompt":"hi","max_tokens":1.5}`, 400, "max_tokens", "max_tokens must be an integer"},
+		{"max_tokens huge", `{"prompt":"hi","max_tokens":1e30}`, 400, "max_tokens", "max_tokens must be an integer"},
+		{"temperature string", `{"prompt":"hi","temperature":"hot"}`, 400, "temperature", "temperature must be a number"},
+		{"stream string", `{"prompt":"hi","stream":"yes"}`, 400, "stream", "stream must be a boolean"},
+		{"include_usage number", `{"prompt":"hi","stream":true,"stream_options":{"include_usage":1}}`, 400, "stream_options.include_usage", "boolean"},
+		{"stream_options array", `{"prompt":"hi","stream_options":[]}`, 400, "stream_options", "object"},
+		{"seed string", `{"prompt":"hi","seed":"x"}`, 400, "seed", "seed must be an integer"},
+		{"seed float", `{"prompt":"hi","seed":1.5}`, 400, "seed", "seed must be an integer"},
+		{"stop_token_ids string", `{"prompt":"hi","stop_token_ids":"a"}`, 400, "stop_token_ids", "array"},
+		{"stop_token_ids negative", `{"prompt":"hi","stop_token_ids":[-1]}`, 400, "stop_token_ids", "not a token id"},
+		{"stop_token_ids too big", `{"prompt":"hi","stop_token_ids":[3000000000]}`, 400, "stop_token_ids", "not a token id"},
+		{"prompt missing", `{}`, 400, "prompt", "prompt is required"},
+		{"prompt null", `{"prompt":null}`, 400, "prompt", "prompt is required"},
+		{"prompt empty string", `{"prompt":""}`, 400, "prompt", "must not be empty"},
+		{"prompt empty array", `{"prompt":[]}`, 400, "prompt", "must not be empty"},
+		{"prompt empty id array", `{"prompt":[[]]}`, 400, "prompt", "must not be empty"},
+		{"prompt one empty string", `{"prompt":[""]}`, 400, "prompt", "must not be empty"},
+		{"two text prompts", `{"prompt":["a","b"]}`, 400, "prompt", "only one prompt"},
+		{"two id prompts", `{"prompt":[[1],[2]]}`, 400, "prompt", "only one prompt"},
+		{"mixed prompt", `{"prompt":[1,"a"]}`, 400, "prompt", "prompt must be a string"},
+		{"mixed strings", `{"prompt":["a",1]}`, 400, "prompt", "prompt must be a string"},
+		{"float id", `{"prompt":[1.5]}`, 400, "prompt", "prompt must be a string"},
+		{"negative id", `{"prompt":[-1]}`, 400, "prompt", "not a token id"},
+		{"id over int32", `{"prompt":[3000000000]}`, 400, "prompt", "not a token id"},
+		{"nested id over int32", `{"prompt":[[1, 3000000000]]}`, 400, "prompt", "not a token id"},
+		{"prompt number", `{"prompt":5}`, 400, "prompt", "prompt must be a string"},
+		{"prompt object", `{"prompt":{"a":1}}`, 400, "prompt", "prompt must be a string"},
+		{"prompt bool", `{"prompt":true}`, 400, "prompt", "prompt must be a string"},
+		{"encode fails", `{"prompt":"FAIL-ENCODE"}`, 400, "prompt", "cannot tokenize"},
+		{"unknown model", `{"model":"other","prompt":"hi"}`, 404, "model", "The model `other` does not exist"},
+		{"model number", `{"model":1,"prompt":"hi"}`, 400, "model", "model must be a string"},
+		{"n=2", `{"prompt":"hi","n":2}`, 400, "n", "n must be 1"},
+		{"n=0", `{"prompt":"hi","n":0}`, 400, "n", "n must be 1"},
+		{"echo", `{"prompt":"hi","echo":true}`, 400, "echo", "echo is not supported"},
+		{"logprobs", `{"prompt":"hi","logprobs":1}`, 400, "logprobs", "not supported yet"},
+		{"logprobs 0", `{"prompt":"hi","logprobs":0}`, 400, "logprobs", "not supported yet"},
+		{"best_of", `{"prompt":"hi","best_of":2}`, 400, "best_of", "best_of must be 1"},
+		{"suffix", `{"prompt":"hi","suffix":"x"}`, 400, "suffix", "not supported"},
+		{"presence_penalty", `{"prompt":"hi","presence_penalty":0.5}`, 400, "presence_penalty", "not supported"},
+		{"frequency_penalty", `{"prompt":"hi","frequency_penalty":-1}`, 400, "frequency_penalty", "not supported"},
+		{"logit_bias", `{"prompt":"hi","logit_bias":{"1":2}}`, 400, "logit_bias", "not supported"},
+		{"max_tokens 0", `{"prompt":"hi","max_tokens":0}`, 400, "max_tokens", "max_tokens must be at least 1, got 0"},
+		{"max_tokens negative", `{"prompt":"hi","max_tokens":-5}`, 400, "max_tokens", "at least 1"},
+		{"prompt+max_tokens over context", `{"prompt":"hi","max_tokens":63}`, 400, "max_tokens",
+			"This model's maximum context length is 64 tokens. However, you requested 65 tokens (2 in the prompt, 63 in the completion)."},
+		{"max_tokens near MaxInt64", `{"prompt":"hi","max_tokens":9223372036854775807}`, 400, "max_tokens", "you requested 9223372036854775809 tokens"},
+		{"prompt fills context", `{"prompt":` + long + `}`, 400, "prompt", "However, your request has 64 input tokens"},
+		{"prompt over context", `{"prompt":` + longer + `,"max_tokens":1}`, 400, "prompt", "you requested 71 tokens (70 in the prompt, 1 in the completion)"},
+		{"temperature negative", `{"prompt":"hi","temperature":-1}`, 400, "temperature", "temperature must be in [0, 100]"},
+		{"temperature high", `{"prompt":"hi","temperature":101}`, 400, "temperature", "temperature must be in"},
+		{"temperature overflows float32", `{"prompt":"hi","temperature":1e300}`, 400, "temperature", "temperature must be in"},
+		{"top_p 0", `{"prompt":"hi","top_p":0}`, 400, "top_p", "top_p must be in (0, 1]"},
+		{"top_p 1.5", `{"prompt":"hi","top_p":1.5}`, 400, "top_p", "top_p must be in"},
+		{"top_p tiny", `{"prompt":"hi","top_p":1e-50}`, 400, "top_p", "top_p must be in"},
+		{"top_k -2", `{"prompt":"hi","top_k":-2}`, 400, "top_k", "top_k must be"},
+		{"top_k float", `{"prompt":"hi","top_k":2.5}`, 400, "top_k", "top_k must be an integer"},
+		{"stop number", `{"prompt":"hi","stop":5}`, 400, "stop", "stop must be a string or an array of strings"},
+		{"stop array of numbers", `{"prompt":"hi","stop":[1]}`, 400, "stop", "stop must be a string or an array"},
+		{"too many stops", `{"prompt":"hi","stop":` + many + `}`, 400, "stop", "at most 16 stop strings"},
+		{"stop too long", `{"prompt":"hi","stop":"` + strings.Repeat("s", MaxStopStringBytes+1) + `"}`, 400, "stop", "at most 1024 bytes"},
+		{"too many stop_token_ids", `{"prompt":"hi","stop_token_ids":[` + strings.Repeat("1,", MaxStopTokenIDs) + `1]}`, 400, "stop_token_ids", "at most 1024"},
+	})
+}
+
+func TestParseNoTokenizer(t *testing.T) {
+	checkBad(t, parseCompletionString(noTokParser()), []badCase{
+		{"text prompt", `{"prompt":"hi"}`, 400, "prompt", "no tokenizer"},
+		{"stop strings", `{"prompt":[1,2],"stop":"x"}`, 400, "stop", "no tokenizer"},
+	})
+	checkBad(t, parseChatString(noTokParser()), []badCase{
+		{"chat", `{"messages":[{"role":"user","content":"hi"}]}`, 400, "messages", "no tokenizer"},
+	})
+	req, err := noTokParser().parseCompletion(strings.NewReader(`{"prompt":[1,2,3],"stop":""}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int32{1, 2, 3}, req.promptIDs); diff != "" {
+		t.Error(diff)
+	}
+}
+
+func TestParseChatRejects(t *testing.T) {
+	checkBad(t, parseChatString(testParser()), []badCase{
+		{"no messages", `{}`, 400, "messages", "messages must not be empty"},
+		{"empty messages", `{"messages":[]}`, 400, "messages", "messages must not be empty"},
+		{"messages string", `{"messages":"hi"}`, 400, "messages", "messages must be an array"},
+		{"message not object", `{"messages":["hi"]}`, 400, "messages", "messages must be an object"},
+		{"no role", `{"messages":[{"content":"x"}]}`, 400, "messages", "messages[0].role is required"},
+		{"role number", `{"messages":[{"role":1,"content":"x"}]}`, 400, "messages.role", "must be a string"},
+		{"content number", `{"messages":[{"role":"user","content":5}]}`, 400, "messages", "messages[0].content must be a string or an array of text parts"},
+		{"content part not object", `{"messages":[{"role":"user","content":["x"]}]}`, 400, "messages", "messages[0].content must be"},
+		{"image part", `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}]}`, 400, "messages", `messages[0].content[1]: content type "image_url" is not supported`},
+		{"template rejects", `{"messages":[{"role":"bad","content":"x"}]}`, 400, "messages", "chat template rejected"},
+		{"encode fails", `{"messages":[{"role":"user","content":"FAIL-ENCODE"}]}`, 400, "messages", "cannot tokenize"},
+		{"unknown model", `{"model":"x","messages":[{"role":"user","content":"hi"}]}`, 404, "model", "does not exist"},
+		{"max_completion_tokens string", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":"x"}`, 400, "max_completion_tokens", "must be an integer"},
+		{"max_completion_tokens 0", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, 400, "max_completion_tokens", "at least 1"},
+		{"max_tokens 0", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}`, 400, "max_tokens", "at least 1"},
+		{"context", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":60}`, 400, "max_tokens", "you requested 80 tokens (20 in the messages, 60 in the completion)"},
+		{"logprobs", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true}`, 400, "logprobs", "not supported yet"},
+		{"top_logprobs", `{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}`, 400, "top_logprobs", "not supported yet"},
+		{"n", `{"messages":[{"role":"user","content":"hi"}],"n":3}`, 400, "n", "n must be 1"},
+		{"temperature", `{"messages":[{"role":"user","content":"hi"}],"temperature":-0.5}`, 400, "temperature", "temperature must be in"},
+		{"stop", `{"messages":[{"role":"user","content":"hi"}],"stop":{}}`, 400, "stop", "stop must be"},
+	})
+}
+
+var cmpRequest = cmp.AllowUnexported(request{})
+
+func TestParseCompletionAccepts(t *testing.T) {
+	hi := []int32{'h', 'i'}
+	def := func(mod func(*request)) *request {
+		r := &request{promptIDs: hi, maxTokens: DefaultCompletionMaxTokens,
+			sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
+		if mod != nil {
+			mod(r)
+		}
+		return r
+	}
+	tests := []struct {
+		name string
+		body string
+		want *request
+	}{
+		{"defaults", `{"prompt":"hi"}`, def(nil)},
+		{"served model, unknown fields", `{"model":"m","prompt":"hi","user":"u","foo":{"bar":[1]},"echo":false,"n":1,"best_of":1,"presence_penalty":0,"logit_bias":{}}`, def(nil)},
+		{"nulls", `{"prompt":"hi","max_tokens":null,"temperature":null,"stop":null,"logprobs":null,"seed":null}`, def(nil)},
+		{"array of one string", `{"prompt":["hi"]}`, def(nil)},
+		{"token ids", `{"prompt":[104,105]}`, def(nil)},
+		{"one array of token ids", `{"prompt":[[104,105]]}`, def(nil)},
+		{"sampling", `{"prompt":"hi","max_tokens":5,"temperature":0,"top_p":0.5,"top_k":7,"seed":-1}`, def(func(r *request) {
+			r.maxTokens = 5
+			r.sampling = model.SamplingParams{Temperature: 0, TopP: 0.5, TopK: 7, Seed: math.MaxUint64}
+		})},
+		{"top_k -1 is off", `{"prompt":"hi","top_k":-1}`, def(nil)},
+		{"max_tokens fills context", `{"prompt":"hi","max_tokens":62}`, def(func(r *request) { r.maxTokens = 62 })},
+		{"stop string", `{"prompt":"hi","stop":"\n"}`, def(func(r *request) { r.stop = []string{"\n"} })},
+		{"stop array, empty dropped", `{"prompt":"hi","stop":["a","","bc"]}`, def(func(r *request) { r.stop = []string{"a", "bc"} })},
+		{"stop only empty", `{"prompt":"hi","stop":[""]}`, def(nil)},
+		{"extensions", `{"prompt":"hi","stop_token_ids":[7,0],"ignore_eos":true,"include_stop_str_in_output":true,"return_token_ids":true}`, def(func(r *request) {
+			r.stopTokenIDs = []int32{7, 0}
+			r.ignoreEOS, r.includeStopStr, r.returnTokenIDs = true, true, true
+		})},
+		{"stream with usage", `{"prompt":"hi","stream":true,"stream_options":{"include_usage":true}}`, def(func(r *request) { r.stream, r.includeUsage = true, true })},
+		{"usage needs stream", `{"prompt":"hi","stream_options":{"include_usage":true}}`, def(nil)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := testParser().parseCompletion(strings.NewReader(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got, cmpRequest); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseChatAccepts(t *testing.T) {
+	tests := []struct {
+		name      string
+		body      string
+		prompt    string
+		maxTokens int
+	}{
+		{"string content", `{"model":"m","messages":[{"role":"system","content":"be"},{"role":"user","content":"hi"}]}`,
+			"<system>be\n<user>hi\n<assistant>", testContextLen - 31},
+		{"parts joined", `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`,
+			"<user>a\nb\n<assistant>", testContextLen - 21},
+		{"null content", `{"messages":[{"role":"assistant","content":null},{"role":"user","content":"x"}]}`,
+			"<assistant>\n<user>x\n<assistant>", testContextLen - 31},
+		{"max_completion_tokens wins", `{"messages":[{"role":"user","content":"x"}],"max_tokens":1,"max_completion_tokens":3}`,
+			"<user>x\n<assistant>", 3},
+		{"max_tokens", `{"messages":[{"role":"user","content":"x"}],"max_tokens":2}`, "<user>x\n<assistant>", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := testParser().parseChat(strings.NewReader(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, _ := byteTokenizer{}.Encode(tt.prompt)
+			want := &request{chat: true, promptIDs: ids, maxTokens: tt.maxTokens,
+				sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
+			if diff := cmp.Diff(want, got, cmpRequest); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestCompletionMaxTokensDefault: without max_tokens a completion gets 16
+// tokens (the OpenAI default), or the rest of the context if less; a chat
+// request gets the rest of the context.
+func TestCompletionMaxTokensDefault(t *testing.T) {
+	p := testParser()
+	for _, tc := range []struct {
+		prompt int
+		want   int
+	}{{2, DefaultCompletionMaxTokens}, {testContextLen - 5, 5}} {
+		req, err := p.parseCompletion(strings.NewReader(`{"prompt":"` + strings.Repeat("x", tc.prompt) + `"}`))
+		if err != nil || req.maxTokens != tc.want {
+			t.Fatalf("prompt of %d tokens: max_tokens %v, want %d (%v)", tc.prompt, req, tc.want, err)
+		}
+	}
+	req, err := p.parseChat(strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil || req.maxTokens != testContextLen-len(req.promptIDs) {
+		t.Fatalf("chat max_tokens %+v %v", req, err)
+	}
+}

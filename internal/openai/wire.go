@@ -1,0 +1,227 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// This file holds the OpenAI wire types: plain structs with json tags.
+// Request fields whose absence matters are pointers; fields that take several
+// JSON shapes (prompt, stop, message content) are json.RawMessage and are
+// interpreted by the converters in parse.go.
+
+// SamplingFields are the request fields shared by completions and chat
+// completions (OpenAI fields plus the vLLM extensions pdserve implements).
+type SamplingFields struct {
+	// Model is the model name; "" (absent) means the served model.
+	Model string `json:"model"`
+	// MaxTokens is the maximum number of output tokens; absent means all
+	// of the context left after the prompt.
+	MaxTokens *int `json:"max_tokens"`
+	// Temperature in [0, 100]; absent means 1. 0 is greedy.
+	Temperature *float64 `json:"temperature"`
+	// TopP in (0, 1]; absent means 1.
+	TopP *float64 `json:"top_p"`
+	// TopK (vLLM extension): -1 or 0 disables it.
+	TopK *int `json:"top_k"`
+	// Seed keys the sampler; absent means a random seed per request.
+	Seed *int64 `json:"seed"`
+	// Stop is a string or an array of up to MaxStopStrings strings.
+	Stop json.RawMessage `json:"stop"`
+	// StopTokenIDs (vLLM extension) end generation like EOS does.
+	StopTokenIDs []int64 `json:"stop_token_ids"`
+	// IgnoreEOS (vLLM extension) keeps generating past EOS.
+	IgnoreEOS bool `json:"ignore_eos"`
+	// IncludeStopStrInOutput (vLLM extension) keeps a matched stop string
+	// at the end of the output text.
+	IncludeStopStrInOutput bool `json:"include_stop_str_in_output"`
+	// N is the number of choices; only 1 is supported.
+	N *int `json:"n"`
+	// Stream asks for Server-Sent Events.
+	Stream bool `json:"stream"`
+	// StreamOptions applies when Stream is set.
+	StreamOptions *StreamOptions `json:"stream_options"`
+	// ReturnTokenIDs (vLLM extension) adds prompt_token_ids and token_ids
+	// to responses and stream chunks.
+	ReturnTokenIDs bool `json:"return_token_ids"`
+	// PresencePenalty and FrequencyPenalty: only 0 is supported.
+	PresencePenalty  *float64 `json:"presence_penalty"`
+	FrequencyPenalty *float64 `json:"frequency_penalty"`
+	// LogitBias: only an empty map is supported.
+	LogitBias map[string]float64 `json:"logit_bias"`
+	// User is accepted and ignored.
+	User string `json:"user"`
+}
+
+// StreamOptions is "stream_options".
+type StreamOptions struct {
+	// IncludeUsage adds a last chunk with usage and no choices.
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// CompletionRequest is the body of POST /v1/completions.
+type CompletionRequest struct {
+	SamplingFields
+	// Prompt is a string, an array of one string, an array of token ids,
+	// or an array of one array of token ids.
+	Prompt json.RawMessage `json:"prompt"`
+	// Echo: only false is supported.
+	Echo bool `json:"echo"`
+	// Logprobs: only null is supported for now.
+	Logprobs *int `json:"logprobs"`
+	// BestOf: only 1 is supported.
+	BestOf *int `json:"best_of"`
+	// Suffix: only "" is supported.
+	Suffix string `json:"suffix"`
+}
+
+// ChatCompletionRequest is the body of POST /v1/chat/completions.
+type ChatCompletionRequest struct {
+	SamplingFields
+	// Messages is the conversation; never empty.
+	Messages []ChatMessage `json:"messages"`
+	// MaxCompletionTokens replaces MaxTokens (which OpenAI deprecated for
+	// chat) and wins when both are set.
+	MaxCompletionTokens *int `json:"max_completion_tokens"`
+	// Logprobs: only false is supported for now.
+	Logprobs *bool `json:"logprobs"`
+	// TopLogprobs: only 0 is supported for now.
+	TopLogprobs *int `json:"top_logprobs"`
+}
+
+// ChatMessage is one message of a chat request.
+type ChatMessage struct {
+	Role string `json:"role"`
+	// Content is a string, null, or an array of {"type":"text","text":...}
+	// parts (joined with "\n", as vLLM does).
+	Content json.RawMessage `json:"content"`
+	// Name is accepted and ignored.
+	Name string `json:"name,omitempty"`
+}
+
+// ContentPart is one element of an array-valued message content.
+type ContentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// Usage counts tokens of one request.
+type Usage struct {
+	PromptTokens int `json:"prompt_tokens"`
+	// CompletionTokens counts the output tokens sent to the client, up to
+	// and including the token that completed a stop string.
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// CompletionResponse is the answer of /v1/completions, and (with
+// Object "text_completion" too, as OpenAI does) each event of its stream.
+type CompletionResponse struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []CompletionChoice `json:"choices"`
+	Usage   *Usage             `json:"usage,omitempty"`
+}
+
+// CompletionChoice is a choice of a CompletionResponse (or of a stream event).
+type CompletionChoice struct {
+	Index int    `json:"index"`
+	Text  string `json:"text"`
+	// Logprobs is always null.
+	Logprobs *struct{} `json:"logprobs"`
+	// FinishReason is null until the last event.
+	FinishReason *string `json:"finish_reason"`
+	// PromptTokenIDs (return_token_ids) is in the response and in the first
+	// stream event.
+	PromptTokenIDs []int32 `json:"prompt_token_ids,omitzero"`
+	// TokenIDs (return_token_ids) are the output tokens of the response or
+	// of this event.
+	TokenIDs []int32 `json:"token_ids,omitzero"`
+}
+
+// ChatCompletionResponse is the answer of /v1/chat/completions without stream.
+type ChatCompletionResponse struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []ChatChoice `json:"choices"`
+	Usage   *Usage       `json:"usage,omitempty"`
+	// PromptTokenIDs (return_token_ids).
+	PromptTokenIDs []int32 `json:"prompt_token_ids,omitzero"`
+}
+
+// ChatChoice is a choice of a ChatCompletionResponse.
+type ChatChoice struct {
+	Index        int                 `json:"index"`
+	Message      ChatResponseMessage `json:"message"`
+	Logprobs     *struct{}           `json:"logprobs"`
+	FinishReason string              `json:"finish_reason"`
+	// TokenIDs (return_token_ids) are the output tokens.
+	TokenIDs []int32 `json:"token_ids,omitzero"`
+}
+
+// ChatResponseMessage is the assistant's message.
+type ChatResponseMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// ChatCompletionChunk is one event of a chat completion stream.
+type ChatCompletionChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"`
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []ChatChunkChoice `json:"choices"`
+	Usage   *Usage            `json:"usage,omitempty"`
+	// PromptTokenIDs (return_token_ids) is in the first event.
+	PromptTokenIDs []int32 `json:"prompt_token_ids,omitzero"`
+}
+
+// ChatChunkChoice is a choice of a ChatCompletionChunk.
+type ChatChunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        ChatDelta `json:"delta"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+	// TokenIDs (return_token_ids) are the output tokens of this event.
+	TokenIDs []int32 `json:"token_ids,omitzero"`
+}
+
+// ChatDelta is the new part of the assistant's message.
+type ChatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+// ModelList is the answer of GET /v1/models.
+type ModelList struct {
+	Object string      `json:"object"`
+	Data   []ModelCard `json:"data"`
+}
+
+// ModelCard describes a served model (GET /v1/models/{id}).
+type ModelCard struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	// MaxModelLen (vLLM extension) is the context length in tokens.
+	MaxModelLen int `json:"max_model_len,omitempty"`
+}
+
+// marshalJSON encodes v without HTML escaping (model output often contains
+// "<" and ">") and without a trailing newline. The wire types cannot fail to
+// encode; if v could, the error is reported as a JSON error body.
+func marshalJSON(v any) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return []byte(`{"error":{"message":"cannot encode response","type":"server_error","param":null,"code":null}}`)
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+}

@@ -1,0 +1,354 @@
+// Package cluster assembles pdserve processes: a worker or a router with its
+// HTTP server, and `pdserve up` — a router with N prefill and M decode
+// workers in one process on loopback. The commands and the end-to-end tests
+// use it, so both run exactly the same wiring.
+//
+// # Ownership
+//
+// Every server a Start function returns is owned by the caller, who must
+// Shutdown it; Shutdown closes everything the server started.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/kvxfer/tcp"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/router"
+	"github.com/pdserve/pdserve/internal/worker"
+)
+
+// ModelFactory returns a new model instance. Each worker gets its own: a
+// model runs one forward at a time.
+type ModelFactory func() (model.Model, error)
+
+// WorkerOptions configures one worker process (or one worker of `up`).
+type WorkerOptions struct {
+	// Addr is the HTTP listen address, host:port (port 0 picks one).
+	Addr    string
+	Model   model.Model
+	Machine lifecycle.Config
+	// KVCacheMemory is the KV pool size in bytes.
+	KVCacheMemory int64
+	// KVListen is a prefill worker's KV channel address, host:port.
+	KVListen string
+	// KVAuth is a shared secret for the KV channel (empty: none).
+	KVAuth string
+	// WrapBackend, if set, wraps the KV transport (fault injection in tests).
+	WrapBackend func(kvxfer.Backend) kvxfer.Backend
+	Logger      *slog.Logger
+}
+
+// WorkerServer is a running worker with its HTTP server.
+type WorkerServer struct {
+	Worker   *worker.Worker
+	Registry *prometheus.Registry
+	// URL is the worker API's base URL, http://host:port.
+	URL  string
+	srv  *http.Server
+	done chan error
+	once sync.Once
+	err  error
+}
+
+func serve(addr string, h http.Handler) (*http.Server, string, chan error, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		done <- err
+	}()
+	return srv, "http://" + ln.Addr().String(), done, nil
+}
+
+// StartWorker builds a worker, starts its loop and serves its API on o.Addr.
+func StartWorker(o WorkerOptions) (*WorkerServer, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mc := o.Machine
+	factory := func(h kvxfer.Handler, fp model.Fingerprint, alloc func(int) []byte) (kvxfer.Backend, error) {
+		var b kvxfer.Backend = tcp.New(tcp.Config{Fingerprint: fp, Auth: o.KVAuth, Handler: h, AllocData: alloc,
+			HeartbeatInterval: mc.HeartbeatInterval, HeartbeatMisses: mc.LeaseMisses,
+			Logger: o.Logger.With("role", mc.Role.String(), "component", "kv")})
+		if o.WrapBackend != nil {
+			b = o.WrapBackend(b)
+		}
+		return b, nil
+	}
+	w, err := worker.New(worker.Config{Model: o.Model, Machine: mc, KVCacheMemory: o.KVCacheMemory,
+		Backend: factory, KVListen: o.KVListen, Logger: o.Logger, Registerer: reg})
+	if err != nil {
+		return nil, err
+	}
+	w.Start()
+	var h http.Handler = w.Handler(reg)
+	if mc.Role == lifecycle.RoleColocated {
+		h = colocatedHandler(w, reg)
+	}
+	srv, url, done, err := serve(o.Addr, h)
+	if err != nil {
+		_ = w.Shutdown(context.Background())
+		return nil, err
+	}
+	return &WorkerServer{Worker: w, Registry: reg, URL: url, srv: srv, done: done}, nil
+}
+
+// colocatedHandler serves the OpenAI API (on the worker itself) next to the
+// worker API, for `pdserve serve`.
+func colocatedHandler(w *worker.Worker, reg prometheus.Gatherer) http.Handler {
+	info := w.ModelInfo()
+	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(),
+		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w})
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", oa)
+	mux.Handle("/", w.Handler(reg))
+	return mux
+}
+
+// Shutdown fails the worker's live requests with an error, waits for their
+// answers to be written, and stops the worker and its server.
+// It is idempotent.
+func (s *WorkerServer) Shutdown(ctx context.Context) error {
+	s.once.Do(func() {
+		err := s.Worker.Shutdown(ctx)
+		err = errors.Join(err, s.srv.Shutdown(ctx))
+		if err != nil {
+			_ = s.srv.Close()
+		}
+		s.err = errors.Join(err, <-s.done)
+	})
+	return s.err
+}
+
+// RouterOptions configures a router process.
+type RouterOptions struct {
+	Addr            string
+	Prefill, Decode []string
+	// Info and Tokenizer describe the served model.
+	Info      model.Info
+	Tokenizer model.Tokenizer
+	// HealthInterval is how often workers are checked (default 2 s).
+	HealthInterval time.Duration
+	Logger         *slog.Logger
+}
+
+// RouterServer is a running router with its HTTP server.
+type RouterServer struct {
+	Router   *router.Router
+	Registry *prometheus.Registry
+	URL      string
+	srv      *http.Server
+	done     chan error
+	once     sync.Once
+	err      error
+}
+
+// StartRouter builds a router, checks its workers once, and serves.
+func StartRouter(o RouterOptions) (*RouterServer, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r, err := router.New(router.Config{Prefill: o.Prefill, Decode: o.Decode, ModelName: o.Info.Name,
+		Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, EOS: o.Info.EOS,
+		HealthInterval: o.HealthInterval, Logger: o.Logger, Registerer: reg, Gatherer: reg})
+	if err != nil {
+		return nil, err
+	}
+	r.Start()
+	srv, url, done, err := serve(o.Addr, r.Handler())
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return &RouterServer{Router: r, Registry: reg, URL: url, srv: srv, done: done}, nil
+}
+
+// Shutdown stops accepting requests, waits for those in flight, and stops
+// the router's background work.
+// It is idempotent.
+func (s *RouterServer) Shutdown(ctx context.Context) error {
+	s.once.Do(func() {
+		err := s.srv.Shutdown(ctx)
+		if err != nil {
+			_ = s.srv.Close()
+		}
+		s.Router.Close()
+		s.err = errors.Join(err, <-s.done)
+	})
+	return s.err
+}
+
+// Options configures `pdserve up`.
+type Options struct {
+	// Host is the loopback (or other) address every server binds.
+	Host string
+	// RouterPort is the router's port (0 picks one).
+	RouterPort int
+	// PrefillWorkers and DecodeWorkers count the workers (each ≥ 1).
+	PrefillWorkers, DecodeWorkers int
+	NewModel                      ModelFactory
+	// Worker is the template for every worker; Role, Addr and KVListen are
+	// set per worker.
+	Worker WorkerOptions
+	// WrapBackend, if set, wraps the KV transport of worker i of a role
+	// (fault injection).
+	WrapBackend func(role lifecycle.Role, i int, b kvxfer.Backend) kvxfer.Backend
+	// ReadyTimeout bounds waiting for the router to see every worker (default 30 s).
+	ReadyTimeout   time.Duration
+	HealthInterval time.Duration
+	Logger         *slog.Logger
+}
+
+// Cluster is a running `pdserve up`.
+type Cluster struct {
+	Router  *RouterServer
+	Prefill []*WorkerServer
+	Decode  []*WorkerServer
+}
+
+// URL is the router's base URL.
+func (c *Cluster) URL() string { return c.Router.URL }
+
+// Workers lists every worker.
+func (c *Cluster) Workers() []*WorkerServer {
+	return append(append([]*WorkerServer{}, c.Prefill...), c.Decode...)
+}
+
+// Up starts the workers and the router and waits until the router sees every
+// worker healthy. On error everything started is shut down.
+func Up(ctx context.Context, o Options) (c *Cluster, err error) {
+	if o.PrefillWorkers < 1 || o.DecodeWorkers < 1 {
+		return nil, fmt.Errorf("need at least one prefill and one decode worker, got %d and %d", o.PrefillWorkers, o.DecodeWorkers)
+	}
+	if o.Host == "" {
+		o.Host = "127.0.0.1"
+	}
+	if o.ReadyTimeout <= 0 {
+		o.ReadyTimeout = 30 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	c = &Cluster{}
+	defer func() {
+		if err != nil {
+			shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = c.Shutdown(shutCtx)
+			c = nil
+		}
+	}()
+	any0 := net.JoinHostPort(o.Host, "0")
+	start := func(role lifecycle.Role, i int) (*WorkerServer, error) {
+		m, err := o.NewModel()
+		if err != nil {
+			return nil, err
+		}
+		wo := o.Worker
+		wo.Model = m
+		wo.Addr = any0
+		wo.Machine.Role = role
+		wo.Logger = o.Logger.With("worker", fmt.Sprintf("%s-%d", role, i))
+		if role == lifecycle.RolePrefill {
+			wo.KVListen = any0
+		}
+		if o.WrapBackend != nil {
+			wo.WrapBackend = func(b kvxfer.Backend) kvxfer.Backend { return o.WrapBackend(role, i, b) }
+		}
+		return StartWorker(wo)
+	}
+	for i := range o.PrefillWorkers {
+		s, err := start(lifecycle.RolePrefill, i)
+		if err != nil {
+			return c, fmt.Errorf("prefill worker %d: %w", i, err)
+		}
+		c.Prefill = append(c.Prefill, s)
+	}
+	for i := range o.DecodeWorkers {
+		s, err := start(lifecycle.RoleDecode, i)
+		if err != nil {
+			return c, fmt.Errorf("decode worker %d: %w", i, err)
+		}
+		c.Decode = append(c.Decode, s)
+	}
+	m, err := o.NewModel()
+	if err != nil {
+		return c, err
+	}
+	ro := RouterOptions{Addr: net.JoinHostPort(o.Host, strconv.Itoa(o.RouterPort)), Info: m.Info(),
+		Tokenizer: m.Tokenizer(), HealthInterval: o.HealthInterval, Logger: o.Logger}
+	for _, w := range c.Prefill {
+		ro.Prefill = append(ro.Prefill, w.URL)
+	}
+	for _, w := range c.Decode {
+		ro.Decode = append(ro.Decode, w.URL)
+	}
+	c.Router, err = StartRouter(ro)
+	if err != nil {
+		return c, fmt.Errorf("router: %w", err)
+	}
+	if err := WaitReady(ctx, c.Router.Router, o.ReadyTimeout); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// WaitReady waits until the router sees every worker healthy, checking
+// every 50 ms, up to timeout.
+func WaitReady(ctx context.Context, r *router.Router, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ok, why := r.Ready()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("workers not ready after %s: %s", timeout, why)
+		case <-t.C:
+			r.CheckNow()
+		}
+	}
+}
+
+// Shutdown fails in-flight requests with an error (workers first, so every
+// client gets an answer), then stops the router and the workers.
+func (c *Cluster) Shutdown(ctx context.Context) error {
+	var errs []error
+	for _, w := range c.Workers() {
+		errs = append(errs, w.Worker.Shutdown(ctx))
+	}
+	if c.Router != nil {
+		errs = append(errs, c.Router.Shutdown(ctx))
+	}
+	for _, w := range c.Workers() {
+		errs = append(errs, w.Shutdown(ctx))
+	}
+	return errors.Join(errs...)
+}

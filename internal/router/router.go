@@ -1,0 +1,372 @@
+// Package router is pdserve's OpenAI-compatible front door for
+// disaggregated serving: it tokenizes once, pairs a prefill and a decode
+// worker per request, sends both legs at once, streams decode's tokens to
+// the client, and owns the request: whichever leg fails first, the other is
+// aborted at once; a client that goes away aborts both.
+//
+// # Concurrency
+//
+// A Router is safe for concurrent use. Each request's legs run on their own
+// goroutines; every goroutine the router starts is tracked and waited for by
+// Close.
+//
+// # Ownership
+//
+// The router owns each request from arrival to the client's answer. It never
+// holds KV; workers do, and each worker frees its own on abort or deadline.
+// The router's aborts are best effort and bounded (2 s); the workers'
+// deadlines and leases are the guarantee.
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/worker"
+)
+
+// Config configures a Router.
+type Config struct {
+	// Prefill and Decode are worker base URLs, e.g. http://127.0.0.1:30000.
+	Prefill []string
+	Decode  []string
+	// ModelName, Tokenizer, ContextLen and EOS describe the served model;
+	// workers serving another model are not used.
+	ModelName  string
+	Tokenizer  model.Tokenizer
+	ContextLen int
+	EOS        []int32
+	// HealthInterval is how often workers are checked (default 2 s).
+	HealthInterval time.Duration
+	// AbortTimeout bounds each abort call to a worker (default 2 s).
+	AbortTimeout time.Duration
+	// PeerFailureGrace is how long, when decode fails because its peer
+	// did, the router waits for prefill's own answer so the client gets the
+	// root cause (default 1 s).
+	PeerFailureGrace time.Duration
+	// MaxBodyBytes bounds client request bodies (default: the front end's).
+	MaxBodyBytes int64
+	// Client is the HTTP client for worker calls (default: a pooled client).
+	Client     *http.Client
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+}
+
+// Router pairs prefill and decode workers. See the package doc.
+type Router struct {
+	cfg     Config
+	log     *slog.Logger
+	client  *http.Client
+	prefill []*workerState
+	decode  []*workerState
+	rrP     atomic.Uint64
+	rrD     atomic.Uint64
+
+	bg     sync.WaitGroup
+	stop   chan struct{}
+	closed sync.Once
+
+	requests *prometheus.CounterVec
+	legFails *prometheus.CounterVec
+}
+
+type workerState struct {
+	url  string
+	host string
+	mu   sync.Mutex
+	// healthy is set by the last health check; kvAddr by the last info.
+	healthy  bool
+	kvAddr   string
+	lastErr  string
+	failures int
+	checked  bool
+}
+
+func (w *workerState) snapshot() (healthy bool, kvAddr string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.healthy, w.kvAddr
+}
+
+// New returns a router; it checks the worker URLs but contacts no worker
+// until Start.
+func New(cfg Config) (*Router, error) {
+	if len(cfg.Prefill) == 0 || len(cfg.Decode) == 0 {
+		return nil, errors.New("router needs at least one prefill and one decode worker")
+	}
+	if cfg.ModelName == "" || cfg.ContextLen < 1 {
+		return nil, errors.New("router needs the model name and context length")
+	}
+	if cfg.HealthInterval <= 0 {
+		cfg.HealthInterval = 2 * time.Second
+	}
+	if cfg.AbortTimeout <= 0 {
+		cfg.AbortTimeout = 2 * time.Second
+	}
+	if cfg.PeerFailureGrace <= 0 {
+		cfg.PeerFailureGrace = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        4096,
+			MaxIdleConnsPerHost: 1024,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), client: cfg.Client, stop: make(chan struct{})}
+	for _, list := range []struct {
+		urls []string
+		dst  *[]*workerState
+	}{{cfg.Prefill, &r.prefill}, {cfg.Decode, &r.decode}} {
+		for _, raw := range list.urls {
+			u, err := url.Parse(strings.TrimRight(raw, "/"))
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return nil, fmt.Errorf("worker URL %q: want http://host:port", raw)
+			}
+			*list.dst = append(*list.dst, &workerState{url: u.String(), host: u.Hostname()})
+		}
+	}
+	r.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pdserve_router_requests_total",
+		Help: "Requests the router answered, by result (ok, or the failing leg's outcome code).",
+	}, []string{"result"})
+	r.legFails = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pdserve_router_worker_failures_total",
+		Help: "Failed legs and health checks, by worker URL.",
+	}, []string{"worker"})
+	for _, c := range []prometheus.Collector{r.requests, r.legFails} {
+		if err := cfg.Registerer.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Start checks every worker once, then keeps checking in the background
+// until Close.
+func (r *Router) Start() {
+	r.checkAll()
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		t := time.NewTicker(r.cfg.HealthInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+				r.checkAll()
+			}
+		}
+	}()
+}
+
+// Ready reports whether every worker answered its last health check, and
+// if not, why.
+func (r *Router) Ready() (bool, string) {
+	for _, w := range append(append([]*workerState{}, r.prefill...), r.decode...) {
+		w.mu.Lock()
+		ok, why := w.healthy, w.lastErr
+		w.mu.Unlock()
+		if !ok {
+			return false, fmt.Sprintf("%s: %s", w.url, why)
+		}
+	}
+	return true, ""
+}
+
+// CheckNow runs one health check of every worker.
+func (r *Router) CheckNow() { r.checkAll() }
+
+// Close stops health checks and waits for every leg and abort goroutine.
+func (r *Router) Close() {
+	r.closed.Do(func() { close(r.stop) })
+	r.bg.Wait()
+}
+
+func (r *Router) checkAll() {
+	var wg sync.WaitGroup
+	for _, w := range r.prefill {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.check(w, true) }()
+	}
+	for _, w := range r.decode {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.check(w, false) }()
+	}
+	wg.Wait()
+}
+
+func (r *Router) check(w *workerState, isPrefill bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var info worker.Info
+	err := r.getJSON(ctx, w.url+worker.PathInfo, &info)
+	if err == nil {
+		err = r.getJSON(ctx, w.url+"/health", &struct{}{})
+	}
+	wantRole := "decode"
+	if isPrefill {
+		wantRole = "prefill"
+	}
+	switch {
+	case err != nil:
+	case info.Role != wantRole:
+		err = fmt.Errorf("worker is a %s worker, listed as %s", info.Role, wantRole)
+	case info.Model != r.cfg.ModelName:
+		err = fmt.Errorf("worker serves model %q, router serves %q", info.Model, r.cfg.ModelName)
+	case isPrefill && info.KVPort == 0:
+		err = errors.New("prefill worker reports no KV port")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.checked = true
+	if err != nil {
+		if w.healthy || w.lastErr != err.Error() {
+			r.log.Warn("worker unhealthy", "worker", w.url, "err", err)
+		}
+		w.healthy, w.lastErr = false, err.Error()
+		w.failures++
+		r.legFails.WithLabelValues(w.url).Inc()
+		return
+	}
+	if !w.healthy {
+		r.log.Info("worker healthy", "worker", w.url, "worker_role", info.Role)
+	}
+	w.healthy, w.lastErr = true, ""
+	if isPrefill {
+		w.kvAddr = net.JoinHostPort(w.host, strconv.Itoa(info.KVPort))
+	}
+}
+
+// maxInfoBytes bounds worker info and health answers.
+const maxInfoBytes = 1 << 20
+
+func (r *Router) getJSON(ctx context.Context, u string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxInfoBytes))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", u, openai.DecodeError(resp.StatusCode, body).Message)
+	}
+	return json.Unmarshal(body, v)
+}
+
+// pick chooses the next healthy worker round-robin.
+func pick(list []*workerState, rr *atomic.Uint64, needKV bool) (*workerState, string) {
+	n := uint64(len(list))
+	start := rr.Add(1)
+	for i := range n {
+		w := list[(start+i)%n]
+		if ok, kv := w.snapshot(); ok && (!needKV || kv != "") {
+			return w, kv
+		}
+	}
+	return nil, ""
+}
+
+// Handler returns the router's HTTP API: the OpenAI endpoints, /health and
+// /metrics.
+func (r *Router) Handler() http.Handler {
+	oa := openai.NewHandler(openai.Config{
+		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen,
+		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log,
+	})
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", oa)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		if !anyHealthy(r.prefill) || !anyHealthy(r.decode) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"status":"no healthy prefill/decode pair"}`+"\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
+	})
+	mux.HandleFunc("GET /debug/workers", r.handleWorkers)
+	if r.cfg.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(r.cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		openai.WriteError(w, openai.NotFound("no route for %s %s", req.Method, req.URL.Path))
+	})
+	return mux
+}
+
+func anyHealthy(list []*workerState) bool {
+	for _, w := range list {
+		if ok, _ := w.snapshot(); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// WorkerStatus is one entry of /debug/workers.
+type WorkerStatus struct {
+	URL      string `json:"url"`
+	Role     string `json:"role"`
+	Healthy  bool   `json:"healthy"`
+	KVAddr   string `json:"kv_addr,omitempty"`
+	Failures int    `json:"failures"`
+	LastErr  string `json:"last_error,omitempty"`
+}
+
+// Workers lists the router's workers and their health.
+func (r *Router) Workers() []WorkerStatus {
+	var out []WorkerStatus
+	add := func(list []*workerState, role string) {
+		for _, w := range list {
+			w.mu.Lock()
+			out = append(out, WorkerStatus{URL: w.url, Role: role, Healthy: w.healthy, KVAddr: w.kvAddr,
+				Failures: w.failures, LastErr: w.lastErr})
+			w.mu.Unlock()
+		}
+	}
+	add(r.prefill, "prefill")
+	add(r.decode, "decode")
+	return out
+}
+
+func (r *Router) handleWorkers(w http.ResponseWriter, _ *http.Request) {
+	b, _ := json.Marshal(map[string]any{"workers": r.Workers()})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '\n'))
+}

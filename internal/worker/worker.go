@@ -1,0 +1,531 @@
+// Package worker is the shell around a lifecycle machine: the one loop
+// goroutine that steps it and executes its effects, the forward goroutine,
+// the KV channel, the waiters of HTTP requests, and the worker HTTP API.
+//
+// # Overview
+//
+// Everything that happens to a request becomes an event in the worker's
+// mailbox: an HTTP arrival or abort, a KV channel message, a finished
+// forward, a tick. The loop drains the mailbox, steps the machine with each
+// event, executes the effects in order, then steps Schedule so a new forward
+// starts if the engine is idle. Effects are small: send a frame, copy KV
+// bytes between pages and frames, hand tokens to a waiter, start a forward.
+// The forward runs on its own goroutine so that ticks, leases and aborts are
+// handled while it runs; the machine never frees a page the forward writes.
+//
+// # Concurrency
+//
+// Only the loop goroutine touches the machine, the page allocator and the
+// waiter map. HTTP handlers and transport goroutines post to the mailbox and
+// wait on per-request waiters. Queries (debug pages, metrics) run as
+// functions on the loop.
+//
+// # Ownership
+//
+// The machine owns request state and pages. A waiter belongs to its HTTP
+// handler; the loop only appends to it and closes it exactly once, at the
+// request's Finalize.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/metrics"
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// BackendFactory builds the KV channel transport for a worker; the worker
+// passes itself as the handler, its model fingerprint, and an allocator for
+// received KV_CHUNK data (buffers the worker recycles once the KV is in its
+// pages).
+type BackendFactory func(h kvxfer.Handler, fp model.Fingerprint, allocData func(n int) []byte) (kvxfer.Backend, error)
+
+// Config configures a worker.
+type Config struct {
+	Model model.Model
+	// Machine holds the role, timeouts and scheduling limits; the worker
+	// fills in PageBytes, ContextLen, VocabSize and EOS from the model and
+	// pool.
+	Machine lifecycle.Config
+	// KVCacheMemory is the pool size in bytes.
+	KVCacheMemory int64
+	// Backend builds the KV transport (prefill and decode roles).
+	Backend BackendFactory
+	// KVListen is the prefill's KV channel address (host:port, port may be 0).
+	KVListen string
+	// TickInterval is how often deadlines and leases are checked (default 50 ms).
+	TickInterval time.Duration
+	// DecodeLogInterval logs one decode batch in this many at Info level
+	// (every batch at Debug), like SGLang's --decode-log-interval (default 40).
+	DecodeLogInterval int
+	// MaxBodyBytes bounds worker API request bodies (default 64 MiB).
+	MaxBodyBytes int64
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Worker is one prefill, decode or colocated worker.
+type Worker struct {
+	cfg     Config
+	role    lifecycle.Role
+	log     *slog.Logger
+	now     func() time.Time
+	model   model.Model
+	info    model.Info
+	pool    *kvcache.Pool
+	machine *lifecycle.Machine
+	backend kvxfer.Backend
+	kvAddr  string
+	metrics *metrics.Worker
+	crc     *crc32.Table
+
+	mbox    mailbox
+	bufs    sync.Pool // of *[]byte: received KV chunk buffers
+	stop    chan struct{}
+	stopped chan struct{}
+	fwdCtx  context.Context
+	fwdStop context.CancelFunc
+	fwdWG   sync.WaitGroup
+
+	// loop-only state
+	waiters      map[string]*waiter
+	decodeBatchN int
+
+	startOnce sync.Once
+	stopOnce  sync.Once
+}
+
+// New builds a worker: its KV pool sized from cfg.KVCacheMemory, its
+// machine, metrics on cfg.Registerer, and (prefill and decode) its KV
+// transport. It returns an error for an invalid configuration or if the
+// prefill's KV listener cannot bind.
+func New(cfg Config) (*Worker, error) {
+	if cfg.Model == nil {
+		return nil, errors.New("worker: no model")
+	}
+	if cfg.TickInterval <= 0 {
+		cfg.TickInterval = 50 * time.Millisecond
+	}
+	if cfg.DecodeLogInterval <= 0 {
+		cfg.DecodeLogInterval = 40
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 64 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	info := cfg.Model.Info()
+	mc := cfg.Machine
+	pool, err := kvcache.NewPool(info.Geometry, mc.PageSize, cfg.KVCacheMemory)
+	if err != nil {
+		return nil, err
+	}
+	mc.PageBytes = pool.PageBytes()
+	mc.ContextLen = info.ContextLen
+	mc.VocabSize = info.VocabSize
+	mc.EOS = info.EOS
+	if mc.MaxChunkPages <= 0 {
+		mc.MaxChunkPages = max(1, (16<<20)/pool.PageBytes())
+	}
+	m, err := lifecycle.New(mc, pool.Allocator)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{
+		cfg: cfg, role: mc.Role, log: cfg.Logger.With("role", mc.Role.String()), now: cfg.Now,
+		model: cfg.Model, info: info, pool: pool, machine: m,
+		crc:     crc32.MakeTable(crc32.Castagnoli),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+		waiters: make(map[string]*waiter),
+	}
+	w.mbox.init()
+	w.fwdCtx, w.fwdStop = context.WithCancel(context.Background())
+	w.metrics, err = metrics.NewWorker(cfg.Registerer, mc.Role, w.snapshot)
+	if err != nil {
+		return nil, err
+	}
+	if mc.Role != lifecycle.RoleColocated {
+		if cfg.Backend == nil {
+			return nil, fmt.Errorf("worker: %s role needs a KV backend", mc.Role)
+		}
+		w.backend, err = cfg.Backend(w, w.Fingerprint(), w.allocData)
+		if err != nil {
+			return nil, err
+		}
+		if mc.Role == lifecycle.RolePrefill {
+			addr, err := w.backend.Listen(cfg.KVListen)
+			if err != nil {
+				w.backend.Close()
+				return nil, fmt.Errorf("KV channel listen on %s: %w", cfg.KVListen, err)
+			}
+			w.kvAddr = addr
+		}
+	}
+	return w, nil
+}
+
+// Fingerprint is what this worker's KV channel compares with its peers.
+func (w *Worker) Fingerprint() model.Fingerprint {
+	return model.FingerprintOf(w.info, w.cfg.Machine.PageSize)
+}
+
+// Role is the worker's role.
+func (w *Worker) Role() lifecycle.Role { return w.role }
+
+// ModelInfo describes the served model.
+func (w *Worker) ModelInfo() model.Info { return w.info }
+
+// KVAddr is the bound KV channel address of a prefill worker ("" otherwise).
+func (w *Worker) KVAddr() string { return w.kvAddr }
+
+// Start starts the loop goroutine. It is idempotent.
+func (w *Worker) Start() {
+	w.startOnce.Do(func() { go w.run() })
+}
+
+// Shutdown fails every live request with outcome "shutdown" (their HTTP
+// answers carry the error), waits for the running forward, stops the loop
+// and closes the KV transport. It returns ctx.Err() if ctx ends first; the
+// worker is stopped either way.
+func (w *Worker) Shutdown(ctx context.Context) error {
+	var err error
+	w.stopOnce.Do(func() {
+		w.Start()
+		done := make(chan struct{})
+		w.mbox.post(item{ev: lifecycle.Shutdown{}, fn: func() { close(done) }})
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		close(w.stop)
+		<-w.stopped
+		w.fwdStop()
+		w.fwdWG.Wait()
+		if w.backend != nil {
+			w.backend.Close()
+		}
+	})
+	return err
+}
+
+// item is one mailbox entry: an event for the machine, an arrival with its
+// waiter, or a function to run on the loop.
+type item struct {
+	ev     lifecycle.Event
+	waiter *waiter
+	fn     func()
+}
+
+// mailbox is an unbounded queue, so transport goroutines never block on a
+// busy loop. Its size is bounded by what peers may send, which the pool and
+// frame limits bound.
+type mailbox struct {
+	mu     sync.Mutex
+	items  []item
+	notify chan struct{}
+}
+
+func (m *mailbox) init() { m.notify = make(chan struct{}, 1) }
+
+func (m *mailbox) post(it item) {
+	m.mu.Lock()
+	m.items = append(m.items, it)
+	m.mu.Unlock()
+	select {
+	case m.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (m *mailbox) drain(buf []item) []item {
+	m.mu.Lock()
+	buf = append(buf[:0], m.items...)
+	clear(m.items)
+	m.items = m.items[:0]
+	m.mu.Unlock()
+	return buf
+}
+
+func (w *Worker) post(ev lifecycle.Event) { w.mbox.post(item{ev: ev}) }
+
+// query runs fn on the loop and waits for it, up to timeout. It returns
+// false if the loop did not run it in time (stopped or stuck).
+func (w *Worker) query(timeout time.Duration, fn func()) bool {
+	done := make(chan struct{})
+	w.mbox.post(item{fn: func() { fn(); close(done) }})
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-w.stopped:
+		return false
+	case <-t.C:
+		return false
+	}
+}
+
+func (w *Worker) run() {
+	defer close(w.stopped)
+	ticker := time.NewTicker(w.cfg.TickInterval)
+	defer ticker.Stop()
+	var buf []item
+	lastTick := w.now()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-w.mbox.notify:
+		case <-ticker.C:
+		}
+		// Everything that arrived is applied before deadlines and leases are
+		// checked, so a renewal waiting in the mailbox is never missed
+		// because this loop was busy.
+		buf = w.mbox.drain(buf)
+		for _, it := range buf {
+			switch {
+			case it.waiter != nil:
+				w.arrive(it.ev.(lifecycle.Arrive), it.waiter)
+			case it.ev != nil:
+				w.step(it.ev)
+			}
+			if it.fn != nil {
+				it.fn()
+			}
+		}
+		clear(buf)
+		if now := w.now(); now.Sub(lastTick) >= w.cfg.TickInterval {
+			lastTick = now
+			w.step(lifecycle.Tick{})
+		}
+		w.step(lifecycle.Schedule{})
+	}
+}
+
+func (w *Worker) arrive(a lifecycle.Arrive, wt *waiter) {
+	if _, dup := w.waiters[a.Req.RID]; dup {
+		wt.finish(lifecycle.Finalize{RID: a.Req.RID, Outcome: lifecycle.OutcomeRejectedInvalid,
+			Err: fmt.Sprintf("request id %q is already in use on this worker", a.Req.RID)})
+		return
+	}
+	wt.arrived = w.now()
+	w.waiters[a.Req.RID] = wt
+	w.step(a)
+}
+
+// step steps the machine and executes its effects; effects that answer at
+// once (VerifyKV) are stepped before returning.
+func (w *Worker) step(ev lifecycle.Event) {
+	queue := []lifecycle.Event{ev}
+	for len(queue) > 0 {
+		ev := queue[0]
+		queue = queue[1:]
+		now := w.now()
+		w.machine.Step(now, ev)
+		for _, e := range w.machine.Ready() {
+			if next := w.execute(now, e); next != nil {
+				queue = append(queue, next)
+			}
+		}
+	}
+}
+
+func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
+	switch x := e.(type) {
+	case lifecycle.RunBatch:
+		w.runBatch(x)
+	case lifecycle.Send:
+		w.send(x.Peer, x.Msg)
+	case lifecycle.SendKV:
+		pb := w.pool.PageBytes()
+		data := make([]byte, len(x.Pages)*pb)
+		for i, p := range x.Pages {
+			copy(data[i*pb:], w.pool.Page(p))
+		}
+		w.metrics.KVBytes("sent", len(data))
+		w.send(x.Peer, kvxfer.KVChunk{RoomGen: x.RoomGen, Seq: x.Seq, FirstPage: x.FirstPage,
+			NPages: uint32(len(x.Pages)), Data: data})
+	case lifecycle.SendKVDone:
+		d := x.Done
+		d.Checksum = w.checksum(x.Pages)
+		w.send(x.Peer, d)
+	case lifecycle.WriteKV:
+		pb := w.pool.PageBytes()
+		for i, p := range x.Pages {
+			copy(w.pool.Page(p), x.Data[i*pb:(i+1)*pb])
+			w.pool.MarkWritten(p)
+		}
+		w.metrics.KVBytes("received", len(x.Data))
+		w.recycle(x.Data)
+	case lifecycle.VerifyKV:
+		return lifecycle.KVVerified{RID: x.RID, Gen: x.Gen, Checksum: w.checksum(x.Pages)}
+	case lifecycle.Emit:
+		if wt := w.waiters[x.RID]; wt != nil {
+			if wt.lastAt.IsZero() {
+				w.metrics.FirstToken(now.Sub(wt.arrived))
+			} else {
+				w.metrics.InterToken(now.Sub(wt.lastAt))
+			}
+			wt.lastAt = now
+			wt.push(x.Tokens)
+		}
+	case lifecycle.Finalize:
+		w.metrics.Finished(x)
+		if x.Outcome != lifecycle.OutcomeOK && x.Outcome != lifecycle.OutcomeAbortedClient {
+			w.log.Info("request failed", "rid", x.RID, "room", x.RoomGen.String(), "outcome", x.Outcome.String(), "err", x.Err)
+		}
+		if wt := w.waiters[x.RID]; wt != nil {
+			delete(w.waiters, x.RID)
+			wt.finish(x)
+		}
+	}
+	return nil
+}
+
+// allocData gives the transport a buffer for a received KV chunk; WriteKV
+// returns it once the bytes are in pages. Chunks the machine drops are left
+// to the garbage collector.
+func (w *Worker) allocData(n int) []byte {
+	if b, ok := w.bufs.Get().(*[]byte); ok && cap(*b) >= n {
+		return (*b)[:n]
+	}
+	return make([]byte, n)
+}
+
+func (w *Worker) recycle(b []byte) {
+	w.bufs.Put(&b)
+}
+
+func (w *Worker) send(p kvxfer.PeerID, m kvxfer.Message) {
+	if err := w.backend.Send(p, m); err != nil {
+		// The connection is gone; the transport reports PeerLost, which
+		// fails the rooms on it.
+		w.log.Debug("KV send dropped", "peer", p, "type", m.Type().String(), "err", err)
+	}
+}
+
+func (w *Worker) checksum(pages []kvcache.PageID) uint32 {
+	var c uint32
+	for _, p := range pages {
+		c = crc32.Update(c, w.crc, w.pool.Page(p))
+	}
+	return c
+}
+
+func (w *Worker) runBatch(b lifecycle.RunBatch) {
+	seqs := make([]model.SeqInput, len(b.Seqs))
+	for i, s := range b.Seqs {
+		seqs[i] = s.Input
+	}
+	kind := "decode"
+	switch {
+	case b.PrefillTokens > 0 && b.DecodeSeqs > 0:
+		kind = "mixed"
+	case b.PrefillTokens > 0:
+		kind = "prefill"
+	}
+	w.metrics.Batch(kind)
+	w.logBatch(kind, b)
+	w.fwdWG.Add(1)
+	go func() {
+		defer w.fwdWG.Done()
+		out := make([]model.SeqOutput, len(seqs))
+		err := w.model.Forward(w.fwdCtx, w.pool, seqs, out)
+		w.post(lifecycle.BatchDone{Out: out, Err: err})
+	}()
+}
+
+func (w *Worker) logBatch(kind string, b lifecycle.RunBatch) {
+	level := slog.LevelDebug
+	if kind != "decode" {
+		level = slog.LevelInfo
+	} else {
+		w.decodeBatchN++
+		if w.decodeBatchN%w.cfg.DecodeLogInterval == 0 {
+			level = slog.LevelInfo
+		}
+	}
+	if !w.log.Enabled(context.Background(), level) {
+		return
+	}
+	attrs := []any{"seqs", len(b.Seqs), "new_tokens", b.PrefillTokens, "decode_seqs", b.DecodeSeqs,
+		"pages_used", w.pool.Used(), "pages_total", w.pool.Total()}
+	for _, s := range w.role.Stages() {
+		attrs = append(attrs, "#"+s.String(), b.Queues[s])
+	}
+	w.log.Log(context.Background(), level, kind+" batch", attrs...)
+}
+
+// snapshot reads the machine's stats on the loop, for metrics.
+func (w *Worker) snapshot() (lifecycle.Stats, map[string]uint64, bool) {
+	var st lifecycle.Stats
+	ok := w.query(2*time.Second, func() { st = w.machine.Stats(w.now()) })
+	var dropped map[string]uint64
+	if s, ok := w.backend.(interface{ DroppedFrames() map[string]uint64 }); ok {
+		dropped = s.DroppedFrames()
+	}
+	return st, dropped, ok
+}
+
+// Stats returns the machine's stats, read on the loop. ok is false if the
+// loop did not answer within timeout.
+func (w *Worker) Stats(timeout time.Duration) (st lifecycle.Stats, ok bool) {
+	ok = w.query(timeout, func() { st = w.machine.Stats(w.now()) })
+	return st, ok
+}
+
+// Requests lists live requests, read on the loop.
+func (w *Worker) Requests(timeout time.Duration) (list []lifecycle.RequestInfo, ok bool) {
+	ok = w.query(timeout, func() { list = w.machine.Requests(w.now()) })
+	return list, ok
+}
+
+// Request describes one live request with its recent events.
+func (w *Worker) Request(rid string, timeout time.Duration) (ri lifecycle.RequestInfo, found, ok bool) {
+	ok = w.query(timeout, func() { ri, found = w.machine.Request(rid, w.now()) })
+	return ri, found, ok
+}
+
+// ---- kvxfer.Handler ----
+
+// PeerUp implements kvxfer.Handler.
+func (w *Worker) PeerUp(p kvxfer.PeerID, remote string) {
+	w.log.Debug("KV peer up", "peer", p, "remote", remote)
+	w.post(lifecycle.PeerUp{Peer: p})
+}
+
+// HandleMessage implements kvxfer.Handler.
+func (w *Worker) HandleMessage(p kvxfer.PeerID, m kvxfer.Message) {
+	w.post(lifecycle.Message{Peer: p, Msg: m})
+}
+
+// PeerLost implements kvxfer.Handler.
+func (w *Worker) PeerLost(p kvxfer.PeerID, err error) {
+	w.log.Info("KV peer lost", "peer", p, "err", err)
+	w.post(lifecycle.PeerLost{Peer: p, Err: err})
+}
+
+// Model returns the worker's model.
+func (w *Worker) Model() model.Model { return w.model }

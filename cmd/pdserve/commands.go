@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+)
+
+// shutdownTimeout bounds a graceful shutdown after SIGINT/SIGTERM.
+const shutdownTimeout = 30 * time.Second
+
+func checkPort(name string, p int) error {
+	if p < 0 || p > 65535 {
+		return usagef("--%s must be between 0 and 65535, got %d", name, p)
+	}
+	return nil
+}
+
+func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
+	var (
+		lf       logFlags
+		mf       modelFlags
+		wf       workerFlags
+		host     string
+		port     int
+		nPrefill int
+		nDecode  int
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Run a router with prefill and decode workers in one process (try it in one command)",
+		Long: `Runs a router and N prefill + M decode workers in one process on loopback.
+Every request goes router -> prefill -> KV cache over TCP -> decode -> client.
+The router listens on --port; workers take free ports. Stop with Ctrl-C:
+in-flight requests are answered with an error.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := lf.logger(stderr)
+			if err != nil {
+				return err
+			}
+			if err := checkPort("port", port); err != nil {
+				return err
+			}
+			if nPrefill < 1 || nDecode < 1 || nPrefill > 64 || nDecode > 64 {
+				return usagef("--prefill-workers and --decode-workers must be between 1 and 64")
+			}
+			newModel, err := mf.factory()
+			if err != nil {
+				return err
+			}
+			wo, err := wf.options()
+			if err != nil {
+				return err
+			}
+			wo.Logger = log
+			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port,
+				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, NewModel: newModel, Worker: wo, Logger: log})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "pdserve up: router %s (%d prefill, %d decode workers)\n", c.URL(), nPrefill, nDecode)
+			for _, w := range c.Prefill {
+				fmt.Fprintf(stdout, "  prefill worker %s (KV %s)\n", w.URL, w.Worker.KVAddr())
+			}
+			for _, w := range c.Decode {
+				fmt.Fprintf(stdout, "  decode worker  %s\n", w.URL)
+			}
+			fmt.Fprintf(stdout, "ready: accepting requests at %s/v1\n", c.URL())
+			<-cmd.Context().Done()
+			fmt.Fprintln(stdout, "pdserve up: shutting down")
+			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			defer cancel()
+			return c.Shutdown(ctx)
+		},
+	}
+	fs := cmd.Flags()
+	lf.add(fs)
+	mf.add(fs)
+	wf.add(fs)
+	fs.StringVar(&host, "host", "127.0.0.1", "address every server binds")
+	fs.IntVar(&port, "port", 8000, "router port")
+	fs.IntVar(&nPrefill, "prefill-workers", 1, "number of prefill workers")
+	fs.IntVar(&nDecode, "decode-workers", 1, "number of decode workers")
+	return cmd
+}
+
+func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
+	var (
+		lf     logFlags
+		mf     modelFlags
+		wf     workerFlags
+		host   string
+		port   int
+		kvPort int
+	)
+	short := map[string]string{
+		"prefill": "Run one prefill worker (computes prompt KV and streams it to decode workers)",
+		"decode":  "Run one decode worker (receives KV from prefill workers and generates tokens)",
+		"serve":   "Run one colocated worker with the OpenAI API (prefill and decode in one engine)",
+	}[role]
+	defPort := map[string]int{"prefill": 30000, "decode": 30001, "serve": 8000}[role]
+	cmd := &cobra.Command{
+		Use:   role,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := lf.logger(stderr)
+			if err != nil {
+				return err
+			}
+			if err := checkPort("port", port); err != nil {
+				return err
+			}
+			newModel, err := mf.factory()
+			if err != nil {
+				return err
+			}
+			wo, err := wf.options()
+			if err != nil {
+				return err
+			}
+			m, err := newModel()
+			if err != nil {
+				return err
+			}
+			wo.Model, wo.Logger = m, log
+			wo.Addr = net.JoinHostPort(host, strconv.Itoa(port))
+			switch role {
+			case "prefill":
+				if err := checkPort("kv-port", kvPort); err != nil {
+					return err
+				}
+				wo.Machine.Role = lifecycle.RolePrefill
+				wo.KVListen = net.JoinHostPort(host, strconv.Itoa(kvPort))
+			case "decode":
+				wo.Machine.Role = lifecycle.RoleDecode
+			default:
+				wo.Machine.Role = lifecycle.RoleColocated
+			}
+			s, err := cluster.StartWorker(wo)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "pdserve %s: worker API %s", role, s.URL)
+			if kv := s.Worker.KVAddr(); kv != "" {
+				fmt.Fprintf(stdout, ", KV channel %s", kv)
+			}
+			if role == "serve" {
+				fmt.Fprintf(stdout, ", OpenAI API %s/v1", s.URL)
+			}
+			fmt.Fprintln(stdout)
+			fmt.Fprintln(stdout, "ready")
+			<-cmd.Context().Done()
+			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			defer cancel()
+			return s.Shutdown(ctx)
+		},
+	}
+	fs := cmd.Flags()
+	lf.add(fs)
+	mf.add(fs)
+	wf.add(fs)
+	fs.StringVar(&host, "host", "127.0.0.1", "address to bind")
+	fs.IntVar(&port, "port", defPort, "HTTP port")
+	if role == "prefill" {
+		fs.IntVar(&kvPort, "kv-port", 8998, "KV channel port (decode workers connect here)")
+	}
+	return cmd
+}
+
+func splitURLs(s []string) []string {
+	var out []string
+	for _, v := range s {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
+	var (
+		lf      logFlags
+		mf      modelFlags
+		host    string
+		port    int
+		prefill []string
+		decode  []string
+	)
+	cmd := &cobra.Command{
+		Use:   "router",
+		Short: "Run the OpenAI-compatible router in front of prefill and decode workers",
+		Long: `Runs the router: it tokenizes each request, picks a prefill and a decode
+worker (round robin over healthy ones) and sends both legs at once. It learns
+each prefill worker's KV address from the worker itself.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := lf.logger(stderr)
+			if err != nil {
+				return err
+			}
+			if err := checkPort("port", port); err != nil {
+				return err
+			}
+			p, d := splitURLs(prefill), splitURLs(decode)
+			if len(p) == 0 || len(d) == 0 {
+				return usagef("need --prefill and --decode worker URLs (comma-separated lists)")
+			}
+			newModel, err := mf.factory()
+			if err != nil {
+				return err
+			}
+			m, err := newModel()
+			if err != nil {
+				return err
+			}
+			s, err := cluster.StartRouter(cluster.RouterOptions{Addr: net.JoinHostPort(host, strconv.Itoa(port)),
+				Prefill: p, Decode: d, Info: m.Info(), Tokenizer: m.Tokenizer(), Logger: log})
+			if err != nil {
+				return usageError{err}
+			}
+			fmt.Fprintf(stdout, "pdserve router: %s/v1 (%d prefill, %d decode workers)\n", s.URL, len(p), len(d))
+			if ok, why := s.Router.Ready(); !ok {
+				fmt.Fprintf(stdout, "waiting for workers: %s\n", why)
+			}
+			fmt.Fprintln(stdout, "ready")
+			<-cmd.Context().Done()
+			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			defer cancel()
+			return s.Shutdown(ctx)
+		},
+	}
+	fs := cmd.Flags()
+	lf.add(fs)
+	mf.add(fs)
+	fs.StringVar(&host, "host", "127.0.0.1", "address to bind")
+	fs.IntVar(&port, "port", 8000, "router port")
+	fs.StringSliceVar(&prefill, "prefill", nil, "prefill worker URLs, e.g. http://127.0.0.1:30000 (comma-separated)")
+	fs.StringSliceVar(&decode, "decode", nil, "decode worker URLs, e.g. http://127.0.0.1:30001 (comma-separated)")
+	return cmd
+}

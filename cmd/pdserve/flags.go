@@ -1,0 +1,173 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/spf13/pflag"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/sim"
+)
+
+// logFlags configure the slog logger.
+type logFlags struct {
+	level  string
+	format string
+}
+
+func (f *logFlags) add(fs *pflag.FlagSet) {
+	fs.StringVar(&f.level, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&f.format, "log-format", "text", "log format: text or json")
+}
+
+func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(f.level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", f.level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch f.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want text or json", f.format)
+}
+
+// modelFlags choose the model: the simulated one and its parameters.
+type modelFlags struct {
+	model        string
+	servedName   string
+	simLayers    int
+	simKVHeads   int
+	simHeadDim   int
+	simDType     string
+	simContext   int
+	simPrefillMS float64
+	simDecodeMS  float64
+}
+
+// SimModel is the --model value that selects the simulated model.
+const SimModel = "sim"
+
+func (f *modelFlags) add(fs *pflag.FlagSet) {
+	g := sim.DefaultGeometry()
+	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights)`)
+	fs.StringVar(&f.servedName, "served-model-name", "", "model name in the API (default: the model's own)")
+	fs.IntVar(&f.simLayers, "sim-layers", g.Layers, "simulated model: layers")
+	fs.IntVar(&f.simKVHeads, "sim-kv-heads", g.KVHeads, "simulated model: KV heads")
+	fs.IntVar(&f.simHeadDim, "sim-head-dim", g.HeadDim, "simulated model: head dimension")
+	fs.StringVar(&f.simDType, "sim-dtype", g.DType.String(), "simulated model: KV dtype (f32, f16, bf16)")
+	fs.IntVar(&f.simContext, "sim-context-len", sim.DefaultContextLen, "simulated model: context length in tokens")
+	fs.Float64Var(&f.simPrefillMS, "sim-prefill-ms-per-token", 0, "simulated model: prefill time per prompt token, ms")
+	fs.Float64Var(&f.simDecodeMS, "sim-decode-ms-per-step", 0, "simulated model: time per batched decode step, ms")
+}
+
+func msDuration(name string, ms float64) (time.Duration, error) {
+	if ms < 0 || math.IsNaN(ms) || ms > 1e7 {
+		return 0, usagef("--%s must be between 0 and 1e7 ms, got %v", name, ms)
+	}
+	return time.Duration(ms * float64(time.Millisecond)), nil
+}
+
+// factory validates the flags and returns a constructor of model instances.
+func (f *modelFlags) factory() (cluster.ModelFactory, error) {
+	if f.model != SimModel {
+		return nil, usagef("--model %q: only %q (the simulated model) is supported", f.model, SimModel)
+	}
+	dt, err := kvcache.ParseDType(f.simDType)
+	if err != nil {
+		return nil, usagef("--sim-dtype: %v", err)
+	}
+	pre, err := msDuration("sim-prefill-ms-per-token", f.simPrefillMS)
+	if err != nil {
+		return nil, err
+	}
+	dec, err := msDuration("sim-decode-ms-per-step", f.simDecodeMS)
+	if err != nil {
+		return nil, err
+	}
+	cfg := sim.Config{Name: f.servedName,
+		Geometry:   kvcache.Geometry{Layers: f.simLayers, KVHeads: f.simKVHeads, HeadDim: f.simHeadDim, DType: dt},
+		ContextLen: f.simContext, PrefillPerToken: pre, DecodePerStep: dec}
+	if f.simContext < 2 {
+		return nil, usagef("--sim-context-len must be at least 2, got %d", f.simContext)
+	}
+	// Build one now so a bad configuration is a usage error, not a failure later.
+	if _, err := sim.New(cfg); err != nil {
+		return nil, usageError{err}
+	}
+	return func() (model.Model, error) { return sim.New(cfg) }, nil
+}
+
+// workerFlags configure a worker's pool, scheduler and deadlines.
+type workerFlags struct {
+	pageSize          int
+	kvCacheMemory     string
+	chunkedPrefill    int
+	maxRunning        int
+	bootstrapTimeout  time.Duration
+	queueTimeout      time.Duration
+	kvHoldTimeout     time.Duration
+	transferTimeout   time.Duration
+	maxRequestTime    time.Duration
+	heartbeatInterval time.Duration
+	heartbeatMisses   int
+	tombstoneTTL      time.Duration
+	kvAuth            string
+}
+
+func (f *workerFlags) add(fs *pflag.FlagSet) {
+	d := lifecycle.DefaultConfig(lifecycle.RoleColocated)
+	fs.IntVar(&f.pageSize, "page-size", d.PageSize, "tokens per KV cache page")
+	fs.StringVar(&f.kvCacheMemory, "kv-cache-memory", "2GiB", "KV cache pool size (e.g. 2GiB, 512MiB)")
+	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", d.MaxPrefillTokens, "prompt tokens per prefill forward")
+	fs.IntVar(&f.maxRunning, "max-running-requests", d.MaxRunning, "sequences decoded per step")
+	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", d.BootstrapTimeout, "prefill: how long to wait for decode to open the room")
+	fs.DurationVar(&f.queueTimeout, "queue-timeout", d.QueueTimeout, "how long a request may wait for a batch or for KV pages")
+	fs.DurationVar(&f.kvHoldTimeout, "kv-hold-timeout", d.KVHoldTimeout, "prefill: how long to hold computed KV for a decode that has no pages yet")
+	fs.DurationVar(&f.transferTimeout, "transfer-timeout", d.TransferTimeout, "how long a KV transfer may take")
+	fs.DurationVar(&f.maxRequestTime, "max-request-time", d.MaxRequestTime, "hard cap on a request's time on a worker")
+	fs.DurationVar(&f.heartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "KV channel heartbeat and room renewal interval")
+	fs.IntVar(&f.heartbeatMisses, "heartbeat-misses", d.LeaseMisses, "missed heartbeats before a KV peer is dead (also the lease, in heartbeats)")
+	fs.DurationVar(&f.tombstoneTTL, "tombstone-ttl", d.TombstoneTTL, "how long aborted rooms are remembered")
+	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel (must match on both sides)")
+}
+
+// options validates the flags into a worker template (Role, Model, Addr,
+// KVListen and Logger are set by the caller).
+func (f *workerFlags) options() (cluster.WorkerOptions, error) {
+	mem, err := humanize.ParseBytes(f.kvCacheMemory)
+	if err != nil || mem == 0 || mem > math.MaxInt64 {
+		return cluster.WorkerOptions{}, usagef("--kv-cache-memory %q: want a size like 2GiB or 512MiB", f.kvCacheMemory)
+	}
+	mc := lifecycle.DefaultConfig(lifecycle.RoleColocated)
+	mc.PageSize = f.pageSize
+	mc.MaxPrefillTokens = f.chunkedPrefill
+	mc.MaxRunning = f.maxRunning
+	mc.BootstrapTimeout = f.bootstrapTimeout
+	mc.QueueTimeout = f.queueTimeout
+	mc.KVHoldTimeout = f.kvHoldTimeout
+	mc.TransferTimeout = f.transferTimeout
+	mc.MaxRequestTime = f.maxRequestTime
+	mc.HeartbeatInterval = f.heartbeatInterval
+	mc.LeaseMisses = f.heartbeatMisses
+	mc.TombstoneTTL = f.tombstoneTTL
+	// Validate what the flags control; the worker fills in the model's part.
+	check := mc
+	check.PageBytes, check.ContextLen, check.VocabSize = 1, 1, 1
+	if err := check.Validate(); err != nil {
+		return cluster.WorkerOptions{}, usageError{fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "\n", "; "))}
+	}
+	return cluster.WorkerOptions{Machine: mc, KVCacheMemory: int64(mem), KVAuth: f.kvAuth}, nil
+}

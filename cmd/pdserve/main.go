@@ -1,0 +1,114 @@
+// Command pdserve is an LLM inference server with prefill/decode
+// disaggregation. Run `pdserve --help` for its commands.
+//
+// This package only parses flags, validates them and runs; the wiring lives
+// in internal/cluster.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// usageError marks a bad command line: exit status 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// EnvPrefix prefixes the environment variable of every flag: --kv-cache-memory
+// is also read from PDSERVE_KV_CACHE_MEMORY. A flag given on the command line
+// wins over the environment.
+const EnvPrefix = "PDSERVE_"
+
+func envName(flag string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// applyEnv sets every flag of fs that was not given on the command line
+// from its environment variable, if that is set.
+func applyEnv(fs *pflag.FlagSet, lookupEnv func(string) (string, bool)) error {
+	var errs []error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Changed || f.Name == "help" {
+			return
+		}
+		if v, ok := lookupEnv(envName(f.Name)); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// run executes the command line args and returns the exit status: 0 on
+// success, 2 on a bad command line, 1 on failure.
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
+	root := newRoot(ctx, lookupEnv, stdout, stderr)
+	root.SetArgs(args)
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "pdserve:", err)
+	var u usageError
+	// cobra reports an unknown command or extra arguments without a type.
+	if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "accepts ") {
+		return 2
+	}
+	return 1
+}
+
+func newRoot(ctx context.Context, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pdserve",
+		Short: "LLM inference server with prefill/decode disaggregation",
+		Long: `pdserve serves an OpenAI-compatible API. In disaggregated mode every request
+goes router -> prefill worker -> KV cache over TCP -> decode worker -> back to
+the client; no request can be pinned: every stage has a deadline, aborts reach
+both workers, and lost peers are detected within seconds.
+
+Every flag can also be set with an environment variable: --kv-cache-memory is
+PDSERVE_KV_CACHE_MEMORY. The command line wins.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd.Flags(), lookupEnv); err != nil {
+				return usageError{err}
+			}
+			return nil
+		},
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetContext(ctx)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(
+		newUpCmd(stdout, stderr),
+		newWorkerCmd("prefill", stdout, stderr),
+		newWorkerCmd("decode", stdout, stderr),
+		newWorkerCmd("serve", stdout, stderr),
+		newRouterCmd(stdout, stderr),
+	)
+	return root
+}

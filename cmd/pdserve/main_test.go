@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := m[k]
+		return v, ok
+	}
+}
+
+func runArgs(t *testing.T, e map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a server command returns as soon as it is up
+	code := run(ctx, args, env(e), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestExitCodes(t *testing.T) {
+	cases := []struct {
+		name string
+		env  map[string]string
+		args []string
+		code int
+		want string // in stderr (or stdout for help)
+	}{
+		{"help", nil, []string{"--help"}, 0, "Available Commands"},
+		{"help of up", nil, []string{"up", "--help"}, 0, "--prefill-workers"},
+		{"unknown command", nil, []string{"frobnicate"}, 2, "unknown command"},
+		{"extra argument", nil, []string{"up", "extra"}, 2, "extra"},
+		{"unknown flag", nil, []string{"up", "--no-such-flag"}, 2, "no-such-flag"},
+		{"bad flag value", nil, []string{"up", "--port", "eighty"}, 2, "port"},
+		{"port out of range", nil, []string{"up", "--port", "70000"}, 2, "--port"},
+		{"bad memory", nil, []string{"serve", "--kv-cache-memory", "lots"}, 2, "--kv-cache-memory"},
+		{"unknown model", nil, []string{"serve", "--model", "gpt-9"}, 2, "gpt-9"},
+		{"bad dtype", nil, []string{"serve", "--sim-dtype", "int3"}, 2, "int3"},
+		{"negative timeout", nil, []string{"serve", "--queue-timeout", "-1s"}, 2, "queue timeout"},
+		{"bad env value", map[string]string{"PDSERVE_PORT": "x"}, []string{"serve"}, 2, "PDSERVE_PORT"},
+		{"bad log level", nil, []string{"serve", "--log-level", "loud"}, 2, "log-level"},
+		{"router without workers", nil, []string{"router"}, 2, "--prefill"},
+		{"zero workers", nil, []string{"up", "--prefill-workers", "0"}, 2, "prefill-workers"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runArgs(t, tc.env, tc.args...)
+			if code != tc.code || !strings.Contains(out+errOut, tc.want) {
+				t.Fatalf("exit %d (want %d), output %q %q, want it to mention %q", code, tc.code, out, errOut, tc.want)
+			}
+		})
+	}
+}
+
+func TestEnvironmentSetsFlags(t *testing.T) {
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	var wf workerFlags
+	wf.add(fs)
+	port := fs.Int("port", 1, "")
+	if err := fs.Parse([]string{"--port", "9"}); err != nil {
+		t.Fatal(err)
+	}
+	e := env(map[string]string{"PDSERVE_PORT": "7", "PDSERVE_KV_CACHE_MEMORY": "512MiB", "PDSERVE_QUEUE_TIMEOUT": "5s"})
+	if err := applyEnv(fs, e); err != nil {
+		t.Fatal(err)
+	}
+	if *port != 9 {
+		t.Fatalf("the command line must win over the environment: port %d", *port)
+	}
+	if wf.kvCacheMemory != "512MiB" || wf.queueTimeout != 5*time.Second {
+		t.Fatalf("environment not applied: %q %s", wf.kvCacheMemory, wf.queueTimeout)
+	}
+	o, err := wf.options()
+	if err != nil || o.KVCacheMemory != 512<<20 {
+		t.Fatalf("options: %+v %v", o.KVCacheMemory, err)
+	}
+}
+
+// TestServeStartsAndStops runs `pdserve serve` on a free port with its
+// context already cancelled: it must come up, print ready, and shut down
+// cleanly.
+func TestServeStartsAndStops(t *testing.T) {
+	code, out, errOut := runArgs(t, nil, "serve", "--port", "0", "--kv-cache-memory", "64MiB", "--sim-layers", "2")
+	if code != 0 || !strings.Contains(out, "ready") || !strings.Contains(out, "OpenAI API http://127.0.0.1:") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}

@@ -1,0 +1,63 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model/sim"
+)
+
+// BenchmarkUp measures requests/s through router + 1P1D (what `pdserve up`
+// runs) with the zero-latency simulated model: 32-token prompts, 16 output
+// tokens, 64 concurrent clients. Run:
+//
+//	go test ./test/e2e -run '^$' -bench BenchmarkUp -benchtime 3000x
+func BenchmarkUp(b *testing.B) {
+	for _, g := range []struct {
+		name string
+		geo  kvcache.Geometry
+	}{
+		{"kv=256B/token", testGeometry},
+		{"kv=128KiB/token(llama3-8b)", sim.DefaultGeometry()},
+	} {
+		b.Run(g.name, func(b *testing.B) {
+			mc := testMachine()
+			c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
+				NewModel: simFactory(sim.Config{Geometry: g.geo}),
+				Worker:   cluster.WorkerOptions{Machine: mc, KVCacheMemory: 2 << 30}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Shutdown(context.Background())
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+			body := `{"prompt":"` + strings.Repeat("x", 32) + `","max_tokens":16,"ignore_eos":true,"temperature":0}`
+			b.SetParallelism(32) // × GOMAXPROCS goroutines
+			start := time.Now()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := client.Post(c.URL()+"/v1/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					out, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						b.Error(fmt.Sprint("status ", resp.StatusCode, " ", string(out)))
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+			client.CloseIdleConnections()
+		})
+	}
+}

@@ -1,0 +1,236 @@
+// Package e2e runs whole pdserve deployments — router, prefill and decode
+// workers, and colocated workers — in-process and as OS processes, and drives
+// them over HTTP like a client would.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/sim"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testGeometry is a small KV shape so tests move little data: 2 layers × 2
+// KV heads × 16 dims × bf16 = 256 bytes per token.
+var testGeometry = kvcache.Geometry{Layers: 2, KVHeads: 2, HeadDim: 16, DType: kvcache.BF16}
+
+const testContext = 2048
+
+func simFactory(cfg sim.Config) cluster.ModelFactory {
+	if cfg.Geometry == (kvcache.Geometry{}) {
+		cfg.Geometry = testGeometry
+	}
+	if cfg.ContextLen == 0 {
+		cfg.ContextLen = testContext
+	}
+	return func() (model.Model, error) { return sim.New(cfg) }
+}
+
+// testMachine is the lifecycle config of test workers: design defaults with
+// a fast heartbeat, so peer loss shows within a fraction of a second.
+func testMachine() lifecycle.Config {
+	mc := lifecycle.DefaultConfig(lifecycle.RoleColocated)
+	mc.HeartbeatInterval = 100 * time.Millisecond
+	mc.MaxPrefillTokens = 512
+	return mc
+}
+
+type pdOptions struct {
+	sim     sim.Config
+	machine *lifecycle.Config
+	memory  int64
+	// wrap wraps a worker's KV transport (fault injection).
+	wrap func(role lifecycle.Role, i int, b kvxfer.Backend) kvxfer.Backend
+	// selfShutdown: the test shuts the cluster down itself; cleanup does
+	// not check quiescence.
+	selfShutdown bool
+}
+
+// startPD starts router + 1 prefill + 1 decode in-process; at cleanup it
+// checks every worker returned to zero pages and zero stage gauges, then
+// shuts everything down.
+func startPD(t *testing.T, o pdOptions) *cluster.Cluster {
+	t.Helper()
+	mc := testMachine()
+	if o.machine != nil {
+		mc = *o.machine
+	}
+	if o.memory == 0 {
+		o.memory = 64 << 20
+	}
+	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
+		NewModel: simFactory(o.sim), Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: o.memory},
+		WrapBackend: o.wrap, HealthInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !o.selfShutdown {
+			assertQuiescent(t, c.Workers()...)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := c.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return c
+}
+
+// startServe starts one colocated worker (`pdserve serve`).
+func startServe(t *testing.T, cfg sim.Config) *cluster.WorkerServer {
+	t.Helper()
+	m, err := simFactory(cfg)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc := testMachine()
+	mc.Role = lifecycle.RoleColocated
+	s, err := cluster.StartWorker(cluster.WorkerOptions{Addr: "127.0.0.1:0", Model: m, Machine: mc, KVCacheMemory: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		assertQuiescent(t, s)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return s
+}
+
+// waitFor polls cond every 10 ms until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tk := time.NewTicker(10 * time.Millisecond)
+	defer tk.Stop()
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached after %s: %s", what, timeout, state)
+		}
+		<-tk.C
+	}
+}
+
+// assertQuiescent waits until every worker holds no pages and no live
+// request, then checks the scraped stage gauges all read 0.
+func assertQuiescent(t *testing.T, workers ...*cluster.WorkerServer) {
+	t.Helper()
+	for _, w := range workers {
+		waitFor(t, 10*time.Second, w.Worker.Role().String()+" worker back to baseline", func() (bool, string) {
+			st, ok := w.Worker.Stats(time.Second)
+			if !ok {
+				return false, "loop did not answer"
+			}
+			return st.PagesUsed == 0 && st.Live == 0, fmt.Sprintf("pages used %d, live %d, stages %v", st.PagesUsed, st.Live, st.Stages)
+		})
+		mfs, err := w.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, mf := range mfs {
+			if mf.GetName() != "pdserve_requests" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				found = true
+				if v := m.GetGauge().GetValue(); v != 0 {
+					t.Errorf("%s: pdserve_requests%v = %v, want 0", w.Worker.Role(), labels(m), v)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no pdserve_requests gauges scraped", w.Worker.Role())
+		}
+	}
+}
+
+func labels(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, l := range m.GetLabel() {
+		out[l.GetName()] = l.GetValue()
+	}
+	return out
+}
+
+// postJSON posts body (a value or a raw string) and returns status and body.
+func postJSON(t *testing.T, url string, body any) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case string:
+		r = strings.NewReader(b)
+	case []byte:
+		r = bytes.NewReader(b)
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = bytes.NewReader(raw)
+	}
+	resp, err := http.Post(url, "application/json", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, out
+}
+
+// completion is the part of a /v1/completions answer the tests read.
+type completion struct {
+	Choices []struct {
+		Text         string  `json:"text"`
+		FinishReason string  `json:"finish_reason"`
+		TokenIDs     []int32 `json:"token_ids"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+func decodeCompletion(t *testing.T, body []byte) completion {
+	t.Helper()
+	var c completion
+	if err := json.Unmarshal(body, &c); err != nil {
+		t.Fatalf("bad JSON %q: %v", body, err)
+	}
+	return c
+}

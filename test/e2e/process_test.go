@@ -1,0 +1,197 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// pdserveBinary builds cmd/pdserve once per test run.
+func pdserveBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "pdserve-e2e-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "pdserve")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/pdserve/pdserve/cmd/pdserve").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// proc is a pdserve process whose stdout is scanned for lines.
+type proc struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	stderr *strings.Builder
+	mu     sync.Mutex
+	waited chan error
+}
+
+func startProc(t *testing.T, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(pdserveBinary(t), args...)
+	cmd.Env = append(os.Environ(), "PDSERVE_LOG_LEVEL=warn")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, lines: make(chan string, 64), stderr: &strings.Builder{}, waited: make(chan error, 1)}
+	cmd.Stderr = writerFunc(func(b []byte) (int, error) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.stderr.Write(b)
+	})
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+		p.waited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-p.waited
+		}
+	})
+	return p
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// waitLine returns the first submatch of the first stdout line matching re.
+func (p *proc) waitLine(t *testing.T, re *regexp.Regexp, timeout time.Duration) string {
+	t.Helper()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		select {
+		case line, ok := <-p.lines:
+			if !ok {
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				t.Fatalf("process exited before printing %q; stderr:\n%s", re, p.stderr.String())
+			}
+			if m := re.FindStringSubmatch(line); m != nil {
+				if len(m) > 1 {
+					return m[1]
+				}
+				return m[0]
+			}
+		case <-timer.C:
+			t.Fatalf("no line matching %q within %s", re, timeout)
+		}
+	}
+}
+
+// stop sends SIGINT and waits for a clean exit.
+func (p *proc) stop(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range p.lines {
+		}
+	}()
+	select {
+	case err := <-p.waited:
+		if err != nil {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			t.Fatalf("exit after SIGINT: %v; stderr:\n%s", err, p.stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("process did not exit within 30 s of SIGINT")
+	}
+}
+
+var readyRE = regexp.MustCompile(`^ready: accepting requests at (http://\S+)/v1$`)
+
+// TestProcessUp builds the binary, runs `pdserve up` on a free port, sends a
+// request the way curl would, and stops it with SIGINT.
+func TestProcessUp(t *testing.T) {
+	p := startProc(t, "up", "--port", "0", "--kv-cache-memory", "128MiB", "--sim-layers", "4")
+	base := p.waitLine(t, readyRE, 60*time.Second)
+	resp, err := http.Post(base+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"pdserve-sim","prompt":"Hello from curl","max_tokens":12,"temperature":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	c := decodeCompletion(t, body)
+	if resp.StatusCode != http.StatusOK || len(c.Choices) != 1 || c.Usage.PromptTokens != len("Hello from curl") {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+	p.stop(t)
+}
+
+// TestProcessRoles runs prefill, decode and router as separate processes,
+// wired by URL as a user would, and serves one chat request through them.
+func TestProcessRoles(t *testing.T) {
+	common := []string{"--port", "0", "--kv-cache-memory", "64MiB", "--sim-layers", "2"}
+	workerRE := regexp.MustCompile(`worker API (http://[0-9.:]+)`)
+	pre := startProc(t, append([]string{"prefill", "--kv-port", "0"}, common...)...)
+	preURL := pre.waitLine(t, workerRE, 60*time.Second)
+	dec := startProc(t, append([]string{"decode"}, common...)...)
+	decURL := dec.waitLine(t, workerRE, 60*time.Second)
+	rt := startProc(t, "router", "--port", "0", "--sim-layers", "2", "--prefill", preURL, "--decode", decURL)
+	routerURL := rt.waitLine(t, regexp.MustCompile(`router: (http://[0-9.:]+)/v1`), 60*time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var status int
+	var body []byte
+	waitFor(t, 20*time.Second, "router serving", func() (bool, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, routerURL+"/v1/chat/completions",
+			strings.NewReader(`{"messages":[{"role":"user","content":"hi"}],"max_tokens":8}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, err.Error()
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		status = resp.StatusCode
+		return status == http.StatusOK, fmt.Sprintf("%d %s", status, body)
+	})
+	for _, p := range []*proc{rt, dec, pre} {
+		p.stop(t)
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.Fatal("timed out")
+	}
+}

@@ -252,3 +252,10 @@ type Backend interface {
 	// backend's goroutines to exit.
 	Close() error
 }
+
+// DropCounter is implemented by backends that drop frames themselves
+// (malformed input, injected faults); the counts, by reason, are exported
+// as pdserve_kv_frames_dropped_total next to the lifecycle machine's.
+type DropCounter interface {
+	DroppedFrames() map[string]uint64
+}

@@ -483,7 +483,7 @@ func (w *Worker) snapshot() (lifecycle.Stats, map[string]uint64, bool) {
 	var st lifecycle.Stats
 	ok := w.query(2*time.Second, func() { st = w.machine.Stats(w.now()) })
 	var dropped map[string]uint64
-	if s, ok := w.backend.(interface{ DroppedFrames() map[string]uint64 }); ok {
+	if s, ok := w.backend.(kvxfer.DropCounter); ok {
 		dropped = s.DroppedFrames()
 	}
 	return st, dropped, ok

@@ -234,3 +234,52 @@ func decodeCompletion(t *testing.T, body []byte) completion {
 	}
 	return c
 }
+
+// startPair starts one prefill and one decode worker with their own options
+// (each modified from the test defaults by its function) and a router in
+// front; cleanup checks quiescence and shuts all down.
+func startPair(t *testing.T, modP, modD func(*cluster.WorkerOptions)) *cluster.Cluster {
+	t.Helper()
+	c := &cluster.Cluster{}
+	start := func(role lifecycle.Role, mod func(*cluster.WorkerOptions)) *cluster.WorkerServer {
+		m, err := simFactory(sim.Config{})()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mc := testMachine()
+		mc.Role = role
+		wo := cluster.WorkerOptions{Addr: "127.0.0.1:0", Model: m, Machine: mc, KVCacheMemory: 64 << 20}
+		if role == lifecycle.RolePrefill {
+			wo.KVListen = "127.0.0.1:0"
+		}
+		if mod != nil {
+			mod(&wo)
+		}
+		s, err := cluster.StartWorker(wo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	c.Prefill = []*cluster.WorkerServer{start(lifecycle.RolePrefill, modP)}
+	c.Decode = []*cluster.WorkerServer{start(lifecycle.RoleDecode, modD)}
+	m, _ := simFactory(sim.Config{})()
+	r, err := cluster.StartRouter(cluster.RouterOptions{Addr: "127.0.0.1:0", Prefill: []string{c.Prefill[0].URL},
+		Decode: []string{c.Decode[0].URL}, Info: m.Info(), Tokenizer: m.Tokenizer(), HealthInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Router = r
+	t.Cleanup(func() {
+		assertQuiescent(t, c.Workers()...)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := c.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	if err := cluster.WaitReady(context.Background(), r.Router, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

@@ -75,3 +75,9 @@ func (s *counters) received(t kvxfer.Type, n int) {
 		s.recvBytes[t].Add(uint64(n))
 	}
 }
+
+// DroppedFrames implements kvxfer.DropCounter: bad frames received, which
+// closed their connection.
+func (b *Backend) DroppedFrames() map[string]uint64 {
+	return map[string]uint64{"malformed": b.stats.malformed.Load()}
+}

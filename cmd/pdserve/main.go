@@ -109,6 +109,7 @@ PDSERVE_KV_CACHE_MEMORY. The command line wins.`,
 		newWorkerCmd("decode", stdout, stderr),
 		newWorkerCmd("serve", stdout, stderr),
 		newRouterCmd(stdout, stderr),
+		newInspectCmd(stdout),
 	)
 	return root
 }

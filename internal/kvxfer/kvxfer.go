@@ -259,3 +259,13 @@ type Backend interface {
 type DropCounter interface {
 	DroppedFrames() map[string]uint64
 }
+
+// PeerCloser is implemented by backends that can close one connection on
+// demand (fault injection, an operator dropping a bad peer).
+type PeerCloser interface {
+	// ClosePeer closes one connection; its rooms fail through
+	// Handler.PeerLost with err, which is called exactly once per
+	// connection as for any other failure. An unknown or already closed
+	// peer is a no-op. It does not block.
+	ClosePeer(peer PeerID, err error)
+}

@@ -445,7 +445,7 @@ func (m *Machine) tombFor(rid string, room kvxfer.Room, gen uint32) (tombstone, 
 		}
 	}
 	if rid != "" {
-		if t, ok := m.tombs[tombKey{rid: rid}]; ok {
+		if t, ok := m.tombs[tombKey{rid: rid}]; ok && (t.gen == 0 || gen <= t.gen) {
 			return t, true
 		}
 	}

@@ -32,61 +32,92 @@ type decodeEvent struct {
 	err  *openai.Error
 }
 
-// pdStream is one request's two legs, seen as an openai.Stream.
+// attempt is one try of a request on one (prefill, decode) pair.
+type attempt struct {
+	// rid is the request id on the workers: the front end's id for the
+	// first attempt, with "-g<gen>" appended for retries, so every
+	// attempt is a new request on every worker.
+	rid     string
+	gen     uint32
+	pw, dw  *workerState
+	lines   chan decodeEvent
+	prefill chan prefillResult
+	pCancel context.CancelFunc
+	dCancel context.CancelFunc
+	pDone   bool // prefill answered
+}
+
+// pdStream is one request's legs, seen as an openai.Stream.
 type pdStream struct {
 	r        *Router
 	ctx      context.Context // the client's
+	g        *openai.GenerateRequest
 	rid      string
 	room     string
-	pw, dw   *workerState
-	lines    chan decodeEvent
-	prefill  chan prefillResult
-	pCancel  context.CancelFunc
-	dCancel  context.CancelFunc
-	pDone    bool // prefill answered
-	pFailed  bool
+	a        *attempt
+	sent     bool // a token reached the client: no more retries
 	ended    bool // finished OK, failed, or stopped: nothing more to abort
 	finished bool // the last chunk was returned
-	stopped  bool
-	start    time.Time
 }
 
 // Generate implements openai.Engine: it picks a pair and starts both legs.
 func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
-	pw, kv := pick(r.prefill, &r.rrP, true)
-	if pw == nil {
-		r.requests.WithLabelValues("no_prefill").Inc()
-		return nil, openai.Unavailable("no healthy prefill worker (see /debug/workers)")
+	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String()}
+	if e := s.start(1); e != nil {
+		r.requests.WithLabelValues("no_pair").Inc()
+		return nil, e
 	}
-	dw, _ := pick(r.decode, &r.rrD, false)
-	if dw == nil {
-		r.requests.WithLabelValues("no_decode").Inc()
-		return nil, openai.Unavailable("no healthy decode worker (see /debug/workers)")
+	return s, nil
+}
+
+// start launches attempt gen on a freshly picked pair.
+func (s *pdStream) start(gen uint32) *openai.Error {
+	r, g := s.r, s.g
+	pw, dw, kv, e := r.pickPair()
+	if e != nil {
+		return e
 	}
-	room := kvxfer.NewRoom().String()
-	body := worker.GenerateBody{RID: g.RID, Room: room, Gen: 1, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
+	rid := g.RID
+	if gen > 1 {
+		rid = fmt.Sprintf("%s-g%d", g.RID, gen)
+	}
+	body := worker.GenerateBody{RID: rid, Room: s.room, Gen: gen, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
 		Temperature: g.Sampling.Temperature, TopP: g.Sampling.TopP, TopK: g.Sampling.TopK, Seed: g.Sampling.Seed,
 		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, PrefillKVAddr: kv}
 	payload, err := json.Marshal(body)
 	if err != nil {
-		return nil, openai.Internal("encode leg: %v", err)
+		return openai.Internal("encode leg: %v", err)
 	}
-	s := &pdStream{r: r, ctx: ctx, rid: g.RID, room: room, pw: pw, dw: dw,
-		lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1), start: time.Now()}
+	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1)}
 	pctx, pcancel := context.WithTimeout(context.Background(), LegTimeout)
 	dctx, dcancel := context.WithTimeout(context.Background(), LegTimeout)
-	s.pCancel, s.dCancel = pcancel, dcancel
+	a.pCancel, a.dCancel = pcancel, dcancel
 	r.bg.Add(2)
 	go func() {
 		defer r.bg.Done()
 		defer pcancel()
-		s.prefill <- r.runPrefill(pctx, pw, payload)
+		a.prefill <- r.runPrefill(pctx, pw, payload)
 	}()
 	go func() {
 		defer r.bg.Done()
-		r.runDecode(dctx, dw, payload, s.lines)
+		r.runDecode(dctx, dw, payload, a.lines)
 	}()
-	return s, nil
+	s.a = a
+	return nil
+}
+
+// release stops an attempt's legs locally (the workers are told separately).
+func (s *pdStream) release(a *attempt, cancelPrefill bool) {
+	if cancelPrefill {
+		a.pCancel()
+	}
+	a.dCancel()
+	s.r.bg.Add(1)
+	go func() {
+		defer s.r.bg.Done()
+		for range a.lines {
+		}
+	}()
 }
 
 func (r *Router) post(ctx context.Context, w *workerState, path string, payload []byte) (*http.Response, *openai.Error) {
@@ -101,10 +132,7 @@ func (r *Router) post(ctx context.Context, w *workerState, path string, payload 
 			return nil, openai.ToError(context.Canceled)
 		}
 		r.legFails.WithLabelValues(w.url).Inc()
-		w.mu.Lock()
-		w.healthy, w.lastErr = false, err.Error()
-		w.failures++
-		w.mu.Unlock()
+		w.markFailed(err.Error())
 		return nil, &openai.Error{Status: http.StatusBadGateway, Type: openai.TypeServer, Code: "worker_unreachable",
 			Message: fmt.Sprintf("worker %s: %v", w.url, err)}
 	}
@@ -179,8 +207,8 @@ func (r *Router) runDecode(ctx context.Context, w *workerState, payload []byte, 
 
 // abortLeg tells a worker to abort the request, in the background, bounded
 // by AbortTimeout.
-func (r *Router) abortLeg(w *workerState, rid, room, reason, detail string) {
-	payload, _ := json.Marshal(worker.AbortBody{RID: rid, Room: room, Gen: 1, Reason: reason, Detail: detail})
+func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason, detail string) {
+	payload, _ := json.Marshal(worker.AbortBody{RID: rid, Room: room, Gen: gen, Reason: reason, Detail: detail})
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
@@ -205,80 +233,114 @@ func peerCaused(e *openai.Error) bool {
 	return false
 }
 
-func (s *pdStream) fail(e *openai.Error, failedLeg string) (openai.Chunk, error) {
-	s.ended = true
-	if failedLeg == "prefill" {
-		s.r.abortLeg(s.dw, s.rid, s.room, "peer", "prefill leg failed: "+e.Message)
-	} else if !s.pDone {
-		s.r.abortLeg(s.pw, s.rid, s.room, "peer", "decode leg failed: "+e.Message)
+// retryable reports a failure another pair may not have: a worker that
+// could not be reached or is shutting down, a lost or silent KV connection,
+// a corrupted transfer. Rejections and timeouts are not retried.
+func retryable(e *openai.Error) bool {
+	switch e.Code {
+	case "worker_unreachable", "worker_stream_broken", "peer_lost", "lease_expired", "failed_transfer", "shutdown":
+		return true
 	}
+	return false
+}
+
+// failed handles the failure of one leg of the current attempt: the other
+// leg is aborted at once; the request is retried on a new pair if it may
+// be, otherwise the error is the answer.
+func (s *pdStream) failed(e *openai.Error, leg string) (retried bool, err error) {
+	a := s.a
+	detail := leg + " leg failed: " + e.Message
+	if leg == "prefill" {
+		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "peer", detail)
+	} else if !a.pDone {
+		s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "peer", detail)
+	}
+	s.release(a, leg == "prefill")
+	if !s.sent && retryable(e) && int(a.gen) < s.r.cfg.MaxAttempts && s.ctx.Err() == nil {
+		if se := s.start(a.gen + 1); se == nil {
+			s.r.retries.Inc()
+			s.r.log.Info("retrying request on a new pair", "rid", s.rid, "room", s.room, "gen", a.gen+1,
+				"failed_leg", leg, "err", e.Message)
+			return true, nil
+		}
+	}
+	s.ended = true
 	result := e.Code
 	if result == "" {
 		result = fmt.Sprintf("http_%d", e.Status)
 	}
-	s.r.requests.WithLabelValues(failedLeg + "_" + result).Inc()
-	s.r.log.Info("request failed", "rid", s.rid, "room", s.room, "leg", failedLeg, "status", e.Status, "err", e.Message)
-	return openai.Chunk{}, e
+	s.r.requests.WithLabelValues(leg + "_" + result).Inc()
+	s.r.log.Info("request failed", "rid", s.rid, "room", s.room, "gen", a.gen, "leg", leg, "status", e.Status, "err", e.Message)
+	return false, e
 }
 
-// Recv returns decode's tokens; it ends with the first leg to fail.
+// Recv returns decode's tokens; a leg's failure ends it or retries it.
 func (s *pdStream) Recv() (openai.Chunk, error) {
 	if s.finished {
 		return openai.Chunk{}, io.EOF
 	}
 	for {
+		a := s.a
+		var leg string
+		var e *openai.Error
 		select {
-		case ev, ok := <-s.lines:
-			if !ok {
-				return s.fail(openai.Internal("decode stream closed"), "decode")
-			}
-			e := ev.err
-			if e == nil && ev.line.Error != nil {
+		case ev, ok := <-a.lines:
+			leg = "decode"
+			switch {
+			case !ok:
+				e = openai.Internal("decode stream closed")
+			case ev.err != nil:
+				e = ev.err
+			case ev.line.Error != nil:
 				l := ev.line.Error
 				e = &openai.Error{Status: ev.line.Status, Type: l.Type, Message: l.Message}
 				if l.Code != nil {
 					e.Code = *l.Code
 				}
 			}
-			if e != nil {
-				if !s.pDone && peerCaused(e) {
-					// Prefill's own answer names the root cause; give it a moment.
-					t := time.NewTimer(s.r.cfg.PeerFailureGrace)
-					select {
-					case p := <-s.prefill:
-						s.pDone = true
-						if p.err != nil {
-							t.Stop()
-							s.pFailed = true
-							return s.fail(p.err, "prefill")
-						}
-					case <-t.C:
+			if e == nil {
+				c := openai.Chunk{Tokens: make([]openai.Token, len(ev.line.TokenIDs)), FinishReason: ev.line.FinishReason}
+				for i, id := range ev.line.TokenIDs {
+					c.Tokens[i] = openai.Token{ID: id}
+					if i < len(ev.line.Logprobs) {
+						c.Tokens[i].Logprob = ev.line.Logprobs[i]
 					}
-					t.Stop()
 				}
-				return s.fail(e, "decode")
-			}
-			c := openai.Chunk{Tokens: make([]openai.Token, len(ev.line.TokenIDs)), FinishReason: ev.line.FinishReason}
-			for i, id := range ev.line.TokenIDs {
-				c.Tokens[i] = openai.Token{ID: id}
-				if i < len(ev.line.Logprobs) {
-					c.Tokens[i].Logprob = ev.line.Logprobs[i]
+				if len(c.Tokens) > 0 {
+					s.sent = true
 				}
+				if c.FinishReason != "" {
+					s.finished, s.ended = true, true
+					s.r.requests.WithLabelValues("ok").Inc()
+				}
+				return c, nil
 			}
-			if c.FinishReason != "" {
-				s.finished, s.ended = true, true
-				s.r.requests.WithLabelValues("ok").Inc()
+			if !a.pDone && peerCaused(e) {
+				// Prefill's own answer names the root cause; give it a moment.
+				t := time.NewTimer(s.r.cfg.PeerFailureGrace)
+				select {
+				case p := <-a.prefill:
+					a.pDone = true
+					if p.err != nil {
+						e, leg = p.err, "prefill"
+					}
+				case <-t.C:
+				}
+				t.Stop()
 			}
-			return c, nil
-		case p := <-s.prefill:
-			s.pDone = true
-			s.prefill = nil
-			if p.err != nil {
-				s.pFailed = true
-				return s.fail(p.err, "prefill")
+		case p := <-a.prefill:
+			a.pDone = true
+			a.prefill = nil
+			if p.err == nil {
+				continue
 			}
+			e, leg = p.err, "prefill"
 		case <-s.ctx.Done():
 			return openai.Chunk{}, s.ctx.Err()
+		}
+		retried, err := s.failed(e, leg)
+		if !retried {
+			return openai.Chunk{}, err
 		}
 	}
 }
@@ -289,28 +351,26 @@ func (s *pdStream) Stop() {
 	if s.ended {
 		return
 	}
-	s.ended, s.stopped = true, true
+	s.ended = true
 	s.r.requests.WithLabelValues("ok").Inc()
-	s.r.abortLeg(s.dw, s.rid, s.room, "stop", "")
+	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, "stop", "")
 }
 
 // Close aborts both legs if the request has not ended (the client is
-// gone), and releases the decode stream.
+// gone), and releases the decode stream. A prefill leg that is still
+// answering after a successful request is left to finish.
 func (s *pdStream) Close() {
+	a := s.a
 	if !s.ended {
 		s.ended = true
 		s.r.requests.WithLabelValues("aborted_client").Inc()
-		s.r.abortLeg(s.dw, s.rid, s.room, "client", "client disconnected")
-		if !s.pDone {
-			s.r.abortLeg(s.pw, s.rid, s.room, "client", "client disconnected")
+		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "client", "client disconnected")
+		if !a.pDone {
+			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "client", "client disconnected")
 		}
-		s.pCancel()
+		a.pCancel()
 	}
-	if s.pFailed {
-		s.pCancel()
-	}
-	s.dCancel()
-	// Drain the decode goroutine so it exits (it stops at dCancel).
-	for range s.lines {
+	a.dCancel()
+	for range a.lines {
 	}
 }

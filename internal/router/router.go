@@ -57,6 +57,12 @@ type Config struct {
 	HealthInterval time.Duration
 	// AbortTimeout bounds each abort call to a worker (default 2 s).
 	AbortTimeout time.Duration
+	// MaxAttempts bounds the attempts of one request (default 2: one
+	// retry). A retry happens only before the client saw any token, only
+	// for a failure another pair may not have (a worker unreachable or
+	// shutting down, a lost KV connection, a corrupted transfer); it aborts
+	// the old attempt on both workers and reuses the room with gen+1.
+	MaxAttempts int
 	// PeerFailureGrace is how long, when decode fails because its peer
 	// did, the router waits for prefill's own answer so the client gets the
 	// root cause (default 1 s).
@@ -86,6 +92,7 @@ type Router struct {
 
 	requests *prometheus.CounterVec
 	legFails *prometheus.CounterVec
+	retries  prometheus.Counter
 }
 
 type workerState struct {
@@ -95,6 +102,7 @@ type workerState struct {
 	// healthy is set by the last health check; kvAddr by the last info.
 	healthy  bool
 	kvAddr   string
+	fp       model.Fingerprint
 	lastErr  string
 	failures int
 	checked  bool
@@ -104,6 +112,21 @@ func (w *workerState) snapshot() (healthy bool, kvAddr string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.healthy, w.kvAddr
+}
+
+func (w *workerState) fingerprint() model.Fingerprint {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fp
+}
+
+// markFailed records a failed call to the worker; it stays out of pairing
+// until a health check passes.
+func (w *workerState) markFailed(err string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.healthy, w.lastErr = false, err
+	w.failures++
 }
 
 // New returns a router; it checks the worker URLs but contacts no worker
@@ -120,6 +143,9 @@ func New(cfg Config) (*Router, error) {
 	}
 	if cfg.AbortTimeout <= 0 {
 		cfg.AbortTimeout = 2 * time.Second
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 2
 	}
 	if cfg.PeerFailureGrace <= 0 {
 		cfg.PeerFailureGrace = time.Second
@@ -159,7 +185,11 @@ func New(cfg Config) (*Router, error) {
 		Name: "pdserve_router_worker_failures_total",
 		Help: "Failed legs and health checks, by worker URL.",
 	}, []string{"worker"})
-	for _, c := range []prometheus.Collector{r.requests, r.legFails} {
+	r.retries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "pdserve_router_retries_total",
+		Help: "Requests retried on a new pair (before any token reached the client).",
+	})
+	for _, c := range []prometheus.Collector{r.requests, r.legFails, r.retries} {
 		if err := cfg.Registerer.Register(c); err != nil {
 			return nil, err
 		}
@@ -260,6 +290,7 @@ func (r *Router) check(w *workerState, isPrefill bool) {
 		r.log.Info("worker healthy", "worker", w.url, "worker_role", info.Role)
 	}
 	w.healthy, w.lastErr = true, ""
+	w.fp = info.Fingerprint
 	if isPrefill {
 		w.kvAddr = net.JoinHostPort(w.host, strconv.Itoa(info.KVPort))
 	}
@@ -288,17 +319,48 @@ func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 	return json.Unmarshal(body, v)
 }
 
-// pick chooses the next healthy worker round-robin.
-func pick(list []*workerState, rr *atomic.Uint64, needKV bool) (*workerState, string) {
+// pick chooses the next healthy worker round-robin; ok filters candidates.
+func pick(list []*workerState, rr *atomic.Uint64, ok func(*workerState) bool) *workerState {
 	n := uint64(len(list))
 	start := rr.Add(1)
 	for i := range n {
 		w := list[(start+i)%n]
-		if ok, kv := w.snapshot(); ok && (!needKV || kv != "") {
-			return w, kv
+		if healthy, _ := w.snapshot(); healthy && (ok == nil || ok(w)) {
+			return w
 		}
 	}
-	return nil, ""
+	return nil
+}
+
+// pickPair chooses a decode worker, then a prefill worker whose KV
+// fingerprint (model, geometry, dtype, page size) matches it, so an
+// incompatible pair is never used. It returns the prefill's KV address.
+func (r *Router) pickPair() (pw, dw *workerState, kv string, err *openai.Error) {
+	dw = pick(r.decode, &r.rrD, nil)
+	if dw == nil {
+		return nil, nil, "", openai.Unavailable("no healthy decode worker (see /debug/workers)")
+	}
+	fp := dw.fingerprint()
+	var mismatch string
+	pw = pick(r.prefill, &r.rrP, func(p *workerState) bool {
+		_, addr := p.snapshot()
+		if addr == "" {
+			return false
+		}
+		if m := p.fingerprint().Mismatch(fp); m != "" {
+			mismatch = fmt.Sprintf("%s vs %s: %s", p.url, dw.url, m)
+			return false
+		}
+		return true
+	})
+	if pw == nil {
+		if mismatch != "" {
+			return nil, nil, "", openai.Unavailable("no healthy prefill worker compatible with decode worker %s (%s)", dw.url, mismatch)
+		}
+		return nil, nil, "", openai.Unavailable("no healthy prefill worker (see /debug/workers)")
+	}
+	_, kv = pw.snapshot()
+	return pw, dw, kv, nil
 }
 
 // Handler returns the router's HTTP API: the OpenAI endpoints, /health and

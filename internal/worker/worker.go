@@ -498,14 +498,29 @@ func (w *Worker) Stats(timeout time.Duration) (st lifecycle.Stats, ok bool) {
 
 // Requests lists live requests, read on the loop.
 func (w *Worker) Requests(timeout time.Duration) (list []lifecycle.RequestInfo, ok bool) {
-	ok = w.query(timeout, func() { list = w.machine.Requests(w.now()) })
+	ok = w.query(timeout, func() {
+		list = w.machine.Requests(w.now())
+		for i := range list {
+			w.peerAddr(&list[i])
+		}
+	})
 	return list, ok
 }
 
 // Request describes one live request with its recent events.
 func (w *Worker) Request(rid string, timeout time.Duration) (ri lifecycle.RequestInfo, found, ok bool) {
-	ok = w.query(timeout, func() { ri, found = w.machine.Request(rid, w.now()) })
+	ok = w.query(timeout, func() {
+		ri, found = w.machine.Request(rid, w.now())
+		w.peerAddr(&ri)
+	})
 	return ri, found, ok
+}
+
+// peerAddr fills in the remote address of a prefill request's decode peer.
+func (w *Worker) peerAddr(ri *lifecycle.RequestInfo) {
+	if ri.PeerAddr == "" && ri.Peer != 0 && w.backend != nil {
+		ri.PeerAddr = w.backend.Remote(kvxfer.PeerID(ri.Peer))
+	}
 }
 
 // ---- kvxfer.Handler ----

@@ -283,3 +283,41 @@ func startPair(t *testing.T, modP, modD func(*cluster.WorkerOptions)) *cluster.C
 	}
 	return c
 }
+
+// counterValue reads a counter (or gauge) from a server's registry: the
+// sample whose label name has value (name "" takes the only sample).
+func counterValue(t *testing.T, s gatherer, metric, name, value string) float64 {
+	t.Helper()
+	mfs, err := s.gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != metric {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if name == "" || labels(m)[name] == value {
+				if m.GetCounter() != nil {
+					return m.GetCounter().GetValue()
+				}
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+type gatherer interface {
+	gather() ([]*dto.MetricFamily, error)
+}
+
+type workerGatherer struct{ *cluster.WorkerServer }
+
+func (w workerGatherer) gather() ([]*dto.MetricFamily, error) { return w.Registry.Gather() }
+
+type routerGatherer struct{ *cluster.RouterServer }
+
+func (r routerGatherer) gather() ([]*dto.MetricFamily, error) { return r.Registry.Gather() }
+
+func routerAsWorker(c *cluster.Cluster) gatherer { return routerGatherer{c.Router} }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/worker"
 )
 
 // TestPrefillRejectsAfterDispatch: the router dispatched both legs, prefill
@@ -33,15 +35,22 @@ func TestPrefillRejectsAfterDispatch(t *testing.T) {
 }
 
 // TestIncompatiblePairRefused: a prefill and a decode with different page
-// sizes are refused at the KV handshake; the client gets an error naming
-// the mismatch, not a hang.
+// sizes are never paired by the router (the client gets a 503 naming the
+// mismatch), and a decode leg sent to that prefill anyway is refused at the
+// KV handshake with the mismatch named — an error, not a hang.
 func TestIncompatiblePairRefused(t *testing.T) {
 	c := startPair(t, func(o *cluster.WorkerOptions) { o.Machine.PageSize = 32 }, nil)
-	start := time.Now()
 	status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "hello", "max_tokens": 4})
 	e := decodeCompletion(t, body)
-	if status < 500 || e.Error == nil || !strings.Contains(e.Error.Message, "page_size 16 vs 32") {
-		t.Fatalf("want a 5xx naming the page size mismatch, got %d %s", status, body)
+	if status != http.StatusServiceUnavailable || e.Error == nil || !strings.Contains(e.Error.Message, "page_size 32 vs 16") {
+		t.Fatalf("want a 503 naming the page size mismatch, got %d %s", status, body)
+	}
+	start := time.Now()
+	leg := worker.GenerateBody{RID: "direct", Room: kvxfer.NewRoom().String(), Gen: 1, InputIDs: []int32{104, 105},
+		MaxTokens: 4, PrefillKVAddr: c.Prefill[0].Worker.KVAddr()}
+	status, body = postJSON(t, c.Decode[0].URL+worker.PathDecode, leg)
+	if status != http.StatusBadGateway || !strings.Contains(string(body), "page_size 16 vs 32") {
+		t.Fatalf("want 502 naming the mismatch from the handshake, got %d %s", status, body)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("answer took %s", d)

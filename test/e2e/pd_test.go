@@ -155,14 +155,16 @@ func TestPDEqualsColocated(t *testing.T) {
 	}
 }
 
-// corruptKV flips one byte of the first KV_CHUNK a prefill worker sends.
+// corruptKV flips one byte of the KV_CHUNKs a prefill worker sends: the
+// first one, or all of them.
 type corruptKV struct {
 	kvxfer.Backend
+	all  bool
 	done bool
 }
 
 func (c *corruptKV) Send(p kvxfer.PeerID, m kvxfer.Message) error {
-	if ch, ok := m.(kvxfer.KVChunk); ok && !c.done {
+	if ch, ok := m.(kvxfer.KVChunk); ok && (c.all || !c.done) {
 		c.done = true
 		data := slices.Clone(ch.Data)
 		data[len(data)/2] ^= 0x40
@@ -172,25 +174,47 @@ func (c *corruptKV) Send(p kvxfer.PeerID, m kvxfer.Message) error {
 	return c.Backend.Send(p, m)
 }
 
-// TestCorruptedKVChunkFails: a KV chunk corrupted on the way fails the
-// request with a checksum error instead of producing output; both workers
-// free their pages.
-func TestCorruptedKVChunkFails(t *testing.T) {
-	c := startPD(t, pdOptions{wrap: func(role lifecycle.Role, _ int, b kvxfer.Backend) kvxfer.Backend {
+func corruptPrefill(all bool) func(lifecycle.Role, int, kvxfer.Backend) kvxfer.Backend {
+	return func(role lifecycle.Role, _ int, b kvxfer.Backend) kvxfer.Backend {
 		if role == lifecycle.RolePrefill {
-			return &corruptKV{Backend: b}
+			return &corruptKV{Backend: b, all: all}
 		}
 		return b
-	}})
+	}
+}
+
+// TestCorruptedKVChunkFails: KV corrupted on the way fails the request with
+// a checksum error instead of producing output; both workers free their
+// pages. The router retries once on a new attempt; when that one is
+// corrupted too, the client gets the checksum error.
+func TestCorruptedKVChunkFails(t *testing.T) {
+	c := startPD(t, pdOptions{wrap: corruptPrefill(true)})
 	status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": strings.Repeat("corrupt me ", 20), "max_tokens": 8})
 	e := decodeCompletion(t, body)
 	if status != http.StatusBadGateway || e.Error == nil || !strings.Contains(e.Error.Message, "checksum") {
 		t.Fatalf("want 502 with a checksum error, got %d %s", status, body)
 	}
-	// The next request (not corrupted) succeeds: the server keeps serving.
-	status, body = postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "fine", "max_tokens": 4})
-	if status != http.StatusOK {
-		t.Fatalf("after a corrupted transfer: %d %s", status, body)
+	if got := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "failed_transfer"); got != 2 {
+		t.Fatalf("decode counted %v failed transfers, want 2 (the attempt and its retry)", got)
+	}
+}
+
+// TestCorruptedKVChunkRetried: one corrupted transfer costs one retry; the
+// client gets the right answer.
+func TestCorruptedKVChunkRetried(t *testing.T) {
+	c := startPD(t, pdOptions{wrap: corruptPrefill(false)})
+	co := startServe(t, sim.Config{})
+	req := map[string]any{"prompt": strings.Repeat("corrupt me ", 20), "max_tokens": 8, "seed": 5, "return_token_ids": true}
+	status, body := postJSON(t, c.URL()+"/v1/completions", req)
+	_, want := postJSON(t, co.URL+"/v1/completions", req)
+	if status != http.StatusOK || !slices.Equal(decodeCompletion(t, body).Choices[0].TokenIDs, decodeCompletion(t, want).Choices[0].TokenIDs) {
+		t.Fatalf("got %d %s, colocated %s", status, body, want)
+	}
+	if got := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "failed_transfer"); got != 1 {
+		t.Fatalf("decode counted %v failed transfers, want 1", got)
+	}
+	if got := counterValue(t, routerAsWorker(c), "pdserve_router_retries_total", "", ""); got != 1 {
+		t.Fatalf("router retries %v, want 1", got)
 	}
 }
 

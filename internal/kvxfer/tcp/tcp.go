@@ -311,6 +311,31 @@ func (b *Backend) Remote(peer kvxfer.PeerID) string {
 	return ""
 }
 
+var _ kvxfer.PeerCloser = (*Backend)(nil)
+
+// ClosePeer implements kvxfer.PeerCloser: it closes the connection as if it
+// had failed with err, which Handler.PeerLost then receives (once, like any
+// failure; a nil err is replaced by one wrapping ErrConnClosed). A
+// connection still dialing or in its handshake is abandoned the same way.
+// Later Sends to peer fail with ErrConnClosed or ErrUnknownPeer, and a
+// Connect to the same address opens a new connection. An unknown peer, or
+// one already closed, is a no-op. ClosePeer does not block and may be
+// called from a Handler method.
+func (b *Backend) ClosePeer(peer kvxfer.PeerID, err error) {
+	b.mu.Lock()
+	c := b.conns[peer]
+	b.mu.Unlock()
+	if c == nil {
+		return
+	}
+	if err == nil {
+		err = fmt.Errorf("kv peer %s: %w by ClosePeer", c.remote, ErrConnClosed)
+	}
+	if c.fail(err) {
+		b.log.Debug("kv peer closed on demand", "peer", c.id, "remote", c.remote, "err", err)
+	}
+}
+
 // Close closes every listener and connection (each connection's PeerLost gets
 // an error wrapping ErrClosed unless it had already failed) and waits for all
 // goroutines of the Backend to return. It must not be called from a Handler

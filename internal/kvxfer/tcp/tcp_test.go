@@ -695,3 +695,65 @@ func TestAllocDataUsed(t *testing.T) {
 		t.Errorf("AllocData(%d), want %d", n, len("kv bytes"))
 	}
 }
+
+func TestClosePeer(t *testing.T) {
+	p := newPair(t, nil)
+	cause := errors.New("injected reset")
+	p.decode.ClosePeer(p.decodePeer, cause)
+	p.decode.ClosePeer(p.decodePeer, errors.New("second close")) // no-op: already closed
+	if err := p.decodeRec.waitKind(t, evLost, p.decodePeer).err; err != cause {
+		t.Errorf("decode PeerLost err = %v, want exactly the ClosePeer error %v", err, cause)
+	}
+	if err := p.prefillRec.waitKind(t, evLost, p.prefillPeer).err; !errors.Is(err, io.EOF) {
+		t.Errorf("prefill PeerLost err = %v, want io.EOF", err)
+	}
+	if err := p.decode.Send(p.decodePeer, kvxfer.KVAck{}); !errors.Is(err, ErrUnknownPeer) && !errors.Is(err, ErrConnClosed) {
+		t.Errorf("Send after ClosePeer: err = %v, want ErrUnknownPeer or ErrConnClosed", err)
+	}
+	p.decode.ClosePeer(p.decodePeer, cause) // forgotten by now: no-op
+	p.decode.ClosePeer(12345, cause)        // never known: no-op
+
+	// The address can be connected again, with a new PeerID.
+	again := p.decode.Connect(p.addr)
+	if again == p.decodePeer {
+		t.Fatalf("Connect after ClosePeer reused PeerID %d", again)
+	}
+	p.decodeRec.waitKind(t, evUp, again)
+	if err := p.decode.Send(again, kvxfer.KVAck{RoomGen: roomGen(7)}); err != nil {
+		t.Fatalf("Send on the new connection: %v", err)
+	}
+	p.decode.Close() // PeerLost of every connection has returned
+	if s := p.decode.Stats(); s.Lost != 2 || s.Up != 2 {
+		t.Errorf("decode stats: lost %d up %d, want 2 2", s.Lost, s.Up)
+	}
+	// checkContract (at cleanup) verifies exactly one PeerLost per peer.
+}
+
+func TestClosePeerNilError(t *testing.T) {
+	p := newPair(t, nil)
+	p.prefill.ClosePeer(p.prefillPeer, nil)
+	err := p.prefillRec.waitKind(t, evLost, p.prefillPeer).err
+	if !errors.Is(err, ErrConnClosed) || !strings.Contains(err.Error(), "by ClosePeer") {
+		t.Errorf("prefill PeerLost err = %q, want ErrConnClosed 'by ClosePeer'", err)
+	}
+	if err := p.decodeRec.waitKind(t, evLost, p.decodePeer).err; !errors.Is(err, io.EOF) {
+		t.Errorf("decode PeerLost err = %v, want io.EOF", err)
+	}
+}
+
+func TestClosePeerWhileDialing(t *testing.T) {
+	dialing := make(chan string, 1)
+	decode, rec := newBackend(t, func(c *Config) { c.DialContext = blockingDial(dialing) })
+	peer := decode.Connect("10.1.2.3:8998")
+	<-dialing
+	cause := errors.New("give up")
+	decode.ClosePeer(peer, cause) // cancels the dial
+	if err := rec.waitKind(t, evLost, peer).err; err != cause {
+		t.Errorf("PeerLost err = %v, want %v", err, cause)
+	}
+	for _, e := range rec.snapshot() {
+		if e.kind == evUp {
+			t.Errorf("PeerUp of peer %d after ClosePeer while dialing", e.peer)
+		}
+	}
+}

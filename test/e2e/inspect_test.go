@@ -1,0 +1,80 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/inspect"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/model/sim"
+)
+
+// TestInspect: with one request decoding and a second one waiting for decode
+// pages (parked on prefill), inspect lists both stages on both workers with
+// their peers, and flags the waiting one once it used half its deadline.
+func TestInspect(t *testing.T) {
+	mc := testMachine()
+	mc.QueueTimeout = 2 * time.Second
+	mc.KVHoldTimeout = 2 * time.Second
+	pageBytes := int64(testGeometry.BytesPerToken() * mc.PageSize)
+	// Decode's pool holds one request of 64 prompt + 1000 output tokens.
+	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 5 * time.Millisecond}, machine: &mc, memory: 70 * pageBytes})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body := `{"prompt":"` + strings.Repeat("q", 64) + `","max_tokens":1000,"ignore_eos":true}`
+	for range 2 {
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(body))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	d, p := c.Decode[0].Worker, c.Prefill[0].Worker
+	waitFor(t, 5*time.Second, "one decoding, one waiting for pages", func() (bool, string) {
+		sd, _ := d.Stats(time.Second)
+		sp, _ := p.Stats(time.Second)
+		return sd.Stages[lifecycle.StageDecoding] == 1 && sd.Stages[lifecycle.StagePrealloc] == 1 &&
+				sp.Stages[lifecycle.StageParked] == 1 && sd.OldestInStage[lifecycle.StagePrealloc] > time.Second,
+			fmt.Sprintf("decode %v, prefill %v", sd.Stages, sp.Stages)
+	})
+	rep, err := inspect.Collect(context.Background(), http.DefaultClient, c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stages []string
+	flagged := 0
+	for _, r := range rep.Rows {
+		stages = append(stages, r.Role+"/"+r.Stage)
+		if r.PeerAddr == "" {
+			t.Errorf("row without peer: %+v", r)
+		}
+		if r.Flagged {
+			flagged++
+			if r.Stage != "prealloc" && r.Stage != "parked" {
+				t.Errorf("flagged a request in %s", r.Stage)
+			}
+		}
+	}
+	got := strings.Join(stages, ",")
+	for _, want := range []string{"decode/decoding", "decode/prealloc", "prefill/parked"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("rows %s lack %s", got, want)
+		}
+	}
+	if flagged == 0 || len(rep.Errors) != 0 {
+		t.Fatalf("flagged %d, errors %v", flagged, rep.Errors)
+	}
+	var out strings.Builder
+	if err := inspect.Print(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "past half their stage deadline") || !strings.Contains(out.String(), "!") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	cancel() // both clients go away; the cleanup checks the workers drain
+}

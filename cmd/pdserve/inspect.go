@@ -49,4 +49,3 @@ stage's deadline is marked "!".`,
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the router and workers")
 	return cmd
 }
-

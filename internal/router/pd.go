@@ -106,11 +106,10 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	return nil
 }
 
-// release stops an attempt's legs locally (the workers are told separately).
-func (s *pdStream) release(a *attempt, cancelPrefill bool) {
-	if cancelPrefill {
-		a.pCancel()
-	}
+// release stops a failed attempt's legs locally: their HTTP exchanges are
+// cancelled (the workers are told separately, by abort).
+func (s *pdStream) release(a *attempt) {
+	a.pCancel()
 	a.dCancel()
 	s.r.bg.Add(1)
 	go func() {
@@ -224,14 +223,9 @@ func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason, 
 	}()
 }
 
-// peerCaused reports a decode failure that is the echo of its peer's.
-func peerCaused(e *openai.Error) bool {
-	switch e.Code {
-	case "aborted_peer", "peer_lost", "lease_expired":
-		return true
-	}
-	return false
-}
+// peerCaused reports a decode failure that echoes prefill's: prefill's own
+// answer then names the root cause (with its status, e.g. its 400).
+func peerCaused(e *openai.Error) bool { return e.Code == "aborted_peer" }
 
 // retryable reports a failure another pair may not have: a worker that
 // could not be reached or is shutting down, a lost or silent KV connection,
@@ -255,7 +249,7 @@ func (s *pdStream) failed(e *openai.Error, leg string) (retried bool, err error)
 	} else if !a.pDone {
 		s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "peer", detail)
 	}
-	s.release(a, leg == "prefill")
+	s.release(a)
 	if !s.sent && retryable(e) && int(a.gen) < s.r.cfg.MaxAttempts && s.ctx.Err() == nil {
 		if se := s.start(a.gen + 1); se == nil {
 			s.r.retries.Inc()

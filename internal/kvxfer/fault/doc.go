@@ -14,7 +14,8 @@
 //     without looking like a lost peer.
 //   - NewNet / Dialer wrap the dialing side's net.Conns (tcp.Config.DialContext):
 //     a connection may freeze (no byte in or out for a while, so heartbeat
-//     detection fires on both sides) or be reset, at random or on demand
+//     detection fires on both sides; even closing it reaches the peer only
+//     when the freeze ends) or be reset, at random or on demand
 //     (Net.FreezeAll, Net.ResetAll).
 //
 // # Determinism
@@ -32,9 +33,12 @@
 // Backend and Net are safe for concurrent use. Backend.Send never blocks:
 // frames it holds go to a per-peer queue that one goroutine, started with
 // the first held frame, releases on timers. Backend.Close stops that
-// goroutine and waits for it. A Net starts no goroutines of its own; its
-// connections' scheduled faults are timers stopped when the connection is
-// closed.
+// goroutine and waits for it. A frame that may go at once (e.g. the second
+// of a swapped pair) is handed over by Send itself, so the goroutine only
+// acts when a timer is due. A Net starts no goroutines of its own: its
+// connections' scheduled faults and thaws are timers, stopped when the
+// connection is closed (a thaw, once the freeze of a connection closed while
+// frozen ends; ThawAll ends such freezes at once).
 //
 // # Ownership
 //

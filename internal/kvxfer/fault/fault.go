@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,7 +18,8 @@ import (
 const DefaultReorderHold = 20 * time.Millisecond
 
 // ErrReset is wrapped by the error an injected reset passes to the inner
-// Backend's ClosePeer, and so by the PeerLost error of the connection.
+// Backend's ClosePeer (and so by that connection's PeerLost error), and by
+// the read and write errors of a connection reset by a Net.
 var ErrReset = errors.New("injected connection reset")
 
 // Config sets the faults of a Backend. Probabilities are per sent frame of
@@ -63,7 +65,7 @@ type Config struct {
 	// StallFor is the length of a stall; zero disables stalls.
 	StallFor time.Duration
 	// Types lists the frame types faults apply to; nil means every room
-	// message type (ROOM_OPEN … ABORT_ACK). Other types are never faulted,
+	// message type (ROOM_OPEN … ABORT_ACK), an empty non-nil slice none. Other types are never faulted,
 	// but still queue behind held frames so order is kept. Types that are
 	// not room messages are ignored.
 	Types []kvxfer.Type
@@ -81,7 +83,7 @@ func (c Config) normalized() Config {
 	for _, p := range []*float64{&c.Delay, &c.Drop, &c.Duplicate, &c.Reorder, &c.Corrupt, &c.Reset, &c.Stall} {
 		clamp(p)
 	}
-	c.Types = append([]kvxfer.Type(nil), c.Types...)
+	c.Types = slices.Clone(c.Types) // keeps nil (every type) apart from empty (none)
 	return c
 }
 
@@ -194,7 +196,7 @@ func (b *Backend) SetConfig(cfg Config) {
 	}
 	for peer, l := range b.links {
 		for _, h := range l.held {
-			b.deliverLocked(peer, h)
+			_ = b.deliverLocked(peer, h) // a failed connection reports PeerLost
 		}
 		delete(b.links, peer)
 	}
@@ -359,8 +361,14 @@ func (b *Backend) Send(peer kvxfer.PeerID, m kvxfer.Message) error {
 		b.mu.Unlock()
 		return err
 	}
-	b.startLocked()
-	b.kickLocked()
+	// What may go now (a swapped pair) goes now, not when the release
+	// goroutine gets to it; the goroutine handles what waits for a time.
+	if b.releaseLinkLocked(peer, l, now).IsZero() {
+		delete(b.links, peer)
+	} else {
+		b.startLocked()
+		b.kickLocked()
+	}
 	b.mu.Unlock()
 	return nil
 }
@@ -473,39 +481,42 @@ func (b *Backend) releaseLoop() {
 // next (zero: when kicked).
 func (b *Backend) releaseLocked(now time.Time) time.Time {
 	var next time.Time
-	wake := func(t time.Time) {
-		if next.IsZero() || t.Before(next) {
-			next = t
-		}
-	}
 	for peer, l := range b.links {
-		for len(l.held) > 0 {
-			if now.Before(l.stallUntil) {
-				wake(l.stallUntil)
-				break
-			}
-			h := l.held[0]
-			at := h.due
-			if h.waiting && h.holdUntil.After(at) {
-				at = h.holdUntil
-			}
-			if now.Before(at) {
-				wake(at)
-				break
-			}
-			_ = b.deliverLocked(peer, h) // a failed connection reports PeerLost
-			l.held[0] = heldFrame{}
-			l.held = l.held[1:]
-		}
-		if len(l.held) == 0 {
-			if now.Before(l.stallUntil) {
-				wake(l.stallUntil)
-			} else {
-				delete(b.links, peer)
-			}
+		wake := b.releaseLinkLocked(peer, l, now)
+		switch {
+		case wake.IsZero():
+			delete(b.links, peer)
+		case next.IsZero() || wake.Before(next):
+			next = wake
 		}
 	}
 	return next
+}
+
+// releaseLinkLocked sends the frames of one link that may go at now, in
+// order, and returns when something of the link is due next: a held
+// frame, or the end of its stall; zero if nothing is left.
+func (b *Backend) releaseLinkLocked(peer kvxfer.PeerID, l *link, now time.Time) time.Time {
+	for len(l.held) > 0 {
+		if now.Before(l.stallUntil) {
+			return l.stallUntil
+		}
+		h := l.held[0]
+		at := h.due
+		if h.waiting && h.holdUntil.After(at) {
+			at = h.holdUntil
+		}
+		if now.Before(at) {
+			return at
+		}
+		_ = b.deliverLocked(peer, h) // a failed connection reports PeerLost
+		l.held[0] = heldFrame{}
+		l.held = l.held[1:]
+	}
+	if now.Before(l.stallUntil) {
+		return l.stallUntil // to forget the link when the stall ends
+	}
+	return time.Time{}
 }
 
 // isRoomMessage reports whether m is a room message passed by value (what

@@ -1,0 +1,247 @@
+package e2e
+
+// Named failure shapes seen in other PD systems (issue: no pinned requests).
+// Each test drives one shape end to end and checks that the request ends
+// promptly with a clear error and that every worker returns to baseline
+// (the cleanup of startPD/startPair checks pages and stage gauges).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/worker"
+)
+
+// failingModel fails every prefill forward while fail is set.
+type failingModel struct {
+	model.Model
+	fail atomic.Bool
+}
+
+func (f *failingModel) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.SeqInput, out []model.SeqOutput) error {
+	if f.fail.Load() {
+		return errors.New("injected forward failure")
+	}
+	return f.Model.Forward(ctx, pool, seqs, out)
+}
+
+// TestPrefillFailsAfterDecodeStarted (scenario 3): the prefill leg fails in
+// the background after decode was started; decode learns it over the KV
+// channel and the client gets an error at once, not after a timeout.
+func TestPrefillFailsAfterDecodeStarted(t *testing.T) {
+	var fm *failingModel
+	c := startPair(t, func(o *cluster.WorkerOptions) {
+		fm = &failingModel{Model: o.Model}
+		fm.fail.Store(true)
+		o.Model = fm
+	}, nil)
+	start := time.Now()
+	status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "doomed", "max_tokens": 4})
+	e := decodeCompletion(t, body)
+	if status != http.StatusInternalServerError || e.Error == nil || !strings.Contains(e.Error.Message, "injected forward failure") {
+		t.Fatalf("want prefill's 500 naming the failure, got %d %s", status, body)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("answer took %s", d)
+	}
+	// Decode ended the request because prefill told it, not by a deadline.
+	waitFor(t, 2*time.Second, "decode counted aborted_peer", func() (bool, string) {
+		n := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "aborted_peer")
+		return n >= 1, fmt.Sprint(n)
+	})
+	fm.fail.Store(false)
+	if status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "fine", "max_tokens": 4}); status != http.StatusOK {
+		t.Fatalf("after recovery: %d %s", status, body)
+	}
+}
+
+// fakeDecode is a decode worker's HTTP API that passes health checks and
+// resets every decode leg at the transport level.
+func fakeDecode(t *testing.T, fp model.Fingerprint, info model.Info) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case worker.PathInfo:
+			_ = json.NewEncoder(w).Encode(worker.Info{Role: "decode", Model: info.Name, Fingerprint: fp,
+				ContextLen: info.ContextLen, VocabSize: info.VocabSize})
+		case "/health":
+			_, _ = w.Write([]byte(`{"status":"ok"}`))
+		case worker.PathAbort:
+			_, _ = w.Write([]byte(`{"ok":true}`))
+		default:
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				if tc, ok := conn.(*net.TCPConn); ok {
+					_ = tc.SetLinger(0) // RST, not FIN
+				}
+				conn.Close()
+			}
+		}
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestDecodeLegResetWhilePrefillBootstraps (scenario 2): the decode leg
+// fails at the transport level while prefill waits in Bootstrap for a
+// ROOM_OPEN that will never come. The router aborts the prefill leg, so
+// prefill's room is released at once, not after --bootstrap-timeout.
+func TestDecodeLegResetWhilePrefillBootstraps(t *testing.T) {
+	m, _ := simFactory(sim.Config{})()
+	mc := testMachine()
+	mc.Role = lifecycle.RolePrefill
+	mc.BootstrapTimeout = time.Minute
+	p, err := cluster.StartWorker(cluster.WorkerOptions{Addr: "127.0.0.1:0", Model: m, Machine: mc,
+		KVCacheMemory: 64 << 20, KVListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := fakeDecode(t, p.Worker.Fingerprint(), m.Info())
+	r, err := cluster.StartRouter(cluster.RouterOptions{Addr: "127.0.0.1:0", Prefill: []string{p.URL}, Decode: []string{d.URL},
+		Info: m.Info(), Tokenizer: m.Tokenizer(), HealthInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		assertQuiescent(t, p)
+		_ = r.Shutdown(context.Background())
+		_ = p.Shutdown(context.Background())
+	})
+	if err := cluster.WaitReady(context.Background(), r.Router, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	status, body := postJSON(t, r.URL+"/v1/completions", map[string]any{"prompt": "reset", "max_tokens": 4})
+	if status != http.StatusBadGateway || !strings.Contains(string(body), d.URL) {
+		t.Fatalf("want 502 naming the decode worker, got %d %s", status, body)
+	}
+	waitFor(t, 2*time.Second, "prefill released the room", func() (bool, string) {
+		st, _ := p.Worker.Stats(time.Second)
+		return st.Live == 0, fmt.Sprintf("live %d %v", st.Live, st.Stages)
+	})
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("prefill held the room for %s", d)
+	}
+}
+
+// TestIdentityMismatch (scenario 9): the two legs of one room disagree on the
+// request (here a rewritten rid); both workers detect it and fail the room
+// with an identity error, never hang.
+func TestIdentityMismatch(t *testing.T) {
+	c := startPair(t, nil, nil)
+	room := kvxfer.NewRoom().String()
+	leg := worker.GenerateBody{RID: "original", Room: room, Gen: 1, InputIDs: []int32{104, 105, 106}, MaxTokens: 4,
+		PrefillKVAddr: c.Prefill[0].Worker.KVAddr()}
+	var wg sync.WaitGroup
+	var pStatus int
+	var pBody []byte
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		pStatus, pBody = postJSON(t, c.Prefill[0].URL+worker.PathPrefill, leg)
+	}()
+	dleg := leg
+	dleg.RID = "rewritten-by-a-proxy"
+	dStatus, dBody := postJSON(t, c.Decode[0].URL+worker.PathDecode, dleg)
+	wg.Wait()
+	if pStatus != http.StatusBadGateway || !strings.Contains(string(pBody), "identity mismatch") {
+		t.Fatalf("prefill: %d %s", pStatus, pBody)
+	}
+	if dStatus != http.StatusBadGateway || !strings.Contains(string(dBody), "identity mismatch") {
+		t.Fatalf("decode: %d %s", dStatus, dBody)
+	}
+}
+
+// TestPrefillNotReady (scenario 6): a decode worker contacts a prefill whose
+// KV channel does not accept connections yet. The request fails with a
+// retryable, bounded error naming the cause; the router retries it on the
+// other prefill worker; requests to healthy pairs are unaffected.
+func TestPrefillNotReady(t *testing.T) {
+	m, _ := simFactory(sim.Config{})()
+	info := m.Info()
+	// A KV port nothing listens on.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadPort := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	mc := testMachine()
+	fp := model.FingerprintOf(info, mc.PageSize)
+	var prefillLegs atomic.Int64
+	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case worker.PathInfo:
+			_ = json.NewEncoder(w).Encode(worker.Info{Role: "prefill", Model: info.Name, Fingerprint: fp, KVPort: deadPort,
+				ContextLen: info.ContextLen, VocabSize: info.VocabSize})
+		case "/health", worker.PathAbort:
+			_, _ = w.Write([]byte(`{"ok":true}`))
+		case worker.PathPrefill:
+			prefillLegs.Add(1)
+			_, _ = io.Copy(io.Discard, r.Body) // so the server notices the router hanging up
+			<-r.Context().Done()               // a prefill that never gets its ROOM_OPEN; the router cancels it
+		}
+	}))
+	t.Cleanup(notReady.Close)
+	c := startPair(t, nil, nil)
+	r, err := cluster.StartRouter(cluster.RouterOptions{Addr: "127.0.0.1:0", Prefill: []string{notReady.URL, c.Prefill[0].URL},
+		Decode: []string{c.Decode[0].URL}, Info: info, Tokenizer: m.Tokenizer(), HealthInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Shutdown(context.Background()) })
+	if err := cluster.WaitReady(context.Background(), r.Router, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		start := time.Now()
+		status, body := postJSON(t, r.URL+"/v1/completions", map[string]any{"prompt": fmt.Sprintf("try %d", i), "max_tokens": 3})
+		if status != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, status, body)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Fatalf("request %d took %s", i, d)
+		}
+	}
+	if prefillLegs.Load() == 0 {
+		t.Fatal("the not-ready prefill was never tried")
+	}
+	if n := counterValue(t, routerGatherer{r}, "pdserve_router_retries_total", "", ""); n < 1 {
+		t.Fatalf("no retries counted")
+	}
+	// Alone, the not-ready prefill gives a bounded 502 naming the refusal.
+	r2, err := cluster.StartRouter(cluster.RouterOptions{Addr: "127.0.0.1:0", Prefill: []string{notReady.URL},
+		Decode: []string{c.Decode[0].URL}, Info: info, Tokenizer: m.Tokenizer(), HealthInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r2.Shutdown(context.Background()) })
+	if err := cluster.WaitReady(context.Background(), r2.Router, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	status, body := postJSON(t, r2.URL+"/v1/completions", map[string]any{"prompt": "alone", "max_tokens": 3})
+	if status != http.StatusBadGateway || !strings.Contains(string(body), "refused") {
+		t.Fatalf("want 502 naming the refused connection, got %d %s", status, body)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the bounded failure took %s", d)
+	}
+}

@@ -50,7 +50,10 @@ type WorkerOptions struct {
 	KVAuth string
 	// WrapBackend, if set, wraps the KV transport (fault injection in tests).
 	WrapBackend func(kvxfer.Backend) kvxfer.Backend
-	Logger      *slog.Logger
+	// KVDial, if set, opens a decode worker's KV connections (fault
+	// injection at the network level); nil dials TCP.
+	KVDial func(ctx context.Context, network, addr string) (net.Conn, error)
+	Logger *slog.Logger
 }
 
 // WorkerServer is a running worker with its HTTP server.
@@ -92,6 +95,7 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	mc := o.Machine
 	factory := func(h kvxfer.Handler, fp model.Fingerprint, alloc func(int) []byte) (kvxfer.Backend, error) {
 		var b kvxfer.Backend = tcp.New(tcp.Config{Fingerprint: fp, Auth: o.KVAuth, Handler: h, AllocData: alloc,
+			DialContext:       o.KVDial,
 			HeartbeatInterval: mc.HeartbeatInterval, HeartbeatMisses: mc.LeaseMisses,
 			Logger: o.Logger.With("role", mc.Role.String(), "component", "kv")})
 		if o.WrapBackend != nil {

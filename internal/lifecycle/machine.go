@@ -96,6 +96,9 @@ type Machine struct {
 	tombs      map[tombKey]tombstone
 	tombOrder  []tombKey
 	stageCount [numStages]int
+	// maxStage is the longest time a request spent in each stage, recorded
+	// when it left the stage.
+	maxStage [numStages]time.Duration
 
 	batch     []batchEntry       // requests of the running forward
 	deferFree [][]kvcache.PageID // pages of requests that ended mid-batch
@@ -200,7 +203,9 @@ func (m *Machine) record(r *req, format string, args ...any) {
 func (m *Machine) setStage(r *req, s Stage, d time.Duration, cause Outcome) {
 	if r.stage != StageNone {
 		m.stageCount[r.stage]--
-		r.stageTime[r.stage] += m.now.Sub(r.stageSince)
+		d := m.now.Sub(r.stageSince)
+		r.stageTime[r.stage] += d
+		m.maxStage[r.stage] = max(m.maxStage[r.stage], d)
 	}
 	r.stage = s
 	r.stageSince = m.now

@@ -421,6 +421,17 @@ func runPair(t *testing.T, seed uint64, f faults) {
 				t.Fatalf("seed %d: %s %s took %s", seed, n.name, rid, fin.Age)
 			}
 		}
+		// Each stage ended within its own deadline (plus one tick).
+		c := n.m.cfg
+		bound := map[Stage]time.Duration{StageBootstrap: c.BootstrapTimeout, StageWaiting: c.QueueTimeout,
+			StageParked: c.KVHoldTimeout, StageTransferring: c.TransferTimeout, StagePrealloc: c.QueueTimeout,
+			StageQueued: c.QueueTimeout, StagePrefilling: c.MaxRequestTime, StageAwaitingKV: c.MaxRequestTime,
+			StageDecoding: c.MaxRequestTime}
+		for s, d := range st.MaxInStage {
+			if d > bound[s]+100*time.Millisecond {
+				t.Fatalf("seed %d: %s spent %s in %s, bound %s", seed, n.name, d, s, bound[s])
+			}
+		}
 	}
 	// Invariant 5: whatever decode completed equals the colocated answer.
 	okCount := 0

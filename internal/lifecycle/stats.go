@@ -14,12 +14,15 @@ type Stats struct {
 	// OldestInStage is, per stage, how long the request that entered it
 	// earliest has been there (0 when the stage is empty).
 	OldestInStage map[Stage]time.Duration
-	Live          int
-	PagesUsed     int
-	PagesTotal    int
-	PendingOpens  int
-	Tombstones    int
-	Counters      Counters
+	// MaxInStage is, per stage, the longest time a request spent in it
+	// before leaving it, since the machine started.
+	MaxInStage   map[Stage]time.Duration
+	Live         int
+	PagesUsed    int
+	PagesTotal   int
+	PendingOpens int
+	Tombstones   int
+	Counters     Counters
 }
 
 // Stats returns the machine's counts at time now.
@@ -28,6 +31,7 @@ func (m *Machine) Stats(now time.Time) Stats {
 		Role:          m.cfg.Role,
 		Stages:        make(map[Stage]int),
 		OldestInStage: make(map[Stage]time.Duration),
+		MaxInStage:    make(map[Stage]time.Duration),
 		Live:          len(m.reqs),
 		PagesUsed:     m.alloc.Used(),
 		PagesTotal:    m.alloc.Total(),
@@ -43,6 +47,7 @@ func (m *Machine) Stats(now time.Time) Stats {
 	for _, st := range m.cfg.Role.Stages() {
 		s.Stages[st] = m.stageCount[st]
 		s.OldestInStage[st] = 0
+		s.MaxInStage[st] = m.maxStage[st]
 	}
 	for _, r := range m.reqs {
 		if age := now.Sub(r.stageSince); age > s.OldestInStage[r.stage] {

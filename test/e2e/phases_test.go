@@ -1,0 +1,356 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/model/sim"
+)
+
+// gate holds the frames of some types a worker sends until it is opened,
+// so a test can keep a request in one phase as long as it likes.
+type gate struct {
+	kvxfer.Backend
+	types []kvxfer.Type
+	mu    sync.Mutex
+	open  bool
+	held  []heldFrame
+}
+
+type heldFrame struct {
+	peer kvxfer.PeerID
+	msg  kvxfer.Message
+}
+
+func (g *gate) Send(p kvxfer.PeerID, m kvxfer.Message) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.open && slices.Contains(g.types, m.Type()) {
+		g.held = append(g.held, heldFrame{p, m})
+		return nil
+	}
+	return g.Backend.Send(p, m)
+}
+
+// Open sends what was held, in order, and lets everything through.
+func (g *gate) Open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.open = true
+	for _, h := range g.held {
+		_ = g.Backend.Send(h.peer, h.msg)
+	}
+	g.held = nil
+}
+
+// Held is the number of frames held so far.
+func (g *gate) Held() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.held)
+}
+
+// gated wraps the KV backend of one role's worker in a gate.
+func gated(role lifecycle.Role, types ...kvxfer.Type) (*gate, func(lifecycle.Role, int, kvxfer.Backend) kvxfer.Backend) {
+	g := &gate{types: types}
+	return g, func(r lifecycle.Role, _ int, b kvxfer.Backend) kvxfer.Backend {
+		if r == role {
+			g.Backend = b
+			return g
+		}
+		return b
+	}
+}
+
+func stageOf(w *cluster.WorkerServer) map[lifecycle.Stage]int {
+	st, _ := w.Worker.Stats(time.Second)
+	return st.Stages
+}
+
+// TestClientDisconnectAtEachPhase (scenario 8): a client that goes away with
+// its request held in each phase — before prefill admits it, during
+// prefill, after prefill committed, during the transfer, during decode —
+// leaves both workers at baseline promptly, by abort (not by a deadline).
+func TestClientDisconnectAtEachPhase(t *testing.T) {
+	phases := []struct {
+		name       string
+		sim        sim.Config
+		prompt     int
+		gateRole   lifecycle.Role
+		gateTypes  []kvxfer.Type
+		worker     func(c *cluster.Cluster) *cluster.WorkerServer
+		stage      lifecycle.Stage
+		// inFlight is the forward time that may run on after the abort:
+		// pages being written are freed when the running chunk finishes.
+		inFlight time.Duration
+	}{
+		{name: "before prefill admits (bootstrap)", prompt: 40, gateRole: lifecycle.RoleDecode,
+			gateTypes: []kvxfer.Type{kvxfer.TypeRoomOpen}, worker: prefillOf, stage: lifecycle.StageBootstrap},
+		{name: "during prefill", prompt: 1500, sim: sim.Config{PrefillPerToken: 2 * time.Millisecond},
+			worker: prefillOf, stage: lifecycle.StagePrefilling, inFlight: 512 * 2 * time.Millisecond},
+		{name: "after prefill committed (parked)", prompt: 40, gateRole: lifecycle.RoleDecode,
+			gateTypes: []kvxfer.Type{kvxfer.TypeRoomReady}, worker: prefillOf, stage: lifecycle.StageParked},
+		{name: "during transfer", prompt: 40, gateRole: lifecycle.RolePrefill,
+			gateTypes: []kvxfer.Type{kvxfer.TypeKVDone}, worker: decodeOf, stage: lifecycle.StageAwaitingKV},
+		{name: "during decode", prompt: 40, sim: sim.Config{DecodePerStep: 5 * time.Millisecond},
+			worker: decodeOf, stage: lifecycle.StageDecoding},
+	}
+	for _, ph := range phases {
+		t.Run(ph.name, func(t *testing.T) {
+			mc := testMachine()
+			mc.HeartbeatInterval = time.Second // leases (3 s) cannot be what frees the request
+			o := pdOptions{sim: ph.sim, machine: &mc}
+			var g *gate
+			if ph.gateTypes != nil {
+				g, o.wrap = gated(ph.gateRole, ph.gateTypes...)
+			}
+			c := startPD(t, o)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				body := fmt.Sprintf(`{"prompt":%q,"max_tokens":500,"ignore_eos":true,"stream":true}`, strings.Repeat("d", ph.prompt))
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(body))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			w := ph.worker(c)
+			waitFor(t, 5*time.Second, "request in "+ph.stage.String(), func() (bool, string) {
+				s := stageOf(w)
+				return s[ph.stage] == 1, fmt.Sprint(s)
+			})
+			cancel()
+			<-done
+			start := time.Now()
+			for _, w := range c.Workers() {
+				waitFor(t, 2*time.Second+ph.inFlight, w.Worker.Role().String()+" back to baseline", func() (bool, string) {
+					st, _ := w.Worker.Stats(time.Second)
+					return st.Live == 0 && st.PagesUsed == 0, fmt.Sprintf("%v pages %d", st.Stages, st.PagesUsed)
+				})
+			}
+			if g != nil {
+				g.Open() // late frames now reach a peer that dropped the room
+			}
+			if d := time.Since(start); d > time.Second+ph.inFlight {
+				t.Fatalf("baseline took %s after the disconnect", d)
+			}
+			for _, w := range c.Workers() {
+				for _, o := range []string{"timeout_bootstrap", "timeout_queue", "timeout_kv_hold", "timeout_transfer", "lease_expired", "peer_lost"} {
+					if n := counterValue(t, workerGatherer{w}, "pdserve_requests_finished_total", "outcome", o); n != 0 {
+						t.Errorf("%s ended %v request(s) by %s, want abort", w.Worker.Role(), n, o)
+					}
+				}
+			}
+		})
+	}
+}
+
+func prefillOf(c *cluster.Cluster) *cluster.WorkerServer { return c.Prefill[0] }
+func decodeOf(c *cluster.Cluster) *cluster.WorkerServer  { return c.Decode[0] }
+
+// TestAbortMidSendNoStaleWrite (scenario 5): decode aborts a room while
+// prefill is still sending its KV; the late frames arrive after the pages
+// went to the next request, and are dropped: that request's output is
+// exactly the colocated one.
+func TestAbortMidSendNoStaleWrite(t *testing.T) {
+	mc := testMachine()
+	pageBytes := int64(testGeometry.BytesPerToken() * mc.PageSize)
+	prompt := 300 // 19 pages
+	// Decode's pool holds one such request (prompt + 20 output tokens), so
+	// the second request gets the pages of the first.
+	g, wrap := gated(lifecycle.RolePrefill, kvxfer.TypeKVChunk, kvxfer.TypeKVDone)
+	c := startPD(t, pdOptions{machine: &mc, memory: 21 * pageBytes, wrap: wrap})
+	co := startServe(t, sim.Config{})
+	d := c.Decode[0]
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	aDone := make(chan int, 1)
+	go func() {
+		body := fmt.Sprintf(`{"prompt":%q,"max_tokens":20}`, strings.Repeat("a", prompt))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			aDone <- 0
+			return
+		}
+		resp.Body.Close()
+		aDone <- resp.StatusCode
+	}()
+	waitFor(t, 5*time.Second, "A's KV held in flight", func() (bool, string) {
+		return g.Held() > 0 && stageOf(d)[lifecycle.StageAwaitingKV] == 1, fmt.Sprint(g.Held(), stageOf(d))
+	})
+	// Decode aborts A (through its own API, as its client would).
+	reqs, _ := d.Worker.Requests(time.Second)
+	status, body := postJSON(t, d.URL+"/internal/v1/abort", map[string]any{"rid": reqs[0].RID})
+	if status != http.StatusOK {
+		t.Fatalf("abort: %d %s", status, body)
+	}
+	if s := <-aDone; s == http.StatusOK {
+		t.Fatalf("aborted request A succeeded")
+	}
+	// B takes A's pages; then A's KV, held until now, arrives.
+	bReq := map[string]any{"prompt": strings.Repeat("b", prompt), "max_tokens": 20, "seed": 9, "return_token_ids": true}
+	bDone := make(chan []byte, 1)
+	go func() {
+		_, out := postJSON(t, c.URL()+"/v1/completions", bReq)
+		bDone <- out
+	}()
+	waitFor(t, 5*time.Second, "B awaiting KV in A's pages", func() (bool, string) {
+		return stageOf(d)[lifecycle.StageAwaitingKV] == 1, fmt.Sprint(stageOf(d))
+	})
+	g.Open()
+	got := decodeCompletion(t, <-bDone)
+	_, wantBody := postJSON(t, co.URL+"/v1/completions", bReq)
+	want := decodeCompletion(t, wantBody)
+	if len(got.Choices) == 0 || !slices.Equal(got.Choices[0].TokenIDs, want.Choices[0].TokenIDs) {
+		t.Fatalf("B after A's stale KV: %+v, colocated %+v", got, want)
+	}
+	if n := counterValue(t, workerGatherer{d}, "pdserve_kv_frames_dropped_total", "reason", "unknown_room"); n == 0 {
+		t.Fatalf("A's late frames never reached decode; the test proved nothing")
+	}
+}
+
+// TestAbortStorm (scenario 4): half the requests of a sustained load are
+// aborted at random phases; once the storm stops, both workers are back at
+// baseline and the next requests succeed as fast as before.
+func TestAbortStorm(t *testing.T) {
+	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: time.Millisecond, PrefillPerToken: 20 * time.Microsecond}})
+	measure := func(n int) time.Duration {
+		var worst time.Duration
+		for i := range n {
+			start := time.Now()
+			status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": fmt.Sprintf("probe %d", i), "max_tokens": 8})
+			if status != http.StatusOK {
+				t.Fatalf("probe: %d %s", status, body)
+			}
+			worst = max(worst, time.Since(start))
+		}
+		return worst
+	}
+	before := measure(10)
+	rng := rand.New(rand.NewPCG(4, 4))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	aborted, ok := 0, 0
+	stop := time.Now().Add(3 * time.Second)
+	for w := range 16 {
+		seed := rng.Uint64()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(w)))
+			for time.Now().Before(stop) {
+				abort := r.IntN(2) == 0
+				ctx, cancel := context.WithCancel(context.Background())
+				if abort {
+					time.AfterFunc(time.Duration(r.IntN(40))*time.Millisecond, cancel)
+				}
+				body := fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"ignore_eos":true,"stream":%v}`,
+					strings.Repeat("s", 1+r.IntN(400)), 1+r.IntN(60), r.IntN(2) == 0)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(body))
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				cancel()
+				mu.Lock()
+				if err != nil || resp.StatusCode != http.StatusOK {
+					aborted++
+				} else {
+					ok++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if aborted < 20 || ok < 20 {
+		t.Fatalf("storm too small to mean anything: %d aborted, %d ok", aborted, ok)
+	}
+	assertQuiescent(t, c.Workers()...)
+	after := measure(10)
+	if after > 3*before+50*time.Millisecond {
+		t.Fatalf("slowest probe %s after the storm, %s before", after, before)
+	}
+	t.Logf("storm: %d aborted, %d completed; slowest probe %s before, %s after", aborted, ok, before, after)
+}
+
+// TestGaugesUnderChurn (scenario 11): after a burst and a mass abort, a
+// scrape over HTTP right after quiescence shows every stage gauge at 0.
+func TestGaugesUnderChurn(t *testing.T) {
+	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 2 * time.Millisecond}})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	started := make(chan struct{}, 200)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := fmt.Sprintf(`{"prompt":"burst %d","max_tokens":500,"ignore_eos":true,"stream":true}`, i)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			if sc.Scan() {
+				started <- struct{}{}
+			}
+			for sc.Scan() {
+			}
+		}()
+	}
+	for range 50 {
+		<-started
+	}
+	cancel() // mass abort
+	wg.Wait()
+	for _, w := range c.Workers() {
+		waitFor(t, 5*time.Second, "quiescent", func() (bool, string) {
+			st, _ := w.Worker.Stats(time.Second)
+			return st.Live == 0, fmt.Sprint(st.Stages)
+		})
+		resp, err := http.Get(w.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		mfs, err := parser.TextToMetricFamilies(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		gauges := mfs["pdserve_requests"]
+		if gauges == nil || len(gauges.GetMetric()) != len(w.Worker.Role().Stages()) {
+			t.Fatalf("%s: scraped %v", w.Worker.Role(), gauges)
+		}
+		for _, m := range gauges.GetMetric() {
+			if v := m.GetGauge().GetValue(); v != 0 {
+				t.Errorf("%s: pdserve_requests%v = %v right after quiescence", w.Worker.Role(), labels(m), v)
+			}
+		}
+		if used := mfs["pdserve_kv_pages"]; used == nil {
+			t.Fatalf("no pdserve_kv_pages")
+		}
+	}
+}
+

@@ -88,13 +88,13 @@ func stageOf(w *cluster.WorkerServer) map[lifecycle.Stage]int {
 // leaves both workers at baseline promptly, by abort (not by a deadline).
 func TestClientDisconnectAtEachPhase(t *testing.T) {
 	phases := []struct {
-		name       string
-		sim        sim.Config
-		prompt     int
-		gateRole   lifecycle.Role
-		gateTypes  []kvxfer.Type
-		worker     func(c *cluster.Cluster) *cluster.WorkerServer
-		stage      lifecycle.Stage
+		name      string
+		sim       sim.Config
+		prompt    int
+		gateRole  lifecycle.Role
+		gateTypes []kvxfer.Type
+		worker    func(c *cluster.Cluster) *cluster.WorkerServer
+		stage     lifecycle.Stage
 		// inFlight is the forward time that may run on after the abort:
 		// pages being written are freed when the running chunk finishes.
 		inFlight time.Duration
@@ -353,4 +353,3 @@ func TestGaugesUnderChurn(t *testing.T) {
 		}
 	}
 }
-

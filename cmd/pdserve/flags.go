@@ -139,7 +139,7 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.transferTimeout, "transfer-timeout", d.TransferTimeout, "how long a KV transfer may take")
 	fs.DurationVar(&f.maxRequestTime, "max-request-time", d.MaxRequestTime, "hard cap on a request's time on a worker")
 	fs.DurationVar(&f.heartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "KV channel heartbeat and room renewal interval")
-	fs.IntVar(&f.heartbeatMisses, "heartbeat-misses", d.LeaseMisses, "missed heartbeats before a KV peer is dead (also the lease, in heartbeats)")
+	fs.IntVar(&f.heartbeatMisses, "heartbeat-misses", d.LeaseMisses, "missed heartbeats before a KV peer is dead; a room outlives its last renewal by one more")
 	fs.DurationVar(&f.tombstoneTTL, "tombstone-ttl", d.TombstoneTTL, "how long aborted rooms are remembered")
 	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel (must match on both sides)")
 }

@@ -231,7 +231,7 @@ func TestLeaseExpiryInEveryLeasedStage(t *testing.T) {
 		}
 		t.Run(s.name(), func(t *testing.T) {
 			h, q := s.setup(t)
-			lease := h.m.cfg.lease()
+			lease := h.m.cfg.Lease()
 			h.advance(lease)
 			if _, ok := h.finalOf(q.RID); ok {
 				t.Fatalf("ended at exactly one lease")

@@ -99,7 +99,7 @@ func (m *Machine) info(r *req, now time.Time, history bool) RequestInfo {
 		ri.StageBudget = r.deadline.Sub(r.stageSince).Seconds()
 	}
 	if m.leased(r) {
-		if lease := r.lastRenew.Add(m.cfg.lease()); lease.Before(deadline) {
+		if lease := r.lastRenew.Add(m.cfg.Lease()); lease.Before(deadline) {
 			deadline = lease
 		}
 	}

@@ -156,7 +156,7 @@ type Config struct {
 	MaxRequestTime   time.Duration // every stage: arrival + this is a hard cap
 
 	// HeartbeatInterval is how often the machine renews rooms with its peers;
-	// a room is leased for HeartbeatInterval × LeaseMisses.
+	// see Lease for how long a room outlives its last renewal.
 	HeartbeatInterval time.Duration
 	LeaseMisses       int
 	// TombstoneTTL keeps aborted and failed rooms so late arrivals fail at once.
@@ -228,7 +228,14 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func (c Config) lease() time.Duration { return c.HeartbeatInterval * time.Duration(c.LeaseMisses) }
+// Lease is how long a room is held for a peer that stopped renewing it:
+// HeartbeatInterval × (LeaseMisses + 1). It is one heartbeat longer than the
+// transport's silence bound (interval × misses), so a connection that went
+// silent is reported as peer_lost, and lease_expired means the connection
+// is alive but the peer no longer holds the room.
+func (c Config) Lease() time.Duration {
+	return c.HeartbeatInterval * time.Duration(c.LeaseMisses+1)
+}
 
 // Request is what arrives on a worker's HTTP API, with token ids.
 type Request struct {

@@ -106,11 +106,9 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	return nil
 }
 
-// release stops a failed attempt's legs locally: their HTTP exchanges are
-// cancelled (the workers are told separately, by abort).
-func (s *pdStream) release(a *attempt) {
-	a.pCancel()
-	a.dCancel()
+// drain consumes what is left of an attempt's decode stream, so its
+// goroutine exits once the leg's context is cancelled.
+func (s *pdStream) drain(a *attempt) {
 	s.r.bg.Add(1)
 	go func() {
 		defer s.r.bg.Done()
@@ -205,12 +203,17 @@ func (r *Router) runDecode(ctx context.Context, w *workerState, payload []byte, 
 }
 
 // abortLeg tells a worker to abort the request, in the background, bounded
-// by AbortTimeout.
-func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason, detail string) {
+// by AbortTimeout; then it cancels the leg's HTTP exchange (cancelLeg, may be
+// nil). The explicit abort goes first so the worker records why the request
+// ended; the cancellation alone would read as the client going away.
+func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason, detail string, cancelLeg context.CancelFunc) {
 	payload, _ := json.Marshal(worker.AbortBody{RID: rid, Room: room, Gen: gen, Reason: reason, Detail: detail})
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
+		if cancelLeg != nil {
+			defer cancelLeg()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.AbortTimeout)
 		defer cancel()
 		resp, e := r.post(ctx, w, worker.PathAbort, payload)
@@ -245,11 +248,17 @@ func (s *pdStream) failed(e *openai.Error, leg string) (retried bool, err error)
 	a := s.a
 	detail := leg + " leg failed: " + e.Message
 	if leg == "prefill" {
-		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "peer", detail)
-	} else if !a.pDone {
-		s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "peer", detail)
+		a.pCancel()
+		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "peer", detail, a.dCancel)
+	} else {
+		a.dCancel()
+		if !a.pDone {
+			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "peer", detail, a.pCancel)
+		} else {
+			a.pCancel()
+		}
 	}
-	s.release(a)
+	s.drain(a)
 	if !s.sent && retryable(e) && int(a.gen) < s.r.cfg.MaxAttempts && s.ctx.Err() == nil {
 		if se := s.start(a.gen + 1); se == nil {
 			s.r.retries.Inc()
@@ -347,7 +356,7 @@ func (s *pdStream) Stop() {
 	}
 	s.ended = true
 	s.r.requests.WithLabelValues("ok").Inc()
-	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, "stop", "")
+	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, "stop", "", nil)
 }
 
 // Close aborts both legs if the request has not ended (the client is
@@ -358,11 +367,12 @@ func (s *pdStream) Close() {
 	if !s.ended {
 		s.ended = true
 		s.r.requests.WithLabelValues("aborted_client").Inc()
-		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "client", "client disconnected")
+		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "client", "client disconnected", nil)
 		if !a.pDone {
-			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "client", "client disconnected")
+			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "client", "client disconnected", a.pCancel)
+		} else {
+			a.pCancel()
 		}
-		a.pCancel()
 	}
 	a.dCancel()
 	for range a.lines {

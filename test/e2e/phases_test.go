@@ -18,6 +18,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/kvxfer/fault"
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model/sim"
 )
@@ -351,5 +352,88 @@ func TestGaugesUnderChurn(t *testing.T) {
 		if used := mfs["pdserve_kv_pages"]; used == nil {
 			t.Fatalf("no pdserve_kv_pages")
 		}
+	}
+}
+
+// TestSilentPeerFailsRoomsOnBothSides: when the KV connection goes silent
+// (frozen, no bytes either way), both workers fail every room on it within
+// heartbeat-interval × heartbeat-misses. The router's one retry may still
+// land on the dying connection if it starts before decode noticed the
+// silence; either way the client's answer is bounded, and once the
+// connection is gone the next request reconnects clean.
+func TestSilentPeerFailsRoomsOnBothSides(t *testing.T) {
+	mc := testMachine() // 100 ms × 3 heartbeats
+	net := fault.NewNet(fault.NetConfig{}, nil)
+	g, wrap := gated(lifecycle.RolePrefill, kvxfer.TypeKVDone)
+	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
+		NewModel: simFactory(sim.Config{}), WrapBackend: wrap, HealthInterval: 100 * time.Millisecond,
+		Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: 64 << 20, KVDial: net.Dial}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		net.ThawAll()
+		assertQuiescent(t, c.Workers()...)
+		_ = c.Shutdown(context.Background())
+	})
+	done := make(chan string, 1)
+	go func() {
+		status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "frozen", "max_tokens": 4})
+		done <- fmt.Sprint(status, " ", string(body))
+	}()
+	waitFor(t, 5*time.Second, "transfer held", func() (bool, string) {
+		return stageOf(c.Prefill[0])[lifecycle.StageTransferring] == 1, fmt.Sprint(stageOf(c.Prefill[0]))
+	})
+	if n := net.FreezeAll(time.Hour); n != 1 {
+		t.Fatalf("froze %d connections", n)
+	}
+	start := time.Now()
+	bound := mc.HeartbeatInterval*time.Duration(mc.LeaseMisses) + 500*time.Millisecond
+	defer func() {
+		if t.Failed() {
+			for _, w := range c.Workers() {
+				for _, o := range lifecycle.Outcomes() {
+					if n := counterValue(t, workerGatherer{w}, "pdserve_requests_finished_total", "outcome", o.String()); n > 0 {
+						t.Logf("%s: %s %v", w.Worker.Role(), o, n)
+					}
+				}
+				rs, _ := w.Worker.Requests(time.Second)
+				for _, r := range rs {
+					ri, _, _ := w.Worker.Request(r.RID, time.Second)
+					t.Logf("%s: %+v", w.Worker.Role(), ri)
+				}
+			}
+		}
+	}()
+	for _, w := range c.Workers() {
+		// The side that notices the silence first fails the room
+		// (peer_lost); the router then aborts the other leg (aborted_peer),
+		// unless that side noticed too.
+		waitFor(t, 2*bound, w.Worker.Role().String()+" failed the room", func() (bool, string) {
+			var n float64
+			for _, o := range []string{"peer_lost", "aborted_peer", "lease_expired"} {
+				n += counterValue(t, workerGatherer{w}, "pdserve_requests_finished_total", "outcome", o)
+			}
+			return n >= 1, fmt.Sprint(n)
+		})
+	}
+	if d := time.Since(start); d > bound {
+		t.Fatalf("rooms failed %s after the freeze, bound %s", d, bound)
+	}
+	g.Open()
+	select {
+	case s := <-done:
+		if !strings.HasPrefix(s, "200 ") && !strings.Contains(s, "peer_lost") {
+			t.Fatalf("the request got %s", s)
+		}
+	case <-time.After(3 * bound):
+		t.Fatalf("no answer within %s of the freeze", 3*bound)
+	}
+	if n := counterValue(t, routerGatherer{c.Router}, "pdserve_router_retries_total", "", ""); n != 1 {
+		t.Fatalf("retries %v", n)
+	}
+	status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "after", "max_tokens": 4})
+	if status != http.StatusOK {
+		t.Fatalf("after the connection died: %d %s", status, body)
 	}
 }

@@ -121,8 +121,12 @@ type Message struct {
 
 // Tokenizer turns text into token ids and back.
 type Tokenizer interface {
-	// Encode tokenizes a prompt, adding the model's BOS if it uses one.
-	Encode(text string) ([]int32, error)
+	// Encode tokenizes text. Special tokens written in the text (e.g.
+	// "<|eot_id|>") are always recognised. addSpecial adds what the
+	// tokenizer adds around a sequence (the model's BOS, if it uses one):
+	// true for a completion prompt, false for a rendered chat template,
+	// which writes its own (as vLLM and Hugging Face do).
+	Encode(text string, addSpecial bool) ([]int32, error)
 	// ApplyChatTemplate renders messages into a prompt ending with the
 	// assistant's turn. It returns an error for a conversation the template
 	// rejects.

@@ -20,7 +20,7 @@ type byteTokenizer struct{}
 
 const eosID = 256
 
-func (byteTokenizer) Encode(text string) ([]int32, error) {
+func (byteTokenizer) Encode(text string, _ bool) ([]int32, error) {
 	if strings.Contains(text, "FAIL-ENCODE") {
 		return nil, errors.New("cannot encode FAIL-ENCODE")
 	}

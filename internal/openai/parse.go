@@ -223,7 +223,7 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 	if err != nil {
 		return nil, BadRequest("messages", "the chat template rejected the messages: %v", err)
 	}
-	ids, err := p.tok.Encode(text)
+	ids, err := p.tok.Encode(text, false)
 	if err != nil {
 		return nil, BadRequest("messages", "cannot tokenize the messages: %v", err)
 	}
@@ -428,7 +428,7 @@ func (p *parser) encodePrompt(s string) ([]int32, error) {
 	if p.tok == nil {
 		return nil, BadRequest("prompt", "this model has no tokenizer; send the prompt as an array of token ids")
 	}
-	ids, err := p.tok.Encode(s)
+	ids, err := p.tok.Encode(s, true)
 	if err != nil {
 		return nil, BadRequest("prompt", "cannot tokenize the prompt: %v", err)
 	}

@@ -259,7 +259,7 @@ func TestParseChatAccepts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ids, _ := byteTokenizer{}.Encode(tt.prompt)
+			ids, _ := byteTokenizer{}.Encode(tt.prompt, false)
 			want := &request{chat: true, promptIDs: ids, maxTokens: tt.maxTokens,
 				sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
 			if diff := cmp.Diff(want, got, cmpRequest); diff != "" {

@@ -111,7 +111,7 @@ func generate(t testing.TB, m *Model, p *kvcache.Pool, prompt []int32, chunks []
 
 func tokensOf(t testing.TB, m *Model, text string) []int32 {
 	t.Helper()
-	ids, err := m.Tokenizer().Encode(text)
+	ids, err := m.Tokenizer().Encode(text, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ var _ model.Tokenizer = byteTokenizer{}
 
 // Encode returns the bytes of text as token ids; there is no BOS. Empty text
 // gives an empty, non-nil slice.
-func (byteTokenizer) Encode(text string) ([]int32, error) {
+func (byteTokenizer) Encode(text string, _ bool) ([]int32, error) {
 	ids := make([]int32, len(text))
 	for i := range len(text) {
 		ids[i] = int32(text[i])

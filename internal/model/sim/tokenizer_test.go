@@ -19,7 +19,7 @@ func TestEncode(t *testing.T) {
 		{"hi", []int32{'h', 'i'}},
 		{"é€", []int32{0xc3, 0xa9, 0xe2, 0x82, 0xac}},
 	} {
-		got, err := tok.Encode(tc.text)
+		got, err := tok.Encode(tc.text, true)
 		if err != nil {
 			t.Fatalf("Encode(%q): %v", tc.text, err)
 		}
@@ -118,7 +118,7 @@ func TestDecoder(t *testing.T) {
 func TestDecoderRoundTrip(t *testing.T) {
 	tok := byteTokenizer{}
 	text := "hello, 世界! 😀 ünïcödé — ok"
-	ids, _ := tok.Encode(text)
+	ids, _ := tok.Encode(text, true)
 	d := tok.NewDecoder()
 	var b strings.Builder
 	for _, id := range ids {

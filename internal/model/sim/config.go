@@ -40,6 +40,9 @@ type Config struct {
 	// DecodePerStep is the simulated time of one batched decode step,
 	// independent of the batch size; 0 means decode takes no simulated time.
 	DecodePerStep time.Duration
+	// Profile, if set, replaces PrefillPerToken and DecodePerStep with a
+	// GPU-like step time (see Profile).
+	Profile *Profile
 	// Sleep waits d or until ctx is done, returning ctx.Err() in that case.
 	// nil means a real timer. Tests inject a fake. It is never called with
 	// d ≤ 0.

@@ -109,7 +109,8 @@ func (m *Model) Tokenizer() model.Tokenizer { return byteTokenizer{} }
 // one position already in the cache.
 func isDecode(s *model.SeqInput) bool { return s.Pos > 0 && len(s.Tokens) == 1 }
 
-// StepLatency is the simulated time of one Forward over seqs:
+// StepLatency is the simulated time of one Forward over seqs: the
+// profile's step time if Config.Profile is set, otherwise
 // PrefillPerToken × (tokens of the prefill sequences) + DecodePerStep if any
 // sequence decodes. A sequence decodes when it has one token and Pos > 0;
 // every other sequence (a first chunk, a later chunk of several tokens, a
@@ -117,6 +118,9 @@ func isDecode(s *model.SeqInput) bool { return s.Pos > 0 && len(s.Tokens) == 1 }
 // follows the usual GPU cost split: prefill is compute-bound, linear in
 // tokens; a decode step is memory-bound, roughly constant for small batches.
 func (m *Model) StepLatency(seqs []model.SeqInput) time.Duration {
+	if m.cfg.Profile != nil {
+		return m.cfg.Profile.StepTime(seqs)
+	}
 	var prefill int
 	decode := false
 	for i := range seqs {

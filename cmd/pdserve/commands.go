@@ -13,6 +13,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/router"
 )
 
 // shutdownTimeout bounds a graceful shutdown after SIGINT/SIGTERM.
@@ -178,6 +179,31 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 	return cmd
 }
 
+// waitServing prints why the router cannot serve yet (when it changes) and
+// "ready" once it can, checking the workers every 200 ms until ctx ends.
+func waitServing(ctx context.Context, r *router.Router, out io.Writer) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	last := ""
+	for {
+		ok, why := r.Serving()
+		if ok {
+			fmt.Fprintln(out, "ready")
+			return
+		}
+		if why != last {
+			fmt.Fprintf(out, "waiting for workers: %s\n", why)
+			last = why
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.CheckNow()
+		}
+	}
+}
+
 func splitURLs(s []string) []string {
 	var out []string
 	for _, v := range s {
@@ -232,10 +258,9 @@ each prefill worker's KV address from the worker itself.`,
 				return usageError{err}
 			}
 			fmt.Fprintf(stdout, "pdserve router: %s/v1 (%d prefill, %d decode workers)\n", s.URL, len(p), len(d))
-			if ok, why := s.Router.Ready(); !ok {
-				fmt.Fprintf(stdout, "waiting for workers: %s\n", why)
-			}
-			fmt.Fprintln(stdout, "ready")
+			// "ready" is printed once a compatible pair is healthy; until
+			// then requests get a 503 naming what is missing.
+			waitServing(cmd.Context(), s.Router, stdout)
 			<-cmd.Context().Done()
 			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 			defer cancel()
@@ -245,6 +270,10 @@ each prefill worker's KV address from the worker itself.`,
 	fs := cmd.Flags()
 	lf.add(fs)
 	mf.add(fs)
+	// The router only needs the model's identity, tokenizer and context;
+	// latencies are the workers' business.
+	_ = fs.MarkHidden("sim-prefill-ms-per-token")
+	_ = fs.MarkHidden("sim-decode-ms-per-step")
 	fs.StringVar(&host, "host", "127.0.0.1", "address to bind")
 	fs.IntVar(&port, "port", 8000, "router port")
 	fs.StringSliceVar(&prefill, "prefill", nil, "prefill worker URLs, e.g. http://127.0.0.1:30000 (comma-separated)")

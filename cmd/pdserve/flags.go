@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -110,6 +111,15 @@ func (f *modelFlags) factory() (cluster.ModelFactory, error) {
 	return func() (model.Model, error) { return sim.New(cfg) }, nil
 }
 
+// totalRAM is the machine's physical memory in bytes (0 if unknown).
+func totalRAM() uint64 {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		return 0
+	}
+	return uint64(si.Totalram) * uint64(si.Unit)
+}
+
 // workerFlags configure a worker's pool, scheduler and deadlines.
 type workerFlags struct {
 	pageSize          int
@@ -150,6 +160,13 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	mem, err := humanize.ParseBytes(f.kvCacheMemory)
 	if err != nil || mem == 0 || mem > math.MaxInt64 {
 		return cluster.WorkerOptions{}, usagef("--kv-cache-memory %q: want a size like 2GiB or 512MiB", f.kvCacheMemory)
+	}
+	if total := totalRAM(); total > 0 && mem > total {
+		return cluster.WorkerOptions{}, usagef("--kv-cache-memory %s exceeds this machine's memory (%s)",
+			f.kvCacheMemory, humanize.IBytes(total))
+	}
+	if f.pageSize < 1 || f.pageSize > kvcache.MaxPageSize {
+		return cluster.WorkerOptions{}, usagef("--page-size must be between 1 and %d tokens, got %d", kvcache.MaxPageSize, f.pageSize)
 	}
 	mc := lifecycle.DefaultConfig(lifecycle.RoleColocated)
 	mc.PageSize = f.pageSize

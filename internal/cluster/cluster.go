@@ -73,7 +73,9 @@ func serve(addr string, h http.Handler) (*http.Server, string, chan error, error
 	if err != nil {
 		return nil, "", nil, err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	// No ReadTimeout or WriteTimeout: responses stream for as long as a
+	// request runs; handlers bound their own body reads and writes.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	done := make(chan error, 1)
 	go func() {
 		err := srv.Serve(ln)
@@ -111,7 +113,7 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	w.Start()
 	var h http.Handler = w.Handler(reg)
 	if mc.Role == lifecycle.RoleColocated {
-		h = colocatedHandler(w, reg)
+		h = colocatedHandler(w, reg, o.Logger)
 	}
 	srv, url, done, err := serve(o.Addr, h)
 	if err != nil {
@@ -123,14 +125,11 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 
 // colocatedHandler serves the OpenAI API (on the worker itself) next to the
 // worker API, for `pdserve serve`.
-func colocatedHandler(w *worker.Worker, reg prometheus.Gatherer) http.Handler {
+func colocatedHandler(w *worker.Worker, reg prometheus.Gatherer, log *slog.Logger) http.Handler {
 	info := w.ModelInfo()
 	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(),
-		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w})
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", oa)
-	mux.Handle("/", w.Handler(reg))
-	return mux
+		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated")})
+	return router.OpenAIFirst(oa, w.Handler(reg))
 }
 
 // Shutdown fails the worker's live requests with an error, waits for their
@@ -190,11 +189,12 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 	return &RouterServer{Router: r, Registry: reg, URL: url, srv: srv, done: done}, nil
 }
 
-// Shutdown stops accepting requests, waits for those in flight, and stops
-// the router's background work.
+// Shutdown answers every request in flight with a 503 (aborting its legs),
+// stops accepting requests, and stops the router's background work.
 // It is idempotent.
 func (s *RouterServer) Shutdown(ctx context.Context) error {
 	s.once.Do(func() {
+		s.Router.BeginShutdown()
 		err := s.srv.Shutdown(ctx)
 		if err != nil {
 			_ = s.srv.Close()
@@ -328,7 +328,7 @@ func WaitReady(ctx context.Context, r *router.Router, timeout time.Duration) err
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
-		ok, why := r.Ready()
+		ok, why := r.AllHealthy()
 		if ok {
 			return nil
 		}

@@ -68,11 +68,25 @@ func (g Geometry) BytesPerToken() int {
 	return g.Layers * 2 * g.KVHeads * g.HeadDim * g.DType.Size()
 }
 
-// Validate reports a geometry with a non-positive dimension or unknown dtype.
+// Limits on a geometry: far beyond any real model, low enough that sizes
+// computed from them cannot overflow.
+const (
+	MaxLayers  = 1024
+	MaxKVHeads = 1024
+	MaxHeadDim = 4096
+	// MaxPageSize is the largest page, in tokens.
+	MaxPageSize = 4096
+	// MaxPages bounds a pool's page count (its free list is one slice).
+	MaxPages = 1 << 24
+)
+
+// Validate reports a geometry with a dimension out of range or an unknown
+// dtype.
 func (g Geometry) Validate() error {
-	if g.Layers <= 0 || g.KVHeads <= 0 || g.HeadDim <= 0 || g.DType.Size() == 0 {
-		return fmt.Errorf("invalid KV geometry: layers=%d kv_heads=%d head_dim=%d dtype=%s",
-			g.Layers, g.KVHeads, g.HeadDim, g.DType)
+	if g.Layers <= 0 || g.KVHeads <= 0 || g.HeadDim <= 0 || g.DType.Size() == 0 ||
+		g.Layers > MaxLayers || g.KVHeads > MaxKVHeads || g.HeadDim > MaxHeadDim {
+		return fmt.Errorf("invalid KV geometry: layers=%d kv_heads=%d head_dim=%d dtype=%s (limits: %d layers, %d KV heads, head dim %d)",
+			g.Layers, g.KVHeads, g.HeadDim, g.DType, MaxLayers, MaxKVHeads, MaxHeadDim)
 	}
 	return nil
 }
@@ -169,8 +183,8 @@ func NewPool(geo Geometry, pageSize int, memoryBytes int64) (*Pool, error) {
 	if err := geo.Validate(); err != nil {
 		return nil, err
 	}
-	if pageSize < 1 {
-		return nil, fmt.Errorf("page size must be at least 1 token, got %d", pageSize)
+	if pageSize < 1 || pageSize > MaxPageSize {
+		return nil, fmt.Errorf("page size must be between 1 and %d tokens, got %d", MaxPageSize, pageSize)
 	}
 	pageBytes := geo.BytesPerToken() * pageSize
 	pages := memoryBytes / int64(pageBytes)
@@ -178,8 +192,9 @@ func NewPool(geo Geometry, pageSize int, memoryBytes int64) (*Pool, error) {
 		return nil, fmt.Errorf("KV cache memory %d bytes holds %d pages of %d bytes; need at least %d",
 			memoryBytes, pages, pageBytes, MinPages)
 	}
-	if pages > 1<<31-1 {
-		pages = 1<<31 - 1
+	if pages > MaxPages {
+		return nil, fmt.Errorf("KV cache memory %d bytes makes %d pages of %d bytes; at most %d pages (use larger pages or less memory)",
+			memoryBytes, pages, pageBytes, MaxPages)
 	}
 	return &Pool{
 		Allocator: NewAllocator(int(pages)),

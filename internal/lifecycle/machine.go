@@ -236,7 +236,7 @@ func (m *Machine) validate(q Request) (Outcome, string) {
 		return OutcomeRejectedInvalid, fmt.Sprintf("max_tokens must be at least 1, got %d", q.MaxTokens)
 	case n >= m.cfg.ContextLen:
 		return OutcomeRejectedInvalid, fmt.Sprintf("prompt has %d tokens; this worker's context length is %d", n, m.cfg.ContextLen)
-	case n+q.MaxTokens > m.cfg.ContextLen:
+	case q.MaxTokens > m.cfg.ContextLen-n:
 		return OutcomeRejectedInvalid, fmt.Sprintf("prompt (%d tokens) + max_tokens (%d) exceeds the context length %d", n, q.MaxTokens, m.cfg.ContextLen)
 	case m.cfg.Role != RoleColocated && q.Room.IsZero():
 		return OutcomeRejectedInvalid, "room is missing"

@@ -36,6 +36,9 @@ type Config struct {
 	// ContextLen is the model's context length in tokens (required, ≥ 1):
 	// prompt + max_tokens may not exceed it.
 	ContextLen int
+	// ContextNow, if set, returns the context length to apply now (e.g.
+	// the smallest of the workers'); ContextLen stays the upper bound.
+	ContextNow func() int
 	// EOS lists the model's end-of-sequence token ids. The engine stops at
 	// them; the front end only keeps them out of the output text.
 	EOS []int32
@@ -106,11 +109,21 @@ func newHandler(cfg Config, newSeed func() uint64) *handler {
 	}
 	return &handler{
 		cfg: cfg,
-		parser: parser{modelName: cfg.ModelName, tok: cfg.Tokenizer, contextLen: cfg.ContextLen,
+		parser: parser{modelName: cfg.ModelName, tok: cfg.Tokenizer, contextLen: cfg.ContextLen, contextNow: cfg.ContextNow,
 			newSeed: newSeed},
 		log:     cfg.Logger,
 		created: cfg.Now().Unix(),
 	}
+}
+
+// contextLen is the context length in force now.
+func (h *handler) contextLen() int {
+	if h.cfg.ContextNow != nil {
+		if c := h.cfg.ContextNow(); c > 0 && c < h.cfg.ContextLen {
+			return c
+		}
+	}
+	return h.cfg.ContextLen
 }
 
 // randomRID returns 128 random bits as 32 hex characters.
@@ -160,7 +173,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) card() ModelCard {
 	return ModelCard{ID: h.cfg.ModelName, Object: "model", Created: h.created, OwnedBy: "pdserve",
-		MaxModelLen: h.cfg.ContextLen}
+		MaxModelLen: h.contextLen()}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -196,15 +209,18 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	} else {
 		req, err = h.parser.parseCompletion(body)
 	}
-	if h.cfg.IOTimeout > 0 {
-		// The body is read (or rejected): the deadline has done its job.
-		// (net/http clears it too when it starts watching for the client
-		// going away; a body left unread must not be bounded by it later.)
-		_ = rc.SetReadDeadline(time.Time{})
-	}
 	if err != nil {
+		// Keep the read deadline: net/http discards what is left of the
+		// body after the answer, and a client that stopped sending must
+		// not hold the connection. Close it rather than reuse it.
+		w.Header().Set("Connection", "close")
 		h.fail(w, endpoint, "", err)
 		return
+	}
+	if h.cfg.IOTimeout > 0 {
+		// The body is read: the deadline has done its job. (net/http
+		// watches the connection for the client going away from here on.)
+		_ = rc.SetReadDeadline(time.Time{})
 	}
 
 	rid := h.cfg.NewRID()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -587,5 +588,30 @@ func TestClientThatStopsReading(t *testing.T) {
 	case <-s.closed:
 	case <-time.After(20 * time.Second):
 		t.Fatal("a client that stopped reading pinned the request")
+	}
+}
+
+// TestPartialBodyDoesNotPinConnection: a client that sends part of its body
+// and stops gets an error after IOTimeout and its connection is closed,
+// rather than held by the server forever.
+func TestPartialBodyDoesNotPinConnection(t *testing.T) {
+	srv := newServer(t, &fakeEngine{}, func(c *Config) { c.IOTimeout = 200 * time.Millisecond })
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to a stalled body: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body) // ends only when the server closes the connection
+	if resp.StatusCode != http.StatusRequestTimeout || !resp.Close || !strings.Contains(string(body), "timed out reading") {
+		t.Fatalf("got %d (close=%v) %s", resp.StatusCode, resp.Close, body)
+	}
+	if _, err := conn.Read(make([]byte, 1)); err == nil {
+		t.Fatal("connection still open")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 
@@ -47,6 +48,8 @@ type parser struct {
 	modelName  string
 	tok        model.Tokenizer // nil: token-id prompts only
 	contextLen int
+	// contextNow, if set, gives the context length for each request.
+	contextNow func() int
 	newSeed    func() uint64
 }
 
@@ -88,6 +91,9 @@ func decodeBody(r io.Reader, v any) error {
 		return BadRequest(field, "%s must be %s, got %s", field, jsonKind(ute.Type), ute.Value)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return BadRequest("", "invalid JSON: unexpected end of the request body")
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &Error{Status: http.StatusRequestTimeout, Type: TypeInvalidRequest,
+			Message: "timed out reading the request body"}
 	}
 	return BadRequest("", "invalid request body: %v", err)
 }
@@ -207,6 +213,14 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 		return nil, Unsupported("logprobs", "logprobs is not supported yet")
 	case w.TopLogprobs != nil && *w.TopLogprobs != 0:
 		return nil, Unsupported("top_logprobs", "top_logprobs is not supported yet")
+	case !emptyJSON(w.Tools):
+		return nil, Unsupported("tools", "tools (function calling) are not supported")
+	case !emptyJSON(w.Functions):
+		return nil, Unsupported("functions", "functions (function calling) are not supported")
+	case !isNull(w.ToolChoice) && strings.TrimSpace(string(w.ToolChoice)) != `"none"`:
+		return nil, Unsupported("tool_choice", "tool_choice is not supported (only \"none\")")
+	case !isNull(w.ResponseFormat) && !textFormat(w.ResponseFormat):
+		return nil, Unsupported("response_format", "response_format is not supported (only {\"type\": \"text\"})")
 	}
 	req := &request{chat: true}
 	if err := p.common(&w.SamplingFields, req); err != nil {
@@ -332,14 +346,20 @@ const DefaultCompletionMaxTokens = 16
 // ("prompt" or "messages").
 func (p *parser) resolveMaxTokens(req *request, maxTokens *int, def int, param, promptParam string) error {
 	n := len(req.promptIDs)
+	ctxLen := p.contextLen
+	if p.contextNow != nil {
+		if c := p.contextNow(); c > 0 && c < ctxLen {
+			ctxLen = c
+		}
+	}
 	if maxTokens == nil {
-		if n >= p.contextLen {
+		if n >= ctxLen {
 			e := BadRequest(promptParam, "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the %s.",
-				p.contextLen, n, promptParam)
+				ctxLen, n, promptParam)
 			e.Code = CodeContextLengthExceeded
 			return e
 		}
-		req.maxTokens = p.contextLen - n
+		req.maxTokens = ctxLen - n
 		if def > 0 && def < req.maxTokens {
 			req.maxTokens = def
 		}
@@ -349,17 +369,31 @@ func (p *parser) resolveMaxTokens(req *request, maxTokens *int, def int, param, 
 	if m < 1 {
 		return BadRequest(param, "%s must be at least 1, got %d", param, m)
 	}
-	if n > p.contextLen || m > p.contextLen-n {
+	if n > ctxLen || m > ctxLen-n {
 		e := BadRequest(param, "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
-			p.contextLen, uint64(n)+uint64(m), n, promptParam, m, promptParam)
+			ctxLen, uint64(n)+uint64(m), n, promptParam, m, promptParam)
 		e.Code = CodeContextLengthExceeded
-		if n >= p.contextLen {
+		if n >= ctxLen {
 			e.Param = promptParam
 		}
 		return e
 	}
 	req.maxTokens = m
 	return nil
+}
+
+// emptyJSON reports an absent, null or empty-array value.
+func emptyJSON(raw json.RawMessage) bool {
+	t := strings.TrimSpace(string(raw))
+	return t == "" || t == "null" || strings.ReplaceAll(t, " ", "") == "[]"
+}
+
+// textFormat reports response_format {"type":"text"}.
+func textFormat(raw json.RawMessage) bool {
+	var f struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(raw, &f) == nil && f.Type == "text"
 }
 
 func isNull(raw json.RawMessage) bool {

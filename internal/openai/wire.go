@@ -87,6 +87,14 @@ type ChatCompletionRequest struct {
 	Logprobs *bool `json:"logprobs"`
 	// TopLogprobs: only 0 is supported for now.
 	TopLogprobs *int `json:"top_logprobs"`
+	// Tools, ToolChoice, Functions and ResponseFormat are rejected unless
+	// empty (tool_choice "none", response_format {"type":"text"}): pdserve
+	// does not constrain output, and silently ignoring them would hand the
+	// client text it did not ask for.
+	Tools          json.RawMessage `json:"tools"`
+	ToolChoice     json.RawMessage `json:"tool_choice"`
+	Functions      json.RawMessage `json:"functions"`
+	ResponseFormat json.RawMessage `json:"response_format"`
 }
 
 // ChatMessage is one message of a chat request.

@@ -58,10 +58,17 @@ type pdStream struct {
 	sent     bool // a token reached the client: no more retries
 	ended    bool // finished OK, failed, or stopped: nothing more to abort
 	finished bool // the last chunk was returned
+	// closeWhy is the detail of the aborts Close sends ("" = the client left).
+	closeWhy string
 }
 
 // Generate implements openai.Engine: it picks a pair and starts both legs.
 func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
+	select {
+	case <-r.stopping:
+		return nil, openai.Unavailable("the router is shutting down")
+	default:
+	}
 	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String()}
 	if e := s.start(1); e != nil {
 		r.requests.WithLabelValues("no_pair").Inc()
@@ -338,12 +345,52 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 				continue
 			}
 			e, leg = p.err, "prefill"
+			if peerCaused(e) {
+				// Decode's own answer names the root cause (e.g. the
+				// checksum mismatch it found); give it a moment.
+				if de := s.awaitDecodeError(a); de != nil {
+					e, leg = de, "decode"
+				}
+			}
 		case <-s.ctx.Done():
 			return openai.Chunk{}, s.ctx.Err()
+		case <-s.r.stopping:
+			// Close aborts both legs as for a client that went away; the
+			// client gets this answer.
+			s.closeWhy = "the router is shutting down"
+			return openai.Chunk{}, openai.Unavailable("the router is shutting down")
 		}
 		retried, err := s.failed(e, leg)
 		if !retried {
 			return openai.Chunk{}, err
+		}
+	}
+}
+
+// awaitDecodeError waits up to PeerFailureGrace for the decode leg's error
+// line, skipping token lines (there are none before decode verified the
+// KV). It returns nil if none came.
+func (s *pdStream) awaitDecodeError(a *attempt) *openai.Error {
+	t := time.NewTimer(s.r.cfg.PeerFailureGrace)
+	defer t.Stop()
+	for {
+		select {
+		case ev, ok := <-a.lines:
+			switch {
+			case !ok:
+				return nil
+			case ev.err != nil:
+				return ev.err
+			case ev.line.Error != nil:
+				l := ev.line.Error
+				e := &openai.Error{Status: ev.line.Status, Type: l.Type, Message: l.Message}
+				if l.Code != nil {
+					e.Code = *l.Code
+				}
+				return e
+			}
+		case <-t.C:
+			return nil
 		}
 	}
 }
@@ -367,9 +414,13 @@ func (s *pdStream) Close() {
 	if !s.ended {
 		s.ended = true
 		s.r.requests.WithLabelValues("aborted_client").Inc()
-		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "client", "client disconnected", nil)
+		why := s.closeWhy
+		if why == "" {
+			why = "client disconnected"
+		}
+		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "client", why, nil)
 		if !a.pDone {
-			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "client", "client disconnected", a.pCancel)
+			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "client", why, a.pCancel)
 		} else {
 			a.pCancel()
 		}

@@ -89,6 +89,10 @@ type Router struct {
 	bg     sync.WaitGroup
 	stop   chan struct{}
 	closed sync.Once
+	// stopping is closed when shutdown begins: new requests get 503 and
+	// requests in flight end with an error answer (their legs aborted).
+	stopping     chan struct{}
+	stoppingOnce sync.Once
 
 	requests *prometheus.CounterVec
 	legFails *prometheus.CounterVec
@@ -103,6 +107,7 @@ type workerState struct {
 	healthy  bool
 	kvAddr   string
 	fp       model.Fingerprint
+	ctxLen   int
 	lastErr  string
 	failures int
 	checked  bool
@@ -164,7 +169,8 @@ func New(cfg Config) (*Router, error) {
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	}
-	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), client: cfg.Client, stop: make(chan struct{})}
+	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), client: cfg.Client, stop: make(chan struct{}),
+		stopping: make(chan struct{})}
 	for _, list := range []struct {
 		urls []string
 		dst  *[]*workerState
@@ -217,9 +223,9 @@ func (r *Router) Start() {
 	}()
 }
 
-// Ready reports whether every worker answered its last health check, and
-// if not, why.
-func (r *Router) Ready() (bool, string) {
+// AllHealthy reports whether every worker answered its last health check,
+// and if not, why.
+func (r *Router) AllHealthy() (bool, string) {
 	for _, w := range append(append([]*workerState{}, r.prefill...), r.decode...) {
 		w.mu.Lock()
 		ok, why := w.healthy, w.lastErr
@@ -231,11 +237,41 @@ func (r *Router) Ready() (bool, string) {
 	return true, ""
 }
 
+// Serving reports whether the router can serve a request now: a healthy
+// decode worker with a healthy, compatible prefill worker. If not, it says
+// why.
+func (r *Router) Serving() (bool, string) {
+	for _, d := range r.decode {
+		if ok, _ := d.snapshot(); !ok {
+			continue
+		}
+		fp := d.fingerprint()
+		for _, p := range r.prefill {
+			if ok, kv := p.snapshot(); ok && kv != "" && p.fingerprint().Mismatch(fp) == "" {
+				return true, ""
+			}
+		}
+	}
+	if _, _, _, e := r.pickPairPeek(); e != nil {
+		return false, e.Message
+	}
+	return false, "no healthy, compatible prefill/decode pair"
+}
+
 // CheckNow runs one health check of every worker.
 func (r *Router) CheckNow() { r.checkAll() }
 
-// Close stops health checks and waits for every leg and abort goroutine.
+// BeginShutdown makes the router refuse new requests (503) and end every
+// request in flight with a 503 answer, aborting its legs on the workers.
+// It is idempotent.
+func (r *Router) BeginShutdown() {
+	r.stoppingOnce.Do(func() { close(r.stopping) })
+}
+
+// Close begins shutdown, stops health checks and waits for every leg and
+// abort goroutine.
 func (r *Router) Close() {
+	r.BeginShutdown()
 	r.closed.Do(func() { close(r.stop) })
 	r.bg.Wait()
 }
@@ -291,6 +327,7 @@ func (r *Router) check(w *workerState, isPrefill bool) {
 	}
 	w.healthy, w.lastErr = true, ""
 	w.fp = info.Fingerprint
+	w.ctxLen = info.ContextLen
 	if isPrefill {
 		w.kvAddr = net.JoinHostPort(w.host, strconv.Itoa(info.KVPort))
 	}
@@ -332,17 +369,28 @@ func pick(list []*workerState, rr *atomic.Uint64, ok func(*workerState) bool) *w
 	return nil
 }
 
+// pickPairPeek is pickPair without moving the round-robin positions, for
+// explaining why no pair is available.
+func (r *Router) pickPairPeek() (pw, dw *workerState, kv string, err *openai.Error) {
+	var rrP, rrD atomic.Uint64
+	return r.pickPairWith(&rrP, &rrD)
+}
+
 // pickPair chooses a decode worker, then a prefill worker whose KV
 // fingerprint (model, geometry, dtype, page size) matches it, so an
 // incompatible pair is never used. It returns the prefill's KV address.
 func (r *Router) pickPair() (pw, dw *workerState, kv string, err *openai.Error) {
-	dw = pick(r.decode, &r.rrD, nil)
+	return r.pickPairWith(&r.rrP, &r.rrD)
+}
+
+func (r *Router) pickPairWith(rrP, rrD *atomic.Uint64) (pw, dw *workerState, kv string, err *openai.Error) {
+	dw = pick(r.decode, rrD, nil)
 	if dw == nil {
 		return nil, nil, "", openai.Unavailable("no healthy decode worker (see /debug/workers)")
 	}
 	fp := dw.fingerprint()
 	var mismatch string
-	pw = pick(r.prefill, &r.rrP, func(p *workerState) bool {
+	pw = pick(r.prefill, rrP, func(p *workerState) bool {
 		_, addr := p.snapshot()
 		if addr == "" {
 			return false
@@ -368,18 +416,18 @@ func (r *Router) pickPair() (pw, dw *workerState, kv string, err *openai.Error) 
 func (r *Router) Handler() http.Handler {
 	oa := openai.NewHandler(openai.Config{
 		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen,
-		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log,
+		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log, ContextNow: r.contextLen,
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", oa)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
-		if !anyHealthy(r.prefill) || !anyHealthy(r.decode) {
-			w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Type", "application/json")
+		if ok, why := r.Serving(); !ok {
+			b, _ := json.Marshal(map[string]string{"status": "unavailable", "reason": why})
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, `{"status":"no healthy prefill/decode pair"}`+"\n")
+			_, _ = w.Write(append(b, '\n'))
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
 	})
 	mux.HandleFunc("GET /debug/workers", r.handleWorkers)
@@ -389,16 +437,22 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		openai.WriteError(w, openai.NotFound("no route for %s %s", req.Method, req.URL.Path))
 	})
-	return mux
+	return OpenAIFirst(oa, mux)
 }
 
-func anyHealthy(list []*workerState) bool {
-	for _, w := range list {
-		if ok, _ := w.snapshot(); ok {
-			return true
+// contextLen is the smallest context length among healthy workers (a
+// worker serves a shorter context than the model's when its KV pool is
+// smaller), or 0 if none is known.
+func (r *Router) contextLen() int {
+	c := 0
+	for _, w := range append(append([]*workerState{}, r.prefill...), r.decode...) {
+		w.mu.Lock()
+		if w.healthy && w.ctxLen > 0 && (c == 0 || w.ctxLen < c) {
+			c = w.ctxLen
 		}
+		w.mu.Unlock()
 	}
-	return false
+	return c
 }
 
 // WorkerStatus is one entry of /debug/workers.
@@ -431,4 +485,18 @@ func (r *Router) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	b, _ := json.Marshal(map[string]any{"workers": r.Workers()})
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// OpenAIFirst sends every path under /v1 (and any path ServeMux would
+// redirect, such as "//v1/x") straight to the OpenAI handler, which answers
+// unknown ones with a JSON 404, and the rest to mux.
+func OpenAIFirst(oa, mux http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if p == "/v1" || strings.HasPrefix(p, "/v1/") || strings.HasPrefix(p, "//") {
+			oa.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }

@@ -83,6 +83,12 @@ type AbortBody struct {
 	Detail string `json:"detail,omitempty"`
 }
 
+// maxAbortBody bounds an abort request's body; maxRIDBytes a request id.
+const (
+	maxAbortBody = 64 << 10
+	maxRIDBytes  = 256
+)
+
 // Info is the answer of /internal/v1/info.
 type Info struct {
 	Role        string            `json:"role"`
@@ -157,25 +163,42 @@ func writeJSON(rw http.ResponseWriter, status int, v any) {
 	_, _ = rw.Write(append(b, '\n'))
 }
 
-func (w *Worker) readBody(rw http.ResponseWriter, r *http.Request, v any) error {
-	body := http.MaxBytesReader(rw, r.Body, w.cfg.MaxBodyBytes)
+// bodyReadTimeout bounds reading a worker API request body.
+const bodyReadTimeout = 30 * time.Second
+
+// readBody decodes a JSON body of at most limit bytes within
+// bodyReadTimeout. On error the connection is marked to close, with the
+// read deadline left in place, so a client that stopped sending cannot hold
+// it.
+func (w *Worker) readBody(rw http.ResponseWriter, r *http.Request, v any, limit int64) error {
+	rc := http.NewResponseController(rw)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
+	body := http.MaxBytesReader(rw, r.Body, limit)
 	dec := json.NewDecoder(body)
-	if err := dec.Decode(v); err != nil {
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data after the object")
+		}
+	}
+	if err != nil {
+		rw.Header().Set("Connection", "close")
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
 			return openai.TooLarge(mb.Limit)
 		}
 		return openai.BadRequest("", "invalid JSON body: %v", err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return openai.BadRequest("", "invalid JSON body: trailing data after the object")
-	}
+	_ = rc.SetReadDeadline(time.Time{})
 	return nil
 }
 
 // request converts a leg body into a machine request; decode legs get their
 // KV connection here.
 func (w *Worker) request(b *GenerateBody) (lifecycle.Request, error) {
+	if len(b.RID) > maxRIDBytes {
+		return lifecycle.Request{}, openai.BadRequest("rid", "rid is limited to %d bytes", maxRIDBytes)
+	}
 	q := lifecycle.Request{
 		RID: b.RID, Gen: b.Gen, InputIDs: b.InputIDs, MaxTokens: b.MaxTokens,
 		Sampling:     model.SamplingParams{Temperature: b.Temperature, TopP: b.TopP, TopK: b.TopK, Seed: b.Seed},
@@ -223,7 +246,7 @@ func (w *Worker) abortClient(rid string) {
 
 func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 	var b GenerateBody
-	if err := w.readBody(rw, r, &b); err != nil {
+	if err := w.readBody(rw, r, &b, w.cfg.MaxBodyBytes); err != nil {
 		openai.WriteError(rw, err)
 		return
 	}
@@ -251,7 +274,7 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 // ordinary error answer.
 func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 	var b GenerateBody
-	if err := w.readBody(rw, r, &b); err != nil {
+	if err := w.readBody(rw, r, &b, w.cfg.MaxBodyBytes); err != nil {
 		openai.WriteError(rw, err)
 		return
 	}
@@ -308,8 +331,12 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 
 func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
 	var b AbortBody
-	if err := w.readBody(rw, r, &b); err != nil {
+	if err := w.readBody(rw, r, &b, maxAbortBody); err != nil {
 		openai.WriteError(rw, err)
+		return
+	}
+	if len(b.RID) > maxRIDBytes || len(b.Detail) > 4096 {
+		openai.WriteError(rw, openai.BadRequest("rid", "rid is limited to %d bytes and detail to 4096", maxRIDBytes))
 		return
 	}
 	a := lifecycle.Abort{RID: b.RID, Gen: b.Gen, Detail: b.Detail}

@@ -141,7 +141,16 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	mc.PageBytes = pool.PageBytes()
+	// A sequence can be no longer than the pool holds: serve with the
+	// smaller of the two context lengths (and say so).
 	mc.ContextLen = info.ContextLen
+	if capTokens := pool.Total() * mc.PageSize; capTokens < mc.ContextLen {
+		cfg.Logger.Warn("KV cache pool is smaller than the model's context; serving with a shorter context",
+			"role", mc.Role.String(), "context_len", capTokens, "model_context_len", info.ContextLen,
+			"kv_cache_memory", cfg.KVCacheMemory)
+		mc.ContextLen = capTokens
+		info.ContextLen = capTokens
+	}
 	mc.VocabSize = info.VocabSize
 	mc.EOS = info.EOS
 	if mc.MaxChunkPages <= 0 {

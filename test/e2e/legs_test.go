@@ -1,7 +1,15 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -9,27 +17,59 @@ import (
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/worker"
 )
 
-// TestPrefillRejectsAfterDispatch: the router dispatched both legs, prefill
-// rejects the request (its pool can never hold it); the client gets
-// prefill's 400 within a second, and decode frees its pages (the cleanup
-// check) without waiting for a timeout.
+// TestPrefillRejectsAfterDispatch (scenario 1): the router dispatched both
+// legs and prefill rejects the request (its pool can never hold it). The
+// router could not know: the prefill worker sits behind a proxy that
+// reports a larger context than it serves, as a worker restarted with other
+// flags between health checks would. The client gets prefill's 400 within
+// a second, and decode frees its pages (the cleanup check) at once.
 func TestPrefillRejectsAfterDispatch(t *testing.T) {
 	pageBytes := int64(testGeometry.BytesPerToken() * 16)
 	c := startPair(t, func(o *cluster.WorkerOptions) { o.KVCacheMemory = kvcache.MinPages * pageBytes }, nil)
+	target, _ := url.Parse(c.Prefill[0].URL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		if resp.Request.URL.Path != worker.PathInfo {
+			return nil
+		}
+		var info worker.Info
+		if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
+			return err
+		}
+		info.ContextLen = testContext
+		b, _ := json.Marshal(info)
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		resp.ContentLength = int64(len(b))
+		resp.Header.Set("Content-Length", fmt.Sprint(len(b)))
+		return nil
+	}
+	front := httptest.NewServer(proxy)
+	t.Cleanup(front.Close)
+	m, _ := simFactory(sim.Config{})()
+	r, err := cluster.StartRouter(cluster.RouterOptions{Addr: "127.0.0.1:0", Prefill: []string{front.URL},
+		Decode: []string{c.Decode[0].URL}, Info: m.Info(), Tokenizer: m.Tokenizer(), HealthInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Shutdown(context.Background()) })
+	if err := cluster.WaitReady(context.Background(), r.Router, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
-	status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": strings.Repeat("p", 200), "max_tokens": 4})
+	status, body := postJSON(t, r.URL+"/v1/completions", map[string]any{"prompt": strings.Repeat("p", 200), "max_tokens": 4})
 	e := decodeCompletion(t, body)
-	if status != http.StatusBadRequest || e.Error == nil || !strings.Contains(e.Error.Message, "KV pages") {
-		t.Fatalf("want prefill's 400 naming its KV pages, got %d %s", status, body)
+	if status != http.StatusBadRequest || e.Error == nil || !strings.Contains(e.Error.Message, "context length") {
+		t.Fatalf("want prefill's 400 naming its context length, got %d %s", status, body)
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("answer took %s", d)
 	}
 	// A request that fits still works.
-	if status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "short", "max_tokens": 4}); status != http.StatusOK {
+	if status, body := postJSON(t, r.URL+"/v1/completions", map[string]any{"prompt": "short", "max_tokens": 4}); status != http.StatusOK {
 		t.Fatalf("%d %s", status, body)
 	}
 }
@@ -54,5 +94,48 @@ func TestIncompatiblePairRefused(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("answer took %s", d)
+	}
+}
+
+// TestRouterShutdownAnswersInFlight: stopping the router answers every
+// request in flight with an error (503, or an error event in a stream) and
+// aborts its legs; the workers return to baseline.
+func TestRouterShutdownAnswersInFlight(t *testing.T) {
+	slowDecode := func(o *cluster.WorkerOptions) {
+		m, err := simFactory(sim.Config{DecodePerStep: 5 * time.Millisecond})()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Model = m
+	}
+	c := startPair(t, nil, slowDecode) // its cleanup checks both workers drained
+	results := make(chan string, 2)
+	for _, stream := range []bool{false, true} {
+		go func() {
+			body := fmt.Sprintf(`{"prompt":"long","max_tokens":1500,"ignore_eos":true,"stream":%v}`, stream)
+			resp, err := http.Post(c.URL()+"/v1/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				results <- err.Error()
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			results <- fmt.Sprint(resp.StatusCode, " ", string(b))
+		}()
+	}
+	waitFor(t, 5*time.Second, "both requests decoding", func() (bool, string) {
+		st, _ := c.Decode[0].Worker.Stats(time.Second)
+		return st.Live == 2, fmt.Sprint(st.Stages)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Router.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		r := <-results
+		if !strings.Contains(r, "shutting down") || !(strings.HasPrefix(r, "503 ") || strings.Contains(r, `"error"`)) {
+			t.Fatalf("in-flight request got %s", r)
+		}
 	}
 }

@@ -194,9 +194,13 @@ func TestCorruptedKVChunkFails(t *testing.T) {
 	if status != http.StatusBadGateway || e.Error == nil || !strings.Contains(e.Error.Message, "checksum") {
 		t.Fatalf("want 502 with a checksum error, got %d %s", status, body)
 	}
-	if got := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "failed_transfer"); got != 2 {
-		t.Fatalf("decode counted %v failed transfers, want 2 (the attempt and its retry)", got)
+	if e.Error.Code != "failed_transfer" {
+		t.Fatalf("the client got %q, want decode's root cause failed_transfer", e.Error.Code)
 	}
+	waitFor(t, 2*time.Second, "both attempts counted", func() (bool, string) {
+		got := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "failed_transfer")
+		return got == 2, fmt.Sprintf("decode counted %v failed transfers, want 2 (the attempt and its retry)", got)
+	})
 }
 
 // TestCorruptedKVChunkRetried: one corrupted transfer costs one retry; the
@@ -210,9 +214,10 @@ func TestCorruptedKVChunkRetried(t *testing.T) {
 	if status != http.StatusOK || !slices.Equal(decodeCompletion(t, body).Choices[0].TokenIDs, decodeCompletion(t, want).Choices[0].TokenIDs) {
 		t.Fatalf("got %d %s, colocated %s", status, body, want)
 	}
-	if got := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "failed_transfer"); got != 1 {
-		t.Fatalf("decode counted %v failed transfers, want 1", got)
-	}
+	waitFor(t, 2*time.Second, "the corrupted attempt counted", func() (bool, string) {
+		got := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "failed_transfer")
+		return got == 1, fmt.Sprintf("decode counted %v failed transfers, want 1", got)
+	})
 	if got := counterValue(t, routerAsWorker(c), "pdserve_router_retries_total", "", ""); got != 1 {
 		t.Fatalf("router retries %v, want 1", got)
 	}
@@ -245,6 +250,10 @@ func TestBadInput(t *testing.T) {
 		{"unknown role", "/v1/chat/completions", `{"messages":[{"role":"wizard","content":"hi"}]}`, 400, "wizard"},
 		{"body too large", "/v1/completions", `{"prompt":"` + strings.Repeat("a", 5<<20) + `"}`, 413, "limit"},
 		{"unknown path", "/v1/embeddings", `{}`, 404, "embeddings"},
+		{"tools", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools"},
+		{"json response format", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}`, 400, "response_format"},
+		{"path without slash", "/v1", `{}`, 404, "/v1"},
+		{"double slash", "//v1/completions", `{"prompt":"hi"}`, 404, "//v1/completions"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -68,6 +68,16 @@ func (h *harness) step(ev Event) []Effect {
 	h.t.Helper()
 	h.m.Step(h.now, ev)
 	effs := h.m.Ready()
+	// Page I/O completes at once here; pair_test delays it.
+	defer func() {
+		for _, e := range effs {
+			if j := jobOf(e); j != 0 {
+				h.m.Step(h.now, IODone{Job: j})
+				h.got = append(h.got, h.m.Ready()...)
+				h.check()
+			}
+		}
+	}()
 	for _, e := range effs {
 		switch x := e.(type) {
 		case Finalize:
@@ -106,8 +116,8 @@ func (h *harness) check() {
 			h.t.Fatalf("terminal request %s still live", r.RID)
 		}
 	}
-	for _, p := range m.deferFree {
-		held += len(p)
+	for r := range m.draining {
+		held += len(r.pages)
 	}
 	if used := h.alloc.Used(); used != held {
 		h.t.Fatalf("pages used %d, held by requests %d", used, held)
@@ -194,6 +204,21 @@ func request(i, n, maxTokens int) Request {
 func roomOpen(q Request) kvxfer.RoomOpen {
 	return kvxfer.RoomOpen{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen}, RID: q.RID,
 		NTokens: uint32(len(q.InputIDs)), PromptHash: PromptHash(q.InputIDs)}
+}
+
+// jobOf returns the job id of a page I/O effect (0 for others).
+func jobOf(e Effect) uint64 {
+	switch x := e.(type) {
+	case SendKV:
+		return x.Job
+	case SendKVDone:
+		return x.Job
+	case WriteKV:
+		return x.Job
+	case VerifyKV:
+		return x.Job
+	}
+	return 0
 }
 
 // describe renders effects one per line, for failure messages.

@@ -30,8 +30,16 @@ type req struct {
 	// keeps its one sampled token in first).
 	outputs []int32
 	first   model.SeqOutput
-	// inBatch is set while the running forward writes this request's pages.
+	// inBatch is set while the running forward writes this request's pages;
+	// pins counts page I/O effects (SendKV, SendKVDone, WriteKV, VerifyKV)
+	// not yet answered by IODone. An ended request's pages are freed only
+	// when both are clear.
 	inBatch bool
+	pins    int
+	// admitted orders requests by when they last got pages (newest is
+	// preempted first); preemptions counts how often it lost them.
+	admitted    uint64
+	preemptions int
 
 	// KV channel state.
 	opened    bool // prefill: ROOM_OPEN seen; decode: ROOM_OPEN sent
@@ -101,7 +109,13 @@ type Machine struct {
 	maxStage [numStages]time.Duration
 
 	batch     []batchEntry       // requests of the running forward
-	deferFree [][]kvcache.PageID // pages of requests that ended mid-batch
+	admitSeq  uint64             // last admitted sequence number
+	// draining holds ended requests whose pages wait for the running
+	// forward or their page I/O to finish.
+	draining map[*req]struct{}
+	// jobs maps the id of each page I/O effect in flight to its request.
+	jobs   map[uint64]*req
+	jobSeq uint64
 
 	peersUp map[kvxfer.PeerID]bool
 	// lostPeers remembers dead connections (PeerIDs are never reused), so a
@@ -127,6 +141,8 @@ func New(cfg Config, alloc *kvcache.Allocator) (*Machine, error) {
 		pending:   make(map[kvxfer.Room]*pendingOpen),
 		tombs:     make(map[tombKey]tombstone),
 		peersUp:   make(map[kvxfer.PeerID]bool),
+		draining:  make(map[*req]struct{}),
+		jobs:      make(map[uint64]*req),
 		lostPeers: make(map[kvxfer.PeerID]time.Time),
 		counters: Counters{
 			FramesDropped: make(map[string]uint64),
@@ -174,6 +190,8 @@ func (m *Machine) Step(now time.Time, ev Event) {
 		m.peerLost(e.Peer, e.Err)
 	case KVVerified:
 		m.kvVerified(e)
+	case IODone:
+		m.ioDone(e.Job)
 	case Shutdown:
 		m.doShutdown()
 	default:
@@ -249,21 +267,54 @@ func (m *Machine) validate(q Request) (Outcome, string) {
 	if err := q.Sampling.Validate(); err != nil {
 		return OutcomeRejectedInvalid, err.Error()
 	}
-	if need := m.pagesNeeded(q); need > m.alloc.Total() {
+	if need := m.maxPages(q); need > m.alloc.Total() {
 		return OutcomeRejectedCapacity, fmt.Sprintf("request needs %d KV pages; this worker's pool has %d", need, m.alloc.Total())
 	}
 	return OutcomeNone, ""
 }
 
-// pagesNeeded is the pages a request holds at most on this worker: the prompt
-// on prefill; prompt + output on decode and colocated (allocated up front so
-// a running request never waits for memory).
-func (m *Machine) pagesNeeded(q Request) int {
+// maxPages is the most pages a request can hold on this worker: its prompt
+// on prefill; prompt + output on decode and colocated.
+func (m *Machine) maxPages(q Request) int {
 	n := len(q.InputIDs)
 	if m.cfg.Role != RolePrefill {
 		n += q.MaxTokens
 	}
-	return (n + m.cfg.PageSize - 1) / m.cfg.PageSize
+	return m.pagesFor(n)
+}
+
+// pagesFor is the number of pages that hold n tokens.
+func (m *Machine) pagesFor(n int) int { return (n + m.cfg.PageSize - 1) / m.cfg.PageSize }
+
+// admitPages is what a request needs to start: its prompt on prefill; on
+// decode and colocated also the position of its first output token. Later
+// pages are allocated as decoding reaches them (see grow).
+func (m *Machine) admitPages(q Request) int {
+	if m.cfg.Role == RolePrefill {
+		return m.pagesFor(len(q.InputIDs))
+	}
+	return m.pagesFor(len(q.InputIDs) + 1)
+}
+
+// reserve is how many pages admission leaves free for running requests to
+// grow into: 1% of the pool, at least one (vLLM's watermark).
+func (m *Machine) reserve() int { return max(1, m.alloc.Total()/100) }
+
+// admitAlloc allocates a new request's first pages, keeping the reserve
+// free unless nothing else runs.
+func (m *Machine) admitAlloc(r *req, n int) bool {
+	busy := m.stageCount[StageDecoding] + m.stageCount[StageQueued] + m.stageCount[StagePrefilling] + m.stageCount[StageAwaitingKV]
+	if busy > 0 && m.alloc.FreeCount()-n < m.reserve() {
+		return false
+	}
+	ids, ok := m.alloc.Alloc(n)
+	if !ok {
+		return false
+	}
+	r.pages = ids
+	m.admitSeq++
+	r.admitted = m.admitSeq
+	return true
 }
 
 func (m *Machine) promptPages(r *req) int {
@@ -383,13 +434,10 @@ func (m *Machine) finish(r *req, o Outcome, reason, finishReason string) {
 	}
 	m.setStage(r, StageDone, 0, OutcomeNone)
 	m.stageCount[StageDone]--
-	if len(r.pages) > 0 {
-		if r.inBatch {
-			m.deferFree = append(m.deferFree, r.pages)
-		} else {
-			m.free(r.pages)
-		}
-		r.pages = nil
+	if r.inBatch || r.pins > 0 {
+		m.draining[r] = struct{}{} // its pages are freed by release
+	} else {
+		m.release(r)
 	}
 	delete(m.reqs, r.RID)
 	if cur, ok := m.rooms[r.Room]; ok && cur == r {
@@ -417,6 +465,38 @@ func (m *Machine) finish(r *req, o Outcome, reason, finishReason string) {
 		f.Err = reason
 	}
 	m.emit(f)
+}
+
+// release frees the pages of an ended request once neither the forward nor
+// page I/O uses them.
+func (m *Machine) release(r *req) {
+	if r.stage != StageDone || r.inBatch || r.pins > 0 {
+		return
+	}
+	delete(m.draining, r)
+	if len(r.pages) > 0 {
+		m.free(r.pages)
+		r.pages = nil
+	}
+}
+
+// pin registers a page I/O effect of r and returns its job id.
+func (m *Machine) pin(r *req) uint64 {
+	m.jobSeq++
+	r.pins++
+	m.jobs[m.jobSeq] = r
+	return m.jobSeq
+}
+
+// ioDone unpins the request of a finished page I/O effect.
+func (m *Machine) ioDone(job uint64) {
+	r, ok := m.jobs[job]
+	if !ok {
+		return
+	}
+	delete(m.jobs, job)
+	r.pins--
+	m.release(r)
 }
 
 func (m *Machine) free(pages []kvcache.PageID) {

@@ -30,7 +30,10 @@ type node struct {
 	emitted map[string][]int32
 	finals  map[string]Finalize
 	sends   []Send
-	verify  []VerifyKV
+	// io holds page I/O effects in flight, run in order when due (like the
+	// worker's I/O lanes); ioDelay picks each one's delay.
+	io      []ioJob
+	ioDelay func() time.Duration
 }
 
 func newNode(t testing.TB, name string, cfg Config, pages int) *node {
@@ -131,30 +134,12 @@ func (n *node) step(t testing.TB, now time.Time, ev Event) {
 				n.batch = &b
 			case Send:
 				n.sends = append(n.sends, x)
-			case SendKV:
-				data := make([]byte, 0, len(x.Pages)*testPageBytes)
-				for _, p := range x.Pages {
-					d := n.data[p]
-					if d == nil {
-						d = make([]byte, testPageBytes)
-					}
-					data = append(data, d...)
+			case SendKV, SendKVDone, WriteKV, VerifyKV:
+				var d time.Duration
+				if n.ioDelay != nil {
+					d = n.ioDelay()
 				}
-				n.sends = append(n.sends, Send{Peer: x.Peer, Msg: kvxfer.KVChunk{RoomGen: x.RoomGen, Seq: x.Seq,
-					FirstPage: x.FirstPage, NPages: uint32(len(x.Pages)), Data: data}})
-			case SendKVDone:
-				d := x.Done
-				d.Checksum = n.crc(x.Pages)
-				n.sends = append(n.sends, Send{Peer: x.Peer, Msg: d})
-			case WriteKV:
-				for i, p := range x.Pages {
-					if r := n.m.reqs[n.owner(p)]; r == nil || r.stage != StageAwaitingKV {
-						t.Fatalf("%s: KV written into page %d, which no request awaiting KV owns", n.name, p)
-					}
-					n.data[p] = slices.Clone(x.Data[i*testPageBytes : (i+1)*testPageBytes])
-				}
-			case VerifyKV:
-				queue = append(queue, KVVerified{RID: x.RID, Gen: x.Gen, Checksum: n.crc(x.Pages)})
+				n.io = append(n.io, ioJob{due: now.Add(d), e: e})
 			case Emit:
 				if _, done := n.finals[x.RID]; done {
 					t.Fatalf("%s: tokens emitted for %s after it ended", n.name, x.RID)
@@ -184,8 +169,8 @@ func checkMachine(t testing.TB, m *Machine, alloc *kvcache.Allocator) {
 		held += len(r.pages)
 		counts[r.stage]++
 	}
-	for _, p := range m.deferFree {
-		held += len(p)
+	for r := range m.draining {
+		held += len(r.pages)
 	}
 	if alloc.Used() != held || alloc.Used()+alloc.FreeCount() != alloc.Total() {
 		t.Fatalf("%s: pages used %d, held %d, free %d, total %d", m.cfg.Role, alloc.Used(), held, alloc.FreeCount(), alloc.Total())
@@ -194,6 +179,55 @@ func checkMachine(t testing.TB, m *Machine, alloc *kvcache.Allocator) {
 		if counts[s] != m.stageCount[s] {
 			t.Fatalf("%s: stage %s gauge %d, true %d", m.cfg.Role, s, m.stageCount[s], counts[s])
 		}
+	}
+}
+
+type ioJob struct {
+	due time.Time
+	e   Effect
+}
+
+// runIO executes the page I/O effects that are due, in order, each
+// followed by its IODone.
+func (n *node) runIO(t testing.TB, now time.Time) {
+	t.Helper()
+	for len(n.io) > 0 && !now.Before(n.io[0].due) {
+		j := n.io[0]
+		n.io = n.io[1:]
+		var next []Event
+		switch x := j.e.(type) {
+		case SendKV:
+			data := make([]byte, 0, len(x.Pages)*testPageBytes)
+			for _, p := range x.Pages {
+				d := n.data[p]
+				if d == nil {
+					d = make([]byte, testPageBytes)
+				}
+				data = append(data, d...)
+			}
+			n.sends = append(n.sends, Send{Peer: x.Peer, Msg: kvxfer.KVChunk{RoomGen: x.RoomGen, Seq: x.Seq,
+				FirstPage: x.FirstPage, NPages: uint32(len(x.Pages)), Data: data}})
+		case SendKVDone:
+			d := x.Done
+			d.Checksum = n.crc(x.Pages)
+			n.sends = append(n.sends, Send{Peer: x.Peer, Msg: d})
+		case WriteKV:
+			// Invariant 3: the pages still belong to the job's request
+			// (live, or ended and waiting for this write to drain).
+			want := n.m.jobs[x.Job]
+			for i, p := range x.Pages {
+				if o := n.owner(p); o != "" && (want == nil || o != want.RID) {
+					t.Fatalf("%s: KV written into page %d, which now belongs to %s", n.name, p, o)
+				}
+				n.data[p] = slices.Clone(x.Data[i*testPageBytes : (i+1)*testPageBytes])
+			}
+		case VerifyKV:
+			next = append(next, KVVerified{RID: x.RID, Gen: x.Gen, Checksum: n.crc(x.Pages)})
+		}
+		for _, ev := range next {
+			n.step(t, now, ev)
+		}
+		n.step(t, now, IODone{Job: jobOf(j.e)})
 	}
 }
 
@@ -241,19 +275,26 @@ func reference(t testing.TB, reqs []Request) map[string][]int32 {
 }
 
 func TestPairRandomized(t *testing.T) {
+	var preemptions uint64
+	defer func() {
+		if !t.Failed() && *pairSeeds >= 20 && preemptions == 0 {
+			t.Errorf("no seed preempted a request: the recompute path went untested")
+		}
+	}()
 	for seed := 1; seed <= *pairSeeds; seed++ {
 		f := faults{}
 		if seed%4 != 0 { // every fourth seed runs clean and must finish every request
 			f = faults{drop: 0.02, dup: 0.03, lose: 0.002, abort: 0.01, slowBatch: 0.2}
 		}
-		runPair(t, uint64(seed), f)
+		preemptions += runPair(t, uint64(seed), f)
 		if t.Failed() {
 			t.Fatalf("failing seed %d (rerun: go test ./internal/lifecycle -run TestPairRandomized -pair-seeds %d)", seed, seed)
 		}
 	}
 }
 
-func runPair(t *testing.T, seed uint64, f faults) {
+// runPair runs one seeded pair and returns how many requests decode preempted.
+func runPair(t *testing.T, seed uint64, f faults) uint64 {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	cfgP, cfgD := testConfig(RolePrefill), testConfig(RoleDecode)
 	P := newNode(t, "prefill", cfgP, 24)
@@ -263,6 +304,11 @@ func runPair(t *testing.T, seed uint64, f faults) {
 	decodePeer := func() kvxfer.PeerID { return kvxfer.PeerID(100 + epoch) }  // decode's id for prefill
 	prefillPeer := func() kvxfer.PeerID { return kvxfer.PeerID(200 + epoch) } // prefill's id for decode
 	D.step(t, now, PeerUp{Peer: decodePeer()})
+	if f != (faults{}) {
+		// Slow page I/O, so requests end while their KV is being copied.
+		P.ioDelay = func() time.Duration { return time.Duration(rng.IntN(40)) * time.Millisecond }
+		D.ioDelay = P.ioDelay
+	}
 
 	nReq := 20 + rng.IntN(20)
 	var reqs []Request
@@ -388,6 +434,8 @@ func runPair(t *testing.T, seed uint64, f faults) {
 		flush(D, &toP, faulty)
 		deliver(&toP, P, prefillPeer())
 		deliver(&toD, D, decodePeer())
+		P.runIO(t, now)
+		D.runIO(t, now)
 		runBatches(faulty)
 		if now.Sub(lastTick) >= 100*time.Millisecond {
 			lastTick = now
@@ -396,9 +444,10 @@ func runPair(t *testing.T, seed uint64, f faults) {
 		}
 		routerWatch()
 		if t.Failed() {
-			return
+			return 0
 		}
-		if arrivals == nReq && len(P.finals) == nReq && len(D.finals) == nReq && P.batch == nil && D.batch == nil && len(http) == 0 {
+		if arrivals == nReq && len(P.finals) == nReq && len(D.finals) == nReq && P.batch == nil && D.batch == nil &&
+			len(http) == 0 && len(P.io) == 0 && len(D.io) == 0 {
 			break
 		}
 	}
@@ -426,7 +475,7 @@ func runPair(t *testing.T, seed uint64, f faults) {
 		bound := map[Stage]time.Duration{StageBootstrap: c.BootstrapTimeout, StageWaiting: c.QueueTimeout,
 			StageParked: c.KVHoldTimeout, StageTransferring: c.TransferTimeout, StagePrealloc: c.QueueTimeout,
 			StageQueued: c.QueueTimeout, StagePrefilling: c.MaxRequestTime, StageAwaitingKV: c.MaxRequestTime,
-			StageDecoding: c.MaxRequestTime}
+			StageDecoding: c.MaxRequestTime, StagePreempted: c.QueueTimeout}
 		for s, d := range st.MaxInStage {
 			if d > bound[s]+100*time.Millisecond {
 				t.Fatalf("seed %d: %s spent %s in %s, bound %s", seed, n.name, d, s, bound[s])
@@ -459,4 +508,5 @@ func runPair(t *testing.T, seed uint64, f faults) {
 	if a, b := P.m.Stats(now).Tombstones, D.m.Stats(now).Tombstones; a+b != 0 {
 		t.Fatalf("seed %d: tombstones left: prefill %d decode %d", seed, a, b)
 	}
+	return D.m.Stats(now).Counters.Preemptions
 }

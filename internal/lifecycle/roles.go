@@ -138,7 +138,7 @@ func (m *Machine) sendComputed(r *req) {
 	}
 	for r.sentPages < upto {
 		k := min(m.cfg.MaxChunkPages, upto-r.sentPages)
-		m.emit(SendKV{Peer: r.Peer, RoomGen: r.roomGen(), Seq: r.chunks, FirstPage: uint32(r.sentPages),
+		m.emit(SendKV{Job: m.pin(r), Peer: r.Peer, RoomGen: r.roomGen(), Seq: r.chunks, FirstPage: uint32(r.sentPages),
 			Pages: r.pages[r.sentPages : r.sentPages+k]})
 		r.chunks++
 		r.sentPages += k
@@ -148,7 +148,7 @@ func (m *Machine) sendComputed(r *req) {
 func (m *Machine) startTransfer(r *req) {
 	m.sendComputed(r)
 	np := m.promptPages(r)
-	m.emit(SendKVDone{Peer: r.Peer, Pages: r.pages[:np], Done: kvxfer.KVDone{RoomGen: r.roomGen(),
+	m.emit(SendKVDone{Job: m.pin(r), Peer: r.Peer, Pages: r.pages[:np], Done: kvxfer.KVDone{RoomGen: r.roomGen(),
 		NChunks: r.chunks, NPages: uint32(np), NTokens: uint32(len(r.InputIDs)),
 		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob}})
 	m.record(r, "KV sent: %d pages in %d chunks", np, r.chunks)
@@ -166,11 +166,10 @@ func (m *Machine) admit() {
 		if r.stage != StagePrealloc {
 			continue
 		}
-		ids, ok := m.alloc.Alloc(m.pagesNeeded(r.Request))
-		if !ok {
+		if !m.admitAlloc(r, m.admitPages(r.Request)) {
 			return
 		}
-		r.pages = ids
+		ids := r.pages
 		r.recv = make([]bool, m.promptPages(r))
 		m.emit(Send{Peer: r.Peer, Msg: kvxfer.RoomReady{RoomGen: r.roomGen(), NTokens: uint32(len(r.InputIDs))}})
 		m.setStage(r, StageAwaitingKV, 0, OutcomeNone)
@@ -198,7 +197,7 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 				x.Seq, first, n, np, len(x.Data), m.cfg.PageBytes), "")
 			return
 		}
-		m.emit(WriteKV{Pages: r.pages[first : first+n], Data: x.Data})
+		m.emit(WriteKV{Job: m.pin(r), Peer: p, Pages: r.pages[first : first+n], Data: x.Data})
 		for i := first; i < first+n; i++ {
 			if !r.recv[i] {
 				r.recv[i] = true
@@ -227,7 +226,7 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 			return
 		}
 		r.verifying, r.done = true, x
-		m.emit(VerifyKV{RID: r.RID, Gen: r.Gen, Pages: r.pages[:np]})
+		m.emit(VerifyKV{Job: m.pin(r), Peer: p, RID: r.RID, Gen: r.Gen, Pages: r.pages[:np]})
 	default:
 		m.drop("wrong_role")
 	}
@@ -300,41 +299,71 @@ func (m *Machine) schedule() {
 			if r.stage != StageDecoding || len(entries) >= m.cfg.MaxRunning {
 				continue
 			}
+			if !m.grow(r) {
+				continue // preempted, or no page to take this step
+			}
 			last := r.outputs[len(r.outputs)-1]
 			add(r, model.SeqInput{Pages: r.pages, Pos: len(r.InputIDs) + len(r.outputs) - 1,
 				Tokens: []int32{last}, Sample: true, Sampling: r.Sampling, Step: len(r.outputs)})
 			decodeSeqs++
 		}
 	}
-	if m.cfg.Role != RoleDecode {
-		budget := m.cfg.MaxPrefillTokens
-		chunk := func(r *req) {
-			n := min(len(r.InputIDs)-r.computed, budget)
-			end := r.computed + n
-			add(r, model.SeqInput{Pages: r.pages, Pos: r.computed, Tokens: r.InputIDs[r.computed:end],
-				Sample: end == len(r.InputIDs), Sampling: r.Sampling, Step: 0})
-			budget -= n
-			prefillTokens += n
+	budget := m.cfg.MaxPrefillTokens
+	chunk := func(r *req) {
+		toks := r.prefillTokens()
+		n := min(len(toks)-r.computed, budget)
+		end := r.computed + n
+		add(r, model.SeqInput{Pages: r.pages, Pos: r.computed, Tokens: toks[r.computed:end],
+			Sample: end == len(toks) && len(r.outputs) == 0, Sampling: r.Sampling, Step: 0})
+		budget -= n
+		prefillTokens += n
+	}
+	for _, r := range m.queue {
+		if budget > 0 && r.stage == StagePrefilling {
+			chunk(r)
 		}
-		for _, r := range m.queue {
-			if budget > 0 && r.stage == StagePrefilling {
-				chunk(r)
-			}
-		}
+	}
+	// Preempted requests come back first (they were admitted before anything
+	// still waiting), then new ones, each in arrival order. On prefill, a
+	// request whose decode already has pages (ROOM_READY) goes before one
+	// whose decode has none, and may take the pages of a parked request
+	// whose decode has none: otherwise prefill and decode, each holding
+	// pages for a request the other cannot take yet, would wait on each
+	// other until a deadline broke the tie.
+	type pass struct {
+		stage Stage
+		ready bool // prefill: only requests with (true) or without ROOM_READY
+	}
+	passes := []pass{{StagePreempted, false}, {StageWaiting, false}}
+	if m.cfg.Role == RolePrefill {
+		passes = []pass{{StageWaiting, true}, {StageWaiting, false}}
+	}
+	for _, ps := range passes {
 		for _, r := range m.queue {
 			if budget <= 0 {
 				break
 			}
-			if r.stage != StageWaiting {
+			if r.stage != ps.stage || (m.cfg.Role == RolePrefill && r.ready != ps.ready) {
 				continue
 			}
-			ids, ok := m.alloc.Alloc(m.pagesNeeded(r.Request))
+			need := m.admitPages(r.Request)
+			if ps.stage == StagePreempted {
+				need = m.pagesFor(len(r.InputIDs) + len(r.outputs))
+			}
+			ok := m.admitAlloc(r, need)
+			for !ok && m.cfg.Role == RolePrefill && r.ready {
+				v := m.newestUnreadyParked()
+				if v == nil {
+					break
+				}
+				m.unpark(v)
+				ok = m.admitAlloc(r, need)
+			}
 			if !ok {
 				break // first come, first served: later requests wait too
 			}
-			r.pages = ids
 			m.setStage(r, StagePrefilling, 0, OutcomeNone)
-			m.record(r, "%d pages allocated", len(ids))
+			m.record(r, "%d pages allocated", len(r.pages))
 			chunk(r)
 		}
 	}
@@ -349,16 +378,105 @@ func (m *Machine) schedule() {
 	m.emit(RunBatch{Seqs: seqs, PrefillTokens: prefillTokens, DecodeSeqs: decodeSeqs, Queues: q})
 }
 
+// prefillTokens is what a prefill forward computes the KV of: the prompt,
+// and after a preemption also every output token but the last (which the
+// next decode step writes).
+func (r *req) prefillTokens() []int32 {
+	if len(r.outputs) <= 1 {
+		return r.InputIDs
+	}
+	out := make([]int32, 0, len(r.InputIDs)+len(r.outputs)-1)
+	out = append(out, r.InputIDs...)
+	return append(out, r.outputs[:len(r.outputs)-1]...)
+}
+
+// grow gives a decoding request the page its next token needs, preempting
+// the newest holders of pages (never an older request for a newer one)
+// until one is free; r itself may be the one preempted. It reports whether
+// r can decode this step.
+func (m *Machine) grow(r *req) bool {
+	need := m.pagesFor(len(r.InputIDs) + len(r.outputs))
+	for len(r.pages) < need {
+		if ids, ok := m.alloc.Alloc(need - len(r.pages)); ok {
+			r.pages = append(r.pages, ids...)
+			return true
+		}
+		v := m.newestHolder()
+		if v == nil {
+			return false // every other holder is busy this step; try the next
+		}
+		m.preempt(v)
+		if v == r {
+			return false
+		}
+	}
+	return true
+}
+
+// newestHolder is the most recently admitted request whose pages may be
+// taken: decoding, queued, or (colocated) prefilling. Requests receiving KV
+// from a peer are never preempted.
+func (m *Machine) newestHolder() *req {
+	var v *req
+	for _, r := range m.queue {
+		switch r.stage {
+		case StageDecoding, StageQueued, StagePrefilling:
+			if len(r.pages) > 0 && r.pins == 0 && !r.inBatch && (v == nil || r.admitted > v.admitted) {
+				v = r
+			}
+		}
+	}
+	return v
+}
+
+// newestUnreadyParked is the most recently admitted prefill request parked
+// with its KV for a decode that has no pages for it yet.
+func (m *Machine) newestUnreadyParked() *req {
+	var v *req
+	for _, r := range m.queue {
+		if r.stage == StageParked && !r.ready && r.pins == 0 && !r.inBatch && (v == nil || r.admitted > v.admitted) {
+			v = r
+		}
+	}
+	return v
+}
+
+// unpark drops the KV of a parked prefill request (nothing of it was sent:
+// its decode never said ROOM_READY) and sends it back to wait; it will be
+// computed again.
+func (m *Machine) unpark(r *req) {
+	m.free(r.pages)
+	r.pages = nil
+	r.computed = 0
+	r.first = model.SeqOutput{}
+	r.preemptions++
+	m.counters.Preemptions++
+	m.record(r, "KV dropped (%d): its pages went to a request whose decode is ready", r.preemptions)
+	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+}
+
+// preempt frees r's pages (no forward runs: schedule only runs between
+// batches) and sends it back to wait for pages; it will recompute its KV.
+func (m *Machine) preempt(r *req) {
+	if r.inBatch || r.pins > 0 {
+		panic("lifecycle: preempting a request whose pages are in use")
+	}
+	m.free(r.pages)
+	r.pages = nil
+	r.computed = 0
+	r.preemptions++
+	m.counters.Preemptions++
+	m.record(r, "preempted (%d): its pages went to older requests", r.preemptions)
+	m.setStage(r, StagePreempted, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+}
+
 func (m *Machine) batchDone(e BatchDone) {
 	entries := m.batch
 	m.batch = nil
 	for _, b := range entries {
 		b.r.inBatch = false
+		m.release(b.r)
 	}
-	for _, pages := range m.deferFree {
-		m.free(pages)
-	}
-	m.deferFree = nil
 	if entries == nil {
 		return
 	}
@@ -379,11 +497,13 @@ func (m *Machine) batchDone(e BatchDone) {
 		switch r.stage {
 		case StagePrefilling:
 			r.computed += b.tokens
-			done := r.computed == len(r.InputIDs)
-			if m.cfg.Role == RoleColocated {
+			done := r.computed == len(r.prefillTokens())
+			if m.cfg.Role != RolePrefill {
 				if done {
 					m.setStage(r, StageDecoding, 0, OutcomeNone)
-					m.appendOutput(r, out)
+					if len(r.outputs) == 0 {
+						m.appendOutput(r, out)
+					}
 				}
 				continue
 			}

@@ -46,6 +46,38 @@ func transferAll(h *harness, q Request) {
 	h.step(KVVerified{RID: v[0].RID, Gen: v[0].Gen, Checksum: h.checksum(v[0].Pages)})
 }
 
+// preemptDecode brings decode request q to Preempted: an older filler takes
+// almost all pages, both decode, and when q needs a page the filler has
+// taken the last one.
+func preemptDecode(h *harness, q Request) {
+	h.t.Helper()
+	filler := request(99, 44, 20)
+	h.step(PeerUp{Peer: 7})
+	for _, r := range []Request{filler, q} {
+		h.step(Arrive{Req: r})
+		transferAll(h, r)
+	}
+	runUntil(h, q.RID, StagePreempted)
+}
+
+// runUntil runs batches until rid reaches stage.
+func runUntil(h *harness, rid string, stage Stage) {
+	h.t.Helper()
+	for range 20 {
+		if r := h.m.reqs[rid]; r != nil && r.stage == stage {
+			return
+		}
+		h.step(Schedule{})
+		if h.batch != nil {
+			if r := h.m.reqs[rid]; r != nil && r.stage == stage {
+				return
+			}
+			h.done(next1)
+		}
+	}
+	h.t.Fatalf("%s never reached %s", rid, stage)
+}
+
 var stageSetups = []stageSetup{
 	{role: RolePrefill, stage: StageBootstrap, promptLen: 8, deadline: 10 * time.Second, timeout: OutcomeTimeoutBootstrap,
 		drive: func(h *harness, q Request) { h.step(Arrive{Req: q}) }},
@@ -77,7 +109,7 @@ var stageSetups = []stageSetup{
 		}},
 	{role: RoleDecode, stage: StagePrealloc, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue, shared: true, leased: true,
 		drive: func(h *harness, q Request) {
-			filler := request(99, 40, 20) // takes 15 of 16 pages
+			filler := request(99, 56, 8) // takes 15 of 16 pages
 			h.step(Arrive{Req: filler})
 			h.step(PeerUp{Peer: 7})
 			h.step(Arrive{Req: q})
@@ -105,6 +137,21 @@ var stageSetups = []stageSetup{
 			h.step(Arrive{Req: q})
 			transferAll(h, q)
 			h.step(Schedule{})
+		}},
+	{role: RoleDecode, stage: StagePreempted, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue,
+		drive: preemptDecode},
+	{role: RoleDecode, stage: StagePrefilling, promptLen: 8, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest,
+		drive: func(h *harness, q Request) {
+			preemptDecode(h, q)
+			h.step(Abort{RID: "r99"}) // the filler leaves; q recomputes its KV
+			runUntil(h, q.RID, StagePrefilling)
+		}},
+	{role: RoleColocated, stage: StagePreempted, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue,
+		drive: func(h *harness, q Request) {
+			h.step(Arrive{Req: request(99, 44, 20)})
+			runUntil(h, "r99", StageDecoding)
+			h.step(Arrive{Req: q})
+			runUntil(h, q.RID, StagePreempted)
 		}},
 	{role: RoleColocated, stage: StageWaiting, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue,
 		drive: func(h *harness, q Request) { h.step(Arrive{Req: q}) }},
@@ -504,3 +551,46 @@ func indexOf(s, sub string) int {
 }
 
 var _ = kvcache.PageID(0)
+
+// TestPrefillUnparksForReadyRequest: prefill holds KV for A, whose decode has
+// no pages yet (parked), and cannot admit B, whose decode has pages (ready)
+// — the cross-worker wait that only a deadline would break. Prefill drops
+// A's KV, computes B, and recomputes A once its decode is ready.
+func TestPrefillUnparksForReadyRequest(t *testing.T) {
+	h := newHarness(t, testConfig(RolePrefill), 12) // 48 tokens: one 40-token prompt
+	a, b := request(1, 40, 4), request(2, 40, 4)
+	for _, q := range []Request{a, b} {
+		h.step(Arrive{Req: q})
+		h.step(Message{Peer: 7, Msg: roomOpen(q)})
+	}
+	runUntil(h, a.RID, StageParked)
+	h.step(Schedule{})
+	if h.m.reqs[a.RID].stage != StageParked || h.m.reqs[b.RID].stage != StageWaiting {
+		t.Fatalf("setup: A %s, B %s", h.m.reqs[a.RID].stage, h.m.reqs[b.RID].stage)
+	}
+	// B's decode has pages; A's still does not.
+	h.step(Message{Peer: 7, Msg: kvxfer.RoomReady{RoomGen: kvxfer.RoomGen{Room: b.Room, Gen: 1}, NTokens: 40}})
+	h.step(Schedule{})
+	if h.m.reqs[a.RID].stage != StageWaiting || h.m.reqs[b.RID].stage != StagePrefilling {
+		t.Fatalf("A %s, B %s: want A's KV dropped and B computing", h.m.reqs[a.RID].stage, h.m.reqs[b.RID].stage)
+	}
+	runUntil(h, b.RID, StageTransferring)
+	h.step(Message{Peer: 7, Msg: kvxfer.KVAck{RoomGen: kvxfer.RoomGen{Room: b.Room, Gen: 1}}})
+	if f, _ := h.finalOf(b.RID); f.Outcome != OutcomeOK {
+		t.Fatalf("B: %+v", f)
+	}
+	h.step(Message{Peer: 7, Msg: kvxfer.RoomReady{RoomGen: kvxfer.RoomGen{Room: a.Room, Gen: 1}, NTokens: 40}})
+	h.take()
+	runUntil(h, a.RID, StageTransferring)
+	if effs := h.take(); len(effectsOf[SendKVDone](effs)) != 1 {
+		t.Fatalf("A was not recomputed and sent:\n%s", describe(effs))
+	}
+	h.step(Message{Peer: 7, Msg: kvxfer.KVAck{RoomGen: kvxfer.RoomGen{Room: a.Room, Gen: 1}}})
+	if f, _ := h.finalOf(a.RID); f.Outcome != OutcomeOK {
+		t.Fatalf("A: %+v", f)
+	}
+	if h.m.Stats(h.now).Counters.Preemptions != 1 {
+		t.Fatalf("preemptions %d", h.m.Stats(h.now).Counters.Preemptions)
+	}
+	h.quiesce()
+}

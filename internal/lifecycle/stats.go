@@ -42,6 +42,7 @@ func (m *Machine) Stats(now time.Time) Stats {
 			TombstoneHits:       m.counters.TombstoneHits,
 			AbortsAcked:         m.counters.AbortsAcked,
 			PendingOpensExpired: m.counters.PendingOpensExpired,
+			Preemptions:         m.counters.Preemptions,
 		},
 	}
 	for _, st := range m.cfg.Role.Stages() {

@@ -42,7 +42,8 @@ const (
 	StageBootstrap
 	// StageWaiting (prefill, colocated): waiting to be batched. Holds nothing.
 	StageWaiting
-	// StagePrefilling (prefill, colocated): prompt KV being computed in chunks. Holds pages.
+	// StagePrefilling (prefill, colocated; decode after a preemption): KV
+	// being computed in chunks. Holds pages.
 	StagePrefilling
 	// StageParked (prefill): KV computed, waiting for decode's ROOM_READY. Holds pages.
 	StageParked
@@ -56,13 +57,17 @@ const (
 	StageQueued
 	// StageDecoding (decode, colocated): generating tokens. Holds pages.
 	StageDecoding
+	// StagePreempted (decode, colocated): its pages were taken for older
+	// requests; it waits for pages to recompute its KV locally (prompt and
+	// output so far) and go on. Holds nothing.
+	StagePreempted
 	// StageDone: terminal. Holds nothing.
 	StageDone
 	numStages
 )
 
 var stageNames = [numStages]string{"none", "bootstrap", "waiting", "prefilling", "parked",
-	"transferring", "prealloc", "awaiting_kv", "queued", "decoding", "done"}
+	"transferring", "prealloc", "awaiting_kv", "queued", "decoding", "preempted", "done"}
 
 func (s Stage) String() string {
 	if s < numStages {
@@ -77,9 +82,9 @@ func (r Role) Stages() []Stage {
 	case RolePrefill:
 		return []Stage{StageBootstrap, StageWaiting, StagePrefilling, StageParked, StageTransferring}
 	case RoleDecode:
-		return []Stage{StagePrealloc, StageAwaitingKV, StageQueued, StageDecoding}
+		return []Stage{StagePrealloc, StageAwaitingKV, StageQueued, StageDecoding, StagePreempted, StagePrefilling}
 	case RoleColocated:
-		return []Stage{StageWaiting, StagePrefilling, StageDecoding}
+		return []Stage{StageWaiting, StagePrefilling, StageDecoding, StagePreempted}
 	}
 	return nil
 }
@@ -324,6 +329,10 @@ type KVVerified struct {
 // Shutdown fails every live request and refuses new ones.
 type Shutdown struct{}
 
+// IODone reports that the page I/O effect with this Job id finished: the
+// shell no longer touches its pages.
+type IODone struct{ Job uint64 }
+
 func (Arrive) event()     {}
 func (Abort) event()      {}
 func (Tick) event()       {}
@@ -334,6 +343,7 @@ func (PeerUp) event()     {}
 func (PeerLost) event()   {}
 func (KVVerified) event() {}
 func (Shutdown) event()   {}
+func (IODone) event()     {}
 
 // Effect is an output of Ready, to be executed by the shell in order.
 type Effect interface{ effect() }
@@ -361,9 +371,15 @@ type Send struct {
 	Msg  kvxfer.Message
 }
 
+// Page I/O effects (SendKV, SendKVDone, WriteKV, VerifyKV) may run off the
+// shell's loop, in order per peer; each carries a Job id the shell answers
+// with IODone when it no longer touches the pages. Until then the pages
+// stay allocated, even if the request ends.
+
 // SendKV asks the shell to send the bytes of Pages as one KV_CHUNK: prompt
 // pages FirstPage … FirstPage+len(Pages)-1 of the room.
 type SendKV struct {
+	Job       uint64
 	Peer      kvxfer.PeerID
 	RoomGen   kvxfer.RoomGen
 	Seq       uint32
@@ -373,6 +389,7 @@ type SendKV struct {
 
 // SendKVDone asks the shell to send KV_DONE with the CRC-32C of Pages.
 type SendKVDone struct {
+	Job   uint64
 	Peer  kvxfer.PeerID
 	Pages []kvcache.PageID
 	Done  kvxfer.KVDone // every field but Checksum filled in
@@ -380,12 +397,16 @@ type SendKVDone struct {
 
 // WriteKV asks the shell to copy Data (len(Pages) × page bytes) into Pages.
 type WriteKV struct {
+	Job   uint64
+	Peer  kvxfer.PeerID
 	Pages []kvcache.PageID
 	Data  []byte
 }
 
 // VerifyKV asks the shell to compute the CRC-32C of Pages and step KVVerified.
 type VerifyKV struct {
+	Job   uint64
+	Peer  kvxfer.PeerID
 	RID   string
 	Gen   uint32
 	Pages []kvcache.PageID
@@ -435,4 +456,7 @@ type Counters struct {
 	AbortsAcked uint64
 	// PendingOpensExpired counts ROOM_OPENs for which no request arrived.
 	PendingOpensExpired uint64
+	// Preemptions counts requests that lost their pages to older ones and
+	// recomputed their KV.
+	Preemptions uint64
 }

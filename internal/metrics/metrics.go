@@ -117,6 +117,8 @@ var (
 		"KV channel frames dropped, by reason.", []string{"role", "reason"}, nil)
 	roomsDesc = prometheus.NewDesc("pdserve_rooms",
 		"Room bookkeeping: pending (ROOM_OPEN before its request) and tombstones.", []string{"role", "kind"}, nil)
+	preemptDesc = prometheus.NewDesc("pdserve_preemptions_total",
+		"Requests that lost their KV pages to older ones and recomputed them.", []string{"role"}, nil)
 	upDesc = prometheus.NewDesc("pdserve_worker_loop_up",
 		"1 if the worker loop answered this scrape, 0 if it did not in time.", []string{"role"}, nil)
 )
@@ -127,7 +129,7 @@ type stateCollector struct {
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{requestsDesc, oldestDesc, pagesDesc, droppedDesc, roomsDesc, upDesc} {
+	for _, d := range []*prometheus.Desc{requestsDesc, oldestDesc, pagesDesc, droppedDesc, roomsDesc, preemptDesc, upDesc} {
 		ch <- d
 	}
 }
@@ -150,6 +152,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(pagesDesc, prometheus.GaugeValue, float64(st.PagesTotal-st.PagesUsed), c.role, "free")
 	ch <- prometheus.MustNewConstMetric(roomsDesc, prometheus.GaugeValue, float64(st.PendingOpens), c.role, "pending_open")
 	ch <- prometheus.MustNewConstMetric(roomsDesc, prometheus.GaugeValue, float64(st.Tombstones), c.role, "tombstone")
+	ch <- prometheus.MustNewConstMetric(preemptDesc, prometheus.CounterValue, float64(st.Counters.Preemptions), c.role)
 	all := make(map[string]uint64)
 	for k, v := range st.Counters.FramesDropped {
 		all[k] += v

@@ -93,12 +93,14 @@ type Worker struct {
 	crc     *crc32.Table
 
 	mbox    mailbox
+	lanes   [ioLanes]*ioLane
 	bufs    sync.Pool // of *[]byte: received KV chunk buffers
 	stop    chan struct{}
 	stopped chan struct{}
 	fwdCtx  context.Context
 	fwdStop context.CancelFunc
 	fwdWG   sync.WaitGroup
+	laneWG  sync.WaitGroup
 
 	// loop-only state
 	waiters      map[string]*waiter
@@ -169,6 +171,9 @@ func New(cfg Config) (*Worker, error) {
 		waiters: make(map[string]*waiter),
 	}
 	w.mbox.init()
+	for i := range w.lanes {
+		w.lanes[i] = &ioLane{notify: make(chan struct{}, 1)}
+	}
 	w.fwdCtx, w.fwdStop = context.WithCancel(context.Background())
 	w.metrics, err = metrics.NewWorker(cfg.Registerer, mc.Role, w.snapshot)
 	if err != nil {
@@ -208,9 +213,65 @@ func (w *Worker) ModelInfo() model.Info { return w.info }
 // KVAddr is the bound KV channel address of a prefill worker ("" otherwise).
 func (w *Worker) KVAddr() string { return w.kvAddr }
 
-// Start starts the loop goroutine. It is idempotent.
+// Start starts the loop goroutine and the I/O lanes. It is idempotent.
 func (w *Worker) Start() {
-	w.startOnce.Do(func() { go w.run() })
+	w.startOnce.Do(func() {
+		for _, l := range w.lanes {
+			w.laneWG.Add(1)
+			go func() {
+				defer w.laneWG.Done()
+				l.run(w.stop)
+			}()
+		}
+		go w.run()
+	})
+}
+
+// ioLanes is the number of goroutines that copy and checksum KV pages.
+const ioLanes = 2
+
+// lane returns the I/O lane of a peer: all of one peer's page I/O runs on
+// one lane, in order (a room's KV_DONE after its chunks, its checksum
+// after its writes).
+func (w *Worker) lane(p kvxfer.PeerID) *ioLane { return w.lanes[uint64(p)%ioLanes] }
+
+// ioLane runs jobs one at a time, in the order posted.
+type ioLane struct {
+	mu     sync.Mutex
+	jobs   []func()
+	notify chan struct{}
+}
+
+func (l *ioLane) post(job func()) {
+	l.mu.Lock()
+	l.jobs = append(l.jobs, job)
+	l.mu.Unlock()
+	select {
+	case l.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (l *ioLane) run(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-l.notify:
+		}
+		for {
+			l.mu.Lock()
+			if len(l.jobs) == 0 {
+				l.mu.Unlock()
+				break
+			}
+			job := l.jobs[0]
+			l.jobs[0] = nil
+			l.jobs = l.jobs[1:]
+			l.mu.Unlock()
+			job()
+		}
+	}
 }
 
 // Shutdown fails every live request with outcome "shutdown" (their HTTP
@@ -230,6 +291,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		}
 		close(w.stop)
 		<-w.stopped
+		w.laneWG.Wait()
 		w.fwdStop()
 		w.fwdWG.Wait()
 		if w.backend != nil {
@@ -367,29 +429,45 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 		w.runBatch(x)
 	case lifecycle.Send:
 		w.send(x.Peer, x.Msg)
+	// Page I/O runs on the lanes, in order per peer, so copying and
+	// checksumming KV never stalls this loop; the machine keeps the pages
+	// until the lane answers IODone.
 	case lifecycle.SendKV:
-		pb := w.pool.PageBytes()
-		data := make([]byte, len(x.Pages)*pb)
-		for i, p := range x.Pages {
-			copy(data[i*pb:], w.pool.Page(p))
-		}
-		w.metrics.KVBytes("sent", len(data))
-		w.send(x.Peer, kvxfer.KVChunk{RoomGen: x.RoomGen, Seq: x.Seq, FirstPage: x.FirstPage,
-			NPages: uint32(len(x.Pages)), Data: data})
+		w.lane(x.Peer).post(func() {
+			pb := w.pool.PageBytes()
+			data := make([]byte, len(x.Pages)*pb)
+			for i, p := range x.Pages {
+				copy(data[i*pb:], w.pool.Page(p))
+			}
+			w.metrics.KVBytes("sent", len(data))
+			w.send(x.Peer, kvxfer.KVChunk{RoomGen: x.RoomGen, Seq: x.Seq, FirstPage: x.FirstPage,
+				NPages: uint32(len(x.Pages)), Data: data})
+			w.post(lifecycle.IODone{Job: x.Job})
+		})
 	case lifecycle.SendKVDone:
-		d := x.Done
-		d.Checksum = w.checksum(x.Pages)
-		w.send(x.Peer, d)
+		w.lane(x.Peer).post(func() {
+			d := x.Done
+			d.Checksum = w.checksum(x.Pages)
+			w.send(x.Peer, d)
+			w.post(lifecycle.IODone{Job: x.Job})
+		})
 	case lifecycle.WriteKV:
-		pb := w.pool.PageBytes()
-		for i, p := range x.Pages {
-			copy(w.pool.Page(p), x.Data[i*pb:(i+1)*pb])
-			w.pool.MarkWritten(p)
-		}
-		w.metrics.KVBytes("received", len(x.Data))
-		w.recycle(x.Data)
+		w.lane(x.Peer).post(func() {
+			pb := w.pool.PageBytes()
+			for i, p := range x.Pages {
+				copy(w.pool.Page(p), x.Data[i*pb:(i+1)*pb])
+				w.pool.MarkWritten(p)
+			}
+			w.metrics.KVBytes("received", len(x.Data))
+			w.recycle(x.Data)
+			w.post(lifecycle.IODone{Job: x.Job})
+		})
 	case lifecycle.VerifyKV:
-		return lifecycle.KVVerified{RID: x.RID, Gen: x.Gen, Checksum: w.checksum(x.Pages)}
+		w.lane(x.Peer).post(func() {
+			sum := w.checksum(x.Pages)
+			w.post(lifecycle.KVVerified{RID: x.RID, Gen: x.Gen, Checksum: sum})
+			w.post(lifecycle.IODone{Job: x.Job})
+		})
 	case lifecycle.Emit:
 		if wt := w.waiters[x.RID]; wt != nil {
 			if wt.lastAt.IsZero() {

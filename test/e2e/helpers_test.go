@@ -46,10 +46,11 @@ func simFactory(cfg sim.Config) cluster.ModelFactory {
 }
 
 // testMachine is the lifecycle config of test workers: design defaults with
-// a fast heartbeat, so peer loss shows within a fraction of a second.
+// a fast heartbeat (250 ms: peer loss shows within 750 ms, a lease lasts
+// 1 s), still slow enough for a loaded machine running -race.
 func testMachine() lifecycle.Config {
 	mc := lifecycle.DefaultConfig(lifecycle.RoleColocated)
-	mc.HeartbeatInterval = 100 * time.Millisecond
+	mc.HeartbeatInterval = 250 * time.Millisecond
 	mc.MaxPrefillTokens = 512
 	return mc
 }
@@ -321,3 +322,25 @@ type routerGatherer struct{ *cluster.RouterServer }
 func (r routerGatherer) gather() ([]*dto.MetricFamily, error) { return r.Registry.Gather() }
 
 func routerAsWorker(c *cluster.Cluster) gatherer { return routerGatherer{c.Router} }
+
+// debugCounters renders every worker's finished-request counts and the
+// router's results, for failure messages.
+func debugCounters(t *testing.T, c *cluster.Cluster) string {
+	var b strings.Builder
+	for _, w := range c.Workers() {
+		for _, o := range lifecycle.Outcomes() {
+			if n := counterValue(t, workerGatherer{w}, "pdserve_requests_finished_total", "outcome", o.String()); n > 0 {
+				fmt.Fprintf(&b, " %s:%s=%v", w.Worker.Role(), o, n)
+			}
+		}
+	}
+	mfs, _ := c.Router.Registry.Gather()
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), "pdserve_router") {
+			for _, m := range mf.GetMetric() {
+				fmt.Fprintf(&b, " %s%v=%v", mf.GetName(), labels(m), m.GetCounter().GetValue())
+			}
+		}
+	}
+	return b.String()
+}

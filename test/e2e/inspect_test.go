@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"io"
 	"fmt"
 	"net/http"
 	"strings"
@@ -18,29 +19,39 @@ import (
 // their peers, and flags the waiting one once it used half its deadline.
 func TestInspect(t *testing.T) {
 	mc := testMachine()
-	mc.QueueTimeout = 2 * time.Second
-	mc.KVHoldTimeout = 2 * time.Second
+	mc.QueueTimeout = 4 * time.Second
+	mc.KVHoldTimeout = 4 * time.Second
 	pageBytes := int64(testGeometry.BytesPerToken() * mc.PageSize)
-	// Decode's pool holds one request of 64 prompt + 1000 output tokens.
-	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 5 * time.Millisecond}, machine: &mc, memory: 70 * pageBytes})
+	// Decode's pool (800 tokens) admits one 600-token prompt at a time.
+	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 20 * time.Millisecond}, machine: &mc, memory: 50 * pageBytes})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	body := `{"prompt":"` + strings.Repeat("q", 64) + `","max_tokens":1000,"ignore_eos":true}`
+	body := `{"prompt":"` + strings.Repeat("q", 600) + `","max_tokens":150,"ignore_eos":true}`
+	answers := make(chan string, 2)
 	for range 2 {
 		go func() {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(body))
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				answers <- err.Error()
+				return
 			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			answers <- fmt.Sprint(resp.StatusCode, " ", string(b))
 		}()
 	}
 	d, p := c.Decode[0].Worker, c.Prefill[0].Worker
 	waitFor(t, 5*time.Second, "one decoding, one waiting for pages", func() (bool, string) {
 		sd, _ := d.Stats(time.Second)
 		sp, _ := p.Stats(time.Second)
+		var early []string
+		for len(answers) > 0 {
+			early = append(early, <-answers)
+		}
 		return sd.Stages[lifecycle.StageDecoding] == 1 && sd.Stages[lifecycle.StagePrealloc] == 1 &&
-				sp.Stages[lifecycle.StageParked] == 1 && sd.OldestInStage[lifecycle.StagePrealloc] > time.Second,
-			fmt.Sprintf("decode %v, prefill %v", sd.Stages, sp.Stages)
+				sp.Stages[lifecycle.StageParked] == 1 && sd.OldestInStage[lifecycle.StagePrealloc] > 2100*time.Millisecond,
+			fmt.Sprintf("decode %v, prefill %v, answers %q %s", sd.Stages, sp.Stages, early, debugCounters(t, c))
 	})
 	rep, err := inspect.Collect(context.Background(), http.DefaultClient, c.URL())
 	if err != nil {

@@ -343,3 +343,48 @@ func TestShutdownFailsInFlight(t *testing.T) {
 		t.Fatalf("in-flight request got %d %s; want 503 naming the shutdown", r.status, r.body)
 	}
 }
+
+// TestPreemptionKeepsAnswers: with a decode pool far smaller than what the
+// running requests will need, decode preempts the newest requests (their
+// KV is recomputed locally) instead of reserving worst cases up front; every
+// answer still equals the colocated one.
+func TestPreemptionKeepsAnswers(t *testing.T) {
+	pageBytes := int64(testGeometry.BytesPerToken() * 16)
+	c := startPD(t, pdOptions{memory: 40 * pageBytes}) // 640 tokens; 16 requests will want ~1,900
+	co := startServe(t, sim.Config{})
+	rng := rand.New(rand.NewPCG(7, 7))
+	type result struct {
+		i        int
+		pd, want []int32
+		err      string
+	}
+	results := make(chan result, 16)
+	for i := range 16 {
+		req := map[string]any{"prompt": strings.Repeat(string(rune('a'+i)), 20+rng.IntN(20)), "max_tokens": 80 + rng.IntN(20),
+			"ignore_eos": true, "seed": i, "temperature": 0.7, "return_token_ids": true}
+		go func() {
+			status, body := postJSON(t, c.URL()+"/v1/completions", req)
+			_, want := postJSON(t, co.URL+"/v1/completions", req)
+			r := result{i: i}
+			if status != http.StatusOK {
+				r.err = fmt.Sprint(status, string(body))
+			} else {
+				r.pd = decodeCompletion(t, body).Choices[0].TokenIDs
+				r.want = decodeCompletion(t, want).Choices[0].TokenIDs
+			}
+			results <- r
+		}()
+	}
+	for range 16 {
+		r := <-results
+		if r.err != "" {
+			t.Fatalf("request %d: %s", r.i, r.err)
+		}
+		if !slices.Equal(r.pd, r.want) {
+			t.Fatalf("request %d: PD %v, colocated %v", r.i, r.pd, r.want)
+		}
+	}
+	if n := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_preemptions_total", "", ""); n == 0 {
+		t.Fatal("decode never preempted; the test proved nothing")
+	}
+}

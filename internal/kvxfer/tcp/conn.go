@@ -109,16 +109,30 @@ func (c *conn) enqueue(f outFrame, ctrl bool) error {
 	return nil
 }
 
-// take moves every queued frame, control frames first, to the end of batch.
-func (c *conn) take(batch []outFrame) []outFrame {
+// takeBudget bounds the data frames taken into one batch, in bytes, so that
+// a control frame queued behind a large transfer waits for at most this
+// much data on the wire, not for every queued KV chunk.
+const takeBudget = 4 << 20
+
+// take moves every queued control frame, then data frames in order up to
+// takeBudget bytes (at least one), to the end of batch. It reports whether
+// data frames remain queued.
+func (c *conn) take(batch []outFrame) ([]outFrame, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	batch = append(batch, c.ctrl...)
-	batch = append(batch, c.queue...)
 	clear(c.ctrl)
-	clear(c.queue)
-	c.ctrl, c.queue = c.ctrl[:0], c.queue[:0]
-	return batch
+	c.ctrl = c.ctrl[:0]
+	n, bytes := 0, 0
+	for n < len(c.queue) && (n == 0 || bytes+c.queue[n].size() <= takeBudget) {
+		bytes += c.queue[n].size()
+		n++
+	}
+	batch = append(batch, c.queue[:n]...)
+	rest := copy(c.queue, c.queue[n:])
+	clear(c.queue[rest:])
+	c.queue = c.queue[:rest]
+	return batch, rest > 0
 }
 
 // run is the connection's reader goroutine: dial (if dialed), handshake,
@@ -394,7 +408,16 @@ func (c *conn) writeLoop() {
 			}
 			batch = append(batch, outFrame{t: kvxfer.TypePing, hdr: ping})
 		}
-		batch = c.take(batch)
+		var more bool
+		batch, more = c.take(batch)
+		if more {
+			// Come back at once for the rest, after any control frame
+			// queued meanwhile.
+			select {
+			case c.notify <- struct{}{}:
+			default:
+			}
+		}
 		if len(batch) == 0 {
 			continue
 		}

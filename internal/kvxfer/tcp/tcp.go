@@ -296,7 +296,10 @@ func (b *Backend) Send(peer kvxfer.PeerID, m kvxfer.Message) error {
 	if c == nil {
 		return fmt.Errorf("kv send to peer %d: %w", peer, ErrUnknownPeer)
 	}
-	return c.enqueue(f, false)
+	// Room control messages overtake queued KV data: a renewal or an abort
+	// must not wait behind megabytes of another room's chunks. KV_DONE
+	// stays in the data queue, behind its room's chunks.
+	return c.enqueue(f, t != kvxfer.TypeKVChunk && t != kvxfer.TypeKVDone)
 }
 
 // Remote returns the address of a connection: the address given to Connect,

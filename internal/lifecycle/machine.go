@@ -108,8 +108,8 @@ type Machine struct {
 	// when it left the stage.
 	maxStage [numStages]time.Duration
 
-	batch     []batchEntry       // requests of the running forward
-	admitSeq  uint64             // last admitted sequence number
+	batch    []batchEntry // requests of the running forward
+	admitSeq uint64       // last admitted sequence number
 	// draining holds ended requests whose pages wait for the running
 	// forward or their page I/O to finish.
 	draining map[*req]struct{}

@@ -2,8 +2,8 @@ package e2e
 
 import (
 	"context"
-	"io"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func TestBenchUsageErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"zero rate", nil, []string{"bench", "--request-rate", "0"}, "--request-rate"},
+		{"bad rate in a sweep", nil, []string{"bench", "--request-rate", "1,fast"}, "fast"},
+		{"bad endpoint", nil, []string{"bench", "--endpoint", "embeddings"}, "endpoint"},
+		{"jsonl without a path", nil, []string{"bench", "--dataset", "jsonl"}, "dataset path"},
+		{"no prompts", nil, []string{"bench", "--num-prompts", "0"}, "number of prompts"},
+		{"bad ratio", nil, []string{"bench", "--random-range-ratio", "1.5"}, "range ratio"},
+		{"bad env", map[string]string{"PDSERVE_SLO_TTFT": "soon"}, []string{"bench"}, "PDSERVE_SLO_TTFT"},
+		{"extra argument", nil, []string{"bench", "now"}, "now"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runArgs(t, tc.env, tc.args...)
+			if code != 2 || !strings.Contains(out+errOut, tc.want) {
+				t.Fatalf("exit %d (want 2), output %q %q, want it to mention %q", code, out, errOut, tc.want)
+			}
+		})
+	}
+}
+
+// fakeOpenAI streams max_tokens one-byte tokens for every completion and
+// lists one model; a prompt starting with "fail" gets a 500.
+func fakeOpenAI(t *testing.T) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `{"object":"list","data":[{"id":"m1","object":"model"}]}`)
+	})
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Prompt    string `json:"prompt"`
+			Model     string `json:"model"`
+			MaxTokens int    `json:"max_tokens"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Model != "m1" {
+			http.Error(w, `{"error":{"message":"bad request","type":"invalid_request_error"}}`, http.StatusBadRequest)
+			return
+		}
+		if strings.HasPrefix(req.Prompt, "fail") {
+			http.Error(w, `{"error":{"message":"boom","type":"server_error"}}`, http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range req.MaxTokens {
+			fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"text\":\"x\"}]}\n\n")
+		}
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d}}\n\n", len(req.Prompt), req.MaxTokens)
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func runLive(t *testing.T, e map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, env(e), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestBenchCommand(t *testing.T) {
+	srv := fakeOpenAI(t)
+	dir := t.TempDir()
+	outPath, plotDir := filepath.Join(dir, "r.json"), filepath.Join(dir, "plots")
+	code, out, errOut := runLive(t, map[string]string{"PDSERVE_NUM_PROMPTS": "12"}, "bench", "--base-url", srv.URL,
+		"--request-rate", "500,1000", "--random-input-len", "32", "--random-output-len", "5", "--warmup", "1",
+		"--slo-ttft", "10s", "--output", outPath, "--plot", plotDir, "--progress=false")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	for _, want := range []string{`Successful requests:\s+12\n`, "Request rate sweep", `Goodput \(req/s\):`} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	b, err := os.ReadFile(outPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Config struct {
+			Model     string `json:"model"`
+			IgnoreEOS bool   `json:"ignore_eos"`
+		} `json:"config"`
+		Runs []struct {
+			Summary struct {
+				Succeeded    int `json:"succeeded"`
+				OutputTokens int `json:"output_tokens"`
+			} `json:"summary"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Config.Model != "m1" || !rep.Config.IgnoreEOS || len(rep.Runs) != 2 ||
+		rep.Runs[1].Summary.Succeeded != 12 || rep.Runs[1].Summary.OutputTokens != 60 {
+		t.Fatalf("report %+v", rep)
+	}
+	for _, f := range []string{"ttft_cdf.png", "e2e_cdf.png", "goodput_vs_rate.png", "ttft_p90_vs_rate.png"} {
+		if _, err := os.Stat(filepath.Join(plotDir, f)); err != nil {
+			t.Errorf("plot: %v", err)
+		}
+	}
+
+	// jsonl: ignore_eos defaults to off; a failing server fails the command.
+	path := filepath.Join(dir, "p.jsonl")
+	if err := os.WriteFile(path, []byte(`{"prompt": "fail please", "output_len": 3}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = runLive(t, nil, "bench", "--base-url", srv.URL, "--model", "m1", "--dataset", "jsonl",
+		"--dataset-path", path, "--num-prompts", "3", "--warmup", "0", "--output", outPath, "--progress=false")
+	if code != 1 || !strings.Contains(errOut, "every request failed") || !strings.Contains(out, "http_500:server_error:") {
+		t.Fatalf("exit %d (want 1)\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	b, _ = os.ReadFile(outPath)
+	if !strings.Contains(string(b), `"ignore_eos": false`) {
+		t.Errorf("jsonl must default to ignore_eos false:\n%.400s", b)
+	}
+}

@@ -1,0 +1,296 @@
+package bench
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Endpoint selects the OpenAI API a benchmark calls.
+type Endpoint string
+
+// The endpoints.
+const (
+	// EndpointCompletions is POST /v1/completions with a text prompt.
+	EndpointCompletions Endpoint = "completions"
+	// EndpointChat is POST /v1/chat/completions with the prompt as one user
+	// message.
+	EndpointChat Endpoint = "chat"
+)
+
+// Path is the URL path of the endpoint under the base URL.
+func (e Endpoint) Path() string {
+	if e == EndpointChat {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+// DatasetKind names a source of prompts.
+type DatasetKind string
+
+// The datasets.
+const (
+	// DatasetRandom: prompts of Config.RandomInputLen tokens asking for
+	// Config.RandomOutputLen tokens, both spread by Config.RandomRangeRatio.
+	DatasetRandom DatasetKind = "random"
+	// DatasetConversation: the built-in synthetic ShareGPT-like length
+	// distribution (see ConversationLengths).
+	DatasetConversation DatasetKind = "conversation"
+	// DatasetJSONL: records {"prompt": "...", "output_len": N}, one per line,
+	// from Config.DatasetPath.
+	DatasetJSONL DatasetKind = "jsonl"
+)
+
+// Rate is a request rate in requests per second; +Inf (InfRate) sends
+// every request at once.
+type Rate float64
+
+// InfRate returns the rate that sends every request at time zero.
+func InfRate() Rate { return Rate(math.Inf(1)) }
+
+// IsInf reports whether r sends every request at once.
+func (r Rate) IsInf() bool { return math.IsInf(float64(r), 1) }
+
+// String returns "inf" or the rate as a decimal number.
+func (r Rate) String() string {
+	if r.IsInf() {
+		return "inf"
+	}
+	return strconv.FormatFloat(float64(r), 'g', -1, 64)
+}
+
+// MarshalJSON writes a finite rate as a number and Inf as the string "inf"
+// (JSON has no infinity).
+func (r Rate) MarshalJSON() ([]byte, error) {
+	if r.IsInf() {
+		return []byte(`"inf"`), nil
+	}
+	if math.IsNaN(float64(r)) || math.IsInf(float64(r), -1) {
+		return nil, fmt.Errorf("bench: invalid rate %v", float64(r))
+	}
+	return []byte(r.String()), nil
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (r *Rate) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		v, err := ParseRate(s)
+		if err != nil {
+			return err
+		}
+		*r = v
+		return nil
+	}
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil {
+		return fmt.Errorf("bench: rate: %w", err)
+	}
+	*r = Rate(f)
+	return nil
+}
+
+// ParseRate parses "inf" or a positive number of requests per second.
+func ParseRate(s string) (Rate, error) {
+	s = strings.TrimSpace(s)
+	if strings.EqualFold(s, "inf") {
+		return InfRate(), nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(f > 0) || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("request rate %q: want a positive number of requests/s or inf", s)
+	}
+	return Rate(f), nil
+}
+
+// ParseRates parses a list of rates; each element may itself be a
+// comma-separated list ("1,2,4,8").
+func ParseRates(list []string) ([]Rate, error) {
+	var out []Rate
+	for _, v := range list {
+		for p := range strings.SplitSeq(v, ",") {
+			if strings.TrimSpace(p) == "" {
+				continue
+			}
+			r, err := ParseRate(p)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no request rate given")
+	}
+	return out, nil
+}
+
+// Config is one benchmark: where to send, what, how fast, and what counts
+// as good.
+type Config struct {
+	// BaseURL is the server's base URL, e.g. http://127.0.0.1:8000 (a
+	// trailing "/v1" is accepted and ignored).
+	BaseURL string
+	// Endpoint is the API to call.
+	Endpoint Endpoint
+	// Model is the model name sent; "" asks GET /v1/models and takes the
+	// first model.
+	Model string
+	// NumPrompts is the number of measured requests per rate.
+	NumPrompts int
+	// Rates are the request rates to run, in order (one run each).
+	Rates []Rate
+	// MaxConcurrency caps the requests in flight; 0 means no cap. A request
+	// that arrives while the cap is reached waits for a free slot, and its
+	// latencies are measured from when it is sent.
+	MaxConcurrency int
+	// Seed seeds the dataset and the arrival times.
+	Seed uint64
+	// Warmup is the number of requests sent (with the same concurrency cap,
+	// all at once) before the first rate and not counted.
+	Warmup int
+
+	// Dataset selects the prompts.
+	Dataset DatasetKind
+	// RandomInputLen is the mean prompt length of the random dataset, in
+	// tokens (bytes for the simulated model).
+	RandomInputLen int
+	// RandomOutputLen is the mean max_tokens of the random dataset, and of
+	// jsonl records that give no output_len, in tokens.
+	RandomOutputLen int
+	// RandomRangeRatio r in [0, 1) spreads random lengths uniformly over
+	// [len·(1−r), len·(1+r)] (vLLM's convention; the mean stays len).
+	RandomRangeRatio float64
+	// DatasetPath is the JSONL file of the jsonl dataset.
+	DatasetPath string
+
+	// SLOTTFT is the time-to-first-token objective for goodput; 0 means none.
+	SLOTTFT time.Duration
+	// SLOTPOT is the time-per-output-token objective for goodput; 0 means
+	// none.
+	SLOTPOT time.Duration
+
+	// IgnoreEOS sends ignore_eos (vLLM extension) so each request produces
+	// exactly its max_tokens.
+	IgnoreEOS bool
+	// ReturnTokenIDs sends return_token_ids (vLLM extension), so output
+	// tokens are counted exactly even without usage.
+	ReturnTokenIDs bool
+	// Timeout bounds each request from sending to the end of its stream.
+	Timeout time.Duration
+}
+
+// Limits on a config.
+const (
+	// MaxPrompts is the largest NumPrompts (and Warmup) accepted.
+	MaxPrompts = 10_000_000
+	// MaxTokensPerRequest bounds RandomInputLen·(1+r) and the output length
+	// of any request, in tokens.
+	MaxTokensPerRequest = 10_000_000
+)
+
+// Validate reports every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.BaseURL == "" || !(strings.HasPrefix(c.BaseURL, "http://") || strings.HasPrefix(c.BaseURL, "https://")) {
+		bad("base URL %q: want http://host:port or https://host:port", c.BaseURL)
+	}
+	if c.Endpoint != EndpointCompletions && c.Endpoint != EndpointChat {
+		bad("endpoint %q: want completions or chat", c.Endpoint)
+	}
+	if c.NumPrompts < 1 || c.NumPrompts > MaxPrompts {
+		bad("number of prompts must be between 1 and %d, got %d", MaxPrompts, c.NumPrompts)
+	}
+	if len(c.Rates) == 0 {
+		bad("no request rate given")
+	}
+	for _, r := range c.Rates {
+		if !(r > 0) {
+			bad("request rate %v: want a positive number of requests/s or inf", float64(r))
+		}
+	}
+	if c.MaxConcurrency < 0 {
+		bad("max concurrency must not be negative (0 means no cap), got %d", c.MaxConcurrency)
+	}
+	if c.Warmup < 0 || c.Warmup > MaxPrompts {
+		bad("warmup must be between 0 and %d, got %d", MaxPrompts, c.Warmup)
+	}
+	switch c.Dataset {
+	case DatasetRandom:
+		if c.RandomInputLen < 1 {
+			bad("random input length must be at least 1 token, got %d", c.RandomInputLen)
+		}
+		if !(c.RandomRangeRatio >= 0 && c.RandomRangeRatio < 1) {
+			bad("random range ratio must be in [0, 1), got %v", c.RandomRangeRatio)
+		} else if float64(c.RandomInputLen)*(1+c.RandomRangeRatio) > MaxTokensPerRequest ||
+			float64(c.RandomOutputLen)*(1+c.RandomRangeRatio) > MaxTokensPerRequest {
+			bad("random lengths must stay under %d tokens", MaxTokensPerRequest)
+		}
+	case DatasetConversation:
+	case DatasetJSONL:
+		if c.DatasetPath == "" {
+			bad("the jsonl dataset needs a dataset path")
+		}
+	default:
+		bad("dataset %q: want random, conversation or jsonl", c.Dataset)
+	}
+	if c.Dataset != DatasetConversation && (c.RandomOutputLen < 1 || c.RandomOutputLen > MaxTokensPerRequest) {
+		bad("random output length must be between 1 and %d tokens, got %d", MaxTokensPerRequest, c.RandomOutputLen)
+	}
+	if c.SLOTTFT < 0 || c.SLOTPOT < 0 {
+		bad("SLOs must not be negative (0 means none)")
+	}
+	if c.Timeout <= 0 {
+		bad("request timeout must be positive, got %v", c.Timeout)
+	}
+	return errors.Join(errs...)
+}
+
+// baseURL returns BaseURL without trailing slashes and without a trailing
+// "/v1".
+func (c *Config) baseURL() string {
+	u := strings.TrimRight(c.BaseURL, "/")
+	u = strings.TrimSuffix(u, "/v1")
+	return strings.TrimRight(u, "/")
+}
+
+// configJSON is the config as written to the JSON report, durations in
+// milliseconds.
+type configJSON struct {
+	BaseURL          string      `json:"base_url"`
+	Endpoint         Endpoint    `json:"endpoint"`
+	Model            string      `json:"model"`
+	NumPrompts       int         `json:"num_prompts"`
+	RequestRates     []Rate      `json:"request_rates"`
+	MaxConcurrency   int         `json:"max_concurrency"`
+	Seed             uint64      `json:"seed"`
+	Warmup           int         `json:"warmup"`
+	Dataset          DatasetKind `json:"dataset"`
+	RandomInputLen   int         `json:"random_input_len,omitempty"`
+	RandomOutputLen  int         `json:"random_output_len,omitempty"`
+	RandomRangeRatio float64     `json:"random_range_ratio"`
+	DatasetPath      string      `json:"dataset_path,omitempty"`
+	SLOTTFTMS        float64     `json:"slo_ttft_ms,omitempty"`
+	SLOTPOTMS        float64     `json:"slo_tpot_ms,omitempty"`
+	IgnoreEOS        bool        `json:"ignore_eos"`
+	ReturnTokenIDs   bool        `json:"return_token_ids"`
+	TimeoutS         float64     `json:"timeout_s"`
+}
+
+func (c *Config) toJSON() configJSON {
+	return configJSON{BaseURL: c.BaseURL, Endpoint: c.Endpoint, Model: c.Model, NumPrompts: c.NumPrompts,
+		RequestRates: c.Rates, MaxConcurrency: c.MaxConcurrency, Seed: c.Seed, Warmup: c.Warmup,
+		Dataset: c.Dataset, RandomInputLen: c.RandomInputLen, RandomOutputLen: c.RandomOutputLen,
+		RandomRangeRatio: c.RandomRangeRatio, DatasetPath: c.DatasetPath,
+		SLOTTFTMS: ms(c.SLOTTFT), SLOTPOTMS: ms(c.SLOTPOT), IgnoreEOS: c.IgnoreEOS,
+		ReturnTokenIDs: c.ReturnTokenIDs, TimeoutS: c.Timeout.Seconds()}
+}
+
+// ms converts d to milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,283 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/pdserve/pdserve/internal/openai"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// fakeClock is a Clock whose time moves only when Sleep is called: Sleep
+// advances it by d at once and records d.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	sleeps []time.Duration
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d > 0 {
+		c.now = c.now.Add(d)
+		c.sleeps = append(c.sleeps, d)
+	}
+	return nil
+}
+
+func (c *fakeClock) slept() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.sleeps...)
+}
+
+// fakeRequest is what the fake server reads from a request.
+type fakeRequest struct {
+	chat      bool
+	prompt    string
+	maxTokens int
+	ignoreEOS bool
+	tokenIDs  bool
+	fields    map[string]json.RawMessage
+}
+
+// parseFake reads a completions or chat request, or answers 400.
+func parseFake(w http.ResponseWriter, r *http.Request) (*fakeRequest, bool) {
+	var fields map[string]json.RawMessage
+	if err := json.NewDecoder(r.Body).Decode(&fields); err != nil {
+		openai.WriteError(w, openai.BadRequest("", "bad body: %v", err))
+		return nil, false
+	}
+	b, _ := json.Marshal(fields)
+	fr := &fakeRequest{fields: fields, chat: strings.HasSuffix(r.URL.Path, "/chat/completions")}
+	if fr.chat {
+		var req openai.ChatCompletionRequest
+		if err := json.Unmarshal(b, &req); err != nil || len(req.Messages) != 1 || req.MaxCompletionTokens == nil {
+			openai.WriteError(w, openai.BadRequest("", "bad chat request: %v", err))
+			return nil, false
+		}
+		if err := json.Unmarshal(req.Messages[0].Content, &fr.prompt); err != nil {
+			openai.WriteError(w, openai.BadRequest("messages", "bad content: %v", err))
+			return nil, false
+		}
+		fr.maxTokens, fr.ignoreEOS, fr.tokenIDs = *req.MaxCompletionTokens, req.IgnoreEOS, req.ReturnTokenIDs
+		if !req.Stream || req.StreamOptions == nil || !req.StreamOptions.IncludeUsage {
+			openai.WriteError(w, openai.BadRequest("stream", "want a stream with usage"))
+			return nil, false
+		}
+	} else {
+		var req openai.CompletionRequest
+		if err := json.Unmarshal(b, &req); err != nil || req.MaxTokens == nil {
+			openai.WriteError(w, openai.BadRequest("", "bad completion request: %v", err))
+			return nil, false
+		}
+		if err := json.Unmarshal(req.Prompt, &fr.prompt); err != nil {
+			openai.WriteError(w, openai.BadRequest("prompt", "bad prompt: %v", err))
+			return nil, false
+		}
+		fr.maxTokens, fr.ignoreEOS, fr.tokenIDs = *req.MaxTokens, req.IgnoreEOS, req.ReturnTokenIDs
+		if !req.Stream || req.StreamOptions == nil || !req.StreamOptions.IncludeUsage {
+			openai.WriteError(w, openai.BadRequest("stream", "want a stream with usage"))
+			return nil, false
+		}
+	}
+	return fr, true
+}
+
+// sse writes OpenAI stream events for one fake request.
+type sse struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	fr *fakeRequest
+}
+
+func startSSE(w http.ResponseWriter, fr *fakeRequest) *sse {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	s := &sse{w: w, rc: http.NewResponseController(w), fr: fr}
+	if fr.chat {
+		empty := ""
+		s.event(openai.ChatCompletionChunk{Object: "chat.completion.chunk",
+			Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Role: "assistant", Content: &empty}}}})
+	}
+	return s
+}
+
+func (s *sse) raw(data string) {
+	fmt.Fprintf(s.w, "data: %s\n\n", data)
+	_ = s.rc.Flush()
+}
+
+func (s *sse) event(v any) {
+	b, _ := json.Marshal(v)
+	s.raw(string(b))
+}
+
+// tokens sends one event with k output tokens ("x" each).
+func (s *sse) tokens(k int) {
+	text := strings.Repeat("x", k)
+	var ids []int32
+	if s.fr.tokenIDs {
+		ids = make([]int32, k)
+	}
+	if s.fr.chat {
+		s.event(openai.ChatCompletionChunk{Object: "chat.completion.chunk",
+			Choices: []openai.ChatChunkChoice{{Delta: openai.ChatDelta{Content: &text}, TokenIDs: ids}}})
+		return
+	}
+	s.event(openai.CompletionResponse{Object: "text_completion",
+		Choices: []openai.CompletionChoice{{Text: text, TokenIDs: ids}}})
+}
+
+func (s *sse) usage(prompt, completion int) {
+	u := &openai.Usage{PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion}
+	if s.fr.chat {
+		s.event(openai.ChatCompletionChunk{Object: "chat.completion.chunk", Choices: []openai.ChatChunkChoice{}, Usage: u})
+		return
+	}
+	s.event(openai.CompletionResponse{Object: "text_completion", Choices: []openai.CompletionChoice{}, Usage: u})
+}
+
+func (s *sse) done() { s.raw("[DONE]") }
+
+// fakeServer serves /v1/models and streams completions whose behaviour the
+// prompt chooses (its first word):
+//
+//	ok       max_tokens events of one token, usage (prompt tokens = bytes), [DONE]
+//	pairs    events of two tokens each, no usage, [DONE]
+//	http500  a 500 server_error answer
+//	http429  a 429 answer with code rate_limit_exceeded
+//	close    two tokens, then the connection is cut
+//	eof      two tokens, then the stream ends without [DONE]
+//	errevent one token, then an error event with code "engine_failed", [DONE]
+//	numcode  one token, then an error event with a numeric code (as vLLM sends)
+//	badjson  a malformed event
+//	hang     one token, then nothing until the client goes away
+func fakeServer(t *testing.T) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(openai.ModelList{Object: "list",
+			Data: []openai.ModelCard{{ID: "fake-model", Object: "model"}, {ID: "other", Object: "model"}}})
+	})
+	h := func(w http.ResponseWriter, r *http.Request) {
+		fr, ok := parseFake(w, r)
+		if !ok {
+			return
+		}
+		kind, _, _ := strings.Cut(fr.prompt, " ")
+		switch kind {
+		case "http500":
+			openai.WriteError(w, openai.Internal("boom"))
+		case "http429":
+			openai.WriteError(w, &openai.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error",
+				Code: "rate_limit_exceeded", Message: "slow down"})
+		case "close":
+			s := startSSE(w, fr)
+			s.tokens(1)
+			s.tokens(1)
+			panic(http.ErrAbortHandler)
+		case "eof":
+			s := startSSE(w, fr)
+			s.tokens(1)
+			s.tokens(1)
+		case "errevent":
+			s := startSSE(w, fr)
+			s.tokens(1)
+			s.raw(`{"error": {"message": "engine died", "type": "server_error", "param": null, "code": "engine_failed"}}`)
+			s.done()
+		case "numcode":
+			s := startSSE(w, fr)
+			s.tokens(1)
+			s.raw(`{"error": {"object": "error", "message": "oops", "type": "InternalServerError", "param": null, "code": 500}}`)
+			s.done()
+		case "badjson":
+			s := startSSE(w, fr)
+			s.raw(`{"choices": [`)
+			s.done()
+		case "hang":
+			s := startSSE(w, fr)
+			s.tokens(1)
+			<-r.Context().Done()
+		case "pairs":
+			s := startSSE(w, fr)
+			for range fr.maxTokens / 2 {
+				s.tokens(2)
+			}
+			s.done()
+		default:
+			s := startSSE(w, fr)
+			for range fr.maxTokens {
+				s.tokens(1)
+			}
+			s.usage(len(fr.prompt), fr.maxTokens)
+			s.done()
+		}
+	}
+	mux.HandleFunc("POST /v1/completions", h)
+	mux.HandleFunc("POST /v1/chat/completions", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// testClient is an http.Client whose idle connections are closed at
+// cleanup (so goleak sees no transport goroutines).
+func testClient(t *testing.T) *http.Client {
+	t.Helper()
+	tr := &http.Transport{MaxIdleConnsPerHost: 256}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+// writeJSONL writes records {"prompt": p, "output_len": n} to a temp file.
+func writeJSONL(t *testing.T, prompts []string, outputLen int) string {
+	t.Helper()
+	var b strings.Builder
+	for _, p := range prompts {
+		line, _ := json.Marshal(map[string]any{"prompt": p, "output_len": outputLen})
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	path := filepath.Join(t.TempDir(), "prompts.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// testConfig is a small valid config against url.
+func testConfig(url string) Config {
+	return Config{BaseURL: url, Endpoint: EndpointCompletions, NumPrompts: 10, Rates: []Rate{InfRate()},
+		Dataset: DatasetRandom, RandomInputLen: 16, RandomOutputLen: 4, IgnoreEOS: true,
+		ReturnTokenIDs: true, Timeout: 2 * time.Minute}
+}

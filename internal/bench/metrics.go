@@ -1,0 +1,182 @@
+package bench
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Percentile returns the p-th percentile (p in [0, 100]) of sorted values,
+// interpolating linearly between the closest ranks (numpy's default): the
+// value at rank p/100·(n−1). It returns 0 for no values.
+func Percentile(sorted []float64, p float64) float64 {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	rank := p / 100 * float64(n-1)
+	lo := int(math.Floor(rank))
+	hi := int(math.Ceil(rank))
+	lo = min(max(lo, 0), n-1)
+	hi = min(max(hi, 0), n-1)
+	return sorted[lo] + (sorted[hi]-sorted[lo])*(rank-float64(lo))
+}
+
+// Dist summarizes a latency distribution, in milliseconds.
+type Dist struct {
+	// Count is the number of values.
+	Count  int     `json:"count"`
+	Mean   float64 `json:"mean_ms"`
+	Median float64 `json:"median_ms"`
+	P90    float64 `json:"p90_ms"`
+	P99    float64 `json:"p99_ms"`
+	Min    float64 `json:"min_ms"`
+	Max    float64 `json:"max_ms"`
+}
+
+// NewDist summarizes ds (their order does not matter; ds is not modified).
+func NewDist(ds []time.Duration) Dist {
+	if len(ds) == 0 {
+		return Dist{}
+	}
+	v := make([]float64, len(ds))
+	var sum float64
+	for i, d := range ds {
+		v[i] = ms(d)
+		sum += v[i]
+	}
+	slices.Sort(v)
+	return Dist{Count: len(v), Mean: sum / float64(len(v)), Median: Percentile(v, 50),
+		P90: Percentile(v, 90), P99: Percentile(v, 99), Min: v[0], Max: v[len(v)-1]}
+}
+
+// SLO are the latency objectives of goodput; a zero field is no objective.
+type SLO struct {
+	// TTFT bounds the time to first token.
+	TTFT time.Duration
+	// TPOT bounds the time per output token after the first.
+	TPOT time.Duration
+}
+
+// Set reports whether any objective is given.
+func (s SLO) Set() bool { return s.TTFT > 0 || s.TPOT > 0 }
+
+// Meets reports whether r succeeded within the objectives: TTFT ≤ s.TTFT and
+// TPOT ≤ s.TPOT (a request with fewer than 2 output tokens has no TPOT and
+// meets any TPOT objective).
+func (s SLO) Meets(r *Record) bool {
+	if !r.Success {
+		return false
+	}
+	if s.TTFT > 0 && r.TTFT > s.TTFT {
+		return false
+	}
+	if s.TPOT > 0 && r.HasTPOT && r.TPOT > s.TPOT {
+		return false
+	}
+	return true
+}
+
+// Goodput counts the requests that met the SLOs.
+type Goodput struct {
+	// SLOTTFT and SLOTPOT are the objectives in milliseconds (0: none).
+	SLOTTFT float64 `json:"slo_ttft_ms,omitempty"`
+	SLOTPOT float64 `json:"slo_tpot_ms,omitempty"`
+	// Requests is the number of requests that met them.
+	Requests int `json:"requests"`
+	// Rate is Requests per second of the run's duration.
+	Rate float64 `json:"requests_per_s"`
+	// Fraction is Requests over all requests of the run (failures count
+	// as not meeting the SLOs).
+	Fraction float64 `json:"fraction"`
+}
+
+// Summary is the result of one run (one request rate).
+type Summary struct {
+	// Rate is the request rate, in requests/s.
+	Rate Rate `json:"request_rate"`
+	// MaxConcurrency is the cap on requests in flight (0: none).
+	MaxConcurrency int `json:"max_concurrency"`
+	// Requests, Succeeded and Failed count the measured requests.
+	Requests  int `json:"requests"`
+	Succeeded int `json:"succeeded"`
+	Failed    int `json:"failed"`
+	// Duration is from the start of the run to the end of its last
+	// request, in seconds.
+	Duration float64 `json:"duration_s"`
+	// InputTokens and OutputTokens sum the successful requests' tokens.
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
+	// RequestThroughput is successful requests per second.
+	RequestThroughput float64 `json:"request_throughput"`
+	// InputThroughput, OutputThroughput and TotalThroughput are tokens of
+	// successful requests per second.
+	InputThroughput  float64 `json:"input_token_throughput"`
+	OutputThroughput float64 `json:"output_token_throughput"`
+	TotalThroughput  float64 `json:"total_token_throughput"`
+	// Concurrency is the mean number of successful requests in flight:
+	// the sum of their E2E latencies over Duration.
+	Concurrency float64 `json:"concurrency"`
+	// TTFT, TPOT, ITL and E2E summarize the successful requests (TPOT over
+	// those with at least 2 output tokens; ITL pools every gap).
+	TTFT Dist `json:"ttft"`
+	TPOT Dist `json:"tpot"`
+	ITL  Dist `json:"itl"`
+	E2E  Dist `json:"e2e"`
+	// Goodput is set when an SLO is given.
+	Goodput *Goodput `json:"goodput,omitempty"`
+	// Errors counts the failed requests by ErrorType.
+	Errors map[string]int `json:"errors,omitempty"`
+}
+
+// Summarize computes the summary of one run's records; duration is the
+// run's wall time.
+func Summarize(recs []Record, duration time.Duration, slo SLO) Summary {
+	s := Summary{Requests: len(recs), Duration: duration.Seconds()}
+	var ttft, tpot, itl, e2e []time.Duration
+	var sumE2E time.Duration
+	good := 0
+	for i := range recs {
+		r := &recs[i]
+		if !r.Success {
+			s.Failed++
+			if s.Errors == nil {
+				s.Errors = map[string]int{}
+			}
+			s.Errors[r.ErrorType]++
+			continue
+		}
+		s.Succeeded++
+		s.InputTokens += r.InputTokens
+		s.OutputTokens += r.OutputTokens
+		ttft = append(ttft, r.TTFT)
+		e2e = append(e2e, r.E2E)
+		sumE2E += r.E2E
+		if r.HasTPOT {
+			tpot = append(tpot, r.TPOT)
+		}
+		itl = append(itl, r.ITL...)
+		if slo.Meets(r) {
+			good++
+		}
+	}
+	s.TTFT, s.TPOT, s.ITL, s.E2E = NewDist(ttft), NewDist(tpot), NewDist(itl), NewDist(e2e)
+	if d := duration.Seconds(); d > 0 {
+		s.RequestThroughput = float64(s.Succeeded) / d
+		s.InputThroughput = float64(s.InputTokens) / d
+		s.OutputThroughput = float64(s.OutputTokens) / d
+		s.TotalThroughput = float64(s.InputTokens+s.OutputTokens) / d
+		s.Concurrency = sumE2E.Seconds() / d
+	}
+	if slo.Set() {
+		g := &Goodput{SLOTTFT: ms(slo.TTFT), SLOTPOT: ms(slo.TPOT), Requests: good}
+		if d := duration.Seconds(); d > 0 {
+			g.Rate = float64(good) / d
+		}
+		if len(recs) > 0 {
+			g.Fraction = float64(good) / float64(len(recs))
+		}
+		s.Goodput = g
+	}
+	return s
+}

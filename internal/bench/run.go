@@ -1,0 +1,248 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/pdserve/pdserve/internal/openai"
+)
+
+// Options are a benchmark's config and the dependencies Run does not
+// create itself.
+type Options struct {
+	// Config is the benchmark.
+	Config Config
+	// Client sends every request; Run does not close its connections.
+	Client *http.Client
+	// Clock times requests and schedules arrivals; nil means SystemClock.
+	Clock Clock
+	// Out receives the summary table of each run (and the sweep table);
+	// nil discards them.
+	Out io.Writer
+	// Progress receives a progress bar per run and status lines; nil shows
+	// neither.
+	Progress io.Writer
+}
+
+// RunResult is the outcome of one request rate.
+type RunResult struct {
+	// Summary summarizes Records.
+	Summary Summary
+	// Records has one record per measured request, in arrival order.
+	Records []Record
+}
+
+// Report is the outcome of a benchmark: its config (with the model name
+// filled in) and one result per request rate, in the order run.
+type Report struct {
+	Config Config
+	Runs   []RunResult
+}
+
+// SLO returns the objectives of c.
+func (c *Config) SLO() SLO { return SLO{TTFT: c.SLOTTFT, TPOT: c.SLOTPOT} }
+
+// maxModelListBytes bounds the body of GET /v1/models, in bytes.
+const maxModelListBytes = 1 << 20
+
+// modelTimeout bounds GET /v1/models.
+const modelTimeout = 30 * time.Second
+
+// DiscoverModel returns the first model that GET {baseURL}/v1/models lists.
+func DiscoverModel(ctx context.Context, client *http.Client, baseURL string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, modelTimeout)
+	defer cancel()
+	url := (&Config{BaseURL: baseURL}).baseURL() + "/v1/models"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("listing models: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxModelListBytes))
+	if err != nil {
+		return "", fmt.Errorf("listing models: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("listing models: GET %s: %w", url, openai.DecodeError(resp.StatusCode, b))
+	}
+	var list openai.ModelList
+	if err := json.Unmarshal(b, &list); err != nil {
+		return "", fmt.Errorf("listing models: GET %s: %w", url, err)
+	}
+	if len(list.Data) == 0 || list.Data[0].ID == "" {
+		return "", fmt.Errorf("listing models: GET %s lists no model", url)
+	}
+	return list.Data[0].ID, nil
+}
+
+// Run runs the benchmark: warmup, then one run per request rate. It prints
+// each run's summary to o.Out as it finishes and, for several rates, a
+// sweep table at the end. On cancellation it returns the runs completed so
+// far with ctx's error.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	cfg := o.Config
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Client == nil {
+		return nil, errors.New("bench: no http.Client")
+	}
+	clock := o.Clock
+	if clock == nil {
+		clock = SystemClock{}
+	}
+	out, status := o.Out, o.Progress
+	if out == nil {
+		out = io.Discard
+	}
+	if status == nil {
+		status = io.Discard
+	}
+	if cfg.Model == "" {
+		m, err := DiscoverModel(ctx, o.Client, cfg.BaseURL)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Model = m
+	}
+	prompts, err := BuildDataset(&cfg, cfg.NumPrompts, streamDataset)
+	if err != nil {
+		return nil, err
+	}
+	q := &requester{client: o.Client, clock: clock, cfg: &cfg, url: cfg.baseURL() + cfg.Endpoint.Path()}
+	fmt.Fprintf(status, "bench: %s %s, model %q, %d prompts (%s dataset), rates %v\n",
+		http.MethodPost, q.url, cfg.Model, cfg.NumPrompts, cfg.Dataset, cfg.Rates)
+
+	if cfg.Warmup > 0 {
+		wp, err := BuildDataset(&cfg, cfg.Warmup, streamWarmup)
+		if err != nil {
+			return nil, err
+		}
+		recs, _, err := dispatch(ctx, q, clock, wp, make([]time.Duration, len(wp)), cfg.MaxConcurrency, nil)
+		if err != nil {
+			return nil, err
+		}
+		failed := 0
+		var first *Record
+		for i := range recs {
+			if !recs[i].Success {
+				failed++
+				if first == nil {
+					first = &recs[i]
+				}
+			}
+		}
+		if failed == len(recs) {
+			return nil, fmt.Errorf("warmup: all %d requests failed; the first with %s: %s", failed, first.ErrorType, first.Error)
+		}
+		fmt.Fprintf(status, "bench: warmup done (%d requests, %d failed)\n", len(recs), failed)
+	}
+
+	rep := &Report{Config: cfg}
+	for _, rate := range cfg.Rates {
+		bar := newBar(o.Progress, len(prompts), rate)
+		recs, dur, err := dispatch(ctx, q, clock, prompts, Arrivals(rate, len(prompts), cfg.Seed), cfg.MaxConcurrency, bar)
+		if bar != nil {
+			_ = bar.Finish()
+		}
+		if err != nil {
+			return rep, err
+		}
+		s := Summarize(recs, dur, cfg.SLO())
+		s.Rate, s.MaxConcurrency = rate, cfg.MaxConcurrency
+		rep.Runs = append(rep.Runs, RunResult{Summary: s, Records: recs})
+		if err := PrintSummary(out, &cfg, &s); err != nil {
+			return rep, err
+		}
+	}
+	if len(rep.Runs) > 1 {
+		if err := PrintSweep(out, rep); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// newBar returns a progress bar of n requests on w, or nil if w is nil.
+func newBar(w io.Writer, n int, rate Rate) *progressbar.ProgressBar {
+	if w == nil {
+		return nil
+	}
+	return progressbar.NewOptions(n,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(fmt.Sprintf("rate %s req/s", rate)),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetItsString("req"),
+		progressbar.OptionShowIts(),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionSetRenderBlankState(true),
+		progressbar.OptionOnCompletion(func() { fmt.Fprintln(w) }),
+	)
+}
+
+// dispatch sends prompts[i] at offsets[i] from now (sleeping on clock), with
+// at most maxConc in flight (0: no cap), and waits for all of them. It
+// returns the records in prompt order and the time from the start to the end
+// of the last request. When ctx is done it stops sending, waits for the
+// requests in flight (which end at once) and returns ctx.Err().
+func dispatch(ctx context.Context, q *requester, clock Clock, prompts []Prompt, offsets []time.Duration,
+	maxConc int, bar *progressbar.ProgressBar) ([]Record, time.Duration, error) {
+	recs := make([]Record, len(prompts))
+	var slots chan struct{}
+	if maxConc > 0 {
+		slots = make(chan struct{}, maxConc)
+	}
+	var wg sync.WaitGroup
+	start := clock.Now()
+	var err error
+	// A request is sent when it is dispatched, or when it gets a slot.
+	for i := range prompts {
+		if d := offsets[i] - clock.Now().Sub(start); d > 0 {
+			if err = clock.Sleep(ctx, d); err != nil {
+				break
+			}
+		}
+		if err = ctx.Err(); err != nil {
+			break
+		}
+		due := clock.Now().Sub(start)
+		wg.Go(func() {
+			sent := due
+			if slots != nil {
+				select {
+				case slots <- struct{}{}:
+					defer func() { <-slots }()
+					sent = max(due, clock.Now().Sub(start))
+				case <-ctx.Done():
+					recs[i] = Record{Index: i, Arrival: offsets[i], Sent: due, ErrorType: ErrCanceled,
+						Error: "cancelled before sending", PlannedOutputTokens: prompts[i].OutputLen}
+					return
+				}
+			}
+			r := q.do(ctx, prompts[i])
+			r.Index, r.Arrival, r.Sent = i, offsets[i], sent
+			recs[i] = r
+			if bar != nil {
+				_ = bar.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if err == nil {
+		err = ctx.Err()
+	}
+	return recs, clock.Now().Sub(start), err
+}

@@ -35,6 +35,7 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		port     int
 		nPrefill int
 		nDecode  int
+		nServe   int
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -52,7 +53,10 @@ in-flight requests are answered with an error.`,
 			if err := checkPort("port", port); err != nil {
 				return err
 			}
-			if nPrefill < 1 || nDecode < 1 || nPrefill > 64 || nDecode > 64 {
+			if nServe < 0 || nServe > 64 {
+				return usagef("--colocated-workers must be between 0 and 64")
+			}
+			if nServe == 0 && (nPrefill < 1 || nDecode < 1 || nPrefill > 64 || nDecode > 64) {
 				return usagef("--prefill-workers and --decode-workers must be between 1 and 64")
 			}
 			newModel, err := mf.factory()
@@ -65,11 +69,19 @@ in-flight requests are answered with an error.`,
 			}
 			wo.Logger = log
 			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port,
-				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, NewModel: newModel, Worker: wo, Logger: log})
+				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,
+				NewModel: newModel, Worker: wo, Logger: log})
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stdout, "pdserve up: router %s (%d prefill, %d decode workers)\n", c.URL(), nPrefill, nDecode)
+			if nServe > 0 {
+				fmt.Fprintf(stdout, "pdserve up: router %s (%d colocated workers, no disaggregation)\n", c.URL(), nServe)
+			} else {
+				fmt.Fprintf(stdout, "pdserve up: router %s (%d prefill, %d decode workers)\n", c.URL(), nPrefill, nDecode)
+			}
+			for _, w := range c.Colocated {
+				fmt.Fprintf(stdout, "  colocated worker %s\n", w.URL)
+			}
 			for _, w := range c.Prefill {
 				fmt.Fprintf(stdout, "  prefill worker %s (KV %s)\n", w.URL, w.Worker.KVAddr())
 			}
@@ -92,6 +104,7 @@ in-flight requests are answered with an error.`,
 	fs.IntVar(&port, "port", 8000, "router port")
 	fs.IntVar(&nPrefill, "prefill-workers", 1, "number of prefill workers")
 	fs.IntVar(&nDecode, "decode-workers", 1, "number of decode workers")
+	fs.IntVar(&nServe, "colocated-workers", 0, "run this many colocated workers behind the router instead of prefill/decode (plain mode, for comparison)")
 	return cmd
 }
 
@@ -222,8 +235,9 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 		mf      modelFlags
 		host    string
 		port    int
-		prefill []string
-		decode  []string
+		prefill   []string
+		decode    []string
+		colocated []string
 	)
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -240,9 +254,12 @@ each prefill worker's KV address from the worker itself.`,
 			if err := checkPort("port", port); err != nil {
 				return err
 			}
-			p, d := splitURLs(prefill), splitURLs(decode)
-			if len(p) == 0 || len(d) == 0 {
-				return usagef("need --prefill and --decode worker URLs (comma-separated lists)")
+			p, d, co := splitURLs(prefill), splitURLs(decode), splitURLs(colocated)
+			if len(co) == 0 && (len(p) == 0 || len(d) == 0) {
+				return usagef("need --prefill and --decode worker URLs (comma-separated lists), or --colocated")
+			}
+			if len(co) > 0 && (len(p) > 0 || len(d) > 0) {
+				return usagef("--colocated cannot be combined with --prefill/--decode")
 			}
 			newModel, err := mf.factory()
 			if err != nil {
@@ -253,11 +270,15 @@ each prefill worker's KV address from the worker itself.`,
 				return err
 			}
 			s, err := cluster.StartRouter(cluster.RouterOptions{Addr: net.JoinHostPort(host, strconv.Itoa(port)),
-				Prefill: p, Decode: d, Info: m.Info(), Tokenizer: m.Tokenizer(), Logger: log})
+				Prefill: p, Decode: d, Colocated: co, Info: m.Info(), Tokenizer: m.Tokenizer(), Logger: log})
 			if err != nil {
 				return usageError{err}
 			}
-			fmt.Fprintf(stdout, "pdserve router: %s/v1 (%d prefill, %d decode workers)\n", s.URL, len(p), len(d))
+			if len(co) > 0 {
+				fmt.Fprintf(stdout, "pdserve router: %s/v1 (%d colocated workers)\n", s.URL, len(co))
+			} else {
+				fmt.Fprintf(stdout, "pdserve router: %s/v1 (%d prefill, %d decode workers)\n", s.URL, len(p), len(d))
+			}
 			// "ready" is printed once a compatible pair is healthy; until
 			// then requests get a 503 naming what is missing.
 			waitServing(cmd.Context(), s.Router, stdout)
@@ -278,5 +299,6 @@ each prefill worker's KV address from the worker itself.`,
 	fs.IntVar(&port, "port", 8000, "router port")
 	fs.StringSliceVar(&prefill, "prefill", nil, "prefill worker URLs, e.g. http://127.0.0.1:30000 (comma-separated)")
 	fs.StringSliceVar(&decode, "decode", nil, "decode worker URLs, e.g. http://127.0.0.1:30001 (comma-separated)")
+	fs.StringSliceVar(&colocated, "colocated", nil, "colocated (serve) worker URLs instead of prefill/decode: plain mode, whole requests round robin")
 	return cmd
 }

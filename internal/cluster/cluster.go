@@ -151,6 +151,8 @@ func (s *WorkerServer) Shutdown(ctx context.Context) error {
 type RouterOptions struct {
 	Addr            string
 	Prefill, Decode []string
+	// Colocated lists colocated workers (the router's plain mode) instead.
+	Colocated []string
 	// Info and Tokenizer describe the served model.
 	Info      model.Info
 	Tokenizer model.Tokenizer
@@ -174,7 +176,7 @@ type RouterServer struct {
 func StartRouter(o RouterOptions) (*RouterServer, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r, err := router.New(router.Config{Prefill: o.Prefill, Decode: o.Decode, ModelName: o.Info.Name,
+	r, err := router.New(router.Config{Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, ModelName: o.Info.Name,
 		Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, EOS: o.Info.EOS,
 		HealthInterval: o.HealthInterval, Logger: o.Logger, Registerer: reg, Gatherer: reg})
 	if err != nil {
@@ -211,8 +213,11 @@ type Options struct {
 	Host string
 	// RouterPort is the router's port (0 picks one).
 	RouterPort int
-	// PrefillWorkers and DecodeWorkers count the workers (each ≥ 1).
+	// PrefillWorkers and DecodeWorkers count the workers (each ≥ 1), unless
+	// ColocatedWorkers > 0: then the router spreads whole requests over
+	// that many colocated workers instead (plain mode, no disaggregation).
 	PrefillWorkers, DecodeWorkers int
+	ColocatedWorkers              int
 	NewModel                      ModelFactory
 	// Worker is the template for every worker; Role, Addr and KVListen are
 	// set per worker.
@@ -229,8 +234,9 @@ type Options struct {
 // Cluster is a running `pdserve up`.
 type Cluster struct {
 	Router  *RouterServer
-	Prefill []*WorkerServer
-	Decode  []*WorkerServer
+	Prefill   []*WorkerServer
+	Decode    []*WorkerServer
+	Colocated []*WorkerServer
 }
 
 // URL is the router's base URL.
@@ -238,13 +244,13 @@ func (c *Cluster) URL() string { return c.Router.URL }
 
 // Workers lists every worker.
 func (c *Cluster) Workers() []*WorkerServer {
-	return append(append([]*WorkerServer{}, c.Prefill...), c.Decode...)
+	return append(append(append([]*WorkerServer{}, c.Prefill...), c.Decode...), c.Colocated...)
 }
 
 // Up starts the workers and the router and waits until the router sees every
 // worker healthy. On error everything started is shut down.
 func Up(ctx context.Context, o Options) (c *Cluster, err error) {
-	if o.PrefillWorkers < 1 || o.DecodeWorkers < 1 {
+	if o.ColocatedWorkers == 0 && (o.PrefillWorkers < 1 || o.DecodeWorkers < 1) {
 		return nil, fmt.Errorf("need at least one prefill and one decode worker, got %d and %d", o.PrefillWorkers, o.DecodeWorkers)
 	}
 	if o.Host == "" {
@@ -284,7 +290,17 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 		}
 		return StartWorker(wo)
 	}
+	for i := range o.ColocatedWorkers {
+		s, err := start(lifecycle.RoleColocated, i)
+		if err != nil {
+			return c, fmt.Errorf("colocated worker %d: %w", i, err)
+		}
+		c.Colocated = append(c.Colocated, s)
+	}
 	for i := range o.PrefillWorkers {
+		if o.ColocatedWorkers > 0 {
+			break
+		}
 		s, err := start(lifecycle.RolePrefill, i)
 		if err != nil {
 			return c, fmt.Errorf("prefill worker %d: %w", i, err)
@@ -292,6 +308,9 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 		c.Prefill = append(c.Prefill, s)
 	}
 	for i := range o.DecodeWorkers {
+		if o.ColocatedWorkers > 0 {
+			break
+		}
 		s, err := start(lifecycle.RoleDecode, i)
 		if err != nil {
 			return c, fmt.Errorf("decode worker %d: %w", i, err)
@@ -309,6 +328,9 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	for _, w := range c.Decode {
 		ro.Decode = append(ro.Decode, w.URL)
+	}
+	for _, w := range c.Colocated {
+		ro.Colocated = append(ro.Colocated, w.URL)
 	}
 	c.Router, err = StartRouter(ro)
 	if err != nil {

@@ -139,3 +139,6 @@ func (m *Machine) Request(rid string, now time.Time) (RequestInfo, bool) {
 	}
 	return m.info(r, now, true), true
 }
+
+// Live is the number of live requests.
+func (m *Machine) Live() int { return len(m.reqs) }

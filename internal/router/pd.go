@@ -69,6 +69,9 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		return nil, openai.Unavailable("the router is shutting down")
 	default:
 	}
+	if len(r.colocated) > 0 {
+		return r.generatePlain(ctx, g)
+	}
 	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String()}
 	if e := s.start(1); e != nil {
 		r.requests.WithLabelValues("no_pair").Inc()
@@ -164,6 +167,12 @@ func (r *Router) runPrefill(ctx context.Context, w *workerState, payload []byte)
 }
 
 func (r *Router) runDecode(ctx context.Context, w *workerState, payload []byte, out chan<- decodeEvent) {
+	r.runStream(ctx, w, worker.PathDecode, payload, out)
+}
+
+// runStream posts a streaming leg (decode or colocated generate) and sends
+// its NDJSON lines to out, closing out at the end.
+func (r *Router) runStream(ctx context.Context, w *workerState, path string, payload []byte, out chan<- decodeEvent) {
 	defer close(out)
 	send := func(ev decodeEvent) bool {
 		select {
@@ -173,7 +182,7 @@ func (r *Router) runDecode(ctx context.Context, w *workerState, payload []byte, 
 			return false
 		}
 	}
-	resp, e := r.post(ctx, w, worker.PathDecode, payload)
+	resp, e := r.post(ctx, w, path, payload)
 	if e != nil {
 		send(decodeEvent{err: e})
 		return

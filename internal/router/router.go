@@ -47,6 +47,10 @@ type Config struct {
 	// Prefill and Decode are worker base URLs, e.g. http://127.0.0.1:30000.
 	Prefill []string
 	Decode  []string
+	// Colocated lists colocated (`pdserve serve`) workers instead: the
+	// router's plain mode, round robin over whole requests, for comparing
+	// with disaggregation at equal worker count.
+	Colocated []string
 	// ModelName, Tokenizer, ContextLen and EOS describe the served model;
 	// workers serving another model are not used.
 	ModelName  string
@@ -81,10 +85,12 @@ type Router struct {
 	cfg     Config
 	log     *slog.Logger
 	client  *http.Client
-	prefill []*workerState
-	decode  []*workerState
-	rrP     atomic.Uint64
-	rrD     atomic.Uint64
+	prefill   []*workerState
+	decode    []*workerState
+	colocated []*workerState
+	rrP       atomic.Uint64
+	rrD       atomic.Uint64
+	rrC       atomic.Uint64
 
 	bg     sync.WaitGroup
 	stop   chan struct{}
@@ -137,8 +143,11 @@ func (w *workerState) markFailed(err string) {
 // New returns a router; it checks the worker URLs but contacts no worker
 // until Start.
 func New(cfg Config) (*Router, error) {
-	if len(cfg.Prefill) == 0 || len(cfg.Decode) == 0 {
-		return nil, errors.New("router needs at least one prefill and one decode worker")
+	switch {
+	case len(cfg.Colocated) > 0 && (len(cfg.Prefill) > 0 || len(cfg.Decode) > 0):
+		return nil, errors.New("router takes either prefill and decode workers or colocated workers, not both")
+	case len(cfg.Colocated) == 0 && (len(cfg.Prefill) == 0 || len(cfg.Decode) == 0):
+		return nil, errors.New("router needs at least one prefill and one decode worker (or colocated workers)")
 	}
 	if cfg.ModelName == "" || cfg.ContextLen < 1 {
 		return nil, errors.New("router needs the model name and context length")
@@ -174,7 +183,7 @@ func New(cfg Config) (*Router, error) {
 	for _, list := range []struct {
 		urls []string
 		dst  *[]*workerState
-	}{{cfg.Prefill, &r.prefill}, {cfg.Decode, &r.decode}} {
+	}{{cfg.Prefill, &r.prefill}, {cfg.Decode, &r.decode}, {cfg.Colocated, &r.colocated}} {
 		for _, raw := range list.urls {
 			u, err := url.Parse(strings.TrimRight(raw, "/"))
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -226,7 +235,7 @@ func (r *Router) Start() {
 // AllHealthy reports whether every worker answered its last health check,
 // and if not, why.
 func (r *Router) AllHealthy() (bool, string) {
-	for _, w := range append(append([]*workerState{}, r.prefill...), r.decode...) {
+	for _, w := range r.workers() {
 		w.mu.Lock()
 		ok, why := w.healthy, w.lastErr
 		w.mu.Unlock()
@@ -241,6 +250,12 @@ func (r *Router) AllHealthy() (bool, string) {
 // decode worker with a healthy, compatible prefill worker. If not, it says
 // why.
 func (r *Router) Serving() (bool, string) {
+	if len(r.colocated) > 0 {
+		if pick(r.colocated, &atomic.Uint64{}, nil) != nil {
+			return true, ""
+		}
+		return false, "no healthy colocated worker"
+	}
 	for _, d := range r.decode {
 		if ok, _ := d.snapshot(); !ok {
 			continue
@@ -280,16 +295,25 @@ func (r *Router) checkAll() {
 	var wg sync.WaitGroup
 	for _, w := range r.prefill {
 		wg.Add(1)
-		go func() { defer wg.Done(); r.check(w, true) }()
+		go func() { defer wg.Done(); r.check(w, "prefill") }()
 	}
 	for _, w := range r.decode {
 		wg.Add(1)
-		go func() { defer wg.Done(); r.check(w, false) }()
+		go func() { defer wg.Done(); r.check(w, "decode") }()
+	}
+	for _, w := range r.colocated {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.check(w, "colocated") }()
 	}
 	wg.Wait()
 }
 
-func (r *Router) check(w *workerState, isPrefill bool) {
+// workers lists every worker of the router.
+func (r *Router) workers() []*workerState {
+	return append(append(append([]*workerState{}, r.prefill...), r.decode...), r.colocated...)
+}
+
+func (r *Router) check(w *workerState, wantRole string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	var info worker.Info
@@ -297,10 +321,7 @@ func (r *Router) check(w *workerState, isPrefill bool) {
 	if err == nil {
 		err = r.getJSON(ctx, w.url+"/health", &struct{}{})
 	}
-	wantRole := "decode"
-	if isPrefill {
-		wantRole = "prefill"
-	}
+	isPrefill := wantRole == "prefill"
 	switch {
 	case err != nil:
 	case info.Role != wantRole:
@@ -445,7 +466,7 @@ func (r *Router) Handler() http.Handler {
 // smaller), or 0 if none is known.
 func (r *Router) contextLen() int {
 	c := 0
-	for _, w := range append(append([]*workerState{}, r.prefill...), r.decode...) {
+	for _, w := range r.workers() {
 		w.mu.Lock()
 		if w.healthy && w.ctxLen > 0 && (c == 0 || w.ctxLen < c) {
 			c = w.ctxLen
@@ -478,6 +499,7 @@ func (r *Router) Workers() []WorkerStatus {
 	}
 	add(r.prefill, "prefill")
 	add(r.decode, "decode")
+	add(r.colocated, "colocated")
 	return out
 }
 

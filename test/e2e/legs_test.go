@@ -139,3 +139,37 @@ func TestRouterShutdownAnswersInFlight(t *testing.T) {
 		}
 	}
 }
+
+// TestRouterPlainMode: the router in front of two colocated workers (plain
+// mode, for comparisons at equal worker count) spreads requests over both
+// and gives the same answers as disaggregated serving.
+func TestRouterPlainMode(t *testing.T) {
+	mc := testMachine()
+	plain, err := cluster.Up(context.Background(), cluster.Options{ColocatedWorkers: 2, NewModel: simFactory(sim.Config{}),
+		Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: 64 << 20}, HealthInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		assertQuiescent(t, plain.Workers()...)
+		_ = plain.Shutdown(context.Background())
+	})
+	pd := startPD(t, pdOptions{})
+	for i := range 6 {
+		req := map[string]any{"prompt": fmt.Sprintf("plain %d", i), "max_tokens": 12, "seed": i, "temperature": 0.9,
+			"return_token_ids": true}
+		sp, bp := postJSON(t, plain.URL()+"/v1/completions", req)
+		sd, bd := postJSON(t, pd.URL()+"/v1/completions", req)
+		if sp != http.StatusOK || sd != http.StatusOK {
+			t.Fatalf("plain %d %s; pd %d %s", sp, bp, sd, bd)
+		}
+		if a, b := decodeCompletion(t, bp).Choices[0].TokenIDs, decodeCompletion(t, bd).Choices[0].TokenIDs; fmt.Sprint(a) != fmt.Sprint(b) {
+			t.Fatalf("plain %v, pd %v", a, b)
+		}
+	}
+	for _, w := range plain.Colocated {
+		if n := counterValue(t, workerGatherer{w}, "pdserve_requests_finished_total", "outcome", "ok"); n != 3 {
+			t.Fatalf("colocated worker served %v requests, want 3 (round robin)", n)
+		}
+	}
+}

@@ -1,0 +1,75 @@
+package lifecycle
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// BenchmarkStepDecode measures the machine's cost per event in steady-state
+// decoding: b.N decode steps of a batch of 64 running requests, each step
+// two events (Schedule, BatchDone) and 64 emitted tokens. Reported per event.
+func BenchmarkStepDecode(b *testing.B) {
+	cfg := DefaultConfig(RoleColocated)
+	cfg.PageBytes, cfg.VocabSize, cfg.ContextLen = 1, 1000, 1<<20
+	cfg.MaxRunning = 64
+	m, err := New(cfg, kvcache.NewAllocator(1<<16))
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Unix(0, 0)
+	for i := range 64 {
+		m.Step(now, Arrive{Req: Request{RID: fmt.Sprint(i), InputIDs: make([]int32, 32), MaxTokens: 1 << 19,
+			IgnoreEOS: true, Sampling: model.SamplingParams{TopP: 1}}})
+	}
+	out := make([]model.SeqOutput, 64)
+	// Prefill everything, then time decode steps.
+	for m.stageCount[StageDecoding] < 64 {
+		m.Step(now, Schedule{})
+		m.Ready()
+		m.Step(now, BatchDone{Out: out[:len(m.batch)]})
+		m.Ready()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		m.Step(now, Schedule{})
+		m.Ready()
+		m.Step(now, BatchDone{Out: out})
+		m.Ready()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*b.N), "ns/event")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(64*b.N), "ns/token")
+}
+
+// BenchmarkStepRequest measures a colocated request's whole life (arrive,
+// prefill, 4 decode steps, finish) through the machine.
+func BenchmarkStepRequest(b *testing.B) {
+	cfg := DefaultConfig(RoleColocated)
+	cfg.PageBytes, cfg.VocabSize = 1, 1000
+	m, err := New(cfg, kvcache.NewAllocator(1<<12))
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Unix(0, 0)
+	out := []model.SeqOutput{{Token: 1}}
+	prompt := make([]int32, 32)
+	b.ReportAllocs()
+	events := 0
+	for i := range b.N {
+		m.Step(now, Arrive{Req: Request{RID: fmt.Sprint(i), InputIDs: prompt, MaxTokens: 5, IgnoreEOS: true,
+			Sampling: model.SamplingParams{TopP: 1}}})
+		events++
+		for m.Live() > 0 {
+			m.Step(now, Schedule{})
+			m.Ready()
+			m.Step(now, BatchDone{Out: out})
+			m.Ready()
+			events += 2
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(events), "ns/event")
+}

@@ -231,10 +231,10 @@ func splitURLs(s []string) []string {
 
 func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
-		lf      logFlags
-		mf      modelFlags
-		host    string
-		port    int
+		lf        logFlags
+		mf        modelFlags
+		host      string
+		port      int
 		prefill   []string
 		decode    []string
 		colocated []string

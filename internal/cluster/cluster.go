@@ -233,7 +233,7 @@ type Options struct {
 
 // Cluster is a running `pdserve up`.
 type Cluster struct {
-	Router  *RouterServer
+	Router    *RouterServer
 	Prefill   []*WorkerServer
 	Decode    []*WorkerServer
 	Colocated []*WorkerServer

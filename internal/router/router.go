@@ -82,9 +82,9 @@ type Config struct {
 
 // Router pairs prefill and decode workers. See the package doc.
 type Router struct {
-	cfg     Config
-	log     *slog.Logger
-	client  *http.Client
+	cfg       Config
+	log       *slog.Logger
+	client    *http.Client
 	prefill   []*workerState
 	decode    []*workerState
 	colocated []*workerState

@@ -238,6 +238,7 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 		prefill   []string
 		decode    []string
 		colocated []string
+		health    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -253,6 +254,9 @@ each prefill worker's KV address from the worker itself.`,
 			}
 			if err := checkPort("port", port); err != nil {
 				return err
+			}
+			if health <= 0 {
+				return usagef("--health-interval must be positive")
 			}
 			p, d, co := splitURLs(prefill), splitURLs(decode), splitURLs(colocated)
 			if len(co) == 0 && (len(p) == 0 || len(d) == 0) {
@@ -270,7 +274,8 @@ each prefill worker's KV address from the worker itself.`,
 				return err
 			}
 			s, err := cluster.StartRouter(cluster.RouterOptions{Addr: net.JoinHostPort(host, strconv.Itoa(port)),
-				Prefill: p, Decode: d, Colocated: co, Info: m.Info(), Tokenizer: m.Tokenizer(), Logger: log})
+				Prefill: p, Decode: d, Colocated: co, Info: m.Info(), Tokenizer: m.Tokenizer(), Logger: log,
+				HealthInterval: health})
 			if err != nil {
 				return usageError{err}
 			}
@@ -299,6 +304,7 @@ each prefill worker's KV address from the worker itself.`,
 	fs.IntVar(&port, "port", 8000, "router port")
 	fs.StringSliceVar(&prefill, "prefill", nil, "prefill worker URLs, e.g. http://127.0.0.1:30000 (comma-separated)")
 	fs.StringSliceVar(&decode, "decode", nil, "decode worker URLs, e.g. http://127.0.0.1:30001 (comma-separated)")
+	fs.DurationVar(&health, "health-interval", 2*time.Second, "how often workers are health-checked (a worker that failed a request is skipped until it passes one)")
 	fs.StringSliceVar(&colocated, "colocated", nil, "colocated (serve) worker URLs instead of prefill/decode: plain mode, whole requests round robin")
 	return cmd
 }

@@ -75,6 +75,9 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String()}
 	if e := s.start(1); e != nil {
 		r.requests.WithLabelValues("no_pair").Inc()
+		if e.Code == "" {
+			e.Code = "no_worker"
+		}
 		return nil, e
 	}
 	return s, nil

@@ -34,7 +34,9 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (
 	w := pick(r.colocated, &r.rrC, nil)
 	if w == nil {
 		r.requests.WithLabelValues("no_worker").Inc()
-		return nil, openai.Unavailable("no healthy colocated worker (see /debug/workers)")
+		e := openai.Unavailable("no healthy colocated worker (see /debug/workers)")
+		e.Code = "no_worker"
+		return nil, e
 	}
 	lctx, cancel := context.WithTimeout(context.Background(), LegTimeout)
 	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel}

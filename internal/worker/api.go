@@ -366,7 +366,7 @@ func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
 	// The abort is applied on the loop before we answer, so a caller that
 	// saw 200 knows the worker has it (a tombstone if the request is unknown).
 	if !w.query(5*time.Second, func() { w.step(a) }) {
-		openai.WriteError(rw, openai.Unavailable("worker loop did not answer"))
+		openai.WriteError(rw, openai.Unavailable("worker loop did not answer within 5s; the abort is queued and will still be applied"))
 		return
 	}
 	writeJSON(rw, http.StatusOK, map[string]bool{"ok": true})

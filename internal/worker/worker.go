@@ -565,10 +565,22 @@ func (w *Worker) logBatch(kind string, b lifecycle.RunBatch) {
 	w.log.Log(context.Background(), level, kind+" batch", attrs...)
 }
 
+// queryValue runs fn on the loop and returns its result, waiting up to
+// timeout. If the loop does not answer in time it returns false; fn may
+// still run later, but its result is then dropped (it goes to a buffered
+// channel nobody reads), never written under the caller.
+func queryValue[T any](w *Worker, timeout time.Duration, fn func() T) (T, bool) {
+	ch := make(chan T, 1)
+	if !w.query(timeout, func() { ch <- fn() }) {
+		var zero T
+		return zero, false
+	}
+	return <-ch, true
+}
+
 // snapshot reads the machine's stats on the loop, for metrics.
 func (w *Worker) snapshot() (lifecycle.Stats, map[string]uint64, bool) {
-	var st lifecycle.Stats
-	ok := w.query(2*time.Second, func() { st = w.machine.Stats(w.now()) })
+	st, ok := queryValue(w, 2*time.Second, func() lifecycle.Stats { return w.machine.Stats(w.now()) })
 	var dropped map[string]uint64
 	if s, ok := w.backend.(kvxfer.DropCounter); ok {
 		dropped = s.DroppedFrames()
@@ -578,29 +590,33 @@ func (w *Worker) snapshot() (lifecycle.Stats, map[string]uint64, bool) {
 
 // Stats returns the machine's stats, read on the loop. ok is false if the
 // loop did not answer within timeout.
-func (w *Worker) Stats(timeout time.Duration) (st lifecycle.Stats, ok bool) {
-	ok = w.query(timeout, func() { st = w.machine.Stats(w.now()) })
-	return st, ok
+func (w *Worker) Stats(timeout time.Duration) (lifecycle.Stats, bool) {
+	return queryValue(w, timeout, func() lifecycle.Stats { return w.machine.Stats(w.now()) })
 }
 
 // Requests lists live requests, read on the loop.
-func (w *Worker) Requests(timeout time.Duration) (list []lifecycle.RequestInfo, ok bool) {
-	ok = w.query(timeout, func() {
-		list = w.machine.Requests(w.now())
+func (w *Worker) Requests(timeout time.Duration) ([]lifecycle.RequestInfo, bool) {
+	return queryValue(w, timeout, func() []lifecycle.RequestInfo {
+		list := w.machine.Requests(w.now())
 		for i := range list {
 			w.peerAddr(&list[i])
 		}
+		return list
 	})
-	return list, ok
 }
 
 // Request describes one live request with its recent events.
-func (w *Worker) Request(rid string, timeout time.Duration) (ri lifecycle.RequestInfo, found, ok bool) {
-	ok = w.query(timeout, func() {
-		ri, found = w.machine.Request(rid, w.now())
+func (w *Worker) Request(rid string, timeout time.Duration) (lifecycle.RequestInfo, bool, bool) {
+	type res struct {
+		ri    lifecycle.RequestInfo
+		found bool
+	}
+	r, ok := queryValue(w, timeout, func() res {
+		ri, found := w.machine.Request(rid, w.now())
 		w.peerAddr(&ri)
+		return res{ri, found}
 	})
-	return ri, found, ok
+	return r.ri, r.found, ok
 }
 
 // peerAddr fills in the remote address of a prefill request's decode peer.

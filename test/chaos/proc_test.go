@@ -1,0 +1,287 @@
+package chaos
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	binPath   string
+	buildErr  error
+)
+
+// pdserveBinary builds cmd/pdserve once per test binary (without the race
+// detector: the processes are the system under test, not the test).
+func pdserveBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "pdserve-chaos-")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(buildDir, "pdserve")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/pdserve/pdserve/cmd/pdserve").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// removeBuild deletes the built binary (called once all tests ran).
+func removeBuild() {
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago: the test
+// listens on port 0 and closes, so that a process can bind it — and bind
+// it again after a restart.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// tail keeps the last max bytes written to it.
+type tail struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+// Write keeps the end of p; it never fails.
+func (w *tail) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b = append(w.b, p...)
+	if over := len(w.b) - w.max; over > 0 {
+		w.b = append(w.b[:0], w.b[over:]...)
+	}
+	return len(p), nil
+}
+
+// String returns what is kept.
+func (w *tail) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.b)
+}
+
+// proc is a running pdserve process; its stdout lines are kept, its stderr
+// tail too.
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	stderr *tail
+	exited chan struct{} // closed once the process was waited for
+
+	mu    sync.Mutex
+	lines []string
+}
+
+// startProc starts the pdserve binary with args.
+func startProc(bin, name string, args ...string) (*proc, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "PDSERVE_LOG_LEVEL=warn")
+	p := &proc{name: name, cmd: cmd, stderr: &tail{max: 64 << 10}, exited: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.lines = append(p.lines, sc.Text())
+			p.mu.Unlock()
+		}
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// waitLine waits until a stdout line matches re and returns its first
+// submatch (or the whole match).
+func (p *proc) waitLine(re *regexp.Regexp, timeout time.Duration) (string, error) {
+	var found string
+	state, ok := waitUntil(timeout, func() (bool, string) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, l := range p.lines {
+			if m := re.FindStringSubmatch(l); m != nil {
+				found = m[len(m)-1]
+				return true, ""
+			}
+		}
+		select {
+		case <-p.exited:
+			return false, "process exited"
+		default:
+		}
+		return false, fmt.Sprintf("%d lines so far", len(p.lines))
+	})
+	if !ok {
+		return "", fmt.Errorf("%s: no line matching %q within %s (%s); stderr:\n%s", p.name, re, timeout, state, p.stderr)
+	}
+	return found, nil
+}
+
+// kill sends SIGKILL and waits for the process to be reaped.
+func (p *proc) kill() {
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// alive reports whether the process has not exited.
+func (p *proc) alive() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+var readyLine = regexp.MustCompile(`^ready$`)
+
+// simFlags are the model flags of every chaos process: the small KV shape
+// of the in-process test; decodeMS is the decode step time.
+func simFlags(decodeMS float64) []string {
+	return []string{"--sim-layers", strconv.Itoa(simGeometry.Layers), "--sim-kv-heads", strconv.Itoa(simGeometry.KVHeads),
+		"--sim-head-dim", strconv.Itoa(simGeometry.HeadDim), "--sim-dtype", simGeometry.DType.String(),
+		"--sim-context-len", strconv.Itoa(simContext),
+		"--sim-prefill-ms-per-token", "0.02", "--sim-decode-ms-per-step", strconv.FormatFloat(decodeMS, 'f', -1, 64)}
+}
+
+// procWorker is one worker (or router, or reference) process position:
+// fixed ports and arguments, a new process on every restart.
+type procWorker struct {
+	name   string
+	role   string // prefill, decode, router, serve
+	port   int
+	kvPort int
+	args   []string
+	life   int
+	p      *proc
+}
+
+// url is the process's HTTP base URL.
+func (w *procWorker) url() string { return fmt.Sprintf("http://127.0.0.1:%d", w.port) }
+
+// procSet owns the processes of a test and kills them all at cleanup.
+type procSet struct {
+	t   *testing.T
+	bin string
+
+	mu    sync.Mutex
+	procs []*proc
+}
+
+// newProcSet builds the pdserve binary (once) and returns an empty set
+// whose processes are killed at t's cleanup.
+func newProcSet(t *testing.T) *procSet {
+	ps := &procSet{t: t, bin: pdserveBinary(t)}
+	t.Cleanup(func() {
+		ps.mu.Lock()
+		defer ps.mu.Unlock()
+		for _, p := range ps.procs {
+			p.kill()
+		}
+	})
+	return ps
+}
+
+// worker declares a process position of role with its arguments (the
+// host, ports and role are added here).
+func (ps *procSet) worker(name, role string, args ...string) *procWorker {
+	w := &procWorker{name: name, role: role, port: freePort(ps.t)}
+	w.args = append([]string{role, "--host", "127.0.0.1", "--port", strconv.Itoa(w.port)}, args...)
+	if role == "prefill" {
+		w.kvPort = freePort(ps.t)
+		w.args = append(w.args, "--kv-port", strconv.Itoa(w.kvPort))
+	}
+	return w
+}
+
+// start starts w's process and waits for its "ready" line.
+func (ps *procSet) start(w *procWorker) error {
+	p, err := startProc(ps.bin, fmt.Sprintf("%s#%d", w.name, w.life), w.args...)
+	if err != nil {
+		return err
+	}
+	ps.mu.Lock()
+	ps.procs = append(ps.procs, p)
+	ps.mu.Unlock()
+	w.p = p
+	if _, err := p.waitLine(readyLine, 30*time.Second); err != nil {
+		p.kill()
+		return err
+	}
+	return nil
+}
+
+// restart starts w again on the same ports; a port of the killed process
+// may take a moment to be free again, so it retries for a few seconds.
+func (ps *procSet) restart(w *procWorker) error {
+	w.life++
+	var err error
+	if _, ok := waitUntil(5*time.Second, func() (bool, string) {
+		err = ps.start(w)
+		return err == nil, fmt.Sprint(err)
+	}); !ok {
+		return err
+	}
+	return nil
+}
+
+// mustStart starts w or fails the test.
+func (ps *procSet) mustStart(w *procWorker) {
+	ps.t.Helper()
+	if err := ps.start(w); err != nil {
+		ps.t.Fatal(err)
+	}
+}
+
+// describeProc is a process's stderr tail, for failure messages.
+func describeProc(w *procWorker) string {
+	if w.p == nil {
+		return ""
+	}
+	s := w.p.stderr.String()
+	if len(s) > 4000 {
+		s = "…" + s[len(s)-4000:]
+	}
+	return fmt.Sprintf("  %s stderr:\n%s", w.p.name, strings.TrimRight(s, "\n"))
+}

@@ -290,32 +290,23 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 		}
 		return StartWorker(wo)
 	}
-	for i := range o.ColocatedWorkers {
-		s, err := start(lifecycle.RoleColocated, i)
-		if err != nil {
-			return c, fmt.Errorf("colocated worker %d: %w", i, err)
-		}
-		c.Colocated = append(c.Colocated, s)
+	type group struct {
+		role lifecycle.Role
+		n    int
+		dst  *[]*WorkerServer
 	}
-	for i := range o.PrefillWorkers {
-		if o.ColocatedWorkers > 0 {
-			break
-		}
-		s, err := start(lifecycle.RolePrefill, i)
-		if err != nil {
-			return c, fmt.Errorf("prefill worker %d: %w", i, err)
-		}
-		c.Prefill = append(c.Prefill, s)
+	groups := []group{{lifecycle.RolePrefill, o.PrefillWorkers, &c.Prefill}, {lifecycle.RoleDecode, o.DecodeWorkers, &c.Decode}}
+	if o.ColocatedWorkers > 0 {
+		groups = []group{{lifecycle.RoleColocated, o.ColocatedWorkers, &c.Colocated}}
 	}
-	for i := range o.DecodeWorkers {
-		if o.ColocatedWorkers > 0 {
-			break
+	for _, g := range groups {
+		for i := range g.n {
+			s, err := start(g.role, i)
+			if err != nil {
+				return c, fmt.Errorf("%s worker %d: %w", g.role, i, err)
+			}
+			*g.dst = append(*g.dst, s)
 		}
-		s, err := start(lifecycle.RoleDecode, i)
-		if err != nil {
-			return c, fmt.Errorf("decode worker %d: %w", i, err)
-		}
-		c.Decode = append(c.Decode, s)
 	}
 	m, err := o.NewModel()
 	if err != nil {

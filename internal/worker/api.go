@@ -244,18 +244,27 @@ func (w *Worker) abortClient(rid string) {
 	w.post(lifecycle.Abort{RID: rid, Reason: lifecycle.AbortClient, Detail: "caller disconnected"})
 }
 
-func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
+// arriveLeg reads a leg's body and submits it; on bad input it answers the
+// error itself and returns ok false.
+func (w *Worker) arriveLeg(rw http.ResponseWriter, r *http.Request) (lifecycle.Request, *waiter, bool) {
 	var b GenerateBody
 	if err := w.readBody(rw, r, &b, w.cfg.MaxBodyBytes); err != nil {
 		openai.WriteError(rw, err)
-		return
+		return lifecycle.Request{}, nil, false
 	}
 	q, err := w.request(&b)
 	if err != nil {
 		openai.WriteError(rw, err)
+		return lifecycle.Request{}, nil, false
+	}
+	return q, w.submit(q), true
+}
+
+func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
+	q, wt, ok := w.arriveLeg(rw, r)
+	if !ok {
 		return
 	}
-	wt := w.submit(q)
 	fin, err := wt.wait(r.Context())
 	if err != nil {
 		w.abortClient(q.RID)
@@ -273,17 +282,10 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 // waits for the first token or the end, so an early rejection is an
 // ordinary error answer.
 func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
-	var b GenerateBody
-	if err := w.readBody(rw, r, &b, w.cfg.MaxBodyBytes); err != nil {
-		openai.WriteError(rw, err)
+	q, wt, ok := w.arriveLeg(rw, r)
+	if !ok {
 		return
 	}
-	q, err := w.request(&b)
-	if err != nil {
-		openai.WriteError(rw, err)
-		return
-	}
-	wt := w.submit(q)
 	ctx := r.Context()
 	rc := http.NewResponseController(rw)
 	enc := json.NewEncoder(rw)

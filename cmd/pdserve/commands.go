@@ -19,6 +19,18 @@ import (
 // shutdownTimeout bounds a graceful shutdown after SIGINT/SIGTERM.
 const shutdownTimeout = 30 * time.Second
 
+// runUntilSignal waits until ctx ends (SIGINT/SIGTERM), then calls
+// announce (if set) and shutdown, bounded by shutdownTimeout.
+func runUntilSignal(ctx context.Context, announce func(), shutdown func(context.Context) error) error {
+	<-ctx.Done()
+	if announce != nil {
+		announce()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	return shutdown(sctx)
+}
+
 func checkPort(name string, p int) error {
 	if p < 0 || p > 65535 {
 		return usagef("--%s must be between 0 and 65535, got %d", name, p)
@@ -89,11 +101,7 @@ in-flight requests are answered with an error.`,
 				fmt.Fprintf(stdout, "  decode worker  %s\n", w.URL)
 			}
 			fmt.Fprintf(stdout, "ready: accepting requests at %s/v1\n", c.URL())
-			<-cmd.Context().Done()
-			fmt.Fprintln(stdout, "pdserve up: shutting down")
-			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-			defer cancel()
-			return c.Shutdown(ctx)
+			return runUntilSignal(cmd.Context(), func() { fmt.Fprintln(stdout, "pdserve up: shutting down") }, c.Shutdown)
 		},
 	}
 	fs := cmd.Flags()
@@ -174,10 +182,7 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			}
 			fmt.Fprintln(stdout)
 			fmt.Fprintln(stdout, "ready")
-			<-cmd.Context().Done()
-			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-			defer cancel()
-			return s.Shutdown(ctx)
+			return runUntilSignal(cmd.Context(), nil, s.Shutdown)
 		},
 	}
 	fs := cmd.Flags()
@@ -287,10 +292,7 @@ each prefill worker's KV address from the worker itself.`,
 			// "ready" is printed once a compatible pair is healthy; until
 			// then requests get a 503 naming what is missing.
 			waitServing(cmd.Context(), s.Router, stdout)
-			<-cmd.Context().Done()
-			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-			defer cancel()
-			return s.Shutdown(ctx)
+			return runUntilSignal(cmd.Context(), nil, s.Shutdown)
 		},
 	}
 	fs := cmd.Flags()

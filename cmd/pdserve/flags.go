@@ -56,6 +56,8 @@ type modelFlags struct {
 	simContext   int
 	simPrefillMS float64
 	simDecodeMS  float64
+	kvDType      string
+	threads      int
 }
 
 // SimModel is the --model value that selects the simulated model.
@@ -63,7 +65,9 @@ const SimModel = "sim"
 
 func (f *modelFlags) add(fs *pflag.FlagSet) {
 	g := sim.DefaultGeometry()
-	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights)`)
+	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights) or a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Mistral)`)
+	fs.StringVar(&f.kvDType, "kv-cache-dtype", "f32", "checkpoint model: KV cache element type (f32, bf16, f16)")
+	fs.IntVar(&f.threads, "threads", 0, "checkpoint model: goroutines per forward step (0: GOMAXPROCS)")
 	fs.StringVar(&f.servedName, "served-model-name", "", "model name in the API (default: the model's own)")
 	fs.IntVar(&f.simLayers, "sim-layers", g.Layers, "simulated model: layers")
 	fs.IntVar(&f.simKVHeads, "sim-kv-heads", g.KVHeads, "simulated model: KV heads")
@@ -84,7 +88,7 @@ func msDuration(name string, ms float64) (time.Duration, error) {
 // factory validates the flags and returns a constructor of model instances.
 func (f *modelFlags) factory() (cluster.ModelFactory, error) {
 	if f.model != SimModel {
-		return nil, usagef("--model %q: only %q (the simulated model) is supported", f.model, SimModel)
+		return f.llamaFactory()
 	}
 	dt, err := kvcache.ParseDType(f.simDType)
 	if err != nil {

@@ -110,6 +110,7 @@ PDSERVE_KV_CACHE_MEMORY. The command line wins.`,
 		newWorkerCmd("serve", stdout, stderr),
 		newRouterCmd(stdout, stderr),
 		newInspectCmd(stdout),
+		newConvertCmd(stdout),
 		newBenchCmd(stdout, stderr),
 	)
 	return root

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"os"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/tokenizer"
+)
+
+// llamaFactory loads the checkpoint directory --model once (so a bad
+// checkpoint fails at startup, before any server listens) and returns a
+// factory of instances sharing its memory-mapped weights. The loaded
+// instance is kept for the life of the process.
+func (f *modelFlags) llamaFactory() (cluster.ModelFactory, error) {
+	if fi, err := os.Stat(f.model); err != nil || !fi.IsDir() {
+		return nil, usagef("--model %q: want %q or a checkpoint directory (config.json + model.safetensors)", f.model, SimModel)
+	}
+	dt, err := kvcache.ParseDType(f.kvDType)
+	if err != nil {
+		return nil, usagef("--kv-cache-dtype: %v", err)
+	}
+	if f.threads < 0 {
+		return nil, usagef("--threads must not be negative, got %d", f.threads)
+	}
+	base, err := llama.Load(f.model, llama.Options{Name: f.servedName, KVDType: dt, Threads: f.threads,
+		LoadTokenizer: loadTokenizer})
+	if err != nil {
+		return nil, err
+	}
+	return func() (model.Model, error) { return base.Clone() }, nil
+}
+
+// loadTokenizer loads a checkpoint's tokenizer.json (and
+// tokenizer_config.json) with the Hugging Face tokenizer package. It
+// returns an untyped nil on error, so the model never holds a typed-nil
+// tokenizer.
+func loadTokenizer(dir string) (model.Tokenizer, error) {
+	t, err := tokenizer.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}

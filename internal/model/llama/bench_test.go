@@ -1,0 +1,91 @@
+package llama_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
+)
+
+// report records tokens per second of wall time, and CPU milliseconds per
+// token (all threads): on a shared machine the second is the steadier one.
+func report(b *testing.B, tokens int, wall, cpu time.Duration) {
+	b.ReportMetric(float64(tokens)/wall.Seconds(), "tok/s")
+	if cpu > 0 {
+		b.ReportMetric(cpu.Seconds()*1e3/float64(tokens), "cpu-ms/tok")
+	}
+}
+
+// BenchmarkSmolLM2 measures the SmolLM2-135M shape (bf16 weights, F32 KV)
+// with random weights: decode at batch 1 and 16 with 128 tokens of context,
+// and prefill of a 512-token prompt. Each reports tok/s (generated or
+// prompt tokens per second of Forward time). The checkpoint is written once
+// (~270 MB in a temporary directory).
+//
+//	go test -run '^$' -bench SmolLM2 -benchtime 20x ./internal/model/llama/
+func BenchmarkSmolLM2(b *testing.B) {
+	spec := llamatest.SmolLM2135M()
+	dir := spec.WriteT(b)
+	m, err := llama.Load(dir, llama.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	b.Logf("weights %d MB, GOMAXPROCS threads", m.WeightBytes()>>20)
+	const ctxLen = 128
+	rng := rand.New(rand.NewPCG(1, 1))
+	decode := func(b *testing.B, batch int) {
+		pool, err := kvcache.NewPool(m.Info().Geometry, 16, int64(batch)*640*int64(m.Info().Geometry.BytesPerToken()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		seqs := make([]model.SeqInput, batch)
+		for i := range seqs {
+			pages, ok := pool.Alloc(pool.PagesFor(512))
+			if !ok {
+				b.Fatal("pool exhausted")
+			}
+			seqs[i] = model.SeqInput{Pages: pages, Tokens: randomTokens(rng, ctxLen, spec.Vocab), Sample: true, Sampling: greedy}
+		}
+		out := make([]model.SeqOutput, batch)
+		if err := m.Forward(context.Background(), pool, seqs, out); err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		start, cpu0 := time.Now(), processCPU()
+		for n := range b.N {
+			for i := range seqs {
+				seqs[i].Pos = ctxLen + n%(512-ctxLen)
+				seqs[i].Tokens = []int32{out[i].Token}
+			}
+			if err := m.Forward(context.Background(), pool, seqs, out); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report(b, b.N*batch, time.Since(start), processCPU()-cpu0)
+	}
+	b.Run("decode-batch1", func(b *testing.B) { decode(b, 1) })
+	b.Run("decode-batch16", func(b *testing.B) { decode(b, 16) })
+	b.Run("prefill-512", func(b *testing.B) {
+		pool, err := kvcache.NewPool(m.Info().Geometry, 16, 640*int64(m.Info().Geometry.BytesPerToken()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		pages, _ := pool.Alloc(pool.PagesFor(512))
+		in := []model.SeqInput{{Pages: pages, Tokens: randomTokens(rng, 512, spec.Vocab), Sample: true, Sampling: greedy}}
+		out := make([]model.SeqOutput, 1)
+		b.ResetTimer()
+		start, cpu0 := time.Now(), processCPU()
+		for range b.N {
+			if err := m.Forward(context.Background(), pool, in, out); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report(b, b.N*512, time.Since(start), processCPU()-cpu0)
+	})
+}

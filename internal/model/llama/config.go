@@ -1,0 +1,346 @@
+package llama
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+)
+
+// Config is the model configuration read from a Hugging Face config.json
+// (field names as in transformers' LlamaConfig, Qwen2Config and
+// MistralConfig).
+type Config struct {
+	// Architecture is architectures[0], e.g. "LlamaForCausalLM".
+	Architecture string
+	// HiddenSize is the residual stream width (hidden_size).
+	HiddenSize int
+	// IntermediateSize is the MLP width (intermediate_size).
+	IntermediateSize int
+	// Layers is num_hidden_layers.
+	Layers int
+	// Heads is num_attention_heads (query heads).
+	Heads int
+	// KVHeads is num_key_value_heads (defaults to Heads); query head h reads
+	// KV head h / (Heads/KVHeads) (grouped-query attention, Ainslie et al.
+	// 2023).
+	KVHeads int
+	// HeadDim is head_dim (defaults to HiddenSize/Heads).
+	HeadDim int
+	// RMSNormEps is rms_norm_eps, the ε inside RMSNorm's square root.
+	RMSNormEps float64
+	// RopeTheta is rope_theta, the RoPE base (default 10000).
+	RopeTheta float64
+	// RopeScaling is rope_scaling; nil means none.
+	RopeScaling *RopeScaling
+	// TieEmbeddings is tie_word_embeddings: the classifier is the token
+	// embedding matrix.
+	TieEmbeddings bool
+	// VocabSize is vocab_size, the embedding rows.
+	VocabSize int
+	// MaxPositions is max_position_embeddings.
+	MaxPositions int
+	// SlidingWindow is the attention window when the configuration enables
+	// one (Mistral's sliding_window, Qwen2's with use_sliding_window), else 0.
+	// The model then caps its context length at the window, so the window
+	// never cuts anything off.
+	SlidingWindow int
+	// QKVBias: q_proj, k_proj and v_proj have a bias (always for Qwen2;
+	// attention_bias for Llama).
+	QKVBias bool
+	// OBias: o_proj has a bias (Llama's attention_bias).
+	OBias bool
+	// MLPBias: gate_proj, up_proj and down_proj have a bias (Llama's mlp_bias).
+	MLPBias bool
+	// BOS is bos_token_id (-1 if unset).
+	BOS int32
+	// EOS lists eos_token_id (an int or a list in config.json).
+	EOS []int32
+	// TorchDType is torch_dtype as written (informational: each tensor's own
+	// dtype is what counts).
+	TorchDType string
+}
+
+// RopeScaling is the rope_scaling object of config.json.
+type RopeScaling struct {
+	// Type is rope_type (or the older key "type"): "default", "linear" or
+	// "llama3".
+	Type string
+	// Factor divides the frequencies (linear: the positions).
+	Factor float64
+	// LowFreqFactor, HighFreqFactor and OriginalMaxPositions are the llama3
+	// parameters (low_freq_factor, high_freq_factor,
+	// original_max_position_embeddings).
+	LowFreqFactor, HighFreqFactor float64
+	OriginalMaxPositions          int
+}
+
+// rawConfig is config.json as written; pointers tell absent from zero.
+type rawConfig struct {
+	Architectures     []string        `json:"architectures"`
+	ModelType         string          `json:"model_type"`
+	HiddenSize        int             `json:"hidden_size"`
+	IntermediateSize  int             `json:"intermediate_size"`
+	NumHiddenLayers   int             `json:"num_hidden_layers"`
+	NumAttentionHeads int             `json:"num_attention_heads"`
+	NumKeyValueHeads  *int            `json:"num_key_value_heads"`
+	HeadDim           *int            `json:"head_dim"`
+	RMSNormEps        *float64        `json:"rms_norm_eps"`
+	RopeTheta         *float64        `json:"rope_theta"`
+	RopeScaling       json.RawMessage `json:"rope_scaling"`
+	TieWordEmbeddings *bool           `json:"tie_word_embeddings"`
+	VocabSize         int             `json:"vocab_size"`
+	MaxPositions      int             `json:"max_position_embeddings"`
+	HiddenAct         *string         `json:"hidden_act"`
+	AttentionBias     *bool           `json:"attention_bias"`
+	MLPBias           *bool           `json:"mlp_bias"`
+	SlidingWindow     *int            `json:"sliding_window"`
+	UseSlidingWindow  *bool           `json:"use_sliding_window"`
+	BOSTokenID        json.RawMessage `json:"bos_token_id"`
+	EOSTokenID        json.RawMessage `json:"eos_token_id"`
+	TorchDType        string          `json:"torch_dtype"`
+}
+
+// Supported architectures (config.json "architectures").
+const (
+	archLlama   = "LlamaForCausalLM"
+	archQwen2   = "Qwen2ForCausalLM"
+	archMistral = "MistralForCausalLM"
+)
+
+// ReadConfig reads dir/config.json and, if present, the eos_token_id of
+// dir/generation_config.json (merged into EOS). It returns the configuration
+// and the raw bytes of config.json (part of the model's digest), or an
+// error for a missing or malformed file, an unsupported architecture or
+// activation, an unsupported rope_scaling type, and inconsistent sizes.
+func ReadConfig(dir string) (cfg Config, raw []byte, err error) {
+	path := filepath.Join(dir, "config.json")
+	raw, err = os.ReadFile(path)
+	if err != nil {
+		return Config{}, nil, fmt.Errorf("llama: %w", err)
+	}
+	cfg, err = ParseConfig(raw)
+	if err != nil {
+		return Config{}, nil, fmt.Errorf("llama: %s: %w", path, err)
+	}
+	gpath := filepath.Join(dir, "generation_config.json")
+	if graw, err := os.ReadFile(gpath); err == nil {
+		var g struct {
+			EOS json.RawMessage `json:"eos_token_id"`
+		}
+		if err := json.Unmarshal(graw, &g); err != nil {
+			return Config{}, nil, fmt.Errorf("llama: %s: %w", gpath, err)
+		}
+		ids, err := tokenIDs(g.EOS)
+		if err != nil {
+			return Config{}, nil, fmt.Errorf("llama: %s: eos_token_id: %w", gpath, err)
+		}
+		cfg.EOS = mergeIDs(cfg.EOS, ids)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return Config{}, nil, fmt.Errorf("llama: %w", err)
+	}
+	return cfg, raw, nil
+}
+
+// ParseConfig parses and validates the bytes of a config.json (see
+// ReadConfig). Defaults follow transformers' LlamaConfig: num_key_value_heads
+// = num_attention_heads, head_dim = hidden_size / num_attention_heads,
+// rms_norm_eps 1e-6, rope_theta 10000, tie_word_embeddings false.
+func ParseConfig(raw []byte) (Config, error) {
+	var r rawConfig
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return Config{}, fmt.Errorf("bad JSON: %w", err)
+	}
+	if len(r.Architectures) == 0 {
+		return Config{}, errors.New(`no "architectures"; want one of LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM`)
+	}
+	c := Config{
+		Architecture:     r.Architectures[0],
+		HiddenSize:       r.HiddenSize,
+		IntermediateSize: r.IntermediateSize,
+		Layers:           r.NumHiddenLayers,
+		Heads:            r.NumAttentionHeads,
+		KVHeads:          r.NumAttentionHeads,
+		RMSNormEps:       1e-6,
+		RopeTheta:        10000,
+		VocabSize:        r.VocabSize,
+		MaxPositions:     r.MaxPositions,
+		BOS:              -1,
+		TorchDType:       r.TorchDType,
+	}
+	switch c.Architecture {
+	case archLlama:
+		c.QKVBias = r.AttentionBias != nil && *r.AttentionBias
+		c.OBias = c.QKVBias
+		c.MLPBias = r.MLPBias != nil && *r.MLPBias
+	case archQwen2:
+		// Qwen2Attention: q/k/v projections with bias, o_proj without.
+		c.QKVBias = true
+		if r.UseSlidingWindow != nil && *r.UseSlidingWindow && r.SlidingWindow != nil {
+			c.SlidingWindow = *r.SlidingWindow
+		}
+	case archMistral:
+		if r.SlidingWindow != nil {
+			c.SlidingWindow = *r.SlidingWindow
+		}
+	default:
+		return Config{}, fmt.Errorf("unsupported architecture %q; want one of LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM", c.Architecture)
+	}
+	if r.HiddenAct != nil && *r.HiddenAct != "silu" {
+		return Config{}, fmt.Errorf("unsupported hidden_act %q; want silu", *r.HiddenAct)
+	}
+	if r.NumKeyValueHeads != nil {
+		c.KVHeads = *r.NumKeyValueHeads
+	}
+	if r.RMSNormEps != nil {
+		c.RMSNormEps = *r.RMSNormEps
+	}
+	if r.RopeTheta != nil {
+		c.RopeTheta = *r.RopeTheta
+	}
+	if r.TieWordEmbeddings != nil {
+		c.TieEmbeddings = *r.TieWordEmbeddings
+	}
+	pos := func(name string, v int) error {
+		if v <= 0 {
+			return fmt.Errorf("%s must be positive, got %d", name, v)
+		}
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"hidden_size", c.HiddenSize}, {"intermediate_size", c.IntermediateSize}, {"num_hidden_layers", c.Layers},
+		{"num_attention_heads", c.Heads}, {"num_key_value_heads", c.KVHeads}, {"vocab_size", c.VocabSize},
+		{"max_position_embeddings", c.MaxPositions}} {
+		if err := pos(f.name, f.v); err != nil {
+			return Config{}, err
+		}
+	}
+	if r.HeadDim != nil {
+		c.HeadDim = *r.HeadDim
+	} else {
+		if c.HiddenSize%c.Heads != 0 {
+			return Config{}, fmt.Errorf("hidden_size %d is not a multiple of num_attention_heads %d (and head_dim is not set)", c.HiddenSize, c.Heads)
+		}
+		c.HeadDim = c.HiddenSize / c.Heads
+	}
+	if c.HeadDim <= 0 || c.HeadDim%2 != 0 {
+		return Config{}, fmt.Errorf("head_dim must be positive and even (RoPE rotates pairs), got %d", c.HeadDim)
+	}
+	if c.Heads%c.KVHeads != 0 {
+		return Config{}, fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.Heads, c.KVHeads)
+	}
+	if !(c.RMSNormEps > 0) || math.IsInf(c.RMSNormEps, 0) {
+		return Config{}, fmt.Errorf("rms_norm_eps must be positive, got %v", c.RMSNormEps)
+	}
+	if !(c.RopeTheta > 0) || math.IsInf(c.RopeTheta, 0) {
+		return Config{}, fmt.Errorf("rope_theta must be positive, got %v", c.RopeTheta)
+	}
+	if c.SlidingWindow < 0 {
+		return Config{}, fmt.Errorf("sliding_window must not be negative, got %d", c.SlidingWindow)
+	}
+	var err error
+	if c.RopeScaling, err = parseRopeScaling(r.RopeScaling); err != nil {
+		return Config{}, err
+	}
+	if c.EOS, err = tokenIDs(r.EOSTokenID); err != nil {
+		return Config{}, fmt.Errorf("eos_token_id: %w", err)
+	}
+	bos, err := tokenIDs(r.BOSTokenID)
+	if err != nil {
+		return Config{}, fmt.Errorf("bos_token_id: %w", err)
+	}
+	if len(bos) > 0 {
+		c.BOS = bos[0]
+	}
+	return c, nil
+}
+
+// parseRopeScaling reads rope_scaling: null, or an object with rope_type (or
+// type) "default", "linear" or "llama3" and its parameters.
+func parseRopeScaling(raw json.RawMessage) (*RopeScaling, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var r struct {
+		RopeType             string   `json:"rope_type"`
+		Type                 string   `json:"type"`
+		Factor               *float64 `json:"factor"`
+		LowFreqFactor        *float64 `json:"low_freq_factor"`
+		HighFreqFactor       *float64 `json:"high_freq_factor"`
+		OriginalMaxPositions *int     `json:"original_max_position_embeddings"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("rope_scaling: %w", err)
+	}
+	s := &RopeScaling{Type: r.RopeType}
+	if s.Type == "" {
+		s.Type = r.Type
+	}
+	switch s.Type {
+	case "", "default":
+		return nil, nil
+	case "linear":
+		if r.Factor == nil || !(*r.Factor > 0) {
+			return nil, errors.New("rope_scaling: linear needs a positive factor")
+		}
+		s.Factor = *r.Factor
+	case "llama3":
+		if r.Factor == nil || r.LowFreqFactor == nil || r.HighFreqFactor == nil || r.OriginalMaxPositions == nil {
+			return nil, errors.New("rope_scaling: llama3 needs factor, low_freq_factor, high_freq_factor and original_max_position_embeddings")
+		}
+		s.Factor, s.LowFreqFactor, s.HighFreqFactor, s.OriginalMaxPositions = *r.Factor, *r.LowFreqFactor, *r.HighFreqFactor, *r.OriginalMaxPositions
+		if !(s.Factor > 0) || !(s.LowFreqFactor > 0) || !(s.HighFreqFactor > s.LowFreqFactor) || s.OriginalMaxPositions <= 0 {
+			return nil, fmt.Errorf("rope_scaling: llama3 parameters out of range: factor %v, low_freq_factor %v, high_freq_factor %v, original_max_position_embeddings %d",
+				s.Factor, s.LowFreqFactor, s.HighFreqFactor, s.OriginalMaxPositions)
+		}
+	default:
+		return nil, fmt.Errorf("rope_scaling: unsupported type %q; want default, linear or llama3", s.Type)
+	}
+	return s, nil
+}
+
+// tokenIDs parses a token id field that is absent, null, an int or a list
+// of ints.
+func tokenIDs(raw json.RawMessage) ([]int32, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one int64
+	if err := json.Unmarshal(raw, &one); err == nil {
+		if one < 0 || one > math.MaxInt32 {
+			return nil, fmt.Errorf("token id %d out of range", one)
+		}
+		return []int32{int32(one)}, nil
+	}
+	var many []int64
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, fmt.Errorf("want an int or a list of ints, got %s", raw)
+	}
+	out := make([]int32, 0, len(many))
+	for _, v := range many {
+		if v < 0 || v > math.MaxInt32 {
+			return nil, fmt.Errorf("token id %d out of range", v)
+		}
+		out = append(out, int32(v))
+	}
+	return mergeIDs(nil, out), nil
+}
+
+// mergeIDs returns the sorted union of a and b without duplicates.
+func mergeIDs(a, b []int32) []int32 {
+	seen := make(map[int32]bool, len(a)+len(b))
+	var out []int32
+	for _, v := range append(append([]int32(nil), a...), b...) {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}

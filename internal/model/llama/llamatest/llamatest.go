@@ -1,0 +1,270 @@
+// Package llamatest provides test helpers for package llama and the
+// end-to-end tests: the stories260K fixture (a real trained model with
+// llama.cpp reference outputs) converted to a Hugging Face directory, and
+// synthetic checkpoints with real shapes and seeded random weights.
+//
+// # Concurrency and ownership
+//
+// Helpers write only into directories their callers give them (t.TempDir());
+// they keep no state.
+package llamatest
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"testing"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama2c"
+)
+
+// FixtureEnv names an environment variable that may point at another copy
+// of the stories260K fixture directory (stories260K.bin and reference/). By
+// default the copy in internal/model/llama/testdata/stories260K is used (a
+// real 260K-parameter llama2.c checkpoint, MIT licensed, with llama.cpp
+// reference outputs; see its README).
+const FixtureEnv = "PDSERVE_STORIES260K"
+
+// FixtureDir returns the stories260K fixture directory; the test fails if
+// it is missing.
+func FixtureDir(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv(FixtureEnv)
+	if dir == "" {
+		_, self, _, ok := runtime.Caller(0)
+		if !ok {
+			t.Fatal("cannot locate the llamatest package")
+		}
+		dir = filepath.Join(filepath.Dir(self), "..", "testdata", "stories260K")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "stories260K.bin")); err != nil {
+		t.Fatalf("stories260K fixture not found: %v", err)
+	}
+	return dir
+}
+
+// Stories260K converts the fixture's stories260K.bin into a fresh temporary
+// directory (the fixture itself is read-only) and returns it.
+func Stories260K(t testing.TB) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "stories260K")
+	if _, err := llama2c.Convert(filepath.Join(FixtureDir(t), "stories260K.bin"), out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Top5 is one position's five most likely next tokens.
+type Top5 struct {
+	IDs      []int32   `json:"ids"`
+	Logprobs []float64 `json:"logprobs"`
+}
+
+// Reference is one reference/seq-NN.json of the fixture (see its README).
+type Reference struct {
+	Name     string    `json:"name"`
+	Kind     string    `json:"kind"`
+	Tokens   []int32   `json:"tokens"`
+	Top5     []Top5    `json:"next_token_logprobs_top5"`
+	Argmax   []int32   `json:"argmax"`
+	Greedy   []int32   `json:"greedy_continuation"`
+	LastProb []float64 `json:"last_position_probs"`
+}
+
+// References reads every reference sequence, sorted by name.
+func References(t testing.TB) []Reference {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(FixtureDir(t), "reference", "seq-*.json"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no reference files: %v", err)
+	}
+	sort.Strings(files)
+	var refs []Reference
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r Reference
+		if err := json.Unmarshal(raw, &r); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if len(r.Top5) != len(r.Tokens) || len(r.Argmax) != len(r.Tokens) || len(r.LastProb) == 0 || len(r.Greedy) == 0 {
+			t.Fatalf("%s: inconsistent reference", f)
+		}
+		refs = append(refs, r)
+	}
+	return refs
+}
+
+// Spec describes a synthetic checkpoint.
+type Spec struct {
+	Architecture   string // default "LlamaForCausalLM"
+	Hidden         int
+	Intermediate   int
+	Layers         int
+	Heads, KVHeads int
+	HeadDim        int // 0: Hidden/Heads, and no head_dim key
+	Vocab          int
+	MaxPositions   int
+	Tied           bool
+	DType          llama.DType
+	RopeTheta      float64
+	RMSNormEps     float64
+	QKVBias        bool           // Llama attention_bias (q, k, v and o) or Qwen2 (q, k, v)
+	RopeScaling    map[string]any // written as rope_scaling when non-nil
+	BOS            int
+	EOS            []int
+	Seed           uint64
+	// Scale is the half-width of the uniform distribution of matrix and
+	// embedding weights; 0 means 0.02·√3 (standard deviation 0.02, the
+	// transformers initializer_range).
+	Scale float64
+}
+
+// SmolLM2135M is the shape of HuggingFaceTB/SmolLM2-135M (its config.json):
+// 30 layers, hidden 576, 9 heads, 3 KV heads, intermediate 1536, vocab
+// 49152, tied embeddings, bf16, rope_theta 100000, rms_norm_eps 1e-5, 8192
+// positions, BOS 0 and EOS 0 (its <|endoftext|>).
+func SmolLM2135M() Spec {
+	return Spec{Hidden: 576, Intermediate: 1536, Layers: 30, Heads: 9, KVHeads: 3, Vocab: 49152,
+		MaxPositions: 8192, Tied: true, DType: llama.BF16, RopeTheta: 100000, RMSNormEps: 1e-5,
+		BOS: 0, EOS: []int{0}, Seed: 135}
+}
+
+// Tiny is a small spec for fast tests: 2 layers, hidden 64, 4 heads of 16,
+// 2 KV heads, vocab 97, untied, F32. Its weights are large enough (uniform
+// in ±0.25) that attention is far from uniform, so a wrong rotation, mask or
+// head mapping changes the logits visibly.
+func Tiny() Spec {
+	return Spec{Hidden: 64, Intermediate: 96, Layers: 2, Heads: 4, KVHeads: 2, Vocab: 97, MaxPositions: 256,
+		DType: llama.F32, RopeTheta: 10000, RMSNormEps: 1e-5, BOS: 1, EOS: []int{2}, Seed: 1, Scale: 0.25}
+}
+
+// Geometry is the KV geometry of the spec with KV dtype dt.
+func (s Spec) Geometry(dt kvcache.DType) kvcache.Geometry {
+	return kvcache.Geometry{Layers: s.Layers, KVHeads: s.KVHeads, HeadDim: s.headDim(), DType: dt}
+}
+
+func (s Spec) headDim() int {
+	if s.HeadDim > 0 {
+		return s.HeadDim
+	}
+	return s.Hidden / s.Heads
+}
+
+// Config returns the config.json of the spec.
+func (s Spec) Config() map[string]any {
+	arch := s.Architecture
+	if arch == "" {
+		arch = "LlamaForCausalLM"
+	}
+	c := map[string]any{
+		"architectures": []string{arch}, "hidden_size": s.Hidden, "intermediate_size": s.Intermediate,
+		"num_hidden_layers": s.Layers, "num_attention_heads": s.Heads, "num_key_value_heads": s.KVHeads,
+		"vocab_size": s.Vocab, "max_position_embeddings": s.MaxPositions, "tie_word_embeddings": s.Tied,
+		"rope_theta": s.RopeTheta, "rms_norm_eps": s.RMSNormEps, "hidden_act": "silu",
+		"bos_token_id": s.BOS, "eos_token_id": s.EOS, "torch_dtype": map[llama.DType]string{llama.F32: "float32", llama.F16: "float16", llama.BF16: "bfloat16"}[s.DType],
+	}
+	if s.HeadDim > 0 {
+		c["head_dim"] = s.HeadDim
+	}
+	if s.QKVBias && arch == "LlamaForCausalLM" {
+		c["attention_bias"] = true
+	}
+	if s.RopeScaling != nil {
+		c["rope_scaling"] = s.RopeScaling
+	}
+	return c
+}
+
+// Tensors returns the spec's tensors with seeded uniform random weights
+// (norm gains near 1), in s.DType.
+func (s Spec) Tensors() []llama.SafetensorsTensor {
+	rng := rand.New(rand.NewPCG(s.Seed, 0x11a3a))
+	scale := s.Scale
+	if scale == 0 {
+		scale = 0.02 * math.Sqrt(3)
+	}
+	enc := func(v []float32) []byte {
+		switch s.DType {
+		case llama.BF16:
+			return llama.BF16Bytes(v)
+		case llama.F16:
+			return llama.F16Bytes(v)
+		}
+		return llama.F32Bytes(v)
+	}
+	rnd := func(n int, center, half float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(center + half*(2*rng.Float64()-1))
+		}
+		return v
+	}
+	var out []llama.SafetensorsTensor
+	add := func(name string, v []float32, shape ...int) {
+		out = append(out, llama.SafetensorsTensor{Name: name, DType: s.DType, Shape: shape, Data: enc(v)})
+	}
+	H, D := s.Hidden, s.headDim()
+	q, kv := s.Heads*D, s.KVHeads*D
+	add("model.embed_tokens.weight", rnd(s.Vocab*H, 0, scale), s.Vocab, H)
+	for i := range s.Layers {
+		p := fmt.Sprintf("model.layers.%d.", i)
+		add(p+"input_layernorm.weight", rnd(H, 1, 0.1), H)
+		add(p+"self_attn.q_proj.weight", rnd(q*H, 0, scale), q, H)
+		add(p+"self_attn.k_proj.weight", rnd(kv*H, 0, scale), kv, H)
+		add(p+"self_attn.v_proj.weight", rnd(kv*H, 0, scale), kv, H)
+		add(p+"self_attn.o_proj.weight", rnd(H*q, 0, scale), H, q)
+		if s.QKVBias {
+			add(p+"self_attn.q_proj.bias", rnd(q, 0, 0.1), q)
+			add(p+"self_attn.k_proj.bias", rnd(kv, 0, 0.1), kv)
+			add(p+"self_attn.v_proj.bias", rnd(kv, 0, 0.1), kv)
+			if s.Architecture == "" || s.Architecture == "LlamaForCausalLM" {
+				add(p+"self_attn.o_proj.bias", rnd(H, 0, 0.1), H)
+			}
+		}
+		add(p+"post_attention_layernorm.weight", rnd(H, 1, 0.1), H)
+		add(p+"mlp.gate_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)
+		add(p+"mlp.up_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)
+		add(p+"mlp.down_proj.weight", rnd(H*s.Intermediate, 0, scale), H, s.Intermediate)
+	}
+	add("model.norm.weight", rnd(H, 1, 0.1), H)
+	if !s.Tied {
+		add("lm_head.weight", rnd(s.Vocab*H, 0, scale), s.Vocab, H)
+	}
+	return out
+}
+
+// Write writes the spec's config.json and model.safetensors into dir
+// (created if needed).
+func (s Spec) Write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	cj, err := json.MarshalIndent(s.Config(), "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cj, 0o644); err != nil {
+		return err
+	}
+	return llama.WriteSafetensorsFile(filepath.Join(dir, "model.safetensors"), s.Tensors(), map[string]string{"format": "pt"})
+}
+
+// WriteT writes the spec into a new temporary directory of t and returns it.
+func (s Spec) WriteT(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	if err := s.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}

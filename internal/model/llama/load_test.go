@@ -1,0 +1,289 @@
+package llama_test
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
+)
+
+// writeCkpt writes spec's config.json and the given tensors into a new
+// directory.
+func writeCkpt(t *testing.T, spec llamatest.Spec, cfgEdit func(map[string]any), tensors []llama.SafetensorsTensor) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := spec.Config()
+	if cfgEdit != nil {
+		cfgEdit(cfg)
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if tensors != nil {
+		if err := llama.WriteSafetensorsFile(filepath.Join(dir, "model.safetensors"), tensors, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// without returns tensors minus the named one.
+func without(ts []llama.SafetensorsTensor, name string) []llama.SafetensorsTensor {
+	var out []llama.SafetensorsTensor
+	for _, x := range ts {
+		if x.Name != name {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func wantLoadError(t *testing.T, dir string, opts llama.Options, parts ...string) {
+	t.Helper()
+	m, err := llama.Load(dir, opts)
+	if err == nil {
+		_ = m.Close()
+		t.Fatalf("Load succeeded, want an error containing %q", parts)
+	}
+	for _, p := range parts {
+		if !strings.Contains(err.Error(), p) {
+			t.Fatalf("Load error %q does not contain %q", err, p)
+		}
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	spec := llamatest.Tiny()
+	ts := spec.Tensors()
+	t.Run("missing directory", func(t *testing.T) {
+		wantLoadError(t, filepath.Join(t.TempDir(), "nope"), llama.Options{}, "config.json", "no such file")
+	})
+	t.Run("no weights", func(t *testing.T) {
+		wantLoadError(t, writeCkpt(t, spec, nil, nil), llama.Options{}, "neither model.safetensors nor model.safetensors.index.json")
+	})
+	t.Run("unsupported architecture", func(t *testing.T) {
+		dir := writeCkpt(t, spec, func(c map[string]any) { c["architectures"] = []string{"GPT2LMHeadModel"} }, ts)
+		wantLoadError(t, dir, llama.Options{}, `unsupported architecture "GPT2LMHeadModel"`)
+	})
+	t.Run("unsupported activation", func(t *testing.T) {
+		dir := writeCkpt(t, spec, func(c map[string]any) { c["hidden_act"] = "gelu" }, ts)
+		wantLoadError(t, dir, llama.Options{}, `unsupported hidden_act "gelu"`)
+	})
+	t.Run("unsupported rope scaling", func(t *testing.T) {
+		dir := writeCkpt(t, spec, func(c map[string]any) { c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 4.0} }, ts)
+		wantLoadError(t, dir, llama.Options{}, `unsupported type "yarn"`)
+	})
+	t.Run("heads do not divide", func(t *testing.T) {
+		dir := writeCkpt(t, spec, func(c map[string]any) { c["num_key_value_heads"] = 3 }, ts)
+		wantLoadError(t, dir, llama.Options{}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3")
+	})
+	t.Run("shape mismatch", func(t *testing.T) {
+		dir := writeCkpt(t, spec, func(c map[string]any) { c["num_key_value_heads"] = 1 }, ts)
+		wantLoadError(t, dir, llama.Options{}, `tensor "model.layers.0.self_attn.k_proj.weight" has shape [32 64], but config.json implies [16 64]`)
+	})
+	t.Run("missing tensor", func(t *testing.T) {
+		dir := writeCkpt(t, spec, nil, without(ts, "model.layers.1.mlp.up_proj.weight"))
+		wantLoadError(t, dir, llama.Options{}, `tensor "model.layers.1.mlp.up_proj.weight" not found`)
+	})
+	t.Run("untied without classifier", func(t *testing.T) {
+		dir := writeCkpt(t, spec, nil, without(ts, "lm_head.weight"))
+		wantLoadError(t, dir, llama.Options{}, `"lm_head.weight" not found`, "tie_word_embeddings is false")
+	})
+	t.Run("unused tensor", func(t *testing.T) {
+		extra := append(append([]llama.SafetensorsTensor(nil), ts...), llama.SafetensorsTensor{
+			Name: "model.layers.0.self_attn.q_proj.bias", DType: llama.F32, Shape: []int{64}, Data: make([]byte, 256)})
+		wantLoadError(t, writeCkpt(t, spec, nil, extra), llama.Options{}, "does not use", "q_proj.bias")
+	})
+	t.Run("wrong dtype", func(t *testing.T) {
+		dir := writeCkpt(t, spec, nil, without(ts, "model.norm.weight"))
+		path := filepath.Join(dir, "model.safetensors")
+		// Append model.norm.weight as F64 (a valid safetensors dtype we do not compute with).
+		rewriteWithExtra(t, path, "model.norm.weight", "F64", []int{64}, make([]byte, 8*64))
+		wantLoadError(t, dir, llama.Options{}, `tensor "model.norm.weight"`, `unsupported dtype "F64" (want BF16, F16 or F32)`)
+	})
+	t.Run("truncated tensor", func(t *testing.T) {
+		dir := writeCkpt(t, spec, nil, ts)
+		path := filepath.Join(dir, "model.safetensors")
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(path, fi.Size()-100); err != nil {
+			t.Fatal(err)
+		}
+		wantLoadError(t, dir, llama.Options{}, "truncated file?", `tensor "lm_head.weight"`)
+	})
+	t.Run("context length beyond the model", func(t *testing.T) {
+		wantLoadError(t, writeCkpt(t, spec, nil, ts), llama.Options{ContextLen: 257}, "context length 257 exceeds the model's 256")
+	})
+	t.Run("bad KV dtype", func(t *testing.T) {
+		wantLoadError(t, writeCkpt(t, spec, nil, ts), llama.Options{KVDType: 9}, "invalid KV geometry")
+	})
+}
+
+// rewriteWithExtra appends one raw tensor to a safetensors file by
+// rebuilding its header.
+func rewriteWithExtra(t *testing.T, path, name, dtype string, shape []int, data []byte) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := binary.LittleEndian.Uint64(raw)
+	var hdr map[string]any
+	if err := json.Unmarshal(raw[8:8+n], &hdr); err != nil {
+		t.Fatal(err)
+	}
+	body := raw[8+n:]
+	hdr[name] = map[string]any{"dtype": dtype, "shape": shape, "data_offsets": []int{len(body), len(body) + len(data)}}
+	h, err := json.Marshal(hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := binary.LittleEndian.AppendUint64(nil, uint64(len(h)))
+	out = append(append(append(out, h...), body...), data...)
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTruncatedAnywhere cuts a checkpoint at many lengths: every one fails
+// to load with an error, none panics.
+func TestTruncatedAnywhere(t *testing.T) {
+	spec := llamatest.Tiny()
+	dir := writeCkpt(t, spec, nil, spec.Tensors())
+	path := filepath.Join(dir, "model.safetensors")
+	full, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := int(binary.LittleEndian.Uint64(full)) + 8
+	for _, n := range []int{0, 3, 8, 9, hdr / 2, hdr - 1, hdr, hdr + 1, len(full) / 2, len(full) - 1} {
+		if err := os.WriteFile(path, full[:n], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := llama.Load(dir, llama.Options{}); err == nil {
+			_ = m.Close()
+			t.Errorf("a checkpoint cut to %d of %d bytes loaded", n, len(full))
+		}
+	}
+	// Garbage header length.
+	bad := append([]byte(nil), full...)
+	binary.LittleEndian.PutUint64(bad, 1<<62)
+	if err := os.WriteFile(path, bad, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wantLoadError(t, dir, llama.Options{}, "header length")
+}
+
+// TestSharded loads a checkpoint split over two files with an index, and
+// checks it computes exactly what the single file does; an index that names
+// the wrong shard is an error.
+func TestSharded(t *testing.T) {
+	spec := llamatest.Tiny()
+	ts := spec.Tensors()
+	single := writeCkpt(t, spec, nil, ts)
+	dir := writeCkpt(t, spec, nil, nil)
+	half := len(ts) / 2
+	files := map[string][]llama.SafetensorsTensor{
+		"model-00001-of-00002.safetensors": ts[:half], "model-00002-of-00002.safetensors": ts[half:]}
+	wm := map[string]string{}
+	for f, part := range files {
+		if err := llama.WriteSafetensorsFile(filepath.Join(dir, f), part, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range part {
+			wm[x.Name] = f
+		}
+	}
+	writeIndex := func(wm map[string]string) {
+		raw, _ := json.Marshal(map[string]any{"metadata": map[string]any{"total_size": 0}, "weight_map": wm})
+		if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeIndex(wm)
+	a, b := load(t, single, llama.Options{}), load(t, dir, llama.Options{})
+	tokens := []int32{1, 40, 41, 42, 7}
+	var got [2][]float32
+	for i, m := range []*llama.Model{a, b} {
+		p := newPool(t, m, 8, 4)
+		lg, err := m.ForwardLogits(context.Background(), p, []model.SeqInput{{Pages: alloc(t, p, 1), Tokens: tokens}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[i] = lg[0]
+	}
+	for i := range got[0] {
+		if got[0][i] != got[1][i] {
+			t.Fatalf("sharded logit %d = %v, single file %v", i, got[1][i], got[0][i])
+		}
+	}
+	wm[ts[0].Name] = "model-00002-of-00002.safetensors"
+	writeIndex(wm)
+	wantLoadError(t, dir, llama.Options{}, "lists tensor", "does not hold it")
+}
+
+// fakeTokenizer stands in for internal/model/tokenizer.
+type fakeTokenizer struct{ model.Tokenizer }
+
+func (fakeTokenizer) EOS() []int32 { return []int32{7, 2} }
+
+func TestInfoTokenizerDigest(t *testing.T) {
+	spec := llamatest.Tiny()
+	dir := spec.WriteT(t)
+	m := load(t, dir, llama.Options{Name: "tiny"})
+	info := m.Info()
+	if info.Name != "tiny" || info.VocabSize != 97 || info.ContextLen != 256 || len(info.EOS) != 1 || info.EOS[0] != 2 {
+		t.Errorf("info %+v", info)
+	}
+	if info.Geometry.Layers != 2 || info.Geometry.KVHeads != 2 || info.Geometry.HeadDim != 16 || info.Geometry.DType.String() != "f32" {
+		t.Errorf("geometry %+v", info.Geometry)
+	}
+	if m.Tokenizer() != nil {
+		t.Error("a checkpoint without tokenizer.json has a tokenizer")
+	}
+	// The digest does not depend on the directory, but on the weights.
+	same := spec.WriteT(t)
+	if d := load(t, same, llama.Options{}).Info().Digest; d != info.Digest {
+		t.Errorf("same weights, other directory: digest %s vs %s", d, info.Digest)
+	}
+	spec.Seed++
+	if d := load(t, spec.WriteT(t), llama.Options{}).Info().Digest; d == info.Digest {
+		t.Error("other weights, same digest")
+	}
+	// Tokenizer: loaded only when tokenizer.json exists; its EOS ids and
+	// generation_config.json's join the config's.
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), []byte(`{"eos_token_id": [5, 2]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var gotDir string
+	mt := load(t, dir, llama.Options{LoadTokenizer: func(d string) (model.Tokenizer, error) {
+		gotDir = d
+		return fakeTokenizer{}, nil
+	}})
+	if mt.Tokenizer() == nil || gotDir != dir {
+		t.Errorf("tokenizer %v loaded from %q", mt.Tokenizer(), gotDir)
+	}
+	if eos := mt.Info().EOS; !slices.Equal(eos, []int32{2, 5, 7}) {
+		t.Errorf("EOS %v, want [2 5 7]", eos)
+	}
+	wantLoadError(t, dir, llama.Options{LoadTokenizer: func(string) (model.Tokenizer, error) {
+		return nil, os.ErrPermission
+	}}, "tokenizer", "permission denied")
+}

@@ -1,0 +1,212 @@
+package llama
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// Options tune Load. The zero value is valid.
+type Options struct {
+	// Name is the served model name; "" means the checkpoint directory's
+	// base name (e.g. "SmolLM2-135M-Instruct").
+	Name string
+	// KVDType is the element type of the KV cache pages; 0 means F32, which
+	// stores keys and values exactly as computed. BF16 and F16 halve the
+	// pool's bytes per token at the cost of rounding K and V.
+	KVDType kvcache.DType
+	// ContextLen is the maximum positions of a sequence, in tokens; 0 means
+	// max_position_embeddings (or the sliding window, if smaller). It may
+	// not exceed that.
+	ContextLen int
+	// Threads is the number of goroutines a Forward computes on; 0 means
+	// runtime.GOMAXPROCS(0) at the time of the call.
+	Threads int
+	// LoadTokenizer loads the tokenizer of a checkpoint directory that has a
+	// tokenizer.json (cmd/pdserve passes internal/model/tokenizer's Load);
+	// nil, or a directory without tokenizer.json, means no tokenizer
+	// (Tokenizer returns nil: token-id prompts only). If the tokenizer has a
+	// method EOS() []int32, those ids join Info.EOS; if it has VocabSize()
+	// int, it must not exceed the model's vocab_size.
+	LoadTokenizer func(dir string) (model.Tokenizer, error)
+}
+
+// Model is a Llama-architecture model on the CPU. It implements
+// model.Model. Create it with Load; Clone makes more instances over the
+// same weights; Close each one.
+type Model struct {
+	w       *weights
+	info    model.Info
+	tok     model.Tokenizer
+	threads int
+	invFreq []float64 // RoPE inverse frequencies [headDim/2]
+
+	mu     sync.Mutex // serialises Forward and guards the fields below
+	closed bool
+	caches map[*kvcache.Pool]*poolCache
+	buf    buffers
+}
+
+var _ model.Model = (*Model)(nil)
+
+// Load reads a Hugging Face checkpoint directory: config.json (and
+// generation_config.json if present), the weights in model.safetensors or
+// in shards listed by model.safetensors.index.json (memory-mapped, kept in
+// their dtype: F32, F16 or BF16), and tokenizer.json through
+// opts.LoadTokenizer.
+//
+// It returns an error, never panics, for: a missing file; an unsupported
+// architecture, activation or rope_scaling; inconsistent sizes in
+// config.json; a tensor that is missing, has an unsupported dtype, a shape
+// other than config.json implies, or data past the end of its file (a
+// truncated download); tensors the configuration does not use; invalid
+// options; a tokenizer that fails to load; and a big-endian host.
+func Load(dir string, opts Options) (*Model, error) {
+	if !isLittleEndian() {
+		return nil, errors.New("llama: this package needs a little-endian CPU (safetensors and KV pages are little-endian)")
+	}
+	cfg, rawCfg, err := ReadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	if opts.KVDType == 0 {
+		opts.KVDType = kvcache.F32
+	}
+	geo := kvcache.Geometry{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, DType: opts.KVDType}
+	if err := geo.Validate(); err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
+	}
+	ctxLen := cfg.MaxPositions
+	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < ctxLen {
+		ctxLen = cfg.SlidingWindow
+	}
+	switch {
+	case opts.ContextLen < 0:
+		return nil, fmt.Errorf("llama: context length must not be negative, got %d", opts.ContextLen)
+	case opts.ContextLen > ctxLen:
+		return nil, fmt.Errorf("llama: context length %d exceeds the model's %d positions", opts.ContextLen, ctxLen)
+	case opts.ContextLen > 0:
+		ctxLen = opts.ContextLen
+	}
+	if opts.Threads < 0 {
+		return nil, fmt.Errorf("llama: threads must not be negative, got %d", opts.Threads)
+	}
+	name := opts.Name
+	if name == "" {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return nil, fmt.Errorf("llama: %w", err)
+		}
+		name = filepath.Base(abs)
+	}
+	var tok model.Tokenizer
+	eos := cfg.EOS
+	if opts.LoadTokenizer != nil {
+		tpath := filepath.Join(dir, "tokenizer.json")
+		if _, err := os.Stat(tpath); err == nil {
+			t, err := opts.LoadTokenizer(dir)
+			if err != nil {
+				return nil, fmt.Errorf("llama: tokenizer: %w", err)
+			}
+			if t != nil {
+				tok = t
+				if e, ok := t.(interface{ EOS() []int32 }); ok {
+					eos = mergeIDs(eos, e.EOS())
+				}
+				if v, ok := t.(interface{ VocabSize() int }); ok && v.VocabSize() > cfg.VocabSize {
+					return nil, fmt.Errorf("llama: the tokenizer has %d tokens, but the model's vocab_size is %d", v.VocabSize(), cfg.VocabSize)
+				}
+			}
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("llama: %w", err)
+		}
+	}
+	for _, id := range eos {
+		if int(id) >= cfg.VocabSize {
+			return nil, fmt.Errorf("llama: EOS token id %d is outside the vocabulary [0, %d)", id, cfg.VocabSize)
+		}
+	}
+	w, err := loadWeights(dir, cfg, rawCfg)
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{
+		w:   w,
+		tok: tok,
+		info: model.Info{Name: name, Geometry: geo, ContextLen: ctxLen, VocabSize: cfg.VocabSize,
+			EOS: eos, Digest: w.digest},
+		threads: opts.Threads,
+		invFreq: ropeInvFreq(&cfg),
+		caches:  make(map[*kvcache.Pool]*poolCache),
+	}
+	return m, nil
+}
+
+// Clone returns a new instance over the same weights (shared read-only,
+// mapped once), with its own buffers, for another worker: each instance runs
+// one Forward at a time, and instances run concurrently. It returns an error
+// if m is closed.
+func (m *Model) Clone() (*Model, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, errClosed
+	}
+	m.w.refs.Add(1)
+	return &Model{w: m.w, tok: m.tok, info: m.info, threads: m.threads, invFreq: m.invFreq,
+		caches: make(map[*kvcache.Pool]*poolCache)}, nil
+}
+
+// Close releases the instance; the weights are unmapped when the last
+// instance sharing them is closed. Forward on a closed instance returns an
+// error. Close is idempotent. Tokenizer stays usable after Close.
+func (m *Model) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	m.buf = buffers{}
+	m.caches = nil
+	return m.w.release()
+}
+
+var errClosed = errors.New("llama: model is closed")
+
+// Info describes the model; EOS is a fresh slice on every call.
+func (m *Model) Info() model.Info {
+	info := m.info
+	info.EOS = append([]int32(nil), m.info.EOS...)
+	return info
+}
+
+// Config is the model's configuration as read from config.json.
+func (m *Model) Config() Config { return m.w.cfg }
+
+// WeightBytes is the size of all tensors in the checkpoint, in bytes: about
+// what one batch-1 decode step reads.
+func (m *Model) WeightBytes() int64 { return m.w.bytes }
+
+// Tokenizer returns the tokenizer loaded through Options.LoadTokenizer, or
+// nil (token-id prompts only).
+func (m *Model) Tokenizer() model.Tokenizer {
+	if m.tok == nil {
+		return nil
+	}
+	return m.tok
+}
+
+// threadCount is the size of a Forward's team.
+func (m *Model) threadCount() int {
+	if m.threads > 0 {
+		return m.threads
+	}
+	return runtime.GOMAXPROCS(0)
+}

@@ -1,0 +1,273 @@
+package llama_test
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
+)
+
+// refModel is an independent float64 forward pass over a spec's tensors,
+// written straight from transformers' modeling_llama.py with no paging,
+// batching or tiling: the oracle for the configurations the stories260K
+// fixture does not cover (untied classifier, biases, F16/BF16 weights,
+// llama3 RoPE scaling).
+type refModel struct {
+	spec llamatest.Spec
+	w    map[string][]float64
+	inv  []float64
+}
+
+func newRefModel(spec llamatest.Spec) *refModel {
+	r := &refModel{spec: spec, w: map[string][]float64{}}
+	for _, t := range spec.Tensors() {
+		n := len(t.Data) / t.DType.Size()
+		v := make([]float64, n)
+		for i := range v {
+			switch t.DType {
+			case llama.F32:
+				v[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:])))
+			case llama.BF16:
+				v[i] = float64(llama.BF16ToF32(binary.LittleEndian.Uint16(t.Data[2*i:])))
+			case llama.F16:
+				v[i] = float64(llama.F16ToF32(binary.LittleEndian.Uint16(t.Data[2*i:])))
+			}
+		}
+		r.w[t.Name] = v
+	}
+	D := r.headDim()
+	for i := 0; i < D; i += 2 {
+		f := 1 / math.Pow(spec.RopeTheta, float64(i)/float64(D))
+		if sc := spec.RopeScaling; sc != nil && sc["rope_type"] == "llama3" {
+			factor, lo, hi := sc["factor"].(float64), sc["low_freq_factor"].(float64), sc["high_freq_factor"].(float64)
+			orig := float64(sc["original_max_position_embeddings"].(int))
+			wavelen := 2 * math.Pi / f
+			if wavelen > orig/lo {
+				f /= factor
+			} else if wavelen >= orig/hi {
+				smooth := (orig/wavelen - lo) / (hi - lo)
+				f = (1-smooth)*f/factor + smooth*f
+			}
+		}
+		r.inv = append(r.inv, f)
+	}
+	return r
+}
+
+func (r *refModel) headDim() int {
+	if r.spec.HeadDim > 0 {
+		return r.spec.HeadDim
+	}
+	return r.spec.Hidden / r.spec.Heads
+}
+
+func (r *refModel) linear(name string, x []float64, out int, bias bool) []float64 {
+	w := r.w[name+".weight"]
+	in := len(x)
+	y := make([]float64, out)
+	for o := range out {
+		var s float64
+		for i := range in {
+			s += w[o*in+i] * x[i]
+		}
+		if bias {
+			s += r.w[name+".bias"][o]
+		}
+		y[o] = s
+	}
+	return y
+}
+
+func (r *refModel) norm(name string, x []float64) []float64 {
+	var ss float64
+	for _, v := range x {
+		ss += v * v
+	}
+	inv := 1 / math.Sqrt(ss/float64(len(x))+r.spec.RMSNormEps)
+	g := r.w[name]
+	y := make([]float64, len(x))
+	for i := range x {
+		y[i] = g[i] * x[i] * inv
+	}
+	return y
+}
+
+func (r *refModel) rope(x []float64, heads, pos int) {
+	D := r.headDim()
+	for h := range heads {
+		v := x[h*D : (h+1)*D]
+		rot := make([]float64, D) // rotate_half: cat(-x2, x1)
+		for i := range D / 2 {
+			rot[i] = -v[i+D/2]
+			rot[i+D/2] = v[i]
+		}
+		for i := range D {
+			ang := float64(pos) * r.inv[i%(D/2)]
+			v[i] = v[i]*math.Cos(ang) + rot[i]*math.Sin(ang)
+		}
+	}
+}
+
+// logits returns the next-token logits after every token of a sequence.
+func (r *refModel) logits(tokens []int32) [][]float64 {
+	s := r.spec
+	H, D := s.Hidden, r.headDim()
+	bias := s.QKVBias
+	oBias := bias && (s.Architecture == "" || s.Architecture == "LlamaForCausalLM")
+	var keys, vals [][][]float64 // [layer][pos][kv·D]
+	keys = make([][][]float64, s.Layers)
+	vals = make([][][]float64, s.Layers)
+	var out [][]float64
+	for pos, tok := range tokens {
+		x := append([]float64(nil), r.w["model.embed_tokens.weight"][int(tok)*H:(int(tok)+1)*H]...)
+		for l := range s.Layers {
+			p := "model.layers." + itoa(l) + "."
+			h := r.norm(p+"input_layernorm.weight", x)
+			q := r.linear(p+"self_attn.q_proj", h, s.Heads*D, bias)
+			k := r.linear(p+"self_attn.k_proj", h, s.KVHeads*D, bias)
+			v := r.linear(p+"self_attn.v_proj", h, s.KVHeads*D, bias)
+			r.rope(q, s.Heads, pos)
+			r.rope(k, s.KVHeads, pos)
+			keys[l] = append(keys[l], k)
+			vals[l] = append(vals[l], v)
+			att := make([]float64, s.Heads*D)
+			for hd := range s.Heads {
+				g := hd / (s.Heads / s.KVHeads)
+				sc := make([]float64, pos+1)
+				m := math.Inf(-1)
+				for j := range pos + 1 {
+					var d float64
+					for i := range D {
+						d += q[hd*D+i] * keys[l][j][g*D+i]
+					}
+					sc[j] = d / math.Sqrt(float64(D))
+					m = math.Max(m, sc[j])
+				}
+				var z float64
+				for j := range sc {
+					sc[j] = math.Exp(sc[j] - m)
+					z += sc[j]
+				}
+				for j := range sc {
+					for i := range D {
+						att[hd*D+i] += sc[j] / z * vals[l][j][g*D+i]
+					}
+				}
+			}
+			o := r.linear(p+"self_attn.o_proj", att, H, oBias)
+			for i := range x {
+				x[i] += o[i]
+			}
+			h = r.norm(p+"post_attention_layernorm.weight", x)
+			gt := r.linear(p+"mlp.gate_proj", h, s.Intermediate, false)
+			up := r.linear(p+"mlp.up_proj", h, s.Intermediate, false)
+			for i := range gt {
+				gt[i] = gt[i] / (1 + math.Exp(-gt[i])) * up[i]
+			}
+			d := r.linear(p+"mlp.down_proj", gt, H, false)
+			for i := range x {
+				x[i] += d[i]
+			}
+		}
+		h := r.norm("model.norm.weight", x)
+		head := "lm_head"
+		if s.Tied {
+			head = "model.embed_tokens"
+		}
+		out = append(out, r.linear(head, h, s.Vocab, false))
+	}
+	return out
+}
+
+func itoa(i int) string {
+	if i < 10 {
+		return string(rune('0' + i))
+	}
+	return itoa(i/10) + string(rune('0'+i%10))
+}
+
+// variants are the configurations checked against the reference.
+func variants() map[string]llamatest.Spec {
+	v := map[string]llamatest.Spec{}
+	base := llamatest.Tiny()
+	v["llama-f32-untied-gqa"] = base
+	s := base
+	s.DType, s.Tied = llama.BF16, true
+	v["llama-bf16-tied"] = s
+	s = base
+	s.Architecture, s.QKVBias, s.DType = "Qwen2ForCausalLM", true, llama.BF16
+	v["qwen2-bias-bf16"] = s
+	s = base
+	s.QKVBias, s.DType, s.Heads, s.KVHeads = true, llama.F16, 4, 4
+	v["llama-attention-bias-f16-mha"] = s
+	s = base
+	s.RopeScaling = map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+		"original_max_position_embeddings": 16}
+	s.RopeTheta = 500000
+	s.HeadDim, s.Heads, s.KVHeads = 32, 4, 1 // head_dim × heads ≠ hidden, one KV head
+	v["llama3-rope-headdim"] = s
+	s = base
+	s.Architecture = "MistralForCausalLM"
+	v["mistral"] = s
+	return v
+}
+
+func randomTokens(rng *rand.Rand, n, vocab int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32(rng.IntN(vocab))
+	}
+	return out
+}
+
+// TestAgainstReference compares the logits at every position of a 40-token
+// sequence with the float64 reference, for each variant and KV dtype.
+func TestAgainstReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for name, spec := range variants() {
+		t.Run(name, func(t *testing.T) {
+			ref := newRefModel(spec)
+			dir := spec.WriteT(t)
+			tokens := randomTokens(rng, 40, spec.Vocab)
+			want := ref.logits(tokens)
+			for _, kv := range []struct {
+				dt  kvcache.DType
+				tol float64
+			}{{kvcache.F32, 2e-5}, {kvcache.BF16, 0.1}, {kvcache.F16, 1e-2}} {
+				m, err := llama.Load(dir, llama.Options{KVDType: kv.dt})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pool, err := kvcache.NewPool(m.Info().Geometry, 8, 8<<20)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pages, _ := pool.Alloc(pool.PagesFor(len(tokens)))
+				got, err := m.ForwardLogits(context.Background(), pool, []model.SeqInput{{Pages: pages, Tokens: tokens}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var worst float64
+				for p := range tokens {
+					for id := range spec.Vocab {
+						d := math.Abs(float64(got[0][p*spec.Vocab+id]) - want[p][id])
+						worst = math.Max(worst, d)
+					}
+				}
+				if worst > kv.tol {
+					t.Errorf("KV %v: max |Δ logit| = %.3g, want ≤ %g", kv.dt, worst, kv.tol)
+				}
+				t.Logf("KV %v: max |Δ logit| vs float64 reference = %.3g", kv.dt, worst)
+				if err := m.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}

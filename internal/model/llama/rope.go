@@ -1,0 +1,97 @@
+package llama
+
+import "math"
+
+// Rotary position embedding (RoPE: Su et al., "RoFormer: Enhanced
+// Transformer with Rotary Position Embedding", 2021), in the Hugging Face
+// "rotate half" layout of transformers' modeling_llama.py: within a head of
+// dimension d, element i < d/2 is paired with element i + d/2 and the pair is
+// rotated by the angle pos·invFreq[i]:
+//
+//	x'[i]       = x[i]·cos − x[i+d/2]·sin
+//	x'[i+d/2]   = x[i+d/2]·cos + x[i]·sin
+//
+// Meta and llama2.c checkpoints rotate interleaved pairs (x[2i], x[2i+1])
+// instead; converting them permutes the rows of wq and wk (see package
+// llama2c), after which both give the same function.
+
+// ropeInvFreq returns the inverse frequencies invFreq[i], i < headDim/2, of
+// cfg: base^(−2i/headDim) (transformers' _compute_default_rope_parameters)
+// adjusted by rope_scaling.
+//
+// "linear" divides every frequency by factor (the same as dividing the
+// positions: Chen et al., "Extending Context Window of Large Language Models
+// via Positional Interpolation", 2023). "llama3" is transformers'
+// _compute_llama3_parameters (Meta's Llama 3.1 release): with wavelength
+// λ = 2π/f, L = original_max_position_embeddings, frequencies with
+// λ < L/high_freq_factor are kept, those with λ > L/low_freq_factor are
+// divided by factor, and the ones between are interpolated with
+// s = (L/λ − low_freq_factor)/(high_freq_factor − low_freq_factor):
+// f' = (1−s)·f/factor + s·f.
+func ropeInvFreq(cfg *Config) []float64 {
+	half := cfg.HeadDim / 2
+	inv := make([]float64, half)
+	for i := range inv {
+		inv[i] = 1 / math.Pow(cfg.RopeTheta, float64(2*i)/float64(cfg.HeadDim))
+	}
+	s := cfg.RopeScaling
+	if s == nil {
+		return inv
+	}
+	switch s.Type {
+	case "linear":
+		for i := range inv {
+			inv[i] /= s.Factor
+		}
+	case "llama3":
+		L := float64(s.OriginalMaxPositions)
+		lowWave := L / s.LowFreqFactor   // longer wavelengths are scaled fully
+		highWave := L / s.HighFreqFactor // shorter wavelengths are kept
+		for i, f := range inv {
+			wave := 2 * math.Pi / f
+			switch {
+			case wave < highWave:
+			case wave > lowWave:
+				inv[i] = f / s.Factor
+			default:
+				sm := (L/wave - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
+				inv[i] = (1-sm)*f/s.Factor + sm*f
+			}
+		}
+	}
+	return inv
+}
+
+// ropeTable fills cos and sin ([len(pos), len(invFreq)]) with the rotation of
+// each position: angle pos[t]·invFreq[i], computed in float64 and rounded.
+func ropeTable(cos, sin []float32, pos []int32, invFreq []float64) {
+	half := len(invFreq)
+	for t, p := range pos {
+		for i, f := range invFreq {
+			s, c := math.Sincos(float64(p) * f)
+			cos[t*half+i] = float32(c)
+			sin[t*half+i] = float32(s)
+		}
+	}
+}
+
+// applyRope rotates every head of x ([T, heads, headDim], row-major) in
+// place by the angles of its token: cos and sin are [T, headDim/2] (see
+// ropeTable).
+func applyRope(x []float32, T, heads, headDim int, cos, sin []float32) {
+	half := headDim / 2
+	for t := range T {
+		c := cos[t*half : (t+1)*half]
+		s := sin[t*half : (t+1)*half]
+		row := x[t*heads*headDim : (t+1)*heads*headDim]
+		for h := range heads {
+			lo := row[h*headDim : h*headDim+half]
+			hi := row[h*headDim+half : (h+1)*headDim]
+			for i := range half {
+				a, b := lo[i], hi[i]
+				lo[i] = a*c[i] - b*s[i]
+				hi[i] = b*c[i] + a*s[i]
+			}
+		}
+	}
+}

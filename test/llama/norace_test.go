@@ -1,0 +1,5 @@
+//go:build !race
+
+package llama_test
+
+const raceEnabled = false

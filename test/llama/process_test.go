@@ -1,0 +1,157 @@
+package llama_test
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
+)
+
+// buildPdserve builds cmd/pdserve into dir.
+func buildPdserve(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "pdserve")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/pdserve/pdserve/cmd/pdserve").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// syncBuffer collects a process's stderr.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// runServer starts bin with args, waits for the stdout line matching re and
+// returns its first submatch (the URL). At cleanup it sends SIGINT and waits
+// for a clean exit.
+func runServer(t *testing.T, bin string, re *regexp.Regexp, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "PDSERVE_LOG_LEVEL=warn")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 64)
+	exited := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default: // nobody is reading any more
+			}
+		}
+		close(lines)
+		exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("%s exited with %v; stderr:\n%s", args[0], err, stderr.String())
+			}
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Errorf("%s did not stop on SIGINT", args[0])
+		}
+	})
+	timeout := time.NewTimer(60 * time.Second)
+	defer timeout.Stop()
+	for {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				t.Fatalf("%s exited before printing %q; stderr:\n%s", args[0], re, stderr.String())
+			}
+			if m := re.FindStringSubmatch(line); m != nil {
+				return m[1]
+			}
+		case <-timeout.C:
+			t.Fatalf("%s printed no line matching %q", args[0], re)
+		}
+	}
+}
+
+// TestStories260KProcess runs the binary as a user would: `pdserve convert
+// llama2c`, then `pdserve serve --model DIR` and `pdserve up --model DIR`,
+// and checks the greedy continuations of the reference sequences over HTTP.
+func TestStories260KProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	refs := llamatest.References(t)
+	tmp := t.TempDir()
+	bin := buildPdserve(t, tmp)
+	out := filepath.Join(tmp, "stories260K")
+	conv, err := exec.Command(bin, "convert", "llama2c", filepath.Join(llamatest.FixtureDir(t), "stories260K.bin"), out).CombinedOutput()
+	if err != nil {
+		t.Fatalf("convert: %v\n%s", err, conv)
+	}
+	if !strings.Contains(string(conv), "dim 64, hidden 172, 5 layers, 8 heads (4 KV), vocab 512 (tied classifier)") {
+		t.Errorf("convert printed %q", conv)
+	}
+	for _, c := range []struct {
+		name string
+		re   *regexp.Regexp
+		args []string
+	}{
+		{"serve", regexp.MustCompile(`OpenAI API (http://\S+)/v1`), []string{"serve", "--port", "0"}},
+		{"up", regexp.MustCompile(`ready: accepting requests at (http://\S+)/v1`), []string{"up", "--port", "0"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append(c.args, "--model", out, "--chunked-prefill-size", "64")
+			url := runServer(t, bin, c.re, args...)
+			checkGreedy(t, refs, completeAll(t, url, storiesRequests(refs)))
+		})
+	}
+	// A bad checkpoint fails at startup with the loader's message.
+	bad := filepath.Join(tmp, "bad")
+	if err := os.MkdirAll(bad, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(out, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bad, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := exec.Command(bin, "serve", "--port", "0", "--model", bad).CombinedOutput()
+	if err == nil || !strings.Contains(string(msg), "neither model.safetensors nor model.safetensors.index.json") {
+		t.Errorf("serve with a checkpoint without weights: %v, output %q", err, msg)
+	}
+	msg, err = exec.Command(bin, "serve", "--model", filepath.Join(tmp, "missing")).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Errorf("serve --model missing-dir: %v (want exit status 2), output %q", err, msg)
+	}
+}

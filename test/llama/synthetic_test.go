@@ -1,0 +1,51 @@
+package llama_test
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
+)
+
+// TestSyntheticSmolLM2PD serves a checkpoint with SmolLM2-135M's shape
+// (bf16, tied, GQA 9/3; random weights) colocated and disaggregated, and
+// checks both give identical tokens for 20 prompts sent at once — 10 greedy,
+// 10 sampled with seeds (invariant 5, "same answer"). Under the race
+// detector (which slows the Go widening and sampling loops ~10×) the model
+// has 2 layers instead of 30 and 8192 tokens instead of 49152, and
+// generates fewer tokens.
+func TestSyntheticSmolLM2PD(t *testing.T) {
+	spec := llamatest.SmolLM2135M()
+	maxTokens := 8
+	if raceEnabled {
+		spec.Layers, spec.Vocab, maxTokens = 2, 8192, 4
+	}
+	dir := spec.WriteT(t)
+	newModel, base := factory(t, dir, llama.Options{Name: "smollm2-shaped"})
+	if g := base.Info().Geometry; g.Layers != spec.Layers || g.KVHeads != 3 || g.HeadDim != 64 {
+		t.Fatalf("geometry %+v", g)
+	}
+	rng := rand.New(rand.NewPCG(20, 20))
+	reqs := make([]completionRequest, 20)
+	for i := range reqs {
+		prompt := make([]int32, 4+rng.IntN(40))
+		for j := range prompt {
+			prompt[j] = int32(1 + rng.IntN(spec.Vocab-1))
+		}
+		reqs[i] = completionRequest{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true}
+		if i%2 == 1 {
+			seed := i
+			reqs[i].Temperature, reqs[i].Seed = 0.9, &seed
+		}
+	}
+	mc := machine(32) // prompts longer than 32 tokens are prefilled in chunks
+	colocated := completeAll(t, startServe(t, newModel, mc).URL, reqs)
+	pd := completeAll(t, startPD(t, newModel, mc).URL(), reqs)
+	for i := range reqs {
+		if len(colocated[i]) != maxTokens || !equal(colocated[i], pd[i]) {
+			t.Errorf("prompt %d (%d tokens, temperature %v): colocated %v, PD %v",
+				i, len(reqs[i].Prompt), reqs[i].Temperature, colocated[i], pd[i])
+		}
+	}
+}

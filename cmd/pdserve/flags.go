@@ -56,6 +56,7 @@ type modelFlags struct {
 	simContext   int
 	simPrefillMS float64
 	simDecodeMS  float64
+	simProfile   string
 	kvDType      string
 	threads      int
 }
@@ -76,6 +77,7 @@ func (f *modelFlags) add(fs *pflag.FlagSet) {
 	fs.IntVar(&f.simContext, "sim-context-len", sim.DefaultContextLen, "simulated model: context length in tokens")
 	fs.Float64Var(&f.simPrefillMS, "sim-prefill-ms-per-token", 0, "simulated model: prefill time per prompt token, ms")
 	fs.Float64Var(&f.simDecodeMS, "sim-decode-ms-per-step", 0, "simulated model: time per batched decode step, ms")
+	fs.StringVar(&f.simProfile, "sim-profile", "", "simulated model: GPU-like step times instead of the two flags above ("+strings.Join(sim.ProfileNames(), ", ")+"; see docs/performance.md)")
 }
 
 func msDuration(name string, ms float64) (time.Duration, error) {
@@ -105,6 +107,16 @@ func (f *modelFlags) factory() (cluster.ModelFactory, error) {
 	cfg := sim.Config{Name: f.servedName,
 		Geometry:   kvcache.Geometry{Layers: f.simLayers, KVHeads: f.simKVHeads, HeadDim: f.simHeadDim, DType: dt},
 		ContextLen: f.simContext, PrefillPerToken: pre, DecodePerStep: dec}
+	if f.simProfile != "" {
+		if pre != 0 || dec != 0 {
+			return nil, usagef("--sim-profile replaces --sim-prefill-ms-per-token and --sim-decode-ms-per-step; give one or the other")
+		}
+		p, err := sim.LookupProfile(f.simProfile)
+		if err != nil {
+			return nil, usagef("--sim-profile: %v", err)
+		}
+		cfg.Profile = &p
+	}
 	if f.simContext < 2 {
 		return nil, usagef("--sim-context-len must be at least 2, got %d", f.simContext)
 	}

@@ -49,6 +49,8 @@ func TestExitCodes(t *testing.T) {
 		{"bad log level", nil, []string{"serve", "--log-level", "loud"}, 2, "log-level"},
 		{"router without workers", nil, []string{"router"}, 2, "--prefill"},
 		{"zero workers", nil, []string{"up", "--prefill-workers", "0"}, 2, "prefill-workers"},
+		{"unknown sim profile", nil, []string{"serve", "--sim-profile", "tpu-v9"}, 2, "h100-llama3-8b"},
+		{"profile and latency", nil, []string{"serve", "--sim-profile", "h100-llama3-8b", "--sim-decode-ms-per-step", "5"}, 2, "one or the other"},
 		{"memory beyond the machine", nil, []string{"serve", "--kv-cache-memory", "100PiB"}, 2, "exceeds this machine's memory"},
 		{"absurd geometry", nil, []string{"serve", "--sim-layers", "10000000"}, 2, "invalid KV geometry"},
 		{"absurd page size", nil, []string{"serve", "--page-size", "70368744177664"}, 2, "--page-size must be between"},

@@ -37,6 +37,10 @@ type GenerateRequest struct {
 	StopTokenIDs []int32
 	// IgnoreEOS asks the engine not to stop at the model's EOS tokens.
 	IgnoreEOS bool
+	// Buffered says the front end will not look at the output before the
+	// end (a non-streaming request without stop strings), so the engine
+	// may deliver it in one chunk instead of token by token.
+	Buffered bool
 }
 
 // Token is one output token.

@@ -231,6 +231,7 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		Sampling:     req.sampling,
 		StopTokenIDs: req.stopTokenIDs,
 		IgnoreEOS:    req.ignoreEOS,
+		Buffered:     !req.stream && len(req.stop) == 0,
 	}
 	stream, err := h.cfg.Engine.Generate(ctx, gr)
 	if err == nil && stream == nil {

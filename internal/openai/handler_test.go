@@ -238,10 +238,31 @@ func TestNonStreamCompletion(t *testing.T) {
 		t.Errorf("body\n got %s\nwant %s", body, want)
 	}
 	checkClosed(t, eng.nextStream(t), 0)
+	// Non-streaming and no stop strings: the engine may buffer the output.
 	wantReq := &GenerateRequest{RID: "rid1", InputIDs: []int32{104, 101, 108, 108, 111}, MaxTokens: 10,
-		Sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 5}}
+		Sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 5}, Buffered: true}
 	if diff := cmp.Diff(wantReq, eng.lastReq(t)); diff != "" {
 		t.Errorf("GenerateRequest (-want +got):\n%s", diff)
+	}
+}
+
+// TestBufferedOnlyWithoutStopStrings: stop strings (checked on the text as
+// it comes) and streaming both need the output token by token.
+func TestBufferedOnlyWithoutStopStrings(t *testing.T) {
+	for _, tc := range []struct {
+		body     string
+		buffered bool
+	}{
+		{`{"prompt":"hello","max_tokens":4}`, true},
+		{`{"prompt":"hello","max_tokens":4,"stop":["x"]}`, false},
+		{`{"prompt":"hello","max_tokens":4,"stream":true}`, false},
+	} {
+		eng := newFakeEngine(Chunk{Tokens: toks("ab"), FinishReason: "length"})
+		srv := newServer(t, eng)
+		post(t, srv, "/v1/completions", tc.body)
+		if got := eng.lastReq(t).Buffered; got != tc.buffered {
+			t.Errorf("%s: Buffered %v, want %v", tc.body, got, tc.buffered)
+		}
 	}
 }
 

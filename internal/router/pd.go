@@ -96,7 +96,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	}
 	body := worker.GenerateBody{RID: rid, Room: s.room, Gen: gen, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
 		Temperature: g.Sampling.Temperature, TopP: g.Sampling.TopP, TopK: g.Sampling.TopK, Seed: g.Sampling.Seed,
-		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, PrefillKVAddr: kv}
+		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, PrefillKVAddr: kv, Buffered: g.Buffered}
 	payload, err := json.Marshal(body)
 	if err != nil {
 		return openai.Internal("encode leg: %v", err)

@@ -27,7 +27,7 @@ type plainStream struct {
 func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
 	payload, err := json.Marshal(worker.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
 		Temperature: g.Sampling.Temperature, TopP: g.Sampling.TopP, TopK: g.Sampling.TopK, Seed: g.Sampling.Seed,
-		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS})
+		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered})
 	if err != nil {
 		return nil, openai.Internal("encode request: %v", err)
 	}

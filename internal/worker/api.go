@@ -49,6 +49,9 @@ type GenerateBody struct {
 	// TimeoutMS caps the request on this worker, in milliseconds (0: the
 	// worker's --max-request-time).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Buffered asks a decode or colocated leg to send its tokens in one line
+	// at the end rather than as they come (the caller reads them only then).
+	Buffered bool `json:"buffered,omitempty"`
 }
 
 // PrefillResult is the 200 answer of /internal/v1/prefill, sent once the
@@ -247,17 +250,23 @@ func (w *Worker) abortClient(rid string) {
 // arriveLeg reads a leg's body and submits it; on bad input it answers the
 // error itself and returns ok false.
 func (w *Worker) arriveLeg(rw http.ResponseWriter, r *http.Request) (lifecycle.Request, *waiter, bool) {
+	q, wt, _, ok := w.arriveStreamLeg(rw, r)
+	return q, wt, ok
+}
+
+// arriveStreamLeg is arriveLeg that also reports the leg's Buffered flag.
+func (w *Worker) arriveStreamLeg(rw http.ResponseWriter, r *http.Request) (lifecycle.Request, *waiter, bool, bool) {
 	var b GenerateBody
 	if err := w.readBody(rw, r, &b, w.cfg.MaxBodyBytes); err != nil {
 		openai.WriteError(rw, err)
-		return lifecycle.Request{}, nil, false
+		return lifecycle.Request{}, nil, false, false
 	}
 	q, err := w.request(&b)
 	if err != nil {
 		openai.WriteError(rw, err)
-		return lifecycle.Request{}, nil, false
+		return lifecycle.Request{}, nil, false, false
 	}
-	return q, w.submit(q), true
+	return q, w.submit(q), b.Buffered, true
 }
 
 func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
@@ -282,7 +291,7 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 // waits for the first token or the end, so an early rejection is an
 // ordinary error answer.
 func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
-	q, wt, ok := w.arriveLeg(rw, r)
+	q, wt, buffered, ok := w.arriveStreamLeg(rw, r)
 	if !ok {
 		return
 	}
@@ -290,11 +299,19 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(rw)
 	enc := json.NewEncoder(rw)
 	started := false
+	var held []model.SeqOutput // a buffered leg's tokens, until the end
 	for {
 		toks, fin, err := wt.next(ctx)
 		if err != nil {
 			w.abortClient(q.RID)
 			return
+		}
+		if buffered {
+			held = append(held, toks...)
+			if fin == nil {
+				continue
+			}
+			toks = held
 		}
 		if !started {
 			if fin != nil && len(toks) == 0 && fin.Outcome != lifecycle.OutcomeOK {

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model/sim"
 )
 
@@ -60,4 +62,63 @@ func BenchmarkUp(b *testing.B) {
 			client.CloseIdleConnections()
 		})
 	}
+}
+
+// BenchmarkRouterOverhead measures the latency PD adds over a colocated
+// worker for the same request, one request at a time (no queueing): each
+// iteration sends one request through `up` (router + 1P1D) and one straight
+// to a `serve` worker, alternating, and reports both medians and their
+// difference. Zero-latency simulated model, small KV geometry. Run:
+//
+//	go test ./test/e2e -run '^$' -bench BenchmarkRouterOverhead -benchtime 2000x
+func BenchmarkRouterOverhead(b *testing.B) {
+	mc := testMachine()
+	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
+		NewModel: simFactory(sim.Config{}), Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: 64 << 20}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Shutdown(context.Background())
+	m, _ := simFactory(sim.Config{})()
+	mc.Role = lifecycle.RoleColocated
+	co, err := cluster.StartWorker(cluster.WorkerOptions{Addr: "127.0.0.1:0", Model: m, Machine: mc, KVCacheMemory: 64 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer co.Shutdown(context.Background())
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	body := `{"prompt":"` + strings.Repeat("x", 32) + `","max_tokens":16,"ignore_eos":true,"temperature":0}`
+	send := func(url string) time.Duration {
+		start := time.Now()
+		resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+		return time.Since(start)
+	}
+	for range 50 { // warm both paths' connections
+		send(c.URL())
+		send(co.URL)
+	}
+	var up, direct []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		up = append(up, send(c.URL()))
+		direct = append(direct, send(co.URL))
+	}
+	b.StopTimer()
+	med := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	mu, md := med(up), med(direct)
+	b.ReportMetric(mu, "p50-up-ms")
+	b.ReportMetric(md, "p50-serve-ms")
+	b.ReportMetric(mu-md, "added-p50-ms")
+	client.CloseIdleConnections()
 }

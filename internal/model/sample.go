@@ -46,14 +46,23 @@ func Uniform(seed uint64, step int) float64 {
 }
 
 // Sample picks a token from logits ([vocab] float32) and returns it with its
-// log-probability under softmax(logits). scratch, if it has room for
-// len(logits) entries, is used to avoid allocation.
+// log-probability under softmax(logits). sc holds buffers between calls so
+// that a sampler allocates nothing once warm; nil allocates them per call.
 //
 // Greedy (Temperature 0) returns the lowest id among equal maxima. Otherwise
 // it applies temperature, keeps the TopK most likely tokens, then the
 // smallest set whose probability reaches TopP, and inverts the CDF at
 // Uniform(Seed, step) over ids sorted by probability (ties by id).
-func Sample(logits []float32, p SamplingParams, step int, scratch []int32) (int32, float32) {
+//
+// The arithmetic is fixed, so every worker draws the same token: with
+// candidate ids c_0, c_1, … in that order (all ids, or the TopK best) and
+// p_i = exp((logit(c_i) − max)/T) in float64, z = Σ p_i added in candidate
+// order; keep is the first i+1 whose running Σ p_j/z (added in order)
+// reaches TopP (all candidates if none does); the draw walks u =
+// Uniform·Σ_{i<keep} p_i down by p_0, p_1, … until it is negative. Finding
+// the order costs O(vocab): a heap of TopK ids, or without TopK a stable
+// radix sort of the logits' bits (z needs every candidate, in order).
+func Sample(logits []float32, p SamplingParams, step int, sc *SampleScratch) (int32, float32) {
 	if len(logits) == 0 {
 		return 0, 0
 	}
@@ -65,60 +74,203 @@ func Sample(logits []float32, p SamplingParams, step int, scratch []int32) (int3
 	}
 	maxL := float64(logits[maxI])
 	var sum float64
-	for _, l := range logits {
-		sum += math.Exp(float64(l) - maxL)
+	if p.Temperature != 1 {
+		for _, l := range logits {
+			sum += math.Exp(float64(l) - maxL)
+		}
+		if p.Temperature == 0 {
+			return int32(maxI), float32(float64(logits[maxI]) - (maxL + math.Log(sum)))
+		}
+	}
+	if sc == nil {
+		sc = new(SampleScratch)
+	}
+	if cap(sc.ids) < len(logits) {
+		sc.ids = make([]int32, len(logits))
+	}
+	bufs := &sc.probs
+	for i := range bufs {
+		if cap(bufs[i]) < len(logits) {
+			bufs[i] = make([]float64, len(logits))
+		}
+	}
+	// e[id] = e^(logit − max), kept at temperature 1, where it is also the
+	// candidates' p (x/1 = x exactly).
+	e := bufs[0][:len(logits)]
+	if p.Temperature == 1 {
+		for i, l := range logits {
+			e[i] = math.Exp(float64(l) - maxL)
+			sum += e[i]
+		}
 	}
 	logZ := maxL + math.Log(sum)
 	logprob := func(i int) float32 { return float32(float64(logits[i]) - logZ) }
-	if p.Temperature == 0 {
-		return int32(maxI), logprob(maxI)
-	}
-	idx := scratch[:0]
-	if cap(idx) < len(logits) {
-		idx = make([]int32, 0, len(logits))
-	}
-	for i := range logits {
-		idx = append(idx, int32(i))
-	}
-	sort.Slice(idx, func(a, b int) bool {
-		la, lb := logits[idx[a]], logits[idx[b]]
-		if la != lb {
-			return la > lb
-		}
-		return idx[a] < idx[b]
-	})
-	if p.TopK > 0 && p.TopK < len(idx) {
-		idx = idx[:p.TopK]
+	var idx []int32
+	switch {
+	case p.TopK > 0 && p.TopK <= len(logits)/16:
+		idx = topK(logits, p.TopK, sc.ids)
+	case p.TopK > 0 && p.TopK < len(logits):
+		idx = sortByLogit(logits, sc)[:p.TopK]
+	default:
+		idx = sortByLogit(logits, sc)
 	}
 	t := float64(p.Temperature)
-	probs := make([]float64, len(idx))
+	probs := bufs[1][:len(idx)] // p_i in candidate order
 	var z float64
 	for i, id := range idx {
-		probs[i] = math.Exp((float64(logits[id]) - maxL) / t)
+		if t == 1 {
+			probs[i] = e[id]
+		} else {
+			probs[i] = math.Exp((float64(logits[id]) - maxL) / t)
+		}
 		z += probs[i]
 	}
+	prob := func(i int) float64 { return probs[i] }
 	topP := float64(p.TopP)
 	if topP <= 0 || topP > 1 {
 		topP = 1
 	}
 	keep, cum := len(idx), 0.0
-	for i := range probs {
-		cum += probs[i] / z
+	var zk float64 // Σ p_i for i < keep, in order
+	for i := range idx {
+		pi := prob(i)
+		zk += pi
+		cum += pi / z
 		if cum >= topP {
 			keep = i + 1
 			break
 		}
 	}
-	var zk float64
-	for i := range keep {
-		zk += probs[i]
-	}
 	u := Uniform(p.Seed, step) * zk
 	for i := range keep {
-		u -= probs[i]
+		u -= prob(i)
 		if u < 0 {
 			return idx[i], logprob(int(idx[i]))
 		}
 	}
 	return idx[keep-1], logprob(int(idx[keep-1]))
+}
+
+// descKey maps a logit to a key whose ascending order is the logits'
+// descending order (−0 and +0 equal, as they compare).
+func descKey(l float32) uint32 {
+	b := math.Float32bits(l)
+	if b == 0x80000000 {
+		b = 0
+	}
+	if b&0x80000000 != 0 {
+		b = ^b // negative: larger magnitude sorts later in ascending order
+	} else {
+		b ^= 0x80000000
+	}
+	return ^b
+}
+
+// sortByLogit returns all ids ordered by logit descending, ties by id
+// ascending, in sc.ids: an LSD radix sort of descKey<<32|id
+// over the key's bits (three stable passes of 11, 11 and 10 bits; the ids
+// start in ascending order, so ties keep it).
+func sortByLogit(logits []float32, sc *SampleScratch) []int32 {
+	n := len(logits)
+	bufs := &sc.keys
+	for i := range bufs {
+		if cap(bufs[i]) < n {
+			bufs[i] = make([]uint64, n)
+		}
+	}
+	a, b := bufs[0][:n], bufs[1][:n]
+	for i, l := range logits {
+		a[i] = uint64(descKey(l))<<32 | uint64(i)
+	}
+	var count [1 << 11]int
+	for _, shift := range [...]uint{32, 43, 54} {
+		clear(count[:])
+		for _, v := range a {
+			count[v>>shift&(1<<11-1)]++
+		}
+		if count[a[0]>>shift&(1<<11-1)] == n {
+			continue // every key has the same digit: this pass keeps the order
+		}
+		pos := 0
+		for d, c := range count {
+			count[d] = pos
+			pos += c
+		}
+		for _, v := range a {
+			d := v >> shift & (1<<11 - 1)
+			b[count[d]] = v
+			count[d]++
+		}
+		a, b = b, a
+	}
+	if cap(sc.ids) < n {
+		sc.ids = make([]int32, n)
+	}
+	ids := sc.ids[:n]
+	for i, v := range a {
+		ids[i] = int32(uint32(v))
+	}
+	return ids
+}
+
+// SampleScratch is Sample's working memory, reused between calls by one
+// goroutine at a time: [vocab] ids, two [vocab] float64 buffers
+// (exponentials, candidate probabilities) and two [vocab] uint64 buffers
+// (radix sort keys), about 36 bytes per vocabulary entry. The zero value is
+// ready to use.
+type SampleScratch struct {
+	ids   []int32
+	probs [2][]float64
+	keys  [2][]uint64
+}
+
+// before reports whether id i comes before id j in candidate order: higher
+// logit first, then lower id.
+func before(logits []float32, i, j int32) bool {
+	if logits[i] != logits[j] {
+		return logits[i] > logits[j]
+	}
+	return i < j
+}
+
+// topK returns the k (0 < k < len(logits)) first ids in candidate order,
+// in that order: a heap of the best k seen (its root the worst of them),
+// then a sort of the k.
+func topK(logits []float32, k int, scratch []int32) []int32 {
+	if cap(scratch) < k {
+		scratch = make([]int32, k)
+	}
+	h := scratch[:k]
+	for i := range h {
+		h[i] = int32(i)
+	}
+	// Min-heap by candidate order: h[0] is the last in order.
+	worse := func(i, j int32) bool { return before(logits, j, i) }
+	down := func(i int) {
+		for {
+			c := 2*i + 1
+			if c >= k {
+				return
+			}
+			if c+1 < k && worse(h[c+1], h[c]) {
+				c++
+			}
+			if !worse(h[c], h[i]) {
+				return
+			}
+			h[i], h[c] = h[c], h[i]
+			i = c
+		}
+	}
+	for i := k/2 - 1; i >= 0; i-- {
+		down(i)
+	}
+	for id := int32(k); int(id) < len(logits); id++ {
+		if before(logits, id, h[0]) {
+			h[0] = id
+			down(0)
+		}
+	}
+	sort.Slice(h, func(a, b int) bool { return before(logits, h[a], h[b]) })
+	return h
 }

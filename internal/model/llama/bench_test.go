@@ -3,6 +3,7 @@ package llama_test
 import (
 	"context"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -25,12 +26,17 @@ func report(b *testing.B, tokens int, wall, cpu time.Duration) {
 // with random weights: decode at batch 1 and 16 with 128 tokens of context,
 // and prefill of a 512-token prompt. Each reports tok/s (generated or
 // prompt tokens per second of Forward time). The checkpoint is written once
-// (~270 MB in a temporary directory).
+// (~270 MB in a temporary directory), or read from $PDSERVE_SMOLLM2_DIR if
+// set (a directory written by llamatest.SmolLM2135M().Write, as the
+// llama.cpp comparison in tools/llamacpp-bench does).
 //
 //	go test -run '^$' -bench SmolLM2 -benchtime 20x ./internal/model/llama/
 func BenchmarkSmolLM2(b *testing.B) {
 	spec := llamatest.SmolLM2135M()
-	dir := spec.WriteT(b)
+	dir := os.Getenv("PDSERVE_SMOLLM2_DIR")
+	if dir == "" {
+		dir = spec.WriteT(b)
+	}
 	m, err := llama.Load(dir, llama.Options{})
 	if err != nil {
 		b.Fatal(err)

@@ -4,18 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"unsafe"
-
-	"github.com/viterin/vek/vek32"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model"
 )
 
-// buffers are a Model instance's activations, grown as batches need and
-// reused across Forward calls. Shapes are for a batch of T tokens (all the
-// sequences' tokens, concatenated) and R logit rows.
+// buffers are a Model instance's activations and per-worker scratch, grown
+// as batches need and reused across Forward calls. Shapes are for a batch
+// of T tokens (all the sequences' tokens, concatenated) and R logit rows.
 type buffers struct {
 	x    []float32 // residual stream [T, hidden]
 	h    []float32 // normalised input of a sublayer [T, hidden]
@@ -23,20 +20,26 @@ type buffers struct {
 	k, v []float32 // keys and values [T, kvHeads, headDim]
 	att  []float32 // attention output [T, heads, headDim]
 	tmp  []float32 // sublayer output before the residual add [T, hidden]
-	gate []float32 // [T, inter]
+	gate []float32 // [T, inter]; silu(gate)·up after the MLP's first half
 	up   []float32 // [T, inter]
 	cos  []float32 // RoPE [T, headDim/2]
 	sin  []float32
 	sel  []float32 // final-normalised rows that need logits [R, hidden]
 	lgt  []float32 // logits [R, vocab]
 
-	pos    []int32 // position of each token [T]
-	seqOf  []int32 // sequence of each token [T]
-	tiles  [][]float32
-	scores [][]float32 // per worker: attention scores [heads/kvHeads, context]
-	kvRows [][]float32 // per worker: widened K rows of one page [pageSize, headDim]
-	vals   [][]float32 // per worker: one KV head's V rows of a sequence [context, headDim]
-	sample []int32     // model.Sample's scratch [vocab]
+	pos   []int32 // position of each token [T]
+	seqOf []int32 // sequence of each token [T]
+	last  []int   // index of each sequence's last token [len(seqs)]
+	rows  []int   // sequences that sample [R]
+	scr   []scratch
+
+	// The step's parallel loops, reused so a Forward allocates nothing
+	// once its buffers have grown.
+	lin    linJob
+	outs   [3]linOut
+	attn   attnJob
+	tok    tokJob
+	sample sampleJob
 }
 
 func grow(b []float32, n int) []float32 {
@@ -44,16 +47,6 @@ func grow(b []float32, n int) []float32 {
 		return make([]float32, n)
 	}
 	return b[:n]
-}
-
-func growPerWorker(b [][]float32, workers, n int) [][]float32 {
-	for len(b) < workers {
-		b = append(b, nil)
-	}
-	for i := range b[:workers] {
-		b[i] = grow(b[i], n)
-	}
-	return b
 }
 
 // Forward runs one batched step (see model.Model): it writes the KV of every
@@ -85,32 +78,50 @@ func (m *Model) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.Se
 	if len(seqs) == 0 {
 		return nil
 	}
-	var rows []int
+	b := &m.buf
+	b.rows = b.rows[:0]
 	for i := range seqs {
 		if seqs[i].Sample {
-			rows = append(rows, i)
+			b.rows = append(b.rows, i)
 		}
 	}
-	logits, err := m.run(ctx, pool, seqs, rows, false)
+	tm := startTeam(m.threadCount())
+	defer tm.stop()
+	logits, err := m.run(ctx, tm, pool, seqs, b.rows, false)
 	if err != nil {
 		return err
-	}
-	V := m.info.VocabSize
-	if cap(m.buf.sample) < V {
-		m.buf.sample = make([]int32, V)
 	}
 	for i := range out {
 		out[i] = model.SeqOutput{}
 	}
-	for r, i := range rows {
-		p := seqs[i].Sampling
+	b.sample = sampleJob{scr: b.scr, logits: logits, vocab: m.info.VocabSize, rows: b.rows, seqs: seqs, out: out}
+	tm.parallelFor(len(b.rows), 1, &b.sample)
+	b.sample = sampleJob{}
+	return nil
+}
+
+// sampleJob samples the logit rows of a step, one row per index.
+type sampleJob struct {
+	scr    []scratch
+	logits []float32 // [R, vocab]
+	vocab  int
+	rows   []int // sequence of each logit row
+	seqs   []model.SeqInput
+	out    []model.SeqOutput
+}
+
+func (j *sampleJob) run(w, lo, hi int) {
+	sc := &j.scr[w]
+	V := j.vocab
+	for r := lo; r < hi; r++ {
+		i := j.rows[r]
+		p := j.seqs[i].Sampling
 		if p.TopP == 0 {
 			p.TopP = 1
 		}
-		tok, lp := model.Sample(logits[r*V:(r+1)*V], p, seqs[i].Step, m.buf.sample)
-		out[i] = model.SeqOutput{Token: tok, Logprob: lp}
+		tok, lp := model.Sample(j.logits[r*V:(r+1)*V], p, j.seqs[i].Step, &sc.sample)
+		j.out[i] = model.SeqOutput{Token: tok, Logprob: lp}
 	}
-	return nil
 }
 
 // ForwardLogits runs one batched step like Forward (same checks, same KV
@@ -131,7 +142,9 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 	if err := m.check(pool, plain, len(plain)); err != nil {
 		return nil, err
 	}
-	logits, err := m.run(ctx, pool, plain, nil, true)
+	tm := startTeam(m.threadCount())
+	defer tm.stop()
+	logits, err := m.run(ctx, tm, pool, plain, nil, true)
 	if err != nil {
 		return nil, err
 	}
@@ -146,9 +159,9 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 	return res, nil
 }
 
-// run computes the batch (already checked). It returns the logits of the
-// last token of seqs[i] for each i in rows, or of every token if all is set:
-// [R, vocab], a view of the instance's buffer.
+// run computes the batch (already checked) on team tm. It returns the
+// logits of the last token of seqs[i] for each i in rows, or of every token
+// if all is set: [R, vocab], a view of the instance's buffer.
 //
 // Shapes: T = Σ len(Tokens); per layer (transformers' LlamaDecoderLayer):
 //
@@ -161,35 +174,35 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 //	h = RMSNorm(x)·g₂
 //	x += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ
 //
-// then logits = RMSNorm(x)·g_final·W_lmᵀ for the requested rows.
-func (m *Model) run(ctx context.Context, pool *kvcache.Pool, seqs []model.SeqInput, rows []int, all bool) ([]float32, error) {
+// then logits = RMSNorm(x)·g_final·W_lmᵀ for the requested rows. Each line
+// is one parallel loop over the team (q, k and v together; the norms, RoPE
+// and KV writes per token only for long batches); the residual adds and the
+// SwiGLU product are done by the tasks of the matrix before them.
+func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []model.SeqInput, rows []int, all bool) ([]float32, error) {
 	cfg := &m.w.cfg
 	H, D, I := cfg.HiddenSize, cfg.HeadDim, cfg.IntermediateSize
 	qDim, kvDim := cfg.Heads*D, cfg.KVHeads*D
 	T := 0
-	maxCtx := 0
 	for i := range seqs {
 		T += len(seqs[i].Tokens)
-		maxCtx = max(maxCtx, seqs[i].Pos+len(seqs[i].Tokens))
 	}
-	tm := startTeam(m.threadCount())
-	defer tm.stop()
-	nw := tm.size()
-
 	b := &m.buf
 	b.x, b.h, b.tmp = grow(b.x, T*H), grow(b.h, T*H), grow(b.tmp, T*H)
 	b.q, b.att = grow(b.q, T*qDim), grow(b.att, T*qDim)
 	b.k, b.v = grow(b.k, T*kvDim), grow(b.v, T*kvDim)
 	b.gate, b.up = grow(b.gate, T*I), grow(b.up, T*I)
 	b.cos, b.sin = grow(b.cos, T*D/2), grow(b.sin, T*D/2)
-	b.tiles = growPerWorker(b.tiles, nw, rowTile*max(H, qDim, I))
-	b.scores = growPerWorker(b.scores, nw, (cfg.Heads/cfg.KVHeads)*maxCtx)
-	b.kvRows = growPerWorker(b.kvRows, nw, pool.PageSize()*D)
-	b.vals = growPerWorker(b.vals, nw, maxCtx*D)
+	for len(b.scr) < tm.size() {
+		b.scr = append(b.scr, scratch{})
+	}
 	if cap(b.pos) < T {
 		b.pos, b.seqOf = make([]int32, T), make([]int32, T)
 	}
 	b.pos, b.seqOf = b.pos[:T], b.seqOf[:T]
+	if cap(b.last) < len(seqs) {
+		b.last = make([]int, len(seqs))
+	}
+	b.last = b.last[:len(seqs)]
 
 	// Embeddings, positions, RoPE angles.
 	t := 0
@@ -202,8 +215,21 @@ func (m *Model) run(ctx context.Context, pool *kvcache.Pool, seqs []model.SeqInp
 			copy(dst, m.w.embed.Row(int(tok), dst)) // a no-op when Row widened into dst
 			t++
 		}
+		b.last[i] = t - 1
 	}
 	ropeTable(b.cos, b.sin, b.pos, m.invFreq)
+
+	ks := kernels
+	b.attn = attnJob{ks: ks, scr: b.scr, pool: pool, seqs: seqs, q: b.q, att: b.att, pos: b.pos, seqOf: b.seqOf,
+		heads: cfg.Heads, kvH: cfg.KVHeads, d: D}
+	b.tok = tokJob{m: m, pool: pool, seqs: seqs, T: T}
+	defer func() { b.attn, b.tok, b.lin = attnJob{}, tokJob{}, linJob{} }() // drop references to the caller's data
+	lin := func(x []float32, resid []float32, swiglu bool, outs ...linOut) {
+		n := copy(b.outs[:], outs)
+		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: swiglu}
+		linear(tm, &b.lin)
+	}
+	tokGrain := max(1, 256/max(1, H/64)) // tokens per task of the per-token loops
 
 	eps := cfg.RMSNormEps
 	// Pages are written from the first layer on; mark them even if ctx ends
@@ -214,26 +240,19 @@ func (m *Model) run(ctx context.Context, pool *kvcache.Pool, seqs []model.SeqInp
 			return nil, err
 		}
 		ly := &m.w.layers[li]
-		rmsNorm(b.h, b.x, T, H, ly.attnNorm, eps)
-		linear(tm, b.tiles, b.q, b.h, T, ly.q, ly.qb)
-		linear(tm, b.tiles, b.k, b.h, T, ly.k, ly.kb)
-		linear(tm, b.tiles, b.v, b.h, T, ly.v, ly.vb)
-		applyRope(b.q, T, cfg.Heads, D, b.cos, b.sin)
-		applyRope(b.k, T, cfg.KVHeads, D, b.cos, b.sin)
-		m.writeKV(pool, seqs, li)
-		m.attention(tm, pool, seqs, li, T)
-		linear(tm, b.tiles, b.tmp, b.att, T, ly.o, ly.ob)
-		addInPlace(b.x, b.tmp)
+		b.tok.li, b.tok.op = li, tokAttnNorm
+		tm.parallelFor(T, tokGrain, &b.tok)
+		lin(b.h, nil, false, linOut{ly.q, ly.qb, b.q}, linOut{ly.k, ly.kb, b.k}, linOut{ly.v, ly.vb, b.v})
+		b.tok.op = tokRopeKV
+		tm.parallelFor(T, tokGrain, &b.tok)
+		b.attn.li = li
+		tm.parallelFor(b.attn.tasks(T), 1, &b.attn)
+		lin(b.att, b.x, false, linOut{ly.o, ly.ob, b.tmp})
 
-		rmsNorm(b.h, b.x, T, H, ly.mlpNorm, eps)
-		linear(tm, b.tiles, b.gate, b.h, T, ly.gate, ly.gateB)
-		linear(tm, b.tiles, b.up, b.h, T, ly.up, ly.upB)
-		grain := max(1, (1<<14)/I)
-		tm.parallelFor(T, grain, func(_, lo, hi int) {
-			siluMul(b.gate[lo*I:hi*I], b.up[lo*I:hi*I])
-		})
-		linear(tm, b.tiles, b.tmp, b.gate, T, ly.down, ly.downB)
-		addInPlace(b.x, b.tmp)
+		b.tok.op = tokMLPNorm
+		tm.parallelFor(T, tokGrain, &b.tok)
+		lin(b.h, nil, true, linOut{ly.gate, ly.gateB, b.gate}, linOut{ly.up, ly.upB, b.up})
+		lin(b.gate, b.x, false, linOut{ly.down, ly.downB, b.tmp})
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -248,29 +267,59 @@ func (m *Model) run(ctx context.Context, pool *kvcache.Pool, seqs []model.SeqInp
 	} else {
 		R = len(rows)
 		b.sel = grow(b.sel, R*H)
-		last := make([]int, len(seqs))
-		t := 0
-		for i := range seqs {
-			t += len(seqs[i].Tokens)
-			last[i] = t - 1
-		}
 		for r, i := range rows {
-			rmsNorm(b.sel[r*H:(r+1)*H], b.x[last[i]*H:(last[i]+1)*H], 1, H, m.w.norm, eps)
+			l := b.last[i]
+			rmsNorm(b.sel[r*H:(r+1)*H], b.x[l*H:(l+1)*H], 1, H, m.w.norm, eps)
 		}
 	}
 	V := cfg.VocabSize
 	b.lgt = grow(b.lgt, R*V)
 	if R > 0 {
-		linear(tm, b.tiles, b.lgt, b.sel, R, m.w.lmHead, nil)
+		b.lin = linJob{ks: ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt})}
+		linear(tm, &b.lin)
 	}
 	return b.lgt, nil
 }
 
-// addInPlace adds y to x element-wise.
-func addInPlace(x, y []float32) {
-	y = y[:len(x)]
-	for i := range x {
-		x[i] += y[i]
+// tokJob runs the per-token steps of a layer over a range of tokens.
+type tokJob struct {
+	m    *Model
+	pool *kvcache.Pool
+	seqs []model.SeqInput
+	T    int
+	li   int
+	op   int
+}
+
+// tokJob operations.
+const (
+	tokAttnNorm = iota // h = RMSNorm(x)·input_layernorm
+	tokRopeKV          // rotate q and k, store k and v in the pages
+	tokMLPNorm         // h = RMSNorm(x)·post_attention_layernorm
+)
+
+func (j *tokJob) run(_, lo, hi int) {
+	m := j.m
+	cfg := &m.w.cfg
+	b := &m.buf
+	H, D := cfg.HiddenSize, cfg.HeadDim
+	ly := &m.w.layers[j.li]
+	switch j.op {
+	case tokAttnNorm:
+		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.attnNorm, cfg.RMSNormEps)
+	case tokMLPNorm:
+		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.mlpNorm, cfg.RMSNormEps)
+	case tokRopeKV:
+		qDim, kvDim, half := cfg.Heads*D, cfg.KVHeads*D, D/2
+		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half])
+		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half])
+		dt := j.pool.Geometry().DType
+		for t := lo; t < hi; t++ {
+			s := &j.seqs[b.seqOf[t]]
+			p := int(b.pos[t])
+			encodeKV(dt, kvSlot(j.pool, s.Pages, p, j.li, 0), b.k[t*kvDim:(t+1)*kvDim])
+			encodeKV(dt, kvSlot(j.pool, s.Pages, p, j.li, 1), b.v[t*kvDim:(t+1)*kvDim])
+		}
 	}
 }
 
@@ -282,24 +331,6 @@ func kvSlot(pool *kvcache.Pool, pages []kvcache.PageID, p, li, kv int) []byte {
 	seg := pool.Segment(pages[p/ps], li, kv)
 	s := p % ps
 	return seg[s*sb : (s+1)*sb]
-}
-
-// writeKV stores the batch's keys and values of layer li in the pages, in
-// the pool's dtype (page layout [layer][k|v][slot][kv_heads][head_dim]).
-func (m *Model) writeKV(pool *kvcache.Pool, seqs []model.SeqInput, li int) {
-	b := &m.buf
-	kvDim := m.w.cfg.KVHeads * m.w.cfg.HeadDim
-	dt := pool.Geometry().DType
-	t := 0
-	for i := range seqs {
-		s := &seqs[i]
-		for j := range s.Tokens {
-			p := s.Pos + j
-			encodeKV(dt, kvSlot(pool, s.Pages, p, li, 0), b.k[t*kvDim:(t+1)*kvDim])
-			encodeKV(dt, kvSlot(pool, s.Pages, p, li, 1), b.v[t*kvDim:(t+1)*kvDim])
-			t++
-		}
-	}
 }
 
 // encodeKV writes src into dst bytes in KV dtype dt (rounding to nearest
@@ -319,91 +350,6 @@ func encodeKV(dt kvcache.DType, dst []byte, src []float32) {
 			d[i] = F32ToF16(v)
 		}
 	}
-}
-
-// kvRows returns the rows of KV head g for the first n slots of a K or V
-// segment seg ([pageSize, kvHeads, headDim] in dtype dt): row s is
-// rows[s·stride : s·stride+headDim]. For F32 it is a view of the page; for
-// F16 and BF16 the rows are widened into scratch (n·headDim floats).
-func kvRows(dt kvcache.DType, seg []byte, g, n, kvHeads, headDim int, scratch []float32) (rows []float32, stride int) {
-	stride = kvHeads * headDim
-	switch dt {
-	case kvcache.F32:
-		all := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(seg))), len(seg)/4)
-		return all[g*headDim:], stride
-	default:
-		all := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(seg))), len(seg)/2)
-		wdt := BF16
-		if dt == kvcache.F16 {
-			wdt = F16
-		}
-		for s := range n {
-			o := s*stride + g*headDim
-			widen(wdt, scratch[s*headDim:(s+1)*headDim], all[o:o+headDim])
-		}
-		return scratch, headDim
-	}
-}
-
-// attention computes b.att for every token of the batch from b.q and the
-// KV in the pages (layer li), causally: the token at position p attends to
-// positions 0…p of its sequence. Work is split over (token, KV head) pairs;
-// a pair computes the heads/kvHeads query heads that share the KV head
-// (grouped-query attention), so each K and V row is read once for them.
-// Scores are q·k/√headDim (Vaswani et al., "Attention Is All You Need",
-// 2017), softmax in float64 sums; the output of the group's heads is
-// P[heads, n]·V[n, headDim] over the V rows gathered from the pages.
-func (m *Model) attention(tm *team, pool *kvcache.Pool, seqs []model.SeqInput, li, T int) {
-	cfg := &m.w.cfg
-	b := &m.buf
-	D, KV := cfg.HeadDim, cfg.KVHeads
-	G := cfg.Heads / KV
-	qDim := cfg.Heads * D
-	ps := pool.PageSize()
-	dt := pool.Geometry().DType
-	scale := float32(1 / math.Sqrt(float64(D)))
-	grain := 1
-	if T*KV*D*8 < minParallelFlops {
-		grain = T * KV
-	}
-	tm.parallelFor(T*KV, grain, func(w, lo, hi int) {
-		for task := lo; task < hi; task++ {
-			t, g := task/KV, task%KV
-			pages := seqs[b.seqOf[t]].Pages
-			n := int(b.pos[t]) + 1
-			sc := b.scores[w][:G*n]
-			q := b.q[t*qDim : (t+1)*qDim]
-			vs := b.vals[w][:n*D]
-			for pg := 0; pg*ps < n; pg++ {
-				ns := min(ps, n-pg*ps)
-				rows, stride := kvRows(dt, pool.Segment(pages[pg], li, 0), g, ns, KV, D, b.kvRows[w])
-				for s := range ns {
-					k := rows[s*stride : s*stride+D]
-					for gi := range G {
-						h := g*G + gi
-						sc[gi*n+pg*ps+s] = dot(q[h*D:(h+1)*D], k) * scale
-					}
-				}
-				// Gather the group's V rows of this page into vs [n, D].
-				rows, stride = kvRows(dt, pool.Segment(pages[pg], li, 1), g, ns, KV, D, vs[pg*ps*D:])
-				if dt == kvcache.F32 { // a view of the page, not yet in vs
-					for s := range ns {
-						copy(vs[(pg*ps+s)*D:(pg*ps+s+1)*D], rows[s*stride:s*stride+D])
-					}
-				}
-			}
-			for gi := range G {
-				softmax(sc[gi*n : (gi+1)*n])
-			}
-			// att[t, g·G+gi, :] = Σ_j p[gi, j]·v[j, :], at most 3 heads per
-			// call so that vek multiplies on this goroutine.
-			a := b.att[t*qDim+g*G*D : t*qDim+(g+1)*G*D]
-			for h0 := 0; h0 < G; h0 += 3 {
-				h1 := min(h0+3, G)
-				vek32.MatMul_Into(a[h0*D:h1*D], sc[h0*n:h1*n], vs, n)
-			}
-		}
-	})
 }
 
 // markWritten calls pool.MarkWritten once for each page the batch wrote.

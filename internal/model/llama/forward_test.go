@@ -295,3 +295,32 @@ func TestForwardCancelledMidway(t *testing.T) {
 		t.Fatalf("Forward after a cancelled one = %v, %+v", err, out[0])
 	}
 }
+
+// TestForwardAllocs checks that a decode step allocates little once the
+// buffers have grown: the parallel loops' descriptors only (a few hundred
+// bytes per layer), no activations.
+func TestForwardAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	m := load(t, llamatest.Tiny().WriteT(t), llama.Options{Threads: 2})
+	p := newPool(t, m, 16, 8)
+	pages := alloc(t, p, 4)
+	in := []model.SeqInput{{Pages: pages, Tokens: []int32{1, 2, 3}, Sample: true, Sampling: greedy}}
+	out := make([]model.SeqOutput, 1)
+	ctx := context.Background()
+	if err := m.Forward(ctx, p, in, out); err != nil {
+		t.Fatal(err)
+	}
+	in[0].Pos, in[0].Tokens = 3, []int32{out[0].Token}
+	allocs := testing.AllocsPerRun(20, func() {
+		if err := m.Forward(ctx, p, in, out); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// Per layer: 5 parallel loops of one job each; plus the team.
+	if limit := float64(12*m.Config().Layers + 20); allocs > limit {
+		t.Errorf("a decode step allocates %v times, want at most %v", allocs, limit)
+	}
+	t.Logf("%v allocations per decode step", allocs)
+}

@@ -3,32 +3,14 @@ package llama
 import (
 	"math"
 	"unsafe"
-
-	"github.com/viterin/vek/vek32"
 )
 
-// Math kernels. Every floating-point result here depends only on its own
-// inputs, never on how work is split across goroutines or on the batch it
-// is part of: an output element is one dot product over the full reduction
-// dimension. So a sequence computes bit-identical KV and logits whether it is
-// prefilled whole or in chunks, alone or batched, on any number of threads
-// (which is what makes PD output equal colocated output).
-//
-// The weight dtype enters only in widen (and tensor.Row): a faster kernel for
-// a dtype (SIMD widening, or a fused widen-and-dot) is a local change here.
-
-// rowTile is how many weight rows a linear-layer task widens and keeps hot
-// while it streams every token of the batch past them: for a batch of T
-// tokens each weight byte is read once per batch, not once per token.
-const rowTile = 32
-
-// minParallelFlops is the work below which a loop runs on the caller alone:
-// handing it to the team would cost more than it saves.
-const minParallelFlops = 1 << 16
-
-// dot is Σ a[i]·b[i] over len(a) = len(b) > 0 elements, through vek's AVX2
-// kernel where the CPU has it and its pure-Go loop otherwise.
-func dot(a, b []float32) float32 { return vek32.Dot(a, b) }
+// Element-wise math kernels. Every floating-point result here depends only
+// on its own inputs, never on how work is split across goroutines or on the
+// batch it is part of (see simd.go for the dot products and matmul.go for
+// the layers built on them). So a sequence computes bit-identical KV and
+// logits whether it is prefilled whole or in chunks, alone or batched, on any
+// number of threads (which is what makes PD output equal colocated output).
 
 // widen converts len(dst) 16-bit values of dtype dt (F16 or BF16) to float32.
 func widen(dt DType, dst []float32, src []uint16) {
@@ -74,57 +56,6 @@ func widenBF16(dst []float32, src []uint16) {
 	}
 }
 
-// linear computes a PyTorch nn.Linear over a batch: dst[t, r] =
-// Σ_i x[t, i]·w[r, i] + bias[r] for t < T, r < out, with dst [T, out],
-// x [T, in], w [out, in] and bias [out] or nil. Work is split over tiles of
-// rowTile weight rows; each worker widens its tile into its scratch
-// (tiles[w], at least rowTile·in floats) once and applies it to all T tokens.
-func linear(tm *team, tiles [][]float32, dst, x []float32, T int, w *tensor, bias []float32) {
-	out, in := w.Rows(), w.Cols()
-	nTiles := (out + rowTile - 1) / rowTile
-	grain := 1
-	if T*out*in < minParallelFlops {
-		grain = nTiles
-	}
-	tb := max(1, min(16, l1TokenBytes/(4*in)))
-	tm.parallelFor(nTiles, grain, func(wk, lo, hi int) {
-		for tile := lo; tile < hi; tile++ {
-			r0 := tile * rowTile
-			r1 := min(r0+rowTile, out)
-			var rows []float32
-			if w.DType == F32 {
-				rows = w.f32[r0*in : r1*in]
-			} else {
-				rows = tiles[wk][:(r1-r0)*in]
-				widen(w.DType, rows, w.u16[r0*in:r1*in])
-			}
-			// A block of tokens stays in L1 while each row of the tile
-			// (in L2) is applied to all of them.
-			for t0 := 0; t0 < T; t0 += tb {
-				t1 := min(t0+tb, T)
-				for i := range r1 - r0 {
-					w := rows[i*in : (i+1)*in]
-					for t := t0; t < t1; t++ {
-						dst[t*out+r0+i] = dot(x[t*in:(t+1)*in], w)
-					}
-				}
-			}
-			if bias != nil {
-				for t := range T {
-					d := dst[t*out+r0 : t*out+r1]
-					for i := range d {
-						d[i] += bias[r0+i]
-					}
-				}
-			}
-		}
-	})
-}
-
-// l1TokenBytes is how many bytes of activations linear keeps hot per token
-// block: half of a typical 32–48 KiB L1 data cache.
-const l1TokenBytes = 16 << 10
-
 // rmsNorm computes dst[t] = x[t] / sqrt(mean(x[t]²) + eps) ⊙ g for each of
 // the T rows of width n (Zhang and Sennrich, "Root Mean Square Layer
 // Normalization", 2019; transformers' LlamaRMSNorm, which also normalises in
@@ -143,37 +74,5 @@ func rmsNorm(dst, x []float32, T, n int, g []float32, eps float64) {
 		for i, v := range row {
 			d[i] = g[i] * (v * inv)
 		}
-	}
-}
-
-// siluMul sets gate[i] = silu(gate[i])·up[i], with silu(x) = x·σ(x) =
-// x / (1 + e^−x) (Elfwing et al., "Sigmoid-Weighted Linear Units", 2017;
-// hidden_act "silu" in transformers): the SwiGLU MLP of Shazeer, "GLU
-// Variants Improve Transformer", 2020.
-func siluMul(gate, up []float32) {
-	up = up[:len(gate)]
-	for i, g := range gate {
-		gate[i] = float32(float64(g)/(1+math.Exp(-float64(g)))) * up[i]
-	}
-}
-
-// softmax replaces x by exp(x − max x) / Σ exp(x − max x), accumulating in
-// float64.
-func softmax(x []float32) {
-	m := x[0]
-	for _, v := range x[1:] {
-		if v > m {
-			m = v
-		}
-	}
-	var sum float64
-	for i, v := range x {
-		e := math.Exp(float64(v - m))
-		x[i] = float32(e)
-		sum += e
-	}
-	inv := 1 / sum
-	for i := range x {
-		x[i] = float32(float64(x[i]) * inv)
 	}
 }

@@ -1,31 +1,64 @@
 package llama
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // team is a fixed set of goroutines that run parallel loops: the caller plus
 // n−1 helpers. A team lives for one Forward call (startTeam … stop), so a
 // model holds no goroutines between calls and there is nothing to leak.
-// Starting one costs n−1 goroutine spawns (microseconds), negligible next to
-// a forward step.
+//
+// A decode step runs a few hundred parallel loops of tens of microseconds
+// each, so handing a loop to a parked goroutine (a futex wake-up, often
+// 10–50 µs on a virtual machine) would cost as much as the loop. Between
+// loops the helpers therefore spin on the current-loop pointer for up to
+// spinFor, yielding the processor now and then, and only then park; the
+// caller wakes a parked helper through its channel. Spinning happens only
+// inside a Forward, whose team occupies its threads anyway.
+//
+// A loop is done when all its chunks are done, whoever ran them: a helper
+// that the OS has not scheduled yet (another process holds its CPU) does
+// not hold the loop up unless it has claimed a chunk, and finds nothing
+// left when it gets there.
 //
 // A team is used by one goroutine (the one that started it) at a time.
 type team struct {
-	n      int
-	jobs   []chan *job // one per helper
-	exited sync.WaitGroup
+	n       int
+	helpers []*helper
+	exited  sync.WaitGroup
+	cur     atomic.Pointer[job] // the latest loop; nil before the first
 }
 
-// job is one parallel loop: fn over [0, n) in chunks of grain indices,
-// handed out in order through next.
+// helper is one helper goroutine's parking state.
+type helper struct {
+	sleeping atomic.Bool
+	wake     chan struct{} // capacity 1
+	_        [64]byte      // keep helpers' flags on separate cache lines
+}
+
+// runner is a parallel loop body: run(w, lo, hi) handles indices [lo, hi)
+// on worker w (for per-worker scratch).
+type runner interface{ run(w, lo, hi int) }
+
+// loopFunc adapts a function to runner.
+type loopFunc func(w, lo, hi int)
+
+func (f loopFunc) run(w, lo, hi int) { f(w, lo, hi) }
+
+// job is one parallel loop: body over [0, n) in chunks of grain indices,
+// handed out in order through next. Its fields are not written after it is
+// published, except the counters.
 type job struct {
-	fn    func(w, lo, hi int)
-	n     int
-	grain int
-	next  atomic.Int64
-	done  sync.WaitGroup
+	body   runner
+	n      int
+	grain  int
+	chunks int64
+	quit   bool
+	next   atomic.Int64 // next index to hand out
+	done   atomic.Int64 // chunks finished
 }
 
 func (j *job) run(w int) {
@@ -34,34 +67,86 @@ func (j *job) run(w int) {
 		if lo >= j.n {
 			return
 		}
-		j.fn(w, lo, min(lo+j.grain, j.n))
+		j.body.run(w, lo, min(lo+j.grain, j.n))
+		j.done.Add(1)
 	}
 }
+
+// spinFor is how long an idle helper (or the caller waiting for helpers)
+// spins before parking.
+const spinFor = 200 * time.Microsecond
 
 // startTeam starts n−1 helper goroutines (n ≥ 1).
 func startTeam(n int) *team {
 	t := &team{n: max(n, 1)}
-	t.jobs = make([]chan *job, t.n-1)
-	for i := range t.jobs {
-		ch := make(chan *job, 1)
-		t.jobs[i] = ch
+	t.helpers = make([]*helper, t.n-1)
+	for i := range t.helpers {
+		h := &helper{wake: make(chan struct{}, 1)}
+		t.helpers[i] = h
 		t.exited.Add(1)
-		go func(w int) {
-			defer t.exited.Done()
-			for j := range ch {
-				j.run(w)
-				j.done.Done()
-			}
-		}(i + 1)
+		go t.helperLoop(h, i+1)
 	}
 	return t
 }
 
+func (t *team) helperLoop(h *helper, w int) {
+	defer t.exited.Done()
+	var seen *job
+	for {
+		j := t.await(h, seen)
+		if j.quit {
+			return
+		}
+		j.run(w)
+		seen = j
+	}
+}
+
+// await returns the loop published after seen, spinning and then parking.
+func (t *team) await(h *helper, seen *job) *job {
+	var start time.Time
+	for spins := 0; ; spins++ {
+		if j := t.cur.Load(); j != seen && j != nil {
+			return j
+		}
+		if spins%128 != 127 {
+			continue
+		}
+		runtime.Gosched()
+		if start.IsZero() {
+			start = time.Now()
+			continue
+		}
+		if time.Since(start) < spinFor {
+			continue
+		}
+		// Park. The caller publishes, then takes the flag and sends; we set
+		// the flag, then look again: one of us sees the other (sequentially
+		// consistent atomics), and exactly one takes the flag back.
+		h.sleeping.Store(true)
+		if j := t.cur.Load(); j != seen && j != nil {
+			if h.sleeping.CompareAndSwap(true, false) {
+				return j
+			}
+		}
+		<-h.wake
+		start = time.Time{}
+	}
+}
+
+// publish makes j the current loop and wakes parked helpers.
+func (t *team) publish(j *job) {
+	t.cur.Store(j)
+	for _, h := range t.helpers {
+		if h.sleeping.CompareAndSwap(true, false) {
+			h.wake <- struct{}{}
+		}
+	}
+}
+
 // stop ends the helpers and waits for them to exit.
 func (t *team) stop() {
-	for _, ch := range t.jobs {
-		close(ch)
-	}
+	t.publish(&job{quit: true})
 	t.exited.Wait()
 }
 
@@ -69,25 +154,33 @@ func (t *team) stop() {
 // loop bodies are in [0, size).
 func (t *team) size() int { return t.n }
 
-// parallelFor calls fn(w, lo, hi) over disjoint ranges covering [0, n), each
-// of at most grain indices, on the team's workers (w is the worker index, for
-// per-worker scratch), and returns when all are done. Small loops (n ≤ grain)
-// run inline on the caller.
-func (t *team) parallelFor(n, grain int, fn func(w, lo, hi int)) {
+// parallelFor calls body.run(w, lo, hi) over disjoint ranges covering
+// [0, n), each of at most grain indices, on the team's workers, and returns
+// when all are done. Small loops (n ≤ grain) run inline on the caller.
+func (t *team) parallelFor(n, grain int, body runner) {
 	if n <= 0 {
 		return
 	}
 	grain = max(grain, 1)
 	if t.n == 1 || n <= grain {
-		fn(0, 0, n)
+		body.run(0, 0, n)
 		return
 	}
-	j := &job{fn: fn, n: n, grain: grain}
-	helpers := min(len(t.jobs), (n+grain-1)/grain-1)
-	j.done.Add(helpers)
-	for i := range helpers {
-		t.jobs[i] <- j
-	}
+	j := &job{body: body, n: n, grain: grain, chunks: int64((n + grain - 1) / grain)}
+	t.publish(j)
 	j.run(0)
-	j.done.Wait()
+	var start time.Time
+	for spins := 0; j.done.Load() != j.chunks; spins++ {
+		if spins%128 == 127 {
+			// A helper running a chunk may have been descheduled; let others
+			// run, and stop burning the CPU if it takes long.
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > spinFor {
+				time.Sleep(20 * time.Microsecond)
+				continue
+			}
+			runtime.Gosched()
+		}
+	}
 }

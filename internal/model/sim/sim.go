@@ -44,8 +44,8 @@ type Model struct {
 
 	mu      sync.Mutex // guards the fields below
 	caches  map[*kvcache.Pool]*poolCache
-	logits  []float32 // [VocabSize], Forward's scratch
-	scratch []int32   // [VocabSize], model.Sample's scratch
+	logits  []float32           // [VocabSize], Forward's scratch
+	scratch model.SampleScratch // model.Sample's buffers
 }
 
 var _ model.Model = (*Model)(nil)
@@ -60,12 +60,11 @@ func New(cfg Config) (*Model, error) {
 	}
 	lay := newSlotLayout(cfg.Geometry)
 	m := &Model{
-		cfg:     cfg,
-		lay:     lay,
-		tab:     newKVTable(lay.wps),
-		caches:  make(map[*kvcache.Pool]*poolCache),
-		logits:  make([]float32, VocabSize),
-		scratch: make([]int32, VocabSize),
+		cfg:    cfg,
+		lay:    lay,
+		tab:    newKVTable(lay.wps),
+		caches: make(map[*kvcache.Pool]*poolCache),
+		logits: make([]float32, VocabSize),
 	}
 	for i := range len(textTokens) {
 		m.textIDs = append(m.textIDs, int32(textTokens[i]))
@@ -173,7 +172,7 @@ func (m *Model) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.Se
 			continue
 		}
 		m.fillLogits(m.seqDigest(pool, c, s.Pages, s.Pos+len(s.Tokens)))
-		tok, lp := model.Sample(m.logits, s.Sampling, s.Step, m.scratch)
+		tok, lp := model.Sample(m.logits, s.Sampling, s.Step, &m.scratch)
 		out[i] = model.SeqOutput{Token: tok, Logprob: lp}
 	}
 	return nil

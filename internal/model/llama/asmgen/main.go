@@ -1,0 +1,884 @@
+// Command asmgen writes the amd64 assembly kernels of package llama
+// (simd_amd64.s) and their Go declarations (simd_amd64_gen.go). It is run by
+// hand, through go generate in package llama, when a kernel changes; the
+// build only needs its output, which is committed.
+//
+// Every kernel computes exactly the canonical operations of simd.go (see
+// "Canonical kernels" there): 16 partial sums per dot product, lane j
+// accumulating the elements i ≡ j (mod 16) in order with fused
+// multiply-adds, then the fixed tree s8[i] = l[i]+l[i+8], s4[i] =
+// s8[i]+s8[i+4], s2[i] = s4[i]+s4[i+2], s = s2[0]+s2[1]; and weighted sums
+// of rows as one fused multiply-add chain per output element, row by row.
+// So the AVX-512, AVX2 and pure-Go paths give the same bits.
+//
+// Usage (from internal/model/llama):
+//
+//	go run ./asmgen -s simd_amd64.s -go simd_amd64_gen.go
+package main
+
+import (
+	"flag"
+	"fmt"
+	"go/format"
+	"log"
+	"os"
+	"strings"
+)
+
+// Argument block layouts, shared with simd.go (tileArgs, pvArgs, expArgs,
+// siluArgs); the offsets are checked by TestArgLayout.
+const (
+	tileW   = 0   // [4]pointer: weight rows
+	tileX   = 32  // [6]pointer: activation vectors
+	tileN   = 80  // elements per dot product, a positive multiple of 16
+	tileOut = 88  // results: vector v's rows at out + v·os, consecutive float32
+	tileOS  = 96  // bytes between vectors' results
+	tilePF  = 104 // the rows after the tile's (prefetched while it runs)
+
+	pvV   = 0  // first row
+	pvVS  = 8  // bytes between rows
+	pvN   = 16 // rows, > 0
+	pvP   = 24 // weights: head h's weight of row j at p + h·ps + 4j (float32)
+	pvPS  = 32 // bytes between heads' weights
+	pvOut = 40 // accumulators, read and written: head h's at out + h·os
+	pvOS  = 48 // bytes between heads' accumulators
+	pvCol = 56 // masked kernels: columns (1–16) of the one chunk
+)
+
+// dtype is the element type of the rows a kernel reads.
+type dtype struct {
+	name string // Go-side suffix
+	size int    // bytes per element
+}
+
+var (
+	f32  = dtype{"F32", 4}
+	bf16 = dtype{"BF16", 2}
+	f16  = dtype{"F16", 2}
+)
+
+type gen struct {
+	s, decl strings.Builder
+}
+
+func (g *gen) op(format string, args ...any) {
+	fmt.Fprintf(&g.s, "\t"+format+"\n", args...)
+}
+
+func (g *gen) label(l string) { fmt.Fprintf(&g.s, "%s:\n", l) }
+
+func (g *gen) text(name string, doc string) {
+	fmt.Fprintf(&g.s, "\n// func %s(a *%s)\nTEXT ·%s(SB), NOSPLIT, $0-8\n", name, argType(name), name)
+	fmt.Fprintf(&g.decl, "\n// %s: %s\n//\n//go:noescape\nfunc %s(a *%s)\n", name, doc, name, argType(name))
+}
+
+// argType is the argument block type of kernel name.
+func argType(name string) string {
+	switch {
+	case strings.HasPrefix(name, "tile"):
+		return "tileArgs"
+	case strings.HasPrefix(name, "pv"):
+		return "pvArgs"
+	case strings.HasPrefix(name, "exp"):
+		return "expArgs"
+	}
+	return "siluArgs"
+}
+
+// loadMasked loads 16 elements at mem under mask K1 (zeros elsewhere; no
+// fault past the mask) and widens them into zmm register reg.
+func (g *gen) loadMasked(dt dtype, mem, reg string) {
+	y := "Y" + reg[1:]
+	switch dt {
+	case f32:
+		g.op("VMOVUPS.Z %s, K1, %s", mem, reg)
+	case bf16:
+		g.op("VMOVDQU16.Z %s, K1, %s", mem, y)
+		g.op("VPMOVZXWD %s, %s", y, reg)
+		g.op("VPSLLD $16, %s, %s", reg, reg)
+	case f16:
+		g.op("VMOVDQU16.Z %s, K1, %s", mem, y)
+		g.op("VCVTPH2PS %s, %s", y, reg)
+	}
+}
+
+// load widens 16 (zmm) or 8 (ymm) elements at mem into register reg.
+func (g *gen) load(dt dtype, mem, reg string) {
+	switch dt {
+	case f32:
+		g.op("VMOVUPS %s, %s", mem, reg)
+	case bf16:
+		g.op("VPMOVZXWD %s, %s", mem, reg)
+		g.op("VPSLLD $16, %s, %s", reg, reg)
+	case f16:
+		g.op("VCVTPH2PS %s, %s", mem, reg)
+	}
+}
+
+// tileGPR are the pointer registers of a tile kernel: 4 weight rows, 6
+// vectors. AX is the element offset (in 2-byte units), DX its end.
+var (
+	wGPR = []string{"R8", "R9", "R10", "R11"}
+	xGPR = []string{"SI", "DI", "BX", "CX", "R12", "R13"}
+)
+
+// tileIndex is the addressing of element offset AX (counted in 2-byte
+// units, so ×2 for float32) in a row of dt.
+func tileIndex(dt dtype) string {
+	if dt.size == 4 {
+		return "(AX*2)"
+	}
+	return "(AX*1)"
+}
+
+// prefetchMaxV is the largest vector count for which tile kernels prefetch
+// the next rows: with few vectors a tile is bound by memory bandwidth.
+var prefetchMaxV = 2
+
+// prefetchNext prefetches the part of the next R rows (contiguous from R14)
+// that one iteration's worth of this tile's rows covers: R·16 elements of
+// dt, so that the next tile's rows are in cache when it starts. (A
+// prefetch never faults, so R14 may point past the matrix.)
+func (g *gen) prefetchNext(R int, dt dtype) {
+	bytes := R * 16 * dt.size
+	scale := R * dt.size / 2 // AX counts 2-byte units of one row
+	for off := 0; off < bytes; off += 64 {
+		g.op("PREFETCHT0 %d(R14)(AX*%d)", off, scale)
+	}
+}
+
+// tile512 writes an AVX-512 tile kernel: 4 weight rows × V vectors, one
+// zmm accumulator (16 lanes) per (row, vector) pair, reduced with the
+// transposed tree (reduce512).
+func (g *gen) tile512(dt dtype, V int) {
+	const R = 4
+	name := fmt.Sprintf("tile%sAVX512V%d", dt.name, V)
+	g.text(name, fmt.Sprintf("AVX-512, %d %s rows × %d float32 vectors", R, dt.name, V))
+	g.op("MOVQ a+0(FP), AX")
+	for r := range R {
+		g.op("MOVQ %d(AX), %s", tileW+8*r, wGPR[r])
+	}
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", tileX+8*v, xGPR[v])
+	}
+	// DX: end of the whole chunks (2-byte units); CX holds the tail length.
+	g.op("MOVQ %d(AX), DX", tileN)
+	g.op("MOVQ DX, R15")
+	g.op("ANDQ $15, R15")
+	g.op("ANDQ $-16, DX")
+	g.op("SHLQ $1, DX")
+	pf := V <= prefetchMaxV
+	if pf {
+		g.op("MOVQ %d(AX), R14", tilePF)
+	}
+	g.op("XORQ AX, AX")
+	acc := func(r, v int) string { return fmt.Sprintf("Z%d", v*R+r) }
+	xr := func(v int) string { return fmt.Sprintf("Z%d", 24+v) }
+	for v := range V {
+		for r := range R {
+			g.op("VPXORD %s, %s, %s", acc(r, v), acc(r, v), acc(r, v))
+		}
+	}
+	loop, tail, done := name+"_loop", name+"_tail", name+"_done"
+	g.op("TESTQ DX, DX")
+	g.op("JEQ %s", tail)
+	g.label(loop)
+	for v := range V {
+		g.op("VMOVUPS (%s)%s, %s", xGPR[v], "(AX*2)", xr(v))
+	}
+	if pf {
+		g.prefetchNext(R, dt)
+	}
+	for r := range R {
+		w := []string{"Z30", "Z31"}[r%2]
+		g.load(dt, fmt.Sprintf("(%s)%s", wGPR[r], tileIndex(dt)), w)
+		for v := range V {
+			g.op("VFMADD231PS %s, %s, %s", xr(v), w, acc(r, v))
+		}
+	}
+	g.op("ADDQ $32, AX")
+	g.op("CMPQ AX, DX")
+	g.op("JLT %s", loop)
+	// The last n%16 elements under a mask: the other lanes load zeros and
+	// add +0, which leaves an accumulator unchanged (it is never −0).
+	g.label(tail)
+	g.op("TESTQ R15, R15")
+	g.op("JEQ %s", done)
+	g.op("MOVL $1, DX")
+	g.op("SHLXL R15, DX, DX")
+	g.op("DECL DX")
+	g.op("KMOVW DX, K1")
+	for v := range V {
+		g.op("VMOVUPS.Z (%s)(AX*2), K1, %s", xGPR[v], xr(v))
+	}
+	for r := range R {
+		w := []string{"Z30", "Z31"}[r%2]
+		g.loadMasked(dt, fmt.Sprintf("(%s)%s", wGPR[r], tileIndex(dt)), w)
+		for v := range V {
+			g.op("VFMADD231PS %s, %s, %s", xr(v), w, acc(r, v))
+		}
+	}
+	g.label(done)
+
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), DI", tileOut)
+	g.op("MOVQ %d(AX), SI", tileOS)
+	// Pairs k = v·4 + r, in groups of 16 (4 vectors).
+	for g0 := 0; g0 < V; g0 += 4 {
+		var pairs []string
+		for v := g0; v < min(g0+4, V); v++ {
+			for r := range R {
+				pairs = append(pairs, acc(r, v))
+			}
+		}
+		res := g.reduce512(pairs)
+		for v := g0; v < min(g0+4, V); v++ {
+			g.op("VEXTRACTF32X4 $%d, %s, (DI)", v-g0, res)
+			g.op("ADDQ SI, DI")
+		}
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// reduce512 reduces up to 16 zmm accumulators (pair k in pairs[k]) to one
+// zmm whose lane k holds pair k's canonical sum, and returns its name. Each
+// step adds, lane by lane, exactly the two partial sums the canonical tree
+// adds, four or eight pairs at once:
+//
+//	A: s8 of two slots per register ([a.s8, b.s8])          (VSHUFF64X2 0x44/0xEE)
+//	B: s4 of four slots ([a.s4, b.s4, c.s4, d.s4])          (VSHUFF64X2 0x88/0xDD)
+//	C: s2 of eight slots (per 128-bit lane m: slots m, 4+m) (VSHUFPS 0x44/0xEE)
+//	D: s of sixteen slots (lane 4m+i: slot 4i+m)            (VSHUFPS 0x88/0xDD)
+//
+// so pair k goes into slot (k%4)·4 + k/4 to come out in lane k. Missing
+// pairs are a zeroed dummy register (Z29), whose lanes are never stored.
+// Z29–Z31 are scratch; accumulator registers are overwritten.
+func (g *gen) reduce512(pairs []string) string {
+	const dummy = "Z29"
+	g.op("VPXORD %s, %s, %s", dummy, dummy, dummy)
+	slots := make([]string, 16)
+	for s := range slots {
+		k := (s%4)*4 + s/4
+		slots[s] = dummy
+		if k < len(pairs) {
+			slots[s] = pairs[k]
+		}
+	}
+	step := func(in []string, shuf string, lo, hi int) []string {
+		out := make([]string, len(in)/2)
+		for i := range out {
+			a, b := in[2*i], in[2*i+1]
+			if a == dummy && b == dummy {
+				out[i] = dummy
+				continue
+			}
+			dst := a
+			if dst == dummy {
+				dst = b
+			}
+			g.op("%s $%#02x, %s, %s, Z30", shuf, lo, b, a)
+			g.op("%s $%#02x, %s, %s, Z31", shuf, hi, b, a)
+			g.op("VADDPS Z31, Z30, %s", dst)
+			out[i] = dst
+		}
+		return out
+	}
+	a := step(slots, "VSHUFF64X2", 0x44, 0xEE)
+	b := step(a, "VSHUFF64X2", 0x88, 0xDD)
+	c := step(b, "VSHUFPS", 0x44, 0xEE)
+	d := step(c, "VSHUFPS", 0x88, 0xDD)
+	return d[0]
+}
+
+// tileAVX2 writes an AVX2 tile kernel: 2 rows × V vectors, two ymm
+// accumulators per pair (lanes 0–7 and 8–15), reduced one pair at a time.
+func (g *gen) tileAVX2(dt dtype, V int) {
+	const R = 2
+	name := fmt.Sprintf("tile%sAVX2V%d", dt.name, V)
+	g.text(name, fmt.Sprintf("AVX2, %d %s rows × %d float32 vectors", R, dt.name, V))
+	g.op("MOVQ a+0(FP), AX")
+	for r := range R {
+		g.op("MOVQ %d(AX), %s", tileW+8*r, wGPR[r])
+	}
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", tileX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), DX", tileN)
+	g.op("SHLQ $1, DX")
+	pf := V <= prefetchMaxV
+	if pf {
+		g.op("MOVQ %d(AX), R14", tilePF)
+	}
+	g.op("XORQ AX, AX")
+	acc := func(r, v, h int) string { return fmt.Sprintf("Y%d", (v*R+r)*2+h) }
+	for v := range V {
+		for r := range R {
+			for h := range 2 {
+				g.op("VXORPS %s, %s, %s", acc(r, v, h), acc(r, v, h), acc(r, v, h))
+			}
+		}
+	}
+	loop := name + "_loop"
+	g.label(loop)
+	if pf {
+		g.prefetchNext(R, dt)
+	}
+	for h := range 2 {
+		for r := range R {
+			w := []string{"Y14", "Y15"}[r%2]
+			g.load(dt, fmt.Sprintf("%d(%s)%s", h*8*dt.size, wGPR[r], tileIndex(dt)), w)
+			for v := range V {
+				g.op("VFMADD231PS %d(%s)(AX*2), %s, %s", h*32, xGPR[v], w, acc(r, v, h))
+			}
+		}
+	}
+	g.op("ADDQ $32, AX")
+	g.op("CMPQ AX, DX")
+	g.op("JLT %s", loop)
+
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), DI", tileOut)
+	g.op("MOVQ %d(AX), SI", tileOS)
+	for v := range V {
+		for r := range R {
+			lo, hi := acc(r, v, 0), acc(r, v, 1)
+			x := "X" + lo[1:]
+			g.op("VADDPS %s, %s, %s", hi, lo, lo) // s8
+			g.op("VEXTRACTF128 $1, %s, X15", lo)
+			g.op("VADDPS X15, %s, %s", x, x) // s4
+			g.op("VMOVHLPS %s, %s, X15", x, x)
+			g.op("VADDPS X15, %s, %s", x, x) // s2
+			g.op("VMOVSHDUP %s, X15", x)
+			g.op("VADDSS X15, %s, %s", x, x) // s
+			g.op("VMOVSS %s, %d(DI)", x, 4*r)
+		}
+		g.op("ADDQ SI, DI")
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// pvGPR are the per-head weight pointers of a pv kernel.
+var pvGPR = []string{"SI", "DI", "BX", "R10", "R11", "R12"}
+
+// pv512 writes an AVX-512 weighted-sum kernel over C chunks of 16 columns
+// for G heads: acc[h][c] = fma(p[h][j], row_j[c], acc[h][c]) for each row j
+// in order.
+func (g *gen) pv512(dt dtype, C, G int) {
+	name := fmt.Sprintf("pv%sAVX512C%dG%d", dt.name, C, G)
+	g.text(name, fmt.Sprintf("AVX-512, %d columns of %s rows, %d heads", 16*C, dt.name, G))
+	g.pvPrologue(G)
+	acc := func(h, c int) string { return fmt.Sprintf("Z%d", h*C+c) }
+	vr := func(c int) string { return fmt.Sprintf("Z%d", 24+c) }
+	g.op("MOVQ DX, R14")
+	for h := range G {
+		for c := range C {
+			g.op("VMOVUPS %d(R14), %s", 64*c, acc(h, c))
+		}
+		if h+1 < G {
+			g.op("ADDQ R13, R14")
+		}
+	}
+	loop := name + "_loop"
+	g.label(loop)
+	for c := range C {
+		g.load(dt, fmt.Sprintf("%d(R8)", c*16*dt.size), vr(c))
+	}
+	for h := range G {
+		b := []string{"Z28", "Z29"}[h%2]
+		g.op("VBROADCASTSS (%s)(AX*1), %s", pvGPR[h], b)
+		for c := range C {
+			g.op("VFMADD231PS %s, %s, %s", vr(c), b, acc(h, c))
+		}
+	}
+	g.op("ADDQ R9, R8")
+	g.op("ADDQ $4, AX")
+	g.op("CMPQ AX, CX")
+	g.op("JLT %s", loop)
+	g.op("MOVQ DX, R14")
+	for h := range G {
+		for c := range C {
+			g.op("VMOVUPS %s, %d(R14)", acc(h, c), 64*c)
+		}
+		if h+1 < G {
+			g.op("ADDQ R13, R14")
+		}
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// pv512Masked writes an AVX-512 weighted-sum kernel over one chunk of
+// 1–16 columns (pvArgs.cols) for G heads, under a mask: the other lanes of
+// rows and accumulators load as zeros and are not stored.
+func (g *gen) pv512Masked(dt dtype, G int) {
+	name := fmt.Sprintf("pv%sAVX512MG%d", dt.name, G)
+	g.text(name, fmt.Sprintf("AVX-512, up to 16 columns of %s rows (masked), %d heads", dt.name, G))
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), R15", pvCol)
+	g.op("MOVL $1, DX")
+	g.op("SHLXL R15, DX, DX")
+	g.op("DECL DX")
+	g.op("KMOVW DX, K1")
+	g.pvPrologue(G)
+	acc := func(h int) string { return fmt.Sprintf("Z%d", h) }
+	g.op("MOVQ DX, R14")
+	for h := range G {
+		g.op("VMOVUPS.Z (R14), K1, %s", acc(h))
+		if h+1 < G {
+			g.op("ADDQ R13, R14")
+		}
+	}
+	loop := name + "_loop"
+	g.label(loop)
+	g.loadMasked(dt, "(R8)", "Z24")
+	for h := range G {
+		b := []string{"Z28", "Z29"}[h%2]
+		g.op("VBROADCASTSS (%s)(AX*1), %s", pvGPR[h], b)
+		g.op("VFMADD231PS Z24, %s, %s", b, acc(h))
+	}
+	g.op("ADDQ R9, R8")
+	g.op("ADDQ $4, AX")
+	g.op("CMPQ AX, CX")
+	g.op("JLT %s", loop)
+	g.op("MOVQ DX, R14")
+	for h := range G {
+		g.op("VMOVUPS %s, K1, (R14)", acc(h))
+		if h+1 < G {
+			g.op("ADDQ R13, R14")
+		}
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// pvAVX2 writes an AVX2 weighted-sum kernel over 16 columns (two ymm) for G
+// heads.
+func (g *gen) pvAVX2(dt dtype, G int) {
+	name := fmt.Sprintf("pv%sAVX2C1G%d", dt.name, G)
+	g.text(name, fmt.Sprintf("AVX2, 16 columns of %s rows, %d heads", dt.name, G))
+	g.pvPrologue(G)
+	acc := func(h, c int) string { return fmt.Sprintf("Y%d", h*2+c) }
+	vr := func(c int) string { return fmt.Sprintf("Y%d", 12+c) }
+	g.op("MOVQ DX, R14")
+	for h := range G {
+		for c := range 2 {
+			g.op("VMOVUPS %d(R14), %s", 32*c, acc(h, c))
+		}
+		if h+1 < G {
+			g.op("ADDQ R13, R14")
+		}
+	}
+	loop := name + "_loop"
+	g.label(loop)
+	for c := range 2 {
+		g.load(dt, fmt.Sprintf("%d(R8)", c*8*dt.size), vr(c))
+	}
+	for h := range G {
+		b := []string{"Y14", "Y15"}[h%2]
+		g.op("VBROADCASTSS (%s)(AX*1), %s", pvGPR[h], b)
+		for c := range 2 {
+			g.op("VFMADD231PS %s, %s, %s", vr(c), b, acc(h, c))
+		}
+	}
+	g.op("ADDQ R9, R8")
+	g.op("ADDQ $4, AX")
+	g.op("CMPQ AX, CX")
+	g.op("JLT %s", loop)
+	g.op("MOVQ DX, R14")
+	for h := range G {
+		for c := range 2 {
+			g.op("VMOVUPS %s, %d(R14)", acc(h, c), 32*c)
+		}
+		if h+1 < G {
+			g.op("ADDQ R13, R14")
+		}
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// pvPrologue loads a pvArgs block: R8 row pointer, R9 row stride, CX end of
+// the weight offset (4n), AX weight offset 0, DX accumulators, R13 their
+// stride, and the head weight pointers pvGPR[:G].
+func (g *gen) pvPrologue(G int) {
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), R8", pvV)
+	g.op("MOVQ %d(AX), R9", pvVS)
+	g.op("MOVQ %d(AX), CX", pvN)
+	g.op("SHLQ $2, CX")
+	g.op("MOVQ %d(AX), %s", pvP, pvGPR[0])
+	g.op("MOVQ %d(AX), R13", pvPS)
+	for h := 1; h < G; h++ {
+		g.op("LEAQ (%s)(R13*1), %s", pvGPR[h-1], pvGPR[h])
+	}
+	g.op("MOVQ %d(AX), DX", pvOut)
+	g.op("MOVQ %d(AX), R13", pvOS)
+	g.op("XORQ AX, AX")
+}
+
+// Exp constants, as float32 bit patterns, in the order of expTab (see
+// expf in simd.go for the algorithm).
+var expConsts = []struct {
+	name string
+	bits uint32
+}{
+	{"lo", 0xc2ae0000},     // -87
+	{"hi", 0x42b00000},     // 88
+	{"log2e", 0x3fb8aa3b},  // log2(e)
+	{"magic", 0x4b400000},  // 1.5·2^23
+	{"nln2hi", 0xbf317200}, // −0.693145751953125
+	{"nln2lo", 0xb5bfbe8e}, // −1.42860677e-06
+	{"c6", 0x3ab60b61},     // 1/720
+	{"c5", 0x3c088889},     // 1/120
+	{"c4", 0x3d2aaaab},     // 1/24
+	{"c3", 0x3e2aaaab},     // 1/6
+	{"c2", 0x3f000000},     // 1/2
+	{"one", 0x3f800000},    // 1
+	{"koff", 0x4b3fff81},   // bits(magic) − 127
+	{"sign", 0x80000000},   // sign bit
+}
+
+func expConst(name string) int {
+	for i, c := range expConsts {
+		if c.name == name {
+			return i
+		}
+	}
+	panic(name)
+}
+
+// expTable writes expTab: each constant repeated 8 times (a ymm vector).
+func (g *gen) expTable() {
+	for i, c := range expConsts {
+		for k := range 8 {
+			fmt.Fprintf(&g.s, "DATA expTab<>+%d(SB)/4, $%#08x\n", (i*8+k)*4, c.bits)
+		}
+	}
+	fmt.Fprintf(&g.s, "GLOBL expTab<>(SB), RODATA|NOPTR, $%d\n", len(expConsts)*32)
+}
+
+// exp512 computes expf of every lane of z in place; constants are in
+// registers Z(16+i) (expConsts order); Z4–Z7 are scratch.
+func (g *gen) exp512(z string) {
+	c := func(n string) string { return fmt.Sprintf("Z%d", 16+expConst(n)) }
+	g.op("VMAXPS %s, %s, %s", c("lo"), z, z)
+	g.op("VMINPS %s, %s, %s", c("hi"), z, z)
+	g.op("VMOVAPS %s, Z4", c("magic"))
+	g.op("VFMADD231PS %s, %s, Z4", c("log2e"), z) // t = x·log2e + magic
+	g.op("VSUBPS %s, Z4, Z5", c("magic"))         // n = t − magic
+	g.op("VMOVAPS %s, Z6", z)
+	g.op("VFMADD231PS %s, Z5, Z6", c("nln2hi")) // r = n·(−ln2hi) + x
+	g.op("VFMADD231PS %s, Z5, Z6", c("nln2lo")) // r = n·(−ln2lo) + r
+	g.op("VMOVAPS %s, Z7", c("c6"))
+	for _, k := range []string{"c5", "c4", "c3", "c2", "one", "one"} {
+		g.op("VFMADD213PS %s, Z6, Z7", c(k)) // p = r·p + c
+	}
+	g.op("VPSUBD %s, Z4, Z4", c("koff"))
+	g.op("VPSLLD $23, Z4, Z4")
+	g.op("VMULPS Z4, Z7, %s", z)
+}
+
+// exp256 is exp512 on a ymm register with the constants in memory (expTab);
+// Y12–Y15 are scratch.
+func (g *gen) exp256(y string) {
+	c := func(n string) string { return fmt.Sprintf("expTab<>+%d(SB)", expConst(n)*32) }
+	g.op("VMAXPS %s, %s, %s", c("lo"), y, y)
+	g.op("VMINPS %s, %s, %s", c("hi"), y, y)
+	g.op("VMOVUPS %s, Y12", c("magic"))
+	g.op("VFMADD231PS %s, %s, Y12", c("log2e"), y)
+	g.op("VSUBPS %s, Y12, Y13", c("magic"))
+	g.op("VMOVAPS %s, Y14", y)
+	g.op("VFMADD231PS %s, Y13, Y14", c("nln2hi"))
+	g.op("VFMADD231PS %s, Y13, Y14", c("nln2lo"))
+	g.op("VMOVUPS %s, Y15", c("c6"))
+	for _, k := range []string{"c5", "c4", "c3", "c2", "one", "one"} {
+		g.op("VFMADD213PS %s, Y14, Y15", c(k))
+	}
+	g.op("VPSUBD %s, Y12, Y12", c("koff"))
+	g.op("VPSLLD $23, Y12, Y12")
+	g.op("VMULPS Y12, Y15, %s", y)
+}
+
+// expArgs layout.
+const (
+	expX     = 0  // float32 values, replaced by exp(x − m)
+	expN     = 8  // count
+	expM     = 16 // m (float32)
+	expLanes = 24 // [16]float32 partial sums, read and written
+)
+
+// expSum512 writes the AVX-512 softmax numerator kernel: x[i] = expf(x[i]
+// − m) for i < n, lane i%16 of the partial sums accumulating it in order
+// (the tail under a mask, so every n is handled).
+func (g *gen) expSum512() {
+	g.text("expSumAVX512", "AVX-512: x[i] = expf(x[i] − m), partial sums by lane")
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), SI", expX)
+	g.op("MOVQ %d(AX), CX", expN)
+	g.op("VBROADCASTSS %d(AX), Z1", expM)
+	g.op("VMOVUPS %d(AX), Z0", expLanes)
+	for i := range expConsts {
+		g.op("VBROADCASTSS expTab<>+%d(SB), Z%d", i*32, 16+i)
+	}
+	g.op("CMPQ CX, $16")
+	g.op("JLT expSumAVX512_tail")
+	g.label("expSumAVX512_loop")
+	g.op("VMOVUPS (SI), Z2")
+	g.op("VSUBPS Z1, Z2, Z2")
+	g.exp512("Z2")
+	g.op("VMOVUPS Z2, (SI)")
+	g.op("VADDPS Z2, Z0, Z0")
+	g.op("ADDQ $64, SI")
+	g.op("SUBQ $16, CX")
+	g.op("CMPQ CX, $16")
+	g.op("JGE expSumAVX512_loop")
+	g.label("expSumAVX512_tail")
+	g.op("TESTQ CX, CX")
+	g.op("JEQ expSumAVX512_done")
+	g.op("MOVL $1, DX")
+	g.op("SHLL CX, DX")
+	g.op("DECL DX")
+	g.op("KMOVW DX, K1")
+	g.op("VMOVUPS.Z (SI), K1, Z2")
+	g.op("VSUBPS Z1, Z2, Z2")
+	g.exp512("Z2")
+	g.op("VMOVUPS Z2, K1, (SI)")
+	g.op("VADDPS Z2, Z0, K1, Z0")
+	g.label("expSumAVX512_done")
+	g.op("VMOVUPS Z0, %d(AX)", expLanes)
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// expSum256 writes the AVX2 version for n a multiple of 16 (the caller does
+// the tail): lanes 0–7 in Y0, 8–15 in Y1.
+func (g *gen) expSum256() {
+	g.text("expSumAVX2", "AVX2: x[i] = expf(x[i] − m), partial sums by lane, n a multiple of 16")
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), SI", expX)
+	g.op("MOVQ %d(AX), CX", expN)
+	g.op("VBROADCASTSS %d(AX), Y2", expM)
+	g.op("VMOVUPS %d(AX), Y0", expLanes)
+	g.op("VMOVUPS %d(AX), Y1", expLanes+32)
+	g.op("TESTQ CX, CX")
+	g.op("JEQ expSumAVX2_done")
+	g.label("expSumAVX2_loop")
+	for h := range 2 {
+		g.op("VMOVUPS %d(SI), Y3", 32*h)
+		g.op("VSUBPS Y2, Y3, Y3")
+		g.exp256("Y3")
+		g.op("VMOVUPS Y3, %d(SI)", 32*h)
+		g.op("VADDPS Y3, Y%d, Y%d", h, h)
+	}
+	g.op("ADDQ $64, SI")
+	g.op("SUBQ $16, CX")
+	g.op("JGT expSumAVX2_loop")
+	g.label("expSumAVX2_done")
+	g.op("VMOVUPS Y0, %d(AX)", expLanes)
+	g.op("VMOVUPS Y1, %d(AX)", expLanes+32)
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// siluArgs layout: gate and up pointers, count (a multiple of the vector
+// width; the caller does the rest).
+const (
+	siluG = 0
+	siluU = 8
+	siluN = 16
+)
+
+// silu512 writes gate[i] = gate[i] / (1 + expf(−gate[i])) · up[i].
+func (g *gen) silu512() {
+	g.text("siluAVX512", "AVX-512: gate = silu(gate)·up, n a multiple of 16")
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), SI", siluG)
+	g.op("MOVQ %d(AX), DI", siluU)
+	g.op("MOVQ %d(AX), CX", siluN)
+	for i := range expConsts {
+		g.op("VBROADCASTSS expTab<>+%d(SB), Z%d", i*32, 16+i)
+	}
+	g.op("TESTQ CX, CX")
+	g.op("JEQ siluAVX512_done")
+	g.label("siluAVX512_loop")
+	g.op("VMOVUPS (SI), Z0")
+	g.op("VXORPS Z%d, Z0, Z2", 16+expConst("sign"))
+	g.exp512("Z2")
+	g.op("VADDPS Z%d, Z2, Z2", 16+expConst("one"))
+	g.op("VDIVPS Z2, Z0, Z0")
+	g.op("VMULPS (DI), Z0, Z0")
+	g.op("VMOVUPS Z0, (SI)")
+	g.op("ADDQ $64, SI")
+	g.op("ADDQ $64, DI")
+	g.op("SUBQ $16, CX")
+	g.op("JGT siluAVX512_loop")
+	g.label("siluAVX512_done")
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// silu256 is silu512 on ymm, n a multiple of 8.
+func (g *gen) silu256() {
+	g.text("siluAVX2", "AVX2: gate = silu(gate)·up, n a multiple of 8")
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), SI", siluG)
+	g.op("MOVQ %d(AX), DI", siluU)
+	g.op("MOVQ %d(AX), CX", siluN)
+	g.op("TESTQ CX, CX")
+	g.op("JEQ siluAVX2_done")
+	g.label("siluAVX2_loop")
+	g.op("VMOVUPS (SI), Y0")
+	g.op("VXORPS expTab<>+%d(SB), Y0, Y2", expConst("sign")*32)
+	g.exp256("Y2")
+	g.op("VADDPS expTab<>+%d(SB), Y2, Y2", expConst("one")*32)
+	g.op("VDIVPS Y2, Y0, Y0")
+	g.op("VMULPS (DI), Y0, Y0")
+	g.op("VMOVUPS Y0, (SI)")
+	g.op("ADDQ $32, SI")
+	g.op("ADDQ $32, DI")
+	g.op("SUBQ $8, CX")
+	g.op("JGT siluAVX2_loop")
+	g.label("siluAVX2_done")
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+func main() {
+	sOut := flag.String("s", "simd_amd64.s", "assembly output")
+	goOut := flag.String("go", "simd_amd64_gen.go", "Go declarations output")
+	flag.Parse()
+	g := &gen{}
+	const header = "// Code generated by asmgen (internal/model/llama/asmgen); DO NOT EDIT.\n"
+	g.s.WriteString(header + "\n//go:build amd64 && !purego\n\n#include \"textflag.h\"\n")
+	g.decl.WriteString(header + "\n//go:build amd64 && !purego\n\npackage llama\n")
+
+	dts := []dtype{f32, bf16, f16}
+	for _, dt := range dts {
+		for V := 1; V <= 6; V++ {
+			g.tile512(dt, V)
+		}
+	}
+	for _, dt := range []dtype{f32, bf16} {
+		for V := 1; V <= 3; V++ {
+			g.tileAVX2(dt, V)
+		}
+	}
+	for _, dt := range dts {
+		for _, C := range []int{1, 4} {
+			for G := 1; G <= 6; G++ {
+				g.pv512(dt, C, G)
+			}
+		}
+	}
+	for _, dt := range dts {
+		for G := 1; G <= 6; G++ {
+			g.pv512Masked(dt, G)
+		}
+	}
+	for _, dt := range []dtype{f32, bf16} {
+		for G := 1; G <= 6; G++ {
+			g.pvAVX2(dt, G)
+		}
+	}
+
+	g.expTable()
+	g.expSum512()
+	g.expSum256()
+	g.silu512()
+	g.silu256()
+
+	// Dispatch: direct calls (an indirect call would make the argument
+	// block escape to the heap).
+	var t strings.Builder
+	t.WriteString(`
+// Instruction sets of a kernelSet.
+const (
+	isaAVX2   = 1
+	isaAVX512 = 2
+)
+
+// tile calls the tile kernel for weight dtype dt and nv vectors.
+func (ks *kernelSet) tile(dt DType, nv int, a *tileArgs) {
+	switch ks.isa {
+`)
+	sw := func(isa string, dts []dtype, n int, call string) {
+		fmt.Fprintf(&t, "\tcase %s:\n\t\tswitch dt {\n", isa)
+		for _, dt := range dts {
+			fmt.Fprintf(&t, "\t\tcase %s:\n\t\t\tswitch nv {\n", dt.name)
+			for i := 1; i <= n; i++ {
+				fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\t"+call+"(a)\n\t\t\t\treturn\n", i, dt.name, i)
+			}
+			t.WriteString("\t\t\t}\n")
+		}
+		t.WriteString("\t\t}\n")
+	}
+	sw("isaAVX512", dts, 6, "tile%sAVX512V%d")
+	sw("isaAVX2", []dtype{f32, bf16}, 3, "tile%sAVX2V%d")
+	t.WriteString("\t}\n\tpanic(\"llama: no tile kernel\")\n}\n")
+
+	t.WriteString(`
+// pv calls the weighted-sum kernel for row dtype dt, c column chunks (0:
+// one masked chunk of a.cols columns) and nv heads.
+func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
+	switch {
+`)
+	pvsw := func(isa string, C int, dts []dtype, call string) {
+		fmt.Fprintf(&t, "\tcase ks.isa == %s && c == %d:\n\t\tswitch dt {\n", isa, C)
+		for _, dt := range dts {
+			fmt.Fprintf(&t, "\t\tcase %s:\n\t\t\tswitch nv {\n", dt.name)
+			for i := 1; i <= 6; i++ {
+				fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\t"+call+"(a)\n\t\t\t\treturn\n", i, dt.name, C, i)
+			}
+			t.WriteString("\t\t\t}\n")
+		}
+		t.WriteString("\t\t}\n")
+	}
+	pvsw("isaAVX512", 4, dts, "pv%sAVX512C%dG%d")
+	pvsw("isaAVX512", 1, dts, "pv%sAVX512C%dG%d")
+	t.WriteString(`	case ks.isa == isaAVX512 && c == 0:
+		switch dt {
+`)
+	for _, dt := range dts {
+		fmt.Fprintf(&t, "\t\tcase %s:\n\t\t\tswitch nv {\n", dt.name)
+		for i := 1; i <= 6; i++ {
+			fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\tpv%sAVX512MG%d(a)\n\t\t\t\treturn\n", i, dt.name, i)
+		}
+		t.WriteString("\t\t\t}\n")
+	}
+	t.WriteString("\t\t}\n")
+	pvsw("isaAVX2", 1, []dtype{f32, bf16}, "pv%sAVX2C%dG%d")
+	t.WriteString("\t}\n\tpanic(\"llama: no pv kernel\")\n}\n")
+	t.WriteString(`
+// expSum calls the softmax numerator kernel.
+func (ks *kernelSet) expSum(a *expArgs) {
+	if ks.isa == isaAVX512 {
+		expSumAVX512(a)
+	} else {
+		expSumAVX2(a)
+	}
+}
+
+// silu calls the SwiGLU kernel.
+func (ks *kernelSet) silu(a *siluArgs) {
+	if ks.isa == isaAVX512 {
+		siluAVX512(a)
+	} else {
+		siluAVX2(a)
+	}
+}
+`)
+	g.decl.WriteString(t.String())
+
+	if err := os.WriteFile(*sOut, []byte(g.s.String()), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	src, err := format.Source([]byte(g.decl.String()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(*goOut, src, 0o644); err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,139 @@
+// Times llama.cpp (through node-llama-cpp, prebuilt CPU binaries, offline)
+// on a GGUF file, the way pdserve's BenchmarkSmolLM2 times pdserve, or
+// checks its next-token probabilities against pdserve's. Run by the Go
+// driver in this directory (see README.md); prints one JSON object.
+//
+//   node bench.mjs perf   --model m.gguf --threads 2 [--decode 64] [--batch 16] [--prefill 512] [--prefill-runs 3]
+//   node bench.mjs verify --model m.gguf --threads 2 --ref ref.json
+//
+// perf measures, with an F32 KV cache and flash attention off:
+//   prefill: a 512-token prompt evaluated from position 0 (one batch), tokens/s;
+//   decode1: one sequence with 128 tokens of context, greedy steps, tokens/s;
+//   decode16: 16 sequences with 128 tokens each, stepped in lockstep (every
+//             sequence's next token issued together, so llama.cpp batches them),
+//             generated tokens/s over all sequences.
+// Run it with UV_THREADPOOL_SIZE=1 (see docs/performance.md ("The real model on CPU")).
+import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+import {readFileSync} from "node:fs";
+
+const args = process.argv.slice(2);
+const mode = args[0];
+const opt = (name, def) => {
+    const i = args.indexOf("--" + name);
+    return i >= 0 ? args[i + 1] : def;
+};
+const modelPath = opt("model");
+const threads = Number(opt("threads", "2"));
+
+// Deterministic token ids (xorshift32), avoiding the placeholder vocabulary's
+// first 259 ids (special and byte tokens).
+let state = 0x9e3779b9;
+function rand() {
+    state ^= state << 13; state >>>= 0;
+    state ^= state >>> 17;
+    state ^= state << 5; state >>>= 0;
+    return state;
+}
+
+const llama = await getLlama({gpu: false, build: "never", maxThreads: threads, logLevel: LlamaLogLevel.error});
+const model = await llama.loadModel({modelPath, gpuLayers: 0});
+const nVocab = Number(model.fileInfo.metadata.llama.vocab_size ?? 49152);
+const randomTokens = (n) => Array.from({length: n}, () => 259 + (rand() % (nVocab - 259)));
+
+function ctxOptions(extra) {
+    return {
+        threads: {ideal: threads, min: threads},
+        flashAttention: false,
+        experimentalKvCacheKeyType: "F32",
+        experimentalKvCacheValueType: "F32",
+        ...extra,
+    };
+}
+
+const greedy = {temperature: 0};
+const now = () => Number(process.hrtime.bigint()) / 1e9;
+
+if (mode === "perf") {
+    const decodeSteps = Number(opt("decode", "64"));
+    const batch = Number(opt("batch", "16"));
+    const prefillLen = Number(opt("prefill", "512"));
+    const prefillRuns = Number(opt("prefill-runs", "3"));
+    const ctxLen = 128;
+    const out = {threads, decodeSteps, batch, prefillLen};
+
+    // Prefill: a fresh evaluation of prefillLen tokens from position 0.
+    {
+        const ctx = await model.createContext(ctxOptions({contextSize: 1024, batchSize: prefillLen, sequences: 1}));
+        const seq = ctx.getSequence();
+        const prompt = randomTokens(prefillLen);
+        await seq.evaluateWithoutGeneratingNewTokens(prompt); // warm-up
+        const times = [];
+        for (let i = 0; i < prefillRuns; i++) {
+            await seq.clearHistory();
+            const t0 = now();
+            await seq.evaluateWithoutGeneratingNewTokens(prompt);
+            times.push(now() - t0);
+        }
+        out.prefill_tok_s = prefillLen * prefillRuns / times.reduce((a, b) => a + b, 0);
+        await ctx.dispose();
+    }
+
+    // Decode, batch 1: ctxLen tokens of context, then greedy steps.
+    {
+        const ctx = await model.createContext(ctxOptions({contextSize: 1024, batchSize: 512, sequences: 1}));
+        const seq = ctx.getSequence();
+        const res = await seq.controlledEvaluate(randomTokens(ctxLen).map((t, i) => i === ctxLen - 1 ? [t, {generateNext: {token: true, options: greedy}}] : t));
+        let tok = res[ctxLen - 1].next.token;
+        // one warm-up step
+        tok = (await seq.controlledEvaluate([[tok, {generateNext: {token: true, options: greedy}}]]))[0].next.token;
+        const t0 = now();
+        for (let i = 0; i < decodeSteps; i++) {
+            tok = (await seq.controlledEvaluate([[tok, {generateNext: {token: true, options: greedy}}]]))[0].next.token;
+        }
+        out.decode1_tok_s = decodeSteps / (now() - t0);
+        await ctx.dispose();
+    }
+
+    // Decode, batch 16, in lockstep.
+    {
+        const ctx = await model.createContext(ctxOptions({contextSize: batch * (ctxLen + decodeSteps + 8), batchSize: 512, sequences: batch}));
+        const seqs = Array.from({length: batch}, () => ctx.getSequence());
+        const step = async (toks) => (await Promise.all(seqs.map((s, i) =>
+            s.controlledEvaluate([[toks[i], {generateNext: {token: true, options: greedy}}]])))).map((r) => r[0].next.token);
+        let toks = (await Promise.all(seqs.map((s) => {
+            const p = randomTokens(ctxLen);
+            return s.controlledEvaluate(p.map((t, i) => i === ctxLen - 1 ? [t, {generateNext: {token: true, options: greedy}}] : t));
+        }))).map((r) => r[ctxLen - 1].next.token);
+        toks = await step(toks); // warm-up
+        const t0 = now();
+        for (let i = 0; i < decodeSteps; i++) toks = await step(toks);
+        out.decode16_tok_s = batch * decodeSteps / (now() - t0);
+        await ctx.dispose();
+    }
+    console.log(JSON.stringify(out));
+} else if (mode === "verify") {
+    // ref.json (written by the Go driver from pdserve with an F32 KV cache):
+    // {prompt: [ids], top: [[id, prob], ...] after the prompt, greedy: [ids]}.
+    const ref = JSON.parse(readFileSync(opt("ref"), "utf8"));
+    const ctx = await model.createContext(ctxOptions({contextSize: 256, batchSize: 256, sequences: 1}));
+    const seq = ctx.getSequence();
+    const n = ref.prompt.length;
+    const res = await seq.controlledEvaluate(ref.prompt.map((t, i) => i === n - 1 ? [t, {generateNext: {probabilities: true, token: true, options: greedy}}] : t));
+    const probs = res[n - 1].next.probabilities;
+    const top = [...probs.entries()].slice(0, ref.top.length);
+    let maxDiff = 0;
+    for (const [id, p] of ref.top) maxDiff = Math.max(maxDiff, Math.abs((probs.get(id) ?? 0) - p));
+    const greedyToks = [res[n - 1].next.token];
+    while (greedyToks.length < ref.greedy.length) {
+        const r = await seq.controlledEvaluate([[greedyToks.at(-1), {generateNext: {token: true, options: greedy}}]]);
+        greedyToks.push(r[0].next.token);
+    }
+    console.log(JSON.stringify({top, maxProbDiff: maxDiff, greedy: greedyToks,
+        greedyMatch: greedyToks.every((t, i) => t === ref.greedy[i]), top1Match: top[0][0] === ref.top[0][0]}));
+    await ctx.dispose();
+} else {
+    console.error("usage: node bench.mjs perf|verify --model m.gguf ...");
+    process.exit(2);
+}
+await model.dispose();
+await llama.dispose();

@@ -1,0 +1,275 @@
+// Command llamacpp-bench compares pdserve's CPU model runner with llama.cpp
+// on the same weights, in the same run: the synthetic SmolLM2-135M-shaped
+// BF16 checkpoint of llamatest, exported to GGUF for llama.cpp
+// (llama.ExportGGUF). See docs/performance.md ("The real model on CPU") for the method and results.
+//
+// From the repository root:
+//
+//	go run ./tools/llamacpp-bench [-rounds 3] [-threads 2] [-work DIR]
+//
+// It installs node-llama-cpp@3.21.1 and @node-llama-cpp/linux-x64@3.21.1
+// (npm, --omit=optional; prebuilt binaries, no build, no download at run
+// time) into the work directory, writes the checkpoint and its GGUF exports
+// there (once), checks that llama.cpp and pdserve compute the same model
+// (next-token probabilities and greedy tokens after a fixed prompt, F32 KV
+// cache, from the F32 and the BF16 export), then runs pdserve's
+// BenchmarkSmolLM2 (A) and bench.mjs (B) interleaved A B A B … and prints
+// the medians and the ratios pdserve/llama.cpp.
+package main
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
+)
+
+//go:embed bench.mjs
+var benchMJS []byte
+
+//go:embed package.json
+var packageJSON []byte
+
+const npmPackages = "node-llama-cpp@3.21.1 @node-llama-cpp/linux-x64@3.21.1"
+
+func main() {
+	rounds := flag.Int("rounds", 3, "interleaved rounds (A B per round)")
+	threads := flag.Int("threads", 2, "threads for both (pdserve GOMAXPROCS, llama.cpp threads)")
+	work := flag.String("work", filepath.Join(os.TempDir(), "pdserve-llamacpp-bench"), "work directory (npm packages, checkpoint, GGUF files)")
+	decode := flag.Int("decode", 64, "decode steps timed per run")
+	prefillRuns := flag.Int("prefill-runs", 3, "512-token prefills timed per run")
+	skipVerify := flag.Bool("skip-verify", false, "skip the numerical comparison")
+	flag.Parse()
+	log.SetFlags(0)
+
+	must(os.MkdirAll(*work, 0o755))
+	root := moduleRoot()
+	setup(*work)
+	ckpt := filepath.Join(*work, "smollm2-135m-synthetic")
+	if _, err := os.Stat(filepath.Join(ckpt, "model.safetensors")); err != nil {
+		log.Printf("writing the synthetic checkpoint to %s", ckpt)
+		must(llamatest.SmolLM2135M().Write(ckpt))
+	}
+	ggufs := map[llama.DType]string{}
+	for _, dt := range []llama.DType{llama.BF16, llama.F32} {
+		p := filepath.Join(*work, "smollm2-135m-synthetic-"+strings.ToLower(dt.String())+".gguf")
+		if _, err := os.Stat(p); err != nil {
+			log.Printf("exporting %s", p)
+			must(llama.ExportGGUF(ckpt, p, dt))
+		}
+		ggufs[dt] = p
+	}
+
+	if !*skipVerify {
+		ref := reference(ckpt, *threads)
+		refPath := filepath.Join(*work, "ref.json")
+		must(os.WriteFile(refPath, mustJSON(ref), 0o644))
+		fmt.Printf("pdserve (F32 KV) after a %d-token prompt: top %v, greedy %v\n", len(ref.Prompt), ref.Top, ref.Greedy)
+		for _, dt := range []llama.DType{llama.F32, llama.BF16} {
+			out := node(*work, *threads, "verify", "--model", ggufs[dt], "--ref", refPath)
+			fmt.Printf("llama.cpp, %s GGUF: %s\n", dt, strings.TrimSpace(out))
+		}
+	}
+
+	// Build the Go benchmark once.
+	testBin := filepath.Join(*work, "llama.test")
+	run(root, nil, "go", "test", "-c", "-o", testBin, "./internal/model/llama")
+
+	type metric struct{ name, goBench, benchtime, jsKey string }
+	metrics := []metric{
+		{"decode, batch 1 (tok/s)", "SmolLM2/^decode-batch1$", fmt.Sprintf("%dx", *decode), "decode1_tok_s"},
+		{"decode, 16 sequences (tok/s)", "SmolLM2/^decode-batch16$", fmt.Sprintf("%dx", *decode), "decode16_tok_s"},
+		{"prefill, 512-token prompt (tok/s)", "SmolLM2/^prefill-512$", fmt.Sprintf("%dx", *prefillRuns), "prefill_tok_s"},
+	}
+	a := make([][]float64, len(metrics))
+	b := make([][]float64, len(metrics))
+	tokS := regexp.MustCompile(`([0-9.]+) tok/s`)
+	for r := range *rounds {
+		for i, m := range metrics {
+			out := run(*work, []string{"PDSERVE_SMOLLM2_DIR=" + ckpt, "GOMAXPROCS=" + strconv.Itoa(*threads)},
+				testBin, "-test.run", "^$", "-test.bench", m.goBench, "-test.benchtime", m.benchtime)
+			mm := tokS.FindStringSubmatch(out)
+			if mm == nil {
+				log.Fatalf("no tok/s in:\n%s", out)
+			}
+			v, _ := strconv.ParseFloat(mm[1], 64)
+			a[i] = append(a[i], v)
+			log.Printf("round %d A pdserve   %-34s %8.1f", r+1, m.name, v)
+		}
+		out := node(*work, *threads, "perf", "--model", ggufs[llama.BF16], "--decode", strconv.Itoa(*decode),
+			"--prefill-runs", strconv.Itoa(*prefillRuns))
+		var res map[string]float64
+		must(json.Unmarshal([]byte(lastLine(out)), &res))
+		for i, m := range metrics {
+			b[i] = append(b[i], res[m.jsKey])
+			log.Printf("round %d B llama.cpp %-34s %8.1f", r+1, m.name, res[m.jsKey])
+		}
+	}
+
+	fmt.Printf("\n%d rounds interleaved, %d threads, medians; llama.cpp with BF16 weights, both with an F32 KV cache\n\n", *rounds, *threads)
+	fmt.Println("| measure | pdserve | llama.cpp | pdserve/llama.cpp | pdserve runs | llama.cpp runs |")
+	fmt.Println("|---|---|---|---|---|---|")
+	for i, m := range metrics {
+		ma, mb := median(a[i]), median(b[i])
+		fmt.Printf("| %s | %.1f | %.1f | %.2f× | %s | %s |\n", m.name, ma, mb, ma/mb, list(a[i]), list(b[i]))
+	}
+}
+
+// ref is pdserve's answer for the numerical comparison.
+type ref struct {
+	Prompt []int32     `json:"prompt"`
+	Top    [][2]any    `json:"top"` // [id, probability]
+	Greedy []int32     `json:"greedy"`
+	Probs  [][]float64 `json:"-"`
+}
+
+// reference runs pdserve on a fixed prompt with an F32 KV cache: the five
+// most likely next tokens with their probabilities, and 8 greedy tokens.
+func reference(ckpt string, threads int) ref {
+	m, err := llama.Load(ckpt, llama.Options{Threads: threads})
+	must(err)
+	defer m.Close()
+	geo := m.Info().Geometry
+	pool, err := kvcache.NewPool(geo, 16, int64(256*geo.BytesPerToken()))
+	must(err)
+	pages, ok := pool.Alloc(4)
+	if !ok {
+		log.Fatal("KV pool exhausted")
+	}
+	prompt := make([]int32, 24)
+	x := uint32(12345)
+	for i := range prompt {
+		x = x*1664525 + 1013904223
+		prompt[i] = int32(259 + x>>8%uint32(m.Info().VocabSize-259))
+	}
+	ctx := context.Background()
+	lg, err := m.ForwardLogits(ctx, pool, []model.SeqInput{{Pages: pages, Tokens: prompt}})
+	must(err)
+	V := m.Info().VocabSize
+	last := lg[0][(len(prompt)-1)*V:]
+	mx := slices.Max(last)
+	var z float64
+	for _, l := range last {
+		z += math.Exp(float64(l - mx))
+	}
+	ids := make([]int, V)
+	for i := range ids {
+		ids[i] = i
+	}
+	slices.SortFunc(ids, func(a, b int) int {
+		if last[a] != last[b] {
+			if last[a] > last[b] {
+				return -1
+			}
+			return 1
+		}
+		return a - b
+	})
+	r := ref{Prompt: prompt}
+	for _, id := range ids[:5] {
+		r.Top = append(r.Top, [2]any{id, math.Exp(float64(last[id]-mx)) / z})
+	}
+	// Greedy continuation (the prompt again, on fresh pages, through Forward).
+	pages2, ok := pool.Alloc(4)
+	if !ok {
+		log.Fatal("KV pool exhausted")
+	}
+	out := make([]model.SeqOutput, 1)
+	in := []model.SeqInput{{Pages: pages2, Tokens: prompt, Sample: true, Sampling: model.SamplingParams{TopP: 1}}}
+	for len(r.Greedy) < 8 {
+		must(m.Forward(ctx, pool, in, out))
+		r.Greedy = append(r.Greedy, out[0].Token)
+		in[0].Pos += len(in[0].Tokens)
+		in[0].Tokens = []int32{out[0].Token}
+	}
+	return r
+}
+
+// setup installs the npm packages and bench.mjs into work.
+func setup(work string) {
+	must(os.WriteFile(filepath.Join(work, "bench.mjs"), benchMJS, 0o644))
+	if _, err := os.Stat(filepath.Join(work, "node_modules", "node-llama-cpp", "package.json")); err == nil {
+		return
+	}
+	must(os.WriteFile(filepath.Join(work, "package.json"), packageJSON, 0o644))
+	log.Printf("npm i -E %s --omit=optional (in %s)", npmPackages, work)
+	run(work, nil, "npm", append([]string{"i", "-E", "--omit=optional", "--no-audit", "--no-fund"}, strings.Fields(npmPackages)...)...)
+}
+
+// node runs bench.mjs with UV_THREADPOOL_SIZE=1 (libuv's pool would
+// otherwise compete with llama.cpp's threads on a 2-core machine).
+func node(work string, threads int, args ...string) string {
+	return run(work, []string{"UV_THREADPOOL_SIZE=1"}, "node", append([]string{"bench.mjs", args[0], "--threads", strconv.Itoa(threads)}, args[1:]...)...)
+}
+
+func run(dir string, env []string, name string, args ...string) string {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		log.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+func moduleRoot() string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	must(err)
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		log.Fatal("run from inside the pdserve module")
+	}
+	return filepath.Dir(gomod)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func list(v []float64) string {
+	var parts []string
+	for _, x := range v {
+		parts = append(parts, fmt.Sprintf("%.1f", x))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	must(err)
+	return b
+}
+
+func must(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}

@@ -289,6 +289,9 @@ func (r *Router) Close() {
 	r.BeginShutdown()
 	r.closed.Do(func() { close(r.stop) })
 	r.bg.Wait()
+	// Connections the pool dialed but never used are "new" to the workers'
+	// servers, which wait up to 5 s for them in Shutdown; close them now.
+	r.client.CloseIdleConnections()
 }
 
 func (r *Router) checkAll() {

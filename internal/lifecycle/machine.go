@@ -99,6 +99,8 @@ type Machine struct {
 	// queue holds requests in arrival order; scheduling scans it and drops
 	// entries that left.
 	queue []*req
+	// doneInQueue counts finished requests still in queue.
+	doneInQueue int
 
 	pending    map[kvxfer.Room]*pendingOpen
 	tombs      map[tombKey]tombstone
@@ -434,6 +436,7 @@ func (m *Machine) finish(r *req, o Outcome, reason, finishReason string) {
 	}
 	m.setStage(r, StageDone, 0, OutcomeNone)
 	m.stageCount[StageDone]--
+	m.doneInQueue++
 	if r.inBatch || r.pins > 0 {
 		m.draining[r] = struct{}{} // its pages are freed by release
 	} else {
@@ -695,7 +698,11 @@ func (m *Machine) renew() {
 	}
 }
 
+// compactQueue drops finished requests from the queue. Tick calls it, and
+// schedule does once half the queue is finished, so that the scans over the
+// queue cost O(live requests) however rarely the shell ticks.
 func (m *Machine) compactQueue() {
+	m.doneInQueue = 0
 	live := m.queue[:0]
 	for _, r := range m.queue {
 		if r.stage != StageDone {

@@ -279,6 +279,9 @@ func (m *Machine) schedule() {
 	if m.batch != nil || m.shutdown {
 		return
 	}
+	if m.doneInQueue > len(m.queue)/2 {
+		m.compactQueue()
+	}
 	var entries []batchEntry
 	var seqs []BatchSeq
 	decodeSeqs, prefillTokens := 0, 0

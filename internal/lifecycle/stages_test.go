@@ -7,6 +7,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
 )
 
 // stageSetup drives request q of a fresh harness into one stage.
@@ -593,4 +594,30 @@ func TestPrefillUnparksForReadyRequest(t *testing.T) {
 		t.Fatalf("preemptions %d", h.m.Stats(h.now).Counters.Preemptions)
 	}
 	h.quiesce()
+}
+
+// TestQueueCompactedWithoutTicks: finished requests leave the queue even if
+// the shell never ticks, so the scheduling scans stay O(live requests).
+func TestQueueCompactedWithoutTicks(t *testing.T) {
+	cfg := DefaultConfig(RoleColocated)
+	cfg.PageBytes, cfg.VocabSize = 1, 1000
+	m, err := New(cfg, kvcache.NewAllocator(1<<12))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(0, 0)
+	out := []model.SeqOutput{{Token: 1}}
+	for i := range 1000 {
+		m.Step(now, Arrive{Req: Request{RID: fmt.Sprint(i), InputIDs: make([]int32, 8), MaxTokens: 2, IgnoreEOS: true,
+			Sampling: model.SamplingParams{TopP: 1}}})
+		for m.Live() > 0 {
+			m.Step(now, Schedule{})
+			m.Ready()
+			m.Step(now, BatchDone{Out: out})
+			m.Ready()
+		}
+		if len(m.queue) > 4 {
+			t.Fatalf("after %d finished requests the queue holds %d entries", i+1, len(m.queue))
+		}
+	}
 }

@@ -31,3 +31,6 @@ run() { # name port up-args...
 run pd 18700
 run colocated 18701 --colocated-workers 2
 run colocated-chunked 18702 --colocated-workers 2 --chunked-prefill-size 512
+go run ./tools/perf/compare -strip -out "$OUT" "PD 1P1D=$OUT/pd.json" "colocated ×2=$OUT/colocated.json" \
+  "colocated ×2, chunked 512=$OUT/colocated-chunked.json" | tee "$OUT/table.md"
+rm -f "$OUT"/*.server.log

@@ -347,6 +347,8 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 						e, leg = p.err, "prefill"
 					}
 				case <-t.C:
+				case <-s.ctx.Done(): // the client is gone: abort now, not after the grace
+				case <-s.r.stopping:
 				}
 				t.Stop()
 			}
@@ -402,6 +404,10 @@ func (s *pdStream) awaitDecodeError(a *attempt) *openai.Error {
 				return e
 			}
 		case <-t.C:
+			return nil
+		case <-s.ctx.Done():
+			return nil
+		case <-s.r.stopping:
 			return nil
 		}
 	}

@@ -95,8 +95,9 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mc := o.Machine
-	factory := func(h kvxfer.Handler, fp model.Fingerprint, alloc func(int) []byte) (kvxfer.Backend, error) {
-		var b kvxfer.Backend = tcp.New(tcp.Config{Fingerprint: fp, Auth: o.KVAuth, Handler: h, AllocData: alloc,
+	factory := func(h kvxfer.Handler, fp model.Fingerprint, bufs worker.DataBuffers) (kvxfer.Backend, error) {
+		var b kvxfer.Backend = tcp.New(tcp.Config{Fingerprint: fp, Auth: o.KVAuth, Handler: h,
+			AllocData: bufs.Alloc, SentData: bufs.Sent,
 			DialContext:       o.KVDial,
 			HeartbeatInterval: mc.HeartbeatInterval, HeartbeatMisses: mc.LeaseMisses,
 			Logger: o.Logger.With("role", mc.Role.String(), "component", "kv")})

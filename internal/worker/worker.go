@@ -46,10 +46,22 @@ import (
 )
 
 // BackendFactory builds the KV channel transport for a worker; the worker
-// passes itself as the handler, its model fingerprint, and an allocator for
-// received KV_CHUNK data (buffers the worker recycles once the KV is in its
-// pages).
-type BackendFactory func(h kvxfer.Handler, fp model.Fingerprint, allocData func(n int) []byte) (kvxfer.Backend, error)
+// passes itself as the handler, its model fingerprint, and the recycling
+// of its KV_CHUNK data buffers.
+type BackendFactory func(h kvxfer.Handler, fp model.Fingerprint, bufs DataBuffers) (kvxfer.Backend, error)
+
+// DataBuffers lets a transport share the worker's KV_CHUNK data buffers
+// (one chunk is up to lifecycle.Config.MaxChunkPages pages, megabytes), so
+// that moving KV allocates nothing in steady state. Both functions are safe
+// for concurrent use.
+type DataBuffers struct {
+	// Alloc returns a buffer of n bytes to read a received chunk into; the
+	// worker takes it back once the KV is in its pages.
+	Alloc func(n int) []byte
+	// Sent takes back a sent chunk's buffer once the transport has written
+	// it and holds no reference to it.
+	Sent func(b []byte)
+}
 
 // Config configures a worker.
 type Config struct {
@@ -183,7 +195,7 @@ func New(cfg Config) (*Worker, error) {
 		if cfg.Backend == nil {
 			return nil, fmt.Errorf("worker: %s role needs a KV backend", mc.Role)
 		}
-		w.backend, err = cfg.Backend(w, w.Fingerprint(), w.allocData)
+		w.backend, err = cfg.Backend(w, w.Fingerprint(), DataBuffers{Alloc: w.allocData, Sent: w.recycle})
 		if err != nil {
 			return nil, err
 		}
@@ -435,7 +447,7 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 	case lifecycle.SendKV:
 		w.lane(x.Peer).post(func() {
 			pb := w.pool.PageBytes()
-			data := make([]byte, len(x.Pages)*pb)
+			data := w.allocData(len(x.Pages) * pb) // back through DataBuffers.Sent
 			for i, p := range x.Pages {
 				copy(data[i*pb:], w.pool.Page(p))
 			}
@@ -491,9 +503,10 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 	return nil
 }
 
-// allocData gives the transport a buffer for a received KV chunk; WriteKV
-// returns it once the bytes are in pages. Chunks the machine drops are left
-// to the garbage collector.
+// allocData returns a KV chunk buffer: for the transport to read a received
+// chunk into (WriteKV recycles it once the bytes are in pages) or for
+// SendKV to copy pages into (the transport recycles it once written).
+// Buffers of chunks dropped on the way are left to the garbage collector.
 func (w *Worker) allocData(n int) []byte {
 	if b, ok := w.bufs.Get().(*[]byte); ok && cap(*b) >= n {
 		return (*b)[:n]

@@ -43,7 +43,8 @@
 // # Ownership
 //
 // The Backend never modifies a message passed to Send: a corrupted
-// KVChunk's Data (or RoomRenew's Rooms) is copied before the change. Like
+// KVChunk's Data (or RoomRenew's Rooms) is copied before the change, and a
+// duplicated KVChunk's second copy carries its own copy of Data. Like
 // the transports, it keeps a reference to KVChunk.Data until the frame is
 // handed to the inner Backend, so the caller must not modify Data after
 // Send.

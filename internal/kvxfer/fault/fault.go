@@ -427,7 +427,14 @@ func (b *Backend) linkLocked(peer kvxfer.PeerID, l *link) *link {
 func (b *Backend) deliverLocked(peer kvxfer.PeerID, h heldFrame) error {
 	err := b.inner.Send(peer, h.m)
 	for range h.copies - 1 {
-		_ = b.inner.Send(peer, h.m) // a failure is the first copy's
+		m := h.m
+		if c, ok := m.(kvxfer.KVChunk); ok && len(c.Data) > 0 {
+			// Each frame handed on owns its Data: the inner Backend may
+			// give a written frame's buffer back to its sender for reuse.
+			c.Data = append([]byte(nil), c.Data...)
+			m = c
+		}
+		_ = b.inner.Send(peer, m) // a failure is the first copy's
 	}
 	return err
 }

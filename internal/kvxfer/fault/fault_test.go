@@ -181,6 +181,30 @@ func TestDuplicate(t *testing.T) {
 	}
 }
 
+// TestDuplicateOwnsData: the two copies of a duplicated KVChunk carry
+// equal bytes in different buffers, so a transport that hands written
+// buffers back to the sender for reuse never sees one buffer twice.
+func TestDuplicateOwnsData(t *testing.T) {
+	inner := newFakeInner()
+	b := Wrap(inner, Config{Duplicate: 1})
+	defer b.Close()
+	data := []byte("kv bytes")
+	if err := b.Send(1, kvxfer.KVChunk{NPages: 1, Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	ss := inner.snapshot()
+	if len(ss) != 2 {
+		t.Fatalf("delivered %d frames, want 2", len(ss))
+	}
+	first, second := ss[0].m.(kvxfer.KVChunk).Data, ss[1].m.(kvxfer.KVChunk).Data
+	if &first[0] != &data[0] {
+		t.Errorf("first copy's Data is not the sender's buffer")
+	}
+	if string(second) != string(data) || &second[0] == &data[0] {
+		t.Errorf("second copy's Data = %q at %p, want equal bytes in a buffer of its own (sender's at %p)", second, &second[0], &data[0])
+	}
+}
+
 func TestReorder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		inner := newFakeInner()

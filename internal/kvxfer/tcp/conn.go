@@ -432,6 +432,9 @@ func (c *conn) writeLoop() {
 		}
 		for _, f := range batch {
 			b.stats.sent(f.t, f.size())
+			if f.data != nil && b.cfg.SentData != nil {
+				b.cfg.SentData(f.data)
+			}
 		}
 		clear(batch)
 		batch = batch[:0]

@@ -87,6 +87,13 @@ type Config struct {
 	// HandleMessage on. It must be safe for concurrent use. Nil allocates a
 	// fresh buffer per frame.
 	AllocData func(n int) []byte
+	// SentData, if set, is called with a KVChunk's Data once its frame has
+	// been written to the connection: the Backend holds no reference to it
+	// after that, so the sender may reuse the buffer (each Send must then
+	// pass a buffer of its own). Data of frames dropped with a failed
+	// connection is not reported; it is left to the garbage collector. It
+	// is called from the connection's writer goroutine and must not block.
+	SentData func(data []byte)
 	// Logger receives connection events. Nil discards them.
 	Logger *slog.Logger
 }

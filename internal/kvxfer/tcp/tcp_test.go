@@ -700,6 +700,32 @@ func TestAllocDataUsed(t *testing.T) {
 	}
 }
 
+// TestSentDataReturnsWrittenBuffers: a KVChunk's Data comes back through
+// SentData once written, the same buffer; frames without data do not.
+func TestSentDataReturnsWrittenBuffers(t *testing.T) {
+	sent := make(chan []byte, 4)
+	p := newPair(t, func(c *Config) { c.SentData = func(b []byte) { sent <- b } })
+	data := []byte("kv bytes")
+	if err := p.prefill.Send(p.prefillPeer, kvxfer.KVChunk{NPages: 1, Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.prefill.Send(p.prefillPeer, kvxfer.KVAck{}); err != nil {
+		t.Fatal(err)
+	}
+	p.decodeRec.waitMessages(t, p.decodePeer, 2)
+	select {
+	case b := <-sent:
+		if len(b) != len(data) || &b[0] != &data[0] {
+			t.Errorf("SentData got %q at %p, want the sent buffer at %p", b, &b[0], &data[0])
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("SentData was not called for a written KVChunk")
+	}
+	if len(sent) != 0 {
+		t.Errorf("SentData called %d more times, want once (only the KVChunk carries data)", len(sent))
+	}
+}
+
 func TestClosePeer(t *testing.T) {
 	p := newPair(t, nil)
 	cause := errors.New("injected reset")

@@ -45,6 +45,8 @@ type attempt struct {
 	pCancel context.CancelFunc
 	dCancel context.CancelFunc
 	pDone   bool // prefill answered
+	// pDown and dDown close when the pair's workers are found down.
+	pDown, dDown <-chan struct{}
 }
 
 // pdStream is one request's legs, seen as an openai.Stream.
@@ -101,7 +103,8 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	if err != nil {
 		return openai.Internal("encode leg: %v", err)
 	}
-	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1)}
+	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1),
+		pDown: pw.downCh(), dDown: dw.downCh()}
 	pctx, pcancel := context.WithTimeout(context.Background(), LegTimeout)
 	dctx, dcancel := context.WithTimeout(context.Background(), LegTimeout)
 	a.pCancel, a.dCancel = pcancel, dcancel
@@ -279,6 +282,12 @@ func (s *pdStream) failed(e *openai.Error, leg string) (retried bool, err error)
 	}
 	s.drain(a)
 	if !s.sent && retryable(e) && int(a.gen) < s.r.cfg.MaxAttempts && s.ctx.Err() == nil {
+		switch e.Code {
+		case "peer_lost", "lease_expired", "worker_stream_broken":
+			// One of the pair may be frozen or cut off; find out before
+			// the retry can pick it again.
+			s.r.probe(a.pw, a.dw)
+		}
 		if se := s.start(a.gen + 1); se == nil {
 			s.r.retries.Inc()
 			s.r.log.Info("retrying request on a new pair", "rid", s.rid, "room", s.room, "gen", a.gen+1,
@@ -305,7 +314,15 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 		a := s.a
 		var leg string
 		var e *openai.Error
+		pDown := a.pDown
+		if a.pDone {
+			pDown = nil // prefill's part is over; its worker may come and go
+		}
 		select {
+		case <-a.dDown:
+			leg, e = "decode", downError("decode")
+		case <-pDown:
+			leg, e = "prefill", downError("prefill")
 		case ev, ok := <-a.lines:
 			leg = "decode"
 			switch {

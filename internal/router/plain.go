@@ -18,6 +18,7 @@ type plainStream struct {
 	rid      string
 	lines    chan decodeEvent
 	cancel   context.CancelFunc
+	down     <-chan struct{} // closed when the worker is found down
 	ended    bool
 	finished bool
 }
@@ -39,7 +40,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (
 		return nil, e
 	}
 	lctx, cancel := context.WithTimeout(context.Background(), LegTimeout)
-	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel}
+	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel, down: w.downCh()}
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
@@ -83,6 +84,12 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 			s.r.requests.WithLabelValues("ok").Inc()
 		}
 		return c, nil
+	case <-s.down:
+		s.ended = true
+		e := downError("colocated")
+		s.r.requests.WithLabelValues("colocated_" + e.Code).Inc()
+		s.r.abortLeg(s.w, s.rid, "", 0, "client", "the router found the worker down", nil)
+		return openai.Chunk{}, e
 	case <-s.ctx.Done():
 		return openai.Chunk{}, s.ctx.Err()
 	case <-s.r.stopping:

@@ -117,6 +117,40 @@ type workerState struct {
 	lastErr  string
 	failures int
 	checked  bool
+	// down is closed when a health check or probe fails, and replaced by
+	// an open channel when one passes: legs in flight on the worker watch
+	// it, so a worker that stops answering (frozen, partitioned) fails
+	// them within a health check instead of pinning them.
+	down chan struct{}
+}
+
+// downCh returns the channel closed when the worker is next found down.
+func (w *workerState) downCh() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.down
+}
+
+// setHealthLocked records a health check's or probe's result (err "" =
+// healthy), closing or renewing down. Called with w.mu held.
+func (w *workerState) setHealthLocked(err string) {
+	w.checked = true
+	if err != "" {
+		w.healthy, w.lastErr = false, err
+		w.failures++
+		select {
+		case <-w.down:
+		default:
+			close(w.down)
+		}
+		return
+	}
+	w.healthy, w.lastErr = true, ""
+	select {
+	case <-w.down:
+		w.down = make(chan struct{})
+	default:
+	}
 }
 
 func (w *workerState) snapshot() (healthy bool, kvAddr string) {
@@ -189,7 +223,7 @@ func New(cfg Config) (*Router, error) {
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return nil, fmt.Errorf("worker URL %q: want http://host:port", raw)
 			}
-			*list.dst = append(*list.dst, &workerState{url: u.String(), host: u.Hostname()})
+			*list.dst = append(*list.dst, &workerState{url: u.String(), host: u.Hostname(), down: make(chan struct{})})
 		}
 	}
 	r.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -336,25 +370,57 @@ func (r *Router) check(w *workerState, wantRole string) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.checked = true
 	if err != nil {
 		if w.healthy || w.lastErr != err.Error() {
 			r.log.Warn("worker unhealthy", "worker", w.url, "err", err)
 		}
-		w.healthy, w.lastErr = false, err.Error()
-		w.failures++
+		w.setHealthLocked(err.Error())
 		r.legFails.WithLabelValues(w.url).Inc()
 		return
 	}
 	if !w.healthy {
 		r.log.Info("worker healthy", "worker", w.url, "worker_role", info.Role)
 	}
-	w.healthy, w.lastErr = true, ""
+	w.setHealthLocked("")
 	w.fp = info.Fingerprint
 	w.ctxLen = info.ContextLen
 	if isPrefill {
 		w.kvAddr = net.JoinHostPort(w.host, strconv.Itoa(info.KVPort))
 	}
+}
+
+// ProbeTimeout bounds the health probe of a worker whose pair just failed
+// with a lost peer, before a retry picks a pair.
+const ProbeTimeout = time.Second
+
+// probe checks /health of each worker at once, each within ProbeTimeout,
+// and marks the ones that do not answer as down (failing their legs in
+// flight and keeping them out of pairing until a health check passes), so
+// a retry after a lost peer does not pick a frozen worker again.
+func (r *Router) probe(ws ...*workerState) {
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), ProbeTimeout)
+			defer cancel()
+			if err := r.getJSON(ctx, w.url+"/health", &struct{}{}); err != nil {
+				r.log.Warn("worker failed a probe", "worker", w.url, "err", err)
+				w.mu.Lock()
+				w.setHealthLocked("probe: " + err.Error())
+				w.mu.Unlock()
+				r.legFails.WithLabelValues(w.url).Inc()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// downError is a leg's failure because its worker stopped answering.
+func downError(role string) *openai.Error {
+	return &openai.Error{Status: http.StatusBadGateway, Type: openai.TypeServer, Code: "worker_unreachable",
+		Message: fmt.Sprintf("the %s worker stopped answering health checks (details: the router's /debug/workers)", role)}
 }
 
 // maxInfoBytes bounds worker info and health answers.

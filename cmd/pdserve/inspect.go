@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -23,7 +24,8 @@ func newInspectCmd(stdout io.Writer) *cobra.Command {
 		Short: "List live requests on every worker behind a router: stage, age, deadline, peer, last event",
 		Long: `Asks the router for its workers and every worker for its live requests, and
 prints one table, oldest first. A request that has used more than half of its
-stage's deadline is marked "!".`,
+stage's deadline is marked "!". Workers are asked at once; if any does not
+answer within --timeout, the others are still listed and the exit status is 1.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if timeout <= 0 {
@@ -38,9 +40,15 @@ stage's deadline is marked "!".`,
 			if asJSON {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				err = enc.Encode(rep)
+			} else {
+				err = inspect.Print(stdout, rep)
 			}
-			return inspect.Print(stdout, rep)
+			if err == nil && len(rep.Errors) > 0 {
+				// The list is incomplete: say so in the exit status.
+				err = fmt.Errorf("%d of the router's workers did not answer; their requests are not listed", len(rep.Errors))
+			}
+			return err
 		},
 	}
 	fs := cmd.Flags()

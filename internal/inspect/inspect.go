@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -36,7 +37,8 @@ type Row struct {
 // Report is what inspect found.
 type Report struct {
 	Rows []Row `json:"requests"`
-	// Errors lists workers that could not be asked, with why.
+	// Errors lists workers that could not be asked, with why: their
+	// requests are missing from Rows.
 	Errors []string `json:"errors,omitempty"`
 }
 
@@ -71,19 +73,36 @@ func Collect(ctx context.Context, c *http.Client, routerURL string) (Report, err
 	if err := getJSON(ctx, c, routerURL+"/debug/workers", &ws); err != nil {
 		return Report{}, fmt.Errorf("router %s: %w", routerURL, err)
 	}
+	// Every worker is asked at once, so one that does not answer (frozen,
+	// partitioned) costs the timeout once and hides no other worker.
+	type answer struct {
+		rows []Row
+		err  string
+	}
+	answers := make([]answer, len(ws.Workers))
+	var wg sync.WaitGroup
+	for i, w := range ws.Workers {
+		wg.Go(func() {
+			var list struct {
+				Role     string                  `json:"role"`
+				Requests []lifecycle.RequestInfo `json:"requests"`
+			}
+			if err := getJSON(ctx, c, w.URL+"/debug/requests", &list); err != nil {
+				answers[i].err = fmt.Sprintf("%s worker %s: %v", w.Role, w.URL, err)
+				return
+			}
+			for _, ri := range list.Requests {
+				answers[i].rows = append(answers[i].rows, Row{Worker: w.URL, Role: list.Role, RequestInfo: ri,
+					Flagged: ri.StageBudget > 0 && ri.InStageSecs > ri.StageBudget/2})
+			}
+		})
+	}
+	wg.Wait()
 	var rep Report
-	for _, w := range ws.Workers {
-		var list struct {
-			Role     string                  `json:"role"`
-			Requests []lifecycle.RequestInfo `json:"requests"`
-		}
-		if err := getJSON(ctx, c, w.URL+"/debug/requests", &list); err != nil {
-			rep.Errors = append(rep.Errors, fmt.Sprintf("%s worker %s: %v", w.Role, w.URL, err))
-			continue
-		}
-		for _, ri := range list.Requests {
-			rep.Rows = append(rep.Rows, Row{Worker: w.URL, Role: list.Role, RequestInfo: ri,
-				Flagged: ri.StageBudget > 0 && ri.InStageSecs > ri.StageBudget/2})
+	for _, a := range answers {
+		rep.Rows = append(rep.Rows, a.rows...)
+		if a.err != "" {
+			rep.Errors = append(rep.Errors, a.err)
 		}
 	}
 	sort.SliceStable(rep.Rows, func(i, j int) bool { return rep.Rows[i].AgeSeconds > rep.Rows[j].AgeSeconds })

@@ -516,6 +516,18 @@ func TestNoTokenizerTokenIDs(t *testing.T) {
 	checkClosed(t, eng.nextStream(t), 0)
 }
 
+// TestNoTokenizerAlwaysReturnsTokenIDs: without a tokenizer the answer has
+// no text, so the token ids come back even if not asked for.
+func TestNoTokenizerAlwaysReturnsTokenIDs(t *testing.T) {
+	eng := newFakeEngine(chunksOf("ab", 1, "length")...)
+	srv := newServer(t, eng, func(c *Config) { c.Tokenizer = nil })
+	resp, body := post(t, srv, "/v1/completions", `{"prompt":[5,6]}`)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"token_ids":[97,98]`) || !strings.Contains(body, `"prompt_token_ids":[5,6]`) {
+		t.Errorf("%d %s, want the prompt's and the output's token ids", resp.StatusCode, body)
+	}
+	checkClosed(t, eng.nextStream(t), 0)
+}
+
 func TestNewHandlerPanicsOnBadConfig(t *testing.T) {
 	for _, mod := range []func(*Config){
 		func(c *Config) { c.Engine = nil },

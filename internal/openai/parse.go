@@ -273,6 +273,12 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 		return Unsupported("frequency_penalty", "frequency_penalty is not supported (only 0)")
 	case len(w.LogitBias) != 0:
 		return Unsupported("logit_bias", "logit_bias is not supported")
+	case w.RepetitionPenalty != nil && *w.RepetitionPenalty != 1:
+		return Unsupported("repetition_penalty", "repetition_penalty is not supported (only 1)")
+	case w.MinP != nil && *w.MinP != 0:
+		return Unsupported("min_p", "min_p is not supported (only 0)")
+	case w.MinTokens != nil && *w.MinTokens != 0:
+		return Unsupported("min_tokens", "min_tokens is not supported (only 0)")
 	}
 	sp := model.SamplingParams{Temperature: 1, TopP: 1}
 	if w.Temperature != nil {
@@ -331,7 +337,9 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 	req.includeStopStr = w.IncludeStopStrInOutput
 	req.stream = w.Stream
 	req.includeUsage = w.Stream && w.StreamOptions != nil && w.StreamOptions.IncludeUsage
-	req.returnTokenIDs = w.ReturnTokenIDs
+	// Without a tokenizer the output has no text: the token ids are the
+	// answer, so they are always returned.
+	req.returnTokenIDs = w.ReturnTokenIDs || p.tok == nil
 	return nil
 }
 

@@ -42,13 +42,20 @@ type SamplingFields struct {
 	// StreamOptions applies when Stream is set.
 	StreamOptions *StreamOptions `json:"stream_options"`
 	// ReturnTokenIDs (vLLM extension) adds prompt_token_ids and token_ids
-	// to responses and stream chunks.
+	// to responses and stream chunks; always on for a model without a
+	// tokenizer, whose responses have no text.
 	ReturnTokenIDs bool `json:"return_token_ids"`
 	// PresencePenalty and FrequencyPenalty: only 0 is supported.
 	PresencePenalty  *float64 `json:"presence_penalty"`
 	FrequencyPenalty *float64 `json:"frequency_penalty"`
 	// LogitBias: only an empty map is supported.
 	LogitBias map[string]float64 `json:"logit_bias"`
+	// RepetitionPenalty, MinP and MinTokens (vLLM and SGLang extensions)
+	// change the output, so rather than being ignored they are refused
+	// unless neutral: repetition_penalty 1, min_p 0, min_tokens 0.
+	RepetitionPenalty *float64 `json:"repetition_penalty"`
+	MinP              *float64 `json:"min_p"`
+	MinTokens         *int     `json:"min_tokens"`
 	// User is accepted and ignored.
 	User string `json:"user"`
 }

@@ -110,8 +110,10 @@ type Machine struct {
 	// when it left the stage.
 	maxStage [numStages]time.Duration
 
-	batch    []batchEntry // requests of the running forward
-	admitSeq uint64       // last admitted sequence number
+	batch []batchEntry // requests of the running forward
+	// batchCancelled: CancelBatch was emitted for the running forward.
+	batchCancelled bool
+	admitSeq       uint64 // last admitted sequence number
 	// draining holds ended requests whose pages wait for the running
 	// forward or their page I/O to finish.
 	draining map[*req]struct{}
@@ -437,6 +439,9 @@ func (m *Machine) finish(r *req, o Outcome, reason, finishReason string) {
 	m.setStage(r, StageDone, 0, OutcomeNone)
 	m.stageCount[StageDone]--
 	m.doneInQueue++
+	if r.inBatch {
+		m.maybeCancelBatch()
+	}
 	if r.inBatch || r.pins > 0 {
 		m.draining[r] = struct{}{} // its pages are freed by release
 	} else {
@@ -701,6 +706,21 @@ func (m *Machine) renew() {
 // compactQueue drops finished requests from the queue. Tick calls it, and
 // schedule does once half the queue is finished, so that the scans over the
 // queue cost O(live requests) however rarely the shell ticks.
+// maybeCancelBatch emits CancelBatch once every sequence of the running
+// forward has ended.
+func (m *Machine) maybeCancelBatch() {
+	if m.batch == nil || m.batchCancelled {
+		return
+	}
+	for _, b := range m.batch {
+		if b.r.stage != StageDone && b.r.Gen == b.gen {
+			return
+		}
+	}
+	m.batchCancelled = true
+	m.emit(CancelBatch{})
+}
+
 func (m *Machine) compactQueue() {
 	m.doneInQueue = 0
 	live := m.queue[:0]

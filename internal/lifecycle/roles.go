@@ -475,7 +475,7 @@ func (m *Machine) preempt(r *req) {
 
 func (m *Machine) batchDone(e BatchDone) {
 	entries := m.batch
-	m.batch = nil
+	m.batch, m.batchCancelled = nil, false
 	for _, b := range entries {
 		b.r.inBatch = false
 		m.release(b.r)

@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -619,5 +620,44 @@ func TestQueueCompactedWithoutTicks(t *testing.T) {
 		if len(m.queue) > 4 {
 			t.Fatalf("after %d finished requests the queue holds %d entries", i+1, len(m.queue))
 		}
+	}
+}
+
+// TestCancelBatchWhenAllItsRequestsEnded: the running forward is cancelled
+// (CancelBatch, once) only when every request in it has ended, and its
+// pages are freed when BatchDone comes back, even with an error.
+func TestCancelBatchWhenAllItsRequestsEnded(t *testing.T) {
+	h := newHarness(t, testConfig(RoleColocated), 64)
+	h.step(Arrive{Req: request(1, 6, 4)})
+	h.step(Arrive{Req: request(2, 6, 4)})
+	h.step(Schedule{})
+	if h.batch == nil || len(h.batch.Seqs) != 2 {
+		t.Fatalf("want one batch of both requests, got %+v", h.batch)
+	}
+	h.take()
+	if effs := h.step(Abort{RID: "r1", Reason: AbortClient}); len(effectsOf[CancelBatch](effs)) != 0 {
+		t.Fatalf("CancelBatch with a request of the batch still running: %s", describe(effs))
+	}
+	effs := h.step(Abort{RID: "r2", Reason: AbortClient})
+	if n := len(effectsOf[CancelBatch](effs)); n != 1 {
+		t.Fatalf("%d CancelBatch after the last request of the batch ended, want 1: %s", n, describe(effs))
+	}
+	if h.alloc.Used() == 0 {
+		t.Fatal("pages freed while the forward may still write them")
+	}
+	h.batch = nil
+	h.step(BatchDone{Err: context.Canceled})
+	if h.alloc.Used() != 0 || h.m.Live() != 0 {
+		t.Fatalf("after the cancelled forward: %d pages used, %d live", h.alloc.Used(), h.m.Live())
+	}
+	for _, rid := range []string{"r1", "r2"} {
+		if f, _ := h.finalOf(rid); f.Outcome != OutcomeAbortedClient {
+			t.Errorf("%s ended %s, want aborted_client", rid, f.Outcome)
+		}
+	}
+	// The next batch is not cancelled on its own.
+	h.step(Arrive{Req: request(3, 6, 2)})
+	if effs := h.step(Schedule{}); len(effectsOf[CancelBatch](effs)) != 0 || h.batch == nil {
+		t.Fatalf("next batch: %s", describe(effs))
 	}
 }

@@ -365,6 +365,13 @@ type RunBatch struct {
 	Queues map[Stage]int
 }
 
+// CancelBatch tells the shell that every sequence of the running forward
+// has ended (aborted, timed out, its peer lost), so the forward's result is
+// not needed: the shell may cancel it. BatchDone still follows (with the
+// forward's error, if cancelled), and only then are the batch's pages
+// freed. Emitted at most once per batch.
+type CancelBatch struct{}
+
 // Send asks the shell to send a room message to a peer.
 type Send struct {
 	Peer kvxfer.PeerID
@@ -436,14 +443,15 @@ type Finalize struct {
 	Age time.Duration
 }
 
-func (RunBatch) effect()   {}
-func (Send) effect()       {}
-func (SendKV) effect()     {}
-func (SendKVDone) effect() {}
-func (WriteKV) effect()    {}
-func (VerifyKV) effect()   {}
-func (Emit) effect()       {}
-func (Finalize) effect()   {}
+func (RunBatch) effect()    {}
+func (CancelBatch) effect() {}
+func (Send) effect()        {}
+func (SendKV) effect()      {}
+func (SendKVDone) effect()  {}
+func (WriteKV) effect()     {}
+func (VerifyKV) effect()    {}
+func (Emit) effect()        {}
+func (Finalize) effect()    {}
 
 // Counters are totals since the machine started.
 type Counters struct {

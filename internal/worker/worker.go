@@ -111,8 +111,10 @@ type Worker struct {
 	stopped chan struct{}
 	fwdCtx  context.Context
 	fwdStop context.CancelFunc
-	fwdWG   sync.WaitGroup
-	laneWG  sync.WaitGroup
+	// batchCancel cancels the running forward (loop-owned; CancelBatch).
+	batchCancel context.CancelFunc
+	fwdWG       sync.WaitGroup
+	laneWG      sync.WaitGroup
 
 	// loop-only state
 	waiters      map[string]*waiter
@@ -439,6 +441,12 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 	switch x := e.(type) {
 	case lifecycle.RunBatch:
 		w.runBatch(x)
+	case lifecycle.CancelBatch:
+		// Every request of the running forward ended: stop computing it.
+		// Its pages are freed when its BatchDone arrives.
+		if w.batchCancel != nil {
+			w.batchCancel()
+		}
 	case lifecycle.Send:
 		w.send(x.Peer, x.Msg)
 	// Page I/O runs on the lanes, in order per peer, so copying and
@@ -548,11 +556,14 @@ func (w *Worker) runBatch(b lifecycle.RunBatch) {
 	}
 	w.metrics.Batch(kind)
 	w.logBatch(kind, b)
+	ctx, cancel := context.WithCancel(w.fwdCtx)
+	w.batchCancel = cancel
 	w.fwdWG.Add(1)
 	go func() {
 		defer w.fwdWG.Done()
+		defer cancel()
 		out := make([]model.SeqOutput, len(seqs))
-		err := w.model.Forward(w.fwdCtx, w.pool, seqs, out)
+		err := w.model.Forward(ctx, w.pool, seqs, out)
 		w.post(lifecycle.BatchDone{Out: out, Err: err})
 	}()
 }

@@ -368,13 +368,9 @@ func errInput(seq int, format string, args ...any) error {
 	return fmt.Errorf("llama: seq %d: %s", seq, fmt.Sprintf(format, args...))
 }
 
-// poolCache holds the per-pool stamps Forward's validation uses to find
-// aliased pages in O(pages covered).
+// poolCache holds what Forward's validation keeps per pool.
 type poolCache struct {
-	stamp  []uint64 // by page id: epoch of the last visit
-	wstamp []uint64 // by page id: batch epoch in which a seq writes it
-	wowner []int32  // by page id: that seq
-	epoch  uint64
+	alias *model.AliasCheck
 }
 
 // maxPools bounds how many pools' caches an instance keeps; a worker has
@@ -388,8 +384,7 @@ func (m *Model) cacheFor(pool *kvcache.Pool) *poolCache {
 	if len(m.caches) >= maxPools {
 		clear(m.caches)
 	}
-	n := pool.Total()
-	c := &poolCache{stamp: make([]uint64, n), wstamp: make([]uint64, n), wowner: make([]int32, n)}
+	c := &poolCache{alias: model.NewAliasCheck(pool.Total())}
 	m.caches[pool] = c
 	return c
 }
@@ -449,39 +444,10 @@ func (m *Model) check(pool *kvcache.Pool, seqs []model.SeqInput, nOut int) error
 	return m.checkAliasing(pool, seqs)
 }
 
-// checkAliasing rejects a page listed twice among the pages covering one
-// sequence, and a page written by one sequence and covered by another.
-// Pages only read may be shared (a common prefix).
+// checkAliasing rejects pages a batch must not share (model.AliasCheck).
 func (m *Model) checkAliasing(pool *kvcache.Pool, seqs []model.SeqInput) error {
-	c := m.cacheFor(pool)
-	ps := pool.PageSize()
-	c.epoch++
-	batch := c.epoch
-	for i := range seqs {
-		s := &seqs[i]
-		c.epoch++
-		covered := s.Pages[:pool.PagesFor(s.Pos+len(s.Tokens))]
-		for _, id := range covered {
-			if c.stamp[id] == c.epoch {
-				return errInput(i, "page %d listed twice", id)
-			}
-			c.stamp[id] = c.epoch
-		}
-		for _, id := range covered[s.Pos/ps:] {
-			if c.wstamp[id] == batch {
-				return errInput(i, "page %d is also written by seq %d", id, c.wowner[id])
-			}
-			c.wstamp[id] = batch
-			c.wowner[id] = int32(i)
-		}
-	}
-	for i := range seqs {
-		s := &seqs[i]
-		for _, id := range s.Pages[:s.Pos/ps] {
-			if c.wstamp[id] == batch && int(c.wowner[id]) != i {
-				return errInput(i, "reads page %d that seq %d writes", id, c.wowner[id])
-			}
-		}
+	if err := m.cacheFor(pool).alias.Check(pool, seqs); err != nil {
+		return fmt.Errorf("llama: %w", err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"math/bits"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
 )
 
 // golden is 2^64/φ rounded to odd, SplitMix64's stream increment (Steele,
@@ -191,20 +192,16 @@ type pageDigests struct {
 	agg     uint64
 }
 
-// poolCache is what a model keeps per pool: page digests and the stamps
-// Forward's validation uses to find aliased pages.
+// poolCache is what a model keeps per pool: page digests and Forward's
+// aliasing check.
 type poolCache struct {
-	pages  []*pageDigests // by page id; nil until used
-	stamp  []uint64       // by page id: epoch of the last visit (see validate)
-	wstamp []uint64       // by page id: batch epoch in which a seq writes it
-	wowner []int32        // by page id: that seq
-	epoch  uint64
+	pages []*pageDigests // by page id; nil until used
+	alias *model.AliasCheck
 }
 
 func newPoolCache(pool *kvcache.Pool) *poolCache {
 	n := pool.Total()
-	return &poolCache{pages: make([]*pageDigests, n), stamp: make([]uint64, n),
-		wstamp: make([]uint64, n), wowner: make([]int32, n)}
+	return &poolCache{pages: make([]*pageDigests, n), alias: model.NewAliasCheck(n)}
 }
 
 // cacheFor returns the cache of pool, creating it (and dropping all others if

@@ -245,42 +245,12 @@ func (m *Model) check(pool *kvcache.Pool, seqs []model.SeqInput, out []model.Seq
 	return m.checkAliasing(pool, seqs)
 }
 
-// checkAliasing rejects a page listed twice among the pages covering one
-// sequence, and a page written by one sequence and covered by another. Pages
-// only read may be shared between sequences (a shared prefix). It costs
-// O(pages covered) with per-pool epoch stamps instead of maps.
+// checkAliasing rejects pages a batch must not share (model.AliasCheck).
 func (m *Model) checkAliasing(pool *kvcache.Pool, seqs []model.SeqInput) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c := m.cacheFor(pool)
-	ps := pool.PageSize()
-	c.epoch++
-	batch := c.epoch
-	for i := range seqs {
-		s := &seqs[i]
-		c.epoch++
-		covered := s.Pages[:pool.PagesFor(s.Pos+len(s.Tokens))]
-		for _, id := range covered {
-			if c.stamp[id] == c.epoch {
-				return errInput(i, "page %d listed twice", id)
-			}
-			c.stamp[id] = c.epoch
-		}
-		for _, id := range covered[s.Pos/ps:] {
-			if c.wstamp[id] == batch {
-				return errInput(i, "page %d is also written by seq %d", id, c.wowner[id])
-			}
-			c.wstamp[id] = batch
-			c.wowner[id] = int32(i)
-		}
-	}
-	for i := range seqs {
-		s := &seqs[i]
-		for _, id := range s.Pages[:s.Pos/ps] {
-			if c.wstamp[id] == batch && int(c.wowner[id]) != i {
-				return errInput(i, "reads page %d that seq %d writes", id, c.wowner[id])
-			}
-		}
+	if err := m.cacheFor(pool).alias.Check(pool, seqs); err != nil {
+		return fmt.Errorf("sim: %w", err)
 	}
 	return nil
 }

@@ -21,9 +21,9 @@ func newInspectCmd(stdout io.Writer) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "inspect",
-		Short: "List live requests on every worker behind a router: stage, age, deadline, peer, last event",
-		Long: `Asks the router for its workers and every worker for its live requests, and
-prints one table, oldest first. A request that has used more than half of its
+		Short: "List live requests on a router and every worker behind it: stage, age, deadline, peer, last event",
+		Long: `Asks the router for the requests it serves and for its workers, and every
+worker for its live requests, and prints one table, oldest first. A request that has used more than half of its
 stage's deadline is marked "!". Workers are asked at once; if any does not
 answer within --timeout, the others are still listed and the exit status is 1.`,
 		Args: cobra.NoArgs,

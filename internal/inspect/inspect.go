@@ -1,5 +1,6 @@
 // Package inspect implements `pdserve inspect`: it asks a router for its
-// workers, asks every worker for its live requests, and prints one table,
+// workers and the requests it serves, asks every worker for its live
+// requests, and prints one table,
 // flagging each request that has used more than half of its stage's
 // deadline — the requests that are about to time out, or that would be
 // pinned in a system without deadlines.
@@ -79,16 +80,23 @@ func Collect(ctx context.Context, c *http.Client, routerURL string) (Report, err
 		rows []Row
 		err  string
 	}
-	answers := make([]answer, len(ws.Workers))
+	// The router's own list comes first: requests whose legs it is
+	// sending or retrying, or whose tokens it streams.
+	targets := append([]router.WorkerStatus{{URL: routerURL, Role: "router"}}, ws.Workers...)
+	answers := make([]answer, len(targets))
 	var wg sync.WaitGroup
-	for i, w := range ws.Workers {
+	for i, w := range targets {
 		wg.Go(func() {
 			var list struct {
 				Role     string                  `json:"role"`
 				Requests []lifecycle.RequestInfo `json:"requests"`
 			}
 			if err := getJSON(ctx, c, w.URL+"/debug/requests", &list); err != nil {
-				answers[i].err = fmt.Sprintf("%s worker %s: %v", w.Role, w.URL, err)
+				what := w.Role + " worker"
+				if i == 0 {
+					what = "router"
+				}
+				answers[i].err = fmt.Sprintf("%s %s: %v", what, w.URL, err)
 				return
 			}
 			for _, ri := range list.Requests {

@@ -37,7 +37,11 @@ func TestCollectSkipsSilentWorkers(t *testing.T) {
 		w.Write([]byte(`{"role":"decode","requests":[{"rid":"r1","stage":"decoding","age_s":2,"in_stage_s":1}]}`))
 	}))
 	defer healthy.Close()
-	rt := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	rt := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/debug/requests" {
+			w.Write([]byte(`{"role":"router","requests":[{"rid":"r1","stage":"streaming","age_s":2.1,"in_stage_s":1}]}`))
+			return
+		}
 		json.NewEncoder(w).Encode(map[string]any{"workers": []router.WorkerStatus{
 			{URL: frozen.URL, Role: "prefill"}, {URL: failing.URL, Role: "prefill"}, {URL: healthy.URL, Role: "decode"}}})
 	}))
@@ -49,8 +53,9 @@ func TestCollectSkipsSilentWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Rows) != 1 || rep.Rows[0].RID != "r1" || rep.Rows[0].Worker != healthy.URL {
-		t.Errorf("rows %+v, want r1 from the healthy worker", rep.Rows)
+	if len(rep.Rows) != 2 || rep.Rows[0].Role != "router" || rep.Rows[0].Worker != rt.URL ||
+		rep.Rows[1].RID != "r1" || rep.Rows[1].Worker != healthy.URL {
+		t.Errorf("rows %+v, want r1 from the router, then from the healthy worker (oldest first)", rep.Rows)
 	}
 	if len(rep.Errors) != 2 || !strings.Contains(strings.Join(rep.Errors, "\n"), frozen.URL) ||
 		!strings.Contains(strings.Join(rep.Errors, "\n"), failing.URL) {

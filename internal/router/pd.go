@@ -62,6 +62,7 @@ type pdStream struct {
 	finished bool // the last chunk was returned
 	// closeWhy is the detail of the aborts Close sends ("" = the client left).
 	closeWhy string
+	live     *liveRequest // what /debug/requests shows
 }
 
 // Generate implements openai.Engine: it picks a pair and starts both legs.
@@ -75,7 +76,9 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		return r.generatePlain(ctx, g)
 	}
 	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String()}
+	s.live = r.track(g.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
+		r.untrack(s.live)
 		r.requests.WithLabelValues("no_pair").Inc()
 		if e.Code == "" {
 			e.Code = "no_worker"
@@ -119,6 +122,11 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		r.runDecode(dctx, dw, payload, a.lines)
 	}()
 	s.a = a
+	why := "legs sent"
+	if gen > 1 {
+		why = "retried on a new pair"
+	}
+	s.live.attempt(gen, pw.url+" → "+dw.url, why)
 	return nil
 }
 
@@ -347,6 +355,7 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 				}
 				if len(c.Tokens) > 0 {
 					s.sent = true
+					s.live.tokens(len(c.Tokens))
 				}
 				if c.FinishReason != "" {
 					s.finished, s.ended = true, true
@@ -445,6 +454,7 @@ func (s *pdStream) Stop() {
 // gone), and releases the decode stream. A prefill leg that is still
 // answering after a successful request is left to finish.
 func (s *pdStream) Close() {
+	s.r.untrack(s.live)
 	a := s.a
 	if !s.ended {
 		s.ended = true

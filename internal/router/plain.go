@@ -19,6 +19,7 @@ type plainStream struct {
 	lines    chan decodeEvent
 	cancel   context.CancelFunc
 	down     <-chan struct{} // closed when the worker is found down
+	live     *liveRequest    // what /debug/requests shows
 	ended    bool
 	finished bool
 }
@@ -41,6 +42,8 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (
 	}
 	lctx, cancel := context.WithTimeout(context.Background(), LegTimeout)
 	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel, down: w.downCh()}
+	s.live = r.track(g.RID, "", len(g.InputIDs))
+	s.live.attempt(1, w.url, "sent to a colocated worker")
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
@@ -79,6 +82,7 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 				c.Tokens[i].Logprob = ev.line.Logprobs[i]
 			}
 		}
+		s.live.tokens(len(c.Tokens))
 		if c.FinishReason != "" {
 			s.finished, s.ended = true, true
 			s.r.requests.WithLabelValues("ok").Inc()
@@ -108,6 +112,7 @@ func (s *plainStream) Stop() {
 
 // Close aborts the request if it has not ended and releases the stream.
 func (s *plainStream) Close() {
+	s.r.untrack(s.live)
 	if !s.ended {
 		s.ended = true
 		s.r.requests.WithLabelValues("aborted_client").Inc()

@@ -100,6 +100,9 @@ type Router struct {
 	stopping     chan struct{}
 	stoppingOnce sync.Once
 
+	liveMu sync.Mutex
+	live   map[*liveRequest]struct{} // requests being served, for /debug/requests
+
 	requests *prometheus.CounterVec
 	legFails *prometheus.CounterVec
 	retries  prometheus.Counter
@@ -213,7 +216,7 @@ func New(cfg Config) (*Router, error) {
 		}}
 	}
 	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), client: cfg.Client, stop: make(chan struct{}),
-		stopping: make(chan struct{})}
+		stopping: make(chan struct{}), live: make(map[*liveRequest]struct{})}
 	for _, list := range []struct {
 		urls []string
 		dst  *[]*workerState
@@ -521,6 +524,7 @@ func (r *Router) Handler() http.Handler {
 		_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
 	})
 	mux.HandleFunc("GET /debug/workers", r.handleWorkers)
+	mux.HandleFunc("GET /debug/requests", r.handleRequests)
 	if r.cfg.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(r.cfg.Gatherer, promhttp.HandlerOpts{}))
 	}

@@ -87,6 +87,11 @@ func startPD(t *testing.T, o pdOptions) *cluster.Cluster {
 	t.Cleanup(func() {
 		if !o.selfShutdown {
 			assertQuiescent(t, c.Workers()...)
+			// Every stream the router handed out was closed.
+			waitFor(t, 5*time.Second, "router serving no request", func() (bool, string) {
+				live := c.Router.Router.Requests()
+				return len(live) == 0, fmt.Sprintf("%+v", live)
+			})
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -58,8 +58,16 @@ func TestInspect(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stages []string
-	flagged := 0
+	flagged, routed := 0, 0
 	for _, r := range rep.Rows {
+		if r.Role == "router" {
+			// Non-streaming answers come in one piece: no token sent yet.
+			routed++
+			if r.Stage != "legs" || !strings.Contains(r.PeerAddr, "→") {
+				t.Errorf("router row %+v, want stage legs and the pair as peer", r)
+			}
+			continue
+		}
 		stages = append(stages, r.Role+"/"+r.Stage)
 		if r.PeerAddr == "" {
 			t.Errorf("row without peer: %+v", r)
@@ -77,8 +85,8 @@ func TestInspect(t *testing.T) {
 			t.Fatalf("rows %s lack %s", got, want)
 		}
 	}
-	if flagged == 0 || len(rep.Errors) != 0 {
-		t.Fatalf("flagged %d, errors %v", flagged, rep.Errors)
+	if flagged == 0 || len(rep.Errors) != 0 || routed != 2 {
+		t.Fatalf("flagged %d, errors %v, router rows %d (want 2)", flagged, rep.Errors, routed)
 	}
 	var out strings.Builder
 	if err := inspect.Print(&out, rep); err != nil {

@@ -251,6 +251,9 @@ func (q *requester) do(ctx context.Context, p Prompt) Record {
 		rec.ErrorType, rec.Error = ErrBadResponse, "encoding the request: "+err.Error()
 		return rec
 	}
+	// start precedes the timeout's deadline, so a timed-out request's E2E
+	// is never below Config.Timeout.
+	start := q.clock.Now()
 	rctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, q.url, bytes.NewReader(body))
@@ -261,7 +264,6 @@ func (q *requester) do(ctx context.Context, p Prompt) Record {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
 
-	start := q.clock.Now()
 	fail := func(typ string, err error) Record {
 		rec.E2E = q.clock.Now().Sub(start)
 		switch {

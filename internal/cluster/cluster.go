@@ -128,7 +128,7 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 // worker API, for `pdserve serve`.
 func colocatedHandler(w *worker.Worker, reg prometheus.Gatherer, log *slog.Logger) http.Handler {
 	info := w.ModelInfo()
-	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(),
+	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(), VocabSize: info.VocabSize,
 		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated")})
 	return router.OpenAIFirst(oa, w.Handler(reg))
 }
@@ -178,7 +178,7 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r, err := router.New(router.Config{Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, ModelName: o.Info.Name,
-		Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, EOS: o.Info.EOS,
+		Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
 		HealthInterval: o.HealthInterval, Logger: o.Logger, Registerer: reg, Gatherer: reg})
 	if err != nil {
 		return nil, err

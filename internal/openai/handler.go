@@ -39,6 +39,9 @@ type Config struct {
 	// ContextNow, if set, returns the context length to apply now (e.g.
 	// the smallest of the workers'); ContextLen stays the upper bound.
 	ContextNow func() int
+	// VocabSize, if positive, bounds the token ids a prompt may carry
+	// (0 ≤ id < VocabSize); 0 leaves that check to the engine.
+	VocabSize int
 	// EOS lists the model's end-of-sequence token ids. The engine stops at
 	// them; the front end only keeps them out of the output text.
 	EOS []int32
@@ -110,7 +113,7 @@ func newHandler(cfg Config, newSeed func() uint64) *handler {
 	return &handler{
 		cfg: cfg,
 		parser: parser{modelName: cfg.ModelName, tok: cfg.Tokenizer, contextLen: cfg.ContextLen, contextNow: cfg.ContextNow,
-			newSeed: newSeed},
+			newSeed: newSeed, vocabSize: cfg.VocabSize},
 		log:     cfg.Logger,
 		created: cfg.Now().Unix(),
 	}

@@ -51,6 +51,8 @@ type parser struct {
 	// contextNow, if set, gives the context length for each request.
 	contextNow func() int
 	newSeed    func() uint64
+	// vocabSize bounds token ids (0: unchecked here).
+	vocabSize int
 }
 
 // decodeBody decodes one JSON object from r into v, mapping every failure to
@@ -457,9 +459,9 @@ func (p *parser) prompt(raw json.RawMessage) ([]int32, error) {
 		if len(elems) > 1 {
 			return nil, BadRequest("prompt", "only one prompt per request is supported, got %d", len(elems))
 		}
-		return tokenIDs(elems[0])
+		return tokenIDs(elems[0], p.vocabSize)
 	default:
-		return tokenIDs(raw)
+		return tokenIDs(raw, p.vocabSize)
 	}
 }
 
@@ -480,8 +482,9 @@ func (p *parser) encodePrompt(s string) ([]int32, error) {
 	return ids, nil
 }
 
-// tokenIDs converts a JSON array of token ids.
-func tokenIDs(raw json.RawMessage) ([]int32, error) {
+// tokenIDs converts a JSON array of token ids, each below vocab if it is
+// positive.
+func tokenIDs(raw json.RawMessage, vocab int) ([]int32, error) {
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {
 		return nil, BadRequest("prompt", "prompt must be %s", promptShapes)
@@ -493,6 +496,9 @@ func tokenIDs(raw json.RawMessage) ([]int32, error) {
 	for i, id := range ids {
 		if id < 0 || id > math.MaxInt32 {
 			return nil, BadRequest("prompt", "prompt token id %d (at %d) is not a token id", id, i)
+		}
+		if vocab > 0 && id >= int64(vocab) {
+			return nil, BadRequest("prompt", "prompt token id %d (at %d) is outside the vocabulary (ids 0 to %d)", id, i, vocab-1)
 		}
 		out[i] = int32(id)
 	}

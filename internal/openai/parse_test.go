@@ -161,6 +161,20 @@ func TestParseNoTokenizer(t *testing.T) {
 	}
 }
 
+// TestParseVocabBound: with the vocabulary size known, an id outside it is
+// the front end's 400 naming the prompt.
+func TestParseVocabBound(t *testing.T) {
+	p := noTokParser()
+	p.vocabSize = 256
+	checkBad(t, parseCompletionString(p), []badCase{
+		{"id = vocab", `{"prompt":[1,256]}`, 400, "prompt", "prompt token id 256 (at 1) is outside the vocabulary (ids 0 to 255)"},
+		{"nested", `{"prompt":[[300]]}`, 400, "prompt", "outside the vocabulary"},
+	})
+	if _, err := p.parseCompletion(strings.NewReader(`{"prompt":[0,255]}`)); err != nil {
+		t.Errorf("ids within the vocabulary: %v", err)
+	}
+}
+
 func TestParseChatRejects(t *testing.T) {
 	checkBad(t, parseChatString(testParser()), []badCase{
 		{"no messages", `{}`, 400, "messages", "messages must not be empty"},

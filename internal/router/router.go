@@ -56,6 +56,7 @@ type Config struct {
 	ModelName  string
 	Tokenizer  model.Tokenizer
 	ContextLen int
+	VocabSize  int // 0: token ids are checked by the workers only
 	EOS        []int32
 	// HealthInterval is how often workers are checked (default 2 s).
 	HealthInterval time.Duration
@@ -508,7 +509,7 @@ func (r *Router) pickPairWith(rrP, rrD *atomic.Uint64) (pw, dw *workerState, kv 
 // /metrics.
 func (r *Router) Handler() http.Handler {
 	oa := openai.NewHandler(openai.Config{
-		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen,
+		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen, VocabSize: r.cfg.VocabSize,
 		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log, ContextNow: r.contextLen,
 	})
 	mux := http.NewServeMux()

@@ -154,8 +154,7 @@ func (r *Router) post(ctx context.Context, w *workerState, path string, payload 
 		}
 		r.legFails.WithLabelValues(w.url).Inc()
 		w.markFailed(err.Error())
-		return nil, &openai.Error{Status: http.StatusBadGateway, Type: openai.TypeServer, Code: "worker_unreachable",
-			Message: fmt.Sprintf("worker %s: %v", w.url, err)}
+		return nil, r.legError(w, http.StatusBadGateway, "worker_unreachable", "could not be reached", err)
 	}
 	return resp, nil
 }
@@ -168,14 +167,17 @@ func (r *Router) runPrefill(ctx context.Context, w *workerState, payload []byte)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxLineBytes))
 	if err != nil {
-		return prefillResult{err: openai.ToError(fmt.Errorf("prefill worker %s: %w", w.url, err))}
+		if ctx.Err() != nil {
+			return prefillResult{err: openai.ToError(context.Canceled)}
+		}
+		return prefillResult{err: r.legError(w, http.StatusBadGateway, "worker_stream_broken", "broke off its answer", err)}
 	}
 	if resp.StatusCode != http.StatusOK {
 		return prefillResult{err: openai.DecodeError(resp.StatusCode, body)}
 	}
 	var res worker.PrefillResult
 	if err := json.Unmarshal(body, &res); err != nil {
-		return prefillResult{err: openai.Internal("prefill worker %s: bad answer: %v", w.url, err)}
+		return prefillResult{err: r.legError(w, http.StatusInternalServerError, "", "sent a malformed answer", err)}
 	}
 	return prefillResult{res: res}
 }
@@ -212,7 +214,7 @@ func (r *Router) runStream(ctx context.Context, w *workerState, path string, pay
 	for sc.Scan() {
 		var line worker.StreamLine
 		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			send(decodeEvent{err: openai.Internal("decode worker %s: bad stream line: %v", w.url, err)})
+			send(decodeEvent{err: r.legError(w, http.StatusInternalServerError, "", "sent a malformed stream line", err)})
 			return
 		}
 		if !send(decodeEvent{line: line}) {
@@ -227,8 +229,7 @@ func (r *Router) runStream(ctx context.Context, w *workerState, path string, pay
 		err = io.ErrUnexpectedEOF
 	}
 	if ctx.Err() == nil {
-		send(decodeEvent{err: &openai.Error{Status: http.StatusBadGateway, Type: openai.TypeServer,
-			Code: "worker_stream_broken", Message: fmt.Sprintf("decode worker %s: stream ended: %v", w.url, err)}})
+		send(decodeEvent{err: r.legError(w, http.StatusBadGateway, "worker_stream_broken", "broke off its stream", err)})
 	}
 }
 

@@ -112,6 +112,7 @@ type Router struct {
 type workerState struct {
 	url  string
 	host string
+	role string // prefill, decode or colocated
 	mu   sync.Mutex
 	// healthy is set by the last health check; kvAddr by the last info.
 	healthy  bool
@@ -221,13 +222,14 @@ func New(cfg Config) (*Router, error) {
 	for _, list := range []struct {
 		urls []string
 		dst  *[]*workerState
-	}{{cfg.Prefill, &r.prefill}, {cfg.Decode, &r.decode}, {cfg.Colocated, &r.colocated}} {
+		role string
+	}{{cfg.Prefill, &r.prefill, "prefill"}, {cfg.Decode, &r.decode, "decode"}, {cfg.Colocated, &r.colocated, "colocated"}} {
 		for _, raw := range list.urls {
 			u, err := url.Parse(strings.TrimRight(raw, "/"))
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return nil, fmt.Errorf("worker URL %q: want http://host:port", raw)
 			}
-			*list.dst = append(*list.dst, &workerState{url: u.String(), host: u.Hostname(), down: make(chan struct{})})
+			*list.dst = append(*list.dst, &workerState{url: u.String(), host: u.Hostname(), role: list.role, down: make(chan struct{})})
 		}
 	}
 	r.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -419,6 +421,15 @@ func (r *Router) probe(ws ...*workerState) {
 		}()
 	}
 	wg.Wait()
+}
+
+// legError is a leg's failure seen by the router itself (transport, a
+// broken or malformed answer). The client's message names the worker's role
+// only — worker addresses are internal — and the log line names the worker.
+func (r *Router) legError(w *workerState, status int, code, what string, err error) *openai.Error {
+	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role, "code", code, "err", fmt.Sprintf("%s: %v", what, err))
+	return &openai.Error{Status: status, Type: openai.TypeServer, Code: code,
+		Message: fmt.Sprintf("the %s worker %s (details: the router's log and /debug/workers)", w.role, what)}
 }
 
 // downError is a leg's failure because its worker stopped answering.

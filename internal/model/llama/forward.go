@@ -2,7 +2,6 @@ package llama
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"unsafe"
 
@@ -363,14 +362,9 @@ func (m *Model) markWritten(pool *kvcache.Pool, seqs []model.SeqInput) {
 	}
 }
 
-// errInput formats Forward's input errors.
-func errInput(seq int, format string, args ...any) error {
-	return fmt.Errorf("llama: seq %d: %s", seq, fmt.Sprintf(format, args...))
-}
-
 // poolCache holds what Forward's validation keeps per pool.
 type poolCache struct {
-	alias *model.AliasCheck
+	batch *model.BatchCheck
 }
 
 // maxPools bounds how many pools' caches an instance keeps; a worker has
@@ -384,69 +378,21 @@ func (m *Model) cacheFor(pool *kvcache.Pool) *poolCache {
 	if len(m.caches) >= maxPools {
 		clear(m.caches)
 	}
-	c := &poolCache{alias: model.NewAliasCheck(pool.Total())}
+	c := &poolCache{batch: model.NewBatchCheck(pool.Total())}
 	m.caches[pool] = c
 	return c
 }
 
-// check validates a batch (see Forward). m.mu is held.
+// check validates a batch (see Forward and model.BatchCheck). m.mu is held.
 func (m *Model) check(pool *kvcache.Pool, seqs []model.SeqInput, nOut int) error {
 	if m.closed {
 		return errClosed
 	}
-	if pool == nil {
-		return errors.New("llama: nil pool")
+	var bc *model.BatchCheck // Check needs none to refuse a nil pool
+	if pool != nil {
+		bc = m.cacheFor(pool).batch
 	}
-	if g := pool.Geometry(); g != m.info.Geometry {
-		return fmt.Errorf("llama: pool KV geometry %+v does not match the model's %+v", g, m.info.Geometry)
-	}
-	if nOut != len(seqs) {
-		return fmt.Errorf("llama: %d outputs for %d sequences", nOut, len(seqs))
-	}
-	total := pool.Total()
-	V := m.info.VocabSize
-	for i := range seqs {
-		s := &seqs[i]
-		switch {
-		case s.Pos < 0:
-			return errInput(i, "negative position %d", s.Pos)
-		case len(s.Tokens) == 0:
-			return errInput(i, "no tokens")
-		case s.Pos+len(s.Tokens) > m.info.ContextLen:
-			return errInput(i, "position %d + %d tokens = %d exceeds the context length %d",
-				s.Pos, len(s.Tokens), s.Pos+len(s.Tokens), m.info.ContextLen)
-		}
-		for j, t := range s.Tokens {
-			if t < 0 || int(t) >= V {
-				return errInput(i, "token %d at index %d out of range [0, %d)", t, j, V)
-			}
-		}
-		n := s.Pos + len(s.Tokens)
-		if need := pool.PagesFor(n); len(s.Pages) < need {
-			return errInput(i, "%d pages hold %d tokens; positions 0…%d need %d",
-				len(s.Pages), len(s.Pages)*pool.PageSize(), n-1, need)
-		}
-		for _, id := range s.Pages[:pool.PagesFor(n)] {
-			if id < 0 || int(id) >= total {
-				return errInput(i, "page %d outside the pool's pages [0, %d)", id, total)
-			}
-		}
-		if s.Sample {
-			p := s.Sampling
-			if p.TopP == 0 {
-				p.TopP = 1
-			}
-			if err := p.Validate(); err != nil {
-				return errInput(i, "%v", err)
-			}
-		}
-	}
-	return m.checkAliasing(pool, seqs)
-}
-
-// checkAliasing rejects pages a batch must not share (model.AliasCheck).
-func (m *Model) checkAliasing(pool *kvcache.Pool, seqs []model.SeqInput) error {
-	if err := m.cacheFor(pool).alias.Check(pool, seqs); err != nil {
+	if err := bc.Check(pool, m.info, seqs, nOut); err != nil {
 		return fmt.Errorf("llama: %w", err)
 	}
 	return nil

@@ -193,15 +193,15 @@ type pageDigests struct {
 }
 
 // poolCache is what a model keeps per pool: page digests and Forward's
-// aliasing check.
+// batch check.
 type poolCache struct {
 	pages []*pageDigests // by page id; nil until used
-	alias *model.AliasCheck
+	batch *model.BatchCheck
 }
 
 func newPoolCache(pool *kvcache.Pool) *poolCache {
 	n := pool.Total()
-	return &poolCache{pages: make([]*pageDigests, n), alias: model.NewAliasCheck(n)}
+	return &poolCache{pages: make([]*pageDigests, n), batch: model.NewBatchCheck(n)}
 }
 
 // cacheFor returns the cache of pool, creating it (and dropping all others if

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -189,67 +188,16 @@ func (m *Model) fillLogits(d uint64) {
 	}
 }
 
-// errInput prefixes Forward's input errors.
-func errInput(seq int, format string, args ...any) error {
-	return fmt.Errorf("sim: seq %d: %s", seq, fmt.Sprintf(format, args...))
-}
-
-// check validates a Forward call without touching page bytes.
+// check validates a Forward call without touching page bytes
+// (model.BatchCheck).
 func (m *Model) check(pool *kvcache.Pool, seqs []model.SeqInput, out []model.SeqOutput) error {
-	if pool == nil {
-		return errors.New("sim: nil pool")
-	}
-	if g := pool.Geometry(); g != m.cfg.Geometry {
-		return fmt.Errorf("sim: pool KV geometry %+v does not match the model's %+v", g, m.cfg.Geometry)
-	}
-	if len(out) != len(seqs) {
-		return fmt.Errorf("sim: %d outputs for %d sequences", len(out), len(seqs))
-	}
-	total := pool.Total()
-	for i := range seqs {
-		s := &seqs[i]
-		switch {
-		case s.Pos < 0:
-			return errInput(i, "negative position %d", s.Pos)
-		case len(s.Tokens) == 0:
-			return errInput(i, "no tokens")
-		case s.Pos+len(s.Tokens) > m.cfg.ContextLen:
-			return errInput(i, "position %d + %d tokens = %d exceeds the context length %d",
-				s.Pos, len(s.Tokens), s.Pos+len(s.Tokens), m.cfg.ContextLen)
-		}
-		for j, t := range s.Tokens {
-			if t < 0 || t >= VocabSize {
-				return errInput(i, "token %d at index %d out of range [0, %d)", t, j, VocabSize)
-			}
-		}
-		n := s.Pos + len(s.Tokens)
-		if need := pool.PagesFor(n); len(s.Pages) < need {
-			return errInput(i, "%d pages hold %d tokens; positions 0…%d need %d",
-				len(s.Pages), len(s.Pages)*pool.PageSize(), n-1, need)
-		}
-		for _, id := range s.Pages[:pool.PagesFor(n)] {
-			if id < 0 || int(id) >= total {
-				return errInput(i, "page %d outside the pool's pages [0, %d)", id, total)
-			}
-		}
-		if s.Sample {
-			p := s.Sampling
-			if p.TopP == 0 {
-				p.TopP = 1
-			}
-			if err := p.Validate(); err != nil {
-				return errInput(i, "%v", err)
-			}
-		}
-	}
-	return m.checkAliasing(pool, seqs)
-}
-
-// checkAliasing rejects pages a batch must not share (model.AliasCheck).
-func (m *Model) checkAliasing(pool *kvcache.Pool, seqs []model.SeqInput) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.cacheFor(pool).alias.Check(pool, seqs); err != nil {
+	var bc *model.BatchCheck // Check needs none to refuse a nil pool
+	if pool != nil {
+		bc = m.cacheFor(pool).batch
+	}
+	if err := bc.Check(pool, m.info, seqs, len(out)); err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
 	return nil

@@ -1,0 +1,123 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+)
+
+// BatchCheck validates a Forward call for a Model, without touching page
+// bytes: the pool, the outputs, every sequence's positions, tokens, pages
+// and sampling parameters, and the pages a batch must not share — a page
+// listed twice among the pages covering one sequence, or written by one
+// sequence and covered by another (pages only read may be shared: a common
+// prefix). The aliasing part costs O(pages covered) per batch, with
+// per-page epoch stamps reused from batch to batch instead of maps. One
+// BatchCheck serves one pool; it is not safe for concurrent use.
+type BatchCheck struct {
+	stamp  []uint64 // by page id: epoch of the last visit
+	wstamp []uint64 // by page id: batch epoch in which a sequence writes it
+	wowner []int32  // by page id: that sequence
+	epoch  uint64
+}
+
+// NewBatchCheck returns a BatchCheck for a pool of pages pages.
+func NewBatchCheck(pages int) *BatchCheck {
+	return &BatchCheck{stamp: make([]uint64, pages), wstamp: make([]uint64, pages), wowner: make([]int32, pages)}
+}
+
+// Check validates a batch of seqs with nOut outputs on pool for a model
+// with info's geometry, context length and vocabulary. A sequence's error
+// reads "seq I: …"; the caller prefixes its package. Each sequence covers
+// its first pool.PagesFor(Pos+len(Tokens)) pages and writes those from
+// Pos/PageSize on.
+func (c *BatchCheck) Check(pool *kvcache.Pool, info Info, seqs []SeqInput, nOut int) error {
+	if pool == nil {
+		return errors.New("nil pool")
+	}
+	if g := pool.Geometry(); g != info.Geometry {
+		return fmt.Errorf("pool KV geometry %+v does not match the model's %+v", g, info.Geometry)
+	}
+	if nOut != len(seqs) {
+		return fmt.Errorf("%d outputs for %d sequences", nOut, len(seqs))
+	}
+	total, V := pool.Total(), info.VocabSize
+	for i := range seqs {
+		s := &seqs[i]
+		switch {
+		case s.Pos < 0:
+			return seqErr(i, "negative position %d", s.Pos)
+		case len(s.Tokens) == 0:
+			return seqErr(i, "no tokens")
+		case s.Pos+len(s.Tokens) > info.ContextLen:
+			return seqErr(i, "position %d + %d tokens = %d exceeds the context length %d",
+				s.Pos, len(s.Tokens), s.Pos+len(s.Tokens), info.ContextLen)
+		}
+		for j, t := range s.Tokens {
+			if t < 0 || int(t) >= V {
+				return seqErr(i, "token %d at index %d out of range [0, %d)", t, j, V)
+			}
+		}
+		n := s.Pos + len(s.Tokens)
+		if need := pool.PagesFor(n); len(s.Pages) < need {
+			return seqErr(i, "%d pages hold %d tokens; positions 0…%d need %d",
+				len(s.Pages), len(s.Pages)*pool.PageSize(), n-1, need)
+		}
+		for _, id := range s.Pages[:pool.PagesFor(n)] {
+			if id < 0 || int(id) >= total {
+				return seqErr(i, "page %d outside the pool's pages [0, %d)", id, total)
+			}
+		}
+		if s.Sample {
+			p := s.Sampling
+			if p.TopP == 0 {
+				p.TopP = 1
+			}
+			if err := p.Validate(); err != nil {
+				return seqErr(i, "%v", err)
+			}
+		}
+	}
+	return c.aliasing(pool, seqs)
+}
+
+func seqErr(i int, format string, args ...any) error {
+	return fmt.Errorf("seq %d: %s", i, fmt.Sprintf(format, args...))
+}
+
+// aliasing reports the first page shared against the rules, naming the
+// page and the other sequence. Page ids are below the pool's page count
+// (checked before).
+func (c *BatchCheck) aliasing(pool *kvcache.Pool, seqs []SeqInput) error {
+	ps := pool.PageSize()
+	c.epoch++
+	batch := c.epoch
+	for i := range seqs {
+		s := &seqs[i]
+		c.epoch++
+		covered := s.Pages[:pool.PagesFor(s.Pos+len(s.Tokens))]
+		for _, id := range covered {
+			if c.stamp[id] == c.epoch {
+				return fmt.Errorf("seq %d: page %d listed twice", i, id)
+			}
+			c.stamp[id] = c.epoch
+		}
+		for _, id := range covered[s.Pos/ps:] {
+			if c.wstamp[id] == batch {
+				return fmt.Errorf("seq %d: page %d is also written by seq %d", i, id, c.wowner[id])
+			}
+			c.wstamp[id] = batch
+			c.wowner[id] = int32(i)
+		}
+	}
+	for i := range seqs {
+		s := &seqs[i]
+		for _, id := range s.Pages[:s.Pos/ps] {
+			if c.wstamp[id] == batch && int(c.wowner[id]) != i {
+				return fmt.Errorf("seq %d: reads page %d that seq %d writes", i, id, c.wowner[id])
+			}
+		}
+	}
+	return nil
+}

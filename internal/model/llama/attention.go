@@ -64,17 +64,6 @@ func kvBytes(dt kvcache.DType) int {
 	return 2
 }
 
-// kvWeightDType maps a KV dtype to the kernels' weight dtype.
-func kvWeightDType(dt kvcache.DType) DType {
-	switch dt {
-	case kvcache.BF16:
-		return BF16
-	case kvcache.F16:
-		return F16
-	}
-	return F32
-}
-
 // one computes token t's attention for query heads [h0, h1), which share
 // one KV head.
 func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
@@ -97,9 +86,8 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 	base := func(pg, kv int) unsafe.Pointer {
 		return unsafe.Pointer(&j.pool.Segment(pages[pg], j.li, kv)[g*D*eb])
 	}
-	wdt := kvWeightDType(dt)
 	ks := j.ks
-	if ks != nil && ((D%16 != 0 && !(ks.anyN && ks.pvMasked)) || !ks.tileDT[wdt] || !ks.pvDT[wdt]) {
+	if ks != nil && ((D%16 != 0 && !(ks.anyN && ks.pvMasked)) || !ks.tileDT[dt] || !ks.pvDT[dt]) {
 		ks = nil
 	}
 
@@ -107,7 +95,7 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 	if ks == nil {
 		sc.kv = grow(sc.kv, D)
 		for jj := range n {
-			k := kvRow(wdt, unsafe.Add(base(jj/ps, 0), (jj%ps)*rowStride), D, sc.kv)
+			k := kvRow(dt, unsafe.Add(base(jj/ps, 0), (jj%ps)*rowStride), D, sc.kv)
 			for gi := range G {
 				h := h0 + gi
 				s[gi*np+jj] = dotGo(k, q[h*D:(h+1)*D])
@@ -132,7 +120,7 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 						a.w[r] = unsafe.Add(b, min(i+r, m-1)*rowStride)
 					}
 					a.out = unsafe.Pointer(&s[g0*np+p0+i])
-					ks.tile(wdt, nv, &a)
+					ks.tile(dt, nv, &a)
 				}
 			}
 		}
@@ -152,7 +140,7 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 		sc.kv = grow(sc.kv, D)
 		for gi := range G {
 			weightedGo(out[gi*D:(gi+1)*D], s[gi*np:gi*np+n], func(jj int) []float32 {
-				return kvRow(wdt, unsafe.Add(base(jj/ps, 1), (jj%ps)*rowStride), D, sc.kv)
+				return kvRow(dt, unsafe.Add(base(jj/ps, 1), (jj%ps)*rowStride), D, sc.kv)
 			})
 		}
 		return
@@ -169,7 +157,7 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 					a.v = unsafe.Add(v0, d*eb)
 					a.p = unsafe.Pointer(&s[g0*np+p0])
 					a.out = unsafe.Pointer(&out[g0*D+d])
-					ks.pv(wdt, c, nh, &a)
+					ks.pv(dt, c, nh, &a)
 				}
 			}
 			if d < D { // the last 1–15 columns, masked
@@ -177,7 +165,7 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 				a.p = unsafe.Pointer(&s[g0*np+p0])
 				a.out = unsafe.Pointer(&out[g0*D+d])
 				a.cols = uintptr(D - d)
-				ks.pv(wdt, 0, nh, &a)
+				ks.pv(dt, 0, nh, &a)
 			}
 		}
 	}

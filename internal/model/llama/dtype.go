@@ -3,32 +3,24 @@ package llama
 import (
 	"fmt"
 	"math"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
 )
 
-// DType is the element type of a weight tensor, named as in the safetensors
-// header ("F32", "F16", "BF16").
-type DType uint8
+// DType is the element type of a weight tensor: the KV cache's element
+// types (kvcache.DType), read from and written to safetensors headers under
+// their safetensors names ("F32", "F16", "BF16").
+type DType = kvcache.DType
 
 // Weight element types.
 const (
-	F32  DType = iota + 1 // IEEE 754 binary32, 4 bytes
-	F16                   // IEEE 754 binary16, 2 bytes
-	BF16                  // bfloat16 (the top 16 bits of a binary32), 2 bytes
+	F32  = kvcache.F32  // IEEE 754 binary32, 4 bytes
+	F16  = kvcache.F16  // IEEE 754 binary16, 2 bytes
+	BF16 = kvcache.BF16 // bfloat16 (the top 16 bits of a binary32), 2 bytes
 )
 
-// Size is the size of one element in bytes (0 for an unknown type).
-func (d DType) Size() int {
-	switch d {
-	case F32:
-		return 4
-	case F16, BF16:
-		return 2
-	}
-	return 0
-}
-
-// String is the safetensors name of the type.
-func (d DType) String() string {
+// safetensorsName is d's name in a safetensors header.
+func safetensorsName(d DType) string {
 	switch d {
 	case F32:
 		return "F32"

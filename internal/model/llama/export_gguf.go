@@ -52,7 +52,7 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 		case dt == t.DType && dt == F16:
 			data, typ = F16Bytes(t.Float32()), gguf.F16
 		default:
-			convErr = fmt.Errorf("llama: cannot export %s weights as %s exactly", t.DType, dt)
+			convErr = fmt.Errorf("llama: cannot export %s weights as %s exactly", safetensorsName(t.DType), safetensorsName(dt))
 			return
 		}
 		if permuteHeads > 0 {

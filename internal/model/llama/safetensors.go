@@ -188,7 +188,7 @@ func WriteSafetensors(w io.Writer, tensors []SafetensorsTensor, metadata map[str
 		}
 		seen[t.Name] = true
 		if t.DType.Size() == 0 {
-			return fmt.Errorf("safetensors: tensor %q: unknown dtype %v", t.Name, t.DType)
+			return fmt.Errorf("safetensors: tensor %q: unknown dtype %s", t.Name, safetensorsName(t.DType))
 		}
 		elems := int64(1)
 		for _, d := range t.Shape {
@@ -198,7 +198,7 @@ func WriteSafetensors(w io.Writer, tensors []SafetensorsTensor, metadata map[str
 			elems *= int64(d)
 		}
 		if want := elems * int64(t.DType.Size()); int64(len(t.Data)) != want {
-			return fmt.Errorf("safetensors: tensor %q: %s %v needs %d bytes, got %d", t.Name, t.DType, t.Shape, want, len(t.Data))
+			return fmt.Errorf("safetensors: tensor %q: %s %v needs %d bytes, got %d", t.Name, safetensorsName(t.DType), t.Shape, want, len(t.Data))
 		}
 		name, err := json.Marshal(t.Name)
 		if err != nil {
@@ -214,7 +214,7 @@ func WriteSafetensors(w io.Writer, tensors []SafetensorsTensor, metadata map[str
 		}
 		sep()
 		hdr.Write(name)
-		hdr.WriteString(`:{"dtype":"` + t.DType.String() + `","shape":`)
+		hdr.WriteString(`:{"dtype":"` + safetensorsName(t.DType) + `","shape":`)
 		hdr.Write(sh)
 		hdr.WriteString(`,"data_offsets":[` + strconv.FormatInt(off, 10) + `,` + strconv.FormatInt(off+int64(len(t.Data)), 10) + `]}`)
 		off += int64(len(t.Data))

@@ -329,7 +329,7 @@ func TestAttentionPaths(t *testing.T) {
 // checkAttention compares att with a float64 computation from the pages.
 func checkAttention(t *testing.T, pool *kvcache.Pool, pages []kvcache.PageID, q, att []float32, pos []int32, heads, kvH, D int) {
 	t.Helper()
-	dt := kvWeightDType(pool.Geometry().DType)
+	dt := pool.Geometry().DType
 	row := func(p, kv, g int) []float32 {
 		b := kvSlot(pool, pages, p, 0, kv)
 		return append([]float32(nil), kvRow(dt, unsafe.Pointer(&b[g*D*kvBytes(pool.Geometry().DType)]), D, make([]float32, D))...)

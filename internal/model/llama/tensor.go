@@ -62,7 +62,7 @@ func newTensor(name string, dt DType, shape []int, raw []byte) (*tensor, error) 
 		n *= d
 	}
 	if len(raw) != n*dt.Size() {
-		return nil, fmt.Errorf("tensor %q: %s %v needs %d bytes, got %d", name, dt, shape, n*dt.Size(), len(raw))
+		return nil, fmt.Errorf("tensor %q: %s %v needs %d bytes, got %d", name, safetensorsName(dt), shape, n*dt.Size(), len(raw))
 	}
 	t := &tensor{Name: name, DType: dt, Shape: append([]int(nil), shape...)}
 	switch dt {
@@ -71,7 +71,7 @@ func newTensor(name string, dt DType, shape []int, raw []byte) (*tensor, error) 
 	case F16, BF16:
 		t.u16 = u16View(raw)
 	default:
-		return nil, fmt.Errorf("tensor %q: unsupported dtype %v", name, dt)
+		return nil, fmt.Errorf("tensor %q: unsupported dtype %s", name, safetensorsName(dt))
 	}
 	return t, nil
 }

@@ -53,7 +53,7 @@ type cleanupM struct{ m *testing.M }
 
 // Run implements goleak.TestingM.
 func (c cleanupM) Run() int {
-	defer removeBuild()
+	defer pdserve.Remove()
 	return c.m.Run()
 }
 

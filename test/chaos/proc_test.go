@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,42 +13,16 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pdserve/pdserve/internal/testbin"
 )
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	binPath   string
-	buildErr  error
-)
+// pdserve is the binary under test, built on first use and removed by
+// TestMain.
+var pdserve = testbin.New("github.com/pdserve/pdserve/cmd/pdserve")
 
-// pdserveBinary builds cmd/pdserve once per test binary (without the race
-// detector: the processes are the system under test, not the test).
-func pdserveBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "pdserve-chaos-")
-		if buildErr != nil {
-			return
-		}
-		binPath = filepath.Join(buildDir, "pdserve")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/pdserve/pdserve/cmd/pdserve").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
-
-// removeBuild deletes the built binary (called once all tests ran).
-func removeBuild() {
-	if buildDir != "" {
-		_ = os.RemoveAll(buildDir)
-	}
-}
+// pdserveBinary returns the path of the built pdserve binary.
+func pdserveBinary(t *testing.T) string { return pdserve.Path(t) }
 
 // freePort returns a loopback port that was free a moment ago: the test
 // listens on port 0 and closes, so that a process can bind it — and bind

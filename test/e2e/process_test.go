@@ -9,41 +9,22 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pdserve/pdserve/internal/testbin"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// pdserve is the binary under test, built on first use and removed by
+// TestMain.
+var pdserve = testbin.New("github.com/pdserve/pdserve/cmd/pdserve")
 
-// pdserveBinary builds cmd/pdserve once per test run.
-func pdserveBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pdserve-e2e-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "pdserve")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/pdserve/pdserve/cmd/pdserve").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
+// pdserveBinary returns the path of the built pdserve binary.
+func pdserveBinary(t *testing.T) string { return pdserve.Path(t) }
 
 // proc is a pdserve process whose stdout is scanned for lines.
 type proc struct {

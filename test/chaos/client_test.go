@@ -408,6 +408,26 @@ func runClients(specs []*reqSpec, n int, do func(*reqSpec) result) []result {
 // once, but a deployment that did not recover fails every attempt.
 const probeAttempts = 3
 
+// tally counts results by label and reports through fail each one that
+// got no answer within bound (liveness) or a broken answer; it returns the
+// counts and the slowest answer.
+func tally(results []result, bound time.Duration, fail func(format string, args ...any)) (*counts, time.Duration) {
+	labels := newCounts()
+	var maxElapsed time.Duration
+	for i := range results {
+		r := &results[i]
+		labels.add(r.label(), 1)
+		maxElapsed = max(maxElapsed, r.Elapsed)
+		switch r.Kind {
+		case resNoAnswer:
+			fail("liveness: %s got no answer within %s\nworkers then:\n%s", r.Spec, bound, r.Diag)
+		case resBroken:
+			fail("%s: broken answer after %s: %s", r.Spec, r.Elapsed.Round(time.Millisecond), r.Message)
+		}
+	}
+	return labels, maxElapsed
+}
+
 // retryOK runs do until it succeeds, at most probeAttempts times, and
 // returns the last result.
 func retryOK(do func() result) result {

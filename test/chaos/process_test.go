@@ -268,19 +268,7 @@ func TestChaosProcesses(t *testing.T) {
 		fail("%s", e)
 	}
 
-	labels := newCounts()
-	var maxElapsed time.Duration
-	for i := range results {
-		r := &results[i]
-		labels.add(r.label(), 1)
-		maxElapsed = max(maxElapsed, r.Elapsed)
-		switch r.Kind {
-		case resNoAnswer:
-			fail("liveness: %s got no answer within %s\nworkers then:\n%s", r.Spec, bound, r.Diag)
-		case resBroken:
-			fail("%s: broken answer after %s: %s", r.Spec, r.Elapsed.Round(time.Millisecond), r.Message)
-		}
-	}
+	labels, maxElapsed := tally(results, bound, fail)
 
 	// Recovery: the router uses every worker again; fault-free requests
 	// succeed.

@@ -238,10 +238,9 @@ type wireMsg struct {
 }
 
 type httpEv struct {
-	at   time.Time
-	toP  bool
-	ev   Event
-	note string
+	at  time.Time
+	toP bool
+	ev  Event
 }
 
 type faults struct {

@@ -58,10 +58,6 @@ const (
 // (lifecycle.Config.Lease: one heartbeat longer than the silence bound).
 func (d deadlines) lease() time.Duration { return d.machine(lifecycle.RolePrefill).Lease() }
 
-// silence is how long a KV connection may receive nothing before it is
-// dead and its rooms fail: heartbeat-interval × heartbeat-misses.
-func (d deadlines) silence() time.Duration { return d.Heartbeat * time.Duration(d.Misses) }
-
 // machine returns the lifecycle config of a worker of role.
 func (d deadlines) machine(role lifecycle.Role) lifecycle.Config {
 	mc := lifecycle.DefaultConfig(role)

@@ -137,16 +137,6 @@ func (p *proc) kill() {
 	<-p.exited
 }
 
-// alive reports whether the process has not exited.
-func (p *proc) alive() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
-
 var readyLine = regexp.MustCompile(`^ready$`)
 
 // simFlags are the model flags of every chaos process: the small KV shape

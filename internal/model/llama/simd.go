@@ -302,6 +302,3 @@ func siluMul(ks *kernelSet, gate, up []float32) {
 		gate[i] = g / (1 + expf(-g)) * up[i]
 	}
 }
-
-// f32Ptr is the address of x[i] (x must have more than i elements).
-func f32Ptr(x []float32, i int) unsafe.Pointer { return unsafe.Pointer(&x[i]) }

@@ -95,7 +95,7 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mc := o.Machine
-	factory := func(h kvxfer.Handler, fp model.Fingerprint, bufs worker.DataBuffers) (kvxfer.Backend, error) {
+	factory := func(h kvxfer.Handler, fp kvxfer.Fingerprint, bufs worker.DataBuffers) (kvxfer.Backend, error) {
 		var b kvxfer.Backend = tcp.New(tcp.Config{Fingerprint: fp, Auth: o.KVAuth, Handler: h,
 			AllocData: bufs.Alloc, SentData: bufs.Sent,
 			DialContext:       o.KVDial,
@@ -130,7 +130,7 @@ func colocatedHandler(w *worker.Worker, reg prometheus.Gatherer, log *slog.Logge
 	info := w.ModelInfo()
 	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(), VocabSize: info.VocabSize,
 		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated")})
-	return router.OpenAIFirst(oa, w.Handler(reg))
+	return openai.Routes(oa, w.Handler(reg))
 }
 
 // Shutdown fails the worker's live requests with an error, waits for their

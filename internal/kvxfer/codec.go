@@ -36,8 +36,6 @@ import (
 	"math"
 	"net"
 	"unicode/utf8"
-
-	"github.com/pdserve/pdserve/internal/model"
 )
 
 // Codec limits.
@@ -319,7 +317,7 @@ func DecodePayload(t Type, payload []byte) (Message, error) {
 	case TypeHello:
 		var h Hello
 		h.Version = d.u16("version")
-		h.Fingerprint = model.Fingerprint{
+		h.Fingerprint = Fingerprint{
 			Model:    d.str("fingerprint model"),
 			Digest:   d.str("fingerprint digest"),
 			Layers:   d.int("fingerprint layers"),

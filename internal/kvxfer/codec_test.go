@@ -11,8 +11,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-
-	"github.com/pdserve/pdserve/internal/model"
 )
 
 // cmpMsg compares messages: []byte with bytes.Equal (nil equals empty) and
@@ -36,11 +34,11 @@ func testRoomGen(b byte, gen uint32) RoomGen {
 // their extremes.
 func sampleMessages() []Message {
 	rg := testRoomGen(0xa0, 7)
-	fp := model.Fingerprint{Model: "llama-3-8b", Digest: "sha256:abc", Layers: 32, KVHeads: 8,
+	fp := Fingerprint{Model: "llama-3-8b", Digest: "sha256:abc", Layers: 32, KVHeads: 8,
 		HeadDim: 128, DType: "bf16", PageSize: 16}
 	return []Message{
 		Hello{Version: ProtocolVersion, Fingerprint: fp, Auth: "secret"},
-		Hello{Version: math.MaxUint16, Fingerprint: model.Fingerprint{Layers: -1, KVHeads: math.MinInt32,
+		Hello{Version: math.MaxUint16, Fingerprint: Fingerprint{Layers: -1, KVHeads: math.MinInt32,
 			HeadDim: math.MaxInt32, PageSize: 0, Model: strings.Repeat("m", MaxStringBytes)}},
 		Hello{},
 		HelloOK{},
@@ -321,8 +319,8 @@ func TestEncodeErrors(t *testing.T) {
 	}{
 		{"rid too long", RoomOpen{RID: long}, ErrFieldTooLong},
 		{"auth too long", Hello{Auth: long}, ErrFieldTooLong},
-		{"model too long", Hello{Fingerprint: model.Fingerprint{Model: long}}, ErrFieldTooLong},
-		{"dtype too long", Hello{Fingerprint: model.Fingerprint{DType: long}}, ErrFieldTooLong},
+		{"model too long", Hello{Fingerprint: Fingerprint{Model: long}}, ErrFieldTooLong},
+		{"dtype too long", Hello{Fingerprint: Fingerprint{DType: long}}, ErrFieldTooLong},
 		{"pointer message", &Ping{}, ErrUnknownType},
 		{"nil pointer message", (*Ping)(nil), ErrUnknownType},
 		{"nil message", nil, ErrUnknownType},

@@ -29,8 +29,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-
-	"github.com/pdserve/pdserve/internal/model"
 )
 
 // Room identifies one request's KV rendezvous between a prefill and a decode
@@ -125,7 +123,7 @@ type Message interface {
 // Hello opens a connection (decode → prefill).
 type Hello struct {
 	Version     uint16
-	Fingerprint model.Fingerprint
+	Fingerprint Fingerprint
 	Auth        string // shared secret, may be empty
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // req is one live request.
@@ -20,7 +21,7 @@ type req struct {
 	// deadline is the current stage's deadline and cause the outcome when it
 	// passes; hardDeadline caps the whole request.
 	deadline     time.Time
-	cause        Outcome
+	cause        outcome.Outcome
 	hardDeadline time.Time
 	pages        []kvcache.PageID
 	// computed is the number of prompt tokens whose KV is in pages
@@ -78,7 +79,7 @@ type pendingOpen struct {
 
 type tombstone struct {
 	gen     uint32
-	outcome Outcome
+	outcome outcome.Outcome
 	reason  string
 	until   time.Time
 }
@@ -177,7 +178,7 @@ func (m *Machine) Step(now time.Time, ev Event) {
 	switch e := ev.(type) {
 	case Arrive:
 		m.arrive(e.Req)
-	case Abort:
+	case AbortRequest:
 		m.abort(e)
 	case Tick:
 		m.tick()
@@ -186,7 +187,7 @@ func (m *Machine) Step(now time.Time, ev Event) {
 		m.schedule()
 	case BatchDone:
 		m.batchDone(e)
-	case Message:
+	case PeerMessage:
 		m.message(e.Peer, e.Msg)
 	case PeerUp:
 		m.peerUp(e.Peer)
@@ -222,7 +223,7 @@ func (m *Machine) record(r *req, format string, args ...any) {
 }
 
 // setStage moves r to stage s with deadline d (zero: only the hard cap).
-func (m *Machine) setStage(r *req, s Stage, d time.Duration, cause Outcome) {
+func (m *Machine) setStage(r *req, s Stage, d time.Duration, cause outcome.Outcome) {
 	if r.stage != StageNone {
 		m.stageCount[r.stage]--
 		d := m.now.Sub(r.stageSince)
@@ -232,7 +233,7 @@ func (m *Machine) setStage(r *req, s Stage, d time.Duration, cause Outcome) {
 	r.stage = s
 	r.stageSince = m.now
 	m.stageCount[s]++
-	r.deadline, r.cause = time.Time{}, OutcomeNone
+	r.deadline, r.cause = time.Time{}, outcome.None
 	if d > 0 {
 		r.deadline, r.cause = m.now.Add(d), cause
 	}
@@ -240,41 +241,41 @@ func (m *Machine) setStage(r *req, s Stage, d time.Duration, cause Outcome) {
 }
 
 // rejectEarly answers a request that was never admitted.
-func (m *Machine) rejectEarly(q Request, o Outcome, format string, args ...any) {
+func (m *Machine) rejectEarly(q Request, o outcome.Outcome, format string, args ...any) {
 	m.emit(Finalize{RID: q.RID, RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen}, Outcome: o,
 		Err: fmt.Sprintf(format, args...), PromptTokens: len(q.InputIDs)})
 }
 
 // validate checks a request against the config; it returns the outcome and
-// message of the first problem, or OutcomeNone.
-func (m *Machine) validate(q Request) (Outcome, string) {
+// message of the first problem, or outcome.None.
+func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 	n := len(q.InputIDs)
 	switch {
 	case q.RID == "":
-		return OutcomeRejectedInvalid, "request id is empty"
+		return outcome.RejectedInvalid, "request id is empty"
 	case n == 0:
-		return OutcomeRejectedInvalid, "prompt is empty"
+		return outcome.RejectedInvalid, "prompt is empty"
 	case q.MaxTokens < 1:
-		return OutcomeRejectedInvalid, fmt.Sprintf("max_tokens must be at least 1, got %d", q.MaxTokens)
+		return outcome.RejectedInvalid, fmt.Sprintf("max_tokens must be at least 1, got %d", q.MaxTokens)
 	case n >= m.cfg.ContextLen:
-		return OutcomeRejectedInvalid, fmt.Sprintf("prompt has %d tokens; this worker's context length is %d", n, m.cfg.ContextLen)
+		return outcome.RejectedInvalid, fmt.Sprintf("prompt has %d tokens; this worker's context length is %d", n, m.cfg.ContextLen)
 	case q.MaxTokens > m.cfg.ContextLen-n:
-		return OutcomeRejectedInvalid, fmt.Sprintf("prompt (%d tokens) + max_tokens (%d) exceeds the context length %d", n, q.MaxTokens, m.cfg.ContextLen)
+		return outcome.RejectedInvalid, fmt.Sprintf("prompt (%d tokens) + max_tokens (%d) exceeds the context length %d", n, q.MaxTokens, m.cfg.ContextLen)
 	case m.cfg.Role != RoleColocated && q.Room.IsZero():
-		return OutcomeRejectedInvalid, "room is missing"
+		return outcome.RejectedInvalid, "room is missing"
 	}
 	for i, id := range q.InputIDs {
 		if id < 0 || int(id) >= m.cfg.VocabSize {
-			return OutcomeRejectedInvalid, fmt.Sprintf("input token %d at position %d is outside the vocabulary [0, %d)", id, i, m.cfg.VocabSize)
+			return outcome.RejectedInvalid, fmt.Sprintf("input token %d at position %d is outside the vocabulary [0, %d)", id, i, m.cfg.VocabSize)
 		}
 	}
 	if err := q.Sampling.Validate(); err != nil {
-		return OutcomeRejectedInvalid, err.Error()
+		return outcome.RejectedInvalid, err.Error()
 	}
 	if need := m.maxPages(q); need > m.alloc.Total() {
-		return OutcomeRejectedCapacity, fmt.Sprintf("request needs %d KV pages; this worker's pool has %d", need, m.alloc.Total())
+		return outcome.RejectedCapacity, fmt.Sprintf("request needs %d KV pages; this worker's pool has %d", need, m.alloc.Total())
 	}
-	return OutcomeNone, ""
+	return outcome.None, ""
 }
 
 // maxPages is the most pages a request can hold on this worker: its prompt
@@ -340,11 +341,11 @@ func PromptHash(ids []int32) uint64 {
 
 func (m *Machine) arrive(q Request) {
 	if m.shutdown {
-		m.rejectEarly(q, OutcomeShutdown, "worker is shutting down")
+		m.rejectEarly(q, outcome.Shutdown, "worker is shutting down")
 		return
 	}
 	if _, dup := m.reqs[q.RID]; dup {
-		m.rejectEarly(q, OutcomeRejectedInvalid, "request id %q is already in use", q.RID)
+		m.rejectEarly(q, outcome.RejectedInvalid, "request id %q is already in use", q.RID)
 		return
 	}
 	if t, ok := m.tombFor(q.RID, q.Room, q.Gen); ok {
@@ -353,26 +354,26 @@ func (m *Machine) arrive(q Request) {
 		m.dropPendingWithAbort(q.Room, q.Gen, t.reason)
 		return
 	}
-	if o, msg := m.validate(q); o != OutcomeNone {
+	if o, msg := m.validate(q); o != outcome.None {
 		m.rejectEarly(q, o, "%s", msg)
 		if m.cfg.Role == RolePrefill {
 			m.dropPendingWithAbort(q.Room, q.Gen, "prefill rejected the request: "+msg)
 		}
 		if m.cfg.Role != RoleColocated {
-			m.addTomb(tombKey{room: q.Room}, q.Gen, OutcomeAbortedPeer, "peer rejected the request: "+msg)
+			m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.AbortedPeer, "peer rejected the request: "+msg)
 		}
 		return
 	}
 	if old, ok := m.rooms[q.Room]; ok && m.cfg.Role != RoleColocated {
 		if q.Gen <= old.Gen {
-			m.rejectEarly(q, OutcomeRejectedInvalid, "room %s is in use by request %q (gen %d)", q.Room, old.RID, old.Gen)
+			m.rejectEarly(q, outcome.RejectedInvalid, "room %s is in use by request %q (gen %d)", q.Room, old.RID, old.Gen)
 			return
 		}
-		m.finish(old, OutcomeAbortedPeer, fmt.Sprintf("superseded by retry gen %d", q.Gen), "")
+		m.finish(old, outcome.AbortedPeer, fmt.Sprintf("superseded by retry gen %d", q.Gen), "")
 	}
 	if _, lost := m.lostPeers[q.Peer]; lost && m.cfg.Role == RoleDecode {
-		m.rejectEarly(q, OutcomePeerLost, "KV connection to %s was lost before the request arrived", q.PeerAddr)
-		m.addTomb(tombKey{room: q.Room}, q.Gen, OutcomePeerLost, "decode lost its KV connection")
+		m.rejectEarly(q, outcome.PeerLost, "KV connection to %s was lost before the request arrived", q.PeerAddr)
+		m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.PeerLost, "decode lost its KV connection")
 		return
 	}
 	r := &req{Request: q, arrived: m.now, stageSince: m.now}
@@ -388,7 +389,7 @@ func (m *Machine) arrive(q Request) {
 	m.record(r, "arrive: %d prompt tokens, max_tokens %d", len(q.InputIDs), q.MaxTokens)
 	switch m.cfg.Role {
 	case RolePrefill:
-		m.setStage(r, StageBootstrap, m.cfg.BootstrapTimeout, OutcomeTimeoutBootstrap)
+		m.setStage(r, StageBootstrap, m.cfg.BootstrapTimeout, outcome.TimeoutBootstrap)
 		m.queue = append(m.queue, r)
 		if p, ok := m.pending[q.Room]; ok && p.open.Gen == q.Gen {
 			delete(m.pending, q.Room)
@@ -398,7 +399,7 @@ func (m *Machine) arrive(q Request) {
 			}
 		}
 	case RoleDecode:
-		m.setStage(r, StagePrealloc, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+		m.setStage(r, StagePrealloc, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 		r.peerUp = m.peersUp[q.Peer]
 		r.lastRenew = m.now
 		r.opened = true
@@ -407,7 +408,7 @@ func (m *Machine) arrive(q Request) {
 		m.record(r, "ROOM_OPEN sent to peer %d (%s)", q.Peer, q.PeerAddr)
 		m.queue = append(m.queue, r)
 	case RoleColocated:
-		m.setStage(r, StageWaiting, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+		m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 		m.queue = append(m.queue, r)
 	}
 }
@@ -429,14 +430,14 @@ func (m *Machine) shared(r *req) bool {
 // finish ends r: the one way out of every stage. It frees r's pages (after
 // the running forward if r is in it), tells the peer unless the peer caused
 // the end, leaves a tombstone for a failed room, and emits one Finalize.
-func (m *Machine) finish(r *req, o Outcome, reason, finishReason string) {
+func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string) {
 	if r.stage == StageDone {
 		return
 	}
-	if o != OutcomeOK && m.shared(r) && o != OutcomePeerLost && !r.peerEnded {
+	if o != outcome.OK && m.shared(r) && o != outcome.PeerLost && !r.peerEnded {
 		m.emit(Send{Peer: r.Peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Reason: fmt.Sprintf("%s: %s", o, reason)}})
 	}
-	m.setStage(r, StageDone, 0, OutcomeNone)
+	m.setStage(r, StageDone, 0, outcome.None)
 	m.stageCount[StageDone]--
 	m.doneInQueue++
 	if r.inBatch {
@@ -451,7 +452,7 @@ func (m *Machine) finish(r *req, o Outcome, reason, finishReason string) {
 	if cur, ok := m.rooms[r.Room]; ok && cur == r {
 		delete(m.rooms, r.Room)
 	}
-	if o != OutcomeOK && m.cfg.Role != RoleColocated {
+	if o != outcome.OK && m.cfg.Role != RoleColocated {
 		m.addTomb(tombKey{room: r.Room}, r.Gen, o, reason)
 	}
 	m.record(r, "end %s %s", o, reason)
@@ -463,7 +464,7 @@ func (m *Machine) finish(r *req, o Outcome, reason, finishReason string) {
 	}
 	f := Finalize{RID: r.RID, RoomGen: r.roomGen(), Outcome: o, PromptTokens: len(r.InputIDs),
 		OutputTokens: len(r.outputs), StageTime: st, Age: m.now.Sub(r.arrived)}
-	if o == OutcomeOK {
+	if o == outcome.OK {
 		f.FinishReason = finishReason
 		if m.cfg.Role == RolePrefill {
 			f.FirstToken = r.first
@@ -515,7 +516,7 @@ func (m *Machine) free(pages []kvcache.PageID) {
 	}
 }
 
-func (m *Machine) addTomb(k tombKey, gen uint32, o Outcome, reason string) {
+func (m *Machine) addTomb(k tombKey, gen uint32, o outcome.Outcome, reason string) {
 	if k.room.IsZero() && k.rid == "" {
 		return
 	}
@@ -555,7 +556,7 @@ func (m *Machine) dropPendingWithAbort(room kvxfer.Room, gen uint32, reason stri
 	m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Reason: reason}})
 }
 
-func (m *Machine) abort(a Abort) {
+func (m *Machine) abort(a AbortRequest) {
 	var r *req
 	if a.RID != "" {
 		r = m.reqs[a.RID]
@@ -563,15 +564,15 @@ func (m *Machine) abort(a Abort) {
 	if r == nil && !a.Room.IsZero() {
 		r = m.rooms[a.Room]
 	}
-	var o Outcome
+	var o outcome.Outcome
 	var reason string
 	switch a.Reason {
 	case AbortStop:
-		o, reason = OutcomeOK, "stop"
+		o, reason = outcome.OK, "stop"
 	case AbortPeerLeg:
-		o, reason = OutcomeAbortedPeer, "the other leg failed"
+		o, reason = outcome.AbortedPeer, "the other leg failed"
 	default:
-		o, reason = OutcomeAbortedClient, "aborted by client"
+		o, reason = outcome.AbortedClient, "aborted by client"
 	}
 	if a.Detail != "" {
 		reason += ": " + a.Detail
@@ -591,7 +592,7 @@ func (m *Machine) abort(a Abort) {
 		}
 		return
 	}
-	if o == OutcomeOK {
+	if o == outcome.OK {
 		m.finish(r, o, "", "stop")
 		return
 	}
@@ -601,7 +602,7 @@ func (m *Machine) abort(a Abort) {
 func (m *Machine) doShutdown() {
 	m.shutdown = true
 	for _, r := range m.sortedLive() {
-		m.finish(r, OutcomeShutdown, "worker is shutting down", "")
+		m.finish(r, outcome.Shutdown, "worker is shutting down", "")
 	}
 	for room, p := range m.pending {
 		delete(m.pending, room)
@@ -627,9 +628,9 @@ func (m *Machine) tick() {
 		case !r.deadline.IsZero() && !now.Before(r.deadline):
 			m.finish(r, r.cause, fmt.Sprintf("%s deadline passed after %s", r.stage, now.Sub(r.stageSince).Round(time.Millisecond)), "")
 		case !now.Before(r.hardDeadline):
-			m.finish(r, OutcomeTimeoutRequest, fmt.Sprintf("request exceeded its time limit of %s (in stage %s)", r.hardDeadline.Sub(r.arrived), r.stage), "")
+			m.finish(r, outcome.TimeoutRequest, fmt.Sprintf("request exceeded its time limit of %s (in stage %s)", r.hardDeadline.Sub(r.arrived), r.stage), "")
 		case m.leased(r) && now.Sub(r.lastRenew) > m.cfg.Lease():
-			m.finish(r, OutcomeLeaseExpired, fmt.Sprintf("peer %d stopped renewing the room (no renewal for %s)", r.Peer, now.Sub(r.lastRenew).Round(time.Millisecond)), "")
+			m.finish(r, outcome.LeaseExpired, fmt.Sprintf("peer %d stopped renewing the room (no renewal for %s)", r.Peer, now.Sub(r.lastRenew).Round(time.Millisecond)), "")
 		}
 	}
 	for room, p := range m.pending {
@@ -764,7 +765,7 @@ func (m *Machine) peerLost(p kvxfer.PeerID, err error) {
 		if m.cfg.Role == RoleDecode && r.ackSent {
 			continue // the KV is here; the peer no longer matters
 		}
-		m.finish(r, OutcomePeerLost, reason, "")
+		m.finish(r, outcome.PeerLost, reason, "")
 	}
 	for room, po := range m.pending {
 		if po.peer == p {
@@ -807,7 +808,7 @@ func (m *Machine) peerAbort(p kvxfer.PeerID, a kvxfer.Abort) {
 	}
 	r, ok := m.rooms[a.Room]
 	if !ok || r.Gen != a.Gen || (r.Peer != p && m.shared(r)) {
-		m.addTomb(tombKey{room: a.Room}, a.Gen, OutcomeAbortedPeer, "peer aborted: "+a.Reason)
+		m.addTomb(tombKey{room: a.Room}, a.Gen, outcome.AbortedPeer, "peer aborted: "+a.Reason)
 		return
 	}
 	m.record(r, "ABORT from peer: %s", a.Reason)
@@ -815,7 +816,7 @@ func (m *Machine) peerAbort(p kvxfer.PeerID, a kvxfer.Abort) {
 		return // prefill's side ended after handing over the KV
 	}
 	r.peerEnded = true
-	m.finish(r, OutcomeAbortedPeer, "peer aborted: "+a.Reason, "")
+	m.finish(r, outcome.AbortedPeer, "peer aborted: "+a.Reason, "")
 }
 
 // liveFor finds the live request for a room message and checks gen and peer;

@@ -14,6 +14,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 var pairSeeds = flag.Int("pair-seeds", 200, "seeded runs of TestPairRandomized")
@@ -266,7 +267,7 @@ func reference(t testing.TB, reqs []Request) map[string][]int32 {
 			c.batch = nil
 			c.step(t, now, BatchDone{Out: c.forward(t, b)})
 		}
-		if f := c.finals[q.RID]; f.Outcome != OutcomeOK {
+		if f := c.finals[q.RID]; f.Outcome != outcome.OK {
 			t.Fatalf("reference: %s ended %s: %s", q.RID, f.Outcome, f.Err)
 		}
 	}
@@ -336,7 +337,7 @@ func runPair(t *testing.T, seed uint64, f faults) uint64 {
 				keep = append(keep, w) // in order, like TCP
 				continue
 			}
-			n.step(t, now, Message{Peer: peer, Msg: w.msg})
+			n.step(t, now, PeerMessage{Peer: peer, Msg: w.msg})
 		}
 		*q = keep
 	}
@@ -358,15 +359,15 @@ func runPair(t *testing.T, seed uint64, f faults) uint64 {
 	}
 	routerWatch := func() {
 		for rid, fin := range P.finals {
-			if fin.Outcome != OutcomeOK && !routerAborted[rid] {
+			if fin.Outcome != outcome.OK && !routerAborted[rid] {
 				routerAborted[rid] = true
-				http = append(http, httpEv{at: now.Add(5 * time.Millisecond), toP: false, ev: Abort{RID: rid, Reason: AbortPeerLeg}})
+				http = append(http, httpEv{at: now.Add(5 * time.Millisecond), toP: false, ev: AbortRequest{RID: rid, Reason: AbortPeerLeg}})
 			}
 		}
 		for rid, fin := range D.finals {
-			if fin.Outcome != OutcomeOK && !routerAborted[rid] {
+			if fin.Outcome != outcome.OK && !routerAborted[rid] {
 				routerAborted[rid] = true
-				http = append(http, httpEv{at: now.Add(5 * time.Millisecond), toP: true, ev: Abort{RID: rid, Reason: AbortPeerLeg}})
+				http = append(http, httpEv{at: now.Add(5 * time.Millisecond), toP: true, ev: AbortRequest{RID: rid, Reason: AbortPeerLeg}})
 			}
 		}
 	}
@@ -404,8 +405,8 @@ func runPair(t *testing.T, seed uint64, f faults) uint64 {
 			if rng.Float64() < f.abort*10 {
 				// The client gives up at a random phase; the router aborts both legs.
 				at := now.Add(time.Duration(rng.IntN(400)) * time.Millisecond)
-				http = append(http, httpEv{at: at, toP: true, ev: Abort{RID: q.RID, Reason: AbortClient}},
-					httpEv{at: at, toP: false, ev: Abort{RID: q.RID, Reason: AbortClient}})
+				http = append(http, httpEv{at: at, toP: true, ev: AbortRequest{RID: q.RID, Reason: AbortClient}},
+					httpEv{at: at, toP: false, ev: AbortRequest{RID: q.RID, Reason: AbortClient}})
 			}
 		}
 		var later []httpEv
@@ -484,7 +485,7 @@ func runPair(t *testing.T, seed uint64, f faults) uint64 {
 	// Invariant 5: whatever decode completed equals the colocated answer.
 	okCount := 0
 	for rid, fin := range D.finals {
-		if fin.Outcome != OutcomeOK {
+		if fin.Outcome != outcome.OK {
 			continue
 		}
 		okCount++
@@ -494,7 +495,7 @@ func runPair(t *testing.T, seed uint64, f faults) uint64 {
 	}
 	if f == (faults{}) && okCount != nReq {
 		for rid, fin := range D.finals {
-			if fin.Outcome != OutcomeOK {
+			if fin.Outcome != outcome.OK {
 				t.Errorf("clean run: %s ended %s: %s (prefill: %+v)", rid, fin.Outcome, fin.Err, P.finals[rid])
 			}
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // ---- prefill ----
@@ -42,7 +43,7 @@ func (m *Machine) prefillMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 			return
 		}
 		m.record(r, "KV_ACK")
-		m.finish(r, OutcomeOK, "", "length")
+		m.finish(r, outcome.OK, "", "length")
 	default:
 		m.drop("wrong_role")
 	}
@@ -101,17 +102,17 @@ func (m *Machine) roomOpened(r *req, p kvxfer.PeerID, x kvxfer.RoomOpen) {
 	r.Peer, r.opened, r.lastRenew = p, true, m.now
 	m.record(r, "ROOM_OPEN from peer %d", p)
 	if x.RID != r.RID || int(x.NTokens) != len(r.InputIDs) || x.PromptHash != PromptHash(r.InputIDs) {
-		m.finish(r, OutcomeFailedTransfer, fmt.Sprintf(
+		m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
 			"request identity mismatch for room %s: decode has rid %q with %d prompt tokens (hash %016x), prefill has rid %q with %d (hash %016x)",
 			r.Room, x.RID, x.NTokens, x.PromptHash, r.RID, len(r.InputIDs), PromptHash(r.InputIDs)), "")
 		return
 	}
-	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 }
 
 func (m *Machine) roomReady(r *req, nt uint32) {
 	if int(nt) != len(r.InputIDs) {
-		m.finish(r, OutcomeFailedTransfer, fmt.Sprintf("ROOM_READY is for %d tokens but the prompt has %d", nt, len(r.InputIDs)), "")
+		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("ROOM_READY is for %d tokens but the prompt has %d", nt, len(r.InputIDs)), "")
 		return
 	}
 	if r.ready {
@@ -152,7 +153,7 @@ func (m *Machine) startTransfer(r *req) {
 		NChunks: r.chunks, NPages: uint32(np), NTokens: uint32(len(r.InputIDs)),
 		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob}})
 	m.record(r, "KV sent: %d pages in %d chunks", np, r.chunks)
-	m.setStage(r, StageTransferring, m.cfg.TransferTimeout, OutcomeTimeoutTransfer)
+	m.setStage(r, StageTransferring, m.cfg.TransferTimeout, outcome.TimeoutTransfer)
 }
 
 // ---- decode ----
@@ -172,7 +173,7 @@ func (m *Machine) admit() {
 		ids := r.pages
 		r.recv = make([]bool, m.promptPages(r))
 		m.emit(Send{Peer: r.Peer, Msg: kvxfer.RoomReady{RoomGen: r.roomGen(), NTokens: uint32(len(r.InputIDs))}})
-		m.setStage(r, StageAwaitingKV, 0, OutcomeNone)
+		m.setStage(r, StageAwaitingKV, 0, outcome.None)
 		m.record(r, "%d pages allocated, ROOM_READY sent", len(ids))
 	}
 }
@@ -192,7 +193,7 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 		first, n := int(x.FirstPage), int(x.NPages)
 		if n == 0 || first+n > np || len(x.Data) != n*m.cfg.PageBytes {
 			m.drop("malformed")
-			m.finish(r, OutcomeFailedTransfer, fmt.Sprintf(
+			m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
 				"malformed KV chunk %d: pages %d+%d of %d, %d bytes (want %d per page)",
 				x.Seq, first, n, np, len(x.Data), m.cfg.PageBytes), "")
 			return
@@ -206,7 +207,7 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 		}
 		if !r.xferStarted {
 			r.xferStarted = true
-			r.deadline, r.cause = m.now.Add(m.cfg.TransferTimeout), OutcomeTimeoutTransfer
+			r.deadline, r.cause = m.now.Add(m.cfg.TransferTimeout), outcome.TimeoutTransfer
 			m.record(r, "first KV chunk")
 		}
 	case kvxfer.KVDone:
@@ -220,7 +221,7 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 		}
 		np := m.promptPages(r)
 		if int(x.NPages) != np || int(x.NTokens) != len(r.InputIDs) || r.recvCount != np {
-			m.finish(r, OutcomeFailedTransfer, fmt.Sprintf(
+			m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
 				"incomplete KV: received %d of %d pages; KV_DONE says %d pages for %d tokens (prompt has %d)",
 				r.recvCount, np, x.NPages, x.NTokens, len(r.InputIDs)), "")
 			return
@@ -239,18 +240,18 @@ func (m *Machine) kvVerified(e KVVerified) {
 	}
 	r.verifying = false
 	if e.Checksum != r.done.Checksum {
-		m.finish(r, OutcomeFailedTransfer, fmt.Sprintf("KV checksum mismatch: pages hold crc32c %08x, prefill sent %08x",
+		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("KV checksum mismatch: pages hold crc32c %08x, prefill sent %08x",
 			e.Checksum, r.done.Checksum), "")
 		return
 	}
 	if t := r.done.FirstToken; t < 0 || int(t) >= m.cfg.VocabSize {
-		m.finish(r, OutcomeFailedTransfer, fmt.Sprintf("first token %d from prefill is outside the vocabulary", t), "")
+		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("first token %d from prefill is outside the vocabulary", t), "")
 		return
 	}
 	m.emit(Send{Peer: r.Peer, Msg: kvxfer.KVAck{RoomGen: r.roomGen()}})
 	r.ackSent = true
 	m.record(r, "KV verified, KV_ACK sent")
-	m.setStage(r, StageQueued, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+	m.setStage(r, StageQueued, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 	m.appendOutput(r, model.SeqOutput{Token: r.done.FirstToken, Logprob: r.done.FirstLogprob})
 }
 
@@ -261,9 +262,9 @@ func (m *Machine) appendOutput(r *req, t model.SeqOutput) {
 	m.emit(Emit{RID: r.RID, Tokens: []model.SeqOutput{t}})
 	switch {
 	case (!r.IgnoreEOS && slices.Contains(m.cfg.EOS, t.Token)) || slices.Contains(r.StopTokenIDs, t.Token):
-		m.finish(r, OutcomeOK, "", "stop")
+		m.finish(r, outcome.OK, "", "stop")
 	case len(r.outputs) >= r.MaxTokens || len(r.InputIDs)+len(r.outputs) >= m.cfg.ContextLen:
-		m.finish(r, OutcomeOK, "", "length")
+		m.finish(r, outcome.OK, "", "length")
 	}
 }
 
@@ -294,7 +295,7 @@ func (m *Machine) schedule() {
 		running := m.stageCount[StageDecoding]
 		for _, r := range m.queue {
 			if r.stage == StageQueued && running < m.cfg.MaxRunning {
-				m.setStage(r, StageDecoding, 0, OutcomeNone)
+				m.setStage(r, StageDecoding, 0, outcome.None)
 				running++
 			}
 		}
@@ -365,7 +366,7 @@ func (m *Machine) schedule() {
 			if !ok {
 				break // first come, first served: later requests wait too
 			}
-			m.setStage(r, StagePrefilling, 0, OutcomeNone)
+			m.setStage(r, StagePrefilling, 0, outcome.None)
 			m.record(r, "%d pages allocated", len(r.pages))
 			chunk(r)
 		}
@@ -455,7 +456,7 @@ func (m *Machine) unpark(r *req) {
 	r.preemptions++
 	m.counters.Preemptions++
 	m.record(r, "KV dropped (%d): its pages went to a request whose decode is ready", r.preemptions)
-	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 }
 
 // preempt frees r's pages (no forward runs: schedule only runs between
@@ -470,7 +471,7 @@ func (m *Machine) preempt(r *req) {
 	r.preemptions++
 	m.counters.Preemptions++
 	m.record(r, "preempted (%d): its pages went to older requests", r.preemptions)
-	m.setStage(r, StagePreempted, m.cfg.QueueTimeout, OutcomeTimeoutQueue)
+	m.setStage(r, StagePreempted, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 }
 
 func (m *Machine) batchDone(e BatchDone) {
@@ -493,7 +494,7 @@ func (m *Machine) batchDone(e BatchDone) {
 			if err == nil {
 				err = fmt.Errorf("forward returned %d results for %d sequences", len(e.Out), len(entries))
 			}
-			m.finish(r, OutcomeFailedInternal, fmt.Sprintf("forward failed: %v", err), "")
+			m.finish(r, outcome.FailedInternal, fmt.Sprintf("forward failed: %v", err), "")
 			continue
 		}
 		out := e.Out[i]
@@ -503,7 +504,7 @@ func (m *Machine) batchDone(e BatchDone) {
 			done := r.computed == len(r.prefillTokens())
 			if m.cfg.Role != RolePrefill {
 				if done {
-					m.setStage(r, StageDecoding, 0, OutcomeNone)
+					m.setStage(r, StageDecoding, 0, outcome.None)
 					if len(r.outputs) == 0 {
 						m.appendOutput(r, out)
 					}
@@ -518,7 +519,7 @@ func (m *Machine) batchDone(e BatchDone) {
 				if r.ready {
 					m.startTransfer(r)
 				} else {
-					m.setStage(r, StageParked, m.cfg.KVHoldTimeout, OutcomeTimeoutKVHold)
+					m.setStage(r, StageParked, m.cfg.KVHoldTimeout, outcome.TimeoutKVHold)
 				}
 			}
 		case StageDecoding:

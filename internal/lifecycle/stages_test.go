@@ -9,6 +9,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // stageSetup drives request q of a fresh harness into one stage.
@@ -20,7 +21,7 @@ type stageSetup struct {
 	drive     func(h *harness, q Request)
 	// deadline and outcome of the stage's own deadline (hard cap if none).
 	deadline time.Duration
-	timeout  Outcome
+	timeout  outcome.Outcome
 	// shared: an end on this side must be told to the peer.
 	shared bool
 	// leased: the peer must renew the room.
@@ -35,11 +36,11 @@ func transferAll(h *harness, q Request) {
 	np := (len(q.InputIDs) + 3) / 4
 	for i := 0; i < np; i++ {
 		data := []byte(fmt.Sprintf("page%04d", i))
-		h.step(Message{Peer: q.Peer, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen},
+		h.step(PeerMessage{Peer: q.Peer, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen},
 			Seq: uint32(i), FirstPage: uint32(i), NPages: 1, Data: data}})
 	}
 	sum := h.checksum(pages[:np])
-	effs := h.step(Message{Peer: q.Peer, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen},
+	effs := h.step(PeerMessage{Peer: q.Peer, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen},
 		NChunks: uint32(np), NPages: uint32(np), NTokens: uint32(len(q.InputIDs)), Checksum: sum, FirstToken: 5}})
 	v := effectsOf[VerifyKV](effs)
 	if len(v) != 1 {
@@ -81,88 +82,88 @@ func runUntil(h *harness, rid string, stage Stage) {
 }
 
 var stageSetups = []stageSetup{
-	{role: RolePrefill, stage: StageBootstrap, promptLen: 8, deadline: 10 * time.Second, timeout: OutcomeTimeoutBootstrap,
+	{role: RolePrefill, stage: StageBootstrap, promptLen: 8, deadline: 10 * time.Second, timeout: outcome.TimeoutBootstrap,
 		drive: func(h *harness, q Request) { h.step(Arrive{Req: q}) }},
-	{role: RolePrefill, stage: StageWaiting, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue, shared: true, leased: true,
+	{role: RolePrefill, stage: StageWaiting, promptLen: 8, deadline: 60 * time.Second, timeout: outcome.TimeoutQueue, shared: true, leased: true,
 		drive: func(h *harness, q Request) {
 			h.step(Arrive{Req: q})
-			h.step(Message{Peer: 7, Msg: roomOpen(q)})
+			h.step(PeerMessage{Peer: 7, Msg: roomOpen(q)})
 		}},
-	{role: RolePrefill, stage: StagePrefilling, promptLen: 20, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest, shared: true, leased: true,
+	{role: RolePrefill, stage: StagePrefilling, promptLen: 20, deadline: 600 * time.Second, timeout: outcome.TimeoutRequest, shared: true, leased: true,
 		drive: func(h *harness, q Request) {
 			h.step(Arrive{Req: q})
-			h.step(Message{Peer: 7, Msg: roomOpen(q)})
+			h.step(PeerMessage{Peer: 7, Msg: roomOpen(q)})
 			h.step(Schedule{})
 		}},
-	{role: RolePrefill, stage: StageParked, promptLen: 8, deadline: 30 * time.Second, timeout: OutcomeTimeoutKVHold, shared: true, leased: true,
+	{role: RolePrefill, stage: StageParked, promptLen: 8, deadline: 30 * time.Second, timeout: outcome.TimeoutKVHold, shared: true, leased: true,
 		drive: func(h *harness, q Request) {
 			h.step(Arrive{Req: q})
-			h.step(Message{Peer: 7, Msg: roomOpen(q)})
-			h.step(Schedule{})
-			h.done(next1)
-		}},
-	{role: RolePrefill, stage: StageTransferring, promptLen: 8, deadline: 30 * time.Second, timeout: OutcomeTimeoutTransfer, shared: true, leased: true,
-		drive: func(h *harness, q Request) {
-			h.step(Arrive{Req: q})
-			h.step(Message{Peer: 7, Msg: roomOpen(q)})
-			h.step(Message{Peer: 7, Msg: kvxfer.RoomReady{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NTokens: uint32(len(q.InputIDs))}})
+			h.step(PeerMessage{Peer: 7, Msg: roomOpen(q)})
 			h.step(Schedule{})
 			h.done(next1)
 		}},
-	{role: RoleDecode, stage: StagePrealloc, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue, shared: true, leased: true,
+	{role: RolePrefill, stage: StageTransferring, promptLen: 8, deadline: 30 * time.Second, timeout: outcome.TimeoutTransfer, shared: true, leased: true,
+		drive: func(h *harness, q Request) {
+			h.step(Arrive{Req: q})
+			h.step(PeerMessage{Peer: 7, Msg: roomOpen(q)})
+			h.step(PeerMessage{Peer: 7, Msg: kvxfer.RoomReady{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NTokens: uint32(len(q.InputIDs))}})
+			h.step(Schedule{})
+			h.done(next1)
+		}},
+	{role: RoleDecode, stage: StagePrealloc, promptLen: 8, deadline: 60 * time.Second, timeout: outcome.TimeoutQueue, shared: true, leased: true,
 		drive: func(h *harness, q Request) {
 			filler := request(99, 56, 8) // takes 15 of 16 pages
 			h.step(Arrive{Req: filler})
 			h.step(PeerUp{Peer: 7})
 			h.step(Arrive{Req: q})
 		}},
-	{role: RoleDecode, stage: StageAwaitingKV, promptLen: 8, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest, shared: true, leased: true,
+	{role: RoleDecode, stage: StageAwaitingKV, promptLen: 8, deadline: 600 * time.Second, timeout: outcome.TimeoutRequest, shared: true, leased: true,
 		drive: func(h *harness, q Request) {
 			h.step(PeerUp{Peer: 7})
 			h.step(Arrive{Req: q})
 		}},
-	{role: RoleDecode, stage: StageAwaitingKV, promptLen: 8, deadline: 30 * time.Second, timeout: OutcomeTimeoutTransfer, shared: true, leased: true,
+	{role: RoleDecode, stage: StageAwaitingKV, promptLen: 8, deadline: 30 * time.Second, timeout: outcome.TimeoutTransfer, shared: true, leased: true,
 		drive: func(h *harness, q Request) {
 			h.step(PeerUp{Peer: 7})
 			h.step(Arrive{Req: q})
-			h.step(Message{Peer: 7, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NPages: 1, Data: make([]byte, testPageBytes)}})
+			h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NPages: 1, Data: make([]byte, testPageBytes)}})
 		}},
-	{role: RoleDecode, stage: StageQueued, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue,
+	{role: RoleDecode, stage: StageQueued, promptLen: 8, deadline: 60 * time.Second, timeout: outcome.TimeoutQueue,
 		drive: func(h *harness, q Request) {
 			h.step(PeerUp{Peer: 7})
 			h.step(Arrive{Req: q})
 			transferAll(h, q)
 		}},
-	{role: RoleDecode, stage: StageDecoding, promptLen: 8, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest,
+	{role: RoleDecode, stage: StageDecoding, promptLen: 8, deadline: 600 * time.Second, timeout: outcome.TimeoutRequest,
 		drive: func(h *harness, q Request) {
 			h.step(PeerUp{Peer: 7})
 			h.step(Arrive{Req: q})
 			transferAll(h, q)
 			h.step(Schedule{})
 		}},
-	{role: RoleDecode, stage: StagePreempted, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue,
+	{role: RoleDecode, stage: StagePreempted, promptLen: 8, deadline: 60 * time.Second, timeout: outcome.TimeoutQueue,
 		drive: preemptDecode},
-	{role: RoleDecode, stage: StagePrefilling, promptLen: 8, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest,
+	{role: RoleDecode, stage: StagePrefilling, promptLen: 8, deadline: 600 * time.Second, timeout: outcome.TimeoutRequest,
 		drive: func(h *harness, q Request) {
 			preemptDecode(h, q)
-			h.step(Abort{RID: "r99"}) // the filler leaves; q recomputes its KV
+			h.step(AbortRequest{RID: "r99"}) // the filler leaves; q recomputes its KV
 			runUntil(h, q.RID, StagePrefilling)
 		}},
-	{role: RoleColocated, stage: StagePreempted, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue,
+	{role: RoleColocated, stage: StagePreempted, promptLen: 8, deadline: 60 * time.Second, timeout: outcome.TimeoutQueue,
 		drive: func(h *harness, q Request) {
 			h.step(Arrive{Req: request(99, 44, 20)})
 			runUntil(h, "r99", StageDecoding)
 			h.step(Arrive{Req: q})
 			runUntil(h, q.RID, StagePreempted)
 		}},
-	{role: RoleColocated, stage: StageWaiting, promptLen: 8, deadline: 60 * time.Second, timeout: OutcomeTimeoutQueue,
+	{role: RoleColocated, stage: StageWaiting, promptLen: 8, deadline: 60 * time.Second, timeout: outcome.TimeoutQueue,
 		drive: func(h *harness, q Request) { h.step(Arrive{Req: q}) }},
-	{role: RoleColocated, stage: StagePrefilling, promptLen: 20, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest,
+	{role: RoleColocated, stage: StagePrefilling, promptLen: 20, deadline: 600 * time.Second, timeout: outcome.TimeoutRequest,
 		drive: func(h *harness, q Request) {
 			h.step(Arrive{Req: q})
 			h.step(Schedule{})
 		}},
-	{role: RoleColocated, stage: StageDecoding, promptLen: 8, deadline: 600 * time.Second, timeout: OutcomeTimeoutRequest,
+	{role: RoleColocated, stage: StageDecoding, promptLen: 8, deadline: 600 * time.Second, timeout: outcome.TimeoutRequest,
 		drive: func(h *harness, q Request) {
 			h.step(Arrive{Req: q})
 			h.step(Schedule{})
@@ -195,7 +196,7 @@ func (h *harness) quiesce() {
 	}
 	for _, r := range h.m.reqs {
 		if r.RID == "r99" {
-			h.step(Abort{RID: "r99", Reason: AbortClient})
+			h.step(AbortRequest{RID: "r99", Reason: AbortClient})
 		}
 	}
 	if h.alloc.Used() != 0 {
@@ -218,16 +219,16 @@ func (h *harness) renewAll() {
 	for _, r := range h.m.reqs {
 		rooms = append(rooms, r.roomGen())
 	}
-	h.step(Message{Peer: 7, Msg: kvxfer.RoomRenew{Rooms: rooms}})
+	h.step(PeerMessage{Peer: 7, Msg: kvxfer.RoomRenew{Rooms: rooms}})
 }
 
 func TestAbortInEveryStage(t *testing.T) {
 	for _, s := range stageSetups {
 		t.Run(s.name(), func(t *testing.T) {
 			h, q := s.setup(t)
-			effs := h.step(Abort{RID: q.RID, Reason: AbortClient})
+			effs := h.step(AbortRequest{RID: q.RID, Reason: AbortClient})
 			f, ok := h.finalOf(q.RID)
-			if !ok || f.Outcome != OutcomeAbortedClient {
+			if !ok || f.Outcome != outcome.AbortedClient {
 				t.Fatalf("want aborted_client, got %+v\n%s", f, describe(effs))
 			}
 			aborts := sends[kvxfer.Abort](effs)
@@ -235,11 +236,11 @@ func TestAbortInEveryStage(t *testing.T) {
 				t.Fatalf("shared=%v but %d ABORTs sent:\n%s", s.shared, len(aborts), describe(effs))
 			}
 			// Idempotent: a second abort changes nothing and emits nothing.
-			if effs := h.step(Abort{RID: q.RID, Reason: AbortClient}); len(effs) != 0 {
+			if effs := h.step(AbortRequest{RID: q.RID, Reason: AbortClient}); len(effs) != 0 {
 				t.Fatalf("second abort emitted:\n%s", describe(effs))
 			}
 			// Absorbing: a late peer message does not resurrect it.
-			h.step(Message{Peer: 7, Msg: kvxfer.KVAck{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}}})
+			h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVAck{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}}})
 			if h.finals[q.RID] != 1 {
 				t.Fatalf("finalized %d times", h.finals[q.RID])
 			}
@@ -287,7 +288,7 @@ func TestLeaseExpiryInEveryLeasedStage(t *testing.T) {
 			}
 			effs := h.advance(time.Millisecond)
 			f, ok := h.finalOf(q.RID)
-			if !ok || f.Outcome != OutcomeLeaseExpired {
+			if !ok || f.Outcome != outcome.LeaseExpired {
 				t.Fatalf("want lease_expired just after one lease, got %+v\n%s", f, describe(effs))
 			}
 			told := 0
@@ -312,7 +313,7 @@ func TestPeerLostInEveryStage(t *testing.T) {
 			f, ok := h.finalOf(q.RID)
 			holdsPeer := s.shared
 			if holdsPeer {
-				if !ok || f.Outcome != OutcomePeerLost {
+				if !ok || f.Outcome != outcome.PeerLost {
 					t.Fatalf("want peer_lost, got %+v", f)
 				}
 				if len(sends[kvxfer.Abort](effs)) != 0 {
@@ -321,7 +322,7 @@ func TestPeerLostInEveryStage(t *testing.T) {
 			} else if ok {
 				t.Fatalf("request that no longer needs the peer ended: %+v", f)
 			}
-			h.step(Abort{RID: q.RID})
+			h.step(AbortRequest{RID: q.RID})
 			h.quiesce()
 		})
 	}
@@ -331,7 +332,7 @@ func TestPeerAbortInEveryStage(t *testing.T) {
 	for _, s := range stageSetups {
 		t.Run(s.name(), func(t *testing.T) {
 			h, q := s.setup(t)
-			effs := h.step(Message{Peer: 7, Msg: kvxfer.Abort{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Reason: "decode gone"}})
+			effs := h.step(PeerMessage{Peer: 7, Msg: kvxfer.Abort{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Reason: "decode gone"}})
 			if len(sends[kvxfer.AbortAck](effs)) != 1 {
 				t.Fatalf("no ABORT_ACK:\n%s", describe(effs))
 			}
@@ -344,14 +345,14 @@ func TestPeerAbortInEveryStage(t *testing.T) {
 				if ok {
 					t.Fatalf("ABORT after the KV was handed over ended the request: %+v", f)
 				}
-				h.step(Abort{RID: q.RID})
+				h.step(AbortRequest{RID: q.RID})
 			case s.role == RoleColocated:
 				if ok {
 					t.Fatalf("colocated request ended by a room message: %+v", f)
 				}
-				h.step(Abort{RID: q.RID})
+				h.step(AbortRequest{RID: q.RID})
 			default:
-				if !ok || f.Outcome != OutcomeAbortedPeer {
+				if !ok || f.Outcome != outcome.AbortedPeer {
 					t.Fatalf("want aborted_peer, got %+v", f)
 				}
 			}
@@ -367,10 +368,10 @@ func TestAbortBeforeArrival(t *testing.T) {
 		t.Run(role.String(), func(t *testing.T) {
 			h := newHarness(t, testConfig(role), 16)
 			q := request(1, 8, 4)
-			h.step(Abort{RID: q.RID, Room: q.Room, Gen: 1, Reason: AbortClient})
+			h.step(AbortRequest{RID: q.RID, Room: q.Room, Gen: 1, Reason: AbortClient})
 			effs := h.step(Arrive{Req: q})
 			f, ok := h.finalOf(q.RID)
-			if !ok || f.Outcome != OutcomeAbortedClient {
+			if !ok || f.Outcome != outcome.AbortedClient {
 				t.Fatalf("late arrival not failed at once: %+v\n%s", f, describe(effs))
 			}
 			if role == RoleDecode && len(sends[kvxfer.RoomOpen](effs)) != 0 {
@@ -383,7 +384,7 @@ func TestAbortBeforeArrival(t *testing.T) {
 			if h.m.reqs[q2.RID] == nil {
 				t.Fatalf("retry with gen 2 was refused: %+v", h.outcomes[q2.RID])
 			}
-			h.step(Abort{RID: q2.RID})
+			h.step(AbortRequest{RID: q2.RID})
 			// The tombstone expires.
 			h.advance(h.m.cfg.TombstoneTTL + time.Second)
 			if n := h.m.Stats(h.now).Tombstones; n != 0 {
@@ -401,10 +402,10 @@ func TestLateRoomOpenAfterPrefillFailed(t *testing.T) {
 	q := request(1, 8, 4)
 	h.step(Arrive{Req: q})
 	h.advance(11 * time.Second) // bootstrap timeout
-	if f, _ := h.finalOf(q.RID); f.Outcome != OutcomeTimeoutBootstrap {
+	if f, _ := h.finalOf(q.RID); f.Outcome != outcome.TimeoutBootstrap {
 		t.Fatalf("got %+v", f)
 	}
-	effs := h.step(Message{Peer: 7, Msg: roomOpen(q)})
+	effs := h.step(PeerMessage{Peer: 7, Msg: roomOpen(q)})
 	a := sends[kvxfer.Abort](effs)
 	if len(a) != 1 || a[0].Room != q.Room {
 		t.Fatalf("want ABORT for the late ROOM_OPEN, got\n%s", describe(effs))
@@ -420,7 +421,7 @@ func TestLateRoomOpenAfterPrefillFailed(t *testing.T) {
 func TestPendingOpenExpires(t *testing.T) {
 	h := newHarness(t, testConfig(RolePrefill), 16)
 	q := request(1, 8, 4)
-	h.step(Message{Peer: 7, Msg: roomOpen(q)})
+	h.step(PeerMessage{Peer: 7, Msg: roomOpen(q)})
 	if n := h.m.Stats(h.now).PendingOpens; n != 1 {
 		t.Fatalf("pending opens %d", n)
 	}
@@ -440,10 +441,10 @@ func TestPrefillRejectTellsDecode(t *testing.T) {
 	h := newHarness(t, testConfig(RolePrefill), 16)
 	q := request(1, 70, 4) // longer than the 64-token context
 	h.step(Arrive{Req: q})
-	if f, _ := h.finalOf(q.RID); f.Outcome != OutcomeRejectedInvalid {
+	if f, _ := h.finalOf(q.RID); f.Outcome != outcome.RejectedInvalid {
 		t.Fatalf("got %+v", f)
 	}
-	effs := h.step(Message{Peer: 7, Msg: roomOpen(q)})
+	effs := h.step(PeerMessage{Peer: 7, Msg: roomOpen(q)})
 	a := sends[kvxfer.Abort](effs)
 	if len(a) != 1 {
 		t.Fatalf("want ABORT:\n%s", describe(effs))
@@ -460,9 +461,9 @@ func TestIdentityMismatch(t *testing.T) {
 	h.step(Arrive{Req: q})
 	open := roomOpen(q)
 	open.RID = "rewritten"
-	effs := h.step(Message{Peer: 7, Msg: open})
+	effs := h.step(PeerMessage{Peer: 7, Msg: open})
 	f, _ := h.finalOf(q.RID)
-	if f.Outcome != OutcomeFailedTransfer || !contains(f.Err, "identity mismatch") {
+	if f.Outcome != outcome.FailedTransfer || !contains(f.Err, "identity mismatch") {
 		t.Fatalf("got %+v", f)
 	}
 	if len(sends[kvxfer.Abort](effs)) != 1 {
@@ -477,14 +478,14 @@ func TestChecksumMismatch(t *testing.T) {
 	h.step(Arrive{Req: q})
 	pages := h.m.reqs[q.RID].pages
 	for i := 0; i < 2; i++ {
-		h.step(Message{Peer: 7, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Seq: uint32(i), FirstPage: uint32(i), NPages: 1, Data: []byte("abcdefgh")}})
+		h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Seq: uint32(i), FirstPage: uint32(i), NPages: 1, Data: []byte("abcdefgh")}})
 	}
 	good := h.checksum(pages[:2])
-	effs := h.step(Message{Peer: 7, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NChunks: 2, NPages: 2, NTokens: 8, Checksum: good ^ 1}})
+	effs := h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NChunks: 2, NPages: 2, NTokens: 8, Checksum: good ^ 1}})
 	v := effectsOf[VerifyKV](effs)
 	effs = h.step(KVVerified{RID: v[0].RID, Gen: 1, Checksum: h.checksum(v[0].Pages)})
 	f, _ := h.finalOf(q.RID)
-	if f.Outcome != OutcomeFailedTransfer || !contains(f.Err, "checksum") {
+	if f.Outcome != outcome.FailedTransfer || !contains(f.Err, "checksum") {
 		t.Fatalf("got %+v", f)
 	}
 	if len(effectsOf[Emit](effs)) != 0 {
@@ -503,12 +504,12 @@ func TestStaleFramesAreDropped(t *testing.T) {
 	q := request(1, 8, 4)
 	h.step(Arrive{Req: q})
 	chunk := func(peer kvxfer.PeerID, gen uint32) []Effect {
-		return h.step(Message{Peer: peer, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: gen}, NPages: 1, Data: make([]byte, testPageBytes)}})
+		return h.step(PeerMessage{Peer: peer, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: gen}, NPages: 1, Data: make([]byte, testPageBytes)}})
 	}
 	if len(effectsOf[WriteKV](chunk(7, 2))) != 0 || len(effectsOf[WriteKV](chunk(8, 1))) != 0 {
 		t.Fatalf("stale or foreign frame written")
 	}
-	h.step(Abort{RID: q.RID})
+	h.step(AbortRequest{RID: q.RID})
 	if len(effectsOf[WriteKV](chunk(7, 1))) != 0 {
 		t.Fatalf("frame for an aborted room written")
 	}
@@ -526,7 +527,7 @@ func TestAbortMidBatchDefersFree(t *testing.T) {
 	h.step(Arrive{Req: q})
 	h.step(Schedule{})
 	used := h.alloc.Used()
-	h.step(Abort{RID: q.RID})
+	h.step(AbortRequest{RID: q.RID})
 	if h.alloc.Used() != used {
 		t.Fatalf("pages freed under the running forward")
 	}
@@ -537,7 +538,7 @@ func TestAbortMidBatchDefersFree(t *testing.T) {
 	if h.alloc.Used() != 0 {
 		t.Fatalf("pages not freed after the batch: %d", h.alloc.Used())
 	}
-	h.step(Abort{RID: q2.RID})
+	h.step(AbortRequest{RID: q2.RID})
 	h.quiesce()
 }
 
@@ -563,7 +564,7 @@ func TestPrefillUnparksForReadyRequest(t *testing.T) {
 	a, b := request(1, 40, 4), request(2, 40, 4)
 	for _, q := range []Request{a, b} {
 		h.step(Arrive{Req: q})
-		h.step(Message{Peer: 7, Msg: roomOpen(q)})
+		h.step(PeerMessage{Peer: 7, Msg: roomOpen(q)})
 	}
 	runUntil(h, a.RID, StageParked)
 	h.step(Schedule{})
@@ -571,24 +572,24 @@ func TestPrefillUnparksForReadyRequest(t *testing.T) {
 		t.Fatalf("setup: A %s, B %s", h.m.reqs[a.RID].stage, h.m.reqs[b.RID].stage)
 	}
 	// B's decode has pages; A's still does not.
-	h.step(Message{Peer: 7, Msg: kvxfer.RoomReady{RoomGen: kvxfer.RoomGen{Room: b.Room, Gen: 1}, NTokens: 40}})
+	h.step(PeerMessage{Peer: 7, Msg: kvxfer.RoomReady{RoomGen: kvxfer.RoomGen{Room: b.Room, Gen: 1}, NTokens: 40}})
 	h.step(Schedule{})
 	if h.m.reqs[a.RID].stage != StageWaiting || h.m.reqs[b.RID].stage != StagePrefilling {
 		t.Fatalf("A %s, B %s: want A's KV dropped and B computing", h.m.reqs[a.RID].stage, h.m.reqs[b.RID].stage)
 	}
 	runUntil(h, b.RID, StageTransferring)
-	h.step(Message{Peer: 7, Msg: kvxfer.KVAck{RoomGen: kvxfer.RoomGen{Room: b.Room, Gen: 1}}})
-	if f, _ := h.finalOf(b.RID); f.Outcome != OutcomeOK {
+	h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVAck{RoomGen: kvxfer.RoomGen{Room: b.Room, Gen: 1}}})
+	if f, _ := h.finalOf(b.RID); f.Outcome != outcome.OK {
 		t.Fatalf("B: %+v", f)
 	}
-	h.step(Message{Peer: 7, Msg: kvxfer.RoomReady{RoomGen: kvxfer.RoomGen{Room: a.Room, Gen: 1}, NTokens: 40}})
+	h.step(PeerMessage{Peer: 7, Msg: kvxfer.RoomReady{RoomGen: kvxfer.RoomGen{Room: a.Room, Gen: 1}, NTokens: 40}})
 	h.take()
 	runUntil(h, a.RID, StageTransferring)
 	if effs := h.take(); len(effectsOf[SendKVDone](effs)) != 1 {
 		t.Fatalf("A was not recomputed and sent:\n%s", describe(effs))
 	}
-	h.step(Message{Peer: 7, Msg: kvxfer.KVAck{RoomGen: kvxfer.RoomGen{Room: a.Room, Gen: 1}}})
-	if f, _ := h.finalOf(a.RID); f.Outcome != OutcomeOK {
+	h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVAck{RoomGen: kvxfer.RoomGen{Room: a.Room, Gen: 1}}})
+	if f, _ := h.finalOf(a.RID); f.Outcome != outcome.OK {
 		t.Fatalf("A: %+v", f)
 	}
 	if h.m.Stats(h.now).Counters.Preemptions != 1 {
@@ -635,10 +636,10 @@ func TestCancelBatchWhenAllItsRequestsEnded(t *testing.T) {
 		t.Fatalf("want one batch of both requests, got %+v", h.batch)
 	}
 	h.take()
-	if effs := h.step(Abort{RID: "r1", Reason: AbortClient}); len(effectsOf[CancelBatch](effs)) != 0 {
+	if effs := h.step(AbortRequest{RID: "r1", Reason: AbortClient}); len(effectsOf[CancelBatch](effs)) != 0 {
 		t.Fatalf("CancelBatch with a request of the batch still running: %s", describe(effs))
 	}
-	effs := h.step(Abort{RID: "r2", Reason: AbortClient})
+	effs := h.step(AbortRequest{RID: "r2", Reason: AbortClient})
 	if n := len(effectsOf[CancelBatch](effs)); n != 1 {
 		t.Fatalf("%d CancelBatch after the last request of the batch ended, want 1: %s", n, describe(effs))
 	}
@@ -651,7 +652,7 @@ func TestCancelBatchWhenAllItsRequestsEnded(t *testing.T) {
 		t.Fatalf("after the cancelled forward: %d pages used, %d live", h.alloc.Used(), h.m.Live())
 	}
 	for _, rid := range []string{"r1", "r2"} {
-		if f, _ := h.finalOf(rid); f.Outcome != OutcomeAbortedClient {
+		if f, _ := h.finalOf(rid); f.Outcome != outcome.AbortedClient {
 			t.Errorf("%s ended %s, want aborted_client", rid, f.Outcome)
 		}
 	}

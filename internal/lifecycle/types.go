@@ -8,6 +8,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // Role is what a worker does.
@@ -87,52 +88,6 @@ func (r Role) Stages() []Stage {
 		return []Stage{StageWaiting, StagePrefilling, StageDecoding, StagePreempted}
 	}
 	return nil
-}
-
-// Outcome is how a request ended on one worker; a small enum used as a
-// metrics label.
-type Outcome uint8
-
-// Outcomes.
-const (
-	OutcomeNone             Outcome = iota
-	OutcomeOK                       // finished: stop, length or a stop string
-	OutcomeAbortedClient            // the client (or router on its behalf) aborted
-	OutcomeAbortedPeer              // the other leg failed or aborted
-	OutcomeTimeoutBootstrap         // decode never opened the room
-	OutcomeTimeoutQueue             // waited too long for a batch or for pages
-	OutcomeTimeoutKVHold            // prefill held KV longer than --kv-hold-timeout
-	OutcomeTimeoutTransfer          // KV transfer took longer than --transfer-timeout
-	OutcomeTimeoutRequest           // the whole request exceeded --max-request-time
-	OutcomeLeaseExpired             // the peer stopped renewing the room
-	OutcomePeerLost                 // the KV connection died
-	OutcomeFailedTransfer           // checksum mismatch, incomplete KV, identity mismatch
-	OutcomeRejectedInvalid          // bad request (empty, too long, duplicate id)
-	OutcomeRejectedCapacity         // can never fit in this worker's pool
-	OutcomeFailedInternal           // the model failed
-	OutcomeShutdown                 // the worker shut down
-	numOutcomes
-)
-
-var outcomeNames = [numOutcomes]string{"none", "ok", "aborted_client", "aborted_peer",
-	"timeout_bootstrap", "timeout_queue", "timeout_kv_hold", "timeout_transfer",
-	"timeout_request", "lease_expired", "peer_lost", "failed_transfer", "rejected_invalid",
-	"rejected_capacity", "failed_internal", "shutdown"}
-
-func (o Outcome) String() string {
-	if o < numOutcomes {
-		return outcomeNames[o]
-	}
-	return fmt.Sprintf("outcome(%d)", uint8(o))
-}
-
-// Outcomes lists every outcome a request can end with.
-func Outcomes() []Outcome {
-	out := make([]Outcome, 0, numOutcomes-1)
-	for o := OutcomeOK; o < numOutcomes; o++ {
-		out = append(out, o)
-	}
-	return out
 }
 
 // Config is a machine's configuration. Durations are wall-clock spans
@@ -264,7 +219,7 @@ type Request struct {
 // AbortReason says who ended a request through the abort API.
 type AbortReason uint8
 
-// Abort reasons.
+// AbortRequest reasons.
 const (
 	// AbortClient: the client disconnected or asked to cancel.
 	AbortClient AbortReason = iota + 1
@@ -280,9 +235,9 @@ type Event interface{ event() }
 // Arrive admits a request.
 type Arrive struct{ Req Request }
 
-// Abort ends a request by RID, or by Room (and Gen, 0 = any). An abort for a
+// AbortRequest ends a request by RID, or by Room (and Gen, 0 = any). An abort for a
 // request the machine does not know leaves a tombstone.
-type Abort struct {
+type AbortRequest struct {
 	RID    string
 	Room   kvxfer.Room
 	Gen    uint32
@@ -304,8 +259,8 @@ type BatchDone struct {
 	Err error
 }
 
-// Message is a room message from a KV peer.
-type Message struct {
+// PeerMessage is a room message from a KV peer.
+type PeerMessage struct {
 	Peer kvxfer.PeerID
 	Msg  kvxfer.Message
 }
@@ -333,17 +288,17 @@ type Shutdown struct{}
 // shell no longer touches its pages.
 type IODone struct{ Job uint64 }
 
-func (Arrive) event()     {}
-func (Abort) event()      {}
-func (Tick) event()       {}
-func (Schedule) event()   {}
-func (BatchDone) event()  {}
-func (Message) event()    {}
-func (PeerUp) event()     {}
-func (PeerLost) event()   {}
-func (KVVerified) event() {}
-func (Shutdown) event()   {}
-func (IODone) event()     {}
+func (Arrive) event()       {}
+func (AbortRequest) event() {}
+func (Tick) event()         {}
+func (Schedule) event()     {}
+func (BatchDone) event()    {}
+func (PeerMessage) event()  {}
+func (PeerUp) event()       {}
+func (PeerLost) event()     {}
+func (KVVerified) event()   {}
+func (Shutdown) event()     {}
+func (IODone) event()       {}
 
 // Effect is an output of Ready, to be executed by the shell in order.
 type Effect interface{ effect() }
@@ -430,7 +385,7 @@ type Emit struct {
 type Finalize struct {
 	RID          string
 	RoomGen      kvxfer.RoomGen
-	Outcome      Outcome
+	Outcome      outcome.Outcome
 	Err          string // empty when Outcome is OK
 	FinishReason string // "stop" or "length" when Outcome is OK
 	PromptTokens int

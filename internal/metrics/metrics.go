@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // Latency buckets in seconds: 1 ms … ~160 s, roughly ×2 per bucket
@@ -67,7 +68,7 @@ func NewWorker(reg prometheus.Registerer, role lifecycle.Role, snap Snapshot) (*
 		Name: "pdserve_forward_batches_total",
 		Help: "Forward passes run, by kind (prefill, decode, mixed).",
 	}, []string{"role", "kind"})
-	for _, o := range lifecycle.Outcomes() {
+	for _, o := range outcome.Worker() {
 		w.finished.WithLabelValues(r, o.String())
 	}
 	for _, c := range []prometheus.Collector{w.finished, w.stageDuration, ttft, itl, e2e, w.kvBytes, w.batches,
@@ -85,7 +86,7 @@ func (w *Worker) Finished(f lifecycle.Finalize) {
 	for s, d := range f.StageTime {
 		w.stageDuration.WithLabelValues(w.role, s.String()).Observe(d.Seconds())
 	}
-	if f.Outcome == lifecycle.OutcomeOK {
+	if f.Outcome == outcome.OK {
 		w.e2e.Observe(f.Age.Seconds())
 	}
 }

@@ -10,7 +10,6 @@ package model
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 )
@@ -30,50 +29,6 @@ type Info struct {
 	// Digest identifies the weights (for the simulated model: its parameters).
 	// Two workers may exchange KV only if their digests are equal.
 	Digest string
-}
-
-// Fingerprint is what two workers compare in the KV channel handshake.
-type Fingerprint struct {
-	Model    string // Info.Name
-	Digest   string // Info.Digest
-	Layers   int
-	KVHeads  int
-	HeadDim  int
-	DType    string
-	PageSize int
-}
-
-// FingerprintOf builds the handshake fingerprint of a model with a page size.
-func FingerprintOf(info Info, pageSize int) Fingerprint {
-	g := info.Geometry
-	return Fingerprint{Model: info.Name, Digest: info.Digest, Layers: g.Layers, KVHeads: g.KVHeads,
-		HeadDim: g.HeadDim, DType: g.DType.String(), PageSize: pageSize}
-}
-
-// Mismatch returns "" when f and o can exchange KV, or a message naming every
-// field that differs, e.g. "page_size 16 vs 32".
-func (f Fingerprint) Mismatch(o Fingerprint) string {
-	var diffs []string
-	add := func(name string, a, b any) {
-		if a != b {
-			diffs = append(diffs, fmt.Sprintf("%s %v vs %v", name, a, b))
-		}
-	}
-	add("model", f.Model, o.Model)
-	add("digest", f.Digest, o.Digest)
-	add("layers", f.Layers, o.Layers)
-	add("kv_heads", f.KVHeads, o.KVHeads)
-	add("head_dim", f.HeadDim, o.HeadDim)
-	add("dtype", f.DType, o.DType)
-	add("page_size", f.PageSize, o.PageSize)
-	if len(diffs) == 0 {
-		return ""
-	}
-	s := diffs[0]
-	for _, d := range diffs[1:] {
-		s += ", " + d
-	}
-	return s
 }
 
 // SeqInput is one sequence of a forward batch.

@@ -58,18 +58,6 @@ func TestSampleDeterministicAndDistributed(t *testing.T) {
 	}
 }
 
-func TestFingerprintMismatch(t *testing.T) {
-	a := Fingerprint{Model: "m", Layers: 2, KVHeads: 2, HeadDim: 8, DType: "bf16", PageSize: 16}
-	if a.Mismatch(a) != "" {
-		t.Fatal("equal fingerprints mismatch")
-	}
-	b := a
-	b.PageSize, b.DType = 32, "f32"
-	if got := a.Mismatch(b); got != "dtype bf16 vs f32, page_size 16 vs 32" {
-		t.Fatalf("mismatch %q", got)
-	}
-}
-
 // sampleRef is Sample as it was before the partial sort (a full sort.Slice
 // of the vocabulary): the reference that Sample must match bit for bit.
 func sampleRef(logits []float32, p SamplingParams, step int) (int32, float32) {

@@ -37,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/worker"
@@ -117,7 +118,7 @@ type workerState struct {
 	// healthy is set by the last health check; kvAddr by the last info.
 	healthy  bool
 	kvAddr   string
-	fp       model.Fingerprint
+	fp       kvxfer.Fingerprint
 	ctxLen   int
 	lastErr  string
 	failures int
@@ -164,7 +165,7 @@ func (w *workerState) snapshot() (healthy bool, kvAddr string) {
 	return w.healthy, w.kvAddr
 }
 
-func (w *workerState) fingerprint() model.Fingerprint {
+func (w *workerState) fingerprint() kvxfer.Fingerprint {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.fp
@@ -543,7 +544,7 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		openai.WriteError(w, openai.NotFound("no route for %s %s", req.Method, req.URL.Path))
 	})
-	return OpenAIFirst(oa, mux)
+	return openai.Routes(oa, mux)
 }
 
 // contextLen is the smallest context length among healthy workers (a
@@ -592,18 +593,4 @@ func (r *Router) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	b, _ := json.Marshal(map[string]any{"workers": r.Workers()})
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
-}
-
-// OpenAIFirst sends every path under /v1 (and any path ServeMux would
-// redirect, such as "//v1/x") straight to the OpenAI handler, which answers
-// unknown ones with a JSON 404, and the rest to mux.
-func OpenAIFirst(oa, mux http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p := r.URL.Path
-		if p == "/v1" || strings.HasPrefix(p, "/v1/") || strings.HasPrefix(p, "//") {
-			oa.ServeHTTP(w, r)
-			return
-		}
-		mux.ServeHTTP(w, r)
-	})
 }

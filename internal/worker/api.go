@@ -17,6 +17,7 @@ import (
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // Worker API paths.
@@ -94,32 +95,32 @@ const (
 
 // Info is the answer of /internal/v1/info.
 type Info struct {
-	Role        string            `json:"role"`
-	Model       string            `json:"model"`
-	KVPort      int               `json:"kv_port,omitempty"`
-	KVAddr      string            `json:"kv_addr,omitempty"`
-	Fingerprint model.Fingerprint `json:"fingerprint"`
-	ContextLen  int               `json:"context_len"`
-	VocabSize   int               `json:"vocab_size"`
+	Role        string             `json:"role"`
+	Model       string             `json:"model"`
+	KVPort      int                `json:"kv_port,omitempty"`
+	KVAddr      string             `json:"kv_addr,omitempty"`
+	Fingerprint kvxfer.Fingerprint `json:"fingerprint"`
+	ContextLen  int                `json:"context_len"`
+	VocabSize   int                `json:"vocab_size"`
 }
 
 // OutcomeError maps a terminal outcome to the HTTP status and OpenAI error
 // the caller sees; the outcome is carried in the error's code.
-func OutcomeError(o lifecycle.Outcome, msg string) *openai.Error {
+func OutcomeError(o outcome.Outcome, msg string) *openai.Error {
 	status := http.StatusInternalServerError
 	typ := openai.TypeServer
 	switch o {
-	case lifecycle.OutcomeRejectedInvalid, lifecycle.OutcomeRejectedCapacity:
+	case outcome.RejectedInvalid, outcome.RejectedCapacity:
 		status, typ = http.StatusBadRequest, openai.TypeInvalidRequest
-	case lifecycle.OutcomeAbortedClient:
+	case outcome.AbortedClient:
 		status, typ = openai.StatusClientClosedRequest, openai.TypeInvalidRequest
-	case lifecycle.OutcomeTimeoutQueue, lifecycle.OutcomeShutdown:
+	case outcome.TimeoutQueue, outcome.Shutdown:
 		status = http.StatusServiceUnavailable
-	case lifecycle.OutcomeTimeoutBootstrap, lifecycle.OutcomeTimeoutKVHold, lifecycle.OutcomeTimeoutTransfer,
-		lifecycle.OutcomeTimeoutRequest:
+	case outcome.TimeoutBootstrap, outcome.TimeoutKVHold, outcome.TimeoutTransfer,
+		outcome.TimeoutRequest:
 		status = http.StatusGatewayTimeout
-	case lifecycle.OutcomeAbortedPeer, lifecycle.OutcomeLeaseExpired, lifecycle.OutcomePeerLost,
-		lifecycle.OutcomeFailedTransfer:
+	case outcome.AbortedPeer, outcome.LeaseExpired, outcome.PeerLost,
+		outcome.FailedTransfer:
 		status = http.StatusBadGateway
 	}
 	return &openai.Error{Status: status, Type: typ, Message: msg, Code: o.String()}
@@ -244,7 +245,7 @@ func (w *Worker) submit(q lifecycle.Request) *waiter {
 // abortOnExit aborts rid as the client's if the handler returns before the
 // request ended (the caller disconnected).
 func (w *Worker) abortClient(rid string) {
-	w.post(lifecycle.Abort{RID: rid, Reason: lifecycle.AbortClient, Detail: "caller disconnected"})
+	w.post(lifecycle.AbortRequest{RID: rid, Reason: lifecycle.AbortClient, Detail: "caller disconnected"})
 }
 
 // arriveLeg reads a leg's body and submits it; on bad input it answers the
@@ -279,7 +280,7 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 		w.abortClient(q.RID)
 		return
 	}
-	if fin.Outcome != lifecycle.OutcomeOK {
+	if fin.Outcome != outcome.OK {
 		openai.WriteError(rw, finalError(fin))
 		return
 	}
@@ -314,7 +315,7 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 			toks = held
 		}
 		if !started {
-			if fin != nil && len(toks) == 0 && fin.Outcome != lifecycle.OutcomeOK {
+			if fin != nil && len(toks) == 0 && fin.Outcome != outcome.OK {
 				openai.WriteError(rw, finalError(fin))
 				return
 			}
@@ -329,7 +330,7 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 		}
 		if fin != nil {
 			line.PromptTokens, line.OutputTokens = fin.PromptTokens, fin.OutputTokens
-			if fin.Outcome == lifecycle.OutcomeOK {
+			if fin.Outcome == outcome.OK {
 				line.FinishReason = fin.FinishReason
 			} else {
 				e := finalError(fin)
@@ -358,7 +359,7 @@ func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
 		openai.WriteError(rw, openai.BadRequest("rid", "rid is limited to %d bytes and detail to 4096", maxRIDBytes))
 		return
 	}
-	a := lifecycle.Abort{RID: b.RID, Gen: b.Gen, Detail: b.Detail}
+	a := lifecycle.AbortRequest{RID: b.RID, Gen: b.Gen, Detail: b.Detail}
 	if b.Room != "" {
 		room, err := kvxfer.ParseRoom(b.Room)
 		if err != nil {
@@ -457,7 +458,7 @@ func (s *localStream) Recv() (openai.Chunk, error) {
 		fin := s.pending
 		s.pending = nil
 		s.finished = true
-		if fin.Outcome != lifecycle.OutcomeOK {
+		if fin.Outcome != outcome.OK {
 			return openai.Chunk{}, finalError(fin)
 		}
 		return openai.Chunk{FinishReason: fin.FinishReason}, nil
@@ -474,12 +475,12 @@ func (s *localStream) Recv() (openai.Chunk, error) {
 		c.Tokens[i] = openai.Token{ID: t.Token, Logprob: t.Logprob}
 	}
 	if fin != nil {
-		if fin.Outcome != lifecycle.OutcomeOK && len(toks) > 0 {
+		if fin.Outcome != outcome.OK && len(toks) > 0 {
 			s.pending = fin // deliver the tokens, then the error
 			return c, nil
 		}
 		s.finished = true
-		if fin.Outcome != lifecycle.OutcomeOK {
+		if fin.Outcome != outcome.OK {
 			return openai.Chunk{}, finalError(fin)
 		}
 		c.FinishReason = fin.FinishReason
@@ -490,7 +491,7 @@ func (s *localStream) Recv() (openai.Chunk, error) {
 func (s *localStream) Stop() {
 	if !s.finished && !s.stopped {
 		s.stopped = true
-		s.w.post(lifecycle.Abort{RID: s.rid, Reason: lifecycle.AbortStop})
+		s.w.post(lifecycle.AbortRequest{RID: s.rid, Reason: lifecycle.AbortStop})
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/outcome"
 
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/openai"
@@ -20,27 +21,27 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestOutcomeError maps every outcome to its HTTP status, carrying the
 // outcome as the error code.
 func TestOutcomeError(t *testing.T) {
-	want := map[lifecycle.Outcome]int{
-		lifecycle.OutcomeOK:               http.StatusInternalServerError, // never an error; listed for completeness
-		lifecycle.OutcomeAbortedClient:    openai.StatusClientClosedRequest,
-		lifecycle.OutcomeAbortedPeer:      http.StatusBadGateway,
-		lifecycle.OutcomeTimeoutBootstrap: http.StatusGatewayTimeout,
-		lifecycle.OutcomeTimeoutQueue:     http.StatusServiceUnavailable,
-		lifecycle.OutcomeTimeoutKVHold:    http.StatusGatewayTimeout,
-		lifecycle.OutcomeTimeoutTransfer:  http.StatusGatewayTimeout,
-		lifecycle.OutcomeTimeoutRequest:   http.StatusGatewayTimeout,
-		lifecycle.OutcomeLeaseExpired:     http.StatusBadGateway,
-		lifecycle.OutcomePeerLost:         http.StatusBadGateway,
-		lifecycle.OutcomeFailedTransfer:   http.StatusBadGateway,
-		lifecycle.OutcomeRejectedInvalid:  http.StatusBadRequest,
-		lifecycle.OutcomeRejectedCapacity: http.StatusBadRequest,
-		lifecycle.OutcomeFailedInternal:   http.StatusInternalServerError,
-		lifecycle.OutcomeShutdown:         http.StatusServiceUnavailable,
+	want := map[outcome.Outcome]int{
+		outcome.OK:               http.StatusInternalServerError, // never an error; listed for completeness
+		outcome.AbortedClient:    openai.StatusClientClosedRequest,
+		outcome.AbortedPeer:      http.StatusBadGateway,
+		outcome.TimeoutBootstrap: http.StatusGatewayTimeout,
+		outcome.TimeoutQueue:     http.StatusServiceUnavailable,
+		outcome.TimeoutKVHold:    http.StatusGatewayTimeout,
+		outcome.TimeoutTransfer:  http.StatusGatewayTimeout,
+		outcome.TimeoutRequest:   http.StatusGatewayTimeout,
+		outcome.LeaseExpired:     http.StatusBadGateway,
+		outcome.PeerLost:         http.StatusBadGateway,
+		outcome.FailedTransfer:   http.StatusBadGateway,
+		outcome.RejectedInvalid:  http.StatusBadRequest,
+		outcome.RejectedCapacity: http.StatusBadRequest,
+		outcome.FailedInternal:   http.StatusInternalServerError,
+		outcome.Shutdown:         http.StatusServiceUnavailable,
 	}
-	if len(want) != len(lifecycle.Outcomes()) {
-		t.Fatalf("table covers %d outcomes, there are %d", len(want), len(lifecycle.Outcomes()))
+	if len(want) != len(outcome.Worker()) {
+		t.Fatalf("table covers %d outcomes, there are %d", len(want), len(outcome.Worker()))
 	}
-	for _, o := range lifecycle.Outcomes() {
+	for _, o := range outcome.Worker() {
 		e := OutcomeError(o, "why")
 		if e.Status != want[o] || e.Code != o.String() || e.Message != "why" {
 			t.Errorf("%s: got %d %q %q, want %d", o, e.Status, e.Code, e.Message, want[o])

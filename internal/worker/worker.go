@@ -43,12 +43,13 @@ import (
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // BackendFactory builds the KV channel transport for a worker; the worker
 // passes itself as the handler, its model fingerprint, and the recycling
 // of its KV_CHUNK data buffers.
-type BackendFactory func(h kvxfer.Handler, fp model.Fingerprint, bufs DataBuffers) (kvxfer.Backend, error)
+type BackendFactory func(h kvxfer.Handler, fp kvxfer.Fingerprint, bufs DataBuffers) (kvxfer.Backend, error)
 
 // DataBuffers lets a transport share the worker's KV_CHUNK data buffers
 // (one chunk is up to lifecycle.Config.MaxChunkPages pages, megabytes), so
@@ -214,8 +215,16 @@ func New(cfg Config) (*Worker, error) {
 }
 
 // Fingerprint is what this worker's KV channel compares with its peers.
-func (w *Worker) Fingerprint() model.Fingerprint {
-	return model.FingerprintOf(w.info, w.cfg.Machine.PageSize)
+func (w *Worker) Fingerprint() kvxfer.Fingerprint {
+	return FingerprintOf(w.info, w.cfg.Machine.PageSize)
+}
+
+// FingerprintOf is the KV fingerprint of a model served with pageSize-token
+// pages: what a worker's KV channel compares with its peers'.
+func FingerprintOf(info model.Info, pageSize int) kvxfer.Fingerprint {
+	g := info.Geometry
+	return kvxfer.Fingerprint{Model: info.Name, Digest: info.Digest, Layers: g.Layers, KVHeads: g.KVHeads,
+		HeadDim: g.HeadDim, DType: g.DType.String(), PageSize: pageSize}
 }
 
 // Role is the worker's role.
@@ -411,7 +420,7 @@ func (w *Worker) run() {
 
 func (w *Worker) arrive(a lifecycle.Arrive, wt *waiter) {
 	if _, dup := w.waiters[a.Req.RID]; dup {
-		wt.finish(lifecycle.Finalize{RID: a.Req.RID, Outcome: lifecycle.OutcomeRejectedInvalid,
+		wt.finish(lifecycle.Finalize{RID: a.Req.RID, Outcome: outcome.RejectedInvalid,
 			Err: fmt.Sprintf("request id %q is already in use on this worker", a.Req.RID)})
 		return
 	}
@@ -500,7 +509,7 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 		}
 	case lifecycle.Finalize:
 		w.metrics.Finished(x)
-		if x.Outcome != lifecycle.OutcomeOK && x.Outcome != lifecycle.OutcomeAbortedClient {
+		if x.Outcome != outcome.OK && x.Outcome != outcome.AbortedClient {
 			w.log.Info("request failed", "rid", x.RID, "room", x.RoomGen.String(), "outcome", x.Outcome.String(), "err", x.Err)
 		}
 		if wt := w.waiters[x.RID]; wt != nil {
@@ -660,7 +669,7 @@ func (w *Worker) PeerUp(p kvxfer.PeerID, remote string) {
 
 // HandleMessage implements kvxfer.Handler.
 func (w *Worker) HandleMessage(p kvxfer.PeerID, m kvxfer.Message) {
-	w.post(lifecycle.Message{Peer: p, Msg: m})
+	w.post(lifecycle.PeerMessage{Peer: p, Msg: m})
 }
 
 // PeerLost implements kvxfer.Handler.

@@ -23,6 +23,7 @@ import (
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 func TestMain(m *testing.M) {
@@ -344,7 +345,7 @@ func routerAsWorker(c *cluster.Cluster) gatherer { return routerGatherer{c.Route
 func debugCounters(t *testing.T, c *cluster.Cluster) string {
 	var b strings.Builder
 	for _, w := range c.Workers() {
-		for _, o := range lifecycle.Outcomes() {
+		for _, o := range outcome.Worker() {
 			if n := counterValue(t, workerGatherer{w}, "pdserve_requests_finished_total", "outcome", o.String()); n > 0 {
 				fmt.Fprintf(&b, " %s:%s=%v", w.Worker.Role(), o, n)
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvxfer/fault"
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // gate holds the frames of some types a worker sends until it is opened,
@@ -398,7 +399,7 @@ func TestSilentPeerFailsRoomsOnBothSides(t *testing.T) {
 	defer func() {
 		if t.Failed() {
 			for _, w := range c.Workers() {
-				for _, o := range lifecycle.Outcomes() {
+				for _, o := range outcome.Worker() {
 					if n := counterValue(t, workerGatherer{w}, "pdserve_requests_finished_total", "outcome", o.String()); n > 0 {
 						t.Logf("%s: %s %v", w.Worker.Role(), o, n)
 					}

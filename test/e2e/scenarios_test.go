@@ -74,7 +74,7 @@ func TestPrefillFailsAfterDecodeStarted(t *testing.T) {
 
 // fakeDecode is a decode worker's HTTP API that passes health checks and
 // resets every decode leg at the transport level.
-func fakeDecode(t *testing.T, fp model.Fingerprint, info model.Info) *httptest.Server {
+func fakeDecode(t *testing.T, fp kvxfer.Fingerprint, info model.Info) *httptest.Server {
 	t.Helper()
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -186,7 +186,7 @@ func TestPrefillNotReady(t *testing.T) {
 	deadPort := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	mc := testMachine()
-	fp := model.FingerprintOf(info, mc.PageSize)
+	fp := worker.FingerprintOf(info, mc.PageSize)
 	var prefillLegs atomic.Int64
 	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/kvxfer/tcp"
-	"github.com/pdserve/pdserve/internal/model"
 )
 
 // handler is a kvxfer.Handler that records what it hears and lets tests
@@ -133,7 +132,7 @@ func (h *handler) lostCalls(p kvxfer.PeerID) int {
 	return h.lost[p].calls
 }
 
-var testFP = model.Fingerprint{Model: "sim-tiny", Layers: 2, KVHeads: 2, HeadDim: 8, DType: "f32", PageSize: 16}
+var testFP = kvxfer.Fingerprint{Model: "sim-tiny", Layers: 2, KVHeads: 2, HeadDim: 8, DType: "f32", PageSize: 16}
 
 // kvPair is a prefill (listening) and a decode (dialing through a Net) tcp
 // Backend, each wrapped in a fault Backend with no faults, connected.

@@ -8,14 +8,13 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
-	"github.com/pdserve/pdserve/internal/model"
 )
 
 // waitTimeout bounds every wait in these tests; they normally finish in
 // milliseconds, so it only matters when something is broken.
 const waitTimeout = 10 * time.Second
 
-var testFP = model.Fingerprint{Model: "sim-tiny", Digest: "sim:1", Layers: 2, KVHeads: 2, HeadDim: 8,
+var testFP = kvxfer.Fingerprint{Model: "sim-tiny", Digest: "sim:1", Layers: 2, KVHeads: 2, HeadDim: 8,
 	DType: "f32", PageSize: 16}
 
 type eventKind int

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
-	"github.com/pdserve/pdserve/internal/model"
 )
 
 // Defaults for zero Config fields.
@@ -55,7 +54,7 @@ var (
 type Config struct {
 	// Fingerprint is this worker's model fingerprint. The listening side
 	// refuses a connecting peer whose fingerprint differs in any field.
-	Fingerprint model.Fingerprint
+	Fingerprint kvxfer.Fingerprint
 	// Auth is a shared secret sent in HELLO; the listening side refuses a
 	// peer whose Auth differs (empty on both sides is a match).
 	Auth string

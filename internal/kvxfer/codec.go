@@ -23,7 +23,7 @@ package kvxfer
 //	KV_DONE     roomgen | u32 n_chunks | u32 n_pages | u32 n_tokens | u32 checksum |
 //	            i32 first_token | f32 first_logprob
 //	KV_ACK      roomgen
-//	ABORT       roomgen | str reason
+//	ABORT       roomgen | u8 outcome | str role | str stage | str detail
 //	ABORT_ACK   roomgen
 //
 // A payload must be consumed exactly: trailing bytes are malformed.
@@ -36,6 +36,8 @@ import (
 	"math"
 	"net"
 	"unicode/utf8"
+
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // Codec limits.
@@ -107,7 +109,7 @@ func payloadBounds(t Type) (lo, hi int, ok bool) {
 	case TypeKVAck, TypeAbortAck:
 		return roomGenBytes, roomGenBytes, true
 	case TypeAbort:
-		return roomGenBytes + 2, roomGenBytes + strMax, true
+		return roomGenBytes + 1 + 3*2, roomGenBytes + 1 + 3*strMax, true
 	}
 	return 0, 0, false
 }
@@ -116,7 +118,7 @@ func payloadBounds(t Type) (lo, hi int, ok bool) {
 // Data, and returns the extended buffer. m must be a value (not a pointer)
 // of one of this package's message types.
 //
-// Free-text reasons (HelloErr.Reason, Abort.Reason) longer than
+// Free-text fields (HelloErr.Reason, Abort.Cause's strings) longer than
 // MaxStringBytes are cut at a UTF-8 boundary at or below that length. It
 // returns an error wrapping ErrUnknownType for another Message type,
 // ErrFieldTooLong for a longer identifier string, and ErrFrameTooLarge for a
@@ -220,7 +222,10 @@ func AppendFrameHeader(buf []byte, m Message) ([]byte, error) {
 	case Abort:
 		t = v.Type()
 		buf = appendRoomGen(buf, v.RoomGen)
-		buf = appendReason(buf, v.Reason)
+		buf = append(buf, byte(v.Cause.Outcome))
+		buf = appendReason(buf, v.Cause.Role)
+		buf = appendReason(buf, v.Cause.Stage)
+		buf = appendReason(buf, v.Cause.Detail)
 	case AbortAck:
 		t = v.Type()
 		buf = appendRoomGen(buf, v.RoomGen)
@@ -362,7 +367,13 @@ func DecodePayload(t Type, payload []byte) (Message, error) {
 	case TypeKVAck:
 		m = KVAck{RoomGen: d.roomGen("room")}
 	case TypeAbort:
-		m = Abort{RoomGen: d.roomGen("room"), Reason: d.str("reason")}
+		a := Abort{RoomGen: d.roomGen("room")}
+		a.Cause.Outcome = outcome.Outcome(d.u8("outcome"))
+		if _, err := a.Cause.Outcome.MarshalText(); err != nil && d.err == nil {
+			d.err = fmt.Errorf("%w: ABORT outcome %d is no outcome", ErrMalformed, a.Cause.Outcome)
+		}
+		a.Cause.Role, a.Cause.Stage, a.Cause.Detail = d.str("role"), d.str("stage"), d.str("detail")
+		m = a
 	case TypeAbortAck:
 		m = AbortAck{RoomGen: d.roomGen("room")}
 	}
@@ -410,6 +421,13 @@ func (d *cursor) take(n int, field string) []byte {
 	p := d.b[:n:n]
 	d.b = d.b[n:]
 	return p
+}
+
+func (d *cursor) u8(field string) uint8 {
+	if p := d.take(1, field); p != nil {
+		return p[0]
+	}
+	return 0
 }
 
 func (d *cursor) u16(field string) uint16 {

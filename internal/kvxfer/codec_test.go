@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // cmpMsg compares messages: []byte with bytes.Equal (nil equals empty) and
@@ -57,7 +59,9 @@ func sampleMessages() []Message {
 			FirstLogprob: -0.25},
 		KVDone{RoomGen: rg, FirstLogprob: float32(math.NaN())},
 		KVAck{RoomGen: rg},
-		Abort{RoomGen: rg, Reason: "client disconnected"},
+		Abort{RoomGen: rg, Cause: outcome.Cause{Detail: "client disconnected"}},
+		Abort{RoomGen: rg, Cause: outcome.Cause{Outcome: outcome.FailedTransfer, Role: "decode", Stage: "awaiting_kv",
+			Detail: "KV checksum mismatch"}},
 		AbortAck{RoomGen: rg},
 	}
 }
@@ -143,6 +147,9 @@ func TestWireFormat(t *testing.T) {
 		{Ping{Nonce: 0x0102}, []byte{0, 0, 0, 9, 4, 2, 1, 0, 0, 0, 0, 0, 0}},
 		{HelloOK{}, []byte{0, 0, 0, 1, 2}},
 		{HelloErr{Reason: "no"}, []byte{0, 0, 0, 5, 3, 2, 0, 'n', 'o'}},
+		{Abort{RoomGen: rg, Cause: outcome.Cause{Outcome: outcome.PeerLost, Role: "p", Detail: "x"}},
+			append(append([]byte{0, 0, 0, 30, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff}, 4, 3, 2, 1),
+				byte(outcome.PeerLost), 1, 0, 'p', 0, 0, 1, 0, 'x')},
 		{KVAck{RoomGen: rg}, append([]byte{0, 0, 0, 21, 11, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff},
 			4, 3, 2, 1)},
 		{RoomRenew{Rooms: []RoomGen{rg}}, append([]byte{0, 0, 0, 25, 8, 1, 0, 0, 0,
@@ -248,8 +255,10 @@ func TestMalformedFields(t *testing.T) {
 			"ROOM_RENEW count 4294967295"},
 		{"renew partial room", withPayload(TypeRoomRenew, append([]byte{1, 0, 0, 0}, rg[:19]...)), ErrMalformed,
 			"ROOM_RENEW count 1"},
-		{"abort reason too long", withPayload(TypeAbort, append(append([]byte(nil), rg...), longStr...)),
-			ErrMalformed, "ABORT payload is"},
+		{"abort reason too long", withPayload(TypeAbort, append(append(append([]byte(nil), rg...), 0, 0, 0, 0, 0), longStr...)),
+			ErrMalformed, "ABORT detail is 4097 bytes"},
+		{"abort outcome out of range", withPayload(TypeAbort, append(append([]byte(nil), rg...), 200, 0, 0, 0, 0, 0, 0)),
+			ErrMalformed, "ABORT outcome 200 is no outcome"},
 		{"hello string too long", withPayload(TypeHello, append([]byte{1, 0}, longStr...)), ErrMalformed,
 			"fingerprint model is 4097 bytes"},
 		{"string length past end", withPayload(TypeHelloErr, []byte{5, 0, 'a'}), ErrMalformed,
@@ -340,7 +349,7 @@ func TestEncodeErrors(t *testing.T) {
 func TestLongReasonCutAtRuneBoundary(t *testing.T) {
 	// "é" is two bytes; 4095 ASCII bytes put one across the limit.
 	reason := strings.Repeat("a", MaxStringBytes-1) + "é" + "tail"
-	for _, m := range []Message{Abort{Reason: reason}, HelloErr{Reason: reason}} {
+	for _, m := range []Message{Abort{Cause: outcome.Cause{Detail: reason}}, HelloErr{Reason: reason}} {
 		got, err := DecodePayload(m.Type(), mustFrame(t, m)[HeaderBytes:])
 		if err != nil {
 			t.Fatal(err)
@@ -348,7 +357,7 @@ func TestLongReasonCutAtRuneBoundary(t *testing.T) {
 		var r string
 		switch g := got.(type) {
 		case Abort:
-			r = g.Reason
+			r = g.Cause.Detail
 		case HelloErr:
 			r = g.Reason
 		}

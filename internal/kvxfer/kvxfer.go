@@ -29,6 +29,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // Room identifies one request's KV rendezvous between a prefill and a decode
@@ -113,7 +115,8 @@ func (t Type) String() string {
 }
 
 // ProtocolVersion is sent in HELLO; peers with another version are refused.
-const ProtocolVersion = 1
+// Version 2: ABORT carries a structured cause.
+const ProtocolVersion = 2
 
 // Message is one decoded frame.
 type Message interface {
@@ -189,10 +192,22 @@ type KVDone struct {
 // KVAck (decode → prefill): the KV arrived and verified; prefill may free it.
 type KVAck struct{ RoomGen }
 
-// Abort tells the peer that the room failed or was aborted, and why.
+// Abort tells the peer that the room failed or was aborted, and why. Cause
+// is the room's first failure as the sender knows it: its outcome, the side
+// and stage where it happened, and a detail for people. Cause.Outcome is
+// outcome.None when the sender knows no root cause (a room it never held);
+// Cause.Detail then says what it does know.
 type Abort struct {
 	RoomGen
-	Reason string
+	Cause outcome.Cause
+}
+
+// Reason is the abort's cause as one line of text.
+func (a Abort) Reason() string {
+	if a.Cause.Outcome == outcome.None {
+		return a.Cause.Detail
+	}
+	return a.Cause.String()
 }
 
 // AbortAck answers an Abort.

@@ -48,7 +48,10 @@ type req struct {
 	peerUp    bool // decode: the connection's handshake is done
 	ackSent   bool // decode: KV_ACK sent, prefill has let go of the room
 	peerEnded bool // the peer ended the room (its ABORT), so it is not told back
-	sentPages int  // prefill: prompt pages sent
+	// peerCause is the other side's first failure, when the peer's ABORT or
+	// the router's abort named one: an AbortedPeer end carries it.
+	peerCause outcome.Cause
+	sentPages int // prefill: prompt pages sent
 	chunks    uint32
 	lastRenew time.Time
 	// decode receive state
@@ -77,10 +80,13 @@ type pendingOpen struct {
 	readyNT uint32
 }
 
+// tombstone remembers how a room or request ended on this side (outcome)
+// and its first failure (cause), so that late arrivals fail at once with
+// the root cause.
 type tombstone struct {
 	gen     uint32
 	outcome outcome.Outcome
-	reason  string
+	cause   outcome.Cause
 	until   time.Time
 }
 
@@ -242,8 +248,33 @@ func (m *Machine) setStage(r *req, s Stage, d time.Duration, cause outcome.Outco
 
 // rejectEarly answers a request that was never admitted.
 func (m *Machine) rejectEarly(q Request, o outcome.Outcome, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	m.rejectEarlyCause(q, o, msg, m.cause(o, StageNone, msg))
+}
+
+// rejectEarlyCause answers a request that was never admitted, with the
+// first failure that ended it before it came.
+func (m *Machine) rejectEarlyCause(q Request, o outcome.Outcome, msg string, cause outcome.Cause) {
 	m.emit(Finalize{RID: q.RID, RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen}, Outcome: o,
-		Err: fmt.Sprintf(format, args...), PromptTokens: len(q.InputIDs)})
+		Err: msg, Cause: cause, PromptTokens: len(q.InputIDs)})
+}
+
+// cause is this side's failure o in stage s, as a Cause.
+func (m *Machine) cause(o outcome.Outcome, s Stage, detail string) outcome.Cause {
+	c := outcome.Cause{Outcome: o, Role: m.cfg.Role.String(), Detail: detail}
+	if s != StageNone && s != StageDone {
+		c.Stage = s.String()
+	}
+	return c
+}
+
+// rootCause is the first failure behind r ending with o: the peer's, if it
+// ended r and named one, otherwise this side's.
+func (m *Machine) rootCause(r *req, o outcome.Outcome, reason string) outcome.Cause {
+	if o == outcome.AbortedPeer && r.peerCause.Known() {
+		return r.peerCause
+	}
+	return m.cause(o, r.stage, reason)
 }
 
 // validate checks a request against the config; it returns the outcome and
@@ -350,17 +381,18 @@ func (m *Machine) arrive(q Request) {
 	}
 	if t, ok := m.tombFor(q.RID, q.Room, q.Gen); ok {
 		m.counters.TombstoneHits++
-		m.rejectEarly(q, t.outcome, "request was aborted before it arrived: %s", t.reason)
-		m.dropPendingWithAbort(q.Room, q.Gen, t.reason)
+		m.rejectEarlyCause(q, t.outcome, "request was aborted before it arrived: "+t.cause.Detail, t.cause)
+		m.dropPendingWithAbort(q.Room, q.Gen, t.cause)
 		return
 	}
 	if o, msg := m.validate(q); o != outcome.None {
-		m.rejectEarly(q, o, "%s", msg)
+		cause := m.cause(o, StageNone, msg)
+		m.rejectEarlyCause(q, o, msg, cause)
 		if m.cfg.Role == RolePrefill {
-			m.dropPendingWithAbort(q.Room, q.Gen, "prefill rejected the request: "+msg)
+			m.dropPendingWithAbort(q.Room, q.Gen, cause)
 		}
 		if m.cfg.Role != RoleColocated {
-			m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.AbortedPeer, "peer rejected the request: "+msg)
+			m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.AbortedPeer, cause)
 		}
 		return
 	}
@@ -373,7 +405,8 @@ func (m *Machine) arrive(q Request) {
 	}
 	if _, lost := m.lostPeers[q.Peer]; lost && m.cfg.Role == RoleDecode {
 		m.rejectEarly(q, outcome.PeerLost, "KV connection to %s was lost before the request arrived", q.PeerAddr)
-		m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.PeerLost, "decode lost its KV connection")
+		m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.PeerLost,
+			m.cause(outcome.PeerLost, StageNone, "decode lost its KV connection"))
 		return
 	}
 	r := &req{Request: q, arrived: m.now, stageSince: m.now}
@@ -434,8 +467,12 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 	if r.stage == StageDone {
 		return
 	}
+	var cause outcome.Cause
+	if o != outcome.OK {
+		cause = m.rootCause(r, o, reason)
+	}
 	if o != outcome.OK && m.shared(r) && o != outcome.PeerLost && !r.peerEnded {
-		m.emit(Send{Peer: r.Peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Reason: fmt.Sprintf("%s: %s", o, reason)}})
+		m.emit(Send{Peer: r.Peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Cause: cause}})
 	}
 	m.setStage(r, StageDone, 0, outcome.None)
 	m.stageCount[StageDone]--
@@ -453,7 +490,7 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 		delete(m.rooms, r.Room)
 	}
 	if o != outcome.OK && m.cfg.Role != RoleColocated {
-		m.addTomb(tombKey{room: r.Room}, r.Gen, o, reason)
+		m.addTomb(tombKey{room: r.Room}, r.Gen, o, cause)
 	}
 	m.record(r, "end %s %s", o, reason)
 	st := make(map[Stage]time.Duration)
@@ -471,7 +508,7 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 			f.OutputTokens = 0
 		}
 	} else {
-		f.Err = reason
+		f.Err, f.Cause = reason, cause
 	}
 	m.emit(f)
 }
@@ -516,14 +553,14 @@ func (m *Machine) free(pages []kvcache.PageID) {
 	}
 }
 
-func (m *Machine) addTomb(k tombKey, gen uint32, o outcome.Outcome, reason string) {
+func (m *Machine) addTomb(k tombKey, gen uint32, o outcome.Outcome, cause outcome.Cause) {
 	if k.room.IsZero() && k.rid == "" {
 		return
 	}
 	if _, exists := m.tombs[k]; !exists {
 		m.tombOrder = append(m.tombOrder, k)
 	}
-	m.tombs[k] = tombstone{gen: gen, outcome: o, reason: reason, until: m.now.Add(m.cfg.TombstoneTTL)}
+	m.tombs[k] = tombstone{gen: gen, outcome: o, cause: cause, until: m.now.Add(m.cfg.TombstoneTTL)}
 	for len(m.tombs) > m.cfg.MaxTombstones && len(m.tombOrder) > 0 {
 		delete(m.tombs, m.tombOrder[0])
 		m.tombOrder = m.tombOrder[1:]
@@ -546,14 +583,14 @@ func (m *Machine) tombFor(rid string, room kvxfer.Room, gen uint32) (tombstone, 
 	return tombstone{}, false
 }
 
-// dropPendingWithAbort removes a pending ROOM_OPEN and tells its sender.
-func (m *Machine) dropPendingWithAbort(room kvxfer.Room, gen uint32, reason string) {
+// dropPendingWithAbort removes a pending ROOM_OPEN and tells its sender why.
+func (m *Machine) dropPendingWithAbort(room kvxfer.Room, gen uint32, cause outcome.Cause) {
 	p, ok := m.pending[room]
 	if !ok || p.open.Gen != gen {
 		return
 	}
 	delete(m.pending, room)
-	m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Reason: reason}})
+	m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Cause: cause}})
 }
 
 func (m *Machine) abort(a AbortRequest) {
@@ -581,13 +618,17 @@ func (m *Machine) abort(a AbortRequest) {
 		if a.Reason == AbortStop {
 			return
 		}
+		cause := m.cause(o, StageNone, reason)
+		if o == outcome.AbortedPeer && a.Cause.Known() {
+			cause = a.Cause
+		}
 		if a.RID != "" {
-			m.addTomb(tombKey{rid: a.RID}, a.Gen, o, reason)
+			m.addTomb(tombKey{rid: a.RID}, a.Gen, o, cause)
 		}
 		if !a.Room.IsZero() {
-			m.addTomb(tombKey{room: a.Room}, a.Gen, o, reason)
+			m.addTomb(tombKey{room: a.Room}, a.Gen, o, cause)
 			if m.cfg.Role == RolePrefill {
-				m.dropPendingWithAbort(a.Room, a.Gen, reason)
+				m.dropPendingWithAbort(a.Room, a.Gen, cause)
 			}
 		}
 		return
@@ -595,6 +636,9 @@ func (m *Machine) abort(a AbortRequest) {
 	if o == outcome.OK {
 		m.finish(r, o, "", "stop")
 		return
+	}
+	if o == outcome.AbortedPeer && a.Cause.Known() {
+		r.peerCause = a.Cause
 	}
 	m.finish(r, o, reason, "")
 }
@@ -606,7 +650,8 @@ func (m *Machine) doShutdown() {
 	}
 	for room, p := range m.pending {
 		delete(m.pending, room)
-		m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Reason: "prefill worker is shutting down"}})
+		m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen,
+			Cause: m.cause(outcome.Shutdown, StageNone, "prefill worker is shutting down")}})
 	}
 }
 
@@ -637,8 +682,8 @@ func (m *Machine) tick() {
 		if now.Sub(p.at) >= m.cfg.BootstrapTimeout {
 			delete(m.pending, room)
 			m.counters.PendingOpensExpired++
-			m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen,
-				Reason: fmt.Sprintf("unknown_room: no prefill request arrived for room %s within %s", room, m.cfg.BootstrapTimeout)}})
+			m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Cause: m.cause(outcome.TimeoutBootstrap, StageNone,
+				fmt.Sprintf("unknown_room: no prefill request arrived for room %s within %s", room, m.cfg.BootstrapTimeout))}})
 		}
 	}
 	for p, at := range m.lostPeers {
@@ -806,17 +851,25 @@ func (m *Machine) peerAbort(p kvxfer.PeerID, a kvxfer.Abort) {
 	if po, ok := m.pending[a.Room]; ok && po.peer == p && po.open.Gen == a.Gen {
 		delete(m.pending, a.Room)
 	}
+	reason := "peer aborted: " + a.Reason()
 	r, ok := m.rooms[a.Room]
 	if !ok || r.Gen != a.Gen || (r.Peer != p && m.shared(r)) {
-		m.addTomb(tombKey{room: a.Room}, a.Gen, outcome.AbortedPeer, "peer aborted: "+a.Reason)
+		cause := a.Cause
+		if !cause.Known() {
+			cause = m.cause(outcome.AbortedPeer, StageNone, reason)
+		}
+		m.addTomb(tombKey{room: a.Room}, a.Gen, outcome.AbortedPeer, cause)
 		return
 	}
-	m.record(r, "ABORT from peer: %s", a.Reason)
+	m.record(r, "ABORT from peer: %s", a.Reason())
 	if m.cfg.Role == RoleDecode && r.ackSent {
 		return // prefill's side ended after handing over the KV
 	}
 	r.peerEnded = true
-	m.finish(r, outcome.AbortedPeer, "peer aborted: "+a.Reason, "")
+	if a.Cause.Known() {
+		r.peerCause = a.Cause
+	}
+	m.finish(r, outcome.AbortedPeer, reason, "")
 }
 
 // liveFor finds the live request for a room message and checks gen and peer;

@@ -52,17 +52,17 @@ func (m *Machine) prefillMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 // refuse answers a room message for a room this side does not hold with an
 // ABORT, so the peer fails at once instead of waiting for a deadline.
 func (m *Machine) refuse(p kvxfer.PeerID, rg kvxfer.RoomGen) {
-	reason := fmt.Sprintf("unknown_room: worker holds no room %s", rg)
+	cause := outcome.Cause{Detail: fmt.Sprintf("unknown_room: worker holds no room %s", rg)}
 	if t, ok := m.tombFor("", rg.Room, rg.Gen); ok {
 		m.counters.TombstoneHits++
-		reason = t.reason
+		cause = t.cause
 	} else if r, ok := m.rooms[rg.Room]; ok {
 		m.drop("stale_gen")
-		reason = fmt.Sprintf("stale generation %d: room %s is at gen %d", rg.Gen, rg.Room, r.Gen)
+		cause.Detail = fmt.Sprintf("stale generation %d: room %s is at gen %d", rg.Gen, rg.Room, r.Gen)
 	} else {
 		m.drop("unknown_room")
 	}
-	m.emit(Send{Peer: p, Msg: kvxfer.Abort{RoomGen: rg, Reason: reason}})
+	m.emit(Send{Peer: p, Msg: kvxfer.Abort{RoomGen: rg, Cause: cause}})
 }
 
 func (m *Machine) prefillRoomOpen(p kvxfer.PeerID, x kvxfer.RoomOpen) {
@@ -91,8 +91,8 @@ func (m *Machine) prefillRoomOpen(p kvxfer.PeerID, x kvxfer.RoomOpen) {
 		return
 	}
 	if m.shutdown || len(m.pending) >= m.cfg.MaxPendingOpens {
-		m.emit(Send{Peer: p, Msg: kvxfer.Abort{RoomGen: x.RoomGen,
-			Reason: fmt.Sprintf("prefill cannot hold room %s: %d rooms already wait for their request", x.Room, len(m.pending))}})
+		m.emit(Send{Peer: p, Msg: kvxfer.Abort{RoomGen: x.RoomGen, Cause: outcome.Cause{
+			Detail: fmt.Sprintf("prefill cannot hold room %s: %d rooms already wait for their request", x.Room, len(m.pending))}}})
 		return
 	}
 	m.pending[x.Room] = &pendingOpen{open: x, peer: p, at: m.now}

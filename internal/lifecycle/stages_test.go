@@ -332,7 +332,7 @@ func TestPeerAbortInEveryStage(t *testing.T) {
 	for _, s := range stageSetups {
 		t.Run(s.name(), func(t *testing.T) {
 			h, q := s.setup(t)
-			effs := h.step(PeerMessage{Peer: 7, Msg: kvxfer.Abort{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Reason: "decode gone"}})
+			effs := h.step(PeerMessage{Peer: 7, Msg: kvxfer.Abort{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Cause: outcome.Cause{Detail: "decode gone"}}})
 			if len(sends[kvxfer.AbortAck](effs)) != 1 {
 				t.Fatalf("no ABORT_ACK:\n%s", describe(effs))
 			}
@@ -449,8 +449,11 @@ func TestPrefillRejectTellsDecode(t *testing.T) {
 	if len(a) != 1 {
 		t.Fatalf("want ABORT:\n%s", describe(effs))
 	}
-	if want := "context length"; !contains(a[0].Reason, want) {
-		t.Fatalf("reason %q does not carry prefill's %q", a[0].Reason, want)
+	if want := "context length"; !contains(a[0].Reason(), want) {
+		t.Fatalf("reason %q does not carry prefill's %q", a[0].Reason(), want)
+	}
+	if c := a[0].Cause; c.Outcome != outcome.RejectedInvalid || c.Role != "prefill" {
+		t.Fatalf("cause %+v, want prefill's rejected_invalid", c)
 	}
 }
 
@@ -660,5 +663,64 @@ func TestCancelBatchWhenAllItsRequestsEnded(t *testing.T) {
 	h.step(Arrive{Req: request(3, 6, 2)})
 	if effs := h.step(Schedule{}); len(effectsOf[CancelBatch](effs)) != 0 || h.batch == nil {
 		t.Fatalf("next batch: %s", describe(effs))
+	}
+}
+
+// TestCauseTravels: a request's first failure reaches whoever reads either
+// side's answer. A peer's ABORT naming a cause, and the router's abort of
+// the other leg naming one, end the request with that cause; an end on this
+// side tells the peer its own cause (outcome, role, stage).
+func TestCauseTravels(t *testing.T) {
+	root := outcome.Cause{Outcome: outcome.FailedTransfer, Role: "decode", Stage: "awaiting_kv", Detail: "KV checksum mismatch"}
+	for _, s := range stageSetups {
+		t.Run(s.name()+"/peer_abort", func(t *testing.T) {
+			h, q := s.setup(t)
+			h.step(PeerMessage{Peer: 7, Msg: kvxfer.Abort{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Cause: root}})
+			if f, ok := h.finalOf(q.RID); ok && f.Outcome == outcome.AbortedPeer && f.Cause != root {
+				t.Fatalf("cause %+v, want the peer's %+v", f.Cause, root)
+			}
+			h.step(AbortRequest{RID: q.RID}) // a request that no longer needs its peer goes on
+			h.quiesce()
+		})
+		t.Run(s.name()+"/router_abort", func(t *testing.T) {
+			h, q := s.setup(t)
+			effs := h.step(AbortRequest{RID: q.RID, Reason: AbortPeerLeg, Cause: root})
+			f, ok := h.finalOf(q.RID)
+			if !ok || f.Outcome != outcome.AbortedPeer || f.Cause != root {
+				t.Fatalf("ended %+v, want aborted_peer with cause %+v", f, root)
+			}
+			if s.shared {
+				a := sends[kvxfer.Abort](effs)
+				if len(a) != 1 || a[0].Cause != root {
+					t.Fatalf("peer not told the root cause:\n%s", describe(effs))
+				}
+			}
+			h.quiesce()
+		})
+		t.Run(s.name()+"/own_failure", func(t *testing.T) {
+			h, q := s.setup(t)
+			stage := h.m.reqs[q.RID].stage
+			effs := h.advance(s.deadline)
+			f, ok := h.finalOf(q.RID)
+			if !ok {
+				t.Fatalf("not ended after its deadline:\n%s", describe(effs))
+			}
+			want := outcome.Cause{Outcome: f.Outcome, Role: s.role.String(), Stage: stage.String(), Detail: f.Err}
+			if f.Cause != want {
+				t.Fatalf("cause %+v, want %+v", f.Cause, want)
+			}
+			if s.shared {
+				var told []outcome.Cause
+				for _, a := range sends[kvxfer.Abort](effs) {
+					if a.Room == q.Room {
+						told = append(told, a.Cause)
+					}
+				}
+				if len(told) != 1 || told[0] != want {
+					t.Fatalf("peer not told this side's cause %+v:\n%s", want, describe(effs))
+				}
+			}
+			h.quiesce()
+		})
 	}
 }

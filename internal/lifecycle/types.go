@@ -243,6 +243,9 @@ type AbortRequest struct {
 	Gen    uint32
 	Reason AbortReason
 	Detail string
+	// Cause (AbortPeerLeg) is the other leg's first failure as the router
+	// saw it, if known: the request's end and the peer's ABORT carry it.
+	Cause outcome.Cause
 }
 
 // Tick lets time pass: deadlines, leases, renewals and tombstones are checked.
@@ -383,10 +386,13 @@ type Emit struct {
 // Finalize is emitted exactly once per admitted or rejected request: it ends
 // the request's HTTP answer and is counted in metrics.
 type Finalize struct {
-	RID          string
-	RoomGen      kvxfer.RoomGen
-	Outcome      outcome.Outcome
-	Err          string // empty when Outcome is OK
+	RID     string
+	RoomGen kvxfer.RoomGen
+	Outcome outcome.Outcome
+	Err     string // empty when Outcome is OK
+	// Cause is the request's first failure (zero when Outcome is OK): this
+	// side's own, or, for AbortedPeer, the other side's when it named one.
+	Cause        outcome.Cause
 	FinishReason string // "stop" or "length" when Outcome is OK
 	PromptTokens int
 	OutputTokens int

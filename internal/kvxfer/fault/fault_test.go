@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -152,7 +153,7 @@ func TestDrop(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	abort := kvxfer.Abort{Reason: "not faulted"}
+	abort := kvxfer.Abort{Cause: outcome.Cause{Detail: "not faulted"}}
 	if err := b.Send(1, abort); err != nil {
 		t.Fatal(err)
 	}
@@ -388,7 +389,7 @@ func TestCorrupt(t *testing.T) {
 			x.Gen = o.(kvxfer.KVAck).Gen
 			return x
 		}},
-		{kvxfer.Abort{RoomGen: rg, Reason: "why"}, func(o, g kvxfer.Message) kvxfer.Message {
+		{kvxfer.Abort{RoomGen: rg, Cause: outcome.Cause{Detail: "why"}}, func(o, g kvxfer.Message) kvxfer.Message {
 			x := g.(kvxfer.Abort)
 			x.Gen = o.(kvxfer.Abort).Gen
 			return x
@@ -506,7 +507,7 @@ func TestReset(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.SetConfig(Config{Reset: 1, Types: []kvxfer.Type{kvxfer.TypeAbort}}) // releases ack 0
-		if err := b.Send(1, kvxfer.Abort{Reason: "x"}); err != nil {
+		if err := b.Send(1, kvxfer.Abort{Cause: outcome.Cause{Detail: "x"}}); err != nil {
 			t.Fatal(err)
 		}
 		calls := inner.closeCalls()
@@ -715,7 +716,7 @@ func TestDeterministic(t *testing.T) {
 					}
 				}
 			}
-			ss = append(ss, sent{m: kvxfer.Abort{Reason: "closes"}})
+			ss = append(ss, sent{m: kvxfer.Abort{Cause: outcome.Cause{Detail: "closes"}}})
 			for _, c := range inner.closeCalls() {
 				ss = append(ss, sent{peer: c.peer})
 			}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -122,7 +123,7 @@ func TestHandshakeRefusedRaw(t *testing.T) {
 		first  []byte
 		reason string
 	}{
-		{"version", frame(t, kvxfer.Hello{Version: 9, Fingerprint: testFP}), "protocol version 9 vs 1 (decode vs prefill)"},
+		{"version", frame(t, kvxfer.Hello{Version: 9, Fingerprint: testFP}), fmt.Sprintf("protocol version 9 vs %d (decode vs prefill)", kvxfer.ProtocolVersion)},
 		{"not hello", frame(t, kvxfer.KVAck{}), "first frame is KV_ACK, want HELLO"},
 		{"garbage", []byte("GET / HTTP/1.1\r\n\r\n"), "frame too large"},
 		{"unknown type", []byte{0, 0, 0, 1, 77}, "unknown frame type: TYPE(77)"},
@@ -172,7 +173,7 @@ func TestMessagesInOrderBothWays(t *testing.T) {
 			kvxfer.RoomReady{RoomGen: rg, NTokens: uint32(i)},
 			kvxfer.RoomRenew{Rooms: []kvxfer.RoomGen{rg, roomGen(i + 1)}},
 			kvxfer.KVAck{RoomGen: rg},
-			kvxfer.Abort{RoomGen: rg, Reason: "client went away"},
+			kvxfer.Abort{RoomGen: rg, Cause: outcome.Cause{Detail: "client went away"}},
 			kvxfer.AbortAck{RoomGen: rg},
 		)
 		data := big[i*1000 : i*1000+i*37]

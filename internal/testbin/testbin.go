@@ -1,15 +1,21 @@
 // Package testbin builds a command of this module once per test binary, for
 // tests that run it as processes (the processes are the system under test,
-// so the build has no race detector).
+// so the build has no race detector), and runs those processes: their
+// output kept, stopped by signal, waited for with a deadline.
 package testbin
 
 import (
+	"bufio"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // Binary is a command built on first use.
@@ -51,4 +57,198 @@ func (b *Binary) Remove() {
 	if b.dir != "" {
 		_ = os.RemoveAll(b.dir)
 	}
+}
+
+// Proc is a running process of a built command: its stdout lines are kept
+// (for WaitLine), the tail of its stderr too (for failure messages).
+type Proc struct {
+	// Name names the process in messages (e.g. "prefill#2").
+	Name   string
+	cmd    *exec.Cmd
+	stderr *tail
+	exited chan struct{} // closed once the process was waited for
+	err    error         // Wait's result, set before exited closes
+
+	mu    sync.Mutex
+	lines []string
+}
+
+// Start runs bin with args and PDSERVE_LOG_LEVEL=warn added to the
+// environment (and env, KEY=VALUE entries, after it). The caller must Stop
+// or Kill it; Cleanup does, if t is given.
+func Start(t testing.TB, bin, name string, env []string, args ...string) (*Proc, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(append(os.Environ(), "PDSERVE_LOG_LEVEL=warn"), env...)
+	p := &Proc{Name: name, cmd: cmd, stderr: &tail{max: 64 << 10}, exited: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.lines = append(p.lines, sc.Text())
+			p.mu.Unlock()
+		}
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	if t != nil {
+		t.Cleanup(p.Kill)
+	}
+	return p, nil
+}
+
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Exited is closed once the process has exited and was reaped.
+func (p *Proc) Exited() <-chan struct{} { return p.exited }
+
+// Err is the process's exit error (nil for exit status 0); valid once
+// Exited is closed.
+func (p *Proc) Err() error {
+	<-p.exited
+	return p.err
+}
+
+// Stderr returns the last 64 KiB the process wrote to stderr.
+func (p *Proc) Stderr() string { return p.stderr.String() }
+
+// Lines returns the stdout lines so far.
+func (p *Proc) Lines() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.lines...)
+}
+
+// WaitLine waits until a stdout line matches re and returns its last
+// submatch (the whole match if re has no group). It fails if the process
+// exits first or timeout passes, with the stderr tail in the error.
+func (p *Proc) WaitLine(re *regexp.Regexp, timeout time.Duration) (string, error) {
+	var found string
+	matched := false
+	state, _ := WaitUntil(timeout, func() (bool, string) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, l := range p.lines {
+			if m := re.FindStringSubmatch(l); m != nil {
+				found, matched = m[len(m)-1], true
+				return true, ""
+			}
+		}
+		select {
+		case <-p.exited:
+			return true, "process exited"
+		default:
+		}
+		return false, fmt.Sprintf("%d lines so far", len(p.lines))
+	})
+	if !matched {
+		return "", fmt.Errorf("%s: no line matching %q within %s (%s); stderr:\n%s", p.Name, re, timeout, state, p.Stderr())
+	}
+	return found, nil
+}
+
+// Signal sends sig to the process (a no-op once it exited).
+func (p *Proc) Signal(sig os.Signal) error {
+	select {
+	case <-p.exited:
+		return nil
+	default:
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// Stop sends sig (SIGINT or SIGTERM) and waits up to timeout for the
+// process to exit; it returns the exit error, or an error if it did not
+// exit in time (it is then killed).
+func (p *Proc) Stop(sig os.Signal, timeout time.Duration) error {
+	if err := p.Signal(sig); err != nil {
+		return err
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+		if p.err != nil {
+			return fmt.Errorf("%s exited with %v after %v; stderr:\n%s", p.Name, p.err, sig, p.Stderr())
+		}
+		return nil
+	case <-t.C:
+		p.Kill()
+		return fmt.Errorf("%s did not exit within %s of %v; stderr:\n%s", p.Name, timeout, sig, p.Stderr())
+	}
+}
+
+// Kill sends SIGKILL and waits for the process to be reaped. It is
+// idempotent.
+func (p *Proc) Kill() {
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// tail keeps the last max bytes written to it.
+type tail struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+// Write keeps the end of b; it never fails.
+func (w *tail) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b = append(w.b, b...)
+	if over := len(w.b) - w.max; over > 0 {
+		w.b = append(w.b[:0], w.b[over:]...)
+	}
+	return len(b), nil
+}
+
+func (w *tail) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.b)
+}
+
+// WaitUntil checks cond every 10 ms until it holds or timeout passes, and
+// returns the last state cond described and whether it held.
+func WaitUntil(timeout time.Duration, cond func() (bool, string)) (string, bool) {
+	deadline := time.Now().Add(timeout)
+	tk := time.NewTicker(10 * time.Millisecond)
+	defer tk.Stop()
+	for {
+		ok, state := cond()
+		if ok {
+			return state, true
+		}
+		if time.Now().After(deadline) {
+			return state, false
+		}
+		<-tk.C
+	}
+}
+
+// FreePort returns a loopback port that was free a moment ago: it listens on
+// port 0 and closes, so that a process can bind it — and bind it again after
+// a restart.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -134,14 +134,14 @@ func TestFrozenWorkerFailsItsRequests(t *testing.T) {
 				}
 			}
 			frozenAt := time.Now()
-			if err := target.p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			if err := target.p.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
 			resumed := false
 			resume := func() {
 				if !resumed {
 					resumed = true
-					_ = target.p.cmd.Process.Signal(syscall.SIGCONT)
+					_ = target.p.Signal(syscall.SIGCONT)
 				}
 			}
 			defer resume()

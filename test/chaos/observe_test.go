@@ -16,24 +16,12 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/testbin"
 )
 
-// waitUntil polls cond every 10 ms until it holds or timeout passes, and
-// returns the last state cond described and whether it held.
+// waitUntil checks cond every 10 ms until it holds or timeout passes.
 func waitUntil(timeout time.Duration, cond func() (bool, string)) (string, bool) {
-	deadline := time.Now().Add(timeout)
-	tk := time.NewTicker(10 * time.Millisecond)
-	defer tk.Stop()
-	for {
-		ok, state := cond()
-		if ok {
-			return state, true
-		}
-		if time.Now().After(deadline) {
-			return state, false
-		}
-		<-tk.C
-	}
+	return testbin.WaitUntil(timeout, cond)
 }
 
 // getBody GETs url and returns the body of a 200 answer.

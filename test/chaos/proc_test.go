@@ -1,16 +1,11 @@
 package chaos
 
 import (
-	"bufio"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,118 +19,29 @@ var pdserve = testbin.New("github.com/pdserve/pdserve/cmd/pdserve")
 // pdserveBinary returns the path of the built pdserve binary.
 func pdserveBinary(t *testing.T) string { return pdserve.Path(t) }
 
-// freePort returns a loopback port that was free a moment ago: the test
-// listens on port 0 and closes, so that a process can bind it — and bind
-// it again after a restart.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int { return testbin.FreePort(t) }
 
-// tail keeps the last max bytes written to it.
-type tail struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-// Write keeps the end of p; it never fails.
-func (w *tail) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.b = append(w.b, p...)
-	if over := len(w.b) - w.max; over > 0 {
-		w.b = append(w.b[:0], w.b[over:]...)
-	}
-	return len(p), nil
-}
-
-// String returns what is kept.
-func (w *tail) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return string(w.b)
-}
-
-// proc is a running pdserve process; its stdout lines are kept, its stderr
-// tail too.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	stderr *tail
-	exited chan struct{} // closed once the process was waited for
-
-	mu    sync.Mutex
-	lines []string
-}
+// proc is a running pdserve process.
+type proc struct{ *testbin.Proc }
 
 // startProc starts the pdserve binary with args.
 func startProc(bin, name string, args ...string) (*proc, error) {
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "PDSERVE_LOG_LEVEL=warn")
-	p := &proc{name: name, cmd: cmd, stderr: &tail{max: 64 << 10}, exited: make(chan struct{})}
-	cmd.Stderr = p.stderr
-	stdout, err := cmd.StdoutPipe()
+	p, err := testbin.Start(nil, bin, name, nil, args...)
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.lines = append(p.lines, sc.Text())
-			p.mu.Unlock()
-		}
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
-	return p, nil
+	return &proc{p}, nil
 }
 
 // waitLine waits until a stdout line matches re and returns its first
 // submatch (or the whole match).
 func (p *proc) waitLine(re *regexp.Regexp, timeout time.Duration) (string, error) {
-	var found string
-	state, ok := waitUntil(timeout, func() (bool, string) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, l := range p.lines {
-			if m := re.FindStringSubmatch(l); m != nil {
-				found = m[len(m)-1]
-				return true, ""
-			}
-		}
-		select {
-		case <-p.exited:
-			return false, "process exited"
-		default:
-		}
-		return false, fmt.Sprintf("%d lines so far", len(p.lines))
-	})
-	if !ok {
-		return "", fmt.Errorf("%s: no line matching %q within %s (%s); stderr:\n%s", p.name, re, timeout, state, p.stderr)
-	}
-	return found, nil
+	return p.WaitLine(re, timeout)
 }
 
 // kill sends SIGKILL and waits for the process to be reaped.
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.exited
-}
+func (p *proc) kill() { p.Kill() }
 
 var readyLine = regexp.MustCompile(`^ready$`)
 
@@ -242,9 +148,9 @@ func describeProc(w *procWorker) string {
 	if w.p == nil {
 		return ""
 	}
-	s := w.p.stderr.String()
+	s := w.p.Stderr()
 	if len(s) > 4000 {
 		s = "…" + s[len(s)-4000:]
 	}
-	return fmt.Sprintf("  %s stderr:\n%s", w.p.name, strings.TrimRight(s, "\n"))
+	return fmt.Sprintf("  %s stderr:\n%s", w.p.Name, strings.TrimRight(s, "\n"))
 }

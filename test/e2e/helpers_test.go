@@ -24,6 +24,7 @@ import (
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/testbin"
 )
 
 func TestMain(m *testing.M) {
@@ -136,21 +137,12 @@ func startServe(t *testing.T, cfg sim.Config) *cluster.WorkerServer {
 	return s
 }
 
-// waitFor polls cond every 10 ms until it holds or timeout passes.
+// waitFor checks cond every 10 ms until it holds, and fails the test if
+// timeout passes first.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tk := time.NewTicker(10 * time.Millisecond)
-	defer tk.Stop()
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached after %s: %s", what, timeout, state)
-		}
-		<-tk.C
+	if state, ok := testbin.WaitUntil(timeout, cond); !ok {
+		t.Fatalf("%s: not reached after %s: %s", what, timeout, state)
 	}
 }
 

@@ -1,17 +1,13 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,97 +22,35 @@ var pdserve = testbin.New("github.com/pdserve/pdserve/cmd/pdserve")
 // pdserveBinary returns the path of the built pdserve binary.
 func pdserveBinary(t *testing.T) string { return pdserve.Path(t) }
 
-// proc is a pdserve process whose stdout is scanned for lines.
-type proc struct {
-	cmd    *exec.Cmd
-	lines  chan string
-	stderr *strings.Builder
-	mu     sync.Mutex
-	waited chan error
-}
+// proc is a pdserve process of a test.
+type proc struct{ *testbin.Proc }
 
+// startProc starts pdserve with args; the test's cleanup kills it if it
+// is still running.
 func startProc(t *testing.T, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(pdserveBinary(t), args...)
-	cmd.Env = append(os.Environ(), "PDSERVE_LOG_LEVEL=warn")
-	stdout, err := cmd.StdoutPipe()
+	p, err := testbin.Start(t, pdserveBinary(t), args[0], nil, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, lines: make(chan string, 64), stderr: &strings.Builder{}, waited: make(chan error, 1)}
-	cmd.Stderr = writerFunc(func(b []byte) (int, error) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.stderr.Write(b)
-	})
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-		p.waited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-p.waited
-		}
-	})
-	return p
+	return &proc{p}
 }
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
 // waitLine returns the first submatch of the first stdout line matching re.
 func (p *proc) waitLine(t *testing.T, re *regexp.Regexp, timeout time.Duration) string {
 	t.Helper()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	for {
-		select {
-		case line, ok := <-p.lines:
-			if !ok {
-				p.mu.Lock()
-				defer p.mu.Unlock()
-				t.Fatalf("process exited before printing %q; stderr:\n%s", re, p.stderr.String())
-			}
-			if m := re.FindStringSubmatch(line); m != nil {
-				if len(m) > 1 {
-					return m[1]
-				}
-				return m[0]
-			}
-		case <-timer.C:
-			t.Fatalf("no line matching %q within %s", re, timeout)
-		}
+	s, err := p.WaitLine(re, timeout)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return s
 }
 
 // stop sends SIGINT and waits for a clean exit.
 func (p *proc) stop(t *testing.T) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+	if err := p.Stop(syscall.SIGINT, 30*time.Second); err != nil {
 		t.Fatal(err)
-	}
-	go func() {
-		for range p.lines {
-		}
-	}()
-	select {
-	case err := <-p.waited:
-		if err != nil {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			t.Fatalf("exit after SIGINT: %v; stderr:\n%s", err, p.stderr.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("process did not exit within 30 s of SIGINT")
 	}
 }
 

@@ -1,0 +1,465 @@
+// Package etcd is the etcd backend of the fleet registry: workers register
+// themselves under a lease that they keep alive, and routers list then watch
+// the prefix.
+//
+// # Layout
+//
+// One key per worker process, <prefix>workers/<id>, whose value is the JSON
+// of a [Record]. The id is minted once per process (role and random bits),
+// so a restarted worker is a new key: the router sees a new identity, never
+// a stale one under an old name. The key is attached to a lease of
+// --registry-ttl; the worker keeps the lease alive, deletes the key when it
+// drains, and registers again (a new lease) if the lease was lost, for
+// instance while etcd was unreachable for longer than the TTL.
+//
+// # Router side
+//
+// [Registry.Run] lists the prefix, hands the router the snapshot, then
+// watches from the listed revision. A compaction, a watch error, a lost
+// leader or a reconnect ends the watch; it lists again (with backoff while
+// etcd cannot be reached). While etcd is unreachable the router hears
+// nothing and keeps its last snapshot: an outage of the registry does not
+// empty the fleet. A value that is not a valid record is listed with the
+// reason (Entry.Invalid) and never used.
+//
+// # Concurrency
+//
+// A Registry's Run runs on the caller's goroutine. A Registration keeps its
+// lease on one goroutine of its own, stopped by Deregister or Close.
+package etcd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/registry"
+)
+
+// DefaultPrefix is the key prefix of --etcd-prefix.
+const DefaultPrefix = "/pdserve/"
+
+// MaxValueBytes bounds a registry value read from etcd; a larger one is
+// listed as invalid.
+const MaxValueBytes = 64 << 10
+
+// Record is what a worker writes under its key.
+type Record struct {
+	// ID is the worker process's registry identity (the key's last part).
+	ID string `json:"id"`
+	// Role is "prefill", "decode" or "colocated".
+	Role string `json:"role"`
+	// URL is the worker API's base URL (--advertise-url).
+	URL string `json:"url"`
+	// KVAddr is a prefill worker's KV channel address as peers reach it.
+	KVAddr string `json:"kv_addr,omitempty"`
+	// Model is the served model's name.
+	Model string `json:"model"`
+	// Fingerprint is the worker's KV fingerprint.
+	Fingerprint *kvxfer.Fingerprint `json:"fingerprint,omitempty"`
+	// Started is when the worker process registered first.
+	Started time.Time `json:"started"`
+}
+
+// NewID mints a worker's registry id: its role and 64 random bits.
+func NewID(role string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return role + "-" + hex.EncodeToString(b[:])
+}
+
+// Config configures a client of the registry.
+type Config struct {
+	// Endpoints are etcd client URLs, e.g. http://127.0.0.1:2379.
+	Endpoints []string
+	// Prefix is the key prefix (default DefaultPrefix); it must end in "/".
+	Prefix string
+	// DialTimeout bounds connecting to etcd (default 5 s).
+	DialTimeout time.Duration
+	// Logger receives connection trouble, once per outage (default: none).
+	Logger *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if len(c.Endpoints) == 0 {
+		return errors.New("etcd: no endpoints (--etcd-endpoints)")
+	}
+	for _, e := range c.Endpoints {
+		if _, err := registry.ParseURL(e); err != nil {
+			return fmt.Errorf("etcd endpoint %q: want http://host:port", e)
+		}
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if !strings.HasPrefix(c.Prefix, "/") || !strings.HasSuffix(c.Prefix, "/") {
+		return fmt.Errorf("etcd prefix %q must start and end with /", c.Prefix)
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Client opens an etcd client from the config. It does not wait for etcd:
+// calls fail (and are retried by the callers here) while it is unreachable.
+func Client(cfg Config) (*clientv3.Client, Config, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, cfg, err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout,
+		Logger: zap.NewNop(), DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second})
+	if err != nil {
+		return nil, cfg, fmt.Errorf("etcd client: %w", err)
+	}
+	return cli, cfg, nil
+}
+
+func workersPrefix(prefix string) string { return prefix + "workers/" }
+
+// Registry is the router side: a registry.Registry reading etcd.
+type Registry struct {
+	cli    *clientv3.Client
+	cfg    Config
+	log    *slog.Logger
+	owned  bool
+	relist time.Duration
+}
+
+// New returns the router side of the etcd registry. Close closes its client.
+func New(cfg Config) (*Registry, error) {
+	cli, cfg, err := Client(cfg)
+	if err != nil {
+		return nil, err
+	}
+	r := NewWithClient(cli, cfg)
+	r.owned = true
+	return r, nil
+}
+
+// NewWithClient returns the router side on an existing client (not closed by
+// Close).
+func NewWithClient(cli *clientv3.Client, cfg Config) *Registry {
+	_ = cfg.defaults()
+	return &Registry{cli: cli, cfg: cfg, log: cfg.Logger.With("component", "registry", "registry", "etcd"),
+		relist: 5 * time.Minute}
+}
+
+// Name implements registry.Registry.
+func (r *Registry) Name() string { return "etcd" }
+
+// Close closes the client if New opened it.
+func (r *Registry) Close() error {
+	if r.owned {
+		return r.cli.Close()
+	}
+	return nil
+}
+
+// backoff is the retry delay after n consecutive failures: 100 ms doubling
+// to 5 s.
+func backoff(n int) time.Duration {
+	d := 100 * time.Millisecond << min(n, 6)
+	return min(d, 5*time.Second)
+}
+
+// Run implements registry.Registry.
+func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) error {
+	prefix := workersPrefix(r.cfg.Prefix)
+	failures := 0
+	down := false
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := r.cli.Get(lctx, prefix, clientv3.WithPrefix())
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if !down {
+				r.log.Warn("etcd unreachable; serving the last snapshot of the fleet", "err", err)
+				down = true
+			}
+			failures++
+			if !sleep(ctx, backoff(failures)) {
+				return ctx.Err()
+			}
+			continue
+		}
+		if down {
+			r.log.Info("etcd reachable again; fleet re-listed", "workers", len(resp.Kvs))
+			down = false
+		}
+		failures = 0
+		entries := make(map[string]registry.Entry, len(resp.Kvs))
+		for _, kv := range resp.Kvs {
+			e := decode(string(kv.Key), kv.Value, prefix)
+			entries[e.ID] = e
+		}
+		update(snapshot(entries))
+		// Watch from just after the listed revision, so no change between
+		// the list and the watch is missed. WithRequireLeader ends the
+		// watch when the member loses its leader, so a partitioned member
+		// cannot feed a stale view for long.
+		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		wch := r.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		timer := time.NewTimer(r.relist)
+		reason := r.watch(ctx, wch, timer.C, entries, prefix, update)
+		timer.Stop()
+		wcancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.log.Debug("etcd watch ended; listing again", "reason", reason)
+		failures++
+		if !sleep(ctx, backoff(min(failures, 1))) {
+			return ctx.Err()
+		}
+	}
+}
+
+// watch applies watch events to entries until the watch ends (an error, a
+// compaction, the channel closing) or relist fires, and says why.
+func (r *Registry) watch(ctx context.Context, wch clientv3.WatchChan, relist <-chan time.Time,
+	entries map[string]registry.Entry, prefix string, update func(registry.Snapshot)) string {
+	for {
+		select {
+		case <-ctx.Done():
+			return "stopped"
+		case <-relist:
+			return "periodic re-list"
+		case wr, ok := <-wch:
+			if !ok {
+				return "watch channel closed"
+			}
+			if err := wr.Err(); err != nil {
+				return err.Error()
+			}
+			if wr.IsProgressNotify() || len(wr.Events) == 0 {
+				continue
+			}
+			for _, ev := range wr.Events {
+				id := strings.TrimPrefix(string(ev.Kv.Key), prefix)
+				switch ev.Type {
+				case clientv3.EventTypeDelete:
+					delete(entries, id)
+				case clientv3.EventTypePut:
+					e := decode(string(ev.Kv.Key), ev.Kv.Value, prefix)
+					entries[e.ID] = e
+				}
+			}
+			update(snapshot(entries))
+		}
+	}
+}
+
+func snapshot(entries map[string]registry.Entry) registry.Snapshot {
+	s := registry.Snapshot{Entries: make([]registry.Entry, 0, len(entries))}
+	for _, e := range entries {
+		s.Entries = append(s.Entries, e)
+	}
+	return s.Sorted()
+}
+
+// decode turns one key and value into an entry; a value that is not a
+// valid record gives an entry whose Invalid says why.
+func decode(key string, value []byte, prefix string) registry.Entry {
+	id := strings.TrimPrefix(key, prefix)
+	e := registry.Entry{ID: id, Source: "etcd"}
+	if len(value) > MaxValueBytes {
+		e.Invalid = fmt.Sprintf("value of %d bytes exceeds %d", len(value), MaxValueBytes)
+		return e
+	}
+	var rec Record
+	if err := json.Unmarshal(value, &rec); err != nil {
+		e.Invalid = fmt.Sprintf("value is not a worker record: %v", err)
+		return e
+	}
+	e.Role, e.URL, e.KVAddr, e.Model, e.Fingerprint = rec.Role, rec.URL, rec.KVAddr, rec.Model, rec.Fingerprint
+	if rec.ID != id {
+		e.Invalid = fmt.Sprintf("record id %q does not match its key %q", rec.ID, id)
+		return e
+	}
+	if err := e.Validate(); err != nil {
+		e.Invalid = err.Error()
+		return e
+	}
+	if u, err := registry.ParseURL(e.URL); err == nil {
+		e.URL = u
+	}
+	return e
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Registration keeps one worker's record in etcd under a lease.
+type Registration struct {
+	cli    *clientv3.Client
+	key    string
+	value  string
+	ttl    time.Duration
+	log    *slog.Logger
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.Mutex
+	lease   clientv3.LeaseID
+	state   string // "registering", "registered", "deregistered"
+	lastErr string
+	renewed int // registrations made (1 + re-registrations after a lost lease)
+}
+
+// Register starts keeping rec under <prefix>workers/<rec.ID> with a lease of
+// ttl (at least 2 s), on a goroutine of its own: it registers as soon as
+// etcd answers, keeps the lease alive, and registers again with a new lease
+// if the lease is lost. It returns at once; Registered reports progress.
+// It returns an error only for a record that is not valid.
+func Register(cli *clientv3.Client, cfg Config, rec Record, ttl time.Duration) (*Registration, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	e := registry.Entry{ID: rec.ID, Role: rec.Role, URL: rec.URL, KVAddr: rec.KVAddr}
+	if err := e.Validate(); err != nil {
+		return nil, fmt.Errorf("etcd registration: %w", err)
+	}
+	if ttl < 2*time.Second {
+		return nil, fmt.Errorf("--registry-ttl must be at least 2s, got %s", ttl)
+	}
+	if rec.Started.IsZero() {
+		rec.Started = time.Now().UTC()
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &Registration{cli: cli, key: workersPrefix(cfg.Prefix) + rec.ID, value: string(b), ttl: ttl,
+		log: cfg.Logger.With("component", "registry", "registry", "etcd", "key", workersPrefix(cfg.Prefix)+rec.ID),
+		cancel: cancel, done: make(chan struct{}), state: "registering"}
+	go g.run(ctx)
+	return g, nil
+}
+
+// Key is the registration's etcd key.
+func (g *Registration) Key() string { return g.key }
+
+// Status says whether the record is in etcd now ("registered"), being
+// (re-)registered, or deregistered; how many times it was registered; and
+// the last error.
+func (g *Registration) Status() (state string, registrations int, lastErr string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.state, g.renewed, g.lastErr
+}
+
+func (g *Registration) set(state, errMsg string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.state, g.lastErr = state, errMsg
+}
+
+func (g *Registration) run(ctx context.Context) {
+	defer close(g.done)
+	failures := 0
+	for ctx.Err() == nil {
+		ka, err := g.register(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if failures == 0 {
+				g.log.Warn("cannot register in etcd; retrying", "err", err)
+			}
+			g.set("registering", err.Error())
+			failures++
+			if !sleep(ctx, backoff(failures)) {
+				return
+			}
+			continue
+		}
+		if failures > 0 {
+			g.log.Info("registered in etcd again")
+		}
+		failures = 0
+		for range ka { // drain keep-alive answers until the lease is lost
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		g.log.Warn("etcd lease lost; registering again")
+		g.set("registering", "lease lost")
+	}
+}
+
+// register grants a lease, writes the record under it and starts keeping it
+// alive.
+func (g *Registration) register(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lease, err := g.cli.Grant(rctx, int64(g.ttl/time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("grant lease: %w", err)
+	}
+	if _, err := g.cli.Put(rctx, g.key, g.value, clientv3.WithLease(lease.ID)); err != nil {
+		return nil, fmt.Errorf("put %s: %w", g.key, err)
+	}
+	ka, err := g.cli.KeepAlive(ctx, lease.ID)
+	if err != nil {
+		return nil, fmt.Errorf("keep lease alive: %w", err)
+	}
+	g.mu.Lock()
+	g.lease, g.state, g.lastErr = lease.ID, "registered", ""
+	g.renewed++
+	g.mu.Unlock()
+	return ka, nil
+}
+
+// Deregister stops keeping the record and deletes it (revoking its lease),
+// bounded by ctx; the router sees the worker leave at once instead of after
+// the TTL. It is idempotent.
+func (g *Registration) Deregister(ctx context.Context) error {
+	g.cancel()
+	<-g.done
+	g.mu.Lock()
+	lease, state := g.lease, g.state
+	g.state = "deregistered"
+	g.mu.Unlock()
+	if state == "deregistered" {
+		return nil
+	}
+	_, err := g.cli.Delete(ctx, g.key)
+	if lease != 0 {
+		_, rerr := g.cli.Revoke(ctx, lease)
+		err = errors.Join(err, rerr)
+	}
+	if err != nil {
+		return fmt.Errorf("etcd deregister %s: %w", g.key, err)
+	}
+	return nil
+}

@@ -360,7 +360,7 @@ func Register(cli *clientv3.Client, cfg Config, rec Record, ttl time.Duration) (
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Registration{cli: cli, key: workersPrefix(cfg.Prefix) + rec.ID, value: string(b), ttl: ttl,
-		log: cfg.Logger.With("component", "registry", "registry", "etcd", "key", workersPrefix(cfg.Prefix)+rec.ID),
+		log:    cfg.Logger.With("component", "registry", "registry", "etcd", "key", workersPrefix(cfg.Prefix)+rec.ID),
 		cancel: cancel, done: make(chan struct{}), state: "registering"}
 	go g.run(ctx)
 	return g, nil

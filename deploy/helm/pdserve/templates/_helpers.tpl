@@ -1,0 +1,29 @@
+{{/* The chart's common labels. */}}
+{{- define "pdserve.labels" -}}
+app.kubernetes.io/name: pdserve
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Seconds a pod may take to stop: preStop + drain + 10 s. */}}
+{{- define "pdserve.gracePeriod" -}}
+{{- $drain := .Values.drainTimeout | toString | trimSuffix "s" | int -}}
+{{- add $drain .Values.preStopSeconds 10 -}}
+{{- end -}}
+
+{{/* Probes shared by every pdserve container. */}}
+{{- define "pdserve.probes" -}}
+readinessProbe:
+  httpGet:
+    path: /health
+    port: http
+  periodSeconds: 2
+  failureThreshold: 2
+livenessProbe:
+  httpGet:
+    path: /livez
+    port: http
+  periodSeconds: 10
+  failureThreshold: 6
+{{- end -}}

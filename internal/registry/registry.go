@@ -49,9 +49,9 @@ const (
 
 // Entry is one worker as a registry lists it: what the router should have.
 type Entry struct {
-	// ID is the worker's identity in the registry (a static URL, an etcd
-	// key, a pod's namespace/name/uid). Two entries with the same ID are
-	// the same worker process.
+	// ID is the worker's identity in the registry (a static worker's
+	// host:port, an etcd registration's id, a pod's namespace/name/uid).
+	// Two entries with the same ID and address are the same worker.
 	ID string `json:"id"`
 	// Role is "prefill", "decode" or "colocated".
 	Role string `json:"role"`
@@ -157,21 +157,22 @@ func NewStatic(prefill, decode, colocated []string) (*Static, error) {
 // Name implements Registry.
 func (s *Static) Name() string { return "static" }
 
-// Add lists a worker; its ID is its URL. It returns the entry, or an error
-// for a bad role or URL, or a URL already listed.
+// Add lists a worker; its ID is its URL's host:port. It returns the entry,
+// or an error for a bad role or URL, or an address already listed.
 func (s *Static) Add(role, rawURL string) (Entry, error) {
 	u, err := ParseURL(rawURL)
 	if err != nil {
 		return Entry{}, err
 	}
-	e := Entry{ID: u, Role: role, URL: u, Source: "static"}
+	pu, _ := url.Parse(u)
+	e := Entry{ID: pu.Host, Role: role, URL: u, Source: "static"}
 	if err := e.Validate(); err != nil {
 		return Entry{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.entries[e.ID]; dup {
-		return Entry{}, fmt.Errorf("worker %s is already listed", u)
+		return Entry{}, fmt.Errorf("worker %s is already listed", e.ID)
 	}
 	s.entries[e.ID] = e
 	s.notify()

@@ -1,0 +1,125 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/pdserve/pdserve/internal/registry"
+)
+
+func call(t *testing.T, h http.Handler, method, path, body string) (int, map[string]any) {
+	t.Helper()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	b, _ := io.ReadAll(rec.Body)
+	var v map[string]any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%s %s: answer is not JSON: %s", method, path, b)
+	}
+	return rec.Code, v
+}
+
+func errCode(v map[string]any) string {
+	e, _ := v["error"].(map[string]any)
+	m, _ := e["message"].(string)
+	return m
+}
+
+func TestAdminAPI(t *testing.T) {
+	f := newFakeWorkers()
+	s, st, _ := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	h := s.AdminHandler()
+	ctx := context.Background()
+	f.set("http://127.0.0.1:30001", decodeInfo("a"), nil)
+
+	code, v := call(t, h, "POST", "/workers", `{"url":"http://127.0.0.1:30001","role":"decode"}`)
+	if code != http.StatusCreated || v["id"] != "127.0.0.1:30001" {
+		t.Fatalf("add: %d %v", code, v)
+	}
+	s.Reconcile(st.Snapshot())
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	code, v = call(t, h, "GET", "/workers", "")
+	ws, _ := v["workers"].([]any)
+	if code != http.StatusOK || len(ws) != 1 || ws[0].(map[string]any)["state"] != "ready" || v["registry"] != "static" {
+		t.Fatalf("list: %d %v", code, v)
+	}
+	code, v = call(t, h, "POST", "/workers/127.0.0.1:30001/drain", "")
+	if code != http.StatusOK || v["state"] != "draining" || v["safe_to_delete"] != true {
+		t.Fatalf("drain: %d %v", code, v)
+	}
+	code, v = call(t, h, "POST", "/workers/127.0.0.1:30001/resume", "")
+	if code != http.StatusOK || v["state"] != "pending" {
+		t.Fatalf("resume: %d %v", code, v)
+	}
+	code, v = call(t, h, "DELETE", "/workers/127.0.0.1:30001", "")
+	if code != http.StatusOK {
+		t.Fatalf("delete: %d %v", code, v)
+	}
+	s.Reconcile(st.Snapshot())
+	if _, v = call(t, h, "GET", "/workers", ""); len(v["workers"].([]any)) != 0 {
+		t.Fatalf("after delete: %v", v)
+	}
+
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		msg                string
+	}{
+		{"POST", "/workers", `{"url":"http://127.0.0.1:1"}`, 400, `role ""`},
+		{"POST", "/workers", `{"url":"ftp://x","role":"decode"}`, 400, "want http://host:port"},
+		{"POST", "/workers", `not json`, 400, "invalid JSON body"},
+		{"POST", "/workers", `{"url":"http://a:1","role":"decode","extra":1}`, 400, "unknown field"},
+		{"POST", "/workers", `{"url":"http://a:1","role":"decode"} {}`, 400, "trailing data"},
+		{"POST", "/workers", `{"url":"http://a:1","role":"decode","x":"` + strings.Repeat("a", maxAdminBody) + `"}`, 413, ""},
+		{"DELETE", "/workers/nope", "", 404, `no worker "nope"`},
+		{"POST", "/workers/nope/drain", "", 404, `no worker "nope"`},
+		{"POST", "/workers/nope/explode", "", 404, `no action "explode"`},
+		{"POST", "/workers/nope", "", 404, "want /workers/{id}/drain"},
+		{"PUT", "/workers", "", 405, "PUT is not allowed"},
+	} {
+		code, v := call(t, h, c.method, c.path, c.body)
+		if code != c.status || !strings.Contains(errCode(v), c.msg) {
+			t.Errorf("%s %s %.40s: %d %q, want %d containing %q", c.method, c.path, c.body, code, errCode(v), c.status, c.msg)
+		}
+	}
+	code, v = call(t, h, "POST", "/workers", `{"url":"http://a:1","role":"decode"}`)
+	if code != http.StatusCreated {
+		t.Fatal(code, v)
+	}
+	if code, v = call(t, h, "POST", "/workers", `{"url":"http://a:1/","role":"decode"}`); code != http.StatusConflict {
+		t.Errorf("duplicate add: %d %v", code, v)
+	}
+}
+
+func TestAdminAPIRefusesChangesToDynamicRegistries(t *testing.T) {
+	s, err := New(Config{Registry: fixedRegistry{}, Probe: newFakeWorkers().probe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.AdminHandler()
+	for _, c := range [][2]string{{"POST", "/workers"}, {"DELETE", "/workers/x"}} {
+		code, v := call(t, h, c[0], c[1], `{"url":"http://a:1","role":"decode"}`)
+		if code != http.StatusMethodNotAllowed || !strings.Contains(errCode(v), "through the etcd registry") {
+			t.Errorf("%s %s: %d %v", c[0], c[1], code, v)
+		}
+	}
+}
+
+type fixedRegistry struct{}
+
+func (fixedRegistry) Name() string { return "etcd" }
+func (fixedRegistry) Run(ctx context.Context, update func(registry.Snapshot)) error {
+	update(registry.Snapshot{})
+	<-ctx.Done()
+	return ctx.Err()
+}

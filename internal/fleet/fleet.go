@@ -1,0 +1,797 @@
+// Package fleet is the router's worker set: it reconciles what the registry
+// lists with the workers the router knows, health-checks them, and gives
+// each a state that says whether new requests may go to it.
+//
+// # States
+//
+//	pending → ready ↔ not_ready → removed
+//	             ↘ draining ↗
+//
+// A worker the registry lists for the first time is pending: it gets no
+// request until SuccessThreshold health checks in a row pass (2, as
+// SGLang's router). A ready worker becomes not_ready after FailureThreshold
+// failed checks in a row (3), at once if the failure is definitive (the
+// connection is refused: the process is gone; the worker answers as another
+// process than before: it restarted), and ready again after
+// SuccessThreshold passes. A worker that says it is draining (its own
+// SIGTERM), that an operator drains through the admin API, or that the
+// registry stopped listing while it still serves legs is draining: no new
+// request goes to it, and the legs it serves finish. A worker leaves the set
+// (removed) once the registry no longer lists it and it serves nothing, or
+// fails its checks.
+//
+// Every worker has a Down channel, closed when it becomes not_ready or
+// removed: legs in flight on it watch the channel and fail at once instead
+// of waiting for a worker that no longer answers.
+//
+// A newly ready worker's share of new requests ramps up linearly over
+// SlowStart (Weight), so a fresh instance is not flattened by the whole
+// burst.
+//
+// # Concurrency
+//
+// A Set is safe for concurrent use. Run owns the registry and the health
+// loop; everything else reads a snapshot under the set's lock or the
+// worker's.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/registry"
+)
+
+// State is where a worker is in the router's view.
+type State uint8
+
+// Worker states.
+const (
+	StatePending State = iota + 1
+	StateReady
+	StateNotReady
+	StateDraining
+	StateRemoved
+)
+
+var stateNames = [...]string{"", "pending", "ready", "not_ready", "draining", "removed"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) && s != 0 {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// States lists every state, for metrics labels present from the start.
+func States() []State {
+	return []State{StatePending, StateReady, StateNotReady, StateDraining, StateRemoved}
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Info is what a health check learns about a worker.
+type Info struct {
+	Role        string
+	Model       string
+	Fingerprint kvxfer.Fingerprint
+	// KVAddr is a prefill worker's KV channel address (host:port).
+	KVAddr     string
+	ContextLen int
+	// Instance identifies the worker process: a new value is a restart.
+	Instance string
+	// Draining is set when the worker refuses new legs (its SIGTERM).
+	Draining bool
+	// Live is the number of requests the worker holds; Parked the prefill
+	// requests whose KV waits for decode.
+	Live, Parked int
+}
+
+// Probe checks one worker, bounded by ctx. A nil error with Info is a pass;
+// an error is a failure, and IsDefinitive tells a definitive one.
+type Probe func(ctx context.Context, e registry.Entry) (Info, error)
+
+// IsDefinitive reports a failure that needs no confirmation: nothing
+// listens at the worker's address any more.
+func IsDefinitive(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
+// Config configures a Set.
+type Config struct {
+	Registry registry.Registry
+	Probe    Probe
+	// ModelName is the served model; a worker that serves another is not
+	// used (its reason is shown).
+	ModelName string
+	// HealthInterval is the time between health checks of a worker (2 s);
+	// CheckTimeout bounds one check (3 s).
+	HealthInterval time.Duration
+	CheckTimeout   time.Duration
+	// SuccessThreshold passes make a worker ready (2); FailureThreshold
+	// failures not_ready (3).
+	SuccessThreshold int
+	FailureThreshold int
+	// SlowStart is how long a newly ready worker's weight ramps (0: 10 s;
+	// negative: no ramp).
+	SlowStart time.Duration
+	// Clock is the clock (default: the real one).
+	Clock  clock.WithTicker
+	Logger *slog.Logger
+	// OnChange, if set, is called (without locks held) after a worker
+	// changed state.
+	OnChange func(w *Worker, from, to State)
+}
+
+// Defaults of Config, after SGLang's router (success 2, failure 3).
+const (
+	DefaultHealthInterval   = 2 * time.Second
+	DefaultCheckTimeout     = 3 * time.Second
+	DefaultSuccessThreshold = 2
+	DefaultFailureThreshold = 3
+	DefaultSlowStart        = 10 * time.Second
+)
+
+func (c *Config) defaults() error {
+	if c.Registry == nil || c.Probe == nil {
+		return errors.New("fleet: needs a registry and a probe")
+	}
+	if c.HealthInterval <= 0 {
+		c.HealthInterval = DefaultHealthInterval
+	}
+	if c.CheckTimeout <= 0 {
+		c.CheckTimeout = DefaultCheckTimeout
+	}
+	if c.SuccessThreshold <= 0 {
+		c.SuccessThreshold = DefaultSuccessThreshold
+	}
+	if c.FailureThreshold <= 0 {
+		c.FailureThreshold = DefaultFailureThreshold
+	}
+	if c.SlowStart == 0 {
+		c.SlowStart = DefaultSlowStart
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Worker is one member of the set.
+type Worker struct {
+	entry registry.Entry
+	set   *Set
+	legs  atomic.Int64
+
+	mu        sync.Mutex
+	state     State
+	since     time.Time
+	passes    int
+	failures  int
+	lastErr   string
+	info      Info
+	checked   bool
+	readyAt   time.Time
+	drainedBy string // "", "worker", "admin", "registry"
+	listed    bool   // the registry lists it
+	down      chan struct{}
+	checking  bool
+}
+
+// ID is the worker's registry identity.
+func (w *Worker) ID() string { return w.entry.ID }
+
+// URL is the worker API's base URL.
+func (w *Worker) URL() string { return w.entry.URL }
+
+// Role is "prefill", "decode" or "colocated".
+func (w *Worker) Role() string { return w.entry.Role }
+
+// Entry is the registry's entry for the worker.
+func (w *Worker) Entry() registry.Entry { return w.entry }
+
+// State returns the worker's state.
+func (w *Worker) State() State {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.state
+}
+
+// Info returns what the last passing health check learnt.
+func (w *Worker) Info() Info {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.info
+}
+
+// KVAddr is a prefill worker's KV address: the registry's, else what the
+// worker reported.
+func (w *Worker) KVAddr() string {
+	if w.entry.KVAddr != "" {
+		return w.entry.KVAddr
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.info.KVAddr
+}
+
+// Down returns a channel closed when the worker becomes not_ready or is
+// removed; legs in flight on it fail then.
+func (w *Worker) Down() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.down
+}
+
+// Usable reports whether new requests may go to the worker.
+func (w *Worker) Usable() bool { return w.State() == StateReady }
+
+// Weight is the worker's share of new requests in [0, 1]: 0 unless ready,
+// ramping linearly from 0.1 to 1 over SlowStart after it became ready.
+func (w *Worker) Weight() float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != StateReady {
+		return 0
+	}
+	ss := w.set.cfg.SlowStart
+	if ss <= 0 {
+		return 1
+	}
+	f := float64(w.set.cfg.Clock.Since(w.readyAt)) / float64(ss)
+	return min(1, max(0.1, f))
+}
+
+// Legs is the number of legs the router has in flight on the worker.
+func (w *Worker) Legs() int { return int(w.legs.Load()) }
+
+// AddLeg counts a leg sent to the worker; the returned function, called
+// once when the leg ends, uncounts it.
+func (w *Worker) AddLeg() (done func()) {
+	w.legs.Add(1)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if w.legs.Add(-1) == 0 {
+				w.set.legsDone(w)
+			}
+		})
+	}
+}
+
+// setState moves w to s (w.mu held) and reports the change for OnChange.
+func (w *Worker) setState(s State, now time.Time) (from State, changed bool) {
+	if w.state == s {
+		return s, false
+	}
+	from = w.state
+	w.state, w.since = s, now
+	switch s {
+	case StateReady:
+		w.readyAt = now
+		select {
+		case <-w.down:
+			w.down = make(chan struct{})
+		default:
+		}
+	case StateNotReady, StateRemoved:
+		select {
+		case <-w.down:
+		default:
+			close(w.down)
+		}
+	}
+	return from, true
+}
+
+// Status is one worker as GET /workers lists it.
+type Status struct {
+	ID     string `json:"id"`
+	URL    string `json:"url"`
+	Role   string `json:"role"`
+	State  State  `json:"state"`
+	Source string `json:"source"`
+	// Legs is the router's legs in flight on the worker; Live and Parked
+	// what the worker last reported.
+	Legs      int       `json:"inflight_legs"`
+	Live      int       `json:"live_requests"`
+	ParkedKV  int       `json:"parked_kv"`
+	Since     time.Time `json:"since"`
+	LastError string    `json:"last_error,omitempty"`
+	// DrainedBy says who drains it: "worker" (its SIGTERM), "admin" or
+	// "registry" (no longer listed).
+	DrainedBy string `json:"drained_by,omitempty"`
+	Weight    float64 `json:"weight"`
+	// SafeToDelete: the worker gets no new request and serves nothing, so
+	// stopping it loses no work.
+	SafeToDelete bool   `json:"safe_to_delete"`
+	KVAddr       string `json:"kv_addr,omitempty"`
+	Instance     string `json:"instance,omitempty"`
+	// Invalid is set for registry entries that cannot be used, with why.
+	Invalid string `json:"invalid,omitempty"`
+}
+
+// Set is the router's workers. See the package doc.
+type Set struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	workers map[string]*Worker // by ID
+	invalid []registry.Entry
+	synced  bool
+	kick    chan struct{}
+}
+
+// New returns a set; it contacts nothing until Run.
+func New(cfg Config) (*Set, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	return &Set{cfg: cfg, log: cfg.Logger.With("component", "fleet"), workers: make(map[string]*Worker),
+		kick: make(chan struct{}, 1)}, nil
+}
+
+// Config returns the set's configuration, with defaults applied.
+func (s *Set) Config() Config { return s.cfg }
+
+// Registry is the set's registry.
+func (s *Set) Registry() registry.Registry { return s.cfg.Registry }
+
+// Run follows the registry and health-checks the workers until ctx ends.
+func (s *Set) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := s.cfg.Registry.Run(ctx, s.Reconcile); err != nil && ctx.Err() == nil {
+			s.log.Error("registry stopped", "registry", s.cfg.Registry.Name(), "err", err)
+		}
+	}()
+	t := s.cfg.Clock.NewTicker(s.cfg.HealthInterval)
+	defer t.Stop()
+	defer wg.Wait()
+	for {
+		// Each worker is checked on its own goroutine: a worker that does
+		// not answer delays nobody else's check (a check still running is
+		// not started again).
+		for _, w := range s.Workers("") {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.check(ctx, w)
+			}()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		case <-s.kick:
+		}
+	}
+}
+
+// Synced reports whether the registry has given a first snapshot.
+func (s *Set) Synced() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.synced
+}
+
+// Reconcile makes the set follow a registry snapshot: new entries are added
+// (pending, checked at once), changed ones replaced, and those no longer
+// listed drained (if they serve legs) or removed.
+func (s *Set) Reconcile(snap registry.Snapshot) {
+	now := s.cfg.Clock.Now()
+	var changes []change
+	s.mu.Lock()
+	s.synced = true
+	s.invalid = s.invalid[:0]
+	listed := make(map[string]bool, len(snap.Entries))
+	added := false
+	for _, e := range snap.Entries {
+		if e.Invalid != "" {
+			s.invalid = append(s.invalid, e)
+			continue
+		}
+		listed[e.ID] = true
+		if w, ok := s.workers[e.ID]; ok {
+			if sameWorker(w.entry, e) {
+				w.mu.Lock()
+				w.listed = true
+				if w.drainedBy == "registry" {
+					w.drainedBy = ""
+					if from, ok := w.setState(StatePending, now); ok {
+						changes = append(changes, change{w, from, StatePending})
+					}
+					w.passes = 0
+				}
+				w.mu.Unlock()
+				continue
+			}
+			// Same identity, another address or role: a removal and an
+			// addition.
+			changes = append(changes, s.removeLocked(w, now, "its registry entry changed")...)
+		}
+		w := &Worker{entry: e, set: s, state: StatePending, since: now, listed: true, down: make(chan struct{})}
+		s.workers[e.ID] = w
+		changes = append(changes, change{w, 0, StatePending})
+		added = true
+		s.log.Info("worker joined", "worker", e.URL, "worker_role", e.Role, "id", e.ID, "source", e.Source)
+	}
+	for id, w := range s.workers {
+		if listed[id] {
+			continue
+		}
+		w.mu.Lock()
+		w.listed = false
+		legs := w.Legs()
+		st := w.state
+		w.mu.Unlock()
+		if legs > 0 && (st == StateReady || st == StateDraining) {
+			w.mu.Lock()
+			if w.drainedBy == "" {
+				w.drainedBy = "registry"
+			}
+			if from, ok := w.setState(StateDraining, now); ok {
+				changes = append(changes, change{w, from, StateDraining})
+			}
+			w.mu.Unlock()
+			s.log.Info("worker left the registry; draining its legs", "worker", w.entry.URL, "legs", legs)
+			continue
+		}
+		changes = append(changes, s.removeLocked(w, now, "no longer listed by the registry")...)
+	}
+	s.mu.Unlock()
+	s.notify(changes)
+	if added {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+type change struct {
+	w        *Worker
+	from, to State
+}
+
+func (s *Set) notify(changes []change) {
+	if s.cfg.OnChange == nil {
+		return
+	}
+	for _, c := range changes {
+		s.cfg.OnChange(c.w, c.from, c.to)
+	}
+}
+
+// sameWorker reports whether two entries of one ID describe the same
+// worker (an address or role change is a new worker).
+func sameWorker(a, b registry.Entry) bool {
+	return a.URL == b.URL && a.Role == b.Role && a.KVAddr == b.KVAddr
+}
+
+// removeLocked drops w from the set (s.mu held).
+func (s *Set) removeLocked(w *Worker, now time.Time, why string) []change {
+	delete(s.workers, w.entry.ID)
+	w.mu.Lock()
+	from, ok := w.setState(StateRemoved, now)
+	w.mu.Unlock()
+	s.log.Info("worker removed", "worker", w.entry.URL, "id", w.entry.ID, "reason", why)
+	if !ok {
+		return nil
+	}
+	return []change{{w, from, StateRemoved}}
+}
+
+// legsDone is called when a worker's last leg ended: a worker the registry
+// no longer lists leaves the set then.
+func (s *Set) legsDone(w *Worker) {
+	s.mu.Lock()
+	var changes []change
+	w.mu.Lock()
+	gone := !w.listed && w.state == StateDraining && w.legs.Load() == 0
+	w.mu.Unlock()
+	if gone && s.workers[w.entry.ID] == w {
+		changes = s.removeLocked(w, s.cfg.Clock.Now(), "drained: no longer listed and no leg left")
+	}
+	s.mu.Unlock()
+	s.notify(changes)
+}
+
+// Workers returns the workers of a role ("" = every role), sorted by URL.
+func (s *Set) Workers(role string) []*Worker {
+	s.mu.Lock()
+	out := make([]*Worker, 0, len(s.workers))
+	for _, w := range s.workers {
+		if role == "" || w.entry.Role == role {
+			out = append(out, w)
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b *Worker) int {
+		if c := strings.Compare(a.entry.URL, b.entry.URL); c != 0 {
+			return c
+		}
+		return strings.Compare(a.entry.ID, b.entry.ID)
+	})
+	return out
+}
+
+// Get returns the worker with the given ID.
+func (s *Set) Get(id string) (*Worker, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.workers[id]
+	return w, ok
+}
+
+// CheckAll health-checks every worker at once, each within CheckTimeout,
+// and waits for the answers.
+func (s *Set) CheckAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, w := range s.Workers("") {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.check(ctx, w)
+		}()
+	}
+	wg.Wait()
+}
+
+// Check health-checks the given workers at once and waits for the answers
+// (the router probes a failed pair before retrying).
+func (s *Set) Check(ctx context.Context, ws ...*Worker) {
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.check(ctx, w)
+		}()
+	}
+	wg.Wait()
+}
+
+func (s *Set) check(ctx context.Context, w *Worker) {
+	w.mu.Lock()
+	if w.checking || w.state == StateRemoved {
+		w.mu.Unlock()
+		return
+	}
+	w.checking = true
+	w.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.CheckTimeout)
+	info, err := s.cfg.Probe(cctx, w.entry)
+	cancel()
+	w.mu.Lock()
+	w.checking = false
+	w.mu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil {
+		err = s.validate(w, info)
+	}
+	s.Observe(w, info, err)
+}
+
+// ErrMisconfigured marks a worker that answers but is not what the router
+// expects (another role or model, a fingerprint its registry entry
+// contradicts): it is not_ready at once, with the reason.
+var ErrMisconfigured = errors.New("misconfigured worker")
+
+// validate checks what a worker says it is against what the router expects.
+func (s *Set) validate(w *Worker, info Info) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrMisconfigured, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case info.Role != w.entry.Role:
+		return bad("worker is a %s worker, listed as %s", info.Role, w.entry.Role)
+	case s.cfg.ModelName != "" && info.Model != s.cfg.ModelName:
+		return bad("worker serves model %q, router serves %q", info.Model, s.cfg.ModelName)
+	case w.entry.Model != "" && info.Model != w.entry.Model:
+		return bad("worker serves model %q, its registry entry says %q", info.Model, w.entry.Model)
+	case w.entry.Fingerprint != nil && info.Fingerprint.Mismatch(*w.entry.Fingerprint) != "":
+		return bad("worker's KV fingerprint differs from its registry entry: %s", info.Fingerprint.Mismatch(*w.entry.Fingerprint))
+	case w.entry.Role == registry.RolePrefill && w.entry.KVAddr == "" && info.KVAddr == "":
+		return bad("prefill worker reports no KV address")
+	}
+	return nil
+}
+
+// Observe applies one health check's (or probe's, or failed call's) result
+// to w: err nil is a pass with info.
+func (s *Set) Observe(w *Worker, info Info, err error) {
+	now := s.cfg.Clock.Now()
+	var changes []change
+	w.mu.Lock()
+	if w.state == StateRemoved {
+		w.mu.Unlock()
+		return
+	}
+	move := func(to State) {
+		if from, ok := w.setState(to, now); ok {
+			changes = append(changes, change{w, from, to})
+		}
+	}
+	if err != nil {
+		w.passes = 0
+		w.failures++
+		if w.lastErr != err.Error() || w.failures == 1 {
+			s.log.Warn("worker failed a health check", "worker", w.entry.URL, "worker_role", w.entry.Role,
+				"failures", w.failures, "err", err)
+		}
+		w.lastErr = err.Error()
+		switch {
+		case IsDefinitive(err) || errors.Is(err, ErrMisconfigured) || w.failures >= s.cfg.FailureThreshold:
+			move(StateNotReady)
+		}
+		w.mu.Unlock()
+		s.notify(changes)
+		s.maybeForget(w)
+		return
+	}
+	restarted := w.checked && info.Instance != "" && w.info.Instance != "" && info.Instance != w.info.Instance
+	w.checked = true
+	if restarted {
+		// Another process answers at this address: whatever was in flight
+		// on the old one is gone, and the new one starts over.
+		s.log.Warn("worker restarted (new instance)", "worker", w.entry.URL, "old", w.info.Instance, "new", info.Instance)
+		move(StateNotReady)
+		w.passes = 0
+		if w.drainedBy == "worker" {
+			w.drainedBy = "" // the old process drained; the new one is not draining yet
+		}
+	}
+	w.info = info
+	w.failures = 0
+	w.lastErr = ""
+	w.passes++
+	switch {
+	case info.Draining:
+		if w.drainedBy == "" {
+			w.drainedBy = "worker"
+		}
+		move(StateDraining)
+	case w.drainedBy == "worker":
+		// The worker took new legs again (its drain was cancelled).
+		w.drainedBy = ""
+		move(StateReady)
+	case w.drainedBy != "":
+		move(StateDraining)
+	case w.state == StateReady:
+	case w.passes >= s.cfg.SuccessThreshold:
+		move(StateReady)
+	}
+	w.mu.Unlock()
+	s.notify(changes)
+}
+
+// maybeForget removes an unlisted worker that failed its checks.
+func (s *Set) maybeForget(w *Worker) {
+	w.mu.Lock()
+	gone := !w.listed && w.state == StateNotReady
+	w.mu.Unlock()
+	if !gone {
+		return
+	}
+	s.mu.Lock()
+	var changes []change
+	if s.workers[w.entry.ID] == w {
+		changes = s.removeLocked(w, s.cfg.Clock.Now(), "no longer listed and not answering")
+	}
+	s.mu.Unlock()
+	s.notify(changes)
+}
+
+// MarkDraining takes w out of new pairs at once: it answered that it is
+// draining or shutting down, before its next health check says so.
+func (s *Set) MarkDraining(w *Worker, why string) {
+	now := s.cfg.Clock.Now()
+	w.mu.Lock()
+	var changes []change
+	if w.state == StateReady || w.state == StatePending {
+		if w.drainedBy == "" {
+			w.drainedBy = "worker"
+		}
+		if from, ok := w.setState(StateDraining, now); ok {
+			changes = append(changes, change{w, from, StateDraining})
+			s.log.Info("worker draining", "worker", w.entry.URL, "reason", why)
+		}
+	}
+	w.mu.Unlock()
+	s.notify(changes)
+}
+
+// Drain (admin API) stops sending new requests to a worker; its legs in
+// flight finish. It returns false for an unknown id.
+func (s *Set) Drain(id string) bool {
+	w, ok := s.Get(id)
+	if !ok {
+		return false
+	}
+	now := s.cfg.Clock.Now()
+	w.mu.Lock()
+	w.drainedBy = "admin"
+	from, changed := w.setState(StateDraining, now)
+	w.mu.Unlock()
+	if changed {
+		s.notify([]change{{w, from, StateDraining}})
+	}
+	return true
+}
+
+// Resume (admin API) ends an operator's drain: the worker is checked again
+// and takes requests once it passes. It returns false for an unknown id.
+func (s *Set) Resume(id string) bool {
+	w, ok := s.Get(id)
+	if !ok {
+		return false
+	}
+	now := s.cfg.Clock.Now()
+	w.mu.Lock()
+	var changes []change
+	if w.drainedBy == "admin" {
+		w.drainedBy = ""
+		w.passes = 0
+		if from, ok := w.setState(StatePending, now); ok {
+			changes = append(changes, change{w, from, StatePending})
+		}
+	}
+	w.mu.Unlock()
+	s.notify(changes)
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// Statuses lists every worker, then the registry's invalid entries, for
+// GET /workers.
+func (s *Set) Statuses() []Status {
+	var out []Status
+	for _, w := range s.Workers("") {
+		out = append(out, w.Status())
+	}
+	s.mu.Lock()
+	for _, e := range s.invalid {
+		out = append(out, Status{ID: e.ID, URL: e.URL, Role: e.Role, State: StateRemoved, Source: e.Source,
+			Invalid: e.Invalid, LastError: "invalid registry entry: " + e.Invalid})
+	}
+	s.mu.Unlock()
+	return out
+}
+
+// Status describes w.
+func (w *Worker) Status() Status {
+	weight := w.Weight()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := Status{ID: w.entry.ID, URL: w.entry.URL, Role: w.entry.Role, State: w.state, Source: w.entry.Source,
+		Legs: w.Legs(), Live: w.info.Live, ParkedKV: w.info.Parked, Since: w.since, LastError: w.lastErr,
+		DrainedBy: w.drainedBy, Weight: weight, KVAddr: w.entry.KVAddr, Instance: w.info.Instance}
+	if st.KVAddr == "" {
+		st.KVAddr = w.info.KVAddr
+	}
+	quiet := st.Legs == 0 && (st.Live == 0 || !w.checked)
+	st.SafeToDelete = quiet && (w.state == StateDraining || w.state == StateNotReady || w.state == StateRemoved)
+	return st
+}

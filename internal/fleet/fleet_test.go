@@ -1,0 +1,431 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/registry"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var fp = kvxfer.Fingerprint{Model: "m", Layers: 2, KVHeads: 2, HeadDim: 8, DType: "f32", PageSize: 16}
+
+// fakeWorkers answers probes from a table the test edits.
+type fakeWorkers struct {
+	mu    sync.Mutex
+	info  map[string]Info  // by URL
+	fail  map[string]error // by URL
+	calls map[string]int
+}
+
+func newFakeWorkers() *fakeWorkers {
+	return &fakeWorkers{info: map[string]Info{}, fail: map[string]error{}, calls: map[string]int{}}
+}
+
+func (f *fakeWorkers) probe(_ context.Context, e registry.Entry) (Info, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[e.URL]++
+	if err := f.fail[e.URL]; err != nil {
+		return Info{}, err
+	}
+	info, ok := f.info[e.URL]
+	if !ok {
+		return Info{}, errors.New("unknown worker")
+	}
+	return info, nil
+}
+
+func (f *fakeWorkers) checks(url string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[url]
+}
+
+func (f *fakeWorkers) set(url string, info Info, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.info[url], f.fail[url] = info, err
+}
+
+func decodeInfo(instance string) Info {
+	return Info{Role: "decode", Model: "m", Fingerprint: fp, Instance: instance}
+}
+
+type transitions struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (t *transitions) record(w *Worker, from, to State) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.log = append(t.log, fmt.Sprintf("%s %s->%s", w.URL(), from, to))
+}
+
+func newSet(t *testing.T, f *fakeWorkers, clk *clocktesting.FakeClock) (*Set, *registry.Static, *transitions) {
+	t.Helper()
+	st, err := registry.NewStatic(nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &transitions{}
+	s, err := New(Config{Registry: st, Probe: f.probe, ModelName: "m", Clock: clk, OnChange: tr.record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, st, tr
+}
+
+func entry(id, role, url string) registry.Entry {
+	return registry.Entry{ID: id, Role: role, URL: url, Source: "test"}
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func mustGet(t *testing.T, s *Set, id string) *Worker {
+	t.Helper()
+	w, ok := s.Get(id)
+	if !ok {
+		t.Fatalf("no worker %s", id)
+	}
+	return w
+}
+
+func TestReadyAfterPassesNotReadyAfterFailures(t *testing.T) {
+	f := newFakeWorkers()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s, _, tr := newSet(t, f, clk)
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1")}})
+	w := mustGet(t, s, "d1")
+	ctx := context.Background()
+	if w.State() != StatePending || w.Usable() {
+		t.Fatalf("new worker %s", w.State())
+	}
+	s.CheckAll(ctx)
+	if w.State() != StatePending {
+		t.Fatalf("after one pass: %s, want pending (2 passes needed)", w.State())
+	}
+	s.CheckAll(ctx)
+	if w.State() != StateReady || !w.Usable() {
+		t.Fatalf("after two passes: %s", w.State())
+	}
+	down := w.Down()
+	f.set("http://d1", Info{}, context.DeadlineExceeded)
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	if w.State() != StateReady || closed(down) {
+		t.Fatalf("after two failures: %s, down closed %v (3 needed)", w.State(), closed(down))
+	}
+	s.CheckAll(ctx)
+	if w.State() != StateNotReady || !closed(down) {
+		t.Fatalf("after three failures: %s, down closed %v", w.State(), closed(down))
+	}
+	if st := w.Status(); st.LastError == "" {
+		t.Fatal("no last error shown")
+	}
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	if w.State() != StateReady || closed(w.Down()) {
+		t.Fatalf("after recovery: %s", w.State())
+	}
+	want := []string{"http://d1 state(0)->pending", "http://d1 pending->ready", "http://d1 ready->not_ready", "http://d1 not_ready->ready"}
+	if fmt.Sprint(tr.log) != fmt.Sprint(want) {
+		t.Fatalf("transitions %v, want %v", tr.log, want)
+	}
+}
+
+func TestConnectionRefusedIsDefinitive(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, _ := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1")}})
+	w := mustGet(t, s, "d1")
+	s.CheckAll(context.Background())
+	s.CheckAll(context.Background())
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	f.set("http://d1", Info{}, refused)
+	s.CheckAll(context.Background())
+	if w.State() != StateNotReady || !closed(w.Down()) {
+		t.Fatalf("after a refused connection: %s", w.State())
+	}
+}
+
+func TestMisconfiguredWorkerNotReadyWithReason(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, _ := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	other := decodeInfo("a")
+	other.Model = "other-model"
+	f.set("http://d1", other, nil)
+	f.set("http://p1", Info{Role: "decode", Model: "m"}, nil)
+	f.set("http://p2", Info{Role: "prefill", Model: "m", Fingerprint: fp}, nil)
+	e3 := entry("p3", "prefill", "http://p3")
+	e3.KVAddr = "p3:1"
+	bad := fp
+	bad.PageSize = 32
+	e3.Fingerprint = &bad
+	f.set("http://p3", Info{Role: "prefill", Model: "m", Fingerprint: fp}, nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1"),
+		entry("p1", "prefill", "http://p1"), entry("p2", "prefill", "http://p2"), e3}})
+	s.CheckAll(context.Background())
+	for id, want := range map[string]string{
+		"d1": `worker serves model "other-model", router serves "m"`,
+		"p1": "worker is a decode worker, listed as prefill",
+		"p2": "prefill worker reports no KV address",
+		"p3": "worker's KV fingerprint differs from its registry entry: page_size 16 vs 32",
+	} {
+		st := mustGet(t, s, id).Status()
+		if st.State != StateNotReady || st.LastError != "misconfigured worker: "+want {
+			t.Errorf("%s: %s %q, want not_ready %q", id, st.State, st.LastError, want)
+		}
+	}
+}
+
+func TestRegistryRemovalDrainsLegsThenRemoves(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, _ := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	f.set("http://d1", decodeInfo("a"), nil)
+	f.set("http://d2", decodeInfo("b"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1"), entry("d2", "decode", "http://d2")}})
+	s.CheckAll(context.Background())
+	s.CheckAll(context.Background())
+	w1, w2 := mustGet(t, s, "d1"), mustGet(t, s, "d2")
+	done := w1.AddLeg()
+	s.Reconcile(registry.Snapshot{})
+	if w1.State() != StateDraining || closed(w1.Down()) {
+		t.Fatalf("unlisted worker with a leg: %s (its leg must finish)", w1.State())
+	}
+	if st := w1.Status(); st.DrainedBy != "registry" || st.SafeToDelete {
+		t.Fatalf("status %+v", st)
+	}
+	if w2.State() != StateRemoved || !closed(w2.Down()) {
+		t.Fatalf("unlisted idle worker: %s", w2.State())
+	}
+	if _, ok := s.Get("d2"); ok {
+		t.Fatal("removed worker still in the set")
+	}
+	done()
+	done() // idempotent
+	if w1.State() != StateRemoved {
+		t.Fatalf("after its last leg: %s", w1.State())
+	}
+	if n := len(s.Statuses()); n != 0 {
+		t.Fatalf("%d statuses left", n)
+	}
+}
+
+func TestRelistedWorkerComesBack(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, _ := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	f.set("http://d1", decodeInfo("a"), nil)
+	snap := registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1")}}
+	s.Reconcile(snap)
+	s.CheckAll(context.Background())
+	s.CheckAll(context.Background())
+	w := mustGet(t, s, "d1")
+	done := w.AddLeg()
+	defer done()
+	s.Reconcile(registry.Snapshot{})
+	s.Reconcile(snap) // a blip: listed again before its legs ended
+	if w.State() != StatePending {
+		t.Fatalf("re-listed worker: %s, want pending", w.State())
+	}
+	s.CheckAll(context.Background())
+	s.CheckAll(context.Background())
+	if w.State() != StateReady {
+		t.Fatalf("re-listed worker after passes: %s", w.State())
+	}
+}
+
+func TestRestartedWorkerStartsOver(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, _ := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1")}})
+	ctx := context.Background()
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	w := mustGet(t, s, "d1")
+	// The worker drains (its SIGTERM), exits, and a new process answers.
+	draining := decodeInfo("a")
+	draining.Draining = true
+	f.set("http://d1", draining, nil)
+	s.CheckAll(ctx)
+	if w.State() != StateDraining || w.Status().DrainedBy != "worker" {
+		t.Fatalf("draining worker: %+v", w.Status())
+	}
+	old := w.Down()
+	f.set("http://d1", Info{}, os.NewSyscallError("connect", syscall.ECONNREFUSED))
+	s.CheckAll(ctx)
+	if w.State() != StateNotReady || !closed(old) {
+		t.Fatalf("exited worker: %s", w.State())
+	}
+	f.set("http://d1", decodeInfo("b"), nil)
+	s.CheckAll(ctx)
+	if w.State() != StateNotReady {
+		t.Fatalf("new instance after one pass: %s, want not_ready until 2 passes", w.State())
+	}
+	s.CheckAll(ctx)
+	if w.State() != StateReady || w.Info().Instance != "b" {
+		t.Fatalf("new instance: %s %q", w.State(), w.Info().Instance)
+	}
+	// A new instance seen without a failure in between also starts over.
+	down := w.Down()
+	f.set("http://d1", decodeInfo("c"), nil)
+	s.CheckAll(ctx)
+	if w.State() != StateNotReady || !closed(down) {
+		t.Fatalf("instance changed under a ready worker: %s", w.State())
+	}
+}
+
+func TestAdminDrainResume(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, _ := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1")}})
+	ctx := context.Background()
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	w := mustGet(t, s, "d1")
+	if !s.Drain("d1") || s.Drain("nope") {
+		t.Fatal("Drain answers")
+	}
+	s.CheckAll(ctx)
+	if st := w.Status(); st.State != StateDraining || st.DrainedBy != "admin" || !st.SafeToDelete {
+		t.Fatalf("drained: %+v", st)
+	}
+	done := w.AddLeg()
+	if w.Status().SafeToDelete {
+		t.Fatal("safe to delete with a leg in flight")
+	}
+	done()
+	if !s.Resume("d1") {
+		t.Fatal("Resume")
+	}
+	if w.State() != StatePending {
+		t.Fatalf("resumed: %s", w.State())
+	}
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	if w.State() != StateReady {
+		t.Fatalf("resumed after passes: %s", w.State())
+	}
+}
+
+func TestSlowStartWeight(t *testing.T) {
+	f := newFakeWorkers()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s, _, _ := newSet(t, f, clk)
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1")}})
+	w := mustGet(t, s, "d1")
+	if w.Weight() != 0 {
+		t.Fatalf("pending weight %v", w.Weight())
+	}
+	s.CheckAll(context.Background())
+	s.CheckAll(context.Background())
+	for _, c := range []struct {
+		after time.Duration
+		want  float64
+	}{{0, 0.1}, {time.Second, 0.1}, {5 * time.Second, 0.5}, {10 * time.Second, 1}, {time.Minute, 1}} {
+		clk.SetTime(time.Unix(1000, 0).Add(c.after))
+		if got := w.Weight(); got < c.want-1e-9 || got > c.want+1e-9 {
+			t.Errorf("weight %s after ready: %v, want %v", c.after, got, c.want)
+		}
+	}
+}
+
+func TestEntryChangesAndInvalidEntries(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, _ := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	f.set("http://d1", decodeInfo("a"), nil)
+	f.set("http://d1b", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1"),
+		{ID: "junk", Source: "etcd", Invalid: "value is not a worker record"}}})
+	old := mustGet(t, s, "d1")
+	s.CheckAll(context.Background())
+	st := s.Statuses()
+	if len(st) != 2 || st[1].ID != "junk" || st[1].Invalid == "" || st[1].State != StateRemoved {
+		t.Fatalf("statuses %+v", st)
+	}
+	// Same identity, new address: the old worker is removed, the new one
+	// starts pending.
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1b")}})
+	if old.State() != StateRemoved || !closed(old.Down()) {
+		t.Fatalf("old address: %s", old.State())
+	}
+	w := mustGet(t, s, "d1")
+	if w == old || w.URL() != "http://d1b" || w.State() != StatePending {
+		t.Fatalf("new address: %s %s", w.URL(), w.State())
+	}
+	if len(s.Statuses()) != 1 {
+		t.Fatal("invalid entry still listed after a snapshot without it")
+	}
+}
+
+// TestRunFollowsRegistry runs the loop on synctest's clock: a worker added
+// to the registry is checked at once and ready after two health intervals'
+// worth of checks; one that is removed leaves.
+func TestRunFollowsRegistry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeWorkers()
+		f.set("http://d1", decodeInfo("a"), nil)
+		st, err := registry.NewStatic(nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := New(Config{Registry: st, Probe: f.probe, ModelName: "m", HealthInterval: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			s.Run(ctx)
+			close(done)
+		}()
+		synctest.Wait()
+		if _, err := st.Add("decode", "http://d1"); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		w := mustGet(t, s, "d1")
+		if w.State() != StatePending || f.checks("http://d1") != 1 {
+			t.Fatalf("after joining: %s, %d checks (one at once)", w.State(), f.checks("http://d1"))
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if w.State() != StateReady {
+			t.Fatalf("one interval later: %s", w.State())
+		}
+		st.Remove("d1")
+		synctest.Wait()
+		if w.State() != StateRemoved {
+			t.Fatalf("after removal: %s", w.State())
+		}
+		cancel()
+		<-done
+	})
+}

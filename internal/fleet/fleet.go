@@ -313,7 +313,7 @@ type Status struct {
 	LastError string    `json:"last_error,omitempty"`
 	// DrainedBy says who drains it: "worker" (its SIGTERM), "admin" or
 	// "registry" (no longer listed).
-	DrainedBy string `json:"drained_by,omitempty"`
+	DrainedBy string  `json:"drained_by,omitempty"`
 	Weight    float64 `json:"weight"`
 	// SafeToDelete: the worker gets no new request and serves nothing, so
 	// stopping it loses no work.

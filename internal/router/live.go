@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // Router-side stages of a request, for /debug/requests: its legs are
@@ -69,10 +69,10 @@ func (lr *liveRequest) tokens(n int) {
 	}
 }
 
-func (lr *liveRequest) info(now time.Time) lifecycle.RequestInfo {
+func (lr *liveRequest) info(now time.Time) workerapi.RequestInfo {
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
-	return lifecycle.RequestInfo{RID: lr.rid, Room: lr.room, Gen: lr.gen, Stage: lr.stage,
+	return workerapi.RequestInfo{RID: lr.rid, Room: lr.room, Gen: lr.gen, Stage: lr.stage,
 		AgeSeconds: now.Sub(lr.arrived).Seconds(), InStageSecs: now.Sub(lr.stageSince).Seconds(),
 		DeadlineLeft: (LegTimeout - now.Sub(lr.attemptStart)).Seconds(), PeerAddr: lr.peers,
 		PromptTokens: lr.promptTokens, OutputTokens: lr.outputTokens, LastEvent: lr.last}
@@ -81,7 +81,7 @@ func (lr *liveRequest) info(now time.Time) lifecycle.RequestInfo {
 // Requests lists the requests the router is serving, oldest first: stage
 // "legs" (no token sent yet) or "streaming", the workers of the current
 // attempt as PeerAddr, and the leg timeout left as DeadlineLeft.
-func (r *Router) Requests() []lifecycle.RequestInfo {
+func (r *Router) Requests() []workerapi.RequestInfo {
 	r.liveMu.Lock()
 	list := make([]*liveRequest, 0, len(r.live))
 	for lr := range r.live {
@@ -89,11 +89,11 @@ func (r *Router) Requests() []lifecycle.RequestInfo {
 	}
 	r.liveMu.Unlock()
 	now := time.Now()
-	out := make([]lifecycle.RequestInfo, len(list))
+	out := make([]workerapi.RequestInfo, len(list))
 	for i, lr := range list {
 		out[i] = lr.info(now)
 	}
-	slices.SortFunc(out, func(a, b lifecycle.RequestInfo) int {
+	slices.SortFunc(out, func(a, b workerapi.RequestInfo) int {
 		switch {
 		case a.AgeSeconds > b.AgeSeconds:
 			return -1
@@ -106,7 +106,7 @@ func (r *Router) Requests() []lifecycle.RequestInfo {
 }
 
 func (r *Router) handleRequests(w http.ResponseWriter, _ *http.Request) {
-	b, _ := json.Marshal(map[string]any{"role": "router", "requests": r.Requests()})
+	b, _ := json.Marshal(workerapi.RequestList{Role: "router", Requests: r.Requests()})
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
 }

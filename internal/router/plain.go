@@ -6,7 +6,8 @@ import (
 	"io"
 
 	"github.com/pdserve/pdserve/internal/openai"
-	"github.com/pdserve/pdserve/internal/worker"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // plainStream is one request on one colocated worker (the router's plain
@@ -24,20 +25,20 @@ type plainStream struct {
 	finished bool
 }
 
-// generatePlain sends a whole request to the next healthy colocated worker;
-// a worker that cannot be reached is retried once on another.
+// generatePlain sends a whole request to the next healthy colocated worker.
+// It is not retried: the worker's failure, or its going down, is the
+// answer (plain mode is the baseline that disaggregation is compared with).
 func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
-	payload, err := json.Marshal(worker.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
-		Temperature: g.Sampling.Temperature, TopP: g.Sampling.TopP, TopK: g.Sampling.TopK, Seed: g.Sampling.Seed,
-		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered})
+	payload, err := json.Marshal(workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
+		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered})
 	if err != nil {
 		return nil, openai.Internal("encode request: %v", err)
 	}
 	w := pick(r.colocated, &r.rrC, nil)
 	if w == nil {
-		r.requests.WithLabelValues("no_worker").Inc()
+		r.requests.WithLabelValues(outcome.NoWorker.String()).Inc()
 		e := openai.Unavailable("no healthy colocated worker (see /debug/workers)")
-		e.Code = "no_worker"
+		e.Code = outcome.NoWorker.String()
 		return nil, e
 	}
 	lctx, cancel := context.WithTimeout(context.Background(), LegTimeout)
@@ -47,7 +48,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
-		r.runStream(lctx, w, worker.PathGenerate, payload, s.lines)
+		r.runStream(lctx, w, workerapi.PathGenerate, payload, s.lines)
 	}()
 	return s, nil
 }
@@ -60,39 +61,26 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 	select {
 	case ev, ok := <-s.lines:
 		e := ev.err
-		switch {
-		case !ok:
-			e = openai.Internal("worker stream closed")
-		case e == nil && ev.line.Error != nil:
-			l := ev.line.Error
-			e = &openai.Error{Status: ev.line.Status, Type: l.Type, Message: l.Message}
-			if l.Code != nil {
-				e.Code = *l.Code
-			}
+		if !ok {
+			e = malformed("worker stream closed")
 		}
 		if e != nil {
 			s.ended = true
-			s.r.requests.WithLabelValues("colocated_" + e.Code).Inc()
+			s.r.requests.WithLabelValues("colocated_" + e.Outcome.String()).Inc()
 			return openai.Chunk{}, e
 		}
-		c := openai.Chunk{Tokens: make([]openai.Token, len(ev.line.TokenIDs)), FinishReason: ev.line.FinishReason}
-		for i, id := range ev.line.TokenIDs {
-			c.Tokens[i] = openai.Token{ID: id}
-			if i < len(ev.line.Logprobs) {
-				c.Tokens[i].Logprob = ev.line.Logprobs[i]
-			}
-		}
+		c := ev.chunk
 		s.live.tokens(len(c.Tokens))
 		if c.FinishReason != "" {
 			s.finished, s.ended = true, true
-			s.r.requests.WithLabelValues("ok").Inc()
+			s.r.requests.WithLabelValues(outcome.OK.String()).Inc()
 		}
 		return c, nil
 	case <-s.down:
 		s.ended = true
 		e := downError("colocated")
-		s.r.requests.WithLabelValues("colocated_" + e.Code).Inc()
-		s.r.abortLeg(s.w, s.rid, "", 0, "client", "the router found the worker down", nil)
+		s.r.requests.WithLabelValues("colocated_" + e.Outcome.String()).Inc()
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "the router found the worker down", nil)
 		return openai.Chunk{}, e
 	case <-s.ctx.Done():
 		return openai.Chunk{}, s.ctx.Err()
@@ -105,8 +93,8 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 func (s *plainStream) Stop() {
 	if !s.ended {
 		s.ended = true
-		s.r.requests.WithLabelValues("ok").Inc()
-		s.r.abortLeg(s.w, s.rid, "", 0, "stop", "", nil)
+		s.r.requests.WithLabelValues(outcome.OK.String()).Inc()
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", nil)
 	}
 }
 
@@ -115,9 +103,9 @@ func (s *plainStream) Close() {
 	s.r.untrack(s.live)
 	if !s.ended {
 		s.ended = true
-		s.r.requests.WithLabelValues("aborted_client").Inc()
+		s.r.requests.WithLabelValues(outcome.AbortedClient.String()).Inc()
 		// Both the abort and the hang-up read as the client leaving.
-		s.r.abortLeg(s.w, s.rid, "", 0, "client", "client disconnected", nil)
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "client disconnected", nil)
 	}
 	s.cancel()
 	for range s.lines {

@@ -40,7 +40,8 @@ import (
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
-	"github.com/pdserve/pdserve/internal/worker"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // Config configures a Router.
@@ -360,15 +361,15 @@ func (r *Router) workers() []*workerState {
 func (r *Router) check(w *workerState, wantRole string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	var info worker.Info
-	err := r.getJSON(ctx, w.url+worker.PathInfo, &info)
+	var info workerapi.Info
+	err := r.getJSON(ctx, w.url+workerapi.PathInfo, &info)
 	if err == nil {
-		err = r.getJSON(ctx, w.url+"/health", &struct{}{})
+		err = r.getJSON(ctx, w.url+workerapi.PathHealth, &struct{}{})
 	}
 	isPrefill := wantRole == "prefill"
 	switch {
 	case err != nil:
-	case info.Role != wantRole:
+	case info.Role.String() != wantRole:
 		err = fmt.Errorf("worker is a %s worker, listed as %s", info.Role, wantRole)
 	case info.Model != r.cfg.ModelName:
 		err = fmt.Errorf("worker serves model %q, router serves %q", info.Model, r.cfg.ModelName)
@@ -412,7 +413,7 @@ func (r *Router) probe(ws ...*workerState) {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), ProbeTimeout)
 			defer cancel()
-			if err := r.getJSON(ctx, w.url+"/health", &struct{}{}); err != nil {
+			if err := r.getJSON(ctx, w.url+workerapi.PathHealth, &struct{}{}); err != nil {
 				r.log.Warn("worker failed a probe", "worker", w.url, "err", err)
 				w.mu.Lock()
 				w.setHealthLocked("probe: " + err.Error())
@@ -424,23 +425,35 @@ func (r *Router) probe(ws ...*workerState) {
 	wg.Wait()
 }
 
-// legError is a leg's failure seen by the router itself (transport, a
-// broken or malformed answer). The client's message names the worker's role
-// only — worker addresses are internal — and the log line names the worker.
-func (r *Router) legError(w *workerState, status int, code, what string, err error) *openai.Error {
-	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role, "code", code, "err", fmt.Sprintf("%s: %v", what, err))
-	return &openai.Error{Status: status, Type: openai.TypeServer, Code: code,
-		Message: fmt.Sprintf("the %s worker %s (details: the router's log and /debug/workers)", w.role, what)}
+// legError is a leg's failure seen by the router itself (the worker could
+// not be reached or broke off its answer), with that outcome. The client's
+// message names the worker's role only — worker addresses are internal —
+// and the log line names the worker.
+func (r *Router) legError(w *workerState, o outcome.Outcome, what string, err error) *workerapi.Error {
+	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role, "outcome", o.String(), "err", fmt.Sprintf("%s: %v", what, err))
+	return workerapi.NewError(o, fmt.Sprintf("the %s worker %s (details: the router's log and /debug/workers)", w.role, what),
+		outcome.Cause{})
+}
+
+// malformedAnswer is a leg's failure because its worker answered something
+// that is not the worker API: a 500 with no code (outcome failed_internal).
+func (r *Router) malformedAnswer(w *workerState, what string, err error) *workerapi.Error {
+	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role, "err", fmt.Sprintf("%s: %v", what, err))
+	return malformed("the %s worker %s (details: the router's log and /debug/workers)", w.role, what)
+}
+
+// malformed is a failure of the router's own exchange with a worker: a 500
+// with no code, outcome failed_internal.
+func malformed(format string, args ...any) *workerapi.Error {
+	return &workerapi.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer,
+		Message: fmt.Sprintf(format, args...), Outcome: outcome.FailedInternal}
 }
 
 // downError is a leg's failure because its worker stopped answering.
-func downError(role string) *openai.Error {
-	return &openai.Error{Status: http.StatusBadGateway, Type: openai.TypeServer, Code: "worker_unreachable",
-		Message: fmt.Sprintf("the %s worker stopped answering health checks (details: the router's /debug/workers)", role)}
+func downError(role string) *workerapi.Error {
+	return workerapi.NewError(outcome.WorkerUnreachable,
+		fmt.Sprintf("the %s worker stopped answering health checks (details: the router's /debug/workers)", role), outcome.Cause{})
 }
-
-// maxInfoBytes bounds worker info and health answers.
-const maxInfoBytes = 1 << 20
 
 func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
@@ -452,7 +465,7 @@ func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 		return err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxInfoBytes))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, workerapi.MaxInfoBytes))
 	if err != nil {
 		return err
 	}

@@ -242,9 +242,12 @@ func (r *Router) runStream(ctx context.Context, w *workerState, path string, pay
 // abortLeg tells a worker to abort the request, in the background, bounded
 // by AbortTimeout; then it cancels the leg's HTTP exchange (cancelLeg, may be
 // nil). The explicit abort goes first so the worker records why the request
-// ended; the cancellation alone would read as the client going away.
-func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason workerapi.AbortReason, detail string, cancelLeg context.CancelFunc) {
-	payload, _ := json.Marshal(workerapi.AbortBody{RID: rid, Room: room, Gen: gen, Reason: reason, Detail: detail})
+// ended; the cancellation alone would read as the client going away. cause
+// (reason AbortPeer) is the other leg's first failure: the aborted leg ends
+// with it and tells its KV peer.
+func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason workerapi.AbortReason, detail string,
+	cause outcome.Cause, cancelLeg context.CancelFunc) {
+	payload, _ := json.Marshal(workerapi.AbortBody{RID: rid, Room: room, Gen: gen, Reason: reason, Detail: detail, Cause: cause})
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
@@ -263,19 +266,60 @@ func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason w
 	}()
 }
 
+// failure is a leg's failure as the router decides on it: the error that
+// answers it and the side it happened on.
+type failure struct {
+	role workerapi.Role
+	err  *workerapi.Error
+}
+
+// rootOf is the failure that e, reported by the role leg, stands for: for an
+// aborted_peer echo whose cause is known, the root cause on its own side
+// (with its status, code and message); otherwise e on role.
+func rootOf(role workerapi.Role, e *workerapi.Error) failure {
+	root := e.Root()
+	if root != e {
+		if r, ok := workerapi.ParseRole(e.Cause.Role); ok {
+			role = r
+		}
+	}
+	return failure{role: role, err: root}
+}
+
+// explain returns the failure that e, reported by leg, stands for. Only an
+// echo of the other leg's failure (aborted_peer) that does not name its
+// root cause waits: up to PeerFailureGrace for the other leg's own answer,
+// which then explains it. Every other failure is decided at once.
+func (s *pdStream) explain(a *attempt, leg workerapi.Role, e *workerapi.Error) failure {
+	if !e.Outcome.PeerCaused() || e.Cause.Known() {
+		return rootOf(leg, e)
+	}
+	if leg == workerapi.RoleDecode {
+		if !a.pDone {
+			if pe := s.awaitPrefillError(a); pe != nil {
+				return rootOf(workerapi.RolePrefill, pe)
+			}
+		}
+	} else if de := s.awaitDecodeError(a); de != nil {
+		return rootOf(workerapi.RoleDecode, de)
+	}
+	return failure{role: leg, err: e}
+}
+
 // failed handles the failure of one leg of the current attempt: the other
-// leg is aborted at once; the request is retried on a new pair if it may
-// be, otherwise the error is the answer.
-func (s *pdStream) failed(e *workerapi.Error, leg string) (retried bool, err error) {
-	a := s.a
-	detail := leg + " leg failed: " + e.Message
-	if leg == "prefill" {
+// leg is aborted at once, told the failure's first cause; the request is
+// retried on a new pair if it may be, otherwise the error is the answer.
+func (s *pdStream) failed(f failure) (retried bool, err error) {
+	a, e := s.a, f.err
+	cause := e.FirstCause(f.role)
+	detail := f.role.String() + " leg failed: " + e.Message
+	if f.role == workerapi.RolePrefill {
 		a.pCancel()
-		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, workerapi.AbortPeer, detail, a.dCancel)
+		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, workerapi.AbortPeer, detail, cause, a.dCancel)
 	} else {
 		a.dCancel()
 		if !a.pDone {
-			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, workerapi.AbortPeer, detail, a.pCancel)
+			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, workerapi.AbortPeer, detail, cause, a.pCancel)
 		} else {
 			a.pCancel()
 		}
@@ -290,13 +334,14 @@ func (s *pdStream) failed(e *workerapi.Error, leg string) (retried bool, err err
 		if se := s.start(a.gen + 1); se == nil {
 			s.r.retries.Inc()
 			s.r.log.Info("retrying request on a new pair", "rid", s.rid, "room", s.room, "gen", a.gen+1,
-				"failed_leg", leg, "err", e.Message)
+				"failed_leg", f.role.String(), "outcome", e.Outcome.String(), "err", e.Message)
 			return true, nil
 		}
 	}
 	s.ended = true
-	s.r.requests.WithLabelValues(leg + "_" + e.Outcome.String()).Inc()
-	s.r.log.Info("request failed", "rid", s.rid, "room", s.room, "gen", a.gen, "leg", leg, "status", e.Status, "err", e.Message)
+	s.r.requests.WithLabelValues(f.role.String() + "_" + e.Outcome.String()).Inc()
+	s.r.log.Info("request failed", "rid", s.rid, "room", s.room, "gen", a.gen, "leg", f.role.String(),
+		"outcome", e.Outcome.String(), "status", e.Status, "err", e.Message)
 	return false, e
 }
 
@@ -307,25 +352,22 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 	}
 	for {
 		a := s.a
-		var leg string
-		var e *workerapi.Error
+		var f failure
 		pDown := a.pDown
 		if a.pDone {
 			pDown = nil // prefill's part is over; its worker may come and go
 		}
 		select {
 		case <-a.dDown:
-			leg, e = "decode", downError("decode")
+			f = failure{role: workerapi.RoleDecode, err: downError(workerapi.RoleDecode)}
 		case <-pDown:
-			leg, e = "prefill", downError("prefill")
+			f = failure{role: workerapi.RolePrefill, err: downError(workerapi.RolePrefill)}
 		case ev, ok := <-a.lines:
-			leg = "decode"
-			switch {
-			case !ok:
+			e := ev.err
+			if !ok {
 				e = malformed("decode stream closed")
-			case ev.err != nil:
-				e = ev.err
-			default:
+			}
+			if e == nil {
 				c := ev.chunk
 				if len(c.Tokens) > 0 {
 					s.sent = true
@@ -337,35 +379,14 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 				}
 				return c, nil
 			}
-			if !a.pDone && e.Outcome.PeerCaused() {
-				// Prefill's own answer names the root cause; give it a moment.
-				t := time.NewTimer(s.r.cfg.PeerFailureGrace)
-				select {
-				case p := <-a.prefill:
-					a.pDone = true
-					if p.err != nil {
-						e, leg = p.err, "prefill"
-					}
-				case <-t.C:
-				case <-s.ctx.Done(): // the client is gone: abort now, not after the grace
-				case <-s.r.stopping:
-				}
-				t.Stop()
-			}
+			f = s.explain(a, workerapi.RoleDecode, e)
 		case p := <-a.prefill:
 			a.pDone = true
 			a.prefill = nil
 			if p.err == nil {
 				continue
 			}
-			e, leg = p.err, "prefill"
-			if e.Outcome.PeerCaused() {
-				// Decode's own answer names the root cause (e.g. the
-				// checksum mismatch it found); give it a moment.
-				if de := s.awaitDecodeError(a); de != nil {
-					e, leg = de, "decode"
-				}
-			}
+			f = s.explain(a, workerapi.RolePrefill, p.err)
 		case <-s.ctx.Done():
 			return openai.Chunk{}, s.ctx.Err()
 		case <-s.r.stopping:
@@ -374,11 +395,29 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 			s.closeWhy = "the router is shutting down"
 			return openai.Chunk{}, openai.Unavailable("the router is shutting down")
 		}
-		retried, err := s.failed(e, leg)
+		retried, err := s.failed(f)
 		if !retried {
 			return openai.Chunk{}, err
 		}
 	}
+}
+
+// awaitPrefillError waits up to PeerFailureGrace for the prefill leg's
+// answer. It returns prefill's error, or nil if prefill succeeded or did not
+// answer in time (or the request ended meanwhile).
+func (s *pdStream) awaitPrefillError(a *attempt) *workerapi.Error {
+	t := time.NewTimer(s.r.cfg.PeerFailureGrace)
+	defer t.Stop()
+	select {
+	case p := <-a.prefill:
+		a.pDone = true
+		a.prefill = nil
+		return p.err
+	case <-t.C:
+	case <-s.ctx.Done(): // the client is gone: abort now, not after the grace
+	case <-s.r.stopping:
+	}
+	return nil
 }
 
 // awaitDecodeError waits up to PeerFailureGrace for the decode leg's error
@@ -414,7 +453,7 @@ func (s *pdStream) Stop() {
 	}
 	s.ended = true
 	s.r.requests.WithLabelValues(outcome.OK.String()).Inc()
-	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", nil)
+	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", outcome.Cause{}, nil)
 }
 
 // Close aborts both legs if the request has not ended (the client is
@@ -430,9 +469,9 @@ func (s *pdStream) Close() {
 		if why == "" {
 			why = "client disconnected"
 		}
-		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, workerapi.AbortClient, why, nil)
+		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, nil)
 		if !a.pDone {
-			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, workerapi.AbortClient, why, a.pCancel)
+			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, a.pCancel)
 		} else {
 			a.pCancel()
 		}

@@ -78,9 +78,9 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 		return c, nil
 	case <-s.down:
 		s.ended = true
-		e := downError("colocated")
+		e := downError(workerapi.RoleColocated)
 		s.r.requests.WithLabelValues("colocated_" + e.Outcome.String()).Inc()
-		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "the router found the worker down", nil)
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "the router found the worker down", outcome.Cause{}, nil)
 		return openai.Chunk{}, e
 	case <-s.ctx.Done():
 		return openai.Chunk{}, s.ctx.Err()
@@ -94,7 +94,7 @@ func (s *plainStream) Stop() {
 	if !s.ended {
 		s.ended = true
 		s.r.requests.WithLabelValues(outcome.OK.String()).Inc()
-		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", nil)
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", outcome.Cause{}, nil)
 	}
 }
 
@@ -105,7 +105,7 @@ func (s *plainStream) Close() {
 		s.ended = true
 		s.r.requests.WithLabelValues(outcome.AbortedClient.String()).Inc()
 		// Both the abort and the hang-up read as the client leaving.
-		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "client disconnected", nil)
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "client disconnected", outcome.Cause{}, nil)
 	}
 	s.cancel()
 	for range s.lines {

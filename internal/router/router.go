@@ -114,7 +114,7 @@ type Router struct {
 type workerState struct {
 	url  string
 	host string
-	role string // prefill, decode or colocated
+	role workerapi.Role
 	mu   sync.Mutex
 	// healthy is set by the last health check; kvAddr by the last info.
 	healthy  bool
@@ -224,8 +224,9 @@ func New(cfg Config) (*Router, error) {
 	for _, list := range []struct {
 		urls []string
 		dst  *[]*workerState
-		role string
-	}{{cfg.Prefill, &r.prefill, "prefill"}, {cfg.Decode, &r.decode, "decode"}, {cfg.Colocated, &r.colocated, "colocated"}} {
+		role workerapi.Role
+	}{{cfg.Prefill, &r.prefill, workerapi.RolePrefill}, {cfg.Decode, &r.decode, workerapi.RoleDecode},
+		{cfg.Colocated, &r.colocated, workerapi.RoleColocated}} {
 		for _, raw := range list.urls {
 			u, err := url.Parse(strings.TrimRight(raw, "/"))
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -338,17 +339,8 @@ func (r *Router) Close() {
 
 func (r *Router) checkAll() {
 	var wg sync.WaitGroup
-	for _, w := range r.prefill {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.check(w, "prefill") }()
-	}
-	for _, w := range r.decode {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.check(w, "decode") }()
-	}
-	for _, w := range r.colocated {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.check(w, "colocated") }()
+	for _, w := range r.workers() {
+		wg.Go(func() { r.check(w) })
 	}
 	wg.Wait()
 }
@@ -358,7 +350,7 @@ func (r *Router) workers() []*workerState {
 	return append(append(append([]*workerState{}, r.prefill...), r.decode...), r.colocated...)
 }
 
-func (r *Router) check(w *workerState, wantRole string) {
+func (r *Router) check(w *workerState) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	var info workerapi.Info
@@ -366,11 +358,11 @@ func (r *Router) check(w *workerState, wantRole string) {
 	if err == nil {
 		err = r.getJSON(ctx, w.url+workerapi.PathHealth, &struct{}{})
 	}
-	isPrefill := wantRole == "prefill"
+	isPrefill := w.role == workerapi.RolePrefill
 	switch {
 	case err != nil:
-	case info.Role.String() != wantRole:
-		err = fmt.Errorf("worker is a %s worker, listed as %s", info.Role, wantRole)
+	case info.Role != w.role:
+		err = fmt.Errorf("worker is a %s worker, listed as %s", info.Role, w.role)
 	case info.Model != r.cfg.ModelName:
 		err = fmt.Errorf("worker serves model %q, router serves %q", info.Model, r.cfg.ModelName)
 	case isPrefill && info.KVPort == 0:
@@ -387,7 +379,7 @@ func (r *Router) check(w *workerState, wantRole string) {
 		return
 	}
 	if !w.healthy {
-		r.log.Info("worker healthy", "worker", w.url, "worker_role", info.Role)
+		r.log.Info("worker healthy", "worker", w.url, "worker_role", info.Role.String())
 	}
 	w.setHealthLocked("")
 	w.fp = info.Fingerprint
@@ -430,7 +422,7 @@ func (r *Router) probe(ws ...*workerState) {
 // message names the worker's role only — worker addresses are internal —
 // and the log line names the worker.
 func (r *Router) legError(w *workerState, o outcome.Outcome, what string, err error) *workerapi.Error {
-	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role, "outcome", o.String(), "err", fmt.Sprintf("%s: %v", what, err))
+	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role.String(), "outcome", o.String(), "err", fmt.Sprintf("%s: %v", what, err))
 	return workerapi.NewError(o, fmt.Sprintf("the %s worker %s (details: the router's log and /debug/workers)", w.role, what),
 		outcome.Cause{})
 }
@@ -438,7 +430,7 @@ func (r *Router) legError(w *workerState, o outcome.Outcome, what string, err er
 // malformedAnswer is a leg's failure because its worker answered something
 // that is not the worker API: a 500 with no code (outcome failed_internal).
 func (r *Router) malformedAnswer(w *workerState, what string, err error) *workerapi.Error {
-	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role, "err", fmt.Sprintf("%s: %v", what, err))
+	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role.String(), "err", fmt.Sprintf("%s: %v", what, err))
 	return malformed("the %s worker %s (details: the router's log and /debug/workers)", w.role, what)
 }
 
@@ -450,7 +442,7 @@ func malformed(format string, args ...any) *workerapi.Error {
 }
 
 // downError is a leg's failure because its worker stopped answering.
-func downError(role string) *workerapi.Error {
+func downError(role workerapi.Role) *workerapi.Error {
 	return workerapi.NewError(outcome.WorkerUnreachable,
 		fmt.Sprintf("the %s worker stopped answering health checks (details: the router's /debug/workers)", role), outcome.Cause{})
 }
@@ -588,17 +580,12 @@ type WorkerStatus struct {
 // Workers lists the router's workers and their health.
 func (r *Router) Workers() []WorkerStatus {
 	var out []WorkerStatus
-	add := func(list []*workerState, role string) {
-		for _, w := range list {
-			w.mu.Lock()
-			out = append(out, WorkerStatus{URL: w.url, Role: role, Healthy: w.healthy, KVAddr: w.kvAddr,
-				Failures: w.failures, LastErr: w.lastErr})
-			w.mu.Unlock()
-		}
+	for _, w := range r.workers() {
+		w.mu.Lock()
+		out = append(out, WorkerStatus{URL: w.url, Role: w.role.String(), Healthy: w.healthy, KVAddr: w.kvAddr,
+			Failures: w.failures, LastErr: w.lastErr})
+		w.mu.Unlock()
 	}
-	add(r.prefill, "prefill")
-	add(r.decode, "decode")
-	add(r.colocated, "colocated")
 	return out
 }
 

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
@@ -19,6 +21,7 @@ const (
 
 // liveRequest is a request the router serves, as /debug/requests lists it.
 type liveRequest struct {
+	clock        clock.PassiveClock
 	mu           sync.Mutex
 	rid, room    string
 	gen          uint32
@@ -35,9 +38,9 @@ type liveRequest struct {
 // track registers a request; the returned liveRequest is updated by the
 // stream and dropped by untrack.
 func (r *Router) track(rid, room string, promptTokens int) *liveRequest {
-	now := time.Now()
-	lr := &liveRequest{rid: rid, room: room, arrived: now, stage: stageLegs, stageSince: now, attemptStart: now,
-		promptTokens: promptTokens}
+	now := r.clock.Now()
+	lr := &liveRequest{clock: r.clock, rid: rid, room: room, arrived: now, stage: stageLegs, stageSince: now,
+		attemptStart: now, promptTokens: promptTokens}
 	r.liveMu.Lock()
 	r.live[lr] = struct{}{}
 	r.liveMu.Unlock()
@@ -52,7 +55,7 @@ func (r *Router) untrack(lr *liveRequest) {
 
 // attempt records a new attempt of the request on peers.
 func (lr *liveRequest) attempt(gen uint32, peers, why string) {
-	now := time.Now()
+	now := lr.clock.Now()
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	lr.gen, lr.peers, lr.last = gen, peers, why
@@ -65,7 +68,7 @@ func (lr *liveRequest) tokens(n int) {
 	defer lr.mu.Unlock()
 	lr.outputTokens += n
 	if lr.stage != stageStreaming && n > 0 {
-		lr.stage, lr.stageSince, lr.last = stageStreaming, time.Now(), "first token sent"
+		lr.stage, lr.stageSince, lr.last = stageStreaming, lr.clock.Now(), "first token sent"
 	}
 }
 
@@ -88,7 +91,7 @@ func (r *Router) Requests() []workerapi.RequestInfo {
 		list = append(list, lr)
 	}
 	r.liveMu.Unlock()
-	now := time.Now()
+	now := r.clock.Now()
 	out := make([]workerapi.RequestInfo, len(list))
 	for i, lr := range list {
 		out[i] = lr.info(now)

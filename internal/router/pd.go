@@ -107,8 +107,8 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	}
 	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1),
 		pDown: pw.downCh(), dDown: dw.downCh()}
-	pctx, pcancel := context.WithTimeout(context.Background(), LegTimeout)
-	dctx, dcancel := context.WithTimeout(context.Background(), LegTimeout)
+	pctx, pcancel := r.withTimeout(context.Background(), LegTimeout)
+	dctx, dcancel := r.withTimeout(context.Background(), LegTimeout)
 	a.pCancel, a.dCancel = pcancel, dcancel
 	r.bg.Add(2)
 	go func() {
@@ -254,7 +254,7 @@ func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason w
 		if cancelLeg != nil {
 			defer cancelLeg()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.AbortTimeout)
+		ctx, cancel := r.withTimeout(context.Background(), r.cfg.AbortTimeout)
 		defer cancel()
 		resp, e := r.post(ctx, w, workerapi.PathAbort, payload)
 		if e != nil {
@@ -406,14 +406,14 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 // answer. It returns prefill's error, or nil if prefill succeeded or did not
 // answer in time (or the request ended meanwhile).
 func (s *pdStream) awaitPrefillError(a *attempt) *workerapi.Error {
-	t := time.NewTimer(s.r.cfg.PeerFailureGrace)
+	t := s.r.clock.NewTimer(s.r.cfg.PeerFailureGrace)
 	defer t.Stop()
 	select {
 	case p := <-a.prefill:
 		a.pDone = true
 		a.prefill = nil
 		return p.err
-	case <-t.C:
+	case <-t.C():
 	case <-s.ctx.Done(): // the client is gone: abort now, not after the grace
 	case <-s.r.stopping:
 	}
@@ -424,7 +424,7 @@ func (s *pdStream) awaitPrefillError(a *attempt) *workerapi.Error {
 // line, skipping token lines (there are none before decode verified the
 // KV). It returns nil if none came.
 func (s *pdStream) awaitDecodeError(a *attempt) *workerapi.Error {
-	t := time.NewTimer(s.r.cfg.PeerFailureGrace)
+	t := s.r.clock.NewTimer(s.r.cfg.PeerFailureGrace)
 	defer t.Stop()
 	for {
 		select {
@@ -435,7 +435,7 @@ func (s *pdStream) awaitDecodeError(a *attempt) *workerapi.Error {
 			case ev.err != nil:
 				return ev.err
 			}
-		case <-t.C:
+		case <-t.C():
 			return nil
 		case <-s.ctx.Done():
 			return nil

@@ -41,7 +41,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (
 		e.Code = outcome.NoWorker.String()
 		return nil, e
 	}
-	lctx, cancel := context.WithTimeout(context.Background(), LegTimeout)
+	lctx, cancel := r.withTimeout(context.Background(), LegTimeout)
 	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel, down: w.downCh()}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	s.live.attempt(1, w.url, "sent to a colocated worker")

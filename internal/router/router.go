@@ -36,6 +36,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
@@ -77,7 +78,11 @@ type Config struct {
 	// MaxBodyBytes bounds client request bodies (default: the front end's).
 	MaxBodyBytes int64
 	// Client is the HTTP client for worker calls (default: a pooled client).
-	Client     *http.Client
+	Client *http.Client
+	// Clock is the router's clock (default: the wall clock): request ages,
+	// the grace wait, health checks and every timeout of a worker call run
+	// on it.
+	Clock      clock.WithTickerAndDelayedExecution
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -87,6 +92,7 @@ type Config struct {
 type Router struct {
 	cfg       Config
 	log       *slog.Logger
+	clock     clock.WithTickerAndDelayedExecution
 	client    *http.Client
 	prefill   []*workerState
 	decode    []*workerState
@@ -211,6 +217,9 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -219,7 +228,7 @@ func New(cfg Config) (*Router, error) {
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	}
-	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), client: cfg.Client, stop: make(chan struct{}),
+	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), clock: cfg.Clock, client: cfg.Client, stop: make(chan struct{}),
 		stopping: make(chan struct{}), live: make(map[*liveRequest]struct{})}
 	for _, list := range []struct {
 		urls []string
@@ -262,13 +271,13 @@ func (r *Router) Start() {
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
-		t := time.NewTicker(r.cfg.HealthInterval)
+		t := r.clock.NewTicker(r.cfg.HealthInterval)
 		defer t.Stop()
 		for {
 			select {
 			case <-r.stop:
 				return
-			case <-t.C:
+			case <-t.C():
 				r.checkAll()
 			}
 		}
@@ -350,8 +359,11 @@ func (r *Router) workers() []*workerState {
 	return append(append(append([]*workerState{}, r.prefill...), r.decode...), r.colocated...)
 }
 
+// CheckTimeout bounds one health check of a worker (its info and /health).
+const CheckTimeout = 3 * time.Second
+
 func (r *Router) check(w *workerState) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := r.withTimeout(context.Background(), CheckTimeout)
 	defer cancel()
 	var info workerapi.Info
 	err := r.getJSON(ctx, w.url+workerapi.PathInfo, &info)
@@ -390,7 +402,7 @@ func (r *Router) check(w *workerState) {
 }
 
 // ProbeTimeout bounds the health probe of a worker whose pair just failed
-// with a lost peer, before a retry picks a pair.
+// with a lost peer, before a retry picks a pair (on the router's clock).
 const ProbeTimeout = time.Second
 
 // probe checks /health of each worker at once, each within ProbeTimeout,
@@ -403,7 +415,7 @@ func (r *Router) probe(ws ...*workerState) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), ProbeTimeout)
+			ctx, cancel := r.withTimeout(context.Background(), ProbeTimeout)
 			defer cancel()
 			if err := r.getJSON(ctx, w.url+workerapi.PathHealth, &struct{}{}); err != nil {
 				r.log.Warn("worker failed a probe", "worker", w.url, "err", err)
@@ -447,6 +459,18 @@ func downError(role workerapi.Role) *workerapi.Error {
 		fmt.Sprintf("the %s worker stopped answering health checks (details: the router's /debug/workers)", role), outcome.Cause{})
 }
 
+// withTimeout returns a context that ends after d on the router's clock;
+// context.Cause then says so.
+func (r *Router) withTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	t := r.clock.AfterFunc(d, func() { cancel(fmt.Errorf("%w: no answer within %s", context.DeadlineExceeded, d)) })
+	return ctx, func() {
+		t.Stop()
+		cancel(context.Canceled)
+	}
+}
+
+// getJSON GETs u into v; an answer that is not 200 is an error naming it.
 func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -454,11 +478,17 @@ func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
+		if c := context.Cause(ctx); c != nil {
+			return fmt.Errorf("GET %s: %w", u, c)
+		}
 		return err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, workerapi.MaxInfoBytes))
 	if err != nil {
+		if c := context.Cause(ctx); c != nil {
+			return fmt.Errorf("GET %s: %w", u, c)
+		}
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {

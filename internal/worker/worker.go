@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -86,8 +87,10 @@ type Config struct {
 	MaxBodyBytes int64
 	Logger       *slog.Logger
 	Registerer   prometheus.Registerer
-	// Now is the clock (default time.Now).
-	Now func() time.Time
+	// Clock is the worker's clock (default: the wall clock): the loop's
+	// ticker, the times stepped into the machine and query timeouts run on
+	// it.
+	Clock clock.WithTicker
 }
 
 // Worker is one prefill, decode or colocated worker.
@@ -95,7 +98,7 @@ type Worker struct {
 	cfg     Config
 	role    lifecycle.Role
 	log     *slog.Logger
-	now     func() time.Time
+	clock   clock.WithTicker
 	model   model.Model
 	info    model.Info
 	pool    *kvcache.Pool
@@ -148,8 +151,8 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	info := cfg.Model.Info()
 	mc := cfg.Machine
@@ -178,7 +181,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{
-		cfg: cfg, role: mc.Role, log: cfg.Logger.With("role", mc.Role.String()), now: cfg.Now,
+		cfg: cfg, role: mc.Role, log: cfg.Logger.With("role", mc.Role.String()), clock: cfg.Clock,
 		model: cfg.Model, info: info, pool: pool, machine: m,
 		crc:     crc32.MakeTable(crc32.Castagnoli),
 		stop:    make(chan struct{}),
@@ -369,30 +372,30 @@ func (w *Worker) post(ev lifecycle.Event) { w.mbox.post(item{ev: ev}) }
 func (w *Worker) query(timeout time.Duration, fn func()) bool {
 	done := make(chan struct{})
 	w.mbox.post(item{fn: func() { fn(); close(done) }})
-	t := time.NewTimer(timeout)
+	t := w.clock.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-done:
 		return true
 	case <-w.stopped:
 		return false
-	case <-t.C:
+	case <-t.C():
 		return false
 	}
 }
 
 func (w *Worker) run() {
 	defer close(w.stopped)
-	ticker := time.NewTicker(w.cfg.TickInterval)
+	ticker := w.clock.NewTicker(w.cfg.TickInterval)
 	defer ticker.Stop()
 	var buf []item
-	lastTick := w.now()
+	lastTick := w.clock.Now()
 	for {
 		select {
 		case <-w.stop:
 			return
 		case <-w.mbox.notify:
-		case <-ticker.C:
+		case <-ticker.C():
 		}
 		// Everything that arrived is applied before deadlines and leases are
 		// checked, so a renewal waiting in the mailbox is never missed
@@ -410,7 +413,7 @@ func (w *Worker) run() {
 			}
 		}
 		clear(buf)
-		if now := w.now(); now.Sub(lastTick) >= w.cfg.TickInterval {
+		if now := w.clock.Now(); now.Sub(lastTick) >= w.cfg.TickInterval {
 			lastTick = now
 			w.step(lifecycle.Tick{})
 		}
@@ -424,7 +427,7 @@ func (w *Worker) arrive(a lifecycle.Arrive, wt *waiter) {
 			Err: fmt.Sprintf("request id %q is already in use on this worker", a.Req.RID)})
 		return
 	}
-	wt.arrived = w.now()
+	wt.arrived = w.clock.Now()
 	w.waiters[a.Req.RID] = wt
 	w.step(a)
 }
@@ -436,7 +439,7 @@ func (w *Worker) step(ev lifecycle.Event) {
 	for len(queue) > 0 {
 		ev := queue[0]
 		queue = queue[1:]
-		now := w.now()
+		now := w.clock.Now()
 		w.machine.Step(now, ev)
 		for _, e := range w.machine.Ready() {
 			if next := w.execute(now, e); next != nil {
@@ -613,7 +616,7 @@ func queryValue[T any](w *Worker, timeout time.Duration, fn func() T) (T, bool) 
 
 // snapshot reads the machine's stats on the loop, for metrics.
 func (w *Worker) snapshot() (lifecycle.Stats, map[string]uint64, bool) {
-	st, ok := queryValue(w, 2*time.Second, func() lifecycle.Stats { return w.machine.Stats(w.now()) })
+	st, ok := queryValue(w, 2*time.Second, func() lifecycle.Stats { return w.machine.Stats(w.clock.Now()) })
 	var dropped map[string]uint64
 	if s, ok := w.backend.(kvxfer.DropCounter); ok {
 		dropped = s.DroppedFrames()
@@ -624,13 +627,13 @@ func (w *Worker) snapshot() (lifecycle.Stats, map[string]uint64, bool) {
 // Stats returns the machine's stats, read on the loop. ok is false if the
 // loop did not answer within timeout.
 func (w *Worker) Stats(timeout time.Duration) (lifecycle.Stats, bool) {
-	return queryValue(w, timeout, func() lifecycle.Stats { return w.machine.Stats(w.now()) })
+	return queryValue(w, timeout, func() lifecycle.Stats { return w.machine.Stats(w.clock.Now()) })
 }
 
 // Requests lists live requests, read on the loop.
 func (w *Worker) Requests(timeout time.Duration) ([]lifecycle.RequestInfo, bool) {
 	return queryValue(w, timeout, func() []lifecycle.RequestInfo {
-		list := w.machine.Requests(w.now())
+		list := w.machine.Requests(w.clock.Now())
 		for i := range list {
 			w.peerAddr(&list[i])
 		}
@@ -645,7 +648,7 @@ func (w *Worker) Request(rid string, timeout time.Duration) (lifecycle.RequestIn
 		found bool
 	}
 	r, ok := queryValue(w, timeout, func() res {
-		ri, found := w.machine.Request(rid, w.now())
+		ri, found := w.machine.Request(rid, w.clock.Now())
 		w.peerAddr(&ri)
 		return res{ri, found}
 	})

@@ -78,7 +78,7 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 	s.live = r.track(g.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)
-		r.requests.WithLabelValues(outcome.NoWorker.String()).Inc()
+		r.metrics.Answered(outcome.NoWorker)
 		if e.Code == "" {
 			e.Code = outcome.NoWorker.String()
 		}
@@ -157,7 +157,7 @@ func (r *Router) post(ctx context.Context, w *workerState, path string, payload 
 		if ctx.Err() != nil {
 			return nil, errCancelled()
 		}
-		r.legFails.WithLabelValues(w.url).Inc()
+		r.metrics.WorkerFailed(w.url)
 		w.markFailed(err.Error())
 		return nil, r.legError(w, outcome.WorkerUnreachable, "could not be reached", err)
 	}
@@ -325,6 +325,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 		}
 	}
 	s.drain(a)
+	s.r.metrics.LegFailed(f.role, e.Outcome)
 	if !s.sent && e.Outcome.Retryable() && int(a.gen) < s.r.cfg.MaxAttempts && s.ctx.Err() == nil {
 		if e.Outcome.Suspect() {
 			// One of the pair may be frozen or cut off; find out before
@@ -332,14 +333,14 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			s.r.probe(a.pw, a.dw)
 		}
 		if se := s.start(a.gen + 1); se == nil {
-			s.r.retries.Inc()
+			s.r.metrics.Retried()
 			s.r.log.Info("retrying request on a new pair", "rid", s.rid, "room", s.room, "gen", a.gen+1,
 				"failed_leg", f.role.String(), "outcome", e.Outcome.String(), "err", e.Message)
 			return true, nil
 		}
 	}
 	s.ended = true
-	s.r.requests.WithLabelValues(f.role.String() + "_" + e.Outcome.String()).Inc()
+	s.r.metrics.Answered(e.Outcome)
 	s.r.log.Info("request failed", "rid", s.rid, "room", s.room, "gen", a.gen, "leg", f.role.String(),
 		"outcome", e.Outcome.String(), "status", e.Status, "err", e.Message)
 	return false, e
@@ -375,7 +376,7 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 				}
 				if c.FinishReason != "" {
 					s.finished, s.ended = true, true
-					s.r.requests.WithLabelValues(outcome.OK.String()).Inc()
+					s.r.metrics.Answered(outcome.OK)
 				}
 				return c, nil
 			}
@@ -452,7 +453,7 @@ func (s *pdStream) Stop() {
 		return
 	}
 	s.ended = true
-	s.r.requests.WithLabelValues(outcome.OK.String()).Inc()
+	s.r.metrics.Answered(outcome.OK)
 	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", outcome.Cause{}, nil)
 }
 
@@ -464,11 +465,11 @@ func (s *pdStream) Close() {
 	a := s.a
 	if !s.ended {
 		s.ended = true
-		s.r.requests.WithLabelValues(outcome.AbortedClient.String()).Inc()
-		why := s.closeWhy
+		why, o := s.closeWhy, outcome.Shutdown
 		if why == "" {
-			why = "client disconnected"
+			why, o = "client disconnected", outcome.AbortedClient
 		}
+		s.r.metrics.Answered(o)
 		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, nil)
 		if !a.pDone {
 			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, a.pCancel)

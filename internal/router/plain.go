@@ -23,6 +23,7 @@ type plainStream struct {
 	live     *liveRequest    // what /debug/requests shows
 	ended    bool
 	finished bool
+	shutdown bool // the router stopped the request: its answer was a 503
 }
 
 // generatePlain sends a whole request to the next healthy colocated worker.
@@ -36,7 +37,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (
 	}
 	w := pick(r.colocated, &r.rrC, nil)
 	if w == nil {
-		r.requests.WithLabelValues(outcome.NoWorker.String()).Inc()
+		r.metrics.Answered(outcome.NoWorker)
 		e := openai.Unavailable("no healthy colocated worker (see /debug/workers)")
 		e.Code = outcome.NoWorker.String()
 		return nil, e
@@ -66,25 +67,28 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 		}
 		if e != nil {
 			s.ended = true
-			s.r.requests.WithLabelValues("colocated_" + e.Outcome.String()).Inc()
+			s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
+			s.r.metrics.Answered(e.Outcome)
 			return openai.Chunk{}, e
 		}
 		c := ev.chunk
 		s.live.tokens(len(c.Tokens))
 		if c.FinishReason != "" {
 			s.finished, s.ended = true, true
-			s.r.requests.WithLabelValues(outcome.OK.String()).Inc()
+			s.r.metrics.Answered(outcome.OK)
 		}
 		return c, nil
 	case <-s.down:
 		s.ended = true
 		e := downError(workerapi.RoleColocated)
-		s.r.requests.WithLabelValues("colocated_" + e.Outcome.String()).Inc()
+		s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
+		s.r.metrics.Answered(e.Outcome)
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "the router found the worker down", outcome.Cause{}, nil)
 		return openai.Chunk{}, e
 	case <-s.ctx.Done():
 		return openai.Chunk{}, s.ctx.Err()
 	case <-s.r.stopping:
+		s.shutdown = true
 		return openai.Chunk{}, openai.Unavailable("the router is shutting down")
 	}
 }
@@ -93,7 +97,7 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 func (s *plainStream) Stop() {
 	if !s.ended {
 		s.ended = true
-		s.r.requests.WithLabelValues(outcome.OK.String()).Inc()
+		s.r.metrics.Answered(outcome.OK)
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", outcome.Cause{}, nil)
 	}
 }
@@ -103,7 +107,11 @@ func (s *plainStream) Close() {
 	s.r.untrack(s.live)
 	if !s.ended {
 		s.ended = true
-		s.r.requests.WithLabelValues(outcome.AbortedClient.String()).Inc()
+		if s.shutdown {
+			s.r.metrics.Answered(outcome.Shutdown)
+		} else {
+			s.r.metrics.Answered(outcome.AbortedClient)
+		}
 		// Both the abort and the hang-up read as the client leaving.
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "client disconnected", outcome.Cause{}, nil)
 	}

@@ -39,6 +39,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -112,9 +113,7 @@ type Router struct {
 	liveMu sync.Mutex
 	live   map[*liveRequest]struct{} // requests being served, for /debug/requests
 
-	requests *prometheus.CounterVec
-	legFails *prometheus.CounterVec
-	retries  prometheus.Counter
+	metrics *metrics.Router
 }
 
 type workerState struct {
@@ -244,22 +243,19 @@ func New(cfg Config) (*Router, error) {
 			*list.dst = append(*list.dst, &workerState{url: u.String(), host: u.Hostname(), role: list.role, down: make(chan struct{})})
 		}
 	}
-	r.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pdserve_router_requests_total",
-		Help: "Requests the router answered, by result (ok, or the failing leg's outcome code).",
-	}, []string{"result"})
-	r.legFails = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pdserve_router_worker_failures_total",
-		Help: "Failed legs and health checks, by worker URL.",
-	}, []string{"worker"})
-	r.retries = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "pdserve_router_retries_total",
-		Help: "Requests retried on a new pair (before any token reached the client).",
-	})
-	for _, c := range []prometheus.Collector{r.requests, r.legFails, r.retries} {
-		if err := cfg.Registerer.Register(c); err != nil {
-			return nil, err
-		}
+	var roles []workerapi.Role
+	if len(r.colocated) > 0 {
+		roles = []workerapi.Role{workerapi.RoleColocated}
+	} else {
+		roles = []workerapi.Role{workerapi.RolePrefill, workerapi.RoleDecode}
+	}
+	var urls []string
+	for _, w := range r.workers() {
+		urls = append(urls, w.url)
+	}
+	var err error
+	if r.metrics, err = metrics.NewRouter(cfg.Registerer, roles, urls); err != nil {
+		return nil, err
 	}
 	return r, nil
 }
@@ -387,7 +383,7 @@ func (r *Router) check(w *workerState) {
 			r.log.Warn("worker unhealthy", "worker", w.url, "err", err)
 		}
 		w.setHealthLocked(err.Error())
-		r.legFails.WithLabelValues(w.url).Inc()
+		r.metrics.WorkerFailed(w.url)
 		return
 	}
 	if !w.healthy {
@@ -422,7 +418,7 @@ func (r *Router) probe(ws ...*workerState) {
 				w.mu.Lock()
 				w.setHealthLocked("probe: " + err.Error())
 				w.mu.Unlock()
-				r.legFails.WithLabelValues(w.url).Inc()
+				r.metrics.WorkerFailed(w.url)
 			}
 		}()
 	}

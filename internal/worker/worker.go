@@ -193,7 +193,11 @@ func New(cfg Config) (*Worker, error) {
 		w.lanes[i] = &ioLane{notify: make(chan struct{}, 1)}
 	}
 	w.fwdCtx, w.fwdStop = context.WithCancel(context.Background())
-	w.metrics, err = metrics.NewWorker(cfg.Registerer, mc.Role, w.snapshot)
+	stages := make([]string, 0, len(mc.Role.Stages()))
+	for _, st := range mc.Role.Stages() {
+		stages = append(stages, st.String())
+	}
+	w.metrics, err = metrics.NewWorker(cfg.Registerer, apiRole(mc.Role), stages, w.snapshot)
 	if err != nil {
 		return nil, err
 	}
@@ -471,7 +475,7 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 			for i, p := range x.Pages {
 				copy(data[i*pb:], w.pool.Page(p))
 			}
-			w.metrics.KVBytes("sent", len(data))
+			w.metrics.KVBytes(metrics.KVSent, len(data))
 			w.send(x.Peer, kvxfer.KVChunk{RoomGen: x.RoomGen, Seq: x.Seq, FirstPage: x.FirstPage,
 				NPages: uint32(len(x.Pages)), Data: data})
 			w.post(lifecycle.IODone{Job: x.Job})
@@ -490,7 +494,7 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 				copy(w.pool.Page(p), x.Data[i*pb:(i+1)*pb])
 				w.pool.MarkWritten(p)
 			}
-			w.metrics.KVBytes("received", len(x.Data))
+			w.metrics.KVBytes(metrics.KVReceived, len(x.Data))
 			w.recycle(x.Data)
 			w.post(lifecycle.IODone{Job: x.Job})
 		})
@@ -511,7 +515,10 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 			wt.push(x.Tokens)
 		}
 	case lifecycle.Finalize:
-		w.metrics.Finished(x)
+		for st, d := range x.StageTime {
+			w.metrics.StageTime(st.String(), d)
+		}
+		w.metrics.Finished(x.Outcome, x.Age)
 		if x.Outcome != outcome.OK && x.Outcome != outcome.AbortedClient {
 			w.log.Info("request failed", "rid", x.RID, "room", x.RoomGen.String(), "outcome", x.Outcome.String(), "err", x.Err)
 		}
@@ -559,12 +566,12 @@ func (w *Worker) runBatch(b lifecycle.RunBatch) {
 	for i, s := range b.Seqs {
 		seqs[i] = s.Input
 	}
-	kind := "decode"
+	kind := metrics.BatchDecode
 	switch {
 	case b.PrefillTokens > 0 && b.DecodeSeqs > 0:
-		kind = "mixed"
+		kind = metrics.BatchMixed
 	case b.PrefillTokens > 0:
-		kind = "prefill"
+		kind = metrics.BatchPrefill
 	}
 	w.metrics.Batch(kind)
 	w.logBatch(kind, b)
@@ -582,7 +589,7 @@ func (w *Worker) runBatch(b lifecycle.RunBatch) {
 
 func (w *Worker) logBatch(kind string, b lifecycle.RunBatch) {
 	level := slog.LevelDebug
-	if kind != "decode" {
+	if kind != metrics.BatchDecode {
 		level = slog.LevelInfo
 	} else {
 		w.decodeBatchN++
@@ -614,14 +621,27 @@ func queryValue[T any](w *Worker, timeout time.Duration, fn func() T) (T, bool) 
 	return <-ch, true
 }
 
-// snapshot reads the machine's stats on the loop, for metrics.
-func (w *Worker) snapshot() (lifecycle.Stats, map[string]uint64, bool) {
+// snapshot reads the machine's stats on the loop, and the transport's
+// dropped frames, for metrics.
+func (w *Worker) snapshot() (metrics.WorkerState, bool) {
 	st, ok := queryValue(w, 2*time.Second, func() lifecycle.Stats { return w.machine.Stats(w.clock.Now()) })
-	var dropped map[string]uint64
-	if s, ok := w.backend.(kvxfer.DropCounter); ok {
-		dropped = s.DroppedFrames()
+	if !ok {
+		return metrics.WorkerState{}, false
 	}
-	return st, dropped, ok
+	ms := metrics.WorkerState{PagesUsed: st.PagesUsed, PagesTotal: st.PagesTotal, PendingOpens: st.PendingOpens,
+		Tombstones: st.Tombstones, Preemptions: st.Counters.Preemptions, FramesDropped: make(map[string]uint64)}
+	for _, s := range w.role.Stages() {
+		ms.Stages = append(ms.Stages, metrics.StageState{Stage: s.String(), Requests: st.Stages[s], Oldest: st.OldestInStage[s]})
+	}
+	for k, v := range st.Counters.FramesDropped {
+		ms.FramesDropped[k] += v
+	}
+	if d, ok := w.backend.(kvxfer.DropCounter); ok {
+		for k, v := range d.DroppedFrames() {
+			ms.FramesDropped[k] += v
+		}
+	}
+	return ms, true
 }
 
 // Stats returns the machine's stats, read on the loop. ok is false if the

@@ -436,24 +436,18 @@ func (w *Worker) arrive(a lifecycle.Arrive, wt *waiter) {
 	w.step(a)
 }
 
-// step steps the machine and executes its effects; effects that answer at
-// once (VerifyKV) are stepped before returning.
+// step steps the machine with ev and executes its effects in order. No
+// effect answers within the step: page I/O answers later through the
+// mailbox (IODone, KVVerified), a forward through BatchDone.
 func (w *Worker) step(ev lifecycle.Event) {
-	queue := []lifecycle.Event{ev}
-	for len(queue) > 0 {
-		ev := queue[0]
-		queue = queue[1:]
-		now := w.clock.Now()
-		w.machine.Step(now, ev)
-		for _, e := range w.machine.Ready() {
-			if next := w.execute(now, e); next != nil {
-				queue = append(queue, next)
-			}
-		}
+	now := w.clock.Now()
+	w.machine.Step(now, ev)
+	for _, e := range w.machine.Ready() {
+		w.execute(now, e)
 	}
 }
 
-func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
+func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 	switch x := e.(type) {
 	case lifecycle.RunBatch:
 		w.runBatch(x)
@@ -527,7 +521,6 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 			wt.finish(x)
 		}
 	}
-	return nil
 }
 
 // allocData returns a KV chunk buffer: for the transport to read a received

@@ -4,11 +4,19 @@
 // the client, and owns the request: whichever leg fails first, the other is
 // aborted at once; a client that goes away aborts both.
 //
+// It speaks to workers only through the worker HTTP contract
+// (internal/workerapi) and decides on the values a failed leg's answer
+// carries: its outcome (retry when Retryable, probe the pair first when
+// Suspect) and the request's first cause (an aborted_peer echo that names
+// its root cause is answered with it at once; only one that does not waits
+// PeerFailureGrace for the other leg).
+//
 // # Concurrency
 //
 // A Router is safe for concurrent use. Each request's legs run on their own
 // goroutines; every goroutine the router starts is tracked and waited for by
-// Close.
+// Close. Every timer, ticker and timeout the router uses, and the ages it
+// reports, run on its Config.Clock.
 //
 // # Ownership
 //

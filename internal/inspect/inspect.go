@@ -18,8 +18,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/router"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // maxBody bounds each answer read (a worker with many live requests sends
@@ -30,7 +30,7 @@ const maxBody = 64 << 20
 type Row struct {
 	Worker string `json:"worker"`
 	Role   string `json:"role"`
-	lifecycle.RequestInfo
+	workerapi.RequestInfo
 	// Flagged: more than half of the stage's deadline is used.
 	Flagged bool `json:"flagged"`
 }
@@ -87,11 +87,8 @@ func Collect(ctx context.Context, c *http.Client, routerURL string) (Report, err
 	var wg sync.WaitGroup
 	for i, w := range targets {
 		wg.Go(func() {
-			var list struct {
-				Role     string                  `json:"role"`
-				Requests []lifecycle.RequestInfo `json:"requests"`
-			}
-			if err := getJSON(ctx, c, w.URL+"/debug/requests", &list); err != nil {
+			var list workerapi.RequestList
+			if err := getJSON(ctx, c, w.URL+workerapi.PathRequests, &list); err != nil {
 				what := w.Role + " worker"
 				if i == 0 {
 					what = "router"

@@ -6,16 +6,17 @@ import (
 	"sort"
 )
 
-// SamplingParams controls token choice.
+// SamplingParams controls token choice. Its JSON form (the worker API's)
+// uses the OpenAI/SGLang names.
 type SamplingParams struct {
 	// Temperature 0 means greedy (argmax).
-	Temperature float32
+	Temperature float32 `json:"temperature"`
 	// TopP in (0, 1]; 1 keeps every token.
-	TopP float32
+	TopP float32 `json:"top_p,omitempty"`
 	// TopK ≤ 0 keeps every token.
-	TopK int
+	TopK int `json:"top_k,omitempty"`
 	// Seed keys the randomness; with Step it fully determines the draw.
-	Seed uint64
+	Seed uint64 `json:"seed"`
 }
 
 // Validate reports parameters out of range, naming the parameter.

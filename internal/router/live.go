@@ -7,7 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pdserve/pdserve/internal/lifecycle"
+	"k8s.io/utils/clock"
+
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // Router-side stages of a request, for /debug/requests: its legs are
@@ -19,6 +21,7 @@ const (
 
 // liveRequest is a request the router serves, as /debug/requests lists it.
 type liveRequest struct {
+	clock        clock.PassiveClock
 	mu           sync.Mutex
 	rid, room    string
 	gen          uint32
@@ -35,9 +38,9 @@ type liveRequest struct {
 // track registers a request; the returned liveRequest is updated by the
 // stream and dropped by untrack.
 func (r *Router) track(rid, room string, promptTokens int) *liveRequest {
-	now := time.Now()
-	lr := &liveRequest{rid: rid, room: room, arrived: now, stage: stageLegs, stageSince: now, attemptStart: now,
-		promptTokens: promptTokens}
+	now := r.clock.Now()
+	lr := &liveRequest{clock: r.clock, rid: rid, room: room, arrived: now, stage: stageLegs, stageSince: now,
+		attemptStart: now, promptTokens: promptTokens}
 	r.liveMu.Lock()
 	r.live[lr] = struct{}{}
 	r.liveMu.Unlock()
@@ -52,7 +55,7 @@ func (r *Router) untrack(lr *liveRequest) {
 
 // attempt records a new attempt of the request on peers.
 func (lr *liveRequest) attempt(gen uint32, peers, why string) {
-	now := time.Now()
+	now := lr.clock.Now()
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	lr.gen, lr.peers, lr.last = gen, peers, why
@@ -65,14 +68,14 @@ func (lr *liveRequest) tokens(n int) {
 	defer lr.mu.Unlock()
 	lr.outputTokens += n
 	if lr.stage != stageStreaming && n > 0 {
-		lr.stage, lr.stageSince, lr.last = stageStreaming, time.Now(), "first token sent"
+		lr.stage, lr.stageSince, lr.last = stageStreaming, lr.clock.Now(), "first token sent"
 	}
 }
 
-func (lr *liveRequest) info(now time.Time) lifecycle.RequestInfo {
+func (lr *liveRequest) info(now time.Time) workerapi.RequestInfo {
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
-	return lifecycle.RequestInfo{RID: lr.rid, Room: lr.room, Gen: lr.gen, Stage: lr.stage,
+	return workerapi.RequestInfo{RID: lr.rid, Room: lr.room, Gen: lr.gen, Stage: lr.stage,
 		AgeSeconds: now.Sub(lr.arrived).Seconds(), InStageSecs: now.Sub(lr.stageSince).Seconds(),
 		DeadlineLeft: (LegTimeout - now.Sub(lr.attemptStart)).Seconds(), PeerAddr: lr.peers,
 		PromptTokens: lr.promptTokens, OutputTokens: lr.outputTokens, LastEvent: lr.last}
@@ -81,19 +84,19 @@ func (lr *liveRequest) info(now time.Time) lifecycle.RequestInfo {
 // Requests lists the requests the router is serving, oldest first: stage
 // "legs" (no token sent yet) or "streaming", the workers of the current
 // attempt as PeerAddr, and the leg timeout left as DeadlineLeft.
-func (r *Router) Requests() []lifecycle.RequestInfo {
+func (r *Router) Requests() []workerapi.RequestInfo {
 	r.liveMu.Lock()
 	list := make([]*liveRequest, 0, len(r.live))
 	for lr := range r.live {
 		list = append(list, lr)
 	}
 	r.liveMu.Unlock()
-	now := time.Now()
-	out := make([]lifecycle.RequestInfo, len(list))
+	now := r.clock.Now()
+	out := make([]workerapi.RequestInfo, len(list))
 	for i, lr := range list {
 		out[i] = lr.info(now)
 	}
-	slices.SortFunc(out, func(a, b lifecycle.RequestInfo) int {
+	slices.SortFunc(out, func(a, b workerapi.RequestInfo) int {
 		switch {
 		case a.AgeSeconds > b.AgeSeconds:
 			return -1
@@ -106,7 +109,7 @@ func (r *Router) Requests() []lifecycle.RequestInfo {
 }
 
 func (r *Router) handleRequests(w http.ResponseWriter, _ *http.Request) {
-	b, _ := json.Marshal(map[string]any{"role": "router", "requests": r.Requests()})
+	b, _ := json.Marshal(workerapi.RequestList{Role: "router", Requests: r.Requests()})
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
 }

@@ -12,24 +12,23 @@ import (
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/openai"
-	"github.com/pdserve/pdserve/internal/worker"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // LegTimeout bounds a leg's HTTP exchange; workers end requests well before
 // (their --max-request-time), so it only matters if a worker hangs.
 const LegTimeout = 15 * time.Minute
 
-// maxLineBytes bounds one NDJSON line of a decode stream and a prefill answer.
-const maxLineBytes = 1 << 20
-
 type prefillResult struct {
-	res worker.PrefillResult
-	err *openai.Error
+	res workerapi.PrefillResult
+	err *workerapi.Error
 }
 
+// decodeEvent is one decoded line of a streaming leg, or its failure.
 type decodeEvent struct {
-	line worker.StreamLine
-	err  *openai.Error
+	chunk openai.Chunk
+	err   *workerapi.Error
 }
 
 // attempt is one try of a request on one (prefill, decode) pair.
@@ -79,9 +78,9 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 	s.live = r.track(g.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)
-		r.requests.WithLabelValues("no_pair").Inc()
+		r.metrics.Answered(outcome.NoWorker)
 		if e.Code == "" {
-			e.Code = "no_worker"
+			e.Code = outcome.NoWorker.String()
 		}
 		return nil, e
 	}
@@ -99,17 +98,17 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	if gen > 1 {
 		rid = fmt.Sprintf("%s-g%d", g.RID, gen)
 	}
-	body := worker.GenerateBody{RID: rid, Room: s.room, Gen: gen, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
-		Temperature: g.Sampling.Temperature, TopP: g.Sampling.TopP, TopK: g.Sampling.TopK, Seed: g.Sampling.Seed,
-		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, PrefillKVAddr: kv, Buffered: g.Buffered}
+	body := workerapi.GenerateBody{RID: rid, Room: s.room, Gen: gen, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
+		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, PrefillKVAddr: kv,
+		Buffered: g.Buffered}
 	payload, err := json.Marshal(body)
 	if err != nil {
 		return openai.Internal("encode leg: %v", err)
 	}
 	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1),
 		pDown: pw.downCh(), dDown: dw.downCh()}
-	pctx, pcancel := context.WithTimeout(context.Background(), LegTimeout)
-	dctx, dcancel := context.WithTimeout(context.Background(), LegTimeout)
+	pctx, pcancel := r.withTimeout(context.Background(), LegTimeout)
+	dctx, dcancel := r.withTimeout(context.Background(), LegTimeout)
 	a.pCancel, a.dCancel = pcancel, dcancel
 	r.bg.Add(2)
 	go func() {
@@ -141,53 +140,59 @@ func (s *pdStream) drain(a *attempt) {
 	}()
 }
 
-func (r *Router) post(ctx context.Context, w *workerState, path string, payload []byte) (*http.Response, *openai.Error) {
+// errCancelled is a leg's end because the router cancelled it (the
+// request ended another way): nobody reads it as an answer.
+func errCancelled() *workerapi.Error {
+	return workerapi.NewError(outcome.AbortedClient, "the leg was cancelled", outcome.Cause{})
+}
+
+func (r *Router) post(ctx context.Context, w *workerState, path string, payload []byte) (*http.Response, *workerapi.Error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url+path, bytes.NewReader(payload))
 	if err != nil {
-		return nil, openai.Internal("%v", err)
+		return nil, malformed("build the request to the %s worker: %v", w.role, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := r.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, openai.ToError(context.Canceled)
+			return nil, errCancelled()
 		}
-		r.legFails.WithLabelValues(w.url).Inc()
+		r.metrics.WorkerFailed(w.url)
 		w.markFailed(err.Error())
-		return nil, r.legError(w, http.StatusBadGateway, "worker_unreachable", "could not be reached", err)
+		return nil, r.legError(w, outcome.WorkerUnreachable, "could not be reached", err)
 	}
 	return resp, nil
 }
 
 func (r *Router) runPrefill(ctx context.Context, w *workerState, payload []byte) prefillResult {
-	resp, e := r.post(ctx, w, worker.PathPrefill, payload)
+	resp, e := r.post(ctx, w, workerapi.PathPrefill, payload)
 	if e != nil {
 		return prefillResult{err: e}
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxLineBytes))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, workerapi.MaxLineBytes))
 	if err != nil {
 		if ctx.Err() != nil {
-			return prefillResult{err: openai.ToError(context.Canceled)}
+			return prefillResult{err: errCancelled()}
 		}
-		return prefillResult{err: r.legError(w, http.StatusBadGateway, "worker_stream_broken", "broke off its answer", err)}
+		return prefillResult{err: r.legError(w, outcome.WorkerStreamBroken, "broke off its answer", err)}
 	}
 	if resp.StatusCode != http.StatusOK {
-		return prefillResult{err: openai.DecodeError(resp.StatusCode, body)}
+		return prefillResult{err: workerapi.DecodeError(resp.StatusCode, body)}
 	}
-	var res worker.PrefillResult
+	var res workerapi.PrefillResult
 	if err := json.Unmarshal(body, &res); err != nil {
-		return prefillResult{err: r.legError(w, http.StatusInternalServerError, "", "sent a malformed answer", err)}
+		return prefillResult{err: r.malformedAnswer(w, "sent a malformed answer", err)}
 	}
 	return prefillResult{res: res}
 }
 
 func (r *Router) runDecode(ctx context.Context, w *workerState, payload []byte, out chan<- decodeEvent) {
-	r.runStream(ctx, w, worker.PathDecode, payload, out)
+	r.runStream(ctx, w, workerapi.PathDecode, payload, out)
 }
 
 // runStream posts a streaming leg (decode or colocated generate) and sends
-// its NDJSON lines to out, closing out at the end.
+// its NDJSON lines, decoded, to out, closing out at the end.
 func (r *Router) runStream(ctx context.Context, w *workerState, path string, payload []byte, out chan<- decodeEvent) {
 	defer close(out)
 	send := func(ev decodeEvent) bool {
@@ -205,22 +210,23 @@ func (r *Router) runStream(ctx context.Context, w *workerState, path string, pay
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxLineBytes))
-		send(decodeEvent{err: openai.DecodeError(resp.StatusCode, body)})
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, workerapi.MaxLineBytes))
+		send(decodeEvent{err: workerapi.DecodeError(resp.StatusCode, body)})
 		return
 	}
 	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
+	sc.Buffer(make([]byte, 0, 4096), workerapi.MaxLineBytes)
 	for sc.Scan() {
-		var line worker.StreamLine
+		var line workerapi.StreamLine
 		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			send(decodeEvent{err: r.legError(w, http.StatusInternalServerError, "", "sent a malformed stream line", err)})
+			send(decodeEvent{err: r.malformedAnswer(w, "sent a malformed stream line", err)})
 			return
 		}
-		if !send(decodeEvent{line: line}) {
+		c, e := line.Decode()
+		if !send(decodeEvent{chunk: c, err: e}) {
 			return
 		}
-		if line.FinishReason != "" || line.Error != nil {
+		if c.FinishReason != "" || e != nil {
 			return
 		}
 	}
@@ -229,88 +235,114 @@ func (r *Router) runStream(ctx context.Context, w *workerState, path string, pay
 		err = io.ErrUnexpectedEOF
 	}
 	if ctx.Err() == nil {
-		send(decodeEvent{err: r.legError(w, http.StatusBadGateway, "worker_stream_broken", "broke off its stream", err)})
+		send(decodeEvent{err: r.legError(w, outcome.WorkerStreamBroken, "broke off its stream", err)})
 	}
 }
 
 // abortLeg tells a worker to abort the request, in the background, bounded
 // by AbortTimeout; then it cancels the leg's HTTP exchange (cancelLeg, may be
 // nil). The explicit abort goes first so the worker records why the request
-// ended; the cancellation alone would read as the client going away.
-func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason, detail string, cancelLeg context.CancelFunc) {
-	payload, _ := json.Marshal(worker.AbortBody{RID: rid, Room: room, Gen: gen, Reason: reason, Detail: detail})
+// ended; the cancellation alone would read as the client going away. cause
+// (reason AbortPeer) is the other leg's first failure: the aborted leg ends
+// with it and tells its KV peer.
+func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason workerapi.AbortReason, detail string,
+	cause outcome.Cause, cancelLeg context.CancelFunc) {
+	payload, _ := json.Marshal(workerapi.AbortBody{RID: rid, Room: room, Gen: gen, Reason: reason, Detail: detail, Cause: cause})
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
 		if cancelLeg != nil {
 			defer cancelLeg()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.AbortTimeout)
+		ctx, cancel := r.withTimeout(context.Background(), r.cfg.AbortTimeout)
 		defer cancel()
-		resp, e := r.post(ctx, w, worker.PathAbort, payload)
+		resp, e := r.post(ctx, w, workerapi.PathAbort, payload)
 		if e != nil {
 			r.log.Debug("abort failed", "worker", w.url, "rid", rid, "err", e.Message)
 			return
 		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxInfoBytes))
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, workerapi.MaxInfoBytes))
 		resp.Body.Close()
 	}()
 }
 
-// peerCaused reports a decode failure that echoes prefill's: prefill's own
-// answer then names the root cause (with its status, e.g. its 400).
-func peerCaused(e *openai.Error) bool { return e.Code == "aborted_peer" }
+// failure is a leg's failure as the router decides on it: the error that
+// answers it and the side it happened on.
+type failure struct {
+	role workerapi.Role
+	err  *workerapi.Error
+}
 
-// retryable reports a failure another pair may not have: a worker that
-// could not be reached or is shutting down, a lost or silent KV connection,
-// a corrupted transfer. Rejections and timeouts are not retried.
-func retryable(e *openai.Error) bool {
-	switch e.Code {
-	case "worker_unreachable", "worker_stream_broken", "peer_lost", "lease_expired", "failed_transfer", "shutdown":
-		return true
+// rootOf is the failure that e, reported by the role leg, stands for: for an
+// aborted_peer echo whose cause is known, the root cause on its own side
+// (with its status, code and message); otherwise e on role.
+func rootOf(role workerapi.Role, e *workerapi.Error) failure {
+	root := e.Root()
+	if root != e {
+		if r, ok := workerapi.ParseRole(e.Cause.Role); ok {
+			role = r
+		}
 	}
-	return false
+	return failure{role: role, err: root}
+}
+
+// explain returns the failure that e, reported by leg, stands for. Only an
+// echo of the other leg's failure (aborted_peer) that does not name its
+// root cause waits: up to PeerFailureGrace for the other leg's own answer,
+// which then explains it. Every other failure is decided at once.
+func (s *pdStream) explain(a *attempt, leg workerapi.Role, e *workerapi.Error) failure {
+	if !e.Outcome.PeerCaused() || e.Cause.Known() {
+		return rootOf(leg, e)
+	}
+	if leg == workerapi.RoleDecode {
+		if !a.pDone {
+			if pe := s.awaitPrefillError(a); pe != nil {
+				return rootOf(workerapi.RolePrefill, pe)
+			}
+		}
+	} else if de := s.awaitDecodeError(a); de != nil {
+		return rootOf(workerapi.RoleDecode, de)
+	}
+	return failure{role: leg, err: e}
 }
 
 // failed handles the failure of one leg of the current attempt: the other
-// leg is aborted at once; the request is retried on a new pair if it may
-// be, otherwise the error is the answer.
-func (s *pdStream) failed(e *openai.Error, leg string) (retried bool, err error) {
-	a := s.a
-	detail := leg + " leg failed: " + e.Message
-	if leg == "prefill" {
+// leg is aborted at once, told the failure's first cause; the request is
+// retried on a new pair if it may be, otherwise the error is the answer.
+func (s *pdStream) failed(f failure) (retried bool, err error) {
+	a, e := s.a, f.err
+	cause := e.FirstCause(f.role)
+	detail := f.role.String() + " leg failed: " + e.Message
+	if f.role == workerapi.RolePrefill {
 		a.pCancel()
-		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "peer", detail, a.dCancel)
+		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, workerapi.AbortPeer, detail, cause, a.dCancel)
 	} else {
 		a.dCancel()
 		if !a.pDone {
-			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "peer", detail, a.pCancel)
+			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, workerapi.AbortPeer, detail, cause, a.pCancel)
 		} else {
 			a.pCancel()
 		}
 	}
 	s.drain(a)
-	if !s.sent && retryable(e) && int(a.gen) < s.r.cfg.MaxAttempts && s.ctx.Err() == nil {
-		switch e.Code {
-		case "peer_lost", "lease_expired", "worker_stream_broken":
+	s.r.metrics.LegFailed(f.role, e.Outcome)
+	if !s.sent && e.Outcome.Retryable() && int(a.gen) < s.r.cfg.MaxAttempts && s.ctx.Err() == nil {
+		if e.Outcome.Suspect() {
 			// One of the pair may be frozen or cut off; find out before
 			// the retry can pick it again.
 			s.r.probe(a.pw, a.dw)
 		}
 		if se := s.start(a.gen + 1); se == nil {
-			s.r.retries.Inc()
+			s.r.metrics.Retried()
 			s.r.log.Info("retrying request on a new pair", "rid", s.rid, "room", s.room, "gen", a.gen+1,
-				"failed_leg", leg, "err", e.Message)
+				"failed_leg", f.role.String(), "outcome", e.Outcome.String(), "err", e.Message)
 			return true, nil
 		}
 	}
 	s.ended = true
-	result := e.Code
-	if result == "" {
-		result = fmt.Sprintf("http_%d", e.Status)
-	}
-	s.r.requests.WithLabelValues(leg + "_" + result).Inc()
-	s.r.log.Info("request failed", "rid", s.rid, "room", s.room, "gen", a.gen, "leg", leg, "status", e.Status, "err", e.Message)
+	s.r.metrics.Answered(e.Outcome)
+	s.r.log.Info("request failed", "rid", s.rid, "room", s.room, "gen", a.gen, "leg", f.role.String(),
+		"outcome", e.Outcome.String(), "status", e.Status, "err", e.Message)
 	return false, e
 }
 
@@ -321,78 +353,41 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 	}
 	for {
 		a := s.a
-		var leg string
-		var e *openai.Error
+		var f failure
 		pDown := a.pDown
 		if a.pDone {
 			pDown = nil // prefill's part is over; its worker may come and go
 		}
 		select {
 		case <-a.dDown:
-			leg, e = "decode", downError("decode")
+			f = failure{role: workerapi.RoleDecode, err: downError(workerapi.RoleDecode)}
 		case <-pDown:
-			leg, e = "prefill", downError("prefill")
+			f = failure{role: workerapi.RolePrefill, err: downError(workerapi.RolePrefill)}
 		case ev, ok := <-a.lines:
-			leg = "decode"
-			switch {
-			case !ok:
-				e = openai.Internal("decode stream closed")
-			case ev.err != nil:
-				e = ev.err
-			case ev.line.Error != nil:
-				l := ev.line.Error
-				e = &openai.Error{Status: ev.line.Status, Type: l.Type, Message: l.Message}
-				if l.Code != nil {
-					e.Code = *l.Code
-				}
+			e := ev.err
+			if !ok {
+				e = malformed("decode stream closed")
 			}
 			if e == nil {
-				c := openai.Chunk{Tokens: make([]openai.Token, len(ev.line.TokenIDs)), FinishReason: ev.line.FinishReason}
-				for i, id := range ev.line.TokenIDs {
-					c.Tokens[i] = openai.Token{ID: id}
-					if i < len(ev.line.Logprobs) {
-						c.Tokens[i].Logprob = ev.line.Logprobs[i]
-					}
-				}
+				c := ev.chunk
 				if len(c.Tokens) > 0 {
 					s.sent = true
 					s.live.tokens(len(c.Tokens))
 				}
 				if c.FinishReason != "" {
 					s.finished, s.ended = true, true
-					s.r.requests.WithLabelValues("ok").Inc()
+					s.r.metrics.Answered(outcome.OK)
 				}
 				return c, nil
 			}
-			if !a.pDone && peerCaused(e) {
-				// Prefill's own answer names the root cause; give it a moment.
-				t := time.NewTimer(s.r.cfg.PeerFailureGrace)
-				select {
-				case p := <-a.prefill:
-					a.pDone = true
-					if p.err != nil {
-						e, leg = p.err, "prefill"
-					}
-				case <-t.C:
-				case <-s.ctx.Done(): // the client is gone: abort now, not after the grace
-				case <-s.r.stopping:
-				}
-				t.Stop()
-			}
+			f = s.explain(a, workerapi.RoleDecode, e)
 		case p := <-a.prefill:
 			a.pDone = true
 			a.prefill = nil
 			if p.err == nil {
 				continue
 			}
-			e, leg = p.err, "prefill"
-			if peerCaused(e) {
-				// Decode's own answer names the root cause (e.g. the
-				// checksum mismatch it found); give it a moment.
-				if de := s.awaitDecodeError(a); de != nil {
-					e, leg = de, "decode"
-				}
-			}
+			f = s.explain(a, workerapi.RolePrefill, p.err)
 		case <-s.ctx.Done():
 			return openai.Chunk{}, s.ctx.Err()
 		case <-s.r.stopping:
@@ -401,18 +396,36 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 			s.closeWhy = "the router is shutting down"
 			return openai.Chunk{}, openai.Unavailable("the router is shutting down")
 		}
-		retried, err := s.failed(e, leg)
+		retried, err := s.failed(f)
 		if !retried {
 			return openai.Chunk{}, err
 		}
 	}
 }
 
+// awaitPrefillError waits up to PeerFailureGrace for the prefill leg's
+// answer. It returns prefill's error, or nil if prefill succeeded or did not
+// answer in time (or the request ended meanwhile).
+func (s *pdStream) awaitPrefillError(a *attempt) *workerapi.Error {
+	t := s.r.clock.NewTimer(s.r.cfg.PeerFailureGrace)
+	defer t.Stop()
+	select {
+	case p := <-a.prefill:
+		a.pDone = true
+		a.prefill = nil
+		return p.err
+	case <-t.C():
+	case <-s.ctx.Done(): // the client is gone: abort now, not after the grace
+	case <-s.r.stopping:
+	}
+	return nil
+}
+
 // awaitDecodeError waits up to PeerFailureGrace for the decode leg's error
 // line, skipping token lines (there are none before decode verified the
 // KV). It returns nil if none came.
-func (s *pdStream) awaitDecodeError(a *attempt) *openai.Error {
-	t := time.NewTimer(s.r.cfg.PeerFailureGrace)
+func (s *pdStream) awaitDecodeError(a *attempt) *workerapi.Error {
+	t := s.r.clock.NewTimer(s.r.cfg.PeerFailureGrace)
 	defer t.Stop()
 	for {
 		select {
@@ -422,15 +435,8 @@ func (s *pdStream) awaitDecodeError(a *attempt) *openai.Error {
 				return nil
 			case ev.err != nil:
 				return ev.err
-			case ev.line.Error != nil:
-				l := ev.line.Error
-				e := &openai.Error{Status: ev.line.Status, Type: l.Type, Message: l.Message}
-				if l.Code != nil {
-					e.Code = *l.Code
-				}
-				return e
 			}
-		case <-t.C:
+		case <-t.C():
 			return nil
 		case <-s.ctx.Done():
 			return nil
@@ -447,8 +453,8 @@ func (s *pdStream) Stop() {
 		return
 	}
 	s.ended = true
-	s.r.requests.WithLabelValues("ok").Inc()
-	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, "stop", "", nil)
+	s.r.metrics.Answered(outcome.OK)
+	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", outcome.Cause{}, nil)
 }
 
 // Close aborts both legs if the request has not ended (the client is
@@ -459,14 +465,14 @@ func (s *pdStream) Close() {
 	a := s.a
 	if !s.ended {
 		s.ended = true
-		s.r.requests.WithLabelValues("aborted_client").Inc()
-		why := s.closeWhy
+		why, o := s.closeWhy, outcome.Shutdown
 		if why == "" {
-			why = "client disconnected"
+			why, o = "client disconnected", outcome.AbortedClient
 		}
-		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, "client", why, nil)
+		s.r.metrics.Answered(o)
+		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, nil)
 		if !a.pDone {
-			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, "client", why, a.pCancel)
+			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, a.pCancel)
 		} else {
 			a.pCancel()
 		}

@@ -6,7 +6,8 @@ import (
 	"io"
 
 	"github.com/pdserve/pdserve/internal/openai"
-	"github.com/pdserve/pdserve/internal/worker"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // plainStream is one request on one colocated worker (the router's plain
@@ -22,32 +23,33 @@ type plainStream struct {
 	live     *liveRequest    // what /debug/requests shows
 	ended    bool
 	finished bool
+	shutdown bool // the router stopped the request: its answer was a 503
 }
 
-// generatePlain sends a whole request to the next healthy colocated worker;
-// a worker that cannot be reached is retried once on another.
+// generatePlain sends a whole request to the next healthy colocated worker.
+// It is not retried: the worker's failure, or its going down, is the
+// answer (plain mode is the baseline that disaggregation is compared with).
 func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
-	payload, err := json.Marshal(worker.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
-		Temperature: g.Sampling.Temperature, TopP: g.Sampling.TopP, TopK: g.Sampling.TopK, Seed: g.Sampling.Seed,
-		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered})
+	payload, err := json.Marshal(workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
+		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered})
 	if err != nil {
 		return nil, openai.Internal("encode request: %v", err)
 	}
 	w := pick(r.colocated, &r.rrC, nil)
 	if w == nil {
-		r.requests.WithLabelValues("no_worker").Inc()
+		r.metrics.Answered(outcome.NoWorker)
 		e := openai.Unavailable("no healthy colocated worker (see /debug/workers)")
-		e.Code = "no_worker"
+		e.Code = outcome.NoWorker.String()
 		return nil, e
 	}
-	lctx, cancel := context.WithTimeout(context.Background(), LegTimeout)
+	lctx, cancel := r.withTimeout(context.Background(), LegTimeout)
 	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel, down: w.downCh()}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	s.live.attempt(1, w.url, "sent to a colocated worker")
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
-		r.runStream(lctx, w, worker.PathGenerate, payload, s.lines)
+		r.runStream(lctx, w, workerapi.PathGenerate, payload, s.lines)
 	}()
 	return s, nil
 }
@@ -60,43 +62,33 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 	select {
 	case ev, ok := <-s.lines:
 		e := ev.err
-		switch {
-		case !ok:
-			e = openai.Internal("worker stream closed")
-		case e == nil && ev.line.Error != nil:
-			l := ev.line.Error
-			e = &openai.Error{Status: ev.line.Status, Type: l.Type, Message: l.Message}
-			if l.Code != nil {
-				e.Code = *l.Code
-			}
+		if !ok {
+			e = malformed("worker stream closed")
 		}
 		if e != nil {
 			s.ended = true
-			s.r.requests.WithLabelValues("colocated_" + e.Code).Inc()
+			s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
+			s.r.metrics.Answered(e.Outcome)
 			return openai.Chunk{}, e
 		}
-		c := openai.Chunk{Tokens: make([]openai.Token, len(ev.line.TokenIDs)), FinishReason: ev.line.FinishReason}
-		for i, id := range ev.line.TokenIDs {
-			c.Tokens[i] = openai.Token{ID: id}
-			if i < len(ev.line.Logprobs) {
-				c.Tokens[i].Logprob = ev.line.Logprobs[i]
-			}
-		}
+		c := ev.chunk
 		s.live.tokens(len(c.Tokens))
 		if c.FinishReason != "" {
 			s.finished, s.ended = true, true
-			s.r.requests.WithLabelValues("ok").Inc()
+			s.r.metrics.Answered(outcome.OK)
 		}
 		return c, nil
 	case <-s.down:
 		s.ended = true
-		e := downError("colocated")
-		s.r.requests.WithLabelValues("colocated_" + e.Code).Inc()
-		s.r.abortLeg(s.w, s.rid, "", 0, "client", "the router found the worker down", nil)
+		e := downError(workerapi.RoleColocated)
+		s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
+		s.r.metrics.Answered(e.Outcome)
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "the router found the worker down", outcome.Cause{}, nil)
 		return openai.Chunk{}, e
 	case <-s.ctx.Done():
 		return openai.Chunk{}, s.ctx.Err()
 	case <-s.r.stopping:
+		s.shutdown = true
 		return openai.Chunk{}, openai.Unavailable("the router is shutting down")
 	}
 }
@@ -105,8 +97,8 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 func (s *plainStream) Stop() {
 	if !s.ended {
 		s.ended = true
-		s.r.requests.WithLabelValues("ok").Inc()
-		s.r.abortLeg(s.w, s.rid, "", 0, "stop", "", nil)
+		s.r.metrics.Answered(outcome.OK)
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", outcome.Cause{}, nil)
 	}
 }
 
@@ -115,9 +107,13 @@ func (s *plainStream) Close() {
 	s.r.untrack(s.live)
 	if !s.ended {
 		s.ended = true
-		s.r.requests.WithLabelValues("aborted_client").Inc()
+		if s.shutdown {
+			s.r.metrics.Answered(outcome.Shutdown)
+		} else {
+			s.r.metrics.Answered(outcome.AbortedClient)
+		}
 		// Both the abort and the hang-up read as the client leaving.
-		s.r.abortLeg(s.w, s.rid, "", 0, "client", "client disconnected", nil)
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "client disconnected", outcome.Cause{}, nil)
 	}
 	s.cancel()
 	for range s.lines {

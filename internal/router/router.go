@@ -4,11 +4,19 @@
 // the client, and owns the request: whichever leg fails first, the other is
 // aborted at once; a client that goes away aborts both.
 //
+// It speaks to workers only through the worker HTTP contract
+// (internal/workerapi) and decides on the values a failed leg's answer
+// carries: its outcome (retry when Retryable, probe the pair first when
+// Suspect) and the request's first cause (an aborted_peer echo that names
+// its root cause is answered with it at once; only one that does not waits
+// PeerFailureGrace for the other leg).
+//
 // # Concurrency
 //
 // A Router is safe for concurrent use. Each request's legs run on their own
 // goroutines; every goroutine the router starts is tracked and waited for by
-// Close.
+// Close. Every timer, ticker and timeout the router uses, and the ages it
+// reports, run on its Config.Clock.
 //
 // # Ownership
 //
@@ -36,11 +44,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
-	"github.com/pdserve/pdserve/internal/worker"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // Config configures a Router.
@@ -76,7 +87,11 @@ type Config struct {
 	// MaxBodyBytes bounds client request bodies (default: the front end's).
 	MaxBodyBytes int64
 	// Client is the HTTP client for worker calls (default: a pooled client).
-	Client     *http.Client
+	Client *http.Client
+	// Clock is the router's clock (default: the wall clock): request ages,
+	// the grace wait, health checks and every timeout of a worker call run
+	// on it.
+	Clock      clock.WithTickerAndDelayedExecution
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -86,6 +101,7 @@ type Config struct {
 type Router struct {
 	cfg       Config
 	log       *slog.Logger
+	clock     clock.WithTickerAndDelayedExecution
 	client    *http.Client
 	prefill   []*workerState
 	decode    []*workerState
@@ -105,15 +121,13 @@ type Router struct {
 	liveMu sync.Mutex
 	live   map[*liveRequest]struct{} // requests being served, for /debug/requests
 
-	requests *prometheus.CounterVec
-	legFails *prometheus.CounterVec
-	retries  prometheus.Counter
+	metrics *metrics.Router
 }
 
 type workerState struct {
 	url  string
 	host string
-	role string // prefill, decode or colocated
+	role workerapi.Role
 	mu   sync.Mutex
 	// healthy is set by the last health check; kvAddr by the last info.
 	healthy  bool
@@ -210,6 +224,9 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -218,13 +235,14 @@ func New(cfg Config) (*Router, error) {
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	}
-	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), client: cfg.Client, stop: make(chan struct{}),
+	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), clock: cfg.Clock, client: cfg.Client, stop: make(chan struct{}),
 		stopping: make(chan struct{}), live: make(map[*liveRequest]struct{})}
 	for _, list := range []struct {
 		urls []string
 		dst  *[]*workerState
-		role string
-	}{{cfg.Prefill, &r.prefill, "prefill"}, {cfg.Decode, &r.decode, "decode"}, {cfg.Colocated, &r.colocated, "colocated"}} {
+		role workerapi.Role
+	}{{cfg.Prefill, &r.prefill, workerapi.RolePrefill}, {cfg.Decode, &r.decode, workerapi.RoleDecode},
+		{cfg.Colocated, &r.colocated, workerapi.RoleColocated}} {
 		for _, raw := range list.urls {
 			u, err := url.Parse(strings.TrimRight(raw, "/"))
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -233,22 +251,19 @@ func New(cfg Config) (*Router, error) {
 			*list.dst = append(*list.dst, &workerState{url: u.String(), host: u.Hostname(), role: list.role, down: make(chan struct{})})
 		}
 	}
-	r.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pdserve_router_requests_total",
-		Help: "Requests the router answered, by result (ok, or the failing leg's outcome code).",
-	}, []string{"result"})
-	r.legFails = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "pdserve_router_worker_failures_total",
-		Help: "Failed legs and health checks, by worker URL.",
-	}, []string{"worker"})
-	r.retries = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "pdserve_router_retries_total",
-		Help: "Requests retried on a new pair (before any token reached the client).",
-	})
-	for _, c := range []prometheus.Collector{r.requests, r.legFails, r.retries} {
-		if err := cfg.Registerer.Register(c); err != nil {
-			return nil, err
-		}
+	var roles []workerapi.Role
+	if len(r.colocated) > 0 {
+		roles = []workerapi.Role{workerapi.RoleColocated}
+	} else {
+		roles = []workerapi.Role{workerapi.RolePrefill, workerapi.RoleDecode}
+	}
+	var urls []string
+	for _, w := range r.workers() {
+		urls = append(urls, w.url)
+	}
+	var err error
+	if r.metrics, err = metrics.NewRouter(cfg.Registerer, roles, urls); err != nil {
+		return nil, err
 	}
 	return r, nil
 }
@@ -260,13 +275,13 @@ func (r *Router) Start() {
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
-		t := time.NewTicker(r.cfg.HealthInterval)
+		t := r.clock.NewTicker(r.cfg.HealthInterval)
 		defer t.Stop()
 		for {
 			select {
 			case <-r.stop:
 				return
-			case <-t.C:
+			case <-t.C():
 				r.checkAll()
 			}
 		}
@@ -337,17 +352,8 @@ func (r *Router) Close() {
 
 func (r *Router) checkAll() {
 	var wg sync.WaitGroup
-	for _, w := range r.prefill {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.check(w, "prefill") }()
-	}
-	for _, w := range r.decode {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.check(w, "decode") }()
-	}
-	for _, w := range r.colocated {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.check(w, "colocated") }()
+	for _, w := range r.workers() {
+		wg.Go(func() { r.check(w) })
 	}
 	wg.Wait()
 }
@@ -357,19 +363,22 @@ func (r *Router) workers() []*workerState {
 	return append(append(append([]*workerState{}, r.prefill...), r.decode...), r.colocated...)
 }
 
-func (r *Router) check(w *workerState, wantRole string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+// CheckTimeout bounds one health check of a worker (its info and /health).
+const CheckTimeout = 3 * time.Second
+
+func (r *Router) check(w *workerState) {
+	ctx, cancel := r.withTimeout(context.Background(), CheckTimeout)
 	defer cancel()
-	var info worker.Info
-	err := r.getJSON(ctx, w.url+worker.PathInfo, &info)
+	var info workerapi.Info
+	err := r.getJSON(ctx, w.url+workerapi.PathInfo, &info)
 	if err == nil {
-		err = r.getJSON(ctx, w.url+"/health", &struct{}{})
+		err = r.getJSON(ctx, w.url+workerapi.PathHealth, &struct{}{})
 	}
-	isPrefill := wantRole == "prefill"
+	isPrefill := w.role == workerapi.RolePrefill
 	switch {
 	case err != nil:
-	case info.Role != wantRole:
-		err = fmt.Errorf("worker is a %s worker, listed as %s", info.Role, wantRole)
+	case info.Role != w.role:
+		err = fmt.Errorf("worker is a %s worker, listed as %s", info.Role, w.role)
 	case info.Model != r.cfg.ModelName:
 		err = fmt.Errorf("worker serves model %q, router serves %q", info.Model, r.cfg.ModelName)
 	case isPrefill && info.KVPort == 0:
@@ -382,11 +391,11 @@ func (r *Router) check(w *workerState, wantRole string) {
 			r.log.Warn("worker unhealthy", "worker", w.url, "err", err)
 		}
 		w.setHealthLocked(err.Error())
-		r.legFails.WithLabelValues(w.url).Inc()
+		r.metrics.WorkerFailed(w.url)
 		return
 	}
 	if !w.healthy {
-		r.log.Info("worker healthy", "worker", w.url, "worker_role", info.Role)
+		r.log.Info("worker healthy", "worker", w.url, "worker_role", info.Role.String())
 	}
 	w.setHealthLocked("")
 	w.fp = info.Fingerprint
@@ -397,7 +406,7 @@ func (r *Router) check(w *workerState, wantRole string) {
 }
 
 // ProbeTimeout bounds the health probe of a worker whose pair just failed
-// with a lost peer, before a retry picks a pair.
+// with a lost peer, before a retry picks a pair (on the router's clock).
 const ProbeTimeout = time.Second
 
 // probe checks /health of each worker at once, each within ProbeTimeout,
@@ -410,38 +419,62 @@ func (r *Router) probe(ws ...*workerState) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), ProbeTimeout)
+			ctx, cancel := r.withTimeout(context.Background(), ProbeTimeout)
 			defer cancel()
-			if err := r.getJSON(ctx, w.url+"/health", &struct{}{}); err != nil {
+			if err := r.getJSON(ctx, w.url+workerapi.PathHealth, &struct{}{}); err != nil {
 				r.log.Warn("worker failed a probe", "worker", w.url, "err", err)
 				w.mu.Lock()
 				w.setHealthLocked("probe: " + err.Error())
 				w.mu.Unlock()
-				r.legFails.WithLabelValues(w.url).Inc()
+				r.metrics.WorkerFailed(w.url)
 			}
 		}()
 	}
 	wg.Wait()
 }
 
-// legError is a leg's failure seen by the router itself (transport, a
-// broken or malformed answer). The client's message names the worker's role
-// only — worker addresses are internal — and the log line names the worker.
-func (r *Router) legError(w *workerState, status int, code, what string, err error) *openai.Error {
-	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role, "code", code, "err", fmt.Sprintf("%s: %v", what, err))
-	return &openai.Error{Status: status, Type: openai.TypeServer, Code: code,
-		Message: fmt.Sprintf("the %s worker %s (details: the router's log and /debug/workers)", w.role, what)}
+// legError is a leg's failure seen by the router itself (the worker could
+// not be reached or broke off its answer), with that outcome. The client's
+// message names the worker's role only — worker addresses are internal —
+// and the log line names the worker.
+func (r *Router) legError(w *workerState, o outcome.Outcome, what string, err error) *workerapi.Error {
+	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role.String(), "outcome", o.String(), "err", fmt.Sprintf("%s: %v", what, err))
+	return workerapi.NewError(o, fmt.Sprintf("the %s worker %s (details: the router's log and /debug/workers)", w.role, what),
+		outcome.Cause{})
+}
+
+// malformedAnswer is a leg's failure because its worker answered something
+// that is not the worker API: a 500 with no code (outcome failed_internal).
+func (r *Router) malformedAnswer(w *workerState, what string, err error) *workerapi.Error {
+	r.log.Warn("leg failed", "worker", w.url, "worker_role", w.role.String(), "err", fmt.Sprintf("%s: %v", what, err))
+	return malformed("the %s worker %s (details: the router's log and /debug/workers)", w.role, what)
+}
+
+// malformed is a failure of the router's own exchange with a worker: a 500
+// with no code, outcome failed_internal.
+func malformed(format string, args ...any) *workerapi.Error {
+	return &workerapi.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer,
+		Message: fmt.Sprintf(format, args...), Outcome: outcome.FailedInternal}
 }
 
 // downError is a leg's failure because its worker stopped answering.
-func downError(role string) *openai.Error {
-	return &openai.Error{Status: http.StatusBadGateway, Type: openai.TypeServer, Code: "worker_unreachable",
-		Message: fmt.Sprintf("the %s worker stopped answering health checks (details: the router's /debug/workers)", role)}
+func downError(role workerapi.Role) *workerapi.Error {
+	return workerapi.NewError(outcome.WorkerUnreachable,
+		fmt.Sprintf("the %s worker stopped answering health checks (details: the router's /debug/workers)", role), outcome.Cause{})
 }
 
-// maxInfoBytes bounds worker info and health answers.
-const maxInfoBytes = 1 << 20
+// withTimeout returns a context that ends after d on the router's clock;
+// context.Cause then says so.
+func (r *Router) withTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	t := r.clock.AfterFunc(d, func() { cancel(fmt.Errorf("%w: no answer within %s", context.DeadlineExceeded, d)) })
+	return ctx, func() {
+		t.Stop()
+		cancel(context.Canceled)
+	}
+}
 
+// getJSON GETs u into v; an answer that is not 200 is an error naming it.
 func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -449,11 +482,17 @@ func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {
+		if c := context.Cause(ctx); c != nil {
+			return fmt.Errorf("GET %s: %w", u, c)
+		}
 		return err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxInfoBytes))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, workerapi.MaxInfoBytes))
 	if err != nil {
+		if c := context.Cause(ctx); c != nil {
+			return fmt.Errorf("GET %s: %w", u, c)
+		}
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {
@@ -575,17 +614,12 @@ type WorkerStatus struct {
 // Workers lists the router's workers and their health.
 func (r *Router) Workers() []WorkerStatus {
 	var out []WorkerStatus
-	add := func(list []*workerState, role string) {
-		for _, w := range list {
-			w.mu.Lock()
-			out = append(out, WorkerStatus{URL: w.url, Role: role, Healthy: w.healthy, KVAddr: w.kvAddr,
-				Failures: w.failures, LastErr: w.lastErr})
-			w.mu.Unlock()
-		}
+	for _, w := range r.workers() {
+		w.mu.Lock()
+		out = append(out, WorkerStatus{URL: w.url, Role: w.role.String(), Healthy: w.healthy, KVAddr: w.kvAddr,
+			Failures: w.failures, LastErr: w.lastErr})
+		w.mu.Unlock()
 	}
-	add(r.prefill, "prefill")
-	add(r.decode, "decode")
-	add(r.colocated, "colocated")
 	return out
 }
 

@@ -18,116 +18,59 @@ import (
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
-// Worker API paths.
-const (
-	PathPrefill  = "/internal/v1/prefill"
-	PathDecode   = "/internal/v1/decode"
-	PathGenerate = "/internal/v1/generate"
-	PathAbort    = "/internal/v1/abort"
-	PathInfo     = "/internal/v1/info"
-)
-
-// GenerateBody is the body of /internal/v1/prefill, /internal/v1/decode and
-// /internal/v1/generate: one request leg, with token ids.
-type GenerateBody struct {
-	RID string `json:"rid"`
-	// Room (32 hex digits) and Gen identify the KV rendezvous (PD legs only).
-	Room      string  `json:"room,omitempty"`
-	Gen       uint32  `json:"gen,omitempty"`
-	InputIDs  []int32 `json:"input_ids"`
-	MaxTokens int     `json:"max_tokens"`
-	// Sampling parameters; Temperature 0 is greedy, TopP 0 means 1.
-	Temperature  float32 `json:"temperature"`
-	TopP         float32 `json:"top_p,omitempty"`
-	TopK         int     `json:"top_k,omitempty"`
-	Seed         uint64  `json:"seed"`
-	StopTokenIDs []int32 `json:"stop_token_ids,omitempty"`
-	IgnoreEOS    bool    `json:"ignore_eos,omitempty"`
-	// PrefillKVAddr is the prefill worker's KV channel address (decode leg).
-	PrefillKVAddr string `json:"prefill_kv_addr,omitempty"`
-	// TimeoutMS caps the request on this worker, in milliseconds (0: the
-	// worker's --max-request-time).
-	TimeoutMS int64 `json:"timeout_ms,omitempty"`
-	// Buffered asks a decode or colocated leg to send its tokens in one line
-	// at the end rather than as they come (the caller reads them only then).
-	Buffered bool `json:"buffered,omitempty"`
+// finalError is the error answer of a request that ended with f.
+func finalError(f *lifecycle.Finalize) *workerapi.Error {
+	return workerapi.OutcomeError(f.Outcome, f.Err, f.Cause)
 }
 
-// PrefillResult is the 200 answer of /internal/v1/prefill, sent once the
-// decode worker acknowledged the KV.
-type PrefillResult struct {
-	RID          string  `json:"rid"`
-	PromptTokens int     `json:"prompt_tokens"`
-	FirstToken   int32   `json:"first_token"`
-	FirstLogprob float32 `json:"first_logprob"`
-}
-
-// StreamLine is one line of the NDJSON stream of /internal/v1/decode and
-// /internal/v1/generate. Lines carry tokens; the last line carries
-// FinishReason (with usage) or Error.
-type StreamLine struct {
-	TokenIDs     []int32             `json:"token_ids,omitempty"`
-	Logprobs     []float32           `json:"logprobs,omitempty"`
-	FinishReason string              `json:"finish_reason,omitempty"`
-	PromptTokens int                 `json:"prompt_tokens,omitempty"`
-	OutputTokens int                 `json:"completion_tokens,omitempty"`
-	Error        *openai.ErrorObject `json:"error,omitempty"`
-	Status       int                 `json:"status,omitempty"`
-}
-
-// AbortBody is the body of /internal/v1/abort: by RID, or by Room (and Gen,
-// 0 = any). Reason is "client" (default), "stop" or "peer".
-type AbortBody struct {
-	RID    string `json:"rid,omitempty"`
-	Room   string `json:"room,omitempty"`
-	Gen    uint32 `json:"gen,omitempty"`
-	Reason string `json:"reason,omitempty"`
-	Detail string `json:"detail,omitempty"`
-}
-
-// maxAbortBody bounds an abort request's body; maxRIDBytes a request id.
-const (
-	maxAbortBody = 64 << 10
-	maxRIDBytes  = 256
-)
-
-// Info is the answer of /internal/v1/info.
-type Info struct {
-	Role        string             `json:"role"`
-	Model       string             `json:"model"`
-	KVPort      int                `json:"kv_port,omitempty"`
-	KVAddr      string             `json:"kv_addr,omitempty"`
-	Fingerprint kvxfer.Fingerprint `json:"fingerprint"`
-	ContextLen  int                `json:"context_len"`
-	VocabSize   int                `json:"vocab_size"`
-}
-
-// OutcomeError maps a terminal outcome to the HTTP status and OpenAI error
-// the caller sees; the outcome is carried in the error's code.
-func OutcomeError(o outcome.Outcome, msg string) *openai.Error {
-	status := http.StatusInternalServerError
-	typ := openai.TypeServer
-	switch o {
-	case outcome.RejectedInvalid, outcome.RejectedCapacity:
-		status, typ = http.StatusBadRequest, openai.TypeInvalidRequest
-	case outcome.AbortedClient:
-		status, typ = openai.StatusClientClosedRequest, openai.TypeInvalidRequest
-	case outcome.TimeoutQueue, outcome.Shutdown:
-		status = http.StatusServiceUnavailable
-	case outcome.TimeoutBootstrap, outcome.TimeoutKVHold, outcome.TimeoutTransfer,
-		outcome.TimeoutRequest:
-		status = http.StatusGatewayTimeout
-	case outcome.AbortedPeer, outcome.LeaseExpired, outcome.PeerLost,
-		outcome.FailedTransfer:
-		status = http.StatusBadGateway
+// apiRole is a machine role as the worker API names it.
+func apiRole(r lifecycle.Role) workerapi.Role {
+	switch r {
+	case lifecycle.RolePrefill:
+		return workerapi.RolePrefill
+	case lifecycle.RoleDecode:
+		return workerapi.RoleDecode
+	case lifecycle.RoleColocated:
+		return workerapi.RoleColocated
 	}
-	return &openai.Error{Status: status, Type: typ, Message: msg, Code: o.String()}
+	return workerapi.RoleNone
 }
 
-func finalError(f *lifecycle.Finalize) *openai.Error {
-	return OutcomeError(f.Outcome, fmt.Sprintf("%s: %s", f.Outcome, f.Err))
+// streamLine is the stream line that carries toks and, once the request
+// ended (fin non-nil), its finish reason and usage or its error.
+func streamLine(toks []model.SeqOutput, fin *lifecycle.Finalize) workerapi.StreamLine {
+	var line workerapi.StreamLine
+	if len(toks) > 0 {
+		line.TokenIDs = make([]int32, len(toks))
+		line.Logprobs = make([]float32, len(toks))
+		for i, t := range toks {
+			line.TokenIDs[i], line.Logprobs[i] = t.Token, t.Logprob
+		}
+	}
+	if fin == nil {
+		return line
+	}
+	line.PromptTokens, line.OutputTokens = fin.PromptTokens, fin.OutputTokens
+	if fin.Outcome == outcome.OK {
+		line.FinishReason = fin.FinishReason
+		return line
+	}
+	return workerapi.ErrorLine(line, finalError(fin))
+}
+
+// requestInfo is a machine's view of a live request as the worker API shows it.
+func requestInfo(ri lifecycle.RequestInfo) workerapi.RequestInfo {
+	out := workerapi.RequestInfo{RID: ri.RID, Room: ri.Room, Gen: ri.Gen, Stage: ri.Stage,
+		AgeSeconds: ri.AgeSeconds, InStageSecs: ri.InStageSecs, DeadlineLeft: ri.DeadlineLeft,
+		StageBudget: ri.StageBudget, Peer: ri.Peer, PeerAddr: ri.PeerAddr, PromptTokens: ri.PromptTokens,
+		OutputTokens: ri.OutputTokens, Pages: ri.Pages, LastEvent: ri.LastEvent}
+	for _, h := range ri.History {
+		out.History = append(out.History, workerapi.HistoryEntry{At: h.At, What: h.What})
+	}
+	return out
 }
 
 // Handler returns the worker HTTP API: the role's leg endpoint(s), abort,
@@ -136,17 +79,17 @@ func (w *Worker) Handler(gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	switch w.role {
 	case lifecycle.RolePrefill:
-		mux.HandleFunc("POST "+PathPrefill, w.handlePrefill)
+		mux.HandleFunc("POST "+workerapi.PathPrefill, w.handlePrefill)
 	case lifecycle.RoleDecode:
-		mux.HandleFunc("POST "+PathDecode, w.handleStream)
+		mux.HandleFunc("POST "+workerapi.PathDecode, w.handleStream)
 	case lifecycle.RoleColocated:
-		mux.HandleFunc("POST "+PathGenerate, w.handleStream)
+		mux.HandleFunc("POST "+workerapi.PathGenerate, w.handleStream)
 	}
-	mux.HandleFunc("POST "+PathAbort, w.handleAbort)
-	mux.HandleFunc("GET "+PathInfo, w.handleInfo)
-	mux.HandleFunc("GET /health", w.handleHealth)
-	mux.HandleFunc("GET /debug/requests", w.handleRequests)
-	mux.HandleFunc("GET /debug/requests/{rid}", w.handleRequest)
+	mux.HandleFunc("POST "+workerapi.PathAbort, w.handleAbort)
+	mux.HandleFunc("GET "+workerapi.PathInfo, w.handleInfo)
+	mux.HandleFunc("GET "+workerapi.PathHealth, w.handleHealth)
+	mux.HandleFunc("GET "+workerapi.PathRequests, w.handleRequests)
+	mux.HandleFunc("GET "+workerapi.PathRequests+"/{rid}", w.handleRequest)
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
@@ -173,7 +116,7 @@ const bodyReadTimeout = 30 * time.Second
 // readBody decodes a JSON body of at most limit bytes within
 // bodyReadTimeout. On error the connection is marked to close, with the
 // read deadline left in place, so a client that stopped sending cannot hold
-// it.
+// it. (The deadline is the connection's, so it is on the wall clock.)
 func (w *Worker) readBody(rw http.ResponseWriter, r *http.Request, v any, limit int64) error {
 	rc := http.NewResponseController(rw)
 	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
@@ -199,18 +142,13 @@ func (w *Worker) readBody(rw http.ResponseWriter, r *http.Request, v any, limit 
 
 // request converts a leg body into a machine request; decode legs get their
 // KV connection here.
-func (w *Worker) request(b *GenerateBody) (lifecycle.Request, error) {
-	if len(b.RID) > maxRIDBytes {
-		return lifecycle.Request{}, openai.BadRequest("rid", "rid is limited to %d bytes", maxRIDBytes)
+func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
+	if len(b.RID) > workerapi.MaxRIDBytes {
+		return lifecycle.Request{}, openai.BadRequest("rid", "rid is limited to %d bytes", workerapi.MaxRIDBytes)
 	}
 	q := lifecycle.Request{
-		RID: b.RID, Gen: b.Gen, InputIDs: b.InputIDs, MaxTokens: b.MaxTokens,
-		Sampling:     model.SamplingParams{Temperature: b.Temperature, TopP: b.TopP, TopK: b.TopK, Seed: b.Seed},
+		RID: b.RID, Gen: b.Gen, InputIDs: b.InputIDs, MaxTokens: b.MaxTokens, Sampling: b.SamplingParams,
 		StopTokenIDs: b.StopTokenIDs, IgnoreEOS: b.IgnoreEOS,
-		Timeout: time.Duration(b.TimeoutMS) * time.Millisecond,
-	}
-	if q.Sampling.TopP == 0 {
-		q.Sampling.TopP = 1
 	}
 	if w.role == lifecycle.RolePrefill {
 		q.MaxTokens = 1
@@ -242,22 +180,17 @@ func (w *Worker) submit(q lifecycle.Request) *waiter {
 	return wt
 }
 
-// abortOnExit aborts rid as the client's if the handler returns before the
-// request ended (the caller disconnected).
+// abortClient aborts rid as the client's: its caller went away before the
+// request ended (the HTTP handler's context ended, or an in-process stream
+// was closed early).
 func (w *Worker) abortClient(rid string) {
 	w.post(lifecycle.AbortRequest{RID: rid, Reason: lifecycle.AbortClient, Detail: "caller disconnected"})
 }
 
 // arriveLeg reads a leg's body and submits it; on bad input it answers the
-// error itself and returns ok false.
-func (w *Worker) arriveLeg(rw http.ResponseWriter, r *http.Request) (lifecycle.Request, *waiter, bool) {
-	q, wt, _, ok := w.arriveStreamLeg(rw, r)
-	return q, wt, ok
-}
-
-// arriveStreamLeg is arriveLeg that also reports the leg's Buffered flag.
-func (w *Worker) arriveStreamLeg(rw http.ResponseWriter, r *http.Request) (lifecycle.Request, *waiter, bool, bool) {
-	var b GenerateBody
+// error itself and returns ok false. buffered is the leg's Buffered flag.
+func (w *Worker) arriveLeg(rw http.ResponseWriter, r *http.Request) (q lifecycle.Request, wt *waiter, buffered, ok bool) {
+	var b workerapi.GenerateBody
 	if err := w.readBody(rw, r, &b, w.cfg.MaxBodyBytes); err != nil {
 		openai.WriteError(rw, err)
 		return lifecycle.Request{}, nil, false, false
@@ -271,7 +204,7 @@ func (w *Worker) arriveStreamLeg(rw http.ResponseWriter, r *http.Request) (lifec
 }
 
 func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
-	q, wt, ok := w.arriveLeg(rw, r)
+	q, wt, _, ok := w.arriveLeg(rw, r)
 	if !ok {
 		return
 	}
@@ -281,10 +214,10 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if fin.Outcome != outcome.OK {
-		openai.WriteError(rw, finalError(fin))
+		workerapi.WriteError(rw, finalError(fin))
 		return
 	}
-	writeJSON(rw, http.StatusOK, PrefillResult{RID: q.RID, PromptTokens: fin.PromptTokens,
+	writeJSON(rw, http.StatusOK, workerapi.PrefillResult{RID: q.RID, PromptTokens: fin.PromptTokens,
 		FirstToken: fin.FirstToken.Token, FirstLogprob: fin.FirstToken.Logprob})
 }
 
@@ -292,7 +225,7 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 // waits for the first token or the end, so an early rejection is an
 // ordinary error answer.
 func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
-	q, wt, buffered, ok := w.arriveStreamLeg(rw, r)
+	q, wt, buffered, ok := w.arriveLeg(rw, r)
 	if !ok {
 		return
 	}
@@ -316,29 +249,14 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 		}
 		if !started {
 			if fin != nil && len(toks) == 0 && fin.Outcome != outcome.OK {
-				openai.WriteError(rw, finalError(fin))
+				workerapi.WriteError(rw, finalError(fin))
 				return
 			}
 			rw.Header().Set("Content-Type", "application/x-ndjson")
 			rw.WriteHeader(http.StatusOK)
 			started = true
 		}
-		var line StreamLine
-		for _, t := range toks {
-			line.TokenIDs = append(line.TokenIDs, t.Token)
-			line.Logprobs = append(line.Logprobs, t.Logprob)
-		}
-		if fin != nil {
-			line.PromptTokens, line.OutputTokens = fin.PromptTokens, fin.OutputTokens
-			if fin.Outcome == outcome.OK {
-				line.FinishReason = fin.FinishReason
-			} else {
-				e := finalError(fin)
-				body := e.Body()
-				line.Error, line.Status = &body.Error, e.Status
-			}
-		}
-		if err := enc.Encode(line); err != nil {
+		if err := enc.Encode(streamLine(toks, fin)); err != nil {
 			w.abortClient(q.RID)
 			return
 		}
@@ -349,17 +267,31 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// abortReason maps an API abort reason to the machine's.
+func abortReason(r workerapi.AbortReason) lifecycle.AbortReason {
+	switch r {
+	case workerapi.AbortStop:
+		return lifecycle.AbortStop
+	case workerapi.AbortPeer:
+		return lifecycle.AbortPeerLeg
+	}
+	return lifecycle.AbortClient
+}
+
 func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
-	var b AbortBody
-	if err := w.readBody(rw, r, &b, maxAbortBody); err != nil {
+	var b workerapi.AbortBody
+	if err := w.readBody(rw, r, &b, workerapi.MaxAbortBytes); err != nil {
 		openai.WriteError(rw, err)
 		return
 	}
-	if len(b.RID) > maxRIDBytes || len(b.Detail) > 4096 {
-		openai.WriteError(rw, openai.BadRequest("rid", "rid is limited to %d bytes and detail to 4096", maxRIDBytes))
+	if err := b.Check(); err != nil {
+		openai.WriteError(rw, openai.BadRequest("", "%v", err))
 		return
 	}
-	a := lifecycle.AbortRequest{RID: b.RID, Gen: b.Gen, Detail: b.Detail}
+	a := lifecycle.AbortRequest{RID: b.RID, Gen: b.Gen, Reason: abortReason(b.Reason), Detail: b.Detail}
+	if b.Reason == workerapi.AbortPeer {
+		a.Cause = b.Cause
+	}
 	if b.Room != "" {
 		room, err := kvxfer.ParseRoom(b.Room)
 		if err != nil {
@@ -372,17 +304,6 @@ func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
 		openai.WriteError(rw, openai.BadRequest("rid", "abort needs rid or room"))
 		return
 	}
-	switch b.Reason {
-	case "", "client":
-		a.Reason = lifecycle.AbortClient
-	case "stop":
-		a.Reason = lifecycle.AbortStop
-	case "peer":
-		a.Reason = lifecycle.AbortPeerLeg
-	default:
-		openai.WriteError(rw, openai.BadRequest("reason", "reason must be client, stop or peer, got %q", b.Reason))
-		return
-	}
 	// The abort is applied on the loop before we answer, so a caller that
 	// saw 200 knows the worker has it (a tombstone if the request is unknown).
 	if !w.query(5*time.Second, func() { w.step(a) }) {
@@ -393,7 +314,7 @@ func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
 }
 
 func (w *Worker) handleInfo(rw http.ResponseWriter, _ *http.Request) {
-	info := Info{Role: w.role.String(), Model: w.info.Name, Fingerprint: w.Fingerprint(),
+	info := workerapi.Info{Role: apiRole(w.role), Model: w.info.Name, Fingerprint: w.Fingerprint(),
 		ContextLen: w.info.ContextLen, VocabSize: w.info.VocabSize, KVAddr: w.kvAddr}
 	if i := strings.LastIndexByte(w.kvAddr, ':'); i >= 0 {
 		fmt.Sscanf(w.kvAddr[i+1:], "%d", &info.KVPort)
@@ -415,7 +336,11 @@ func (w *Worker) handleRequests(rw http.ResponseWriter, _ *http.Request) {
 		openai.WriteError(rw, openai.Unavailable("worker loop did not answer"))
 		return
 	}
-	writeJSON(rw, http.StatusOK, map[string]any{"role": w.role.String(), "requests": list})
+	out := workerapi.RequestList{Role: w.role.String(), Requests: make([]workerapi.RequestInfo, len(list))}
+	for i, ri := range list {
+		out.Requests[i] = requestInfo(ri)
+	}
+	writeJSON(rw, http.StatusOK, out)
 }
 
 func (w *Worker) handleRequest(rw http.ResponseWriter, r *http.Request) {
@@ -426,7 +351,7 @@ func (w *Worker) handleRequest(rw http.ResponseWriter, r *http.Request) {
 	case !found:
 		openai.WriteError(rw, openai.NotFound("no live request %q on this worker", r.PathValue("rid")))
 	default:
-		writeJSON(rw, http.StatusOK, ri)
+		writeJSON(rw, http.StatusOK, requestInfo(ri))
 	}
 }
 
@@ -443,6 +368,9 @@ func (w *Worker) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 	return &localStream{w: w, rid: g.RID, ctx: ctx, wt: w.submit(q)}, nil
 }
 
+// localStream is a colocated request served in process. Its output goes
+// through the same stream lines and decoder as the HTTP stream's, so the
+// two answer alike.
 type localStream struct {
 	w        *Worker
 	rid      string
@@ -450,18 +378,14 @@ type localStream struct {
 	wt       *waiter
 	finished bool
 	stopped  bool
-	pending  *lifecycle.Finalize
+	pending  *workerapi.Error // the failure to return after the tokens that came with it
 }
 
 func (s *localStream) Recv() (openai.Chunk, error) {
 	if s.pending != nil {
-		fin := s.pending
-		s.pending = nil
-		s.finished = true
-		if fin.Outcome != outcome.OK {
-			return openai.Chunk{}, finalError(fin)
-		}
-		return openai.Chunk{FinishReason: fin.FinishReason}, nil
+		e := s.pending
+		s.pending, s.finished = nil, true
+		return openai.Chunk{}, e
 	}
 	if s.finished {
 		return openai.Chunk{}, io.EOF
@@ -470,20 +394,16 @@ func (s *localStream) Recv() (openai.Chunk, error) {
 	if err != nil {
 		return openai.Chunk{}, err
 	}
-	c := openai.Chunk{Tokens: make([]openai.Token, len(toks))}
-	for i, t := range toks {
-		c.Tokens[i] = openai.Token{ID: t.Token, Logprob: t.Logprob}
-	}
-	if fin != nil {
-		if fin.Outcome != outcome.OK && len(toks) > 0 {
-			s.pending = fin // deliver the tokens, then the error
-			return c, nil
-		}
+	line := streamLine(toks, fin)
+	c, e := line.Decode()
+	switch {
+	case e != nil && len(c.Tokens) > 0:
+		s.pending = e // deliver the tokens, then the error
+	case e != nil:
 		s.finished = true
-		if fin.Outcome != outcome.OK {
-			return openai.Chunk{}, finalError(fin)
-		}
-		c.FinishReason = fin.FinishReason
+		return openai.Chunk{}, e
+	case c.FinishReason != "":
+		s.finished = true
 	}
 	return c, nil
 }

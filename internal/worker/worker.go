@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -86,8 +87,10 @@ type Config struct {
 	MaxBodyBytes int64
 	Logger       *slog.Logger
 	Registerer   prometheus.Registerer
-	// Now is the clock (default time.Now).
-	Now func() time.Time
+	// Clock is the worker's clock (default: the wall clock): the loop's
+	// ticker, the times stepped into the machine and query timeouts run on
+	// it.
+	Clock clock.WithTicker
 }
 
 // Worker is one prefill, decode or colocated worker.
@@ -95,7 +98,7 @@ type Worker struct {
 	cfg     Config
 	role    lifecycle.Role
 	log     *slog.Logger
-	now     func() time.Time
+	clock   clock.WithTicker
 	model   model.Model
 	info    model.Info
 	pool    *kvcache.Pool
@@ -148,8 +151,8 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	info := cfg.Model.Info()
 	mc := cfg.Machine
@@ -178,7 +181,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{
-		cfg: cfg, role: mc.Role, log: cfg.Logger.With("role", mc.Role.String()), now: cfg.Now,
+		cfg: cfg, role: mc.Role, log: cfg.Logger.With("role", mc.Role.String()), clock: cfg.Clock,
 		model: cfg.Model, info: info, pool: pool, machine: m,
 		crc:     crc32.MakeTable(crc32.Castagnoli),
 		stop:    make(chan struct{}),
@@ -190,7 +193,11 @@ func New(cfg Config) (*Worker, error) {
 		w.lanes[i] = &ioLane{notify: make(chan struct{}, 1)}
 	}
 	w.fwdCtx, w.fwdStop = context.WithCancel(context.Background())
-	w.metrics, err = metrics.NewWorker(cfg.Registerer, mc.Role, w.snapshot)
+	stages := make([]string, 0, len(mc.Role.Stages()))
+	for _, st := range mc.Role.Stages() {
+		stages = append(stages, st.String())
+	}
+	w.metrics, err = metrics.NewWorker(cfg.Registerer, apiRole(mc.Role), stages, w.snapshot)
 	if err != nil {
 		return nil, err
 	}
@@ -369,30 +376,30 @@ func (w *Worker) post(ev lifecycle.Event) { w.mbox.post(item{ev: ev}) }
 func (w *Worker) query(timeout time.Duration, fn func()) bool {
 	done := make(chan struct{})
 	w.mbox.post(item{fn: func() { fn(); close(done) }})
-	t := time.NewTimer(timeout)
+	t := w.clock.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-done:
 		return true
 	case <-w.stopped:
 		return false
-	case <-t.C:
+	case <-t.C():
 		return false
 	}
 }
 
 func (w *Worker) run() {
 	defer close(w.stopped)
-	ticker := time.NewTicker(w.cfg.TickInterval)
+	ticker := w.clock.NewTicker(w.cfg.TickInterval)
 	defer ticker.Stop()
 	var buf []item
-	lastTick := w.now()
+	lastTick := w.clock.Now()
 	for {
 		select {
 		case <-w.stop:
 			return
 		case <-w.mbox.notify:
-		case <-ticker.C:
+		case <-ticker.C():
 		}
 		// Everything that arrived is applied before deadlines and leases are
 		// checked, so a renewal waiting in the mailbox is never missed
@@ -410,7 +417,7 @@ func (w *Worker) run() {
 			}
 		}
 		clear(buf)
-		if now := w.now(); now.Sub(lastTick) >= w.cfg.TickInterval {
+		if now := w.clock.Now(); now.Sub(lastTick) >= w.cfg.TickInterval {
 			lastTick = now
 			w.step(lifecycle.Tick{})
 		}
@@ -424,29 +431,23 @@ func (w *Worker) arrive(a lifecycle.Arrive, wt *waiter) {
 			Err: fmt.Sprintf("request id %q is already in use on this worker", a.Req.RID)})
 		return
 	}
-	wt.arrived = w.now()
+	wt.arrived = w.clock.Now()
 	w.waiters[a.Req.RID] = wt
 	w.step(a)
 }
 
-// step steps the machine and executes its effects; effects that answer at
-// once (VerifyKV) are stepped before returning.
+// step steps the machine with ev and executes its effects in order. No
+// effect answers within the step: page I/O answers later through the
+// mailbox (IODone, KVVerified), a forward through BatchDone.
 func (w *Worker) step(ev lifecycle.Event) {
-	queue := []lifecycle.Event{ev}
-	for len(queue) > 0 {
-		ev := queue[0]
-		queue = queue[1:]
-		now := w.now()
-		w.machine.Step(now, ev)
-		for _, e := range w.machine.Ready() {
-			if next := w.execute(now, e); next != nil {
-				queue = append(queue, next)
-			}
-		}
+	now := w.clock.Now()
+	w.machine.Step(now, ev)
+	for _, e := range w.machine.Ready() {
+		w.execute(now, e)
 	}
 }
 
-func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
+func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 	switch x := e.(type) {
 	case lifecycle.RunBatch:
 		w.runBatch(x)
@@ -468,7 +469,7 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 			for i, p := range x.Pages {
 				copy(data[i*pb:], w.pool.Page(p))
 			}
-			w.metrics.KVBytes("sent", len(data))
+			w.metrics.KVBytes(metrics.KVSent, len(data))
 			w.send(x.Peer, kvxfer.KVChunk{RoomGen: x.RoomGen, Seq: x.Seq, FirstPage: x.FirstPage,
 				NPages: uint32(len(x.Pages)), Data: data})
 			w.post(lifecycle.IODone{Job: x.Job})
@@ -487,7 +488,7 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 				copy(w.pool.Page(p), x.Data[i*pb:(i+1)*pb])
 				w.pool.MarkWritten(p)
 			}
-			w.metrics.KVBytes("received", len(x.Data))
+			w.metrics.KVBytes(metrics.KVReceived, len(x.Data))
 			w.recycle(x.Data)
 			w.post(lifecycle.IODone{Job: x.Job})
 		})
@@ -508,7 +509,10 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 			wt.push(x.Tokens)
 		}
 	case lifecycle.Finalize:
-		w.metrics.Finished(x)
+		for st, d := range x.StageTime {
+			w.metrics.StageTime(st.String(), d)
+		}
+		w.metrics.Finished(x.Outcome, x.Age)
 		if x.Outcome != outcome.OK && x.Outcome != outcome.AbortedClient {
 			w.log.Info("request failed", "rid", x.RID, "room", x.RoomGen.String(), "outcome", x.Outcome.String(), "err", x.Err)
 		}
@@ -517,7 +521,6 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) lifecycle.Event {
 			wt.finish(x)
 		}
 	}
-	return nil
 }
 
 // allocData returns a KV chunk buffer: for the transport to read a received
@@ -556,12 +559,12 @@ func (w *Worker) runBatch(b lifecycle.RunBatch) {
 	for i, s := range b.Seqs {
 		seqs[i] = s.Input
 	}
-	kind := "decode"
+	kind := metrics.BatchDecode
 	switch {
 	case b.PrefillTokens > 0 && b.DecodeSeqs > 0:
-		kind = "mixed"
+		kind = metrics.BatchMixed
 	case b.PrefillTokens > 0:
-		kind = "prefill"
+		kind = metrics.BatchPrefill
 	}
 	w.metrics.Batch(kind)
 	w.logBatch(kind, b)
@@ -579,7 +582,7 @@ func (w *Worker) runBatch(b lifecycle.RunBatch) {
 
 func (w *Worker) logBatch(kind string, b lifecycle.RunBatch) {
 	level := slog.LevelDebug
-	if kind != "decode" {
+	if kind != metrics.BatchDecode {
 		level = slog.LevelInfo
 	} else {
 		w.decodeBatchN++
@@ -611,26 +614,39 @@ func queryValue[T any](w *Worker, timeout time.Duration, fn func() T) (T, bool) 
 	return <-ch, true
 }
 
-// snapshot reads the machine's stats on the loop, for metrics.
-func (w *Worker) snapshot() (lifecycle.Stats, map[string]uint64, bool) {
-	st, ok := queryValue(w, 2*time.Second, func() lifecycle.Stats { return w.machine.Stats(w.now()) })
-	var dropped map[string]uint64
-	if s, ok := w.backend.(kvxfer.DropCounter); ok {
-		dropped = s.DroppedFrames()
+// snapshot reads the machine's stats on the loop, and the transport's
+// dropped frames, for metrics.
+func (w *Worker) snapshot() (metrics.WorkerState, bool) {
+	st, ok := queryValue(w, 2*time.Second, func() lifecycle.Stats { return w.machine.Stats(w.clock.Now()) })
+	if !ok {
+		return metrics.WorkerState{}, false
 	}
-	return st, dropped, ok
+	ms := metrics.WorkerState{PagesUsed: st.PagesUsed, PagesTotal: st.PagesTotal, PendingOpens: st.PendingOpens,
+		Tombstones: st.Tombstones, Preemptions: st.Counters.Preemptions, FramesDropped: make(map[string]uint64)}
+	for _, s := range w.role.Stages() {
+		ms.Stages = append(ms.Stages, metrics.StageState{Stage: s.String(), Requests: st.Stages[s], Oldest: st.OldestInStage[s]})
+	}
+	for k, v := range st.Counters.FramesDropped {
+		ms.FramesDropped[k] += v
+	}
+	if d, ok := w.backend.(kvxfer.DropCounter); ok {
+		for k, v := range d.DroppedFrames() {
+			ms.FramesDropped[k] += v
+		}
+	}
+	return ms, true
 }
 
 // Stats returns the machine's stats, read on the loop. ok is false if the
 // loop did not answer within timeout.
 func (w *Worker) Stats(timeout time.Duration) (lifecycle.Stats, bool) {
-	return queryValue(w, timeout, func() lifecycle.Stats { return w.machine.Stats(w.now()) })
+	return queryValue(w, timeout, func() lifecycle.Stats { return w.machine.Stats(w.clock.Now()) })
 }
 
 // Requests lists live requests, read on the loop.
 func (w *Worker) Requests(timeout time.Duration) ([]lifecycle.RequestInfo, bool) {
 	return queryValue(w, timeout, func() []lifecycle.RequestInfo {
-		list := w.machine.Requests(w.now())
+		list := w.machine.Requests(w.clock.Now())
 		for i := range list {
 			w.peerAddr(&list[i])
 		}
@@ -645,7 +661,7 @@ func (w *Worker) Request(rid string, timeout time.Duration) (lifecycle.RequestIn
 		found bool
 	}
 	r, ok := queryValue(w, timeout, func() res {
-		ri, found := w.machine.Request(rid, w.now())
+		ri, found := w.machine.Request(rid, w.clock.Now())
 		w.peerAddr(&ri)
 		return res{ri, found}
 	})

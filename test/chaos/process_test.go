@@ -16,8 +16,9 @@ import (
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/router"
-	"github.com/pdserve/pdserve/internal/worker"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // routerWorkers GETs a router's /debug/workers.
@@ -403,11 +404,11 @@ func decodeKilledWhileParked(t *testing.T, seed uint64, viaRouter bool) {
 		for j := range len(s.Prompt) {
 			ids[j] = int32(s.Prompt[j])
 		}
-		leg := worker.GenerateBody{RID: fmt.Sprintf("parked-%d", i), Room: kvxfer.NewRoom().String(), Gen: 1, InputIDs: ids,
-			MaxTokens: maxTokens, Temperature: 1, TopP: 1, Seed: uint64(s.Seed), IgnoreEOS: true,
+		leg := workerapi.GenerateBody{RID: fmt.Sprintf("parked-%d", i), Room: kvxfer.NewRoom().String(), Gen: 1, InputIDs: ids,
+			MaxTokens: maxTokens, SamplingParams: model.SamplingParams{Temperature: 1, TopP: 1, Seed: uint64(s.Seed)}, IgnoreEOS: true,
 			PrefillKVAddr: fmt.Sprintf("127.0.0.1:%d", pre.kvPort)}
-		wg.Go(func() { answers[i] = "prefill leg: " + postLeg(cl, pre.url()+worker.PathPrefill, leg, bound) })
-		wg.Go(func() { postLeg(cl, dec.url()+worker.PathDecode, leg, bound) })
+		wg.Go(func() { answers[i] = "prefill leg: " + postLeg(cl, pre.url()+workerapi.PathPrefill, leg, bound) })
+		wg.Go(func() { postLeg(cl, dec.url()+workerapi.PathDecode, leg, bound) })
 	}
 
 	// Requests park on prefill while decode is busy with one of them.
@@ -476,7 +477,7 @@ func decodeKilledWhileParked(t *testing.T, seed uint64, viaRouter bool) {
 
 // postLeg posts a worker leg and describes its answer: the status and the
 // error code, or the last line of a stream.
-func postLeg(cl *client, url string, leg worker.GenerateBody, timeout time.Duration) string {
+func postLeg(cl *client, url string, leg workerapi.GenerateBody, timeout time.Duration) string {
 	body, err := json.Marshal(leg)
 	if err != nil {
 		return err.Error()

@@ -18,7 +18,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model/sim"
-	"github.com/pdserve/pdserve/internal/worker"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // TestPrefillRejectsAfterDispatch (scenario 1): the router dispatched both
@@ -33,10 +33,10 @@ func TestPrefillRejectsAfterDispatch(t *testing.T) {
 	target, _ := url.Parse(c.Prefill[0].URL)
 	proxy := httputil.NewSingleHostReverseProxy(target)
 	proxy.ModifyResponse = func(resp *http.Response) error {
-		if resp.Request.URL.Path != worker.PathInfo {
+		if resp.Request.URL.Path != workerapi.PathInfo {
 			return nil
 		}
-		var info worker.Info
+		var info workerapi.Info
 		if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
 			return err
 		}
@@ -86,9 +86,9 @@ func TestIncompatiblePairRefused(t *testing.T) {
 		t.Fatalf("want a 503 naming the page size mismatch, got %d %s", status, body)
 	}
 	start := time.Now()
-	leg := worker.GenerateBody{RID: "direct", Room: kvxfer.NewRoom().String(), Gen: 1, InputIDs: []int32{104, 105},
+	leg := workerapi.GenerateBody{RID: "direct", Room: kvxfer.NewRoom().String(), Gen: 1, InputIDs: []int32{104, 105},
 		MaxTokens: 4, PrefillKVAddr: c.Prefill[0].Worker.KVAddr()}
-	status, body = postJSON(t, c.Decode[0].URL+worker.PathDecode, leg)
+	status, body = postJSON(t, c.Decode[0].URL+workerapi.PathDecode, leg)
 	if status != http.StatusBadGateway || !strings.Contains(string(body), "page_size 16 vs 32") {
 		t.Fatalf("want 502 naming the mismatch from the handshake, got %d %s", status, body)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/worker"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // failingModel fails every prefill forward while fail is set.
@@ -78,12 +79,12 @@ func fakeDecode(t *testing.T, fp kvxfer.Fingerprint, info model.Info) *httptest.
 	t.Helper()
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case worker.PathInfo:
-			_ = json.NewEncoder(w).Encode(worker.Info{Role: "decode", Model: info.Name, Fingerprint: fp,
+		case workerapi.PathInfo:
+			_ = json.NewEncoder(w).Encode(workerapi.Info{Role: workerapi.RoleDecode, Model: info.Name, Fingerprint: fp,
 				ContextLen: info.ContextLen, VocabSize: info.VocabSize})
 		case "/health":
 			_, _ = w.Write([]byte(`{"status":"ok"}`))
-		case worker.PathAbort:
+		case workerapi.PathAbort:
 			_, _ = w.Write([]byte(`{"ok":true}`))
 		default:
 			conn, _, err := http.NewResponseController(w).Hijack()
@@ -149,7 +150,7 @@ func TestDecodeLegResetWhilePrefillBootstraps(t *testing.T) {
 func TestIdentityMismatch(t *testing.T) {
 	c := startPair(t, nil, nil)
 	room := kvxfer.NewRoom().String()
-	leg := worker.GenerateBody{RID: "original", Room: room, Gen: 1, InputIDs: []int32{104, 105, 106}, MaxTokens: 4,
+	leg := workerapi.GenerateBody{RID: "original", Room: room, Gen: 1, InputIDs: []int32{104, 105, 106}, MaxTokens: 4,
 		PrefillKVAddr: c.Prefill[0].Worker.KVAddr()}
 	var wg sync.WaitGroup
 	var pStatus int
@@ -157,11 +158,11 @@ func TestIdentityMismatch(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		pStatus, pBody = postJSON(t, c.Prefill[0].URL+worker.PathPrefill, leg)
+		pStatus, pBody = postJSON(t, c.Prefill[0].URL+workerapi.PathPrefill, leg)
 	}()
 	dleg := leg
 	dleg.RID = "rewritten-by-a-proxy"
-	dStatus, dBody := postJSON(t, c.Decode[0].URL+worker.PathDecode, dleg)
+	dStatus, dBody := postJSON(t, c.Decode[0].URL+workerapi.PathDecode, dleg)
 	wg.Wait()
 	if pStatus != http.StatusBadGateway || !strings.Contains(string(pBody), "identity mismatch") {
 		t.Fatalf("prefill: %d %s", pStatus, pBody)
@@ -190,12 +191,12 @@ func TestPrefillNotReady(t *testing.T) {
 	var prefillLegs atomic.Int64
 	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case worker.PathInfo:
-			_ = json.NewEncoder(w).Encode(worker.Info{Role: "prefill", Model: info.Name, Fingerprint: fp, KVPort: deadPort,
+		case workerapi.PathInfo:
+			_ = json.NewEncoder(w).Encode(workerapi.Info{Role: workerapi.RolePrefill, Model: info.Name, Fingerprint: fp, KVPort: deadPort,
 				ContextLen: info.ContextLen, VocabSize: info.VocabSize})
-		case "/health", worker.PathAbort:
+		case "/health", workerapi.PathAbort:
 			_, _ = w.Write([]byte(`{"ok":true}`))
-		case worker.PathPrefill:
+		case workerapi.PathPrefill:
 			prefillLegs.Add(1)
 			_, _ = io.Copy(io.Discard, r.Body) // so the server notices the router hanging up
 			<-r.Context().Done()               // a prefill that never gets its ROOM_OPEN; the router cancels it

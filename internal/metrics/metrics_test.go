@@ -1,0 +1,159 @@
+package metrics
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the golden exposition files in testdata/")
+
+// golden compares what reg exposes with testdata/name.txt, or rewrites
+// the file with -rewrite.
+func golden(t *testing.T, reg *prometheus.Registry, name string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".txt")
+	if *rewrite {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
+		for _, mf := range mfs {
+			if err := enc.Encode(mf); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := testutil.GatherAndCompare(reg, f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// machineRoles maps each worker API role to the lifecycle role whose stages
+// it reports.
+var machineRoles = map[workerapi.Role]lifecycle.Role{
+	workerapi.RolePrefill:   lifecycle.RolePrefill,
+	workerapi.RoleDecode:    lifecycle.RoleDecode,
+	workerapi.RoleColocated: lifecycle.RoleColocated,
+}
+
+// TestWorkerExposition: a worker of each role exposes every series from the
+// start (one per outcome, stage, KV direction and batch kind it can have),
+// and its scrape-time gauges as the snapshot says; golden files in
+// testdata/worker_<role>.txt (regenerate with -rewrite).
+func TestWorkerExposition(t *testing.T) {
+	for _, role := range workerapi.Roles() {
+		t.Run(role.String(), func(t *testing.T) {
+			var stages []string
+			for _, s := range machineRoles[role].Stages() {
+				stages = append(stages, s.String())
+			}
+			st := WorkerState{PagesUsed: 10, PagesTotal: 64, PendingOpens: 1, Tombstones: 2, Preemptions: 3,
+				FramesDropped: map[string]uint64{"stale_gen": 4}}
+			for i, s := range stages {
+				st.Stages = append(st.Stages, StageState{Stage: s, Requests: i, Oldest: time.Duration(i) * time.Second})
+			}
+			reg := prometheus.NewRegistry()
+			w, err := NewWorker(reg, role, stages, func() (WorkerState, bool) { return st, true })
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.StageTime(stages[0], 200*time.Millisecond)
+			w.Finished(outcome.OK, 1500*time.Millisecond)
+			w.Finished(outcome.TimeoutQueue, time.Minute)
+			w.FirstToken(30 * time.Millisecond)
+			w.InterToken(5 * time.Millisecond)
+			switch role {
+			case workerapi.RolePrefill:
+				w.KVBytes(KVSent, 4096)
+				w.Batch(BatchPrefill)
+			case workerapi.RoleDecode:
+				w.KVBytes(KVReceived, 4096)
+				w.Batch(BatchDecode)
+			default:
+				w.Batch(BatchMixed)
+			}
+			golden(t, reg, "worker_"+role.String())
+		})
+	}
+}
+
+// TestWorkerLoopDown: a scrape whose snapshot the loop did not answer shows
+// pdserve_worker_loop_up 0 and none of the other scrape-time series.
+func TestWorkerLoopDown(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if _, err := NewWorker(reg, workerapi.RoleDecode, nil, func() (WorkerState, bool) { return WorkerState{}, false }); err != nil {
+		t.Fatal(err)
+	}
+	const want = `# HELP pdserve_worker_loop_up 1 if the worker loop answered this scrape, 0 if it did not in time.
+# TYPE pdserve_worker_loop_up gauge
+pdserve_worker_loop_up{role="decode"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "pdserve_worker_loop_up", "pdserve_requests",
+		"pdserve_kv_pages", "pdserve_rooms"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRouterExposition: a PD router exposes every outcome of its answers,
+// every (role, outcome) of its legs' failures and every worker from the
+// start, and counts by value; golden file testdata/router.txt.
+func TestRouterExposition(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewRouter(reg, []workerapi.Role{workerapi.RolePrefill, workerapi.RoleDecode},
+		[]string{"http://p0:30000", "http://d0:30001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Answered(outcome.OK)
+	m.Answered(outcome.OK)
+	m.Answered(outcome.FailedTransfer)
+	m.LegFailed(workerapi.RoleDecode, outcome.FailedTransfer)
+	m.LegFailed(workerapi.RoleDecode, outcome.FailedTransfer)
+	m.LegFailed(workerapi.RolePrefill, outcome.RejectedInvalid)
+	m.Retried()
+	m.WorkerFailed("http://d0:30001")
+	golden(t, reg, "router")
+}
+
+// TestRegisterTwice: a second set of collectors on the same registry is an
+// error, not a panic.
+func TestRegisterTwice(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	snap := func() (WorkerState, bool) { return WorkerState{}, true }
+	if _, err := NewWorker(reg, workerapi.RolePrefill, nil, snap); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewWorker(reg, workerapi.RolePrefill, nil, snap); err == nil {
+		t.Fatal("a second worker registered")
+	}
+	if _, err := NewRouter(reg, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewRouter(reg, nil, nil); err == nil {
+		t.Fatal("a second router registered")
+	}
+}

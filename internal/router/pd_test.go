@@ -1,0 +1,556 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
+)
+
+// testRouter is a router over fake workers on a fake network. Build it
+// inside a synctest bubble.
+type testRouter struct {
+	r                          *Router
+	net                        *fakeNet
+	reg                        *prometheus.Registry
+	prefill, decode, colocated []*fakeWorker
+}
+
+// newTestRouter starts a router over np prefill and nd decode workers (or,
+// with nc > 0, nc colocated workers), every leg succeeding until a test
+// scripts it otherwise. edit may change the config.
+func newTestRouter(t *testing.T, np, nd, nc int, edit func(*Config)) *testRouter {
+	t.Helper()
+	net := &fakeNet{}
+	tr := &testRouter{net: net, reg: prometheus.NewRegistry()}
+	cfg := Config{ModelName: "m", ContextLen: 64, Client: &http.Client{Transport: net}, Registerer: tr.reg}
+	add := func(n int, role workerapi.Role, list *[]*fakeWorker, urls *[]string) {
+		for i := range n {
+			w := &fakeWorker{role: role, host: role.String() + string(rune('0'+i)), leg: okLeg(role)}
+			net.add(w.host, w)
+			*list = append(*list, w)
+			*urls = append(*urls, w.url())
+		}
+	}
+	add(np, workerapi.RolePrefill, &tr.prefill, &cfg.Prefill)
+	add(nd, workerapi.RoleDecode, &tr.decode, &cfg.Decode)
+	add(nc, workerapi.RoleColocated, &tr.colocated, &cfg.Colocated)
+	if edit != nil {
+		edit(&cfg)
+	}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Start()
+	if ok, why := r.Serving(); !ok {
+		r.Close()
+		t.Fatalf("router not serving: %s", why)
+	}
+	tr.r = r
+	return tr
+}
+
+// answer is what a client of the router got.
+type answer struct {
+	tokens []int32
+	finish string
+	err    *openai.Error
+	after  time.Duration // from Generate to the answer, on the bubble's clock
+}
+
+// generate sends one request and reads it to its end.
+func generate(ctx context.Context, r *Router, rid string) answer {
+	start := time.Now()
+	var a answer
+	defer func() { a.after = time.Since(start) }()
+	st, err := r.Generate(ctx, &openai.GenerateRequest{RID: rid, InputIDs: []int32{1, 2, 3}, MaxTokens: 3,
+		Sampling: model.SamplingParams{TopP: 1, Seed: 7}})
+	if err != nil {
+		a.err = openai.ToError(err)
+		a.after = time.Since(start)
+		return a
+	}
+	defer st.Close()
+	for {
+		c, err := st.Recv()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				a.err = openai.ToError(err)
+			}
+			a.after = time.Since(start)
+			return a
+		}
+		for _, tok := range c.Tokens {
+			a.tokens = append(a.tokens, tok.ID)
+		}
+		if c.FinishReason != "" {
+			a.finish = c.FinishReason
+			a.after = time.Since(start)
+			return a
+		}
+	}
+}
+
+var okTokens = []int32{10, 11, 12}
+
+// failWith answers a leg with e before any output.
+func failWith(e *workerapi.Error) legFunc {
+	return func(_ context.Context, _ workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
+		w.fail(e)
+	}
+}
+
+// after delays a leg by d (the worker's latency; the bubble's clock).
+func after(d time.Duration, then legFunc) legFunc {
+	return func(ctx context.Context, b workerapi.GenerateBody, aborted <-chan workerapi.AbortBody, w *legWriter) {
+		select {
+		case <-time.After(d):
+			then(ctx, b, aborted, w)
+		case <-ctx.Done():
+		}
+	}
+}
+
+// gens lists the gens of legs, in order (the legs of one attempt race
+// each other, and a retry's with the old attempt's).
+func gens(legs []workerapi.GenerateBody) []uint32 {
+	var out []uint32
+	for _, l := range legs {
+		out = append(out, l.Gen)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestRetryDecisionByOutcome: for every outcome a decode leg can fail with
+// on its own (before any token), the router retries on a new attempt
+// exactly when the outcome is Retryable, probes both workers first exactly
+// when it is Suspect, otherwise answers with the outcome's status and code;
+// it aborts the prefill leg at once, telling it decode's cause, and answers
+// without waiting.
+func TestRetryDecisionByOutcome(t *testing.T) {
+	for _, o := range outcome.Worker() {
+		if o == outcome.OK || o.PeerCaused() {
+			continue
+		}
+		t.Run(o.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, 1, 1, 0, nil)
+				defer tr.r.Close()
+				cause := outcome.Cause{Outcome: o, Role: "decode", Stage: "awaiting_kv", Detail: "injected"}
+				tr.prefill[0].setLeg(byGen(untilAborted, okLeg(workerapi.RolePrefill)))
+				tr.decode[0].setLeg(byGen(failWith(workerapi.OutcomeError(o, "injected", cause)), okLeg(workerapi.RoleDecode)))
+				_, _, pHealth := tr.prefill[0].received()
+				_, _, dHealth := tr.decode[0].received()
+
+				a := generate(t.Context(), tr.r, "rid")
+				synctest.Wait() // the aborts sent in the background have landed
+				if a.after != 0 {
+					t.Errorf("answered after %s, want at once", a.after)
+				}
+				pLegs, pAborts, pHealth2 := tr.prefill[0].received()
+				_, _, dHealth2 := tr.decode[0].received()
+				if o.Retryable() {
+					if a.err != nil || !cmp.Equal(a.tokens, okTokens) || a.finish != "length" {
+						t.Fatalf("retryable %s: got %+v, want the retry's tokens", o, a)
+					}
+					if got := gens(pLegs); !cmp.Equal(got, []uint32{1, 2}) {
+						t.Errorf("prefill legs of gens %v, want [1 2]", got)
+					}
+					if n := counter(t, tr.reg, "pdserve_router_retries_total"); n != 1 {
+						t.Errorf("retries %v", n)
+					}
+					if n := counter(t, tr.reg, "pdserve_router_requests_total", "outcome", "ok"); n != 1 {
+						t.Errorf("requests ok %v", n)
+					}
+				} else {
+					want := &openai.Error{Status: o.Status(), Type: workerapi.OutcomeError(o, "", cause).Type,
+						Message: o.String() + ": injected", Code: o.String()}
+					if diff := cmp.Diff(want, a.err); diff != "" {
+						t.Fatalf("answer (-want +got):\n%s", diff)
+					}
+					if got := gens(pLegs); !cmp.Equal(got, []uint32{1}) {
+						t.Errorf("prefill legs of gens %v, want [1] (no retry)", got)
+					}
+					if n := counter(t, tr.reg, "pdserve_router_requests_total", "outcome", o.String()); n != 1 {
+						t.Errorf("requests %s: %v", o, n)
+					}
+				}
+				if n := counter(t, tr.reg, "pdserve_router_leg_failures_total", "role", "decode", "outcome", o.String()); n != 1 {
+					t.Errorf("leg failures decode/%s: %v", o, n)
+				}
+				probes := 0
+				if o.Suspect() {
+					probes = 1
+				}
+				if pHealth2-pHealth != probes || dHealth2-dHealth != probes {
+					t.Errorf("health probes prefill %d decode %d, want %d each", pHealth2-pHealth, dHealth2-dHealth, probes)
+				}
+				if len(pAborts) == 0 {
+					t.Fatal("prefill was not aborted")
+				}
+				ab := pAborts[0]
+				if ab.RID != "rid" || ab.Gen != 1 || ab.Reason != workerapi.AbortPeer || ab.Cause != cause {
+					t.Errorf("prefill's abort %+v, want rid gen 1, reason peer, decode's cause %+v", ab, cause)
+				}
+			})
+		})
+	}
+}
+
+// TestKnownRootCauseAnswersAtOnce: decode ends because prefill failed and
+// says so (aborted_peer with prefill's cause): the client gets prefill's
+// status, code and message at once, though prefill's own answer never
+// comes, and the failure is counted on prefill.
+func TestKnownRootCauseAnswersAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		cause := outcome.Cause{Outcome: outcome.RejectedInvalid, Role: "prefill", Stage: "waiting", Detail: "prompt too long"}
+		tr.prefill[0].setLeg(hang)
+		tr.decode[0].setLeg(failWith(workerapi.OutcomeError(outcome.AbortedPeer, "peer aborted: "+cause.String(), cause)))
+		a := generate(t.Context(), tr.r, "rid")
+		want := &openai.Error{Status: http.StatusBadRequest, Type: openai.TypeInvalidRequest,
+			Message: "rejected_invalid: prompt too long", Code: "rejected_invalid"}
+		if diff := cmp.Diff(want, a.err); diff != "" {
+			t.Fatalf("answer (-want +got):\n%s", diff)
+		}
+		if a.after != 0 {
+			t.Fatalf("answered after %s: the cause was known, no grace is needed", a.after)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_leg_failures_total", "role", "prefill", "outcome", "rejected_invalid"); n != 1 {
+			t.Errorf("leg failures prefill/rejected_invalid %v", n)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_requests_total", "outcome", "rejected_invalid"); n != 1 {
+			t.Errorf("requests rejected_invalid %v", n)
+		}
+	})
+}
+
+// TestKnownRootCauseRetriedAtOnce: prefill ends because decode found the KV
+// corrupted (aborted_peer with decode's failed_transfer): the request is
+// retried at once, without waiting for decode's own line, and without a
+// probe (a corrupted transfer is no sign of a frozen worker).
+func TestKnownRootCauseRetriedAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		cause := outcome.Cause{Outcome: outcome.FailedTransfer, Role: "decode", Stage: "awaiting_kv", Detail: "checksum mismatch"}
+		tr.prefill[0].setLeg(byGen(failWith(workerapi.OutcomeError(outcome.AbortedPeer, "peer aborted", cause)),
+			okLeg(workerapi.RolePrefill)))
+		tr.decode[0].setLeg(byGen(hang, after(time.Millisecond, okLeg(workerapi.RoleDecode))))
+		_, _, h0 := tr.decode[0].received()
+		a := generate(t.Context(), tr.r, "rid")
+		if a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+			t.Fatalf("got %+v, want the retry's tokens", a)
+		}
+		if a.after != time.Millisecond {
+			t.Fatalf("answered after %s, want the retry's 1ms only", a.after)
+		}
+		legs, _, h1 := tr.decode[0].received()
+		if got := gens(legs); !cmp.Equal(got, []uint32{1, 2}) {
+			t.Errorf("decode legs of gens %v", got)
+		}
+		if h1 != h0 {
+			t.Errorf("%d probes, want none", h1-h0)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_leg_failures_total", "role", "decode", "outcome", "failed_transfer"); n != 1 {
+			t.Errorf("leg failures decode/failed_transfer %v", n)
+		}
+	})
+}
+
+// TestUnknownCauseWaitsForTheOtherLeg: an echo that names no cause waits,
+// up to PeerFailureGrace, for the other leg's own answer, and answers with
+// that as soon as it comes; if it does not come, the echo is the answer
+// when the grace is over.
+func TestUnknownCauseWaitsForTheOtherLeg(t *testing.T) {
+	echo := workerapi.OutcomeError(outcome.AbortedPeer, "peer aborted: unknown_room", outcome.Cause{Detail: "unknown_room"})
+	prefill400 := workerapi.OutcomeError(outcome.RejectedInvalid, "prompt too long",
+		outcome.Cause{Outcome: outcome.RejectedInvalid, Role: "prefill", Detail: "prompt too long"})
+	decode502 := workerapi.OutcomeError(outcome.TimeoutTransfer, "no KV for 30s",
+		outcome.Cause{Outcome: outcome.TimeoutTransfer, Role: "decode", Detail: "no KV for 30s"})
+	cases := []struct {
+		name             string
+		prefill, decode  legFunc
+		wantAfter        time.Duration
+		wantCode         string
+		wantStatus       int
+		wantFailedOnRole string
+	}{
+		{"decode echoes, prefill explains", after(300*time.Millisecond, failWith(prefill400)), failWith(echo),
+			300 * time.Millisecond, "rejected_invalid", 400, "prefill"},
+		{"decode echoes, prefill silent", hang, failWith(echo), 700 * time.Millisecond, "aborted_peer", 502, "decode"},
+		{"prefill echoes, decode explains", failWith(echo), after(200*time.Millisecond, failWith(decode502)),
+			200 * time.Millisecond, "timeout_transfer", 504, "decode"},
+		{"prefill echoes, decode silent", failWith(echo), hang, 700 * time.Millisecond, "aborted_peer", 502, "prefill"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, 1, 1, 0, func(cfg *Config) { cfg.PeerFailureGrace = 700 * time.Millisecond })
+				defer tr.r.Close()
+				tr.prefill[0].setLeg(c.prefill)
+				tr.decode[0].setLeg(c.decode)
+				a := generate(t.Context(), tr.r, "rid")
+				if a.err == nil || a.err.Code != c.wantCode || a.err.Status != c.wantStatus {
+					t.Fatalf("got %+v, want %d %s", a, c.wantStatus, c.wantCode)
+				}
+				if a.after != c.wantAfter {
+					t.Fatalf("answered after %s, want %s", a.after, c.wantAfter)
+				}
+				if n := counter(t, tr.reg, "pdserve_router_leg_failures_total", "role", c.wantFailedOnRole, "outcome", c.wantCode); n != 1 {
+					t.Errorf("leg failures %s/%s %v", c.wantFailedOnRole, c.wantCode, n)
+				}
+			})
+		})
+	}
+}
+
+// TestProbeKeepsFrozenWorkerOut: after a lost peer the router probes both
+// workers of the pair before retrying; a prefill worker that does not
+// answer its probe within ProbeTimeout is marked down, so the retry does
+// not send it a new leg: with no other prefill worker the client gets the
+// original failure, after exactly the probe's timeout.
+func TestProbeKeepsFrozenWorkerOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		frozen := func(ctx context.Context) int { <-ctx.Done(); return http.StatusServiceUnavailable }
+		lost := workerapi.OutcomeError(outcome.PeerLost, "KV connection reset",
+			outcome.Cause{Outcome: outcome.PeerLost, Role: "decode", Stage: "awaiting_kv", Detail: "KV connection reset"})
+		tr.prefill[0].setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+			tr.prefill[0].setHealth(frozen) // the worker freezes with this leg
+			hang(ctx, b, ab, w)
+		})
+		// Decode fails 1ms in, once prefill has the leg (and froze).
+		tr.decode[0].setLeg(after(time.Millisecond, failWith(lost)))
+		a := generate(t.Context(), tr.r, "rid")
+		if a.err == nil || a.err.Code != "peer_lost" || a.err.Status != http.StatusBadGateway {
+			t.Fatalf("got %+v, want the 502 peer_lost", a)
+		}
+		if a.after != time.Millisecond+ProbeTimeout {
+			t.Fatalf("answered after %s, want 1ms + the probe timeout %s", a.after, ProbeTimeout)
+		}
+		if legs, _, _ := tr.prefill[0].received(); !cmp.Equal(gens(legs), []uint32{1}) {
+			t.Fatalf("prefill legs of gens %v: the retry went to the frozen worker", gens(legs))
+		}
+		ws := tr.r.Workers()
+		if ws[0].Healthy || !strings.HasPrefix(ws[0].LastErr, "probe: ") || !strings.Contains(ws[0].LastErr, "no answer within 1s") {
+			t.Fatalf("prefill worker %+v, want it down after its probe", ws[0])
+		}
+		if !ws[1].Healthy {
+			t.Fatalf("decode worker %+v, want it healthy (it answered its probe)", ws[1])
+		}
+		if ok, _ := tr.r.Serving(); ok {
+			t.Fatal("serving with the only prefill worker down")
+		}
+	})
+}
+
+// TestProbePassesRetrySamePair: when both workers answer the probe, the
+// retry goes out at once, on the same pair.
+func TestProbePassesRetrySamePair(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		tr.prefill[0].setLeg(byGen(untilAborted, okLeg(workerapi.RolePrefill)))
+		tr.decode[0].setLeg(byGen(failWith(workerapi.NewError(outcome.LeaseExpired, "lease expired", outcome.Cause{})),
+			okLeg(workerapi.RoleDecode)))
+		a := generate(t.Context(), tr.r, "rid")
+		if a.err != nil || !cmp.Equal(a.tokens, okTokens) || a.after != 0 {
+			t.Fatalf("got %+v, want the retry's tokens at once", a)
+		}
+	})
+}
+
+// TestStreamBrokenRetried: a decode worker that breaks off its stream (the
+// router's own worker_stream_broken) is probed and the request retried;
+// an unreachable decode worker (worker_unreachable) is left out of pairing
+// and the retry goes to the other one.
+func TestStreamBrokenRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, nil)
+		defer tr.r.Close()
+		broken := func(_ context.Context, _ workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
+			w.line(workerapi.StreamLine{}) // status 200, an empty line, then EOF without a finish
+		}
+		for _, d := range tr.decode {
+			d.setLeg(byGen(broken, okLeg(workerapi.RoleDecode)))
+		}
+		tr.prefill[0].setLeg(byGen(untilAborted, okLeg(workerapi.RolePrefill)))
+		a := generate(t.Context(), tr.r, "rid")
+		if a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+			t.Fatalf("got %+v", a)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_leg_failures_total", "role", "decode", "outcome", "worker_stream_broken"); n != 1 {
+			t.Errorf("leg failures decode/worker_stream_broken %v", n)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, nil)
+		defer tr.r.Close()
+		tr.prefill[0].setLeg(byGen(untilAborted, okLeg(workerapi.RolePrefill)))
+		// The decode worker the first attempt goes to (round robin starts
+		// at the second) vanishes.
+		gone := tr.decode[1]
+		tr.net.mu.Lock()
+		delete(tr.net.hosts, gone.host)
+		tr.net.mu.Unlock()
+		a := generate(t.Context(), tr.r, "rid")
+		if a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+			t.Fatalf("got %+v", a)
+		}
+		if legs, _, _ := tr.decode[0].received(); !cmp.Equal(gens(legs), []uint32{2}) {
+			t.Fatalf("the other decode worker got gens %v, want [2]", gens(legs))
+		}
+		if n := counter(t, tr.reg, "pdserve_router_worker_failures_total", "worker", gone.url()); n != 1 {
+			t.Errorf("worker failures of %s: %v", gone.url(), n)
+		}
+	})
+}
+
+// TestNoRetryAfterFirstToken: once a token reached the client, a retryable
+// failure is the answer (the tokens came first).
+func TestNoRetryAfterFirstToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		tr.decode[0].setLeg(func(_ context.Context, _ workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
+			w.line(workerapi.StreamLine{TokenIDs: []int32{10}, Logprobs: []float32{-1}})
+			w.fail(workerapi.NewError(outcome.PeerLost, "peer lost", outcome.Cause{}))
+		})
+		a := generate(t.Context(), tr.r, "rid")
+		if a.err == nil || a.err.Code != "peer_lost" || !cmp.Equal(a.tokens, []int32{10}) {
+			t.Fatalf("got %+v, want token 10 then peer_lost", a)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_retries_total"); n != 0 {
+			t.Fatalf("retried %v times", n)
+		}
+	})
+}
+
+// TestHealthCheckFailsLegInFlight: a decode worker that stops passing
+// health checks while it holds a leg (its stream silent) fails that leg at
+// the next check, HealthInterval later, with worker_unreachable; with no
+// other decode worker the client gets that answer. When the worker passes
+// a check again, the router serves again.
+func TestHealthCheckFailsLegInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, func(cfg *Config) { cfg.HealthInterval = 2 * time.Second })
+		defer tr.r.Close()
+		tr.prefill[0].setLeg(untilAborted)
+		tr.decode[0].setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+			tr.decode[0].setHealth(func(context.Context) int { return http.StatusServiceUnavailable })
+			hang(ctx, b, ab, w)
+		})
+		a := generate(t.Context(), tr.r, "rid")
+		if a.err == nil || a.err.Code != "worker_unreachable" || a.err.Status != http.StatusBadGateway {
+			t.Fatalf("got %+v", a)
+		}
+		if a.after != 2*time.Second {
+			t.Fatalf("answered after %s, want the next health check at 2s", a.after)
+		}
+		if ok, _ := tr.r.Serving(); ok {
+			t.Fatal("serving with the decode worker down")
+		}
+		tr.decode[0].setHealth(nil)
+		tr.decode[0].setLeg(okLeg(workerapi.RoleDecode))
+		tr.prefill[0].setLeg(okLeg(workerapi.RolePrefill))
+		time.Sleep(2 * time.Second) // the bubble's clock: one health interval
+		synctest.Wait()
+		if ok, why := tr.r.Serving(); !ok {
+			t.Fatalf("not serving after the worker recovered: %s", why)
+		}
+		if a := generate(t.Context(), tr.r, "rid2"); a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+			t.Fatalf("after recovery: %+v", a)
+		}
+	})
+}
+
+// TestPlainModeFailures: in plain mode a colocated worker's failure is the
+// answer (no retry), counted on the colocated role; a worker found down
+// fails its request with worker_unreachable.
+func TestPlainModeFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 0, 0, 1, nil)
+		defer tr.r.Close()
+		w := tr.colocated[0]
+		w.setLeg(failWith(workerapi.OutcomeError(outcome.RejectedCapacity, "too long for the pool", outcome.Cause{})))
+		a := generate(t.Context(), tr.r, "rid")
+		if a.err == nil || a.err.Status != http.StatusBadRequest || a.err.Code != "rejected_capacity" {
+			t.Fatalf("got %+v", a)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_leg_failures_total", "role", "colocated", "outcome", "rejected_capacity"); n != 1 {
+			t.Errorf("leg failures %v", n)
+		}
+		w.setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, lw *legWriter) {
+			w.setHealth(func(context.Context) int { return http.StatusServiceUnavailable })
+			hang(ctx, b, ab, lw)
+		})
+		a = generate(t.Context(), tr.r, "rid2")
+		if a.err == nil || a.err.Code != "worker_unreachable" || a.after != 2*time.Second {
+			t.Fatalf("got %+v, want worker_unreachable at the next health check", a)
+		}
+		if legs, _, _ := w.received(); len(legs) != 2 {
+			t.Fatalf("%d legs, want 2 (no retry)", len(legs))
+		}
+	})
+}
+
+// TestRequestsOnInjectedClock: /debug/requests ages and the leg deadline
+// left are read from the router's clock.
+func TestRequestsOnInjectedClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fc := testingclock.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+		tr := newTestRouter(t, 1, 1, 0, func(cfg *Config) { cfg.Clock = fc })
+		defer tr.r.Close()
+		release := make(chan struct{})
+		tr.decode[0].setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+			w.line(workerapi.StreamLine{TokenIDs: []int32{10}, Logprobs: []float32{-1}})
+			select {
+			case <-release:
+				okLeg(workerapi.RoleDecode)(ctx, b, ab, w)
+			case <-ctx.Done():
+			}
+		})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		done := make(chan answer)
+		go func() { done <- generate(ctx, tr.r, "rid") }()
+		synctest.Wait()
+		fc.Step(5 * time.Second)
+		synctest.Wait()
+		list := tr.r.Requests()
+		if len(list) != 1 {
+			t.Fatalf("requests %+v", list)
+		}
+		ri := list[0]
+		if ri.RID != "rid" || ri.Stage != stageStreaming || ri.AgeSeconds != 5 || ri.InStageSecs != 5 ||
+			ri.DeadlineLeft != (LegTimeout-5*time.Second).Seconds() || ri.OutputTokens != 1 {
+			t.Fatalf("request %+v, want streaming, 5s old, %s left", ri, LegTimeout-5*time.Second)
+		}
+		close(release)
+		if a := <-done; a.err != nil || !cmp.Equal(a.tokens, []int32{10, 10, 11, 12}) {
+			t.Fatalf("got %+v", a)
+		}
+		if list := tr.r.Requests(); len(list) != 0 {
+			t.Fatalf("requests after the end: %+v", list)
+		}
+	})
+}

@@ -1,0 +1,43 @@
+package workerapi
+
+import "time"
+
+// RequestInfo describes one live request on a worker (or at the router),
+// for [PathRequests] and `pdserve inspect`. Times are in seconds.
+type RequestInfo struct {
+	RID  string `json:"rid"`
+	Room string `json:"room,omitempty"`
+	Gen  uint32 `json:"gen,omitempty"`
+	// Stage is the request's lifecycle stage on a worker ("awaiting_kv"),
+	// or at the router "legs" (no token sent yet) or "streaming".
+	Stage        string  `json:"stage"`
+	AgeSeconds   float64 `json:"age_s"`
+	InStageSecs  float64 `json:"in_stage_s"`
+	DeadlineLeft float64 `json:"deadline_left_s"`
+	// StageBudget is the stage's whole deadline span (0 when the stage is
+	// bounded only by the request's time limit).
+	StageBudget float64 `json:"stage_budget_s"`
+	// Peer is the worker's KV connection id of the request's peer;
+	// PeerAddr its address (at the router: the workers of the attempt).
+	Peer         uint64         `json:"peer,omitempty"`
+	PeerAddr     string         `json:"peer_addr,omitempty"`
+	PromptTokens int            `json:"prompt_tokens"`
+	OutputTokens int            `json:"output_tokens"`
+	Pages        int            `json:"pages"`
+	LastEvent    string         `json:"last_event"`
+	History      []HistoryEntry `json:"history,omitempty"`
+}
+
+// HistoryEntry is one lifecycle event of a request, for
+// PathRequests+"/{rid}".
+type HistoryEntry struct {
+	At   time.Time `json:"at"`
+	What string    `json:"what"`
+}
+
+// RequestList is the answer of [PathRequests]: who answers ("prefill",
+// "decode", "colocated" or "router") and its live requests, oldest first.
+type RequestList struct {
+	Role     string        `json:"role"`
+	Requests []RequestInfo `json:"requests"`
+}

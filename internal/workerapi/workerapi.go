@@ -1,0 +1,225 @@
+package workerapi
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
+)
+
+// Worker API paths.
+const (
+	PathPrefill  = "/internal/v1/prefill"
+	PathDecode   = "/internal/v1/decode"
+	PathGenerate = "/internal/v1/generate"
+	PathAbort    = "/internal/v1/abort"
+	PathInfo     = "/internal/v1/info"
+	PathHealth   = "/health"
+	// PathRequests lists live requests ([RequestList]); PathRequests+"/{rid}"
+	// describes one with its history ([RequestInfo]).
+	PathRequests = "/debug/requests"
+)
+
+// Size limits of the contract, in bytes: what either side reads from the
+// other is bounded by these.
+const (
+	// MaxLineBytes bounds one NDJSON line of a stream, a prefill answer and
+	// an error answer.
+	MaxLineBytes = 1 << 20
+	// MaxAbortBytes bounds an abort request's body.
+	MaxAbortBytes = 64 << 10
+	// MaxRIDBytes bounds a request id.
+	MaxRIDBytes = 256
+	// MaxDetailBytes bounds an abort's Detail and each string of its Cause.
+	MaxDetailBytes = 4096
+	// MaxInfoBytes bounds an info or health answer.
+	MaxInfoBytes = 1 << 20
+)
+
+// Role is a worker's role as the fleet sees it. It crosses the wire as its
+// name ("prefill", "decode", "colocated").
+type Role uint8
+
+// Roles. The zero value is no role.
+const (
+	RoleNone Role = iota
+	RolePrefill
+	RoleDecode
+	RoleColocated
+)
+
+var roleNames = [...]string{"none", "prefill", "decode", "colocated"}
+
+// Roles lists every role, in order.
+func Roles() []Role { return []Role{RolePrefill, RoleDecode, RoleColocated} }
+
+func (r Role) String() string {
+	if int(r) < len(roleNames) {
+		return roleNames[r]
+	}
+	return fmt.Sprintf("role(%d)", uint8(r))
+}
+
+// ParseRole returns the role named s; false if s names none.
+func ParseRole(s string) (Role, bool) {
+	for _, r := range Roles() {
+		if roleNames[r] == s {
+			return r, true
+		}
+	}
+	return RoleNone, false
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (r Role) MarshalText() ([]byte, error) {
+	if r == RoleNone || int(r) >= len(roleNames) {
+		return nil, fmt.Errorf("workerapi: no role %d", uint8(r))
+	}
+	return []byte(roleNames[r]), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler; an unknown name is an
+// error.
+func (r *Role) UnmarshalText(b []byte) error {
+	p, ok := ParseRole(string(b))
+	if !ok {
+		return fmt.Errorf("workerapi: unknown role %q", b)
+	}
+	*r = p
+	return nil
+}
+
+// GenerateBody is the body of [PathPrefill], [PathDecode] and
+// [PathGenerate]: one request leg, with token ids. The sampling parameters
+// travel whole and flat ("temperature", "top_p", "top_k", "seed"); a top_p
+// that is absent or 0 means 1, applied once, when the body is decoded.
+type GenerateBody struct {
+	RID string `json:"rid"`
+	// Room (32 hex digits) and Gen identify the KV rendezvous (PD legs only).
+	Room      string  `json:"room,omitempty"`
+	Gen       uint32  `json:"gen,omitempty"`
+	InputIDs  []int32 `json:"input_ids"`
+	MaxTokens int     `json:"max_tokens"`
+	model.SamplingParams
+	StopTokenIDs []int32 `json:"stop_token_ids,omitempty"`
+	IgnoreEOS    bool    `json:"ignore_eos,omitempty"`
+	// PrefillKVAddr is the prefill worker's KV channel address (decode leg).
+	PrefillKVAddr string `json:"prefill_kv_addr,omitempty"`
+	// Buffered asks a decode or colocated leg to send its tokens in one line
+	// at the end rather than as they come (the caller reads them only then).
+	Buffered bool `json:"buffered,omitempty"`
+}
+
+// UnmarshalJSON decodes a leg body, giving an absent or zero top_p its
+// meaning, 1 (every token kept).
+func (b *GenerateBody) UnmarshalJSON(data []byte) error {
+	type plain GenerateBody // without this method
+	var p plain
+	if err := json.Unmarshal(data, &p); err != nil {
+		return err
+	}
+	if p.TopP == 0 {
+		p.TopP = 1
+	}
+	*b = GenerateBody(p)
+	return nil
+}
+
+// PrefillResult is the 200 answer of [PathPrefill], sent once the decode
+// worker acknowledged the KV.
+type PrefillResult struct {
+	RID          string  `json:"rid"`
+	PromptTokens int     `json:"prompt_tokens"`
+	FirstToken   int32   `json:"first_token"`
+	FirstLogprob float32 `json:"first_logprob"`
+}
+
+// AbortReason says why a leg is aborted through [PathAbort]. It crosses the
+// wire as its name; an absent reason is AbortClient.
+type AbortReason uint8
+
+// Abort reasons.
+const (
+	// AbortClient: the client went away or cancelled (the default).
+	AbortClient AbortReason = iota
+	// AbortStop: the front end matched a stop string: a normal finish.
+	AbortStop
+	// AbortPeer: the router saw the other leg fail; AbortBody.Cause says how.
+	AbortPeer
+)
+
+var abortNames = [...]string{"client", "stop", "peer"}
+
+func (r AbortReason) String() string {
+	if int(r) < len(abortNames) {
+		return abortNames[r]
+	}
+	return fmt.Sprintf("abort_reason(%d)", uint8(r))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (r AbortReason) MarshalText() ([]byte, error) {
+	if int(r) >= len(abortNames) {
+		return nil, fmt.Errorf("workerapi: no abort reason %d", uint8(r))
+	}
+	return []byte(abortNames[r]), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler: "" is AbortClient, a
+// name that is no reason is an error.
+func (r *AbortReason) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*r = AbortClient
+		return nil
+	}
+	for i, n := range abortNames {
+		if n == string(b) {
+			*r = AbortReason(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("reason must be client, stop or peer, got %q", b)
+}
+
+// AbortBody is the body of [PathAbort]: by RID, or by Room (and Gen, 0 =
+// any). Detail says why, for people (at most MaxDetailBytes). Cause, for
+// AbortPeer, is the failing leg's first failure as the router saw it: the
+// aborted leg ends with aborted_peer carrying it, and tells its KV peer.
+type AbortBody struct {
+	RID    string        `json:"rid,omitempty"`
+	Room   string        `json:"room,omitempty"`
+	Gen    uint32        `json:"gen,omitempty"`
+	Reason AbortReason   `json:"reason"`
+	Detail string        `json:"detail,omitempty"`
+	Cause  outcome.Cause `json:"cause,omitzero"`
+}
+
+// Check reports a field over its size limit.
+func (b *AbortBody) Check() error {
+	switch {
+	case len(b.RID) > MaxRIDBytes:
+		return fmt.Errorf("rid is limited to %d bytes", MaxRIDBytes)
+	case len(b.Detail) > MaxDetailBytes || len(b.Cause.Detail) > MaxDetailBytes ||
+		len(b.Cause.Role) > MaxDetailBytes || len(b.Cause.Stage) > MaxDetailBytes:
+		return fmt.Errorf("detail and the cause's strings are limited to %d bytes", MaxDetailBytes)
+	}
+	return nil
+}
+
+// Info is the answer of [PathInfo]: what the router checks before it pairs
+// a worker.
+type Info struct {
+	Role  Role   `json:"role"`
+	Model string `json:"model"`
+	// KVPort and KVAddr are a prefill worker's KV channel listener; the
+	// router dials the port on the worker's own host.
+	KVPort      int                `json:"kv_port,omitempty"`
+	KVAddr      string             `json:"kv_addr,omitempty"`
+	Fingerprint kvxfer.Fingerprint `json:"fingerprint"`
+	// ContextLen is the context (prompt + output tokens) the worker serves,
+	// which may be shorter than the model's when its KV pool is small.
+	ContextLen int `json:"context_len"`
+	VocabSize  int `json:"vocab_size"`
+}

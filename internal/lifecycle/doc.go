@@ -21,6 +21,24 @@
 // Decode: Prealloc → AwaitingKV → Queued → Decoding → done.
 // Colocated: Waiting → Prefilling → Decoding → done.
 //
+// # Layout
+//
+// One file per concern:
+//
+//   - events.go, effects.go: what goes in through Step and comes out of Ready.
+//   - config.go: Config and its defaults; stage.go: roles and stages.
+//   - request.go: the live request and the legal combinations of its state
+//     in each role and stage.
+//   - machine.go: the Machine, Step, stage bookkeeping and the timers (Tick).
+//   - arrive.go: admission of a new request and page budgets.
+//   - finish.go: finish, the single exit of every admitted request, with
+//     aborts, shutdown and the first cause of a failure.
+//   - peer.go: the KV channel both PD roles share: renewals, peer loss and a
+//     peer's ABORT; tombstone.go: rooms remembered after they end.
+//   - prefill.go, decode.go: each role's side of the room protocol.
+//   - scheduler.go: the batch scheduler of every role, preemption.
+//   - stats.go: gauges, counters and the /debug/requests view.
+//
 // # Concurrency
 //
 // A Machine is not safe for concurrent use: one goroutine (the worker loop)

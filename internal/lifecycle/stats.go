@@ -5,6 +5,28 @@ import (
 	"time"
 )
 
+// Counters are totals since the machine started.
+type Counters struct {
+	// FramesDropped counts room messages dropped, by reason: unknown_room,
+	// stale_gen, wrong_peer, wrong_state, duplicate, malformed.
+	FramesDropped map[string]uint64
+	// TombstoneHits counts arrivals and messages that met a tombstone.
+	TombstoneHits uint64
+	// AbortsAcked counts ABORT_ACKs received.
+	AbortsAcked uint64
+	// PendingOpensExpired counts ROOM_OPENs for which no request arrived.
+	PendingOpensExpired uint64
+	// Preemptions counts requests that lost their pages to older ones and
+	// recomputed their KV.
+	Preemptions uint64
+}
+
+// HistoryEntry is one lifecycle event of a request, for /debug/requests/{rid}.
+type HistoryEntry struct {
+	At   time.Time `json:"at"`
+	What string    `json:"what"`
+}
+
 // Stats is a point-in-time view of a machine, for gauges.
 type Stats struct {
 	Role Role

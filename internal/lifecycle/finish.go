@@ -200,9 +200,5 @@ func (m *Machine) doShutdown() {
 	for _, r := range m.sortedLive() {
 		m.finish(r, outcome.Shutdown, "worker is shutting down", "")
 	}
-	for room, p := range m.pending {
-		delete(m.pending, room)
-		m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen,
-			Cause: m.cause(outcome.Shutdown, StageNone, "prefill worker is shutting down")}})
-	}
+	m.abortPending(m.cause(outcome.Shutdown, StageNone, "prefill worker is shutting down"))
 }

@@ -24,6 +24,7 @@ type Machine struct {
 	doneInQueue int
 
 	pending    map[kvxfer.Room]*pendingOpen
+	pendingSeq uint64 // last pendingOpen.seq
 	tombs      map[tombKey]tombstone
 	tombOrder  []tombKey
 	stageCount [numStages]int
@@ -183,15 +184,8 @@ func (m *Machine) tick() {
 			m.finish(r, outcome.LeaseExpired, fmt.Sprintf("peer %d stopped renewing the room (no renewal for %s)", r.Peer, now.Sub(r.lastRenew).Round(time.Millisecond)), "")
 		}
 	}
-	for room, p := range m.pending {
-		if now.Sub(p.at) >= m.cfg.BootstrapTimeout {
-			delete(m.pending, room)
-			m.counters.PendingOpensExpired++
-			m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Cause: m.cause(outcome.TimeoutBootstrap, StageNone,
-				fmt.Sprintf("unknown_room: no prefill request arrived for room %s within %s", room, m.cfg.BootstrapTimeout))}})
-		}
-	}
-	for p, at := range m.lostPeers {
+	m.expirePending()
+	for p, at := range m.lostPeers { // only forgets: nothing is emitted
 		if now.Sub(at) > m.cfg.TombstoneTTL {
 			delete(m.lostPeers, p)
 		}

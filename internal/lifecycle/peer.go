@@ -41,7 +41,7 @@ func (m *Machine) renew() {
 			}
 		}
 	}
-	for _, p := range m.pending {
+	for _, p := range m.pendingInOrder() {
 		add(p.peer, p.open.RoomGen)
 	}
 	slices.Sort(peers)
@@ -83,7 +83,7 @@ func (m *Machine) peerLost(p kvxfer.PeerID, err error) {
 		}
 		m.finish(r, outcome.PeerLost, reason, "")
 	}
-	for room, po := range m.pending {
+	for room, po := range m.pending { // dropped without a word: the peer is gone
 		if po.peer == p {
 			delete(m.pending, room)
 		}

@@ -1,19 +1,70 @@
 package lifecycle
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/outcome"
 )
 
+// pendingOpen is a ROOM_OPEN that reached prefill before the request it
+// opens (bounded by MaxPendingOpens, dropped after BootstrapTimeout), and a
+// ROOM_READY that followed it.
 type pendingOpen struct {
-	open    kvxfer.RoomOpen
-	peer    kvxfer.PeerID
-	at      time.Time
+	open kvxfer.RoomOpen
+	peer kvxfer.PeerID
+	at   time.Time
+	// seq orders pending opens by arrival: whatever the machine emits about
+	// several of them (renewals, expiry, shutdown) goes out in this order,
+	// never in map order, so a seeded run replays bit for bit.
+	seq     uint64
 	ready   bool
 	readyNT uint32
+}
+
+// pendingInOrder returns the pending ROOM_OPENs in arrival order.
+func (m *Machine) pendingInOrder() []*pendingOpen {
+	out := slices.Collect(maps.Values(m.pending))
+	slices.SortFunc(out, func(a, b *pendingOpen) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// expirePending drops the pending ROOM_OPENs older than BootstrapTimeout and
+// tells each sender (ABORT{unknown_room}), in arrival order.
+func (m *Machine) expirePending() {
+	expired := func(p *pendingOpen) bool { return m.now.Sub(p.at) >= m.cfg.BootstrapTimeout }
+	due := false
+	for _, p := range m.pending {
+		if expired(p) {
+			due = true
+			break
+		}
+	}
+	if !due {
+		return // the common case: no sort
+	}
+	for _, p := range m.pendingInOrder() {
+		if !expired(p) {
+			continue
+		}
+		delete(m.pending, p.open.Room)
+		m.counters.PendingOpensExpired++
+		m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Cause: m.cause(outcome.TimeoutBootstrap, StageNone,
+			fmt.Sprintf("unknown_room: no prefill request arrived for room %s within %s", p.open.Room, m.cfg.BootstrapTimeout))}})
+	}
+}
+
+// abortPending drops every pending ROOM_OPEN and tells each sender why, in
+// arrival order.
+func (m *Machine) abortPending(cause outcome.Cause) {
+	for _, p := range m.pendingInOrder() {
+		delete(m.pending, p.open.Room)
+		m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Cause: cause}})
+	}
 }
 
 // dropPendingWithAbort removes a pending ROOM_OPEN and tells its sender why.
@@ -110,7 +161,8 @@ func (m *Machine) prefillRoomOpen(p kvxfer.PeerID, x kvxfer.RoomOpen) {
 			Detail: fmt.Sprintf("prefill cannot hold room %s: %d rooms already wait for their request", x.Room, len(m.pending))}}})
 		return
 	}
-	m.pending[x.Room] = &pendingOpen{open: x, peer: p, at: m.now}
+	m.pendingSeq++
+	m.pending[x.Room] = &pendingOpen{open: x, peer: p, at: m.now, seq: m.pendingSeq}
 }
 
 func (m *Machine) roomOpened(r *req, p kvxfer.PeerID, x kvxfer.RoomOpen) {

@@ -72,7 +72,7 @@ func (m *Machine) Stats(now time.Time) Stats {
 		s.OldestInStage[st] = 0
 		s.MaxInStage[st] = m.maxStage[st]
 	}
-	for _, r := range m.reqs {
+	for _, r := range m.reqs { // a maximum: the order does not matter
 		if age := now.Sub(r.stageSince); age > s.OldestInStage[r.stage] {
 			s.OldestInStage[r.stage] = age
 		}

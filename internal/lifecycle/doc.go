@@ -12,14 +12,21 @@
 //
 // Every non-terminal stage has a deadline, every stage that holds a peer's
 // room is covered by a lease that the peer renews, and every terminal
-// transition goes through one function that frees the request's pages
-// exactly once, tells the peer unless the peer caused it, leaves a tombstone
-// for failed rooms, and emits exactly one [Finalize] effect. Terminal states
-// are absorbing: nothing that arrives later changes them.
+// transition goes through one function (finish) that frees the request's
+// pages exactly once, tells the peer unless the peer caused it, leaves a
+// tombstone for failed rooms, and emits exactly one [Finalize] effect.
+// Terminal states are absorbing: nothing that arrives later changes them.
 //
 // Prefill: Bootstrap → Waiting → Prefilling → Parked → Transferring → done.
-// Decode: Prealloc → AwaitingKV → Queued → Decoding → done.
-// Colocated: Waiting → Prefilling → Decoding → done.
+// Decode: Prealloc → AwaitingKV → Queued → Decoding → done, and Decoding →
+// Preempted → Prefilling → Decoding when older requests need its pages.
+// Colocated: Waiting → Prefilling → Decoding → done, with the same
+// preemption loop.
+//
+// The machine is deterministic: the same events at the same times give the
+// same effects in the same order. Whatever it emits about several requests
+// or rooms follows their arrival order, never a map's, so a seeded test
+// replays bit for bit and a transcript (testdata/*.txt) never flaps.
 //
 // # Layout
 //

@@ -21,9 +21,15 @@ func (m *Machine) shared(r *req) bool {
 	return false
 }
 
-// finish ends r: the one way out of every stage. It frees r's pages (after
-// the running forward if r is in it), tells the peer unless the peer caused
-// the end, leaves a tombstone for a failed room, and emits one Finalize.
+// finish ends r: the one way out of every stage, for every outcome (done,
+// deadline, lease, abort, peer loss, bad KV, failed forward, shutdown,
+// superseded by a retry). It frees r's pages (after the running forward and
+// r's page I/O if they still use them), tells the peer unless the peer
+// caused the end or is gone, leaves a tombstone for a failed room, and
+// emits one Finalize. It is the only code that moves a request to
+// StageDone, removes it from reqs and rooms, or emits Finalize for an
+// admitted request (rejectEarly answers the ones never admitted), and it
+// does nothing for a request already done, so no end is counted twice.
 func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string) {
 	if r.stage == StageDone {
 		return

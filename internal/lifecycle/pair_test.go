@@ -181,6 +181,9 @@ func checkMachine(t testing.TB, m *Machine, alloc *kvcache.Allocator) {
 			t.Fatalf("%s: stage %s gauge %d, true %d", m.cfg.Role, s, m.stageCount[s], counts[s])
 		}
 	}
+	if err := checkLegal(m); err != nil {
+		t.Fatal(err)
+	}
 }
 
 type ioJob struct {

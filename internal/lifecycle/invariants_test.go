@@ -10,11 +10,15 @@ import (
 
 // checkLegal verifies that every live request is in one of the legal
 // combinations of state the req doc comment lists for its role and stage,
-// and that the machine's indexes agree with its requests. The harnesses
-// call it after every step.
+// that the machine's indexes agree with its requests, and its accounting:
+// pages used equal pages held by live requests and by ended ones whose
+// pages wait for the forward or page I/O, used + free == total, and each
+// stage count equals the true count. The harnesses call it after every
+// step.
 func checkLegal(m *Machine) error {
 	var errs []error
-	live, pins, batched := 0, 0, 0
+	live, pins, batched, held := 0, 0, 0, 0
+	var stages [numStages]int
 	// The queue holds every live request (and ended ones until compacted);
 	// walking it rather than the maps keeps this cheap enough to run after
 	// every step of the randomized test.
@@ -23,6 +27,8 @@ func checkLegal(m *Machine) error {
 			continue
 		}
 		live++
+		held += len(r.pages)
+		stages[r.stage]++
 		if err := m.legal(r); err != nil {
 			errs = append(errs, fmt.Errorf("%s %s in %s: %w", m.cfg.Role, r.RID, r.stage, err))
 		}
@@ -47,10 +53,17 @@ func checkLegal(m *Machine) error {
 		if r.stage != StageDone || (!r.inBatch && r.pins == 0) {
 			errs = append(errs, fmt.Errorf("%s %s draining in %s with inBatch=%v pins=%d", m.cfg.Role, r.RID, r.stage, r.inBatch, r.pins))
 		}
+		held += len(r.pages)
 		pins += r.pins
 		if r.inBatch {
 			batched++
 		}
+	}
+	if used := m.alloc.Used(); used != held || used+m.alloc.FreeCount() != m.alloc.Total() {
+		errs = append(errs, fmt.Errorf("%s: pages used %d, held %d, free %d, total %d", m.cfg.Role, used, held, m.alloc.FreeCount(), m.alloc.Total()))
+	}
+	if stages != m.stageCount {
+		errs = append(errs, fmt.Errorf("%s: stage gauges %v, true counts %v", m.cfg.Role, m.stageCount, stages))
 	}
 	// pins counts a request's jobs in flight and inBatch its place in the
 	// running forward: live and draining requests account for all of them.

@@ -46,6 +46,20 @@
 //   - scheduler.go: the batch scheduler of every role, preemption.
 //   - stats.go: gauges, counters and the /debug/requests view.
 //
+// # Testing
+//
+// The tests drive machines step by step and check, after every step, the
+// legal state of every request (checkLegal) and the page accounting:
+//
+//   - stages_test.go: every way to end (abort, deadline, lease, peer loss,
+//     peer ABORT, cause) in every stage of every role.
+//   - testdata/*.txt: transcripts of scenarios, events in and effects out,
+//     run by TestTranscripts (its doc lists the commands) and regenerated
+//     with -rewrite.
+//   - pair_test.go: a prefill and a decode machine over many seeded
+//     interleavings with faults; a failing seed prints its transcript,
+//     which replays from testdata/.
+//
 // # Concurrency
 //
 // A Machine is not safe for concurrent use: one goroutine (the worker loop)

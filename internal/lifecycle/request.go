@@ -39,7 +39,8 @@ type Request struct {
 // know this room? is it leased?) and would otherwise branch on the role
 // only to reach the field; a group that does not belong to the machine's
 // role stays zero, which the table below states and checkLegal (in
-// invariants_test.go) verifies after every step of every test.
+// invariants_test.go) verifies after every step of the stage, transcript
+// and randomized tests.
 //
 // Legal combinations in each role and stage. "=" is an exact value, "✓"
 // set, "–" clear, "*" either; T is the prompt's tokens and P its pages, K

@@ -233,7 +233,7 @@ func (w *world) arrive(n *node, q Request) {
 // abort steps the abort API of n.
 func (w *world) abort(n *node, a AbortRequest) {
 	if w.rec != nil {
-		if a.Room != (kvxfer.Room{}) || a.Gen != 0 || a.Detail != "" || a.Cause.Known() {
+		if !a.Room.IsZero() || a.Gen != 0 || a.Detail != "" || a.Cause.Known() {
 			w.fatalf("the recorder writes aborts by rid and reason only")
 		}
 		w.rec.begin(w, "abort %s rid=%s reason=%s", n.name, a.RID, abortReasons[a.Reason])

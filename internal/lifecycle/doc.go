@@ -12,14 +12,53 @@
 //
 // Every non-terminal stage has a deadline, every stage that holds a peer's
 // room is covered by a lease that the peer renews, and every terminal
-// transition goes through one function that frees the request's pages
-// exactly once, tells the peer unless the peer caused it, leaves a tombstone
-// for failed rooms, and emits exactly one [Finalize] effect. Terminal states
-// are absorbing: nothing that arrives later changes them.
+// transition goes through one function (finish) that frees the request's
+// pages exactly once, tells the peer unless the peer caused it, leaves a
+// tombstone for failed rooms, and emits exactly one [Finalize] effect.
+// Terminal states are absorbing: nothing that arrives later changes them.
 //
 // Prefill: Bootstrap → Waiting → Prefilling → Parked → Transferring → done.
-// Decode: Prealloc → AwaitingKV → Queued → Decoding → done.
-// Colocated: Waiting → Prefilling → Decoding → done.
+// Decode: Prealloc → AwaitingKV → Queued → Decoding → done, and Decoding →
+// Preempted → Prefilling → Decoding when older requests need its pages.
+// Colocated: Waiting → Prefilling → Decoding → done, with the same
+// preemption loop.
+//
+// The machine is deterministic: the same events at the same times give the
+// same effects in the same order. Whatever it emits about several requests
+// or rooms follows their arrival order, never a map's, so a seeded test
+// replays bit for bit and a transcript (testdata/*.txt) never flaps.
+//
+// # Layout
+//
+// One file per concern:
+//
+//   - events.go, effects.go: what goes in through Step and comes out of Ready.
+//   - config.go: Config and its defaults; stage.go: roles and stages.
+//   - request.go: the live request and the legal combinations of its state
+//     in each role and stage.
+//   - machine.go: the Machine, Step, stage bookkeeping and the timers (Tick).
+//   - arrive.go: admission of a new request and page budgets.
+//   - finish.go: finish, the single exit of every admitted request, with
+//     aborts, shutdown and the first cause of a failure.
+//   - peer.go: the KV channel both PD roles share: renewals, peer loss and a
+//     peer's ABORT; tombstone.go: rooms remembered after they end.
+//   - prefill.go, decode.go: each role's side of the room protocol.
+//   - scheduler.go: the batch scheduler of every role, preemption.
+//   - stats.go: gauges, counters and the /debug/requests view.
+//
+// # Testing
+//
+// The tests drive machines step by step and check, after every step, the
+// legal state of every request (checkLegal) and the page accounting:
+//
+//   - stages_test.go: every way to end (abort, deadline, lease, peer loss,
+//     peer ABORT, cause) in every stage of every role.
+//   - testdata/*.txt: transcripts of scenarios, events in and effects out,
+//     run by TestTranscripts (its doc lists the commands) and regenerated
+//     with -rewrite.
+//   - pair_test.go: a prefill and a decode machine over many seeded
+//     interleavings with faults; a failing seed prints its transcript,
+//     which replays from testdata/.
 //
 // # Concurrency
 //

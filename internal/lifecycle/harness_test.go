@@ -130,6 +130,9 @@ func (h *harness) check() {
 			h.t.Fatalf("stage %s count %d, true count %d", s, m.stageCount[s], counts[s])
 		}
 	}
+	if err := checkLegal(m); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 func (h *harness) advance(d time.Duration) []Effect {

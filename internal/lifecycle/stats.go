@@ -5,6 +5,28 @@ import (
 	"time"
 )
 
+// Counters are totals since the machine started.
+type Counters struct {
+	// FramesDropped counts room messages dropped, by reason: unknown_room,
+	// stale_gen, wrong_peer, wrong_state, duplicate, malformed.
+	FramesDropped map[string]uint64
+	// TombstoneHits counts arrivals and messages that met a tombstone.
+	TombstoneHits uint64
+	// AbortsAcked counts ABORT_ACKs received.
+	AbortsAcked uint64
+	// PendingOpensExpired counts ROOM_OPENs for which no request arrived.
+	PendingOpensExpired uint64
+	// Preemptions counts requests that lost their pages to older ones and
+	// recomputed their KV.
+	Preemptions uint64
+}
+
+// HistoryEntry is one lifecycle event of a request, for /debug/requests/{rid}.
+type HistoryEntry struct {
+	At   time.Time `json:"at"`
+	What string    `json:"what"`
+}
+
 // Stats is a point-in-time view of a machine, for gauges.
 type Stats struct {
 	Role Role
@@ -50,7 +72,7 @@ func (m *Machine) Stats(now time.Time) Stats {
 		s.OldestInStage[st] = 0
 		s.MaxInStage[st] = m.maxStage[st]
 	}
-	for _, r := range m.reqs {
+	for _, r := range m.reqs { // a maximum: the order does not matter
 		if age := now.Sub(r.stageSince); age > s.OldestInStage[r.stage] {
 			s.OldestInStage[r.stage] = age
 		}

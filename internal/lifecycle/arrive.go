@@ -1,0 +1,164 @@
+package lifecycle
+
+import (
+	"fmt"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/outcome"
+)
+
+// validate checks a request against the config; it returns the outcome and
+// message of the first problem, or outcome.None.
+func (m *Machine) validate(q Request) (outcome.Outcome, string) {
+	n := len(q.InputIDs)
+	switch {
+	case q.RID == "":
+		return outcome.RejectedInvalid, "request id is empty"
+	case n == 0:
+		return outcome.RejectedInvalid, "prompt is empty"
+	case q.MaxTokens < 1:
+		return outcome.RejectedInvalid, fmt.Sprintf("max_tokens must be at least 1, got %d", q.MaxTokens)
+	case n >= m.cfg.ContextLen:
+		return outcome.RejectedInvalid, fmt.Sprintf("prompt has %d tokens; this worker's context length is %d", n, m.cfg.ContextLen)
+	case q.MaxTokens > m.cfg.ContextLen-n:
+		return outcome.RejectedInvalid, fmt.Sprintf("prompt (%d tokens) + max_tokens (%d) exceeds the context length %d", n, q.MaxTokens, m.cfg.ContextLen)
+	case m.cfg.Role != RoleColocated && q.Room.IsZero():
+		return outcome.RejectedInvalid, "room is missing"
+	}
+	for i, id := range q.InputIDs {
+		if id < 0 || int(id) >= m.cfg.VocabSize {
+			return outcome.RejectedInvalid, fmt.Sprintf("input token %d at position %d is outside the vocabulary [0, %d)", id, i, m.cfg.VocabSize)
+		}
+	}
+	if err := q.Sampling.Validate(); err != nil {
+		return outcome.RejectedInvalid, err.Error()
+	}
+	if need := m.maxPages(q); need > m.alloc.Total() {
+		return outcome.RejectedCapacity, fmt.Sprintf("request needs %d KV pages; this worker's pool has %d", need, m.alloc.Total())
+	}
+	return outcome.None, ""
+}
+
+// maxPages is the most pages a request can hold on this worker: its prompt
+// on prefill; prompt + output on decode and colocated.
+func (m *Machine) maxPages(q Request) int {
+	n := len(q.InputIDs)
+	if m.cfg.Role != RolePrefill {
+		n += q.MaxTokens
+	}
+	return m.pagesFor(n)
+}
+
+// pagesFor is the number of pages that hold n tokens.
+func (m *Machine) pagesFor(n int) int { return (n + m.cfg.PageSize - 1) / m.cfg.PageSize }
+
+// admitPages is what a request needs to start: its prompt on prefill; on
+// decode and colocated also the position of its first output token. Later
+// pages are allocated as decoding reaches them (see grow).
+func (m *Machine) admitPages(q Request) int {
+	if m.cfg.Role == RolePrefill {
+		return m.pagesFor(len(q.InputIDs))
+	}
+	return m.pagesFor(len(q.InputIDs) + 1)
+}
+
+// reserve is how many pages admission leaves free for running requests to
+// grow into: 1% of the pool, at least one (vLLM's watermark).
+func (m *Machine) reserve() int { return max(1, m.alloc.Total()/100) }
+
+// admitAlloc allocates a new request's first pages, keeping the reserve
+// free unless nothing else runs.
+func (m *Machine) admitAlloc(r *req, n int) bool {
+	busy := m.stageCount[StageDecoding] + m.stageCount[StageQueued] + m.stageCount[StagePrefilling] + m.stageCount[StageAwaitingKV]
+	if busy > 0 && m.alloc.FreeCount()-n < m.reserve() {
+		return false
+	}
+	ids, ok := m.alloc.Alloc(n)
+	if !ok {
+		return false
+	}
+	r.pages = ids
+	m.admitSeq++
+	r.admitted = m.admitSeq
+	return true
+}
+
+func (m *Machine) promptPages(r *req) int {
+	return (len(r.InputIDs) + m.cfg.PageSize - 1) / m.cfg.PageSize
+}
+
+func (m *Machine) arrive(q Request) {
+	if m.shutdown {
+		m.rejectEarly(q, outcome.Shutdown, "worker is shutting down")
+		return
+	}
+	if _, dup := m.reqs[q.RID]; dup {
+		m.rejectEarly(q, outcome.RejectedInvalid, "request id %q is already in use", q.RID)
+		return
+	}
+	if t, ok := m.tombFor(q.RID, q.Room, q.Gen); ok {
+		m.counters.TombstoneHits++
+		m.rejectEarlyCause(q, t.outcome, "request was aborted before it arrived: "+t.cause.Detail, t.cause)
+		m.dropPendingWithAbort(q.Room, q.Gen, t.cause)
+		return
+	}
+	if o, msg := m.validate(q); o != outcome.None {
+		cause := m.cause(o, StageNone, msg)
+		m.rejectEarlyCause(q, o, msg, cause)
+		if m.cfg.Role == RolePrefill {
+			m.dropPendingWithAbort(q.Room, q.Gen, cause)
+		}
+		if m.cfg.Role != RoleColocated {
+			m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.AbortedPeer, cause)
+		}
+		return
+	}
+	if old, ok := m.rooms[q.Room]; ok && m.cfg.Role != RoleColocated {
+		if q.Gen <= old.Gen {
+			m.rejectEarly(q, outcome.RejectedInvalid, "room %s is in use by request %q (gen %d)", q.Room, old.RID, old.Gen)
+			return
+		}
+		m.finish(old, outcome.AbortedPeer, fmt.Sprintf("superseded by retry gen %d", q.Gen), "")
+	}
+	if _, lost := m.lostPeers[q.Peer]; lost && m.cfg.Role == RoleDecode {
+		m.rejectEarly(q, outcome.PeerLost, "KV connection to %s was lost before the request arrived", q.PeerAddr)
+		m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.PeerLost,
+			m.cause(outcome.PeerLost, StageNone, "decode lost its KV connection"))
+		return
+	}
+	r := &req{Request: q, arrived: m.now, stageSince: m.now}
+	limit := m.cfg.MaxRequestTime
+	if q.Timeout > 0 && q.Timeout < limit {
+		limit = q.Timeout
+	}
+	r.hardDeadline = m.now.Add(limit)
+	m.reqs[q.RID] = r
+	if m.cfg.Role != RoleColocated {
+		m.rooms[q.Room] = r
+	}
+	m.record(r, "arrive: %d prompt tokens, max_tokens %d", len(q.InputIDs), q.MaxTokens)
+	switch m.cfg.Role {
+	case RolePrefill:
+		m.setStage(r, StageBootstrap, m.cfg.BootstrapTimeout, outcome.TimeoutBootstrap)
+		m.queue = append(m.queue, r)
+		if p, ok := m.pending[q.Room]; ok && p.open.Gen == q.Gen {
+			delete(m.pending, q.Room)
+			m.roomOpened(r, p.peer, p.open)
+			if r.stage != StageDone && p.ready {
+				m.roomReady(r, p.readyNT)
+			}
+		}
+	case RoleDecode:
+		m.setStage(r, StagePrealloc, m.cfg.QueueTimeout, outcome.TimeoutQueue)
+		r.peerUp = m.peersUp[q.Peer]
+		r.lastRenew = m.now
+		r.opened = true
+		m.emit(Send{Peer: q.Peer, Msg: kvxfer.RoomOpen{RoomGen: r.roomGen(), RID: q.RID,
+			NTokens: uint32(len(q.InputIDs)), PromptHash: PromptHash(q.InputIDs)}})
+		m.record(r, "ROOM_OPEN sent to peer %d (%s)", q.Peer, q.PeerAddr)
+		m.queue = append(m.queue, r)
+	case RoleColocated:
+		m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
+		m.queue = append(m.queue, r)
+	}
+}

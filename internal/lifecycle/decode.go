@@ -1,0 +1,120 @@
+package lifecycle
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
+)
+
+// admit gives pages to decode requests waiting in Prealloc, in arrival order.
+func (m *Machine) admit() {
+	if m.cfg.Role != RoleDecode {
+		return
+	}
+	for _, r := range m.queue {
+		if r.stage != StagePrealloc {
+			continue
+		}
+		if !m.admitAlloc(r, m.admitPages(r.Request)) {
+			return
+		}
+		ids := r.pages
+		r.recv = make([]bool, m.promptPages(r))
+		m.emit(Send{Peer: r.Peer, Msg: kvxfer.RoomReady{RoomGen: r.roomGen(), NTokens: uint32(len(r.InputIDs))}})
+		m.setStage(r, StageAwaitingKV, 0, outcome.None)
+		m.record(r, "%d pages allocated, ROOM_READY sent", len(ids))
+	}
+}
+
+func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
+	switch x := msg.(type) {
+	case kvxfer.KVChunk:
+		r := m.liveFor(p, x.RoomGen)
+		if r == nil {
+			return
+		}
+		if r.stage != StageAwaitingKV || r.verifying {
+			m.drop("wrong_state")
+			return
+		}
+		np := m.promptPages(r)
+		first, n := int(x.FirstPage), int(x.NPages)
+		if n == 0 || first+n > np || len(x.Data) != n*m.cfg.PageBytes {
+			m.drop("malformed")
+			m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
+				"malformed KV chunk %d: pages %d+%d of %d, %d bytes (want %d per page)",
+				x.Seq, first, n, np, len(x.Data), m.cfg.PageBytes), "")
+			return
+		}
+		m.emit(WriteKV{Job: m.pin(r), Peer: p, Pages: r.pages[first : first+n], Data: x.Data})
+		for i := first; i < first+n; i++ {
+			if !r.recv[i] {
+				r.recv[i] = true
+				r.recvCount++
+			}
+		}
+		if !r.xferStarted {
+			r.xferStarted = true
+			r.deadline, r.cause = m.now.Add(m.cfg.TransferTimeout), outcome.TimeoutTransfer
+			m.record(r, "first KV chunk")
+		}
+	case kvxfer.KVDone:
+		r := m.liveFor(p, x.RoomGen)
+		if r == nil {
+			return
+		}
+		if r.stage != StageAwaitingKV || r.verifying {
+			m.drop("wrong_state")
+			return
+		}
+		np := m.promptPages(r)
+		if int(x.NPages) != np || int(x.NTokens) != len(r.InputIDs) || r.recvCount != np {
+			m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
+				"incomplete KV: received %d of %d pages; KV_DONE says %d pages for %d tokens (prompt has %d)",
+				r.recvCount, np, x.NPages, x.NTokens, len(r.InputIDs)), "")
+			return
+		}
+		r.verifying, r.done = true, x
+		m.emit(VerifyKV{Job: m.pin(r), Peer: p, RID: r.RID, Gen: r.Gen, Pages: r.pages[:np]})
+	default:
+		m.drop("wrong_role")
+	}
+}
+
+func (m *Machine) kvVerified(e KVVerified) {
+	r, ok := m.reqs[e.RID]
+	if !ok || r.Gen != e.Gen || !r.verifying {
+		return
+	}
+	r.verifying = false
+	if e.Checksum != r.done.Checksum {
+		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("KV checksum mismatch: pages hold crc32c %08x, prefill sent %08x",
+			e.Checksum, r.done.Checksum), "")
+		return
+	}
+	if t := r.done.FirstToken; t < 0 || int(t) >= m.cfg.VocabSize {
+		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("first token %d from prefill is outside the vocabulary", t), "")
+		return
+	}
+	m.emit(Send{Peer: r.Peer, Msg: kvxfer.KVAck{RoomGen: r.roomGen()}})
+	r.ackSent = true
+	m.record(r, "KV verified, KV_ACK sent")
+	m.setStage(r, StageQueued, m.cfg.QueueTimeout, outcome.TimeoutQueue)
+	m.appendOutput(r, model.SeqOutput{Token: r.done.FirstToken, Logprob: r.done.FirstLogprob})
+}
+
+// appendOutput adds a generated token, emits it, and ends the request if it
+// hit a stop token, max_tokens or the context length.
+func (m *Machine) appendOutput(r *req, t model.SeqOutput) {
+	r.outputs = append(r.outputs, t.Token)
+	m.emit(Emit{RID: r.RID, Tokens: []model.SeqOutput{t}})
+	switch {
+	case (!r.IgnoreEOS && slices.Contains(m.cfg.EOS, t.Token)) || slices.Contains(r.StopTokenIDs, t.Token):
+		m.finish(r, outcome.OK, "", "stop")
+	case len(r.outputs) >= r.MaxTokens || len(r.InputIDs)+len(r.outputs) >= m.cfg.ContextLen:
+		m.finish(r, outcome.OK, "", "length")
+	}
+}

@@ -1,0 +1,121 @@
+package lifecycle
+
+import (
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
+)
+
+// Effect is an output of Ready, to be executed by the shell in order.
+type Effect interface{ effect() }
+
+// BatchSeq is one sequence of a RunBatch.
+type BatchSeq struct {
+	RID   string
+	Input model.SeqInput
+}
+
+// RunBatch asks the shell to run one forward over Seqs and to step
+// BatchDone when it finishes. At most one batch runs at a time.
+type RunBatch struct {
+	Seqs []BatchSeq
+	// PrefillTokens and DecodeSeqs describe the batch for logs.
+	PrefillTokens int
+	DecodeSeqs    int
+	// Queues is the number of requests per stage when the batch started.
+	Queues map[Stage]int
+}
+
+// CancelBatch tells the shell that every sequence of the running forward
+// has ended (aborted, timed out, its peer lost), so the forward's result is
+// not needed: the shell may cancel it. BatchDone still follows (with the
+// forward's error, if cancelled), and only then are the batch's pages
+// freed. Emitted at most once per batch.
+type CancelBatch struct{}
+
+// Send asks the shell to send a room message to a peer.
+type Send struct {
+	Peer kvxfer.PeerID
+	Msg  kvxfer.Message
+}
+
+// Page I/O effects (SendKV, SendKVDone, WriteKV, VerifyKV) may run off the
+// shell's loop, in order per peer; each carries a Job id the shell answers
+// with IODone when it no longer touches the pages. Until then the pages
+// stay allocated, even if the request ends.
+
+// SendKV asks the shell to send the bytes of Pages as one KV_CHUNK: prompt
+// pages FirstPage … FirstPage+len(Pages)-1 of the room.
+type SendKV struct {
+	Job       uint64
+	Peer      kvxfer.PeerID
+	RoomGen   kvxfer.RoomGen
+	Seq       uint32
+	FirstPage uint32
+	Pages     []kvcache.PageID
+}
+
+// SendKVDone asks the shell to send KV_DONE with the CRC-32C of Pages.
+type SendKVDone struct {
+	Job   uint64
+	Peer  kvxfer.PeerID
+	Pages []kvcache.PageID
+	Done  kvxfer.KVDone // every field but Checksum filled in
+}
+
+// WriteKV asks the shell to copy Data (len(Pages) × page bytes) into Pages.
+type WriteKV struct {
+	Job   uint64
+	Peer  kvxfer.PeerID
+	Pages []kvcache.PageID
+	Data  []byte
+}
+
+// VerifyKV asks the shell to compute the CRC-32C of Pages and step KVVerified.
+type VerifyKV struct {
+	Job   uint64
+	Peer  kvxfer.PeerID
+	RID   string
+	Gen   uint32
+	Pages []kvcache.PageID
+}
+
+// Emit delivers output tokens to the request's waiter.
+type Emit struct {
+	RID    string
+	Tokens []model.SeqOutput
+}
+
+// Finalize is emitted exactly once per admitted or rejected request: it ends
+// the request's HTTP answer and is counted in metrics.
+type Finalize struct {
+	RID     string
+	RoomGen kvxfer.RoomGen
+	Outcome outcome.Outcome
+	Err     string // empty when Outcome is OK
+	// Cause is the request's first failure (zero when Outcome is OK): this
+	// side's own, or, for AbortedPeer, the other side's when it named one.
+	Cause        outcome.Cause
+	FinishReason string // "stop" or "length" when Outcome is OK
+	PromptTokens int
+	OutputTokens int
+	// FirstToken is prefill's sampled token (prefill role, Outcome OK).
+	FirstToken model.SeqOutput
+	// StageTime is how long the request spent in each stage.
+	StageTime map[Stage]time.Duration
+	// Age is the time from arrival to the end.
+	Age time.Duration
+}
+
+func (RunBatch) effect()    {}
+func (CancelBatch) effect() {}
+func (Send) effect()        {}
+func (SendKV) effect()      {}
+func (SendKVDone) effect()  {}
+func (WriteKV) effect()     {}
+func (VerifyKV) effect()    {}
+func (Emit) effect()        {}
+func (Finalize) effect()    {}

@@ -1,0 +1,210 @@
+package lifecycle
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/outcome"
+)
+
+// shared reports whether the peer still holds state for r's room, so an end
+// on this side must be told to it.
+func (m *Machine) shared(r *req) bool {
+	switch m.cfg.Role {
+	case RolePrefill:
+		return r.opened
+	case RoleDecode:
+		return r.opened && !r.ackSent
+	}
+	return false
+}
+
+// finish ends r: the one way out of every stage, for every outcome (done,
+// deadline, lease, abort, peer loss, bad KV, failed forward, shutdown,
+// superseded by a retry). It frees r's pages (after the running forward and
+// r's page I/O if they still use them), tells the peer unless the peer
+// caused the end or is gone, leaves a tombstone for a failed room, and
+// emits one Finalize. It is the only code that moves a request to
+// StageDone, removes it from reqs and rooms, or emits Finalize for an
+// admitted request (rejectEarly answers the ones never admitted), and it
+// does nothing for a request already done, so no end is counted twice.
+func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string) {
+	if r.stage == StageDone {
+		return
+	}
+	var cause outcome.Cause
+	if o != outcome.OK {
+		cause = m.rootCause(r, o, reason)
+	}
+	if o != outcome.OK && m.shared(r) && o != outcome.PeerLost && !r.peerEnded {
+		m.emit(Send{Peer: r.Peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Cause: cause}})
+	}
+	m.setStage(r, StageDone, 0, outcome.None)
+	m.stageCount[StageDone]--
+	m.doneInQueue++
+	if r.inBatch {
+		m.maybeCancelBatch()
+	}
+	if r.inBatch || r.pins > 0 {
+		m.draining[r] = struct{}{} // its pages are freed by release
+	} else {
+		m.release(r)
+	}
+	delete(m.reqs, r.RID)
+	if cur, ok := m.rooms[r.Room]; ok && cur == r {
+		delete(m.rooms, r.Room)
+	}
+	if o != outcome.OK && m.cfg.Role != RoleColocated {
+		m.addTomb(tombKey{room: r.Room}, r.Gen, o, cause)
+	}
+	m.record(r, "end %s %s", o, reason)
+	st := make(map[Stage]time.Duration)
+	for s, d := range r.stageTime {
+		if d > 0 {
+			st[Stage(s)] = d
+		}
+	}
+	f := Finalize{RID: r.RID, RoomGen: r.roomGen(), Outcome: o, PromptTokens: len(r.InputIDs),
+		OutputTokens: len(r.outputs), StageTime: st, Age: m.now.Sub(r.arrived)}
+	if o == outcome.OK {
+		f.FinishReason = finishReason
+		if m.cfg.Role == RolePrefill {
+			f.FirstToken = r.first
+			f.OutputTokens = 0
+		}
+	} else {
+		f.Err, f.Cause = reason, cause
+	}
+	m.emit(f)
+}
+
+// release frees the pages of an ended request once neither the forward nor
+// page I/O uses them.
+func (m *Machine) release(r *req) {
+	if r.stage != StageDone || r.inBatch || r.pins > 0 {
+		return
+	}
+	delete(m.draining, r)
+	if len(r.pages) > 0 {
+		m.free(r.pages)
+		r.pages = nil
+	}
+}
+
+// pin registers a page I/O effect of r and returns its job id.
+func (m *Machine) pin(r *req) uint64 {
+	m.jobSeq++
+	r.pins++
+	m.jobs[m.jobSeq] = r
+	return m.jobSeq
+}
+
+// ioDone unpins the request of a finished page I/O effect.
+func (m *Machine) ioDone(job uint64) {
+	r, ok := m.jobs[job]
+	if !ok {
+		return
+	}
+	delete(m.jobs, job)
+	r.pins--
+	m.release(r)
+}
+
+func (m *Machine) free(pages []kvcache.PageID) {
+	if err := m.alloc.Free(pages); err != nil {
+		// A double free would hand one page to two requests; the machine's
+		// bookkeeping makes it impossible, so this is a bug worth a crash.
+		panic(fmt.Sprintf("lifecycle: %v", err))
+	}
+}
+
+// rejectEarly answers a request that was never admitted.
+func (m *Machine) rejectEarly(q Request, o outcome.Outcome, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	m.rejectEarlyCause(q, o, msg, m.cause(o, StageNone, msg))
+}
+
+// rejectEarlyCause answers a request that was never admitted, with the
+// first failure that ended it before it came.
+func (m *Machine) rejectEarlyCause(q Request, o outcome.Outcome, msg string, cause outcome.Cause) {
+	m.emit(Finalize{RID: q.RID, RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen}, Outcome: o,
+		Err: msg, Cause: cause, PromptTokens: len(q.InputIDs)})
+}
+
+// cause is this side's failure o in stage s, as a Cause.
+func (m *Machine) cause(o outcome.Outcome, s Stage, detail string) outcome.Cause {
+	c := outcome.Cause{Outcome: o, Role: m.cfg.Role.String(), Detail: detail}
+	if s != StageNone && s != StageDone {
+		c.Stage = s.String()
+	}
+	return c
+}
+
+// rootCause is the first failure behind r ending with o: the peer's, if it
+// ended r and named one, otherwise this side's.
+func (m *Machine) rootCause(r *req, o outcome.Outcome, reason string) outcome.Cause {
+	if o == outcome.AbortedPeer && r.peerCause.Known() {
+		return r.peerCause
+	}
+	return m.cause(o, r.stage, reason)
+}
+
+func (m *Machine) abort(a AbortRequest) {
+	var r *req
+	if a.RID != "" {
+		r = m.reqs[a.RID]
+	}
+	if r == nil && !a.Room.IsZero() {
+		r = m.rooms[a.Room]
+	}
+	var o outcome.Outcome
+	var reason string
+	switch a.Reason {
+	case AbortStop:
+		o, reason = outcome.OK, "stop"
+	case AbortPeerLeg:
+		o, reason = outcome.AbortedPeer, "the other leg failed"
+	default:
+		o, reason = outcome.AbortedClient, "aborted by client"
+	}
+	if a.Detail != "" {
+		reason += ": " + a.Detail
+	}
+	if r == nil || (a.Gen != 0 && r.Gen != a.Gen) {
+		if a.Reason == AbortStop {
+			return
+		}
+		cause := m.cause(o, StageNone, reason)
+		if o == outcome.AbortedPeer && a.Cause.Known() {
+			cause = a.Cause
+		}
+		if a.RID != "" {
+			m.addTomb(tombKey{rid: a.RID}, a.Gen, o, cause)
+		}
+		if !a.Room.IsZero() {
+			m.addTomb(tombKey{room: a.Room}, a.Gen, o, cause)
+			if m.cfg.Role == RolePrefill {
+				m.dropPendingWithAbort(a.Room, a.Gen, cause)
+			}
+		}
+		return
+	}
+	if o == outcome.OK {
+		m.finish(r, o, "", "stop")
+		return
+	}
+	if o == outcome.AbortedPeer && a.Cause.Known() {
+		r.peerCause = a.Cause
+	}
+	m.finish(r, o, reason, "")
+}
+
+func (m *Machine) doShutdown() {
+	m.shutdown = true
+	for _, r := range m.sortedLive() {
+		m.finish(r, outcome.Shutdown, "worker is shutting down", "")
+	}
+	m.abortPending(m.cause(outcome.Shutdown, StageNone, "prefill worker is shutting down"))
+}

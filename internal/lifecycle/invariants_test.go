@@ -1,0 +1,247 @@
+package lifecycle
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/outcome"
+)
+
+// checkLegal verifies that every live request is in one of the legal
+// combinations of state the req doc comment lists for its role and stage,
+// that the machine's indexes agree with its requests, and its accounting:
+// pages used equal pages held by live requests and by ended ones whose
+// pages wait for the forward or page I/O, used + free == total, and each
+// stage count equals the true count. The harnesses call it after every
+// step.
+func checkLegal(m *Machine) error {
+	var errs []error
+	live, pins, batched, held := 0, 0, 0, 0
+	var stages [numStages]int
+	// The queue holds every live request (and ended ones until compacted);
+	// walking it rather than the maps keeps this cheap enough to run after
+	// every step of the randomized test.
+	for _, r := range m.queue {
+		if r.stage == StageDone {
+			continue
+		}
+		live++
+		held += len(r.pages)
+		stages[r.stage]++
+		if err := m.legal(r); err != nil {
+			errs = append(errs, fmt.Errorf("%s %s in %s: %w", m.cfg.Role, r.RID, r.stage, err))
+		}
+		if m.reqs[r.RID] != r {
+			errs = append(errs, fmt.Errorf("%s %s: live but not indexed by its id", m.cfg.Role, r.RID))
+		}
+		if m.cfg.Role != RoleColocated && m.rooms[r.Room] != r {
+			errs = append(errs, fmt.Errorf("%s %s: live but not indexed by its room", m.cfg.Role, r.RID))
+		}
+		pins += r.pins
+		if r.inBatch {
+			batched++
+		}
+	}
+	if live != len(m.reqs) {
+		errs = append(errs, fmt.Errorf("%s: %d live requests in the queue, %d indexed", m.cfg.Role, live, len(m.reqs)))
+	}
+	if m.cfg.Role != RoleColocated && live != len(m.rooms) {
+		errs = append(errs, fmt.Errorf("%s: %d live requests, %d rooms", m.cfg.Role, live, len(m.rooms)))
+	}
+	for r := range m.draining {
+		if r.stage != StageDone || (!r.inBatch && r.pins == 0) {
+			errs = append(errs, fmt.Errorf("%s %s draining in %s with inBatch=%v pins=%d", m.cfg.Role, r.RID, r.stage, r.inBatch, r.pins))
+		}
+		held += len(r.pages)
+		pins += r.pins
+		if r.inBatch {
+			batched++
+		}
+	}
+	if used := m.alloc.Used(); used != held || used+m.alloc.FreeCount() != m.alloc.Total() {
+		errs = append(errs, fmt.Errorf("%s: pages used %d, held %d, free %d, total %d", m.cfg.Role, used, held, m.alloc.FreeCount(), m.alloc.Total()))
+	}
+	if stages != m.stageCount {
+		errs = append(errs, fmt.Errorf("%s: stage gauges %v, true counts %v", m.cfg.Role, m.stageCount, stages))
+	}
+	// pins counts a request's jobs in flight and inBatch its place in the
+	// running forward: live and draining requests account for all of them.
+	if pins != len(m.jobs) {
+		errs = append(errs, fmt.Errorf("%s: requests hold %d pins, %d jobs in flight", m.cfg.Role, pins, len(m.jobs)))
+	}
+	for _, b := range m.batch {
+		if !b.r.inBatch {
+			errs = append(errs, fmt.Errorf("%s: %s is in the running batch without inBatch", m.cfg.Role, b.r.RID))
+		}
+	}
+	if batched != len(m.batch) {
+		errs = append(errs, fmt.Errorf("%s: %d requests marked inBatch, %d in the running batch", m.cfg.Role, batched, len(m.batch)))
+	}
+	return errors.Join(errs...)
+}
+
+// legal checks one live request against the table in the req doc comment.
+func (m *Machine) legal(r *req) error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	jobs := r.pins
+	P, T := m.promptPages(r), len(r.InputIDs)
+	K := T + max(0, len(r.outputs)-1) // len(r.prefillTokens()), without the copy
+	pages, out := len(r.pages), len(r.outputs)
+	// lastRenew is left out: a ROOM_RENEW may touch it before it matters
+	// (see leased).
+	zeroLink := !r.opened && !r.peerUp && !r.peerEnded && r.peerCause == (outcome.Cause{})
+	zeroPrefill := r.prefillSide == prefillSide{}
+	zeroDecode := r.recv == nil && r.recvCount == 0 && !r.xferStarted && !r.verifying && !r.ackSent && r.done == (kvxfer.KVDone{})
+
+	// Every stage.
+	if !(r.stage != StageNone && r.stage != StageDone) {
+		bad("a live request in stage %s", r.stage)
+	}
+	if !(r.deadline.IsZero() == (r.cause == outcome.None)) {
+		bad("deadline %v with cause %s", r.deadline, r.cause)
+	}
+	if !(!r.inBatch || r.stage == StagePrefilling || r.stage == StageDecoding) {
+		bad("in the batch while %s", r.stage)
+	}
+	if !(!r.peerEnded && !r.peerCause.Known() && r.peerCause == (outcome.Cause{})) {
+		bad("live with the peer's end recorded")
+	}
+	if !(pages <= m.maxPages(r.Request)) {
+		bad("%d pages, at most %d", pages, m.maxPages(r.Request))
+	}
+	if !(r.hardDeadline.Sub(r.arrived) > 0 && r.hardDeadline.Sub(r.arrived) <= m.cfg.MaxRequestTime) {
+		bad("hard deadline %s after arrival", r.hardDeadline.Sub(r.arrived))
+	}
+
+	switch m.cfg.Role {
+	case RolePrefill:
+		if !(zeroDecode && out == 0) {
+			bad("decode state on prefill")
+		}
+		if !(!r.peerUp) {
+			bad("peerUp on prefill")
+		}
+		switch r.stage {
+		case StageBootstrap:
+			if !(zeroLink && zeroPrefill && pages == 0 && r.computed == 0 && jobs == 0) {
+				bad("bootstrap holds state: opened=%v %+v pages=%d", r.opened, r.prefillSide, pages)
+			}
+		case StageWaiting:
+			if !(r.opened && pages == 0 && r.computed == 0 && r.sentPages == 0 && r.chunks == 0 && jobs == 0) {
+				bad("waiting: opened=%v pages=%d computed=%d sent=%d pins=%d", r.opened, pages, r.computed, r.sentPages, jobs)
+			}
+		case StagePrefilling:
+			if !(r.opened && pages == P && r.computed < T) {
+				bad("prefilling: opened=%v pages=%d/%d computed=%d/%d", r.opened, pages, P, r.computed, T)
+			}
+			if !(r.sentPages*m.cfg.PageSize <= r.computed) {
+				bad("sent %d pages of %d computed tokens", r.sentPages, r.computed)
+			}
+			if !(r.ready || (r.sentPages == 0 && jobs == 0)) {
+				bad("KV sent before ROOM_READY")
+			}
+		case StageParked:
+			if !(r.opened && !r.ready && pages == P && r.computed == T && r.sentPages == 0 && jobs == 0 && !r.inBatch) {
+				bad("parked: opened=%v ready=%v pages=%d/%d computed=%d/%d sent=%d pins=%d", r.opened, r.ready, pages, P, r.computed, T, r.sentPages, jobs)
+			}
+		case StageTransferring:
+			if !(r.opened && r.ready && pages == P && r.computed == T && r.sentPages == P && !r.inBatch) {
+				bad("transferring: opened=%v ready=%v pages=%d/%d computed=%d/%d sent=%d", r.opened, r.ready, pages, P, r.computed, T, r.sentPages)
+			}
+		default:
+			if !(false) {
+				bad("not a prefill stage")
+			}
+		}
+	case RoleDecode:
+		if !(zeroPrefill) {
+			bad("prefill state on decode")
+		}
+		if !(r.opened) {
+			bad("ROOM_OPEN not sent")
+		}
+		if !(r.xferStarted == (r.recvCount > 0)) {
+			bad("xferStarted %v with %d pages received", r.xferStarted, r.recvCount)
+		}
+		if !(r.recvCount <= len(r.recv)) {
+			bad("received %d of %d pages", r.recvCount, len(r.recv))
+		}
+		if r.stage != StagePrealloc {
+			if !(len(r.recv) == P) {
+				bad("recv covers %d pages, prompt %d", len(r.recv), P)
+			}
+		}
+		after := r.stage == StageQueued || r.stage == StageDecoding || r.stage == StagePreempted || r.stage == StagePrefilling
+		if after {
+			if !(r.ackSent && !r.verifying && r.recvCount == P && out >= 1) {
+				bad("after the hand-over: ackSent=%v verifying=%v received=%d/%d outputs=%d",
+					r.ackSent, r.verifying, r.recvCount, P, out)
+			}
+		}
+		switch r.stage {
+		case StagePrealloc:
+			if !(pages == 0 && r.recv == nil && !r.ackSent && !r.verifying && out == 0 && jobs == 0) {
+				bad("prealloc holds state")
+			}
+		case StageAwaitingKV:
+			if !(pages >= P && r.computed == 0 && !r.ackSent && out == 0 && !r.inBatch) {
+				bad("awaiting_kv: pages=%d/%d ackSent=%v outputs=%d", pages, P, r.ackSent, out)
+			}
+			if !(!r.verifying || r.recvCount == P) {
+				bad("verifying with %d of %d pages", r.recvCount, P)
+			}
+		case StageQueued:
+			if !(pages >= P && r.computed == 0 && !r.inBatch) {
+				bad("queued: pages=%d/%d computed=%d", pages, P, r.computed)
+			}
+		case StageDecoding:
+			if !(pages >= P) {
+				bad("decoding with %d of %d prompt pages", pages, P)
+			}
+		case StagePreempted:
+			if !(pages == 0 && r.computed == 0 && jobs == 0) {
+				bad("preempted: pages=%d computed=%d pins=%d", pages, r.computed, jobs)
+			}
+		case StagePrefilling:
+			if !(pages >= P && r.computed < K && jobs == 0) {
+				bad("prefilling: pages=%d computed=%d/%d pins=%d", pages, r.computed, K, jobs)
+			}
+		default:
+			if !(false) {
+				bad("not a decode stage")
+			}
+		}
+	case RoleColocated:
+		if !(zeroLink && zeroPrefill && zeroDecode) {
+			bad("KV channel state on colocated")
+		}
+		if !(jobs == 0) {
+			bad("page I/O on colocated")
+		}
+		switch r.stage {
+		case StageWaiting:
+			if !(pages == 0 && r.computed == 0 && out == 0) {
+				bad("waiting: pages=%d computed=%d outputs=%d", pages, r.computed, out)
+			}
+		case StagePrefilling:
+			if !(pages > 0 && r.computed < K) {
+				bad("prefilling: pages=%d computed=%d/%d", pages, r.computed, K)
+			}
+		case StageDecoding:
+			if !(pages > 0 && out >= 1) {
+				bad("decoding: pages=%d outputs=%d", pages, out)
+			}
+		case StagePreempted:
+			if !(pages == 0 && r.computed == 0 && out >= 1) {
+				bad("preempted: pages=%d computed=%d outputs=%d", pages, r.computed, out)
+			}
+		default:
+			if !(false) {
+				bad("not a colocated stage")
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,224 @@
+package lifecycle
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/outcome"
+)
+
+// pendingOpen is a ROOM_OPEN that reached prefill before the request it
+// opens (bounded by MaxPendingOpens, dropped after BootstrapTimeout), and a
+// ROOM_READY that followed it.
+type pendingOpen struct {
+	open kvxfer.RoomOpen
+	peer kvxfer.PeerID
+	at   time.Time
+	// seq orders pending opens by arrival: whatever the machine emits about
+	// several of them (renewals, expiry, shutdown) goes out in this order,
+	// never in map order, so a seeded run replays bit for bit.
+	seq     uint64
+	ready   bool
+	readyNT uint32
+}
+
+// pendingInOrder returns the pending ROOM_OPENs in arrival order.
+func (m *Machine) pendingInOrder() []*pendingOpen {
+	out := slices.Collect(maps.Values(m.pending))
+	slices.SortFunc(out, func(a, b *pendingOpen) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// expirePending drops the pending ROOM_OPENs older than BootstrapTimeout and
+// tells each sender (ABORT{unknown_room}), in arrival order.
+func (m *Machine) expirePending() {
+	expired := func(p *pendingOpen) bool { return m.now.Sub(p.at) >= m.cfg.BootstrapTimeout }
+	due := false
+	for _, p := range m.pending {
+		if expired(p) {
+			due = true
+			break
+		}
+	}
+	if !due {
+		return // the common case: no sort
+	}
+	for _, p := range m.pendingInOrder() {
+		if !expired(p) {
+			continue
+		}
+		delete(m.pending, p.open.Room)
+		m.counters.PendingOpensExpired++
+		m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Cause: m.cause(outcome.TimeoutBootstrap, StageNone,
+			fmt.Sprintf("unknown_room: no prefill request arrived for room %s within %s", p.open.Room, m.cfg.BootstrapTimeout))}})
+	}
+}
+
+// abortPending drops every pending ROOM_OPEN and tells each sender why, in
+// arrival order.
+func (m *Machine) abortPending(cause outcome.Cause) {
+	for _, p := range m.pendingInOrder() {
+		delete(m.pending, p.open.Room)
+		m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Cause: cause}})
+	}
+}
+
+// dropPendingWithAbort removes a pending ROOM_OPEN and tells its sender why.
+func (m *Machine) dropPendingWithAbort(room kvxfer.Room, gen uint32, cause outcome.Cause) {
+	p, ok := m.pending[room]
+	if !ok || p.open.Gen != gen {
+		return
+	}
+	delete(m.pending, room)
+	m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Cause: cause}})
+}
+
+func (m *Machine) prefillMessage(p kvxfer.PeerID, msg kvxfer.Message) {
+	switch x := msg.(type) {
+	case kvxfer.RoomOpen:
+		m.prefillRoomOpen(p, x)
+	case kvxfer.RoomReady:
+		r, ok := m.rooms[x.Room]
+		if !ok || r.Gen != x.Gen {
+			if po, ok := m.pending[x.Room]; ok && po.peer == p && po.open.Gen == x.Gen {
+				po.ready, po.readyNT = true, x.NTokens
+				return
+			}
+			m.refuse(p, x.RoomGen)
+			return
+		}
+		if r = m.liveFor(p, x.RoomGen); r == nil {
+			return
+		}
+		if !r.opened {
+			m.drop("wrong_state")
+			return
+		}
+		m.roomReady(r, x.NTokens)
+	case kvxfer.KVAck:
+		r := m.liveFor(p, x.RoomGen)
+		if r == nil {
+			return
+		}
+		if r.stage != StageTransferring {
+			m.drop("wrong_state")
+			return
+		}
+		m.record(r, "KV_ACK")
+		m.finish(r, outcome.OK, "", "length")
+	default:
+		m.drop("wrong_role")
+	}
+}
+
+// refuse answers a room message for a room this side does not hold with an
+// ABORT, so the peer fails at once instead of waiting for a deadline.
+func (m *Machine) refuse(p kvxfer.PeerID, rg kvxfer.RoomGen) {
+	cause := outcome.Cause{Detail: fmt.Sprintf("unknown_room: worker holds no room %s", rg)}
+	if t, ok := m.tombFor("", rg.Room, rg.Gen); ok {
+		m.counters.TombstoneHits++
+		cause = t.cause
+	} else if r, ok := m.rooms[rg.Room]; ok {
+		m.drop("stale_gen")
+		cause.Detail = fmt.Sprintf("stale generation %d: room %s is at gen %d", rg.Gen, rg.Room, r.Gen)
+	} else {
+		m.drop("unknown_room")
+	}
+	m.emit(Send{Peer: p, Msg: kvxfer.Abort{RoomGen: rg, Cause: cause}})
+}
+
+func (m *Machine) prefillRoomOpen(p kvxfer.PeerID, x kvxfer.RoomOpen) {
+	if r, ok := m.rooms[x.Room]; ok && r.Gen == x.Gen {
+		if r.opened {
+			m.drop("duplicate")
+			return
+		}
+		m.roomOpened(r, p, x)
+		return
+	}
+	if _, ok := m.rooms[x.Room]; ok {
+		m.refuse(p, x.RoomGen)
+		return
+	}
+	if _, ok := m.tombFor(x.RID, x.Room, x.Gen); ok {
+		m.refuse(p, x.RoomGen)
+		return
+	}
+	if po, ok := m.pending[x.Room]; ok {
+		if po.peer == p && po.open.Gen == x.Gen {
+			m.drop("duplicate")
+			return
+		}
+		m.refuse(p, x.RoomGen)
+		return
+	}
+	if m.shutdown || len(m.pending) >= m.cfg.MaxPendingOpens {
+		m.emit(Send{Peer: p, Msg: kvxfer.Abort{RoomGen: x.RoomGen, Cause: outcome.Cause{
+			Detail: fmt.Sprintf("prefill cannot hold room %s: %d rooms already wait for their request", x.Room, len(m.pending))}}})
+		return
+	}
+	m.pendingSeq++
+	m.pending[x.Room] = &pendingOpen{open: x, peer: p, at: m.now, seq: m.pendingSeq}
+}
+
+func (m *Machine) roomOpened(r *req, p kvxfer.PeerID, x kvxfer.RoomOpen) {
+	r.Peer, r.opened, r.lastRenew = p, true, m.now
+	m.record(r, "ROOM_OPEN from peer %d", p)
+	if x.RID != r.RID || int(x.NTokens) != len(r.InputIDs) || x.PromptHash != PromptHash(r.InputIDs) {
+		m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
+			"request identity mismatch for room %s: decode has rid %q with %d prompt tokens (hash %016x), prefill has rid %q with %d (hash %016x)",
+			r.Room, x.RID, x.NTokens, x.PromptHash, r.RID, len(r.InputIDs), PromptHash(r.InputIDs)), "")
+		return
+	}
+	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
+}
+
+func (m *Machine) roomReady(r *req, nt uint32) {
+	if int(nt) != len(r.InputIDs) {
+		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("ROOM_READY is for %d tokens but the prompt has %d", nt, len(r.InputIDs)), "")
+		return
+	}
+	if r.ready {
+		m.drop("duplicate")
+		return
+	}
+	r.ready = true
+	m.record(r, "ROOM_READY")
+	switch r.stage {
+	case StagePrefilling:
+		m.sendComputed(r)
+	case StageParked:
+		m.startTransfer(r)
+	}
+}
+
+// sendComputed sends the pages whose KV is complete and not yet sent: full
+// pages while prefilling (a partial page is still being written), every
+// page once the prompt is done.
+func (m *Machine) sendComputed(r *req) {
+	upto := r.computed / m.cfg.PageSize
+	if r.computed == len(r.InputIDs) {
+		upto = m.promptPages(r)
+	}
+	for r.sentPages < upto {
+		k := min(m.cfg.MaxChunkPages, upto-r.sentPages)
+		m.emit(SendKV{Job: m.pin(r), Peer: r.Peer, RoomGen: r.roomGen(), Seq: r.chunks, FirstPage: uint32(r.sentPages),
+			Pages: r.pages[r.sentPages : r.sentPages+k]})
+		r.chunks++
+		r.sentPages += k
+	}
+}
+
+func (m *Machine) startTransfer(r *req) {
+	m.sendComputed(r)
+	np := m.promptPages(r)
+	m.emit(SendKVDone{Job: m.pin(r), Peer: r.Peer, Pages: r.pages[:np], Done: kvxfer.KVDone{RoomGen: r.roomGen(),
+		NChunks: r.chunks, NPages: uint32(np), NTokens: uint32(len(r.InputIDs)),
+		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob}})
+	m.record(r, "KV sent: %d pages in %d chunks", np, r.chunks)
+	m.setStage(r, StageTransferring, m.cfg.TransferTimeout, outcome.TimeoutTransfer)
+}

@@ -1,0 +1,186 @@
+package lifecycle
+
+import (
+	"hash/fnv"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
+)
+
+// Request is what arrives on a worker's HTTP API, with token ids.
+type Request struct {
+	RID       string
+	Room      kvxfer.Room // zero for colocated requests
+	Gen       uint32
+	InputIDs  []int32
+	MaxTokens int
+	Sampling  model.SamplingParams
+	// StopTokenIDs end generation like EOS (but also with IgnoreEOS).
+	StopTokenIDs []int32
+	IgnoreEOS    bool
+	// Peer is decode's KV connection to the prefill worker; PeerAddr is its
+	// address, for display.
+	Peer     kvxfer.PeerID
+	PeerAddr string
+	// Timeout, if positive and below Config.MaxRequestTime, caps the request.
+	Timeout time.Duration
+}
+
+// req is one request the machine admitted, from Arrive until finish.
+//
+// Its state is grouped by who uses it: the fields every role uses, then
+// link (its room on the KV channel, both PD roles), prefillSide and
+// decodeSide. The groups are embedded rather than held behind per-role
+// pointers because the code that spans roles (finish, shared, leased,
+// tick, peerLost) asks the same question of both PD roles (does the peer
+// know this room? is it leased?) and would otherwise branch on the role
+// only to reach the field; a group that does not belong to the machine's
+// role stays zero, which the table below states and checkLegal (in
+// invariants_test.go) verifies after every step of the stage, transcript
+// and randomized tests.
+//
+// Legal combinations in each role and stage. "=" is an exact value, "✓"
+// set, "–" clear, "*" either; T is the prompt's tokens and P its pages, K
+// the tokens prefilling computes (len(prefillTokens()): T, and after a
+// preemption T plus the output so far but its last token); outputs is 0
+// unless a column says otherwise, and every group not named for a role is
+// zero in it.
+//
+//	prefill        pages computed opened ready sentPages  inBatch pins
+//	bootstrap      0     0        –      –     0          –       0
+//	waiting        0     0        ✓      *     0          –       0
+//	prefilling     P     <T       ✓      *     ≤computed¹ *       *²
+//	parked         P     =T       ✓      –     0          –       0
+//	transferring   P     =T       ✓      ✓     =P         –       *
+//
+//	decode         pages computed opened recv  xferStarted verifying ackSent outputs inBatch pins
+//	prealloc       0     0        ✓      nil   –           –         –       0       –       0
+//	awaiting_kv    ≥P    0        ✓      P     recvCount>0 *³        –       0       –       *
+//	queued         ≥P    0        ✓      P     ✓           –         ✓       ≥1      –       *⁴
+//	decoding       ≥P    *        ✓      P     ✓           –         ✓       ≥1      *       *⁴
+//	preempted      0     0        ✓      P     ✓           –         ✓       ≥1      –       0
+//	prefilling     >0    <K       ✓      P     ✓           –         ✓       ≥1      *       0
+//
+//	colocated      pages computed outputs inBatch pins
+//	waiting        0     0        0       –       0
+//	prefilling     >0    <K       *⁵      *       0
+//	decoding       >0    *        ≥1      *       0
+//	preempted      0     0        ≥1      –       0
+//
+//	¹ counted in full pages, and 0 unless ready: KV goes out only once
+//	  decode has pages for it.
+//	² SendKV jobs, only once ready.
+//	³ only once every prompt page arrived (recvCount = P); KV_DONE's
+//	  checksum is being verified.
+//	⁴ the WriteKV and VerifyKV jobs of the transfer may still be finishing.
+//	⁵ ≥1 after a preemption: the KV of the output so far is recomputed.
+//
+// In every stage: deadline is set exactly when cause is; inBatch only
+// while the running forward holds r; pins equals r's jobs in flight; peer
+// knowledge of the end (peerEnded, peerCause) is set only on the way into
+// finish, so a live request never carries it. An ended request (stage
+// Done) has left reqs and rooms and keeps its pages only while inBatch or
+// pins say the forward or page I/O still use them (Machine.draining).
+type req struct {
+	Request
+	stage      Stage
+	arrived    time.Time
+	stageSince time.Time
+	// deadline is the current stage's deadline and cause the outcome when it
+	// passes; hardDeadline caps the whole request.
+	deadline     time.Time
+	cause        outcome.Outcome
+	hardDeadline time.Time
+	pages        []kvcache.PageID
+	// computed is the number of tokens of prefillTokens() whose KV is in
+	// pages, while prefilling (prefill, colocated; decode after a
+	// preemption).
+	computed int
+	// outputs are the tokens generated so far (decode, colocated; prefill
+	// keeps its one sampled token in prefillSide.first).
+	outputs []int32
+	// inBatch is set while the running forward writes this request's pages;
+	// pins counts page I/O effects (SendKV, SendKVDone, WriteKV, VerifyKV)
+	// not yet answered by IODone. An ended request's pages are freed only
+	// when both are clear.
+	inBatch bool
+	pins    int
+	// admitted orders requests by when they last got pages (newest is
+	// preempted first); preemptions counts how often it lost them.
+	admitted    uint64
+	preemptions int
+
+	link
+	prefillSide
+	decodeSide
+
+	stageTime [numStages]time.Duration
+	history   []HistoryEntry
+	hpos      int
+}
+
+// link is a request's room on the KV channel: prefill and decode roles.
+type link struct {
+	opened bool // prefill: ROOM_OPEN seen; decode: ROOM_OPEN sent (at arrival)
+	peerUp bool // decode: the connection's handshake is done (the lease runs)
+	// lastRenew is when the peer last listed the room in ROOM_RENEW (or the
+	// lease started); it matters while leased(r).
+	lastRenew time.Time
+	// peerEnded: the peer ended the room (its ABORT), so it is not told
+	// back. peerCause is the other side's first failure, when the peer's
+	// ABORT or the router's abort named one: an AbortedPeer end carries it.
+	// Both are set only on the way into finish.
+	peerEnded bool
+	peerCause outcome.Cause
+}
+
+// prefillSide is what only a prefill request holds.
+type prefillSide struct {
+	ready     bool   // ROOM_READY seen: decode has pages, KV may be sent
+	sentPages int    // prompt pages sent in KV_CHUNKs
+	chunks    uint32 // KV_CHUNKs sent (the next one's Seq)
+	// first is the token sampled after the prompt, sent in KV_DONE (set
+	// when the prompt's KV is complete: parked, transferring).
+	first model.SeqOutput
+}
+
+// decodeSide is what only a decode request holds: the receive state of its
+// KV and the hand-over.
+type decodeSide struct {
+	recv        []bool // per prompt page: written by a KV_CHUNK
+	recvCount   int    // pages marked in recv
+	xferStarted bool   // the first KV_CHUNK came: the transfer deadline runs
+	verifying   bool   // KV_DONE came; VerifyKV is computing the checksum
+	done        kvxfer.KVDone
+	ackSent     bool // KV_ACK sent: prefill has let go of the room
+}
+
+// PromptHash is the FNV-1a hash of a prompt's token ids (little-endian
+// int32s), carried in ROOM_OPEN so prefill can check both legs carry the
+// same prompt.
+func PromptHash(ids []int32) uint64 {
+	h := fnv.New64a()
+	var b [4]byte
+	for _, id := range ids {
+		b[0], b[1], b[2], b[3] = byte(id), byte(id>>8), byte(id>>16), byte(id>>24)
+		h.Write(b[:])
+	}
+	return h.Sum64()
+}
+
+func (r *req) roomGen() kvxfer.RoomGen { return kvxfer.RoomGen{Room: r.Room, Gen: r.Gen} }
+
+// prefillTokens is what a prefill forward computes the KV of: the prompt,
+// and after a preemption also every output token but the last (which the
+// next decode step writes).
+func (r *req) prefillTokens() []int32 {
+	if len(r.outputs) <= 1 {
+		return r.InputIDs
+	}
+	out := make([]int32, 0, len(r.InputIDs)+len(r.outputs)-1)
+	out = append(out, r.InputIDs...)
+	return append(out, r.outputs[:len(r.outputs)-1]...)
+}

@@ -1,0 +1,269 @@
+package lifecycle
+
+import (
+	"fmt"
+
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/outcome"
+)
+
+type batchEntry struct {
+	r      *req
+	gen    uint32
+	tokens int
+}
+
+func (m *Machine) schedule() {
+	if m.batch != nil || m.shutdown {
+		return
+	}
+	if m.doneInQueue > len(m.queue)/2 {
+		m.compactQueue()
+	}
+	var entries []batchEntry
+	var seqs []BatchSeq
+	decodeSeqs, prefillTokens := 0, 0
+	add := func(r *req, in model.SeqInput) {
+		r.inBatch = true
+		entries = append(entries, batchEntry{r: r, gen: r.Gen, tokens: len(in.Tokens)})
+		seqs = append(seqs, BatchSeq{RID: r.RID, Input: in})
+	}
+	if m.cfg.Role != RolePrefill {
+		running := m.stageCount[StageDecoding]
+		for _, r := range m.queue {
+			if r.stage == StageQueued && running < m.cfg.MaxRunning {
+				m.setStage(r, StageDecoding, 0, outcome.None)
+				running++
+			}
+		}
+		for _, r := range m.queue {
+			if r.stage != StageDecoding || len(entries) >= m.cfg.MaxRunning {
+				continue
+			}
+			if !m.grow(r) {
+				continue // preempted, or no page to take this step
+			}
+			last := r.outputs[len(r.outputs)-1]
+			add(r, model.SeqInput{Pages: r.pages, Pos: len(r.InputIDs) + len(r.outputs) - 1,
+				Tokens: []int32{last}, Sample: true, Sampling: r.Sampling, Step: len(r.outputs)})
+			decodeSeqs++
+		}
+	}
+	budget := m.cfg.MaxPrefillTokens
+	chunk := func(r *req) {
+		toks := r.prefillTokens()
+		n := min(len(toks)-r.computed, budget)
+		end := r.computed + n
+		add(r, model.SeqInput{Pages: r.pages, Pos: r.computed, Tokens: toks[r.computed:end],
+			Sample: end == len(toks) && len(r.outputs) == 0, Sampling: r.Sampling, Step: 0})
+		budget -= n
+		prefillTokens += n
+	}
+	for _, r := range m.queue {
+		if budget > 0 && r.stage == StagePrefilling {
+			chunk(r)
+		}
+	}
+	// Preempted requests come back first (they were admitted before anything
+	// still waiting), then new ones, each in arrival order. On prefill, a
+	// request whose decode already has pages (ROOM_READY) goes before one
+	// whose decode has none, and may take the pages of a parked request
+	// whose decode has none: otherwise prefill and decode, each holding
+	// pages for a request the other cannot take yet, would wait on each
+	// other until a deadline broke the tie.
+	type pass struct {
+		stage Stage
+		ready bool // prefill: only requests with (true) or without ROOM_READY
+	}
+	passes := []pass{{StagePreempted, false}, {StageWaiting, false}}
+	if m.cfg.Role == RolePrefill {
+		passes = []pass{{StageWaiting, true}, {StageWaiting, false}}
+	}
+	for _, ps := range passes {
+		for _, r := range m.queue {
+			if budget <= 0 {
+				break
+			}
+			if r.stage != ps.stage || (m.cfg.Role == RolePrefill && r.ready != ps.ready) {
+				continue
+			}
+			need := m.admitPages(r.Request)
+			if ps.stage == StagePreempted {
+				need = m.pagesFor(len(r.InputIDs) + len(r.outputs))
+			}
+			ok := m.admitAlloc(r, need)
+			for !ok && m.cfg.Role == RolePrefill && r.ready {
+				v := m.newestUnreadyParked()
+				if v == nil {
+					break
+				}
+				m.unpark(v)
+				ok = m.admitAlloc(r, need)
+			}
+			if !ok {
+				break // first come, first served: later requests wait too
+			}
+			m.setStage(r, StagePrefilling, 0, outcome.None)
+			m.record(r, "%d pages allocated", len(r.pages))
+			chunk(r)
+		}
+	}
+	if len(entries) == 0 {
+		return
+	}
+	m.batch = entries
+	q := make(map[Stage]int)
+	for _, s := range m.cfg.Role.Stages() {
+		q[s] = m.stageCount[s]
+	}
+	m.emit(RunBatch{Seqs: seqs, PrefillTokens: prefillTokens, DecodeSeqs: decodeSeqs, Queues: q})
+}
+
+// grow gives a decoding request the page its next token needs, preempting
+// the newest holders of pages (never an older request for a newer one)
+// until one is free; r itself may be the one preempted. It reports whether
+// r can decode this step.
+func (m *Machine) grow(r *req) bool {
+	need := m.pagesFor(len(r.InputIDs) + len(r.outputs))
+	for len(r.pages) < need {
+		if ids, ok := m.alloc.Alloc(need - len(r.pages)); ok {
+			r.pages = append(r.pages, ids...)
+			return true
+		}
+		v := m.newestHolder()
+		if v == nil {
+			return false // every other holder is busy this step; try the next
+		}
+		m.preempt(v)
+		if v == r {
+			return false
+		}
+	}
+	return true
+}
+
+// newestHolder is the most recently admitted request whose pages may be
+// taken: decoding, queued, or (colocated) prefilling. Requests receiving KV
+// from a peer are never preempted.
+func (m *Machine) newestHolder() *req {
+	var v *req
+	for _, r := range m.queue {
+		switch r.stage {
+		case StageDecoding, StageQueued, StagePrefilling:
+			if len(r.pages) > 0 && r.pins == 0 && !r.inBatch && (v == nil || r.admitted > v.admitted) {
+				v = r
+			}
+		}
+	}
+	return v
+}
+
+// newestUnreadyParked is the most recently admitted prefill request parked
+// with its KV for a decode that has no pages for it yet.
+func (m *Machine) newestUnreadyParked() *req {
+	var v *req
+	for _, r := range m.queue {
+		if r.stage == StageParked && !r.ready && r.pins == 0 && !r.inBatch && (v == nil || r.admitted > v.admitted) {
+			v = r
+		}
+	}
+	return v
+}
+
+// unpark drops the KV of a parked prefill request (nothing of it was sent:
+// its decode never said ROOM_READY) and sends it back to wait; it will be
+// computed again.
+func (m *Machine) unpark(r *req) {
+	m.free(r.pages)
+	r.pages = nil
+	r.computed = 0
+	r.first = model.SeqOutput{}
+	r.preemptions++
+	m.counters.Preemptions++
+	m.record(r, "KV dropped (%d): its pages went to a request whose decode is ready", r.preemptions)
+	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
+}
+
+// preempt frees r's pages (no forward runs: schedule only runs between
+// batches) and sends it back to wait for pages; it will recompute its KV.
+func (m *Machine) preempt(r *req) {
+	if r.inBatch || r.pins > 0 {
+		panic("lifecycle: preempting a request whose pages are in use")
+	}
+	m.free(r.pages)
+	r.pages = nil
+	r.computed = 0
+	r.preemptions++
+	m.counters.Preemptions++
+	m.record(r, "preempted (%d): its pages went to older requests", r.preemptions)
+	m.setStage(r, StagePreempted, m.cfg.QueueTimeout, outcome.TimeoutQueue)
+}
+
+func (m *Machine) batchDone(e BatchDone) {
+	entries := m.batch
+	m.batch, m.batchCancelled = nil, false
+	for _, b := range entries {
+		b.r.inBatch = false
+		m.release(b.r)
+	}
+	if entries == nil {
+		return
+	}
+	for i, b := range entries {
+		r := b.r
+		if r.stage == StageDone || r.Gen != b.gen {
+			continue
+		}
+		if e.Err != nil || len(e.Out) != len(entries) {
+			err := e.Err
+			if err == nil {
+				err = fmt.Errorf("forward returned %d results for %d sequences", len(e.Out), len(entries))
+			}
+			m.finish(r, outcome.FailedInternal, fmt.Sprintf("forward failed: %v", err), "")
+			continue
+		}
+		out := e.Out[i]
+		switch r.stage {
+		case StagePrefilling:
+			r.computed += b.tokens
+			done := r.computed == len(r.prefillTokens())
+			if m.cfg.Role != RolePrefill {
+				if done {
+					m.setStage(r, StageDecoding, 0, outcome.None)
+					if len(r.outputs) == 0 {
+						m.appendOutput(r, out)
+					}
+				}
+				continue
+			}
+			if r.ready {
+				m.sendComputed(r)
+			}
+			if done {
+				r.first = out
+				if r.ready {
+					m.startTransfer(r)
+				} else {
+					m.setStage(r, StageParked, m.cfg.KVHoldTimeout, outcome.TimeoutKVHold)
+				}
+			}
+		case StageDecoding:
+			m.appendOutput(r, out)
+		}
+	}
+}
+
+// maybeCancelBatch emits CancelBatch once every sequence of the running
+// forward has ended.
+func (m *Machine) maybeCancelBatch() {
+	if m.batch == nil || m.batchCancelled {
+		return
+	}
+	for _, b := range m.batch {
+		if b.r.stage != StageDone && b.r.Gen == b.gen {
+			return
+		}
+	}
+	m.batchCancelled = true
+	m.emit(CancelBatch{})
+}

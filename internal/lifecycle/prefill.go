@@ -169,7 +169,7 @@ func (m *Machine) roomOpened(r *req, p kvxfer.PeerID, x kvxfer.RoomOpen) {
 	r.Peer, r.opened, r.lastRenew = p, true, m.now
 	m.record(r, "ROOM_OPEN from peer %d", p)
 	if x.RID != r.RID || int(x.NTokens) != len(r.InputIDs) || x.PromptHash != PromptHash(r.InputIDs) {
-		m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
+		m.finish(r, outcome.FailedIdentity, fmt.Sprintf(
 			"request identity mismatch for room %s: decode has rid %q with %d prompt tokens (hash %016x), prefill has rid %q with %d (hash %016x)",
 			r.Room, x.RID, x.NTokens, x.PromptHash, r.RID, len(r.InputIDs), PromptHash(r.InputIDs)), "")
 		return

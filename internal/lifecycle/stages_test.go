@@ -466,7 +466,7 @@ func TestIdentityMismatch(t *testing.T) {
 	open.RID = "rewritten"
 	effs := h.step(PeerMessage{Peer: 7, Msg: open})
 	f, _ := h.finalOf(q.RID)
-	if f.Outcome != outcome.FailedTransfer || !contains(f.Err, "identity mismatch") {
+	if f.Outcome != outcome.FailedIdentity || !contains(f.Err, "identity mismatch") {
 		t.Fatalf("got %+v", f)
 	}
 	if len(sends[kvxfer.Abort](effs)) != 1 {

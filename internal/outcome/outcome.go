@@ -35,11 +35,14 @@ const (
 	TimeoutRequest           // the whole request exceeded --max-request-time
 	LeaseExpired             // the peer stopped renewing the room
 	PeerLost                 // the KV connection died
-	FailedTransfer           // checksum mismatch or incomplete KV
+	FailedTransfer           // checksum mismatch, incomplete KV, KV bound to another request
 	RejectedInvalid          // bad request (empty, too long, duplicate id)
 	RejectedCapacity         // can never fit in this worker's pool
 	FailedInternal           // the model failed
 	Shutdown                 // the worker shut down
+	Draining                 // the worker is draining: it takes no new request (503, retried elsewhere)
+	FailedIdentity           // the two legs disagree on which request a room is (rid, prompt): never retried
+	PeerRefused              // the KV handshake was refused (fingerprint, protocol version, auth)
 
 	// Outcomes of the router's own view of a leg.
 
@@ -57,7 +60,7 @@ const numWorker = WorkerUnreachable
 var names = [count]string{"none", "ok", "aborted_client", "aborted_peer",
 	"timeout_bootstrap", "timeout_queue", "timeout_kv_hold", "timeout_transfer",
 	"timeout_request", "lease_expired", "peer_lost", "failed_transfer", "rejected_invalid",
-	"rejected_capacity", "failed_internal", "shutdown",
+	"rejected_capacity", "failed_internal", "shutdown", "draining", "failed_identity", "peer_refused",
 	"worker_unreachable", "worker_stream_broken", "no_worker"}
 
 // String is the outcome's name, e.g. "timeout_transfer": the metrics label
@@ -150,31 +153,36 @@ func (o Outcome) Class() Class {
 	switch o {
 	case OK:
 		return ClassOK
-	case RejectedInvalid, RejectedCapacity, NoWorker:
+	case RejectedInvalid, RejectedCapacity, NoWorker, Draining:
 		return ClassRejected
 	case TimeoutBootstrap, TimeoutQueue, TimeoutKVHold, TimeoutTransfer, TimeoutRequest, LeaseExpired:
 		return ClassTimeout
 	case AbortedClient, AbortedPeer, Shutdown:
 		return ClassAborted
-	case PeerLost, FailedTransfer, FailedInternal, WorkerUnreachable, WorkerStreamBroken:
+	case PeerLost, FailedTransfer, FailedInternal, WorkerUnreachable, WorkerStreamBroken, FailedIdentity, PeerRefused:
 		return ClassFailed
 	}
 	return ClassNone
 }
 
 // Retryable reports a failure that another (prefill, decode) pair may not
-// have: a worker that could not be reached, broke off its answer or is
-// shutting down, a lost or silent KV connection, a corrupted transfer. The
-// router retries those (before the client saw a token). Rejections and
-// timeouts are not retried: the request itself, or the fleet's load, would
-// fail it again.
+// have: a worker that could not be reached, broke off its answer, is
+// shutting down or draining, a lost, silent or refused KV connection, a
+// corrupted transfer. The router retries those (before the client saw a
+// token). Rejections, timeouts and an identity mismatch are not retried: the
+// request itself, or the fleet's load, would fail it again.
 func (o Outcome) Retryable() bool {
 	switch o {
-	case WorkerUnreachable, WorkerStreamBroken, PeerLost, LeaseExpired, FailedTransfer, Shutdown:
+	case WorkerUnreachable, WorkerStreamBroken, PeerLost, LeaseExpired, FailedTransfer, Shutdown, Draining, PeerRefused:
 		return true
 	}
 	return false
 }
+
+// Leaving reports an answer that says the worker is going away (shutting
+// down or draining): it is taken out of new pairs at once, and a retry never
+// goes back to it.
+func (o Outcome) Leaving() bool { return o == Shutdown || o == Draining }
 
 // PeerCaused reports an outcome that only echoes the other leg's failure:
 // the root cause is the other side's (see Cause).
@@ -207,11 +215,11 @@ func (o Outcome) Status() int {
 		return http.StatusBadRequest
 	case AbortedClient:
 		return StatusClientClosedRequest
-	case TimeoutQueue, Shutdown, NoWorker:
+	case TimeoutQueue, Shutdown, NoWorker, Draining:
 		return http.StatusServiceUnavailable
 	case TimeoutBootstrap, TimeoutKVHold, TimeoutTransfer, TimeoutRequest:
 		return http.StatusGatewayTimeout
-	case AbortedPeer, LeaseExpired, PeerLost, FailedTransfer, WorkerUnreachable, WorkerStreamBroken:
+	case AbortedPeer, LeaseExpired, PeerLost, FailedTransfer, WorkerUnreachable, WorkerStreamBroken, FailedIdentity, PeerRefused:
 		return http.StatusBadGateway
 	}
 	return http.StatusInternalServerError

@@ -31,6 +31,9 @@ func TestEveryOutcome(t *testing.T) {
 		RejectedCapacity:   {"rejected_capacity", ClassRejected, http.StatusBadRequest, false, false},
 		FailedInternal:     {"failed_internal", ClassFailed, http.StatusInternalServerError, false, false},
 		Shutdown:           {"shutdown", ClassAborted, http.StatusServiceUnavailable, true, false},
+		Draining:           {"draining", ClassRejected, http.StatusServiceUnavailable, true, false},
+		FailedIdentity:     {"failed_identity", ClassFailed, http.StatusBadGateway, false, false},
+		PeerRefused:        {"peer_refused", ClassFailed, http.StatusBadGateway, true, false},
 		WorkerUnreachable:  {"worker_unreachable", ClassFailed, http.StatusBadGateway, true, false},
 		WorkerStreamBroken: {"worker_stream_broken", ClassFailed, http.StatusBadGateway, true, true},
 		NoWorker:           {"no_worker", ClassRejected, http.StatusServiceUnavailable, false, false},
@@ -48,6 +51,9 @@ func TestEveryOutcome(t *testing.T) {
 			o.Retryable() != w.retryable || o.Suspect() != w.suspect {
 			t.Errorf("%s: name %q class %s status %d retryable %v suspect %v; want %+v",
 				o, o.String(), o.Class(), o.Status(), o.Retryable(), o.Suspect(), w)
+		}
+		if o.Leaving() != (o == Shutdown || o == Draining) {
+			t.Errorf("%s: Leaving %v", o, o.Leaving())
 		}
 		if o.PeerCaused() != (o == AbortedPeer) {
 			t.Errorf("%s: PeerCaused %v", o, o.PeerCaused())

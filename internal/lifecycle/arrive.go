@@ -92,6 +92,14 @@ func (m *Machine) arrive(q Request) {
 		m.rejectEarly(q, outcome.Shutdown, "worker is shutting down")
 		return
 	}
+	if m.leaving {
+		cause := m.cause(outcome.Draining, StageNone, "worker is draining: it finishes what it holds and takes no new request")
+		m.rejectEarlyCause(q, outcome.Draining, cause.Detail, cause)
+		if m.cfg.Role == RolePrefill {
+			m.dropPendingWithAbort(q.Room, q.Gen, cause)
+		}
+		return
+	}
 	if _, dup := m.reqs[q.RID]; dup {
 		m.rejectEarly(q, outcome.RejectedInvalid, "request id %q is already in use", q.RID)
 		return

@@ -77,6 +77,13 @@ type KVVerified struct {
 // Shutdown fails every live request and refuses new ones.
 type Shutdown struct{}
 
+// Drain refuses new requests (outcome draining) and lets the live ones
+// finish: the worker is leaving without losing what it admitted. Pending
+// ROOM_OPENs are refused (their requests would be refused too); a ROOM_OPEN
+// for a room this worker does not hold is refused from then on. Drained
+// reports when nothing is left. A Shutdown after a Drain fails the rest.
+type Drain struct{}
+
 // IODone reports that the page I/O effect with this Job id finished: the
 // shell no longer touches its pages.
 type IODone struct{ Job uint64 }
@@ -91,4 +98,5 @@ func (PeerUp) event()       {}
 func (PeerLost) event()     {}
 func (KVVerified) event()   {}
 func (Shutdown) event()     {}
+func (Drain) event()        {}
 func (IODone) event()       {}

@@ -201,6 +201,24 @@ func (m *Machine) abort(a AbortRequest) {
 	m.finish(r, o, reason, "")
 }
 
+func (m *Machine) doDrain() {
+	if m.leaving || m.shutdown {
+		return
+	}
+	m.leaving = true
+	m.abortPending(m.cause(outcome.Draining, StageNone, "prefill worker is draining"))
+}
+
+// Draining reports whether the machine refuses new requests to drain.
+func (m *Machine) Draining() bool { return m.leaving }
+
+// Drained reports whether a draining machine holds nothing any more: no
+// live request and no pending ROOM_OPEN (pages are released with their
+// requests, or when the running forward ends).
+func (m *Machine) Drained() bool {
+	return m.leaving && len(m.reqs) == 0 && len(m.pending) == 0 && m.batch == nil
+}
+
 func (m *Machine) doShutdown() {
 	m.shutdown = true
 	for _, r := range m.sortedLive() {

@@ -49,6 +49,7 @@ type Machine struct {
 	lostPeers   map[kvxfer.PeerID]time.Time
 	lastRenewal time.Time
 	shutdown    bool
+	leaving     bool // Drain: new requests are refused
 
 	effects  []Effect
 	counters Counters
@@ -120,6 +121,8 @@ func (m *Machine) Step(now time.Time, ev Event) {
 		m.ioDone(e.Job)
 	case Shutdown:
 		m.doShutdown()
+	case Drain:
+		m.doDrain()
 	default:
 		panic(fmt.Sprintf("lifecycle: unknown event %T", ev))
 	}

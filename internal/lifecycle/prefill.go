@@ -156,6 +156,11 @@ func (m *Machine) prefillRoomOpen(p kvxfer.PeerID, x kvxfer.RoomOpen) {
 		m.refuse(p, x.RoomGen)
 		return
 	}
+	if m.leaving {
+		m.emit(Send{Peer: p, Msg: kvxfer.Abort{RoomGen: x.RoomGen,
+			Cause: m.cause(outcome.Draining, StageNone, "prefill worker is draining: it takes no new room")}})
+		return
+	}
 	if m.shutdown || len(m.pending) >= m.cfg.MaxPendingOpens {
 		m.emit(Send{Peer: p, Msg: kvxfer.Abort{RoomGen: x.RoomGen, Cause: outcome.Cause{
 			Detail: fmt.Sprintf("prefill cannot hold room %s: %d rooms already wait for their request", x.Room, len(m.pending))}}})

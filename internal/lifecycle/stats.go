@@ -44,7 +44,11 @@ type Stats struct {
 	PagesTotal   int
 	PendingOpens int
 	Tombstones   int
-	Counters     Counters
+	// Draining is set once the machine refuses new requests to drain;
+	// Drained once, draining, it holds nothing.
+	Draining bool
+	Drained  bool
+	Counters Counters
 }
 
 // Stats returns the machine's counts at time now.
@@ -59,6 +63,8 @@ func (m *Machine) Stats(now time.Time) Stats {
 		PagesTotal:    m.alloc.Total(),
 		PendingOpens:  len(m.pending),
 		Tombstones:    len(m.tombs),
+		Draining:      m.leaving,
+		Drained:       m.Drained(),
 		Counters: Counters{
 			FramesDropped:       maps.Clone(m.counters.FramesDropped),
 			TombstoneHits:       m.counters.TombstoneHits,

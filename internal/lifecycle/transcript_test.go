@@ -45,6 +45,7 @@ import (
 //	deliver <node> [n=N]                     deliver the N oldest frames in flight to node (default: all)
 //	drop <node> [i=K] / dup <node> [i=K]     lose / duplicate frame K in flight to node
 //	shutdown <node>                          Shutdown
+//	drain <node>                             Drain
 //	stats <node> / requests <node>           print the gauges / the /debug/requests view
 //
 // Output: "X >> MSG" is a frame node X sent, "X << MSG" one it received,
@@ -202,6 +203,8 @@ func (w *world) run(t *testing.T, td *datadriven.TestData) string {
 		w.dup(w.node(a.first()), a.int("i", 0))
 	case "shutdown":
 		w.shutdown(w.node(a.first()))
+	case "drain":
+		w.step(w.node(a.first()), Drain{})
 	case "stats":
 		w.printStats(w.node(a.first()))
 	case "requests":
@@ -225,6 +228,9 @@ func roleNamed(t *testing.T, s string) Role {
 func (w *world) printStats(n *node) {
 	s := n.m.Stats(w.now)
 	w.say(n, "live %d, pages %d/%d, pending opens %d, tombstones %d", s.Live, s.PagesUsed, s.PagesTotal, s.PendingOpens, s.Tombstones)
+	if s.Draining {
+		w.say(n, "  draining, drained %v", s.Drained)
+	}
 	var st []string
 	for _, stage := range n.role.Stages() {
 		if c := s.Stages[stage]; c > 0 {

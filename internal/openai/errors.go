@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Error types, as the official OpenAI API spells them in the "type" field of
@@ -53,6 +55,10 @@ type Error struct {
 	// Code is a machine-readable code (e.g. CodeModelNotFound); "" is sent
 	// as null.
 	Code string
+	// RetryAfter, if positive, is sent as the Retry-After header (whole
+	// seconds, rounded up): the server is draining or overloaded and the
+	// client may try again then.
+	RetryAfter time.Duration
 }
 
 // Error returns "<status> <type>: <message>".
@@ -214,6 +220,9 @@ func WriteError(w http.ResponseWriter, err error) {
 	h.Del("Content-Length")
 	if e.Status == http.StatusMethodNotAllowed && h.Get("Allow") == "" {
 		h.Set("Allow", "GET, POST")
+	}
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
 	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(b)

@@ -88,6 +88,7 @@ func (w *Worker) Handler(gatherer prometheus.Gatherer) http.Handler {
 	mux.HandleFunc("POST "+workerapi.PathAbort, w.handleAbort)
 	mux.HandleFunc("GET "+workerapi.PathInfo, w.handleInfo)
 	mux.HandleFunc("GET "+workerapi.PathHealth, w.handleHealth)
+	mux.HandleFunc("GET "+workerapi.PathLive, w.handleLive)
 	mux.HandleFunc("GET "+workerapi.PathRequests, w.handleRequests)
 	mux.HandleFunc("GET "+workerapi.PathRequests+"/{rid}", w.handleRequest)
 	if gatherer != nil {
@@ -315,19 +316,51 @@ func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
 
 func (w *Worker) handleInfo(rw http.ResponseWriter, _ *http.Request) {
 	info := workerapi.Info{Role: apiRole(w.role), Model: w.info.Name, Fingerprint: w.Fingerprint(),
-		ContextLen: w.info.ContextLen, VocabSize: w.info.VocabSize, KVAddr: w.kvAddr}
+		ContextLen: w.info.ContextLen, VocabSize: w.info.VocabSize, KVAddr: w.kvAddr, Instance: w.instance}
 	if i := strings.LastIndexByte(w.kvAddr, ':'); i >= 0 {
 		fmt.Sscanf(w.kvAddr[i+1:], "%d", &info.KVPort)
 	}
 	writeJSON(rw, http.StatusOK, info)
 }
 
+// Health returns the worker's readiness and load, read on the loop (status
+// HealthStuck if the loop does not answer within timeout).
+func (w *Worker) Health(timeout time.Duration) workerapi.Health {
+	st, ok := w.Stats(timeout)
+	h := workerapi.Health{Status: workerapi.HealthOK, Role: apiRole(w.role), Instance: w.instance}
+	if !ok {
+		h.Status = workerapi.HealthStuck
+		return h
+	}
+	if st.Draining {
+		h.Status = workerapi.HealthDraining
+	}
+	h.Live, h.PagesUsed, h.PagesTotal = st.Live, st.PagesUsed, st.PagesTotal
+	h.Stages = make(map[string]int, len(st.Stages))
+	for s, n := range st.Stages {
+		h.Stages[s.String()] = n
+	}
+	return h
+}
+
 func (w *Worker) handleHealth(rw http.ResponseWriter, _ *http.Request) {
+	h := w.Health(2 * time.Second)
+	status := http.StatusOK
+	if h.Status != workerapi.HealthOK {
+		status = http.StatusServiceUnavailable
+		if h.Status == workerapi.HealthDraining {
+			rw.Header().Set("Retry-After", "1")
+		}
+	}
+	writeJSON(rw, status, h)
+}
+
+func (w *Worker) handleLive(rw http.ResponseWriter, _ *http.Request) {
 	if !w.query(2*time.Second, func() {}) {
-		writeJSON(rw, http.StatusServiceUnavailable, map[string]string{"status": "loop not answering"})
+		writeJSON(rw, http.StatusServiceUnavailable, map[string]string{"status": workerapi.HealthStuck})
 		return
 	}
-	writeJSON(rw, http.StatusOK, map[string]string{"status": "ok", "role": w.role.String()})
+	writeJSON(rw, http.StatusOK, map[string]string{"status": "alive"})
 }
 
 func (w *Worker) handleRequests(rw http.ResponseWriter, _ *http.Request) {

@@ -29,6 +29,8 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -105,8 +107,10 @@ type Worker struct {
 	machine *lifecycle.Machine
 	backend kvxfer.Backend
 	kvAddr  string
-	metrics *metrics.Worker
-	crc     *crc32.Table
+	// instance identifies this worker process (workerapi.Info.Instance).
+	instance string
+	metrics  *metrics.Worker
+	crc      *crc32.Table
 
 	mbox    mailbox
 	lanes   [ioLanes]*ioLane
@@ -183,10 +187,11 @@ func New(cfg Config) (*Worker, error) {
 	w := &Worker{
 		cfg: cfg, role: mc.Role, log: cfg.Logger.With("role", mc.Role.String()), clock: cfg.Clock,
 		model: cfg.Model, info: info, pool: pool, machine: m,
-		crc:     crc32.MakeTable(crc32.Castagnoli),
-		stop:    make(chan struct{}),
-		stopped: make(chan struct{}),
-		waiters: make(map[string]*waiter),
+		crc:      crc32.MakeTable(crc32.Castagnoli),
+		instance: newInstance(),
+		stop:     make(chan struct{}),
+		stopped:  make(chan struct{}),
+		waiters:  make(map[string]*waiter),
 	}
 	w.mbox.init()
 	for i := range w.lanes {
@@ -300,6 +305,45 @@ func (l *ioLane) run(stop <-chan struct{}) {
 			l.jobs = l.jobs[1:]
 			l.mu.Unlock()
 			job()
+		}
+	}
+}
+
+// newInstance mints a worker process's instance id: 64 random bits.
+func newInstance() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
+// Instance is the worker's instance id: random, minted at New, so a restart
+// at the same address is seen as a new worker.
+func (w *Worker) Instance() string { return w.instance }
+
+// drainPoll is how often Drain checks whether the machine is drained.
+const drainPoll = 20 * time.Millisecond
+
+// Drain makes the worker refuse new requests (503, outcome draining, with
+// Retry-After; /health answers 503 "draining") and waits until every
+// request it admitted has ended, KV parked for a decode included. It returns
+// nil once nothing is left, or ctx.Err() if ctx ends first: the caller then
+// shuts the worker down, failing what is left. The worker keeps serving
+// its admitted requests (and its KV channel) until Shutdown.
+func (w *Worker) Drain(ctx context.Context) error {
+	w.Start()
+	w.post(lifecycle.Drain{})
+	t := w.clock.NewTicker(drainPoll)
+	defer t.Stop()
+	for {
+		if drained, ok := queryValue(w, time.Second, w.machine.Drained); ok && drained {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.stopped:
+			return errors.New("worker stopped while draining")
+		case <-t.C():
 		}
 	}
 }

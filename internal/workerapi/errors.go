@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -54,8 +56,16 @@ func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Cod
 
 // OpenAI returns the error as the client is told it.
 func (e *Error) OpenAI() *openai.Error {
-	return &openai.Error{Status: e.Status, Type: e.Type, Message: e.Message, Param: e.Param, Code: e.Code}
+	oe := &openai.Error{Status: e.Status, Type: e.Type, Message: e.Message, Param: e.Param, Code: e.Code}
+	if e.Outcome == outcome.Draining {
+		oe.RetryAfter = DrainRetryAfter
+	}
+	return oe
 }
+
+// DrainRetryAfter is the Retry-After of a draining worker's 503: another
+// worker (or this one, restarted) takes the request by then.
+const DrainRetryAfter = time.Second
 
 // Unwrap returns the OpenAI error, for errors.As and openai.ToError.
 func (e *Error) Unwrap() error { return e.OpenAI() }
@@ -126,6 +136,9 @@ func WriteError(w http.ResponseWriter, err error) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
+	if ra := e.OpenAI().RetryAfter; ra > 0 {
+		h.Set("Retry-After", strconv.Itoa(int((ra+time.Second-1)/time.Second)))
+	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(append(b, '\n'))
 }

@@ -16,7 +16,12 @@ const (
 	PathGenerate = "/internal/v1/generate"
 	PathAbort    = "/internal/v1/abort"
 	PathInfo     = "/internal/v1/info"
-	PathHealth   = "/health"
+	// PathHealth is readiness: 200 while the worker takes new requests,
+	// 503 while it drains or its loop does not answer ([Health]).
+	PathHealth = "/health"
+	// PathLive is liveness: 200 while the loop answers, draining or not
+	// (a drain is not a hung process).
+	PathLive = "/livez"
 	// PathRequests lists live requests ([RequestList]); PathRequests+"/{rid}"
 	// describes one with its history ([RequestInfo]).
 	PathRequests = "/debug/requests"
@@ -222,4 +227,30 @@ type Info struct {
 	// which may be shorter than the model's when its KV pool is small.
 	ContextLen int `json:"context_len"`
 	VocabSize  int `json:"vocab_size"`
+	// Instance identifies the worker process (random, minted at start): a
+	// new value at the same address is a restarted worker.
+	Instance string `json:"instance"`
+}
+
+// Health statuses.
+const (
+	HealthOK       = "ok"
+	HealthDraining = "draining"
+	HealthStuck    = "loop not answering"
+)
+
+// Health is the answer of PathHealth: the worker's readiness and its load
+// at this moment (read from its lifecycle machine).
+type Health struct {
+	// Status is HealthOK (200), HealthDraining or HealthStuck (503).
+	Status   string `json:"status"`
+	Role     Role   `json:"role,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	// Live is the number of live requests; Stages counts them per stage
+	// (e.g. "parked", "decoding").
+	Live   int            `json:"live"`
+	Stages map[string]int `json:"stages,omitempty"`
+	// PagesUsed and PagesTotal are the KV pool's pages.
+	PagesUsed  int `json:"pages_used"`
+	PagesTotal int `json:"pages_total"`
 }

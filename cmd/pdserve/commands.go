@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -16,15 +17,35 @@ import (
 	"github.com/pdserve/pdserve/internal/router"
 )
 
-// shutdownTimeout bounds a graceful shutdown after SIGINT/SIGTERM.
+// shutdownTimeout bounds the shutdown after a drain (answering what is left
+// with an error and closing everything).
 const shutdownTimeout = 30 * time.Second
 
-// runUntilSignal waits until ctx ends (SIGINT/SIGTERM), then calls
-// announce (if set) and shutdown, bounded by shutdownTimeout.
-func runUntilSignal(ctx context.Context, announce func(), shutdown func(context.Context) error) error {
+// defaultDrainTimeout is --drain-timeout's default.
+const defaultDrainTimeout = 60 * time.Second
+
+// runUntilSignal waits until ctx ends (the first SIGINT/SIGTERM), calls
+// announce (if set), drains (drain may be nil) for at most drainTimeout —
+// a second signal ends the drain at once —, then shuts down, bounded by
+// shutdownTimeout. A drain cut short is logged, not an error: shutdown
+// answers what is left.
+func runUntilSignal(ctx context.Context, announce func(), log *slog.Logger, drainTimeout time.Duration,
+	drain, shutdown func(context.Context) error) error {
 	<-ctx.Done()
 	if announce != nil {
 		announce()
+	}
+	if drain != nil && drainTimeout > 0 {
+		start := time.Now()
+		dctx, cancel := context.WithTimeout(forced(ctx), drainTimeout)
+		err := drain(dctx)
+		cancel()
+		if err != nil {
+			log.Warn("drain ended before everything finished; shutting down (what is left gets an error answer)",
+				"after", time.Since(start).Round(time.Millisecond), "err", err)
+		} else {
+			log.Info("drained", "after", time.Since(start).Round(time.Millisecond))
+		}
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
@@ -48,6 +69,7 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		nPrefill int
 		nDecode  int
 		nServe   int
+		drainT   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -101,7 +123,8 @@ in-flight requests are answered with an error.`,
 				fmt.Fprintf(stdout, "  decode worker  %s\n", w.URL)
 			}
 			fmt.Fprintf(stdout, "ready: accepting requests at %s/v1\n", c.URL())
-			return runUntilSignal(cmd.Context(), func() { fmt.Fprintln(stdout, "pdserve up: shutting down") }, c.Shutdown)
+			return runUntilSignal(cmd.Context(), func() { fmt.Fprintln(stdout, "pdserve up: draining, then shutting down (Ctrl-C again: at once)") },
+				log, drainT, c.Drain, c.Shutdown)
 		},
 	}
 	fs := cmd.Flags()
@@ -113,6 +136,7 @@ in-flight requests are answered with an error.`,
 	fs.IntVar(&nPrefill, "prefill-workers", 1, "number of prefill workers")
 	fs.IntVar(&nDecode, "decode-workers", 1, "number of decode workers")
 	fs.IntVar(&nServe, "colocated-workers", 0, "run this many colocated workers behind the router instead of prefill/decode (plain mode, for comparison)")
+	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGINT/SIGTERM, how long to let requests in flight finish before shutting down (0: shut down at once)")
 	return cmd
 }
 
@@ -124,6 +148,8 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 		host   string
 		port   int
 		kvPort int
+		rf     registrationFlags
+		drainT time.Duration
 	)
 	short := map[string]string{
 		"prefill": "Run one prefill worker (computes prompt KV and streams it to decode workers)",
@@ -169,6 +195,12 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			default:
 				wo.Machine.Role = lifecycle.RoleColocated
 			}
+			if wo.Etcd, err = rf.options(); err != nil {
+				return err
+			}
+			if wo.Etcd != nil {
+				wo.Etcd.Config.Logger = log
+			}
 			s, err := cluster.StartWorker(wo)
 			if err != nil {
 				return err
@@ -181,8 +213,12 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 				fmt.Fprintf(stdout, ", OpenAI API %s/v1", s.URL)
 			}
 			fmt.Fprintln(stdout)
+			if s.Registration != nil {
+				fmt.Fprintf(stdout, "registering in etcd as %s\n", s.Registration.Key())
+			}
 			fmt.Fprintln(stdout, "ready")
-			return runUntilSignal(cmd.Context(), nil, s.Shutdown)
+			return runUntilSignal(cmd.Context(), func() { fmt.Fprintf(stdout, "pdserve %s: draining\n", role) },
+				log, drainT, s.Drain, s.Shutdown)
 		},
 	}
 	fs := cmd.Flags()
@@ -194,6 +230,8 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 	if role == "prefill" {
 		fs.IntVar(&kvPort, "kv-port", 8998, "KV channel port (decode workers connect here)")
 	}
+	rf.add(fs)
+	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to finish the requests already admitted (new ones get 503 + Retry-After) before shutting down; a second signal stops at once")
 	return cmd
 }
 
@@ -243,7 +281,9 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 		prefill   []string
 		decode    []string
 		colocated []string
-		health    time.Duration
+		hf        healthFlags
+		df        discoveryFlags
+		drainT    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -260,15 +300,24 @@ each prefill worker's KV address from the worker itself.`,
 			if err := checkPort("port", port); err != nil {
 				return err
 			}
-			if health <= 0 {
-				return usagef("--health-interval must be positive")
-			}
 			p, d, co := splitURLs(prefill), splitURLs(decode), splitURLs(colocated)
-			if len(co) == 0 && (len(p) == 0 || len(d) == 0) {
-				return usagef("need --prefill and --decode worker URLs (comma-separated lists), or --colocated")
+			reg, err := df.registry(log)
+			if err != nil {
+				return err
 			}
-			if len(co) > 0 && (len(p) > 0 || len(d) > 0) {
+			switch {
+			case reg != nil && len(p)+len(d)+len(co) > 0:
+				return usagef("--discovery %s finds the workers: drop --prefill, --decode and --colocated", df.discovery)
+			case reg != nil:
+			case len(co) == 0 && (len(p) == 0 || len(d) == 0):
+				return usagef("need --prefill and --decode worker URLs (comma-separated lists), --colocated, or --discovery etcd|kubernetes")
+			case len(co) > 0 && (len(p) > 0 || len(d) > 0):
 				return usagef("--colocated cannot be combined with --prefill/--decode")
+			}
+			ro := cluster.RouterOptions{Addr: net.JoinHostPort(host, strconv.Itoa(port)), Prefill: p, Decode: d, Colocated: co,
+				Registry: reg, Logger: log}
+			if err := hf.apply(&ro); err != nil {
+				return err
 			}
 			newModel, err := mf.factory()
 			if err != nil {
@@ -278,13 +327,14 @@ each prefill worker's KV address from the worker itself.`,
 			if err != nil {
 				return err
 			}
-			s, err := cluster.StartRouter(cluster.RouterOptions{Addr: net.JoinHostPort(host, strconv.Itoa(port)),
-				Prefill: p, Decode: d, Colocated: co, Info: m.Info(), Tokenizer: m.Tokenizer(), Logger: log,
-				HealthInterval: health})
+			ro.Info, ro.Tokenizer = m.Info(), m.Tokenizer()
+			s, err := cluster.StartRouter(ro)
 			if err != nil {
 				return usageError{err}
 			}
-			if len(co) > 0 {
+			if reg != nil {
+				fmt.Fprintf(stdout, "pdserve router: %s/v1 (workers from %s)\n", s.URL, reg.Name())
+			} else if len(co) > 0 {
 				fmt.Fprintf(stdout, "pdserve router: %s/v1 (%d colocated workers)\n", s.URL, len(co))
 			} else {
 				fmt.Fprintf(stdout, "pdserve router: %s/v1 (%d prefill, %d decode workers)\n", s.URL, len(p), len(d))
@@ -292,7 +342,8 @@ each prefill worker's KV address from the worker itself.`,
 			// "ready" is printed once a compatible pair is healthy; until
 			// then requests get a 503 naming what is missing.
 			waitServing(cmd.Context(), s.Router, stdout)
-			return runUntilSignal(cmd.Context(), nil, s.Shutdown)
+			return runUntilSignal(cmd.Context(), func() { fmt.Fprintln(stdout, "pdserve router: draining") },
+				log, drainT, s.Drain, s.Shutdown)
 		},
 	}
 	fs := cmd.Flags()
@@ -306,7 +357,9 @@ each prefill worker's KV address from the worker itself.`,
 	fs.IntVar(&port, "port", 8000, "router port")
 	fs.StringSliceVar(&prefill, "prefill", nil, "prefill worker URLs, e.g. http://127.0.0.1:30000 (comma-separated)")
 	fs.StringSliceVar(&decode, "decode", nil, "decode worker URLs, e.g. http://127.0.0.1:30001 (comma-separated)")
-	fs.DurationVar(&health, "health-interval", 2*time.Second, "how often workers are health-checked (a worker that failed a request is skipped until it passes one)")
 	fs.StringSliceVar(&colocated, "colocated", nil, "colocated (serve) worker URLs instead of prefill/decode: plain mode, whole requests round robin")
+	hf.add(fs)
+	df.add(fs)
+	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to let requests in flight finish (/health answers 503, new requests get 503 + Retry-After) before shutting down")
 	return cmd
 }

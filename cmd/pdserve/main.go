@@ -20,10 +20,38 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
-	stop()
+	// The first SIGINT or SIGTERM ends ctx: the command drains (finishes
+	// what it admitted, takes nothing new) and exits. A second one ends
+	// the drain at once: what is left gets an error answer.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := context.WithCancel(context.Background())
+	force, forceStop := context.WithCancel(context.Background())
+	go func() {
+		<-sigs
+		stop()
+		<-sigs
+		forceStop()
+	}()
+	code := run(withForce(ctx, force), os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	signal.Stop(sigs)
 	os.Exit(code)
+}
+
+type forceKey struct{}
+
+// withForce attaches to ctx the context that a second signal ends.
+func withForce(ctx, force context.Context) context.Context {
+	return context.WithValue(ctx, forceKey{}, force)
+}
+
+// forced returns the context a second signal ends (never ends if main did
+// not set one, as in tests).
+func forced(ctx context.Context) context.Context {
+	if f, ok := ctx.Value(forceKey{}).(context.Context); ok {
+		return f
+	}
+	return context.Background()
 }
 
 // usageError marks a bad command line: exit status 2.

@@ -13,12 +13,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -28,6 +32,8 @@ import (
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/registry"
+	etcdreg "github.com/pdserve/pdserve/internal/registry/etcd"
 	"github.com/pdserve/pdserve/internal/router"
 	"github.com/pdserve/pdserve/internal/worker"
 )
@@ -53,7 +59,21 @@ type WorkerOptions struct {
 	// KVDial, if set, opens a decode worker's KV connections (fault
 	// injection at the network level); nil dials TCP.
 	KVDial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Etcd, if set, registers the worker in an etcd registry once it
+	// serves, and deletes the registration when it drains or stops.
+	Etcd   *EtcdRegistration
 	Logger *slog.Logger
+}
+
+// EtcdRegistration says how a worker registers itself in etcd.
+type EtcdRegistration struct {
+	Config etcdreg.Config
+	// TTL is the lease of the registration (--registry-ttl).
+	TTL time.Duration
+	// AdvertiseURL is the worker API's URL as routers reach it (default:
+	// the URL it serves on); a prefill worker's KV address is advertised
+	// on the same host.
+	AdvertiseURL string
 }
 
 // WorkerServer is a running worker with its HTTP server.
@@ -61,11 +81,15 @@ type WorkerServer struct {
 	Worker   *worker.Worker
 	Registry *prometheus.Registry
 	// URL is the worker API's base URL, http://host:port.
-	URL  string
-	srv  *http.Server
-	done chan error
-	once sync.Once
-	err  error
+	URL string
+	// Registration is the worker's etcd registration (nil without one).
+	Registration *etcdreg.Registration
+	etcd         *clientv3.Client
+	srv          *http.Server
+	done         chan error
+	once         sync.Once
+	err          error
+	log          *slog.Logger
 }
 
 func serve(addr string, h http.Handler) (*http.Server, string, chan error, error) {
@@ -121,7 +145,67 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 		_ = w.Shutdown(context.Background())
 		return nil, err
 	}
-	return &WorkerServer{Worker: w, Registry: reg, URL: url, srv: srv, done: done}, nil
+	ws := &WorkerServer{Worker: w, Registry: reg, URL: url, srv: srv, done: done, log: o.Logger}
+	if o.Etcd != nil {
+		if err := ws.register(o); err != nil {
+			_ = ws.Shutdown(context.Background())
+			return nil, err
+		}
+	}
+	return ws, nil
+}
+
+// register starts the worker's etcd registration.
+func (s *WorkerServer) register(o WorkerOptions) error {
+	adv := o.Etcd.AdvertiseURL
+	if adv == "" {
+		adv = s.URL
+	}
+	adv, err := registry.ParseURL(adv)
+	if err != nil {
+		return fmt.Errorf("--advertise-url: %w", err)
+	}
+	cli, cfg, err := etcdreg.Client(o.Etcd.Config)
+	if err != nil {
+		return err
+	}
+	role := s.Worker.Role().String()
+	rec := etcdreg.Record{ID: etcdreg.NewID(role), Role: role, URL: adv, Model: s.Worker.ModelInfo().Name}
+	fp := s.Worker.Fingerprint()
+	rec.Fingerprint = &fp
+	if kv := s.Worker.KVAddr(); kv != "" {
+		u, _ := url.Parse(adv)
+		_, port, _ := net.SplitHostPort(kv)
+		rec.KVAddr = net.JoinHostPort(u.Hostname(), port)
+	}
+	g, err := etcdreg.Register(cli, cfg, rec, o.Etcd.TTL)
+	if err != nil {
+		cli.Close()
+		return err
+	}
+	s.Registration, s.etcd = g, cli
+	s.log.Info("registering in etcd", "key", g.Key(), "advertise_url", adv, "ttl", o.Etcd.TTL)
+	return nil
+}
+
+// deregister deletes the worker's etcd registration (bounded by 5 s).
+func (s *WorkerServer) deregister() {
+	if s.Registration == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Registration.Deregister(ctx); err != nil {
+		s.log.Warn("etcd deregistration failed; the lease expires on its own", "err", err)
+	}
+}
+
+// Drain takes the worker out of its registry, refuses new legs (503
+// draining) and waits until every request it admitted has ended, or ctx
+// ends (it returns ctx.Err()). Shutdown must follow.
+func (s *WorkerServer) Drain(ctx context.Context) error {
+	s.deregister()
+	return s.Worker.Drain(ctx)
 }
 
 // colocatedHandler serves the OpenAI API (on the worker itself) next to the
@@ -138,12 +222,16 @@ func colocatedHandler(w *worker.Worker, reg prometheus.Gatherer, log *slog.Logge
 // It is idempotent.
 func (s *WorkerServer) Shutdown(ctx context.Context) error {
 	s.once.Do(func() {
+		s.deregister()
 		err := s.Worker.Shutdown(ctx)
 		err = errors.Join(err, s.srv.Shutdown(ctx))
 		if err != nil {
 			_ = s.srv.Close()
 		}
 		s.err = errors.Join(err, <-s.done)
+		if s.etcd != nil {
+			_ = s.etcd.Close()
+		}
 	})
 	return s.err
 }
@@ -157,9 +245,18 @@ type RouterOptions struct {
 	// Info and Tokenizer describe the served model.
 	Info      model.Info
 	Tokenizer model.Tokenizer
-	// HealthInterval is how often workers are checked (default 2 s).
-	HealthInterval time.Duration
-	Logger         *slog.Logger
+	// Registry, if set, is where the router learns its workers instead of
+	// the lists above (etcd, Kubernetes); it is closed at Shutdown if it
+	// is an io.Closer.
+	Registry registry.Registry
+	// HealthInterval, CheckTimeout, SuccessThreshold, FailureThreshold and
+	// SlowStart tune the health checks (router.Config; 0 = default).
+	HealthInterval   time.Duration
+	CheckTimeout     time.Duration
+	SuccessThreshold int
+	FailureThreshold int
+	SlowStart        time.Duration
+	Logger           *slog.Logger
 }
 
 // RouterServer is a running router with its HTTP server.
@@ -171,15 +268,17 @@ type RouterServer struct {
 	done     chan error
 	once     sync.Once
 	err      error
+	closer   io.Closer // the registry's resources (an etcd client)
 }
 
 // StartRouter builds a router, checks its workers once, and serves.
 func StartRouter(o RouterOptions) (*RouterServer, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r, err := router.New(router.Config{Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, ModelName: o.Info.Name,
-		Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
-		HealthInterval: o.HealthInterval, Logger: o.Logger, Registerer: reg, Gatherer: reg})
+	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated,
+		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
+		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
+		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, Logger: o.Logger, Registerer: reg, Gatherer: reg})
 	if err != nil {
 		return nil, err
 	}
@@ -189,8 +288,17 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		r.Close()
 		return nil, err
 	}
-	return &RouterServer{Router: r, Registry: reg, URL: url, srv: srv, done: done}, nil
+	rs := &RouterServer{Router: r, Registry: reg, URL: url, srv: srv, done: done}
+	if c, ok := o.Registry.(io.Closer); ok {
+		rs.closer = c
+	}
+	return rs, nil
 }
+
+// Drain makes the router refuse new requests (503 with Retry-After) and
+// waits until every request in flight has been answered, or ctx ends (it
+// returns ctx.Err()). Shutdown must follow.
+func (s *RouterServer) Drain(ctx context.Context) error { return s.Router.Drain(ctx) }
 
 // Shutdown answers every request in flight with a 503 (aborting its legs),
 // stops accepting requests, and stops the router's background work.
@@ -203,6 +311,9 @@ func (s *RouterServer) Shutdown(ctx context.Context) error {
 			_ = s.srv.Close()
 		}
 		s.Router.Close()
+		if s.closer != nil {
+			err = errors.Join(err, s.closer.Close())
+		}
 		s.err = errors.Join(err, <-s.done)
 	})
 	return s.err
@@ -357,6 +468,20 @@ func WaitReady(ctx context.Context, r *router.Router, timeout time.Duration) err
 
 // Shutdown fails in-flight requests with an error (workers first, so every
 // client gets an answer), then stops the router and the workers.
+// Drain stops taking requests and waits until every request in flight has
+// been answered and every worker holds nothing, or ctx ends (ctx.Err()).
+// Shutdown must follow.
+func (c *Cluster) Drain(ctx context.Context) error {
+	var errs []error
+	if c.Router != nil {
+		errs = append(errs, c.Router.Drain(ctx))
+	}
+	for _, w := range c.Workers() {
+		errs = append(errs, w.Drain(ctx))
+	}
+	return errors.Join(errs...)
+}
+
 func (c *Cluster) Shutdown(ctx context.Context) error {
 	var errs []error
 	for _, w := range c.Workers() {

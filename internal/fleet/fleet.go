@@ -80,7 +80,28 @@ func States() []State {
 }
 
 // MarshalText implements encoding.TextMarshaler.
-func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+func (s State) MarshalText() ([]byte, error) {
+	if s == 0 {
+		return nil, nil
+	}
+	return []byte(s.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler; an unknown name is an
+// error.
+func (s *State) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*s = 0
+		return nil
+	}
+	for i, n := range stateNames {
+		if i > 0 && n == string(b) {
+			*s = State(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("fleet: unknown worker state %q", b)
+}
 
 // Info is what a health check learns about a worker.
 type Info struct {
@@ -104,8 +125,21 @@ type Info struct {
 type Probe func(ctx context.Context, e registry.Entry) (Info, error)
 
 // IsDefinitive reports a failure that needs no confirmation: nothing
-// listens at the worker's address any more.
-func IsDefinitive(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+// listens at the worker's address any more, or the caller has corroborated
+// it (Definitive).
+func IsDefinitive(err error) bool {
+	var d definitive
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &d)
+}
+
+type definitive struct{ error }
+
+func (d definitive) Unwrap() error { return d.error }
+
+// Definitive marks err as needing no confirmation: Observe makes the worker
+// not_ready at once (the router's probe of a pair whose KV connection was
+// lost: the worker did not answer either).
+func Definitive(err error) error { return definitive{err} }
 
 // Config configures a Set.
 type Config struct {
@@ -184,9 +218,10 @@ type Worker struct {
 	lastErr   string
 	info      Info
 	checked   bool
-	readyAt   time.Time
-	drainedBy string // "", "worker", "admin", "registry"
-	listed    bool   // the registry lists it
+	readyAt   time.Time // zero: no slow start
+	initial   bool      // listed in the set's first snapshot: its first ready has no slow start
+	drainedBy string    // "", "worker", "admin", "registry"
+	listed    bool      // the registry lists it
 	down      chan struct{}
 	checking  bool
 }
@@ -248,7 +283,7 @@ func (w *Worker) Weight() float64 {
 		return 0
 	}
 	ss := w.set.cfg.SlowStart
-	if ss <= 0 {
+	if ss <= 0 || w.readyAt.IsZero() {
 		return 1
 	}
 	f := float64(w.set.cfg.Clock.Since(w.readyAt)) / float64(ss)
@@ -282,6 +317,11 @@ func (w *Worker) setState(s State, now time.Time) (from State, changed bool) {
 	switch s {
 	case StateReady:
 		w.readyAt = now
+		if w.initial {
+			// The fleet the router starts with takes requests at once:
+			// ramping every worker together would only slow the start.
+			w.initial, w.readyAt = false, time.Time{}
+		}
 		select {
 		case <-w.down:
 			w.down = make(chan struct{})
@@ -315,6 +355,8 @@ type Status struct {
 	// "registry" (no longer listed).
 	DrainedBy string  `json:"drained_by,omitempty"`
 	Weight    float64 `json:"weight"`
+	// Healthy is State == ready: new requests may go to it.
+	Healthy bool `json:"healthy"`
 	// SafeToDelete: the worker gets no new request and serves nothing, so
 	// stopping it loses no work.
 	SafeToDelete bool   `json:"safe_to_delete"`
@@ -365,6 +407,12 @@ func (s *Set) Run(ctx context.Context) {
 	defer t.Stop()
 	defer wg.Wait()
 	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		case <-s.kick: // a worker joined: check it now
+		}
 		// Each worker is checked on its own goroutine: a worker that does
 		// not answer delays nobody else's check (a check still running is
 		// not started again).
@@ -374,12 +422,6 @@ func (s *Set) Run(ctx context.Context) {
 				defer wg.Done()
 				s.check(ctx, w)
 			}()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		case <-s.kick:
 		}
 	}
 }
@@ -398,6 +440,7 @@ func (s *Set) Reconcile(snap registry.Snapshot) {
 	now := s.cfg.Clock.Now()
 	var changes []change
 	s.mu.Lock()
+	first := !s.synced
 	s.synced = true
 	s.invalid = s.invalid[:0]
 	listed := make(map[string]bool, len(snap.Entries))
@@ -426,7 +469,7 @@ func (s *Set) Reconcile(snap registry.Snapshot) {
 			// addition.
 			changes = append(changes, s.removeLocked(w, now, "its registry entry changed")...)
 		}
-		w := &Worker{entry: e, set: s, state: StatePending, since: now, listed: true, down: make(chan struct{})}
+		w := &Worker{entry: e, set: s, state: StatePending, since: now, listed: true, down: make(chan struct{}), initial: first}
 		s.workers[e.ID] = w
 		changes = append(changes, change{w, 0, StatePending})
 		added = true
@@ -541,8 +584,13 @@ func (s *Set) Get(id string) (*Worker, bool) {
 }
 
 // CheckAll health-checks every worker at once, each within CheckTimeout,
-// and waits for the answers.
+// and waits for the answers. It answers a pending request to check every
+// worker (a worker joined) too.
 func (s *Set) CheckAll(ctx context.Context) {
+	select {
+	case <-s.kick:
+	default:
+	}
 	var wg sync.WaitGroup
 	for _, w := range s.Workers("") {
 		wg.Add(1)
@@ -787,7 +835,8 @@ func (w *Worker) Status() Status {
 	defer w.mu.Unlock()
 	st := Status{ID: w.entry.ID, URL: w.entry.URL, Role: w.entry.Role, State: w.state, Source: w.entry.Source,
 		Legs: w.Legs(), Live: w.info.Live, ParkedKV: w.info.Parked, Since: w.since, LastError: w.lastErr,
-		DrainedBy: w.drainedBy, Weight: weight, KVAddr: w.entry.KVAddr, Instance: w.info.Instance}
+		DrainedBy: w.drainedBy, Weight: weight, KVAddr: w.entry.KVAddr, Instance: w.info.Instance,
+		Healthy: w.state == StateReady}
 	if st.KVAddr == "" {
 		st.KVAddr = w.info.KVAddr
 	}

@@ -338,8 +338,17 @@ func TestSlowStartWeight(t *testing.T) {
 	f := newFakeWorkers()
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	s, _, _ := newSet(t, f, clk)
+	f.set("http://d0", decodeInfo("z"), nil)
 	f.set("http://d1", decodeInfo("a"), nil)
-	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1")}})
+	// The fleet the router starts with takes requests at once.
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d0", "decode", "http://d0")}})
+	s.CheckAll(context.Background())
+	s.CheckAll(context.Background())
+	if w := mustGet(t, s, "d0"); w.Weight() != 1 {
+		t.Fatalf("initial worker's weight %v, want 1", w.Weight())
+	}
+	// A worker that joins later ramps up.
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d0", "decode", "http://d0"), entry("d1", "decode", "http://d1")}})
 	w := mustGet(t, s, "d1")
 	if w.Weight() != 0 {
 		t.Fatalf("pending weight %v", w.Weight())

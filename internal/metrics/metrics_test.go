@@ -124,7 +124,9 @@ pdserve_worker_loop_up{role="decode"} 0
 func TestRouterExposition(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := NewRouter(reg, []workerapi.Role{workerapi.RolePrefill, workerapi.RoleDecode},
-		[]string{"http://p0:30000", "http://d0:30001"})
+		[]string{"http://p0:30000", "http://d0:30001"}, func() map[[2]string]int {
+			return map[[2]string]int{{"prefill", "ready"}: 1, {"decode", "ready"}: 1, {"decode", "draining"}: 0}
+		})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +138,9 @@ func TestRouterExposition(t *testing.T) {
 	m.LegFailed(workerapi.RolePrefill, outcome.RejectedInvalid)
 	m.Retried()
 	m.WorkerFailed("http://d0:30001")
+	m.WorkerSeen("http://d1:30001")
+	m.WorkerSeen("http://gone:1")
+	m.WorkerGone("http://gone:1")
 	golden(t, reg, "router")
 }
 
@@ -150,10 +155,10 @@ func TestRegisterTwice(t *testing.T) {
 	if _, err := NewWorker(reg, workerapi.RolePrefill, nil, snap); err == nil {
 		t.Fatal("a second worker registered")
 	}
-	if _, err := NewRouter(reg, nil, nil); err != nil {
+	if _, err := NewRouter(reg, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewRouter(reg, nil, nil); err == nil {
+	if _, err := NewRouter(reg, nil, nil, nil); err == nil {
 		t.Fatal("a second router registered")
 	}
 }

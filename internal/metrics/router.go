@@ -19,7 +19,11 @@ import (
 //   - pdserve_router_retries_total (counter): requests retried on a new
 //     pair (before any token reached the client).
 //   - pdserve_router_worker_failures_total{worker} (counter): failed calls
-//     and health checks, by worker URL.
+//     and health checks, by worker URL (a worker's series appears when it
+//     joins the fleet and goes when it leaves).
+//   - pdserve_router_workers{role,state} (gauge): workers by role and
+//     state (pending, ready, not_ready, draining, removed), read from the
+//     fleet at scrape time.
 type Router struct {
 	requests       *prometheus.CounterVec
 	legFailures    *prometheus.CounterVec
@@ -27,10 +31,27 @@ type Router struct {
 	workerFailures *prometheus.CounterVec
 }
 
+// WorkerCounts returns the number of workers per (role, state), every
+// series the gauge should have included (zeros too).
+type WorkerCounts func() map[[2]string]int
+
+var workersDesc = prometheus.NewDesc("pdserve_router_workers",
+	"Workers the router knows, by role and state, read from its fleet at scrape time.", []string{"role", "state"}, nil)
+
+type workersCollector struct{ counts WorkerCounts }
+
+func (c workersCollector) Describe(ch chan<- *prometheus.Desc) { ch <- workersDesc }
+
+func (c workersCollector) Collect(ch chan<- prometheus.Metric) {
+	for k, n := range c.counts() {
+		ch <- prometheus.MustNewConstMetric(workersDesc, prometheus.GaugeValue, float64(n), k[0], k[1])
+	}
+}
+
 // NewRouter registers a router's collectors on reg, with every series of
 // the given leg roles and worker URLs present from the start. It returns an
 // error if a collector is already registered on reg.
-func NewRouter(reg prometheus.Registerer, roles []workerapi.Role, workers []string) (*Router, error) {
+func NewRouter(reg prometheus.Registerer, roles []workerapi.Role, workers []string, counts WorkerCounts) (*Router, error) {
 	m := &Router{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdserve_router_requests_total",
@@ -61,7 +82,11 @@ func NewRouter(reg prometheus.Registerer, roles []workerapi.Role, workers []stri
 	for _, w := range workers {
 		m.workerFailures.WithLabelValues(w)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.legFailures, m.retries, m.workerFailures} {
+	cs := []prometheus.Collector{m.requests, m.legFailures, m.retries, m.workerFailures}
+	if counts != nil {
+		cs = append(cs, workersCollector{counts})
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -82,3 +107,9 @@ func (m *Router) Retried() { m.retries.Inc() }
 
 // WorkerFailed counts a failed call to, or health check of, the worker at url.
 func (m *Router) WorkerFailed(url string) { m.workerFailures.WithLabelValues(url).Inc() }
+
+// WorkerSeen creates a joining worker's series.
+func (m *Router) WorkerSeen(url string) { m.workerFailures.WithLabelValues(url) }
+
+// WorkerGone drops a worker's series once it left the fleet.
+func (m *Router) WorkerGone(url string) { m.workerFailures.DeleteLabelValues(url) }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -38,7 +39,7 @@ type attempt struct {
 	// attempt is a new request on every worker.
 	rid     string
 	gen     uint32
-	pw, dw  *workerState
+	pw, dw  *fleet.Worker
 	lines   chan decodeEvent
 	prefill chan prefillResult
 	pCancel context.CancelFunc
@@ -62,19 +63,41 @@ type pdStream struct {
 	// closeWhy is the detail of the aborts Close sends ("" = the client left).
 	closeWhy string
 	live     *liveRequest // what /debug/requests shows
+	// exclude holds workers a retry must not go back to (they are leaving,
+	// unreachable, refused the KV handshake or failed a probe); avoid the
+	// workers of failed pairs, used again only if no other pair can form.
+	exclude, avoid map[*fleet.Worker]bool
+	// drainRetries counts attempts that a draining worker refused: they
+	// are retried without counting against MaxAttempts (up to
+	// maxDrainRetries).
+	drainRetries int
 }
+
+// maxDrainRetries bounds the extra attempts of a request whose legs were
+// refused by draining workers.
+const maxDrainRetries = 4
 
 // Generate implements openai.Engine: it picks a pair and starts both legs.
 func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
 	select {
 	case <-r.stopping:
 		return nil, openai.Unavailable("the router is shutting down")
+	case <-r.draining:
+		e := openai.Unavailable("the router is draining: it finishes the requests it has and takes no new one")
+		e.Code, e.RetryAfter = outcome.Draining.String(), time.Second
+		return nil, e
 	default:
 	}
-	if len(r.colocated) > 0 {
+	if len(r.cfg.Colocated) > 0 {
 		return r.generatePlain(ctx, g)
 	}
-	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String()}
+	if r.cfg.Registry != nil && r.pick(workerapi.RoleColocated, nil, false) != nil {
+		if _, _, _, e := r.pickPair(nil, nil, false); e != nil {
+			return r.generatePlain(ctx, g)
+		}
+	}
+	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String(),
+		exclude: map[*fleet.Worker]bool{}, avoid: map[*fleet.Worker]bool{}}
 	s.live = r.track(g.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)
@@ -90,7 +113,7 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 // start launches attempt gen on a freshly picked pair.
 func (s *pdStream) start(gen uint32) *openai.Error {
 	r, g := s.r, s.g
-	pw, dw, kv, e := r.pickPair()
+	pw, dw, kv, e := r.pickPair(s.exclude, s.avoid, true)
 	if e != nil {
 		return e
 	}
@@ -106,18 +129,21 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		return openai.Internal("encode leg: %v", err)
 	}
 	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1),
-		pDown: pw.downCh(), dDown: dw.downCh()}
+		pDown: pw.Down(), dDown: dw.Down()}
 	pctx, pcancel := r.withTimeout(context.Background(), LegTimeout)
 	dctx, dcancel := r.withTimeout(context.Background(), LegTimeout)
 	a.pCancel, a.dCancel = pcancel, dcancel
 	r.bg.Add(2)
+	pLeg, dLeg := pw.AddLeg(), dw.AddLeg()
 	go func() {
 		defer r.bg.Done()
 		defer pcancel()
+		defer pLeg()
 		a.prefill <- r.runPrefill(pctx, pw, payload)
 	}()
 	go func() {
 		defer r.bg.Done()
+		defer dLeg()
 		r.runDecode(dctx, dw, payload, a.lines)
 	}()
 	s.a = a
@@ -125,7 +151,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	if gen > 1 {
 		why = "retried on a new pair"
 	}
-	s.live.attempt(gen, pw.url+" → "+dw.url, why)
+	s.live.attempt(gen, pw.URL()+" → "+dw.URL(), why)
 	return nil
 }
 
@@ -146,10 +172,10 @@ func errCancelled() *workerapi.Error {
 	return workerapi.NewError(outcome.AbortedClient, "the leg was cancelled", outcome.Cause{})
 }
 
-func (r *Router) post(ctx context.Context, w *workerState, path string, payload []byte) (*http.Response, *workerapi.Error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url+path, bytes.NewReader(payload))
+func (r *Router) post(ctx context.Context, w *fleet.Worker, path string, payload []byte) (*http.Response, *workerapi.Error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL()+path, bytes.NewReader(payload))
 	if err != nil {
-		return nil, malformed("build the request to the %s worker: %v", w.role, err)
+		return nil, malformed("build the request to the %s worker: %v", w.Role(), err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := r.client.Do(req)
@@ -157,14 +183,14 @@ func (r *Router) post(ctx context.Context, w *workerState, path string, payload 
 		if ctx.Err() != nil {
 			return nil, errCancelled()
 		}
-		r.metrics.WorkerFailed(w.url)
-		w.markFailed(err.Error())
+		r.metrics.WorkerFailed(w.URL())
+		r.set.Observe(w, fleet.Info{}, err)
 		return nil, r.legError(w, outcome.WorkerUnreachable, "could not be reached", err)
 	}
 	return resp, nil
 }
 
-func (r *Router) runPrefill(ctx context.Context, w *workerState, payload []byte) prefillResult {
+func (r *Router) runPrefill(ctx context.Context, w *fleet.Worker, payload []byte) prefillResult {
 	resp, e := r.post(ctx, w, workerapi.PathPrefill, payload)
 	if e != nil {
 		return prefillResult{err: e}
@@ -187,13 +213,13 @@ func (r *Router) runPrefill(ctx context.Context, w *workerState, payload []byte)
 	return prefillResult{res: res}
 }
 
-func (r *Router) runDecode(ctx context.Context, w *workerState, payload []byte, out chan<- decodeEvent) {
+func (r *Router) runDecode(ctx context.Context, w *fleet.Worker, payload []byte, out chan<- decodeEvent) {
 	r.runStream(ctx, w, workerapi.PathDecode, payload, out)
 }
 
 // runStream posts a streaming leg (decode or colocated generate) and sends
 // its NDJSON lines, decoded, to out, closing out at the end.
-func (r *Router) runStream(ctx context.Context, w *workerState, path string, payload []byte, out chan<- decodeEvent) {
+func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, payload []byte, out chan<- decodeEvent) {
 	defer close(out)
 	send := func(ev decodeEvent) bool {
 		select {
@@ -245,7 +271,7 @@ func (r *Router) runStream(ctx context.Context, w *workerState, path string, pay
 // ended; the cancellation alone would read as the client going away. cause
 // (reason AbortPeer) is the other leg's first failure: the aborted leg ends
 // with it and tells its KV peer.
-func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason workerapi.AbortReason, detail string,
+func (r *Router) abortLeg(w *fleet.Worker, rid, room string, gen uint32, reason workerapi.AbortReason, detail string,
 	cause outcome.Cause, cancelLeg context.CancelFunc) {
 	payload, _ := json.Marshal(workerapi.AbortBody{RID: rid, Room: room, Gen: gen, Reason: reason, Detail: detail, Cause: cause})
 	r.bg.Add(1)
@@ -258,7 +284,7 @@ func (r *Router) abortLeg(w *workerState, rid, room string, gen uint32, reason w
 		defer cancel()
 		resp, e := r.post(ctx, w, workerapi.PathAbort, payload)
 		if e != nil {
-			r.log.Debug("abort failed", "worker", w.url, "rid", rid, "err", e.Message)
+			r.log.Debug("abort failed", "worker", w.URL(), "rid", rid, "err", e.Message)
 			return
 		}
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, workerapi.MaxInfoBytes))
@@ -326,11 +352,33 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 	}
 	s.drain(a)
 	s.r.metrics.LegFailed(f.role, e.Outcome)
-	if !s.sent && e.Outcome.Retryable() && int(a.gen) < s.r.cfg.MaxAttempts && s.ctx.Err() == nil {
+	failedW := a.dw
+	if f.role == workerapi.RolePrefill {
+		failedW = a.pw
+	}
+	switch {
+	case e.Outcome.Leaving():
+		// The worker said it is going away: out of new pairs at once,
+		// before its next health check, and never the retry's.
+		s.r.set.MarkDraining(failedW, e.Message)
+		s.exclude[failedW] = true
+	case e.Outcome == outcome.WorkerUnreachable || e.Outcome == outcome.WorkerStreamBroken || e.Outcome == outcome.PeerRefused:
+		s.exclude[failedW] = true
+	default:
+		s.avoid[a.pw], s.avoid[a.dw] = true, true
+	}
+	limit := s.r.cfg.MaxAttempts + s.drainRetries
+	if e.Outcome == outcome.Draining && s.drainRetries < maxDrainRetries {
+		limit++
+		s.drainRetries++
+	}
+	if !s.sent && e.Outcome.Retryable() && int(a.gen) < limit && s.ctx.Err() == nil {
 		if e.Outcome.Suspect() {
 			// One of the pair may be frozen or cut off; find out before
 			// the retry can pick it again.
-			s.r.probe(a.pw, a.dw)
+			for w := range s.r.probe(a.pw, a.dw) {
+				s.exclude[w] = true
+			}
 		}
 		if se := s.start(a.gen + 1); se == nil {
 			s.r.metrics.Retried()

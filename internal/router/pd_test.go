@@ -139,10 +139,11 @@ func gens(legs []workerapi.GenerateBody) []uint32 {
 
 // TestRetryDecisionByOutcome: for every outcome a decode leg can fail with
 // on its own (before any token), the router retries on a new attempt
-// exactly when the outcome is Retryable, probes both workers first exactly
-// when it is Suspect, otherwise answers with the outcome's status and code;
-// it aborts the prefill leg at once, telling it decode's cause, and answers
-// without waiting.
+// exactly when the outcome is Retryable — on the other decode worker, never
+// the one that failed —, probes both workers first exactly when it is
+// Suspect, otherwise answers with the outcome's status and code; it aborts
+// the prefill leg at once, telling it decode's cause, and answers without
+// waiting.
 func TestRetryDecisionByOutcome(t *testing.T) {
 	for _, o := range outcome.Worker() {
 		if o == outcome.OK || o.PeerCaused() {
@@ -150,13 +151,17 @@ func TestRetryDecisionByOutcome(t *testing.T) {
 		}
 		t.Run(o.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				tr := newTestRouter(t, 1, 1, 0, nil)
+				tr := newTestRouter(t, 1, 2, 0, nil)
 				defer tr.r.Close()
 				cause := outcome.Cause{Outcome: o, Role: "decode", Stage: "awaiting_kv", Detail: "injected"}
 				tr.prefill[0].setLeg(byGen(untilAborted, okLeg(workerapi.RolePrefill)))
-				tr.decode[0].setLeg(byGen(failWith(workerapi.OutcomeError(o, "injected", cause)), okLeg(workerapi.RoleDecode)))
+				for _, d := range tr.decode {
+					d.setLeg(byGen(failWith(workerapi.OutcomeError(o, "injected", cause)), okLeg(workerapi.RoleDecode)))
+				}
 				_, _, pHealth := tr.prefill[0].received()
 				_, _, dHealth := tr.decode[0].received()
+				_, _, dHealthB := tr.decode[1].received()
+				dHealth += dHealthB
 
 				a := generate(t.Context(), tr.r, "rid")
 				synctest.Wait() // the aborts sent in the background have landed
@@ -164,13 +169,18 @@ func TestRetryDecisionByOutcome(t *testing.T) {
 					t.Errorf("answered after %s, want at once", a.after)
 				}
 				pLegs, pAborts, pHealth2 := tr.prefill[0].received()
-				_, _, dHealth2 := tr.decode[0].received()
+				d0Legs, _, dHealth2 := tr.decode[0].received()
+				d1Legs, _, dHealth2b := tr.decode[1].received()
+				dHealth2 += dHealth2b
 				if o.Retryable() {
 					if a.err != nil || !cmp.Equal(a.tokens, okTokens) || a.finish != "length" {
 						t.Fatalf("retryable %s: got %+v, want the retry's tokens", o, a)
 					}
 					if got := gens(pLegs); !cmp.Equal(got, []uint32{1, 2}) {
 						t.Errorf("prefill legs of gens %v, want [1 2]", got)
+					}
+					if g0, g1 := gens(d0Legs), gens(d1Legs); len(g0) != 1 || len(g1) != 1 {
+						t.Errorf("decode legs of gens %v and %v: the retry went back to the decode worker that failed", g0, g1)
 					}
 					if n := counter(t, tr.reg, "pdserve_router_retries_total"); n != 1 {
 						t.Errorf("retries %v", n)
@@ -351,7 +361,10 @@ func TestProbeKeepsFrozenWorkerOut(t *testing.T) {
 			t.Fatalf("prefill legs of gens %v: the retry went to the frozen worker", gens(legs))
 		}
 		ws := tr.r.Workers()
-		if ws[0].Healthy || !strings.HasPrefix(ws[0].LastErr, "probe: ") || !strings.Contains(ws[0].LastErr, "no answer within 1s") {
+		if ws[0].Role == "decode" {
+			ws[0], ws[1] = ws[1], ws[0]
+		}
+		if ws[0].Healthy || !strings.HasPrefix(ws[0].LastError, "probe: ") || !strings.Contains(ws[0].LastError, "no answer within 1s") {
 			t.Fatalf("prefill worker %+v, want it down after its probe", ws[0])
 		}
 		if !ws[1].Healthy {
@@ -446,10 +459,11 @@ func TestNoRetryAfterFirstToken(t *testing.T) {
 }
 
 // TestHealthCheckFailsLegInFlight: a decode worker that stops passing
-// health checks while it holds a leg (its stream silent) fails that leg at
-// the next check, HealthInterval later, with worker_unreachable; with no
-// other decode worker the client gets that answer. When the worker passes
-// a check again, the router serves again.
+// health checks while it holds a leg (its stream silent) fails that leg
+// when it is found not ready, FailureThreshold (3) checks later, with
+// worker_unreachable; with no other decode worker the client gets that
+// answer. Once it passes SuccessThreshold (2) checks, the router serves
+// again.
 func TestHealthCheckFailsLegInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := newTestRouter(t, 1, 1, 0, func(cfg *Config) { cfg.HealthInterval = 2 * time.Second })
@@ -463,8 +477,8 @@ func TestHealthCheckFailsLegInFlight(t *testing.T) {
 		if a.err == nil || a.err.Code != "worker_unreachable" || a.err.Status != http.StatusBadGateway {
 			t.Fatalf("got %+v", a)
 		}
-		if a.after != 2*time.Second {
-			t.Fatalf("answered after %s, want the next health check at 2s", a.after)
+		if a.after != 3*2*time.Second {
+			t.Fatalf("answered after %s, want the third failed health check at 6s", a.after)
 		}
 		if ok, _ := tr.r.Serving(); ok {
 			t.Fatal("serving with the decode worker down")
@@ -473,6 +487,11 @@ func TestHealthCheckFailsLegInFlight(t *testing.T) {
 		tr.decode[0].setLeg(okLeg(workerapi.RoleDecode))
 		tr.prefill[0].setLeg(okLeg(workerapi.RolePrefill))
 		time.Sleep(2 * time.Second) // the bubble's clock: one health interval
+		synctest.Wait()
+		if ok, _ := tr.r.Serving(); ok {
+			t.Fatal("serving after one passing check (two are needed)")
+		}
+		time.Sleep(2 * time.Second)
 		synctest.Wait()
 		if ok, why := tr.r.Serving(); !ok {
 			t.Fatalf("not serving after the worker recovered: %s", why)
@@ -504,8 +523,8 @@ func TestPlainModeFailures(t *testing.T) {
 			hang(ctx, b, ab, lw)
 		})
 		a = generate(t.Context(), tr.r, "rid2")
-		if a.err == nil || a.err.Code != "worker_unreachable" || a.after != 2*time.Second {
-			t.Fatalf("got %+v, want worker_unreachable at the next health check", a)
+		if a.err == nil || a.err.Code != "worker_unreachable" || a.after != 3*2*time.Second {
+			t.Fatalf("got %+v, want worker_unreachable at the third failed health check", a)
 		}
 		if legs, _, _ := w.received(); len(legs) != 2 {
 			t.Fatalf("%d legs, want 2 (no retry)", len(legs))

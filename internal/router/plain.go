@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 
+	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
@@ -15,7 +16,8 @@ import (
 type plainStream struct {
 	r        *Router
 	ctx      context.Context
-	w        *workerState
+	w        *fleet.Worker
+	legDone  func() // uncounts the leg on the worker
 	rid      string
 	lines    chan decodeEvent
 	cancel   context.CancelFunc
@@ -35,7 +37,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (
 	if err != nil {
 		return nil, openai.Internal("encode request: %v", err)
 	}
-	w := pick(r.colocated, &r.rrC, nil)
+	w := r.pick(workerapi.RoleColocated, nil, true)
 	if w == nil {
 		r.metrics.Answered(outcome.NoWorker)
 		e := openai.Unavailable("no healthy colocated worker (see /debug/workers)")
@@ -43,12 +45,14 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (
 		return nil, e
 	}
 	lctx, cancel := r.withTimeout(context.Background(), LegTimeout)
-	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel, down: w.downCh()}
+	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel, down: w.Down(),
+		legDone: w.AddLeg()}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
-	s.live.attempt(1, w.url, "sent to a colocated worker")
+	s.live.attempt(1, w.URL(), "sent to a colocated worker")
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
+		defer s.legDone()
 		r.runStream(lctx, w, workerapi.PathGenerate, payload, s.lines)
 	}()
 	return s, nil

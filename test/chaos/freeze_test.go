@@ -14,12 +14,14 @@ import (
 	"github.com/pdserve/pdserve/internal/router"
 )
 
-// routerHealthInterval is the router's --health-interval in
-// TestFrozenWorkerFailsItsRequests; routerCheckTimeout is the router's
-// bound on one health check (router.check).
+// routerHealthInterval, routerCheckTimeout and routerFailureThreshold are
+// the router's --health-interval, --health-check-timeout and
+// --health-failure-threshold (its default) in
+// TestFrozenWorkerFailsItsRequests.
 const (
-	routerHealthInterval = 250 * time.Millisecond
-	routerCheckTimeout   = 3 * time.Second
+	routerHealthInterval   = 250 * time.Millisecond
+	routerCheckTimeout     = time.Second
+	routerFailureThreshold = 3
 )
 
 // TestFrozenWorkerFailsItsRequests: a worker that stops without closing
@@ -38,8 +40,10 @@ func TestFrozenWorkerFailsItsRequests(t *testing.T) {
 		bound time.Duration
 	}{
 		// Only the router can notice: prefill's part is over, and the
-		// stream just stops. A failed health check ends it.
-		{"decode frozen while decoding", "decode", "decoding", routerHealthInterval + routerCheckTimeout},
+		// stream just stops. The worker is not ready after
+		// routerFailureThreshold checks in a row time out (a check does
+		// not overlap the one before), which ends it.
+		{"decode frozen while decoding", "decode", "decoding", routerFailureThreshold * (routerHealthInterval + routerCheckTimeout)},
 		// Prefill loses the KV connection within a lease and fails its
 		// leg; the router probes the pair before retrying, finds decode
 		// down, and has no other pair.
@@ -55,7 +59,7 @@ func TestFrozenWorkerFailsItsRequests(t *testing.T) {
 			pw := ps.worker("prefill", "prefill", slices.Concat(common, slow)...)
 			dw := ps.worker("decode", "decode", common...)
 			rw := ps.worker("router", "router", slices.Concat(simFlags(20), []string{"--prefill", pw.url(), "--decode", dw.url(),
-				"--health-interval", routerHealthInterval.String()})...)
+				"--health-interval", routerHealthInterval.String(), "--health-check-timeout", routerCheckTimeout.String()})...)
 			for _, w := range []*procWorker{pw, dw, rw} {
 				ps.mustStart(w)
 			}

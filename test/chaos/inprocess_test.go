@@ -394,7 +394,7 @@ func (h *inproc) kill(s *slot, downtime time.Duration) {
 	if state, ok := waitUntil(10*time.Second, func() (bool, string) {
 		for _, w := range h.router.Router.Workers() {
 			if w.URL == url {
-				return w.Healthy, w.LastErr
+				return w.Healthy, w.LastError
 			}
 		}
 		return false, "router does not list " + url

@@ -44,7 +44,7 @@ func routerReady(hc *http.Client, base string, timeout time.Duration) error {
 		var bad []string
 		for _, w := range ws {
 			if !w.Healthy {
-				bad = append(bad, fmt.Sprintf("%s (%s): %s", w.URL, w.Role, w.LastErr))
+				bad = append(bad, fmt.Sprintf("%s (%s): %s", w.URL, w.Role, w.LastError))
 			}
 		}
 		return len(bad) == 0, strings.Join(bad, "; ")

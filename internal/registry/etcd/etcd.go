@@ -115,6 +115,10 @@ func (c *Config) defaults() error {
 	return nil
 }
 
+// Validate reports a configuration that cannot work (no endpoints, a bad
+// endpoint URL or prefix).
+func (c Config) Validate() error { return c.defaults() }
+
 // Client opens an etcd client from the config. It does not wait for etcd:
 // calls fail (and are retried by the callers here) while it is unreachable.
 func Client(cfg Config) (*clientv3.Client, Config, error) {

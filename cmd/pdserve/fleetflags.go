@@ -1,0 +1,139 @@
+package main
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/registry"
+	etcdreg "github.com/pdserve/pdserve/internal/registry/etcd"
+	"github.com/pdserve/pdserve/internal/registry/kube"
+)
+
+// etcdFlags name an etcd cluster and the registry's key prefix.
+type etcdFlags struct {
+	endpoints []string
+	prefix    string
+}
+
+func (f *etcdFlags) add(fs *pflag.FlagSet, what string) {
+	fs.StringSliceVar(&f.endpoints, "etcd-endpoints", nil, "etcd client URLs, e.g. http://127.0.0.1:2379 (comma-separated): "+what)
+	fs.StringVar(&f.prefix, "etcd-prefix", etcdreg.DefaultPrefix, "etcd key prefix of the fleet registry")
+}
+
+func (f *etcdFlags) config(log *slog.Logger) etcdreg.Config {
+	return etcdreg.Config{Endpoints: splitURLs(f.endpoints), Prefix: f.prefix, Logger: log}
+}
+
+// registrationFlags make a worker register itself in etcd.
+type registrationFlags struct {
+	etcd      etcdFlags
+	ttl       time.Duration
+	advertise string
+}
+
+func (f *registrationFlags) add(fs *pflag.FlagSet) {
+	f.etcd.add(fs, "register this worker there under a lease")
+	fs.DurationVar(&f.ttl, "registry-ttl", 10*time.Second, "lease of the etcd registration: a worker that dies leaves the fleet this long after (it is kept alive while the worker runs)")
+	fs.StringVar(&f.advertise, "advertise-url", "", "worker API URL routers should use (default: from --host and --port); a prefill worker's KV port is advertised on the same host")
+}
+
+// options returns the worker's registration, nil without --etcd-endpoints.
+func (f *registrationFlags) options() (*cluster.EtcdRegistration, error) {
+	if len(splitURLs(f.etcd.endpoints)) == 0 {
+		if f.advertise != "" {
+			return nil, usagef("--advertise-url needs --etcd-endpoints (it is what the worker registers)")
+		}
+		return nil, nil
+	}
+	if f.ttl < 2*time.Second {
+		return nil, usagef("--registry-ttl must be at least 2s, got %s", f.ttl)
+	}
+	if f.advertise != "" {
+		if _, err := registry.ParseURL(f.advertise); err != nil {
+			return nil, usagef("--advertise-url: %v", err)
+		}
+	}
+	cfg := f.etcd.config(nil)
+	if err := cfg.Validate(); err != nil {
+		return nil, usageError{err}
+	}
+	return &cluster.EtcdRegistration{Config: cfg, TTL: f.ttl, AdvertiseURL: f.advertise}, nil
+}
+
+// discoveryFlags choose where the router finds its workers.
+type discoveryFlags struct {
+	discovery  string
+	etcd       etcdFlags
+	namespace  string
+	selector   string
+	kubeconfig string
+}
+
+func (f *discoveryFlags) add(fs *pflag.FlagSet) {
+	fs.StringVar(&f.discovery, "discovery", "static", "where workers come from: static (--prefill/--decode/--colocated and POST /workers), etcd or kubernetes")
+	f.etcd.add(fs, "--discovery etcd watches the workers registered there")
+	fs.StringVar(&f.namespace, "k8s-namespace", "", "--discovery kubernetes: namespace of the worker pods (default: every namespace the router may list)")
+	fs.StringVar(&f.selector, "k8s-selector", kube.LabelRole, "--discovery kubernetes: label selector of worker pods (role from the pdserve.io/role label, ports from the pdserve.io/port and pdserve.io/kv-port annotations)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "--discovery kubernetes: kubeconfig file (default: the in-cluster configuration)")
+}
+
+// registry builds the router's registry: nil for static (the router builds
+// it from the worker lists).
+func (f *discoveryFlags) registry(log *slog.Logger) (registry.Registry, error) {
+	switch f.discovery {
+	case "static":
+		return nil, nil
+	case "etcd":
+		if len(splitURLs(f.etcd.endpoints)) == 0 {
+			return nil, usagef("--discovery etcd needs --etcd-endpoints")
+		}
+		r, err := etcdreg.New(f.etcd.config(log))
+		if err != nil {
+			return nil, usageError{err}
+		}
+		return r, nil
+	case "kubernetes":
+		r, err := kube.New(kube.Config{Kubeconfig: f.kubeconfig, Namespace: f.namespace, Selector: f.selector, Logger: log})
+		if err != nil {
+			return nil, usageError{err}
+		}
+		return r, nil
+	}
+	return nil, usagef("--discovery %q: want static, etcd or kubernetes", f.discovery)
+}
+
+// healthFlags tune the router's health checks of its workers.
+type healthFlags struct {
+	interval, timeout time.Duration
+	success, failure  int
+	slowStart         time.Duration
+}
+
+func (f *healthFlags) add(fs *pflag.FlagSet) {
+	fs.DurationVar(&f.interval, "health-interval", fleet.DefaultHealthInterval, "how often every worker is health-checked")
+	fs.DurationVar(&f.timeout, "health-check-timeout", fleet.DefaultCheckTimeout, "bound on one health check")
+	fs.IntVar(&f.success, "health-success-threshold", fleet.DefaultSuccessThreshold, "passing checks in a row before a worker takes requests")
+	fs.IntVar(&f.failure, "health-failure-threshold", fleet.DefaultFailureThreshold, "failed checks in a row before a worker is not ready (its legs in flight fail); a refused connection counts at once")
+	fs.DurationVar(&f.slowStart, "slow-start", fleet.DefaultSlowStart, "a worker that joins a serving fleet ramps its share of new requests up over this long (0: at once)")
+}
+
+func (f *healthFlags) apply(o *cluster.RouterOptions) error {
+	switch {
+	case f.interval <= 0 || f.timeout <= 0:
+		return usagef("--health-interval and --health-check-timeout must be positive")
+	case f.success < 1 || f.failure < 1:
+		return usagef("--health-success-threshold and --health-failure-threshold must be at least 1")
+	case f.slowStart < 0:
+		return usagef("--slow-start must not be negative")
+	}
+	o.HealthInterval, o.CheckTimeout, o.SuccessThreshold, o.FailureThreshold = f.interval, f.timeout, f.success, f.failure
+	o.SlowStart = f.slowStart
+	if f.slowStart == 0 {
+		o.SlowStart = -1 // fleet: no ramp
+	}
+	return nil
+}

@@ -3,8 +3,10 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -570,6 +572,78 @@ func TestRequestsOnInjectedClock(t *testing.T) {
 		}
 		if list := tr.r.Requests(); len(list) != 0 {
 			t.Fatalf("requests after the end: %+v", list)
+		}
+	})
+}
+
+// TestLeavingWorkerOutOfPairingAtOnce: a decode worker that answers
+// shutdown (or draining) is out of new pairs at once, before its next
+// health check says so: the request is retried on the other worker, and
+// later requests never go to it.
+func TestLeavingWorkerOutOfPairingAtOnce(t *testing.T) {
+	for _, o := range []outcome.Outcome{outcome.Shutdown, outcome.Draining} {
+		t.Run(o.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, 1, 2, 0, nil)
+				defer tr.r.Close()
+				tr.prefill[0].setLeg(byGen(untilAborted, okLeg(workerapi.RolePrefill)))
+				leaving := workerapi.OutcomeError(o, "the worker is going away", outcome.Cause{})
+				for _, d := range tr.decode {
+					d.setLeg(failWith(leaving))
+				}
+				// The first attempt goes to decode1 (round robin starts at
+				// the second); only decode0 will serve.
+				tr.decode[0].setLeg(okLeg(workerapi.RoleDecode))
+				for i := range 4 {
+					if a := generate(t.Context(), tr.r, fmt.Sprintf("rid%d", i)); a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+						t.Fatalf("request %d: %+v", i, a)
+					}
+				}
+				if legs, _, _ := tr.decode[1].received(); len(legs) != 1 {
+					t.Fatalf("the leaving worker got %d legs, want only the first", len(legs))
+				}
+				if st := tr.r.Fleet().Workers("decode")[1].State(); st.String() != "draining" {
+					t.Fatalf("leaving worker is %s, want draining", st)
+				}
+			})
+		})
+	}
+}
+
+// TestRouterDrain: a draining router answers new requests 503 draining with
+// Retry-After and /health 503, lets the request in flight finish, and Drain
+// returns once it has been answered.
+func TestRouterDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		tr.decode[0].setLeg(after(3*time.Second, okLeg(workerapi.RoleDecode)))
+		first := make(chan answer, 1)
+		go func() { first <- generate(t.Context(), tr.r, "inflight") }()
+		synctest.Wait()
+		drained := make(chan error, 1)
+		go func() { drained <- tr.r.Drain(t.Context()) }()
+		synctest.Wait()
+		a := generate(t.Context(), tr.r, "late")
+		if a.err == nil || a.err.Status != http.StatusServiceUnavailable || a.err.Code != "draining" || a.err.RetryAfter <= 0 {
+			t.Fatalf("new request while draining: %+v", a.err)
+		}
+		rec := httptest.NewRecorder()
+		tr.r.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/health", nil))
+		if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "draining") || rec.Header().Get("Retry-After") == "" {
+			t.Fatalf("/health while draining: %d %s", rec.Code, rec.Body)
+		}
+		select {
+		case err := <-drained:
+			t.Fatalf("Drain returned %v with a request in flight", err)
+		default:
+		}
+		if a := <-first; a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+			t.Fatalf("request in flight during the drain: %+v", a)
+		}
+		synctest.Wait()
+		if err := <-drained; err != nil {
+			t.Fatal(err)
 		}
 	})
 }

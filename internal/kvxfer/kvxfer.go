@@ -115,8 +115,9 @@ func (t Type) String() string {
 }
 
 // ProtocolVersion is sent in HELLO; peers with another version are refused.
-// Version 2: ABORT carries a structured cause.
-const ProtocolVersion = 2
+// Version 2: ABORT carries a structured cause. Version 3: KV_DONE carries
+// the KV's Binding to its request.
+const ProtocolVersion = 3
 
 // Message is one decoded frame.
 type Message interface {
@@ -175,15 +176,20 @@ type KVChunk struct {
 	Data      []byte
 }
 
-// KVDone (prefill → decode) ends a transfer: NPages pages were sent in
-// NChunks chunks; Checksum is CRC-32C (Castagnoli) over the bytes of all
-// NPages pages in order. FirstToken is the token prefill sampled after the
-// prompt, with its log-probability.
+// KVDone (prefill → decode) ends a transfer of the KV of a prompt of
+// NTokens tokens in NPages pages, sent in NChunks chunks. Binding ties the
+// KV to its request: BindKV of this RoomGen, NTokens and the PageHash the
+// sender recorded with each of the NPages pages (see BindKV); the receiver
+// compares it with the binding of its own request before it uses any of the
+// KV. Checksum is CRC-32C (Castagnoli) over the bytes of all NPages pages in
+// order, as the receiver will use them. FirstToken is the token prefill
+// sampled after the prompt, with its log-probability.
 type KVDone struct {
 	RoomGen
 	NChunks      uint32
 	NPages       uint32
 	NTokens      uint32
+	Binding      Binding
 	Checksum     uint32
 	FirstToken   int32
 	FirstLogprob float32

@@ -118,6 +118,11 @@ func (m *Machine) free(pages []kvcache.PageID) {
 		// bookkeeping makes it impossible, so this is a bug worth a crash.
 		panic(fmt.Sprintf("lifecycle: %v", err))
 	}
+	if m.pageHash != nil {
+		for _, p := range pages {
+			m.pageHash[p] = kvxfer.PageHash{}
+		}
+	}
 }
 
 // rejectEarly answers a request that was never admitted.

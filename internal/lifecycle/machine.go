@@ -15,6 +15,15 @@ type Machine struct {
 	alloc *kvcache.Allocator
 	now   time.Time
 
+	// seed roots the page hashes of this model (kvxfer.ChainSeed).
+	seed kvxfer.PageHash
+	// pageHash (prefill) is, per page, the hash of the prompt tokens whose
+	// KV the forward wrote into it (kvxfer.ChainPage), set when the page's
+	// last token is computed and cleared when the page is freed. KV_DONE's
+	// binding is built from these, not from the request the pages are sent
+	// for, so pages that hold another request's KV do not bind.
+	pageHash []kvxfer.PageHash
+
 	reqs  map[string]*req
 	rooms map[kvxfer.Room]*req
 	// queue holds requests in arrival order; scheduling scans it and drops
@@ -60,9 +69,10 @@ func New(cfg Config, alloc *kvcache.Allocator) (*Machine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Machine{
+	m := &Machine{
 		cfg:       cfg,
 		alloc:     alloc,
+		seed:      kvxfer.ChainSeed(cfg.Fingerprint),
 		reqs:      make(map[string]*req),
 		rooms:     make(map[kvxfer.Room]*req),
 		pending:   make(map[kvxfer.Room]*pendingOpen),
@@ -74,7 +84,11 @@ func New(cfg Config, alloc *kvcache.Allocator) (*Machine, error) {
 		counters: Counters{
 			FramesDropped: make(map[string]uint64),
 		},
-	}, nil
+	}
+	if cfg.Role == RolePrefill {
+		m.pageHash = make([]kvxfer.PageHash, alloc.Total())
+	}
+	return m, nil
 }
 
 // Config returns the machine's configuration.

@@ -41,7 +41,8 @@ func transferAll(h *harness, q Request) {
 	}
 	sum := h.checksum(pages[:np])
 	effs := h.step(PeerMessage{Peer: q.Peer, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen},
-		NChunks: uint32(np), NPages: uint32(np), NTokens: uint32(len(q.InputIDs)), Checksum: sum, FirstToken: 5}})
+		NChunks: uint32(np), NPages: uint32(np), NTokens: uint32(len(q.InputIDs)), Binding: h.binding(q), Checksum: sum,
+		FirstToken: 5}})
 	v := effectsOf[VerifyKV](effs)
 	if len(v) != 1 {
 		h.t.Fatalf("want one VerifyKV, got\n%s", describe(effs))
@@ -484,7 +485,8 @@ func TestChecksumMismatch(t *testing.T) {
 		h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Seq: uint32(i), FirstPage: uint32(i), NPages: 1, Data: []byte("abcdefgh")}})
 	}
 	good := h.checksum(pages[:2])
-	effs := h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NChunks: 2, NPages: 2, NTokens: 8, Checksum: good ^ 1}})
+	effs := h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NChunks: 2, NPages: 2, NTokens: 8,
+		Binding: h.binding(q), Checksum: good ^ 1}})
 	v := effectsOf[VerifyKV](effs)
 	effs = h.step(KVVerified{RID: v[0].RID, Gen: 1, Checksum: h.checksum(v[0].Pages)})
 	f, _ := h.finalOf(q.RID)

@@ -8,7 +8,9 @@ import (
 // Counters are totals since the machine started.
 type Counters struct {
 	// FramesDropped counts room messages dropped, by reason: unknown_room,
-	// stale_gen, wrong_peer, wrong_state, duplicate, malformed.
+	// stale_gen, wrong_peer, wrong_state, duplicate, malformed, and
+	// wrong_binding (a KV_DONE whose binding is not its request's: the
+	// request fails with failed_transfer).
 	FramesDropped map[string]uint64
 	// TombstoneHits counts arrivals and messages that met a tombstone.
 	TombstoneHits uint64

@@ -28,6 +28,7 @@ package kvxfer
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -233,6 +234,14 @@ func (KVAck) Type() Type     { return TypeKVAck }
 func (Abort) Type() Type     { return TypeAbort }
 func (AbortAck) Type() Type  { return TypeAbortAck }
 
+// ErrRefused is wrapped (errors.Is) by the error a Backend passes to
+// Handler.PeerLost for a connection whose handshake was refused, by either
+// side: another protocol version, another model fingerprint, wrong auth, a
+// first frame that is not HELLO. The same pair would be refused again
+// until one of the workers changes, so its rooms fail with
+// outcome.PeerRefused rather than as a lost peer.
+var ErrRefused = errors.New("refused")
+
 // PeerID names one connection within a process. A reconnect to the same
 // address gets a new PeerID, so state tied to a dead connection can never be
 // confused with the new one.
@@ -248,7 +257,8 @@ type Handler interface {
 	HandleMessage(peer PeerID, m Message)
 	// PeerLost is called exactly once per connection that was returned by
 	// Connect or accepted, when it closes for any reason (handshake refused,
-	// heartbeat missed, malformed frame, Close), with that reason.
+	// heartbeat missed, malformed frame, Close), with that reason; for a
+	// refused handshake the error wraps ErrRefused.
 	PeerLost(peer PeerID, err error)
 }
 

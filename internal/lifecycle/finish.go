@@ -38,7 +38,7 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 	if o != outcome.OK {
 		cause = m.rootCause(r, o, reason)
 	}
-	if o != outcome.OK && m.shared(r) && o != outcome.PeerLost && !r.peerEnded {
+	if o != outcome.OK && m.shared(r) && !connGone(o) && !r.peerEnded {
 		m.emit(Send{Peer: r.Peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Cause: cause}})
 	}
 	m.setStage(r, StageDone, 0, outcome.None)

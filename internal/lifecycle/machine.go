@@ -54,8 +54,9 @@ type Machine struct {
 
 	peersUp map[kvxfer.PeerID]bool
 	// lostPeers remembers dead connections (PeerIDs are never reused), so a
-	// request that arrives naming one fails at once.
-	lostPeers   map[kvxfer.PeerID]time.Time
+	// request that arrives naming one fails at once, as the connection's
+	// rooms did.
+	lostPeers   map[kvxfer.PeerID]lostPeer
 	lastRenewal time.Time
 	shutdown    bool
 	leaving     bool // Drain: new requests are refused
@@ -80,7 +81,7 @@ func New(cfg Config, alloc *kvcache.Allocator) (*Machine, error) {
 		peersUp:   make(map[kvxfer.PeerID]bool),
 		draining:  make(map[*req]struct{}),
 		jobs:      make(map[uint64]*req),
-		lostPeers: make(map[kvxfer.PeerID]time.Time),
+		lostPeers: make(map[kvxfer.PeerID]lostPeer),
 		counters: Counters{
 			FramesDropped: make(map[string]uint64),
 		},
@@ -202,8 +203,8 @@ func (m *Machine) tick() {
 		}
 	}
 	m.expirePending()
-	for p, at := range m.lostPeers { // only forgets: nothing is emitted
-		if now.Sub(at) > m.cfg.TombstoneTTL {
+	for p, lp := range m.lostPeers { // only forgets: nothing is emitted
+		if now.Sub(lp.at) > m.cfg.TombstoneTTL {
 			delete(m.lostPeers, p)
 		}
 	}

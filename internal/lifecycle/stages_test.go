@@ -306,25 +306,68 @@ func TestLeaseExpiryInEveryLeasedStage(t *testing.T) {
 	}
 }
 
+// TestPeerLostInEveryStage: a lost connection fails every room on it that
+// still needs the peer, with peer_lost, or with peer_refused when the
+// transport says the connection's handshake was refused (the error wraps
+// kvxfer.ErrRefused); the dead peer is never sent an ABORT.
 func TestPeerLostInEveryStage(t *testing.T) {
-	for _, s := range stageSetups {
-		t.Run(s.name(), func(t *testing.T) {
-			h, q := s.setup(t)
-			effs := h.step(PeerLost{Peer: 7, Err: fmt.Errorf("boom")})
+	losses := []struct {
+		err  error
+		want outcome.Outcome
+	}{
+		{fmt.Errorf("boom"), outcome.PeerLost},
+		{fmt.Errorf("kv handshake with p:1 %w: page_size 16 vs 32", kvxfer.ErrRefused), outcome.PeerRefused},
+	}
+	for _, loss := range losses {
+		for _, s := range stageSetups {
+			t.Run(loss.want.String()+"/"+s.name(), func(t *testing.T) {
+				h, q := s.setup(t)
+				effs := h.step(PeerLost{Peer: 7, Err: loss.err})
+				f, ok := h.finalOf(q.RID)
+				holdsPeer := s.shared
+				if holdsPeer {
+					if !ok || f.Outcome != loss.want || !contains(f.Err, loss.err.Error()) || f.Cause.Outcome != loss.want {
+						t.Fatalf("want %s naming %q, got %+v", loss.want, loss.err, f)
+					}
+					if len(sends[kvxfer.Abort](effs)) != 0 {
+						t.Fatalf("ABORT sent to a lost peer:\n%s", describe(effs))
+					}
+				} else if ok {
+					t.Fatalf("request that no longer needs the peer ended: %+v", f)
+				}
+				h.step(AbortRequest{RID: q.RID})
+				h.quiesce()
+			})
+		}
+	}
+}
+
+// TestArrivalOnDeadConnection: a decode request that names a connection
+// already gone fails at once as that connection's rooms did: peer_refused
+// (with the refusal's reason) after a refused handshake, peer_lost after
+// any other loss.
+func TestArrivalOnDeadConnection(t *testing.T) {
+	refused := fmt.Errorf("kv handshake with p:1 %w: protocol version 2 vs 3", kvxfer.ErrRefused)
+	for _, tc := range []struct {
+		err  error
+		want outcome.Outcome
+		msg  string
+	}{
+		{refused, outcome.PeerRefused, "protocol version 2 vs 3"},
+		{fmt.Errorf("kv peer p:1 silent for 3s"), outcome.PeerLost, "lost before the request arrived"},
+	} {
+		t.Run(tc.want.String(), func(t *testing.T) {
+			h := newHarness(t, testConfig(RoleDecode), 16)
+			h.step(PeerLost{Peer: 7, Err: tc.err})
+			q := request(1, 8, 4)
+			effs := h.step(Arrive{Req: q})
 			f, ok := h.finalOf(q.RID)
-			holdsPeer := s.shared
-			if holdsPeer {
-				if !ok || f.Outcome != outcome.PeerLost {
-					t.Fatalf("want peer_lost, got %+v", f)
-				}
-				if len(sends[kvxfer.Abort](effs)) != 0 {
-					t.Fatalf("ABORT sent to a lost peer:\n%s", describe(effs))
-				}
-			} else if ok {
-				t.Fatalf("request that no longer needs the peer ended: %+v", f)
+			if !ok || f.Outcome != tc.want || !contains(f.Err, tc.msg) || f.Cause.Outcome != tc.want {
+				t.Fatalf("want %s naming %q, got %+v", tc.want, tc.msg, f)
 			}
-			h.step(AbortRequest{RID: q.RID})
-			h.quiesce()
+			if len(sends[kvxfer.RoomOpen](effs)) != 0 || h.alloc.Used() != 0 {
+				t.Fatalf("a room was opened on a dead connection:\n%s", describe(effs))
+			}
 		})
 	}
 }

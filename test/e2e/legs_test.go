@@ -18,6 +18,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
@@ -77,7 +78,9 @@ func TestPrefillRejectsAfterDispatch(t *testing.T) {
 // TestIncompatiblePairRefused: a prefill and a decode with different page
 // sizes are never paired by the router (the client gets a 503 naming the
 // mismatch), and a decode leg sent to that prefill anyway is refused at the
-// KV handshake with the mismatch named — an error, not a hang.
+// KV handshake with the mismatch named — an error, not a hang — and ends
+// with outcome peer_refused (not peer_lost: the same pair would be refused
+// again), as decode counts it.
 func TestIncompatiblePairRefused(t *testing.T) {
 	c := startPair(t, func(o *cluster.WorkerOptions) { o.Machine.PageSize = 32 }, nil)
 	status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "hello", "max_tokens": 4})
@@ -95,6 +98,23 @@ func TestIncompatiblePairRefused(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("answer took %s", d)
 	}
+	var answer struct {
+		Error struct {
+			Code    string          `json:"code"`
+			Outcome outcome.Outcome `json:"outcome"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &answer); err != nil {
+		t.Fatalf("decode's answer %s: %v", body, err)
+	}
+	if answer.Error.Code != "peer_refused" || answer.Error.Outcome != outcome.PeerRefused {
+		t.Fatalf("decode's answer %s: want code and outcome peer_refused", body)
+	}
+	waitFor(t, 2*time.Second, "decode counted the refusal", func() (bool, string) {
+		refused := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "peer_refused")
+		lost := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "peer_lost")
+		return refused == 1 && lost == 0, fmt.Sprintf("peer_refused %v, peer_lost %v", refused, lost)
+	})
 }
 
 // TestRouterShutdownAnswersInFlight: stopping the router answers every

@@ -148,6 +148,7 @@ func (m *Machine) peerAbort(p kvxfer.PeerID, a kvxfer.Abort) {
 			cause = m.cause(outcome.AbortedPeer, StageNone, reason)
 		}
 		m.addTomb(tombKey{room: a.Room}, a.Gen, outcome.AbortedPeer, cause)
+		m.counters.PeerAbortTombstones++
 		return
 	}
 	m.record(r, "ABORT from peer: %s", a.Reason())

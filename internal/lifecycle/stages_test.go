@@ -439,6 +439,42 @@ func TestAbortBeforeArrival(t *testing.T) {
 	}
 }
 
+// TestPeerAbortTombstonesCounted (issue 18): a peer's ABORT for a room
+// this side does not hold (it ended here first, or never came) leaves a
+// tombstone, and is counted, so the tombstones an operator sees are
+// explained; an ABORT for a room it holds ends that room and is not.
+func TestPeerAbortTombstonesCounted(t *testing.T) {
+	h := newHarness(t, testConfig(RoleDecode), 16)
+	h.step(PeerUp{Peer: 7})
+	live, late := request(1, 8, 4), request(2, 8, 4)
+	h.step(Arrive{Req: live})
+	abort := func(q Request, gen uint32) {
+		h.step(PeerMessage{Peer: 7, Msg: kvxfer.Abort{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: gen},
+			Cause: outcome.Cause{Outcome: outcome.LeaseExpired, Role: "prefill", Detail: "late"}}})
+	}
+	abort(late, 1) // a room decode never held
+	abort(live, 2) // another gen of a room it holds
+	st := h.m.Stats(h.now)
+	if st.Counters.PeerAbortTombstones != 2 || st.Tombstones != 2 || h.m.reqs[live.RID] == nil {
+		t.Fatalf("tombstones %d, counted %d, live request kept %v; want 2, 2, true",
+			st.Tombstones, st.Counters.PeerAbortTombstones, h.m.reqs[live.RID] != nil)
+	}
+	abort(live, 1) // the room it holds: that room ends
+	if f, _ := h.finalOf(live.RID); f.Outcome != outcome.AbortedPeer {
+		t.Fatalf("live room: %+v", f)
+	}
+	if n := h.m.Stats(h.now).Counters.PeerAbortTombstones; n != 2 {
+		t.Fatalf("the ABORT of a held room counted as a peer-abort tombstone (%d)", n)
+	}
+	// The tombstone does its job: the late room's request fails at once,
+	// with prefill's cause.
+	h.step(Arrive{Req: late})
+	if f, _ := h.finalOf(late.RID); f.Outcome != outcome.AbortedPeer || f.Cause.Outcome != outcome.LeaseExpired {
+		t.Fatalf("late arrival: %+v", f)
+	}
+	h.quiesce()
+}
+
 // TestLateRoomOpenAfterPrefillFailed: decode's ROOM_OPEN for a room prefill
 // already failed is answered with ABORT at once (PD-REFERENCE §9.4, §9.7).
 func TestLateRoomOpenAfterPrefillFailed(t *testing.T) {

@@ -257,7 +257,8 @@ func (w *world) printStats(n *node) {
 	for _, kv := range []struct {
 		k string
 		v uint64
-	}{{"tombstone_hits", c.TombstoneHits}, {"aborts_acked", c.AbortsAcked}, {"pending_opens_expired", c.PendingOpensExpired},
+	}{{"tombstone_hits", c.TombstoneHits}, {"peer_abort_tombstones", c.PeerAbortTombstones},
+		{"aborts_acked", c.AbortsAcked}, {"pending_opens_expired", c.PendingOpensExpired},
 		{"preemptions", c.Preemptions}} {
 		if kv.v > 0 {
 			cs = append(cs, fmt.Sprintf("%s=%d", kv.k, kv.v))

@@ -667,7 +667,8 @@ func (w *Worker) snapshot() (metrics.WorkerState, bool) {
 		return metrics.WorkerState{}, false
 	}
 	ms := metrics.WorkerState{PagesUsed: st.PagesUsed, PagesTotal: st.PagesTotal, PendingOpens: st.PendingOpens,
-		Tombstones: st.Tombstones, Preemptions: st.Counters.Preemptions, FramesDropped: make(map[string]uint64)}
+		Tombstones: st.Tombstones, Preemptions: st.Counters.Preemptions, PeerAbortTombstones: st.Counters.PeerAbortTombstones,
+		FramesDropped: make(map[string]uint64)}
 	for _, s := range w.role.Stages() {
 		ms.Stages = append(ms.Stages, metrics.StageState{Stage: s.String(), Requests: st.Stages[s], Oldest: st.OldestInStage[s]})
 	}

@@ -117,6 +117,42 @@ func TestIncompatiblePairRefused(t *testing.T) {
 	})
 }
 
+// TestPeerAbortTombstoneCounted (issue 18): an ABORT from decode for a
+// room prefill holds no request for (here: decode's leg arrived alone, so
+// its ROOM_OPEN waits as a pending open, then the leg is aborted) leaves a
+// tombstone on prefill, and pdserve_peer_abort_tombstones_total shows it
+// next to the tombstone gauge.
+func TestPeerAbortTombstoneCounted(t *testing.T) {
+	c := startPair(t, nil, nil)
+	p := workerGatherer{c.Prefill[0]}
+	if n := counterValue(t, p, "pdserve_peer_abort_tombstones_total", "role", "prefill"); n != 0 {
+		t.Fatalf("counted %v before any abort", n)
+	}
+	leg := workerapi.GenerateBody{RID: "alone", Room: kvxfer.NewRoom().String(), Gen: 1, InputIDs: []int32{104, 105},
+		MaxTokens: 4, PrefillKVAddr: c.Prefill[0].Worker.KVAddr()}
+	done := make(chan int, 1)
+	go func() {
+		status, _ := postJSON(t, c.Decode[0].URL+workerapi.PathDecode, leg)
+		done <- status
+	}()
+	waitFor(t, 5*time.Second, "decode's ROOM_OPEN pending on prefill", func() (bool, string) {
+		st, _ := c.Prefill[0].Worker.Stats(time.Second)
+		return st.PendingOpens == 1, fmt.Sprintf("pending opens %d", st.PendingOpens)
+	})
+	if status, body := postJSON(t, c.Decode[0].URL+workerapi.PathAbort, workerapi.AbortBody{RID: "alone"}); status != http.StatusOK {
+		t.Fatalf("abort: %d %s", status, body)
+	}
+	if status := <-done; status == http.StatusOK {
+		t.Fatalf("the aborted leg answered %d", status)
+	}
+	waitFor(t, 5*time.Second, "prefill counted the tombstone", func() (bool, string) {
+		n := counterValue(t, p, "pdserve_peer_abort_tombstones_total", "role", "prefill")
+		tombs := counterValue(t, p, "pdserve_rooms", "kind", "tombstone")
+		pending := counterValue(t, p, "pdserve_rooms", "kind", "pending_open")
+		return n == 1 && tombs == 1 && pending == 0, fmt.Sprintf("counted %v, tombstones %v, pending opens %v", n, tombs, pending)
+	})
+}
+
 // TestRouterShutdownAnswersInFlight: stopping the router answers every
 // request in flight with an error (503, or an error event in a stream) and
 // aborts its legs; the workers return to baseline.

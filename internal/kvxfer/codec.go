@@ -20,8 +20,8 @@ package kvxfer
 //	ROOM_READY  roomgen | u32 n_tokens
 //	ROOM_RENEW  u32 count | count × roomgen
 //	KV_CHUNK    roomgen | u32 seq | u32 first_page | u32 n_pages | data (the rest of the frame)
-//	KV_DONE     roomgen | u32 n_chunks | u32 n_pages | u32 n_tokens | u32 checksum |
-//	            i32 first_token | f32 first_logprob
+//	KV_DONE     roomgen | u32 n_chunks | u32 n_pages | u32 n_tokens | 16 binding bytes |
+//	            u32 checksum | i32 first_token | f32 first_logprob
 //	KV_ACK      roomgen
 //	ABORT       roomgen | u8 outcome | str role | str stage | str detail
 //	ABORT_ACK   roomgen
@@ -58,6 +58,7 @@ const (
 
 	roomGenBytes = 16 + 4
 	kvChunkFixed = roomGenBytes + 3*4
+	kvDoneBytes  = roomGenBytes + 6*4 + len(Binding{})
 	strMax       = 2 + MaxStringBytes
 	helloMax     = 2 + 4*strMax + 4*8
 )
@@ -105,7 +106,7 @@ func payloadBounds(t Type) (lo, hi int, ok bool) {
 	case TypeKVChunk:
 		return kvChunkFixed, -1, true
 	case TypeKVDone:
-		return roomGenBytes + 6*4, roomGenBytes + 6*4, true
+		return kvDoneBytes, kvDoneBytes, true
 	case TypeKVAck, TypeAbortAck:
 		return roomGenBytes, roomGenBytes, true
 	case TypeAbort:
@@ -213,6 +214,7 @@ func AppendFrameHeader(buf []byte, m Message) ([]byte, error) {
 		buf = binary.LittleEndian.AppendUint32(buf, v.NChunks)
 		buf = binary.LittleEndian.AppendUint32(buf, v.NPages)
 		buf = binary.LittleEndian.AppendUint32(buf, v.NTokens)
+		buf = append(buf, v.Binding[:]...)
 		buf = binary.LittleEndian.AppendUint32(buf, v.Checksum)
 		buf = binary.LittleEndian.AppendUint32(buf, uint32(v.FirstToken))
 		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v.FirstLogprob))
@@ -361,9 +363,12 @@ func DecodePayload(t Type, payload []byte) (Message, error) {
 		}
 		m = r
 	case TypeKVDone:
-		m = KVDone{RoomGen: d.roomGen("room"), NChunks: d.u32("n_chunks"), NPages: d.u32("n_pages"),
-			NTokens: d.u32("n_tokens"), Checksum: d.u32("checksum"), FirstToken: int32(d.u32("first_token")),
-			FirstLogprob: math.Float32frombits(d.u32("first_logprob"))}
+		k := KVDone{RoomGen: d.roomGen("room"), NChunks: d.u32("n_chunks"), NPages: d.u32("n_pages"),
+			NTokens: d.u32("n_tokens")}
+		copy(k.Binding[:], d.take(len(k.Binding), "binding"))
+		k.Checksum, k.FirstToken = d.u32("checksum"), int32(d.u32("first_token"))
+		k.FirstLogprob = math.Float32frombits(d.u32("first_logprob"))
+		m = k
 	case TypeKVAck:
 		m = KVAck{RoomGen: d.roomGen("room")}
 	case TypeAbort:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -56,7 +57,7 @@ func sampleMessages() []Message {
 		KVChunk{RoomGen: rg, Seq: 3, FirstPage: 12, NPages: 4, Data: bytes.Repeat([]byte{1, 2, 3, 4, 5}, 1000)},
 		KVChunk{RoomGen: rg},
 		KVDone{RoomGen: rg, NChunks: 4, NPages: 16, NTokens: 250, Checksum: 0x12345678, FirstToken: -5,
-			FirstLogprob: -0.25},
+			FirstLogprob: -0.25, Binding: Binding{0: 0xb1, 7: 0x77, 15: 0xff}},
 		KVDone{RoomGen: rg, FirstLogprob: float32(math.NaN())},
 		KVAck{RoomGen: rg},
 		Abort{RoomGen: rg, Cause: outcome.Cause{Detail: "client disconnected"}},
@@ -154,6 +155,13 @@ func TestWireFormat(t *testing.T) {
 			4, 3, 2, 1)},
 		{RoomRenew{Rooms: []RoomGen{rg}}, append([]byte{0, 0, 0, 25, 8, 1, 0, 0, 0,
 			0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff}, 4, 3, 2, 1)},
+		// roomgen | n_chunks | n_pages | n_tokens | binding | checksum | first_token | first_logprob
+		{KVDone{RoomGen: rg, NChunks: 1, NPages: 2, NTokens: 3, Binding: Binding{0: 0xb0, 15: 0xbf}, Checksum: 0x0a0b0c0d,
+			FirstToken: -1, FirstLogprob: -2},
+			slices.Concat([]byte{0, 0, 0, 61, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 4, 3, 2, 1},
+				[]byte{1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0},
+				[]byte{0xb0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xbf},
+				[]byte{0x0d, 0x0c, 0x0b, 0x0a, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xc0})},
 	}
 	for _, tt := range tests {
 		if got := mustFrame(t, tt.m); !bytes.Equal(got, tt.want) {

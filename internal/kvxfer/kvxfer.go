@@ -28,6 +28,7 @@ package kvxfer
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -115,8 +116,9 @@ func (t Type) String() string {
 }
 
 // ProtocolVersion is sent in HELLO; peers with another version are refused.
-// Version 2: ABORT carries a structured cause.
-const ProtocolVersion = 2
+// Version 2: ABORT carries a structured cause. Version 3: KV_DONE carries
+// the KV's Binding to its request.
+const ProtocolVersion = 3
 
 // Message is one decoded frame.
 type Message interface {
@@ -175,15 +177,20 @@ type KVChunk struct {
 	Data      []byte
 }
 
-// KVDone (prefill → decode) ends a transfer: NPages pages were sent in
-// NChunks chunks; Checksum is CRC-32C (Castagnoli) over the bytes of all
-// NPages pages in order. FirstToken is the token prefill sampled after the
-// prompt, with its log-probability.
+// KVDone (prefill → decode) ends a transfer of the KV of a prompt of
+// NTokens tokens in NPages pages, sent in NChunks chunks. Binding ties the
+// KV to its request: BindKV of this RoomGen, NTokens and the PageHash the
+// sender recorded with each of the NPages pages (see BindKV); the receiver
+// compares it with the binding of its own request before it uses any of the
+// KV. Checksum is CRC-32C (Castagnoli) over the bytes of all NPages pages in
+// order, as the receiver will use them. FirstToken is the token prefill
+// sampled after the prompt, with its log-probability.
 type KVDone struct {
 	RoomGen
 	NChunks      uint32
 	NPages       uint32
 	NTokens      uint32
+	Binding      Binding
 	Checksum     uint32
 	FirstToken   int32
 	FirstLogprob float32
@@ -227,6 +234,14 @@ func (KVAck) Type() Type     { return TypeKVAck }
 func (Abort) Type() Type     { return TypeAbort }
 func (AbortAck) Type() Type  { return TypeAbortAck }
 
+// ErrRefused is wrapped (errors.Is) by the error a Backend passes to
+// Handler.PeerLost for a connection whose handshake was refused, by either
+// side: another protocol version, another model fingerprint, wrong auth, a
+// first frame that is not HELLO. The same pair would be refused again
+// until one of the workers changes, so its rooms fail with
+// outcome.PeerRefused rather than as a lost peer.
+var ErrRefused = errors.New("refused")
+
 // PeerID names one connection within a process. A reconnect to the same
 // address gets a new PeerID, so state tied to a dead connection can never be
 // confused with the new one.
@@ -242,7 +257,8 @@ type Handler interface {
 	HandleMessage(peer PeerID, m Message)
 	// PeerLost is called exactly once per connection that was returned by
 	// Connect or accepted, when it closes for any reason (handshake refused,
-	// heartbeat missed, malformed frame, Close), with that reason.
+	// heartbeat missed, malformed frame, Close), with that reason; for a
+	// refused handshake the error wraps ErrRefused.
 	PeerLost(peer PeerID, err error)
 }
 

@@ -128,7 +128,12 @@ func (m *Machine) arrive(q Request) {
 		}
 		m.finish(old, outcome.AbortedPeer, fmt.Sprintf("superseded by retry gen %d", q.Gen), "")
 	}
-	if _, lost := m.lostPeers[q.Peer]; lost && m.cfg.Role == RoleDecode {
+	if lp, lost := m.lostPeers[q.Peer]; lost && m.cfg.Role == RoleDecode {
+		if lp.outcome == outcome.PeerRefused {
+			m.rejectEarly(q, lp.outcome, "KV connection to %s was refused before the request arrived: %s", q.PeerAddr, lp.reason)
+			m.addTomb(tombKey{room: q.Room}, q.Gen, lp.outcome, m.cause(lp.outcome, StageNone, lp.reason))
+			return
+		}
 		m.rejectEarly(q, outcome.PeerLost, "KV connection to %s was lost before the request arrived", q.PeerAddr)
 		m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.PeerLost,
 			m.cause(outcome.PeerLost, StageNone, "decode lost its KV connection"))

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pdserve/pdserve/internal/kvxfer"
 )
 
 // Config is a machine's configuration. Durations are wall-clock spans
@@ -18,6 +20,11 @@ type Config struct {
 	VocabSize  int
 	// EOS ends generation unless the request sets IgnoreEOS.
 	EOS []int32
+	// Fingerprint is the KV fingerprint of the worker's model (the one its
+	// KV channel compares in HELLO). It roots the hashes that bind KV to a
+	// request (kvxfer.ChainSeed), so prefill and decode must have equal
+	// ones; any value is valid.
+	Fingerprint kvxfer.Fingerprint
 	// MaxPrefillTokens is the chunked-prefill budget: prompt tokens per forward.
 	MaxPrefillTokens int
 	// MaxRunning bounds the sequences decoded in one step.

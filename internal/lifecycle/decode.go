@@ -77,11 +77,29 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 				r.recvCount, np, x.NPages, x.NTokens, len(r.InputIDs)), "")
 			return
 		}
+		if want := m.binding(r); x.Binding != want {
+			// KV for another request (another room or gen, another prompt,
+			// another model, or pages that hold another request's KV):
+			// never decoded.
+			m.drop("wrong_binding")
+			m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
+				"KV is not this request's: KV_DONE carries binding %s, room %s with this prompt and model has %s",
+				x.Binding, r.roomGen(), want), "")
+			return
+		}
 		r.verifying, r.done = true, x
 		m.emit(VerifyKV{Job: m.pin(r), Peer: p, RID: r.RID, Gen: r.Gen, Pages: r.pages[:np]})
 	default:
 		m.drop("wrong_role")
 	}
+}
+
+// binding is what KV_DONE must carry for decode request r: its room and
+// gen, and the page hashes of its prompt under this worker's model
+// (kvxfer.BindKV).
+func (m *Machine) binding(r *req) kvxfer.Binding {
+	hashes := kvxfer.AppendPromptChain(make([]kvxfer.PageHash, 0, m.promptPages(r)), m.seed, r.InputIDs, m.cfg.PageSize)
+	return kvxfer.BindKV(r.roomGen(), uint32(len(r.InputIDs)), hashes)
 }
 
 func (m *Machine) kvVerified(e KVVerified) {

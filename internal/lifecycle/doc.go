@@ -72,5 +72,8 @@
 // The machine owns the page Allocator: it alone allocates and frees pages.
 // The shell owns the page bytes and writes them only as effects direct
 // (RunBatch, WriteKV), so a frame for a room that is no longer live is
-// dropped here and can never land in reused pages.
+// dropped here and can never land in reused pages. On prefill it also
+// records with each page the hash of the prompt tokens computed into it
+// (kvxfer.PageHash): KV_DONE's binding is built from those records, and
+// decode takes KV only if that binding is its own request's.
 package lifecycle

@@ -61,7 +61,10 @@ type PeerMessage struct {
 // PeerUp reports a KV connection's handshake succeeded.
 type PeerUp struct{ Peer kvxfer.PeerID }
 
-// PeerLost reports a KV connection is gone; every room on it fails.
+// PeerLost reports a KV connection is gone; every room on it fails, with
+// outcome.PeerRefused if Err wraps kvxfer.ErrRefused (the connection's
+// handshake was refused: the transport says so through the error, and the
+// machine needs no transport to tell), otherwise with outcome.PeerLost.
 type PeerLost struct {
 	Peer kvxfer.PeerID
 	Err  error

@@ -38,7 +38,7 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 	if o != outcome.OK {
 		cause = m.rootCause(r, o, reason)
 	}
-	if o != outcome.OK && m.shared(r) && o != outcome.PeerLost && !r.peerEnded {
+	if o != outcome.OK && m.shared(r) && !connGone(o) && !r.peerEnded {
 		m.emit(Send{Peer: r.Peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Cause: cause}})
 	}
 	m.setStage(r, StageDone, 0, outcome.None)
@@ -117,6 +117,11 @@ func (m *Machine) free(pages []kvcache.PageID) {
 		// A double free would hand one page to two requests; the machine's
 		// bookkeeping makes it impossible, so this is a bug worth a crash.
 		panic(fmt.Sprintf("lifecycle: %v", err))
+	}
+	if m.pageHash != nil {
+		for _, p := range pages {
+			m.pageHash[p] = kvxfer.PageHash{}
+		}
 	}
 }
 

@@ -185,6 +185,15 @@ func (h *harness) checksum(pages []kvcache.PageID) uint32 {
 	return c.Sum32()
 }
 
+// binding is the KV binding of request q under the harness machine's
+// model: what an honest prefill's KV_DONE carries for it.
+func (h *harness) binding(q Request) kvxfer.Binding {
+	cfg := h.m.Config()
+	rg := kvxfer.RoomGen{Room: q.Room, Gen: q.Gen}
+	return kvxfer.BindKV(rg, uint32(len(q.InputIDs)),
+		kvxfer.AppendPromptChain(nil, kvxfer.ChainSeed(cfg.Fingerprint), q.InputIDs, cfg.PageSize))
+}
+
 func room(i int) kvxfer.Room {
 	var r kvxfer.Room
 	r[0], r[15] = byte(i), byte(i>>8)|1

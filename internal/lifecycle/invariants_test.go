@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/outcome"
 )
@@ -77,6 +78,57 @@ func checkLegal(m *Machine) error {
 	}
 	if batched != len(m.batch) {
 		errs = append(errs, fmt.Errorf("%s: %d requests marked inBatch, %d in the running batch", m.cfg.Role, batched, len(m.batch)))
+	}
+	if err := m.checkPageHashes(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// checkPageHashes verifies prefill's record of what each page holds: a
+// live request's computed pages carry the hash of its prompt up to their
+// end (its full pages, and every page once the prompt is computed), its
+// other pages none, and so does every free page.
+func (m *Machine) checkPageHashes() error {
+	if m.cfg.Role != RolePrefill {
+		if m.pageHash != nil {
+			return fmt.Errorf("%s: page hashes are kept on prefill only", m.cfg.Role)
+		}
+		return nil
+	}
+	var errs []error
+	var zero kvxfer.PageHash
+	held := make(map[kvcache.PageID]bool)
+	for r := range m.draining {
+		for _, p := range r.pages {
+			held[p] = true
+		}
+	}
+	for _, r := range m.queue {
+		if r.stage == StageDone || len(r.pages) == 0 {
+			continue
+		}
+		hashed := r.computed / m.cfg.PageSize
+		if r.computed == len(r.InputIDs) {
+			hashed = m.promptPages(r)
+		}
+		chain := kvxfer.AppendPromptChain(nil, m.seed, r.InputIDs, m.cfg.PageSize)
+		for i, p := range r.pages {
+			held[p] = true
+			want := zero
+			if i < hashed {
+				want = chain[i]
+			}
+			if got := m.pageHash[p]; got != want {
+				errs = append(errs, fmt.Errorf("prefill %s: page %d (index %d of %d computed tokens) has hash %s, want %s",
+					r.RID, p, i, r.computed, got, want))
+			}
+		}
+	}
+	for p, h := range m.pageHash {
+		if h != zero && !held[kvcache.PageID(p)] {
+			errs = append(errs, fmt.Errorf("prefill: free page %d keeps hash %s", p, h))
+		}
 	}
 	return errors.Join(errs...)
 }

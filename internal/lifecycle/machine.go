@@ -15,6 +15,15 @@ type Machine struct {
 	alloc *kvcache.Allocator
 	now   time.Time
 
+	// seed roots the page hashes of this model (kvxfer.ChainSeed).
+	seed kvxfer.PageHash
+	// pageHash (prefill) is, per page, the hash of the prompt tokens whose
+	// KV the forward wrote into it (kvxfer.ChainPage), set when the page's
+	// last token is computed and cleared when the page is freed. KV_DONE's
+	// binding is built from these, not from the request the pages are sent
+	// for, so pages that hold another request's KV do not bind.
+	pageHash []kvxfer.PageHash
+
 	reqs  map[string]*req
 	rooms map[kvxfer.Room]*req
 	// queue holds requests in arrival order; scheduling scans it and drops
@@ -45,8 +54,9 @@ type Machine struct {
 
 	peersUp map[kvxfer.PeerID]bool
 	// lostPeers remembers dead connections (PeerIDs are never reused), so a
-	// request that arrives naming one fails at once.
-	lostPeers   map[kvxfer.PeerID]time.Time
+	// request that arrives naming one fails at once, as the connection's
+	// rooms did.
+	lostPeers   map[kvxfer.PeerID]lostPeer
 	lastRenewal time.Time
 	shutdown    bool
 	leaving     bool // Drain: new requests are refused
@@ -60,9 +70,10 @@ func New(cfg Config, alloc *kvcache.Allocator) (*Machine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Machine{
+	m := &Machine{
 		cfg:       cfg,
 		alloc:     alloc,
+		seed:      kvxfer.ChainSeed(cfg.Fingerprint),
 		reqs:      make(map[string]*req),
 		rooms:     make(map[kvxfer.Room]*req),
 		pending:   make(map[kvxfer.Room]*pendingOpen),
@@ -70,11 +81,15 @@ func New(cfg Config, alloc *kvcache.Allocator) (*Machine, error) {
 		peersUp:   make(map[kvxfer.PeerID]bool),
 		draining:  make(map[*req]struct{}),
 		jobs:      make(map[uint64]*req),
-		lostPeers: make(map[kvxfer.PeerID]time.Time),
+		lostPeers: make(map[kvxfer.PeerID]lostPeer),
 		counters: Counters{
 			FramesDropped: make(map[string]uint64),
 		},
-	}, nil
+	}
+	if cfg.Role == RolePrefill {
+		m.pageHash = make([]kvxfer.PageHash, alloc.Total())
+	}
+	return m, nil
 }
 
 // Config returns the machine's configuration.
@@ -188,8 +203,8 @@ func (m *Machine) tick() {
 		}
 	}
 	m.expirePending()
-	for p, at := range m.lostPeers { // only forgets: nothing is emitted
-		if now.Sub(at) > m.cfg.TombstoneTTL {
+	for p, lp := range m.lostPeers { // only forgets: nothing is emitted
+		if now.Sub(lp.at) > m.cfg.TombstoneTTL {
 			delete(m.lostPeers, p)
 		}
 	}

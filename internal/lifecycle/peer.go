@@ -1,8 +1,10 @@
 package lifecycle
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -61,16 +63,32 @@ func (m *Machine) peerUp(p kvxfer.PeerID) {
 	}
 }
 
+// lostPeer is a dead connection: when it died, the outcome its rooms
+// failed with, and why.
+type lostPeer struct {
+	at      time.Time
+	outcome outcome.Outcome
+	reason  string
+}
+
+// connGone reports an outcome that says the room's connection is dead, so
+// the peer cannot be told.
+func connGone(o outcome.Outcome) bool { return o == outcome.PeerLost || o == outcome.PeerRefused }
+
 func (m *Machine) peerLost(p kvxfer.PeerID, err error) {
 	delete(m.peersUp, p)
 	if m.cfg.Role == RoleColocated {
 		return
 	}
-	m.lostPeers[p] = m.now
+	o := outcome.PeerLost
 	reason := fmt.Sprintf("KV connection (peer %d) lost", p)
-	if err != nil {
+	switch {
+	case errors.Is(err, kvxfer.ErrRefused):
+		o, reason = outcome.PeerRefused, fmt.Sprintf("KV connection refused: %v", err)
+	case err != nil:
 		reason = fmt.Sprintf("KV connection lost: %v", err)
 	}
+	m.lostPeers[p] = lostPeer{at: m.now, outcome: o, reason: reason}
 	for _, r := range m.sortedLive() {
 		if r.Peer != p {
 			continue
@@ -81,7 +99,7 @@ func (m *Machine) peerLost(p kvxfer.PeerID, err error) {
 		if m.cfg.Role == RoleDecode && r.ackSent {
 			continue // the KV is here; the peer no longer matters
 		}
-		m.finish(r, outcome.PeerLost, reason, "")
+		m.finish(r, o, reason, "")
 	}
 	for room, po := range m.pending { // dropped without a word: the peer is gone
 		if po.peer == p {
@@ -130,6 +148,7 @@ func (m *Machine) peerAbort(p kvxfer.PeerID, a kvxfer.Abort) {
 			cause = m.cause(outcome.AbortedPeer, StageNone, reason)
 		}
 		m.addTomb(tombKey{room: a.Room}, a.Gen, outcome.AbortedPeer, cause)
+		m.counters.PeerAbortTombstones++
 		return
 	}
 	m.record(r, "ABORT from peer: %s", a.Reason())

@@ -221,8 +221,15 @@ func (m *Machine) sendComputed(r *req) {
 func (m *Machine) startTransfer(r *req) {
 	m.sendComputed(r)
 	np := m.promptPages(r)
+	// The binding names what the pages hold (the hashes recorded when they
+	// were computed), so decode can tell KV computed for another request.
+	hashes := make([]kvxfer.PageHash, np)
+	for i, p := range r.pages[:np] {
+		hashes[i] = m.pageHash[p]
+	}
 	m.emit(SendKVDone{Job: m.pin(r), Peer: r.Peer, Pages: r.pages[:np], Done: kvxfer.KVDone{RoomGen: r.roomGen(),
 		NChunks: r.chunks, NPages: uint32(np), NTokens: uint32(len(r.InputIDs)),
+		Binding:    kvxfer.BindKV(r.roomGen(), uint32(len(r.InputIDs)), hashes),
 		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob}})
 	m.record(r, "KV sent: %d pages in %d chunks", np, r.chunks)
 	m.setStage(r, StageTransferring, m.cfg.TransferTimeout, outcome.TimeoutTransfer)

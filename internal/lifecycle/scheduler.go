@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"fmt"
 
+	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/outcome"
 )
@@ -225,8 +226,12 @@ func (m *Machine) batchDone(e BatchDone) {
 		out := e.Out[i]
 		switch r.stage {
 		case StagePrefilling:
+			before := r.computed
 			r.computed += b.tokens
 			done := r.computed == len(r.prefillTokens())
+			if m.cfg.Role == RolePrefill {
+				m.hashComputed(r, before)
+			}
 			if m.cfg.Role != RolePrefill {
 				if done {
 					m.setStage(r, StageDecoding, 0, outcome.None)
@@ -250,6 +255,25 @@ func (m *Machine) batchDone(e BatchDone) {
 		case StageDecoding:
 			m.appendOutput(r, out)
 		}
+	}
+}
+
+// hashComputed records the hash of each page of prefill request r that
+// the forward just completed (r.computed went from before to its value):
+// the full pages, and the last page once the whole prompt is computed.
+// Each page's hash chains on the hash recorded with the page before it.
+func (m *Machine) hashComputed(r *req, before int) {
+	ps := m.cfg.PageSize
+	from, to := before/ps, r.computed/ps
+	if r.computed == len(r.InputIDs) {
+		to = m.promptPages(r)
+	}
+	for i := from; i < to; i++ {
+		parent := m.seed
+		if i > 0 {
+			parent = m.pageHash[r.pages[i-1]]
+		}
+		m.pageHash[r.pages[i]] = kvxfer.ChainPage(parent, r.InputIDs[i*ps:min((i+1)*ps, len(r.InputIDs))])
 	}
 }
 

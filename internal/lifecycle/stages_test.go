@@ -41,7 +41,8 @@ func transferAll(h *harness, q Request) {
 	}
 	sum := h.checksum(pages[:np])
 	effs := h.step(PeerMessage{Peer: q.Peer, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: q.Gen},
-		NChunks: uint32(np), NPages: uint32(np), NTokens: uint32(len(q.InputIDs)), Checksum: sum, FirstToken: 5}})
+		NChunks: uint32(np), NPages: uint32(np), NTokens: uint32(len(q.InputIDs)), Binding: h.binding(q), Checksum: sum,
+		FirstToken: 5}})
 	v := effectsOf[VerifyKV](effs)
 	if len(v) != 1 {
 		h.t.Fatalf("want one VerifyKV, got\n%s", describe(effs))
@@ -305,25 +306,68 @@ func TestLeaseExpiryInEveryLeasedStage(t *testing.T) {
 	}
 }
 
+// TestPeerLostInEveryStage: a lost connection fails every room on it that
+// still needs the peer, with peer_lost, or with peer_refused when the
+// transport says the connection's handshake was refused (the error wraps
+// kvxfer.ErrRefused); the dead peer is never sent an ABORT.
 func TestPeerLostInEveryStage(t *testing.T) {
-	for _, s := range stageSetups {
-		t.Run(s.name(), func(t *testing.T) {
-			h, q := s.setup(t)
-			effs := h.step(PeerLost{Peer: 7, Err: fmt.Errorf("boom")})
+	losses := []struct {
+		err  error
+		want outcome.Outcome
+	}{
+		{fmt.Errorf("boom"), outcome.PeerLost},
+		{fmt.Errorf("kv handshake with p:1 %w: page_size 16 vs 32", kvxfer.ErrRefused), outcome.PeerRefused},
+	}
+	for _, loss := range losses {
+		for _, s := range stageSetups {
+			t.Run(loss.want.String()+"/"+s.name(), func(t *testing.T) {
+				h, q := s.setup(t)
+				effs := h.step(PeerLost{Peer: 7, Err: loss.err})
+				f, ok := h.finalOf(q.RID)
+				holdsPeer := s.shared
+				if holdsPeer {
+					if !ok || f.Outcome != loss.want || !contains(f.Err, loss.err.Error()) || f.Cause.Outcome != loss.want {
+						t.Fatalf("want %s naming %q, got %+v", loss.want, loss.err, f)
+					}
+					if len(sends[kvxfer.Abort](effs)) != 0 {
+						t.Fatalf("ABORT sent to a lost peer:\n%s", describe(effs))
+					}
+				} else if ok {
+					t.Fatalf("request that no longer needs the peer ended: %+v", f)
+				}
+				h.step(AbortRequest{RID: q.RID})
+				h.quiesce()
+			})
+		}
+	}
+}
+
+// TestArrivalOnDeadConnection: a decode request that names a connection
+// already gone fails at once as that connection's rooms did: peer_refused
+// (with the refusal's reason) after a refused handshake, peer_lost after
+// any other loss.
+func TestArrivalOnDeadConnection(t *testing.T) {
+	refused := fmt.Errorf("kv handshake with p:1 %w: protocol version 2 vs 3", kvxfer.ErrRefused)
+	for _, tc := range []struct {
+		err  error
+		want outcome.Outcome
+		msg  string
+	}{
+		{refused, outcome.PeerRefused, "protocol version 2 vs 3"},
+		{fmt.Errorf("kv peer p:1 silent for 3s"), outcome.PeerLost, "lost before the request arrived"},
+	} {
+		t.Run(tc.want.String(), func(t *testing.T) {
+			h := newHarness(t, testConfig(RoleDecode), 16)
+			h.step(PeerLost{Peer: 7, Err: tc.err})
+			q := request(1, 8, 4)
+			effs := h.step(Arrive{Req: q})
 			f, ok := h.finalOf(q.RID)
-			holdsPeer := s.shared
-			if holdsPeer {
-				if !ok || f.Outcome != outcome.PeerLost {
-					t.Fatalf("want peer_lost, got %+v", f)
-				}
-				if len(sends[kvxfer.Abort](effs)) != 0 {
-					t.Fatalf("ABORT sent to a lost peer:\n%s", describe(effs))
-				}
-			} else if ok {
-				t.Fatalf("request that no longer needs the peer ended: %+v", f)
+			if !ok || f.Outcome != tc.want || !contains(f.Err, tc.msg) || f.Cause.Outcome != tc.want {
+				t.Fatalf("want %s naming %q, got %+v", tc.want, tc.msg, f)
 			}
-			h.step(AbortRequest{RID: q.RID})
-			h.quiesce()
+			if len(sends[kvxfer.RoomOpen](effs)) != 0 || h.alloc.Used() != 0 {
+				t.Fatalf("a room was opened on a dead connection:\n%s", describe(effs))
+			}
 		})
 	}
 }
@@ -393,6 +437,42 @@ func TestAbortBeforeArrival(t *testing.T) {
 			h.quiesce()
 		})
 	}
+}
+
+// TestPeerAbortTombstonesCounted (issue 18): a peer's ABORT for a room
+// this side does not hold (it ended here first, or never came) leaves a
+// tombstone, and is counted, so the tombstones an operator sees are
+// explained; an ABORT for a room it holds ends that room and is not.
+func TestPeerAbortTombstonesCounted(t *testing.T) {
+	h := newHarness(t, testConfig(RoleDecode), 16)
+	h.step(PeerUp{Peer: 7})
+	live, late := request(1, 8, 4), request(2, 8, 4)
+	h.step(Arrive{Req: live})
+	abort := func(q Request, gen uint32) {
+		h.step(PeerMessage{Peer: 7, Msg: kvxfer.Abort{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: gen},
+			Cause: outcome.Cause{Outcome: outcome.LeaseExpired, Role: "prefill", Detail: "late"}}})
+	}
+	abort(late, 1) // a room decode never held
+	abort(live, 2) // another gen of a room it holds
+	st := h.m.Stats(h.now)
+	if st.Counters.PeerAbortTombstones != 2 || st.Tombstones != 2 || h.m.reqs[live.RID] == nil {
+		t.Fatalf("tombstones %d, counted %d, live request kept %v; want 2, 2, true",
+			st.Tombstones, st.Counters.PeerAbortTombstones, h.m.reqs[live.RID] != nil)
+	}
+	abort(live, 1) // the room it holds: that room ends
+	if f, _ := h.finalOf(live.RID); f.Outcome != outcome.AbortedPeer {
+		t.Fatalf("live room: %+v", f)
+	}
+	if n := h.m.Stats(h.now).Counters.PeerAbortTombstones; n != 2 {
+		t.Fatalf("the ABORT of a held room counted as a peer-abort tombstone (%d)", n)
+	}
+	// The tombstone does its job: the late room's request fails at once,
+	// with prefill's cause.
+	h.step(Arrive{Req: late})
+	if f, _ := h.finalOf(late.RID); f.Outcome != outcome.AbortedPeer || f.Cause.Outcome != outcome.LeaseExpired {
+		t.Fatalf("late arrival: %+v", f)
+	}
+	h.quiesce()
 }
 
 // TestLateRoomOpenAfterPrefillFailed: decode's ROOM_OPEN for a room prefill
@@ -484,7 +564,8 @@ func TestChecksumMismatch(t *testing.T) {
 		h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVChunk{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, Seq: uint32(i), FirstPage: uint32(i), NPages: 1, Data: []byte("abcdefgh")}})
 	}
 	good := h.checksum(pages[:2])
-	effs := h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NChunks: 2, NPages: 2, NTokens: 8, Checksum: good ^ 1}})
+	effs := h.step(PeerMessage{Peer: 7, Msg: kvxfer.KVDone{RoomGen: kvxfer.RoomGen{Room: q.Room, Gen: 1}, NChunks: 2, NPages: 2, NTokens: 8,
+		Binding: h.binding(q), Checksum: good ^ 1}})
 	v := effectsOf[VerifyKV](effs)
 	effs = h.step(KVVerified{RID: v[0].RID, Gen: 1, Checksum: h.checksum(v[0].Pages)})
 	f, _ := h.finalOf(q.RID)

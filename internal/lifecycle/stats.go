@@ -8,10 +8,16 @@ import (
 // Counters are totals since the machine started.
 type Counters struct {
 	// FramesDropped counts room messages dropped, by reason: unknown_room,
-	// stale_gen, wrong_peer, wrong_state, duplicate, malformed.
+	// stale_gen, wrong_peer, wrong_state, duplicate, malformed, and
+	// wrong_binding (a KV_DONE whose binding is not its request's: the
+	// request fails with failed_transfer).
 	FramesDropped map[string]uint64
 	// TombstoneHits counts arrivals and messages that met a tombstone.
 	TombstoneHits uint64
+	// PeerAbortTombstones counts ABORTs from a peer for a room (or gen)
+	// this side did not hold: each left a tombstone (for TombstoneTTL) so
+	// that the room's request or frames, if they still come, fail at once.
+	PeerAbortTombstones uint64
 	// AbortsAcked counts ABORT_ACKs received.
 	AbortsAcked uint64
 	// PendingOpensExpired counts ROOM_OPENs for which no request arrived.
@@ -68,6 +74,7 @@ func (m *Machine) Stats(now time.Time) Stats {
 		Counters: Counters{
 			FramesDropped:       maps.Clone(m.counters.FramesDropped),
 			TombstoneHits:       m.counters.TombstoneHits,
+			PeerAbortTombstones: m.counters.PeerAbortTombstones,
 			AbortsAcked:         m.counters.AbortsAcked,
 			PendingOpensExpired: m.counters.PendingOpensExpired,
 			Preemptions:         m.counters.Preemptions,

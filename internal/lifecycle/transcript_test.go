@@ -44,6 +44,9 @@ import (
 //	io [<node>] [n=N]                        run the N oldest page I/O jobs (default: all)
 //	deliver <node> [n=N]                     deliver the N oldest frames in flight to node (default: all)
 //	drop <node> [i=K] / dup <node> [i=K]     lose / duplicate frame K in flight to node
+//	replay <node> from=ROOM [from-gen=G] to=ROOM [to-gen=G]
+//	                                         the KV frames of FROM node received so far, relabelled
+//	                                         with TO, in place of TO's KV frames in flight to node
 //	shutdown <node>                          Shutdown
 //	drain <node>                             Drain
 //	stats <node> / requests <node>           print the gauges / the /debug/requests view
@@ -201,6 +204,10 @@ func (w *world) run(t *testing.T, td *datadriven.TestData) string {
 		w.drop(w.node(a.first()), a.int("i", 0))
 	case "dup":
 		w.dup(w.node(a.first()), a.int("i", 0))
+	case "replay":
+		from := kvxfer.RoomGen{Room: a.room(a.str("from", "")), Gen: uint32(a.int("from-gen", 1))}
+		to := kvxfer.RoomGen{Room: a.room(a.str("to", "")), Gen: uint32(a.int("to-gen", 1))}
+		w.replay(w.node(a.first()), from, to)
 	case "shutdown":
 		w.shutdown(w.node(a.first()))
 	case "drain":
@@ -242,7 +249,7 @@ func (w *world) printStats(n *node) {
 	}
 	var cs []string
 	c := s.Counters
-	for _, reason := range []string{"unknown_room", "stale_gen", "wrong_peer", "wrong_state", "wrong_role", "duplicate", "malformed"} {
+	for _, reason := range []string{"unknown_room", "stale_gen", "wrong_peer", "wrong_state", "wrong_role", "duplicate", "malformed", "wrong_binding"} {
 		if v := c.FramesDropped[reason]; v > 0 {
 			cs = append(cs, fmt.Sprintf("dropped_%s=%d", reason, v))
 		}
@@ -250,7 +257,8 @@ func (w *world) printStats(n *node) {
 	for _, kv := range []struct {
 		k string
 		v uint64
-	}{{"tombstone_hits", c.TombstoneHits}, {"aborts_acked", c.AbortsAcked}, {"pending_opens_expired", c.PendingOpensExpired},
+	}{{"tombstone_hits", c.TombstoneHits}, {"peer_abort_tombstones", c.PeerAbortTombstones},
+		{"aborts_acked", c.AbortsAcked}, {"pending_opens_expired", c.PendingOpensExpired},
 		{"preemptions", c.Preemptions}} {
 		if kv.v > 0 {
 			cs = append(cs, fmt.Sprintf("%s=%d", kv.k, kv.v))

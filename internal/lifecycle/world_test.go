@@ -68,6 +68,9 @@ type node struct {
 	inbox []frame
 	// shown is the stage of each live request as last printed.
 	shown map[string]Stage
+	// kvSeen holds the KV frames (KV_CHUNK, KV_DONE) delivered to this
+	// node, by room and gen, for replays.
+	kvSeen map[kvxfer.RoomGen][]kvxfer.Message
 }
 
 type ioJob struct {
@@ -145,7 +148,8 @@ func (w *world) addNode(cfg Config, pages int) *node {
 		w.fatalf("node %s: %v", cfg.Role, err)
 	}
 	n := &node{name: cfg.Role.String(), role: cfg.Role, m: m, alloc: a, data: map[kvcache.PageID][]byte{},
-		emitted: map[string][]int32{}, finals: map[string]Finalize{}, shown: map[string]Stage{}}
+		emitted: map[string][]int32{}, finals: map[string]Finalize{}, shown: map[string]Stage{},
+		kvSeen: map[kvxfer.RoomGen][]kvxfer.Message{}}
 	w.nodes = append(w.nodes, n)
 	w.say(n, "%d pages of %d tokens; timeouts: bootstrap %s, queue %s, kv-hold %s, transfer %s; lease %s; tombstones %s",
 		pages, cfg.PageSize, cfg.BootstrapTimeout, cfg.QueueTimeout, cfg.KVHoldTimeout, cfg.TransferTimeout,
@@ -359,8 +363,58 @@ func (w *world) deliver(n *node, k int) {
 		if w.printing() {
 			w.out.WriteString(n.name + " << " + w.fmtMsg(f.msg) + "\n")
 		}
+		switch x := f.msg.(type) {
+		case kvxfer.KVChunk:
+			n.kvSeen[x.RoomGen] = append(n.kvSeen[x.RoomGen], x)
+		case kvxfer.KVDone:
+			n.kvSeen[x.RoomGen] = append(n.kvSeen[x.RoomGen], x)
+		}
 		w.step(n, PeerMessage{Peer: w.peerOf(n), Msg: f.msg})
 	}
+}
+
+// replay puts in flight to n, relabelled with to's room and gen, the KV
+// frames of from that n received so far, in place of to's own KV frames in
+// flight: what a relay rewriting frame headers, or a prefill sending
+// another request's stream, delivers.
+func (w *world) replay(n *node, from, to kvxfer.RoomGen) {
+	if w.rec != nil {
+		w.fatalf("the recorder does not write replays")
+	}
+	seen := n.kvSeen[from]
+	if len(seen) == 0 {
+		w.fatalf("%s received no KV of %s", n.name, w.rg(from))
+	}
+	kept := n.inbox[:0]
+	replaced := 0
+	for _, f := range n.inbox {
+		switch x := f.msg.(type) {
+		case kvxfer.KVChunk:
+			if x.RoomGen == to {
+				replaced++
+				continue
+			}
+		case kvxfer.KVDone:
+			if x.RoomGen == to {
+				replaced++
+				continue
+			}
+		}
+		kept = append(kept, f)
+	}
+	n.inbox = kept
+	for _, m := range seen {
+		switch x := m.(type) {
+		case kvxfer.KVChunk:
+			x.RoomGen = to
+			m = x
+		case kvxfer.KVDone:
+			x.RoomGen = to
+			m = x
+		}
+		n.inbox = append(n.inbox, frame{msg: m})
+	}
+	w.say(nil, "%d KV frames of %s in flight to %s as %s, in place of %d of its own", len(seen), w.rg(from), n.name, w.rg(to), replaced)
 }
 
 // drop loses the i-th frame in flight to n.
@@ -641,8 +695,8 @@ func (w *world) fmtMsg(msg kvxfer.Message) string {
 	case kvxfer.KVChunk:
 		return fmt.Sprintf("KV_CHUNK %s seq=%d pages=%d+%d", w.rg(x.RoomGen), x.Seq, x.FirstPage, x.NPages)
 	case kvxfer.KVDone:
-		return fmt.Sprintf("KV_DONE %s chunks=%d pages=%d tokens=%d crc=%08x first=%d", w.rg(x.RoomGen),
-			x.NChunks, x.NPages, x.NTokens, x.Checksum, x.FirstToken)
+		return fmt.Sprintf("KV_DONE %s chunks=%d pages=%d tokens=%d binding=%s crc=%08x first=%d", w.rg(x.RoomGen),
+			x.NChunks, x.NPages, x.NTokens, x.Binding.String()[:8], x.Checksum, x.FirstToken)
 	case kvxfer.KVAck:
 		return "KV_ACK " + w.rg(x.RoomGen)
 	case kvxfer.Abort:

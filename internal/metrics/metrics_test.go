@@ -72,7 +72,7 @@ func TestWorkerExposition(t *testing.T) {
 				stages = append(stages, s.String())
 			}
 			st := WorkerState{PagesUsed: 10, PagesTotal: 64, PendingOpens: 1, Tombstones: 2, Preemptions: 3,
-				FramesDropped: map[string]uint64{"stale_gen": 4}}
+				PeerAbortTombstones: 5, FramesDropped: map[string]uint64{"stale_gen": 4}}
 			for i, s := range stages {
 				st.Stages = append(st.Stages, StageState{Stage: s, Requests: i, Oldest: time.Duration(i) * time.Second})
 			}

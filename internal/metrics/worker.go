@@ -26,7 +26,9 @@ import (
 //     and pdserve_oldest_request_age_seconds{role,stage} (gauges),
 //     pdserve_kv_pages{role,state} (gauge, pages: used, free),
 //     pdserve_rooms{role,kind} (gauge: pending_open, tombstone),
-//     pdserve_preemptions_total{role} and
+//     pdserve_preemptions_total{role},
+//     pdserve_peer_abort_tombstones_total{role} (ABORTs from the KV peer
+//     for a room this worker did not hold, each leaving a tombstone) and
 //     pdserve_kv_frames_dropped_total{role,reason} (counters), and
 //     pdserve_worker_loop_up{role} (1 if the loop answered the scrape).
 type Worker struct {
@@ -50,6 +52,9 @@ type WorkerState struct {
 	PendingOpens int
 	Tombstones   int
 	Preemptions  uint64
+	// PeerAbortTombstones counts the peer's ABORTs for rooms this worker
+	// did not hold (each left a tombstone).
+	PeerAbortTombstones uint64
 	// FramesDropped counts KV channel frames dropped, by reason.
 	FramesDropped map[string]uint64
 }
@@ -182,6 +187,9 @@ var (
 		"Room bookkeeping: pending (ROOM_OPEN before its request) and tombstones.", []string{"role", "kind"}, nil)
 	preemptDesc = prometheus.NewDesc("pdserve_preemptions_total",
 		"Requests that lost their KV pages to older ones and recomputed them.", []string{"role"}, nil)
+	peerAbortTombDesc = prometheus.NewDesc("pdserve_peer_abort_tombstones_total",
+		"ABORTs from the KV peer for a room this worker did not hold; each leaves a tombstone for --tombstone-ttl.",
+		[]string{"role"}, nil)
 	upDesc = prometheus.NewDesc("pdserve_worker_loop_up",
 		"1 if the worker loop answered this scrape, 0 if it did not in time.", []string{"role"}, nil)
 )
@@ -192,7 +200,8 @@ type stateCollector struct {
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{requestsDesc, oldestDesc, pagesDesc, droppedDesc, roomsDesc, preemptDesc, upDesc} {
+	for _, d := range []*prometheus.Desc{requestsDesc, oldestDesc, pagesDesc, droppedDesc, roomsDesc, preemptDesc,
+		peerAbortTombDesc, upDesc} {
 		ch <- d
 	}
 }
@@ -216,6 +225,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(roomsDesc, prometheus.GaugeValue, float64(st.PendingOpens), c.role, "pending_open")
 	ch <- prometheus.MustNewConstMetric(roomsDesc, prometheus.GaugeValue, float64(st.Tombstones), c.role, "tombstone")
 	ch <- prometheus.MustNewConstMetric(preemptDesc, prometheus.CounterValue, float64(st.Preemptions), c.role)
+	ch <- prometheus.MustNewConstMetric(peerAbortTombDesc, prometheus.CounterValue, float64(st.PeerAbortTombstones), c.role)
 	for reason, n := range st.FramesDropped {
 		ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(n), c.role, reason)
 	}

@@ -71,8 +71,8 @@ type DataBuffers struct {
 type Config struct {
 	Model model.Model
 	// Machine holds the role, timeouts and scheduling limits; the worker
-	// fills in PageBytes, ContextLen, VocabSize and EOS from the model and
-	// pool.
+	// fills in PageBytes, ContextLen, VocabSize, EOS and Fingerprint from
+	// the model and pool.
 	Machine lifecycle.Config
 	// KVCacheMemory is the pool size in bytes.
 	KVCacheMemory int64
@@ -177,6 +177,7 @@ func New(cfg Config) (*Worker, error) {
 	}
 	mc.VocabSize = info.VocabSize
 	mc.EOS = info.EOS
+	mc.Fingerprint = FingerprintOf(info, mc.PageSize)
 	if mc.MaxChunkPages <= 0 {
 		mc.MaxChunkPages = max(1, (16<<20)/pool.PageBytes())
 	}
@@ -666,7 +667,8 @@ func (w *Worker) snapshot() (metrics.WorkerState, bool) {
 		return metrics.WorkerState{}, false
 	}
 	ms := metrics.WorkerState{PagesUsed: st.PagesUsed, PagesTotal: st.PagesTotal, PendingOpens: st.PendingOpens,
-		Tombstones: st.Tombstones, Preemptions: st.Counters.Preemptions, FramesDropped: make(map[string]uint64)}
+		Tombstones: st.Tombstones, Preemptions: st.Counters.Preemptions, PeerAbortTombstones: st.Counters.PeerAbortTombstones,
+		FramesDropped: make(map[string]uint64)}
 	for _, s := range w.role.Stages() {
 		ms.Stages = append(ms.Stages, metrics.StageState{Stage: s.String(), Requests: st.Stages[s], Oldest: st.OldestInStage[s]})
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
@@ -77,7 +78,9 @@ func TestPrefillRejectsAfterDispatch(t *testing.T) {
 // TestIncompatiblePairRefused: a prefill and a decode with different page
 // sizes are never paired by the router (the client gets a 503 naming the
 // mismatch), and a decode leg sent to that prefill anyway is refused at the
-// KV handshake with the mismatch named — an error, not a hang.
+// KV handshake with the mismatch named — an error, not a hang — and ends
+// with outcome peer_refused (not peer_lost: the same pair would be refused
+// again), as decode counts it.
 func TestIncompatiblePairRefused(t *testing.T) {
 	c := startPair(t, func(o *cluster.WorkerOptions) { o.Machine.PageSize = 32 }, nil)
 	status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "hello", "max_tokens": 4})
@@ -95,6 +98,59 @@ func TestIncompatiblePairRefused(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("answer took %s", d)
 	}
+	var answer struct {
+		Error struct {
+			Code    string          `json:"code"`
+			Outcome outcome.Outcome `json:"outcome"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &answer); err != nil {
+		t.Fatalf("decode's answer %s: %v", body, err)
+	}
+	if answer.Error.Code != "peer_refused" || answer.Error.Outcome != outcome.PeerRefused {
+		t.Fatalf("decode's answer %s: want code and outcome peer_refused", body)
+	}
+	waitFor(t, 2*time.Second, "decode counted the refusal", func() (bool, string) {
+		refused := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "peer_refused")
+		lost := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "peer_lost")
+		return refused == 1 && lost == 0, fmt.Sprintf("peer_refused %v, peer_lost %v", refused, lost)
+	})
+}
+
+// TestPeerAbortTombstoneCounted (issue 18): an ABORT from decode for a
+// room prefill holds no request for (here: decode's leg arrived alone, so
+// its ROOM_OPEN waits as a pending open, then the leg is aborted) leaves a
+// tombstone on prefill, and pdserve_peer_abort_tombstones_total shows it
+// next to the tombstone gauge.
+func TestPeerAbortTombstoneCounted(t *testing.T) {
+	c := startPair(t, nil, nil)
+	p := workerGatherer{c.Prefill[0]}
+	if n := counterValue(t, p, "pdserve_peer_abort_tombstones_total", "role", "prefill"); n != 0 {
+		t.Fatalf("counted %v before any abort", n)
+	}
+	leg := workerapi.GenerateBody{RID: "alone", Room: kvxfer.NewRoom().String(), Gen: 1, InputIDs: []int32{104, 105},
+		MaxTokens: 4, PrefillKVAddr: c.Prefill[0].Worker.KVAddr()}
+	done := make(chan int, 1)
+	go func() {
+		status, _ := postJSON(t, c.Decode[0].URL+workerapi.PathDecode, leg)
+		done <- status
+	}()
+	waitFor(t, 5*time.Second, "decode's ROOM_OPEN pending on prefill", func() (bool, string) {
+		st, _ := c.Prefill[0].Worker.Stats(time.Second)
+		return st.PendingOpens == 1, fmt.Sprintf("pending opens %d", st.PendingOpens)
+	})
+	if status, body := postJSON(t, c.Decode[0].URL+workerapi.PathAbort, workerapi.AbortBody{RID: "alone"}); status != http.StatusOK {
+		t.Fatalf("abort: %d %s", status, body)
+	}
+	if status := <-done; status == http.StatusOK {
+		t.Fatalf("the aborted leg answered %d", status)
+	}
+	waitFor(t, 5*time.Second, "prefill counted the tombstone", func() (bool, string) {
+		n := counterValue(t, p, "pdserve_peer_abort_tombstones_total", "role", "prefill")
+		tombs := counterValue(t, p, "pdserve_rooms", "kind", "tombstone")
+		pending := counterValue(t, p, "pdserve_rooms", "kind", "pending_open")
+		return n == 1 && tombs == 1 && pending == 0, fmt.Sprintf("counted %v, tombstones %v, pending opens %v", n, tombs, pending)
+	})
 }
 
 // TestRouterShutdownAnswersInFlight: stopping the router answers every

@@ -16,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/kvxfer/fault"
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model/sim"
 )
@@ -220,6 +221,54 @@ func TestCorruptedKVChunkRetried(t *testing.T) {
 	})
 	if got := counterValue(t, routerAsWorker(c), "pdserve_router_retries_total", "", ""); got != 1 {
 		t.Fatalf("router retries %v, want 1", got)
+	}
+}
+
+// TestRelabelledReplayRefused (issue 18): prefill's KV channel replays the
+// complete KV stream of a finished room under the (room, gen) of the next
+// room, whose prompt has the same length: whole, uncorrupted and with a
+// matching checksum, only computed for another request. Decode refuses it
+// before decoding a token (failed_transfer, counted as a wrong_binding
+// frame); the router's retry meets the replay too (of the first attempt's
+// own stream, under gen 2) and the client gets 502 failed_transfer, never
+// the other request's text. Both workers return to baseline, and with the
+// fault off the same request gets the answer colocated serving gives.
+func TestRelabelledReplayRefused(t *testing.T) {
+	var fb *fault.Backend
+	c := startPD(t, pdOptions{wrap: func(role lifecycle.Role, _ int, b kvxfer.Backend) kvxfer.Backend {
+		if role != lifecycle.RolePrefill {
+			return b
+		}
+		fb = fault.Wrap(b, fault.Config{Seed: 18, Replay: 1})
+		return fb
+	}})
+	co := startServe(t, sim.Config{})
+	first := map[string]any{"prompt": strings.Repeat("alpha ", 8), "max_tokens": 8, "ignore_eos": true, "seed": 18, "return_token_ids": true}
+	second := map[string]any{"prompt": strings.Repeat("omega ", 8), "max_tokens": 8, "ignore_eos": true, "seed": 18, "return_token_ids": true}
+	if status, body := postJSON(t, c.URL()+"/v1/completions", first); status != http.StatusOK {
+		t.Fatalf("the first request (nothing to replay yet): %d %s", status, body)
+	}
+	status, body := postJSON(t, c.URL()+"/v1/completions", second)
+	e := decodeCompletion(t, body)
+	if status != http.StatusBadGateway || e.Error == nil || e.Error.Code != "failed_transfer" ||
+		!strings.Contains(e.Error.Message, "not this request's") {
+		t.Fatalf("want 502 failed_transfer naming the binding, got %d %s", status, body)
+	}
+	waitFor(t, 2*time.Second, "both attempts refused and counted", func() (bool, string) {
+		d := workerGatherer{c.Decode[0]}
+		failed := counterValue(t, d, "pdserve_requests_finished_total", "outcome", "failed_transfer")
+		wrong := counterValue(t, d, "pdserve_kv_frames_dropped_total", "reason", "wrong_binding")
+		return failed == 2 && wrong == 2, fmt.Sprintf("decode: %v failed transfers, %v wrong_binding frames; want 2 and 2 (%s)",
+			failed, wrong, debugCounters(t, c))
+	})
+	if n := fb.Injected()["replay"]; n != 2 {
+		t.Fatalf("%d streams replayed, want 2 (the attempt and its retry)", n)
+	}
+	fb.SetConfig(fault.Config{Seed: 18})
+	status, body = postJSON(t, c.URL()+"/v1/completions", second)
+	_, want := postJSON(t, co.URL+"/v1/completions", second)
+	if status != http.StatusOK || !slices.Equal(decodeCompletion(t, body).Choices[0].TokenIDs, decodeCompletion(t, want).Choices[0].TokenIDs) {
+		t.Fatalf("with the fault off: %d %s, colocated %s", status, body, want)
 	}
 }
 

@@ -8,7 +8,9 @@
 //   - Wrap decorates any kvxfer.Backend. Each room message this side SENDS
 //     may be delayed, dropped, duplicated, reordered with the next one,
 //     corrupted, stalled (with every later frame to that peer) or may reset
-//     its connection, each with a probability per frame (Config). Wrapping
+//     its connection, each with a probability per frame (Config); a room's
+//     whole KV stream may be replaced by another room's finished stream,
+//     relabelled with this room's (room, gen) (Config.Replay). Wrapping
 //     both workers of a pair covers both directions. Transport frames
 //     (HELLO, PING, PONG) are never touched, so a stall starves room leases
 //     without looking like a lost peer.
@@ -22,7 +24,8 @@
 //
 // Each Backend and each Net draws from one random stream seeded by its
 // Config's Seed, under a mutex, and draws a fixed number of values per
-// frame (per dial for a Net) whatever the outcome. So for the same seed and
+// frame (per dial for a Net) whatever the outcome (a fixed number for a
+// given Config). So for the same seed and
 // the same sequence of calls (Send, SetConfig; Dial) the same decisions are
 // made. Timing is not part of the decision: a delayed frame is released by
 // a timer, so when it arrives relative to frames sent later by the other

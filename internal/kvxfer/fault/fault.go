@@ -64,6 +64,20 @@ type Config struct {
 	Stall float64
 	// StallFor is the length of a stall; zero disables stalls.
 	StallFor time.Duration
+	// Replay is the probability that a room's KV stream is replaced by the
+	// last complete stream sent to the same peer for another room (or
+	// gen), relabelled with this room's (room, gen): what a relay that
+	// rewrites frame headers, or a prefill that sends another request's
+	// KV, delivers. It is decided at the room's first KV_CHUNK (Seq 0), if
+	// such a stream is recorded and its first chunk covers the same pages;
+	// each of the room's KV_CHUNKs then goes as the recorded chunk of the
+	// same Seq (unless that one covers other pages), and its KV_DONE as the
+	// recorded KV_DONE, so byte counts and checksum match the bytes sent.
+	// While Replay is set, the KV streams sent are recorded (their own
+	// copies of Data; bounded per peer, see maxStreamBytes), and recorded
+	// streams are the genuine ones, never a replacement. Both KV_CHUNK and
+	// KV_DONE must be among Types.
+	Replay float64
 	// Types lists the frame types faults apply to; nil means every room
 	// message type (ROOM_OPEN … ABORT_ACK), an empty non-nil slice none. Other types are never faulted,
 	// but still queue behind held frames so order is kept. Types that are
@@ -80,7 +94,7 @@ func (c Config) normalized() Config {
 			*p = 1
 		}
 	}
-	for _, p := range []*float64{&c.Delay, &c.Drop, &c.Duplicate, &c.Reorder, &c.Corrupt, &c.Reset, &c.Stall} {
+	for _, p := range []*float64{&c.Delay, &c.Drop, &c.Duplicate, &c.Reorder, &c.Corrupt, &c.Reset, &c.Stall, &c.Replay} {
 		clamp(p)
 	}
 	c.Types = slices.Clone(c.Types) // keeps nil (every type) apart from empty (none)
@@ -98,6 +112,7 @@ const (
 	kindCorrupt
 	kindReset
 	kindStall
+	kindReplay
 	numKinds
 )
 
@@ -117,6 +132,8 @@ func (k kind) String() string {
 		return "reset"
 	case kindStall:
 		return "stall"
+	case kindReplay:
+		return "replay"
 	}
 	return fmt.Sprintf("kind(%d)", int(k))
 }
@@ -139,6 +156,10 @@ type Backend struct {
 	links    map[kvxfer.PeerID]*link // peers with held frames or a stall
 	running  bool                    // the release goroutine was started
 	closed   bool
+	// replays holds the KV streams recorded for Config.Replay, by peer
+	// (at most maxReplayPeers, in replayOrder).
+	replays     map[kvxfer.PeerID]*replayPeer
+	replayOrder []kvxfer.PeerID
 }
 
 var (
@@ -172,6 +193,8 @@ func Wrap(b kvxfer.Backend, cfg Config) *Backend {
 		kick:  make(chan struct{}, 1),
 		stop:  make(chan struct{}),
 		links: make(map[kvxfer.PeerID]*link),
+
+		replays: make(map[kvxfer.PeerID]*replayPeer),
 	}
 	f.closer, _ = b.(kvxfer.PeerCloser)
 	f.setConfigLocked(cfg, true)
@@ -209,6 +232,10 @@ func (b *Backend) setConfigLocked(cfg Config, first bool) {
 		b.rng = rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
 	}
 	b.cfg = cfg
+	if cfg.Replay == 0 {
+		clear(b.replays)
+		b.replayOrder = nil
+	}
 	clear(b.faulted[:])
 	if cfg.Types == nil {
 		for t := kvxfer.TypeRoomOpen; t <= kvxfer.TypeAbortAck; t++ {
@@ -224,8 +251,8 @@ func (b *Backend) setConfigLocked(cfg Config, first bool) {
 
 // Injected returns how many faults of each kind were injected so far, by
 // kind: "delay", "drop", "duplicate", "reorder" (frames swapped with the
-// next one), "corrupt", "reset" and "stall" (stalls started). Every key is
-// present.
+// next one), "corrupt", "reset", "stall" (stalls started) and "replay"
+// (rooms whose KV stream was replaced). Every key is present.
 func (b *Backend) Injected() map[string]uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -267,6 +294,7 @@ func (b *Backend) Remote(peer kvxfer.PeerID) string { return b.inner.Remote(peer
 func (b *Backend) ClosePeer(peer kvxfer.PeerID, err error) {
 	b.mu.Lock()
 	delete(b.links, peer)
+	b.forgetReplayLocked(peer)
 	b.mu.Unlock()
 	if b.closer != nil {
 		b.closer.ClosePeer(peer, err)
@@ -300,10 +328,14 @@ func (b *Backend) Send(peer kvxfer.PeerID, m kvxfer.Message) error {
 	if b.faulted[m.Type()] {
 		d = b.decideLocked()
 	}
+	if b.cfg.Replay > 0 {
+		m = b.replayLocked(peer, m, d.replay)
+	}
 
 	if d.reset && b.closer != nil {
 		b.injected[kindReset]++
 		delete(b.links, peer) // held frames die with the connection
+		b.forgetReplayLocked(peer)
 		b.mu.Unlock()
 		b.closer.ClosePeer(peer, fmt.Errorf("kv peer %d: %w", peer, ErrReset))
 		return nil
@@ -381,6 +413,8 @@ func (b *Backend) Close() error {
 	if !b.closed {
 		b.closed = true
 		clear(b.links)
+		clear(b.replays)
+		b.replayOrder = nil
 		close(b.stop)
 	}
 	b.mu.Unlock()
@@ -390,13 +424,15 @@ func (b *Backend) Close() error {
 
 // decision is what the random stream decided for one frame.
 type decision struct {
-	reset, drop, corrupt, duplicate, stall, delay, reorder bool
-	pos                                                    uint64  // what to corrupt
-	delayFrac                                              float64 // of MaxDelay
+	reset, drop, corrupt, duplicate, stall, delay, reorder, replay bool
+	pos                                                            uint64  // what to corrupt
+	delayFrac                                                      float64 // of MaxDelay
 }
 
-// decideLocked draws the same number of values for every frame, so the
-// decisions for a frame do not depend on those for earlier ones.
+// decideLocked draws the same number of values for every frame of one
+// Config, so the decisions for a frame do not depend on those for earlier
+// ones: nine, and a tenth while Replay is set (so a Config without Replay
+// makes the same decisions for a seed as before Replay existed).
 func (b *Backend) decideLocked() decision {
 	r, c := b.rng, &b.cfg
 	var d decision
@@ -409,6 +445,9 @@ func (b *Backend) decideLocked() decision {
 	d.delay = r.Float64() < c.Delay
 	d.delayFrac = r.Float64()
 	d.reorder = r.Float64() < c.Reorder
+	if c.Replay > 0 {
+		d.replay = r.Float64() < c.Replay
+	}
 	return d
 }
 

@@ -678,7 +678,8 @@ func TestDeterministic(t *testing.T) {
 	// a frame arriving at the very instant a reordered frame gives up
 	// waiting is a real race, which the bubble's clock would make common.
 	cfg := Config{Delay: 0.2, MaxDelay: 20*time.Millisecond + 317*time.Microsecond, Drop: 0.1, Duplicate: 0.1,
-		Reorder: 0.1, Corrupt: 0.1, Reset: 0.02, Stall: 0.01, StallFor: 50*time.Millisecond + 123*time.Microsecond}
+		Reorder: 0.1, Corrupt: 0.1, Reset: 0.02, Stall: 0.01, StallFor: 50*time.Millisecond + 123*time.Microsecond,
+		Replay: 0.3}
 	run := func(seed uint64) (map[string]uint64, []sent) {
 		var inj map[string]uint64
 		var ss []sent
@@ -690,11 +691,16 @@ func TestDeterministic(t *testing.T) {
 			defer b.Close()
 			start := time.Now()
 			for i := range 1000 {
-				m := kvxfer.Message(ack(i))
-				if i%4 == 0 {
-					m = kvxfer.KVChunk{Seq: uint32(i), NPages: 1, Data: []byte{1, 2, 3, 4}}
+				m, peer := kvxfer.Message(ack(i)), kvxfer.PeerID(i%3)
+				// Every 8 frames a room's one-chunk KV stream, to one peer.
+				rg := kvxfer.RoomGen{Room: kvxfer.Room{byte(i / 8), byte(i / 8 >> 8)}, Gen: 1}
+				switch i % 8 {
+				case 0:
+					m, peer = kvxfer.KVChunk{RoomGen: rg, NPages: 1, Data: []byte{1, 2, 3, byte(i)}}, kvxfer.PeerID(i/8%3)
+				case 4:
+					m, peer = kvxfer.KVDone{RoomGen: rg, NChunks: 1, NPages: 1, Checksum: uint32(i)}, kvxfer.PeerID(i/8%3)
 				}
-				if err := b.Send(kvxfer.PeerID(i%3), m); err != nil {
+				if err := b.Send(peer, m); err != nil {
 					t.Fatal(err)
 				}
 				if i%10 == 0 {
@@ -790,5 +796,137 @@ func TestConfigClamped(t *testing.T) {
 	got := Config{Delay: -1, Drop: 2, Duplicate: math.NaN(), Reorder: 0.5}.normalized()
 	if got.Delay != 0 || got.Drop != 1 || got.Duplicate != 0 || got.Reorder != 0.5 {
 		t.Errorf("normalized %+v", got)
+	}
+}
+
+// kvStreamOf returns a room's KV stream of n one-page chunks whose bytes
+// start with tag.
+func kvStreamOf(room byte, gen uint32, n int, tag byte) []kvxfer.Message {
+	rg := kvxfer.RoomGen{Room: kvxfer.Room{room}, Gen: gen}
+	var out []kvxfer.Message
+	for i := range n {
+		out = append(out, kvxfer.KVChunk{RoomGen: rg, Seq: uint32(i), FirstPage: uint32(i), NPages: 1,
+			Data: []byte{tag, byte(i), 0, 0}})
+	}
+	return append(out, kvxfer.KVDone{RoomGen: rg, NChunks: uint32(n), NPages: uint32(n), NTokens: uint32(4 * n),
+		Binding: kvxfer.Binding{tag}, Checksum: uint32(tag)})
+}
+
+// relabelled is stream with every frame's (room, gen) set to rg.
+func relabelled(stream []kvxfer.Message, rg kvxfer.RoomGen) []kvxfer.Message {
+	var out []kvxfer.Message
+	for _, m := range stream {
+		switch x := m.(type) {
+		case kvxfer.KVChunk:
+			x.RoomGen = rg
+			m = x
+		case kvxfer.KVDone:
+			x.RoomGen = rg
+			m = x
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestReplay: with Replay, a room's KV stream goes out as the last finished
+// stream sent to that peer, relabelled with the room's (room, gen), whole
+// and consistent (chunks, counts, checksum, binding); the stream recorded
+// is always the genuine one; a stream whose first chunk covers other pages,
+// another peer's stream and other frames are left alone; ClosePeer forgets
+// what was recorded for a peer.
+func TestReplay(t *testing.T) {
+	inner := newFakeInner()
+	b := Wrap(inner, Config{Seed: 5, Replay: 1})
+	defer b.Close()
+	send := func(peer kvxfer.PeerID, ms []kvxfer.Message) []kvxfer.Message {
+		t.Helper()
+		before := len(inner.snapshot())
+		for _, m := range ms {
+			if err := b.Send(peer, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var out []kvxfer.Message
+		for _, s := range inner.snapshot()[before:] {
+			if s.peer != peer {
+				t.Fatalf("sent to peer %d, want %d", s.peer, peer)
+			}
+			out = append(out, s.m)
+		}
+		return out
+	}
+	opts := cmp.Options{cmp.Comparer(bytes.Equal), cmp.Comparer(func(a, b kvxfer.RoomGen) bool { return a == b })}
+	same := func(what string, got, want []kvxfer.Message) {
+		t.Helper()
+		if d := cmp.Diff(want, got, opts); d != "" {
+			t.Errorf("%s (-want +got):\n%s", what, d)
+		}
+	}
+	a, bb := kvStreamOf(1, 1, 2, 0xa), kvStreamOf(2, 1, 2, 0xb)
+	same("the first stream (nothing to replay yet)", send(1, a), a)
+	bRG := kvxfer.RoomGen{Room: kvxfer.Room{2}, Gen: 1}
+	got := send(1, slices.Concat([]kvxfer.Message{kvxfer.RoomReady{RoomGen: bRG, NTokens: 8}}, bb))
+	same("room 2's stream", got, slices.Concat([]kvxfer.Message{kvxfer.RoomReady{RoomGen: bRG, NTokens: 8}},
+		relabelled(a, bRG)))
+	if bb[0].(kvxfer.KVChunk).Data[0] != 0xb {
+		t.Error("the caller's Data changed")
+	}
+	got[1].(kvxfer.KVChunk).Data[0] = 0xff // what was handed on is not the recording
+
+	// A retry of room 2 (gen 2) gets room 2's genuine gen-1 stream: the
+	// same bytes, under another gen.
+	b2 := kvxfer.RoomGen{Room: kvxfer.Room{2}, Gen: 2}
+	same("room 2's retry", send(1, kvStreamOf(2, 2, 2, 0xc)), relabelled(bb, b2))
+	// A stream whose first chunk covers other pages is not replaced.
+	c := kvStreamOf(3, 1, 1, 0xd)
+	ch := c[0].(kvxfer.KVChunk)
+	ch.NPages, ch.Data = 2, []byte{0xd, 0, 0, 0, 0, 0, 0, 0}
+	c[0], c[1] = ch, kvxfer.KVDone{RoomGen: ch.RoomGen, NChunks: 1, NPages: 2, Checksum: 0xd}
+	same("a stream of another layout", send(1, c), c)
+	// Another peer has its own recordings.
+	same("another peer's first stream", send(2, kvStreamOf(4, 1, 2, 0xe)), kvStreamOf(4, 1, 2, 0xe))
+	if got := b.Injected()["replay"]; got != 2 {
+		t.Errorf("Injected replay = %d, want 2", got)
+	}
+	b.ClosePeer(1, errors.New("gone"))
+	same("after ClosePeer", send(1, kvStreamOf(5, 1, 2, 0xf)), kvStreamOf(5, 1, 2, 0xf))
+}
+
+// TestReplayOff: without Replay nothing is recorded, and with Replay set
+// but KV frames outside Types nothing is replaced.
+func TestReplayOff(t *testing.T) {
+	for _, cfg := range []Config{{Seed: 1, Drop: 0.1}, {Seed: 1, Replay: 1, Types: []kvxfer.Type{kvxfer.TypeKVAck}}} {
+		inner := newFakeInner()
+		b := Wrap(inner, cfg)
+		for room := range byte(5) {
+			for _, m := range kvStreamOf(room, 1, 2, room) {
+				if err := b.Send(1, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if got := b.Injected()["replay"]; got != 0 {
+			t.Errorf("%+v: %d replays", cfg, got)
+		}
+		b.mu.Lock()
+		recorded := len(b.replays)
+		b.mu.Unlock()
+		if (cfg.Replay == 0) != (recorded == 0) {
+			t.Errorf("%+v: streams recorded for %d peers", cfg, recorded)
+		}
+		for _, s := range inner.snapshot() {
+			if c, ok := s.m.(kvxfer.KVChunk); ok && c.Data[0] != c.Room[0] {
+				t.Errorf("%+v: room %d sent room %d's bytes", cfg, c.Room[0], c.Data[0])
+			}
+		}
+		b.SetConfig(Config{Seed: 1})
+		b.mu.Lock()
+		recorded = len(b.replays)
+		b.mu.Unlock()
+		if recorded != 0 {
+			t.Errorf("recordings kept after Replay was turned off")
+		}
+		b.Close()
 	}
 }

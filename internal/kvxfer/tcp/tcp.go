@@ -37,8 +37,9 @@ var (
 	// ErrRefused: a handshake refused by either side (version, auth or
 	// fingerprint mismatch, or a first frame that is not HELLO), e.g.
 	// "kv handshake with 10.0.0.5:8998 refused: incompatible KV peer
-	// (decode vs prefill): page_size 16 vs 32".
-	ErrRefused = errors.New("refused")
+	// (decode vs prefill): page_size 16 vs 32". It is kvxfer.ErrRefused,
+	// the error every Backend wraps for a refused handshake.
+	ErrRefused = kvxfer.ErrRefused
 	// ErrSilent: the peer sent nothing for HeartbeatInterval ×
 	// HeartbeatMisses, did not answer the handshake in HandshakeTimeout, or
 	// accepted no bytes for WriteTimeout, e.g. "kv peer 10.0.0.5:8998

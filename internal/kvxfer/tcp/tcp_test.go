@@ -94,6 +94,10 @@ func TestHandshakeRefused(t *testing.T) {
 			if !errors.Is(err, ErrRefused) || err.Error() != want {
 				t.Errorf("decode PeerLost err = %q, want ErrRefused %q", err, want)
 			}
+			// What the lifecycle machine tests, without knowing the transport.
+			if !errors.Is(err, kvxfer.ErrRefused) {
+				t.Errorf("decode PeerLost err = %q does not wrap kvxfer.ErrRefused", err)
+			}
 			lost := prefillRec.waitAny(t, evLost)
 			if !errors.Is(lost.err, ErrRefused) || !strings.HasSuffix(lost.err.Error(), "refused: "+tt.reason) {
 				t.Errorf("prefill PeerLost err = %q, want ErrRefused ending %q", lost.err, tt.reason)

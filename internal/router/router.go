@@ -312,7 +312,8 @@ func (r *Router) Handler() http.Handler {
 		case <-r.draining:
 			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = io.WriteString(w, `{"status":"draining"}`+"\n")
+			b, _ := json.Marshal(map[string]string{"status": workerapi.HealthDraining})
+			_, _ = w.Write(append(b, '\n'))
 			return
 		default:
 		}

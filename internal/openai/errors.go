@@ -215,6 +215,7 @@ func WriteError(w http.ResponseWriter, err error) {
 		e = Internal("internal error: no error given")
 	}
 	b := marshalJSON(e.Body())
+	noteCode(w, codeOf(e))
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
@@ -267,4 +268,38 @@ func DecodeError(status int, body []byte) *Error {
 		e.Code = code
 	}
 	return e
+}
+
+// Codes given by codeOf to error answers that carry no code of their own.
+const (
+	CodeInvalidRequest       = "invalid_request"
+	CodeNotFound             = "not_found"
+	CodeMethodNotAllowed     = "method_not_allowed"
+	CodeRequestTimeout       = "request_timeout"
+	CodeUnsupportedMediaType = "unsupported_media_type"
+	CodeServerError          = "server_error"
+)
+
+// codeOf is an error answer's code as a label: its own, or one named by its
+// status.
+func codeOf(e *Error) string {
+	if e.Code != "" {
+		return e.Code
+	}
+	switch e.Status {
+	case http.StatusNotFound:
+		return CodeNotFound
+	case http.StatusMethodNotAllowed:
+		return CodeMethodNotAllowed
+	case http.StatusRequestTimeout:
+		return CodeRequestTimeout
+	case http.StatusRequestEntityTooLarge:
+		return CodeRequestTooLarge
+	case http.StatusUnsupportedMediaType:
+		return CodeUnsupportedMediaType
+	}
+	if e.Status >= 500 {
+		return CodeServerError
+	}
+	return CodeInvalidRequest
 }

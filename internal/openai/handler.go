@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	randv2 "math/rand/v2"
@@ -62,6 +63,73 @@ type Config struct {
 	// write to the client (default DefaultIOTimeout; negative: none), so a
 	// client that stops reading cannot pin a request.
 	IOTimeout time.Duration
+	// OnAnswer, if set, is called once per request when it has been
+	// answered, with its endpoint (EndpointCompletions, EndpointChat,
+	// EndpointModels or EndpointOther), the HTTP status (499 when the
+	// client went away before an answer) and the error code ("" on
+	// success; the code of the error event for a stream that failed
+	// after its 200), so that every answer — rejections included — can be
+	// counted.
+	OnAnswer func(endpoint string, status int, code string)
+}
+
+// Endpoints as OnAnswer names them.
+const (
+	EndpointCompletions = "completions"
+	EndpointChat        = "chat.completions"
+	EndpointModels      = "models"
+	EndpointOther       = "other"
+)
+
+// answerWriter records the status and error code of an answer for
+// Config.OnAnswer.
+type answerWriter struct {
+	http.ResponseWriter
+	status int
+	code   string
+}
+
+func (a *answerWriter) WriteHeader(status int) {
+	if a.status == 0 {
+		a.status = status
+	}
+	a.ResponseWriter.WriteHeader(status)
+}
+
+func (a *answerWriter) Write(b []byte) (int, error) {
+	if a.status == 0 {
+		a.status = http.StatusOK
+	}
+	return a.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection (flushes,
+// deadlines).
+func (a *answerWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
+
+func (a *answerWriter) noteCode(code string) {
+	if a.code == "" {
+		a.code = code
+	}
+}
+
+// noteCode records an error code on w, if w records answers.
+func noteCode(w http.ResponseWriter, code string) {
+	if a, ok := w.(*answerWriter); ok {
+		a.noteCode(code)
+	}
+}
+
+func endpointOf(path string) string {
+	switch {
+	case path == "/v1/completions":
+		return EndpointCompletions
+	case path == "/v1/chat/completions":
+		return EndpointChat
+	case path == "/v1/models" || strings.HasPrefix(path, "/v1/models/"):
+		return EndpointModels
+	}
+	return EndpointOther
 }
 
 // handler is the http.Handler returned by NewHandler.
@@ -140,6 +208,17 @@ func randomRID() string {
 // takes the rest of the path.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
+	if h.cfg.OnAnswer != nil {
+		aw := &answerWriter{ResponseWriter: w}
+		w = aw
+		defer func() {
+			status := aw.status
+			if status == 0 {
+				status = StatusClientClosedRequest
+			}
+			h.cfg.OnAnswer(endpointOf(path), status, aw.code)
+		}()
+	}
 	allow := func(method string) bool {
 		if r.Method == method {
 			return true
@@ -201,6 +280,13 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		// so that it does not outlive this request on a kept-alive
 		// connection.
 		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		w.Header().Set("Connection", "close")
+		h.fail(w, endpoint, "", &Error{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest,
+			Code:    CodeUnsupportedMediaType,
+			Message: fmt.Sprintf("Content-Encoding %q is not supported: send the request body uncompressed", ce)})
+		return
 	}
 	body := http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
 	var (
@@ -398,6 +484,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 			// Output started: one error event, then [DONE] (as vLLM).
 			e := ToError(err)
 			rs.h.logError(rs.endpoint(), rs.rid, e, "during output")
+			noteCode(w, codeOf(e))
 			if sse.send(e.Body()) == nil {
 				_ = sse.done()
 			}

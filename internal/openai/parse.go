@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/pdserve/pdserve/internal/model"
 )
@@ -157,10 +159,64 @@ func intMax(t reflect.Type) any {
 	return int64(math.MaxInt64) >> (64 - t.Bits())
 }
 
+// readBody reads a whole request body (already bounded by the caller's
+// http.MaxBytesReader) and refuses one that is JSON null. A body that is
+// not valid UTF-8 is refused later, naming the field, once it is decoded.
+func readBody(r io.Reader) ([]byte, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, decodeBody(io.MultiReader(bytes.NewReader(data), errReader{err}), &struct{}{})
+	}
+	if string(bytes.TrimSpace(data)) == "null" {
+		return nil, BadRequest("", "the request body must be a JSON object, got null")
+	}
+	return data, nil
+}
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// checkUTF8 refuses text that is not valid UTF-8 (encoding/json would
+// silently turn it into U+FFFD), naming the field: raw is the field's JSON,
+// data the whole body.
+func checkUTF8(data []byte, fields map[string]json.RawMessage) error {
+	if utf8.Valid(data) {
+		return nil
+	}
+	names := make([]string, 0, len(fields))
+	for name := range fields {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if !utf8.Valid(fields[name]) {
+			return BadRequest(name, "%s is not valid UTF-8", name)
+		}
+	}
+	i := 0
+	for i < len(data) {
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n <= 1 {
+			break
+		}
+		i += n
+	}
+	return BadRequest("", "the request body is not valid UTF-8 (at byte %d)", i)
+}
+
 // parseCompletion decodes and validates a /v1/completions body.
 func (p *parser) parseCompletion(r io.Reader) (*request, error) {
+	data, err := readBody(r)
+	if err != nil {
+		return nil, err
+	}
 	var w CompletionRequest
-	if err := decodeBody(r, &w); err != nil {
+	if err := decodeBody(bytes.NewReader(data), &w); err != nil {
+		return nil, err
+	}
+	if err := checkUTF8(data, map[string]json.RawMessage{"prompt": w.Prompt, "stop": w.Stop}); err != nil {
 		return nil, err
 	}
 	return p.completion(&w)
@@ -168,8 +224,22 @@ func (p *parser) parseCompletion(r io.Reader) (*request, error) {
 
 // parseChat decodes and validates a /v1/chat/completions body.
 func (p *parser) parseChat(r io.Reader) (*request, error) {
+	data, err := readBody(r)
+	if err != nil {
+		return nil, err
+	}
 	var w ChatCompletionRequest
-	if err := decodeBody(r, &w); err != nil {
+	if err := decodeBody(bytes.NewReader(data), &w); err != nil {
+		return nil, err
+	}
+	fields := map[string]json.RawMessage{"stop": w.Stop}
+	for i, m := range w.Messages {
+		fields[fmt.Sprintf("messages[%d].content", i)] = m.Content
+		if !utf8.Valid(data) && strings.ContainsRune(m.Role, utf8.RuneError) {
+			return nil, BadRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d].role is not valid UTF-8", i)
+		}
+	}
+	if err := checkUTF8(data, fields); err != nil {
 		return nil, err
 	}
 	return p.chatCompletion(&w)
@@ -237,7 +307,9 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 	}
 	text, err := p.tok.ApplyChatTemplate(msgs)
 	if err != nil {
-		return nil, BadRequest("messages", "the chat template rejected the messages: %v", err)
+		// Tokenizers may already say where the error came from.
+		return nil, BadRequest("messages", "the chat template rejected the messages: %s",
+			strings.TrimPrefix(err.Error(), "chat template: "))
 	}
 	ids, err := p.tok.Encode(text, false)
 	if err != nil {

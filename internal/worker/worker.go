@@ -636,7 +636,7 @@ func (w *Worker) runBatch(now time.Time, b lifecycle.RunBatch) {
 	}
 	w.metrics.Batch(kind)
 	w.inputRate.Add(now, b.PrefillTokens)
-	w.logBatch(kind, b)
+	w.logBatch(now, kind, b)
 	ctx, cancel := context.WithCancel(w.fwdCtx)
 	w.batchCancel = cancel
 	w.fwdWG.Add(1)
@@ -649,7 +649,10 @@ func (w *Worker) runBatch(now time.Time, b lifecycle.RunBatch) {
 	}()
 }
 
-func (w *Worker) logBatch(kind string, b lifecycle.RunBatch) {
+// logBatch logs one forward batch (see batchLine): every batch that
+// computes prompts at Info, one decode batch in DecodeLogInterval at Info
+// and the others at Debug.
+func (w *Worker) logBatch(now time.Time, kind string, b lifecycle.RunBatch) {
 	level := slog.LevelDebug
 	if kind != metrics.BatchDecode {
 		level = slog.LevelInfo
@@ -662,12 +665,9 @@ func (w *Worker) logBatch(kind string, b lifecycle.RunBatch) {
 	if !w.log.Enabled(context.Background(), level) {
 		return
 	}
-	attrs := []any{"seqs", len(b.Seqs), "new_tokens", b.PrefillTokens, "decode_seqs", b.DecodeSeqs,
-		"pages_used", w.pool.Used(), "pages_total", w.pool.Total()}
-	for _, s := range w.role.Stages() {
-		attrs = append(attrs, "#"+s.String(), b.Queues[s])
-	}
-	w.log.Log(context.Background(), level, kind+" batch", attrs...)
+	msg, attrs := batchLine(w.role, kind, b, batchStats{pagesUsed: w.pool.Used(), pagesTotal: w.pool.Total(),
+		pageSize: w.cfg.Machine.PageSize, inputPerSec: w.inputRate.PerSecond(now), genPerSec: w.genRate.PerSecond(now)})
+	w.log.Log(context.Background(), level, msg, attrs...)
 }
 
 // queryValue runs fn on the loop and returns its result, waiting up to

@@ -58,17 +58,14 @@ func (r *Rate) Add(now time.Time, n int) {
 
 // PerSecond is the units added in the window ending at now, divided by the
 // window's span in seconds: RateWindow once the Rate has seen that much
-// time, the time since its first Add or PerSecond before. It is 0 before any
-// time has passed.
+// time, the time since its first Add or PerSecond before, but never less
+// than one slot (RateWindow/RateSlots), so a burst in a worker's first
+// moments is not read as a huge rate.
 func (r *Rate) PerSecond(now time.Time) float64 {
 	now = r.advance(now)
 	span := time.Duration(RateSlots-1)*rateSlot + now.Sub(r.slotStart)
-	if since := now.Sub(r.start); since < span {
-		span = since
-	}
-	if span <= 0 {
-		return 0
-	}
+	span = min(span, now.Sub(r.start))
+	span = max(span, rateSlot)
 	var sum float64
 	for _, v := range r.slots {
 		sum += v

@@ -182,6 +182,9 @@ func TestRate(t *testing.T) {
 		t.Fatalf("before any time passed: %v", got)
 	}
 	r.Add(t0, 100)
+	if got := r.PerSecond(t0.Add(time.Millisecond)); got != 100 {
+		t.Fatalf("100 in the first millisecond: %v/s, want 100 (over at least one slot, 1 s)", got)
+	}
 	if got := r.PerSecond(t0.Add(2 * time.Second)); got != 50 {
 		t.Fatalf("100 in the first 2 s: %v/s, want 50", got)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/worker"
 )
 
 // logFlags configure the slog logger.
@@ -151,6 +152,7 @@ type workerFlags struct {
 	heartbeatMisses   int
 	tombstoneTTL      time.Duration
 	kvAuth            string
+	metricsCompat     string
 }
 
 func (f *workerFlags) add(fs *pflag.FlagSet) {
@@ -158,7 +160,7 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.IntVar(&f.pageSize, "page-size", d.PageSize, "tokens per KV cache page")
 	fs.StringVar(&f.kvCacheMemory, "kv-cache-memory", "2GiB", "KV cache pool size (e.g. 2GiB, 512MiB)")
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", d.MaxPrefillTokens, "prompt tokens per prefill forward")
-	fs.IntVar(&f.maxRunning, "max-running-requests", d.MaxRunning, "sequences decoded per step")
+	fs.IntVar(&f.maxRunning, "max-running-requests", d.MaxRunning, "sequences in one forward: decoded per step (decode, serve), prompts computed together (prefill)")
 	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", d.BootstrapTimeout, "prefill: how long to wait for decode to open the room")
 	fs.DurationVar(&f.queueTimeout, "queue-timeout", d.QueueTimeout, "how long a request may wait for a batch or for KV pages")
 	fs.DurationVar(&f.kvHoldTimeout, "kv-hold-timeout", d.KVHoldTimeout, "prefill: how long to hold computed KV for a decode that has no pages yet")
@@ -168,6 +170,7 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.IntVar(&f.heartbeatMisses, "heartbeat-misses", d.LeaseMisses, "missed heartbeats before a KV peer is dead; a room outlives its last renewal by one more")
 	fs.DurationVar(&f.tombstoneTTL, "tombstone-ttl", d.TombstoneTTL, "how long aborted rooms are remembered")
 	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel (must match on both sides)")
+	fs.StringVar(&f.metricsCompat, "metrics-compat", "", `also export another server's metric names on /metrics: "sglang" (SGLang's sglang:* series; see docs/coming-from-sglang.md)`)
 }
 
 // options validates the flags into a worker template (Role, Model, Addr,
@@ -180,6 +183,11 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	if total := totalRAM(); total > 0 && mem > total {
 		return cluster.WorkerOptions{}, usagef("--kv-cache-memory %s exceeds this machine's memory (%s)",
 			f.kvCacheMemory, humanize.IBytes(total))
+	}
+	switch f.metricsCompat {
+	case "", "none", worker.MetricsCompatSGLang:
+	default:
+		return cluster.WorkerOptions{}, usagef("--metrics-compat %q: want %q or none", f.metricsCompat, worker.MetricsCompatSGLang)
 	}
 	if f.pageSize < 1 || f.pageSize > kvcache.MaxPageSize {
 		return cluster.WorkerOptions{}, usagef("--page-size must be between 1 and %d tokens, got %d", kvcache.MaxPageSize, f.pageSize)
@@ -202,5 +210,9 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	if err := check.Validate(); err != nil {
 		return cluster.WorkerOptions{}, usageError{fmt.Errorf("%s", strings.ReplaceAll(err.Error(), "\n", "; "))}
 	}
-	return cluster.WorkerOptions{Machine: mc, KVCacheMemory: int64(mem), KVAuth: f.kvAuth}, nil
+	compat := f.metricsCompat
+	if compat == "none" {
+		compat = ""
+	}
+	return cluster.WorkerOptions{Machine: mc, KVCacheMemory: int64(mem), KVAuth: f.kvAuth, MetricsCompat: compat}, nil
 }

@@ -63,6 +63,10 @@ type WorkerOptions struct {
 	// serves, and deletes the registration when it drains or stops.
 	Etcd   *EtcdRegistration
 	Logger *slog.Logger
+
+	// MetricsCompat adds another system's metric names ("" or "sglang",
+	// --metrics-compat); see worker.Config.
+	MetricsCompat string
 }
 
 // EtcdRegistration says how a worker registers itself in etcd.
@@ -131,7 +135,7 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 		return b, nil
 	}
 	w, err := worker.New(worker.Config{Model: o.Model, Machine: mc, KVCacheMemory: o.KVCacheMemory,
-		Backend: factory, KVListen: o.KVListen, Logger: o.Logger, Registerer: reg})
+		Backend: factory, KVListen: o.KVListen, MetricsCompat: o.MetricsCompat, Logger: o.Logger, Registerer: reg})
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,12 @@ func (m *Machine) schedule() {
 		}
 	}
 	budget := m.cfg.MaxPrefillTokens
+	// A prefill worker's forward holds at most MaxRunning sequences, as
+	// SGLang's --max-running-requests bounds a prefill server's batch
+	// (its PrefillAdder stops at max_running_requests minus the running
+	// batch, which a prefill server keeps empty). Decode and colocated
+	// workers bound their decoding sequences above, as before.
+	full := func() bool { return m.cfg.Role == RolePrefill && len(entries) >= m.cfg.MaxRunning }
 	chunk := func(r *req) {
 		toks := r.prefillTokens()
 		n := min(len(toks)-r.computed, budget)
@@ -61,7 +67,7 @@ func (m *Machine) schedule() {
 		prefillTokens += n
 	}
 	for _, r := range m.queue {
-		if budget > 0 && r.stage == StagePrefilling {
+		if budget > 0 && r.stage == StagePrefilling && !full() {
 			chunk(r)
 		}
 	}
@@ -82,7 +88,7 @@ func (m *Machine) schedule() {
 	}
 	for _, ps := range passes {
 		for _, r := range m.queue {
-			if budget <= 0 {
+			if budget <= 0 || full() {
 				break
 			}
 			if r.stage != ps.stage || (m.cfg.Role == RolePrefill && r.ready != ps.ready) {

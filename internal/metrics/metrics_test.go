@@ -67,37 +67,71 @@ var machineRoles = map[workerapi.Role]lifecycle.Role{
 func TestWorkerExposition(t *testing.T) {
 	for _, role := range workerapi.Roles() {
 		t.Run(role.String(), func(t *testing.T) {
-			var stages []string
-			for _, s := range machineRoles[role].Stages() {
-				stages = append(stages, s.String())
-			}
-			st := WorkerState{PagesUsed: 10, PagesTotal: 64, PendingOpens: 1, Tombstones: 2, Preemptions: 3,
-				PeerAbortTombstones: 5, FramesDropped: map[string]uint64{"stale_gen": 4}}
-			for i, s := range stages {
-				st.Stages = append(st.Stages, StageState{Stage: s, Requests: i, Oldest: time.Duration(i) * time.Second})
-			}
 			reg := prometheus.NewRegistry()
-			w, err := NewWorker(reg, role, stages, func() (WorkerState, bool) { return st, true })
-			if err != nil {
-				t.Fatal(err)
-			}
-			w.StageTime(stages[0], 200*time.Millisecond)
-			w.Finished(outcome.OK, 1500*time.Millisecond)
-			w.Finished(outcome.TimeoutQueue, time.Minute)
-			w.FirstToken(30 * time.Millisecond)
-			w.InterToken(5 * time.Millisecond)
-			switch role {
-			case workerapi.RolePrefill:
-				w.KVBytes(KVSent, 4096)
-				w.Batch(BatchPrefill)
-			case workerapi.RoleDecode:
-				w.KVBytes(KVReceived, 4096)
-				w.Batch(BatchDecode)
-			default:
-				w.Batch(BatchMixed)
-			}
+			w, stages := exampleWorker(t, reg, role)
+			observeExample(w, role, stages)
 			golden(t, reg, "worker_"+role.String())
 		})
+	}
+}
+
+// TestWorkerExpositionSGLang: with WithSGLang a worker of each role also
+// exposes SGLang's series from the start, each mapped from its pdserve
+// stage or outcome; golden files testdata/worker_<role>_sglang.txt.
+func TestWorkerExpositionSGLang(t *testing.T) {
+	for _, role := range workerapi.Roles() {
+		t.Run(role.String(), func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			w, stages := exampleWorker(t, reg, role, WithSGLang("pdserve-sim"))
+			observeExample(w, role, stages)
+			golden(t, reg, "worker_"+role.String()+"_sglang")
+		})
+	}
+}
+
+// exampleWorker registers a worker of role whose snapshot has i requests,
+// oldest i s and a deadline of 10·(i+1) s in its i-th stage.
+func exampleWorker(t *testing.T, reg *prometheus.Registry, role workerapi.Role, opts ...WorkerOption) (*Worker, []string) {
+	t.Helper()
+	var stages []string
+	for _, s := range machineRoles[role].Stages() {
+		stages = append(stages, s.String())
+	}
+	st := WorkerState{PagesUsed: 10, PagesTotal: 64, PendingOpens: 1, Tombstones: 2, Preemptions: 3, PeerAbortTombstones: 5,
+		FramesDropped: map[string]uint64{"stale_gen": 4}, GenThroughput: 125.5}
+	for i, s := range stages {
+		st.Stages = append(st.Stages, StageState{Stage: s, Requests: i, Oldest: time.Duration(i) * time.Second,
+			Deadline: time.Duration(10*(i+1)) * time.Second})
+	}
+	w, err := NewWorker(reg, role, stages, func() (WorkerState, bool) { return st, true }, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, stages
+}
+
+// observeExample feeds a worker one of each observation its role makes.
+func observeExample(w *Worker, role workerapi.Role, stages []string) {
+	w.StageTime(stages[0], 200*time.Millisecond)
+	w.Finished(outcome.OK, outcome.Cause{}, 1500*time.Millisecond)
+	w.Finished(outcome.TimeoutQueue, outcome.Cause{Outcome: outcome.TimeoutQueue, Stage: stages[0]}, time.Minute)
+	w.Finished(outcome.AbortedClient, outcome.Cause{Outcome: outcome.AbortedClient}, time.Second)
+	w.FirstToken(30 * time.Millisecond)
+	w.InterToken(5*time.Millisecond, 1)
+	w.InterToken(30*time.Millisecond, 3) // three tokens in one event: 10 ms each for SGLang
+	switch role {
+	case workerapi.RolePrefill:
+		w.KVBytes(KVSent, 4096)
+		w.Batch(BatchPrefill)
+		w.Finished(outcome.TimeoutBootstrap, outcome.Cause{Outcome: outcome.TimeoutBootstrap, Stage: "bootstrap"}, 10*time.Second)
+		w.KVTransfer(20*time.Millisecond, 1<<30) // 50 GiB/s
+	case workerapi.RoleDecode:
+		w.KVBytes(KVReceived, 4096)
+		w.Batch(BatchDecode)
+		// the prefill side's transfer timed out: an echo, counted by its root cause
+		w.Finished(outcome.AbortedPeer, outcome.Cause{Outcome: outcome.TimeoutTransfer, Role: "prefill", Stage: "transferring"}, 31*time.Second)
+	default:
+		w.Batch(BatchMixed)
 	}
 }
 

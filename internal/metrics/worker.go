@@ -24,6 +24,9 @@ import (
 //     kind (prefill, decode, mixed).
 //   - read at scrape time from the Snapshot: pdserve_requests{role,stage}
 //     and pdserve_oldest_request_age_seconds{role,stage} (gauges),
+//     pdserve_stage_deadline_seconds{role,stage} (gauge, seconds: the
+//     longest a request may stay in the stage by the worker's flags; an
+//     oldest age above it means a request outlived its deadline),
 //     pdserve_kv_pages{role,state} (gauge, pages: used, free),
 //     pdserve_rooms{role,kind} (gauge: pending_open, tombstone),
 //     pdserve_preemptions_total{role},
@@ -31,6 +34,10 @@ import (
 //     for a room this worker did not hold, each leaving a tombstone) and
 //     pdserve_kv_frames_dropped_total{role,reason} (counters), and
 //     pdserve_worker_loop_up{role} (1 if the loop answered the scrape).
+//
+// With [WithSGLang] it also exposes SGLang's series (see sglang.go).
+// Durations are clamped at zero before they are observed, so no latency
+// series can go negative whatever the clock does.
 type Worker struct {
 	role          string
 	finished      *prometheus.CounterVec
@@ -40,6 +47,7 @@ type Worker struct {
 	e2e           prometheus.Observer
 	kvBytes       *prometheus.CounterVec
 	batches       *prometheus.CounterVec
+	sglang        *sglang // nil without WithSGLang
 }
 
 // WorkerState is what a worker's machine and transport hold at one scrape.
@@ -57,6 +65,9 @@ type WorkerState struct {
 	PeerAbortTombstones uint64
 	// FramesDropped counts KV channel frames dropped, by reason.
 	FramesDropped map[string]uint64
+	// GenThroughput is output tokens per second over the recent past
+	// (sglang:gen_throughput).
+	GenThroughput float64
 }
 
 // StageState is one stage of a WorkerState.
@@ -64,6 +75,8 @@ type StageState struct {
 	Stage    string
 	Requests int
 	Oldest   time.Duration
+	// Deadline is the longest a request may stay in the stage.
+	Deadline time.Duration
 }
 
 // Snapshot returns the worker's current state; ok is false if its loop did
@@ -86,13 +99,25 @@ const (
 	BatchMixed   = "mixed"
 )
 
+// WorkerOption adds to a worker's collectors.
+type WorkerOption func(*Worker, workerapi.Role)
+
+// WithSGLang adds SGLang's series (sglang:*, see sglang.go) for a worker
+// serving the model named model (their model_name label).
+func WithSGLang(model string) WorkerOption {
+	return func(w *Worker, role workerapi.Role) { w.sglang = newSGLang(role, model) }
+}
+
 // NewWorker registers the collectors of a worker of role on reg; stages
 // are the role's non-terminal stages (for the stage histograms). snap is
 // read at scrape time. It returns an error if a collector is already
 // registered on reg.
-func NewWorker(reg prometheus.Registerer, role workerapi.Role, stages []string, snap Snapshot) (*Worker, error) {
+func NewWorker(reg prometheus.Registerer, role workerapi.Role, stages []string, snap Snapshot, opts ...WorkerOption) (*Worker, error) {
 	r := role.String()
 	w := &Worker{role: r}
+	for _, o := range opts {
+		o(w, role)
+	}
 	w.finished = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pdserve_requests_finished_total",
 		Help: "Requests that reached a terminal state, by outcome.",
@@ -135,8 +160,12 @@ func NewWorker(reg prometheus.Registerer, role workerapi.Role, stages []string, 
 	for _, k := range kinds {
 		w.batches.WithLabelValues(r, k)
 	}
-	for _, c := range []prometheus.Collector{w.finished, w.stageDuration, ttft, itl, e2e, w.kvBytes, w.batches,
-		&stateCollector{role: r, snap: snap}} {
+	cs := []prometheus.Collector{w.finished, w.stageDuration, ttft, itl, e2e, w.kvBytes, w.batches,
+		&stateCollector{role: r, snap: snap, sglang: w.sglang}}
+	if w.sglang != nil {
+		cs = append(cs, w.sglang.collectors...)
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -145,24 +174,51 @@ func NewWorker(reg prometheus.Registerer, role workerapi.Role, stages []string, 
 }
 
 // Finished counts a request that ended with o after age (the E2E latency,
-// observed for OK only).
-func (w *Worker) Finished(o outcome.Outcome, age time.Duration) {
+// observed for OK only); cause is its first failure (zero for OK), which
+// SGLang's failure counters are counted by.
+func (w *Worker) Finished(o outcome.Outcome, cause outcome.Cause, age time.Duration) {
 	w.finished.WithLabelValues(w.role, o.String()).Inc()
 	if o == outcome.OK {
-		w.e2e.Observe(age.Seconds())
+		w.e2e.Observe(seconds(age))
+	}
+	if w.sglang != nil {
+		w.sglang.finished(o, cause, age)
 	}
 }
 
 // StageTime observes the time an ended request spent in stage.
 func (w *Worker) StageTime(stage string, d time.Duration) {
-	w.stageDuration.WithLabelValues(w.role, stage).Observe(d.Seconds())
+	w.stageDuration.WithLabelValues(w.role, stage).Observe(seconds(d))
 }
 
 // FirstToken observes a time to first token.
-func (w *Worker) FirstToken(d time.Duration) { w.ttft.Observe(d.Seconds()) }
+func (w *Worker) FirstToken(d time.Duration) {
+	w.ttft.Observe(seconds(d))
+	if w.sglang != nil {
+		w.sglang.ttft.Observe(seconds(d))
+	}
+}
 
-// InterToken observes the gap between two output tokens.
-func (w *Worker) InterToken(d time.Duration) { w.itl.Observe(d.Seconds()) }
+// InterToken observes the gap d before an output event of n tokens (one
+// observation per event in pdserve_inter_token_latency_seconds; n of d/n in
+// sglang:inter_token_latency_seconds, as SGLang counts per token).
+func (w *Worker) InterToken(d time.Duration, n int) {
+	w.itl.Observe(seconds(d))
+	if w.sglang != nil {
+		w.sglang.interToken(d, n)
+	}
+}
+
+// KVTransfer observes a prefill request's finished KV transfer: d is the
+// time from its last chunk computed (KV_DONE sent) to decode's KV_ACK, bytes
+// the KV bytes of its prompt (sglang:kv_transfer_latency_ms and
+// sglang:kv_transfer_speed_gb_s; pdserve's own figure is
+// pdserve_stage_duration_seconds{stage="transferring"}).
+func (w *Worker) KVTransfer(d time.Duration, bytes int) {
+	if w.sglang != nil {
+		w.sglang.kvTransfer(d, bytes)
+	}
+}
 
 // KVBytes counts n KV bytes moved in direction d.
 func (w *Worker) KVBytes(d Direction, n int) {
@@ -178,6 +234,9 @@ var (
 		[]string{"role", "stage"}, nil)
 	oldestDesc = prometheus.NewDesc("pdserve_oldest_request_age_seconds",
 		"How long the request that entered each stage earliest has been in it (0 if empty).",
+		[]string{"role", "stage"}, nil)
+	deadlineDesc = prometheus.NewDesc("pdserve_stage_deadline_seconds",
+		"The longest a request may stay in each stage, by this worker's flags: its oldest age above this is a pinned request.",
 		[]string{"role", "stage"}, nil)
 	pagesDesc = prometheus.NewDesc("pdserve_kv_pages",
 		"KV cache pages by state (used, free).", []string{"role", "state"}, nil)
@@ -195,14 +254,20 @@ var (
 )
 
 type stateCollector struct {
-	role string
-	snap Snapshot
+	role   string
+	snap   Snapshot
+	sglang *sglang
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{requestsDesc, oldestDesc, pagesDesc, droppedDesc, roomsDesc, preemptDesc,
+	for _, d := range []*prometheus.Desc{requestsDesc, oldestDesc, deadlineDesc, pagesDesc, droppedDesc, roomsDesc, preemptDesc,
 		peerAbortTombDesc, upDesc} {
 		ch <- d
+	}
+	if c.sglang != nil {
+		for _, d := range c.sglang.gaugeDescs {
+			ch <- d
+		}
 	}
 }
 
@@ -218,7 +283,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range st.Stages {
 		ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(s.Requests), c.role, s.Stage)
-		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, s.Oldest.Seconds(), c.role, s.Stage)
+		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, seconds(s.Oldest), c.role, s.Stage)
+		ch <- prometheus.MustNewConstMetric(deadlineDesc, prometheus.GaugeValue, seconds(s.Deadline), c.role, s.Stage)
 	}
 	ch <- prometheus.MustNewConstMetric(pagesDesc, prometheus.GaugeValue, float64(st.PagesUsed), c.role, "used")
 	ch <- prometheus.MustNewConstMetric(pagesDesc, prometheus.GaugeValue, float64(st.PagesTotal-st.PagesUsed), c.role, "free")
@@ -228,5 +294,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(peerAbortTombDesc, prometheus.CounterValue, float64(st.PeerAbortTombstones), c.role)
 	for reason, n := range st.FramesDropped {
 		ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(n), c.role, reason)
+	}
+	if c.sglang != nil {
+		vals := c.sglang.gauges(st)
+		for i, d := range c.sglang.gaugeDescs {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, vals[i])
+		}
 	}
 }

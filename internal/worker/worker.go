@@ -87,13 +87,20 @@ type Config struct {
 	DecodeLogInterval int
 	// MaxBodyBytes bounds worker API request bodies (default 64 MiB).
 	MaxBodyBytes int64
-	Logger       *slog.Logger
-	Registerer   prometheus.Registerer
+	// MetricsCompat adds another system's metric names next to pdserve's:
+	// "" (none) or MetricsCompatSGLang (see internal/metrics, sglang.go).
+	MetricsCompat string
+	Logger        *slog.Logger
+	Registerer    prometheus.Registerer
 	// Clock is the worker's clock (default: the wall clock): the loop's
 	// ticker, the times stepped into the machine and query timeouts run on
 	// it.
 	Clock clock.WithTicker
 }
+
+// MetricsCompatSGLang is the Config.MetricsCompat (--metrics-compat) value
+// that adds SGLang's series.
+const MetricsCompatSGLang = "sglang"
 
 // Worker is one prefill, decode or colocated worker.
 type Worker struct {
@@ -127,6 +134,9 @@ type Worker struct {
 	// loop-only state
 	waiters      map[string]*waiter
 	decodeBatchN int
+	// genRate counts output tokens delivered, inputRate prompt tokens
+	// computed (sglang:gen_throughput and the batch log line).
+	genRate, inputRate metrics.Rate
 
 	startOnce sync.Once
 	stopOnce  sync.Once
@@ -157,6 +167,14 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
+	}
+	var mopts []metrics.WorkerOption
+	switch cfg.MetricsCompat {
+	case "":
+	case MetricsCompatSGLang:
+		mopts = append(mopts, metrics.WithSGLang(cfg.Model.Info().Name))
+	default:
+		return nil, fmt.Errorf("worker: metrics compatibility %q: want %q or none", cfg.MetricsCompat, MetricsCompatSGLang)
 	}
 	info := cfg.Model.Info()
 	mc := cfg.Machine
@@ -203,7 +221,7 @@ func New(cfg Config) (*Worker, error) {
 	for _, st := range mc.Role.Stages() {
 		stages = append(stages, st.String())
 	}
-	w.metrics, err = metrics.NewWorker(cfg.Registerer, apiRole(mc.Role), stages, w.snapshot)
+	w.metrics, err = metrics.NewWorker(cfg.Registerer, apiRole(mc.Role), stages, w.snapshot, mopts...)
 	if err != nil {
 		return nil, err
 	}
@@ -495,7 +513,7 @@ func (w *Worker) step(ev lifecycle.Event) {
 func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 	switch x := e.(type) {
 	case lifecycle.RunBatch:
-		w.runBatch(x)
+		w.runBatch(now, x)
 	case lifecycle.CancelBatch:
 		// Every request of the running forward ended: stop computing it.
 		// Its pages are freed when its BatchDone arrives.
@@ -544,11 +562,12 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 			w.post(lifecycle.IODone{Job: x.Job})
 		})
 	case lifecycle.Emit:
+		w.genRate.Add(now, len(x.Tokens))
 		if wt := w.waiters[x.RID]; wt != nil {
 			if wt.lastAt.IsZero() {
 				w.metrics.FirstToken(now.Sub(wt.arrived))
 			} else {
-				w.metrics.InterToken(now.Sub(wt.lastAt))
+				w.metrics.InterToken(now.Sub(wt.lastAt), len(x.Tokens))
 			}
 			wt.lastAt = now
 			wt.push(x.Tokens)
@@ -557,7 +576,11 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 		for st, d := range x.StageTime {
 			w.metrics.StageTime(st.String(), d)
 		}
-		w.metrics.Finished(x.Outcome, x.Age)
+		w.metrics.Finished(x.Outcome, x.Cause, x.Age)
+		if w.role == lifecycle.RolePrefill && x.Outcome == outcome.OK {
+			pages := (x.PromptTokens + w.cfg.Machine.PageSize - 1) / w.cfg.Machine.PageSize
+			w.metrics.KVTransfer(x.StageTime[lifecycle.StageTransferring], pages*w.pool.PageBytes())
+		}
 		if x.Outcome != outcome.OK && x.Outcome != outcome.AbortedClient {
 			w.log.Info("request failed", "rid", x.RID, "room", x.RoomGen.String(), "outcome", x.Outcome.String(), "err", x.Err)
 		}
@@ -599,7 +622,7 @@ func (w *Worker) checksum(pages []kvcache.PageID) uint32 {
 	return c
 }
 
-func (w *Worker) runBatch(b lifecycle.RunBatch) {
+func (w *Worker) runBatch(now time.Time, b lifecycle.RunBatch) {
 	seqs := make([]model.SeqInput, len(b.Seqs))
 	for i, s := range b.Seqs {
 		seqs[i] = s.Input
@@ -612,7 +635,8 @@ func (w *Worker) runBatch(b lifecycle.RunBatch) {
 		kind = metrics.BatchPrefill
 	}
 	w.metrics.Batch(kind)
-	w.logBatch(kind, b)
+	w.inputRate.Add(now, b.PrefillTokens)
+	w.logBatch(now, kind, b)
 	ctx, cancel := context.WithCancel(w.fwdCtx)
 	w.batchCancel = cancel
 	w.fwdWG.Add(1)
@@ -625,7 +649,10 @@ func (w *Worker) runBatch(b lifecycle.RunBatch) {
 	}()
 }
 
-func (w *Worker) logBatch(kind string, b lifecycle.RunBatch) {
+// logBatch logs one forward batch (see batchLine): every batch that
+// computes prompts at Info, one decode batch in DecodeLogInterval at Info
+// and the others at Debug.
+func (w *Worker) logBatch(now time.Time, kind string, b lifecycle.RunBatch) {
 	level := slog.LevelDebug
 	if kind != metrics.BatchDecode {
 		level = slog.LevelInfo
@@ -638,12 +665,9 @@ func (w *Worker) logBatch(kind string, b lifecycle.RunBatch) {
 	if !w.log.Enabled(context.Background(), level) {
 		return
 	}
-	attrs := []any{"seqs", len(b.Seqs), "new_tokens", b.PrefillTokens, "decode_seqs", b.DecodeSeqs,
-		"pages_used", w.pool.Used(), "pages_total", w.pool.Total()}
-	for _, s := range w.role.Stages() {
-		attrs = append(attrs, "#"+s.String(), b.Queues[s])
-	}
-	w.log.Log(context.Background(), level, kind+" batch", attrs...)
+	msg, attrs := batchLine(w.role, kind, b, batchStats{pagesUsed: w.pool.Used(), pagesTotal: w.pool.Total(),
+		pageSize: w.cfg.Machine.PageSize, inputPerSec: w.inputRate.PerSecond(now), genPerSec: w.genRate.PerSecond(now)})
+	w.log.Log(context.Background(), level, msg, attrs...)
 }
 
 // queryValue runs fn on the loop and returns its result, waiting up to
@@ -659,18 +683,27 @@ func queryValue[T any](w *Worker, timeout time.Duration, fn func() T) (T, bool) 
 	return <-ch, true
 }
 
-// snapshot reads the machine's stats on the loop, and the transport's
-// dropped frames, for metrics.
+// snapshot reads the machine's stats and the output token rate on the
+// loop, and the transport's dropped frames, for metrics.
 func (w *Worker) snapshot() (metrics.WorkerState, bool) {
-	st, ok := queryValue(w, 2*time.Second, func() lifecycle.Stats { return w.machine.Stats(w.clock.Now()) })
+	type loopState struct {
+		stats lifecycle.Stats
+		gen   float64
+	}
+	ls, ok := queryValue(w, 2*time.Second, func() loopState {
+		now := w.clock.Now()
+		return loopState{w.machine.Stats(now), w.genRate.PerSecond(now)}
+	})
 	if !ok {
 		return metrics.WorkerState{}, false
 	}
+	st := ls.stats
 	ms := metrics.WorkerState{PagesUsed: st.PagesUsed, PagesTotal: st.PagesTotal, PendingOpens: st.PendingOpens,
 		Tombstones: st.Tombstones, Preemptions: st.Counters.Preemptions, PeerAbortTombstones: st.Counters.PeerAbortTombstones,
-		FramesDropped: make(map[string]uint64)}
+		FramesDropped: make(map[string]uint64), GenThroughput: ls.gen}
 	for _, s := range w.role.Stages() {
-		ms.Stages = append(ms.Stages, metrics.StageState{Stage: s.String(), Requests: st.Stages[s], Oldest: st.OldestInStage[s]})
+		ms.Stages = append(ms.Stages, metrics.StageState{Stage: s.String(), Requests: st.Stages[s], Oldest: st.OldestInStage[s],
+			Deadline: StageDeadline(w.cfg.Machine, s)})
 	}
 	for k, v := range st.Counters.FramesDropped {
 		ms.FramesDropped[k] += v
@@ -742,3 +775,27 @@ func (w *Worker) PeerLost(p kvxfer.PeerID, err error) {
 
 // Model returns the worker's model.
 func (w *Worker) Model() model.Model { return w.model }
+
+// StageDeadline is the longest a request may stay in stage s on a worker
+// configured by c (pdserve_stage_deadline_seconds): the stage's own timeout
+// where the machine starts one as the request enters it (bootstrap:
+// BootstrapTimeout; waiting, prealloc, queued, preempted: QueueTimeout;
+// parked: KVHoldTimeout; transferring: TransferTimeout), capped by
+// MaxRequestTime, the hard limit of every stage; MaxRequestTime for the
+// stages bounded by progress or by the request's limit alone (prefilling,
+// decoding, and awaiting_kv, whose transfer deadline starts with the first
+// KV frame).
+func StageDeadline(c lifecycle.Config, s lifecycle.Stage) time.Duration {
+	d := c.MaxRequestTime
+	switch s {
+	case lifecycle.StageBootstrap:
+		d = min(d, c.BootstrapTimeout)
+	case lifecycle.StageWaiting, lifecycle.StagePrealloc, lifecycle.StageQueued, lifecycle.StagePreempted:
+		d = min(d, c.QueueTimeout)
+	case lifecycle.StageParked:
+		d = min(d, c.KVHoldTimeout)
+	case lifecycle.StageTransferring:
+		d = min(d, c.TransferTimeout)
+	}
+	return d
+}

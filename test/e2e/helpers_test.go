@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -75,6 +76,9 @@ type pdOptions struct {
 	// selfShutdown: the test shuts the cluster down itself; cleanup does
 	// not check quiescence.
 	selfShutdown bool
+	// metricsCompat is the workers' --metrics-compat; logger their logger.
+	metricsCompat string
+	logger        *slog.Logger
 }
 
 // startPD starts router + 1 prefill + 1 decode in-process; at cleanup it
@@ -90,8 +94,8 @@ func startPD(t *testing.T, o pdOptions) *cluster.Cluster {
 		o.memory = 64 << 20
 	}
 	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
-		NewModel: simFactory(o.sim), Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: o.memory},
-		WrapBackend: o.wrap, HealthInterval: 100 * time.Millisecond})
+		NewModel: simFactory(o.sim), Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: o.memory, MetricsCompat: o.metricsCompat},
+		WrapBackend: o.wrap, HealthInterval: 100 * time.Millisecond, Logger: o.logger})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,8 @@ type Config struct {
 	Fingerprint kvxfer.Fingerprint
 	// MaxPrefillTokens is the chunked-prefill budget: prompt tokens per forward.
 	MaxPrefillTokens int
-	// MaxRunning bounds the sequences decoded in one step.
+	// MaxRunning bounds the sequences of one forward: decoded in one step
+	// (decode, colocated), or prompts computed in one batch (prefill).
 	MaxRunning int
 	// MaxChunkPages bounds the pages in one KV_CHUNK frame.
 	MaxChunkPages int

@@ -30,6 +30,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/kvxfer/tcp"
 	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/registry"
@@ -142,7 +143,10 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	w.Start()
 	var h http.Handler = w.Handler(reg)
 	if mc.Role == lifecycle.RoleColocated {
-		h = colocatedHandler(w, reg, o.Logger)
+		if h, err = colocatedHandler(w, reg, o.Logger); err != nil {
+			_ = w.Shutdown(context.Background())
+			return nil, err
+		}
 	}
 	srv, url, done, err := serve(o.Addr, h)
 	if err != nil {
@@ -214,11 +218,15 @@ func (s *WorkerServer) Drain(ctx context.Context) error {
 
 // colocatedHandler serves the OpenAI API (on the worker itself) next to the
 // worker API, for `pdserve serve`.
-func colocatedHandler(w *worker.Worker, reg prometheus.Gatherer, log *slog.Logger) http.Handler {
+func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, log *slog.Logger) (http.Handler, error) {
 	info := w.ModelInfo()
+	fe, err := metrics.NewFrontend(reg, "colocated")
+	if err != nil {
+		return nil, err
+	}
 	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(), VocabSize: info.VocabSize,
-		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated")})
-	return openai.Routes(oa, w.Handler(reg))
+		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated"), OnAnswer: fe.Answer})
+	return openai.Routes(oa, w.Handler(reg)), nil
 }
 
 // Shutdown fails the worker's live requests with an error, waits for their

@@ -196,3 +196,21 @@ func TestRegisterTwice(t *testing.T) {
 		t.Fatal("a second router registered")
 	}
 }
+
+// TestFrontendExposition: the front end's answers by endpoint, status
+// class and code, the common rejections present from the start; golden
+// file testdata/frontend.txt.
+func TestFrontendExposition(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f, err := NewFrontend(reg, "router")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Answer("completions", 200, "")
+	f.Answer("completions", 400, "unsupported_parameter")
+	f.Answer("chat.completions", 413, "request_too_large")
+	f.Answer("completions", 503, "no_worker")
+	f.Answer("other", 404, "not_found")
+	f.Answer("completions", 499, "")
+	golden(t, reg, "frontend")
+}

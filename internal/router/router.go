@@ -137,8 +137,9 @@ type Router struct {
 	liveMu sync.Mutex
 	live   map[*liveRequest]struct{} // requests being served, for /debug/requests
 
-	metrics *metrics.Router
-	roles   []workerapi.Role // the leg roles of the metrics
+	metrics  *metrics.Router
+	frontend *metrics.Frontend
+	roles    []workerapi.Role // the leg roles of the metrics
 }
 
 // New returns a router; it checks the worker URLs but contacts no worker
@@ -222,6 +223,9 @@ func New(cfg Config) (*Router, error) {
 	if r.metrics, err = metrics.NewRouter(cfg.Registerer, roles, urls, r.workerCounts); err != nil {
 		return nil, err
 	}
+	if r.frontend, err = metrics.NewFrontend(cfg.Registerer, "router"); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -299,6 +303,7 @@ func (r *Router) Handler() http.Handler {
 	oa := openai.NewHandler(openai.Config{
 		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen, VocabSize: r.cfg.VocabSize,
 		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log, ContextNow: r.contextLen,
+		OnAnswer: r.frontend.Answer,
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", oa)

@@ -18,12 +18,16 @@ func newInspectCmd(stdout io.Writer) *cobra.Command {
 		routerURL string
 		asJSON    bool
 		timeout   time.Duration
+		stage     string
+		olderThan time.Duration
+		limit     int
 	)
 	cmd := &cobra.Command{
 		Use:   "inspect",
 		Short: "List live requests on a router and every worker behind it: stage, age, deadline, peer, last event",
 		Long: `Asks the router for the requests it serves and for its workers, and every
-worker for its live requests, and prints one table, oldest first. A request that has used more than half of its
+worker for its live requests, and prints a summary per stage (count, oldest,
+past half their deadline), then one table, oldest first. A request that has used more than half of its
 stage's deadline is marked "!". Workers are asked at once; if any does not
 answer within --timeout, the others are still listed and the exit status is 1.`,
 		Args: cobra.NoArgs,
@@ -31,12 +35,16 @@ answer within --timeout, the others are still listed and the exit status is 1.`,
 			if timeout <= 0 {
 				return usagef("--timeout must be positive")
 			}
+			if limit < 0 || olderThan < 0 {
+				return usagef("--limit and --older-than must not be negative")
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			rep, err := inspect.Collect(ctx, &http.Client{}, routerURL)
 			if err != nil {
 				return err
 			}
+			rep = rep.Filter(stage, olderThan, limit)
 			if asJSON {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
@@ -55,5 +63,8 @@ answer within --timeout, the others are still listed and the exit status is 1.`,
 	fs.StringVar(&routerURL, "router", "http://127.0.0.1:8000", "router base URL")
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the router and workers")
+	fs.StringVar(&stage, "stage", "", "list only requests in this stage (e.g. awaiting_kv, parked, legs); the summary counts all")
+	fs.DurationVar(&olderThan, "older-than", 0, "list only requests that have been in their stage at least this long")
+	fs.IntVar(&limit, "limit", 0, "list at most this many requests, oldest first (0: all)")
 	return cmd
 }

@@ -37,7 +37,9 @@ type Row struct {
 
 // Report is what inspect found.
 type Report struct {
-	Rows []Row `json:"requests"`
+	// Summary counts the rows per (role, stage), before any Filter.
+	Summary []StageSummary `json:"summary"`
+	Rows    []Row          `json:"requests"`
 	// Errors lists workers that could not be asked, with why: their
 	// requests are missing from Rows.
 	Errors []string `json:"errors,omitempty"`
@@ -103,7 +105,7 @@ func Collect(ctx context.Context, c *http.Client, routerURL string) (Report, err
 		})
 	}
 	wg.Wait()
-	var rep Report
+	rep := Report{Rows: []Row{}, Summary: []StageSummary{}}
 	for _, a := range answers {
 		rep.Rows = append(rep.Rows, a.rows...)
 		if a.err != "" {
@@ -111,7 +113,96 @@ func Collect(ctx context.Context, c *http.Client, routerURL string) (Report, err
 		}
 	}
 	sort.SliceStable(rep.Rows, func(i, j int) bool { return rep.Rows[i].AgeSeconds > rep.Rows[j].AgeSeconds })
+	decodeProgress(rep.Rows)
+	rep.Summary = summarize(rep.Rows)
 	return rep, nil
+}
+
+// decodeProgress shows on each router row still in stage "legs" the
+// decode leg's progress: a non-streaming request sends the client nothing
+// until the end, while decode generates.
+func decodeProgress(rows []Row) {
+	decode := map[string]Row{}
+	for _, r := range rows {
+		if r.Role == "decode" || r.Role == "colocated" {
+			decode[r.RID] = r
+		}
+	}
+	for i, r := range rows {
+		if r.Role != "router" || r.Stage != "legs" {
+			continue
+		}
+		rid := r.RID
+		if r.Gen > 1 {
+			rid = fmt.Sprintf("%s-g%d", r.RID, r.Gen)
+		}
+		if d, ok := decode[rid]; ok {
+			rows[i].OutputTokens = d.OutputTokens
+			rows[i].LastEvent = fmt.Sprintf("%s; %s: %s, %d tokens so far", r.LastEvent, d.Role, d.Stage, d.OutputTokens)
+		}
+	}
+}
+
+// StageSummary counts the live requests of one stage of one role.
+type StageSummary struct {
+	Role  string `json:"role"`
+	Stage string `json:"stage"`
+	Count int    `json:"count"`
+	// OldestSeconds is the longest any of them has been in the stage.
+	OldestSeconds float64 `json:"oldest_in_stage_s"`
+	// Flagged counts those past half their stage's deadline.
+	Flagged int `json:"flagged"`
+}
+
+func summarize(rows []Row) []StageSummary {
+	by := map[[2]string]*StageSummary{}
+	var keys [][2]string
+	for _, r := range rows {
+		k := [2]string{r.Role, r.Stage}
+		s, ok := by[k]
+		if !ok {
+			s = &StageSummary{Role: r.Role, Stage: r.Stage}
+			by[k] = s
+			keys = append(keys, k)
+		}
+		s.Count++
+		s.OldestSeconds = max(s.OldestSeconds, r.InStageSecs)
+		if r.Flagged {
+			s.Flagged++
+		}
+	}
+	roleOrder := map[string]int{"router": 0, "prefill": 1, "decode": 2, "colocated": 3}
+	sort.Slice(keys, func(i, j int) bool {
+		if a, b := roleOrder[keys[i][0]], roleOrder[keys[j][0]]; a != b {
+			return a < b
+		}
+		return keys[i][1] < keys[j][1]
+	})
+	out := make([]StageSummary, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, *by[k])
+	}
+	return out
+}
+
+// Filter keeps the rows of a stage (any if ""), in it for at least
+// olderThan, at most limit of them (0: all), oldest first. The summary and
+// errors are kept whole.
+func (rep Report) Filter(stage string, olderThan time.Duration, limit int) Report {
+	out := Report{Summary: rep.Summary, Errors: rep.Errors, Rows: []Row{}}
+	for _, r := range rep.Rows {
+		if stage != "" && r.Stage != stage {
+			continue
+		}
+		if r.InStageSecs < olderThan.Seconds() {
+			continue
+		}
+		if limit > 0 && len(out.Rows) == limit {
+			break
+		}
+		out.Rows = append(out.Rows, r)
+	}
+	return out
 }
 
 func secs(s float64) string {
@@ -122,6 +213,17 @@ func secs(s float64) string {
 // start with "!".
 func Print(w io.Writer, rep Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROLE\tSTAGE\tREQUESTS\tOLDEST IN STAGE\tPAST HALF DEADLINE")
+	total := 0
+	for _, s := range rep.Summary {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\n", s.Role, s.Stage, s.Count, secs(s.OldestSeconds), s.Flagged)
+		total += s.Count
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "\tWORKER\tROLE\tRID\tSTAGE\tAGE\tIN STAGE\tDEADLINE IN\tPEER\tLAST EVENT")
 	flagged := 0
 	for _, r := range rep.Rows {
@@ -134,13 +236,22 @@ func Print(w io.Writer, rep Report) error {
 		if peer == "" && r.Peer != 0 {
 			peer = fmt.Sprintf("conn %d", r.Peer)
 		}
+		deadline := secs(r.DeadlineLeft)
+		if r.DeadlineKind == "lease" {
+			// Renewed by the peer: it keeps moving out.
+			deadline = "lease " + deadline
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, r.Worker, r.Role, r.RID, r.Stage,
-			secs(r.AgeSeconds), secs(r.InStageSecs), secs(r.DeadlineLeft), peer, r.LastEvent)
+			secs(r.AgeSeconds), secs(r.InStageSecs), deadline, peer, r.LastEvent)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "%d live requests, %d past half their stage deadline (!)\n", len(rep.Rows), flagged)
+	if len(rep.Rows) < total {
+		fmt.Fprintf(w, "%d of %d live requests listed, %d of them past half their stage deadline (!)\n", len(rep.Rows), total, flagged)
+	} else {
+		fmt.Fprintf(w, "%d live requests, %d past half their stage deadline (!)\n", len(rep.Rows), flagged)
+	}
 	for _, e := range rep.Errors {
 		fmt.Fprintf(w, "error: %s\n", e)
 	}

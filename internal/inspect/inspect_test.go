@@ -63,3 +63,67 @@ func TestCollectSkipsSilentWorkers(t *testing.T) {
 	}
 	http.DefaultClient.CloseIdleConnections()
 }
+
+// TestSummaryFilterAndDecodeProgress: the summary counts every row per
+// stage; filters keep the rows asked for; a router row whose legs are
+// running shows the decode leg's tokens; a lease deadline reads as a
+// lease; an empty list is [] in JSON.
+func TestSummaryFilterAndDecodeProgress(t *testing.T) {
+	dec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(`{"role":"decode","requests":[
+			{"rid":"a","stage":"decoding","age_s":5,"in_stage_s":4,"output_tokens":37},
+			{"rid":"b-g2","stage":"awaiting_kv","age_s":3,"in_stage_s":3,"deadline_left_s":2,"deadline_kind":"lease"},
+			{"rid":"c","stage":"awaiting_kv","age_s":1,"in_stage_s":0.5,"stage_budget_s":0.8}]}`))
+	}))
+	defer dec.Close()
+	rt := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/debug/requests" {
+			w.Write([]byte(`{"role":"router","requests":[
+				{"rid":"a","stage":"legs","age_s":5.1,"in_stage_s":5.1,"last_event":"legs sent (gen 1)"},
+				{"rid":"b","gen":2,"stage":"legs","age_s":3.1,"in_stage_s":1}]}`))
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]any{"workers": []router.WorkerStatus{{URL: dec.URL, Role: "decode"}}})
+	}))
+	defer rt.Close()
+	rep, err := Collect(context.Background(), http.DefaultClient, rt.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer http.DefaultClient.CloseIdleConnections()
+	want := []StageSummary{{"router", "legs", 2, 5.1, 0}, {"decode", "awaiting_kv", 2, 3, 1}, {"decode", "decoding", 1, 4, 0}}
+	if len(rep.Summary) != len(want) {
+		t.Fatalf("summary %+v", rep.Summary)
+	}
+	for i := range want {
+		if rep.Summary[i] != want[i] {
+			t.Errorf("summary[%d] %+v, want %+v", i, rep.Summary[i], want[i])
+		}
+	}
+	for _, r := range rep.Rows {
+		if r.Role == "router" && r.RID == "a" && (r.OutputTokens != 37 || !strings.Contains(r.LastEvent, "decode: decoding, 37 tokens so far")) {
+			t.Errorf("router row of a: %+v", r)
+		}
+		if r.Role == "router" && r.RID == "b" && !strings.Contains(r.LastEvent, "awaiting_kv, 0 tokens") {
+			t.Errorf("router row of b (gen 2): %+v", r)
+		}
+	}
+	f := rep.Filter("awaiting_kv", time.Second, 0)
+	if len(f.Rows) != 1 || f.Rows[0].RID != "b-g2" || len(f.Summary) != 3 {
+		t.Errorf("filtered %+v", f.Rows)
+	}
+	if f := rep.Filter("", 0, 2); len(f.Rows) != 2 || f.Rows[0].RID != "a" {
+		t.Errorf("limit 2: %+v", f.Rows)
+	}
+	var b strings.Builder
+	if err := Print(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "lease 2s") || !strings.Contains(b.String(), "PAST HALF DEADLINE") {
+		t.Errorf("printed:\n%s", b.String())
+	}
+	j, _ := json.Marshal(rep.Filter("nope", 0, 0))
+	if !strings.Contains(string(j), `"requests":[]`) {
+		t.Errorf("empty list in JSON: %s", j)
+	}
+}

@@ -95,6 +95,13 @@ func (m *Machine) Stats(now time.Time) Stats {
 
 // RequestInfo describes one live request, for /debug/requests and
 // `pdserve inspect`.
+// DeadlineKind values of RequestInfo.
+const (
+	DeadlineStage   = "stage"
+	DeadlineLease   = "lease"
+	DeadlineRequest = "request"
+)
+
 type RequestInfo struct {
 	RID          string  `json:"rid"`
 	Room         string  `json:"room,omitempty"`
@@ -103,6 +110,11 @@ type RequestInfo struct {
 	AgeSeconds   float64 `json:"age_s"`
 	InStageSecs  float64 `json:"in_stage_s"`
 	DeadlineLeft float64 `json:"deadline_left_s"`
+	// DeadlineKind says what DeadlineLeft counts down to: DeadlineStage
+	// (the stage's own deadline), DeadlineLease (the peer's renewals: it
+	// moves out each time the peer renews the room, so a small value is
+	// normal) or DeadlineRequest (the request's time limit).
+	DeadlineKind string `json:"deadline_kind,omitempty"`
 	// StageBudget is the stage's whole deadline span (0 when the stage is
 	// bounded only by the request's time limit).
 	StageBudget  float64        `json:"stage_budget_s"`
@@ -130,13 +142,14 @@ func (m *Machine) info(r *req, now time.Time, history bool) RequestInfo {
 		ri.Room = r.Room.String()
 	}
 	deadline := r.hardDeadline
+	ri.DeadlineKind = DeadlineRequest
 	if !r.deadline.IsZero() && r.deadline.Before(deadline) {
-		deadline = r.deadline
+		deadline, ri.DeadlineKind = r.deadline, DeadlineStage
 		ri.StageBudget = r.deadline.Sub(r.stageSince).Seconds()
 	}
 	if m.leased(r) {
 		if lease := r.lastRenew.Add(m.cfg.Lease()); lease.Before(deadline) {
-			deadline = lease
+			deadline, ri.DeadlineKind = lease, DeadlineLease
 		}
 	}
 	ri.DeadlineLeft = deadline.Sub(now).Seconds()

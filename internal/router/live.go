@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
@@ -33,6 +35,29 @@ type liveRequest struct {
 	promptTokens int
 	outputTokens int
 	last         string
+	// history is the request's last maxHistory events at the router
+	// (attempts, failed legs, retries, the first token), oldest first.
+	history []workerapi.HistoryEntry
+}
+
+// maxHistory bounds the events a request keeps at the router.
+const maxHistory = 32
+
+// event records what happened to the request (lr.mu held).
+func (lr *liveRequest) eventLocked(what string) {
+	lr.last = what
+	if len(lr.history) == maxHistory {
+		copy(lr.history, lr.history[1:])
+		lr.history = lr.history[:maxHistory-1]
+	}
+	lr.history = append(lr.history, workerapi.HistoryEntry{At: lr.clock.Now(), What: what})
+}
+
+// event records what happened to the request.
+func (lr *liveRequest) event(what string) {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	lr.eventLocked(what)
 }
 
 // track registers a request; the returned liveRequest is updated by the
@@ -58,8 +83,9 @@ func (lr *liveRequest) attempt(gen uint32, peers, why string) {
 	now := lr.clock.Now()
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
-	lr.gen, lr.peers, lr.last = gen, peers, why
+	lr.gen, lr.peers = gen, peers
 	lr.stage, lr.stageSince, lr.attemptStart = stageLegs, now, now
+	lr.eventLocked(fmt.Sprintf("%s (gen %d): %s", why, gen, peers))
 }
 
 // tokens records n more tokens sent to the client.
@@ -68,17 +94,25 @@ func (lr *liveRequest) tokens(n int) {
 	defer lr.mu.Unlock()
 	lr.outputTokens += n
 	if lr.stage != stageStreaming && n > 0 {
-		lr.stage, lr.stageSince, lr.last = stageStreaming, lr.clock.Now(), "first token sent"
+		lr.stage, lr.stageSince = stageStreaming, lr.clock.Now()
+		lr.eventLocked("first token sent")
 	}
 }
 
-func (lr *liveRequest) info(now time.Time) workerapi.RequestInfo {
+func (lr *liveRequest) info(now time.Time, history bool) workerapi.RequestInfo {
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
-	return workerapi.RequestInfo{RID: lr.rid, Room: lr.room, Gen: lr.gen, Stage: lr.stage,
+	ri := workerapi.RequestInfo{RID: lr.rid, Room: lr.room, Gen: lr.gen, Stage: lr.stage,
 		AgeSeconds: now.Sub(lr.arrived).Seconds(), InStageSecs: now.Sub(lr.stageSince).Seconds(),
-		DeadlineLeft: (LegTimeout - now.Sub(lr.attemptStart)).Seconds(), PeerAddr: lr.peers,
+		DeadlineLeft: (LegTimeout - now.Sub(lr.attemptStart)).Seconds(), DeadlineKind: "request", PeerAddr: lr.peers,
 		PromptTokens: lr.promptTokens, OutputTokens: lr.outputTokens, LastEvent: lr.last}
+	if lr.gen > 1 {
+		ri.Retries = int(lr.gen) - 1
+	}
+	if history {
+		ri.History = slices.Clone(lr.history)
+	}
+	return ri
 }
 
 // Requests lists the requests the router is serving, oldest first: stage
@@ -94,7 +128,7 @@ func (r *Router) Requests() []workerapi.RequestInfo {
 	now := r.clock.Now()
 	out := make([]workerapi.RequestInfo, len(list))
 	for i, lr := range list {
-		out[i] = lr.info(now)
+		out[i] = lr.info(now, false)
 	}
 	slices.SortFunc(out, func(a, b workerapi.RequestInfo) int {
 		switch {
@@ -106,6 +140,30 @@ func (r *Router) Requests() []workerapi.RequestInfo {
 		return 0
 	})
 	return out
+}
+
+// Request describes one request the router serves, with its events (its
+// attempts and their pairs, failed legs, retries, the first token).
+func (r *Router) Request(rid string) (workerapi.RequestInfo, bool) {
+	r.liveMu.Lock()
+	defer r.liveMu.Unlock()
+	for lr := range r.live {
+		if lr.rid == rid {
+			return lr.info(r.clock.Now(), true), true
+		}
+	}
+	return workerapi.RequestInfo{}, false
+}
+
+func (r *Router) handleRequest(w http.ResponseWriter, req *http.Request) {
+	ri, ok := r.Request(req.PathValue("rid"))
+	if !ok {
+		openai.WriteError(w, openai.NotFound("no live request %q at the router", req.PathValue("rid")))
+		return
+	}
+	b, _ := json.Marshal(ri)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '\n'))
 }
 
 func (r *Router) handleRequests(w http.ResponseWriter, _ *http.Request) {

@@ -352,6 +352,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 	}
 	s.drain(a)
 	s.r.metrics.LegFailed(f.role, e.Outcome)
+	s.live.event(fmt.Sprintf("%s leg failed (gen %d): %s", f.role, a.gen, e.Message))
 	failedW := a.dw
 	if f.role == workerapi.RolePrefill {
 		failedW = a.pw

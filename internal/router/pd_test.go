@@ -647,3 +647,44 @@ func TestRouterDrain(t *testing.T) {
 		}
 	})
 }
+
+// TestRequestHistoryAtTheRouter: /debug/requests/{rid} at the router shows a
+// live request's attempts, the failed leg and the retry, with its pair; an
+// unknown rid is a JSON 404.
+func TestRequestHistoryAtTheRouter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		tr.prefill[0].setLeg(byGen(untilAborted, hang))
+		tr.decode[0].setLeg(byGen(failWith(workerapi.NewError(outcome.PeerLost, "kv peer silent", outcome.Cause{})), hang))
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan answer, 1)
+		go func() { done <- generate(ctx, tr.r, "rid7") }()
+		synctest.Wait()
+		ri, ok := tr.r.Request("rid7")
+		if !ok {
+			t.Fatal("request not found")
+		}
+		var whats []string
+		for _, h := range ri.History {
+			whats = append(whats, h.What)
+		}
+		joined := strings.Join(whats, " | ")
+		for _, want := range []string{"legs sent (gen 1): http://prefill0 → http://decode0", "decode leg failed (gen 1): kv peer silent",
+			"retried on a new pair (gen 2)"} {
+			if !strings.Contains(joined, want) {
+				t.Errorf("history %q lacks %q", joined, want)
+			}
+		}
+		if ri.Retries != 1 || ri.Gen != 2 || ri.Stage != "legs" {
+			t.Errorf("request %+v", ri)
+		}
+		rec := httptest.NewRecorder()
+		tr.r.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/requests/nope", nil))
+		if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), `"error"`) {
+			t.Errorf("unknown rid: %d %s", rec.Code, rec.Body)
+		}
+		cancel()
+		<-done
+	})
+}

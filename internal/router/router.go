@@ -335,6 +335,7 @@ func (r *Router) Handler() http.Handler {
 	mux.Handle("/workers", admin)
 	mux.Handle("/workers/", admin)
 	mux.HandleFunc("GET /debug/requests", r.handleRequests)
+	mux.HandleFunc("GET /debug/requests/{rid}", r.handleRequest)
 	if r.cfg.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(r.cfg.Gatherer, promhttp.HandlerOpts{}))
 	}

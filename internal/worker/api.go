@@ -64,7 +64,7 @@ func streamLine(toks []model.SeqOutput, fin *lifecycle.Finalize) workerapi.Strea
 // requestInfo is a machine's view of a live request as the worker API shows it.
 func requestInfo(ri lifecycle.RequestInfo) workerapi.RequestInfo {
 	out := workerapi.RequestInfo{RID: ri.RID, Room: ri.Room, Gen: ri.Gen, Stage: ri.Stage,
-		AgeSeconds: ri.AgeSeconds, InStageSecs: ri.InStageSecs, DeadlineLeft: ri.DeadlineLeft,
+		AgeSeconds: ri.AgeSeconds, InStageSecs: ri.InStageSecs, DeadlineLeft: ri.DeadlineLeft, DeadlineKind: ri.DeadlineKind,
 		StageBudget: ri.StageBudget, Peer: ri.Peer, PeerAddr: ri.PeerAddr, PromptTokens: ri.PromptTokens,
 		OutputTokens: ri.OutputTokens, Pages: ri.Pages, LastEvent: ri.LastEvent}
 	for _, h := range ri.History {

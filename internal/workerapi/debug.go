@@ -14,6 +14,11 @@ type RequestInfo struct {
 	AgeSeconds   float64 `json:"age_s"`
 	InStageSecs  float64 `json:"in_stage_s"`
 	DeadlineLeft float64 `json:"deadline_left_s"`
+	// DeadlineKind says what DeadlineLeft counts down to: "stage" (the
+	// stage's deadline), "lease" (the peer's renewals, which move it out:
+	// a small value is normal) or "request" (the request's time limit; at
+	// the router, the leg timeout).
+	DeadlineKind string `json:"deadline_kind,omitempty"`
 	// StageBudget is the stage's whole deadline span (0 when the stage is
 	// bounded only by the request's time limit).
 	StageBudget float64 `json:"stage_budget_s"`
@@ -26,6 +31,8 @@ type RequestInfo struct {
 	Pages        int            `json:"pages"`
 	LastEvent    string         `json:"last_event"`
 	History      []HistoryEntry `json:"history,omitempty"`
+	// Retries (router) is the number of attempts after the first.
+	Retries int `json:"retries,omitempty"`
 }
 
 // HistoryEntry is one lifecycle event of a request, for

@@ -204,6 +204,13 @@ func TestLostLeaseRegistersAgain(t *testing.T) {
 	w := startWatcher(t, NewWithClient(cli, cfg))
 	g := register(t, cli, cfg, record("decode-1", "decode", 30010), 5*time.Second)
 	w.waitFor(t, "decode-1 decode http://127.0.0.1:30010")
+	// The record can be watched before Register has noted its lease.
+	if state, ok := testbin.WaitUntil(10*time.Second, func() (bool, string) {
+		st, _, _ := g.Status()
+		return st == "registered", st
+	}); !ok {
+		t.Fatalf("not registered: %s", state)
+	}
 	g.mu.Lock()
 	lease := g.lease
 	g.mu.Unlock()

@@ -70,6 +70,7 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		nDecode  int
 		nServe   int
 		drainT   time.Duration
+		portBase int
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -102,7 +103,10 @@ in-flight requests are answered with an error.`,
 				return err
 			}
 			wo.Logger = log
-			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port,
+			if portBase < 0 || (portBase > 0 && portBase+64+nPrefill > 65535) {
+				return usagef("--worker-port-base must be 0 (free ports) or leave room for %d ports below 65536", 64+nPrefill)
+			}
+			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port, WorkerPortBase: portBase,
 				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,
 				NewModel: newModel, Worker: wo, Logger: log})
 			if err != nil {
@@ -137,6 +141,7 @@ in-flight requests are answered with an error.`,
 	fs.IntVar(&nDecode, "decode-workers", 1, "number of decode workers")
 	fs.IntVar(&nServe, "colocated-workers", 0, "run this many colocated workers behind the router instead of prefill/decode (plain mode, for comparison)")
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGINT/SIGTERM, how long to let requests in flight finish before shutting down (0: shut down at once)")
+	fs.IntVar(&portBase, "worker-port-base", 0, "fixed worker ports: worker k (prefill, then decode) on base+k, prefill i's KV channel on base+64+i (0: free ports; the router's GET /discovery/prometheus lists them either way)")
 	return cmd
 }
 

@@ -337,6 +337,11 @@ type Options struct {
 	Host string
 	// RouterPort is the router's port (0 picks one).
 	RouterPort int
+	// WorkerPortBase, if positive, gives the workers fixed ports: worker k
+	// (prefill first, then decode, then colocated) serves on
+	// WorkerPortBase+k, prefill worker i's KV channel on WorkerPortBase+64+i.
+	// 0 picks free ports.
+	WorkerPortBase int
 	// PrefillWorkers and DecodeWorkers count the workers (each ≥ 1), unless
 	// ColocatedWorkers > 0: then the router spreads whole requests over
 	// that many colocated workers instead (plain mode, no disaggregation).
@@ -396,6 +401,16 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 		}
 	}()
 	any0 := net.JoinHostPort(o.Host, "0")
+	// With WorkerPortBase, worker k (prefill first, then decode, then
+	// colocated) serves on base+k and prefill worker i's KV channel on
+	// base+64+i, so a scrape config can name them.
+	next := 0
+	addr := func(k int) string {
+		if o.WorkerPortBase == 0 {
+			return any0
+		}
+		return net.JoinHostPort(o.Host, strconv.Itoa(o.WorkerPortBase+k))
+	}
 	start := func(role lifecycle.Role, i int) (*WorkerServer, error) {
 		m, err := o.NewModel()
 		if err != nil {
@@ -403,11 +418,12 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 		}
 		wo := o.Worker
 		wo.Model = m
-		wo.Addr = any0
+		wo.Addr = addr(next)
+		next++
 		wo.Machine.Role = role
 		wo.Logger = o.Logger.With("worker", fmt.Sprintf("%s-%d", role, i))
 		if role == lifecycle.RolePrefill {
-			wo.KVListen = any0
+			wo.KVListen = addr(64 + i)
 		}
 		if o.WrapBackend != nil {
 			wo.WrapBackend = func(b kvxfer.Backend) kvxfer.Backend { return o.WrapBackend(role, i, b) }

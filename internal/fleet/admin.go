@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/pdserve/pdserve/internal/openai"
@@ -154,4 +155,35 @@ func (s *Set) handleAction(w http.ResponseWriter, r *http.Request) {
 	}
 	wk, _ := s.Get(id)
 	writeJSON(w, http.StatusOK, wk.Status())
+}
+
+// SDTarget is one target group of Prometheus's HTTP service discovery
+// (http_sd_configs): https://prometheus.io/docs/prometheus/latest/http_sd/.
+type SDTarget struct {
+	Targets []string          `json:"targets"`
+	Labels  map[string]string `json:"labels"`
+}
+
+// PrometheusSD serves the set's workers in Prometheus's http_sd format: one
+// target group per worker (host:port of its API, which serves /metrics),
+// with its role, id and state as __meta_pdserve_role, __meta_pdserve_worker_id
+// and __meta_pdserve_state (for relabeling), so a scrape config follows the
+// fleet — `pdserve up`'s random ports, etcd or Kubernetes membership —
+// without being rewritten. Workers that left the set are not listed.
+func (s *Set) PrometheusSD() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		out := []SDTarget{}
+		for _, wk := range s.Workers("") {
+			u, err := url.Parse(wk.URL())
+			if err != nil {
+				continue
+			}
+			// __meta_ labels are for relabeling only: the workers' series
+			// carry their own role label, which a target label would clash with.
+			labels := map[string]string{"__meta_pdserve_role": wk.Role(), "__meta_pdserve_worker_id": wk.ID(),
+				"__meta_pdserve_state": wk.State().String(), "__scheme__": u.Scheme}
+			out = append(out, SDTarget{Targets: []string{u.Host}, Labels: labels})
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
 }

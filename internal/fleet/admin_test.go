@@ -123,3 +123,26 @@ func (fixedRegistry) Run(ctx context.Context, update func(registry.Snapshot)) er
 	<-ctx.Done()
 	return ctx.Err()
 }
+
+func TestPrometheusSD(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, _ := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	f.set("http://10.0.0.1:30001", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://10.0.0.1:30001")}})
+	rec := httptest.NewRecorder()
+	s.PrometheusSD().ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/prometheus", nil))
+	var got []SDTarget
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Targets[0] != "10.0.0.1:30001" || got[0].Labels["__meta_pdserve_role"] != "decode" ||
+		got[0].Labels["__meta_pdserve_worker_id"] != "d1" || got[0].Labels["__scheme__"] != "http" {
+		t.Fatalf("targets %+v", got)
+	}
+	s.Reconcile(registry.Snapshot{})
+	rec = httptest.NewRecorder()
+	s.PrometheusSD().ServeHTTP(rec, httptest.NewRequest("GET", "/discovery/prometheus", nil))
+	if strings.TrimSpace(rec.Body.String()) != "[]" {
+		t.Fatalf("empty fleet: %s", rec.Body)
+	}
+}

@@ -334,6 +334,7 @@ func (r *Router) Handler() http.Handler {
 	admin := r.set.AdminHandler()
 	mux.Handle("/workers", admin)
 	mux.Handle("/workers/", admin)
+	mux.Handle("GET /discovery/prometheus", r.set.PrometheusSD())
 	mux.HandleFunc("GET /debug/requests", r.handleRequests)
 	mux.HandleFunc("GET /debug/requests/{rid}", r.handleRequest)
 	if r.cfg.Gatherer != nil {

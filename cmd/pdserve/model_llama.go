@@ -2,6 +2,8 @@ package main
 
 import (
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/kvcache"
@@ -25,8 +27,11 @@ func (f *modelFlags) llamaFactory() (cluster.ModelFactory, error) {
 	if f.threads < 0 {
 		return nil, usagef("--threads must not be negative, got %d", f.threads)
 	}
+	if !slices.Contains(llama.KernelChoices, f.kernels) {
+		return nil, usagef("--llama-kernels %q: want one of %s", f.kernels, strings.Join(llama.KernelChoices, ", "))
+	}
 	base, err := llama.Load(f.model, llama.Options{Name: f.servedName, KVDType: dt, Threads: f.threads,
-		LoadTokenizer: loadTokenizer})
+		Kernels: f.kernels, LoadTokenizer: loadTokenizer})
 	if err != nil {
 		return nil, err
 	}

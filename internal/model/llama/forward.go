@@ -218,7 +218,7 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	}
 	ropeTable(b.cos, b.sin, b.pos, m.invFreq)
 
-	ks := kernels
+	ks := m.ks
 	b.attn = attnJob{ks: ks, scr: b.scr, pool: pool, seqs: seqs, q: b.q, att: b.att, pos: b.pos, seqOf: b.seqOf,
 		heads: cfg.Heads, kvH: cfg.KVHeads, d: D}
 	b.tok = tokJob{m: m, pool: pool, seqs: seqs, T: T}

@@ -118,17 +118,17 @@ func TestRMSNormAndSoftmax(t *testing.T) {
 		}
 	}
 	s := []float32{1, 2, 3, 1000}
-	softmax(kernels, s)
+	softmax(kernelSetFor(2), s)
 	if s[3] != 1 || s[0] > 1e-37 {
 		t.Errorf("softmax with a dominant entry: %v", s)
 	}
 	s = []float32{0, float32(math.Log(3))}
-	softmax(kernels, s)
+	softmax(kernelSetFor(2), s)
 	if math.Abs(float64(s[0])-0.25) > 1e-7 || math.Abs(float64(s[1])-0.75) > 1e-7 {
 		t.Errorf("softmax(0, ln 3) = %v, want 0.25, 0.75", s)
 	}
 	gate, up := []float32{0, 1, -2}, []float32{5, 2, 1}
-	siluMul(kernels, gate, up)
+	siluMul(kernelSetFor(2), gate, up)
 	for i, w := range []float64{0, 2 / (1 + math.Exp(-1)), -2 / (1 + math.Exp(2))} {
 		if math.Abs(float64(gate[i])-w) > 1e-6 {
 			t.Errorf("silu·up[%d] = %v, want %v", i, gate[i], w)

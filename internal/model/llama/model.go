@@ -28,6 +28,12 @@ type Options struct {
 	// Threads is the number of goroutines a Forward computes on; 0 means
 	// runtime.GOMAXPROCS(0) at the time of the call.
 	Threads int
+	// Kernels chooses the instruction set of the matrix kernels (see
+	// KernelChoices): "" or KernelsAuto for the widest the CPU has,
+	// KernelsAVX512, KernelsAVX2 (an error if the CPU lacks it) or
+	// KernelsGo. Every choice computes the same bits; the narrower ones are
+	// for benchmarks and for checking that.
+	Kernels string
 	// LoadTokenizer loads the tokenizer of a checkpoint directory that has a
 	// tokenizer.json (cmd/pdserve passes internal/model/tokenizer's Load);
 	// nil, or a directory without tokenizer.json, means no tokenizer
@@ -45,7 +51,8 @@ type Model struct {
 	info    model.Info
 	tok     model.Tokenizer
 	threads int
-	invFreq []float64 // RoPE inverse frequencies [headDim/2]
+	ks      *kernelSet // nil: pure Go
+	invFreq []float64  // RoPE inverse frequencies [headDim/2]
 
 	mu     sync.Mutex // serialises Forward and guards the fields below
 	closed bool
@@ -97,6 +104,10 @@ func Load(dir string, opts Options) (*Model, error) {
 	if opts.Threads < 0 {
 		return nil, fmt.Errorf("llama: threads must not be negative, got %d", opts.Threads)
 	}
+	ks, err := chooseKernels(opts.Kernels)
+	if err != nil {
+		return nil, err
+	}
 	name := opts.Name
 	if name == "" {
 		abs, err := filepath.Abs(dir)
@@ -142,6 +153,7 @@ func Load(dir string, opts Options) (*Model, error) {
 		info: model.Info{Name: name, Geometry: geo, ContextLen: ctxLen, VocabSize: cfg.VocabSize,
 			EOS: eos, Digest: w.digest},
 		threads: opts.Threads,
+		ks:      ks,
 		invFreq: ropeInvFreq(&cfg),
 		caches:  make(map[*kvcache.Pool]*poolCache),
 	}
@@ -159,7 +171,7 @@ func (m *Model) Clone() (*Model, error) {
 		return nil, errClosed
 	}
 	m.w.refs.Add(1)
-	return &Model{w: m.w, tok: m.tok, info: m.info, threads: m.threads, invFreq: m.invFreq,
+	return &Model{w: m.w, tok: m.tok, info: m.info, threads: m.threads, ks: m.ks, invFreq: m.invFreq,
 		caches: make(map[*kvcache.Pool]*poolCache)}, nil
 }
 
@@ -193,6 +205,10 @@ func (m *Model) Config() Config { return m.w.cfg }
 // WeightBytes is the size of all tensors in the checkpoint, in bytes: about
 // what one batch-1 decode step reads.
 func (m *Model) WeightBytes() int64 { return m.w.bytes }
+
+// Kernels is the instruction set of the kernels the model computes with:
+// KernelsAVX512, KernelsAVX2 or KernelsGo.
+func (m *Model) Kernels() string { return kernelName(m.ks) }
 
 // Tokenizer returns the tokenizer loaded through Options.LoadTokenizer, or
 // nil (token-id prompts only).

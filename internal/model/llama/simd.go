@@ -3,7 +3,9 @@ package llama
 //go:generate go run ./asmgen -s simd_amd64.s -go simd_amd64_gen.go
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"unsafe"
 )
 
@@ -112,9 +114,46 @@ type kernelSet struct {
 	siluWidth int
 }
 
-// kernels is the kernel set this process uses, chosen once from the CPU's
-// features (simd_amd64.go); nil means pure Go.
-var kernels = detectKernels()
+// Kernel choices of Options.Kernels.
+const (
+	// KernelsAuto picks the widest instruction set the CPU has.
+	KernelsAuto = "auto"
+	// KernelsAVX512 is the AVX-512 (F and VL) assembly.
+	KernelsAVX512 = "avx512"
+	// KernelsAVX2 is the AVX2 + FMA assembly.
+	KernelsAVX2 = "avx2"
+	// KernelsGo is the pure-Go code.
+	KernelsGo = "go"
+)
+
+// KernelChoices lists the valid values of Options.Kernels.
+var KernelChoices = []string{KernelsAuto, KernelsAVX512, KernelsAVX2, KernelsGo}
+
+// chooseKernels returns the kernel set named by name (see Options.Kernels;
+// "" means auto): nil for the pure-Go code. It returns an error for an
+// unknown name and for an instruction set this CPU (or build) lacks.
+func chooseKernels(name string) (*kernelSet, error) {
+	limit := map[string]int{"": 2, KernelsAuto: 2, KernelsAVX512: 2, KernelsAVX2: 1, KernelsGo: 0}
+	l, ok := limit[name]
+	if !ok {
+		return nil, fmt.Errorf("llama: unknown kernels %q; want one of %s", name, strings.Join(KernelChoices, ", "))
+	}
+	ks := kernelSetFor(l)
+	if name == KernelsAVX512 || name == KernelsAVX2 {
+		if ks == nil || ks.name != name {
+			return nil, fmt.Errorf("llama: kernels %q: this CPU (or build) does not support them; %q picks what it does", name, KernelsAuto)
+		}
+	}
+	return ks, nil
+}
+
+// kernelName is the name of kernel set ks (KernelsGo for nil).
+func kernelName(ks *kernelSet) string {
+	if ks == nil {
+		return KernelsGo
+	}
+	return ks.name
+}
 
 // fma32 returns a·b + c rounded once to float32, as a hardware fused
 // multiply-add does. The product is exact in float64 (24 + 24 bits); the sum

@@ -4,15 +4,10 @@ package llama
 
 import "golang.org/x/sys/cpu"
 
-// detectKernels picks the widest instruction set the CPU and OS support:
-// AVX-512 (F and VL; Skylake-SP, Ice Lake, Sapphire Rapids, Zen 4 and
-// later), else AVX2 with FMA (Haswell, Zen and later), else pure Go.
-// PDSERVE_LLAMA_KERNELS=avx2 or =go in the environment caps it (for
-// benchmarks and for checking that every path computes the same bits).
-func detectKernels() *kernelSet { return kernelSetFor(kernelLimitFromEnv()) }
-
-// kernelSetFor returns the widest kernel set the CPU supports within limit
-// (0 pure Go, 1 AVX2, 2 AVX-512).
+// kernelSetFor returns the widest kernel set the CPU and OS support within
+// limit (0 pure Go, 1 AVX2, 2 AVX-512): AVX-512 (F and VL; Skylake-SP, Ice
+// Lake, Sapphire Rapids, Zen 4 and later), else AVX2 with FMA (Haswell, Zen
+// and later), else nil (pure Go). Options.Kernels sets the limit.
 func kernelSetFor(limit int) *kernelSet {
 	switch {
 	case limit >= 2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL:

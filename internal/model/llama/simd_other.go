@@ -2,11 +2,8 @@
 
 package llama
 
-// detectKernels: no assembly on this platform (or in a purego build); the
-// pure-Go kernels compute the same results.
-func detectKernels() *kernelSet { return nil }
-
-// kernelSetFor returns nil: there are no assembly kernels here.
+// kernelSetFor returns nil: there are no assembly kernels on this platform
+// (or in a purego build); the pure-Go kernels compute the same results.
 func kernelSetFor(int) *kernelSet { return nil }
 
 // The kernel calls are never reached: there is no kernel set.

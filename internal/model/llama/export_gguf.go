@@ -56,7 +56,7 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 			return
 		}
 		if permuteHeads > 0 {
-			data = permuteRope(data, rows, cols*typ.Size(), permuteHeads)
+			data = permuteRope(data, rows, int(typ.RowBytes(uint64(cols))), permuteHeads)
 		}
 		tensors = append(tensors, gguf.Tensor{Name: name, Type: typ, Dims: []uint64{uint64(cols), uint64(rows)}, Data: data})
 	}

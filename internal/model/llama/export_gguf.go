@@ -9,56 +9,96 @@ import (
 )
 
 // ExportGGUF writes the checkpoint in dir as a GGUF file for llama.cpp's
-// "llama" architecture, the same weights in dtype dt: F32 (exact for any
-// checkpoint) or the checkpoint's own dtype (the bytes as stored). Norm
-// gains are always F32, as llama.cpp expects. It is for comparisons with
-// llama.cpp (tools/llamacpp-bench); pdserve itself never reads GGUF.
+// "llama" architecture with the same weights in dtype dt: F32 (exact for
+// any checkpoint) or the checkpoint's own dtype (the bytes as stored). It
+// is WriteGGUF with gguf.F32, gguf.BF16 or gguf.F16.
+func ExportGGUF(dir, path string, dt DType) error {
+	t := map[DType]gguf.Type{F32: gguf.F32, BF16: gguf.BF16, F16: gguf.F16}[dt]
+	_, err := WriteGGUF(dir, path, t)
+	return err
+}
+
+// GGUFReport says what WriteGGUF wrote.
+type GGUFReport struct {
+	// Tensors is the number of tensors written.
+	Tensors int
+	// Fallback lists the matrices written as F16 because their rows are not
+	// a multiple of the quantized type's block (32 values), as llama.cpp's
+	// converter does.
+	Fallback []string
+	// Bytes is the size of the file.
+	Bytes int64
+}
+
+// WriteGGUF writes the checkpoint in dir as a GGUF file (version 3) for
+// llama.cpp's "llama" architecture, its matrices in type t: F32 (exact), F16
+// or BF16 (exact when the checkpoint has that dtype; otherwise an error), or
+// quantized Q8_0 or Q4_0 (QuantizeQ8_0, QuantizeQ4_0: ggml's reference
+// quantizers; a matrix whose rows are not a multiple of 32 values is
+// written as F16, and listed in the report). Norm gains and biases are
+// always F32, as llama.cpp expects.
 //
 // Tensors get llama.cpp's names (token_embd, blk.N.attn_q, …, output_norm,
 // output when untied). The rows of wq and wk (and their biases) are permuted
 // from Hugging Face's rotate-half RoPE layout back to Meta's interleaved
-// pairs, which llama.cpp's llama architecture rotates: within a head of
-// dimension d, GGUF row 2i+s is checkpoint row s·d/2 + i (s = 0, 1) — the
-// inverse of the permutation transformers' convert_llama_weights_to_hf
-// applies. The vocabulary is a placeholder of vocab_size tokens ("llama"
-// tokenizer model: <unk>, <s>, </s>, the 256 byte tokens, then "▁tN"):
-// comparisons feed token ids, never text.
+// pairs, which llama.cpp's llama architecture rotates (and Load reads back
+// the same way): within a head of dimension d, GGUF row 2i+s is checkpoint
+// row s·d/2 + i (s = 0, 1) — the inverse of the permutation transformers'
+// convert_llama_weights_to_hf applies. The vocabulary is a placeholder of
+// vocab_size tokens (SentencePiece "llama" model: <unk>, <s>, </s>, the 256
+// byte tokens, then "▁tN"): such files are for token-id prompts and
+// comparisons.
 //
-// It returns an error for rope_scaling, which it does not export.
-func ExportGGUF(dir, path string, dt DType) (err error) {
+// It returns an error for rope_scaling, a sliding window and MLP biases,
+// which it does not export, and for an unsupported type.
+func WriteGGUF(dir, path string, typ gguf.Type) (rep GGUFReport, err error) {
+	switch typ {
+	case gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_0:
+	default:
+		return rep, fmt.Errorf("llama: WriteGGUF: type %s is not supported; want F32, F16, BF16, Q8_0 or Q4_0", typ)
+	}
 	m, err := Load(dir, Options{})
 	if err != nil {
-		return err
+		return rep, err
 	}
 	defer func() { err = errors.Join(err, m.Close()) }()
 	cfg := &m.w.cfg
 	if cfg.RopeScaling != nil {
-		return errors.New("llama: ExportGGUF does not export rope_scaling")
+		return rep, errors.New("llama: WriteGGUF does not export rope_scaling")
 	}
 	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions {
-		return errors.New("llama: ExportGGUF does not export a sliding window")
+		return rep, errors.New("llama: WriteGGUF does not export a sliding window")
 	}
 	var tensors []gguf.Tensor
 	var convErr error
 	mat := func(name string, t *tensor, permuteHeads int) {
 		rows, cols := t.Rows(), t.Cols()
-		var data []byte
-		var typ gguf.Type
-		switch {
-		case dt == F32:
-			data, typ = F32Bytes(t.Float32()), gguf.F32
-		case dt == t.DType && dt == BF16:
-			data, typ = BF16Bytes(t.Float32()), gguf.BF16 // exact: the values are bf16
-		case dt == t.DType && dt == F16:
-			data, typ = F16Bytes(t.Float32()), gguf.F16
-		default:
-			convErr = fmt.Errorf("llama: cannot export %s weights as %s exactly", safetensorsName(t.DType), safetensorsName(dt))
-			return
-		}
+		vals := F32Bytes(t.Float32())
 		if permuteHeads > 0 {
-			data = permuteRope(data, rows, int(typ.RowBytes(uint64(cols))), permuteHeads)
+			vals = permuteRope(vals, rows, cols*4, permuteHeads)
 		}
-		tensors = append(tensors, gguf.Tensor{Name: name, Type: typ, Dims: []uint64{uint64(cols), uint64(rows)}, Data: data})
+		f := f32View(vals)
+		var data []byte
+		tt := typ
+		switch {
+		case typ == gguf.F32:
+			data = vals
+		case (typ == gguf.BF16 || typ == gguf.F16) && t.DType != map[gguf.Type]DType{gguf.BF16: BF16, gguf.F16: F16}[typ]:
+			convErr = fmt.Errorf("llama: cannot export %s weights as %s exactly", safetensorsName(t.DType), typ)
+			return
+		case typ == gguf.BF16:
+			data = BF16Bytes(f) // exact: the values are bf16
+		case typ == gguf.F16:
+			data = F16Bytes(f)
+		case cols%32 != 0:
+			tt, data = gguf.F16, F16Bytes(f)
+			rep.Fallback = append(rep.Fallback, name)
+		case typ == gguf.Q8_0:
+			data = QuantizeQ8_0(f)
+		default:
+			data = QuantizeQ4_0(f)
+		}
+		tensors = append(tensors, gguf.Tensor{Name: name, Type: tt, Dims: []uint64{uint64(cols), uint64(rows)}, Data: data})
 	}
 	vec := func(name string, v []float32, permuteHeads int) {
 		if v == nil {
@@ -88,7 +128,7 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 		mat(p+"ffn_up.weight", ly.up, 0)
 		mat(p+"ffn_down.weight", ly.down, 0)
 		if ly.gateB != nil || ly.upB != nil || ly.downB != nil {
-			return errors.New("llama: ExportGGUF does not export MLP biases")
+			return rep, errors.New("llama: WriteGGUF does not export MLP biases")
 		}
 	}
 	vec("output_norm.weight", m.w.norm, 0)
@@ -96,12 +136,13 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 		mat("output.weight", m.w.lmHead, 0)
 	}
 	if convErr != nil {
-		return convErr
+		return rep, convErr
 	}
+	rep.Tensors = len(tensors)
 
 	V := cfg.VocabSize
 	if V < 259 {
-		return fmt.Errorf("llama: ExportGGUF needs a vocabulary of at least 259 tokens, got %d", V)
+		return rep, fmt.Errorf("llama: ExportGGUF needs a vocabulary of at least 259 tokens, got %d", V)
 	}
 	tokens := make([]string, V)
 	scores := make([]float32, V)
@@ -115,7 +156,8 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 	for i := 259; i < V; i++ {
 		tokens[i], types[i], scores[i] = fmt.Sprintf("▁t%d", i), 1, float32(-i)
 	}
-	ftype := map[DType]uint32{F32: 0, F16: 1, BF16: 32}[dt] // LLAMA_FTYPE_ALL_F32, MOSTLY_F16, MOSTLY_BF16
+	// llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0, MOSTLY_Q4_0.
+	ftype := map[gguf.Type]uint32{gguf.F32: 0, gguf.F16: 1, gguf.BF16: 32, gguf.Q8_0: 7, gguf.Q4_0: 2}[typ]
 	kvs := []gguf.KV{
 		{Key: "general.architecture", Value: "llama"},
 		{Key: "general.name", Value: m.info.Name},
@@ -143,15 +185,21 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 		{Key: "tokenizer.ggml.add_bos_token", Value: false},
 		{Key: "tokenizer.ggml.add_eos_token", Value: false},
 	}
+	if typ == gguf.Q8_0 || typ == gguf.Q4_0 {
+		kvs = append(kvs, gguf.KV{Key: "general.quantization_version", Value: uint32(2)}) // GGML_QNT_VERSION
+	}
 	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("llama: %w", err)
+		return rep, fmt.Errorf("llama: %w", err)
 	}
 	if err := gguf.Write(f, kvs, tensors); err != nil {
 		_ = f.Close()
-		return err
+		return rep, err
 	}
-	return f.Close()
+	if fi, err := f.Stat(); err == nil {
+		rep.Bytes = fi.Size()
+	}
+	return rep, f.Close()
 }
 
 // permuteRope reorders the rows (rowBytes each) of a [heads·d, …] q or k

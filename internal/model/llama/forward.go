@@ -31,6 +31,7 @@ type buffers struct {
 	last  []int   // index of each sequence's last token [len(seqs)]
 	rows  []int   // sequences that sample [R]
 	scr   []scratch
+	q8    q8Acts // a linear layer's input quantized for Q8_0/Q4_0 weights
 
 	// The step's parallel loops, reused so a Forward allocates nothing
 	// once its buffers have grown.
@@ -225,7 +226,7 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	defer func() { b.attn, b.tok, b.lin = attnJob{}, tokJob{}, linJob{} }() // drop references to the caller's data
 	lin := func(x []float32, resid []float32, swiglu bool, outs ...linOut) {
 		n := copy(b.outs[:], outs)
-		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: swiglu}
+		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: swiglu, q8: &b.q8}
 		linear(tm, &b.lin)
 	}
 	tokGrain := max(1, 256/max(1, H/64)) // tokens per task of the per-token loops
@@ -274,7 +275,7 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	V := cfg.VocabSize
 	b.lgt = grow(b.lgt, R*V)
 	if R > 0 {
-		b.lin = linJob{ks: ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt})}
+		b.lin = linJob{ks: ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt}), q8: &b.q8}
 		linear(tm, &b.lin)
 	}
 	return b.lgt, nil
@@ -310,8 +311,8 @@ func (j *tokJob) run(_, lo, hi int) {
 		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.mlpNorm, cfg.RMSNormEps)
 	case tokRopeKV:
 		qDim, kvDim, half := cfg.Heads*D, cfg.KVHeads*D, D/2
-		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half])
-		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half])
+		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
+		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
 		dt := j.pool.Geometry().DType
 		for t := lo; t < hi; t++ {
 			s := &j.seqs[b.seqOf[t]]

@@ -55,12 +55,17 @@ func main() {
 	decode := flag.Int("decode", 64, "decode steps timed per run")
 	prefillRuns := flag.Int("prefill-runs", 3, "512-token prefills timed per run")
 	skipVerify := flag.Bool("skip-verify", false, "skip the numerical comparison")
+	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0 and Q4_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
 	flag.Parse()
 	log.SetFlags(0)
 
 	must(os.MkdirAll(*work, 0o755))
 	root := moduleRoot()
 	setup(*work)
+	if *storiesRefs != "" {
+		writeStoriesRefs(root, *work, *storiesRefs, *threads)
+		return
+	}
 	ckpt := filepath.Join(*work, "smollm2-135m-synthetic")
 	if _, err := os.Stat(filepath.Join(ckpt, "model.safetensors")); err != nil {
 		log.Printf("writing the synthetic checkpoint to %s", ckpt)

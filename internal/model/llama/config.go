@@ -69,6 +69,11 @@ type Config struct {
 	// RopeFactors, if set, divide the RoPE frequencies (headDim/2 values: a
 	// GGUF file's rope_freqs tensor, llama.cpp's form of llama3 scaling).
 	RopeFactors []float64
+	// GGMLNumerics: RMSNorm's scale and the RoPE angles are computed in
+	// float32 the way ggml computes them (see rmsNorm and ropeTableGGML), so
+	// that a GGUF file's activations match llama.cpp's to the last bit more
+	// often; set for GGUF files. Otherwise they are computed in float64.
+	GGMLNumerics bool
 }
 
 // RopeScaling is the rope_scaling object of config.json.

@@ -22,9 +22,8 @@ func ExportGGUF(dir, path string, dt DType) error {
 type GGUFReport struct {
 	// Tensors is the number of tensors written.
 	Tensors int
-	// Fallback lists the matrices written as F16 because their rows are not
-	// a multiple of the quantized type's block (32 values), as llama.cpp's
-	// converter does.
+	// Fallback lists the matrices written as F32 because their rows are not
+	// a multiple of the quantized type's block (32 values).
 	Fallback []string
 	// Bytes is the size of the file.
 	Bytes int64
@@ -34,9 +33,12 @@ type GGUFReport struct {
 // llama.cpp's "llama" architecture, its matrices in type t: F32 (exact), F16
 // or BF16 (exact when the checkpoint has that dtype; otherwise an error), or
 // quantized Q8_0 or Q4_0 (QuantizeQ8_0, QuantizeQ4_0: ggml's reference
-// quantizers; a matrix whose rows are not a multiple of 32 values is
-// written as F16, and listed in the report). Norm gains and biases are
-// always F32, as llama.cpp expects.
+// quantizers). A matrix whose rows are not a multiple of 32 values cannot
+// be quantized; it is written as F32 and listed in the report. (llama.cpp's
+// converter writes F16 there, but llama.cpp then rounds that matrix's
+// activations to F16 too, and pdserve does not: with F32 both multiply
+// the same values.) Norm gains and biases are always F32, as llama.cpp
+// expects.
 //
 // Tensors get llama.cpp's names (token_embd, blk.N.attn_q, …, output_norm,
 // output when untied). The rows of wq and wk (and their biases) are permuted
@@ -91,7 +93,7 @@ func WriteGGUF(dir, path string, typ gguf.Type) (rep GGUFReport, err error) {
 		case typ == gguf.F16:
 			data = F16Bytes(f)
 		case cols%32 != 0:
-			tt, data = gguf.F16, F16Bytes(f)
+			tt, data = gguf.F32, vals
 			rep.Fallback = append(rep.Fallback, name)
 		case typ == gguf.Q8_0:
 			data = QuantizeQ8_0(f)

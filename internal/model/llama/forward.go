@@ -217,7 +217,11 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 		}
 		b.last[i] = t - 1
 	}
-	ropeTable(b.cos, b.sin, b.pos, m.invFreq)
+	if cfg.GGMLNumerics {
+		ropeTableGGML(b.cos, b.sin, b.pos, cfg)
+	} else {
+		ropeTable(b.cos, b.sin, b.pos, m.invFreq)
+	}
 
 	ks := m.ks
 	b.attn = attnJob{ks: ks, scr: b.scr, pool: pool, seqs: seqs, q: b.q, att: b.att, pos: b.pos, seqOf: b.seqOf,
@@ -263,13 +267,13 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	if all {
 		R = T
 		b.sel = grow(b.sel, R*H)
-		rmsNorm(b.sel, b.x, T, H, m.w.norm, eps)
+		rmsNorm(b.sel, b.x, T, H, m.w.norm, eps, cfg.GGMLNumerics)
 	} else {
 		R = len(rows)
 		b.sel = grow(b.sel, R*H)
 		for r, i := range rows {
 			l := b.last[i]
-			rmsNorm(b.sel[r*H:(r+1)*H], b.x[l*H:(l+1)*H], 1, H, m.w.norm, eps)
+			rmsNorm(b.sel[r*H:(r+1)*H], b.x[l*H:(l+1)*H], 1, H, m.w.norm, eps, cfg.GGMLNumerics)
 		}
 	}
 	V := cfg.VocabSize
@@ -306,9 +310,9 @@ func (j *tokJob) run(_, lo, hi int) {
 	ly := &m.w.layers[j.li]
 	switch j.op {
 	case tokAttnNorm:
-		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.attnNorm, cfg.RMSNormEps)
+		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.attnNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
 	case tokMLPNorm:
-		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.mlpNorm, cfg.RMSNormEps)
+		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.mlpNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
 	case tokRopeKV:
 		qDim, kvDim, half := cfg.Heads*D, cfg.KVHeads*D, D/2
 		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)

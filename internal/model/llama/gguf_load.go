@@ -57,7 +57,7 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	if !ok {
 		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral or qwen2", arch)
 	}
-	c := Config{Architecture: a.hf, RopeInterleaved: a.interleaved, BOS: -1, RMSNormEps: 1e-5, RopeTheta: 10000}
+	c := Config{Architecture: a.hf, RopeInterleaved: a.interleaved, GGMLNumerics: true, BOS: -1, RMSNormEps: 1e-5, RopeTheta: 10000}
 	var errs []error
 	num := func(key string, required bool, max uint64) int {
 		v, ok, err := f.Uint(arch + "." + key)

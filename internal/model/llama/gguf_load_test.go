@@ -28,7 +28,7 @@ func writeGGUF(t *testing.T, dir string, typ gguf.Type) string {
 // logitsOf returns the logits after every token of toks.
 func logitsOf(t *testing.T, m *llama.Model, toks []int32) []float32 {
 	t.Helper()
-	p := newPool(t, m, 8, (len(toks)+7)/8)
+	p := newPool(t, m, 8, max(4, (len(toks)+7)/8))
 	lg, err := m.ForwardLogits(context.Background(), p, []model.SeqInput{{Pages: alloc(t, p, p.PagesFor(len(toks))), Tokens: toks}})
 	if err != nil {
 		t.Fatal(err)

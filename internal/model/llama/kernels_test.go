@@ -107,14 +107,16 @@ func randTensor(rng *rand.Rand, dt DType, rows, cols int) (*tensor, []float32) {
 func TestRMSNormAndSoftmax(t *testing.T) {
 	x := []float32{1, 2, 3, 4, -1, 0, 0, 1}
 	g := []float32{1, 0.5, 2, 1}
-	dst := make([]float32, 8)
-	rmsNorm(dst, x, 2, 4, g, 1e-6)
 	r0 := math.Sqrt((1 + 4 + 9 + 16) / 4.0)
 	r1 := math.Sqrt(2 / 4.0)
 	want := []float64{1 / r0, 0.5 * 2 / r0, 2 * 3 / r0, 4 / r0, -1 / r1, 0, 0, 1 / r1}
-	for i := range want {
-		if math.Abs(float64(dst[i])-want[i]) > 1e-5 {
-			t.Errorf("rmsNorm[%d] = %v, want %v", i, dst[i], want[i])
+	for _, ggml := range []bool{false, true} {
+		dst := make([]float32, 8)
+		rmsNorm(dst, x, 2, 4, g, 1e-6, ggml)
+		for i := range want {
+			if math.Abs(float64(dst[i])-want[i]) > 1e-5 {
+				t.Errorf("rmsNorm (ggml %v) [%d] = %v, want %v", ggml, i, dst[i], want[i])
+			}
 		}
 	}
 	s := []float32{1, 2, 3, 1000}

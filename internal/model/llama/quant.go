@@ -259,26 +259,32 @@ func (a *q8Acts) quantizeRows(x []float32, t0, t1 int) {
 //
 // dotQ(w, a_t) for a Q8_0 or Q4_0 weight row w and a quantized activation
 // row has one defined result, computed the same way by every
-// implementation: for block b with weight integers w_i and scale dw_b,
-// activation quants q_i and scale dx_b, the 8 lane sums
+// implementation, and the same as ggml's ggml_vec_dot_q8_0_q8_0 (the x86
+// AVX2/AVX-512 code, ggml-cpu/arch/x86/quants.c; also the order of its
+// llamafile tinyBLAS kernels): for block b with weight integers w_i and
+// scale dw_b, activation quants q_i and scale dx_b, the 8 lane sums
 //
 //	p_{b,j} = Σ_{i=4j}^{4j+3} w_i·q_i          (exact in int32)
 //
-// are accumulated into 16 float32 lanes starting at +0, block by block in
-// order, lane L = 8·(b mod 2) + j:
+// are accumulated into 8 float32 lanes starting at +0, block by block in
+// order:
 //
-//	acc_L = fma(dw_b·dx_b, float32(p_{b,j}), acc_L)
+//	acc_j = fma(dw_b·dx_b, float32(p_{b,j}), acc_j)
 //
 // (dw_b·dx_b a float32 product, float32(p) exact), and the lanes are added
-// in the canonical tree of reduce16. The lanes are those of ggml's own
-// AVX2 Q8_0 dot product (8 int32 sums of 4 products per block, times the
-// block's scale into 8 float lanes); taking even and odd blocks into
-// separate lanes lets an AVX-512 kernel do two blocks per instruction.
+// as ggml's hsum_float_8: s4[i] = acc[i] + acc[i+4], s2[i] = s4[i] +
+// s4[i+2], dot = s2[0] + s2[1].
+
+// reduce8 adds 8 lanes in the order of ggml's hsum_float_8.
+func reduce8(l *[8]float32) float32 {
+	s0, s1, s2, s3 := l[0]+l[4], l[1]+l[5], l[2]+l[6], l[3]+l[7]
+	return (s0 + s2) + (s1 + s3)
+}
 
 // dotQ8Go is the canonical dot product of Q8_0 or Q4_0 row w (type t) with
 // token row k of a (pure Go).
 func dotQ8Go(t gguf.Type, w []byte, a *q8Acts, k int) float32 {
-	var acc [16]float32
+	var acc [8]float32
 	var wi [32]int32
 	qs := a.qs[k*a.n : (k+1)*a.n]
 	for b := range a.nb {
@@ -300,13 +306,12 @@ func dotQ8Go(t gguf.Type, w []byte, a *q8Acts, k int) float32 {
 		}
 		d := dw * a.d8[8*(k*a.nb+b)]
 		x := qs[32*b : 32*b+32]
-		lane := acc[8*(b%2) : 8*(b%2)+8]
 		for j := range 8 {
 			p := wi[4*j]*int32(x[4*j]) + wi[4*j+1]*int32(x[4*j+1]) + wi[4*j+2]*int32(x[4*j+2]) + wi[4*j+3]*int32(x[4*j+3])
-			lane[j] = fma32(d, float32(p), lane[j])
+			acc[j] = fma32(d, float32(p), acc[j])
 		}
 	}
-	return reduce16(&acc)
+	return reduce8(&acc)
 }
 
 // usesQ8 reports whether a weight of type t takes q8Acts activations.

@@ -79,6 +79,33 @@ func ropeTable(cos, sin []float32, pos []int32, invFreq []float64) {
 	}
 }
 
+// ropeTableGGML fills cos and sin ([len(pos), headDim/2]) as ggml's
+// rope_cache_init does (ggml-cpu ops.cpp) for llama.cpp's models: with
+// s = powf(base, −2/headDim), the angle of pair i at position p is
+// θ_i / factor_i with θ_0 = p and θ_{i+1} = θ_i·s in float32 arithmetic,
+// times 1/linear factor, and cosf and sinf of it (correctly rounded).
+func ropeTableGGML(cos, sin []float32, pos []int32, cfg *Config) {
+	half := cfg.HeadDim / 2
+	scale := float32(math.Pow(float64(float32(cfg.RopeTheta)), float64(float32(-2)/float32(cfg.HeadDim))))
+	freqScale := float32(1)
+	if s := cfg.RopeScaling; s != nil && s.Type == "linear" {
+		freqScale = float32(1 / s.Factor)
+	}
+	for t, p := range pos {
+		theta := float32(p)
+		for i := range half {
+			a := theta
+			if cfg.RopeFactors != nil {
+				a = theta / float32(cfg.RopeFactors[i])
+			}
+			a *= freqScale
+			cos[t*half+i] = float32(math.Cos(float64(a)))
+			sin[t*half+i] = float32(math.Sin(float64(a)))
+			theta *= scale
+		}
+	}
+}
+
 // applyRope rotates every head of x ([T, heads, headDim], row-major) in
 // place by the angles of its token: cos and sin are [T, headDim/2] (see
 // ropeTable). With interleaved, pair i is (x[2i], x[2i+1]) — Meta's layout,

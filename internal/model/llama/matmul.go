@@ -192,7 +192,7 @@ func (j *linJob) run(w, lo, hi int) {
 // mat computes rows [r0, r1) of output o.
 func (j *linJob) mat(sc *scratch, o *linOut, r0, r1 int) {
 	if o.w.quantized() {
-		matRowsQ(j.ks, o.dst, o.w.Rows(), j.q8, j.T, o.w, r0, r1)
+		matRowsQ(j.ks, sc, o.dst, o.w.Rows(), j.q8, j.T, o.w, r0, r1)
 		return
 	}
 	matRows(j.ks, sc, o.dst, o.w.Rows(), j.x, j.T, o.w, r0, r1)

@@ -3,6 +3,7 @@ package llama
 import (
 	"encoding/binary"
 	"math"
+	"unsafe"
 
 	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
@@ -201,30 +202,34 @@ func QuantizeQ4_0(x []float32) []byte {
 // from zero; the SIMD code pdserve's numbers are compared with rounds to
 // even.) The quantization depends only on the token's own row.
 
+// q8Block is one block of 32 quantized activations in the layout the
+// assembly kernels read (96 bytes): the quants, their negated lane sums
+// ls[j] = −(q[4j] + q[4j+1] + q[4j+2] + q[4j+3]), and the scale, 8 copies.
+type q8Block struct {
+	qs [32]int8
+	ls [8]int32
+	d8 [8]float32
+}
+
 // q8Acts holds T token rows of n values quantized for the Q8_0/Q4_0 dot
-// products, in the layout the assembly kernels read: for block b (of
-// nb = n/32) of token t,
-//
-//	qs[(t·nb + b)·32 + i]  int8 quant i
-//	ls[(t·nb + b)·8 + j]   −(q[4j] + q[4j+1] + q[4j+2] + q[4j+3])  (negated lane sums)
-//	d8[(t·nb + b)·8 + j]   the scale, 8 copies
+// products: block b (of nb = n/32) of token t is blk[t·nb + b].
 type q8Acts struct {
 	n, nb int
-	qs    []int8
-	ls    []int32
-	d8    []float32
+	blk   []q8Block
 }
 
 // reset sizes a for T rows of n values (n a multiple of 32).
 func (a *q8Acts) reset(T, n int) {
 	a.n, a.nb = n, n/32
-	if need := T * n; cap(a.qs) < need {
-		a.qs = make([]int8, need)
-		a.ls = make([]int32, need/4)
-		a.d8 = make([]float32, need/4)
+	if need := T * a.nb; cap(a.blk) < need {
+		a.blk = make([]q8Block, need)
 	}
-	a.qs, a.ls, a.d8 = a.qs[:T*n], a.ls[:T*n/4], a.d8[:T*n/4]
+	a.blk = a.blk[:T*a.nb]
 }
+
+// roundMagic is 1.5·2^23: for |x| < 2^22, x + roundMagic is x rounded to
+// an integer (to nearest, ties to even) plus roundMagic, exactly.
+const roundMagic = 12582912
 
 // quantizeRows quantizes rows [t0, t1) of x ([T, n]) into a.
 func (a *q8Acts) quantizeRows(x []float32, t0, t1 int) {
@@ -232,24 +237,28 @@ func (a *q8Acts) quantizeRows(x []float32, t0, t1 int) {
 	for t := t0; t < t1; t++ {
 		row := x[t*n : (t+1)*n]
 		for b := range a.nb {
-			blk := row[32*b : 32*b+32]
+			src := row[32*b : 32*b+32]
 			var amax float32
-			for _, v := range blk {
-				amax = max(amax, math.Float32frombits(math.Float32bits(v)&0x7fffffff))
+			for _, v := range src {
+				if a := math.Float32frombits(math.Float32bits(v) & 0x7fffffff); a > amax {
+					amax = a
+				}
 			}
-			k := t*a.nb + b
-			qs := a.qs[32*k : 32*k+32]
+			blk := &a.blk[t*a.nb+b]
 			var id float32
 			if amax != 0 {
 				id = 127 / amax
 			}
-			for i, v := range blk {
-				qs[i] = int8(math.RoundToEven(float64(v * id)))
+			for i, v := range src {
+				// |v·id| ≤ 127 < 2^22: adding 1.5·2^23 rounds it to an
+				// integer, to nearest even, in float32.
+				blk.qs[i] = int8(int32(v*id+roundMagic) - int32(roundMagic))
 			}
 			d := F16ToF32(F32ToF16(amax / 127))
 			for j := range 8 {
-				a.ls[8*k+j] = -(int32(qs[4*j]) + int32(qs[4*j+1]) + int32(qs[4*j+2]) + int32(qs[4*j+3]))
-				a.d8[8*k+j] = d
+				q := blk.qs[4*j : 4*j+4]
+				blk.ls[j] = -(int32(q[0]) + int32(q[1]) + int32(q[2]) + int32(q[3]))
+				blk.d8[j] = d
 			}
 		}
 	}
@@ -286,7 +295,6 @@ func reduce8(l *[8]float32) float32 {
 func dotQ8Go(t gguf.Type, w []byte, a *q8Acts, k int) float32 {
 	var acc [8]float32
 	var wi [32]int32
-	qs := a.qs[k*a.n : (k+1)*a.n]
 	for b := range a.nb {
 		var dw float32
 		switch t {
@@ -304,8 +312,9 @@ func dotQ8Go(t gguf.Type, w []byte, a *q8Acts, k int) float32 {
 				wi[16+i] = int32(blk[2+i]>>4) - 8
 			}
 		}
-		d := dw * a.d8[8*(k*a.nb+b)]
-		x := qs[32*b : 32*b+32]
+		blk := &a.blk[k*a.nb+b]
+		d := dw * blk.d8[0]
+		x := &blk.qs
 		for j := range 8 {
 			p := wi[4*j]*int32(x[4*j]) + wi[4*j+1]*int32(x[4*j+1]) + wi[4*j+2]*int32(x[4*j+2]) + wi[4*j+3]*int32(x[4*j+3])
 			acc[j] = fma32(d, float32(p), acc[j])
@@ -326,12 +335,53 @@ type quantJob struct {
 func (j *quantJob) run(_, lo, hi int) { j.a.quantizeRows(j.x, lo, hi) }
 
 // matRowsQ is matRows for a Q8_0 or Q4_0 matrix: dst[t·ds + r] =
-// dotQ(W[r], a_t) for t < T and r0 ≤ r < r1.
-func matRowsQ(ks *kernelSet, dst []float32, ds int, a *q8Acts, T int, w *tensor, r0, r1 int) {
-	for r := r0; r < r1; r++ {
-		row := w.q[r*w.rowBytes : (r+1)*w.rowBytes]
-		for t := range T {
-			dst[t*ds+r] = dotQ8Go(w.Quant, row, a, t)
+// dotQ(W[r], a_t) for t < T and r0 ≤ r < r1 (r1 − r0 ≤ blockRows), on the
+// integer tile kernels of ks if it has them, else in Go. Activations are
+// taken in token blocks small enough for L1, streamed past each group of
+// ks.qrows weight rows.
+func matRowsQ(ks *kernelSet, sc *scratch, dst []float32, ds int, a *q8Acts, T int, w *tensor, r0, r1 int) {
+	if ks == nil || ks.qisa == 0 {
+		for r := r0; r < r1; r++ {
+			row := w.q[r*w.rowBytes : (r+1)*w.rowBytes]
+			for t := range T {
+				dst[t*ds+r] = dotQ8Go(w.Quant, row, a, t)
+			}
+		}
+		return
+	}
+	kind := 0
+	if w.Quant == gguf.Q4_0 {
+		kind = 1
+	}
+	R, V := ks.qrows, ks.qvecs
+	tb := max(V, l1Budget/(a.nb*int(unsafe.Sizeof(q8Block{})))/V*V)
+	args := qtileArgs{nb: uintptr(a.nb)}
+	nrows := r1 - r0
+	for t0 := 0; t0 < T; t0 += tb {
+		t1 := min(t0+tb, T)
+		for i := 0; i < nrows; i += R {
+			nr := min(R, nrows-i)
+			for k := range R {
+				args.w[k] = unsafe.Pointer(&w.q[(r0+i+min(k, nr-1))*w.rowBytes])
+			}
+			for t := t0; t < t1; t += V {
+				nv := min(V, t1-t)
+				for j := range nv {
+					args.x[j] = unsafe.Pointer(&a.blk[(t+j)*a.nb])
+				}
+				if nr == R {
+					args.out, args.os = unsafe.Pointer(&dst[t*ds+r0+i]), uintptr(4*ds)
+					ks.qtile(kind, nv, &args)
+					continue
+				}
+				// Rows past the block were duplicates; keep the real ones.
+				args.out, args.os = unsafe.Pointer(&sc.res[0]), uintptr(4*R)
+				ks.qtile(kind, nv, &args)
+				for j := range nv {
+					o := (t+j)*ds + r0 + i
+					copy(dst[o:o+nr], sc.res[j*R:j*R+nr])
+				}
+			}
 		}
 	}
 }

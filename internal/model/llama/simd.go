@@ -57,6 +57,18 @@ type tileArgs struct {
 	pf  uintptr           // the next rows, prefetched by kernels for few vectors (any address: never dereferenced)
 }
 
+// qtileArgs is the argument block of an integer tile kernel: the
+// canonical quantized dot products (quant.go) of up to 4 Q8_0 or Q4_0
+// weight rows with up to 4 rows of quantized activations (layout fixed by
+// asmgen).
+type qtileArgs struct {
+	w   [4]unsafe.Pointer // weight rows, at their first block
+	x   [4]unsafe.Pointer // activation rows: q8Block arrays
+	nb  uintptr           // blocks per row, > 0
+	out unsafe.Pointer    // token v's results at out + v·os: rows in order, float32
+	os  uintptr           // bytes between tokens' results
+}
+
 // pvArgs is the argument block of a weighted-sum kernel: G heads' weights
 // applied to n rows of 16·C columns, accumulated into out (layout fixed by
 // asmgen).
@@ -112,6 +124,11 @@ type kernelSet struct {
 	// multiples of siluWidth elements.
 	expTail   bool
 	siluWidth int
+	// qisa is the instruction set of the integer tile kernels (qtile) for
+	// Q8_0 and Q4_0 weights, 0 for none (the pure-Go dot products):
+	// isaAVX512 needs VNNI and BW besides; qrows and qvecs are the weight
+	// and activation rows per call.
+	qisa, qrows, qvecs int
 }
 
 // Kernel choices of Options.Kernels.

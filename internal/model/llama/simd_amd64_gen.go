@@ -454,6 +454,66 @@ func pvBF16AVX2C1G5(a *pvArgs)
 //go:noescape
 func pvBF16AVX2C1G6(a *pvArgs)
 
+// qtileQ8AVX512V1: AVX-512 VNNI, 4 Q8_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX512V1(a *qtileArgs)
+
+// qtileQ8AVX512V2: AVX-512 VNNI, 4 Q8_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX512V2(a *qtileArgs)
+
+// qtileQ8AVX512V3: AVX-512 VNNI, 4 Q8_0 rows × 3 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX512V3(a *qtileArgs)
+
+// qtileQ8AVX512V4: AVX-512 VNNI, 4 Q8_0 rows × 4 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX512V4(a *qtileArgs)
+
+// qtileQ8AVX2V1: AVX2, 2 Q8_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX2V1(a *qtileArgs)
+
+// qtileQ8AVX2V2: AVX2, 2 Q8_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX2V2(a *qtileArgs)
+
+// qtileQ4AVX512V1: AVX-512 VNNI, 4 Q4_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX512V1(a *qtileArgs)
+
+// qtileQ4AVX512V2: AVX-512 VNNI, 4 Q4_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX512V2(a *qtileArgs)
+
+// qtileQ4AVX512V3: AVX-512 VNNI, 4 Q4_0 rows × 3 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX512V3(a *qtileArgs)
+
+// qtileQ4AVX512V4: AVX-512 VNNI, 4 Q4_0 rows × 4 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX512V4(a *qtileArgs)
+
+// qtileQ4AVX2V1: AVX2, 2 Q4_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX2V1(a *qtileArgs)
+
+// qtileQ4AVX2V2: AVX2, 2 Q4_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX2V2(a *qtileArgs)
+
 // expSumAVX512: AVX-512: x[i] = expf(x[i] − m), partial sums by lane
 //
 //go:noescape
@@ -829,6 +889,68 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 		}
 	}
 	panic("llama: no pv kernel")
+}
+
+// qtile calls the integer tile kernel for weight format kind (0 Q8_0, 1
+// Q4_0) and nv activation rows.
+func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
+	switch ks.qisa {
+	case isaAVX512:
+		switch kind {
+		case 0:
+			switch nv {
+			case 1:
+				qtileQ8AVX512V1(a)
+				return
+			case 2:
+				qtileQ8AVX512V2(a)
+				return
+			case 3:
+				qtileQ8AVX512V3(a)
+				return
+			case 4:
+				qtileQ8AVX512V4(a)
+				return
+			}
+		case 1:
+			switch nv {
+			case 1:
+				qtileQ4AVX512V1(a)
+				return
+			case 2:
+				qtileQ4AVX512V2(a)
+				return
+			case 3:
+				qtileQ4AVX512V3(a)
+				return
+			case 4:
+				qtileQ4AVX512V4(a)
+				return
+			}
+		}
+	case isaAVX2:
+		switch kind {
+		case 0:
+			switch nv {
+			case 1:
+				qtileQ8AVX2V1(a)
+				return
+			case 2:
+				qtileQ8AVX2V2(a)
+				return
+			}
+		case 1:
+			switch nv {
+			case 1:
+				qtileQ4AVX2V1(a)
+				return
+			case 2:
+				qtileQ4AVX2V2(a)
+				return
+			}
+		}
+	}
+	panic("llama: no qtile kernel")
 }
 
 // expSum calls the softmax numerator kernel.

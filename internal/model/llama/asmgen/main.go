@@ -45,6 +45,214 @@ const (
 	pvCol = 56 // masked kernels: columns (1–16) of the one chunk
 )
 
+// qtileArgs layout (simd.go): the dot products of 4 Q8_0 or Q4_0 weight
+// rows with up to 4 rows of quantized activations (q8Block arrays).
+const (
+	qtW   = 0  // [4]pointer: weight rows (block 0)
+	qtX   = 32 // [4]pointer: activation rows
+	qtNB  = 64 // blocks per row, > 0
+	qtOut = 72 // results: token v's rows at out + v·os, consecutive float32
+	qtOS  = 80 // bytes between tokens' results
+)
+
+// q8Block layout: quants, negated lane sums, scale ×8.
+const (
+	qbQS    = 0
+	qbLS    = 32
+	qbD8    = 64
+	qbBytes = 96
+)
+
+// qkind is a quantized weight format of the integer tile kernels.
+type qkind struct {
+	name       string // Go-side suffix: Q8 (Q8_0) or Q4 (Q4_0)
+	blockBytes int    // bytes per block of 32 weights
+	shift      int    // lane correction: init = ls << shift = −2^shift·Σx
+}
+
+var (
+	q8_0 = qkind{"Q8", 34, 7}
+	q4_0 = qkind{"Q4", 18, 3}
+)
+
+// qtile512 writes an AVX-512 (VL, BW, VNNI) integer tile kernel: 4 weight
+// rows × V activation rows, one block of 32 at a time in ymm registers, in
+// the canonical order of dotQ8Go (quant.go): per block, the 8 lane sums
+// p_j come from VPDPBUSD of the weights as unsigned bytes (Q8_0: w+128,
+// Q4_0: the nibbles) with the signed activations, starting from the lane
+// correction −2^shift·Σx (ls << shift), so they are the exact Σ w·q; then
+// acc_j = fma(dw·dx, float(p_j), acc_j); the 8 lanes are added as
+// reduce8.
+func (g *gen) qtile512(k qkind, V int) {
+	const R = 4
+	name := fmt.Sprintf("qtile%sAVX512V%d", k.name, V)
+	g.text(name, fmt.Sprintf("AVX-512 VNNI, %d %s_0 rows × %d quantized activation rows", R, k.name, V))
+	g.op("MOVQ a+0(FP), AX")
+	for r := range R {
+		g.op("MOVQ %d(AX), %s", qtW+8*r, wGPR[r])
+	}
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", qtX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", qtNB)
+	g.op("XORQ R13, R13") // weight byte offset
+	g.op("XORQ R14, R14") // activation byte offset
+	acc := func(r, v int) string { return fmt.Sprintf("Y%d", v*R+r) }
+	for v := range V {
+		for r := range R {
+			g.op("VXORPS %s, %s, %s", acc(r, v), acc(r, v), acc(r, v))
+		}
+	}
+	if k == q8_0 {
+		g.op("MOVL $0x80808080, AX")
+	} else {
+		g.op("MOVL $0x0f0f0f0f, AX")
+	}
+	g.op("VPBROADCASTD AX, Y31")
+	loop := name + "_loop"
+	g.label(loop)
+	for v := range V {
+		g.op("VPSLLD $%d, %d(%s)(R14*1), Y%d", k.shift, qbLS, xGPR[v], 24+v)
+	}
+	for r := range R {
+		u, dw := fmt.Sprintf("Y%d", 16+r), fmt.Sprintf("Y%d", 20+r)
+		if k == q8_0 {
+			g.op("VMOVDQU64 2(%s)(R13*1), %s", wGPR[r], u)
+			g.op("VPXORD Y31, %s, %s", u, u)
+		} else {
+			x := "X" + u[1:]
+			g.op("VMOVDQU64 2(%s)(R13*1), %s", wGPR[r], x)
+			g.op("VPSRLW $4, %s, X28", x)
+			g.op("VINSERTI32X4 $1, X28, %s, %s", u, u)
+			g.op("VPANDD Y31, %s, %s", u, u)
+		}
+		g.op("VPBROADCASTW (%s)(R13*1), X%s", wGPR[r], dw[1:])
+		g.op("VCVTPH2PS X%s, %s", dw[1:], dw)
+		for v := range V {
+			g.op("VMOVDQA32 Y%d, Y28", 24+v)
+			g.op("VPDPBUSD %d(%s)(R14*1), %s, Y28", qbQS, xGPR[v], u)
+			g.op("VCVTDQ2PS Y28, Y28")
+			g.op("VMULPS %d(%s)(R14*1), %s, Y29", qbD8, xGPR[v], dw)
+			g.op("VFMADD231PS Y29, Y28, %s", acc(r, v))
+		}
+	}
+	g.op("ADDQ $%d, R13", k.blockBytes)
+	g.op("ADDQ $%d, R14", qbBytes)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.qtileStore(R, V, acc, "X30")
+}
+
+// qtileStore reduces the accumulators (reduce8 order) and stores the
+// results: token v's R rows at out + v·os.
+func (g *gen) qtileStore(R, V int, acc func(r, v int) string, tmp string) {
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), DI", qtOut)
+	g.op("MOVQ %d(AX), SI", qtOS)
+	for v := range V {
+		for r := range R {
+			y := acc(r, v)
+			x := "X" + y[1:]
+			if tmp == "X15" {
+				g.op("VEXTRACTF128 $1, %s, X15", y)
+			} else {
+				g.op("VEXTRACTF32X4 $1, %s, %s", y, tmp)
+			}
+			g.op("VADDPS %s, %s, %s", tmp, x, x) // s4[i] = l[i] + l[i+4]
+			g.op("VMOVHLPS %s, %s, %s", x, x, tmp)
+			g.op("VADDPS %s, %s, %s", tmp, x, x) // s2[i] = s4[i] + s4[i+2]
+			g.op("VMOVSHDUP %s, %s", x, tmp)
+			g.op("VADDSS %s, %s, %s", tmp, x, x) // s2[0] + s2[1]
+			g.op("VMOVSS %s, %d(DI)", x, 4*r)
+		}
+		g.op("ADDQ SI, DI")
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// qtileAVX2 writes the AVX2 integer tile kernel: 2 weight rows × V
+// activation rows, one block at a time, the same canonical result as
+// qtile512. Q8_0 takes ggml's sign trick (|w| as unsigned bytes times x
+// with w's sign, VPMADDUBSW then VPMADDWD with ones; no pair of products
+// exceeds 2·128·127 < 2^15, so nothing saturates); Q4_0 multiplies the
+// nibbles with x and adds the lane correction −8·Σx. The weight scale is
+// widened with F16C (which every AVX2 CPU has).
+func (g *gen) qtileAVX2(k qkind, V int) {
+	const R = 2
+	name := fmt.Sprintf("qtile%sAVX2V%d", k.name, V)
+	g.text(name, fmt.Sprintf("AVX2, %d %s_0 rows × %d quantized activation rows", R, k.name, V))
+	g.op("MOVQ a+0(FP), AX")
+	for r := range R {
+		g.op("MOVQ %d(AX), %s", qtW+8*r, wGPR[r])
+	}
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", qtX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", qtNB)
+	g.op("XORQ R13, R13")
+	g.op("XORQ R14, R14")
+	acc := func(r, v int) string { return fmt.Sprintf("Y%d", v*R+r) }
+	for v := range V {
+		for r := range R {
+			g.op("VXORPS %s, %s, %s", acc(r, v), acc(r, v), acc(r, v))
+		}
+	}
+	g.op("MOVL $0x00010001, AX")
+	g.op("VMOVD AX, X14")
+	g.op("VPBROADCASTD X14, Y14") // int16 ones
+	if k == q4_0 {
+		g.op("MOVL $0x0f0f0f0f, AX")
+		g.op("VMOVD AX, X15")
+		g.op("VPBROADCASTD X15, Y15")
+	}
+	loop := name + "_loop"
+	g.label(loop)
+	// Per token: Q8_0 the quants (Y10+v), Q4_0 the lane correction (Y10+v).
+	for v := range V {
+		if k == q8_0 {
+			g.op("VMOVDQU %d(%s)(R14*1), Y%d", qbQS, xGPR[v], 10+v)
+		} else {
+			g.op("VMOVDQU %d(%s)(R14*1), Y%d", qbLS, xGPR[v], 10+v)
+			g.op("VPSLLD $%d, Y%d, Y%d", k.shift, 10+v, 10+v)
+		}
+	}
+	for r := range R {
+		w, abs, dw := fmt.Sprintf("Y%d", 4+r), fmt.Sprintf("Y%d", 6+r), fmt.Sprintf("Y%d", 8+r)
+		if k == q8_0 {
+			g.op("VMOVDQU 2(%s)(R13*1), %s", wGPR[r], w)
+			g.op("VPSIGNB %s, %s, %s", w, w, abs)
+		} else {
+			x := "X" + w[1:]
+			g.op("VMOVDQU 2(%s)(R13*1), %s", wGPR[r], x)
+			g.op("VPSRLW $4, %s, X12", x)
+			g.op("VINSERTI128 $1, X12, %s, %s", w, w)
+			g.op("VPAND Y15, %s, %s", w, w)
+		}
+		g.op("VPBROADCASTW (%s)(R13*1), X%s", wGPR[r], dw[1:])
+		g.op("VCVTPH2PS X%s, %s", dw[1:], dw)
+		for v := range V {
+			if k == q8_0 {
+				g.op("VPSIGNB %s, Y%d, Y12", w, 10+v)
+				g.op("VPMADDUBSW Y12, %s, Y12", abs)
+				g.op("VPMADDWD Y14, Y12, Y12")
+			} else {
+				g.op("VPMADDUBSW %d(%s)(R14*1), %s, Y12", qbQS, xGPR[v], w)
+				g.op("VPMADDWD Y14, Y12, Y12")
+				g.op("VPADDD Y%d, Y12, Y12", 10+v)
+			}
+			g.op("VCVTDQ2PS Y12, Y12")
+			g.op("VMULPS %d(%s)(R14*1), %s, Y13", qbD8, xGPR[v], dw)
+			g.op("VFMADD231PS Y13, Y12, %s", acc(r, v))
+		}
+	}
+	g.op("ADDQ $%d, R13", k.blockBytes)
+	g.op("ADDQ $%d, R14", qbBytes)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.qtileStore(R, V, acc, "X15")
+}
+
 // dtype is the element type of the rows a kernel reads.
 type dtype struct {
 	name string // Go-side suffix
@@ -77,6 +285,8 @@ func argType(name string) string {
 	switch {
 	case strings.HasPrefix(name, "tile"):
 		return "tileArgs"
+	case strings.HasPrefix(name, "qtile"):
+		return "qtileArgs"
 	case strings.HasPrefix(name, "pv"):
 		return "pvArgs"
 	case strings.HasPrefix(name, "exp"):
@@ -783,6 +993,15 @@ func main() {
 		}
 	}
 
+	for _, k := range []qkind{q8_0, q4_0} {
+		for V := 1; V <= 4; V++ {
+			g.qtile512(k, V)
+		}
+		for V := 1; V <= 2; V++ {
+			g.qtileAVX2(k, V)
+		}
+	}
+
 	g.expTable()
 	g.expSum512()
 	g.expSum256()
@@ -850,6 +1069,27 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 	t.WriteString("\t\t}\n")
 	pvsw("isaAVX2", 1, []dtype{f32, bf16}, "pv%sAVX2C%dG%d")
 	t.WriteString("\t}\n\tpanic(\"llama: no pv kernel\")\n}\n")
+	t.WriteString(`
+// qtile calls the integer tile kernel for weight format kind (0 Q8_0, 1
+// Q4_0) and nv activation rows.
+func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
+	switch ks.qisa {
+`)
+	for _, isa := range []struct {
+		name string
+		v    int
+	}{{"AVX512", 4}, {"AVX2", 2}} {
+		fmt.Fprintf(&t, "\tcase isa%s:\n\t\tswitch kind {\n", isa.name)
+		for ki, k := range []qkind{q8_0, q4_0} {
+			fmt.Fprintf(&t, "\t\tcase %d:\n\t\t\tswitch nv {\n", ki)
+			for v := 1; v <= isa.v; v++ {
+				fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\tqtile%s%sV%d(a)\n\t\t\t\treturn\n", v, k.name, isa.name, v)
+			}
+			t.WriteString("\t\t\t}\n")
+		}
+		t.WriteString("\t\t}\n")
+	}
+	t.WriteString("\t}\n\tpanic(\"llama: no qtile kernel\")\n}\n")
 	t.WriteString(`
 // expSum calls the softmax numerator kernel.
 func (ks *kernelSet) expSum(a *expArgs) {

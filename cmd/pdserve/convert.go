@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
 	"github.com/pdserve/pdserve/internal/model/llama"
-	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 	"github.com/pdserve/pdserve/internal/model/llama2c"
 )
 
@@ -53,26 +53,26 @@ carry no tokenizer, so the result serves token-id prompts
 	return cmd
 }
 
-// ggufTypes are the --type values of convert gguf.
-var ggufTypes = map[string]gguf.Type{"f32": gguf.F32, "f16": gguf.F16, "bf16": gguf.BF16, "q8_0": gguf.Q8_0, "q4_0": gguf.Q4_0}
 
 func newConvertGGUFCmd(stdout io.Writer) *cobra.Command {
 	var typ string
 	cmd := &cobra.Command{
 		Use:   "gguf IN OUT.gguf",
-		Short: "Write a checkpoint as a GGUF file (f32, f16, bf16, or quantized q8_0, q4_0) that --model and llama.cpp load",
+		Short: "Write a checkpoint as a GGUF file (f32, f16, bf16, or quantized q8_0, q4_0, q4_k_m) that --model and llama.cpp load",
 		Long: `Reads IN, a Hugging Face checkpoint directory (config.json + safetensors) or
 a llama2.c checkpoint (.bin), and writes OUT.gguf (GGUF v3, llama.cpp's
 "llama" architecture) with its matrices in --type: f32, f16 or bf16 (exact
-when the checkpoint has that dtype), or quantized with ggml's reference
-quantizers, q8_0 (8 bits per weight plus a scale per 32) or q4_0 (4 bits).
-Matrices whose rows are not a multiple of 32 values stay f32. Norms are f32.
-The vocabulary written is a placeholder (token-id prompts only).`,
+when the checkpoint has that dtype), quantized with ggml's reference
+quantizers, q8_0 (8 bits per weight plus a scale per 32) or q4_0 (4 bits),
+or q4_k_m, llama.cpp's mix of Q4_K and Q6_K (plain range quantizers, not
+llama.cpp's searched scales). Matrices whose rows are not a multiple of the
+block stay f32 (q8_0, q4_0) or become q8_0 (q4_k_m). Norms are f32. The
+vocabulary written is a placeholder (token-id prompts only).`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(_ *cobra.Command, args []string) error {
-			t, ok := ggufTypes[strings.ToLower(typ)]
-			if !ok {
-				return usagef("--type %q: want f32, f16, bf16, q8_0 or q4_0", typ)
+			t := llama.FileType(strings.ToUpper(typ))
+			if !slices.Contains(llama.FileTypes, t) {
+				return usagef("--type %q: want f32, f16, bf16, q8_0, q4_0 or q4_k_m", typ)
 			}
 			in := args[0]
 			fi, err := os.Stat(in)
@@ -101,6 +101,6 @@ The vocabulary written is a placeholder (token-id prompts only).`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&typ, "type", "q8_0", "element type of the matrices: f32, f16, bf16, q8_0, q4_0")
+	cmd.Flags().StringVar(&typ, "type", "q8_0", "element type of the matrices: f32, f16, bf16, q8_0, q4_0, q4_k_m")
 	return cmd
 }

@@ -51,7 +51,7 @@ func writeStoriesRefs(root, work, dir string, threads int) {
 	must(os.MkdirAll(dir, 0o755))
 	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
 		path := filepath.Join(work, "stories260K-"+typ.String()+".gguf")
-		rep, err := llama.WriteGGUF(ckpt, path, typ)
+		rep, err := llama.WriteGGUF(ckpt, path, llama.FileType(typ.String()))
 		must(err)
 		raw, err := os.ReadFile(path)
 		must(err)
@@ -59,7 +59,7 @@ func writeStoriesRefs(root, work, dir string, threads int) {
 		out := node(work, threads, "refs", "--model", path, "--seqs", seqPath, "--greedy", "32")
 		ref := StoriesRef{Type: typ.String(), GGUFSHA256: hex.EncodeToString(sum[:]),
 			Generator: "llama.cpp (node-llama-cpp 3.21.1 prebuilt CPU build), " + strconv.Itoa(threads) + " threads, F32 KV cache, flash attention off; " +
-				"the GGUF written by llama.WriteGGUF from stories260K.bin (matrices with rows not a multiple of 32 as F16: " + strconv.Quote(list2(rep.Fallback)) + ")",
+				"the GGUF written by llama.WriteGGUF from stories260K.bin (matrices kept in another type: " + strconv.Quote(list2(rep.Fallback)) + ")",
 			Sequences: json.RawMessage(lastLine(out))}
 		dst := filepath.Join(dir, "stories260K-"+typ.String()+".json")
 		must(os.WriteFile(dst, append(mustJSON(ref), '\n'), 0o644))

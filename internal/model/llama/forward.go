@@ -31,7 +31,8 @@ type buffers struct {
 	last  []int   // index of each sequence's last token [len(seqs)]
 	rows  []int   // sequences that sample [R]
 	scr   []scratch
-	q8    q8Acts // a linear layer's input quantized for Q8_0/Q4_0 weights
+	q8    q8Acts  // a linear layer's input quantized for Q8_0/Q4_0 weights
+	q8k   q8KActs // … and for Q4_K/Q6_K weights
 
 	// The step's parallel loops, reused so a Forward allocates nothing
 	// once its buffers have grown.
@@ -230,7 +231,7 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	defer func() { b.attn, b.tok, b.lin = attnJob{}, tokJob{}, linJob{} }() // drop references to the caller's data
 	lin := func(x []float32, resid []float32, swiglu bool, outs ...linOut) {
 		n := copy(b.outs[:], outs)
-		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: swiglu, q8: &b.q8}
+		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: swiglu, q8: &b.q8, q8k: &b.q8k}
 		linear(tm, &b.lin)
 	}
 	tokGrain := max(1, 256/max(1, H/64)) // tokens per task of the per-token loops
@@ -279,7 +280,7 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	V := cfg.VocabSize
 	b.lgt = grow(b.lgt, R*V)
 	if R > 0 {
-		b.lin = linJob{ks: ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt}), q8: &b.q8}
+		b.lin = linJob{ks: ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt}), q8: &b.q8, q8k: &b.q8k}
 		linear(tm, &b.lin)
 	}
 	return b.lgt, nil

@@ -19,7 +19,7 @@ import (
 func writeGGUF(t *testing.T, dir string, typ gguf.Type) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "m-"+typ.String()+".gguf")
-	if _, err := llama.WriteGGUF(dir, out, typ); err != nil {
+	if _, err := llama.WriteGGUF(dir, out, llama.FileType(typ.String())); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -255,5 +255,72 @@ func TestGGUFLoadErrors(t *testing.T) {
 		}), []string{`"blk.0.frob.weight"`, "does not use"}},
 	} {
 		t.Run(c.name, func(t *testing.T) { wantLoadError(t, c.path, llama.Options{}, c.want...) })
+	}
+}
+
+// TestGGUFQ4KM writes a checkpoint 256 wide as Q4_K_M (Q4_K matrices, Q6_K
+// for the tied classifier and for attn_v and ffn_down of llama.cpp's
+// use-more-bits layers) and checks the types, that the model computes
+// the checkpoint's function within 4-bit quantization error, and that its
+// logits do not depend on chunking or threads.
+func TestGGUFQ4KM(t *testing.T) {
+	spec := llamatest.Tiny()
+	spec.Hidden, spec.Intermediate, spec.Vocab, spec.Tied, spec.Scale = 256, 512, 300, true, 0.05
+	dir := spec.WriteT(t)
+	out := filepath.Join(t.TempDir(), "q4km.gguf")
+	if _, err := llama.WriteGGUF(dir, out, llama.FileQ4_KM); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Of 2 layers, use-more-bits picks the last (i ≥ 7n/8).
+	want := map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
+		"blk.0.attn_v.weight": gguf.Q4_K, "blk.0.ffn_down.weight": gguf.Q4_K, "blk.0.attn_q.weight": gguf.Q4_K,
+		"blk.1.ffn_up.weight": gguf.Q4_K, "blk.1.attn_output.weight": gguf.Q4_K, "blk.0.attn_norm.weight": gguf.F32}
+	for name, typ := range want {
+		if ti, ok := f.Tensor(name); !ok || ti.Type != typ {
+			t.Errorf("%s: type %v (found %v), want %s", name, ti.Type, ok, typ)
+		}
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	toks := randomTokens(rng, 20, spec.Vocab)
+	ref := logitsOf(t, load(t, dir, llama.Options{}), toks)
+	var scale float64
+	for _, v := range ref {
+		scale = math.Max(scale, math.Abs(float64(v)))
+	}
+	var whole []float32
+	for _, threads := range []int{1, 2} {
+		m := load(t, out, llama.Options{Threads: threads})
+		got := logitsOf(t, m, toks)
+		if d := maxDiff(got, ref); d > 0.25*scale {
+			t.Errorf("max |Δ logit| vs the checkpoint = %.3g (largest logit %.3g)", d, scale)
+		} else {
+			t.Logf("max |Δ logit| vs the checkpoint %.3g (largest logit %.3g)", d, scale)
+		}
+		if whole == nil {
+			whole = got
+		}
+		p := newPool(t, m, 8, 4)
+		pages := alloc(t, p, 4)
+		var chunked []float32
+		for _, r := range [][2]int{{0, 3}, {3, 4}, {4, 20}} {
+			lg, err := m.ForwardLogits(context.Background(), p, []model.SeqInput{{Pages: pages, Pos: r[0], Tokens: toks[r[0]:r[1]]}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chunked = append(chunked, lg[0]...)
+		}
+		for i := range whole {
+			if math.Float32bits(got[i]) != math.Float32bits(whole[i]) || math.Float32bits(chunked[i]) != math.Float32bits(whole[i]) {
+				t.Fatalf("threads %d: logit %d = %v (chunked %v), 1 thread %v", threads, i, got[i], chunked[i], whole[i])
+			}
+		}
 	}
 }

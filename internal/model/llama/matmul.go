@@ -143,6 +143,9 @@ type linJob struct {
 	// when needed); qj is the loop that fills it.
 	q8 *q8Acts
 	qj quantJob
+	// q8k and qkj are the same for Q4_K and Q6_K outputs (Q8_K).
+	q8k *q8KActs
+	qkj quantKJob
 }
 
 // tasks prepares the job and returns its number of tasks.
@@ -191,7 +194,11 @@ func (j *linJob) run(w, lo, hi int) {
 
 // mat computes rows [r0, r1) of output o.
 func (j *linJob) mat(sc *scratch, o *linOut, r0, r1 int) {
-	if o.w.quantized() {
+	switch {
+	case o.w.quantized() && usesQ8K(o.w.Quant):
+		matRowsK(o.dst, o.w.Rows(), j.q8k, j.T, o.w, r0, r1)
+		return
+	case o.w.quantized():
 		matRowsQ(j.ks, sc, o.dst, o.w.Rows(), j.q8, j.T, o.w, r0, r1)
 		return
 	}
@@ -217,16 +224,26 @@ func addBias(dst []float32, ds, T int, bias []float32, r0, r1 int) {
 func linear(tm *team, j *linJob) {
 	n := j.tasks()
 	in := j.outs[0].w.Cols()
+	var q8, q8k bool
 	for _, o := range j.outs {
-		if o.w.quantized() && usesQ8(o.w.Quant) {
-			if j.q8 == nil {
-				j.q8 = new(q8Acts)
-			}
-			j.q8.reset(j.T, in)
-			j.qj = quantJob{a: j.q8, x: j.x}
-			tm.parallelFor(j.T, max(1, 8192/in), &j.qj)
-			break
+		q8 = q8 || o.w.quantized() && usesQ8(o.w.Quant)
+		q8k = q8k || o.w.quantized() && usesQ8K(o.w.Quant)
+	}
+	if q8 {
+		if j.q8 == nil {
+			j.q8 = new(q8Acts)
 		}
+		j.q8.reset(j.T, in)
+		j.qj = quantJob{a: j.q8, x: j.x}
+		tm.parallelFor(j.T, max(1, 8192/in), &j.qj)
+	}
+	if q8k {
+		if j.q8k == nil {
+			j.q8k = new(q8KActs)
+		}
+		j.q8k.reset(j.T, in)
+		j.qkj = quantKJob{a: j.q8k, x: j.x}
+		tm.parallelFor(j.T, max(1, 8192/in), &j.qkj)
 	}
 	grain := 1
 	if j.T*in*blockRows*n < minParallelFlops {

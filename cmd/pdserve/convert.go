@@ -53,7 +53,6 @@ carry no tokenizer, so the result serves token-id prompts
 	return cmd
 }
 
-
 func newConvertGGUFCmd(stdout io.Writer) *cobra.Command {
 	var typ string
 	cmd := &cobra.Command{

@@ -115,22 +115,19 @@ func dotQ4KGo(w []byte, a *q8KActs, k int) float32 {
 		d := x.d * f16At(blk, 0)
 		dmin := -x.d * f16At(blk, 2)
 		var isum [8]int32
-		var sc, mn [8]int32
-		for j := range 8 {
-			s, m := q4kScaleMin(blk[4:16], j)
-			sc[j], mn[j] = int32(s), int32(m)
-			qs := blk[16+32*(j/2) : 16+32*(j/2)+32]
-			xs := x.qs[32*j : 32*j+32]
+		var mn [8]int32
+		for jj := range 4 {
+			sl, ml := q4kScaleMin(blk[4:16], 2*jj)
+			sh, mh := q4kScaleMin(blk[4:16], 2*jj+1)
+			mn[2*jj], mn[2*jj+1] = int32(ml), int32(mh)
+			qs := blk[16+32*jj : 16+32*jj+32]
+			xl := x.qs[64*jj : 64*jj+32]
+			xh := x.qs[64*jj+32 : 64*jj+64]
 			for l := range 8 {
-				var p int32
-				for i := 4 * l; i < 4*l+4; i++ {
-					q := qs[i] & 15
-					if j%2 == 1 {
-						q = qs[i] >> 4
-					}
-					p += int32(q) * int32(xs[i])
-				}
-				isum[l] += sc[j] * p
+				q, lo, hi := qs[4*l:4*l+4], xl[4*l:4*l+4], xh[4*l:4*l+4]
+				pl := int32(q[0]&15)*int32(lo[0]) + int32(q[1]&15)*int32(lo[1]) + int32(q[2]&15)*int32(lo[2]) + int32(q[3]&15)*int32(lo[3])
+				ph := int32(q[0]>>4)*int32(hi[0]) + int32(q[1]>>4)*int32(hi[1]) + int32(q[2]>>4)*int32(hi[2]) + int32(q[3]>>4)*int32(hi[3])
+				isum[l] += int32(sl)*pl + int32(sh)*ph
 			}
 		}
 		for l := range 8 {
@@ -149,19 +146,30 @@ func dotQ4KGo(w []byte, a *q8KActs, k int) float32 {
 // a.
 func dotQ6KGo(w []byte, a *q8KActs, k int) float32 {
 	var acc [8]float32
+	var v [4][32]int32 // one half's four quarters of 32 quants, minus 32
 	for b := range a.nb {
 		blk := w[210*b : 210*b+210]
 		x := &a.blk[k*a.nb+b]
 		d := x.d * f16At(blk, 208)
 		var isum [8]int32
-		for c := range 8 {
-			for l := range 8 {
-				var p int32
-				for i := 4 * l; i < 4*l+4; i++ {
-					e := 32*c + i
-					p += int32(q6kValue(blk, e)-32) * int32(x.qs[e])
+		for h := range 2 {
+			ql := blk[64*h : 64*h+64]
+			qh := blk[128+32*h : 128+32*h+32]
+			for l := range 32 {
+				hb := qh[l]
+				v[0][l] = int32(ql[l]&15|(hb&3)<<4) - 32
+				v[1][l] = int32(ql[l+32]&15|(hb>>2&3)<<4) - 32
+				v[2][l] = int32(ql[l]>>4|(hb>>4&3)<<4) - 32
+				v[3][l] = int32(ql[l+32]>>4|(hb>>6&3)<<4) - 32
+			}
+			for q := range 4 {
+				xs := x.qs[128*h+32*q : 128*h+32*q+32]
+				sc := blk[192+8*h+2*q : 192+8*h+2*q+2]
+				vq := &v[q]
+				for l := range 8 {
+					p := vq[4*l]*int32(xs[4*l]) + vq[4*l+1]*int32(xs[4*l+1]) + vq[4*l+2]*int32(xs[4*l+2]) + vq[4*l+3]*int32(xs[4*l+3])
+					isum[l] += int32(int8(sc[l/4])) * p
 				}
-				isum[l] += int32(int8(blk[192+2*c+l/4])) * p
 			}
 		}
 		for l := range 8 {

@@ -3,6 +3,7 @@ package llama
 import (
 	"encoding/binary"
 	"math"
+	"unsafe"
 
 	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
@@ -22,6 +23,7 @@ type q8KBlock struct {
 	d     float32
 	qs    [256]int8
 	bsums [16]int32
+	ssum  [8]int16 // sums of each 32 quants (bsums in pairs), for the kernels
 }
 
 // q8KActs holds T token rows of n values (a multiple of 256) quantized to
@@ -68,6 +70,9 @@ func (a *q8KActs) quantizeRows(x []float32, t0, t1 int) {
 					s += int32(q)
 				}
 				blk.bsums[j] = s
+			}
+			for j := range 8 {
+				blk.ssum[j] = int16(blk.bsums[2*j] + blk.bsums[2*j+1])
 			}
 			blk.d = 1 / iscale
 		}
@@ -179,8 +184,29 @@ func dotQ6KGo(w []byte, a *q8KActs, k int) float32 {
 	return reduce8(&acc)
 }
 
-// matRowsK is matRows for a Q4_K or Q6_K matrix (pure Go).
-func matRowsK(dst []float32, ds int, a *q8KActs, T int, w *tensor, r0, r1 int) {
+// matRowsK is matRows for a Q4_K or Q6_K matrix: on the K-quant kernels of
+// ks if it has them (one weight row by up to 4 tokens per call), else in
+// Go.
+func matRowsK(ks *kernelSet, dst []float32, ds int, a *q8KActs, T int, w *tensor, r0, r1 int) {
+	if ks != nil && ks.kisa != 0 {
+		kind := 0
+		if w.Quant == gguf.Q6_K {
+			kind = 1
+		}
+		args := ktileArgs{nb: uintptr(a.nb), os: uintptr(4 * ds)}
+		for r := r0; r < r1; r++ {
+			args.w = unsafe.Pointer(&w.q[r*w.rowBytes])
+			for t := 0; t < T; t += 4 {
+				nv := min(4, T-t)
+				for j := range nv {
+					args.x[j] = unsafe.Pointer(&a.blk[(t+j)*a.nb])
+				}
+				args.out = unsafe.Pointer(&dst[t*ds+r])
+				ks.ktile(kind, nv, &args)
+			}
+		}
+		return
+	}
 	dot := dotQ4KGo
 	if w.Quant == gguf.Q6_K {
 		dot = dotQ6KGo

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
@@ -107,6 +108,63 @@ func TestDotK(t *testing.T) {
 				}
 				if got := c.dot(w, &a, tok); math.Abs(float64(got)-want) > 2e-6*mag {
 					t.Fatalf("%s n=%d: %v, want %v", c.typ, n, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestKTileKernel checks the Q4_K and Q6_K kernels against the pure-Go canonical
+// dot product bit for bit, for 1 to 4 activation rows and 1 to 6 blocks;
+// and the layouts the assembly assumes.
+func TestKTileKernel(t *testing.T) {
+	var a ktileArgs
+	var blk q8KBlock
+	for _, c := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"ktileArgs.x", unsafe.Offsetof(a.x), 8}, {"ktileArgs.nb", unsafe.Offsetof(a.nb), 40},
+		{"ktileArgs.out", unsafe.Offsetof(a.out), 48}, {"ktileArgs.os", unsafe.Offsetof(a.os), 56},
+		{"ktileArgs.scr", unsafe.Offsetof(a.scr), 64}, {"q8KBlock.qs", unsafe.Offsetof(blk.qs), 4},
+		{"q8KBlock.ssum", unsafe.Offsetof(blk.ssum), 324}, {"q8KBlock size", unsafe.Sizeof(blk), 340},
+	} {
+		if c.got != c.want {
+			t.Fatalf("%s at %d, the assembly assumes %d", c.name, c.got, c.want)
+		}
+	}
+	rng := rand.New(rand.NewPCG(10, 10))
+	for _, ks := range kernelSets(t) {
+		if ks.kisa == 0 {
+			continue
+		}
+		for _, c := range []struct {
+			typ gguf.Type
+			q   func([]float32) []byte
+		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}} {
+			for _, nb := range []int{1, 2, 6} {
+				n := 256 * nb
+				const rows, T = 3, 7
+				wf := randVec(rng, rows*n)
+				for i := range wf[:300] {
+					wf[i] = float32(math.Abs(float64(wf[i]))) // positive sub-blocks: mins 0
+				}
+				w, err := newQuantTensor("w", c.typ, []int{rows, n}, c.q(wf))
+				if err != nil {
+					t.Fatal(err)
+				}
+				x := randVec(rng, T*n)
+				var acts q8KActs
+				acts.reset(T, n)
+				acts.quantizeRows(x, 0, T)
+				want := make([]float32, T*rows)
+				matRowsK(nil, want, rows, &acts, T, w, 0, rows)
+				got := make([]float32, T*rows)
+				matRowsK(ks, got, rows, &acts, T, w, 0, rows)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s %s nb=%d: [%d, %d] = %v, Go %v", ks.name, c.typ, nb, i/rows, i%rows, got[i], want[i])
+					}
 				}
 			}
 		}

@@ -196,7 +196,7 @@ func (j *linJob) run(w, lo, hi int) {
 func (j *linJob) mat(sc *scratch, o *linOut, r0, r1 int) {
 	switch {
 	case o.w.quantized() && usesQ8K(o.w.Quant):
-		matRowsK(o.dst, o.w.Rows(), j.q8k, j.T, o.w, r0, r1)
+		matRowsK(j.ks, o.dst, o.w.Rows(), j.q8k, j.T, o.w, r0, r1)
 		return
 	case o.w.quantized():
 		matRowsQ(j.ks, sc, o.dst, o.w.Rows(), j.q8, j.T, o.w, r0, r1)

@@ -69,6 +69,18 @@ type qtileArgs struct {
 	os  uintptr           // bytes between tokens' results
 }
 
+// ktileArgs is the argument block of a K-quant kernel: the canonical Q4_K
+// or Q6_K dot products (kquant.go) of one weight row with up to 4 rows of Q8_K
+// activations (layout fixed by asmgen).
+type ktileArgs struct {
+	w   unsafe.Pointer    // the weight row, at its first block
+	x   [4]unsafe.Pointer // activation rows: q8KBlock arrays
+	nb  uintptr           // blocks of 256 per row, > 0
+	out unsafe.Pointer    // token v's result at out + v·os (float32)
+	os  uintptr
+	scr [16]byte // the kernel's scratch: a block's 6-bit scales and mins, unpacked
+}
+
 // pvArgs is the argument block of a weighted-sum kernel: G heads' weights
 // applied to n rows of 16·C columns, accumulated into out (layout fixed by
 // asmgen).
@@ -129,6 +141,9 @@ type kernelSet struct {
 	// isaAVX512 needs VNNI and BW besides; qrows and qvecs are the weight
 	// and activation rows per call.
 	qisa, qrows, qvecs int
+	// kisa is the instruction set of the Q4_K and Q6_K kernels (ktile), 0
+	// for none (pure Go).
+	kisa int
 }
 
 // Kernel choices of Options.Kernels.

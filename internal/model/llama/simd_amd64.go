@@ -19,7 +19,7 @@ func kernelSetFor(limit int) *kernelSet {
 			pvChunks: []int{4, 1}, pvMasked: true, anyN: true, expTail: true, siluWidth: 16}
 		switch {
 		case cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW: // Ice Lake, Sapphire Rapids, Zen 4 and later
-			ks.qisa, ks.qrows, ks.qvecs = isaAVX512, 4, 4
+			ks.qisa, ks.qrows, ks.qvecs, ks.kisa = isaAVX512, 4, 4, isaAVX512
 		case avx2: // Skylake-SP: no VNNI
 			ks.qisa, ks.qrows, ks.qvecs = isaAVX2, 2, 2
 		}

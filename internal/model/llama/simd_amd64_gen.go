@@ -514,6 +514,46 @@ func qtileQ4AVX2V1(a *qtileArgs)
 //go:noescape
 func qtileQ4AVX2V2(a *qtileArgs)
 
+// ktileQ4KAVX512V1: AVX-512 VNNI, one Q4_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX512V1(a *ktileArgs)
+
+// ktileQ4KAVX512V2: AVX-512 VNNI, one Q4_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX512V2(a *ktileArgs)
+
+// ktileQ4KAVX512V3: AVX-512 VNNI, one Q4_K row × 3 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX512V3(a *ktileArgs)
+
+// ktileQ4KAVX512V4: AVX-512 VNNI, one Q4_K row × 4 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX512V4(a *ktileArgs)
+
+// ktileQ6KAVX512V1: AVX-512 VNNI, one Q6_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX512V1(a *ktileArgs)
+
+// ktileQ6KAVX512V2: AVX-512 VNNI, one Q6_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX512V2(a *ktileArgs)
+
+// ktileQ6KAVX512V3: AVX-512 VNNI, one Q6_K row × 3 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX512V3(a *ktileArgs)
+
+// ktileQ6KAVX512V4: AVX-512 VNNI, one Q6_K row × 4 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX512V4(a *ktileArgs)
+
 // expSumAVX512: AVX-512: x[i] = expf(x[i] − m), partial sums by lane
 //
 //go:noescape
@@ -951,6 +991,29 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 		}
 	}
 	panic("llama: no qtile kernel")
+}
+
+// ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K)
+// and nv activation rows.
+func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
+	switch {
+	case kind == 0 && nv == 1:
+		ktileQ4KAVX512V1(a)
+	case kind == 0 && nv == 2:
+		ktileQ4KAVX512V2(a)
+	case kind == 0 && nv == 3:
+		ktileQ4KAVX512V3(a)
+	case kind == 0:
+		ktileQ4KAVX512V4(a)
+	case nv == 1:
+		ktileQ6KAVX512V1(a)
+	case nv == 2:
+		ktileQ6KAVX512V2(a)
+	case nv == 3:
+		ktileQ6KAVX512V3(a)
+	default:
+		ktileQ6KAVX512V4(a)
+	}
 }
 
 // expSum calls the softmax numerator kernel.

@@ -3,9 +3,14 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
+	"slices"
+	"strings"
 
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
+	"github.com/pdserve/pdserve/internal/model/llama"
 	"github.com/pdserve/pdserve/internal/model/llama2c"
 )
 
@@ -15,9 +20,10 @@ func newConvertCmd(stdout io.Writer) *cobra.Command {
 		Short: "Convert a checkpoint from another format to a directory --model can serve",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usagef("convert needs a source format: pdserve convert llama2c IN.bin OUT_DIR")
+			return usagef("convert needs a target: pdserve convert llama2c IN.bin OUT_DIR, or pdserve convert gguf IN OUT.gguf --type q8_0")
 		},
 	}
+	cmd.AddCommand(newConvertGGUFCmd(stdout))
 	cmd.AddCommand(&cobra.Command{
 		Use:   "llama2c IN.bin OUT_DIR",
 		Short: "Convert a llama2.c checkpoint (legacy format) to config.json + model.safetensors (f32)",
@@ -44,5 +50,56 @@ carry no tokenizer, so the result serves token-id prompts
 			return nil
 		},
 	})
+	return cmd
+}
+
+func newConvertGGUFCmd(stdout io.Writer) *cobra.Command {
+	var typ string
+	cmd := &cobra.Command{
+		Use:   "gguf IN OUT.gguf",
+		Short: "Write a checkpoint as a GGUF file (f32, f16, bf16, or quantized q8_0, q4_0, q4_k_m) that --model and llama.cpp load",
+		Long: `Reads IN, a Hugging Face checkpoint directory (config.json + safetensors) or
+a llama2.c checkpoint (.bin), and writes OUT.gguf (GGUF v3, llama.cpp's
+"llama" architecture) with its matrices in --type: f32, f16 or bf16 (exact
+when the checkpoint has that dtype), quantized with ggml's reference
+quantizers, q8_0 (8 bits per weight plus a scale per 32) or q4_0 (4 bits),
+or q4_k_m, llama.cpp's mix of Q4_K and Q6_K (plain range quantizers, not
+llama.cpp's searched scales). Matrices whose rows are not a multiple of the
+block stay f32 (q8_0, q4_0) or become q8_0 (q4_k_m). Norms are f32. The
+vocabulary written is a placeholder (token-id prompts only).`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(_ *cobra.Command, args []string) error {
+			t := llama.FileType(strings.ToUpper(typ))
+			if !slices.Contains(llama.FileTypes, t) {
+				return usagef("--type %q: want f32, f16, bf16, q8_0, q4_0 or q4_k_m", typ)
+			}
+			in := args[0]
+			fi, err := os.Stat(in)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			if !fi.IsDir() {
+				tmp, err := os.MkdirTemp("", "pdserve-convert-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(tmp)
+				if _, err := llama2c.Convert(in, tmp); err != nil {
+					return err
+				}
+				in = tmp
+			}
+			rep, err := llama.WriteGGUF(in, args[1], t)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "wrote %s: %d tensors, %s, %s\n", args[1], rep.Tensors, t, humanize.IBytes(uint64(rep.Bytes)))
+			if len(rep.Fallback) > 0 {
+				fmt.Fprintf(stdout, "kept as f32 (rows not a multiple of 32): %s\n", strings.Join(rep.Fallback, ", "))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&typ, "type", "q8_0", "element type of the matrices: f32, f16, bf16, q8_0, q4_0, q4_k_m")
 	return cmd
 }

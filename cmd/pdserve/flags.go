@@ -16,6 +16,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama"
 	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/worker"
 )
@@ -60,6 +61,7 @@ type modelFlags struct {
 	simProfile   string
 	kvDType      string
 	threads      int
+	kernels      string
 }
 
 // SimModel is the --model value that selects the simulated model.
@@ -67,9 +69,10 @@ const SimModel = "sim"
 
 func (f *modelFlags) add(fs *pflag.FlagSet) {
 	g := sim.DefaultGeometry()
-	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights) or a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Mistral)`)
+	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights), a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Mistral) or a GGUF file (llama, qwen2, mistral; F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)`)
 	fs.StringVar(&f.kvDType, "kv-cache-dtype", "f32", "checkpoint model: KV cache element type (f32, bf16, f16)")
 	fs.IntVar(&f.threads, "threads", 0, "checkpoint model: goroutines per forward step (0: GOMAXPROCS)")
+	fs.StringVar(&f.kernels, "llama-kernels", llama.KernelsAuto, "checkpoint model: matrix kernels ("+strings.Join(llama.KernelChoices, ", ")+"; every choice computes the same bits)")
 	fs.StringVar(&f.servedName, "served-model-name", "", "model name in the API (default: the model's own)")
 	fs.IntVar(&f.simLayers, "sim-layers", g.Layers, "simulated model: layers")
 	fs.IntVar(&f.simKVHeads, "sim-kv-heads", g.KVHeads, "simulated model: KV heads")

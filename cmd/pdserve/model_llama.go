@@ -2,21 +2,24 @@ package main
 
 import (
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 	"github.com/pdserve/pdserve/internal/model/tokenizer"
 )
 
-// llamaFactory loads the checkpoint directory --model once (so a bad
-// checkpoint fails at startup, before any server listens) and returns a
-// factory of instances sharing its memory-mapped weights. The loaded
+// llamaFactory loads --model (a checkpoint directory or a GGUF file) once
+// (so a bad model fails at startup, before any server listens) and returns
+// a factory of instances sharing its memory-mapped weights. The loaded
 // instance is kept for the life of the process.
 func (f *modelFlags) llamaFactory() (cluster.ModelFactory, error) {
-	if fi, err := os.Stat(f.model); err != nil || !fi.IsDir() {
-		return nil, usagef("--model %q: want %q or a checkpoint directory (config.json + model.safetensors)", f.model, SimModel)
+	if fi, err := os.Stat(f.model); err != nil || !(fi.IsDir() || fi.Mode().IsRegular()) {
+		return nil, usagef("--model %q: want %q, a checkpoint directory (config.json + model.safetensors) or a GGUF file", f.model, SimModel)
 	}
 	dt, err := kvcache.ParseDType(f.kvDType)
 	if err != nil {
@@ -25,8 +28,11 @@ func (f *modelFlags) llamaFactory() (cluster.ModelFactory, error) {
 	if f.threads < 0 {
 		return nil, usagef("--threads must not be negative, got %d", f.threads)
 	}
+	if !slices.Contains(llama.KernelChoices, f.kernels) {
+		return nil, usagef("--llama-kernels %q: want one of %s", f.kernels, strings.Join(llama.KernelChoices, ", "))
+	}
 	base, err := llama.Load(f.model, llama.Options{Name: f.servedName, KVDType: dt, Threads: f.threads,
-		LoadTokenizer: loadTokenizer})
+		Kernels: f.kernels, LoadTokenizer: loadTokenizer, LoadGGUFTokenizer: loadGGUFTokenizer})
 	if err != nil {
 		return nil, err
 	}
@@ -39,6 +45,16 @@ func (f *modelFlags) llamaFactory() (cluster.ModelFactory, error) {
 // tokenizer.
 func loadTokenizer(dir string) (model.Tokenizer, error) {
 	t, err := tokenizer.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// loadGGUFTokenizer builds a GGUF file's tokenizer from its tokenizer.ggml.*
+// metadata (untyped nil on error, like loadTokenizer).
+func loadGGUFTokenizer(f *gguf.File) (model.Tokenizer, error) {
+	t, err := tokenizer.FromGGUF(f)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@
 //
 //   node bench.mjs perf   --model m.gguf --threads 2 [--decode 64] [--batch 16] [--prefill 512] [--prefill-runs 3]
 //   node bench.mjs verify --model m.gguf --threads 2 --ref ref.json
+//   node bench.mjs refs   --model m.gguf --threads 2 --seqs seqs.json [--greedy 32]
 //
 // perf measures, with an F32 KV cache and flash attention off:
 //   prefill: a 512-token prompt evaluated from position 0 (one batch), tokens/s;
@@ -12,6 +13,9 @@
 //   decode16: 16 sequences with 128 tokens each, stepped in lockstep (every
 //             sequence's next token issued together, so llama.cpp batches them),
 //             generated tokens/s over all sequences.
+// refs, for each token sequence of seqs.json (a JSON list of id lists): the
+// full next-token probability vector after the sequence, and the greedy
+// continuation with the smallest top-1/top-2 log-probability gap along it.
 // Run it with UV_THREADPOOL_SIZE=1 (see docs/performance.md ("The real model on CPU")).
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 import {readFileSync} from "node:fs";
@@ -131,8 +135,36 @@ if (mode === "perf") {
     console.log(JSON.stringify({top, maxProbDiff: maxDiff, greedy: greedyToks,
         greedyMatch: greedyToks.every((t, i) => t === ref.greedy[i]), top1Match: top[0][0] === ref.top[0][0]}));
     await ctx.dispose();
+} else if (mode === "refs") {
+    const seqs = JSON.parse(readFileSync(opt("seqs"), "utf8"));
+    const nGreedy = Number(opt("greedy", "32"));
+    const gen = {probabilities: true, token: true, options: greedy};
+    const vec = (probs) => Array.from({length: nVocab}, (_, id) => probs.get(id) ?? 0);
+    const gap = (p) => {
+        const s = [...p].sort((a, b) => b - a);
+        return Math.log(s[0]) - Math.log(s[1]);
+    };
+    const out = [];
+    for (const toks of seqs) {
+        const ctx = await model.createContext(ctxOptions({contextSize: 512, batchSize: 512, sequences: 1}));
+        const seq = ctx.getSequence();
+        const n = toks.length;
+        const res = await seq.controlledEvaluate(toks.map((t, i) => i === n - 1 ? [t, {generateNext: gen}] : t));
+        const last = vec(res[n - 1].next.probabilities);
+        let minGap = gap(last);
+        const cont = [res[n - 1].next.token];
+        while (cont.length < nGreedy) {
+            const r = await seq.controlledEvaluate([[cont.at(-1), {generateNext: gen}]]);
+            minGap = Math.min(minGap, gap(vec(r[0].next.probabilities)));
+            cont.push(r[0].next.token);
+        }
+        out.push({tokens: toks, last_position_probs: last.map((p) => Number(p.toPrecision(7))), greedy_continuation: cont,
+            min_top1_top2_logprob_gap: Number(minGap.toPrecision(4))});
+        await ctx.dispose();
+    }
+    console.log(JSON.stringify(out));
 } else {
-    console.error("usage: node bench.mjs perf|verify --model m.gguf ...");
+    console.error("usage: node bench.mjs perf|verify|refs --model m.gguf ...");
     process.exit(2);
 }
 await model.dispose();

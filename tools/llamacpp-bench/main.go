@@ -1,20 +1,22 @@
 // Command llamacpp-bench compares pdserve's CPU model runner with llama.cpp
-// on the same weights, in the same run: the synthetic SmolLM2-135M-shaped
-// BF16 checkpoint of llamatest, exported to GGUF for llama.cpp
-// (llama.ExportGGUF). See docs/performance.md ("The real model on CPU") for the method and results.
+// on the same GGUF files, in the same run: the synthetic SmolLM2-135M-shaped
+// BF16 checkpoint of llamatest, written by llama.WriteGGUF as F32, BF16,
+// Q8_0, Q4_0 and Q4_K_M files, each loaded by both. See docs/performance.md
+// ("The real model on CPU") for the method and results.
 //
 // From the repository root:
 //
-//	go run ./tools/llamacpp-bench [-rounds 3] [-threads 2] [-work DIR]
+//	go run ./tools/llamacpp-bench [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_k_m] [-work DIR]
 //
 // It installs node-llama-cpp@3.21.1 and @node-llama-cpp/linux-x64@3.21.1
 // (npm, --omit=optional; prebuilt binaries, no build, no download at run
-// time) into the work directory, writes the checkpoint and its GGUF exports
+// time) into the work directory, writes the checkpoint and the GGUF files
 // there (once), checks that llama.cpp and pdserve compute the same model
-// (next-token probabilities and greedy tokens after a fixed prompt, F32 KV
-// cache, from the F32 and the BF16 export), then runs pdserve's
-// BenchmarkSmolLM2 (A) and bench.mjs (B) interleaved A B A B … and prints
-// the medians and the ratios pdserve/llama.cpp.
+// on each file (next-token probabilities and greedy tokens after a fixed
+// prompt, F32 KV cache), then runs pdserve's BenchmarkSmolLM2 -model FILE
+// (A) and bench.mjs (B) interleaved A B A B … and prints the medians and
+// the ratios pdserve/llama.cpp. With -stories-refs DIR it instead writes
+// the llama.cpp references of the stories260K Q8_0/Q4_0 test (refs.go).
 package main
 
 import (
@@ -55,35 +57,50 @@ func main() {
 	decode := flag.Int("decode", 64, "decode steps timed per run")
 	prefillRuns := flag.Int("prefill-runs", 3, "512-token prefills timed per run")
 	skipVerify := flag.Bool("skip-verify", false, "skip the numerical comparison")
+	types := flag.String("types", "f32,bf16,q8_0,q4_0,q4_k_m", "GGUF file types to compare (comma-separated; see llama.FileTypes)")
+	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0 and Q4_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
 	flag.Parse()
 	log.SetFlags(0)
 
 	must(os.MkdirAll(*work, 0o755))
 	root := moduleRoot()
 	setup(*work)
+	if *storiesRefs != "" {
+		writeStoriesRefs(root, *work, *storiesRefs, *threads)
+		return
+	}
 	ckpt := filepath.Join(*work, "smollm2-135m-synthetic")
 	if _, err := os.Stat(filepath.Join(ckpt, "model.safetensors")); err != nil {
 		log.Printf("writing the synthetic checkpoint to %s", ckpt)
 		must(llamatest.SmolLM2135M().Write(ckpt))
 	}
-	ggufs := map[llama.DType]string{}
-	for _, dt := range []llama.DType{llama.BF16, llama.F32} {
-		p := filepath.Join(*work, "smollm2-135m-synthetic-"+strings.ToLower(dt.String())+".gguf")
-		if _, err := os.Stat(p); err != nil {
-			log.Printf("exporting %s", p)
-			must(llama.ExportGGUF(ckpt, p, dt))
+	var files []llama.FileType
+	for _, t := range strings.Split(*types, ",") {
+		ft := llama.FileType(strings.ToUpper(strings.TrimSpace(t)))
+		if !slices.Contains(llama.FileTypes, ft) {
+			log.Fatalf("-types: %q is not one of %v", t, llama.FileTypes)
 		}
-		ggufs[dt] = p
+		files = append(files, ft)
+	}
+	ggufs := map[llama.FileType]string{}
+	for _, ft := range files {
+		p := filepath.Join(*work, "smollm2-135m-synthetic-"+strings.ToLower(string(ft))+".gguf")
+		if _, err := os.Stat(p); err != nil {
+			log.Printf("writing %s", p)
+			_, err := llama.WriteGGUF(ckpt, p, ft)
+			must(err)
+		}
+		ggufs[ft] = p
 	}
 
 	if !*skipVerify {
-		ref := reference(ckpt, *threads)
-		refPath := filepath.Join(*work, "ref.json")
-		must(os.WriteFile(refPath, mustJSON(ref), 0o644))
-		fmt.Printf("pdserve (F32 KV) after a %d-token prompt: top %v, greedy %v\n", len(ref.Prompt), ref.Top, ref.Greedy)
-		for _, dt := range []llama.DType{llama.F32, llama.BF16} {
-			out := node(*work, *threads, "verify", "--model", ggufs[dt], "--ref", refPath)
-			fmt.Printf("llama.cpp, %s GGUF: %s\n", dt, strings.TrimSpace(out))
+		for _, ft := range files {
+			ref := reference(ggufs[ft], *threads)
+			refPath := filepath.Join(*work, "ref.json")
+			must(os.WriteFile(refPath, mustJSON(ref), 0o644))
+			out := node(*work, *threads, "verify", "--model", ggufs[ft], "--ref", refPath)
+			fmt.Printf("%s: pdserve (F32 KV) after a %d-token prompt: top %v, greedy %v\n", ft, len(ref.Prompt), ref.Top, ref.Greedy)
+			fmt.Printf("%s: llama.cpp on the same file: %s\n", ft, strings.TrimSpace(out))
 		}
 	}
 
@@ -97,37 +114,50 @@ func main() {
 		{"decode, 16 sequences (tok/s)", "SmolLM2/^decode-batch16$", fmt.Sprintf("%dx", *decode), "decode16_tok_s"},
 		{"prefill, 512-token prompt (tok/s)", "SmolLM2/^prefill-512$", fmt.Sprintf("%dx", *prefillRuns), "prefill_tok_s"},
 	}
-	a := make([][]float64, len(metrics))
-	b := make([][]float64, len(metrics))
+	type series struct{ a, b [][]float64 }
+	res := map[llama.FileType]*series{}
+	for _, ft := range files {
+		res[ft] = &series{a: make([][]float64, len(metrics)), b: make([][]float64, len(metrics))}
+	}
 	tokS := regexp.MustCompile(`([0-9.]+) tok/s`)
 	for r := range *rounds {
-		for i, m := range metrics {
-			out := run(*work, []string{"PDSERVE_SMOLLM2_DIR=" + ckpt, "GOMAXPROCS=" + strconv.Itoa(*threads)},
-				testBin, "-test.run", "^$", "-test.bench", m.goBench, "-test.benchtime", m.benchtime)
-			mm := tokS.FindStringSubmatch(out)
-			if mm == nil {
-				log.Fatalf("no tok/s in:\n%s", out)
+		for _, ft := range files {
+			sr := res[ft]
+			for i, m := range metrics {
+				out := run(*work, []string{"GOMAXPROCS=" + strconv.Itoa(*threads)},
+					testBin, "-test.run", "^$", "-test.bench", m.goBench, "-test.benchtime", m.benchtime, "-model", ggufs[ft])
+				mm := tokS.FindStringSubmatch(out)
+				if mm == nil {
+					log.Fatalf("no tok/s in:\n%s", out)
+				}
+				v, _ := strconv.ParseFloat(mm[1], 64)
+				sr.a[i] = append(sr.a[i], v)
+				log.Printf("round %d %-6s A pdserve   %-34s %8.1f", r+1, ft, m.name, v)
 			}
-			v, _ := strconv.ParseFloat(mm[1], 64)
-			a[i] = append(a[i], v)
-			log.Printf("round %d A pdserve   %-34s %8.1f", r+1, m.name, v)
-		}
-		out := node(*work, *threads, "perf", "--model", ggufs[llama.BF16], "--decode", strconv.Itoa(*decode),
-			"--prefill-runs", strconv.Itoa(*prefillRuns))
-		var res map[string]float64
-		must(json.Unmarshal([]byte(lastLine(out)), &res))
-		for i, m := range metrics {
-			b[i] = append(b[i], res[m.jsKey])
-			log.Printf("round %d B llama.cpp %-34s %8.1f", r+1, m.name, res[m.jsKey])
+			out := node(*work, *threads, "perf", "--model", ggufs[ft], "--decode", strconv.Itoa(*decode),
+				"--prefill-runs", strconv.Itoa(*prefillRuns))
+			var js map[string]float64
+			must(json.Unmarshal([]byte(lastLine(out)), &js))
+			for i, m := range metrics {
+				sr.b[i] = append(sr.b[i], js[m.jsKey])
+				log.Printf("round %d %-6s B llama.cpp %-34s %8.1f", r+1, ft, m.name, js[m.jsKey])
+			}
 		}
 	}
 
-	fmt.Printf("\n%d rounds interleaved, %d threads, medians; llama.cpp with BF16 weights, both with an F32 KV cache\n\n", *rounds, *threads)
-	fmt.Println("| measure | pdserve | llama.cpp | pdserve/llama.cpp | pdserve runs | llama.cpp runs |")
-	fmt.Println("|---|---|---|---|---|---|")
-	for i, m := range metrics {
-		ma, mb := median(a[i]), median(b[i])
-		fmt.Printf("| %s | %.1f | %.1f | %.2f× | %s | %s |\n", m.name, ma, mb, ma/mb, list(a[i]), list(b[i]))
+	if *rounds == 0 {
+		return
+	}
+	fmt.Printf("\n%d rounds interleaved, %d threads, medians; both load the same GGUF file, both with an F32 KV cache\n\n", *rounds, *threads)
+	fmt.Println("| weights | file | measure | pdserve | llama.cpp | pdserve/llama.cpp | pdserve runs | llama.cpp runs |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	for _, ft := range files {
+		fi, err := os.Stat(ggufs[ft])
+		must(err)
+		for i, m := range metrics {
+			ma, mb := median(res[ft].a[i]), median(res[ft].b[i])
+			fmt.Printf("| %s | %d MB | %s | %.1f | %.1f | %.2f× | %s | %s |\n", ft, fi.Size()>>20, m.name, ma, mb, ma/mb, list(res[ft].a[i]), list(res[ft].b[i]))
+		}
 	}
 }
 
@@ -141,8 +171,8 @@ type ref struct {
 
 // reference runs pdserve on a fixed prompt with an F32 KV cache: the five
 // most likely next tokens with their probabilities, and 8 greedy tokens.
-func reference(ckpt string, threads int) ref {
-	m, err := llama.Load(ckpt, llama.Options{Threads: threads})
+func reference(path string, threads int) ref {
+	m, err := llama.Load(path, llama.Options{Threads: threads})
 	must(err)
 	defer m.Close()
 	geo := m.Info().Geometry

@@ -2,8 +2,10 @@ package llama_test
 
 import (
 	"context"
+	"flag"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,15 @@ import (
 	"github.com/pdserve/pdserve/internal/model/llama"
 	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
 )
+
+// benchKernels is Options.Kernels for the benchmarks (go test … -args
+// -kernels avx2).
+var benchKernels = flag.String("kernels", llama.KernelsAuto, "benchmarks: matrix kernels ("+strings.Join(llama.KernelChoices, ", ")+")")
+
+// benchModel is the model BenchmarkSmolLM2 loads (go test … -args -model
+// FILE.gguf): a checkpoint directory or a GGUF file of the SmolLM2-135M
+// shape; "" means $PDSERVE_SMOLLM2_DIR or a freshly written checkpoint.
+var benchModel = flag.String("model", "", "BenchmarkSmolLM2: a checkpoint directory or GGUF file of the SmolLM2-135M shape")
 
 // report records tokens per second of wall time, and CPU milliseconds per
 // token (all threads): on a shared machine the second is the steadier one.
@@ -28,21 +39,26 @@ func report(b *testing.B, tokens int, wall, cpu time.Duration) {
 // prompt tokens per second of Forward time). The checkpoint is written once
 // (~270 MB in a temporary directory), or read from $PDSERVE_SMOLLM2_DIR if
 // set (a directory written by llamatest.SmolLM2135M().Write, as the
-// llama.cpp comparison in tools/llamacpp-bench does).
+// llama.cpp comparison in tools/llamacpp-bench does), or -model (a
+// directory or a GGUF file, e.g. one written by pdserve convert gguf);
+// -kernels chooses the kernels.
 //
-//	go test -run '^$' -bench SmolLM2 -benchtime 20x ./internal/model/llama/
+//	go test -run '^$' -bench SmolLM2 -benchtime 20x ./internal/model/llama/ [-args -kernels avx2 -model m.gguf]
 func BenchmarkSmolLM2(b *testing.B) {
 	spec := llamatest.SmolLM2135M()
-	dir := os.Getenv("PDSERVE_SMOLLM2_DIR")
+	dir := *benchModel
+	if dir == "" {
+		dir = os.Getenv("PDSERVE_SMOLLM2_DIR")
+	}
 	if dir == "" {
 		dir = spec.WriteT(b)
 	}
-	m, err := llama.Load(dir, llama.Options{})
+	m, err := llama.Load(dir, llama.Options{Kernels: *benchKernels})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer m.Close()
-	b.Logf("weights %d MB, GOMAXPROCS threads", m.WeightBytes()>>20)
+	b.Logf("weights %d MB, GOMAXPROCS threads, %s kernels", m.WeightBytes()>>20, m.Kernels())
 	const ctxLen = 128
 	rng := rand.New(rand.NewPCG(1, 1))
 	decode := func(b *testing.B, batch int) {

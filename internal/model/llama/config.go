@@ -62,6 +62,18 @@ type Config struct {
 	// TorchDType is torch_dtype as written (informational: each tensor's own
 	// dtype is what counts).
 	TorchDType string
+	// RopeInterleaved: RoPE rotates the pairs (x[2i], x[2i+1]) of a head,
+	// the layout of Meta's checkpoints and of GGUF files of llama.cpp's
+	// llama architecture, rather than Hugging Face's (x[i], x[i+d/2]).
+	RopeInterleaved bool
+	// RopeFactors, if set, divide the RoPE frequencies (headDim/2 values: a
+	// GGUF file's rope_freqs tensor, llama.cpp's form of llama3 scaling).
+	RopeFactors []float64
+	// GGMLNumerics: RMSNorm's scale and the RoPE angles are computed in
+	// float32 the way ggml computes them (see rmsNorm and ropeTableGGML), so
+	// that a GGUF file's activations match llama.cpp's to the last bit more
+	// often; set for GGUF files. Otherwise they are computed in float64.
+	GGMLNumerics bool
 }
 
 // RopeScaling is the rope_scaling object of config.json.

@@ -4,61 +4,171 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
 
 // ExportGGUF writes the checkpoint in dir as a GGUF file for llama.cpp's
-// "llama" architecture, the same weights in dtype dt: F32 (exact for any
-// checkpoint) or the checkpoint's own dtype (the bytes as stored). Norm
-// gains are always F32, as llama.cpp expects. It is for comparisons with
-// llama.cpp (tools/llamacpp-bench); pdserve itself never reads GGUF.
+// "llama" architecture with the same weights in dtype dt: F32 (exact for
+// any checkpoint) or the checkpoint's own dtype (the bytes as stored). It
+// is WriteGGUF with gguf.F32, gguf.BF16 or gguf.F16.
+func ExportGGUF(dir, path string, dt DType) error {
+	t := map[DType]FileType{F32: FileF32, BF16: FileBF16, F16: FileF16}[dt]
+	_, err := WriteGGUF(dir, path, t)
+	return err
+}
+
+// FileType is the element type of a GGUF file's matrices, as llama.cpp's
+// llama_ftype names it ("Q8_0", "Q4_K_M", …).
+type FileType string
+
+// File types WriteGGUF writes.
+const (
+	FileF32   FileType = "F32"
+	FileF16   FileType = "F16"
+	FileBF16  FileType = "BF16"
+	FileQ8_0  FileType = "Q8_0"
+	FileQ4_0  FileType = "Q4_0"
+	FileQ4_KM FileType = "Q4_K_M"
+)
+
+// FileTypes lists the file types WriteGGUF writes.
+var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_KM}
+
+// llamaFtype is general.file_type (llama.cpp's enum llama_ftype).
+var llamaFtype = map[FileType]uint32{FileF32: 0, FileF16: 1, FileBF16: 32, FileQ8_0: 7, FileQ4_0: 2, FileQ4_KM: 15}
+
+// useMoreBits is llama.cpp's rule (llama-quant.cpp) for the layers of a
+// Q4_K_M file whose attn_v and ffn_down get Q6_K: the first and last
+// eighth, and every third between.
+func useMoreBits(i, n int) bool { return i < n/8 || i >= 7*n/8 || (i-n/8)%3 == 2 }
+
+// tensorType is the type of one matrix in a file of type ft, as llama.cpp's
+// llama_tensor_get_type chooses it for Q4_K_M: Q6_K for the classifier
+// (the token embedding when tied) and for attn_v and ffn_down of the
+// useMoreBits layers, Q4_K for the rest; and for every quantized type, a
+// fallback for rows that are not a multiple of the block: Q8_0 for the
+// K-quants (llama.cpp would write Q5_0 for Q4_K, which pdserve does not
+// compute with) and F32 for Q8_0 and Q4_0.
+func tensorType(ft FileType, name string, cols, layer, layers int, classifier bool) gguf.Type {
+	var t gguf.Type
+	switch ft {
+	case FileF32:
+		return gguf.F32
+	case FileF16:
+		return gguf.F16
+	case FileBF16:
+		return gguf.BF16
+	case FileQ8_0:
+		t = gguf.Q8_0
+	case FileQ4_0:
+		t = gguf.Q4_0
+	case FileQ4_KM:
+		t = gguf.Q4_K
+		if classifier || (strings.HasSuffix(name, "attn_v.weight") || strings.HasSuffix(name, "ffn_down.weight")) && useMoreBits(layer, layers) {
+			t = gguf.Q6_K
+		}
+	}
+	if cols%t.BlockSize() != 0 {
+		if t.BlockSize() == 256 && cols%32 == 0 {
+			return gguf.Q8_0
+		}
+		return gguf.F32
+	}
+	return t
+}
+
+// GGUFReport says what WriteGGUF wrote.
+type GGUFReport struct {
+	// Tensors is the number of tensors written.
+	Tensors int
+	// Fallback lists the matrices written in another type because their
+	// rows are not a multiple of the type's block (see tensorType).
+	Fallback []string
+	// Bytes is the size of the file.
+	Bytes int64
+}
+
+// WriteGGUF writes the checkpoint in dir as a GGUF file (version 3) for
+// llama.cpp's "llama" architecture, its matrices of file type ft: F32
+// (exact), F16 or BF16 (exact when the checkpoint has that dtype; otherwise
+// an error), quantized Q8_0 or Q4_0 (QuantizeQ8_0, QuantizeQ4_0: ggml's
+// reference quantizers), or the Q4_K_M mix of Q4_K and Q6_K (QuantizeQ4K,
+// QuantizeQ6K; see tensorType). A matrix whose rows are not a multiple of
+// the block is written in a fallback type and listed in the report: F32
+// for Q8_0 and Q4_0 (llama.cpp's converter writes F16 there, but llama.cpp
+// then rounds that matrix's activations to F16 too, and pdserve does not:
+// with F32 both multiply the same values). Norm gains and biases are
+// always F32, as llama.cpp expects.
 //
 // Tensors get llama.cpp's names (token_embd, blk.N.attn_q, …, output_norm,
 // output when untied). The rows of wq and wk (and their biases) are permuted
 // from Hugging Face's rotate-half RoPE layout back to Meta's interleaved
-// pairs, which llama.cpp's llama architecture rotates: within a head of
-// dimension d, GGUF row 2i+s is checkpoint row s·d/2 + i (s = 0, 1) — the
-// inverse of the permutation transformers' convert_llama_weights_to_hf
-// applies. The vocabulary is a placeholder of vocab_size tokens ("llama"
-// tokenizer model: <unk>, <s>, </s>, the 256 byte tokens, then "▁tN"):
-// comparisons feed token ids, never text.
+// pairs, which llama.cpp's llama architecture rotates (and Load reads back
+// the same way): within a head of dimension d, GGUF row 2i+s is checkpoint
+// row s·d/2 + i (s = 0, 1) — the inverse of the permutation transformers'
+// convert_llama_weights_to_hf applies. The vocabulary is a placeholder of
+// vocab_size tokens (SentencePiece "llama" model: <unk>, <s>, </s>, the 256
+// byte tokens, then "▁tN"): such files are for token-id prompts and
+// comparisons.
 //
-// It returns an error for rope_scaling, which it does not export.
-func ExportGGUF(dir, path string, dt DType) (err error) {
+// It returns an error for rope_scaling, a sliding window and MLP biases,
+// which it does not export, and for an unsupported type.
+func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
+	if _, ok := llamaFtype[ft]; !ok {
+		return rep, fmt.Errorf("llama: WriteGGUF: file type %q is not supported; want one of %v", ft, FileTypes)
+	}
 	m, err := Load(dir, Options{})
 	if err != nil {
-		return err
+		return rep, err
 	}
 	defer func() { err = errors.Join(err, m.Close()) }()
 	cfg := &m.w.cfg
 	if cfg.RopeScaling != nil {
-		return errors.New("llama: ExportGGUF does not export rope_scaling")
+		return rep, errors.New("llama: WriteGGUF does not export rope_scaling")
 	}
 	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions {
-		return errors.New("llama: ExportGGUF does not export a sliding window")
+		return rep, errors.New("llama: WriteGGUF does not export a sliding window")
 	}
 	var tensors []gguf.Tensor
 	var convErr error
+	layer := 0
 	mat := func(name string, t *tensor, permuteHeads int) {
 		rows, cols := t.Rows(), t.Cols()
-		var data []byte
-		var typ gguf.Type
-		switch {
-		case dt == F32:
-			data, typ = F32Bytes(t.Float32()), gguf.F32
-		case dt == t.DType && dt == BF16:
-			data, typ = BF16Bytes(t.Float32()), gguf.BF16 // exact: the values are bf16
-		case dt == t.DType && dt == F16:
-			data, typ = F16Bytes(t.Float32()), gguf.F16
-		default:
-			convErr = fmt.Errorf("llama: cannot export %s weights as %s exactly", safetensorsName(t.DType), safetensorsName(dt))
-			return
-		}
+		vals := F32Bytes(t.Float32())
 		if permuteHeads > 0 {
-			data = permuteRope(data, rows, cols*typ.Size(), permuteHeads)
+			vals = permuteRope(vals, rows, cols*4, permuteHeads)
 		}
-		tensors = append(tensors, gguf.Tensor{Name: name, Type: typ, Dims: []uint64{uint64(cols), uint64(rows)}, Data: data})
+		f := f32View(vals)
+		classifier := name == "output.weight" || name == "token_embd.weight" && cfg.TieEmbeddings
+		tt := tensorType(ft, name, cols, layer, cfg.Layers, classifier)
+		if want := tensorType(ft, name, 256*32, layer, cfg.Layers, classifier); tt != want {
+			rep.Fallback = append(rep.Fallback, name+" ("+tt.String()+")")
+		}
+		var data []byte
+		switch tt {
+		case gguf.F32:
+			data = vals
+		case gguf.BF16, gguf.F16:
+			if t.DType != map[gguf.Type]DType{gguf.BF16: BF16, gguf.F16: F16}[tt] {
+				convErr = fmt.Errorf("llama: cannot export %s weights as %s exactly", safetensorsName(t.DType), tt)
+				return
+			}
+			data = BF16Bytes(f) // exact: the values are bf16
+			if tt == gguf.F16 {
+				data = F16Bytes(f)
+			}
+		case gguf.Q8_0:
+			data = QuantizeQ8_0(f)
+		case gguf.Q4_0:
+			data = QuantizeQ4_0(f)
+		case gguf.Q4_K:
+			data = QuantizeQ4K(f)
+		default: // Q6_K
+			data = QuantizeQ6K(f)
+		}
+		tensors = append(tensors, gguf.Tensor{Name: name, Type: tt, Dims: []uint64{uint64(cols), uint64(rows)}, Data: data})
 	}
 	vec := func(name string, v []float32, permuteHeads int) {
 		if v == nil {
@@ -73,6 +183,7 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 	mat("token_embd.weight", m.w.embed, 0)
 	for i := range m.w.layers {
 		ly := &m.w.layers[i]
+		layer = i
 		p := fmt.Sprintf("blk.%d.", i)
 		vec(p+"attn_norm.weight", ly.attnNorm, 0)
 		mat(p+"attn_q.weight", ly.q, cfg.Heads)
@@ -88,7 +199,7 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 		mat(p+"ffn_up.weight", ly.up, 0)
 		mat(p+"ffn_down.weight", ly.down, 0)
 		if ly.gateB != nil || ly.upB != nil || ly.downB != nil {
-			return errors.New("llama: ExportGGUF does not export MLP biases")
+			return rep, errors.New("llama: WriteGGUF does not export MLP biases")
 		}
 	}
 	vec("output_norm.weight", m.w.norm, 0)
@@ -96,12 +207,13 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 		mat("output.weight", m.w.lmHead, 0)
 	}
 	if convErr != nil {
-		return convErr
+		return rep, convErr
 	}
+	rep.Tensors = len(tensors)
 
 	V := cfg.VocabSize
 	if V < 259 {
-		return fmt.Errorf("llama: ExportGGUF needs a vocabulary of at least 259 tokens, got %d", V)
+		return rep, fmt.Errorf("llama: ExportGGUF needs a vocabulary of at least 259 tokens, got %d", V)
 	}
 	tokens := make([]string, V)
 	scores := make([]float32, V)
@@ -115,7 +227,7 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 	for i := 259; i < V; i++ {
 		tokens[i], types[i], scores[i] = fmt.Sprintf("▁t%d", i), 1, float32(-i)
 	}
-	ftype := map[DType]uint32{F32: 0, F16: 1, BF16: 32}[dt] // LLAMA_FTYPE_ALL_F32, MOSTLY_F16, MOSTLY_BF16
+	ftype := llamaFtype[ft]
 	kvs := []gguf.KV{
 		{Key: "general.architecture", Value: "llama"},
 		{Key: "general.name", Value: m.info.Name},
@@ -143,15 +255,21 @@ func ExportGGUF(dir, path string, dt DType) (err error) {
 		{Key: "tokenizer.ggml.add_bos_token", Value: false},
 		{Key: "tokenizer.ggml.add_eos_token", Value: false},
 	}
+	if ft == FileQ8_0 || ft == FileQ4_0 || ft == FileQ4_KM {
+		kvs = append(kvs, gguf.KV{Key: "general.quantization_version", Value: uint32(2)}) // GGML_QNT_VERSION
+	}
 	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("llama: %w", err)
+		return rep, fmt.Errorf("llama: %w", err)
 	}
 	if err := gguf.Write(f, kvs, tensors); err != nil {
 		_ = f.Close()
-		return err
+		return rep, err
 	}
-	return f.Close()
+	if fi, err := f.Stat(); err == nil {
+		rep.Bytes = fi.Size()
+	}
+	return rep, f.Close()
 }
 
 // permuteRope reorders the rows (rowBytes each) of a [heads·d, …] q or k

@@ -26,7 +26,7 @@ func TestExportGGUF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := gguf.ReadHeader(bytes.NewReader(raw))
+	h, err := gguf.Parse(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,12 +36,12 @@ func TestExportGGUF(t *testing.T) {
 		"llama.feed_forward_length": uint32(96), "llama.rope.freq_base": float32(10000),
 		"tokenizer.ggml.model": "llama",
 	} {
-		if h.KV[k] != want {
-			t.Errorf("%s = %v, want %v", k, h.KV[k], want)
+		if v, _ := h.Value(k); v != want {
+			t.Errorf("%s = %v, want %v", k, v, want)
 		}
 	}
-	if toks := h.KV["tokenizer.ggml.tokens"].([]any); len(toks) != 300 || toks[3] != "<0x00>" {
-		t.Errorf("vocabulary: %d tokens, token 3 %v", len(toks), toks[3])
+	if v, _ := h.Value("tokenizer.ggml.tokens"); len(v.([]string)) != 300 || v.([]string)[3] != "<0x00>" {
+		t.Errorf("vocabulary: %v", v)
 	}
 	byName := map[string]gguf.TensorInfo{}
 	for _, ti := range h.Tensors {

@@ -31,6 +31,8 @@ type buffers struct {
 	last  []int   // index of each sequence's last token [len(seqs)]
 	rows  []int   // sequences that sample [R]
 	scr   []scratch
+	q8    q8Acts  // a linear layer's input quantized for Q8_0/Q4_0 weights
+	q8k   q8KActs // … and for Q4_K/Q6_K weights
 
 	// The step's parallel loops, reused so a Forward allocates nothing
 	// once its buffers have grown.
@@ -216,16 +218,20 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 		}
 		b.last[i] = t - 1
 	}
-	ropeTable(b.cos, b.sin, b.pos, m.invFreq)
+	if cfg.GGMLNumerics {
+		ropeTableGGML(b.cos, b.sin, b.pos, cfg)
+	} else {
+		ropeTable(b.cos, b.sin, b.pos, m.invFreq)
+	}
 
-	ks := kernels
+	ks := m.ks
 	b.attn = attnJob{ks: ks, scr: b.scr, pool: pool, seqs: seqs, q: b.q, att: b.att, pos: b.pos, seqOf: b.seqOf,
 		heads: cfg.Heads, kvH: cfg.KVHeads, d: D}
 	b.tok = tokJob{m: m, pool: pool, seqs: seqs, T: T}
 	defer func() { b.attn, b.tok, b.lin = attnJob{}, tokJob{}, linJob{} }() // drop references to the caller's data
 	lin := func(x []float32, resid []float32, swiglu bool, outs ...linOut) {
 		n := copy(b.outs[:], outs)
-		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: swiglu}
+		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: swiglu, q8: &b.q8, q8k: &b.q8k}
 		linear(tm, &b.lin)
 	}
 	tokGrain := max(1, 256/max(1, H/64)) // tokens per task of the per-token loops
@@ -262,19 +268,19 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	if all {
 		R = T
 		b.sel = grow(b.sel, R*H)
-		rmsNorm(b.sel, b.x, T, H, m.w.norm, eps)
+		rmsNorm(b.sel, b.x, T, H, m.w.norm, eps, cfg.GGMLNumerics)
 	} else {
 		R = len(rows)
 		b.sel = grow(b.sel, R*H)
 		for r, i := range rows {
 			l := b.last[i]
-			rmsNorm(b.sel[r*H:(r+1)*H], b.x[l*H:(l+1)*H], 1, H, m.w.norm, eps)
+			rmsNorm(b.sel[r*H:(r+1)*H], b.x[l*H:(l+1)*H], 1, H, m.w.norm, eps, cfg.GGMLNumerics)
 		}
 	}
 	V := cfg.VocabSize
 	b.lgt = grow(b.lgt, R*V)
 	if R > 0 {
-		b.lin = linJob{ks: ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt})}
+		b.lin = linJob{ks: ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt}), q8: &b.q8, q8k: &b.q8k}
 		linear(tm, &b.lin)
 	}
 	return b.lgt, nil
@@ -305,13 +311,13 @@ func (j *tokJob) run(_, lo, hi int) {
 	ly := &m.w.layers[j.li]
 	switch j.op {
 	case tokAttnNorm:
-		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.attnNorm, cfg.RMSNormEps)
+		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.attnNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
 	case tokMLPNorm:
-		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.mlpNorm, cfg.RMSNormEps)
+		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.mlpNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
 	case tokRopeKV:
 		qDim, kvDim, half := cfg.Heads*D, cfg.KVHeads*D, D/2
-		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half])
-		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half])
+		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
+		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
 		dt := j.pool.Geometry().DType
 		for t := lo; t < hi; t++ {
 			s := &j.seqs[b.seqOf[t]]

@@ -324,3 +324,43 @@ func TestForwardAllocs(t *testing.T) {
 	}
 	t.Logf("%v allocations per decode step", allocs)
 }
+
+// TestKernelsOption loads the same checkpoint with every kernel choice the
+// CPU supports and checks that the model reports the choice and computes
+// bit-identical logits; an unknown choice is refused.
+func TestKernelsOption(t *testing.T) {
+	spec := llamatest.Tiny()
+	spec.DType = llama.BF16
+	dir := spec.WriteT(t)
+	toks := []int32{1, 5, 9, 33, 2, 70, 11, 12, 13, 14, 15, 16, 17}
+	var want []float32
+	for _, k := range llama.KernelChoices {
+		m, err := llama.Load(dir, llama.Options{Kernels: k})
+		if err != nil {
+			if k == llama.KernelsAVX512 || k == llama.KernelsAVX2 {
+				t.Logf("%s: %v", k, err)
+				continue
+			}
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		if k != llama.KernelsAuto && m.Kernels() != k {
+			t.Errorf("Kernels %q: the model uses %q", k, m.Kernels())
+		}
+		p := newPool(t, m, 8, 4)
+		lg, err := m.ForwardLogits(context.Background(), p, []model.SeqInput{{Pages: alloc(t, p, 2), Tokens: toks}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want == nil {
+			want = lg[0]
+			continue
+		}
+		for i := range want {
+			if math.Float32bits(lg[0][i]) != math.Float32bits(want[i]) {
+				t.Fatalf("kernels %s: logit %d = %v, auto %v", k, i, lg[0][i], want[i])
+			}
+		}
+	}
+	wantLoadError(t, dir, llama.Options{Kernels: "sse9"}, `unknown kernels "sse9"`, "auto, avx512, avx2, go")
+}

@@ -60,16 +60,28 @@ func widenBF16(dst []float32, src []uint16) {
 // the T rows of width n (Zhang and Sennrich, "Root Mean Square Layer
 // Normalization", 2019; transformers' LlamaRMSNorm, which also normalises in
 // float32 and applies the gain last). The sum of squares is accumulated in
-// float64. dst may be x.
-func rmsNorm(dst, x []float32, T, n int, g []float32, eps float64) {
+// float64. With ggml set, the scale is computed as ggml's rms_norm does
+// (ggml-cpu ops.cpp): each square rounded to float32 before the float64
+// sum, the mean, mean + eps, its square root and the reciprocal each in
+// float32; otherwise the whole scale in float64, rounded once. dst may be x.
+func rmsNorm(dst, x []float32, T, n int, g []float32, eps float64, ggml bool) {
 	g = g[:n]
 	for t := range T {
 		row := x[t*n : (t+1)*n]
 		var ss float64
-		for _, v := range row {
-			ss += float64(v) * float64(v)
+		var inv float32
+		if ggml {
+			for _, v := range row {
+				ss += float64(float32(v * v))
+			}
+			mean := float32(ss / float64(n))
+			inv = 1 / float32(math.Sqrt(float64(mean+float32(eps))))
+		} else {
+			for _, v := range row {
+				ss += float64(v) * float64(v)
+			}
+			inv = float32(1 / math.Sqrt(ss/float64(n)+eps))
 		}
-		inv := float32(1 / math.Sqrt(ss/float64(n)+eps))
 		d := dst[t*n : (t+1)*n]
 		for i, v := range row {
 			d[i] = g[i] * (v * inv)

@@ -107,28 +107,30 @@ func randTensor(rng *rand.Rand, dt DType, rows, cols int) (*tensor, []float32) {
 func TestRMSNormAndSoftmax(t *testing.T) {
 	x := []float32{1, 2, 3, 4, -1, 0, 0, 1}
 	g := []float32{1, 0.5, 2, 1}
-	dst := make([]float32, 8)
-	rmsNorm(dst, x, 2, 4, g, 1e-6)
 	r0 := math.Sqrt((1 + 4 + 9 + 16) / 4.0)
 	r1 := math.Sqrt(2 / 4.0)
 	want := []float64{1 / r0, 0.5 * 2 / r0, 2 * 3 / r0, 4 / r0, -1 / r1, 0, 0, 1 / r1}
-	for i := range want {
-		if math.Abs(float64(dst[i])-want[i]) > 1e-5 {
-			t.Errorf("rmsNorm[%d] = %v, want %v", i, dst[i], want[i])
+	for _, ggml := range []bool{false, true} {
+		dst := make([]float32, 8)
+		rmsNorm(dst, x, 2, 4, g, 1e-6, ggml)
+		for i := range want {
+			if math.Abs(float64(dst[i])-want[i]) > 1e-5 {
+				t.Errorf("rmsNorm (ggml %v) [%d] = %v, want %v", ggml, i, dst[i], want[i])
+			}
 		}
 	}
 	s := []float32{1, 2, 3, 1000}
-	softmax(kernels, s)
+	softmax(kernelSetFor(2), s)
 	if s[3] != 1 || s[0] > 1e-37 {
 		t.Errorf("softmax with a dominant entry: %v", s)
 	}
 	s = []float32{0, float32(math.Log(3))}
-	softmax(kernels, s)
+	softmax(kernelSetFor(2), s)
 	if math.Abs(float64(s[0])-0.25) > 1e-7 || math.Abs(float64(s[1])-0.75) > 1e-7 {
 		t.Errorf("softmax(0, ln 3) = %v, want 0.25, 0.75", s)
 	}
 	gate, up := []float32{0, 1, -2}, []float32{5, 2, 1}
-	siluMul(kernels, gate, up)
+	siluMul(kernelSetFor(2), gate, up)
 	for i, w := range []float64{0, 2 / (1 + math.Exp(-1)), -2 / (1 + math.Exp(2))} {
 		if math.Abs(float64(gate[i])-w) > 1e-6 {
 			t.Errorf("silu·up[%d] = %v, want %v", i, gate[i], w)

@@ -139,6 +139,13 @@ type linJob struct {
 	resid  []float32
 	swiglu bool
 	first  [4]int // first task of each output; first[len(outs)] = total
+	// q8 receives x quantized for Q8_0 and Q4_0 outputs (nil: allocated
+	// when needed); qj is the loop that fills it.
+	q8 *q8Acts
+	qj quantJob
+	// q8k and qkj are the same for Q4_K and Q6_K outputs (Q8_K).
+	q8k *q8KActs
+	qkj quantKJob
 }
 
 // tasks prepares the job and returns its number of tasks.
@@ -167,12 +174,12 @@ func (j *linJob) run(w, lo, hi int) {
 		rows := o.w.Rows()
 		r0 := (task - j.first[oi]) * blockRows
 		r1 := min(r0+blockRows, rows)
-		matRows(j.ks, sc, o.dst, rows, j.x, j.T, o.w, r0, r1)
+		j.mat(sc, o, r0, r1)
 		addBias(o.dst, rows, j.T, o.bias, r0, r1)
 		switch {
 		case j.swiglu:
 			up := &j.outs[1]
-			matRows(j.ks, sc, up.dst, rows, j.x, j.T, up.w, r0, r1)
+			j.mat(sc, up, r0, r1)
 			addBias(up.dst, rows, j.T, up.bias, r0, r1)
 			for t := range j.T {
 				siluMul(j.ks, o.dst[t*rows+r0:t*rows+r1], up.dst[t*rows+r0:t*rows+r1])
@@ -183,6 +190,19 @@ func (j *linJob) run(w, lo, hi int) {
 			}
 		}
 	}
+}
+
+// mat computes rows [r0, r1) of output o.
+func (j *linJob) mat(sc *scratch, o *linOut, r0, r1 int) {
+	switch {
+	case o.w.quantized() && usesQ8K(o.w.Quant):
+		matRowsK(j.ks, o.dst, o.w.Rows(), j.q8k, j.T, o.w, r0, r1)
+		return
+	case o.w.quantized():
+		matRowsQ(j.ks, sc, o.dst, o.w.Rows(), j.q8, j.T, o.w, r0, r1)
+		return
+	}
+	matRows(j.ks, sc, o.dst, o.w.Rows(), j.x, j.T, o.w, r0, r1)
 }
 
 // addBias adds bias[r] to dst[t·ds + r] for t < T, r0 ≤ r < r1 (nothing if
@@ -199,10 +219,32 @@ func addBias(dst []float32, ds, T int, bias []float32, r0, r1 int) {
 	}
 }
 
-// linear runs j on the team (or inline when it is small).
+// linear runs j on the team (or inline when it is small), first
+// quantizing x if an output has quantized weights.
 func linear(tm *team, j *linJob) {
 	n := j.tasks()
 	in := j.outs[0].w.Cols()
+	var q8, q8k bool
+	for _, o := range j.outs {
+		q8 = q8 || o.w.quantized() && usesQ8(o.w.Quant)
+		q8k = q8k || o.w.quantized() && usesQ8K(o.w.Quant)
+	}
+	if q8 {
+		if j.q8 == nil {
+			j.q8 = new(q8Acts)
+		}
+		j.q8.reset(j.T, in)
+		j.qj = quantJob{a: j.q8, x: j.x}
+		tm.parallelFor(j.T, max(1, 8192/in), &j.qj)
+	}
+	if q8k {
+		if j.q8k == nil {
+			j.q8k = new(q8KActs)
+		}
+		j.q8k.reset(j.T, in)
+		j.qkj = quantKJob{a: j.q8k, x: j.x}
+		tm.parallelFor(j.T, max(1, 8192/in), &j.qkj)
+	}
 	grain := 1
 	if j.T*in*blockRows*n < minParallelFlops {
 		grain = n

@@ -6,10 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
 
 // Options tune Load. The zero value is valid.
@@ -28,6 +30,12 @@ type Options struct {
 	// Threads is the number of goroutines a Forward computes on; 0 means
 	// runtime.GOMAXPROCS(0) at the time of the call.
 	Threads int
+	// Kernels chooses the instruction set of the matrix kernels (see
+	// KernelChoices): "" or KernelsAuto for the widest the CPU has,
+	// KernelsAVX512, KernelsAVX2 (an error if the CPU lacks it) or
+	// KernelsGo. Every choice computes the same bits; the narrower ones are
+	// for benchmarks and for checking that.
+	Kernels string
 	// LoadTokenizer loads the tokenizer of a checkpoint directory that has a
 	// tokenizer.json (cmd/pdserve passes internal/model/tokenizer's Load);
 	// nil, or a directory without tokenizer.json, means no tokenizer
@@ -35,6 +43,12 @@ type Options struct {
 	// method EOS() []int32, those ids join Info.EOS; if it has VocabSize()
 	// int, it must not exceed the model's vocab_size.
 	LoadTokenizer func(dir string) (model.Tokenizer, error)
+	// LoadGGUFTokenizer builds the tokenizer of a GGUF file from its
+	// tokenizer.ggml.* metadata (cmd/pdserve passes
+	// internal/model/tokenizer's FromGGUF); nil, or a file without
+	// tokenizer.ggml.model, means no tokenizer. The same EOS and VocabSize
+	// rules as for LoadTokenizer apply.
+	LoadGGUFTokenizer func(f *gguf.File) (model.Tokenizer, error)
 }
 
 // Model is a Llama-architecture model on the CPU. It implements
@@ -45,7 +59,8 @@ type Model struct {
 	info    model.Info
 	tok     model.Tokenizer
 	threads int
-	invFreq []float64 // RoPE inverse frequencies [headDim/2]
+	ks      *kernelSet // nil: pure Go
+	invFreq []float64  // RoPE inverse frequencies [headDim/2]
 
 	mu     sync.Mutex // serialises Forward and guards the fields below
 	closed bool
@@ -55,11 +70,13 @@ type Model struct {
 
 var _ model.Model = (*Model)(nil)
 
-// Load reads a Hugging Face checkpoint directory: config.json (and
-// generation_config.json if present), the weights in model.safetensors or
-// in shards listed by model.safetensors.index.json (memory-mapped, kept in
-// their dtype: F32, F16 or BF16), and tokenizer.json through
-// opts.LoadTokenizer.
+// Load reads a model: a Hugging Face checkpoint directory, or a GGUF file
+// (see loadGGUF in gguf_load.go).
+//
+// From a directory it reads config.json (and generation_config.json if
+// present), the weights in model.safetensors or in shards listed by
+// model.safetensors.index.json (memory-mapped, kept in their dtype: F32,
+// F16 or BF16), and tokenizer.json through opts.LoadTokenizer.
 //
 // It returns an error, never panics, for: a missing file; an unsupported
 // architecture, activation or rope_scaling; inconsistent sizes in
@@ -67,46 +84,22 @@ var _ model.Model = (*Model)(nil)
 // other than config.json implies, or data past the end of its file (a
 // truncated download); tensors the configuration does not use; invalid
 // options; a tokenizer that fails to load; and a big-endian host.
-func Load(dir string, opts Options) (*Model, error) {
+func Load(path string, opts Options) (*Model, error) {
 	if !isLittleEndian() {
-		return nil, errors.New("llama: this package needs a little-endian CPU (safetensors and KV pages are little-endian)")
+		return nil, errors.New("llama: this package needs a little-endian CPU (safetensors, GGUF and KV pages are little-endian)")
 	}
+	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
+		return loadGGUF(path, opts)
+	}
+	dir := path
 	cfg, rawCfg, err := ReadConfig(dir)
 	if err != nil {
 		return nil, err
 	}
-	if opts.KVDType == 0 {
-		opts.KVDType = kvcache.F32
-	}
-	geo := kvcache.Geometry{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, DType: opts.KVDType}
-	if err := geo.Validate(); err != nil {
-		return nil, fmt.Errorf("llama: %w", err)
-	}
-	ctxLen := cfg.MaxPositions
-	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < ctxLen {
-		ctxLen = cfg.SlidingWindow
-	}
-	switch {
-	case opts.ContextLen < 0:
-		return nil, fmt.Errorf("llama: context length must not be negative, got %d", opts.ContextLen)
-	case opts.ContextLen > ctxLen:
-		return nil, fmt.Errorf("llama: context length %d exceeds the model's %d positions", opts.ContextLen, ctxLen)
-	case opts.ContextLen > 0:
-		ctxLen = opts.ContextLen
-	}
-	if opts.Threads < 0 {
-		return nil, fmt.Errorf("llama: threads must not be negative, got %d", opts.Threads)
-	}
-	name := opts.Name
-	if name == "" {
-		abs, err := filepath.Abs(dir)
-		if err != nil {
-			return nil, fmt.Errorf("llama: %w", err)
-		}
-		name = filepath.Base(abs)
+	if err := checkOptions(&cfg, &opts); err != nil {
+		return nil, err
 	}
 	var tok model.Tokenizer
-	eos := cfg.EOS
 	if opts.LoadTokenizer != nil {
 		tpath := filepath.Join(dir, "tokenizer.json")
 		if _, err := os.Stat(tpath); err == nil {
@@ -114,17 +107,79 @@ func Load(dir string, opts Options) (*Model, error) {
 			if err != nil {
 				return nil, fmt.Errorf("llama: tokenizer: %w", err)
 			}
-			if t != nil {
-				tok = t
-				if e, ok := t.(interface{ EOS() []int32 }); ok {
-					eos = mergeIDs(eos, e.EOS())
-				}
-				if v, ok := t.(interface{ VocabSize() int }); ok && v.VocabSize() > cfg.VocabSize {
-					return nil, fmt.Errorf("llama: the tokenizer has %d tokens, but the model's vocab_size is %d", v.VocabSize(), cfg.VocabSize)
-				}
-			}
+			tok = t
 		} else if !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("llama: %w", err)
+		}
+	}
+	w, err := loadWeights(dir, cfg, rawCfg)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newModel(w, tok, dir, opts)
+	if err != nil {
+		_ = w.release()
+		return nil, err
+	}
+	return m, nil
+}
+
+// checkOptions validates opts against cfg and fills in the defaults.
+func checkOptions(cfg *Config, opts *Options) error {
+	if opts.KVDType == 0 {
+		opts.KVDType = kvcache.F32
+	}
+	geo := kvcache.Geometry{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, DType: opts.KVDType}
+	if err := geo.Validate(); err != nil {
+		return fmt.Errorf("llama: %w", err)
+	}
+	ctxLen := cfg.MaxPositions
+	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < ctxLen {
+		ctxLen = cfg.SlidingWindow
+	}
+	switch {
+	case opts.ContextLen < 0:
+		return fmt.Errorf("llama: context length must not be negative, got %d", opts.ContextLen)
+	case opts.ContextLen > ctxLen:
+		return fmt.Errorf("llama: context length %d exceeds the model's %d positions", opts.ContextLen, ctxLen)
+	case opts.ContextLen == 0:
+		opts.ContextLen = ctxLen
+	}
+	if opts.Threads < 0 {
+		return fmt.Errorf("llama: threads must not be negative, got %d", opts.Threads)
+	}
+	if _, err := chooseKernels(opts.Kernels); err != nil {
+		return err
+	}
+	return nil
+}
+
+// newModel builds the first instance over loaded weights (opts checked by
+// checkOptions). tok may be nil; its EOS ids join the configuration's.
+func newModel(w *weights, tok model.Tokenizer, path string, opts Options) (*Model, error) {
+	cfg := &w.cfg
+	ks, err := chooseKernels(opts.Kernels)
+	if err != nil {
+		return nil, err
+	}
+	name := opts.Name
+	if name == "" {
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return nil, fmt.Errorf("llama: %w", err)
+		}
+		name = filepath.Base(abs)
+		if strings.HasSuffix(strings.ToLower(name), ".gguf") {
+			name = name[:len(name)-len(".gguf")]
+		}
+	}
+	eos := cfg.EOS
+	if tok != nil {
+		if e, ok := tok.(interface{ EOS() []int32 }); ok {
+			eos = mergeIDs(eos, e.EOS())
+		}
+		if v, ok := tok.(interface{ VocabSize() int }); ok && v.VocabSize() > cfg.VocabSize {
+			return nil, fmt.Errorf("llama: the tokenizer has %d tokens, but the model's vocab_size is %d", v.VocabSize(), cfg.VocabSize)
 		}
 	}
 	for _, id := range eos {
@@ -132,20 +187,17 @@ func Load(dir string, opts Options) (*Model, error) {
 			return nil, fmt.Errorf("llama: EOS token id %d is outside the vocabulary [0, %d)", id, cfg.VocabSize)
 		}
 	}
-	w, err := loadWeights(dir, cfg, rawCfg)
-	if err != nil {
-		return nil, err
-	}
-	m := &Model{
+	geo := kvcache.Geometry{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, DType: opts.KVDType}
+	return &Model{
 		w:   w,
 		tok: tok,
-		info: model.Info{Name: name, Geometry: geo, ContextLen: ctxLen, VocabSize: cfg.VocabSize,
+		info: model.Info{Name: name, Geometry: geo, ContextLen: opts.ContextLen, VocabSize: cfg.VocabSize,
 			EOS: eos, Digest: w.digest},
 		threads: opts.Threads,
-		invFreq: ropeInvFreq(&cfg),
+		ks:      ks,
+		invFreq: ropeInvFreq(cfg),
 		caches:  make(map[*kvcache.Pool]*poolCache),
-	}
-	return m, nil
+	}, nil
 }
 
 // Clone returns a new instance over the same weights (shared read-only,
@@ -159,7 +211,7 @@ func (m *Model) Clone() (*Model, error) {
 		return nil, errClosed
 	}
 	m.w.refs.Add(1)
-	return &Model{w: m.w, tok: m.tok, info: m.info, threads: m.threads, invFreq: m.invFreq,
+	return &Model{w: m.w, tok: m.tok, info: m.info, threads: m.threads, ks: m.ks, invFreq: m.invFreq,
 		caches: make(map[*kvcache.Pool]*poolCache)}, nil
 }
 
@@ -193,6 +245,10 @@ func (m *Model) Config() Config { return m.w.cfg }
 // WeightBytes is the size of all tensors in the checkpoint, in bytes: about
 // what one batch-1 decode step reads.
 func (m *Model) WeightBytes() int64 { return m.w.bytes }
+
+// Kernels is the instruction set of the kernels the model computes with:
+// KernelsAVX512, KernelsAVX2 or KernelsGo.
+func (m *Model) Kernels() string { return kernelName(m.ks) }
 
 // Tokenizer returns the tokenizer loaded through Options.LoadTokenizer, or
 // nil (token-id prompts only).

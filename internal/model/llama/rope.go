@@ -27,12 +27,16 @@ import "math"
 // λ < L/high_freq_factor are kept, those with λ > L/low_freq_factor are
 // divided by factor, and the ones between are interpolated with
 // s = (L/λ − low_freq_factor)/(high_freq_factor − low_freq_factor):
-// f' = (1−s)·f/factor + s·f.
+// f' = (1−s)·f/factor + s·f. RopeFactors (a GGUF file's rope_freqs tensor,
+// llama.cpp's form of the llama3 scaling) divide the frequencies.
 func ropeInvFreq(cfg *Config) []float64 {
 	half := cfg.HeadDim / 2
 	inv := make([]float64, half)
 	for i := range inv {
 		inv[i] = 1 / math.Pow(cfg.RopeTheta, float64(2*i)/float64(cfg.HeadDim))
+		if cfg.RopeFactors != nil {
+			inv[i] /= cfg.RopeFactors[i]
+		}
 	}
 	s := cfg.RopeScaling
 	if s == nil {
@@ -75,11 +79,56 @@ func ropeTable(cos, sin []float32, pos []int32, invFreq []float64) {
 	}
 }
 
+// ropeTableGGML fills cos and sin ([len(pos), headDim/2]) as ggml's
+// rope_cache_init does (ggml-cpu ops.cpp) for llama.cpp's models: with
+// s = powf(base, −2/headDim), the angle of pair i at position p is
+// θ_i / factor_i with θ_0 = p and θ_{i+1} = θ_i·s in float32 arithmetic,
+// times 1/linear factor, and cosf and sinf of it (correctly rounded).
+func ropeTableGGML(cos, sin []float32, pos []int32, cfg *Config) {
+	half := cfg.HeadDim / 2
+	scale := float32(math.Pow(float64(float32(cfg.RopeTheta)), float64(float32(-2)/float32(cfg.HeadDim))))
+	freqScale := float32(1)
+	if s := cfg.RopeScaling; s != nil && s.Type == "linear" {
+		freqScale = float32(1 / s.Factor)
+	}
+	for t, p := range pos {
+		theta := float32(p)
+		for i := range half {
+			a := theta
+			if cfg.RopeFactors != nil {
+				a = theta / float32(cfg.RopeFactors[i])
+			}
+			a *= freqScale
+			cos[t*half+i] = float32(math.Cos(float64(a)))
+			sin[t*half+i] = float32(math.Sin(float64(a)))
+			theta *= scale
+		}
+	}
+}
+
 // applyRope rotates every head of x ([T, heads, headDim], row-major) in
 // place by the angles of its token: cos and sin are [T, headDim/2] (see
-// ropeTable).
-func applyRope(x []float32, T, heads, headDim int, cos, sin []float32) {
+// ropeTable). With interleaved, pair i is (x[2i], x[2i+1]) — Meta's layout,
+// and llama.cpp's for its llama architecture (rope_norm in ggml-cpu's
+// ops.cpp) — instead of (x[i], x[i+headDim/2]).
+func applyRope(x []float32, T, heads, headDim int, cos, sin []float32, interleaved bool) {
 	half := headDim / 2
+	if interleaved {
+		for t := range T {
+			c := cos[t*half : (t+1)*half]
+			s := sin[t*half : (t+1)*half]
+			row := x[t*heads*headDim : (t+1)*heads*headDim]
+			for h := range heads {
+				v := row[h*headDim : (h+1)*headDim]
+				for i := range half {
+					a, b := v[2*i], v[2*i+1]
+					v[2*i] = a*c[i] - b*s[i]
+					v[2*i+1] = b*c[i] + a*s[i]
+				}
+			}
+		}
+		return
+	}
 	for t := range T {
 		c := cos[t*half : (t+1)*half]
 		s := sin[t*half : (t+1)*half]

@@ -3,7 +3,9 @@ package llama
 //go:generate go run ./asmgen -s simd_amd64.s -go simd_amd64_gen.go
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"unsafe"
 )
 
@@ -53,6 +55,30 @@ type tileArgs struct {
 	out unsafe.Pointer    // vector v's results at out + v·os: rows in order, float32
 	os  uintptr           // bytes between vectors' results
 	pf  uintptr           // the next rows, prefetched by kernels for few vectors (any address: never dereferenced)
+}
+
+// qtileArgs is the argument block of an integer tile kernel: the
+// canonical quantized dot products (quant.go) of up to 4 Q8_0 or Q4_0
+// weight rows with up to 4 rows of quantized activations (layout fixed by
+// asmgen).
+type qtileArgs struct {
+	w   [4]unsafe.Pointer // weight rows, at their first block
+	x   [4]unsafe.Pointer // activation rows: q8Block arrays
+	nb  uintptr           // blocks per row, > 0
+	out unsafe.Pointer    // token v's results at out + v·os: rows in order, float32
+	os  uintptr           // bytes between tokens' results
+}
+
+// ktileArgs is the argument block of a K-quant kernel: the canonical Q4_K
+// or Q6_K dot products (kquant.go) of one weight row with up to 4 rows of Q8_K
+// activations (layout fixed by asmgen).
+type ktileArgs struct {
+	w   unsafe.Pointer    // the weight row, at its first block
+	x   [4]unsafe.Pointer // activation rows: q8KBlock arrays
+	nb  uintptr           // blocks of 256 per row, > 0
+	out unsafe.Pointer    // token v's result at out + v·os (float32)
+	os  uintptr
+	scr [16]byte // the kernel's scratch: a block's 6-bit scales and mins, unpacked
 }
 
 // pvArgs is the argument block of a weighted-sum kernel: G heads' weights
@@ -110,11 +136,56 @@ type kernelSet struct {
 	// multiples of siluWidth elements.
 	expTail   bool
 	siluWidth int
+	// qisa is the instruction set of the integer tile kernels (qtile) for
+	// Q8_0 and Q4_0 weights, 0 for none (the pure-Go dot products):
+	// isaAVX512 needs VNNI and BW besides; qrows and qvecs are the weight
+	// and activation rows per call.
+	qisa, qrows, qvecs int
+	// kisa is the instruction set of the Q4_K and Q6_K kernels (ktile), 0
+	// for none (pure Go).
+	kisa int
 }
 
-// kernels is the kernel set this process uses, chosen once from the CPU's
-// features (simd_amd64.go); nil means pure Go.
-var kernels = detectKernels()
+// Kernel choices of Options.Kernels.
+const (
+	// KernelsAuto picks the widest instruction set the CPU has.
+	KernelsAuto = "auto"
+	// KernelsAVX512 is the AVX-512 (F and VL) assembly.
+	KernelsAVX512 = "avx512"
+	// KernelsAVX2 is the AVX2 + FMA assembly.
+	KernelsAVX2 = "avx2"
+	// KernelsGo is the pure-Go code.
+	KernelsGo = "go"
+)
+
+// KernelChoices lists the valid values of Options.Kernels.
+var KernelChoices = []string{KernelsAuto, KernelsAVX512, KernelsAVX2, KernelsGo}
+
+// chooseKernels returns the kernel set named by name (see Options.Kernels;
+// "" means auto): nil for the pure-Go code. It returns an error for an
+// unknown name and for an instruction set this CPU (or build) lacks.
+func chooseKernels(name string) (*kernelSet, error) {
+	limit := map[string]int{"": 2, KernelsAuto: 2, KernelsAVX512: 2, KernelsAVX2: 1, KernelsGo: 0}
+	l, ok := limit[name]
+	if !ok {
+		return nil, fmt.Errorf("llama: unknown kernels %q; want one of %s", name, strings.Join(KernelChoices, ", "))
+	}
+	ks := kernelSetFor(l)
+	if name == KernelsAVX512 || name == KernelsAVX2 {
+		if ks == nil || ks.name != name {
+			return nil, fmt.Errorf("llama: kernels %q: this CPU (or build) does not support them; %q picks what it does", name, KernelsAuto)
+		}
+	}
+	return ks, nil
+}
+
+// kernelName is the name of kernel set ks (KernelsGo for nil).
+func kernelName(ks *kernelSet) string {
+	if ks == nil {
+		return KernelsGo
+	}
+	return ks.name
+}
 
 // fma32 returns a·b + c rounded once to float32, as a hardware fused
 // multiply-add does. The product is exact in float64 (24 + 24 bits); the sum

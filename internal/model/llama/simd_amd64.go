@@ -4,25 +4,30 @@ package llama
 
 import "golang.org/x/sys/cpu"
 
-// detectKernels picks the widest instruction set the CPU and OS support:
-// AVX-512 (F and VL; Skylake-SP, Ice Lake, Sapphire Rapids, Zen 4 and
-// later), else AVX2 with FMA (Haswell, Zen and later), else pure Go.
-// PDSERVE_LLAMA_KERNELS=avx2 or =go in the environment caps it (for
-// benchmarks and for checking that every path computes the same bits).
-func detectKernels() *kernelSet { return kernelSetFor(kernelLimitFromEnv()) }
-
-// kernelSetFor returns the widest kernel set the CPU supports within limit
-// (0 pure Go, 1 AVX2, 2 AVX-512).
+// kernelSetFor returns the widest kernel set the CPU and OS support within
+// limit (0 pure Go, 1 AVX2, 2 AVX-512): AVX-512 (F and VL; Skylake-SP, Ice
+// Lake, Sapphire Rapids, Zen 4 and later), else AVX2 with FMA (Haswell, Zen
+// and later), else nil (pure Go). Options.Kernels sets the limit. The
+// integer kernels of Q8_0 and Q4_0 weights use AVX-512 VNNI where the CPU
+// has it (with AVX-512 BW), else AVX2.
 func kernelSetFor(limit int) *kernelSet {
+	avx2 := cpu.X86.HasAVX2 && cpu.X86.HasFMA
 	switch {
 	case limit >= 2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL:
-		return &kernelSet{name: "avx512", isa: isaAVX512, rows: 4, vecs: 6,
+		ks := &kernelSet{name: "avx512", isa: isaAVX512, rows: 4, vecs: 6,
 			tileDT: [4]bool{F32: true, BF16: true, F16: true}, pvDT: [4]bool{F32: true, BF16: true, F16: true},
 			pvChunks: []int{4, 1}, pvMasked: true, anyN: true, expTail: true, siluWidth: 16}
-	case limit >= 1 && cpu.X86.HasAVX2 && cpu.X86.HasFMA:
+		switch {
+		case cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW: // Ice Lake, Sapphire Rapids, Zen 4 and later
+			ks.qisa, ks.qrows, ks.qvecs, ks.kisa = isaAVX512, 4, 4, isaAVX512
+		case avx2: // Skylake-SP: no VNNI
+			ks.qisa, ks.qrows, ks.qvecs = isaAVX2, 2, 2
+		}
+		return ks
+	case limit >= 1 && avx2:
 		return &kernelSet{name: "avx2", isa: isaAVX2, rows: 2, vecs: 3,
 			tileDT: [4]bool{F32: true, BF16: true}, pvDT: [4]bool{F32: true, BF16: true},
-			pvChunks: []int{1}, siluWidth: 8}
+			pvChunks: []int{1}, siluWidth: 8, qisa: isaAVX2, qrows: 2, qvecs: 2}
 	}
 	return nil
 }

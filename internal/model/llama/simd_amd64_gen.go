@@ -454,6 +454,106 @@ func pvBF16AVX2C1G5(a *pvArgs)
 //go:noescape
 func pvBF16AVX2C1G6(a *pvArgs)
 
+// qtileQ8AVX512V1: AVX-512 VNNI, 4 Q8_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX512V1(a *qtileArgs)
+
+// qtileQ8AVX512V2: AVX-512 VNNI, 4 Q8_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX512V2(a *qtileArgs)
+
+// qtileQ8AVX512V3: AVX-512 VNNI, 4 Q8_0 rows × 3 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX512V3(a *qtileArgs)
+
+// qtileQ8AVX512V4: AVX-512 VNNI, 4 Q8_0 rows × 4 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX512V4(a *qtileArgs)
+
+// qtileQ8AVX2V1: AVX2, 2 Q8_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX2V1(a *qtileArgs)
+
+// qtileQ8AVX2V2: AVX2, 2 Q8_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ8AVX2V2(a *qtileArgs)
+
+// qtileQ4AVX512V1: AVX-512 VNNI, 4 Q4_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX512V1(a *qtileArgs)
+
+// qtileQ4AVX512V2: AVX-512 VNNI, 4 Q4_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX512V2(a *qtileArgs)
+
+// qtileQ4AVX512V3: AVX-512 VNNI, 4 Q4_0 rows × 3 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX512V3(a *qtileArgs)
+
+// qtileQ4AVX512V4: AVX-512 VNNI, 4 Q4_0 rows × 4 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX512V4(a *qtileArgs)
+
+// qtileQ4AVX2V1: AVX2, 2 Q4_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX2V1(a *qtileArgs)
+
+// qtileQ4AVX2V2: AVX2, 2 Q4_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ4AVX2V2(a *qtileArgs)
+
+// ktileQ4KAVX512V1: AVX-512 VNNI, one Q4_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX512V1(a *ktileArgs)
+
+// ktileQ4KAVX512V2: AVX-512 VNNI, one Q4_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX512V2(a *ktileArgs)
+
+// ktileQ4KAVX512V3: AVX-512 VNNI, one Q4_K row × 3 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX512V3(a *ktileArgs)
+
+// ktileQ4KAVX512V4: AVX-512 VNNI, one Q4_K row × 4 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX512V4(a *ktileArgs)
+
+// ktileQ6KAVX512V1: AVX-512 VNNI, one Q6_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX512V1(a *ktileArgs)
+
+// ktileQ6KAVX512V2: AVX-512 VNNI, one Q6_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX512V2(a *ktileArgs)
+
+// ktileQ6KAVX512V3: AVX-512 VNNI, one Q6_K row × 3 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX512V3(a *ktileArgs)
+
+// ktileQ6KAVX512V4: AVX-512 VNNI, one Q6_K row × 4 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX512V4(a *ktileArgs)
+
 // expSumAVX512: AVX-512: x[i] = expf(x[i] − m), partial sums by lane
 //
 //go:noescape
@@ -829,6 +929,91 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 		}
 	}
 	panic("llama: no pv kernel")
+}
+
+// qtile calls the integer tile kernel for weight format kind (0 Q8_0, 1
+// Q4_0) and nv activation rows.
+func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
+	switch ks.qisa {
+	case isaAVX512:
+		switch kind {
+		case 0:
+			switch nv {
+			case 1:
+				qtileQ8AVX512V1(a)
+				return
+			case 2:
+				qtileQ8AVX512V2(a)
+				return
+			case 3:
+				qtileQ8AVX512V3(a)
+				return
+			case 4:
+				qtileQ8AVX512V4(a)
+				return
+			}
+		case 1:
+			switch nv {
+			case 1:
+				qtileQ4AVX512V1(a)
+				return
+			case 2:
+				qtileQ4AVX512V2(a)
+				return
+			case 3:
+				qtileQ4AVX512V3(a)
+				return
+			case 4:
+				qtileQ4AVX512V4(a)
+				return
+			}
+		}
+	case isaAVX2:
+		switch kind {
+		case 0:
+			switch nv {
+			case 1:
+				qtileQ8AVX2V1(a)
+				return
+			case 2:
+				qtileQ8AVX2V2(a)
+				return
+			}
+		case 1:
+			switch nv {
+			case 1:
+				qtileQ4AVX2V1(a)
+				return
+			case 2:
+				qtileQ4AVX2V2(a)
+				return
+			}
+		}
+	}
+	panic("llama: no qtile kernel")
+}
+
+// ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K)
+// and nv activation rows.
+func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
+	switch {
+	case kind == 0 && nv == 1:
+		ktileQ4KAVX512V1(a)
+	case kind == 0 && nv == 2:
+		ktileQ4KAVX512V2(a)
+	case kind == 0 && nv == 3:
+		ktileQ4KAVX512V3(a)
+	case kind == 0:
+		ktileQ4KAVX512V4(a)
+	case nv == 1:
+		ktileQ6KAVX512V1(a)
+	case nv == 2:
+		ktileQ6KAVX512V2(a)
+	case nv == 3:
+		ktileQ6KAVX512V3(a)
+	default:
+		ktileQ6KAVX512V4(a)
+	}
 }
 
 // expSum calls the softmax numerator kernel.

@@ -59,10 +59,21 @@ func TestFMA32(t *testing.T) {
 		}
 		check(a, b, c)
 	}
-	for _, c := range [][3]float32{{0, 0, 0}, {-0.0, 1, 0}, {1, float32(math.Inf(1)), 1}, {3e38, 3e38, 0}, {1e-30, 1e-30, 1e-45}} {
-		check(c[0], c[1], c[2])
+	// Signed zeros: the bits must match exactly, the sign included.
+	for _, c := range [][3]float32{{0, 0, 0}, {negZero, 1, 0}, {negZero, 1, negZero}, {1, negZero, negZero}, {negZero, negZero, negZero},
+		{1, float32(math.Inf(1)), 1}, {3e38, 3e38, 0}, {1e-30, 1e-30, 1e-45}} {
+		want := fmaExact(c[0], c[1], c[2])
+		if got := fma32(c[0], c[1], c[2]); math.Float32bits(got) != math.Float32bits(want) {
+			t.Fatalf("fma32(%g, %g, %g) = %g (%#x), want %g (%#x)", c[0], c[1], c[2], got, math.Float32bits(got), want, math.Float32bits(want))
+		}
+	}
+	if math.Float32bits(fma32(negZero, 1, negZero)) != 0x80000000 {
+		t.Fatal("fma32(−0, 1, −0) is not −0")
 	}
 }
+
+// negZero is −0 as a float32 (the Go constant -0.0 is +0).
+var negZero = float32(math.Copysign(0, -1))
 
 // kernelSets returns the assembly kernel sets this CPU runs, widest first.
 func kernelSets(t testing.TB) []*kernelSet {
@@ -415,7 +426,7 @@ func BenchmarkLinear(b *testing.B) {
 				dst := make([]float32, T*1536)
 				tm := startTeam(runtime.GOMAXPROCS(0))
 				defer tm.stop()
-				j := &linJob{ks: kernels, scr: make([]scratch, tm.size())}
+				j := &linJob{ks: kernelSetFor(2), scr: make([]scratch, tm.size())}
 				b.ResetTimer()
 				for range b.N {
 					j.x, j.T, j.outs = x, T, []linOut{{w: w, dst: dst}}
@@ -541,7 +552,7 @@ func BenchmarkStream(b *testing.B) {
 			b.Run(itoaT(in)+"/threads"+itoaT(th), func(b *testing.B) {
 				tm := startTeam(th)
 				defer tm.stop()
-				j := &linJob{ks: kernels, scr: make([]scratch, th), x: x, T: 1, outs: []linOut{{w: w, dst: dst}}}
+				j := &linJob{ks: kernelSetFor(2), scr: make([]scratch, th), x: x, T: 1, outs: []linOut{{w: w, dst: dst}}}
 				b.ResetTimer()
 				for range b.N {
 					linear(tm, j)
@@ -570,7 +581,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 			encodeKV(kvcache.F32, kvSlot(pool, pages, p, 0, kv), randVec(rng, kvH*D))
 		}
 	}
-	j := &attnJob{ks: kernels, scr: make([]scratch, 2), pool: pool, seqs: []model.SeqInput{{Pages: pages}},
+	j := &attnJob{ks: kernelSetFor(2), scr: make([]scratch, 2), pool: pool, seqs: []model.SeqInput{{Pages: pages}},
 		q: randVec(rng, heads*D), att: make([]float32, heads*D), pos: []int32{n - 1}, seqOf: []int32{0}, heads: heads, kvH: kvH, d: D}
 	for _, th := range []int{1, 2} {
 		b.Run("threads"+itoaT(th), func(b *testing.B) {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
 
 // tensor is a weight matrix or vector kept in its stored dtype (usually a
@@ -12,11 +14,27 @@ import (
 // layout [out, in]: row r holds the weights of output r.
 type tensor struct {
 	Name  string
-	DType DType
+	DType DType // float element type, unless quantized (q != nil)
+	// Quant is the block format of a quantized tensor (Q8_0, Q4_0, Q4_K,
+	// Q6_K; see quant.go), when q != nil.
+	Quant gguf.Type
 	// Shape is [rows, cols] for a matrix, [n] for a vector.
-	Shape []int
-	f32   []float32 // the elements when DType is F32
-	u16   []uint16  // the bit patterns when DType is F16 or BF16
+	Shape    []int
+	f32      []float32 // the elements when DType is F32
+	u16      []uint16  // the bit patterns when DType is F16 or BF16
+	q        []byte    // the blocks of a quantized tensor, rows of rowBytes
+	rowBytes int
+}
+
+// quantized reports whether the tensor holds quantized blocks.
+func (t *tensor) quantized() bool { return t.q != nil }
+
+// typeName is the tensor's element type as GGUF names it.
+func (t *tensor) typeName() string {
+	if t.quantized() {
+		return t.Quant.String()
+	}
+	return safetensorsName(t.DType)
 }
 
 // Rows is Shape[0].
@@ -30,6 +48,11 @@ func (t *tensor) Cols() int { return t.Shape[len(t.Shape)-1] }
 // for F32; otherwise it needs room for Cols values.
 func (t *tensor) Row(r int, dst []float32) []float32 {
 	c := t.Cols()
+	if t.quantized() {
+		dst = dst[:c]
+		dequantRow(t.Quant, t.q[r*t.rowBytes:(r+1)*t.rowBytes], dst)
+		return dst
+	}
 	if t.DType == F32 {
 		return t.f32[r*c : (r+1)*c : (r+1)*c]
 	}
@@ -45,6 +68,13 @@ func (t *tensor) Float32() []float32 {
 		n *= d
 	}
 	out := make([]float32, n)
+	if t.quantized() {
+		c := t.Cols()
+		for r := range n / c {
+			t.Row(r, out[r*c:(r+1)*c])
+		}
+		return out
+	}
 	if t.DType == F32 {
 		copy(out, t.f32)
 	} else {
@@ -74,6 +104,23 @@ func newTensor(name string, dt DType, shape []int, raw []byte) (*tensor, error) 
 		return nil, fmt.Errorf("tensor %q: unsupported dtype %s", name, safetensorsName(dt))
 	}
 	return t, nil
+}
+
+// newQuantTensor builds a quantized tensor over raw blocks (a view).
+func newQuantTensor(name string, qt gguf.Type, shape []int, raw []byte) (*tensor, error) {
+	if e, _ := quantBlock(qt); e == 0 {
+		return nil, fmt.Errorf("tensor %q: unsupported type %s", name, qt)
+	}
+	cols := shape[len(shape)-1]
+	rows := 1
+	for _, d := range shape[:len(shape)-1] {
+		rows *= d
+	}
+	rb := int(qt.RowBytes(uint64(cols)))
+	if cols%qt.BlockSize() != 0 || len(raw) != rows*rb {
+		return nil, fmt.Errorf("tensor %q: %s %v needs %d bytes, got %d", name, qt, shape, rows*rb, len(raw))
+	}
+	return &tensor{Name: name, Quant: qt, Shape: append([]int(nil), shape...), q: raw, rowBytes: rb}, nil
 }
 
 // f32View reinterprets little-endian binary32 bytes as []float32, or decodes

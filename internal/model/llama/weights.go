@@ -44,7 +44,9 @@ type weights struct {
 	digest string
 	bytes  int64 // total tensor bytes in the checkpoint
 	files  []*stFile
-	refs   atomic.Int64
+	// ggufRelease unmaps a GGUF file (nil for safetensors checkpoints).
+	ggufRelease func() error
+	refs        atomic.Int64
 }
 
 // release drops one reference and unmaps the files with the last one.
@@ -55,6 +57,9 @@ func (w *weights) release() error {
 	var errs []error
 	for _, f := range w.files {
 		errs = append(errs, f.close())
+	}
+	if w.ggufRelease != nil {
+		errs = append(errs, w.ggufRelease())
 	}
 	return errors.Join(errs...)
 }

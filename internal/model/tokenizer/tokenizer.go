@@ -68,6 +68,7 @@ type Tokenizer struct {
 	norm      normalizer   // nil: none
 	pre       preTokenizer // nil: none
 	model     *bpe
+	spm       *spmModel // a SentencePiece vocabulary (GGUF files) instead of model
 	vocabSize int
 	// idTokens[id] is the token string of id ("" for unused ids).
 	idTokens []string
@@ -272,6 +273,9 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) ([]int32, error) {
 			i += size
 		}
 		return nil, fmt.Errorf("text is not valid UTF-8 (byte %d)", i)
+	}
+	if t.spm != nil {
+		return t.encodeSPM(text, addSpecial), nil
 	}
 	sc := t.pool.Get().(*encodeScratch)
 	defer t.pool.Put(sc)

@@ -45,6 +45,444 @@ const (
 	pvCol = 56 // masked kernels: columns (1–16) of the one chunk
 )
 
+// qtileArgs layout (simd.go): the dot products of 4 Q8_0 or Q4_0 weight
+// rows with up to 4 rows of quantized activations (q8Block arrays).
+const (
+	qtW   = 0  // [4]pointer: weight rows (block 0)
+	qtX   = 32 // [4]pointer: activation rows
+	qtNB  = 64 // blocks per row, > 0
+	qtOut = 72 // results: token v's rows at out + v·os, consecutive float32
+	qtOS  = 80 // bytes between tokens' results
+)
+
+// q8Block layout: quants, negated lane sums, scale ×8.
+const (
+	qbQS    = 0
+	qbLS    = 32
+	qbD8    = 64
+	qbBytes = 96
+)
+
+// qkind is a quantized weight format of the integer tile kernels.
+type qkind struct {
+	name       string // Go-side suffix: Q8 (Q8_0) or Q4 (Q4_0)
+	blockBytes int    // bytes per block of 32 weights
+	shift      int    // lane correction: init = ls << shift = −2^shift·Σx
+}
+
+var (
+	q8_0 = qkind{"Q8", 34, 7}
+	q4_0 = qkind{"Q4", 18, 3}
+)
+
+// qtile512 writes an AVX-512 (VL, BW, VNNI) integer tile kernel: 4 weight
+// rows × V activation rows, one block of 32 at a time in ymm registers, in
+// the canonical order of dotQ8Go (quant.go): per block, the 8 lane sums
+// p_j come from VPDPBUSD of the weights as unsigned bytes (Q8_0: w+128,
+// Q4_0: the nibbles) with the signed activations, starting from the lane
+// correction −2^shift·Σx (ls << shift), so they are the exact Σ w·q; then
+// acc_j = fma(dw·dx, float(p_j), acc_j); the 8 lanes are added as
+// reduce8.
+func (g *gen) qtile512(k qkind, V int) {
+	const R = 4
+	name := fmt.Sprintf("qtile%sAVX512V%d", k.name, V)
+	g.text(name, fmt.Sprintf("AVX-512 VNNI, %d %s_0 rows × %d quantized activation rows", R, k.name, V))
+	g.op("MOVQ a+0(FP), AX")
+	for r := range R {
+		g.op("MOVQ %d(AX), %s", qtW+8*r, wGPR[r])
+	}
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", qtX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", qtNB)
+	g.op("XORQ R13, R13") // weight byte offset
+	g.op("XORQ R14, R14") // activation byte offset
+	acc := func(r, v int) string { return fmt.Sprintf("Y%d", v*R+r) }
+	for v := range V {
+		for r := range R {
+			g.op("VXORPS %s, %s, %s", acc(r, v), acc(r, v), acc(r, v))
+		}
+	}
+	if k == q8_0 {
+		g.op("MOVL $0x80808080, AX")
+	} else {
+		g.op("MOVL $0x0f0f0f0f, AX")
+	}
+	g.op("VPBROADCASTD AX, Y31")
+	loop := name + "_loop"
+	g.label(loop)
+	for v := range V {
+		g.op("VPSLLD $%d, %d(%s)(R14*1), Y%d", k.shift, qbLS, xGPR[v], 24+v)
+	}
+	for r := range R {
+		u, dw := fmt.Sprintf("Y%d", 16+r), fmt.Sprintf("Y%d", 20+r)
+		if k == q8_0 {
+			g.op("VMOVDQU64 2(%s)(R13*1), %s", wGPR[r], u)
+			g.op("VPXORD Y31, %s, %s", u, u)
+		} else {
+			x := "X" + u[1:]
+			g.op("VMOVDQU64 2(%s)(R13*1), %s", wGPR[r], x)
+			g.op("VPSRLW $4, %s, X28", x)
+			g.op("VINSERTI32X4 $1, X28, %s, %s", u, u)
+			g.op("VPANDD Y31, %s, %s", u, u)
+		}
+		g.op("VPBROADCASTW (%s)(R13*1), X%s", wGPR[r], dw[1:])
+		g.op("VCVTPH2PS X%s, %s", dw[1:], dw)
+		for v := range V {
+			g.op("VMOVDQA32 Y%d, Y28", 24+v)
+			g.op("VPDPBUSD %d(%s)(R14*1), %s, Y28", qbQS, xGPR[v], u)
+			g.op("VCVTDQ2PS Y28, Y28")
+			g.op("VMULPS %d(%s)(R14*1), %s, Y29", qbD8, xGPR[v], dw)
+			g.op("VFMADD231PS Y29, Y28, %s", acc(r, v))
+		}
+	}
+	g.op("ADDQ $%d, R13", k.blockBytes)
+	g.op("ADDQ $%d, R14", qbBytes)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.qtileStore(R, V, acc, "X30")
+}
+
+// qtileStore reduces the accumulators (reduce8 order) and stores the
+// results: token v's R rows at out + v·os.
+func (g *gen) qtileStore(R, V int, acc func(r, v int) string, tmp string) {
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), DI", qtOut)
+	g.op("MOVQ %d(AX), SI", qtOS)
+	for v := range V {
+		for r := range R {
+			y := acc(r, v)
+			x := "X" + y[1:]
+			if tmp == "X15" {
+				g.op("VEXTRACTF128 $1, %s, X15", y)
+			} else {
+				g.op("VEXTRACTF32X4 $1, %s, %s", y, tmp)
+			}
+			g.op("VADDPS %s, %s, %s", tmp, x, x) // s4[i] = l[i] + l[i+4]
+			g.op("VMOVHLPS %s, %s, %s", x, x, tmp)
+			g.op("VADDPS %s, %s, %s", tmp, x, x) // s2[i] = s4[i] + s4[i+2]
+			g.op("VMOVSHDUP %s, %s", x, tmp)
+			g.op("VADDSS %s, %s, %s", tmp, x, x) // s2[0] + s2[1]
+			g.op("VMOVSS %s, %d(DI)", x, 4*r)
+		}
+		g.op("ADDQ SI, DI")
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// qtileAVX2 writes the AVX2 integer tile kernel: 2 weight rows × V
+// activation rows, one block at a time, the same canonical result as
+// qtile512. Q8_0 takes ggml's sign trick (|w| as unsigned bytes times x
+// with w's sign, VPMADDUBSW then VPMADDWD with ones; no pair of products
+// exceeds 2·128·127 < 2^15, so nothing saturates); Q4_0 multiplies the
+// nibbles with x and adds the lane correction −8·Σx. The weight scale is
+// widened with F16C (which every AVX2 CPU has).
+func (g *gen) qtileAVX2(k qkind, V int) {
+	const R = 2
+	name := fmt.Sprintf("qtile%sAVX2V%d", k.name, V)
+	g.text(name, fmt.Sprintf("AVX2, %d %s_0 rows × %d quantized activation rows", R, k.name, V))
+	g.op("MOVQ a+0(FP), AX")
+	for r := range R {
+		g.op("MOVQ %d(AX), %s", qtW+8*r, wGPR[r])
+	}
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", qtX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", qtNB)
+	g.op("XORQ R13, R13")
+	g.op("XORQ R14, R14")
+	acc := func(r, v int) string { return fmt.Sprintf("Y%d", v*R+r) }
+	for v := range V {
+		for r := range R {
+			g.op("VXORPS %s, %s, %s", acc(r, v), acc(r, v), acc(r, v))
+		}
+	}
+	g.op("MOVL $0x00010001, AX")
+	g.op("VMOVD AX, X14")
+	g.op("VPBROADCASTD X14, Y14") // int16 ones
+	if k == q4_0 {
+		g.op("MOVL $0x0f0f0f0f, AX")
+		g.op("VMOVD AX, X15")
+		g.op("VPBROADCASTD X15, Y15")
+	}
+	loop := name + "_loop"
+	g.label(loop)
+	// Per token: Q8_0 the quants (Y10+v), Q4_0 the lane correction (Y10+v).
+	for v := range V {
+		if k == q8_0 {
+			g.op("VMOVDQU %d(%s)(R14*1), Y%d", qbQS, xGPR[v], 10+v)
+		} else {
+			g.op("VMOVDQU %d(%s)(R14*1), Y%d", qbLS, xGPR[v], 10+v)
+			g.op("VPSLLD $%d, Y%d, Y%d", k.shift, 10+v, 10+v)
+		}
+	}
+	for r := range R {
+		w, abs, dw := fmt.Sprintf("Y%d", 4+r), fmt.Sprintf("Y%d", 6+r), fmt.Sprintf("Y%d", 8+r)
+		if k == q8_0 {
+			g.op("VMOVDQU 2(%s)(R13*1), %s", wGPR[r], w)
+			g.op("VPSIGNB %s, %s, %s", w, w, abs)
+		} else {
+			x := "X" + w[1:]
+			g.op("VMOVDQU 2(%s)(R13*1), %s", wGPR[r], x)
+			g.op("VPSRLW $4, %s, X12", x)
+			g.op("VINSERTI128 $1, X12, %s, %s", w, w)
+			g.op("VPAND Y15, %s, %s", w, w)
+		}
+		g.op("VPBROADCASTW (%s)(R13*1), X%s", wGPR[r], dw[1:])
+		g.op("VCVTPH2PS X%s, %s", dw[1:], dw)
+		for v := range V {
+			if k == q8_0 {
+				g.op("VPSIGNB %s, Y%d, Y12", w, 10+v)
+				g.op("VPMADDUBSW Y12, %s, Y12", abs)
+				g.op("VPMADDWD Y14, Y12, Y12")
+			} else {
+				g.op("VPMADDUBSW %d(%s)(R14*1), %s, Y12", qbQS, xGPR[v], w)
+				g.op("VPMADDWD Y14, Y12, Y12")
+				g.op("VPADDD Y%d, Y12, Y12", 10+v)
+			}
+			g.op("VCVTDQ2PS Y12, Y12")
+			g.op("VMULPS %d(%s)(R14*1), %s, Y13", qbD8, xGPR[v], dw)
+			g.op("VFMADD231PS Y13, Y12, %s", acc(r, v))
+		}
+	}
+	g.op("ADDQ $%d, R13", k.blockBytes)
+	g.op("ADDQ $%d, R14", qbBytes)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.qtileStore(R, V, acc, "X15")
+}
+
+// ktileArgs layout (simd.go) and q8KBlock offsets (kquant.go).
+const (
+	ktW    = 0
+	ktX    = 8  // [4]pointer
+	ktNB   = 40 // blocks of 256
+	ktOut  = 48
+	ktOS   = 56
+	ktScr  = 64 // [16]byte: sc0…sc7, m0…m7 of the current block
+	kbD    = 0
+	kbQS   = 4
+	kbSSum = 324 // [8]int16
+	kbSize = 340
+)
+
+// ktile512 writes the AVX-512 VNNI Q4_K kernel: one weight row × V Q8_K
+// activation rows, in the canonical order of dotQ4KGo. Per block of 256 it
+// unpacks the 6-bit scales and mins as ggml's utmp code does (in general
+// registers, into the argument block's scratch); per 32 values the 8 lane
+// sums come from VPMADDUBSW (nibbles × quants, pairs in int16: at most
+// 2·15·127) and VPDPWSSD with the scale as int16 pairs, which adds
+// sc·(4 products) to each int32 lane, exactly; then acc = fma(dx·d,
+// float(isum), acc) and, for the mins, accm = fma(−(dx·dmin),
+// float(m·s pairs), accm) through VPMADDWD and VFNMADD231PS.
+func (g *gen) ktile512(V int) {
+	name := fmt.Sprintf("ktileQ4KAVX512V%d", V)
+	g.text(name, fmt.Sprintf("AVX-512 VNNI, one Q4_K row × %d Q8_K activation rows", V))
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), R8", ktW)
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", ktNB)
+	g.op("XORQ R13, R13")
+	g.op("XORQ R14, R14")
+	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }    // Y0–Y3
+	isum := func(v int) string { return fmt.Sprintf("Y%d", 4+v) } // Y4–Y7
+	accm := func(v int) string { return fmt.Sprintf("X%d", 8+v) } // X8–X11
+	for v := range V {
+		g.op("VXORPS %s, %s, %s", acc(v), acc(v), acc(v))
+		g.op("VXORPS %s, %s, %s", accm(v), accm(v), accm(v))
+	}
+	g.op("MOVL $0x0f0f0f0f, R9")
+	g.op("VPBROADCASTD R9, Y31")
+	loop := name + "_loop"
+	g.label(loop)
+	// Scales and mins (ggml's utmp): u0, u1, u2 = scale bytes 0–3, 4–7, 8–11.
+	g.op("MOVL 4(R8)(R13*1), R9")   // u0
+	g.op("MOVL 8(R8)(R13*1), R10")  // u1
+	g.op("MOVL 12(R8)(R13*1), R11") // u2
+	// t0 = u0 & 0x3f3f3f3f
+	g.op("MOVL R9, R15")
+	g.op("ANDL $0x3f3f3f3f, R15")
+	g.op("MOVL R15, %d(AX)", ktScr)
+	// t1 = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4
+	g.op("MOVL R11, R15")
+	g.op("ANDL $0x0f0f0f0f, R15")
+	g.op("SHRL $6, R9")
+	g.op("ANDL $0x03030303, R9")
+	g.op("SHLL $4, R9")
+	g.op("ORL R9, R15")
+	g.op("MOVL R15, %d(AX)", ktScr+4)
+	// t2 = u1 & 0x3f3f3f3f
+	g.op("MOVL R10, R15")
+	g.op("ANDL $0x3f3f3f3f, R15")
+	g.op("MOVL R15, %d(AX)", ktScr+8)
+	// t3 = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4
+	g.op("SHRL $4, R11")
+	g.op("ANDL $0x0f0f0f0f, R11")
+	g.op("SHRL $6, R10")
+	g.op("ANDL $0x03030303, R10")
+	g.op("SHLL $4, R10")
+	g.op("ORL R10, R11")
+	g.op("MOVL R11, %d(AX)", ktScr+12)
+	g.op("VPMOVZXBW %d(AX), X12", ktScr+8) // mins as int16
+	g.op("VPBROADCASTW (R8)(R13*1), X13")
+	g.op("VCVTPH2PS X13, Y13") // d
+	g.op("VPBROADCASTW 2(R8)(R13*1), X14")
+	g.op("VCVTPH2PS X14, X14") // dmin
+	for v := range V {
+		g.op("VPXORD %s, %s, %s", isum(v), isum(v), isum(v))
+	}
+	for jj := range 4 {
+		g.op("VMOVDQU64 %d(R8)(R13*1), Y16", 16+32*jj)
+		g.op("VPSRLW $4, Y16, Y17")
+		g.op("VPANDD Y31, Y16, Y16") // sub-block 2jj
+		g.op("VPANDD Y31, Y17, Y17") // sub-block 2jj+1
+		g.op("MOVBLZX %d(AX), R9", ktScr+2*jj)
+		g.op("VPBROADCASTW R9, Y18")
+		g.op("MOVBLZX %d(AX), R9", ktScr+2*jj+1)
+		g.op("VPBROADCASTW R9, Y19")
+		for v := range V {
+			g.op("VPMADDUBSW %d(%s)(R14*1), Y16, Y20", kbQS+64*jj, xGPR[v])
+			g.op("VPDPWSSD Y20, Y18, %s", isum(v))
+			g.op("VPMADDUBSW %d(%s)(R14*1), Y17, Y21", kbQS+64*jj+32, xGPR[v])
+			g.op("VPDPWSSD Y21, Y19, %s", isum(v))
+		}
+	}
+	for v := range V {
+		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
+		g.op("VBROADCASTSS %d(%s)(R14*1), Y22", kbD, xGPR[v])
+		g.op("VMULPS Y13, Y22, Y23") // dx·d
+		g.op("VFMADD231PS Y23, %s, %s", isum(v), acc(v))
+		g.op("VPMADDWD %d(%s)(R14*1), X12, X24", kbSSum, xGPR[v])
+		g.op("VCVTDQ2PS X24, X24")
+		g.op("VMULPS X14, X22, X25") // dx·dmin
+		g.op("VFNMADD231PS X25, X24, %s", accm(v))
+	}
+	g.op("ADDQ $144, R13")
+	g.op("ADDQ $%d, R14", kbSize)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.op("MOVQ %d(AX), DI", ktOut)
+	g.op("MOVQ %d(AX), SI", ktOS)
+	for v := range V {
+		y, x, m := acc(v), "X"+acc(v)[1:], accm(v)
+		g.op("VEXTRACTF128 $1, %s, X15", y)
+		g.op("VADDPS X15, %s, %s", x, x)
+		g.op("VMOVHLPS %s, %s, X15", x, x)
+		g.op("VADDPS X15, %s, %s", x, x)
+		g.op("VMOVSHDUP %s, X15", x)
+		g.op("VADDSS X15, %s, %s", x, x) // reduce8(acc)
+		g.op("VMOVHLPS %s, %s, X15", m, m)
+		g.op("VADDPS X15, %s, %s", m, m) // [m0+m2, m1+m3]
+		g.op("VMOVSHDUP %s, X15", m)
+		g.op("VADDSS X15, %s, %s", m, m)
+		g.op("VADDSS %s, %s, %s", m, x, x)
+		g.op("VMOVSS %s, (DI)", x)
+		g.op("ADDQ SI, DI")
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
+// ktile6512 writes the AVX-512 VNNI Q6_K kernel: one weight row × V Q8_K
+// activation rows, in the canonical order of dotQ6KGo. Per quarter of 32
+// values the 6-bit quants q are assembled from ql and qh, VPMADDUBSW gives
+// q·x and 32·x in int16 pairs (at most 2·63·127), their difference is the
+// exact (q−32)·x pair sum, and VPDPWSSD with the int8 scales of the two
+// halves (as int16) adds sc·(4 products) to each int32 lane.
+func (g *gen) ktile6512(V int) {
+	name := fmt.Sprintf("ktileQ6KAVX512V%d", V)
+	g.text(name, fmt.Sprintf("AVX-512 VNNI, one Q6_K row × %d Q8_K activation rows", V))
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), R8", ktW)
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", ktNB)
+	g.op("XORQ R13, R13")
+	g.op("XORQ R14, R14")
+	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }
+	isum := func(v int) string { return fmt.Sprintf("Y%d", 4+v) }
+	for v := range V {
+		g.op("VXORPS %s, %s, %s", acc(v), acc(v), acc(v))
+	}
+	g.op("MOVL $0x0f0f0f0f, R9")
+	g.op("VPBROADCASTD R9, Y31")
+	g.op("MOVL $0x03030303, R9")
+	g.op("VPBROADCASTD R9, Y30")
+	g.op("MOVL $0x20202020, R9")
+	g.op("VPBROADCASTD R9, Y29")
+	loop := name + "_loop"
+	g.label(loop)
+	g.op("VPBROADCASTW 208(R8)(R13*1), X13")
+	g.op("VCVTPH2PS X13, Y13") // d
+	for v := range V {
+		g.op("VPXORD %s, %s, %s", isum(v), isum(v), isum(v))
+	}
+	for h := range 2 {
+		g.op("VMOVDQU64 %d(R8)(R13*1), Y16", 64*h)     // ql, quarters 0 and 2
+		g.op("VMOVDQU64 %d(R8)(R13*1), Y17", 64*h+32)  // ql, quarters 1 and 3
+		g.op("VMOVDQU64 %d(R8)(R13*1), Y18", 128+32*h) // qh
+		for q := range 4 {
+			lo := []string{"Y16", "Y17", "Y16", "Y17"}[q]
+			// Y19 = low 4 bits, Y20 = high 2 bits << 4.
+			if q < 2 {
+				g.op("VPANDD Y31, %s, Y19", lo)
+			} else {
+				g.op("VPSRLW $4, %s, Y19", lo)
+				g.op("VPANDD Y31, Y19, Y19")
+			}
+			if q == 0 {
+				g.op("VPANDD Y30, Y18, Y20")
+			} else {
+				g.op("VPSRLW $%d, Y18, Y20", 2*q)
+				g.op("VPANDD Y30, Y20, Y20")
+			}
+			g.op("VPSLLW $4, Y20, Y20")
+			g.op("VPORD Y20, Y19, Y19") // q, 0–63
+			g.op("MOVBQSX %d(R8)(R13*1), R9", 192+8*h+2*q)
+			g.op("VPBROADCASTW R9, X21")
+			g.op("MOVBQSX %d(R8)(R13*1), R10", 192+8*h+2*q+1)
+			g.op("VPBROADCASTW R10, X22")
+			g.op("VINSERTI32X4 $1, X22, Y21, Y21") // scales: lanes 0–3, 4–7
+			for v := range V {
+				off := kbQS + 128*h + 32*q
+				g.op("VPMADDUBSW %d(%s)(R14*1), Y19, Y23", off, xGPR[v])
+				g.op("VPMADDUBSW %d(%s)(R14*1), Y29, Y24", off, xGPR[v])
+				g.op("VPSUBW Y24, Y23, Y23")
+				g.op("VPDPWSSD Y23, Y21, %s", isum(v))
+			}
+		}
+	}
+	for v := range V {
+		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
+		g.op("VBROADCASTSS %d(%s)(R14*1), Y25", kbD, xGPR[v])
+		g.op("VMULPS Y13, Y25, Y26")
+		g.op("VFMADD231PS Y26, %s, %s", isum(v), acc(v))
+	}
+	g.op("ADDQ $210, R13")
+	g.op("ADDQ $%d, R14", kbSize)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.op("MOVQ %d(AX), DI", ktOut)
+	g.op("MOVQ %d(AX), SI", ktOS)
+	for v := range V {
+		y, x := acc(v), "X"+acc(v)[1:]
+		g.op("VEXTRACTF128 $1, %s, X15", y)
+		g.op("VADDPS X15, %s, %s", x, x)
+		g.op("VMOVHLPS %s, %s, X15", x, x)
+		g.op("VADDPS X15, %s, %s", x, x)
+		g.op("VMOVSHDUP %s, X15", x)
+		g.op("VADDSS X15, %s, %s", x, x)
+		g.op("VMOVSS %s, (DI)", x)
+		g.op("ADDQ SI, DI")
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
 // dtype is the element type of the rows a kernel reads.
 type dtype struct {
 	name string // Go-side suffix
@@ -77,6 +515,10 @@ func argType(name string) string {
 	switch {
 	case strings.HasPrefix(name, "tile"):
 		return "tileArgs"
+	case strings.HasPrefix(name, "qtile"):
+		return "qtileArgs"
+	case strings.HasPrefix(name, "ktile"):
+		return "ktileArgs"
 	case strings.HasPrefix(name, "pv"):
 		return "pvArgs"
 	case strings.HasPrefix(name, "exp"):
@@ -783,6 +1225,22 @@ func main() {
 		}
 	}
 
+	for _, k := range []qkind{q8_0, q4_0} {
+		for V := 1; V <= 4; V++ {
+			g.qtile512(k, V)
+		}
+		for V := 1; V <= 2; V++ {
+			g.qtileAVX2(k, V)
+		}
+	}
+
+	for V := 1; V <= 4; V++ {
+		g.ktile512(V)
+	}
+	for V := 1; V <= 4; V++ {
+		g.ktile6512(V)
+	}
+
 	g.expTable()
 	g.expSum512()
 	g.expSum256()
@@ -850,6 +1308,51 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 	t.WriteString("\t\t}\n")
 	pvsw("isaAVX2", 1, []dtype{f32, bf16}, "pv%sAVX2C%dG%d")
 	t.WriteString("\t}\n\tpanic(\"llama: no pv kernel\")\n}\n")
+	t.WriteString(`
+// qtile calls the integer tile kernel for weight format kind (0 Q8_0, 1
+// Q4_0) and nv activation rows.
+func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
+	switch ks.qisa {
+`)
+	for _, isa := range []struct {
+		name string
+		v    int
+	}{{"AVX512", 4}, {"AVX2", 2}} {
+		fmt.Fprintf(&t, "\tcase isa%s:\n\t\tswitch kind {\n", isa.name)
+		for ki, k := range []qkind{q8_0, q4_0} {
+			fmt.Fprintf(&t, "\t\tcase %d:\n\t\t\tswitch nv {\n", ki)
+			for v := 1; v <= isa.v; v++ {
+				fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\tqtile%s%sV%d(a)\n\t\t\t\treturn\n", v, k.name, isa.name, v)
+			}
+			t.WriteString("\t\t\t}\n")
+		}
+		t.WriteString("\t\t}\n")
+	}
+	t.WriteString("\t}\n\tpanic(\"llama: no qtile kernel\")\n}\n")
+	t.WriteString(`
+// ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K)
+// and nv activation rows.
+func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
+	switch {
+	case kind == 0 && nv == 1:
+		ktileQ4KAVX512V1(a)
+	case kind == 0 && nv == 2:
+		ktileQ4KAVX512V2(a)
+	case kind == 0 && nv == 3:
+		ktileQ4KAVX512V3(a)
+	case kind == 0:
+		ktileQ4KAVX512V4(a)
+	case nv == 1:
+		ktileQ6KAVX512V1(a)
+	case nv == 2:
+		ktileQ6KAVX512V2(a)
+	case nv == 3:
+		ktileQ6KAVX512V3(a)
+	default:
+		ktileQ6KAVX512V4(a)
+	}
+}
+`)
 	t.WriteString(`
 // expSum calls the softmax numerator kernel.
 func (ks *kernelSet) expSum(a *expArgs) {

@@ -1,23 +1,27 @@
-// Package gguf writes and reads the header of GGUF files (version 3), the
-// model file format of ggml and llama.cpp: a header of typed metadata
-// key/values and tensor descriptions, then the tensor data, each tensor at
-// an offset aligned to general.alignment (32 bytes by default).
+// Package gguf reads and writes GGUF files (version 3; version 2 is read
+// too), the model file format of ggml and llama.cpp: a header of typed
+// metadata key/values and tensor descriptions, then the tensor data, each
+// tensor at an offset aligned to general.alignment (32 bytes by default).
+// The format is described in ggml's docs/gguf.md; element types and their
+// block layouts are ggml's enum ggml_type (ggml.h) and type_traits
+// (ggml.c).
 //
-// It is the minimal subset pdserve needs to hand its checkpoints to
-// llama.cpp for comparisons (see llama.ExportGGUF): scalar, string and array
-// metadata, and F32, F16 and BF16 tensors. The format is described in
-// ggml's docs/gguf.md.
+// [Parse] reads a whole file held in memory (usually memory-mapped by the
+// caller) and validates everything a reader relies on: magic and version,
+// every count, string and array length against the bytes that remain (so a
+// claim is never allocated before the bytes behind it are known to exist),
+// unknown metadata or tensor types, tensor shapes, and every tensor's data
+// range against the file. Errors name the field. [Write] writes a file.
 //
 // # Concurrency and ownership
 //
-// Functions hold no state; Write reads the tensors' data while it runs and
-// keeps nothing.
+// Functions hold no state. A File's tensors' Data are views into the bytes
+// given to Parse; metadata values are copies.
 package gguf
 
 import (
 	"bufio"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -35,19 +39,85 @@ const Alignment = 32
 // Type is a ggml tensor element type (enum ggml_type).
 type Type uint32
 
-// Tensor element types.
+// Tensor element types (ggml.h). Quantized types store blocks of
+// BlockSize elements in BlockBytes bytes; the layouts of the ones pdserve
+// computes with are in package llama (quant.go).
 const (
-	F32  Type = 0
-	F16  Type = 1
-	BF16 Type = 30
+	F32     Type = 0
+	F16     Type = 1
+	Q4_0    Type = 2
+	Q4_1    Type = 3
+	Q5_0    Type = 6
+	Q5_1    Type = 7
+	Q8_0    Type = 8
+	Q8_1    Type = 9
+	Q2_K    Type = 10
+	Q3_K    Type = 11
+	Q4_K    Type = 12
+	Q5_K    Type = 13
+	Q6_K    Type = 14
+	Q8_K    Type = 15
+	IQ2_XXS Type = 16
+	IQ2_XS  Type = 17
+	IQ3_XXS Type = 18
+	IQ1_S   Type = 19
+	IQ4_NL  Type = 20
+	IQ3_S   Type = 21
+	IQ2_S   Type = 22
+	IQ4_XS  Type = 23
+	I8      Type = 24
+	I16     Type = 25
+	I32     Type = 26
+	I64     Type = 27
+	F64     Type = 28
+	IQ1_M   Type = 29
+	BF16    Type = 30
+	TQ1_0   Type = 34
+	TQ2_0   Type = 35
+	MXFP4   Type = 39
 )
 
-// Size is the size of one element in bytes.
-func (t Type) Size() int {
-	if t == F32 {
-		return 4
+// typeTraits are ggml's type_traits: name, elements per block, bytes per
+// block.
+var typeTraits = map[Type]struct {
+	name         string
+	block, bytes int
+}{
+	F32: {"F32", 1, 4}, F16: {"F16", 1, 2}, Q4_0: {"Q4_0", 32, 18}, Q4_1: {"Q4_1", 32, 20},
+	Q5_0: {"Q5_0", 32, 22}, Q5_1: {"Q5_1", 32, 24}, Q8_0: {"Q8_0", 32, 34}, Q8_1: {"Q8_1", 32, 36},
+	Q2_K: {"Q2_K", 256, 84}, Q3_K: {"Q3_K", 256, 110}, Q4_K: {"Q4_K", 256, 144}, Q5_K: {"Q5_K", 256, 176},
+	Q6_K: {"Q6_K", 256, 210}, Q8_K: {"Q8_K", 256, 292}, IQ2_XXS: {"IQ2_XXS", 256, 66}, IQ2_XS: {"IQ2_XS", 256, 74},
+	IQ3_XXS: {"IQ3_XXS", 256, 98}, IQ1_S: {"IQ1_S", 256, 50}, IQ4_NL: {"IQ4_NL", 32, 18}, IQ3_S: {"IQ3_S", 256, 110},
+	IQ2_S: {"IQ2_S", 256, 82}, IQ4_XS: {"IQ4_XS", 256, 136}, I8: {"I8", 1, 1}, I16: {"I16", 1, 2},
+	I32: {"I32", 1, 4}, I64: {"I64", 1, 8}, F64: {"F64", 1, 8}, IQ1_M: {"IQ1_M", 256, 56},
+	BF16: {"BF16", 1, 2}, TQ1_0: {"TQ1_0", 256, 54}, TQ2_0: {"TQ2_0", 256, 66}, MXFP4: {"MXFP4", 32, 17},
+}
+
+// Known reports whether t is a ggml type this package knows the layout of.
+func (t Type) Known() bool { _, ok := typeTraits[t]; return ok }
+
+// String is ggml's name of the type ("Q8_0"), or "type(N)".
+func (t Type) String() string {
+	if tr, ok := typeTraits[t]; ok {
+		return tr.name
 	}
-	return 2
+	return fmt.Sprintf("type(%d)", uint32(t))
+}
+
+// BlockSize is the number of elements in one block (1 for F32, F16, BF16;
+// 32 for Q8_0 and Q4_0; 256 for the K-quants), 0 for an unknown type.
+func (t Type) BlockSize() int { return typeTraits[t].block }
+
+// BlockBytes is the size of one block in bytes, 0 for an unknown type.
+func (t Type) BlockBytes() int { return typeTraits[t].bytes }
+
+// RowBytes is the size of n elements (a multiple of BlockSize) in bytes.
+func (t Type) RowBytes(n uint64) uint64 {
+	tr := typeTraits[t]
+	if tr.block == 0 {
+		return 0
+	}
+	return n / uint64(tr.block) * uint64(tr.bytes)
 }
 
 // Metadata value types (enum gguf_type).
@@ -67,16 +137,19 @@ const (
 	typeFloat64 = 12
 )
 
-// KV is one metadata entry. Value is one of uint32, int32, uint64, float32,
-// bool, string, []string, []float32 or []int32.
+// KV is one metadata entry. Write takes a Value of uint32, int32, uint64,
+// float32, bool, string, []string, []float32 or []int32. Parse gives
+// uint8, int8, uint16, int16, uint32, int32, uint64, int64, float32,
+// float64, bool or string, and arrays as a slice of those ([]string,
+// []float32, []int32, …).
 type KV struct {
 	Key   string
 	Value any
 }
 
-// Tensor is one tensor. Dims are in ggml order, innermost first: a PyTorch
-// [rows, cols] matrix is Dims {cols, rows}. Data holds the elements,
-// little-endian, innermost dimension contiguous.
+// Tensor is one tensor to write. Dims are in ggml order, innermost first: a
+// PyTorch [rows, cols] matrix is Dims {cols, rows}. Data holds the
+// elements (or blocks), little-endian, innermost dimension contiguous.
 type Tensor struct {
 	Name string
 	Type Type
@@ -93,8 +166,9 @@ func (t *Tensor) elements() uint64 {
 }
 
 // Write writes a GGUF file: the metadata in order, the tensor infos, and the
-// tensors' data aligned to Alignment. It checks that each tensor's data
-// matches its type and dimensions.
+// tensors' data aligned to Alignment. It checks that each tensor's type is
+// known, that its innermost dimension is a multiple of the type's block
+// size, and that its data matches its type and dimensions.
 func Write(w io.Writer, kvs []KV, tensors []Tensor) error {
 	bw := bufio.NewWriterSize(w, 1<<20)
 	e := &encoder{w: bw}
@@ -111,8 +185,11 @@ func Write(w io.Writer, kvs []KV, tensors []Tensor) error {
 	var off uint64
 	for i := range tensors {
 		t := &tensors[i]
-		if uint64(len(t.Data)) != t.elements()*uint64(t.Type.Size()) {
-			return fmt.Errorf("gguf: tensor %s: %d bytes for %v elements of type %d", t.Name, len(t.Data), t.Dims, t.Type)
+		if !t.Type.Known() || len(t.Dims) == 0 || t.Dims[0]%uint64(t.Type.BlockSize()) != 0 {
+			return fmt.Errorf("gguf: tensor %s: type %s cannot hold dimensions %v", t.Name, t.Type, t.Dims)
+		}
+		if want := t.Type.RowBytes(t.elements()); uint64(len(t.Data)) != want {
+			return fmt.Errorf("gguf: tensor %s: %d bytes for %v elements of type %s (want %d)", t.Name, len(t.Data), t.Dims, t.Type, want)
 		}
 		e.str(t.Name)
 		e.u32(uint32(len(t.Dims)))
@@ -121,7 +198,7 @@ func Write(w io.Writer, kvs []KV, tensors []Tensor) error {
 		}
 		e.u32(uint32(t.Type))
 		e.u64(off)
-		off = align(off + uint64(len(t.Data)))
+		off = align(off+uint64(len(t.Data)), Alignment)
 	}
 	e.pad()
 	for i := range tensors {
@@ -134,7 +211,7 @@ func Write(w io.Writer, kvs []KV, tensors []Tensor) error {
 	return bw.Flush()
 }
 
-func align(n uint64) uint64 { return (n + Alignment - 1) / Alignment * Alignment }
+func align(n, a uint64) uint64 { return (n + a - 1) / a * a }
 
 type encoder struct {
 	w   *bufio.Writer
@@ -154,7 +231,7 @@ func (e *encoder) write(b []byte) {
 func (e *encoder) u32(v uint32) { e.write(binary.LittleEndian.AppendUint32(nil, v)) }
 func (e *encoder) u64(v uint64) { e.write(binary.LittleEndian.AppendUint64(nil, v)) }
 func (e *encoder) str(s string) { e.u64(uint64(len(s))); e.write([]byte(s)) }
-func (e *encoder) pad()         { e.write(make([]byte, align(e.n)-e.n)) }
+func (e *encoder) pad()         { e.write(make([]byte, align(e.n, Alignment)-e.n)) }
 
 func (e *encoder) value(v any) error {
 	switch v := v.(type) {
@@ -204,148 +281,5 @@ func (e *encoder) value(v any) error {
 	default:
 		return fmt.Errorf("unsupported metadata value %T", v)
 	}
-	return nil
-}
-
-// TensorInfo describes a tensor in a file read by ReadHeader.
-type TensorInfo struct {
-	Name   string
-	Type   Type
-	Dims   []uint64
-	Offset uint64 // from the start of the file
-}
-
-// Header is what ReadHeader returns: the metadata (arrays as []any of their
-// elements' Go values) and the tensors.
-type Header struct {
-	Version uint32
-	KV      map[string]any
-	Keys    []string // in file order
-	Tensors []TensorInfo
-}
-
-// ReadHeader parses a GGUF file's header (any version ≥ 2, little-endian).
-func ReadHeader(r io.Reader) (*Header, error) {
-	d := &decoder{r: bufio.NewReader(r)}
-	if m := d.u32(); d.err == nil && m != Magic {
-		return nil, fmt.Errorf("gguf: bad magic %#x", m)
-	}
-	h := &Header{Version: d.u32(), KV: map[string]any{}}
-	nt, nkv := d.u64(), d.u64()
-	if d.err != nil {
-		return nil, d.err
-	}
-	if h.Version < 2 || nkv > 1<<20 || nt > 1<<20 {
-		return nil, fmt.Errorf("gguf: unsupported version %d or counts %d, %d", h.Version, nkv, nt)
-	}
-	for range nkv {
-		k := d.str()
-		v := d.value(d.u32())
-		if d.err != nil {
-			return nil, d.err
-		}
-		h.KV[k] = v
-		h.Keys = append(h.Keys, k)
-	}
-	alignment := uint64(Alignment)
-	if a, ok := h.KV["general.alignment"].(uint32); ok && a > 0 {
-		alignment = uint64(a)
-	}
-	for range nt {
-		ti := TensorInfo{Name: d.str()}
-		nd := d.u32()
-		if nd > 8 {
-			return nil, fmt.Errorf("gguf: tensor %q has %d dimensions", ti.Name, nd)
-		}
-		for range nd {
-			ti.Dims = append(ti.Dims, d.u64())
-		}
-		ti.Type = Type(d.u32())
-		ti.Offset = d.u64()
-		h.Tensors = append(h.Tensors, ti)
-	}
-	if d.err != nil {
-		return nil, d.err
-	}
-	start := (d.n + alignment - 1) / alignment * alignment
-	for i := range h.Tensors {
-		h.Tensors[i].Offset += start
-	}
-	return h, nil
-}
-
-type decoder struct {
-	r   *bufio.Reader
-	n   uint64
-	err error
-}
-
-func (d *decoder) read(n int) []byte {
-	if d.err != nil {
-		return make([]byte, n)
-	}
-	b := make([]byte, n)
-	_, d.err = io.ReadFull(d.r, b)
-	d.n += uint64(n)
-	return b
-}
-
-func (d *decoder) u32() uint32 { return binary.LittleEndian.Uint32(d.read(4)) }
-func (d *decoder) u64() uint64 { return binary.LittleEndian.Uint64(d.read(8)) }
-
-func (d *decoder) str() string {
-	n := d.u64()
-	if n > 1<<24 {
-		d.err = errors.Join(d.err, fmt.Errorf("gguf: string of %d bytes", n))
-		return ""
-	}
-	return string(d.read(int(n)))
-}
-
-func (d *decoder) value(t uint32) any {
-	switch t {
-	case typeUint8, typeInt8, typeBool:
-		b := d.read(1)[0]
-		switch t {
-		case typeBool:
-			return b != 0
-		case typeInt8:
-			return int8(b)
-		}
-		return b
-	case typeUint16:
-		return binary.LittleEndian.Uint16(d.read(2))
-	case typeInt16:
-		return int16(binary.LittleEndian.Uint16(d.read(2)))
-	case typeUint32:
-		return d.u32()
-	case typeInt32:
-		return int32(d.u32())
-	case typeFloat32:
-		return math.Float32frombits(d.u32())
-	case typeUint64:
-		return d.u64()
-	case typeInt64:
-		return int64(d.u64())
-	case typeFloat64:
-		return math.Float64frombits(d.u64())
-	case typeString:
-		return d.str()
-	case typeArray:
-		et, n := d.u32(), d.u64()
-		if n > 1<<24 || et == typeArray {
-			d.err = errors.Join(d.err, fmt.Errorf("gguf: array of %d elements of type %d", n, et))
-			return nil
-		}
-		out := make([]any, 0, n)
-		for range n {
-			if d.err != nil {
-				break
-			}
-			out = append(out, d.value(et))
-		}
-		return out
-	}
-	d.err = errors.Join(d.err, fmt.Errorf("gguf: unknown value type %d", t))
 	return nil
 }

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
+)
+
+// TestLlamaKernelsFlag checks that --llama-kernels (or PDSERVE_LLAMA_KERNELS)
+// reaches the model, and that a bad value is a usage error.
+func TestLlamaKernelsFlag(t *testing.T) {
+	dir := llamatest.Tiny().WriteT(t)
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	var mf modelFlags
+	mf.add(fs)
+	if err := fs.Parse([]string{"--model", dir}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyEnv(fs, env(map[string]string{"PDSERVE_LLAMA_KERNELS": "go"})); err != nil {
+		t.Fatal(err)
+	}
+	newModel, err := mf.factory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := newModel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lm := m.(*llama.Model)
+	defer lm.Close()
+	if k := lm.Kernels(); k != llama.KernelsGo {
+		t.Fatalf("PDSERVE_LLAMA_KERNELS=go: the model uses %q kernels", k)
+	}
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+	}{
+		{nil, []string{"serve", "--model", dir, "--llama-kernels", "sse9"}},
+		{map[string]string{"PDSERVE_LLAMA_KERNELS": "sse9"}, []string{"serve", "--model", dir}},
+	} {
+		code, out, errOut := runArgs(t, tc.env, tc.args...)
+		if code != 2 || !strings.Contains(errOut, `--llama-kernels "sse9"`) {
+			t.Errorf("%v %v: exit %d, output %q %q; want a usage error naming --llama-kernels", tc.env, tc.args, code, out, errOut)
+		}
+	}
+}
+
+// TestConvertAndServeGGUF converts a checkpoint with `pdserve convert gguf`
+// and serves the file with `pdserve serve --model FILE.gguf`.
+func TestConvertAndServeGGUF(t *testing.T) {
+	spec := llamatest.Tiny()
+	spec.Vocab = 300
+	dir := spec.WriteT(t)
+	out := filepath.Join(t.TempDir(), "tiny-q4_0.gguf")
+	code, stdout, stderr := runArgs(t, nil, "convert", "gguf", dir, out, "--type", "q4_0")
+	if code != 0 || !strings.Contains(stdout, "Q4_0") {
+		t.Fatalf("convert: exit %d, %q %q", code, stdout, stderr)
+	}
+	if code, _, stderr := runArgs(t, nil, "convert", "gguf", dir, out, "--type", "q3"); code != 2 || !strings.Contains(stderr, `--type "q3"`) {
+		t.Fatalf("convert --type q3: exit %d, %q", code, stderr)
+	}
+	code, stdout, stderr = runArgs(t, nil, "serve", "--model", out, "--port", "0", "--kv-cache-memory", "16MiB")
+	if code != 0 || !strings.Contains(stdout, "ready") {
+		t.Fatalf("serve: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.gguf")
+	if err := os.WriteFile(bad, []byte("GGUF\x03\x00\x00\x00"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := runArgs(t, nil, "serve", "--model", bad, "--port", "0"); code != 1 || !strings.Contains(stderr, "truncated") {
+		t.Fatalf("serve a truncated file: exit %d, %q", code, stderr)
+	}
+}

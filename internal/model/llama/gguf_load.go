@@ -1,0 +1,405 @@
+package llama
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
+)
+
+// GGUF architectures (general.architecture) and the Hugging Face
+// architecture each stands for. llama.cpp's llama architecture (which its
+// converter also uses for Mistral) stores q and k in Meta's interleaved
+// RoPE layout; qwen2 keeps Hugging Face's rotate-half layout (llama.cpp's
+// LLAMA_ROPE_TYPE_NORM and LLAMA_ROPE_TYPE_NEOX, llama-model.cpp).
+var ggufArchs = map[string]struct {
+	hf          string
+	interleaved bool
+}{
+	"llama":   {archLlama, true},
+	"mistral": {archMistral, true},
+	"qwen2":   {archQwen2, false},
+}
+
+// ggufMatrixTypes are the tensor types a GGUF model's matrices may have.
+var ggufMatrixTypes = []gguf.Type{gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_0, gguf.Q4_K, gguf.Q6_K}
+
+// ggufConfig reads the model configuration from a GGUF file's metadata,
+// with llama.cpp's key names (llama-arch.cpp, LLM_KV_*) under the
+// architecture's prefix: block_count, embedding_length,
+// feed_forward_length, context_length, attention.head_count,
+// attention.head_count_kv (default head_count),
+// attention.layer_norm_rms_epsilon, rope.freq_base (default 10000),
+// rope.dimension_count and attention.key_length / value_length (each, if
+// present, must be the head dimension), rope.scaling.type ("none" or
+// "linear", with rope.scaling.factor) and, for mistral,
+// attention.sliding_window. vocab_size is {arch}.vocab_size, else the
+// length of tokenizer.ggml.tokens, else the rows of token_embd.weight. BOS
+// and EOS are tokenizer.ggml.bos_token_id and eos_token_id (with eot and
+// eom). Errors name the key.
+func ggufConfig(f *gguf.File) (Config, error) {
+	arch, ok, err := f.String("general.architecture")
+	if err != nil {
+		return Config{}, err
+	}
+	if !ok {
+		return Config{}, errors.New("no general.architecture")
+	}
+	a, ok := ggufArchs[arch]
+	if !ok {
+		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral or qwen2", arch)
+	}
+	c := Config{Architecture: a.hf, RopeInterleaved: a.interleaved, GGMLNumerics: true, BOS: -1, RMSNormEps: 1e-5, RopeTheta: 10000}
+	var errs []error
+	num := func(key string, required bool, max uint64) int {
+		v, ok, err := f.Uint(arch + "." + key)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !ok && required:
+			errs = append(errs, fmt.Errorf("no %s.%s", arch, key))
+		case ok && (v == 0 || v > max):
+			errs = append(errs, fmt.Errorf("%s.%s is %d, want 1 to %d", arch, key, v, max))
+		}
+		return int(v)
+	}
+	const big = 1 << 24
+	c.Layers = num("block_count", true, 4096)
+	c.HiddenSize = num("embedding_length", true, big)
+	c.IntermediateSize = num("feed_forward_length", true, big)
+	c.MaxPositions = num("context_length", true, 1<<30)
+	c.Heads = num("attention.head_count", true, 4096)
+	c.KVHeads = num("attention.head_count_kv", false, 4096)
+	keyLen := num("attention.key_length", false, big)
+	valLen := num("attention.value_length", false, big)
+	ropeDim := num("rope.dimension_count", false, big)
+	window := 0
+	if arch == "mistral" {
+		window = num("attention.sliding_window", false, 1<<30)
+	}
+	if len(errs) > 0 {
+		return Config{}, errors.Join(errs...)
+	}
+	if c.KVHeads == 0 {
+		c.KVHeads = c.Heads
+	}
+	if eps, ok, err := f.Float(arch + ".attention.layer_norm_rms_epsilon"); err != nil {
+		return Config{}, err
+	} else if !ok {
+		return Config{}, fmt.Errorf("no %s.attention.layer_norm_rms_epsilon", arch)
+	} else if !(eps > 0) || eps > 1 {
+		return Config{}, fmt.Errorf("%s.attention.layer_norm_rms_epsilon is %v, want a small positive number", arch, eps)
+	} else {
+		c.RMSNormEps = eps
+	}
+	if th, ok, err := f.Float(arch + ".rope.freq_base"); err != nil {
+		return Config{}, err
+	} else if ok {
+		if !(th > 0) || math.IsInf(th, 0) {
+			return Config{}, fmt.Errorf("%s.rope.freq_base is %v, want a positive number", arch, th)
+		}
+		c.RopeTheta = th
+	}
+	if c.HiddenSize%c.Heads != 0 && keyLen == 0 {
+		return Config{}, fmt.Errorf("%s.embedding_length %d is not a multiple of %s.attention.head_count %d (and there is no attention.key_length)",
+			arch, c.HiddenSize, arch, c.Heads)
+	}
+	c.HeadDim = c.HiddenSize / c.Heads
+	if keyLen != 0 {
+		c.HeadDim = keyLen
+	}
+	if valLen != 0 && valLen != c.HeadDim {
+		return Config{}, fmt.Errorf("%s.attention.value_length %d differs from the key length %d; not supported", arch, valLen, c.HeadDim)
+	}
+	if ropeDim != 0 && ropeDim != c.HeadDim {
+		return Config{}, fmt.Errorf("%s.rope.dimension_count %d is not the head dimension %d (partial rotary embeddings are not supported)", arch, ropeDim, c.HeadDim)
+	}
+	if c.HeadDim%2 != 0 {
+		return Config{}, fmt.Errorf("the head dimension %d is odd (RoPE rotates pairs)", c.HeadDim)
+	}
+	if c.Heads%c.KVHeads != 0 {
+		return Config{}, fmt.Errorf("%s.attention.head_count %d is not a multiple of %s.attention.head_count_kv %d", arch, c.Heads, arch, c.KVHeads)
+	}
+	if typ, ok, err := f.String(arch + ".rope.scaling.type"); err != nil {
+		return Config{}, err
+	} else if ok && typ != "none" {
+		if typ != "linear" {
+			return Config{}, fmt.Errorf("%s.rope.scaling.type %q is not supported; want none or linear", arch, typ)
+		}
+		factor, _, err := f.Float(arch + ".rope.scaling.factor")
+		if err != nil {
+			return Config{}, err
+		}
+		if !(factor > 0) {
+			return Config{}, fmt.Errorf("%s.rope.scaling.factor is %v, want a positive number", arch, factor)
+		}
+		c.RopeScaling = &RopeScaling{Type: "linear", Factor: factor}
+	}
+	c.SlidingWindow = window
+	if v, ok, err := f.Uint(arch + ".vocab_size"); err != nil {
+		return Config{}, err
+	} else if ok {
+		c.VocabSize = int(min(v, math.MaxInt32))
+	} else if toks, ok := f.Value("tokenizer.ggml.tokens"); ok {
+		if s, isStrs := toks.([]string); isStrs {
+			c.VocabSize = len(s)
+		}
+	}
+	if c.VocabSize == 0 {
+		if t, ok := f.Tensor("token_embd.weight"); ok && len(t.Dims) == 2 {
+			c.VocabSize = int(min(t.Dims[1], math.MaxInt32))
+		}
+	}
+	if c.VocabSize <= 0 {
+		return Config{}, fmt.Errorf("no vocabulary size: no %s.vocab_size, tokenizer.ggml.tokens or token_embd.weight", arch)
+	}
+	if v, ok, err := f.Uint("tokenizer.ggml.bos_token_id"); err != nil {
+		return Config{}, err
+	} else if ok {
+		c.BOS = int32(min(v, math.MaxInt32))
+	}
+	for _, k := range []string{"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"} {
+		v, ok, err := f.Uint(k)
+		if err != nil {
+			return Config{}, err
+		}
+		if ok {
+			if v >= uint64(c.VocabSize) {
+				return Config{}, fmt.Errorf("%s %d is outside the vocabulary [0, %d)", k, v, c.VocabSize)
+			}
+			c.EOS = mergeIDs(c.EOS, []int32{int32(v)})
+		}
+	}
+	if c.BOS >= int32(c.VocabSize) {
+		return Config{}, fmt.Errorf("tokenizer.ggml.bos_token_id %d is outside the vocabulary [0, %d)", c.BOS, c.VocabSize)
+	}
+	return c, nil
+}
+
+// loadGGUF loads a GGUF file (version 2 or 3), memory-mapped: the
+// configuration from its metadata (ggufConfig), the tokenizer through
+// opts.LoadGGUFTokenizer (from tokenizer.ggml.*; none if that is nil or
+// the file has no tokenizer.ggml.model), and the tensors with llama.cpp's
+// names: token_embd, output_norm, output (absent: tied to token_embd),
+// rope_freqs (optional), and blk.N.{attn_norm, attn_q, attn_k, attn_v,
+// attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down} with attn_q/k/v
+// biases for qwen2 (and optionally for llama). Matrices may be F32, F16,
+// BF16, Q8_0, Q4_0, Q4_K or Q6_K; norms and biases F32, F16 or BF16.
+//
+// It returns an error, never panics, for a file that gguf.Parse refuses
+// (truncated, wrong magic or version, bad counts, types, shapes or data
+// ranges), an unsupported architecture or configuration, a missing tensor,
+// a tensor of an unsupported type or of a shape other than the
+// configuration implies, and tensors the configuration does not use.
+func loadGGUF(path string, opts Options) (_ *Model, err error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
+	}
+	defer fh.Close()
+	fi, err := fh.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
+	}
+	data, release, err := mapFile(fh, fi.Size())
+	if err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
+	}
+	w := &weights{ggufRelease: release}
+	w.refs.Store(1)
+	defer func() {
+		if err != nil {
+			_ = w.release()
+		}
+	}()
+	f, err := gguf.Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("llama: %s: %w", path, err)
+	}
+	cfg, err := ggufConfig(f)
+	if err != nil {
+		return nil, fmt.Errorf("llama: %s: %w", path, err)
+	}
+	w.cfg = cfg
+	if err := checkOptions(&w.cfg, &opts); err != nil {
+		return nil, err
+	}
+	var tok model.Tokenizer
+	if _, has := f.Value("tokenizer.ggml.model"); has && opts.LoadGGUFTokenizer != nil {
+		t, err := opts.LoadGGUFTokenizer(f)
+		if err != nil {
+			return nil, fmt.Errorf("llama: %s: tokenizer: %w", path, err)
+		}
+		tok = t
+	}
+	if err := w.fromGGUF(f); err != nil {
+		return nil, fmt.Errorf("llama: %s: %w", path, err)
+	}
+	w.digest = ggufDigest(data, f)
+	return newModel(w, tok, path, opts)
+}
+
+// fromGGUF fills w's tensors from f (w.cfg set).
+func (w *weights) fromGGUF(f *gguf.File) error {
+	cfg := &w.cfg
+	used := map[string]bool{}
+	get := func(name string, matrix bool, shape ...int) (*tensor, error) {
+		ti, ok := f.Tensor(name)
+		if !ok {
+			return nil, fmt.Errorf("tensor %q %w in the file", name, errNotFound)
+		}
+		used[name] = true
+		// GGUF dimensions are innermost first.
+		dims := make([]int, len(ti.Dims))
+		for i, d := range ti.Dims {
+			dims[len(dims)-1-i] = int(d)
+		}
+		if !equalShape(dims, shape) {
+			return nil, fmt.Errorf("tensor %q has shape %v, but the metadata implies %v", name, dims, shape)
+		}
+		switch ti.Type {
+		case gguf.F32:
+			return newTensor(name, F32, shape, ti.Data)
+		case gguf.F16:
+			return newTensor(name, F16, shape, ti.Data)
+		case gguf.BF16:
+			return newTensor(name, BF16, shape, ti.Data)
+		}
+		if matrix {
+			if e, _ := quantBlock(ti.Type); e != 0 {
+				return newQuantTensor(name, ti.Type, shape, ti.Data)
+			}
+		}
+		want := "F32, F16 or BF16"
+		if matrix {
+			var names []string
+			for _, t := range ggufMatrixTypes {
+				names = append(names, t.String())
+			}
+			want = strings.Join(names, ", ")
+		}
+		return nil, fmt.Errorf("tensor %q has type %s, which pdserve does not compute with (want %s)", name, ti.Type, want)
+	}
+	vec := func(name string, n int, optional bool) ([]float32, error) {
+		if _, ok := f.Tensor(name); !ok && optional {
+			return nil, nil
+		}
+		t, err := get(name, false, n)
+		if err != nil {
+			return nil, err
+		}
+		return t.Float32(), nil
+	}
+	H, D, I := cfg.HiddenSize, cfg.HeadDim, cfg.IntermediateSize
+	qDim, kvDim := cfg.Heads*D, cfg.KVHeads*D
+	var err error
+	if w.embed, err = get("token_embd.weight", true, cfg.VocabSize, H); err != nil {
+		return err
+	}
+	if w.norm, err = vec("output_norm.weight", H, false); err != nil {
+		return err
+	}
+	if _, ok := f.Tensor("output.weight"); ok {
+		if w.lmHead, err = get("output.weight", true, cfg.VocabSize, H); err != nil {
+			return err
+		}
+	} else {
+		cfg.TieEmbeddings = true
+		w.lmHead = w.embed
+	}
+	if rf, err := vec("rope_freqs.weight", D/2, true); err != nil {
+		return err
+	} else if rf != nil {
+		cfg.RopeFactors = make([]float64, len(rf))
+		for i, v := range rf {
+			if !(v > 0) {
+				return fmt.Errorf("tensor \"rope_freqs.weight\" holds %v, want positive factors", v)
+			}
+			cfg.RopeFactors[i] = float64(v)
+		}
+	}
+	_, qb := f.Tensor("blk.0.attn_q.bias")
+	cfg.QKVBias = cfg.Architecture == archQwen2 || qb
+	_, cfg.OBias = f.Tensor("blk.0.attn_output.bias")
+	w.layers = make([]layer, cfg.Layers)
+	for i := range w.layers {
+		ly := &w.layers[i]
+		p := fmt.Sprintf("blk.%d.", i)
+		mat := func(dst **tensor, name string, rows, cols int) {
+			if err == nil {
+				*dst, err = get(p+name+".weight", true, rows, cols)
+			}
+		}
+		v := func(dst *[]float32, name string, n int) {
+			if err == nil {
+				*dst, err = vec(p+name, n, false)
+			}
+		}
+		v(&ly.attnNorm, "attn_norm.weight", H)
+		v(&ly.mlpNorm, "ffn_norm.weight", H)
+		mat(&ly.q, "attn_q", qDim, H)
+		mat(&ly.k, "attn_k", kvDim, H)
+		mat(&ly.v, "attn_v", kvDim, H)
+		mat(&ly.o, "attn_output", H, qDim)
+		mat(&ly.gate, "ffn_gate", I, H)
+		mat(&ly.up, "ffn_up", I, H)
+		mat(&ly.down, "ffn_down", H, I)
+		if cfg.QKVBias {
+			v(&ly.qb, "attn_q.bias", qDim)
+			v(&ly.kb, "attn_k.bias", kvDim)
+			v(&ly.vb, "attn_v.bias", kvDim)
+		}
+		if cfg.OBias {
+			v(&ly.ob, "attn_output.bias", H)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	var extra []string
+	for _, ti := range f.Tensors {
+		if !used[ti.Name] {
+			extra = append(extra, ti.Name)
+		}
+		w.bytes += int64(len(ti.Data))
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		more := ""
+		if len(extra) > 3 {
+			more = fmt.Sprintf(" and %d more", len(extra)-3)
+			extra = extra[:3]
+		}
+		return fmt.Errorf("the file has tensors the %s architecture does not use: %q%s", cfg.Architecture, extra, more)
+	}
+	return nil
+}
+
+// ggufDigest hashes (SHA-256) the digest version, the file's size, its
+// whole header (metadata and tensor infos) and the first and last 64 KiB of
+// its data: like digestOf, a few hundred KiB that tell any two models apart.
+func ggufDigest(data []byte, f *gguf.File) string {
+	h := sha256.New()
+	put := func(b []byte) {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	put([]byte(digestVersion + "-gguf"))
+	put([]byte(fmt.Sprint(len(data))))
+	hdr := data[:min(uint64(len(data)), f.DataOffset)]
+	put(hdr)
+	body := data[len(hdr):]
+	put(body[:min(len(body), fingerprintBytes)])
+	put(body[max(0, len(body)-fingerprintBytes):])
+	return digestVersion + "-" + hex.EncodeToString(h.Sum(nil)[:12])
+}

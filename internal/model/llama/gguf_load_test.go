@@ -1,0 +1,326 @@
+package llama_test
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
+	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
+)
+
+// writeGGUF writes the checkpoint dir as a GGUF file of type typ.
+func writeGGUF(t *testing.T, dir string, typ gguf.Type) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "m-"+typ.String()+".gguf")
+	if _, err := llama.WriteGGUF(dir, out, llama.FileType(typ.String())); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// logitsOf returns the logits after every token of toks.
+func logitsOf(t *testing.T, m *llama.Model, toks []int32) []float32 {
+	t.Helper()
+	p := newPool(t, m, 8, max(4, (len(toks)+7)/8))
+	lg, err := m.ForwardLogits(context.Background(), p, []model.SeqInput{{Pages: alloc(t, p, p.PagesFor(len(toks))), Tokens: toks}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lg[0]
+}
+
+func maxDiff(a, b []float32) float64 {
+	var d float64
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
+	}
+	return d
+}
+
+// snapped returns spec's checkpoint with every matrix rounded onto the grid
+// of quantized type typ (quantized and dequantized), so that the GGUF file
+// of that type holds exactly the checkpoint's weights.
+func snapped(t *testing.T, spec llamatest.Spec, typ gguf.Type) string {
+	t.Helper()
+	ts := spec.Tensors()
+	for i := range ts {
+		if len(ts[i].Shape) != 2 || typ == gguf.F32 {
+			continue
+		}
+		v := make([]float32, len(ts[i].Data)/4)
+		for j := range v {
+			v[j] = math.Float32frombits(binary.LittleEndian.Uint32(ts[i].Data[4*j:]))
+		}
+		q := llama.QuantizeQ8_0(v)
+		if typ == gguf.Q4_0 {
+			q = llama.QuantizeQ4_0(v)
+		}
+		ts[i].Data = llama.F32Bytes(llama.Dequantize(typ, q, len(v)))
+	}
+	return writeCkpt(t, spec, nil, ts)
+}
+
+// TestGGUFMatchesCheckpoint exports checkpoints to GGUF (llama.cpp's
+// interleaved RoPE layout) and checks that loading the file computes the
+// checkpoint's function: F32 and BF16 exports to float rounding; Q8_0 and
+// Q4_0 exports of checkpoints already on their grid (so the weights are
+// the same) within the error of quantizing the activations to 8 bits
+// (large on this random model: its dot products are small against the
+// norms of their operands).
+func TestGGUFMatchesCheckpoint(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	for name, spec := range map[string]llamatest.Spec{
+		"llama-f32": llamatest.Tiny(),
+		"llama-bf16-tied": func() llamatest.Spec {
+			s := llamatest.Tiny()
+			s.DType, s.Tied = llama.BF16, true
+			return s
+		}(),
+		"qwen2-bias": func() llamatest.Spec {
+			s := llamatest.Tiny()
+			s.Architecture, s.QKVBias = "Qwen2ForCausalLM", true
+			return s
+		}(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			spec.Vocab = 300
+			toks := randomTokens(rng, 30, spec.Vocab)
+			for _, c := range []struct {
+				typ gguf.Type
+				tol float64
+			}{{gguf.F32, 2e-5}, {map[llama.DType]gguf.Type{llama.F32: gguf.F32, llama.BF16: gguf.BF16}[spec.DType], 2e-5}, {gguf.Q8_0, 0.3}, {gguf.Q4_0, 0.3}} {
+				dir := spec.WriteT(t)
+				if c.typ == gguf.Q8_0 || c.typ == gguf.Q4_0 {
+					if spec.DType != llama.F32 {
+						continue
+					}
+					dir = snapped(t, spec, c.typ)
+				}
+				want := logitsOf(t, load(t, dir, llama.Options{}), toks)
+				m := load(t, writeGGUF(t, dir, c.typ), llama.Options{})
+				if m.Info().VocabSize != spec.Vocab || m.Config().RopeInterleaved != true {
+					t.Fatalf("%s: info %+v, config %+v", c.typ, m.Info(), m.Config())
+				}
+				d := maxDiff(logitsOf(t, m, toks), want)
+				t.Logf("%s: max |Δ logit| vs the checkpoint %.3g", c.typ, d)
+				if d > c.tol {
+					t.Errorf("%s: max |Δ logit| = %.3g, want ≤ %g", c.typ, d, c.tol)
+				}
+			}
+		})
+	}
+}
+
+// TestGGUFQuantizedInvariance checks that a quantized model's logits do
+// not depend on the batch, the chunking, the thread count or the kernels.
+func TestGGUFQuantizedInvariance(t *testing.T) {
+	spec := llamatest.Tiny()
+	spec.Vocab = 300
+	dir := spec.WriteT(t)
+	rng := rand.New(rand.NewPCG(8, 8))
+	toks := randomTokens(rng, 25, spec.Vocab)
+	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
+		path := writeGGUF(t, dir, typ)
+		var want []float32
+		for _, k := range llama.KernelChoices {
+			for _, threads := range []int{1, 3} {
+				m, err := llama.Load(path, llama.Options{Kernels: k, Threads: threads})
+				if err != nil {
+					t.Logf("%s: %v", k, err)
+					continue
+				}
+				t.Cleanup(func() { _ = m.Close() })
+				whole := logitsOf(t, m, toks)
+				if want == nil {
+					want = whole
+				}
+				// In chunks of 7, 1, 17 tokens.
+				p := newPool(t, m, 8, 4)
+				pages := alloc(t, p, 4)
+				var chunked []float32
+				for _, r := range [][2]int{{0, 7}, {7, 8}, {8, 25}} {
+					lg, err := m.ForwardLogits(context.Background(), p, []model.SeqInput{{Pages: pages, Pos: r[0], Tokens: toks[r[0]:r[1]]}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					chunked = append(chunked, lg[0]...)
+				}
+				for i := range want {
+					if math.Float32bits(whole[i]) != math.Float32bits(want[i]) || math.Float32bits(chunked[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s kernels %s threads %d: logit %d whole %v chunked %v, reference %v", typ, k, threads, i, whole[i], chunked[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestGGUFLoadErrors checks that bad GGUF files are refused with an error
+// naming the problem.
+func TestGGUFLoadErrors(t *testing.T) {
+	spec := llamatest.Tiny()
+	spec.Vocab = 300
+	good := writeGGUF(t, spec.WriteT(t), gguf.Q8_0)
+	raw, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// rewrite writes the file's metadata and tensors after edit.
+	rewrite := func(edit func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor)) string {
+		kvs := append([]gguf.KV(nil), f.KV...)
+		var ts []gguf.Tensor
+		for _, ti := range f.Tensors {
+			ts = append(ts, gguf.Tensor{Name: ti.Name, Type: ti.Type, Dims: ti.Dims, Data: ti.Data})
+		}
+		kvs, ts = edit(kvs, ts)
+		p := filepath.Join(t.TempDir(), "bad.gguf")
+		fh, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gguf.Write(fh, kvs, ts); err != nil {
+			t.Fatal(err)
+		}
+		fh.Close()
+		return p
+	}
+	setKV := func(key string, v any) func([]gguf.KV, []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+		return func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			for i := range kvs {
+				if kvs[i].Key == key {
+					if v == nil {
+						return append(kvs[:i], kvs[i+1:]...), ts
+					}
+					kvs[i].Value = v
+				}
+			}
+			return kvs, ts
+		}
+	}
+	editTensor := func(name string, edit func(*gguf.Tensor) bool) func([]gguf.KV, []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+		return func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			var out []gguf.Tensor
+			for _, tn := range ts {
+				if tn.Name != name || edit(&tn) {
+					out = append(out, tn)
+				}
+			}
+			return kvs, out
+		}
+	}
+	trunc := filepath.Join(t.TempDir(), "trunc.gguf")
+	if err := os.WriteFile(trunc, raw[:len(raw)-100], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, path string
+		want       []string
+	}{
+		{"truncated", trunc, []string{"trunc.gguf", "lies past its end", "truncated file?"}},
+		{"architecture", rewrite(setKV("general.architecture", "gpt2")), []string{`general.architecture "gpt2" is not supported`}},
+		{"no layers", rewrite(setKV("llama.block_count", nil)), []string{"no llama.block_count"}},
+		{"absurd layers", rewrite(setKV("llama.block_count", uint32(1<<30))), []string{"llama.block_count is 1073741824, want 1 to 4096"}},
+		{"string heads", rewrite(setKV("llama.attention.head_count", "four")), []string{"llama.attention.head_count is a string, want an unsigned integer"}},
+		{"heads", rewrite(setKV("llama.attention.head_count_kv", uint32(3))), []string{"head_count 4 is not a multiple of llama.attention.head_count_kv 3"}},
+		{"eos", rewrite(setKV("tokenizer.ggml.eos_token_id", uint32(5000))), []string{"tokenizer.ggml.eos_token_id 5000 is outside the vocabulary"}},
+		{"missing tensor", rewrite(editTensor("blk.1.ffn_up.weight", func(*gguf.Tensor) bool { return false })), []string{`tensor "blk.1.ffn_up.weight" not found`}},
+		{"shape", rewrite(editTensor("blk.0.attn_k.weight", func(tn *gguf.Tensor) bool {
+			tn.Dims = []uint64{32, 64}
+			tn.Data = tn.Data[:2*34*32]
+			return true
+		})), []string{`tensor "blk.0.attn_k.weight" has shape [64 32]`, "implies [32 64]"}},
+		{"type", rewrite(editTensor("blk.0.attn_q.weight", func(tn *gguf.Tensor) bool {
+			tn.Type = gguf.Q5_0
+			tn.Data = make([]byte, 64*2*22)
+			return true
+		})), []string{`tensor "blk.0.attn_q.weight" has type Q5_0`, "want F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K"}},
+		{"quantized norm", rewrite(editTensor("output_norm.weight", func(tn *gguf.Tensor) bool {
+			tn.Type = gguf.Q8_0
+			tn.Data = make([]byte, 2*34)
+			return true
+		})), []string{`tensor "output_norm.weight" has type Q8_0`, "want F32, F16 or BF16"}},
+		{"extra tensor", rewrite(func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			return kvs, append(ts, gguf.Tensor{Name: "blk.0.frob.weight", Type: gguf.F32, Dims: []uint64{4}, Data: make([]byte, 16)})
+		}), []string{`"blk.0.frob.weight"`, "does not use"}},
+	} {
+		t.Run(c.name, func(t *testing.T) { wantLoadError(t, c.path, llama.Options{}, c.want...) })
+	}
+}
+
+// TestGGUFQ4KM writes a checkpoint 256 wide as Q4_K_M (Q4_K matrices, Q6_K
+// for the tied classifier and for attn_v and ffn_down of llama.cpp's
+// use-more-bits layers) and checks the types, that the model computes
+// the checkpoint's function within 4-bit quantization error, and that its
+// logits do not depend on chunking or threads.
+func TestGGUFQ4KM(t *testing.T) {
+	spec := llamatest.Tiny()
+	spec.Hidden, spec.Intermediate, spec.Vocab, spec.Tied, spec.Scale = 256, 512, 300, true, 0.05
+	dir := spec.WriteT(t)
+	out := filepath.Join(t.TempDir(), "q4km.gguf")
+	if _, err := llama.WriteGGUF(dir, out, llama.FileQ4_KM); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Of 2 layers, use-more-bits picks the last (i ≥ 7n/8).
+	want := map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
+		"blk.0.attn_v.weight": gguf.Q4_K, "blk.0.ffn_down.weight": gguf.Q4_K, "blk.0.attn_q.weight": gguf.Q4_K,
+		"blk.1.ffn_up.weight": gguf.Q4_K, "blk.1.attn_output.weight": gguf.Q4_K, "blk.0.attn_norm.weight": gguf.F32}
+	for name, typ := range want {
+		if ti, ok := f.Tensor(name); !ok || ti.Type != typ {
+			t.Errorf("%s: type %v (found %v), want %s", name, ti.Type, ok, typ)
+		}
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	toks := randomTokens(rng, 20, spec.Vocab)
+	ref := logitsOf(t, load(t, dir, llama.Options{}), toks)
+	var scale float64
+	for _, v := range ref {
+		scale = math.Max(scale, math.Abs(float64(v)))
+	}
+	var whole []float32
+	for _, threads := range []int{1, 2} {
+		m := load(t, out, llama.Options{Threads: threads})
+		got := logitsOf(t, m, toks)
+		if d := maxDiff(got, ref); d > 0.25*scale {
+			t.Errorf("max |Δ logit| vs the checkpoint = %.3g (largest logit %.3g)", d, scale)
+		} else {
+			t.Logf("max |Δ logit| vs the checkpoint %.3g (largest logit %.3g)", d, scale)
+		}
+		if whole == nil {
+			whole = got
+		}
+		p := newPool(t, m, 8, 4)
+		pages := alloc(t, p, 4)
+		var chunked []float32
+		for _, r := range [][2]int{{0, 3}, {3, 4}, {4, 20}} {
+			lg, err := m.ForwardLogits(context.Background(), p, []model.SeqInput{{Pages: pages, Pos: r[0], Tokens: toks[r[0]:r[1]]}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chunked = append(chunked, lg[0]...)
+		}
+		for i := range whole {
+			if math.Float32bits(got[i]) != math.Float32bits(whole[i]) || math.Float32bits(chunked[i]) != math.Float32bits(whole[i]) {
+				t.Fatalf("threads %d: logit %d = %v (chunked %v), 1 thread %v", threads, i, got[i], chunked[i], whole[i])
+			}
+		}
+	}
+}

@@ -1,0 +1,172 @@
+package llama
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
+)
+
+// TestKQuantizeRoundTrip checks the Q4_K and Q6_K quantizers through
+// dequantRow: every value within (about) one step of its quantization grid.
+func TestKQuantizeRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	x := randVec(rng, 256*4)
+	for i := 256; i < 512; i++ {
+		x[i] = 0 // an all-zero block
+	}
+	for i := 600; i < 632; i++ {
+		x[i] = float32(math.Abs(float64(x[i]))) + 3 // a positive sub-block
+	}
+	for _, c := range []struct {
+		typ gguf.Type
+		q   func([]float32) []byte
+		tol float64 // relative to the block's largest magnitude
+	}{{gguf.Q4_K, QuantizeQ4K, 0.16}, {gguf.Q6_K, QuantizeQ6K, 0.04}} {
+		b := c.q(x)
+		if len(b) != len(x)/256*c.typ.BlockBytes() {
+			t.Fatalf("%s: %d bytes", c.typ, len(b))
+		}
+		y := make([]float32, len(x))
+		dequantRow(c.typ, b, y)
+		for blk := range len(x) / 256 {
+			var amax float64
+			for _, v := range x[256*blk : 256*blk+256] {
+				amax = math.Max(amax, math.Abs(float64(v)))
+			}
+			for i := 256 * blk; i < 256*blk+256; i++ {
+				if e := math.Abs(float64(y[i] - x[i])); e > c.tol*amax+1e-7 {
+					t.Fatalf("%s: element %d: %v → %v (block max %v)", c.typ, i, x[i], y[i], amax)
+				}
+			}
+		}
+	}
+}
+
+// TestQ8KActivations checks the Q8_K activation quantization: the value of
+// largest magnitude at ∓127 with the scale's sign, sums of 16, and values
+// within half a step.
+func TestQ8KActivations(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	x := randVec(rng, 2*512)
+	for i := 256; i < 512; i++ {
+		x[i] = 0
+	}
+	var a q8KActs
+	a.reset(2, 512)
+	a.quantizeRows(x, 0, 2)
+	for k, blk := range a.blk {
+		if k == 1 {
+			if blk.d != 0 {
+				t.Fatalf("zero block: d %v", blk.d)
+			}
+			continue
+		}
+		for i, q := range blk.qs {
+			if e := math.Abs(float64(blk.d)*float64(q) - float64(x[256*k+i])); e > math.Abs(float64(blk.d))*0.501 {
+				t.Fatalf("block %d element %d: %v → %d·%v", k, i, x[256*k+i], q, blk.d)
+			}
+		}
+		for j := range 16 {
+			var s int32
+			for _, q := range blk.qs[16*j : 16*j+16] {
+				s += int32(q)
+			}
+			if blk.bsums[j] != s {
+				t.Fatalf("block %d: bsums[%d] = %d, want %d", k, j, blk.bsums[j], s)
+			}
+		}
+	}
+}
+
+// TestDotK checks the canonical Q4_K and Q6_K dot products against a
+// float64 sum over the dequantized weights and activations.
+func TestDotK(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	for _, c := range []struct {
+		typ gguf.Type
+		q   func([]float32) []byte
+		dot func([]byte, *q8KActs, int) float32
+	}{{gguf.Q4_K, QuantizeQ4K, dotQ4KGo}, {gguf.Q6_K, QuantizeQ6K, dotQ6KGo}} {
+		for _, n := range []int{256, 1536} {
+			w := c.q(randVec(rng, n))
+			wf := make([]float32, n)
+			dequantRow(c.typ, w, wf)
+			x := randVec(rng, 2*n)
+			var a q8KActs
+			a.reset(2, n)
+			a.quantizeRows(x, 0, 2)
+			for tok := range 2 {
+				var want, mag float64
+				for i := range n {
+					blk := &a.blk[(tok*n+i)/256]
+					xv := float64(blk.d) * float64(blk.qs[i%256])
+					want += float64(wf[i]) * xv
+					mag += math.Abs(float64(wf[i]) * xv)
+				}
+				if got := c.dot(w, &a, tok); math.Abs(float64(got)-want) > 2e-6*mag {
+					t.Fatalf("%s n=%d: %v, want %v", c.typ, n, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestKTileKernel checks the Q4_K and Q6_K kernels against the pure-Go canonical
+// dot product bit for bit, for 1 to 4 activation rows and 1 to 6 blocks;
+// and the layouts the assembly assumes.
+func TestKTileKernel(t *testing.T) {
+	var a ktileArgs
+	var blk q8KBlock
+	for _, c := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"ktileArgs.x", unsafe.Offsetof(a.x), 8}, {"ktileArgs.nb", unsafe.Offsetof(a.nb), 40},
+		{"ktileArgs.out", unsafe.Offsetof(a.out), 48}, {"ktileArgs.os", unsafe.Offsetof(a.os), 56},
+		{"ktileArgs.scr", unsafe.Offsetof(a.scr), 64}, {"q8KBlock.qs", unsafe.Offsetof(blk.qs), 4},
+		{"q8KBlock.ssum", unsafe.Offsetof(blk.ssum), 324}, {"q8KBlock size", unsafe.Sizeof(blk), 340},
+	} {
+		if c.got != c.want {
+			t.Fatalf("%s at %d, the assembly assumes %d", c.name, c.got, c.want)
+		}
+	}
+	rng := rand.New(rand.NewPCG(10, 10))
+	for _, ks := range kernelSets(t) {
+		if ks.kisa == 0 {
+			continue
+		}
+		for _, c := range []struct {
+			typ gguf.Type
+			q   func([]float32) []byte
+		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}} {
+			for _, nb := range []int{1, 2, 6} {
+				n := 256 * nb
+				const rows, T = 3, 7
+				wf := randVec(rng, rows*n)
+				for i := range wf[:300] {
+					wf[i] = float32(math.Abs(float64(wf[i]))) // positive sub-blocks: mins 0
+				}
+				w, err := newQuantTensor("w", c.typ, []int{rows, n}, c.q(wf))
+				if err != nil {
+					t.Fatal(err)
+				}
+				x := randVec(rng, T*n)
+				var acts q8KActs
+				acts.reset(T, n)
+				acts.quantizeRows(x, 0, T)
+				want := make([]float32, T*rows)
+				matRowsK(nil, want, rows, &acts, T, w, 0, rows)
+				got := make([]float32, T*rows)
+				matRowsK(ks, got, rows, &acts, T, w, 0, rows)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s %s nb=%d: [%d, %d] = %v, Go %v", ks.name, c.typ, nb, i/rows, i%rows, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,387 @@
+package llama
+
+import (
+	"encoding/binary"
+	"math"
+	"unsafe"
+
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
+)
+
+// Quantized weights: the block formats of ggml (ggml-common.h), read in
+// place from a memory-mapped GGUF file. A row of a quantized matrix is a
+// sequence of blocks; all formats here store a block's scale(s) as IEEE
+// binary16.
+//
+//	Q8_0 (32 elements, 34 bytes): d f16, qs [32]int8;       w[i] = d·qs[i]
+//	Q4_0 (32 elements, 18 bytes): d f16, qs [16]uint8;      w[i] = d·((qs[i] & 15) − 8),
+//	                                                        w[i+16] = d·((qs[i] >> 4) − 8)
+//	Q4_K (256 elements, 144 bytes): d, dmin f16, scales [12]uint8 (6-bit scale
+//	     and min of 8 sub-blocks of 32), qs [128]uint8:
+//	     w = d·sc_j·q − dmin·m_j, q the nibbles of sub-block j (qs[32⌊j/2⌋ …],
+//	     low nibbles for even j, high for odd)
+//	Q6_K (256 elements, 210 bytes): ql [128]uint8 (low 4 bits), qh [64]uint8
+//	     (high 2 bits), scales [16]int8 (one per 16 elements), d f16:
+//	     w = d·scales[k]·(q − 32), q a 6-bit value
+//
+// Dequantization is the float32 arithmetic of ggml's dequantize_row_*: the
+// scale widened from binary16, times the integer, rounded once (for Q4_K:
+// d·sc and dmin·m first, then the fused expression as ggml writes it).
+
+// quantBlock returns the elements per block and bytes per block of a
+// quantized type pdserve computes with (0, 0 for any other).
+func quantBlock(t gguf.Type) (elems, bytes int) {
+	switch t {
+	case gguf.Q8_0, gguf.Q4_0, gguf.Q4_K, gguf.Q6_K:
+		return t.BlockSize(), t.BlockBytes()
+	}
+	return 0, 0
+}
+
+func f16At(b []byte, off int) float32 { return F16ToF32(binary.LittleEndian.Uint16(b[off:])) }
+
+// dequantRow widens the n elements of quantized row src (type t) into dst.
+func dequantRow(t gguf.Type, src []byte, dst []float32) {
+	switch t {
+	case gguf.Q8_0:
+		for b := range len(dst) / 32 {
+			blk := src[34*b : 34*b+34]
+			d := f16At(blk, 0)
+			for i := range 32 {
+				dst[32*b+i] = d * float32(int8(blk[2+i]))
+			}
+		}
+	case gguf.Q4_0:
+		for b := range len(dst) / 32 {
+			blk := src[18*b : 18*b+18]
+			d := f16At(blk, 0)
+			for i := range 16 {
+				q := blk[2+i]
+				dst[32*b+i] = d * float32(int(q&15)-8)
+				dst[32*b+16+i] = d * float32(int(q>>4)-8)
+			}
+		}
+	case gguf.Q4_K:
+		for b := range len(dst) / 256 {
+			blk := src[144*b : 144*b+144]
+			d, dmin := f16At(blk, 0), f16At(blk, 2)
+			y := dst[256*b : 256*b+256]
+			for j := range 8 {
+				sc, m := q4kScaleMin(blk[4:16], j)
+				d1, m1 := d*float32(sc), dmin*float32(m)
+				qs := blk[16+32*(j/2) : 16+32*(j/2)+32]
+				for i := range 32 {
+					q := qs[i] & 15
+					if j%2 == 1 {
+						q = qs[i] >> 4
+					}
+					y[32*j+i] = float32(d1*float32(q)) - m1 // rounded product, as ggml (no fused multiply-add)
+				}
+			}
+		}
+	case gguf.Q6_K:
+		for b := range len(dst) / 256 {
+			blk := src[210*b : 210*b+210]
+			d := f16At(blk, 208)
+			y := dst[256*b : 256*b+256]
+			for i := range 256 {
+				y[i] = d * float32(int8(blk[192+i/16])) * float32(q6kValue(blk, i)-32)
+			}
+		}
+	default:
+		panic("llama: dequantize " + t.String())
+	}
+}
+
+// Dequantize returns the n values (a multiple of t's block) of quantized
+// data src of type t (Q8_0, Q4_0, Q4_K or Q6_K), as ggml's dequantize_row_*
+// computes them. It panics for another type or too little data.
+func Dequantize(t gguf.Type, src []byte, n int) []float32 {
+	if e, _ := quantBlock(t); e == 0 || uint64(len(src)) < t.RowBytes(uint64(n)) {
+		panic("llama: Dequantize: bad type or data")
+	}
+	out := make([]float32, n)
+	dequantRow(t, src, out)
+	return out
+}
+
+// q4kScaleMin returns the 6-bit scale and min of sub-block j of a Q4_K
+// block's 12 scale bytes (ggml's get_scale_min_k4).
+func q4kScaleMin(s []byte, j int) (sc, m uint8) {
+	if j < 4 {
+		return s[j] & 63, s[j+4] & 63
+	}
+	return s[j+4]&15 | (s[j-4]>>6)<<4, s[j+4]>>4 | (s[j]>>6)<<4
+}
+
+// q6kValue returns the 6-bit quant (0–63) of element i of a Q6_K block
+// (ggml's dequantize_row_q6_K: elements in halves of 128, each in four
+// quarters l, l+32, l+64, l+96 taking ql's low/high nibbles and qh's bit
+// pairs 0–1, 2–3, 4–5, 6–7).
+func q6kValue(blk []byte, i int) int {
+	h, r := i/128, i%128
+	quarter, l := r/32, r%32
+	ql := blk[64*h:]
+	qh := blk[128+32*h:]
+	var lo byte
+	switch quarter {
+	case 0:
+		lo = ql[l] & 15
+	case 1:
+		lo = ql[l+32] & 15
+	case 2:
+		lo = ql[l] >> 4
+	default:
+		lo = ql[l+32] >> 4
+	}
+	hi := (qh[l] >> (2 * quarter)) & 3
+	return int(lo) | int(hi)<<4
+}
+
+// QuantizeQ8_0 quantizes x (a multiple of 32 values) to Q8_0 blocks as
+// ggml's quantize_row_q8_0_ref does: d = max|x|/127, q = round(x/d)
+// (half away from zero, with 1/d as a float32), d stored as binary16.
+func QuantizeQ8_0(x []float32) []byte {
+	out := make([]byte, len(x)/32*34)
+	for b := range len(x) / 32 {
+		blk := x[32*b : 32*b+32]
+		var amax float32
+		for _, v := range blk {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		d := amax / 127
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		o := out[34*b:]
+		binary.LittleEndian.PutUint16(o, F32ToF16(d))
+		for i, v := range blk {
+			o[2+i] = byte(int8(math.Round(float64(v * id))))
+		}
+	}
+	return out
+}
+
+// QuantizeQ4_0 quantizes x (a multiple of 32 values) to Q4_0 blocks as
+// ggml's quantize_row_q4_0_ref does: with m the value of largest magnitude,
+// d = m/−8 and q = min(15, trunc(x/d + 8.5)), d stored as binary16.
+func QuantizeQ4_0(x []float32) []byte {
+	out := make([]byte, len(x)/32*18)
+	for b := range len(x) / 32 {
+		blk := x[32*b : 32*b+32]
+		var amax, m float32
+		for _, v := range blk {
+			if a := float32(math.Abs(float64(v))); amax < a {
+				amax, m = a, v
+			}
+		}
+		d := m / -8
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		o := out[18*b:]
+		binary.LittleEndian.PutUint16(o, F32ToF16(d))
+		for i := range 16 {
+			x0 := min(15, int8(blk[i]*id+8.5))
+			x1 := min(15, int8(blk[16+i]*id+8.5))
+			o[2+i] = byte(x0) | byte(x1)<<4
+		}
+	}
+	return out
+}
+
+// # Activations for the integer dot products
+//
+// Before a linear layer with Q8_0 or Q4_0 weights, each token's input row
+// is quantized per block of 32 as ggml's quantize_row_q8_0 does on x86
+// (ggml-cpu/arch/x86/quants.c): amax = max|x|, d = amax/127, q =
+// round-half-even(x · (127/amax)) (0 where amax is 0), and the scale used is
+// d rounded to binary16 and widened. (The reference C code rounds half away
+// from zero; the SIMD code pdserve's numbers are compared with rounds to
+// even.) The quantization depends only on the token's own row.
+
+// q8Block is one block of 32 quantized activations in the layout the
+// assembly kernels read (96 bytes): the quants, their negated lane sums
+// ls[j] = −(q[4j] + q[4j+1] + q[4j+2] + q[4j+3]), and the scale, 8 copies.
+type q8Block struct {
+	qs [32]int8
+	ls [8]int32
+	d8 [8]float32
+}
+
+// q8Acts holds T token rows of n values quantized for the Q8_0/Q4_0 dot
+// products: block b (of nb = n/32) of token t is blk[t·nb + b].
+type q8Acts struct {
+	n, nb int
+	blk   []q8Block
+}
+
+// reset sizes a for T rows of n values (n a multiple of 32).
+func (a *q8Acts) reset(T, n int) {
+	a.n, a.nb = n, n/32
+	if need := T * a.nb; cap(a.blk) < need {
+		a.blk = make([]q8Block, need)
+	}
+	a.blk = a.blk[:T*a.nb]
+}
+
+// roundMagic is 1.5·2^23: for |x| < 2^22, x + roundMagic is x rounded to
+// an integer (to nearest, ties to even) plus roundMagic, exactly.
+const roundMagic = 12582912
+
+// quantizeRows quantizes rows [t0, t1) of x ([T, n]) into a.
+func (a *q8Acts) quantizeRows(x []float32, t0, t1 int) {
+	n := a.n
+	for t := t0; t < t1; t++ {
+		row := x[t*n : (t+1)*n]
+		for b := range a.nb {
+			src := row[32*b : 32*b+32]
+			var amax float32
+			for _, v := range src {
+				if a := math.Float32frombits(math.Float32bits(v) & 0x7fffffff); a > amax {
+					amax = a
+				}
+			}
+			blk := &a.blk[t*a.nb+b]
+			var id float32
+			if amax != 0 {
+				id = 127 / amax
+			}
+			for i, v := range src {
+				// |v·id| ≤ 127 < 2^22: adding 1.5·2^23 rounds it to an
+				// integer, to nearest even, in float32.
+				blk.qs[i] = int8(int32(v*id+roundMagic) - int32(roundMagic))
+			}
+			d := F16ToF32(F32ToF16(amax / 127))
+			for j := range 8 {
+				q := blk.qs[4*j : 4*j+4]
+				blk.ls[j] = -(int32(q[0]) + int32(q[1]) + int32(q[2]) + int32(q[3]))
+				blk.d8[j] = d
+			}
+		}
+	}
+}
+
+// # The canonical quantized dot product
+//
+// dotQ(w, a_t) for a Q8_0 or Q4_0 weight row w and a quantized activation
+// row has one defined result, computed the same way by every
+// implementation, and the same as ggml's ggml_vec_dot_q8_0_q8_0 (the x86
+// AVX2/AVX-512 code, ggml-cpu/arch/x86/quants.c; also the order of its
+// llamafile tinyBLAS kernels): for block b with weight integers w_i and
+// scale dw_b, activation quants q_i and scale dx_b, the 8 lane sums
+//
+//	p_{b,j} = Σ_{i=4j}^{4j+3} w_i·q_i          (exact in int32)
+//
+// are accumulated into 8 float32 lanes starting at +0, block by block in
+// order:
+//
+//	acc_j = fma(dw_b·dx_b, float32(p_{b,j}), acc_j)
+//
+// (dw_b·dx_b a float32 product, float32(p) exact), and the lanes are added
+// as ggml's hsum_float_8: s4[i] = acc[i] + acc[i+4], s2[i] = s4[i] +
+// s4[i+2], dot = s2[0] + s2[1].
+
+// reduce8 adds 8 lanes in the order of ggml's hsum_float_8.
+func reduce8(l *[8]float32) float32 {
+	s0, s1, s2, s3 := l[0]+l[4], l[1]+l[5], l[2]+l[6], l[3]+l[7]
+	return (s0 + s2) + (s1 + s3)
+}
+
+// dotQ8Go is the canonical dot product of Q8_0 or Q4_0 row w (type t) with
+// token row k of a (pure Go).
+func dotQ8Go(t gguf.Type, w []byte, a *q8Acts, k int) float32 {
+	var acc [8]float32
+	var wi [32]int32
+	for b := range a.nb {
+		var dw float32
+		switch t {
+		case gguf.Q8_0:
+			blk := w[34*b : 34*b+34]
+			dw = f16At(blk, 0)
+			for i := range 32 {
+				wi[i] = int32(int8(blk[2+i]))
+			}
+		default: // Q4_0
+			blk := w[18*b : 18*b+18]
+			dw = f16At(blk, 0)
+			for i := range 16 {
+				wi[i] = int32(blk[2+i]&15) - 8
+				wi[16+i] = int32(blk[2+i]>>4) - 8
+			}
+		}
+		blk := &a.blk[k*a.nb+b]
+		d := dw * blk.d8[0]
+		x := &blk.qs
+		for j := range 8 {
+			p := wi[4*j]*int32(x[4*j]) + wi[4*j+1]*int32(x[4*j+1]) + wi[4*j+2]*int32(x[4*j+2]) + wi[4*j+3]*int32(x[4*j+3])
+			acc[j] = fma32(d, float32(p), acc[j])
+		}
+	}
+	return reduce8(&acc)
+}
+
+// usesQ8 reports whether a weight of type t takes q8Acts activations.
+func usesQ8(t gguf.Type) bool { return t == gguf.Q8_0 || t == gguf.Q4_0 }
+
+// quantJob quantizes the rows of x into a, a range of tokens per task.
+type quantJob struct {
+	a *q8Acts
+	x []float32
+}
+
+func (j *quantJob) run(_, lo, hi int) { j.a.quantizeRows(j.x, lo, hi) }
+
+// matRowsQ is matRows for a Q8_0 or Q4_0 matrix: dst[t·ds + r] =
+// dotQ(W[r], a_t) for t < T and r0 ≤ r < r1 (r1 − r0 ≤ blockRows), on the
+// integer tile kernels of ks if it has them, else in Go. Activations are
+// taken in token blocks small enough for L1, streamed past each group of
+// ks.qrows weight rows.
+func matRowsQ(ks *kernelSet, sc *scratch, dst []float32, ds int, a *q8Acts, T int, w *tensor, r0, r1 int) {
+	if ks == nil || ks.qisa == 0 {
+		for r := r0; r < r1; r++ {
+			row := w.q[r*w.rowBytes : (r+1)*w.rowBytes]
+			for t := range T {
+				dst[t*ds+r] = dotQ8Go(w.Quant, row, a, t)
+			}
+		}
+		return
+	}
+	kind := 0
+	if w.Quant == gguf.Q4_0 {
+		kind = 1
+	}
+	R, V := ks.qrows, ks.qvecs
+	tb := max(V, l1Budget/(a.nb*int(unsafe.Sizeof(q8Block{})))/V*V)
+	args := qtileArgs{nb: uintptr(a.nb)}
+	nrows := r1 - r0
+	for t0 := 0; t0 < T; t0 += tb {
+		t1 := min(t0+tb, T)
+		for i := 0; i < nrows; i += R {
+			nr := min(R, nrows-i)
+			for k := range R {
+				args.w[k] = unsafe.Pointer(&w.q[(r0+i+min(k, nr-1))*w.rowBytes])
+			}
+			for t := t0; t < t1; t += V {
+				nv := min(V, t1-t)
+				for j := range nv {
+					args.x[j] = unsafe.Pointer(&a.blk[(t+j)*a.nb])
+				}
+				if nr == R {
+					args.out, args.os = unsafe.Pointer(&dst[t*ds+r0+i]), uintptr(4*ds)
+					ks.qtile(kind, nv, &args)
+					continue
+				}
+				// Rows past the block were duplicates; keep the real ones.
+				args.out, args.os = unsafe.Pointer(&sc.res[0]), uintptr(4*R)
+				ks.qtile(kind, nv, &args)
+				for j := range nv {
+					o := (t+j)*ds + r0 + i
+					copy(dst[o:o+nr], sc.res[j*R:j*R+nr])
+				}
+			}
+		}
+	}
+}

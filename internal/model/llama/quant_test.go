@@ -1,0 +1,211 @@
+package llama
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
+)
+
+// TestQuantizeRoundTrip checks ggml's reference quantizers through
+// dequantRow: Q8_0 within half a step (d/2) of each value, Q4_0 within one
+// step, and exact for values already on the grid.
+func TestQuantizeRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	x := randVec(rng, 32*20)
+	x[5], x[40] = 0, negZero
+	for i := 64; i < 96; i++ {
+		x[i] = 0 // an all-zero block
+	}
+	for _, c := range []struct {
+		typ  gguf.Type
+		q    func([]float32) []byte
+		step func(d float32) float64
+	}{{gguf.Q8_0, QuantizeQ8_0, func(d float32) float64 { return float64(d) / 2 * 1.07 }}, {gguf.Q4_0, QuantizeQ4_0, func(d float32) float64 { return math.Abs(float64(d)) }}} {
+		b := c.q(x)
+		if len(b) != len(x)/32*c.typ.BlockBytes() {
+			t.Fatalf("%s: %d bytes", c.typ, len(b))
+		}
+		y := make([]float32, len(x))
+		dequantRow(c.typ, b, y)
+		for i := range x {
+			d := f16At(b, i/32*c.typ.BlockBytes())
+			if e := math.Abs(float64(y[i] - x[i])); e > c.step(d)*1.01+1e-7 {
+				t.Fatalf("%s: element %d: %v → %v (scale %v)", c.typ, i, x[i], y[i], d)
+			}
+		}
+		// Values on the grid come back exactly.
+		again := c.q(y)
+		z := make([]float32, len(y))
+		dequantRow(c.typ, again, z)
+		for i := range y {
+			if z[i] != y[i] {
+				t.Fatalf("%s: requantizing element %d: %v → %v", c.typ, i, y[i], z[i])
+			}
+		}
+	}
+}
+
+// TestQ8Activations checks the activation quantization: quants within
+// [−127, 127], the block's largest magnitude at ±127, the lane sums, and
+// dequantized values within half a step.
+func TestQ8Activations(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 2))
+	const T, n = 3, 96
+	x := randVec(rng, T*n)
+	for i := 32; i < 64; i++ {
+		x[i] = 0
+	}
+	var a q8Acts
+	a.reset(T, n)
+	a.quantizeRows(x, 0, T)
+	for k := range T * n / 32 {
+		blk := &a.blk[k]
+		qs := blk.qs[:]
+		d := blk.d8[0]
+		var big int8
+		for i, q := range qs {
+			big = max(big, q, -q)
+			if e := math.Abs(float64(d)*float64(q) - float64(x[32*k+i])); e > float64(d)*0.502+1e-9 {
+				t.Fatalf("block %d element %d: %v → %d·%v", k, i, x[32*k+i], q, d)
+			}
+		}
+		if k != 1 && big != 127 || k == 1 && (big != 0 || d != 0) {
+			t.Fatalf("block %d: largest quant %d, scale %v", k, big, d)
+		}
+		for j := range 8 {
+			s := int32(qs[4*j]) + int32(qs[4*j+1]) + int32(qs[4*j+2]) + int32(qs[4*j+3])
+			if blk.ls[j] != -s || blk.d8[j] != d {
+				t.Fatalf("block %d lane %d: sum %d (want %d), scale %v", k, j, -blk.ls[j], s, blk.d8[j])
+			}
+		}
+	}
+}
+
+// TestDotQ8 checks the canonical quantized dot product against a float64
+// sum over the dequantized weights and activations.
+func TestDotQ8(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
+		for _, n := range []int{32, 64, 96, 576} {
+			w := typeQuantize(typ, randVec(rng, n))
+			wf := make([]float32, n)
+			dequantRow(typ, w, wf)
+			x := randVec(rng, 2*n)
+			var a q8Acts
+			a.reset(2, n)
+			a.quantizeRows(x, 0, 2)
+			for tok := range 2 {
+				var want, mag float64
+				for i := range n {
+					blk := &a.blk[(tok*n+i)/32]
+					xv := float64(blk.d8[0]) * float64(blk.qs[i%32])
+					want += float64(wf[i]) * xv
+					mag += math.Abs(float64(wf[i]) * xv)
+				}
+				got := dotQ8Go(typ, w, &a, tok)
+				if e := math.Abs(float64(got) - want); e > 1e-6*mag {
+					t.Fatalf("%s n=%d: %v, want %v", typ, n, got, want)
+				}
+			}
+		}
+	}
+}
+
+func typeQuantize(t gguf.Type, x []float32) []byte {
+	if t == gguf.Q8_0 {
+		return QuantizeQ8_0(x)
+	}
+	return QuantizeQ4_0(x)
+}
+
+// TestQTileKernels checks every integer tile kernel against the pure-Go
+// canonical dot product bit for bit, for every activation row count, row
+// lengths of 1 to 48 blocks, and a partial row group.
+func TestQTileKernels(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	for _, ks := range kernelSets(t) {
+		if ks.qisa == 0 {
+			continue
+		}
+		for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
+			for _, nb := range []int{1, 2, 3, 18, 48} {
+				n := 32 * nb
+				const rows, T = 7, 9
+				wf := randVec(rng, rows*n)
+				for i := range wf[:n] {
+					wf[i] *= 1e-3 // a row of tiny weights
+				}
+				w, err := newQuantTensor("w", typ, []int{rows, n}, typeQuantize(typ, wf))
+				if err != nil {
+					t.Fatal(err)
+				}
+				x := randVec(rng, T*n)
+				x[5] = 1e4 // one block dominated by a large value
+				var a q8Acts
+				a.reset(T, n)
+				a.quantizeRows(x, 0, T)
+				want := make([]float32, T*rows)
+				matRowsQ(nil, nil, want, rows, &a, T, w, 0, rows)
+				got := make([]float32, T*rows)
+				var sc scratch
+				matRowsQ(ks, &sc, got, rows, &a, T, w, 0, rows)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s %s nb=%d: [%d, %d] = %v, Go %v", ks.name, typ, nb, i/rows, i%rows, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkQKernels measures the integer tile kernels alone on one thread:
+// GB/s of weight bytes for a 1536 × 576 matrix (1.5 MB in Q8_0: from L2/L3,
+// as in decode), 1 or 16 activation rows; and the activation quantization.
+func BenchmarkQKernels(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const rows, n = 1536, 576
+	for _, ks := range append(kernelSets(b), nil) {
+		name := "go"
+		if ks != nil {
+			name = ks.name
+		}
+		for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
+			w, err := newQuantTensor("w", typ, []int{rows, n}, typeQuantize(typ, randVec(rng, rows*n)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, T := range []int{1, 16} {
+				if ks == nil && T > 1 {
+					continue
+				}
+				b.Run(name+"/"+typ.String()+"/T"+itoaT(T), func(b *testing.B) {
+					var a q8Acts
+					a.reset(T, n)
+					a.quantizeRows(randVec(rng, T*n), 0, T)
+					dst := make([]float32, T*rows)
+					var sc scratch
+					for range b.N {
+						for r0 := 0; r0 < rows; r0 += blockRows {
+							matRowsQ(ks, &sc, dst, rows, &a, T, w, r0, r0+blockRows)
+						}
+					}
+					s := b.Elapsed().Seconds()
+					b.ReportMetric(float64(len(w.q))*float64(b.N)/s/1e9, "GB/s")
+					b.ReportMetric(float64(2*T*rows*n)*float64(b.N)/s/1e9, "GOP/s")
+				})
+			}
+		}
+	}
+	b.Run("quantize/T16", func(b *testing.B) {
+		x := randVec(rng, 16*1536)
+		var a q8Acts
+		a.reset(16, 1536)
+		for range b.N {
+			a.quantizeRows(x, 0, 16)
+		}
+		b.ReportMetric(float64(16*1536)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gvalues/s")
+	})
+}

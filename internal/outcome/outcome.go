@@ -43,6 +43,7 @@ const (
 	Draining                 // the worker is draining: it takes no new request (503, retried elsewhere)
 	FailedIdentity           // the two legs disagree on which request a room is (rid, prompt): never retried
 	PeerRefused              // the KV handshake was refused (fingerprint, protocol version, auth)
+	Overloaded               // the worker's queue is full (--max-queued-requests), or the router sheds load (429, retried elsewhere)
 
 	// Outcomes of the router's own view of a leg.
 
@@ -60,7 +61,7 @@ const numWorker = WorkerUnreachable
 var names = [count]string{"none", "ok", "aborted_client", "aborted_peer",
 	"timeout_bootstrap", "timeout_queue", "timeout_kv_hold", "timeout_transfer",
 	"timeout_request", "lease_expired", "peer_lost", "failed_transfer", "rejected_invalid",
-	"rejected_capacity", "failed_internal", "shutdown", "draining", "failed_identity", "peer_refused",
+	"rejected_capacity", "failed_internal", "shutdown", "draining", "failed_identity", "peer_refused", "overloaded",
 	"worker_unreachable", "worker_stream_broken", "no_worker"}
 
 // String is the outcome's name, e.g. "timeout_transfer": the metrics label
@@ -153,7 +154,7 @@ func (o Outcome) Class() Class {
 	switch o {
 	case OK:
 		return ClassOK
-	case RejectedInvalid, RejectedCapacity, NoWorker, Draining:
+	case RejectedInvalid, RejectedCapacity, NoWorker, Draining, Overloaded:
 		return ClassRejected
 	case TimeoutBootstrap, TimeoutQueue, TimeoutKVHold, TimeoutTransfer, TimeoutRequest, LeaseExpired:
 		return ClassTimeout
@@ -168,12 +169,15 @@ func (o Outcome) Class() Class {
 // Retryable reports a failure that another (prefill, decode) pair may not
 // have: a worker that could not be reached, broke off its answer, is
 // shutting down or draining, a lost, silent or refused KV connection, a
-// corrupted transfer. The router retries those (before the client saw a
-// token). Rejections, timeouts and an identity mismatch are not retried: the
+// corrupted transfer, a worker whose own queue is full (overloaded: another
+// worker may have room, and only when none has does the client get the
+// 429). The router retries those (before the client saw a token). Other
+// rejections, timeouts and an identity mismatch are not retried: the
 // request itself, or the fleet's load, would fail it again.
 func (o Outcome) Retryable() bool {
 	switch o {
-	case WorkerUnreachable, WorkerStreamBroken, PeerLost, LeaseExpired, FailedTransfer, Shutdown, Draining, PeerRefused:
+	case WorkerUnreachable, WorkerStreamBroken, PeerLost, LeaseExpired, FailedTransfer, Shutdown, Draining, PeerRefused,
+		Overloaded:
 		return true
 	}
 	return false
@@ -204,15 +208,18 @@ func (o Outcome) Suspect() bool {
 const StatusClientClosedRequest = 499
 
 // Status is the HTTP status that answers a request ending with o: 200 for
-// OK; 400 for rejections; 499 for a client abort; 503 when the worker is
-// busy or leaving; 504 for timeouts; 502 when a peer or the transfer failed;
-// 500 otherwise.
+// OK; 400 for rejections; 429 when the server sheds load (overloaded, sent
+// with Retry-After); 499 for a client abort; 503 when the worker is busy or
+// leaving; 504 for timeouts; 502 when a peer or the transfer failed; 500
+// otherwise.
 func (o Outcome) Status() int {
 	switch o {
 	case OK:
 		return http.StatusOK
 	case RejectedInvalid, RejectedCapacity:
 		return http.StatusBadRequest
+	case Overloaded:
+		return http.StatusTooManyRequests
 	case AbortedClient:
 		return StatusClientClosedRequest
 	case TimeoutQueue, Shutdown, NoWorker, Draining:
@@ -225,11 +232,13 @@ func (o Outcome) Status() int {
 	return http.StatusInternalServerError
 }
 
-// ClientError reports whether o is the request's own fault (a 4xx answer),
-// so an OpenAI error body has type invalid_request_error, not server_error.
+// ClientError reports whether o is the request's own fault (a 4xx answer
+// other than 429), so an OpenAI error body has type invalid_request_error,
+// not server_error. A 429 (overloaded) is the server's state, not the
+// request's fault: its type is server_error.
 func (o Outcome) ClientError() bool {
 	s := o.Status()
-	return s >= 400 && s < 500
+	return s >= 400 && s < 500 && s != http.StatusTooManyRequests
 }
 
 // Cause is the first failure of a request: what ended it, where, and why.

@@ -34,6 +34,7 @@ func TestEveryOutcome(t *testing.T) {
 		Draining:           {"draining", ClassRejected, http.StatusServiceUnavailable, true, false},
 		FailedIdentity:     {"failed_identity", ClassFailed, http.StatusBadGateway, false, false},
 		PeerRefused:        {"peer_refused", ClassFailed, http.StatusBadGateway, true, false},
+		Overloaded:         {"overloaded", ClassRejected, http.StatusTooManyRequests, true, false},
 		WorkerUnreachable:  {"worker_unreachable", ClassFailed, http.StatusBadGateway, true, false},
 		WorkerStreamBroken: {"worker_stream_broken", ClassFailed, http.StatusBadGateway, true, true},
 		NoWorker:           {"no_worker", ClassRejected, http.StatusServiceUnavailable, false, false},
@@ -58,7 +59,7 @@ func TestEveryOutcome(t *testing.T) {
 		if o.PeerCaused() != (o == AbortedPeer) {
 			t.Errorf("%s: PeerCaused %v", o, o.PeerCaused())
 		}
-		if o.ClientError() != (w.status >= 400 && w.status < 500) {
+		if o.ClientError() != (w.status >= 400 && w.status < 500 && w.status != http.StatusTooManyRequests) {
 			t.Errorf("%s: ClientError %v with status %d", o, o.ClientError(), w.status)
 		}
 		p, ok := Parse(w.name)

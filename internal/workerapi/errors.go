@@ -49,6 +49,9 @@ type Error struct {
 	Outcome outcome.Outcome
 	// Cause is the first failure of the request, zero when unknown.
 	Cause outcome.Cause
+	// RetryAfter is the Retry-After of an overloaded answer (0: the
+	// default, OverloadRetryAfter); the header carries it, whole seconds.
+	RetryAfter time.Duration
 }
 
 // Error returns "<status> <code>: <message>".
@@ -57,8 +60,14 @@ func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Cod
 // OpenAI returns the error as the client is told it.
 func (e *Error) OpenAI() *openai.Error {
 	oe := &openai.Error{Status: e.Status, Type: e.Type, Message: e.Message, Param: e.Param, Code: e.Code}
-	if e.Outcome == outcome.Draining {
+	switch e.Outcome {
+	case outcome.Draining:
 		oe.RetryAfter = DrainRetryAfter
+	case outcome.Overloaded:
+		oe.RetryAfter = e.RetryAfter
+		if oe.RetryAfter <= 0 {
+			oe.RetryAfter = OverloadRetryAfter
+		}
 	}
 	return oe
 }
@@ -66,6 +75,12 @@ func (e *Error) OpenAI() *openai.Error {
 // DrainRetryAfter is the Retry-After of a draining worker's 503: another
 // worker (or this one, restarted) takes the request by then.
 const DrainRetryAfter = time.Second
+
+// OverloadRetryAfter is the default Retry-After of a 429 overloaded answer
+// (a worker's full queue, or the router shedding load): long enough for a
+// few requests to finish on a busy fleet, short enough that a client does
+// not idle a recovered one (SGLang's and vLLM's clients retry after 1 s too).
+const OverloadRetryAfter = time.Second
 
 // Unwrap returns the OpenAI error, for errors.As and openai.ToError.
 func (e *Error) Unwrap() error { return e.OpenAI() }

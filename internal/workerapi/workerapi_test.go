@@ -40,13 +40,22 @@ func TestErrorAnswerRoundTrip(t *testing.T) {
 			if want.Status != o.Status() || want.Code != o.String() || want.Message != o.String()+": why" {
 				t.Fatalf("OutcomeError: %+v", want)
 			}
-			if (want.Status < 500) != (want.Type == openai.TypeInvalidRequest) {
+			if o.ClientError() != (want.Type == openai.TypeInvalidRequest) {
 				t.Fatalf("type %s for status %d", want.Type, want.Status)
 			}
 			rec := httptest.NewRecorder()
 			WriteError(rec, fmt.Errorf("wrapped: %w", want))
 			if rec.Code != o.Status() {
 				t.Fatalf("status %d, want %d", rec.Code, o.Status())
+			}
+			// A busy or leaving worker says when to come back.
+			wantRA := ""
+			switch o {
+			case outcome.Draining, outcome.Overloaded:
+				wantRA = "1"
+			}
+			if ra := rec.Header().Get("Retry-After"); ra != wantRA {
+				t.Errorf("Retry-After %q, want %q", ra, wantRA)
 			}
 			var shape struct {
 				Error map[string]any `json:"error"`

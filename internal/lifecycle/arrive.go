@@ -87,6 +87,15 @@ func (m *Machine) promptPages(r *req) int {
 	return (len(r.InputIDs) + m.cfg.PageSize - 1) / m.cfg.PageSize
 }
 
+// queued is the number of requests that wait to start (Role.Queued).
+func (m *Machine) queued() int {
+	n := 0
+	for _, s := range m.cfg.Role.Queued() {
+		n += m.stageCount[s]
+	}
+	return n
+}
+
 func (m *Machine) arrive(q Request) {
 	if m.shutdown {
 		m.rejectEarly(q, outcome.Shutdown, "worker is shutting down")
@@ -113,6 +122,18 @@ func (m *Machine) arrive(q Request) {
 	if o, msg := m.validate(q); o != outcome.None {
 		cause := m.cause(o, StageNone, msg)
 		m.rejectEarlyCause(q, o, msg, cause)
+		if m.cfg.Role == RolePrefill {
+			m.dropPendingWithAbort(q.Room, q.Gen, cause)
+		}
+		if m.cfg.Role != RoleColocated {
+			m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.AbortedPeer, cause)
+		}
+		return
+	}
+	if n := m.queued(); m.cfg.MaxQueued > 0 && n >= m.cfg.MaxQueued {
+		msg := fmt.Sprintf("worker is overloaded: its queue is full (%d waiting to start, --max-queued-requests %d)", n, m.cfg.MaxQueued)
+		cause := m.cause(outcome.Overloaded, StageNone, msg)
+		m.rejectEarlyCause(q, outcome.Overloaded, msg, cause)
 		if m.cfg.Role == RolePrefill {
 			m.dropPendingWithAbort(q.Room, q.Gen, cause)
 		}

@@ -32,6 +32,11 @@ type Config struct {
 	MaxRunning int
 	// MaxChunkPages bounds the pages in one KV_CHUNK frame.
 	MaxChunkPages int
+	// MaxQueued bounds the requests waiting to start (Role.Queued stages);
+	// an arrival beyond it is refused with outcome overloaded (429), so a
+	// router places it elsewhere instead of letting it wait out
+	// QueueTimeout (SGLang's --max-queued-requests). 0: no bound.
+	MaxQueued int
 
 	BootstrapTimeout time.Duration // prefill: Bootstrap, and pending ROOM_OPENs
 	QueueTimeout     time.Duration // Waiting, Prealloc, Queued
@@ -100,6 +105,9 @@ func (c Config) Validate() error {
 	pos("max running requests", c.MaxRunning)
 	pos("max chunk pages", c.MaxChunkPages)
 	pos("lease misses", c.LeaseMisses)
+	if c.MaxQueued < 0 {
+		errs = append(errs, fmt.Errorf("max queued requests must not be negative, got %d", c.MaxQueued))
+	}
 	pos("max tombstones", c.MaxTombstones)
 	pos("max pending opens", c.MaxPendingOpens)
 	dur("bootstrap timeout", c.BootstrapTimeout)

@@ -68,6 +68,23 @@ func (s Stage) String() string {
 	return fmt.Sprintf("stage(%d)", uint8(s))
 }
 
+// Queued lists the stages of a role whose requests wait to start: prefill's
+// bootstrap and waiting (not yet computing), decode's prealloc (waiting for
+// pages) and queued (waiting for a running slot), a colocated worker's
+// waiting; and preempted on decode and colocated workers (waiting for pages
+// again). Config.MaxQueued bounds them.
+func (r Role) Queued() []Stage {
+	switch r {
+	case RolePrefill:
+		return []Stage{StageBootstrap, StageWaiting}
+	case RoleDecode:
+		return []Stage{StagePrealloc, StageQueued, StagePreempted}
+	case RoleColocated:
+		return []Stage{StageWaiting, StagePreempted}
+	}
+	return nil
+}
+
 // Stages lists the non-terminal stages of a role, in lifecycle order.
 func (r Role) Stages() []Stage {
 	switch r {

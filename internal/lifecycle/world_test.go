@@ -890,6 +890,7 @@ var configKeys = []struct {
 	{key: "context", num: func(c *Config) *int { return &c.ContextLen }},
 	{key: "max-prefill-tokens", num: func(c *Config) *int { return &c.MaxPrefillTokens }},
 	{key: "max-running", num: func(c *Config) *int { return &c.MaxRunning }},
+	{key: "max-queued", num: func(c *Config) *int { return &c.MaxQueued }},
 	{key: "chunk-pages", num: func(c *Config) *int { return &c.MaxChunkPages }},
 	{key: "lease-misses", num: func(c *Config) *int { return &c.LeaseMisses }},
 	{key: "max-tombstones", num: func(c *Config) *int { return &c.MaxTombstones }},

@@ -148,11 +148,15 @@ func (c *conn) run() {
 		writer = true
 		err = c.readLoop(fr)
 	}
-	if c.fail(err) && errors.Is(err, ErrRefused) {
-		b.stats.refused.Add(1)
+	if c.fail(err) {
+		if why, _, ok := kvxfer.RefusalOf(err); ok {
+			b.stats.refused.Add(1)
+			b.stats.refusedBy[why].Add(1)
+		}
 	}
 	if writer {
 		<-c.writerDone
+		b.stats.live.Add(-1)
 	}
 	err = c.failed()
 	b.stats.lost.Add(1)
@@ -197,6 +201,7 @@ func (c *conn) handshake() (*kvxfer.FrameReader, error) {
 	}
 	dr.timeout = b.cfg.silence()
 	b.stats.up.Add(1)
+	b.stats.live.Add(1)
 	b.log.Info("kv peer up", "peer", c.id, "remote", c.remote, "dialed", c.dialed)
 	b.cfg.Handler.PeerUp(c.id, c.remote)
 	return fr, nil
@@ -254,7 +259,8 @@ func (c *conn) helloDialed(nc net.Conn, fr *kvxfer.FrameReader) error {
 	case kvxfer.HelloOK:
 		return nil
 	case kvxfer.HelloErr:
-		return fmt.Errorf("kv handshake with %s %w: %s", c.remote, ErrRefused, m.Reason)
+		return &kvxfer.RefusedError{Reason: kvxfer.ClassifyRefusal(m.Reason), Detail: m.Reason,
+			Msg: fmt.Sprintf("kv handshake with %s refused: %s", c.remote, m.Reason)}
 	default:
 		b.stats.malformed.Add(1)
 		return fmt.Errorf("kv handshake with %s: %w: got %s, want HELLO_OK or HELLO_ERR", c.remote, ErrProtocol, m.Type())
@@ -266,6 +272,7 @@ func (c *conn) helloAccepted(nc net.Conn, fr *kvxfer.FrameReader) error {
 	b := c.b
 	m, n, err := fr.ReadFrame(kvxfer.MaxHandshakeFrameBytes)
 	var reason string
+	why := kvxfer.RefusedProtocol
 	switch {
 	case err != nil:
 		err = c.handshakeReadError(err, "HELLO")
@@ -279,13 +286,14 @@ func (c *conn) helloAccepted(nc net.Conn, fr *kvxfer.FrameReader) error {
 		reason = fmt.Sprintf("first frame is %s, want HELLO", m.Type())
 	default:
 		b.stats.received(m.Type(), n)
-		reason = b.checkHello(m.(kvxfer.Hello))
+		why, reason = b.checkHello(m.(kvxfer.Hello))
 	}
 	if reason != "" {
 		// Best effort: the peer learns why, then the connection closes.
 		_ = c.writeHandshake(nc, kvxfer.HelloErr{Reason: reason})
 		b.log.Warn("kv handshake refused", "peer", c.id, "remote", c.remote, "reason", reason)
-		return fmt.Errorf("kv handshake from %s %w: %s", c.remote, ErrRefused, reason)
+		return &kvxfer.RefusedError{Reason: why, Detail: reason,
+			Msg: fmt.Sprintf("kv handshake from %s refused: %s", c.remote, reason)}
 	}
 	if err := c.writeHandshake(nc, kvxfer.HelloOK{}); err != nil {
 		return fmt.Errorf("kv handshake from %s: %w", c.remote, err)
@@ -294,17 +302,17 @@ func (c *conn) helloAccepted(nc net.Conn, fr *kvxfer.FrameReader) error {
 }
 
 // checkHello returns why a HELLO is refused, or "".
-func (b *Backend) checkHello(h kvxfer.Hello) string {
+func (b *Backend) checkHello(h kvxfer.Hello) (kvxfer.RefusalReason, string) {
 	if h.Version != kvxfer.ProtocolVersion {
-		return fmt.Sprintf("protocol version %d vs %d (decode vs prefill)", h.Version, kvxfer.ProtocolVersion)
+		return kvxfer.RefusedVersion, fmt.Sprintf("%s %d vs %d (decode vs prefill)", kvxfer.RefusalTextVersion, h.Version, kvxfer.ProtocolVersion)
 	}
 	if subtle.ConstantTimeCompare([]byte(h.Auth), []byte(b.cfg.Auth)) != 1 {
-		return "auth token mismatch"
+		return kvxfer.RefusedAuth, kvxfer.RefusalTextAuth
 	}
 	if d := h.Fingerprint.Mismatch(b.cfg.Fingerprint); d != "" {
-		return "incompatible KV peer (decode vs prefill): " + d
+		return kvxfer.RefusedFingerprint, kvxfer.RefusalTextFingerprint + " (decode vs prefill): " + d
 	}
-	return ""
+	return 0, ""
 }
 
 // writeHandshake writes one handshake frame (under the handshake deadline).

@@ -27,8 +27,16 @@ type Stats struct {
 	Accepts uint64
 	// Up counts handshakes that succeeded (PeerUp calls).
 	Up uint64
-	// Refused counts handshakes refused, by this side or the peer.
-	Refused uint64
+	// Refused counts handshakes refused, by this side or the peer;
+	// RefusedBy the same by reason (indexed by kvxfer.RefusalReason).
+	Refused   uint64
+	RefusedBy [kvxfer.NumRefusalReasons]uint64
+	// Reconnects counts the Dials to an address that had a connection
+	// before.
+	Reconnects uint64
+	// Live is the number of connections whose handshake succeeded and that
+	// are not lost yet.
+	Live int
 	// Lost counts connections closed for any reason (PeerLost calls).
 	Lost uint64
 	// Malformed counts bad frames received: malformed, unknown type,
@@ -40,12 +48,17 @@ type Stats struct {
 // goroutine at any time.
 func (b *Backend) Stats() Stats {
 	s := Stats{
-		Dials:     b.stats.dials.Load(),
-		Accepts:   b.stats.accepts.Load(),
-		Up:        b.stats.up.Load(),
-		Refused:   b.stats.refused.Load(),
-		Lost:      b.stats.lost.Load(),
-		Malformed: b.stats.malformed.Load(),
+		Dials:      b.stats.dials.Load(),
+		Accepts:    b.stats.accepts.Load(),
+		Up:         b.stats.up.Load(),
+		Refused:    b.stats.refused.Load(),
+		Lost:       b.stats.lost.Load(),
+		Malformed:  b.stats.malformed.Load(),
+		Reconnects: b.stats.reconnects.Load(),
+		Live:       int(b.stats.live.Load()),
+	}
+	for i := range s.RefusedBy {
+		s.RefusedBy[i] = b.stats.refusedBy[i].Load()
 	}
 	for i := range s.Sent {
 		s.Sent[i] = FrameCounts{b.stats.sentFrames[i].Load(), b.stats.sentBytes[i].Load()}
@@ -60,6 +73,9 @@ type counters struct {
 	dials, accepts, up    atomic.Uint64
 	refused, lost         atomic.Uint64
 	malformed             atomic.Uint64
+	refusedBy             [kvxfer.NumRefusalReasons]atomic.Uint64
+	reconnects            atomic.Uint64
+	live                  atomic.Int64
 }
 
 func (s *counters) sent(t kvxfer.Type, n int) {
@@ -80,4 +96,12 @@ func (s *counters) received(t kvxfer.Type, n int) {
 // closed their connection.
 func (b *Backend) DroppedFrames() map[string]uint64 {
 	return map[string]uint64{"malformed": b.stats.malformed.Load()}
+}
+
+var _ kvxfer.ConnCounter = (*Backend)(nil)
+
+// ConnCounts implements kvxfer.ConnCounter.
+func (b *Backend) ConnCounts() kvxfer.ConnCounts {
+	s := b.Stats()
+	return kvxfer.ConnCounts{Dials: s.Dials, Reconnects: s.Reconnects, Live: s.Live, Refused: s.RefusedBy}
 }

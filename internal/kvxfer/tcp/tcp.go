@@ -156,6 +156,7 @@ type Backend struct {
 	nextID kvxfer.PeerID
 	conns  map[kvxfer.PeerID]*conn
 	byAddr map[string]*conn // connections started by Connect, by address
+	dialed map[string]bool  // every address Connect dialed (for Reconnects)
 	lns    []net.Listener
 }
 
@@ -170,6 +171,7 @@ func New(cfg Config) *Backend {
 		closing: make(chan struct{}),
 		conns:   make(map[kvxfer.PeerID]*conn),
 		byAddr:  make(map[string]*conn),
+		dialed:  make(map[string]bool),
 	}
 	b.idle.L = &b.mu
 	return b
@@ -265,6 +267,10 @@ func (b *Backend) Connect(addr string) kvxfer.PeerID {
 	}
 	c := b.newConnLocked(addr, nil)
 	b.stats.dials.Add(1)
+	if b.dialed[addr] {
+		b.stats.reconnects.Add(1)
+	}
+	b.dialed[addr] = true
 	if b.closed {
 		c.fail(ErrClosed)
 	} else {

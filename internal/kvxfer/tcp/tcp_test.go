@@ -72,13 +72,14 @@ func TestHandshakeRefused(t *testing.T) {
 		decode      Config
 		prefillAuth string
 		reason      string
+		why         kvxfer.RefusalReason
 	}{
 		{"page size", Config{Fingerprint: other}, "",
-			"incompatible KV peer (decode vs prefill): page_size 32 vs 16"},
+			"incompatible KV peer (decode vs prefill): page_size 32 vs 16", kvxfer.RefusedFingerprint},
 		{"two fields", Config{Fingerprint: two}, "",
-			"incompatible KV peer (decode vs prefill): layers 4 vs 2, dtype bf16 vs f32"},
-		{"auth", Config{Fingerprint: testFP, Auth: "wrong"}, "right", "auth token mismatch"},
-		{"auth missing", Config{Fingerprint: testFP}, "right", "auth token mismatch"},
+			"incompatible KV peer (decode vs prefill): layers 4 vs 2, dtype bf16 vs f32", kvxfer.RefusedFingerprint},
+		{"auth", Config{Fingerprint: testFP, Auth: "wrong"}, "right", "auth token mismatch", kvxfer.RefusedAuth},
+		{"auth missing", Config{Fingerprint: testFP}, "right", "auth token mismatch", kvxfer.RefusedAuth},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,6 +115,18 @@ func TestHandshakeRefused(t *testing.T) {
 			}
 			if s := prefill.Stats(); s.Refused != 1 || s.Sent[kvxfer.TypeHelloErr].Frames != 1 {
 				t.Errorf("prefill stats: refused %d, HELLO_ERR sent %d, want 1 1", s.Refused, s.Sent[kvxfer.TypeHelloErr].Frames)
+			}
+			// Both sides classify the refusal alike: the one that refused
+			// and the one that was told why.
+			for side, b := range map[string]*Backend{"decode": decode, "prefill": prefill} {
+				var want [kvxfer.NumRefusalReasons]uint64
+				want[tt.why] = 1
+				if c := b.ConnCounts(); c.Refused != want || c.Live != 0 {
+					t.Errorf("%s ConnCounts %+v, want refused %v and none live", side, c, want)
+				}
+			}
+			if why, detail, ok := kvxfer.RefusalOf(err); !ok || why != tt.why || detail != tt.reason {
+				t.Errorf("RefusalOf(decode's error) = %s %q %v, want %s %q", why, detail, ok, tt.why, tt.reason)
 			}
 		})
 	}
@@ -321,8 +334,14 @@ func TestReconnectGetsNewPeerID(t *testing.T) {
 	first := decode.Connect(ln.Addr().String())
 	raw := acceptHandshake(t, ln)
 	rec.waitKind(t, evUp, first)
+	if c := decode.ConnCounts(); c.Live != 1 || c.Dials != 1 || c.Reconnects != 0 {
+		t.Errorf("first connection up: %+v, want 1 live, 1 dial, no reconnect", c)
+	}
 	raw.nc.Close()
 	err := rec.waitKind(t, evLost, first).err
+	if c := decode.ConnCounts(); c.Live != 0 {
+		t.Errorf("connection lost: %d live, want 0", c.Live)
+	}
 	if !errors.Is(err, io.EOF) || !strings.Contains(err.Error(), "closed the connection") {
 		t.Errorf("PeerLost err = %q, want io.EOF 'closed the connection'", err)
 	}
@@ -334,6 +353,9 @@ func TestReconnectGetsNewPeerID(t *testing.T) {
 	rec.waitKind(t, evUp, second)
 	if err := decode.Send(second, kvxfer.KVAck{RoomGen: roomGen(1)}); err != nil {
 		t.Errorf("Send on the new connection: %v", err)
+	}
+	if c := decode.ConnCounts(); c.Live != 1 || c.Dials != 2 || c.Reconnects != 1 {
+		t.Errorf("reconnected: %+v, want 1 live, 2 dials, 1 reconnect", c)
 	}
 }
 

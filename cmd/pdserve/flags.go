@@ -146,6 +146,7 @@ type workerFlags struct {
 	kvCacheMemory     string
 	chunkedPrefill    int
 	maxRunning        int
+	maxQueued         int
 	bootstrapTimeout  time.Duration
 	queueTimeout      time.Duration
 	kvHoldTimeout     time.Duration
@@ -164,6 +165,7 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.kvCacheMemory, "kv-cache-memory", "2GiB", "KV cache pool size (e.g. 2GiB, 512MiB)")
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", d.MaxPrefillTokens, "prompt tokens per prefill forward")
 	fs.IntVar(&f.maxRunning, "max-running-requests", d.MaxRunning, "sequences in one forward: decoded per step (decode, serve), prompts computed together (prefill)")
+	fs.IntVar(&f.maxQueued, "max-queued-requests", 0, "requests that may wait to start (not yet computing, or waiting for KV pages); one more is refused with 429 overloaded and Retry-After, and the router places it on another worker (0: no bound)")
 	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", d.BootstrapTimeout, "prefill: how long to wait for decode to open the room")
 	fs.DurationVar(&f.queueTimeout, "queue-timeout", d.QueueTimeout, "how long a request may wait for a batch or for KV pages")
 	fs.DurationVar(&f.kvHoldTimeout, "kv-hold-timeout", d.KVHoldTimeout, "prefill: how long to hold computed KV for a decode that has no pages yet")
@@ -199,6 +201,7 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	mc.PageSize = f.pageSize
 	mc.MaxPrefillTokens = f.chunkedPrefill
 	mc.MaxRunning = f.maxRunning
+	mc.MaxQueued = f.maxQueued
 	mc.BootstrapTimeout = f.bootstrapTimeout
 	mc.QueueTimeout = f.queueTimeout
 	mc.KVHoldTimeout = f.kvHoldTimeout

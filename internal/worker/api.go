@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -88,6 +89,7 @@ func (w *Worker) Handler(gatherer prometheus.Gatherer) http.Handler {
 	mux.HandleFunc("POST "+workerapi.PathAbort, w.handleAbort)
 	mux.HandleFunc("GET "+workerapi.PathInfo, w.handleInfo)
 	mux.HandleFunc("GET "+workerapi.PathHealth, w.handleHealth)
+	mux.HandleFunc("GET "+workerapi.PathLoad, w.handleLoad)
 	mux.HandleFunc("GET "+workerapi.PathLive, w.handleLive)
 	mux.HandleFunc("GET "+workerapi.PathRequests, w.handleRequests)
 	mux.HandleFunc("GET "+workerapi.PathRequests+"/{rid}", w.handleRequest)
@@ -324,27 +326,87 @@ func (w *Worker) handleInfo(rw http.ResponseWriter, _ *http.Request) {
 }
 
 // Health returns the worker's readiness and load, read on the loop (status
-// HealthStuck if the loop does not answer within timeout).
+// HealthStuck if the loop does not answer within timeout), and a decode
+// worker's KV paths (every one it knows).
 func (w *Worker) Health(timeout time.Duration) workerapi.Health {
-	st, ok := w.Stats(timeout)
+	h := w.load(timeout)
+	if w.paths != nil {
+		h.KVPaths = w.paths.list(nil)
+	}
+	return h
+}
+
+// load is Health without the KV paths.
+func (w *Worker) load(timeout time.Duration) workerapi.Health {
+	type loopLoad struct {
+		st     lifecycle.Stats
+		tokens int
+	}
+	ll, ok := queryValue(w, timeout, func() loopLoad {
+		return loopLoad{w.machine.Stats(w.clock.Now()), w.promptTokens}
+	})
 	h := workerapi.Health{Status: workerapi.HealthOK, Role: apiRole(w.role), Instance: w.instance}
 	if !ok {
 		h.Status = workerapi.HealthStuck
 		return h
 	}
+	st := ll.st
 	if st.Draining {
 		h.Status = workerapi.HealthDraining
 	}
-	h.Live, h.PagesUsed, h.PagesTotal = st.Live, st.PagesUsed, st.PagesTotal
+	mc := w.cfg.Machine
+	h.Live, h.PagesUsed, h.PagesTotal, h.PromptTokens = st.Live, st.PagesUsed, st.PagesTotal, ll.tokens
+	h.PageSize, h.MaxRunning, h.MaxQueued = mc.PageSize, mc.MaxRunning, mc.MaxQueued
 	h.Stages = make(map[string]int, len(st.Stages))
 	for s, n := range st.Stages {
 		h.Stages[s.String()] = n
 	}
+	for _, s := range w.role.Queued() {
+		h.Queued += st.Stages[s]
+	}
 	return h
 }
 
-func (w *Worker) handleHealth(rw http.ResponseWriter, _ *http.Request) {
-	h := w.Health(2 * time.Second)
+// kvPeers parses the kv_peers query parameter: at most MaxKVPeers
+// host:port addresses.
+func kvPeers(r *http.Request) ([]string, error) {
+	raw := r.URL.Query().Get(workerapi.HealthQueryKVPeers)
+	if raw == "" {
+		return nil, nil
+	}
+	addrs := strings.Split(raw, ",")
+	if len(addrs) > workerapi.MaxKVPeers {
+		return nil, openai.BadRequest(workerapi.HealthQueryKVPeers, "at most %d KV peers, got %d", workerapi.MaxKVPeers, len(addrs))
+	}
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, openai.BadRequest(workerapi.HealthQueryKVPeers, "KV peer %q: %v", a, err)
+		}
+	}
+	return addrs, nil
+}
+
+func (w *Worker) handleHealth(rw http.ResponseWriter, r *http.Request) {
+	addrs, err := kvPeers(r)
+	if err != nil {
+		openai.WriteError(rw, err)
+		return
+	}
+	var h workerapi.Health
+	if w.paths != nil && addrs != nil {
+		// The router names the prefill workers this decode worker should
+		// reach: dial the ones it cannot yet, and say how each went (a
+		// refused handshake takes a round trip, so the first answer
+		// already tells).
+		w.paths.ensure(addrs, w.backend.Connect, w.clock.Now())
+		t := w.clock.NewTimer(workerapi.KVPathWait)
+		w.paths.wait(r.Context(), addrs, t.C())
+		t.Stop()
+		h = w.load(2 * time.Second)
+		h.KVPaths = w.paths.list(addrs)
+	} else {
+		h = w.Health(2 * time.Second)
+	}
 	status := http.StatusOK
 	if h.Status != workerapi.HealthOK {
 		status = http.StatusServiceUnavailable
@@ -353,6 +415,12 @@ func (w *Worker) handleHealth(rw http.ResponseWriter, _ *http.Request) {
 		}
 	}
 	writeJSON(rw, status, h)
+}
+
+// handleLoad answers the worker's load (always 200: the status says
+// whether it drains or its loop is stuck).
+func (w *Worker) handleLoad(rw http.ResponseWriter, _ *http.Request) {
+	writeJSON(rw, http.StatusOK, w.load(time.Second))
 }
 
 func (w *Worker) handleLive(rw http.ResponseWriter, _ *http.Request) {

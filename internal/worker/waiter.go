@@ -20,8 +20,9 @@ type waiter struct {
 	notify chan struct{}
 
 	// loop-only
-	arrived time.Time
-	lastAt  time.Time
+	arrived      time.Time
+	lastAt       time.Time
+	promptTokens int
 }
 
 func newWaiter() *waiter { return &waiter{notify: make(chan struct{}, 1)} }

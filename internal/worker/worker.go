@@ -131,9 +131,14 @@ type Worker struct {
 	fwdWG       sync.WaitGroup
 	laneWG      sync.WaitGroup
 
+	// paths is a decode worker's KV paths (nil for other roles).
+	paths *kvPaths
+
 	// loop-only state
 	waiters      map[string]*waiter
 	decodeBatchN int
+	// promptTokens sums the prompt lengths of the requests with a waiter.
+	promptTokens int
 	// genRate counts output tokens delivered, inputRate prompt tokens
 	// computed (sglang:gen_throughput and the batch log line).
 	genRate, inputRate metrics.Rate
@@ -213,6 +218,9 @@ func New(cfg Config) (*Worker, error) {
 		waiters:  make(map[string]*waiter),
 	}
 	w.mbox.init()
+	if mc.Role == lifecycle.RoleDecode {
+		w.paths = newKVPaths()
+	}
 	for i := range w.lanes {
 		w.lanes[i] = &ioLane{notify: make(chan struct{}, 1)}
 	}
@@ -495,6 +503,8 @@ func (w *Worker) arrive(a lifecycle.Arrive, wt *waiter) {
 		return
 	}
 	wt.arrived = w.clock.Now()
+	wt.promptTokens = len(a.Req.InputIDs)
+	w.promptTokens += wt.promptTokens
 	w.waiters[a.Req.RID] = wt
 	w.step(a)
 }
@@ -586,6 +596,7 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 		}
 		if wt := w.waiters[x.RID]; wt != nil {
 			delete(w.waiters, x.RID)
+			w.promptTokens -= wt.promptTokens
 			wt.finish(x)
 		}
 	}
@@ -759,6 +770,9 @@ func (w *Worker) peerAddr(ri *lifecycle.RequestInfo) {
 // PeerUp implements kvxfer.Handler.
 func (w *Worker) PeerUp(p kvxfer.PeerID, remote string) {
 	w.log.Debug("KV peer up", "peer", p, "remote", remote)
+	if w.paths != nil {
+		w.paths.up(remote, w.clock.Now())
+	}
 	w.post(lifecycle.PeerUp{Peer: p})
 }
 
@@ -770,6 +784,9 @@ func (w *Worker) HandleMessage(p kvxfer.PeerID, m kvxfer.Message) {
 // PeerLost implements kvxfer.Handler.
 func (w *Worker) PeerLost(p kvxfer.PeerID, err error) {
 	w.log.Info("KV peer lost", "peer", p, "err", err)
+	if w.paths != nil {
+		w.paths.lost(w.backend.Remote(p), err, w.clock.Now())
+	}
 	w.post(lifecycle.PeerLost{Peer: p, Err: err})
 }
 

@@ -3,6 +3,7 @@ package workerapi
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
@@ -16,6 +17,10 @@ const (
 	PathGenerate = "/internal/v1/generate"
 	PathAbort    = "/internal/v1/abort"
 	PathInfo     = "/internal/v1/info"
+	// PathLoad is the worker's load at this moment ([Health] without KV
+	// paths, always 200): what a router polls between health checks to
+	// pair by load.
+	PathLoad = "/internal/v1/load"
 	// PathHealth is readiness: 200 while the worker takes new requests,
 	// 503 while it drains or its loop does not answer ([Health]).
 	PathHealth = "/health"
@@ -239,18 +244,86 @@ const (
 	HealthStuck    = "loop not answering"
 )
 
-// Health is the answer of PathHealth: the worker's readiness and its load
-// at this moment (read from its lifecycle machine).
+// Health is the answer of PathHealth (and of PathLoad): the worker's
+// readiness and its load at this moment (read from its lifecycle machine),
+// and on a decode worker the state of its KV paths.
 type Health struct {
 	// Status is HealthOK (200), HealthDraining or HealthStuck (503).
 	Status   string `json:"status"`
 	Role     Role   `json:"role,omitempty"`
 	Instance string `json:"instance,omitempty"`
+	Load
+	// KVPaths is, on a decode worker, the state of its KV connection to
+	// each prefill worker: those named by the request's kv_peers query
+	// parameter ([HealthQueryKVPeers]), else every one it knows.
+	KVPaths []KVPath `json:"kv_paths,omitempty"`
+}
+
+// Load is a worker's load at one moment.
+type Load struct {
 	// Live is the number of live requests; Stages counts them per stage
 	// (e.g. "parked", "decoding").
 	Live   int            `json:"live"`
 	Stages map[string]int `json:"stages,omitempty"`
-	// PagesUsed and PagesTotal are the KV pool's pages.
+	// Queued is the number of requests waiting to start (prefill:
+	// bootstrap and waiting; decode: prealloc, queued and preempted;
+	// colocated: waiting and preempted), the queue that MaxQueued bounds.
+	Queued int `json:"queued"`
+	// PromptTokens is the sum of the prompt lengths of the live requests,
+	// in tokens (prefill's outstanding work).
+	PromptTokens int `json:"prompt_tokens"`
+	// PagesUsed and PagesTotal are the KV pool's pages; PageSize its
+	// tokens per page.
 	PagesUsed  int `json:"pages_used"`
 	PagesTotal int `json:"pages_total"`
+	PageSize   int `json:"page_size,omitempty"`
+	// MaxRunning is the most sequences in one forward
+	// (--max-running-requests); MaxQueued the queue bound
+	// (--max-queued-requests, 0: none).
+	MaxRunning int `json:"max_running,omitempty"`
+	MaxQueued  int `json:"max_queued,omitempty"`
 }
+
+// HealthQueryKVPeers is the query parameter of PathHealth by which a router
+// names the prefill KV addresses (host:port, comma-separated, at most
+// MaxKVPeers) a decode worker should hold connections to: it dials those
+// it has none to (again, after a failure), waits up to KVPathWait for their
+// handshakes, and reports every one in Health.KVPaths.
+const HealthQueryKVPeers = "kv_peers"
+
+// MaxKVPeers bounds the addresses of one kv_peers query.
+const MaxKVPeers = 4096
+
+// KV path states.
+const (
+	// KVPathUp: the connection is up (its handshake passed).
+	KVPathUp = "up"
+	// KVPathConnecting: a dial or handshake is under way.
+	KVPathConnecting = "connecting"
+	// KVPathRefused: the last handshake was refused (Reason says why:
+	// auth, protocol version, KV fingerprint); the same pair would be
+	// refused again until a worker changes.
+	KVPathRefused = "refused"
+	// KVPathUnreachable: the last connection could not be made or was
+	// lost (Reason says how).
+	KVPathUnreachable = "unreachable"
+)
+
+// KVPath is the state of a decode worker's KV connection to one prefill
+// worker.
+type KVPath struct {
+	// Addr is the prefill worker's KV address.
+	Addr  string `json:"addr"`
+	State string `json:"state"`
+	// Refusal classifies a refused handshake (kvxfer.RefusalReason's
+	// name: auth, version, fingerprint, protocol).
+	Refusal string `json:"refusal,omitempty"`
+	// Reason says why the path is refused or unreachable.
+	Reason string `json:"reason,omitempty"`
+	// Since is when it entered State.
+	Since time.Time `json:"since"`
+}
+
+// KVPathWait bounds how long a decode worker's health answer waits for the
+// handshakes of the KV paths it was asked about and had to dial.
+const KVPathWait = time.Second

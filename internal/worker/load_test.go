@@ -1,0 +1,173 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/kvxfer/tcp"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
+)
+
+func testSim(t *testing.T, decodeStep time.Duration) model.Model {
+	t.Helper()
+	m, err := sim.New(sim.Config{Geometry: kvcache.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, DType: kvcache.F32},
+		ContextLen: 256, DecodePerStep: decodeStep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// waitFor polls cond every millisecond until it holds or 10 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestLoadAndQueueBound: a worker reports its load (live requests, the
+// queue MaxQueued bounds, the prompt tokens it holds, its limits) on
+// /internal/v1/load, and refuses a request beyond its queue bound with
+// overloaded (429 with Retry-After) while the admitted ones go on.
+func TestLoadAndQueueBound(t *testing.T) {
+	mc := lifecycle.DefaultConfig(lifecycle.RoleColocated)
+	mc.MaxRunning, mc.MaxQueued = 1, 1
+	w, err := New(Config{Model: testSim(t, 5*time.Millisecond), Machine: mc, KVCacheMemory: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Shutdown(context.Background())
+	h := w.Handler(nil)
+	ctx := context.Background()
+	gen := func(rid string, prompt int) openai.Stream {
+		s, err := w.Generate(ctx, &openai.GenerateRequest{RID: rid, InputIDs: make([]int32, prompt), MaxTokens: 40,
+			IgnoreEOS: true, Sampling: model.SamplingParams{TopP: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	running := gen("running", 3)
+	defer running.Close()
+	if _, err := running.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	queued := gen("queued", 5) // MaxRunning 1: it waits
+	defer queued.Close()
+	var load workerapi.Health
+	waitFor(t, "the second request to queue", func() bool {
+		_, load, _ = getHealth(t, h, workerapi.PathLoad)
+		return load.Queued == 1
+	})
+	if load.Live != 2 || load.PromptTokens != 8 || load.MaxRunning != 1 || load.MaxQueued != 1 || load.PageSize != mc.PageSize ||
+		load.PagesTotal == 0 || load.Status != workerapi.HealthOK {
+		t.Fatalf("load %+v, want 2 live, 1 queued, 8 prompt tokens, the limits", load)
+	}
+	over := gen("over", 2)
+	defer over.Close()
+	_, err = over.Recv()
+	var we *workerapi.Error
+	if !errors.As(err, &we) || we.Outcome != outcome.Overloaded || we.Status != http.StatusTooManyRequests ||
+		we.OpenAI().RetryAfter != workerapi.OverloadRetryAfter || !strings.Contains(we.Message, "--max-queued-requests 1") {
+		t.Fatalf("request beyond the queue bound: %v", err)
+	}
+	for _, s := range []openai.Stream{running, queued} {
+		for {
+			c, err := s.Recv()
+			if err != nil {
+				t.Fatalf("admitted request failed: %v", err)
+			}
+			if c.FinishReason != "" {
+				break
+			}
+		}
+	}
+	waitFor(t, "the load to drop", func() bool {
+		_, load, _ = getHealth(t, h, workerapi.PathLoad)
+		return load.Live == 0
+	})
+	if load.PromptTokens != 0 || load.Queued != 0 {
+		t.Fatalf("load after the requests ended: %+v", load)
+	}
+}
+
+// TestDecodeReportsKVPaths: asked about prefill KV addresses, a decode
+// worker dials them and its first answer says how each went: up, refused
+// (with the refusal's reason: another --kv-auth) or unreachable; without
+// the query it lists every path it knows.
+func TestDecodeReportsKVPaths(t *testing.T) {
+	m := testSim(t, 0)
+	mc := lifecycle.DefaultConfig(lifecycle.RoleDecode)
+	fp := FingerprintOf(m.Info(), mc.PageSize)
+	prefill := func(auth string) string {
+		b := tcp.New(tcp.Config{Fingerprint: fp, Auth: auth})
+		t.Cleanup(func() { b.Close() })
+		addr, err := b.Listen("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return addr
+	}
+	good, wrongAuth := prefill("secret"), prefill("other")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	w, err := New(Config{Model: m, Machine: mc, KVCacheMemory: 1 << 20,
+		Backend: func(h kvxfer.Handler, fp kvxfer.Fingerprint, bufs DataBuffers) (kvxfer.Backend, error) {
+			return tcp.New(tcp.Config{Fingerprint: fp, Auth: "secret", Handler: h}), nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Shutdown(context.Background())
+	h := w.Handler(nil)
+	code, hl, _ := getHealth(t, h, workerapi.PathHealth+"?kv_peers="+good+","+wrongAuth+","+closed)
+	if code != http.StatusOK || len(hl.KVPaths) != 3 {
+		t.Fatalf("health: %d %+v", code, hl)
+	}
+	want := map[string][2]string{good: {workerapi.KVPathUp, ""}, wrongAuth: {workerapi.KVPathRefused, "auth"},
+		closed: {workerapi.KVPathUnreachable, ""}}
+	for _, p := range hl.KVPaths {
+		if w := want[p.Addr]; p.State != w[0] || p.Refusal != w[1] {
+			t.Errorf("path %s: %+v, want state %s refusal %q", p.Addr, p, w[0], w[1])
+		}
+		switch p.Addr {
+		case wrongAuth:
+			if p.Reason != kvxfer.RefusalTextAuth {
+				t.Errorf("refused path's reason %q", p.Reason)
+			}
+		case closed:
+			if !strings.Contains(p.Reason, "refused") { // ECONNREFUSED
+				t.Errorf("unreachable path's reason %q", p.Reason)
+			}
+		}
+	}
+	if _, all, _ := getHealth(t, h, workerapi.PathHealth); len(all.KVPaths) != 3 {
+		t.Errorf("health without a query lists %d paths, want the 3 known", len(all.KVPaths))
+	}
+	if code, _, _ := getHealth(t, h, workerapi.PathHealth+"?kv_peers=nonsense"); code != http.StatusBadRequest {
+		t.Errorf("a malformed kv_peers: %d, want 400", code)
+	}
+}

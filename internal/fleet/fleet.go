@@ -165,6 +165,10 @@ type Config struct {
 	// OnChange, if set, is called (without locks held) after a worker
 	// changed state.
 	OnChange func(w *Worker, from, to State)
+	// Describe, if set, adds what the set's user knows about a worker to
+	// its Status (the router: its load estimate and its KV paths), as
+	// Status.Pairing.
+	Describe func(w *Worker) any
 }
 
 // Defaults of Config, after SGLang's router (success 2, failure 3).
@@ -224,6 +228,9 @@ type Worker struct {
 	listed    bool      // the registry lists it
 	down      chan struct{}
 	checking  bool
+	// held, when set, keeps a worker that passes its checks not_ready, for
+	// that reason, without failing its legs in flight (Hold).
+	held string
 }
 
 // ID is the worker's registry identity.
@@ -328,13 +335,18 @@ func (w *Worker) setState(s State, now time.Time) (from State, changed bool) {
 		default:
 		}
 	case StateNotReady, StateRemoved:
-		select {
-		case <-w.down:
-		default:
-			close(w.down)
-		}
+		w.closeDown()
 	}
 	return from, true
+}
+
+// closeDown closes w's Down channel unless it is closed (w.mu held).
+func (w *Worker) closeDown() {
+	select {
+	case <-w.down:
+	default:
+		close(w.down)
+	}
 }
 
 // Status is one worker as GET /workers lists it.
@@ -364,6 +376,11 @@ type Status struct {
 	Instance     string `json:"instance,omitempty"`
 	// Invalid is set for registry entries that cannot be used, with why.
 	Invalid string `json:"invalid,omitempty"`
+	// Held says why a worker that passes its health checks is not_ready
+	// (Hold: e.g. every KV path it has is broken); its legs in flight go on.
+	Held string `json:"held,omitempty"`
+	// Pairing is what the router adds (Config.Describe).
+	Pairing any `json:"pairing,omitempty"`
 }
 
 // Set is the router's workers. See the package doc.
@@ -690,6 +707,9 @@ func (s *Set) Observe(w *Worker, info Info, err error) {
 		switch {
 		case IsDefinitive(err) || errors.Is(err, ErrMisconfigured) || w.failures >= s.cfg.FailureThreshold:
 			move(StateNotReady)
+			// A held worker is not_ready already, with its Down open:
+			// now that it fails on its own, its legs fail too.
+			w.closeDown()
 		}
 		w.mu.Unlock()
 		s.notify(changes)
@@ -710,7 +730,7 @@ func (s *Set) Observe(w *Worker, info Info, err error) {
 	}
 	w.info = info
 	w.failures = 0
-	w.lastErr = ""
+	w.lastErr = w.held
 	w.passes++
 	switch {
 	case info.Draining:
@@ -724,12 +744,71 @@ func (s *Set) Observe(w *Worker, info Info, err error) {
 		move(StateReady)
 	case w.drainedBy != "":
 		move(StateDraining)
+	case w.held != "":
+		// Passing, but held out of pairing (Hold); Release brings it back.
 	case w.state == StateReady:
 	case w.passes >= s.cfg.SuccessThreshold:
 		move(StateReady)
 	}
 	w.mu.Unlock()
 	s.notify(changes)
+}
+
+// Hold makes a ready worker not_ready for why, without failing its legs in
+// flight (its Down channel stays open), until Release: the router holds a
+// worker whose every KV path is broken, which no health check of the worker
+// alone can see. Health checks go on; a worker held while pending becomes
+// ready only once released. Hold of a held worker updates the reason.
+func (s *Set) Hold(w *Worker, why string) {
+	now := s.cfg.Clock.Now()
+	var changes []change
+	w.mu.Lock()
+	first := w.held == ""
+	w.held = why
+	if w.state == StateReady {
+		// Not setState: that would close Down and fail the legs in flight.
+		changes = append(changes, change{w, w.state, StateNotReady})
+		w.state, w.since = StateNotReady, now
+	}
+	w.lastErr = why
+	w.mu.Unlock()
+	if first {
+		s.log.Warn("worker held out of pairing", "worker", w.entry.URL, "worker_role", w.entry.Role, "reason", why)
+	}
+	s.notify(changes)
+}
+
+// Release ends a Hold: a held worker whose last health check passed (and
+// enough of them) is ready again at once. It reports whether w was held.
+func (s *Set) Release(w *Worker) bool {
+	now := s.cfg.Clock.Now()
+	var changes []change
+	w.mu.Lock()
+	if w.held == "" {
+		w.mu.Unlock()
+		return false
+	}
+	w.held = ""
+	if w.lastErr != "" && w.failures == 0 {
+		w.lastErr = ""
+	}
+	if w.state == StateNotReady && w.failures == 0 && w.passes >= s.cfg.SuccessThreshold {
+		// Down was never closed by the hold (unless a failure closed it
+		// since, which the failure count rules out).
+		changes = append(changes, change{w, w.state, StateReady})
+		w.state, w.since = StateReady, now
+	}
+	w.mu.Unlock()
+	s.log.Info("worker released", "worker", w.entry.URL, "worker_role", w.entry.Role)
+	s.notify(changes)
+	return true
+}
+
+// Held returns why w is held ("" if it is not).
+func (w *Worker) Held() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.held
 }
 
 // maybeForget removes an unlisted worker that failed its checks.
@@ -817,7 +896,11 @@ func (s *Set) Resume(id string) bool {
 func (s *Set) Statuses() []Status {
 	var out []Status
 	for _, w := range s.Workers("") {
-		out = append(out, w.Status())
+		st := w.Status()
+		if s.cfg.Describe != nil {
+			st.Pairing = s.cfg.Describe(w)
+		}
+		out = append(out, st)
 	}
 	s.mu.Lock()
 	for _, e := range s.invalid {
@@ -836,7 +919,7 @@ func (w *Worker) Status() Status {
 	st := Status{ID: w.entry.ID, URL: w.entry.URL, Role: w.entry.Role, State: w.state, Source: w.entry.Source,
 		Legs: w.Legs(), Live: w.info.Live, ParkedKV: w.info.Parked, Since: w.since, LastError: w.lastErr,
 		DrainedBy: w.drainedBy, Weight: weight, KVAddr: w.entry.KVAddr, Instance: w.info.Instance,
-		Healthy: w.state == StateReady}
+		Healthy: w.state == StateReady, Held: w.held}
 	if st.KVAddr == "" {
 		st.KVAddr = w.info.KVAddr
 	}

@@ -438,3 +438,61 @@ func TestRunFollowsRegistry(t *testing.T) {
 		<-done
 	})
 }
+
+// TestHoldKeepsLegsAndRelease: a held worker is not_ready with the reason,
+// though it passes its checks, and its legs in flight go on (Down stays
+// open); Release makes it ready at once. A held worker that then fails its
+// checks on its own fails its legs, and is not ready on release until it
+// passes again.
+func TestHoldKeepsLegsAndRelease(t *testing.T) {
+	f := newFakeWorkers()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s, _, tr := newSet(t, f, clk)
+	f.set("http://d0", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d0", "decode", "http://d0")}})
+	ctx := context.Background()
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	w := mustGet(t, s, "d0")
+	down := w.Down()
+	s.Hold(w, "every KV path is open")
+	if w.State() != StateNotReady || w.Usable() || closed(down) {
+		t.Fatalf("held: state %s, down closed %v; want not_ready with its legs going on", w.State(), closed(down))
+	}
+	s.CheckAll(ctx)
+	if st := w.Status(); st.State != StateNotReady || st.Held != "every KV path is open" || st.LastError != st.Held {
+		t.Fatalf("held worker after a passing check: %+v", st)
+	}
+	if !s.Release(w) || w.State() != StateReady || closed(w.Down()) {
+		t.Fatalf("released: %s", w.State())
+	}
+	if s.Release(w) {
+		t.Fatal("a second Release reported a hold")
+	}
+	// Held, then failing on its own.
+	s.Hold(w, "paths")
+	f.set("http://d0", Info{}, errors.New("boom"))
+	for range DefaultFailureThreshold {
+		s.CheckAll(ctx)
+	}
+	if !closed(w.Down()) {
+		t.Fatal("a held worker failing its checks kept its legs")
+	}
+	s.Release(w)
+	if w.State() != StateNotReady {
+		t.Fatalf("released while failing: %s", w.State())
+	}
+	f.set("http://d0", decodeInfo("a"), nil)
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	if w.State() != StateReady {
+		t.Fatalf("passing again: %s", w.State())
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	want := []string{"http://d0 state(0)->pending", "http://d0 pending->ready", "http://d0 ready->not_ready", "http://d0 not_ready->ready",
+		"http://d0 ready->not_ready", "http://d0 not_ready->ready"}
+	if fmt.Sprint(tr.log) != fmt.Sprint(want) {
+		t.Fatalf("transitions %v, want %v", tr.log, want)
+	}
+}

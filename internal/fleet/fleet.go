@@ -601,22 +601,21 @@ func (s *Set) Get(id string) (*Worker, bool) {
 }
 
 // CheckAll health-checks every worker at once, each within CheckTimeout,
-// and waits for the answers. It answers a pending request to check every
-// worker (a worker joined) too.
-func (s *Set) CheckAll(ctx context.Context) {
+// and waits for the answers; given roles, it checks the workers of each
+// role in turn (all of one role at once), and only those. It answers a
+// pending request to check every worker (a worker joined) too.
+func (s *Set) CheckAll(ctx context.Context, roles ...string) {
 	select {
 	case <-s.kick:
 	default:
 	}
-	var wg sync.WaitGroup
-	for _, w := range s.Workers("") {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.check(ctx, w)
-		}()
+	if len(roles) == 0 {
+		s.Check(ctx, s.Workers("")...)
+		return
 	}
-	wg.Wait()
+	for _, role := range roles {
+		s.Check(ctx, s.Workers(role)...)
+	}
 }
 
 // Check health-checks the given workers at once and waits for the answers

@@ -153,14 +153,26 @@ pdserve_worker_loop_up{role="decode"} 0
 }
 
 // TestRouterExposition: a PD router exposes every outcome of its answers,
-// every (role, outcome) of its legs' failures and every worker from the
-// start, and counts by value; golden file testdata/router.txt.
+// every (role, outcome) of its legs' failures, every retry cause, every
+// shed reason, every worker's selections by its role's policy and the
+// client-side histograms (with model_name) from the start, its scrape-time
+// gauges as the state says, and counts by value; golden file
+// testdata/router.txt.
 func TestRouterExposition(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewRouter(reg, []workerapi.Role{workerapi.RolePrefill, workerapi.RoleDecode},
-		[]string{"http://p0:30000", "http://d0:30001"}, func() map[[2]string]int {
-			return map[[2]string]int{{"prefill", "ready"}: 1, {"decode", "ready"}: 1, {"decode", "draining"}: 0}
-		})
+	m, err := NewRouter(reg, RouterConfig{ModelName: "pdserve-sim",
+		Roles:    []workerapi.Role{workerapi.RolePrefill, workerapi.RoleDecode},
+		Workers:  map[string]workerapi.Role{"http://p0:30000": workerapi.RolePrefill, "http://d0:30001": workerapi.RoleDecode},
+		Policies: map[workerapi.Role]string{workerapi.RolePrefill: "least_load", workerapi.RoleDecode: "power_of_two"},
+		State: func() RouterState {
+			return RouterState{
+				Workers:  map[[2]string]int{{"prefill", "ready"}: 1, {"decode", "ready"}: 1, {"decode", "draining"}: 0},
+				Inflight: map[string]int{"streaming": 2},
+				Legs: []WorkerLegs{{Role: "prefill", URL: "http://p0:30000", Legs: 1},
+					{Role: "decode", URL: "http://d0:30001", Legs: 3, Saturated: true}},
+				Pairs: []PairBreaker{{Prefill: "http://p0:30000", Decode: "http://d0:30001", State: 2}},
+			}
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,11 +182,21 @@ func TestRouterExposition(t *testing.T) {
 	m.LegFailed(workerapi.RoleDecode, outcome.FailedTransfer)
 	m.LegFailed(workerapi.RoleDecode, outcome.FailedTransfer)
 	m.LegFailed(workerapi.RolePrefill, outcome.RejectedInvalid)
-	m.Retried()
+	m.Retried(outcome.FailedTransfer)
+	m.Shed("decode_kv")
+	m.Selected(workerapi.RoleDecode, "power_of_two", "http://d0:30001")
 	m.WorkerFailed("http://d0:30001")
-	m.WorkerSeen("http://d1:30001")
-	m.WorkerSeen("http://gone:1")
+	m.WorkerSeen("http://d1:30001", workerapi.RoleDecode)
+	m.WorkerSeen("http://gone:1", workerapi.RolePrefill)
 	m.WorkerGone("http://gone:1")
+	// One request: queued 2 ms, first token after 150 ms (prompt of 7
+	// tokens), then 1 token after 5 ms and 3 in one chunk 30 ms later, done
+	// after 1.2 s.
+	m.FirstToken(150*time.Millisecond, 2*time.Millisecond, 7)
+	m.Tokens(1, 0, true)
+	m.Tokens(1, 5*time.Millisecond, false)
+	m.Tokens(3, 30*time.Millisecond, false)
+	m.Ended(1200 * time.Millisecond)
 	golden(t, reg, "router")
 }
 
@@ -189,10 +211,10 @@ func TestRegisterTwice(t *testing.T) {
 	if _, err := NewWorker(reg, workerapi.RolePrefill, nil, snap); err == nil {
 		t.Fatal("a second worker registered")
 	}
-	if _, err := NewRouter(reg, nil, nil, nil); err != nil {
+	if _, err := NewRouter(reg, RouterConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewRouter(reg, nil, nil, nil); err == nil {
+	if _, err := NewRouter(reg, RouterConfig{}); err == nil {
 		t.Fatal("a second router registered")
 	}
 }

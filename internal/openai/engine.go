@@ -2,6 +2,7 @@ package openai
 
 import (
 	"context"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/model"
 )
@@ -41,6 +42,9 @@ type GenerateRequest struct {
 	// end (a non-streaming request without stop strings), so the engine
 	// may deliver it in one chunk instead of token by token.
 	Buffered bool
+	// Arrived is when the front end received the request (Config.Now),
+	// before reading its body: the client's latencies start there.
+	Arrived time.Time
 }
 
 // Token is one output token.

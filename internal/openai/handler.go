@@ -266,6 +266,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // generate serves one completion or chat completion request.
 func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	arrived := h.cfg.Now()
 	ctx := r.Context()
 	rc := http.NewResponseController(w)
 	endpoint := "completions"
@@ -321,6 +322,7 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		StopTokenIDs: req.stopTokenIDs,
 		IgnoreEOS:    req.ignoreEOS,
 		Buffered:     !req.stream && len(req.stop) == 0,
+		Arrived:      arrived,
 	}
 	stream, err := h.cfg.Engine.Generate(ctx, gr)
 	if err == nil && stream == nil {

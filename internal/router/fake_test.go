@@ -158,6 +158,31 @@ type fakeWorker struct {
 	abortChs map[string]chan workerapi.AbortBody    // by rid
 	healthFn func(ctx context.Context) (status int) // nil: 200
 	leg      legFunc                                // the leg endpoint
+	// report, if set, is the body of /health and /internal/v1/load (the
+	// request, for /health's kv_peers); nil: /health answers {} and
+	// /internal/v1/load 404.
+	report func(r *http.Request) workerapi.Health
+	loads  int // /internal/v1/load calls
+}
+
+func (f *fakeWorker) setReport(fn func(r *http.Request) workerapi.Health) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.report = fn
+}
+
+// reportLoad makes the worker report l (every other field zero but the
+// status ok and a pool of 1000 pages of 16 tokens unless l says).
+func (f *fakeWorker) reportLoad(l workerapi.Load) {
+	if l.PagesTotal == 0 {
+		l.PagesTotal = 1000
+	}
+	if l.PageSize == 0 {
+		l.PageSize = 16
+	}
+	f.setReport(func(*http.Request) workerapi.Health {
+		return workerapi.Health{Status: workerapi.HealthOK, Role: f.role, Load: l}
+	})
 }
 
 func (f *fakeWorker) url() string { return "http://" + f.host }
@@ -209,13 +234,28 @@ func (f *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.health++
 		fn := f.healthFn
+		rep := f.report
 		f.mu.Unlock()
 		status := http.StatusOK
 		if fn != nil {
 			status = fn(r.Context())
 		}
 		rw.WriteHeader(status)
-		_, _ = io.WriteString(rw, `{}`)
+		if rep == nil {
+			_, _ = io.WriteString(rw, `{}`)
+			return
+		}
+		_ = json.NewEncoder(rw).Encode(rep(r))
+	case r.Method == http.MethodGet && r.URL.Path == workerapi.PathLoad:
+		f.mu.Lock()
+		f.loads++
+		rep := f.report
+		f.mu.Unlock()
+		if rep == nil {
+			http.NotFound(rw, r)
+			return
+		}
+		_ = json.NewEncoder(rw).Encode(rep(r))
 	case r.Method == http.MethodPost && r.URL.Path == workerapi.PathAbort:
 		var b workerapi.AbortBody
 		if err := json.NewDecoder(r.Body).Decode(&b); err != nil {

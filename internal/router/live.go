@@ -69,13 +69,26 @@ func (r *Router) track(rid, room string, promptTokens int) *liveRequest {
 	r.liveMu.Lock()
 	r.live[lr] = struct{}{}
 	r.liveMu.Unlock()
+	r.inflight.Add(1)
 	return lr
 }
 
+// untrack drops a request tracked by track; a second call is a no-op.
 func (r *Router) untrack(lr *liveRequest) {
 	r.liveMu.Lock()
+	_, ok := r.live[lr]
 	delete(r.live, lr)
 	r.liveMu.Unlock()
+	if ok {
+		r.inflight.Add(-1)
+	}
+}
+
+// currentStage is the request's router stage.
+func (lr *liveRequest) currentStage() string {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	return lr.stage
 }
 
 // attempt records a new attempt of the request on peers.

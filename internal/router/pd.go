@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
@@ -47,6 +48,10 @@ type attempt struct {
 	pDone   bool // prefill answered
 	// pDown and dDown close when the pair's workers are found down.
 	pDown, dDown <-chan struct{}
+	// probe: the pair's breaker is half-open and this attempt is its one
+	// probe; pathDone: the pair's breaker has been told how the attempt
+	// went on the KV path.
+	probe, pathDone bool
 }
 
 // pdStream is one request's legs, seen as an openai.Stream.
@@ -71,13 +76,18 @@ type pdStream struct {
 	// are retried without counting against MaxAttempts (up to
 	// maxDrainRetries).
 	drainRetries int
+	// req is what the pair policies see of the request; dispatched is when
+	// the current attempt's legs were sent.
+	req        PickRequest
+	dispatched time.Time
 }
 
 // maxDrainRetries bounds the extra attempts of a request whose legs were
 // refused by draining workers.
 const maxDrainRetries = 4
 
-// Generate implements openai.Engine: it picks a pair and starts both legs.
+// Generate implements openai.Engine: it admits the request, picks a pair
+// and starts both legs.
 func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
 	select {
 	case <-r.stopping:
@@ -88,23 +98,56 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		return nil, e
 	default:
 	}
-	if len(r.cfg.Colocated) > 0 {
-		return r.generatePlain(ctx, g)
+	if max := r.cfg.Admission.MaxInflight; max > 0 && r.inflight.Load() >= int64(max) {
+		return nil, r.shed(r.shedError(ShedMaxInflight, "the router serves %d requests, its --max-inflight-requests", max))
 	}
-	if r.cfg.Registry != nil && r.pick(workerapi.RoleColocated, nil, false) != nil {
-		if _, _, _, e := r.pickPair(nil, nil, false); e != nil {
-			return r.generatePlain(ctx, g)
+	arrived := g.Arrived
+	if arrived.IsZero() {
+		arrived = r.clock.Now()
+	}
+	var (
+		st  openai.Stream
+		err *openai.Error
+	)
+	req := PickRequest{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens}
+	plain := len(r.cfg.Colocated) > 0
+	if !plain && r.cfg.Registry != nil {
+		if w, _ := r.pickPlain(nil); w != nil {
+			_, _, _, _, e := r.pickPair(pickOpts{})
+			plain = e != nil
 		}
 	}
-	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String(),
+	if plain {
+		st, err = r.generatePlain(ctx, g, &req)
+	} else {
+		st, err = r.generatePD(ctx, g, req)
+	}
+	if err != nil {
+		if err.Status == http.StatusTooManyRequests {
+			return nil, r.shed(err)
+		}
+		r.metrics.Answered(outcome.NoWorker)
+		if err.Code == "" {
+			err.Code = outcome.NoWorker.String()
+		}
+		return nil, err
+	}
+	return &measured{Stream: st, r: r, arrived: arrived, prompt: len(g.InputIDs)}, nil
+}
+
+// shed counts a 429 the router answers with e.
+func (r *Router) shed(e *openai.Error) *openai.Error {
+	r.metrics.Answered(outcome.Overloaded)
+	r.metrics.Shed(shedReasonOf(e).String())
+	return e
+}
+
+func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req PickRequest) (openai.Stream, *openai.Error) {
+	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String(), req: req,
 		exclude: map[*fleet.Worker]bool{}, avoid: map[*fleet.Worker]bool{}}
 	s.live = r.track(g.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)
-		r.metrics.Answered(outcome.NoWorker)
-		if e.Code == "" {
-			e.Code = outcome.NoWorker.String()
-		}
 		return nil, e
 	}
 	return s, nil
@@ -113,7 +156,7 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 // start launches attempt gen on a freshly picked pair.
 func (s *pdStream) start(gen uint32) *openai.Error {
 	r, g := s.r, s.g
-	pw, dw, kv, e := r.pickPair(s.exclude, s.avoid, true)
+	pw, dw, kv, probe, e := r.pickPair(pickOpts{exclude: s.exclude, avoid: s.avoid, req: &s.req})
 	if e != nil {
 		return e
 	}
@@ -126,15 +169,19 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		Buffered: g.Buffered}
 	payload, err := json.Marshal(body)
 	if err != nil {
+		if probe {
+			r.breakers.released(pw, dw)
+		}
 		return openai.Internal("encode leg: %v", err)
 	}
 	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1),
-		pDown: pw.Down(), dDown: dw.Down()}
+		pDown: pw.Down(), dDown: dw.Down(), probe: probe}
 	pctx, pcancel := r.withTimeout(context.Background(), LegTimeout)
 	dctx, dcancel := r.withTimeout(context.Background(), LegTimeout)
 	a.pCancel, a.dCancel = pcancel, dcancel
 	r.bg.Add(2)
-	pLeg, dLeg := pw.AddLeg(), dw.AddLeg()
+	pLeg := r.legStarted(pw, legTokens(workerapi.RolePrefill, &s.req))
+	dLeg := r.legStarted(dw, legTokens(workerapi.RoleDecode, &s.req))
 	go func() {
 		defer r.bg.Done()
 		defer pcancel()
@@ -147,12 +194,48 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		r.runDecode(dctx, dw, payload, a.lines)
 	}()
 	s.a = a
+	s.dispatched = r.clock.Now()
 	why := "legs sent"
 	if gen > 1 {
 		why = "retried on a new pair"
 	}
+	if probe {
+		why += " (probing a half-open KV path)"
+	}
 	s.live.attempt(gen, pw.URL()+" → "+dw.URL(), why)
 	return nil
+}
+
+// pathWorked tells the pair's breaker that the attempt's KV arrived.
+func (s *pdStream) pathWorked(a *attempt) {
+	if a.pathDone {
+		return
+	}
+	a.pathDone = true
+	if s.r.breakers.success(a.pw, a.dw) {
+		s.r.log.Info("KV path closed again", "prefill", a.pw.URL(), "decode", a.dw.URL())
+	}
+}
+
+// pathEnded tells the pair's breaker how an attempt that did not get its
+// KV ended: a failure of the path (o), or of something else.
+func (s *pdStream) pathEnded(a *attempt, o outcome.Outcome, why string) {
+	if a.pathDone {
+		return
+	}
+	a.pathDone = true
+	switch {
+	case pathFailure(o):
+		if !strings.HasPrefix(why, o.String()) {
+			why = o.String() + ": " + why
+		}
+		if s.r.breakers.failure(a.pw, a.dw, why, s.r.clock.Now()) {
+			s.r.log.Warn("KV path open", "prefill", a.pw.URL(), "decode", a.dw.URL(), "outcome", o.String(), "err", why,
+				"cooldown", s.r.cfg.BreakerCooldown)
+		}
+	case a.probe:
+		s.r.breakers.released(a.pw, a.dw)
+	}
 }
 
 // drain consumes what is left of an attempt's decode stream, so its
@@ -353,11 +436,17 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 	s.drain(a)
 	s.r.metrics.LegFailed(f.role, e.Outcome)
 	s.live.event(fmt.Sprintf("%s leg failed (gen %d): %s", f.role, a.gen, e.Message))
+	s.pathEnded(a, e.Outcome, e.Message)
 	failedW := a.dw
 	if f.role == workerapi.RolePrefill {
 		failedW = a.pw
 	}
 	switch {
+	case e.Outcome == outcome.Overloaded:
+		// Its queue is full: no new pair for it until it reports room, and
+		// never this request's retry.
+		s.r.markOverloaded(failedW)
+		s.exclude[failedW] = true
 	case e.Outcome.Leaving():
 		// The worker said it is going away: out of new pairs at once,
 		// before its next health check, and never the retry's.
@@ -382,7 +471,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			}
 		}
 		if se := s.start(a.gen + 1); se == nil {
-			s.r.metrics.Retried()
+			s.r.metrics.Retried(e.Outcome)
 			s.r.log.Info("retrying request on a new pair", "rid", s.rid, "room", s.room, "gen", a.gen+1,
 				"failed_leg", f.role.String(), "outcome", e.Outcome.String(), "err", e.Message)
 			return true, nil
@@ -390,6 +479,9 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 	}
 	s.ended = true
 	s.r.metrics.Answered(e.Outcome)
+	if e.Outcome == outcome.Overloaded {
+		s.r.metrics.Shed(ShedWorkerOverloaded.String())
+	}
 	s.r.log.Info("request failed", "rid", s.rid, "room", s.room, "gen", a.gen, "leg", f.role.String(),
 		"outcome", e.Outcome.String(), "status", e.Status, "err", e.Message)
 	return false, e
@@ -422,6 +514,7 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 				if len(c.Tokens) > 0 {
 					s.sent = true
 					s.live.tokens(len(c.Tokens))
+					s.pathWorked(a)
 				}
 				if c.FinishReason != "" {
 					s.finished, s.ended = true, true
@@ -512,6 +605,7 @@ func (s *pdStream) Stop() {
 func (s *pdStream) Close() {
 	s.r.untrack(s.live)
 	a := s.a
+	s.pathEnded(a, outcome.None, "")
 	if !s.ended {
 		s.ended = true
 		why, o := s.closeWhy, outcome.Shutdown

@@ -184,7 +184,7 @@ func TestRetryDecisionByOutcome(t *testing.T) {
 					if g0, g1 := gens(d0Legs), gens(d1Legs); len(g0) != 1 || len(g1) != 1 {
 						t.Errorf("decode legs of gens %v and %v: the retry went back to the decode worker that failed", g0, g1)
 					}
-					if n := counter(t, tr.reg, "pdserve_router_retries_total"); n != 1 {
+					if n := counter(t, tr.reg, "pdserve_router_retries_total", "cause", o.String()); n != 1 {
 						t.Errorf("retries %v", n)
 					}
 					if n := counter(t, tr.reg, "pdserve_router_requests_total", "outcome", "ok"); n != 1 {
@@ -454,7 +454,7 @@ func TestNoRetryAfterFirstToken(t *testing.T) {
 		if a.err == nil || a.err.Code != "peer_lost" || !cmp.Equal(a.tokens, []int32{10}) {
 			t.Fatalf("got %+v, want token 10 then peer_lost", a)
 		}
-		if n := counter(t, tr.reg, "pdserve_router_retries_total"); n != 0 {
+		if n := counter(t, tr.reg, "pdserve_router_retries_total", "cause", "peer_lost"); n != 0 {
 			t.Fatalf("retried %v times", n)
 		}
 	})

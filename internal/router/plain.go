@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/openai"
@@ -26,27 +27,26 @@ type plainStream struct {
 	ended    bool
 	finished bool
 	shutdown bool // the router stopped the request: its answer was a 503
+	// dispatched is when the request was sent to its worker.
+	dispatched time.Time
 }
 
 // generatePlain sends a whole request to the next healthy colocated worker.
 // It is not retried: the worker's failure, or its going down, is the
 // answer (plain mode is the baseline that disaggregation is compared with).
-func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
+func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, req *PickRequest) (openai.Stream, *openai.Error) {
 	payload, err := json.Marshal(workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
 		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered})
 	if err != nil {
 		return nil, openai.Internal("encode request: %v", err)
 	}
-	w := r.pick(workerapi.RoleColocated, nil, true)
-	if w == nil {
-		r.metrics.Answered(outcome.NoWorker)
-		e := openai.Unavailable("no healthy colocated worker (see /debug/workers)")
-		e.Code = outcome.NoWorker.String()
+	w, e := r.pickPlain(req)
+	if e != nil {
 		return nil, e
 	}
 	lctx, cancel := r.withTimeout(context.Background(), LegTimeout)
 	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel, down: w.Down(),
-		legDone: w.AddLeg()}
+		legDone: r.legStarted(w, legTokens(workerapi.RoleColocated, req)), dispatched: r.clock.Now()}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	s.live.attempt(1, w.URL(), "sent to a colocated worker")
 	r.bg.Add(1)
@@ -73,6 +73,10 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 			s.ended = true
 			s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
 			s.r.metrics.Answered(e.Outcome)
+			if e.Outcome == outcome.Overloaded {
+				s.r.markOverloaded(s.w)
+				s.r.metrics.Shed(ShedWorkerOverloaded.String())
+			}
 			return openai.Chunk{}, e
 		}
 		c := ev.chunk

@@ -86,6 +86,20 @@ type Config struct {
 	SuccessThreshold int
 	FailureThreshold int
 	SlowStart        time.Duration
+	// PrefillPolicy and DecodePolicy name the pair policy of each role
+	// (PolicyNames; default least_load); colocated workers are chosen by
+	// the decode policy.
+	PrefillPolicy, DecodePolicy string
+	// LoadInterval is how often every worker's load is polled (default
+	// 100 ms); LoadStaleness how old a report may be before only the
+	// router's own count of its legs is used (default 1 s).
+	LoadInterval, LoadStaleness time.Duration
+	// Admission are the load-shedding thresholds (nil: DefaultAdmission).
+	Admission *Admission
+	// BreakerFailures consecutive KV path failures of a (prefill, decode)
+	// pair open its breaker for BreakerCooldown (defaults 3 and 10 s).
+	BreakerFailures int
+	BreakerCooldown time.Duration
 	// AbortTimeout bounds each abort call to a worker (default 2 s).
 	AbortTimeout time.Duration
 	// MaxAttempts bounds the attempts of one request (default 2: one
@@ -118,9 +132,13 @@ type Router struct {
 	clock  clock.WithTickerAndDelayedExecution
 	client *http.Client
 	set    *fleet.Set
-	rr     [3]atomic.Uint64 // round-robin positions: prefill, decode, colocated
-	rnd    *rand.Rand       // slow-start draws (under rndMu)
-	rndMu  sync.Mutex
+	// policies choose prefill, decode and colocated workers.
+	policies [3]Policy
+	rnd      *rand.Rand // slow-start and policy draws (under rndMu)
+	rndMu    sync.Mutex
+	// wstates holds each worker's *wstate (load and admission).
+	wstates  sync.Map
+	breakers *breakers
 
 	bg     sync.WaitGroup
 	stop   chan struct{}
@@ -136,6 +154,8 @@ type Router struct {
 
 	liveMu sync.Mutex
 	live   map[*liveRequest]struct{} // requests being served, for /debug/requests
+	// inflight counts the requests being served (--max-inflight-requests).
+	inflight atomic.Int64
 
 	metrics  *metrics.Router
 	frontend *metrics.Frontend
@@ -169,6 +189,34 @@ func New(cfg Config) (*Router, error) {
 	if cfg.PeerFailureGrace <= 0 {
 		cfg.PeerFailureGrace = time.Second
 	}
+	if cfg.PrefillPolicy == "" {
+		cfg.PrefillPolicy = PolicyLeastLoad
+	}
+	if cfg.DecodePolicy == "" {
+		cfg.DecodePolicy = PolicyLeastLoad
+	}
+	if cfg.LoadInterval <= 0 {
+		cfg.LoadInterval = DefaultLoadInterval
+	}
+	if cfg.LoadStaleness <= 0 {
+		cfg.LoadStaleness = DefaultLoadStaleness
+	}
+	if cfg.Admission == nil {
+		a := DefaultAdmission()
+		cfg.Admission = &a
+	}
+	if cfg.Admission.RetryAfter <= 0 {
+		cfg.Admission.RetryAfter = workerapi.OverloadRetryAfter
+	}
+	if err := cfg.Admission.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.BreakerFailures <= 0 {
+		cfg.BreakerFailures = DefaultBreakerFailures
+	}
+	if cfg.BreakerCooldown <= 0 {
+		cfg.BreakerCooldown = DefaultBreakerCooldown
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -188,7 +236,15 @@ func New(cfg Config) (*Router, error) {
 	}
 	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), clock: cfg.Clock, client: cfg.Client, stop: make(chan struct{}),
 		stopping: make(chan struct{}), draining: make(chan struct{}), live: make(map[*liveRequest]struct{}),
-		rnd: rand.New(rand.NewPCG(uint64(cfg.Clock.Now().UnixNano()), 0x9e3779b97f4a7c15))}
+		rnd:      rand.New(rand.NewPCG(uint64(cfg.Clock.Now().UnixNano()), 0x9e3779b97f4a7c15)),
+		breakers: newBreakers(cfg.BreakerFailures, cfg.BreakerCooldown)}
+	for i, name := range []string{cfg.PrefillPolicy, cfg.DecodePolicy, cfg.DecodePolicy} {
+		p, err := newPolicy(name, policyDeps{intn: r.intn})
+		if err != nil {
+			return nil, err
+		}
+		r.policies[i] = p
+	}
 	reg := cfg.Registry
 	if reg == nil {
 		st, err := registry.NewStatic(cfg.Prefill, cfg.Decode, cfg.Colocated)
@@ -201,7 +257,7 @@ func New(cfg Config) (*Router, error) {
 	r.set, err = fleet.New(fleet.Config{Registry: reg, Probe: r.probeWorker, ModelName: cfg.ModelName,
 		HealthInterval: cfg.HealthInterval, CheckTimeout: cfg.CheckTimeout, SuccessThreshold: cfg.SuccessThreshold,
 		FailureThreshold: cfg.FailureThreshold, SlowStart: cfg.SlowStart, Clock: cfg.Clock, Logger: r.log,
-		OnChange: r.workerChanged})
+		OnChange: r.workerChanged, Describe: r.describe})
 	if err != nil {
 		return nil, err
 	}
@@ -211,22 +267,64 @@ func New(cfg Config) (*Router, error) {
 	} else if cfg.Registry != nil {
 		roles = append(roles, workerapi.RoleColocated)
 	}
-	var urls []string
-	for _, l := range [][]string{cfg.Prefill, cfg.Decode, cfg.Colocated} {
+	urls := map[string]workerapi.Role{}
+	for i, l := range [][]string{cfg.Prefill, cfg.Decode, cfg.Colocated} {
 		for _, u := range l {
 			if pu, err := registry.ParseURL(u); err == nil {
-				urls = append(urls, pu)
+				urls[pu] = []workerapi.Role{workerapi.RolePrefill, workerapi.RoleDecode, workerapi.RoleColocated}[i]
 			}
 		}
 	}
 	r.roles = roles
-	if r.metrics, err = metrics.NewRouter(cfg.Registerer, roles, urls, r.workerCounts); err != nil {
+	if r.metrics, err = metrics.NewRouter(cfg.Registerer, metrics.RouterConfig{ModelName: cfg.ModelName, Roles: roles,
+		Workers: urls, State: r.metricsState, Policies: map[workerapi.Role]string{
+			workerapi.RolePrefill: cfg.PrefillPolicy, workerapi.RoleDecode: cfg.DecodePolicy, workerapi.RoleColocated: cfg.DecodePolicy}}); err != nil {
 		return nil, err
 	}
 	if r.frontend, err = metrics.NewFrontend(cfg.Registerer, "router"); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// metricsState is what the router's scrape-time gauges read.
+func (r *Router) metricsState() metrics.RouterState {
+	st := metrics.RouterState{Workers: r.workerCounts(), Inflight: map[string]int{}}
+	r.liveMu.Lock()
+	for lr := range r.live {
+		st.Inflight[lr.currentStage()]++
+	}
+	r.liveMu.Unlock()
+	for _, w := range r.set.Workers("") {
+		ws := r.state(w)
+		ws.mu.Lock()
+		sat := ws.saturated || !ws.overloaded.IsZero()
+		ws.mu.Unlock()
+		st.Legs = append(st.Legs, metrics.WorkerLegs{Role: w.Role(), URL: w.URL(), Legs: w.Legs(), Saturated: sat})
+	}
+	for _, p := range r.Pairs() {
+		st.Pairs = append(st.Pairs, metrics.PairBreaker{Prefill: p.Prefill, Decode: p.Decode, State: int(p.State)})
+	}
+	return st
+}
+
+// Pairing is what GET /workers adds about a worker: the router's estimate
+// of its load, and (a decode worker) the breakers of its KV paths that are
+// not closed.
+type Pairing struct {
+	Load  LoadStatus   `json:"load"`
+	Paths []PairStatus `json:"kv_paths,omitempty"`
+}
+
+// describe is the fleet's Describe: the router's view of w.
+func (r *Router) describe(w *fleet.Worker) any {
+	p := Pairing{Load: r.loadStatus(w)}
+	for _, ps := range r.Pairs() {
+		if ps.State != BreakerClosed && (ps.Prefill == w.URL() || ps.Decode == w.URL()) {
+			p.Paths = append(p.Paths, ps)
+		}
+	}
+	return p
 }
 
 // legError is a leg's failure seen by the router itself (the worker could
@@ -302,7 +400,7 @@ func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 func (r *Router) Handler() http.Handler {
 	oa := openai.NewHandler(openai.Config{
 		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen, VocabSize: r.cfg.VocabSize,
-		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log, ContextNow: r.contextLen,
+		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log, ContextNow: r.contextLen, Now: r.clock.Now,
 		OnAnswer: r.frontend.Answer,
 	})
 	mux := http.NewServeMux()
@@ -322,15 +420,28 @@ func (r *Router) Handler() http.Handler {
 			return
 		default:
 		}
-		if ok, why := r.Serving(); !ok {
-			b, _ := json.Marshal(map[string]string{"status": "unavailable", "reason": why})
+		ok, why := r.Serving()
+		body := map[string]any{"status": "ok"}
+		if !ok {
+			body = map[string]any{"status": "unavailable", "reason": why}
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write(append(b, '\n'))
-			return
 		}
-		_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
+		// Workers that do not take requests, and why: a worker held out
+		// of pairing for its KV paths shows here as in /workers.
+		var down []map[string]string
+		for _, wk := range r.set.Workers("") {
+			if st := wk.Status(); st.State == fleet.StateNotReady {
+				down = append(down, map[string]string{"url": st.URL, "role": st.Role, "state": st.State.String(), "reason": st.LastError})
+			}
+		}
+		if len(down) > 0 {
+			body["not_ready"] = down
+		}
+		b, _ := json.Marshal(body)
+		_, _ = w.Write(append(b, '\n'))
 	})
 	mux.HandleFunc("GET /debug/workers", r.handleWorkers)
+	mux.HandleFunc("GET /debug/pairs", r.handlePairs)
 	admin := r.set.AdminHandler()
 	mux.Handle("/workers", admin)
 	mux.Handle("/workers/", admin)

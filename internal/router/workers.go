@@ -8,12 +8,16 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/registry"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
@@ -30,16 +34,23 @@ func (r *Router) Start() {
 	if st, ok := r.set.Registry().(*registry.Static); ok {
 		r.set.Reconcile(st.Snapshot())
 		for range r.set.Config().SuccessThreshold {
-			r.set.CheckAll(ctx)
+			// Prefill workers first: a decode worker's check names their KV
+			// addresses, so that its KV paths are known before it is ready.
+			r.set.CheckAll(ctx, workerapi.RolePrefill.String(), workerapi.RoleDecode.String(), workerapi.RoleColocated.String())
 			if ok, _ := r.AllHealthy(); ok {
 				break
 			}
 		}
+		r.updateHolds()
 	}
-	r.bg.Add(2)
+	r.bg.Add(3)
 	go func() {
 		defer r.bg.Done()
 		r.set.Run(ctx)
+	}()
+	go func() {
+		defer r.bg.Done()
+		r.runLoads(ctx)
 	}()
 	go func() {
 		defer r.bg.Done()
@@ -82,10 +93,10 @@ func (r *Router) Serving() (bool, string) {
 		return false, "the router is draining"
 	default:
 	}
-	if r.pick(workerapi.RoleColocated, nil, false) != nil {
+	if w, _ := r.pickPlain(nil); w != nil {
 		return true, ""
 	}
-	if _, _, _, e := r.pickPair(nil, nil, false); e != nil {
+	if _, _, _, _, e := r.pickPair(pickOpts{}); e != nil {
 		return false, e.Message
 	}
 	return true, ""
@@ -149,13 +160,26 @@ const ProbeTimeout = time.Second
 
 // probeWorker is the fleet's health check: the worker's info (identity,
 // role, model, KV fingerprint and port) and its /health (readiness and
-// load). A draining worker passes, with Info.Draining set.
+// load; a decode worker's also the state of its KV paths to every prefill
+// worker the router knows). A draining worker passes, with Info.Draining
+// set. A decode worker whose every path to a ready prefill worker is
+// refused (another --kv-auth, protocol version or KV layout) is
+// misconfigured: not ready at once, with the refusals as the reason.
 func (r *Router) probeWorker(ctx context.Context, e registry.Entry) (fleet.Info, error) {
 	var info workerapi.Info
 	if err := r.getJSON(ctx, e.URL+workerapi.PathInfo, &info); err != nil {
 		return fleet.Info{}, err
 	}
-	h, err := r.health(ctx, e.URL)
+	w, _ := r.set.Get(e.ID)
+	var peers map[string]*fleet.Worker // KV address → prefill worker
+	if info.Role == workerapi.RoleDecode && w != nil {
+		peers = r.kvPeers(info.Fingerprint)
+	}
+	own := report{}
+	if w != nil {
+		own = r.state(w).ownNow()
+	}
+	h, err := r.health(ctx, e.URL, peers)
 	if err != nil {
 		return fleet.Info{}, err
 	}
@@ -168,14 +192,83 @@ func (r *Router) probeWorker(ctx context.Context, e registry.Entry) (fleet.Info,
 			fi.KVAddr = net.JoinHostPort(u.Hostname(), strconv.Itoa(info.KVPort))
 		}
 	}
+	if w == nil {
+		return fi, nil
+	}
+	if h.Status == workerapi.HealthOK {
+		r.state(w).observeLoad(h.Load, own, r.clock.Now())
+	}
+	if peers != nil {
+		if err := r.kvPathsReported(w, peers, h.KVPaths); err != nil {
+			return fleet.Info{}, err
+		}
+	}
 	return fi, nil
 }
 
-// health GETs a worker's /health: 200, or 503 "draining", is an answer;
-// anything else an error.
-func (r *Router) health(ctx context.Context, base string) (workerapi.Health, error) {
+// kvPeers returns the prefill workers a decode worker of fingerprint fp
+// could pair with (ready or about to be, KV address known), by KV address.
+func (r *Router) kvPeers(fp kvxfer.Fingerprint) map[string]*fleet.Worker {
+	peers := map[string]*fleet.Worker{}
+	for _, p := range r.set.Workers(workerapi.RolePrefill.String()) {
+		switch p.State() {
+		case fleet.StateReady, fleet.StatePending, fleet.StateNotReady:
+		default:
+			continue
+		}
+		if a := p.KVAddr(); a != "" && p.Info().Fingerprint.Mismatch(fp) == "" {
+			peers[a] = p
+		}
+	}
+	return peers
+}
+
+// kvPathsReported applies a decode worker's report of its KV paths to the
+// pair breakers, and returns a misconfiguration error if every path to a
+// ready prefill worker was refused.
+func (r *Router) kvPathsReported(d *fleet.Worker, peers map[string]*fleet.Worker, paths []workerapi.KVPath) error {
+	now := r.clock.Now()
+	readyPaths, refused := 0, []string{}
+	for _, path := range paths {
+		p := peers[path.Addr]
+		if p == nil {
+			continue
+		}
+		if r.breakers.reported(p, d, path, now) {
+			r.log.Info("KV path reported", "prefill", p.URL(), "decode", d.URL(), "state", path.State, "reason", path.Reason)
+		}
+		if !pairable(p) {
+			continue
+		}
+		readyPaths++
+		if path.State == workerapi.KVPathRefused {
+			refused = append(refused, fmt.Sprintf("%s (%s): %s", p.URL(), path.Addr, path.Reason))
+		}
+	}
+	if readyPaths > 0 && len(refused) == readyPaths {
+		slices.Sort(refused)
+		return fmt.Errorf("%w: every prefill worker refuses its KV handshake: %s", fleet.ErrMisconfigured, strings.Join(refused, "; "))
+	}
+	return nil
+}
+
+// health GETs a worker's /health (naming peers' KV addresses to a decode
+// worker): 200, or 503 "draining", is an answer; anything else an error.
+func (r *Router) health(ctx context.Context, base string, peers map[string]*fleet.Worker) (workerapi.Health, error) {
 	var h workerapi.Health
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+workerapi.PathHealth, nil)
+	u := base + workerapi.PathHealth
+	if len(peers) > 0 {
+		addrs := make([]string, 0, len(peers))
+		for a := range peers {
+			addrs = append(addrs, a)
+		}
+		slices.Sort(addrs)
+		if len(addrs) > workerapi.MaxKVPeers {
+			addrs = addrs[:workerapi.MaxKVPeers]
+		}
+		u += "?" + workerapi.HealthQueryKVPeers + "=" + url.QueryEscape(strings.Join(addrs, ","))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return h, err
 	}
@@ -216,7 +309,7 @@ func (r *Router) probe(ws ...*fleet.Worker) map[*fleet.Worker]bool {
 		wg.Go(func() {
 			ctx, cancel := r.withTimeout(context.Background(), ProbeTimeout)
 			defer cancel()
-			if _, err := r.health(ctx, w.URL()); err != nil {
+			if _, err := r.health(ctx, w.URL(), nil); err != nil {
 				r.log.Warn("worker failed a probe", "worker", w.URL(), "err", err)
 				r.set.Observe(w, fleet.Info{}, fleet.Definitive(fmt.Errorf("probe: %w", err)))
 				r.metrics.WorkerFailed(w.URL())
@@ -236,14 +329,12 @@ func roleOf(w *fleet.Worker) workerapi.Role {
 	return role
 }
 
-func roleIndex(role workerapi.Role) int {
-	switch role {
-	case workerapi.RolePrefill:
-		return 0
-	case workerapi.RoleDecode:
-		return 1
-	}
-	return 2
+// intn returns a uniform number in [0, n), for slow-start draws and the
+// power-of-two policy.
+func (r *Router) intn(n int) int {
+	r.rndMu.Lock()
+	defer r.rndMu.Unlock()
+	return r.rnd.IntN(n)
 }
 
 // draw returns a uniform number in [0, 1) for slow-start weighting.
@@ -253,82 +344,223 @@ func (r *Router) draw() float64 {
 	return r.rnd.Float64()
 }
 
-// pick chooses the next ready worker of role round-robin, ok filtering the
-// candidates; a worker in slow start is skipped with probability 1−weight
-// (unless every candidate is ramping). advance moves the round-robin
-// position.
-func (r *Router) pick(role workerapi.Role, ok func(*fleet.Worker) bool, advance bool) *fleet.Worker {
-	var cands []*fleet.Worker
-	ramping := 0
-	for _, w := range r.set.Workers(role.String()) {
-		if w.Usable() && (ok == nil || ok(w)) {
-			cands = append(cands, w)
-			if w.Weight() < 1 {
-				ramping++
-			}
-		}
+// policyFor is the policy that chooses workers of role.
+func (r *Router) policyFor(role workerapi.Role) Policy {
+	switch role {
+	case workerapi.RolePrefill:
+		return r.policies[0]
+	case workerapi.RoleDecode:
+		return r.policies[1]
 	}
-	if len(cands) == 0 {
-		return nil
-	}
-	rr := &r.rr[roleIndex(role)]
-	start := rr.Load() + 1
-	if advance {
-		start = rr.Add(1)
-	}
-	n := uint64(len(cands))
-	if ramping > 0 && ramping < len(cands) {
-		for i := range n {
-			w := cands[(start+i)%n]
-			if wt := w.Weight(); wt >= 1 || r.draw() < wt {
-				return w
-			}
-		}
-	}
-	return cands[start%n]
+	return r.policies[2]
 }
 
-// pickAvoiding is pick that prefers workers not in avoid, and takes one of
-// them only if no other candidate is left.
-func (r *Router) pickAvoiding(role workerapi.Role, ok func(*fleet.Worker) bool, avoid map[*fleet.Worker]bool, advance bool) *fleet.Worker {
+// choose picks one of cands (non-empty) for req with role's policy: the
+// workers in avoid only if every candidate is in it, and a worker in slow
+// start only with the probability of its weight (unless every candidate
+// is ramping or none was drawn).
+func (r *Router) choose(role workerapi.Role, req *PickRequest, cands []Candidate, avoid map[*fleet.Worker]bool) *fleet.Worker {
 	if len(avoid) > 0 {
-		if w := r.pick(role, func(w *fleet.Worker) bool { return !avoid[w] && ok(w) }, advance); w != nil {
-			return w
+		kept := cands[:0:0]
+		for _, c := range cands {
+			if !avoid[c.Worker] {
+				kept = append(kept, c)
+			}
+		}
+		if len(kept) > 0 {
+			cands = kept
 		}
 	}
-	return r.pick(role, ok, advance)
+	ramping := 0
+	for _, c := range cands {
+		if c.Worker.Weight() < 1 {
+			ramping++
+		}
+	}
+	if ramping > 0 && ramping < len(cands) {
+		kept := make([]Candidate, 0, len(cands))
+		for _, c := range cands {
+			if wt := c.Worker.Weight(); wt >= 1 || r.draw() < wt {
+				kept = append(kept, c)
+			}
+		}
+		cands = kept
+	}
+	pol := r.policyFor(role)
+	w := cands[pol.Pick(req, cands)].Worker
+	r.metrics.Selected(role, pol.Name(), w.URL())
+	if o, ok := pol.(PolicyObserver); ok {
+		o.Chosen(req, w)
+	}
+	return w
+}
+
+// shedError is the router's 429: no worker of a role may take another
+// request now (why), or the router holds --max-inflight-requests.
+func (r *Router) shedError(why ShedReason, format string, args ...any) *openai.Error {
+	return &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeServer, Code: outcome.Overloaded.String(),
+		Message:    fmt.Sprintf(format, args...) + " (shed: " + why.String() + "); retry after the Retry-After header's seconds",
+		RetryAfter: r.cfg.Admission.RetryAfter}
+}
+
+// shedReasonOf returns the reason of a shedError's message.
+func shedReasonOf(e *openai.Error) ShedReason {
+	for s := ShedMaxInflight; s < numShedReasons; s++ {
+		if strings.HasSuffix(e.Message, "(shed: "+s.String()+"); retry after the Retry-After header's seconds") {
+			return s
+		}
+	}
+	return ShedNone
+}
+
+// pickPlain chooses a colocated worker for req (nil: only whether one is
+// ready). A colocated worker is chosen by the decode policy and admitted by
+// the decode thresholds.
+func (r *Router) pickPlain(req *PickRequest) (*fleet.Worker, *openai.Error) {
+	now := r.clock.Now()
+	var cands []Candidate
+	ready := 0
+	why := ShedNone
+	for _, w := range r.set.Workers(workerapi.RoleColocated.String()) {
+		if !w.Usable() {
+			continue
+		}
+		ready++
+		if req == nil {
+			return w, nil
+		}
+		c, ok, sw := r.candidate(w, now, true)
+		if !ok {
+			why = sw
+			continue
+		}
+		cands = append(cands, c)
+	}
+	switch {
+	case ready == 0:
+		e := openai.Unavailable("no healthy colocated worker (see /debug/workers)")
+		e.Code = outcome.NoWorker.String()
+		return nil, e
+	case len(cands) == 0:
+		return nil, r.shedError(why, "every colocated worker is saturated")
+	}
+	return r.choose(workerapi.RoleColocated, req, cands, nil), nil
+}
+
+// pickOpts are the constraints of one pair pick.
+type pickOpts struct {
+	// exclude: never these workers; avoid: these only if their role has no
+	// other candidate.
+	exclude, avoid map[*fleet.Worker]bool
+	// req is the request placed; nil only checks that a pair could form
+	// (no policy, no admission, no breaker claimed).
+	req *PickRequest
 }
 
 // pickPair chooses a decode worker, then a prefill worker whose KV
-// fingerprint (model, geometry, dtype, page size) matches it, so an
-// incompatible pair is never used. Workers in exclude are never chosen;
-// those in avoid (the workers of a failed pair) only if their role has no
-// other candidate. It returns the prefill's KV address.
-func (r *Router) pickPair(exclude, avoid map[*fleet.Worker]bool, advance bool) (pw, dw *fleet.Worker, kv string, err *openai.Error) {
-	allowed := func(w *fleet.Worker) bool { return !exclude[w] }
-	dw = r.pickAvoiding(workerapi.RoleDecode, allowed, avoid, advance)
-	if dw == nil {
-		return nil, nil, "", openai.Unavailable("no ready decode worker (see /workers)")
+// fingerprint (model, geometry, dtype, page size) matches it and whose KV
+// path to it is not open, each by its role's policy among the workers
+// admission lets through: so an incompatible or broken pair is never used.
+// probe says the pair's breaker is half-open and this request is its probe.
+// It returns the prefill's KV address. The error is a 503 (no_worker) when
+// no pair can form, a 429 (overloaded) when the workers that could are all
+// saturated.
+func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bool, err *openai.Error) {
+	admit := o.req != nil
+	for range 3 { // again if another request took the probe of a half-open pair
+		now := r.clock.Now()
+		var prefills []Candidate
+		readyP, prefillWhy := 0, ShedNone
+		for _, p := range r.set.Workers(workerapi.RolePrefill.String()) {
+			if !p.Usable() || o.exclude[p] || p.KVAddr() == "" {
+				continue
+			}
+			readyP++
+			c, ok, why := r.candidate(p, now, admit)
+			if !ok {
+				prefillWhy = why
+				continue
+			}
+			prefills = append(prefills, c)
+		}
+		var decodes []Candidate
+		readyD, decodeWhy := 0, ShedNone
+		for _, d := range r.set.Workers(workerapi.RoleDecode.String()) {
+			if !d.Usable() || o.exclude[d] {
+				continue
+			}
+			readyD++
+			c, ok, why := r.candidate(d, now, admit)
+			if !ok {
+				decodeWhy = why
+				continue
+			}
+			decodes = append(decodes, c)
+		}
+		switch {
+		case readyD == 0:
+			return nil, nil, "", false, noWorker("no ready decode worker (see /workers)")
+		case readyP == 0:
+			return nil, nil, "", false, noWorker("no ready prefill worker (see /workers)")
+		case len(decodes) == 0:
+			return nil, nil, "", false, r.shedError(decodeWhy, "every decode worker is saturated")
+		case len(prefills) == 0:
+			return nil, nil, "", false, r.shedError(prefillWhy, "every prefill worker is saturated")
+		}
+		// The prefill workers each decode worker may pair with.
+		var mismatch, broken string
+		paired := func(d *fleet.Worker, all bool) []Candidate {
+			var out []Candidate
+			fp := d.Info().Fingerprint
+			for _, c := range prefills {
+				if m := c.Worker.Info().Fingerprint.Mismatch(fp); m != "" {
+					mismatch = fmt.Sprintf("%s vs %s: %s", c.Worker.URL(), d.URL(), m)
+					continue
+				}
+				if !r.breakers.allows(c.Worker, d, now) {
+					_, why := r.breakers.state(c.Worker, d, now)
+					broken = fmt.Sprintf("%s → %s: %s", c.Worker.URL(), d.URL(), why)
+					continue
+				}
+				out = append(out, c)
+				if !all {
+					break
+				}
+			}
+			return out
+		}
+		usable := decodes[:0:0]
+		for _, c := range decodes {
+			if len(paired(c.Worker, false)) > 0 {
+				usable = append(usable, c)
+			}
+		}
+		if len(usable) == 0 {
+			if broken != "" {
+				return nil, nil, "", false, noWorker("every KV path between ready workers is open (%s; see /debug/pairs)", broken)
+			}
+			return nil, nil, "", false, noWorker("no ready prefill worker compatible with a ready decode worker (%s)", mismatch)
+		}
+		if o.req == nil {
+			d := usable[0].Worker
+			p := paired(d, false)[0].Worker
+			return p, d, p.KVAddr(), false, nil
+		}
+		dw = r.choose(workerapi.RoleDecode, o.req, usable, o.avoid)
+		pw = r.choose(workerapi.RolePrefill, o.req, paired(dw, true), o.avoid)
+		probe, ok := r.breakers.acquire(pw, dw, now)
+		if ok {
+			return pw, dw, pw.KVAddr(), probe, nil
+		}
 	}
-	fp := dw.Info().Fingerprint
-	var mismatch string
-	pw = r.pickAvoiding(workerapi.RolePrefill, func(p *fleet.Worker) bool {
-		if !allowed(p) || p.KVAddr() == "" {
-			return false
-		}
-		if m := p.Info().Fingerprint.Mismatch(fp); m != "" {
-			mismatch = fmt.Sprintf("%s vs %s: %s", p.URL(), dw.URL(), m)
-			return false
-		}
-		return true
-	}, avoid, advance)
-	if pw == nil {
-		if mismatch != "" {
-			return nil, nil, "", openai.Unavailable("no ready prefill worker compatible with decode worker %s (%s)", dw.URL(), mismatch)
-		}
-		return nil, nil, "", openai.Unavailable("no ready prefill worker (see /workers)")
-	}
-	return pw, dw, pw.KVAddr(), nil
+	return nil, nil, "", false, noWorker("every KV path between ready workers is being probed (see /debug/pairs)")
+}
+
+// noWorker is a 503 no_worker.
+func noWorker(format string, args ...any) *openai.Error {
+	e := openai.Unavailable(format, args...)
+	e.Code = outcome.NoWorker.String()
+	return e
 }
 
 // contextLen is the smallest context length among ready workers (a worker
@@ -350,6 +582,16 @@ func (r *Router) contextLen() int {
 // Workers lists the router's workers and their states.
 func (r *Router) Workers() []WorkerStatus { return r.set.Statuses() }
 
+func (r *Router) handlePairs(w http.ResponseWriter, _ *http.Request) {
+	list := r.Pairs()
+	if list == nil {
+		list = []PairStatus{}
+	}
+	b, _ := json.Marshal(map[string]any{"pairs": list})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '\n'))
+}
+
 func (r *Router) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	list := r.Workers()
 	if list == nil {
@@ -366,12 +608,19 @@ func (r *Router) workerChanged(w *fleet.Worker, from, to fleet.State) {
 	switch to {
 	case fleet.StatePending:
 		if from == 0 {
-			r.metrics.WorkerSeen(w.URL())
+			r.metrics.WorkerSeen(w.URL(), roleOf(w))
 		}
 	case fleet.StateReady:
 		r.log.Info("worker ready", "worker", w.URL(), "worker_role", w.Role())
 	case fleet.StateRemoved:
 		r.metrics.WorkerGone(w.URL())
+		r.wstates.Delete(w)
+		r.breakers.forget(w)
+		for _, p := range r.policies {
+			if o, ok := p.(PolicyObserver); ok {
+				o.Forget(w)
+			}
+		}
 	}
 }
 

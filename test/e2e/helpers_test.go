@@ -299,7 +299,7 @@ func startPair(t *testing.T, modP, modD func(*cluster.WorkerOptions)) *cluster.C
 }
 
 // counterValue reads a counter (or gauge) from a server's registry: the
-// sample whose label name has value (name "" takes the only sample).
+// sample whose label name has value (name "": the sum of its samples).
 func counterValue(t *testing.T, s gatherer, metric, name, value string) float64 {
 	t.Helper()
 	mfs, err := s.gather()
@@ -310,14 +310,20 @@ func counterValue(t *testing.T, s gatherer, metric, name, value string) float64 
 		if mf.GetName() != metric {
 			continue
 		}
+		// Without a label to match: the sum of every series.
+		sum := 0.0
 		for _, m := range mf.GetMetric() {
-			if name == "" || labels(m)[name] == value {
-				if m.GetCounter() != nil {
-					return m.GetCounter().GetValue()
-				}
-				return m.GetGauge().GetValue()
+			v := m.GetGauge().GetValue()
+			if m.GetCounter() != nil {
+				v = m.GetCounter().GetValue()
+			}
+			if name == "" {
+				sum += v
+			} else if labels(m)[name] == value {
+				return v
 			}
 		}
+		return sum
 	}
 	return 0
 }

@@ -1,0 +1,63 @@
+package router
+
+import (
+	"time"
+
+	"github.com/pdserve/pdserve/internal/openai"
+)
+
+// measured wraps a request's stream to observe what its client sees: time
+// to first token, the gaps between tokens, the end to end time (for every
+// request that got a first token, however it ended), the time it waited
+// before the legs that served it were sent, and the tokens.
+type measured struct {
+	openai.Stream
+	r       *Router
+	arrived time.Time
+	prompt  int
+	seen    bool // a token was sent
+	ended   bool // the E2E latency is observed
+	last    time.Time
+}
+
+// dispatcher is a stream that knows when its current legs were sent.
+type dispatcher interface{ dispatchedAt() time.Time }
+
+func (s *pdStream) dispatchedAt() time.Time    { return s.dispatched }
+func (s *plainStream) dispatchedAt() time.Time { return s.dispatched }
+
+func (m *measured) Recv() (openai.Chunk, error) {
+	c, err := m.Stream.Recv()
+	if err == nil && len(c.Tokens) > 0 {
+		now := m.r.clock.Now()
+		if !m.seen {
+			m.seen = true
+			queued := time.Duration(0)
+			if d, ok := m.Stream.(dispatcher); ok {
+				queued = d.dispatchedAt().Sub(m.arrived)
+			}
+			m.r.metrics.FirstToken(now.Sub(m.arrived), queued, m.prompt)
+			m.r.metrics.Tokens(len(c.Tokens), 0, true)
+		} else {
+			m.r.metrics.Tokens(len(c.Tokens), now.Sub(m.last), false)
+		}
+		m.last = now
+	}
+	if err != nil || c.FinishReason != "" {
+		m.end()
+	}
+	return c, err
+}
+
+// end observes the E2E latency of a request that got its first token, once.
+func (m *measured) end() {
+	if m.seen && !m.ended {
+		m.ended = true
+		m.r.metrics.Ended(m.r.clock.Now().Sub(m.arrived))
+	}
+}
+
+func (m *measured) Close() {
+	m.end()
+	m.Stream.Close()
+}

@@ -71,6 +71,7 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		nServe   int
 		drainT   time.Duration
 		portBase int
+		pf       pairingFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -106,9 +107,13 @@ in-flight requests are answered with an error.`,
 			if portBase < 0 || (portBase > 0 && portBase+64+nPrefill > 65535) {
 				return usagef("--worker-port-base must be 0 (free ports) or leave room for %d ports below 65536", 64+nPrefill)
 			}
+			var rt cluster.RouterTuning
+			if err := pf.apply(&rt); err != nil {
+				return err
+			}
 			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port, WorkerPortBase: portBase,
 				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,
-				NewModel: newModel, Worker: wo, Logger: log})
+				NewModel: newModel, Worker: wo, Router: rt, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -142,6 +147,7 @@ in-flight requests are answered with an error.`,
 	fs.IntVar(&nServe, "colocated-workers", 0, "run this many colocated workers behind the router instead of prefill/decode (plain mode, for comparison)")
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGINT/SIGTERM, how long to let requests in flight finish before shutting down (0: shut down at once)")
 	fs.IntVar(&portBase, "worker-port-base", 0, "fixed worker ports: worker k (prefill, then decode) on base+k, prefill i's KV channel on base+64+i (0: free ports; the router's GET /discovery/prometheus lists them either way)")
+	pf.add(fs)
 	return cmd
 }
 
@@ -287,6 +293,7 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 		decode    []string
 		colocated []string
 		hf        healthFlags
+		pf        pairingFlags
 		df        discoveryFlags
 		drainT    time.Duration
 	)
@@ -294,8 +301,10 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "router",
 		Short: "Run the OpenAI-compatible router in front of prefill and decode workers",
 		Long: `Runs the router: it tokenizes each request, picks a prefill and a decode
-worker (round robin over healthy ones) and sends both legs at once. It learns
-each prefill worker's KV address from the worker itself.`,
+worker (by --prefill-policy and --decode-policy, on each worker's load) and
+sends both legs at once; when every worker of a role is saturated it answers
+429 with Retry-After. It learns each prefill worker's KV address from the
+worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := lf.logger(stderr)
@@ -322,6 +331,9 @@ each prefill worker's KV address from the worker itself.`,
 			ro := cluster.RouterOptions{Addr: net.JoinHostPort(host, strconv.Itoa(port)), Prefill: p, Decode: d, Colocated: co,
 				Registry: reg, Logger: log}
 			if err := hf.apply(&ro); err != nil {
+				return err
+			}
+			if err := pf.apply(&ro.RouterTuning); err != nil {
 				return err
 			}
 			newModel, err := mf.factory()
@@ -364,6 +376,7 @@ each prefill worker's KV address from the worker itself.`,
 	fs.StringSliceVar(&decode, "decode", nil, "decode worker URLs, e.g. http://127.0.0.1:30001 (comma-separated)")
 	fs.StringSliceVar(&colocated, "colocated", nil, "colocated (serve) worker URLs instead of prefill/decode: plain mode, whole requests round robin")
 	hf.add(fs)
+	pf.add(fs)
 	df.add(fs)
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to let requests in flight finish (/health answers 503, new requests get 503 + Retry-After) before shutting down")
 	return cmd

@@ -1,10 +1,17 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/router"
 )
 
 // TestMetricsCompatFlag: --metrics-compat takes "sglang" or none, from the
@@ -48,5 +55,76 @@ func TestMetricsCompatFlag(t *testing.T) {
 	code, _, errOut := runArgs(t, nil, "up", "--metrics-compat", "bogus")
 	if code != 2 || !strings.Contains(errOut, "--metrics-compat") {
 		t.Fatalf("up --metrics-compat bogus: exit %d, %s", code, errOut)
+	}
+}
+
+// TestPairingFlags: the router's pairing and load-shedding flags parse into
+// its tuning (the defaults when absent, from the environment too), refuse
+// bad values with a usage error naming the flag, and `pdserve up` has every
+// one of them, as the router has.
+func TestPairingFlags(t *testing.T) {
+	parse := func(args []string, e map[string]string) (cluster.RouterTuning, error) {
+		var pf pairingFlags
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		pf.add(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if err := applyEnv(fs, env(e)); err != nil {
+			t.Fatal(err)
+		}
+		var rt cluster.RouterTuning
+		err := pf.apply(&rt)
+		return rt, err
+	}
+	rt, err := parse(nil, nil)
+	if err != nil || rt.PrefillPolicy != "least_load" || rt.DecodePolicy != "least_load" || *rt.Admission != router.DefaultAdmission() ||
+		rt.LoadInterval != router.DefaultLoadInterval || rt.BreakerFailures != router.DefaultBreakerFailures {
+		t.Fatalf("defaults: %+v %v", rt, err)
+	}
+	rt, err = parse([]string{"--prefill-policy", "power_of_two", "--decode-policy", "round_robin", "--decode-queue-threshold", "8",
+		"--decode-queue-recover", "3", "--decode-kv-threshold", "0.95", "--decode-kv-recover", "0.9", "--prefill-queue-threshold", "6",
+		"--prefill-queue-recover", "1", "--max-inflight-requests", "500", "--overload-retry-after", "2s", "--load-interval", "50ms",
+		"--load-staleness", "300ms", "--pair-breaker-failures", "5", "--pair-breaker-cooldown", "30s"},
+		map[string]string{"PDSERVE_MAX_INFLIGHT_REQUESTS": "7"})
+	want := router.Admission{DecodeQueue: 8, DecodeQueueRecover: 3, DecodeKV: 0.95, DecodeKVRecover: 0.9, PrefillQueue: 6,
+		PrefillQueueRecover: 1, MaxInflight: 500, RetryAfter: 2 * time.Second}
+	if err != nil || rt.PrefillPolicy != "power_of_two" || rt.DecodePolicy != "round_robin" || *rt.Admission != want ||
+		rt.LoadInterval != 50*time.Millisecond || rt.LoadStaleness != 300*time.Millisecond || rt.BreakerFailures != 5 ||
+		rt.BreakerCooldown != 30*time.Second {
+		t.Fatalf("set: %+v %+v %v", rt, rt.Admission, err)
+	}
+	for _, bad := range [][]string{
+		{"--prefill-policy", "random"},
+		{"--decode-policy", "cache_aware"},
+		{"--decode-kv-threshold", "1.5"},
+		{"--decode-queue-threshold", "2", "--decode-queue-recover", "3"},
+		{"--load-staleness", "10ms"},
+		{"--pair-breaker-failures", "0"},
+		{"--max-inflight-requests", "-1"},
+	} {
+		if _, err := parse(bad, nil); err == nil {
+			t.Errorf("%v accepted", bad)
+		} else if !errors.As(err, new(usageError)) {
+			t.Errorf("%v: %v is not a usage error", bad, err)
+		}
+	}
+	var pf pairingFlags
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	pf.add(fs)
+	for _, cmd := range []string{"router", "up"} {
+		c := newRoot(context.Background(), env(nil), io.Discard, io.Discard)
+		sub, _, err := c.Find([]string{cmd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs.VisitAll(func(f *pflag.Flag) {
+			if sub.Flags().Lookup(f.Name) == nil {
+				t.Errorf("pdserve %s has no --%s", cmd, f.Name)
+			}
+		})
+	}
+	if code, _, errOut := runArgs(t, nil, "up", "--decode-policy", "random"); code != 2 || !strings.Contains(errOut, "--decode-policy") {
+		t.Fatalf("up --decode-policy random: exit %d, %s", code, errOut)
 	}
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -11,6 +13,7 @@ import (
 	"github.com/pdserve/pdserve/internal/registry"
 	etcdreg "github.com/pdserve/pdserve/internal/registry/etcd"
 	"github.com/pdserve/pdserve/internal/registry/kube"
+	"github.com/pdserve/pdserve/internal/router"
 )
 
 // etcdFlags name an etcd cluster and the registry's key prefix.
@@ -135,5 +138,59 @@ func (f *healthFlags) apply(o *cluster.RouterOptions) error {
 	if f.slowStart == 0 {
 		o.SlowStart = -1 // fleet: no ramp
 	}
+	return nil
+}
+
+// pairingFlags choose how the router pairs workers and sheds load; the
+// router command and up take them.
+type pairingFlags struct {
+	prefillPolicy, decodePolicy string
+	loadInterval, loadStaleness time.Duration
+	adm                         router.Admission
+	breakerFailures             int
+	breakerCooldown             time.Duration
+}
+
+func (f *pairingFlags) add(fs *pflag.FlagSet) {
+	d := router.DefaultAdmission()
+	policies := strings.Join(router.PolicyNames(), ", ")
+	fs.StringVar(&f.prefillPolicy, "prefill-policy", router.PolicyLeastLoad, "how a prefill worker is chosen: "+policies+" (least_load: fewest outstanding prompt tokens)")
+	fs.StringVar(&f.decodePolicy, "decode-policy", router.PolicyLeastLoad, "how a decode (or colocated) worker is chosen: "+policies+" (least_load: most KV headroom, then shortest queue)")
+	fs.DurationVar(&f.loadInterval, "load-interval", router.DefaultLoadInterval, "how often each worker's load (queue, KV pages, prompt tokens) is polled")
+	fs.DurationVar(&f.loadStaleness, "load-staleness", router.DefaultLoadStaleness, "a worker's load report older than this is ignored: only the router's own count of its legs is used")
+	fs.IntVar(&f.adm.DecodeQueue, "decode-queue-threshold", d.DecodeQueue, "a decode worker with this many requests waiting takes no new one (0: off)")
+	fs.IntVar(&f.adm.DecodeQueueRecover, "decode-queue-recover", d.DecodeQueueRecover, "... until fewer than this many wait")
+	fs.Float64Var(&f.adm.DecodeKV, "decode-kv-threshold", d.DecodeKV, "a decode worker whose KV pool use (0-1) reaches this takes no new request (0: off)")
+	fs.Float64Var(&f.adm.DecodeKVRecover, "decode-kv-recover", d.DecodeKVRecover, "... until its KV pool use is below this")
+	fs.IntVar(&f.adm.PrefillQueue, "prefill-queue-threshold", d.PrefillQueue, "a prefill worker with this many requests waiting takes no new one (0: off)")
+	fs.IntVar(&f.adm.PrefillQueueRecover, "prefill-queue-recover", d.PrefillQueueRecover, "... until fewer than this many wait")
+	fs.IntVar(&f.adm.MaxInflight, "max-inflight-requests", 0, "requests the router serves at once; more are answered 429 with Retry-After (0: no bound)")
+	fs.DurationVar(&f.adm.RetryAfter, "overload-retry-after", d.RetryAfter, "Retry-After of the router's 429 answers")
+	fs.IntVar(&f.breakerFailures, "pair-breaker-failures", router.DefaultBreakerFailures, "consecutive KV handshake or transfer failures of a (prefill, decode) pair that open its breaker")
+	fs.DurationVar(&f.breakerCooldown, "pair-breaker-cooldown", router.DefaultBreakerCooldown, "how long an open pair is skipped before one request probes it")
+}
+
+func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
+	for _, p := range []struct{ flag, v string }{{"prefill-policy", f.prefillPolicy}, {"decode-policy", f.decodePolicy}} {
+		if !slices.Contains(router.PolicyNames(), p.v) {
+			return usagef("--%s %q: want %s", p.flag, p.v, strings.Join(router.PolicyNames(), ", "))
+		}
+	}
+	switch {
+	case f.loadInterval <= 0 || f.loadStaleness <= 0:
+		return usagef("--load-interval and --load-staleness must be positive")
+	case f.loadStaleness < f.loadInterval:
+		return usagef("--load-staleness (%s) must not be shorter than --load-interval (%s)", f.loadStaleness, f.loadInterval)
+	case f.breakerFailures < 1 || f.breakerCooldown <= 0:
+		return usagef("--pair-breaker-failures must be at least 1 and --pair-breaker-cooldown positive")
+	case f.adm.RetryAfter <= 0:
+		return usagef("--overload-retry-after must be positive")
+	}
+	if err := f.adm.Validate(); err != nil {
+		return usageError{err}
+	}
+	adm := f.adm
+	*t = cluster.RouterTuning{PrefillPolicy: f.prefillPolicy, DecodePolicy: f.decodePolicy, LoadInterval: f.loadInterval,
+		LoadStaleness: f.loadStaleness, Admission: &adm, BreakerFailures: f.breakerFailures, BreakerCooldown: f.breakerCooldown}
 	return nil
 }

@@ -53,6 +53,8 @@ func TestExitCodes(t *testing.T) {
 		{"profile and latency", nil, []string{"serve", "--sim-profile", "h100-llama3-8b", "--sim-decode-ms-per-step", "5"}, 2, "one or the other"},
 		{"memory beyond the machine", nil, []string{"serve", "--kv-cache-memory", "100PiB"}, 2, "exceeds this machine's memory"},
 		{"absurd geometry", nil, []string{"serve", "--sim-layers", "10000000"}, 2, "invalid KV geometry"},
+		{"negative queue bound", nil, []string{"serve", "--max-queued-requests", "-1"}, 2, "max queued requests must not be negative"},
+		{"unknown pair policy", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--prefill-policy", "random"}, 2, "--prefill-policy"},
 		{"absurd page size", nil, []string{"serve", "--page-size", "70368744177664"}, 2, "--page-size must be between"},
 	}
 	for _, tc := range cases {

@@ -268,7 +268,23 @@ type RouterOptions struct {
 	SuccessThreshold int
 	FailureThreshold int
 	SlowStart        time.Duration
-	Logger           *slog.Logger
+	RouterTuning
+	Logger *slog.Logger
+}
+
+// RouterTuning is how a router pairs and sheds load (router.Config; zero
+// fields take its defaults).
+type RouterTuning struct {
+	// PrefillPolicy and DecodePolicy name each role's pair policy.
+	PrefillPolicy, DecodePolicy string
+	// LoadInterval is how often worker loads are polled; LoadStaleness how
+	// old a report may be before it is ignored.
+	LoadInterval, LoadStaleness time.Duration
+	// Admission are the load-shedding thresholds (nil: the defaults).
+	Admission *router.Admission
+	// BreakerFailures and BreakerCooldown tune the KV path breakers.
+	BreakerFailures int
+	BreakerCooldown time.Duration
 }
 
 // RouterServer is a running router with its HTTP server.
@@ -290,7 +306,10 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated,
 		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
-		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, Logger: o.Logger, Registerer: reg, Gatherer: reg})
+		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
+		LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
+		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown,
+		Logger: o.Logger, Registerer: reg, Gatherer: reg})
 	if err != nil {
 		return nil, err
 	}
@@ -357,7 +376,9 @@ type Options struct {
 	// ReadyTimeout bounds waiting for the router to see every worker (default 30 s).
 	ReadyTimeout   time.Duration
 	HealthInterval time.Duration
-	Logger         *slog.Logger
+	// Router is how the router pairs and sheds load.
+	Router RouterTuning
+	Logger *slog.Logger
 }
 
 // Cluster is a running `pdserve up`.
@@ -453,7 +474,7 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 		return c, err
 	}
 	ro := RouterOptions{Addr: net.JoinHostPort(o.Host, strconv.Itoa(o.RouterPort)), Info: m.Info(),
-		Tokenizer: m.Tokenizer(), HealthInterval: o.HealthInterval, Logger: o.Logger}
+		Tokenizer: m.Tokenizer(), HealthInterval: o.HealthInterval, RouterTuning: o.Router, Logger: o.Logger}
 	for _, w := range c.Prefill {
 		ro.Prefill = append(ro.Prefill, w.URL)
 	}

@@ -14,7 +14,8 @@
 // so the router, which has none, uses it too.
 package metrics
 
-// Latency buckets in seconds: 1 ms … 160 s, roughly ×2 per bucket (finer
-// at the low end, where TTFT and ITL of a fast model live).
-var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-	1, 2.5, 5, 10, 20, 40, 80, 160}
+// Latency buckets in seconds: 1 ms … 160 s, finer from 50 ms to 1 s, where
+// TTFT objectives and the stages that make them up live (a 200 ms or 300 ms
+// TTFT SLO falls on a bucket bound), roughly ×2 per bucket elsewhere.
+var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5,
+	0.75, 1, 2.5, 5, 10, 20, 40, 80, 160}

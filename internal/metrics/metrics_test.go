@@ -98,7 +98,8 @@ func exampleWorker(t *testing.T, reg *prometheus.Registry, role workerapi.Role, 
 		stages = append(stages, s.String())
 	}
 	st := WorkerState{PagesUsed: 10, PagesTotal: 64, PendingOpens: 1, Tombstones: 2, Preemptions: 3, PeerAbortTombstones: 5,
-		FramesDropped: map[string]uint64{"stale_gen": 4}, GenThroughput: 125.5}
+		FramesDropped: map[string]uint64{"stale_gen": 4}, GenThroughput: 125.5,
+		KV: KVConns{Dials: 3, Reconnects: 2, Live: 1, Refused: map[string]uint64{"auth": 2}}}
 	for i, s := range stages {
 		st.Stages = append(st.Stages, StageState{Stage: s, Requests: i, Oldest: time.Duration(i) * time.Second,
 			Deadline: time.Duration(10*(i+1)) * time.Second})
@@ -114,9 +115,12 @@ func exampleWorker(t *testing.T, reg *prometheus.Registry, role workerapi.Role, 
 func observeExample(w *Worker, role workerapi.Role, stages []string) {
 	w.StageTime(stages[0], 200*time.Millisecond)
 	w.Finished(outcome.OK, outcome.Cause{}, 1500*time.Millisecond)
+	w.Ended(1500 * time.Millisecond)
 	w.Finished(outcome.TimeoutQueue, outcome.Cause{Outcome: outcome.TimeoutQueue, Stage: stages[0]}, time.Minute)
 	w.Finished(outcome.AbortedClient, outcome.Cause{Outcome: outcome.AbortedClient}, time.Second)
+	w.Ended(time.Second) // aborted after its first token: TTFT and E2E count it alike
 	w.FirstToken(30 * time.Millisecond)
+	w.FirstToken(250 * time.Millisecond)
 	w.InterToken(5*time.Millisecond, 1)
 	w.InterToken(30*time.Millisecond, 3) // three tokens in one event: 10 ms each for SGLang
 	switch role {

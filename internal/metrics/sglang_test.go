@@ -91,6 +91,7 @@ func TestNoNegativeLatency(t *testing.T) {
 	}
 	w.StageTime("prealloc", -time.Second)
 	w.Finished(outcome.OK, outcome.Cause{}, -time.Second)
+	w.Ended(-time.Second)
 	w.FirstToken(-time.Second)
 	w.InterToken(-time.Second, 2)
 	w.KVTransfer(-time.Second, 4096)

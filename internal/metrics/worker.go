@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
@@ -15,9 +16,18 @@ import (
 //     reached a terminal state, by outcome (every outcome a worker has).
 //   - pdserve_stage_duration_seconds{role,stage} (histogram, seconds): time
 //     requests spent in each stage of the role.
-//   - pdserve_time_to_first_token_seconds, pdserve_inter_token_latency_seconds,
-//     pdserve_e2e_request_latency_seconds (histograms, seconds, const label
-//     role): arrival to first token, between tokens, arrival to end (OK).
+//   - pdserve_time_to_first_token_seconds (histogram, seconds, const label
+//     role): arrival on this worker to its first output token; on a prefill
+//     worker, to the first token it sampled (the end of its prefill: the
+//     time its bootstrap, queue and prefill stages took), observed for the
+//     requests it served.
+//   - pdserve_inter_token_latency_seconds (histogram, seconds; decode and
+//     colocated workers only: prefill makes one token): the gap before each
+//     output event after the first.
+//   - pdserve_e2e_request_latency_seconds (histogram, seconds): arrival to
+//     the end, for every request that got its first token whatever its end
+//     (an abort after the first token too), so that its count follows
+//     TTFT's.
 //   - pdserve_kv_transfer_bytes_total{role,direction} (counter, bytes): KV
 //     sent (prefill) or received (decode).
 //   - pdserve_forward_batches_total{role,kind} (counter): forward passes by
@@ -68,6 +78,18 @@ type WorkerState struct {
 	// GenThroughput is output tokens per second over the recent past
 	// (sglang:gen_throughput).
 	GenThroughput float64
+	// KV counts the KV channel's connections (prefill and decode).
+	KV KVConns
+}
+
+// KVConns counts a worker's KV connections: Dials (decode: connections it
+// opened; Reconnects those to an address it had a connection to before),
+// Live connections now, and handshakes Refused by reason (every
+// kvxfer.RefusalReason's name), by this side or the peer.
+type KVConns struct {
+	Dials, Reconnects uint64
+	Live              int
+	Refused           map[string]uint64
 }
 
 // StageState is one stage of a WorkerState.
@@ -132,9 +154,14 @@ func NewWorker(reg prometheus.Registerer, role workerapi.Role, stages []string, 
 			Buckets: latencyBuckets, ConstLabels: prometheus.Labels{"role": r}})
 	}
 	ttft := newHist("pdserve_time_to_first_token_seconds", "Time from arrival on this worker to the first output token.")
-	itl := newHist("pdserve_inter_token_latency_seconds", "Time between consecutive output tokens of a request.")
-	e2e := newHist("pdserve_e2e_request_latency_seconds", "Time from arrival on this worker to the terminal state.")
-	w.ttft, w.itl, w.e2e = ttft, itl, e2e
+	e2e := newHist("pdserve_e2e_request_latency_seconds", "Time from arrival on this worker to the end, for requests that got their first token.")
+	w.ttft, w.e2e = ttft, e2e
+	cs := []prometheus.Collector{ttft, e2e}
+	if role != workerapi.RolePrefill {
+		itl := newHist("pdserve_inter_token_latency_seconds", "Time between consecutive output events of a request.")
+		w.itl = itl
+		cs = append(cs, itl)
+	}
 	w.kvBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pdserve_kv_transfer_bytes_total",
 		Help: "KV cache bytes sent (prefill) or received (decode) over the KV channel.",
@@ -160,8 +187,7 @@ func NewWorker(reg prometheus.Registerer, role workerapi.Role, stages []string, 
 	for _, k := range kinds {
 		w.batches.WithLabelValues(r, k)
 	}
-	cs := []prometheus.Collector{w.finished, w.stageDuration, ttft, itl, e2e, w.kvBytes, w.batches,
-		&stateCollector{role: r, snap: snap, sglang: w.sglang}}
+	cs = append(cs, w.finished, w.stageDuration, w.kvBytes, w.batches, &stateCollector{role: r, snap: snap, sglang: w.sglang})
 	if w.sglang != nil {
 		cs = append(cs, w.sglang.collectors...)
 	}
@@ -173,18 +199,19 @@ func NewWorker(reg prometheus.Registerer, role workerapi.Role, stages []string, 
 	return w, nil
 }
 
-// Finished counts a request that ended with o after age (the E2E latency,
-// observed for OK only); cause is its first failure (zero for OK), which
-// SGLang's failure counters are counted by.
+// Finished counts a request that ended with o after age; cause is its
+// first failure (zero for OK), which SGLang's failure counters are counted
+// by. A request that got its first token is also observed with Ended.
 func (w *Worker) Finished(o outcome.Outcome, cause outcome.Cause, age time.Duration) {
 	w.finished.WithLabelValues(w.role, o.String()).Inc()
-	if o == outcome.OK {
-		w.e2e.Observe(seconds(age))
-	}
 	if w.sglang != nil {
 		w.sglang.finished(o, cause, age)
 	}
 }
+
+// Ended observes the E2E latency of a request that got its first token,
+// however it ended.
+func (w *Worker) Ended(age time.Duration) { w.e2e.Observe(seconds(age)) }
 
 // StageTime observes the time an ended request spent in stage.
 func (w *Worker) StageTime(stage string, d time.Duration) {
@@ -203,7 +230,9 @@ func (w *Worker) FirstToken(d time.Duration) {
 // observation per event in pdserve_inter_token_latency_seconds; n of d/n in
 // sglang:inter_token_latency_seconds, as SGLang counts per token).
 func (w *Worker) InterToken(d time.Duration, n int) {
-	w.itl.Observe(seconds(d))
+	if w.itl != nil {
+		w.itl.Observe(seconds(d))
+	}
 	if w.sglang != nil {
 		w.sglang.interToken(d, n)
 	}
@@ -249,6 +278,15 @@ var (
 	peerAbortTombDesc = prometheus.NewDesc("pdserve_peer_abort_tombstones_total",
 		"ABORTs from the KV peer for a room this worker did not hold; each leaves a tombstone for --tombstone-ttl.",
 		[]string{"role"}, nil)
+	kvDialsDesc = prometheus.NewDesc("pdserve_kv_dials_total",
+		"KV connections this worker opened (decode: to prefill workers).", []string{"role"}, nil)
+	kvReconnectsDesc = prometheus.NewDesc("pdserve_kv_reconnects_total",
+		"KV connections opened to an address this worker had a connection to before.", []string{"role"}, nil)
+	kvLiveDesc = prometheus.NewDesc("pdserve_kv_connections",
+		"KV connections up now (handshake passed, not lost).", []string{"role"}, nil)
+	kvRefusedDesc = prometheus.NewDesc("pdserve_kv_handshake_refusals_total",
+		"KV handshakes refused, by this worker or its peer, by reason (auth, version, fingerprint, protocol).",
+		[]string{"role", "reason"}, nil)
 	upDesc = prometheus.NewDesc("pdserve_worker_loop_up",
 		"1 if the worker loop answered this scrape, 0 if it did not in time.", []string{"role"}, nil)
 )
@@ -263,6 +301,11 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{requestsDesc, oldestDesc, deadlineDesc, pagesDesc, droppedDesc, roomsDesc, preemptDesc,
 		peerAbortTombDesc, upDesc} {
 		ch <- d
+	}
+	if c.role != workerapi.RoleColocated.String() {
+		for _, d := range []*prometheus.Desc{kvDialsDesc, kvReconnectsDesc, kvLiveDesc, kvRefusedDesc} {
+			ch <- d
+		}
 	}
 	if c.sglang != nil {
 		for _, d := range c.sglang.gaugeDescs {
@@ -294,6 +337,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(peerAbortTombDesc, prometheus.CounterValue, float64(st.PeerAbortTombstones), c.role)
 	for reason, n := range st.FramesDropped {
 		ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(n), c.role, reason)
+	}
+	if c.role != workerapi.RoleColocated.String() {
+		ch <- prometheus.MustNewConstMetric(kvDialsDesc, prometheus.CounterValue, float64(st.KV.Dials), c.role)
+		ch <- prometheus.MustNewConstMetric(kvReconnectsDesc, prometheus.CounterValue, float64(st.KV.Reconnects), c.role)
+		ch <- prometheus.MustNewConstMetric(kvLiveDesc, prometheus.GaugeValue, float64(st.KV.Live), c.role)
+		for _, r := range kvxfer.RefusalReasons() {
+			ch <- prometheus.MustNewConstMetric(kvRefusedDesc, prometheus.CounterValue, float64(st.KV.Refused[r.String()]), c.role, r.String())
+		}
 	}
 	if c.sglang != nil {
 		vals := c.sglang.gauges(st)

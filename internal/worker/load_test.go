@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/kvxfer/tcp"
@@ -169,5 +171,49 @@ func TestDecodeReportsKVPaths(t *testing.T) {
 	}
 	if code, _, _ := getHealth(t, h, workerapi.PathHealth+"?kv_peers=nonsense"); code != http.StatusBadRequest {
 		t.Errorf("a malformed kv_peers: %d, want 400", code)
+	}
+}
+
+// TestTTFTAndE2ECountAlike: a request aborted after its first token is in
+// the E2E histogram as it is in TTFT's, so the two counts agree; one
+// rejected before any token is in neither.
+func TestTTFTAndE2ECountAlike(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	mc := lifecycle.DefaultConfig(lifecycle.RoleColocated)
+	mc.MaxQueued = 1
+	w, err := New(Config{Model: testSim(t, 5*time.Millisecond), Machine: mc, KVCacheMemory: 1 << 20, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Shutdown(context.Background())
+	ctx := context.Background()
+	s, err := w.Generate(ctx, &openai.GenerateRequest{RID: "aborted", InputIDs: []int32{1, 2}, MaxTokens: 100, IgnoreEOS: true,
+		Sampling: model.SamplingParams{TopP: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close() // the client goes away after its first token
+	counts := func() (ttft, e2e uint64) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			switch mf.GetName() {
+			case "pdserve_time_to_first_token_seconds":
+				ttft = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			case "pdserve_e2e_request_latency_seconds":
+				e2e = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			}
+		}
+		return ttft, e2e
+	}
+	waitFor(t, "the aborted request's end", func() bool { _, e := counts(); return e == 1 })
+	if ttft, e2e := counts(); ttft != 1 || e2e != 1 {
+		t.Fatalf("TTFT count %d, E2E count %d after an abort, want 1 and 1", ttft, e2e)
 	}
 }

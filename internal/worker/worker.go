@@ -590,6 +590,13 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 		if w.role == lifecycle.RolePrefill && x.Outcome == outcome.OK {
 			pages := (x.PromptTokens + w.cfg.Machine.PageSize - 1) / w.cfg.Machine.PageSize
 			w.metrics.KVTransfer(x.StageTime[lifecycle.StageTransferring], pages*w.pool.PageBytes())
+			// Prefill's first token was sampled when its prefill ended:
+			// its time to first token is the stages before.
+			w.metrics.FirstToken(x.StageTime[lifecycle.StageBootstrap] + x.StageTime[lifecycle.StageWaiting] +
+				x.StageTime[lifecycle.StagePrefilling])
+			w.metrics.Ended(x.Age)
+		} else if wt := w.waiters[x.RID]; wt != nil && !wt.lastAt.IsZero() {
+			w.metrics.Ended(x.Age) // it got its first token: TTFT counted it, so does E2E
 		}
 		if x.Outcome != outcome.OK && x.Outcome != outcome.AbortedClient {
 			w.log.Info("request failed", "rid", x.RID, "room", x.RoomGen.String(), "outcome", x.Outcome.String(), "err", x.Err)
@@ -718,6 +725,13 @@ func (w *Worker) snapshot() (metrics.WorkerState, bool) {
 	}
 	for k, v := range st.Counters.FramesDropped {
 		ms.FramesDropped[k] += v
+	}
+	if c, ok := w.backend.(kvxfer.ConnCounter); ok {
+		kc := c.ConnCounts()
+		ms.KV = metrics.KVConns{Dials: kc.Dials, Reconnects: kc.Reconnects, Live: kc.Live, Refused: map[string]uint64{}}
+		for _, r := range kvxfer.RefusalReasons() {
+			ms.KV.Refused[r.String()] = kc.Refused[r]
+		}
 	}
 	if d, ok := w.backend.(kvxfer.DropCounter); ok {
 		for k, v := range d.DroppedFrames() {

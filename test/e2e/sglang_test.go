@@ -111,6 +111,12 @@ func TestSGLangCompatOfAPair(t *testing.T) {
 		{pre, "sglang:kv_transfer_latency_ms", sched("prefill"), 1},
 		{pre, "sglang:kv_transfer_speed_gb_s", sched("prefill"), 1},
 		{pre, "sglang:e2e_request_latency_seconds", req, 1},
+		{pre, "sglang:time_to_first_token_seconds", req, 1},
+		// pdserve's own: prefill's first token is the end of its prefill.
+		{pre, "pdserve_time_to_first_token_seconds", map[string]string{"role": "prefill"}, 1},
+		{pre, "pdserve_e2e_request_latency_seconds", map[string]string{"role": "prefill"}, 1},
+		{dec, "pdserve_time_to_first_token_seconds", map[string]string{"role": "decode"}, 1},
+		{dec, "pdserve_e2e_request_latency_seconds", map[string]string{"role": "decode"}, 1},
 		{pre, "sglang:num_prefill_bootstrap_queue_reqs", sched("prefill"), 0},
 		{pre, "sglang:num_prefill_prealloc_queue_reqs", sched("prefill"), 0},
 		{pre, "sglang:num_prefill_inflight_queue_reqs", sched("prefill"), 0},
@@ -131,6 +137,9 @@ func TestSGLangCompatOfAPair(t *testing.T) {
 		if !ok || got != tc.want {
 			t.Errorf("%s %s%v = %v (present %v), want %v", tc.w.Worker.Role(), tc.metric, tc.labels, got, ok, tc.want)
 		}
+	}
+	if _, ok := sample(t, pre, "pdserve_inter_token_latency_seconds", nil); ok {
+		t.Error("a prefill worker exposes an inter-token latency histogram: it makes one token")
 	}
 	if g, _ := sample(t, dec, "sglang:gen_throughput", sched("decode")); g <= 0 {
 		t.Errorf("decode gen_throughput %v just after generating %d tokens", g, maxTokens)

@@ -499,9 +499,9 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 		}
 		switch {
 		case readyD == 0:
-			return nil, nil, "", false, noWorker("no ready decode worker (see /workers)")
+			return nil, nil, "", false, noWorker("no ready decode worker%s (see /workers)", r.whyNone(workerapi.RoleDecode, o.exclude))
 		case readyP == 0:
-			return nil, nil, "", false, noWorker("no ready prefill worker (see /workers)")
+			return nil, nil, "", false, noWorker("no ready prefill worker%s (see /workers)", r.whyNone(workerapi.RolePrefill, o.exclude))
 		case len(decodes) == 0:
 			return nil, nil, "", false, r.shedError(decodeWhy, "every decode worker is saturated")
 		case len(prefills) == 0:
@@ -554,6 +554,31 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 		}
 	}
 	return nil, nil, "", false, noWorker("every KV path between ready workers is being probed (see /debug/pairs)")
+}
+
+// whyNone says why the workers of role do not take requests: the first
+// few with their state and last error, as ": url state: why; …".
+func (r *Router) whyNone(role workerapi.Role, exclude map[*fleet.Worker]bool) string {
+	var whys []string
+	for _, w := range r.set.Workers(role.String()) {
+		if len(whys) == 3 {
+			whys = append(whys, "…")
+			break
+		}
+		st := w.Status()
+		why := st.URL + " " + st.State.String()
+		switch {
+		case exclude[w]:
+			why += ": failed this request already"
+		case st.LastError != "":
+			why += ": " + st.LastError
+		}
+		whys = append(whys, why)
+	}
+	if len(whys) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(whys, "; ")
 }
 
 // noWorker is a 503 no_worker.

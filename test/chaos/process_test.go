@@ -367,7 +367,9 @@ func decodeKilledWhileParked(t *testing.T, seed uint64, viaRouter bool) {
 	ps.mustStart(dec)
 	var rt *procWorker
 	if viaRouter {
-		rt = ps.worker("router", "router", slices.Concat(simFlags(decodeMS), []string{"--prefill", pre.url(), "--decode", dec.url()})...)
+		// Admission off: the scenario fills decode's pool on purpose.
+		rt = ps.worker("router", "router", slices.Concat(simFlags(decodeMS), []string{"--prefill", pre.url(), "--decode", dec.url(),
+			"--decode-kv-threshold", "0", "--decode-queue-threshold", "0", "--prefill-queue-threshold", "0"})...)
 		ps.mustStart(rt)
 		if err := routerReady(hc, rt.url(), 30*time.Second); err != nil {
 			t.Fatal(err)

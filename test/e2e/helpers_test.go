@@ -25,6 +25,7 @@ import (
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/router"
 	"github.com/pdserve/pdserve/internal/testbin"
 )
 
@@ -79,6 +80,15 @@ type pdOptions struct {
 	// metricsCompat is the workers' --metrics-compat; logger their logger.
 	metricsCompat string
 	logger        *slog.Logger
+	// router tunes the router (zero: its defaults).
+	router cluster.RouterTuning
+}
+
+// noAdmission is a router that sheds no load: for tests that fill a
+// worker's KV pool or queue on purpose (preemption, requests waiting for
+// pages), which the router's admission would otherwise prevent.
+func noAdmission() cluster.RouterTuning {
+	return cluster.RouterTuning{Admission: &router.Admission{}}
 }
 
 // startPD starts router + 1 prefill + 1 decode in-process; at cleanup it
@@ -95,7 +105,7 @@ func startPD(t *testing.T, o pdOptions) *cluster.Cluster {
 	}
 	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
 		NewModel: simFactory(o.sim), Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: o.memory, MetricsCompat: o.metricsCompat},
-		WrapBackend: o.wrap, HealthInterval: 100 * time.Millisecond, Logger: o.logger})
+		WrapBackend: o.wrap, HealthInterval: 100 * time.Millisecond, Router: o.router, Logger: o.logger})
 	if err != nil {
 		t.Fatal(err)
 	}

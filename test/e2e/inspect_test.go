@@ -23,7 +23,7 @@ func TestInspect(t *testing.T) {
 	mc.KVHoldTimeout = 4 * time.Second
 	pageBytes := int64(testGeometry.BytesPerToken() * mc.PageSize)
 	// Decode's pool (800 tokens) admits one 600-token prompt at a time.
-	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 20 * time.Millisecond}, machine: &mc, memory: 50 * pageBytes})
+	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 20 * time.Millisecond}, machine: &mc, memory: 50 * pageBytes, router: noAdmission()})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	body := `{"prompt":"` + strings.Repeat("q", 600) + `","max_tokens":150,"ignore_eos":true}`

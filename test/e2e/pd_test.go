@@ -399,7 +399,7 @@ func TestShutdownFailsInFlight(t *testing.T) {
 // answer still equals the colocated one.
 func TestPreemptionKeepsAnswers(t *testing.T) {
 	pageBytes := int64(testGeometry.BytesPerToken() * 16)
-	c := startPD(t, pdOptions{memory: 40 * pageBytes}) // 640 tokens; 16 requests will want ~1,900
+	c := startPD(t, pdOptions{memory: 40 * pageBytes, router: noAdmission()}) // 640 tokens; 16 requests will want ~1,900
 	co := startServe(t, sim.Config{})
 	rng := rand.New(rand.NewPCG(7, 7))
 	type result struct {

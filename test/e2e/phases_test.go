@@ -177,7 +177,7 @@ func TestAbortMidSendNoStaleWrite(t *testing.T) {
 	// Decode's pool holds one such request (prompt + 20 output tokens), so
 	// the second request gets the pages of the first.
 	g, wrap := gated(lifecycle.RolePrefill, kvxfer.TypeKVChunk, kvxfer.TypeKVDone)
-	c := startPD(t, pdOptions{machine: &mc, memory: 21 * pageBytes, wrap: wrap})
+	c := startPD(t, pdOptions{machine: &mc, memory: 21 * pageBytes, wrap: wrap, router: noAdmission()})
 	co := startServe(t, sim.Config{})
 	d := c.Decode[0]
 	ctx, cancel := context.WithCancel(context.Background())

@@ -21,11 +21,13 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/testbin"
 	"github.com/pdserve/pdserve/internal/worker"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
@@ -172,10 +174,13 @@ func TestIdentityMismatch(t *testing.T) {
 	}
 }
 
-// TestPrefillNotReady (scenario 6): a decode worker contacts a prefill whose
-// KV channel does not accept connections yet. The request fails with a
-// retryable, bounded error naming the cause; the router retries it on the
-// other prefill worker; requests to healthy pairs are unaffected.
+// TestPrefillNotReady (scenario 6): a prefill worker whose KV channel
+// accepts no connection passes its own health checks, but the decode
+// worker's check reports its KV path to it unreachable: the router holds it
+// out of pairing (not_ready, naming the refused connection) before any
+// request tries it, and every request goes to the healthy pair without a
+// retry. Alone, it leaves the router unable to serve: a bounded 503 naming
+// the broken path.
 func TestPrefillNotReady(t *testing.T) {
 	m, _ := simFactory(sim.Config{})()
 	info := m.Info()
@@ -198,8 +203,8 @@ func TestPrefillNotReady(t *testing.T) {
 			_, _ = w.Write([]byte(`{"ok":true}`))
 		case workerapi.PathPrefill:
 			prefillLegs.Add(1)
-			_, _ = io.Copy(io.Discard, r.Body) // so the server notices the router hanging up
-			<-r.Context().Done()               // a prefill that never gets its ROOM_OPEN; the router cancels it
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
 		}
 	}))
 	t.Cleanup(notReady.Close)
@@ -210,8 +215,16 @@ func TestPrefillNotReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Shutdown(context.Background()) })
-	if err := cluster.WaitReady(context.Background(), r.Router, 5*time.Second); err != nil {
-		t.Fatal(err)
+	held := func(r *cluster.RouterServer) (string, bool) {
+		for _, w := range r.Router.Workers() {
+			if w.URL == notReady.URL && w.State == fleet.StateNotReady && strings.Contains(w.Held, "connection refused") {
+				return "", true
+			}
+		}
+		return fmt.Sprintf("%+v", r.Router.Workers()), false
+	}
+	if why, ok := testbin.WaitUntil(5*time.Second, func() (bool, string) { w, ok := held(r); return ok, w }); !ok {
+		t.Fatalf("the prefill with a dead KV port is not held out of pairing: %s", why)
 	}
 	for i := range 4 {
 		start := time.Now()
@@ -223,26 +236,26 @@ func TestPrefillNotReady(t *testing.T) {
 			t.Fatalf("request %d took %s", i, d)
 		}
 	}
-	if prefillLegs.Load() == 0 {
-		t.Fatal("the not-ready prefill was never tried")
+	if n := prefillLegs.Load(); n != 0 {
+		t.Fatalf("the prefill with a dead KV port got %d legs", n)
 	}
-	if n := counterValue(t, routerGatherer{r}, "pdserve_router_retries_total", "", ""); n < 1 {
-		t.Fatalf("no retries counted")
+	if n := counterValue(t, routerGatherer{r}, "pdserve_router_retries_total", "", ""); n != 0 {
+		t.Fatalf("%v retries: the broken path was known before any request", n)
 	}
-	// Alone, the not-ready prefill gives a bounded 502 naming the refusal.
+	// Alone, the prefill with a dead KV port gives a bounded 503 naming it.
 	r2, err := cluster.StartRouter(cluster.RouterOptions{Addr: "127.0.0.1:0", Prefill: []string{notReady.URL},
 		Decode: []string{c.Decode[0].URL}, Info: info, Tokenizer: m.Tokenizer(), HealthInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r2.Shutdown(context.Background()) })
-	if err := cluster.WaitReady(context.Background(), r2.Router, 5*time.Second); err != nil {
-		t.Fatal(err)
+	if why, ok := testbin.WaitUntil(5*time.Second, func() (bool, string) { w, ok := held(r2); return ok, w }); !ok {
+		t.Fatalf("alone: not held: %s", why)
 	}
 	start := time.Now()
 	status, body := postJSON(t, r2.URL+"/v1/completions", map[string]any{"prompt": "alone", "max_tokens": 3})
-	if status != http.StatusBadGateway || !strings.Contains(string(body), "refused") {
-		t.Fatalf("want 502 naming the refused connection, got %d %s", status, body)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "connection refused") {
+		t.Fatalf("want 503 naming the refused connection, got %d %s", status, body)
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("the bounded failure took %s", d)

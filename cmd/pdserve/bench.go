@@ -110,6 +110,7 @@ Exits 1 when every measured request failed.`,
 	fs.BoolVar(&cfg.IgnoreEOS, "ignore-eos", true, "send ignore_eos so outputs have the requested length (default true for random and conversation, false for jsonl)")
 	fs.BoolVar(&cfg.ReturnTokenIDs, "return-token-ids", true, "send return_token_ids so streamed tokens are counted exactly (vLLM/pdserve extension)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "per-request timeout, from sending to the end of the stream")
+	fs.BoolVar(&cfg.HonorRetryAfter, "honor-retry-after", false, "resend a request the server sheds (429 with Retry-After) after that delay, within --timeout; off, a 429 counts as shed at once (reported next to goodput)")
 	fs.BoolVar(&progress, "progress", true, "show a progress bar on stderr")
 	return cmd
 }

@@ -94,6 +94,29 @@ type Record struct {
 	HasTPOT bool
 	// ITL are the gaps between consecutive events carrying output.
 	ITL []time.Duration
+	// Shed: the server answered 429 (it sheds load), and the request was
+	// not resent or every resend was shed too. It is not a failure: it is
+	// counted apart (Summary.Shed).
+	Shed bool
+	// RetryAfter is the last 429's Retry-After (0 when it sent none).
+	RetryAfter time.Duration
+	// Resent counts the times the request was resent after a 429
+	// (Config.HonorRetryAfter).
+	Resent int
+}
+
+// retryAfter reads a Retry-After header: delay-seconds (RFC 9110 §10.2.3);
+// an HTTP date or garbage is 0.
+func retryAfter(h http.Header) time.Duration {
+	v := strings.TrimSpace(h.Get("Retry-After"))
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 24*3600 {
+		return 0
+	}
+	return time.Duration(n) * time.Second
 }
 
 // TPOT returns the time per output token after the first,
@@ -256,13 +279,15 @@ func (q *requester) do(ctx context.Context, p Prompt) Record {
 	start := q.clock.Now()
 	rctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, q.url, bytes.NewReader(body))
-	if err != nil {
-		rec.ErrorType, rec.Error = ErrTransport, err.Error()
-		return rec
+	newReq := func() (*http.Request, error) {
+		req, err := http.NewRequestWithContext(rctx, http.MethodPost, q.url, bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "text/event-stream")
+		return req, nil
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
 
 	fail := func(typ string, err error) Record {
 		rec.E2E = q.clock.Now().Sub(start)
@@ -275,9 +300,34 @@ func (q *requester) do(ctx context.Context, p Prompt) Record {
 		rec.ErrorType, rec.Error = typ, err.Error()
 		return rec
 	}
-	resp, err := q.client.Do(req)
-	if err != nil {
-		return fail(ErrTransport, err)
+	var resp *http.Response
+	for {
+		req, err := newReq()
+		if err != nil {
+			return fail(ErrTransport, err)
+		}
+		if resp, err = q.client.Do(req); err != nil {
+			return fail(ErrTransport, err)
+		}
+		if resp.StatusCode != http.StatusTooManyRequests {
+			break
+		}
+		// Shed: resend after Retry-After if asked to and the request's
+		// timeout leaves room, else record it as shed.
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, MaxErrorBodyBytes))
+		resp.Body.Close()
+		rec.RetryAfter = retryAfter(resp.Header)
+		if q.cfg.HonorRetryAfter && rec.RetryAfter > 0 && rec.Resent < MaxShedRetries &&
+			q.clock.Now().Add(rec.RetryAfter).Before(start.Add(q.cfg.Timeout)) {
+			rec.Resent++
+			if err := q.clock.Sleep(rctx, rec.RetryAfter); err != nil {
+				return fail(ErrTransport, err)
+			}
+			continue
+		}
+		e := openai.DecodeError(resp.StatusCode, b)
+		rec.Shed = true
+		return fail(ErrHTTP+"_"+strconv.Itoa(resp.StatusCode)+":"+errorCode(e), errors.New(e.Message))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

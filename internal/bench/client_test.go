@@ -36,7 +36,6 @@ func mixedPrompts() []string {
 func TestRunAgainstFakeServer(t *testing.T) {
 	wantErrors := map[string]int{
 		"http_500:server_error":            2,
-		"http_429:rate_limit_exceeded":     1,
 		ErrStreamClosed:                    2,
 		"stream_error:engine_failed":       1,
 		"stream_error:InternalServerError": 1,
@@ -69,8 +68,9 @@ func TestRunAgainstFakeServer(t *testing.T) {
 				t.Errorf("model %q, want the first of /v1/models", rep.Config.Model)
 			}
 			s := rep.Runs[0].Summary
-			if s.Requests != 15 || s.Succeeded != 7 || s.Failed != 8 {
-				t.Errorf("requests %d, succeeded %d, failed %d; want 15, 7, 8", s.Requests, s.Succeeded, s.Failed)
+			// The 429 is shed, not failed.
+			if s.Requests != 15 || s.Succeeded != 7 || s.Failed != 7 || s.Shed != 1 {
+				t.Errorf("requests %d, succeeded %d, failed %d, shed %d; want 15, 7, 7, 1", s.Requests, s.Succeeded, s.Failed, s.Shed)
 			}
 			if d := cmp.Diff(wantErrors, s.Errors); d != "" {
 				t.Errorf("errors by type (-want +got):\n%s", d)
@@ -101,8 +101,8 @@ func TestRunAgainstFakeServer(t *testing.T) {
 				}
 			}
 			text := out.String()
-			for _, want := range [][2]string{{"Successful requests", "7"}, {"Failed requests", "8"},
-				{"http_429:rate_limit_exceeded", "1"}, {"Requests meeting the SLO", "7"}, {"Goodput fraction (%)", "46.67"},
+			for _, want := range [][2]string{{"Successful requests", "7"}, {"Failed requests", "7"},
+				{"Shed requests (429)", "1"}, {"Shed fraction (%)", "6.67"}, {"Requests meeting the SLO", "7"}, {"Goodput fraction (%)", "46.67"},
 				{"Model", "fake-model"}, {"Request rate (req/s)", "inf"}} {
 				if !hasRow(text, want[0], want[1]) {
 					t.Errorf("summary lacks %q: %q:\n%s", want[0], want[1], text)
@@ -386,4 +386,46 @@ func hasRow(text, label, value string) bool {
 		}
 	}
 	return false
+}
+
+// TestShedAndRetryAfter: a 429 is counted as shed, apart from failures and
+// next to goodput; with HonorRetryAfter a request shed with Retry-After is
+// resent after that delay (its latencies counting from the first send),
+// up to MaxShedRetries times, and a 429 without Retry-After is shed at once.
+func TestShedAndRetryAfter(t *testing.T) {
+	for _, honor := range []bool{false, true} {
+		t.Run(fmt.Sprintf("honor=%v", honor), func(t *testing.T) {
+			srv := fakeServer(t)
+			prompts := []string{"shedonce a", "shed b", "http429 c", "ok d"}
+			cfg := testConfig(srv.URL)
+			cfg.Dataset, cfg.DatasetPath, cfg.NumPrompts = DatasetJSONL, writeJSONL(t, prompts, 4), len(prompts)
+			cfg.HonorRetryAfter, cfg.SLOTTFT = honor, time.Minute
+			cfg.Rates = []Rate{InfRate()}
+			cfg.MaxConcurrency = 1
+			clock := newFakeClock()
+			rep, err := Run(context.Background(), Options{Config: cfg, Client: testClient(t), Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := rep.Runs[0].Summary
+			recs := rep.Runs[0].Records
+			wantShed, wantOK := 3, 1
+			if honor {
+				wantShed, wantOK = 2, 2
+			}
+			if s.Shed != wantShed || s.Succeeded != wantOK || s.Failed != 0 || s.Goodput.Requests != wantOK {
+				t.Fatalf("shed %d ok %d failed %d goodput %d; want %d, %d, 0, %d", s.Shed, s.Succeeded, s.Failed,
+					s.Goodput.Requests, wantShed, wantOK, wantOK)
+			}
+			if r := recs[0]; honor != (r.Success && r.Resent == 1 && r.TTFT >= time.Second) {
+				t.Errorf("shed once: %+v", r)
+			}
+			if r := recs[1]; !r.Shed || r.RetryAfter != time.Second || (honor && r.Resent != MaxShedRetries) || (!honor && r.Resent != 0) {
+				t.Errorf("always shed: %+v", r)
+			}
+			if r := recs[2]; !r.Shed || r.Resent != 0 || r.RetryAfter != 0 {
+				t.Errorf("429 without Retry-After: %+v", r)
+			}
+		})
+	}
 }

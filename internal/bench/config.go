@@ -183,7 +183,16 @@ type Config struct {
 	ReturnTokenIDs bool
 	// Timeout bounds each request from sending to the end of its stream.
 	Timeout time.Duration
+	// HonorRetryAfter resends a request the server shed (429 with
+	// Retry-After) once that delay has passed, up to MaxShedRetries times
+	// and within Timeout; its latencies then count from the first send.
+	// Off, a 429 is recorded as shed at once.
+	HonorRetryAfter bool
 }
+
+// MaxShedRetries bounds how often one request is resent after a 429 when
+// Config.HonorRetryAfter is set.
+const MaxShedRetries = 10
 
 // Limits on a config.
 const (
@@ -280,6 +289,7 @@ type configJSON struct {
 	SLOTPOTMS        float64     `json:"slo_tpot_ms,omitempty"`
 	IgnoreEOS        bool        `json:"ignore_eos"`
 	ReturnTokenIDs   bool        `json:"return_token_ids"`
+	HonorRetryAfter  bool        `json:"honor_retry_after"`
 	TimeoutS         float64     `json:"timeout_s"`
 }
 
@@ -289,7 +299,7 @@ func (c *Config) toJSON() configJSON {
 		Dataset: c.Dataset, RandomInputLen: c.RandomInputLen, RandomOutputLen: c.RandomOutputLen,
 		RandomRangeRatio: c.RandomRangeRatio, DatasetPath: c.DatasetPath,
 		SLOTTFTMS: ms(c.SLOTTFT), SLOTPOTMS: ms(c.SLOTPOT), IgnoreEOS: c.IgnoreEOS,
-		ReturnTokenIDs: c.ReturnTokenIDs, TimeoutS: c.Timeout.Seconds()}
+		ReturnTokenIDs: c.ReturnTokenIDs, HonorRetryAfter: c.HonorRetryAfter, TimeoutS: c.Timeout.Seconds()}
 }
 
 // ms converts d to milliseconds.

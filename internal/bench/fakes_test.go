@@ -174,7 +174,9 @@ func (s *sse) done() { s.raw("[DONE]") }
 //	ok       max_tokens events of one token, usage (prompt tokens = bytes), [DONE]
 //	pairs    events of two tokens each, no usage, [DONE]
 //	http500  a 500 server_error answer
-//	http429  a 429 answer with code rate_limit_exceeded
+//	http429  a 429 answer with code rate_limit_exceeded (no Retry-After)
+//	shed     a 429 overloaded answer with Retry-After: 1 (shedonce: only the
+//	         first time that prompt is sent; then as ok)
 //	close    two tokens, then the connection is cut
 //	eof      two tokens, then the stream ends without [DONE]
 //	errevent one token, then an error event with code "engine_failed", [DONE]
@@ -183,6 +185,8 @@ func (s *sse) done() { s.raw("[DONE]") }
 //	hang     one token, then nothing until the client goes away
 func fakeServer(t *testing.T) *httptest.Server {
 	t.Helper()
+	var mu sync.Mutex
+	seen := map[string]int{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -195,7 +199,18 @@ func fakeServer(t *testing.T) *httptest.Server {
 			return
 		}
 		kind, _, _ := strings.Cut(fr.prompt, " ")
+		mu.Lock()
+		seen[fr.prompt]++
+		n := seen[fr.prompt]
+		mu.Unlock()
+		if kind == "shedonce" && n > 1 {
+			kind = "ok"
+		}
 		switch kind {
+		case "shed", "shedonce":
+			openai.WriteError(w, &openai.Error{Status: http.StatusTooManyRequests, Type: "server_error",
+				Code: "overloaded", Message: "every decode worker is saturated", RetryAfter: time.Second})
+			return
 		case "http500":
 			openai.WriteError(w, openai.Internal("boom"))
 		case "http429":

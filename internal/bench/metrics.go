@@ -86,8 +86,8 @@ type Goodput struct {
 	Requests int `json:"requests"`
 	// Rate is Requests per second of the run's duration.
 	Rate float64 `json:"requests_per_s"`
-	// Fraction is Requests over all requests of the run (failures count
-	// as not meeting the SLOs).
+	// Fraction is Requests over all requests of the run (failures and
+	// shed requests count as not meeting the SLOs).
 	Fraction float64 `json:"fraction"`
 }
 
@@ -97,10 +97,16 @@ type Summary struct {
 	Rate Rate `json:"request_rate"`
 	// MaxConcurrency is the cap on requests in flight (0: none).
 	MaxConcurrency int `json:"max_concurrency"`
-	// Requests, Succeeded and Failed count the measured requests.
-	Requests  int `json:"requests"`
-	Succeeded int `json:"succeeded"`
-	Failed    int `json:"failed"`
+	// Requests, Succeeded and Failed count the measured requests; Shed
+	// those the server answered 429 (load shedding: neither served nor a
+	// failure; not in Failed), ShedFraction their share of Requests.
+	Requests     int     `json:"requests"`
+	Succeeded    int     `json:"succeeded"`
+	Failed       int     `json:"failed"`
+	Shed         int     `json:"shed"`
+	ShedFraction float64 `json:"shed_fraction"`
+	// Resent counts the resends after a 429 (Config.HonorRetryAfter).
+	Resent int `json:"resent"`
 	// Duration is from the start of the run to the end of its last
 	// request, in seconds.
 	Duration float64 `json:"duration_s"`
@@ -138,6 +144,11 @@ func Summarize(recs []Record, duration time.Duration, slo SLO) Summary {
 	good := 0
 	for i := range recs {
 		r := &recs[i]
+		s.Resent += r.Resent
+		if r.Shed {
+			s.Shed++
+			continue
+		}
 		if !r.Success {
 			s.Failed++
 			if s.Errors == nil {
@@ -167,6 +178,9 @@ func Summarize(recs []Record, duration time.Duration, slo SLO) Summary {
 		s.OutputThroughput = float64(s.OutputTokens) / d
 		s.TotalThroughput = float64(s.InputTokens+s.OutputTokens) / d
 		s.Concurrency = sumE2E.Seconds() / d
+	}
+	if len(recs) > 0 {
+		s.ShedFraction = float64(s.Shed) / float64(len(recs))
 	}
 	if slo.Set() {
 		g := &Goodput{SLOTTFT: ms(slo.TTFT), SLOTPOT: ms(slo.TPOT), Requests: good}

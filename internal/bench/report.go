@@ -50,6 +50,10 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 	}
 	row("Successful requests", s.Succeeded)
 	row("Failed requests", s.Failed)
+	row("Shed requests (429)", s.Shed)
+	if s.Resent > 0 {
+		row("Resent after Retry-After", s.Resent)
+	}
 	row("Benchmark duration (s)", s.Duration)
 	row("Total input tokens", s.InputTokens)
 	row("Total generated tokens", s.OutputTokens)
@@ -70,6 +74,7 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 		row("Requests meeting the SLO", g.Requests)
 		row("Goodput (req/s)", g.Rate)
 		row("Goodput fraction (%)", 100*g.Fraction)
+		row("Shed fraction (%)", 100*s.ShedFraction)
 	}
 	dist := func(title, name string, d Dist) {
 		fmt.Fprintln(bw, rule(title, '-'))
@@ -102,7 +107,7 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 func PrintSweep(w io.Writer, rep *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, rule("Request rate sweep", '='))
-	fmt.Fprintln(tw, "rate (req/s)\tok\tfailed\treq/s\tout tok/s\tp90 TTFT (ms)\tp90 TPOT (ms)\tp90 E2E (ms)\tgoodput (req/s)\tgoodput (%)\t")
+	fmt.Fprintln(tw, "rate (req/s)\tok\tfailed\tshed\treq/s\tout tok/s\tp90 TTFT (ms)\tp90 TPOT (ms)\tp90 E2E (ms)\tgoodput (req/s)\tgoodput (%)\t")
 	for i := range rep.Runs {
 		s := &rep.Runs[i].Summary
 		good, frac := "-", "-"
@@ -110,7 +115,7 @@ func PrintSweep(w io.Writer, rep *Report) error {
 			good = fmt.Sprintf("%.2f", s.Goodput.Rate)
 			frac = fmt.Sprintf("%.1f", 100*s.Goodput.Fraction)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", s.Rate, s.Succeeded, s.Failed,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", s.Rate, s.Succeeded, s.Failed, s.Shed,
 			s.RequestThroughput, s.OutputThroughput, s.TTFT.P90, s.TPOT.P90, s.E2E.P90, good, frac)
 	}
 	if err := tw.Flush(); err != nil {

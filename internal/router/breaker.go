@@ -134,6 +134,17 @@ func (bs *breakers) allows(p, d *fleet.Worker, now time.Time) bool {
 	return false
 }
 
+// panicAllows reports whether a pair is open by its own failures only (not
+// by decode's report that the path is refused or unreachable): when every
+// pair is open, the router tries those anyway (Envoy's panic mode) rather
+// than fail every request.
+func (bs *breakers) panicAllows(p, d *fleet.Worker) bool {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	b := bs.pairs[pairKey{p, d}]
+	return b == nil || !b.byReport
+}
+
 // acquire claims the pair for a request chosen on it: always for a closed
 // pair; for a half-open one only if no probe is in flight, and the request
 // is then the probe (probe true). ok false: another request took the probe.
@@ -293,17 +304,33 @@ func (r *Router) updateHolds() {
 		ws, others []*fleet.Worker
 		prefill    bool
 	}{{ps, ds, true}, {ds, ps, false}} {
+		ready := 0
+		for _, w := range side.ws {
+			if w.Usable() {
+				ready++
+			}
+		}
 		for _, w := range side.ws {
 			held := w.Held()
 			if held != "" && !strings.HasPrefix(held, heldPrefix) {
 				continue // held for another reason
 			}
-			if open, why := r.everyPathOpen(w, side.others, side.prefill, now); open {
+			open, why := r.everyPathOpen(w, side.others, side.prefill, now)
+			switch {
+			case open && held == "" && ready <= 1:
+				// The last worker of its role that takes requests: keep
+				// it (its paths' breakers still skip what they can).
+			case open:
 				if held != heldPrefix+why {
 					r.set.Hold(w, heldPrefix+why)
+					if held == "" {
+						ready--
+					}
 				}
-			} else if held != "" {
-				r.set.Release(w)
+			case held != "":
+				if r.set.Release(w) {
+					ready++
+				}
 			}
 		}
 	}

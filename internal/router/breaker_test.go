@@ -342,3 +342,46 @@ func workerNamed(t *testing.T, r *Router, url string) *fleet.Worker {
 	t.Fatalf("no worker %s", url)
 	return nil
 }
+
+// TestEveryPairOpenPanics: when every pair is open by its own failures (a
+// network blip on the only pair), the router does not hold its last workers
+// nor refuse every request: it uses the open pair anyway (panic mode), and
+// a success closes it.
+func TestEveryPairOpenPanics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		var broken atomic.Bool
+		broken.Store(true)
+		tr.prefill[0].setLeg(untilAborted)
+		tr.decode[0].setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+			if broken.Load() {
+				w.fail(workerapi.OutcomeError(outcome.FailedTransfer, "KV checksum mismatch", outcome.Cause{}))
+				return
+			}
+			okLeg(workerapi.RoleDecode)(ctx, b, ab, w)
+		})
+		for i := 0; pairState(t, tr.r, tr.prefill[0], tr.decode[0]).State != BreakerOpen; i++ {
+			if i == 5 {
+				t.Fatal("the pair did not open")
+			}
+			if a := generate(t.Context(), tr.r, fmt.Sprintf("f%d", i)); a.err == nil || a.err.Code != "failed_transfer" {
+				t.Fatalf("request %d: %+v", i, a)
+			}
+		}
+		advance(150 * time.Millisecond)
+		for _, w := range tr.r.Fleet().Workers("") {
+			if st := w.Status(); st.State != fleet.StateReady {
+				t.Fatalf("%s: %+v, want the last workers of their roles kept ready", st.URL, st)
+			}
+		}
+		broken.Store(false)
+		tr.prefill[0].setLeg(okLeg(workerapi.RolePrefill))
+		if a := generate(t.Context(), tr.r, "panic"); a.err != nil {
+			t.Fatalf("with every pair open: %+v, want the open pair tried", a.err)
+		}
+		if ps := pairState(t, tr.r, tr.prefill[0], tr.decode[0]); ps.State != BreakerClosed {
+			t.Fatalf("after a success in panic mode: %+v", ps)
+		}
+	})
+}

@@ -507,8 +507,10 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 		case len(prefills) == 0:
 			return nil, nil, "", false, r.shedError(prefillWhy, "every prefill worker is saturated")
 		}
-		// The prefill workers each decode worker may pair with.
+		// The prefill workers each decode worker may pair with: in panic
+		// mode (every pair is open), also those open by their failures.
 		var mismatch, broken string
+		panicking := false
 		paired := func(d *fleet.Worker, all bool) []Candidate {
 			var out []Candidate
 			fp := d.Info().Fingerprint
@@ -517,7 +519,7 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 					mismatch = fmt.Sprintf("%s vs %s: %s", c.Worker.URL(), d.URL(), m)
 					continue
 				}
-				if !r.breakers.allows(c.Worker, d, now) {
+				if !r.breakers.allows(c.Worker, d, now) && !(panicking && r.breakers.panicAllows(c.Worker, d)) {
 					_, why := r.breakers.state(c.Worker, d, now)
 					broken = fmt.Sprintf("%s → %s: %s", c.Worker.URL(), d.URL(), why)
 					continue
@@ -535,6 +537,14 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 				usable = append(usable, c)
 			}
 		}
+		if len(usable) == 0 && broken != "" {
+			panicking = true
+			for _, c := range decodes {
+				if len(paired(c.Worker, false)) > 0 {
+					usable = append(usable, c)
+				}
+			}
+		}
 		if len(usable) == 0 {
 			if broken != "" {
 				return nil, nil, "", false, noWorker("every KV path between ready workers is open (%s; see /debug/pairs)", broken)
@@ -548,6 +558,9 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 		}
 		dw = r.choose(workerapi.RoleDecode, o.req, usable, o.avoid)
 		pw = r.choose(workerapi.RolePrefill, o.req, paired(dw, true), o.avoid)
+		if panicking {
+			return pw, dw, pw.KVAddr(), false, nil
+		}
 		probe, ok := r.breakers.acquire(pw, dw, now)
 		if ok {
 			return pw, dw, pw.KVAddr(), probe, nil

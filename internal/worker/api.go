@@ -362,7 +362,9 @@ func (w *Worker) load(timeout time.Duration) workerapi.Health {
 		h.Stages[s.String()] = n
 	}
 	for _, s := range w.role.Queued() {
-		h.Queued += st.Stages[s]
+		if s != lifecycle.StageBootstrap { // waiting for decode's ROOM_OPEN, not for compute
+			h.Queued += st.Stages[s]
+		}
 	}
 	return h
 }

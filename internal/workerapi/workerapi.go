@@ -265,9 +265,11 @@ type Load struct {
 	// (e.g. "parked", "decoding").
 	Live   int            `json:"live"`
 	Stages map[string]int `json:"stages,omitempty"`
-	// Queued is the number of requests waiting to start (prefill:
-	// bootstrap and waiting; decode: prealloc, queued and preempted;
-	// colocated: waiting and preempted), the queue that MaxQueued bounds.
+	// Queued is the number of requests waiting for the worker's compute or
+	// memory (prefill: waiting; decode: prealloc, queued and preempted;
+	// colocated: waiting and preempted): the queue a router sheds load on.
+	// (MaxQueued bounds these and, on prefill, bootstrap too: requests whose
+	// decode has not opened the room yet.)
 	Queued int `json:"queued"`
 	// PromptTokens is the sum of the prompt lengths of the live requests,
 	// in tokens (prefill's outstanding work).

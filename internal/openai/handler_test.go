@@ -240,7 +240,7 @@ func TestNonStreamCompletion(t *testing.T) {
 	checkClosed(t, eng.nextStream(t), 0)
 	// Non-streaming and no stop strings: the engine may buffer the output.
 	wantReq := &GenerateRequest{RID: "rid1", InputIDs: []int32{104, 101, 108, 108, 111}, MaxTokens: 10,
-		Sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 5}, Buffered: true}
+		Sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 5}, Buffered: true, Arrived: time.Unix(1700000000, 0)}
 	if diff := cmp.Diff(wantReq, eng.lastReq(t)); diff != "" {
 		t.Errorf("GenerateRequest (-want +got):\n%s", diff)
 	}

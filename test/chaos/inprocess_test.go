@@ -18,6 +18,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvxfer/fault"
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/router"
 )
 
 // simGeometry is a small KV shape: 2 layers × 2 KV heads × 16 dims × bf16 =
@@ -546,7 +547,10 @@ func (h *inproc) setUp() {
 			t.Fatal(err)
 		}
 	}
-	ro := cluster.RouterOptions{Addr: "127.0.0.1:0", Info: m.Info(), Tokenizer: m.Tokenizer(), HealthInterval: 100 * time.Millisecond}
+	// No admission: the chaos wants the workers' pools and queues full, so
+	// that faults strike every stage; the router would shed that load.
+	ro := cluster.RouterOptions{Addr: "127.0.0.1:0", Info: m.Info(), Tokenizer: m.Tokenizer(), HealthInterval: 100 * time.Millisecond,
+		RouterTuning: cluster.RouterTuning{Admission: &router.Admission{}}}
 	for _, s := range h.slots {
 		if s.role == lifecycle.RolePrefill {
 			ro.Prefill = append(ro.Prefill, "http://"+s.addr)

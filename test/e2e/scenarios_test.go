@@ -27,6 +27,7 @@ import (
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/router"
 	"github.com/pdserve/pdserve/internal/testbin"
 	"github.com/pdserve/pdserve/internal/worker"
 	"github.com/pdserve/pdserve/internal/workerapi"
@@ -179,8 +180,8 @@ func TestIdentityMismatch(t *testing.T) {
 // worker's check reports its KV path to it unreachable: the router holds it
 // out of pairing (not_ready, naming the refused connection) before any
 // request tries it, and every request goes to the healthy pair without a
-// retry. Alone, it leaves the router unable to serve: a bounded 503 naming
-// the broken path.
+// retry. Alone, its path's breaker is open: a bounded 503 naming the
+// broken path.
 func TestPrefillNotReady(t *testing.T) {
 	m, _ := simFactory(sim.Config{})()
 	info := m.Info()
@@ -249,8 +250,13 @@ func TestPrefillNotReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r2.Shutdown(context.Background()) })
-	if why, ok := testbin.WaitUntil(5*time.Second, func() (bool, string) { w, ok := held(r2); return ok, w }); !ok {
-		t.Fatalf("alone: not held: %s", why)
+	// The last prefill worker is not held (holding it would change nothing
+	// but the reason's place); its path's breaker is open.
+	if why, ok := testbin.WaitUntil(5*time.Second, func() (bool, string) {
+		ps := r2.Router.Pairs()
+		return len(ps) == 1 && ps[0].State == router.BreakerOpen, fmt.Sprintf("%+v", ps)
+	}); !ok {
+		t.Fatalf("alone: the path is not open: %s", why)
 	}
 	start := time.Now()
 	status, body := postJSON(t, r2.URL+"/v1/completions", map[string]any{"prompt": "alone", "max_tokens": 3})

@@ -15,23 +15,23 @@ import (
 //
 //   - Its own, immediate: the legs it has in flight on the worker and their
 //     tokens (a prefill leg counts its prompt, a decode leg its prompt plus
-//     max_tokens: the KV it may come to hold), and counters of every leg and
-//     token ever sent.
+//     max_tokens: the KV it may come to hold).
 //   - The worker's report (/internal/v1/load every --load-interval, and
 //     every health check): its queue, its running requests, the prompt
 //     tokens it holds, its KV pages used and total, its limits. A report
 //     older than --load-staleness is ignored (only its static part, the
 //     pool size and the limits, is kept).
 //
-// They combine so that what the router sent since the report counts at
-// once, and what other routers sent counts through the report:
+// They combine so that how the router's own legs changed since the report
+// counts at once, and what other routers sent counts through the report
+// (Δ is own now − own at the report: legs sent less legs ended):
 //
-//	prompt tokens = max(own now, reported + own now − own at the report)
-//	queue         = reported queue + max(0, legs sent since − free slots at the report)
-//	KV pages      = reported used + pages of the tokens sent since
+//	prompt tokens = max(own now, reported + Δ tokens)
+//	queue         = reported queue + max(0, Δ legs − free slots at the report)
+//	KV pages      = max(0, reported used + Δ tokens / page size + Δ legs)
 //
-// where free slots = max_running − running at the report: new legs fill
-// the worker's free batch slots before they queue. Without a fresh report:
+// where free slots = max_running − (live − queued) at the report: new legs
+// fill the worker's free batch slots before they queue. Without a fresh report:
 // prompt tokens = own; queue = max(0, own legs − max_running); KV pages =
 // pages of the own tokens in flight. (After the saturation detector of the
 // Gateway API inference extension, which llm-d builds on: metrics scraped
@@ -52,10 +52,8 @@ type wstate struct {
 	w    *fleet.Worker
 	role workerapi.Role
 
-	tokens     atomic.Int64  // tokens of the legs in flight
-	sent       atomic.Uint64 // legs ever sent
-	sentTokens atomic.Uint64 // tokens of the legs ever sent
-	polling    atomic.Bool   // a load poll is under way
+	tokens  atomic.Int64 // tokens of the legs in flight
+	polling atomic.Bool  // a load poll is under way
 
 	mu  sync.Mutex
 	rep report
@@ -73,21 +71,11 @@ type wstate struct {
 type report struct {
 	at               time.Time // zero: none yet
 	load             workerapi.Load
-	running          int
 	tokens           int64
-	sent, sentTokens uint64
+	legs             int
 	pageSize, maxRun int
 	pagesTotal       int
 	haveStatic       bool
-}
-
-// runningStage is the stage whose requests occupy the worker's batch
-// slots, for the estimate of free slots.
-func runningStage(role workerapi.Role) string {
-	if role == workerapi.RolePrefill {
-		return "prefilling"
-	}
-	return "decoding"
 }
 
 // legTokens is what a leg of role counts in its worker's Tokens: the
@@ -112,8 +100,6 @@ func (r *Router) state(w *fleet.Worker) *wstate {
 func (r *Router) legStarted(w *fleet.Worker, tokens int) (done func()) {
 	ws := r.state(w)
 	ws.tokens.Add(int64(tokens))
-	ws.sent.Add(1)
-	ws.sentTokens.Add(uint64(tokens))
 	legDone := w.AddLeg()
 	var once sync.Once
 	return func() {
@@ -130,14 +116,13 @@ func (ws *wstate) observeLoad(l workerapi.Load, own report, now time.Time) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	own.at, own.load = now, l
-	own.running = l.Stages[runningStage(ws.role)]
 	own.pageSize, own.maxRun, own.pagesTotal, own.haveStatic = l.PageSize, l.MaxRunning, l.PagesTotal, true
 	ws.rep = own
 }
 
 // ownNow returns the router's counters for w now, as a report to fill in.
 func (ws *wstate) ownNow() report {
-	return report{tokens: ws.tokens.Load(), sent: ws.sent.Load(), sentTokens: ws.sentTokens.Load()}
+	return report{tokens: ws.tokens.Load(), legs: ws.w.Legs()}
 }
 
 // estimate computes w's load now (ws.mu held); staleness is the cutoff.
@@ -157,14 +142,15 @@ func (ws *wstate) estimate(now time.Time, staleness time.Duration, legs int, adm
 	var pagesUsed float64
 	if fresh {
 		l.Fresh = true
-		since := own.sent - rep.sent
+		dLegs, dTokens := legs-rep.legs, own.tokens-rep.tokens
 		if ws.role == workerapi.RolePrefill {
-			l.Tokens = max(l.Tokens, rep.load.PromptTokens+int(own.tokens-rep.tokens))
+			l.Tokens = max(l.Tokens, rep.load.PromptTokens+int(dTokens))
 		}
-		free := max(0, maxRun-rep.running)
-		l.Queue = float64(rep.load.Queued + max(0, int(since)-free))
-		sinceTokens := own.sentTokens - rep.sentTokens
-		pagesUsed = float64(rep.load.PagesUsed) + float64(sinceTokens)/float64(pageSize) + float64(since)
+		// Slots free at the report: what it did not count as running or
+		// queued may still take one (awaiting its KV, say).
+		free := max(0, maxRun-(rep.load.Live-rep.load.Queued))
+		l.Queue = float64(rep.load.Queued + max(0, dLegs-free))
+		pagesUsed = max(0, float64(rep.load.PagesUsed)+float64(dTokens)/float64(pageSize)+float64(dLegs))
 	} else {
 		l.Queue = float64(max(0, legs-maxRun))
 		pagesUsed = float64(l.Tokens)/float64(pageSize) + float64(legs)

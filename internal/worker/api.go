@@ -361,12 +361,27 @@ func (w *Worker) load(timeout time.Duration) workerapi.Health {
 	for s, n := range st.Stages {
 		h.Stages[s.String()] = n
 	}
-	for _, s := range w.role.Queued() {
-		if s != lifecycle.StageBootstrap { // waiting for decode's ROOM_OPEN, not for compute
-			h.Queued += st.Stages[s]
-		}
-	}
+	h.Queued = queuedForCapacity(w.role, st.Stages, mc.MaxRunning)
 	return h
+}
+
+// queuedForCapacity counts the requests that wait for the worker's capacity:
+// those waiting for KV pages (decode's prealloc, preempted) and those
+// waiting for a batch slot beyond the slots the next forward has free
+// (maxRunning less the running sequences). A request waiting only for the
+// next step, or (prefill's bootstrap) for decode's ROOM_OPEN, does not count:
+// as in vLLM's waiting queue, what counts is what the engine cannot take.
+func queuedForCapacity(role lifecycle.Role, stages map[lifecycle.Stage]int, maxRunning int) int {
+	slots := func(waiting, running int) int { return max(0, waiting-max(0, maxRunning-running)) }
+	switch role {
+	case lifecycle.RolePrefill:
+		return slots(stages[lifecycle.StageWaiting], stages[lifecycle.StagePrefilling])
+	case lifecycle.RoleDecode:
+		return stages[lifecycle.StagePrealloc] + stages[lifecycle.StagePreempted] +
+			slots(stages[lifecycle.StageQueued], stages[lifecycle.StageDecoding])
+	}
+	return stages[lifecycle.StagePreempted] +
+		slots(stages[lifecycle.StageWaiting], stages[lifecycle.StagePrefilling]+stages[lifecycle.StageDecoding])
 }
 
 // kvPeers parses the kv_peers query parameter: at most MaxKVPeers

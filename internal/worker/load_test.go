@@ -217,3 +217,28 @@ func TestTTFTAndE2ECountAlike(t *testing.T) {
 		t.Fatalf("TTFT count %d, E2E count %d after an abort, want 1 and 1", ttft, e2e)
 	}
 }
+
+// TestQueuedForCapacity: the reported queue counts what waits for pages,
+// and what waits for a batch slot beyond those free: not what the next
+// forward takes anyway, nor prefill's bootstrap.
+func TestQueuedForCapacity(t *testing.T) {
+	type st = map[lifecycle.Stage]int
+	for _, c := range []struct {
+		role   lifecycle.Role
+		stages st
+		maxRun int
+		want   int
+	}{
+		{lifecycle.RolePrefill, st{lifecycle.StageBootstrap: 9, lifecycle.StageWaiting: 3, lifecycle.StagePrefilling: 1}, 256, 0},
+		{lifecycle.RolePrefill, st{lifecycle.StageWaiting: 6, lifecycle.StagePrefilling: 2}, 4, 4},
+		{lifecycle.RoleDecode, st{lifecycle.StagePrealloc: 2, lifecycle.StageQueued: 5, lifecycle.StageDecoding: 4,
+			lifecycle.StagePreempted: 1, lifecycle.StageAwaitingKV: 7}, 6, 3 + 3},
+		{lifecycle.RoleDecode, st{lifecycle.StageQueued: 5, lifecycle.StageDecoding: 1}, 256, 0},
+		{lifecycle.RoleColocated, st{lifecycle.StageWaiting: 5, lifecycle.StagePrefilling: 1, lifecycle.StageDecoding: 2,
+			lifecycle.StagePreempted: 1}, 4, 1 + 4},
+	} {
+		if got := queuedForCapacity(c.role, c.stages, c.maxRun); got != c.want {
+			t.Errorf("%s %v max_running %d: %d, want %d", c.role, c.stages, c.maxRun, got, c.want)
+		}
+	}
+}

@@ -265,11 +265,13 @@ type Load struct {
 	// (e.g. "parked", "decoding").
 	Live   int            `json:"live"`
 	Stages map[string]int `json:"stages,omitempty"`
-	// Queued is the number of requests waiting for the worker's compute or
-	// memory (prefill: waiting; decode: prealloc, queued and preempted;
-	// colocated: waiting and preempted): the queue a router sheds load on.
-	// (MaxQueued bounds these and, on prefill, bootstrap too: requests whose
-	// decode has not opened the room yet.)
+	// Queued is the number of requests that wait for the worker's
+	// capacity: for KV pages (decode: prealloc, preempted; colocated:
+	// preempted), or for a batch slot beyond those the next forward has
+	// free (prefill: waiting; decode: queued; colocated: waiting, less
+	// MaxRunning minus the sequences running): the queue a router sheds
+	// load on, as vLLM's waiting queue. (MaxQueued bounds the raw stage
+	// counts, and on prefill bootstrap too.)
 	Queued int `json:"queued"`
 	// PromptTokens is the sum of the prompt lengths of the live requests,
 	// in tokens (prefill's outstanding work).

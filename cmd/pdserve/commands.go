@@ -62,6 +62,7 @@ func checkPort(name string, p int) error {
 func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		lf       logFlags
+		pp       pprofFlags
 		mf       modelFlags
 		wf       workerFlags
 		host     string
@@ -86,6 +87,11 @@ in-flight requests are answered with an error.`,
 			if err != nil {
 				return err
 			}
+			stopPprof, err := pp.start(log)
+			if err != nil {
+				return err
+			}
+			defer stopPprof()
 			if err := checkPort("port", port); err != nil {
 				return err
 			}
@@ -138,6 +144,7 @@ in-flight requests are answered with an error.`,
 	}
 	fs := cmd.Flags()
 	lf.add(fs)
+	pp.add(fs)
 	mf.add(fs)
 	wf.add(fs)
 	fs.StringVar(&host, "host", "127.0.0.1", "address every server binds")
@@ -154,6 +161,7 @@ in-flight requests are answered with an error.`,
 func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 	var (
 		lf     logFlags
+		pp     pprofFlags
 		mf     modelFlags
 		wf     workerFlags
 		host   string
@@ -177,6 +185,11 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			stopPprof, err := pp.start(log)
+			if err != nil {
+				return err
+			}
+			defer stopPprof()
 			if err := checkPort("port", port); err != nil {
 				return err
 			}
@@ -234,6 +247,7 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 	}
 	fs := cmd.Flags()
 	lf.add(fs)
+	pp.add(fs)
 	mf.add(fs)
 	wf.add(fs)
 	fs.StringVar(&host, "host", "127.0.0.1", "address to bind")
@@ -286,6 +300,7 @@ func splitURLs(s []string) []string {
 func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		lf        logFlags
+		pp        pprofFlags
 		mf        modelFlags
 		host      string
 		port      int
@@ -311,6 +326,11 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 			if err != nil {
 				return err
 			}
+			stopPprof, err := pp.start(log)
+			if err != nil {
+				return err
+			}
+			defer stopPprof()
 			if err := checkPort("port", port); err != nil {
 				return err
 			}
@@ -365,6 +385,7 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 	}
 	fs := cmd.Flags()
 	lf.add(fs)
+	pp.add(fs)
 	mf.add(fs)
 	// The router only needs the model's identity, tokenizer and context;
 	// latencies are the workers' business.

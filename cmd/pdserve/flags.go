@@ -47,6 +47,25 @@ func (f *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: want text or json", f.format)
 }
 
+// pprofFlags serve Go's profiles on a private address.
+type pprofFlags struct{ addr string }
+
+func (f *pprofFlags) add(fs *pflag.FlagSet) {
+	fs.StringVar(&f.addr, "pprof-addr", "", "serve Go's profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (keep it private; empty: off)")
+}
+
+// start serves the profiles if asked; the returned function stops them.
+func (f *pprofFlags) start(log *slog.Logger) (func(), error) {
+	if f.addr == "" {
+		return func() {}, nil
+	}
+	stop, err := cluster.StartPprof(f.addr, log)
+	if err != nil {
+		return nil, usagef("--pprof-addr %s: %v", f.addr, err)
+	}
+	return stop, nil
+}
+
 // modelFlags choose the model: the simulated one and its parameters.
 type modelFlags struct {
 	model        string

@@ -63,6 +63,15 @@ type Chunk struct {
 	FinishReason string
 }
 
+// Pender is implemented by streams that know whether their next chunk is
+// already there: the front end then writes the current one without
+// flushing it, so a burst of chunks goes out in one write (each chunk is
+// still flushed at once when nothing follows it).
+type Pender interface {
+	// Pending reports whether Recv would return at once.
+	Pending() bool
+}
+
 // Stream is the output of one request. The front end calls its methods
 // from one goroutine, never concurrently.
 type Stream interface {

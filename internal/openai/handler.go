@@ -473,6 +473,7 @@ func (h *handler) setWriteDeadline(rc *http.ResponseController) {
 // ordinary error answer. It returns the outcome for the log.
 func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, stream Stream) string {
 	sse := sseWriter{w: w, rc: rc, h: rs.h}
+	pending, _ := stream.(Pender)
 	promptSent := false
 	for !rs.out.finished {
 		if err := rs.recv(ctx, stream); err != nil {
@@ -539,7 +540,10 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 				Model: rs.h.cfg.ModelName, Choices: []CompletionChoice{choice},
 			}
 		}
-		if sse.send(ev) != nil {
+		// Flush unless more output is already waiting (it follows at once)
+		// or the stream is over (usage and [DONE] follow at once).
+		flush := !rs.out.finished && (pending == nil || !pending.Pending())
+		if sse.event(ev, flush) != nil {
 			return "client gone"
 		}
 	}
@@ -552,7 +556,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 			ev = CompletionResponse{ID: "cmpl-" + rs.rid, Object: "text_completion", Created: rs.created,
 				Model: rs.h.cfg.ModelName, Choices: []CompletionChoice{}, Usage: rs.usage()}
 		}
-		if sse.send(ev) != nil {
+		if sse.event(ev, false) != nil { // [DONE] follows and flushes
 			return "client gone"
 		}
 	}
@@ -569,6 +573,8 @@ type sseWriter struct {
 	rc      *http.ResponseController
 	h       *handler
 	started bool
+	buf     []byte    // the event being written, reused
+	armed   time.Time // when the write deadline was last set
 }
 
 // start sends the status and headers of the event stream.
@@ -581,24 +587,39 @@ func (s *sseWriter) start() {
 	s.started = true
 }
 
-// send writes v as one event; an error means the client is gone.
+// send writes v as one event and flushes it; an error means the client is
+// gone.
 func (s *sseWriter) send(v any) error {
-	return s.write(marshalJSON(v))
+	return s.write(marshalJSON(v), true)
 }
 
-// done writes the final "data: [DONE]" event.
+// event writes v as one event, flushed only if flush is set (else it goes
+// with the next flushed one).
+func (s *sseWriter) event(v any, flush bool) error {
+	return s.write(marshalJSON(v), flush)
+}
+
+// done writes the final "data: [DONE]" event, and flushes.
 func (s *sseWriter) done() error {
-	return s.write([]byte("[DONE]"))
+	return s.write([]byte("[DONE]"), true)
 }
 
-func (s *sseWriter) write(data []byte) error {
-	s.h.setWriteDeadline(s.rc)
-	buf := make([]byte, 0, len(data)+8)
-	buf = append(buf, "data: "...)
+func (s *sseWriter) write(data []byte, flush bool) error {
+	// The write deadline is moved at most once a second: a client that
+	// stops reading is still cut within IOTimeout and a second.
+	if now := time.Now(); s.h.cfg.IOTimeout > 0 && now.Sub(s.armed) >= time.Second {
+		s.armed = now
+		_ = s.rc.SetWriteDeadline(now.Add(s.h.cfg.IOTimeout))
+	}
+	buf := append(s.buf[:0], "data: "...)
 	buf = append(buf, data...)
 	buf = append(buf, "\n\n"...)
+	s.buf = buf
 	if _, err := s.w.Write(buf); err != nil {
 		return err
+	}
+	if !flush {
+		return nil
 	}
 	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return err

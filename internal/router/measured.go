@@ -61,3 +61,17 @@ func (m *measured) Close() {
 	m.end()
 	m.Stream.Close()
 }
+
+// Pending implements openai.Pender for the wrapped stream.
+func (m *measured) Pending() bool {
+	p, ok := m.Stream.(openai.Pender)
+	return ok && p.Pending()
+}
+
+// Pending implements openai.Pender: a line is waiting, decoded or read.
+func (s *pdStream) Pending() bool {
+	return !s.finished && s.a != nil && (len(s.a.lines) > 0 || s.a.more.Load())
+}
+
+// Pending implements openai.Pender: a line is waiting, decoded or read.
+func (s *plainStream) Pending() bool { return !s.finished && (len(s.lines) > 0 || s.more.Load()) }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
@@ -48,6 +49,8 @@ type attempt struct {
 	pDone   bool // prefill answered
 	// pDown and dDown close when the pair's workers are found down.
 	pDown, dDown <-chan struct{}
+	// more is set while decode lines already read wait to be decoded.
+	more atomic.Bool
 	// probe: the pair's breaker is half-open and this attempt is its one
 	// probe; pathDone: the pair's breaker has been told how the attempt
 	// went on the KV path.
@@ -191,7 +194,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	go func() {
 		defer r.bg.Done()
 		defer dLeg()
-		r.runDecode(dctx, dw, payload, a.lines)
+		r.runDecode(dctx, dw, payload, a.lines, &a.more)
 	}()
 	s.a = a
 	s.dispatched = r.clock.Now()
@@ -296,14 +299,17 @@ func (r *Router) runPrefill(ctx context.Context, w *fleet.Worker, payload []byte
 	return prefillResult{res: res}
 }
 
-func (r *Router) runDecode(ctx context.Context, w *fleet.Worker, payload []byte, out chan<- decodeEvent) {
-	r.runStream(ctx, w, workerapi.PathDecode, payload, out)
+func (r *Router) runDecode(ctx context.Context, w *fleet.Worker, payload []byte, out chan<- decodeEvent, more *atomic.Bool) {
+	r.runStream(ctx, w, workerapi.PathDecode, payload, out, more)
 }
 
 // runStream posts a streaming leg (decode or colocated generate) and sends
-// its NDJSON lines, decoded, to out, closing out at the end.
-func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, payload []byte, out chan<- decodeEvent) {
+// its NDJSON lines, decoded, to out, closing out at the end. more is set
+// while lines already read remain to be decoded (the reader of out then
+// waits for them before it flushes its own output).
+func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, payload []byte, out chan<- decodeEvent, more *atomic.Bool) {
 	defer close(out)
+	defer more.Store(false)
 	send := func(ev decodeEvent) bool {
 		select {
 		case out <- ev:
@@ -323,28 +329,63 @@ func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, pa
 		send(decodeEvent{err: workerapi.DecodeError(resp.StatusCode, body)})
 		return
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 4096), workerapi.MaxLineBytes)
-	for sc.Scan() {
-		var line workerapi.StreamLine
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+	br, _ := r.readers.Get().(*bufio.Reader)
+	if br == nil {
+		br = bufio.NewReaderSize(nil, 4096)
+	}
+	br.Reset(resp.Body)
+	defer func() {
+		br.Reset(nil)
+		r.readers.Put(br)
+	}()
+	var long []byte // a line longer than the reader's buffer
+	for {
+		frag, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			if len(long)+len(frag) > workerapi.MaxLineBytes {
+				send(decodeEvent{err: r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong)})
+				return
+			}
+			long = append(long, frag...)
+			continue
+		}
+		if err != nil { // the stream ended before its last line
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			if ctx.Err() == nil {
+				send(decodeEvent{err: r.legError(w, outcome.WorkerStreamBroken, "broke off its stream", err)})
+			}
+			return
+		}
+		lineb := frag
+		if long != nil {
+			lineb = append(long, frag...)
+			long = nil
+		}
+		lineb = bytes.TrimRight(lineb, "\r\n")
+		if len(lineb) == 0 {
+			continue
+		}
+		if len(lineb) > workerapi.MaxLineBytes {
+			send(decodeEvent{err: r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong)})
+			return
+		}
+		line, err := workerapi.ParseStreamLine(lineb)
+		if err != nil {
 			send(decodeEvent{err: r.malformedAnswer(w, "sent a malformed stream line", err)})
 			return
 		}
 		c, e := line.Decode()
+		// A whole line already read follows this one.
+		next, _ := br.Peek(br.Buffered())
+		more.Store(bytes.IndexByte(next, '\n') >= 0)
 		if !send(decodeEvent{chunk: c, err: e}) {
 			return
 		}
 		if c.FinishReason != "" || e != nil {
 			return
 		}
-	}
-	err := sc.Err()
-	if err == nil {
-		err = io.ErrUnexpectedEOF
-	}
-	if ctx.Err() == nil {
-		send(decodeEvent{err: r.legError(w, outcome.WorkerStreamBroken, "broke off its stream", err)})
 	}
 }
 

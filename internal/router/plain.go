@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
@@ -29,6 +30,8 @@ type plainStream struct {
 	shutdown bool // the router stopped the request: its answer was a 503
 	// dispatched is when the request was sent to its worker.
 	dispatched time.Time
+	// more is set while lines already read wait to be decoded.
+	more atomic.Bool
 }
 
 // generatePlain sends a whole request to the next healthy colocated worker.
@@ -53,7 +56,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 	go func() {
 		defer r.bg.Done()
 		defer s.legDone()
-		r.runStream(lctx, w, workerapi.PathGenerate, payload, s.lines)
+		r.runStream(lctx, w, workerapi.PathGenerate, payload, s.lines, &s.more)
 	}()
 	return s, nil
 }

@@ -156,6 +156,8 @@ type Router struct {
 	live   map[*liveRequest]struct{} // requests being served, for /debug/requests
 	// inflight counts the requests being served (--max-inflight-requests).
 	inflight atomic.Int64
+	// readers are the line readers of streaming legs (*bufio.Reader), reused.
+	readers sync.Pool
 
 	metrics  *metrics.Router
 	frontend *metrics.Frontend

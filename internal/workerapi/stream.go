@@ -1,7 +1,10 @@
 package workerapi
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
+	"strconv"
 
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -75,4 +78,143 @@ func (l *StreamLine) Decode() (openai.Chunk, *Error) {
 	}
 	e.fillOutcome()
 	return c, e
+}
+
+// ParseStreamLine decodes one NDJSON line of a stream. A token line as
+// workers write it ({"token_ids":[…],"logprobs":[…]}, and on the last line
+// its finish reason and usage) is read without reflection: it is the one a router reads for every token;
+// any other line goes through encoding/json. Either way the result is
+// json.Unmarshal's.
+func ParseStreamLine(b []byte) (StreamLine, error) {
+	if l, ok := parseTokenLine(b); ok {
+		return l, nil
+	}
+	var l StreamLine
+	err := json.Unmarshal(b, &l)
+	return l, err
+}
+
+// parseTokenLine reads exactly {"token_ids":[ints],"logprobs":[floats]},
+// optionally followed by "finish_reason", "prompt_tokens" and
+// "completion_tokens" in that order (no spaces, as encoding/json writes a
+// StreamLine); false for anything else.
+func parseTokenLine(b []byte) (StreamLine, bool) {
+	const head, mid = `{"token_ids":[`, `],"logprobs":[`
+	if len(b) < len(head) || string(b[:len(head)]) != head {
+		return StreamLine{}, false
+	}
+	b = b[len(head):]
+	i := bytes.IndexByte(b, ']')
+	if i < 1 || len(b) < i+len(mid) || string(b[i:i+len(mid)]) != mid {
+		return StreamLine{}, false
+	}
+	ids, rest := b[:i], b[i+len(mid):]
+	j := bytes.IndexByte(rest, ']')
+	if j < 1 {
+		return StreamLine{}, false
+	}
+	lps, tail := rest[:j], rest[j+1:]
+	var l StreamLine
+	// The last line of a finished request: its finish reason and usage,
+	// in the struct's order.
+	if s, ok := bytes.CutPrefix(tail, []byte(`,"finish_reason":"`)); ok {
+		k := bytes.IndexByte(s, '"')
+		if k < 1 {
+			return StreamLine{}, false
+		}
+		for _, c := range s[:k] {
+			if (c < 'a' || c > 'z') && c != '_' {
+				return StreamLine{}, false
+			}
+		}
+		l.FinishReason, tail = string(s[:k]), s[k+1:]
+	}
+	for _, f := range []struct {
+		key string
+		v   *int
+	}{{`,"prompt_tokens":`, &l.PromptTokens}, {`,"completion_tokens":`, &l.OutputTokens}} {
+		s, ok := bytes.CutPrefix(tail, []byte(f.key))
+		if !ok {
+			continue
+		}
+		k := 0
+		for k < len(s) && (s[k] == '-' || (s[k] >= '0' && s[k] <= '9')) {
+			k++
+		}
+		if !jsonNumber(s[:k]) {
+			return StreamLine{}, false
+		}
+		v, err := strconv.ParseInt(string(s[:k]), 10, 0)
+		if err != nil {
+			return StreamLine{}, false
+		}
+		*f.v, tail = int(v), s[k:]
+	}
+	if string(tail) != "}" {
+		return StreamLine{}, false
+	}
+	n := bytes.Count(ids, []byte{','}) + 1
+	if bytes.Count(lps, []byte{','})+1 != n {
+		return StreamLine{}, false
+	}
+	l.TokenIDs, l.Logprobs = make([]int32, 0, n), make([]float32, 0, n)
+	for f := range bytes.SplitSeq(ids, []byte{','}) {
+		if !jsonNumber(f) || bytes.ContainsAny(f, ".eE") {
+			return StreamLine{}, false
+		}
+		v, err := strconv.ParseInt(string(f), 10, 32)
+		if err != nil {
+			return StreamLine{}, false
+		}
+		l.TokenIDs = append(l.TokenIDs, int32(v))
+	}
+	for f := range bytes.SplitSeq(lps, []byte{','}) {
+		if !jsonNumber(f) {
+			return StreamLine{}, false // let encoding/json say what is wrong
+		}
+		v, err := strconv.ParseFloat(string(f), 32)
+		if err != nil {
+			return StreamLine{}, false
+		}
+		l.Logprobs = append(l.Logprobs, float32(v))
+	}
+	return l, true
+}
+
+// jsonNumber reports whether b is a number as JSON spells it (RFC 8259 §6):
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+func jsonNumber(b []byte) bool {
+	i := 0
+	digits := func() int {
+		j := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		return i - j
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case digits() == 0:
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return i == len(b)
 }

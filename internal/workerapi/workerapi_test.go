@@ -276,3 +276,28 @@ func TestRoleText(t *testing.T) {
 		t.Error("RoleNone marshalled")
 	}
 }
+
+// FuzzParseStreamLine: the fast reader of token lines gives exactly what
+// json.Unmarshal gives, error or not, for any line.
+func FuzzParseStreamLine(f *testing.F) {
+	for _, s := range []string{`{"token_ids":[10,11],"logprobs":[-1.5,-0.25]}`, `{"token_ids":[1],"logprobs":[0]}`,
+		`{"token_ids":[01],"logprobs":[1]}`, `{"token_ids":[1],"logprobs":[+1]}`, `{"token_ids":[1],"logprobs":[1e39]}`,
+		`{"token_ids":[1],"logprobs":[0x1p-2]}`, `{"token_ids":[3000000000],"logprobs":[1]}`, `{"token_ids":[1,2],"logprobs":[1]}`,
+		`{"token_ids":[1],"logprobs":[-1.2e-3]}`, `{"token_ids":[12],"logprobs":[-0.1],"finish_reason":"length"}`,
+		`{"token_ids":[1.0],"logprobs":[1]}`, `{"token_ids":[98,117],"logprobs":[-1.8,-2.04],"finish_reason":"length","prompt_tokens":3,"completion_tokens":4}`,
+		`{"token_ids":[98],"logprobs":[-1.8],"prompt_tokens":3}`, `{"token_ids":[98],"logprobs":[-1.8],"finish_reason":"le\u006egth"}`,
+		`{"token_ids":[98],"logprobs":[-1.8],"completion_tokens":-0}`, `{"token_ids":[98],"logprobs":[-1.8],"completion_tokens":99999999999999999999}`, `{"token_ids":[],"logprobs":[]}`, `{"token_ids":[1],"logprobs":[NaN]}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, gerr := ParseStreamLine(b)
+		var want StreamLine
+		werr := json.Unmarshal(b, &want)
+		if (gerr == nil) != (werr == nil) {
+			t.Fatalf("%q: error %v, json.Unmarshal's %v", b, gerr, werr)
+		}
+		if werr == nil && !cmp.Equal(got, want) {
+			t.Fatalf("%q: %+v, json.Unmarshal gives %+v", b, got, want)
+		}
+	})
+}

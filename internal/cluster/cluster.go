@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/pdserve/pdserve/internal/auth"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/kvxfer/tcp"
 	"github.com/pdserve/pdserve/internal/lifecycle"
@@ -125,7 +126,11 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mc := o.Machine
 	factory := func(h kvxfer.Handler, fp kvxfer.Fingerprint, bufs worker.DataBuffers) (kvxfer.Backend, error) {
-		var b kvxfer.Backend = tcp.New(tcp.Config{Fingerprint: fp, Auth: o.KVAuth, Handler: h,
+		var secret []byte
+		if o.KVAuth != "" {
+			secret = auth.DeriveKey([]byte(o.KVAuth), auth.PurposeKV)
+		}
+		var b kvxfer.Backend = tcp.New(tcp.Config{Fingerprint: fp, Secret: secret, Handler: h,
 			AllocData: bufs.Alloc, SentData: bufs.Sent,
 			DialContext:       o.KVDial,
 			HeartbeatInterval: mc.HeartbeatInterval, HeartbeatMisses: mc.LeaseMisses,

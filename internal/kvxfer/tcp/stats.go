@@ -34,7 +34,35 @@ type Stats struct {
 	// Malformed counts bad frames received: malformed, unknown type,
 	// oversized, or not allowed where they came (HELLO after the handshake).
 	Malformed uint64
+	// HandshakeFailures counts failed handshakes by reason (every reason of
+	// HandshakeReasons, zeros included).
+	HandshakeFailures map[string]uint64
 }
+
+// Reasons a handshake fails, as counted in Stats.HandshakeFailures.
+const (
+	// FailVersion: the peer speaks another protocol version.
+	FailVersion = "version"
+	// FailFingerprint: the peer's model fingerprint differs.
+	FailFingerprint = "fingerprint"
+	// FailAuthMode: one side has a shared secret and the other none.
+	FailAuthMode = "auth_mode"
+	// FailBadProof: the peer's proof of the shared secret is wrong.
+	FailBadProof = "bad_proof"
+	// FailTLS: the TLS handshake failed (no certificate, one of another
+	// CA, a peer that does not speak TLS).
+	FailTLS = "tls"
+	// FailMalformed: a bad or unexpected frame during the handshake.
+	FailMalformed = "malformed"
+	// FailTimeout: the handshake did not finish within HandshakeTimeout.
+	FailTimeout = "timeout"
+	// FailPeerRefused: the peer refused this side (HELLO_ERR).
+	FailPeerRefused = "peer_refused"
+)
+
+// HandshakeReasons lists every reason of Stats.HandshakeFailures.
+var HandshakeReasons = []string{FailVersion, FailFingerprint, FailAuthMode, FailBadProof, FailTLS, FailMalformed,
+	FailTimeout, FailPeerRefused}
 
 // Stats returns a snapshot of the counters. It is safe to call from any
 // goroutine at any time.
@@ -46,6 +74,11 @@ func (b *Backend) Stats() Stats {
 		Refused:   b.stats.refused.Load(),
 		Lost:      b.stats.lost.Load(),
 		Malformed: b.stats.malformed.Load(),
+
+		HandshakeFailures: make(map[string]uint64, len(HandshakeReasons)),
+	}
+	for i, r := range HandshakeReasons {
+		s.HandshakeFailures[r] = b.stats.handshakeFail[i].Load()
 	}
 	for i := range s.Sent {
 		s.Sent[i] = FrameCounts{b.stats.sentFrames[i].Load(), b.stats.sentBytes[i].Load()}
@@ -60,6 +93,17 @@ type counters struct {
 	dials, accepts, up    atomic.Uint64
 	refused, lost         atomic.Uint64
 	malformed             atomic.Uint64
+	handshakeFail         [8]atomic.Uint64 // by index in HandshakeReasons
+}
+
+// handshakeFailed counts a failed handshake with reason.
+func (s *counters) handshakeFailed(reason string) {
+	for i, r := range HandshakeReasons {
+		if r == reason {
+			s.handshakeFail[i].Add(1)
+			return
+		}
+	}
 }
 
 func (s *counters) sent(t kvxfer.Type, n int) {

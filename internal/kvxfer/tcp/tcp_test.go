@@ -67,24 +67,32 @@ func TestHandshakeRefused(t *testing.T) {
 	other.PageSize = 32
 	two := testFP
 	two.DType, two.Layers = "bf16", 4
+	right, wrong := []byte("the fleet's key, 32 bytes long.."), []byte("not the fleet's key, 32 bytes..")
 	tests := []struct {
-		name        string
-		decode      Config
-		prefillAuth string
-		reason      string
+		name          string
+		decode        Config
+		prefillSecret []byte
+		reason        string
+		prefillFail   string // the reason prefill counts
 	}{
-		{"page size", Config{Fingerprint: other}, "",
-			"incompatible KV peer (decode vs prefill): page_size 32 vs 16"},
-		{"two fields", Config{Fingerprint: two}, "",
-			"incompatible KV peer (decode vs prefill): layers 4 vs 2, dtype bf16 vs f32"},
-		{"auth", Config{Fingerprint: testFP, Auth: "wrong"}, "right", "auth token mismatch"},
-		{"auth missing", Config{Fingerprint: testFP}, "right", "auth token mismatch"},
+		{"page size", Config{Fingerprint: other}, nil,
+			"incompatible KV peer (decode vs prefill): page_size 32 vs 16", FailFingerprint},
+		{"two fields", Config{Fingerprint: two}, nil,
+			"incompatible KV peer (decode vs prefill): layers 4 vs 2, dtype bf16 vs f32", FailFingerprint},
+		{"wrong secret", Config{Fingerprint: testFP, Secret: wrong}, right,
+			"decode failed to prove the internal secret", FailBadProof},
+		{"decode without the secret", Config{Fingerprint: testFP}, right,
+			"this prefill requires the internal secret and decode has none (--internal-secret)", FailAuthMode},
+		{"prefill without the secret", Config{Fingerprint: testFP, Secret: right}, nil,
+			"decode has an internal secret and this prefill has none (--internal-secret must be set on both)", FailAuthMode},
+		{"wrong secret and another model", Config{Fingerprint: other, Secret: wrong}, right,
+			"decode failed to prove the internal secret", FailBadProof},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			prefill, prefillRec := newBackend(t, func(c *Config) { c.Auth = tt.prefillAuth })
+			prefill, prefillRec := newBackend(t, func(c *Config) { c.Secret = tt.prefillSecret })
 			decode, decodeRec := newBackend(t, func(c *Config) {
-				c.Fingerprint, c.Auth = tt.decode.Fingerprint, tt.decode.Auth
+				c.Fingerprint, c.Secret = tt.decode.Fingerprint, tt.decode.Secret
 			})
 			addr := listen(t, prefill)
 			peer := decode.Connect(addr)
@@ -114,6 +122,12 @@ func TestHandshakeRefused(t *testing.T) {
 			}
 			if s := prefill.Stats(); s.Refused != 1 || s.Sent[kvxfer.TypeHelloErr].Frames != 1 {
 				t.Errorf("prefill stats: refused %d, HELLO_ERR sent %d, want 1 1", s.Refused, s.Sent[kvxfer.TypeHelloErr].Frames)
+			}
+			if got := prefill.Stats().HandshakeFailures; got[tt.prefillFail] != 1 || sum(got) != 1 {
+				t.Errorf("prefill handshake failures %v, want one %s", got, tt.prefillFail)
+			}
+			if got := decode.Stats().HandshakeFailures; got[FailPeerRefused] != 1 || sum(got) != 1 {
+				t.Errorf("decode handshake failures %v, want one %s", got, FailPeerRefused)
 			}
 		})
 	}
@@ -151,6 +165,14 @@ func TestHandshakeRefusedRaw(t *testing.T) {
 			}
 		})
 	}
+}
+
+func sum(m map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 func frame(t testing.TB, m kvxfer.Message) []byte {
@@ -251,13 +273,13 @@ func TestMessagesInOrderBothWays(t *testing.T) {
 
 func TestQueuedBeforeHandshake(t *testing.T) {
 	ln := rawListener(t)
-	decode, rec := newBackend(t, func(c *Config) { c.Auth = "s3cret" })
+	decode, rec := newBackend(t, nil)
 	peer := decode.Connect(ln.Addr().String())
 	raw := accept(t, ln)
 	hello, ok := raw.read().(kvxfer.Hello)
-	want := kvxfer.Hello{Version: kvxfer.ProtocolVersion, Fingerprint: testFP, Auth: "s3cret"}
-	if !ok || hello != want {
-		t.Fatalf("first frame %#v, want %#v", hello, want)
+	want := kvxfer.Hello{Version: kvxfer.ProtocolVersion, Fingerprint: testFP, Auth: kvxfer.AuthNone, Nonce: hello.Nonce}
+	if !ok || !cmp.Equal(hello, want) || hello.Nonce == ([kvxfer.NonceBytes]byte{}) {
+		t.Fatalf("first frame %#v, want %#v with a random nonce", hello, want)
 	}
 	if again := decode.Connect(ln.Addr().String()); again != peer {
 		t.Errorf("Connect while connecting = peer %d, want %d", again, peer)

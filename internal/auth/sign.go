@@ -72,11 +72,15 @@ const (
 	ReasonTooLarge     = "too_large"      // a body over the limit (413)
 	ReasonNonceCache   = "nonce_cache"    // too many nonces in the window (503)
 	ReasonNoClientCert = "no_client_cert" // no certificate of the fleet's CA
+	// ReasonBadCertificate: a TLS handshake refused for a client
+	// certificate that does not verify (counted with Count from the TLS
+	// configuration's OnReject).
+	ReasonBadCertificate = "bad_certificate"
 )
 
 // PeerReasons lists every reason of PeerAuth.Failures.
 var PeerReasons = []string{ReasonMissing, ReasonMalformed, ReasonBadSignature, ReasonStale, ReasonReplayed,
-	ReasonBadDigest, ReasonTooLarge, ReasonNonceCache, ReasonNoClientCert}
+	ReasonBadDigest, ReasonTooLarge, ReasonNonceCache, ReasonNoClientCert, ReasonBadCertificate}
 
 func canonical(ts, nonce, method, target, digest string) []byte {
 	var b bytes.Buffer
@@ -223,16 +227,21 @@ func (p *PeerAuth) Failures() map[string]uint64 {
 	return out
 }
 
+// Count counts a refusal the PeerAuth did not see itself (a TLS handshake
+// refused for its certificate: ReasonBadCertificate).
+func (p *PeerAuth) Count(reason string) { p.count(reason) }
+
 func (p *PeerAuth) count(reason string) {
 	v, _ := p.failures.LoadOrStore(reason, new(atomic.Uint64))
 	v.(*atomic.Uint64).Add(1)
 }
 
 // Protected reports the paths of a worker that only the fleet may call:
-// the worker API (/internal/*) and /debug/*. /health, /livez and /metrics
-// stay open.
+// the worker API (/internal/*: legs, aborts, info). /health, /livez,
+// /metrics and /debug/* (read-only views of the worker's state, for
+// probes, Prometheus and `pdserve inspect`) stay open.
 func Protected(path string) bool {
-	return strings.HasPrefix(path, "/internal/") || strings.HasPrefix(path, "/debug/")
+	return strings.HasPrefix(path, "/internal/")
 }
 
 // Wrap returns next behind the checks for the paths protect selects (nil:

@@ -214,3 +214,22 @@ func TestFrontendExposition(t *testing.T) {
 	f.Answer("completions", 499, "")
 	golden(t, reg, "frontend")
 }
+
+// TestPeerAuth: the refusals exposed are the snapshot's, every reason a
+// series.
+func TestPeerAuth(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	snap := map[string]map[string]uint64{ChannelKV: {"bad_proof": 2, "tls": 0}, ChannelWorkerAPI: {"replayed": 1}}
+	if err := NewPeerAuth(reg, "prefill", func() map[string]map[string]uint64 { return snap }); err != nil {
+		t.Fatal(err)
+	}
+	want := `# HELP pdserve_peer_auth_failures_total Connections (kv) and requests (worker_api) a worker refused because the peer did not prove it belongs to the fleet, or failed its handshake, by reason.
+# TYPE pdserve_peer_auth_failures_total counter
+pdserve_peer_auth_failures_total{channel="kv",reason="bad_proof",role="prefill"} 2
+pdserve_peer_auth_failures_total{channel="kv",reason="tls",role="prefill"} 0
+pdserve_peer_auth_failures_total{channel="worker_api",reason="replayed",role="prefill"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
+}

@@ -111,6 +111,19 @@ type Config struct {
 	Gatherer   prometheus.Gatherer
 }
 
+// NewTransport returns the pooled transport of the router's default
+// Client (5 s dial timeout, up to 1024 idle connections per worker), for a
+// caller that builds its own Client around it (TLS to the workers, request
+// signing).
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+	}
+}
+
 // Router pairs prefill and decode workers. See the package doc.
 type Router struct {
 	cfg    Config
@@ -179,12 +192,7 @@ func New(cfg Config) (*Router, error) {
 		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        4096,
-			MaxIdleConnsPerHost: 1024,
-			IdleConnTimeout:     90 * time.Second,
-		}}
+		cfg.Client = &http.Client{Transport: NewTransport()}
 	}
 	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), clock: cfg.Clock, client: cfg.Client, stop: make(chan struct{}),
 		stopping: make(chan struct{}), draining: make(chan struct{}), live: make(map[*liveRequest]struct{}),

@@ -100,8 +100,14 @@ type Config struct {
 	PeerFailureGrace time.Duration
 	// MaxBodyBytes bounds client request bodies (default: the front end's).
 	MaxBodyBytes int64
-	// Client is the HTTP client for worker calls (default: a pooled client).
+	// Client is the HTTP client for worker calls (default: a pooled client
+	// on NewTransport).
 	Client *http.Client
+	// Guard, if set, wraps the router's whole HTTP API (Handler): the front
+	// door's authentication. answer counts a request it refuses in the
+	// front end's answers (pdserve_api_answers_total), as openai.Config's
+	// OnAnswer does.
+	Guard func(h http.Handler, answer func(endpoint string, status int, code string)) http.Handler
 	// Clock is the router's clock (default: the wall clock): request ages,
 	// the grace wait, health checks and every timeout of a worker call run
 	// on it.
@@ -306,7 +312,7 @@ func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 }
 
 // Handler returns the router's HTTP API: the OpenAI endpoints, /health and
-// /metrics.
+// /metrics, behind Config.Guard.
 func (r *Router) Handler() http.Handler {
 	oa := openai.NewHandler(openai.Config{
 		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen, VocabSize: r.cfg.VocabSize,
@@ -351,5 +357,9 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		openai.WriteError(w, openai.NotFound("no route for %s %s", req.Method, req.URL.Path))
 	})
-	return openai.Routes(oa, mux)
+	h := openai.Routes(oa, mux)
+	if r.cfg.Guard != nil {
+		return r.cfg.Guard(h, r.frontend.Answer)
+	}
+	return h
 }

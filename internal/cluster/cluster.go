@@ -11,6 +11,9 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -37,6 +40,7 @@ import (
 	"github.com/pdserve/pdserve/internal/registry"
 	etcdreg "github.com/pdserve/pdserve/internal/registry/etcd"
 	"github.com/pdserve/pdserve/internal/router"
+	"github.com/pdserve/pdserve/internal/tlsconf"
 	"github.com/pdserve/pdserve/internal/worker"
 )
 
@@ -54,8 +58,23 @@ type WorkerOptions struct {
 	KVCacheMemory int64
 	// KVListen is a prefill worker's KV channel address, host:port.
 	KVListen string
-	// KVAuth is a shared secret for the KV channel (empty: none).
+	// Secret is the fleet's shared internal secret (--internal-secret):
+	// the KV channel's challenge–response and the signatures of every
+	// worker API request (empty: none).
+	Secret string
+	// KVAuth is a shared secret for the KV channel only (the deprecated
+	// --kv-auth; Secret covers both channels). Empty: Secret's.
 	KVAuth string
+	// InternalTLS, if set, is the fleet's certificate and CA
+	// (--internal-tls-*): the worker API is served over TLS and demands a
+	// client certificate of the CA on /internal/*, and the KV channel runs
+	// over mutual TLS.
+	InternalTLS *tlsconf.Source
+	// FrontDoor and FrontTLS guard a colocated worker's OpenAI API (serve:
+	// --api-key…, --ssl-*); FrontTLS and InternalTLS exclude each other (one
+	// port).
+	FrontDoor *auth.FrontDoor
+	FrontTLS  *tlsconf.Source
 	// WrapBackend, if set, wraps the KV transport (fault injection in tests).
 	WrapBackend func(kvxfer.Backend) kvxfer.Backend
 	// KVDial, if set, opens a decode worker's KV connections (fault
@@ -98,7 +117,9 @@ type WorkerServer struct {
 	log          *slog.Logger
 }
 
-func serve(addr string, h http.Handler) (*http.Server, string, chan error, error) {
+// serve serves h on addr, over TLS with tlsCfg when it is set; it returns
+// the server's base URL (http:// or https://).
+func serve(addr string, h http.Handler, tlsCfg *tls.Config, log *slog.Logger) (*http.Server, string, chan error, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", nil, err
@@ -106,15 +127,42 @@ func serve(addr string, h http.Handler) (*http.Server, string, chan error, error
 	// No ReadTimeout or WriteTimeout: responses stream for as long as a
 	// request runs; handlers bound their own body reads and writes.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	scheme := "http://"
+	if tlsCfg != nil {
+		srv.TLSConfig = tlsCfg
+		scheme = "https://"
+		if log != nil {
+			// Refused handshakes (a client of another CA, a scanner) are
+			// the client's problem: logged at debug level.
+			srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+		}
+	}
 	done := make(chan error, 1)
 	go func() {
-		err := srv.Serve(ln)
+		var err error
+		if tlsCfg != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
 		done <- err
 	}()
-	return srv, "http://" + ln.Addr().String(), done, nil
+	return srv, scheme + ln.Addr().String(), done, nil
+}
+
+// kvSecret is the KV channel's key of a worker (nil: none).
+func (o *WorkerOptions) kvSecret() []byte {
+	s := o.KVAuth
+	if s == "" {
+		s = o.Secret
+	}
+	if s == "" {
+		return nil
+	}
+	return auth.DeriveKey([]byte(s), auth.PurposeKV)
 }
 
 // StartWorker builds a worker, starts its loop and serves its API on o.Addr.
@@ -124,17 +172,23 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if o.FrontTLS != nil && o.InternalTLS != nil {
+		return nil, errors.New("a colocated worker serves its OpenAI API and its worker API on one port: give the front door's TLS (--ssl-*) or the internal one (--internal-tls-*), not both")
+	}
 	mc := o.Machine
+	var kvb *tcp.Backend
 	factory := func(h kvxfer.Handler, fp kvxfer.Fingerprint, bufs worker.DataBuffers) (kvxfer.Backend, error) {
-		var secret []byte
-		if o.KVAuth != "" {
-			secret = auth.DeriveKey([]byte(o.KVAuth), auth.PurposeKV)
-		}
-		var b kvxfer.Backend = tcp.New(tcp.Config{Fingerprint: fp, Secret: secret, Handler: h,
+		tc := tcp.Config{Fingerprint: fp, Secret: o.kvSecret(), Handler: h,
 			AllocData: bufs.Alloc, SentData: bufs.Sent,
 			DialContext:       o.KVDial,
 			HeartbeatInterval: mc.HeartbeatInterval, HeartbeatMisses: mc.LeaseMisses,
-			Logger: o.Logger.With("role", mc.Role.String(), "component", "kv")})
+			Logger: o.Logger.With("role", mc.Role.String(), "component", "kv")}
+		if o.InternalTLS != nil {
+			tc.TLSServer = o.InternalTLS.ServerConfig(tlsconf.RequiredClientCerts, nil)
+			tc.TLSClient = o.InternalTLS.ClientConfig(nil)
+		}
+		kvb = tcp.New(tc)
+		var b kvxfer.Backend = kvb
 		if o.WrapBackend != nil {
 			b = o.WrapBackend(b)
 		}
@@ -146,14 +200,35 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 		return nil, err
 	}
 	w.Start()
-	var h http.Handler = w.Handler(reg)
+	peer := &auth.PeerAuth{RequireCert: o.InternalTLS != nil}
+	if o.Secret != "" {
+		peer.Verifier = auth.NewVerifier([]byte(o.Secret), nil, 0, 0)
+	}
+	if err := metrics.NewPeerAuth(reg, mc.Role.String(), func() map[string]map[string]uint64 {
+		out := map[string]map[string]uint64{metrics.ChannelWorkerAPI: peer.Failures()}
+		if kvb != nil {
+			out[metrics.ChannelKV] = kvb.Stats().HandshakeFailures
+		}
+		return out
+	}); err != nil {
+		_ = w.Shutdown(context.Background())
+		return nil, err
+	}
+	var h http.Handler = peer.Wrap(w.Handler(reg), nil, workerMaxBody)
 	if mc.Role == lifecycle.RoleColocated {
-		if h, err = colocatedHandler(w, reg, o.Logger); err != nil {
+		if h, err = colocatedHandler(w, reg, peer, o.FrontDoor, o.Logger); err != nil {
 			_ = w.Shutdown(context.Background())
 			return nil, err
 		}
 	}
-	srv, url, done, err := serve(o.Addr, h)
+	var tlsCfg *tls.Config
+	switch {
+	case o.InternalTLS != nil:
+		tlsCfg = o.InternalTLS.ServerConfig(tlsconf.OptionalClientCerts, peer.Count)
+	case o.FrontTLS != nil:
+		tlsCfg = o.FrontTLS.ServerConfig(frontClientCerts(o.FrontTLS), nil)
+	}
+	srv, url, done, err := serve(o.Addr, h, tlsCfg, o.Logger)
 	if err != nil {
 		_ = w.Shutdown(context.Background())
 		return nil, err
@@ -221,9 +296,33 @@ func (s *WorkerServer) Drain(ctx context.Context) error {
 	return s.Worker.Drain(ctx)
 }
 
+// workerMaxBody bounds a worker API request body read to check its
+// signature (the worker's own limit, worker.Config.MaxBodyBytes).
+const workerMaxBody = 64 << 20
+
+// frontClientCerts: a front door with a CA asks for client certificates
+// and verifies the ones given.
+func frontClientCerts(s *tlsconf.Source) tlsconf.ClientCerts {
+	if s.HasCA() {
+		return tlsconf.OptionalClientCerts
+	}
+	return tlsconf.NoClientCerts
+}
+
+// guardFrontDoor puts the front door's key policy before h, counting its
+// refusals with answer (the front end's answer counter).
+func guardFrontDoor(h http.Handler, fd *auth.FrontDoor, answer func(endpoint string, status int, code string)) http.Handler {
+	if !fd.Enabled() {
+		return h
+	}
+	p := *fd
+	p.OnReject = func(path string, status int, code string) { answer(openai.EndpointOf(path), status, code) }
+	return p.Wrap(h)
+}
+
 // colocatedHandler serves the OpenAI API (on the worker itself) next to the
-// worker API, for `pdserve serve`.
-func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, log *slog.Logger) (http.Handler, error) {
+// worker API, for `pdserve serve`, behind the front door's keys.
+func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, peer *auth.PeerAuth, fd *auth.FrontDoor, log *slog.Logger) (http.Handler, error) {
 	info := w.ModelInfo()
 	fe, err := metrics.NewFrontend(reg, "colocated")
 	if err != nil {
@@ -231,7 +330,13 @@ func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, log *slog.Logg
 	}
 	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(), VocabSize: info.VocabSize,
 		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated"), OnAnswer: fe.Answer})
-	return openai.Routes(oa, w.Handler(reg)), nil
+	h := openai.Routes(oa, peer.Wrap(w.Handler(reg), nil, workerMaxBody))
+	if fd != nil {
+		p := *fd
+		p.InternalGuarded = peer.Enabled()
+		fd = &p
+	}
+	return guardFrontDoor(h, fd, fe.Answer), nil
 }
 
 // Shutdown fails the worker's live requests with an error, waits for their
@@ -273,7 +378,47 @@ type RouterOptions struct {
 	SuccessThreshold int
 	FailureThreshold int
 	SlowStart        time.Duration
-	Logger           *slog.Logger
+	// Secret signs every request to the workers (--internal-secret);
+	// InternalTLS makes every worker call HTTPS with the fleet's client
+	// certificate, whatever the scheme of the worker's URL
+	// (--internal-tls-*).
+	Secret      string
+	InternalTLS *tlsconf.Source
+	// FrontDoor is the key policy of the OpenAI API and the admin API
+	// (--api-key, --admin-api-key, --metrics-require-key); FrontTLS serves
+	// them over HTTPS (--ssl-*).
+	FrontDoor *auth.FrontDoor
+	FrontTLS  *tlsconf.Source
+	Logger    *slog.Logger
+}
+
+// WorkerClient returns the HTTP client a router with secret and
+// internalTLS (either may be unset) calls its workers with: the router's
+// pooled transport, HTTPS with the fleet's certificate under internalTLS,
+// every request signed and every answer's proof checked with secret.
+func WorkerClient(secret string, internalTLS *tlsconf.Source) *http.Client {
+	tr := router.NewTransport()
+	var rt http.RoundTripper = tr
+	if internalTLS != nil {
+		tr.TLSClientConfig = internalTLS.ClientConfig(nil)
+		rt = httpsOnly{tr}
+	}
+	if secret != "" {
+		rt = auth.NewSigner([]byte(secret), rt, nil)
+	}
+	return &http.Client{Transport: rt}
+}
+
+// httpsOnly sends every request over HTTPS: with internal TLS a worker
+// serves nothing else, whatever its registered URL says.
+type httpsOnly struct{ *http.Transport }
+
+func (h httpsOnly) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Scheme == "http" {
+		r = r.Clone(r.Context())
+		r.URL.Scheme = "https"
+	}
+	return h.Transport.RoundTrip(r)
 }
 
 // RouterServer is a running router with its HTTP server.
@@ -292,15 +437,26 @@ type RouterServer struct {
 func StartRouter(o RouterOptions) (*RouterServer, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated,
+	var client *http.Client
+	if o.Secret != "" || o.InternalTLS != nil {
+		client = WorkerClient(o.Secret, o.InternalTLS)
+	}
+	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, Client: client,
 		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
-		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, Logger: o.Logger, Registerer: reg, Gatherer: reg})
+		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, Logger: o.Logger, Registerer: reg, Gatherer: reg,
+		Guard: func(h http.Handler, answer func(string, int, string)) http.Handler {
+			return guardFrontDoor(h, o.FrontDoor, answer)
+		}})
 	if err != nil {
 		return nil, err
 	}
 	r.Start()
-	srv, url, done, err := serve(o.Addr, r.Handler())
+	var tlsCfg *tls.Config
+	if o.FrontTLS != nil {
+		tlsCfg = o.FrontTLS.ServerConfig(frontClientCerts(o.FrontTLS), nil)
+	}
+	srv, url, done, err := serve(o.Addr, r.Handler(), tlsCfg, o.Logger)
 	if err != nil {
 		r.Close()
 		return nil, err
@@ -359,6 +515,10 @@ type Options struct {
 	// WrapBackend, if set, wraps the KV transport of worker i of a role
 	// (fault injection).
 	WrapBackend func(role lifecycle.Role, i int, b kvxfer.Backend) kvxfer.Backend
+	// Router is the template of the router's options (its front door:
+	// FrontDoor, FrontTLS); Addr, the workers, the model and the internal
+	// secret are set by Up.
+	Router RouterOptions
 	// ReadyTimeout bounds waiting for the router to see every worker (default 30 s).
 	ReadyTimeout   time.Duration
 	HealthInterval time.Duration
@@ -371,7 +531,22 @@ type Cluster struct {
 	Prefill   []*WorkerServer
 	Decode    []*WorkerServer
 	Colocated []*WorkerServer
+
+	secret      string
+	internalTLS *tlsconf.Source
 }
+
+// NewSecret returns a fresh internal secret: 32 random bytes as 64 hex
+// digits.
+func NewSecret() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
+	return hex.EncodeToString(b[:])
+}
+
+// WorkerClient is an HTTP client that calls the cluster's workers as its
+// router does (signed with the cluster's secret).
+func (c *Cluster) WorkerClient() *http.Client { return WorkerClient(c.secret, c.internalTLS) }
 
 // URL is the router's base URL.
 func (c *Cluster) URL() string { return c.Router.URL }
@@ -396,7 +571,12 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	c = &Cluster{}
+	if o.Worker.Secret == "" && o.Worker.InternalTLS == nil {
+		// The fleet's own loopback channels are authenticated too: with a
+		// secret that lives as long as the process.
+		o.Worker.Secret = NewSecret()
+	}
+	c = &Cluster{secret: o.Worker.Secret, internalTLS: o.Worker.InternalTLS}
 	defer func() {
 		if err != nil {
 			shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -457,8 +637,11 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return c, err
 	}
-	ro := RouterOptions{Addr: net.JoinHostPort(o.Host, strconv.Itoa(o.RouterPort)), Info: m.Info(),
-		Tokenizer: m.Tokenizer(), HealthInterval: o.HealthInterval, Logger: o.Logger}
+	ro := o.Router
+	ro.Addr, ro.Info, ro.Tokenizer = net.JoinHostPort(o.Host, strconv.Itoa(o.RouterPort)), m.Info(), m.Tokenizer()
+	ro.HealthInterval, ro.Logger = o.HealthInterval, o.Logger
+	ro.Secret, ro.InternalTLS = o.Worker.Secret, o.Worker.InternalTLS
+	ro.Prefill, ro.Decode, ro.Colocated = nil, nil, nil
 	for _, w := range c.Prefill {
 		ro.Prefill = append(ro.Prefill, w.URL)
 	}

@@ -197,6 +197,13 @@ func labels(m *dto.Metric) map[string]string {
 // postJSON posts body (a value or a raw string) and returns status and body.
 func postJSON(t *testing.T, url string, body any) (int, []byte) {
 	t.Helper()
+	return postWith(t, http.DefaultClient, url, body)
+}
+
+// postWith is postJSON through client (a worker's API takes signed
+// requests: cluster.Cluster.WorkerClient).
+func postWith(t *testing.T, client *http.Client, url string, body any) (int, []byte) {
+	t.Helper()
 	var r io.Reader
 	switch b := body.(type) {
 	case string:
@@ -210,7 +217,7 @@ func postJSON(t *testing.T, url string, body any) (int, []byte) {
 		}
 		r = bytes.NewReader(raw)
 	}
-	resp, err := http.Post(url, "application/json", r)
+	resp, err := client.Post(url, "application/json", r)
 	if err != nil {
 		t.Fatal(err)
 	}

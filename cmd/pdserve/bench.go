@@ -22,6 +22,7 @@ func newBenchCmd(stdout, stderr io.Writer) *cobra.Command {
 		outputPath string
 		plotDir    string
 		progress   bool
+		apiKey     string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -67,7 +68,7 @@ Exits 1 when every measured request failed.`,
 			tr.MaxIdleConnsPerHost = 4096
 			tr.DisableCompression = true
 			defer tr.CloseIdleConnections()
-			o := bench.Options{Config: cfg, Client: &http.Client{Transport: tr}, Clock: bench.SystemClock{}, Out: stdout}
+			o := bench.Options{Config: cfg, Client: &http.Client{Transport: bearer(apiKey, cfg.BaseURL, tr)}, Clock: bench.SystemClock{}, Out: stdout}
 			if progress {
 				o.Progress = stderr
 			}
@@ -111,6 +112,7 @@ Exits 1 when every measured request failed.`,
 	fs.BoolVar(&cfg.ReturnTokenIDs, "return-token-ids", true, "send return_token_ids so streamed tokens are counted exactly (vLLM/pdserve extension)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "per-request timeout, from sending to the end of the stream")
 	fs.BoolVar(&progress, "progress", true, "show a progress bar on stderr")
+	fs.StringVar(&apiKey, "api-key", "", "API key sent as Authorization: Bearer (PDSERVE_API_KEY; an https --base-url trusts the system's CAs, or SSL_CERT_FILE)")
 	return cmd
 }
 

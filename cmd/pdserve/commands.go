@@ -52,6 +52,15 @@ func runUntilSignal(ctx context.Context, announce func(), log *slog.Logger, drai
 	return shutdown(sctx)
 }
 
+// checkKVAuth refuses a deprecated --kv-auth that contradicts
+// --internal-secret.
+func checkKVAuth(kvAuth, secret string) error {
+	if kvAuth != "" && secret != "" && kvAuth != secret {
+		return usagef("--kv-auth (deprecated) and --internal-secret differ: give --internal-secret alone")
+	}
+	return nil
+}
+
 func checkPort(name string, p int) error {
 	if p < 0 || p > 65535 {
 		return usagef("--%s must be between 0 and 65535, got %d", name, p)
@@ -71,6 +80,8 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		nServe   int
 		drainT   time.Duration
 		portBase int
+		fdf      frontDoorFlags
+		inf      internalFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -106,9 +117,20 @@ in-flight requests are answered with an error.`,
 			if portBase < 0 || (portBase > 0 && portBase+64+nPrefill > 65535) {
 				return usagef("--worker-port-base must be 0 (free ports) or leave room for %d ports below 65536", 64+nPrefill)
 			}
+			frontTLS, fd, err := fdf.options(log)
+			if err != nil {
+				return err
+			}
+			if wo.Secret, _, err = inf.options(log); err != nil {
+				return err
+			}
+			if err := checkKVAuth(wf.kvAuth, wo.Secret); err != nil {
+				return err
+			}
+			watchTLS(cmd.Context(), log, frontTLS)
 			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port, WorkerPortBase: portBase,
 				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,
-				NewModel: newModel, Worker: wo, Logger: log})
+				NewModel: newModel, Worker: wo, Router: cluster.RouterOptions{FrontDoor: fd, FrontTLS: frontTLS}, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -141,6 +163,8 @@ in-flight requests are answered with an error.`,
 	fs.IntVar(&nDecode, "decode-workers", 1, "number of decode workers")
 	fs.IntVar(&nServe, "colocated-workers", 0, "run this many colocated workers behind the router instead of prefill/decode (plain mode, for comparison)")
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGINT/SIGTERM, how long to let requests in flight finish before shutting down (0: shut down at once)")
+	fdf.add(fs, true)
+	inf.add(fs, false, "the shared secret of the workers' and the router's channels (default: a fresh random one, so the loopback worker API and KV channel are authenticated too)")
 	fs.IntVar(&portBase, "worker-port-base", 0, "fixed worker ports: worker k (prefill, then decode) on base+k, prefill i's KV channel on base+64+i (0: free ports; the router's GET /discovery/prometheus lists them either way)")
 	return cmd
 }
@@ -155,6 +179,8 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 		kvPort int
 		rf     registrationFlags
 		drainT time.Duration
+		fdf    frontDoorFlags
+		inf    internalFlags
 	)
 	short := map[string]string{
 		"prefill": "Run one prefill worker (computes prompt KV and streams it to decode workers)",
@@ -188,6 +214,21 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			}
 			wo.Model, wo.Logger = m, log
 			wo.Addr = net.JoinHostPort(host, strconv.Itoa(port))
+			if wo.Secret, wo.InternalTLS, err = inf.options(log); err != nil {
+				return err
+			}
+			if err := checkKVAuth(wf.kvAuth, wo.Secret); err != nil {
+				return err
+			}
+			if role == "serve" {
+				if wo.FrontTLS, wo.FrontDoor, err = fdf.options(log); err != nil {
+					return err
+				}
+				if wo.FrontTLS != nil && wo.InternalTLS != nil {
+					return usagef("serve has one port: give --ssl-* (the OpenAI API's TLS) or --internal-tls-* (a router's), not both")
+				}
+			}
+			watchTLS(cmd.Context(), log, wo.FrontTLS, wo.InternalTLS)
 			switch role {
 			case "prefill":
 				if err := checkPort("kv-port", kvPort); err != nil {
@@ -236,6 +277,10 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 		fs.IntVar(&kvPort, "kv-port", 8998, "KV channel port (decode workers connect here)")
 	}
 	rf.add(fs)
+	inf.add(fs, true, secretUsage)
+	if role == "serve" {
+		fdf.add(fs, false)
+	}
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to finish the requests already admitted (new ones get 503 + Retry-After) before shutting down; a second signal stops at once")
 	return cmd
 }
@@ -289,6 +334,8 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 		hf        healthFlags
 		df        discoveryFlags
 		drainT    time.Duration
+		fdf       frontDoorFlags
+		inf       internalFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -324,6 +371,13 @@ each prefill worker's KV address from the worker itself.`,
 			if err := hf.apply(&ro); err != nil {
 				return err
 			}
+			if ro.FrontTLS, ro.FrontDoor, err = fdf.options(log); err != nil {
+				return err
+			}
+			if ro.Secret, ro.InternalTLS, err = inf.options(log); err != nil {
+				return err
+			}
+			watchTLS(cmd.Context(), log, ro.FrontTLS, ro.InternalTLS)
 			newModel, err := mf.factory()
 			if err != nil {
 				return err
@@ -365,6 +419,8 @@ each prefill worker's KV address from the worker itself.`,
 	fs.StringSliceVar(&colocated, "colocated", nil, "colocated (serve) worker URLs instead of prefill/decode: plain mode, whole requests round robin")
 	hf.add(fs)
 	df.add(fs)
+	fdf.add(fs, true)
+	inf.add(fs, true, secretUsage)
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to let requests in flight finish (/health answers 503, new requests get 503 + Retry-After) before shutting down")
 	return cmd
 }

@@ -172,7 +172,8 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.heartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "KV channel heartbeat and room renewal interval")
 	fs.IntVar(&f.heartbeatMisses, "heartbeat-misses", d.LeaseMisses, "missed heartbeats before a KV peer is dead; a room outlives its last renewal by one more")
 	fs.DurationVar(&f.tombstoneTTL, "tombstone-ttl", d.TombstoneTTL, "how long aborted rooms are remembered")
-	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel (must match on both sides)")
+	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel only (deprecated: --internal-secret covers the KV channel and the worker API)")
+	_ = fs.MarkDeprecated("kv-auth", "use --internal-secret (it also signs the worker API)")
 	fs.StringVar(&f.metricsCompat, "metrics-compat", "", `also export another server's metric names on /metrics: "sglang" (SGLang's sglang:* series; see docs/coming-from-sglang.md)`)
 }
 

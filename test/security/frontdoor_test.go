@@ -92,8 +92,11 @@ func TestTLSFrontDoorOpenAIClient(t *testing.T) {
 	if _, err := tlsClient(t, x509.NewCertPool()).Get(base + "/health"); err == nil {
 		t.Error("a client that does not trust the CA connected")
 	}
-	if resp, err := http.Get(strings.Replace(base, "https://", "http://", 1) + "/health"); err == nil && resp.StatusCode == 200 {
-		t.Error("plain HTTP was served on the TLS port")
+	if resp, err := http.Get(strings.Replace(base, "https://", "http://", 1) + "/health"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Error("plain HTTP was served on the TLS port")
+		}
 	}
 }
 

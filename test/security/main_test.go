@@ -31,6 +31,8 @@ type cleanupM struct{ m *testing.M }
 
 func (c cleanupM) Run() int {
 	defer pdserve.Remove()
+	// The tests' plain clients keep idle keep-alive connections.
+	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	return c.m.Run()
 }
 

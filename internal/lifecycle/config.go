@@ -36,7 +36,7 @@ type Config struct {
 	BootstrapTimeout time.Duration // prefill: Bootstrap, and pending ROOM_OPENs
 	QueueTimeout     time.Duration // Waiting, Prealloc, Queued
 	KVHoldTimeout    time.Duration // prefill: Parked, and a cap on holding KV for a decode
-	TransferTimeout  time.Duration // prefill: Transferring; decode: from the first KV frame to KV_DONE
+	TransferTimeout  time.Duration // prefill: Transferring; decode: once KV flows, the longest time without a KV chunk or a renewal of the room
 	MaxRequestTime   time.Duration // every stage: arrival + this is a hard cap
 
 	// HeartbeatInterval is how often the machine renews rooms with its peers;

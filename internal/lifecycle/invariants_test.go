@@ -151,8 +151,8 @@ func (m *Machine) legal(r *req) error {
 	if !(r.stage != StageNone && r.stage != StageDone) {
 		bad("a live request in stage %s", r.stage)
 	}
-	if !(r.deadline.IsZero() == (r.cause == outcome.None)) {
-		bad("deadline %v with cause %s", r.deadline, r.cause)
+	if !(r.deadline.IsZero() == (r.cause == outcome.None)) || r.deadline.IsZero() != (r.budget == 0) {
+		bad("deadline %v with cause %s and budget %s", r.deadline, r.cause, r.budget)
 	}
 	if !(!r.inBatch || r.stage == StagePrefilling || r.stage == StageDecoding) {
 		bad("in the batch while %s", r.stage)

@@ -116,6 +116,9 @@ func (m *Machine) message(p kvxfer.PeerID, msg kvxfer.Message) {
 		for _, rg := range x.Rooms {
 			if r, ok := m.rooms[rg.Room]; ok && r.Gen == rg.Gen && r.Peer == p {
 				r.lastRenew = m.now
+				if m.cfg.Role == RoleDecode && r.stage == StageAwaitingKV && r.xferStarted {
+					m.transferProgress(r)
+				}
 			}
 		}
 		return

@@ -90,9 +90,11 @@ type req struct {
 	arrived    time.Time
 	stageSince time.Time
 	// deadline is the current stage's deadline and cause the outcome when it
-	// passes; hardDeadline caps the whole request.
+	// passes; budget is the span it was last set to (the stage's deadline
+	// flag, for display); hardDeadline caps the whole request.
 	deadline     time.Time
 	cause        outcome.Outcome
+	budget       time.Duration
 	hardDeadline time.Time
 	pages        []kvcache.PageID
 	// computed is the number of tokens of prefillTokens() whose KV is in
@@ -152,7 +154,7 @@ type prefillSide struct {
 type decodeSide struct {
 	recv        []bool // per prompt page: written by a KV_CHUNK
 	recvCount   int    // pages marked in recv
-	xferStarted bool   // the first KV_CHUNK came: the transfer deadline runs
+	xferStarted bool   // the first KV_CHUNK came: the transfer deadline runs from the last progress
 	verifying   bool   // KV_DONE came; VerifyKV is computing the checksum
 	done        kvxfer.KVDone
 	ackSent     bool // KV_ACK sent: prefill has let go of the room

@@ -115,8 +115,10 @@ type RequestInfo struct {
 	// moves out each time the peer renews the room, so a small value is
 	// normal) or DeadlineRequest (the request's time limit).
 	DeadlineKind string `json:"deadline_kind,omitempty"`
-	// StageBudget is the stage's whole deadline span (0 when the stage is
-	// bounded only by the request's time limit).
+	// StageBudget is the span the stage's deadline was last set to, by its
+	// flag (0 when the stage is bounded only by the request's time limit);
+	// decode's transfer deadline is re-armed on progress, so for it this is
+	// --transfer-timeout from the last KV chunk or renewal.
 	StageBudget  float64        `json:"stage_budget_s"`
 	Peer         uint64         `json:"peer,omitempty"`
 	PeerAddr     string         `json:"peer_addr,omitempty"`
@@ -145,7 +147,7 @@ func (m *Machine) info(r *req, now time.Time, history bool) RequestInfo {
 	ri.DeadlineKind = DeadlineRequest
 	if !r.deadline.IsZero() && r.deadline.Before(deadline) {
 		deadline, ri.DeadlineKind = r.deadline, DeadlineStage
-		ri.StageBudget = r.deadline.Sub(r.stageSince).Seconds()
+		ri.StageBudget = r.budget.Seconds()
 	}
 	if m.leased(r) {
 		if lease := r.lastRenew.Add(m.cfg.Lease()); lease.Before(deadline) {

@@ -167,7 +167,7 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", d.BootstrapTimeout, "prefill: how long to wait for decode to open the room")
 	fs.DurationVar(&f.queueTimeout, "queue-timeout", d.QueueTimeout, "how long a request may wait for a batch or for KV pages")
 	fs.DurationVar(&f.kvHoldTimeout, "kv-hold-timeout", d.KVHoldTimeout, "prefill: how long to hold computed KV for a decode that has no pages yet")
-	fs.DurationVar(&f.transferTimeout, "transfer-timeout", d.TransferTimeout, "how long a KV transfer may take")
+	fs.DurationVar(&f.transferTimeout, "transfer-timeout", d.TransferTimeout, "how long a KV transfer may go without progress (decode: no KV chunk and no renewal of the room from prefill; prefill: KV_DONE to KV_ACK)")
 	fs.DurationVar(&f.maxRequestTime, "max-request-time", d.MaxRequestTime, "hard cap on a request's time on a worker")
 	fs.DurationVar(&f.heartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "KV channel heartbeat and room renewal interval")
 	fs.IntVar(&f.heartbeatMisses, "heartbeat-misses", d.LeaseMisses, "missed heartbeats before a KV peer is dead; a room outlives its last renewal by one more")

@@ -783,8 +783,8 @@ func (w *Worker) Model() model.Model { return w.model }
 // parked: KVHoldTimeout; transferring: TransferTimeout), capped by
 // MaxRequestTime, the hard limit of every stage; MaxRequestTime for the
 // stages bounded by progress or by the request's limit alone (prefilling,
-// decoding, and awaiting_kv, whose transfer deadline starts with the first
-// KV frame).
+// decoding, and awaiting_kv, whose transfer deadline runs from the last
+// KV chunk or renewal of the room).
 func StageDeadline(c lifecycle.Config, s lifecycle.Stage) time.Duration {
 	d := c.MaxRequestTime
 	switch s {

@@ -197,6 +197,9 @@ func (m *Machine) tick() {
 		case !r.deadline.IsZero() && !now.Before(r.deadline) && r.stage == StageAwaitingKV:
 			m.finish(r, r.cause, fmt.Sprintf("KV transfer made no progress for %s (no KV chunk and no renewal of the room from prefill); %s in awaiting_kv",
 				r.budget, now.Sub(r.stageSince).Round(time.Millisecond)), "")
+		case !r.deadline.IsZero() && !now.Before(r.deadline) && r.opt.unbound && r.cause == outcome.TimeoutBootstrap:
+			m.finish(r, r.cause, fmt.Sprintf("decode did not open the room within %s; its optimistic KV (%s) is dropped",
+				m.cfg.BootstrapTimeout, r.stage), "")
 		case !r.deadline.IsZero() && !now.Before(r.deadline):
 			m.finish(r, r.cause, fmt.Sprintf("%s deadline passed after %s", r.stage, now.Sub(r.stageSince).Round(time.Millisecond)), "")
 		case !now.Before(r.hardDeadline):

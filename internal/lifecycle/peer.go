@@ -101,10 +101,14 @@ func (m *Machine) peerLost(p kvxfer.PeerID, err error) {
 		}
 		m.finish(r, o, reason, "")
 	}
-	for room, po := range m.pending { // dropped without a word: the peer is gone
-		if po.peer == p {
-			delete(m.pending, room)
+	for _, po := range m.pendingInOrder() { // dropped without a word: the peer is gone
+		if po.peer != p {
+			continue
 		}
+		if r := m.heldFor(po); r != nil {
+			m.finish(r, o, reason, "") // its ROOM_OPEN was held back (optimistic test hook)
+		}
+		delete(m.pending, po.open.Room)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,8 +30,10 @@ import (
 // Commands (every one takes at=DUR, the time since the start, or after=DUR,
 // to move the clock first):
 //
-//	node <role> [pages=N] [<config>=V ...]  a machine of role prefill, decode or colocated
-//	                                         with testConfig, changed by the keys of configKeys
+//	node <role> [pages=N] [<config>=V ...] [force-optimistic=(rid, ...)]
+//	                                         a machine of role prefill, decode or colocated
+//	                                         with testConfig, changed by the keys of configKeys;
+//	                                         force-optimistic is the optimistic test hook's pick
 //	connect                                  open the KV connection (both sides hear PeerUp)
 //	disconnect [err=TEXT]                    lose it: frames in flight are lost, both hear PeerLost
 //	arrive <node> rid=R [room=NAME] [gen=G] (prompt=N | tokens=(..)) [max_tokens=M]
@@ -114,11 +117,26 @@ func (w *world) run(t *testing.T, td *datadriven.TestData) string {
 		role := roleNamed(t, a.first())
 		cfg := testConfig(role)
 		for _, k := range configKeys {
-			if k.num != nil {
+			switch {
+			case k.num != nil:
 				*k.num(&cfg) = a.int(k.key, *k.num(&cfg))
-			} else if d, ok := a.dur(k.key); ok {
-				*k.dur(&cfg) = d
+			case k.frac != nil:
+				if v := a.str(k.key, ""); v != "" {
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						t.Fatalf("%s: %s=%s: %v", td.Pos, k.key, v, err)
+					}
+					*k.frac(&cfg) = f
+				}
+			default:
+				if d, ok := a.dur(k.key); ok {
+					*k.dur(&cfg) = d
+				}
 			}
+		}
+		if arg, ok := td.Arg("force-optimistic"); ok {
+			forced := arg.Vals
+			cfg.ForceOptimistic = func(rid string) bool { return slices.Contains(forced, rid) }
 		}
 		w.addNode(cfg, a.int("pages", 16))
 	case "connect":
@@ -238,6 +256,9 @@ func (w *world) printStats(n *node) {
 	if s.Draining {
 		w.say(n, "  draining, drained %v", s.Drained)
 	}
+	if s.UnboundComputingPages+s.UnboundParkedPages > 0 {
+		w.say(n, "  optimistic KV: %d pages computing, %d parked", s.UnboundComputingPages, s.UnboundParkedPages)
+	}
 	var st []string
 	for _, stage := range n.role.Stages() {
 		if c := s.Stages[stage]; c > 0 {
@@ -264,6 +285,11 @@ func (w *world) printStats(n *node) {
 			cs = append(cs, fmt.Sprintf("%s=%d", kv.k, kv.v))
 		}
 	}
+	for _, o := range OptimisticOutcomes() {
+		if v := c.Optimistic[o]; v > 0 {
+			cs = append(cs, fmt.Sprintf("optimistic_%s=%d", o, v))
+		}
+	}
 	if len(cs) > 0 {
 		w.say(n, "  counters: %s", strings.Join(cs, " "))
 	}
@@ -279,6 +305,9 @@ func (w *world) printRequests(n *node) {
 		w.say(n, "%s %s room=%s/%d age=%s in_stage=%s deadline_left=%s budget=%s peer=%d pages=%d prompt=%d output=%d last=%q",
 			ri.RID, ri.Stage, room, ri.Gen, secs(ri.AgeSeconds), secs(ri.InStageSecs), secs(ri.DeadlineLeft), secs(ri.StageBudget),
 			ri.Peer, ri.Pages, ri.PromptTokens, ri.OutputTokens, w.clean(ri.LastEvent))
+		if ri.Optimistic {
+			w.say(n, "  %s: optimistic (not bound to its room)", ri.RID)
+		}
 	}
 }
 

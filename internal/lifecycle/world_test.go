@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -882,9 +883,10 @@ func joinInts[T int32 | int](ids []T) string {
 
 // configKeys are the Config fields a transcript's node command may set.
 var configKeys = []struct {
-	key string
-	num func(*Config) *int
-	dur func(*Config) *time.Duration
+	key  string
+	num  func(*Config) *int
+	dur  func(*Config) *time.Duration
+	frac func(*Config) *float64
 }{
 	{key: "page-size", num: func(c *Config) *int { return &c.PageSize }},
 	{key: "context", num: func(c *Config) *int { return &c.ContextLen }},
@@ -901,6 +903,8 @@ var configKeys = []struct {
 	{key: "max-request", dur: func(c *Config) *time.Duration { return &c.MaxRequestTime }},
 	{key: "heartbeat", dur: func(c *Config) *time.Duration { return &c.HeartbeatInterval }},
 	{key: "tombstone-ttl", dur: func(c *Config) *time.Duration { return &c.TombstoneTTL }},
+	{key: "optimistic-attempts", num: func(c *Config) *int { return &c.OptimisticAttempts }},
+	{key: "optimistic-max-parked", frac: func(c *Config) *float64 { return &c.OptimisticMaxParked }},
 }
 
 // configArgs writes the fields where cfg differs from testConfig as node
@@ -916,6 +920,9 @@ func configArgs(cfg Config) (string, bool) {
 		case k.dur != nil && *k.dur(&cfg) != *k.dur(&base):
 			fmt.Fprintf(&b, " %s=%s", k.key, *k.dur(&cfg))
 			*k.dur(&base) = *k.dur(&cfg)
+		case k.frac != nil && *k.frac(&cfg) != *k.frac(&base):
+			fmt.Fprintf(&b, " %s=%s", k.key, strconv.FormatFloat(*k.frac(&cfg), 'g', -1, 64))
+			*k.frac(&base) = *k.frac(&cfg)
 		}
 	}
 	return b.String(), reflect.DeepEqual(base, cfg)

@@ -158,12 +158,14 @@ func (m *Machine) bindOptimistic(r *req) {
 
 // holdsOpen reports whether the test hook (Config.ForceOptimistic) holds
 // back r's ROOM_OPEN until its optimistic prefill ends: r is picked, and is
-// unbound or may still start optimistically.
+// being computed unbound or may still start optimistically (a parked one
+// has ended its optimistic prefill: its ROOM_OPEN binds at once).
 func (m *Machine) holdsOpen(r *req) bool {
 	if !m.optimisticOn() || m.cfg.ForceOptimistic == nil || !m.cfg.ForceOptimistic(r.RID) {
 		return false
 	}
-	return r.opt.unbound || (m.mayStartOptimistic(r) && m.admitPages(r.Request) <= m.optimisticCap())
+	return (r.opt.unbound && r.stage == StagePrefilling) ||
+		(m.mayStartOptimistic(r) && m.admitPages(r.Request) <= m.optimisticCap())
 }
 
 // releaseHeldOpen applies the ROOM_OPEN (and ROOM_READY) held back for r
@@ -177,6 +179,28 @@ func (m *Machine) releaseHeldOpen(r *req) {
 	m.roomOpened(r, p.peer, p.open)
 	if r.stage != StageDone && p.ready {
 		m.roomReady(r, p.readyNT)
+	}
+}
+
+// releaseBlockedHolds applies the ROOM_OPENs the test hook holds for
+// bootstrap requests that cannot start optimistically now: a bound request
+// waits, or their pages exceed what the cap (left of it: left pages) or
+// the pool has free. They go on as without optimism rather than wait for a
+// turn; a request that only lacked forward budget keeps its hold.
+func (m *Machine) releaseBlockedHolds(left int) {
+	if m.cfg.ForceOptimistic == nil || len(m.pending) == 0 {
+		return
+	}
+	for _, r := range m.queue {
+		if r.stage != StageBootstrap {
+			continue
+		}
+		if p, ok := m.pending[r.Room]; !ok || p.open.Gen != r.Gen {
+			continue
+		}
+		if need := m.admitPages(r.Request); m.stageCount[StageWaiting] > 0 || need > left || need > m.alloc.FreeCount() {
+			m.releaseHeldOpen(r)
+		}
 	}
 }
 

@@ -27,7 +27,7 @@ func TestOptimisticTightPool(t *testing.T) {
 			cfgP, cfgD := testConfig(RolePrefill), testConfig(RoleDecode)
 			cfgP.OptimisticAttempts, cfgP.OptimisticMaxParked = 2, maxParked
 			w := newWorld(t)
-			P, D := w.addNode(cfgP, 20), w.addNode(cfgD, 18)
+			P, D := w.addNode(cfgP, 20, 0), w.addNode(cfgD, 18, 0)
 			w.connect()
 			rng := rand.New(rand.NewPCG(7, 7))
 			type leg struct {

@@ -36,7 +36,7 @@ func seedFaults(seed uint64) faults {
 // reference runs requests one at a time on a colocated machine.
 func reference(t testing.TB, reqs []Request) map[string][]int32 {
 	w := newWorld(t)
-	c := w.addNode(testConfig(RoleColocated), 64)
+	c := w.addNode(testConfig(RoleColocated), 64, 0)
 	for _, q := range reqs {
 		q.Room, q.Peer, q.PeerAddr = kvxfer.Room{}, 0, ""
 		w.arrive(c, q)
@@ -125,7 +125,8 @@ func TestPairRandomized(t *testing.T) {
 
 // pairOptimistic: every third seed prefills optimistically (1 to 3
 // attempts, a quarter of prefill's pool), and decode is slower to open
-// its rooms, so prefill often computes before ROOM_OPEN.
+// its rooms, so prefill often computes before ROOM_OPEN; in half of those
+// the test hook also holds back the ROOM_OPEN of half the requests.
 func pairOptimistic(seed uint64) (attempts int, on bool) {
 	return 1 + int(seed/3)%3, seed%3 == 2
 }
@@ -155,8 +156,12 @@ func runPair(t *testing.T, seed uint64, f faults, transcript *string) Counters {
 		cfgP.OptimisticAttempts = attempts
 		openDelay = 150
 	}
-	P := w.addNode(cfgP, 24)
-	D := w.addNode(cfgD, 48)
+	force := 0.0
+	if optimistic && seed%2 == 1 {
+		force = 0.5 // the test hook holds half the ROOM_OPENs back
+	}
+	P := w.addNode(cfgP, 24, force)
+	D := w.addNode(cfgD, 48, 0)
 	w.connect()
 	if f != (faults{}) {
 		// Slow page I/O, so requests end while their KV is being copied.

@@ -132,9 +132,9 @@ func (m *Machine) schedule() {
 		}
 		// New unbound KV only while no bound request waits, and within the
 		// cap; first come, first served.
+		comp, park := m.unboundPages()
+		left := m.optimisticCap() - comp - park
 		if m.stageCount[StageWaiting] == 0 {
-			comp, park := m.unboundPages()
-			left := m.optimisticCap() - comp - park
 			for _, r := range m.queue {
 				if budget <= 0 || full() {
 					break
@@ -151,6 +151,7 @@ func (m *Machine) schedule() {
 				chunk(r)
 			}
 		}
+		m.releaseBlockedHolds(left)
 	}
 	if len(entries) == 0 {
 		return

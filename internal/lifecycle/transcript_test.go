@@ -30,10 +30,11 @@ import (
 // Commands (every one takes at=DUR, the time since the start, or after=DUR,
 // to move the clock first):
 //
-//	node <role> [pages=N] [<config>=V ...] [force-optimistic=(rid, ...)]
+//	node <role> [pages=N] [<config>=V ...] [force-optimistic=(rid, ...)] [force-optimistic-fraction=F]
 //	                                         a machine of role prefill, decode or colocated
 //	                                         with testConfig, changed by the keys of configKeys;
-//	                                         force-optimistic is the optimistic test hook's pick
+//	                                         force-optimistic(-fraction) is the optimistic test
+//	                                         hook's pick: these ids, or ForceFraction(F)
 //	connect                                  open the KV connection (both sides hear PeerUp)
 //	disconnect [err=TEXT]                    lose it: frames in flight are lost, both hear PeerLost
 //	arrive <node> rid=R [room=NAME] [gen=G] (prompt=N | tokens=(..)) [max_tokens=M]
@@ -70,7 +71,7 @@ func TestTranscripts(t *testing.T) {
 // replays through the transcript runner with the same output, so a failing
 // seed's printed transcript can be pasted into testdata/.
 func TestPairTranscriptReplays(t *testing.T) {
-	for _, seed := range []uint64{3, 4} { // with faults, and clean
+	for _, seed := range []uint64{3, 4, 5} { // with faults, clean, and optimistic with the test hook
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			var a, b string
 			runPair(t, seed, seedFaults(seed), &a)
@@ -138,7 +139,15 @@ func (w *world) run(t *testing.T, td *datadriven.TestData) string {
 			forced := arg.Vals
 			cfg.ForceOptimistic = func(rid string) bool { return slices.Contains(forced, rid) }
 		}
-		w.addNode(cfg, a.int("pages", 16))
+		force := 0.0
+		if v := a.str("force-optimistic-fraction", ""); v != "" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: force-optimistic-fraction=%s: %v", td.Pos, v, err)
+			}
+			force = f
+		}
+		w.addNode(cfg, a.int("pages", 16), force)
 	case "connect":
 		w.connect()
 	case "disconnect":

@@ -131,14 +131,24 @@ func (w *world) byRole(r Role) *node {
 
 // addNode starts a machine of cfg.Role with a pool of pages, named for its
 // role.
-func (w *world) addNode(cfg Config, pages int) *node {
+//
+// force > 0 sets the optimistic test hook of a prefill node to
+// ForceFraction(force), which the recorder writes as
+// force-optimistic-fraction (a hook, unlike a number, cannot be printed).
+func (w *world) addNode(cfg Config, pages int, force float64) *node {
 	if w.rec != nil {
 		args, ok := configArgs(cfg)
 		if !ok {
 			w.fatalf("the recorder cannot write config %+v", cfg)
 		}
+		if force > 0 {
+			args += fmt.Sprintf(" force-optimistic-fraction=%s", strconv.FormatFloat(force, 'g', -1, 64))
+		}
 		w.rec.begin(w, "node %s pages=%d%s", cfg.Role, pages, args)
 		defer w.rec.end(w)
+	}
+	if force > 0 {
+		cfg.ForceOptimistic = ForceFraction(force)
 	}
 	if w.byRole(cfg.Role) != nil {
 		w.fatalf("a %s node exists already", cfg.Role)

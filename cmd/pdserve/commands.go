@@ -241,6 +241,12 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			default:
 				wo.Machine.Role = lifecycle.RoleColocated
 			}
+			if role != "prefill" && (wo.Machine.OptimisticAttempts > 0 || wo.Machine.ForceOptimistic != nil) {
+				return usagef("--optimistic-prefill-attempts applies to prefill workers only, not to %s", role)
+			}
+			if role != "decode" && wo.AdmissionDelay > 0 {
+				return usagef("--test-decode-admission-delay applies to decode workers only, not to %s", role)
+			}
 			if wo.Etcd, err = rf.options(); err != nil {
 				return err
 			}

@@ -156,7 +156,15 @@ type workerFlags struct {
 	tombstoneTTL      time.Duration
 	kvAuth            string
 	metricsCompat     string
+	optAttempts       int
+	optMaxParked      float64
+	optForce          float64
+	admissionDelay    time.Duration
 }
+
+// optimisticAlias is SGLang's older name of --optimistic-prefill-attempts,
+// accepted on the command line.
+const optimisticAlias = "optimistic-prefill-retries"
 
 func (f *workerFlags) add(fs *pflag.FlagSet) {
 	d := lifecycle.DefaultConfig(lifecycle.RoleColocated)
@@ -175,6 +183,19 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel only (deprecated: --internal-secret covers the KV channel and the worker API)")
 	_ = fs.MarkDeprecated("kv-auth", "use --internal-secret (it also signs the worker API)")
 	fs.StringVar(&f.metricsCompat, "metrics-compat", "", `also export another server's metric names on /metrics: "sglang" (SGLang's sglang:* series; see docs/coming-from-sglang.md)`)
+	fs.IntVar(&f.optAttempts, "optimistic-prefill-attempts", d.OptimisticAttempts, "prefill: forward passes a request may take before decode opens its room (0: off; alias --"+optimisticAlias+")")
+	fs.Float64Var(&f.optMaxParked, "optimistic-prefill-max-parked", d.OptimisticMaxParked, "prefill: fraction of the KV pool that optimistic KV not yet bound to its room may hold; at the cap new requests wait for their room")
+	fs.Float64Var(&f.optForce, "test-force-optimistic-prefill", 0, "testing: fraction of requests, picked by a hash of the request id, whose room opening prefill holds back until their optimistic prefill ends")
+	_ = fs.MarkHidden("test-force-optimistic-prefill")
+	fs.DurationVar(&f.admissionDelay, "test-decode-admission-delay", 0, "testing and benchmarks: decode workers hold every arriving leg this long before admitting it, so rooms open late (a busy decode)")
+	_ = fs.MarkHidden("test-decode-admission-delay")
+	prev := fs.GetNormalizeFunc()
+	fs.SetNormalizeFunc(func(fs *pflag.FlagSet, name string) pflag.NormalizedName {
+		if name == optimisticAlias {
+			name = "optimistic-prefill-attempts"
+		}
+		return prev(fs, name)
+	})
 }
 
 // options validates the flags into a worker template (Role, Model, Addr,
@@ -208,6 +229,14 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	mc.HeartbeatInterval = f.heartbeatInterval
 	mc.LeaseMisses = f.heartbeatMisses
 	mc.TombstoneTTL = f.tombstoneTTL
+	mc.OptimisticAttempts = f.optAttempts
+	mc.OptimisticMaxParked = f.optMaxParked
+	if !(f.optForce >= 0 && f.optForce <= 1) {
+		return cluster.WorkerOptions{}, usagef("--test-force-optimistic-prefill must be a fraction in [0, 1], got %v", f.optForce)
+	}
+	if f.optForce > 0 {
+		mc.ForceOptimistic = lifecycle.ForceFraction(f.optForce)
+	}
 	// Validate what the flags control; the worker fills in the model's part.
 	check := mc
 	check.PageBytes, check.ContextLen, check.VocabSize = 1, 1, 1
@@ -218,5 +247,9 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	if compat == "none" {
 		compat = ""
 	}
-	return cluster.WorkerOptions{Machine: mc, KVCacheMemory: int64(mem), KVAuth: f.kvAuth, MetricsCompat: compat}, nil
+	if f.admissionDelay < 0 || f.admissionDelay > time.Minute {
+		return cluster.WorkerOptions{}, usagef("--test-decode-admission-delay must be between 0 and 1m, got %s", f.admissionDelay)
+	}
+	return cluster.WorkerOptions{Machine: mc, KVCacheMemory: int64(mem), KVAuth: f.kvAuth, MetricsCompat: compat,
+		AdmissionDelay: f.admissionDelay}, nil
 }

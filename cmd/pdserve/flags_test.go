@@ -50,3 +50,53 @@ func TestMetricsCompatFlag(t *testing.T) {
 		t.Fatalf("up --metrics-compat bogus: exit %d, %s", code, errOut)
 	}
 }
+
+// TestOptimisticPrefillFlags: --optimistic-prefill-attempts (or SGLang's
+// older --optimistic-prefill-retries, or PDSERVE_OPTIMISTIC_PREFILL_ATTEMPTS)
+// and --optimistic-prefill-max-parked reach the machine; out-of-range values
+// and the flag on a worker that is not a prefill worker are usage errors.
+func TestOptimisticPrefillFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		env       map[string]string
+		attempts  int
+		maxParked float64
+		errWant   string
+	}{
+		{attempts: 0, maxParked: 0.25},
+		{args: []string{"--optimistic-prefill-attempts", "3"}, attempts: 3, maxParked: 0.25},
+		{args: []string{"--optimistic-prefill-retries", "2", "--optimistic-prefill-max-parked", "0.5"}, attempts: 2, maxParked: 0.5},
+		{env: map[string]string{"PDSERVE_OPTIMISTIC_PREFILL_ATTEMPTS": "4"}, attempts: 4, maxParked: 0.25},
+		{args: []string{"--optimistic-prefill-attempts", "1"}, env: map[string]string{"PDSERVE_OPTIMISTIC_PREFILL_ATTEMPTS": "4"}, attempts: 1, maxParked: 0.25},
+		{args: []string{"--optimistic-prefill-attempts", "-1"}, errWant: "optimistic prefill attempts"},
+		{args: []string{"--optimistic-prefill-attempts", "1", "--optimistic-prefill-max-parked", "1.5"}, errWant: "max parked"},
+		{args: []string{"--test-force-optimistic-prefill", "2"}, errWant: "--test-force-optimistic-prefill"},
+	} {
+		var wf workerFlags
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		wf.add(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := applyEnv(fs, env(tc.env)); err != nil {
+			t.Fatal(err)
+		}
+		wo, err := wf.options()
+		if tc.errWant != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errWant) {
+				t.Errorf("%v %v: error %v, want %s", tc.args, tc.env, err, tc.errWant)
+			}
+			continue
+		}
+		if err != nil || wo.Machine.OptimisticAttempts != tc.attempts || wo.Machine.OptimisticMaxParked != tc.maxParked {
+			t.Errorf("%v %v: attempts %d, max parked %v, %v; want %d, %v", tc.args, tc.env,
+				wo.Machine.OptimisticAttempts, wo.Machine.OptimisticMaxParked, err, tc.attempts, tc.maxParked)
+		}
+	}
+	for _, role := range []string{"decode", "serve"} {
+		code, _, errOut := runArgs(t, nil, role, "--optimistic-prefill-attempts", "1")
+		if code != 2 || !strings.Contains(errOut, "prefill workers only") {
+			t.Fatalf("%s --optimistic-prefill-attempts 1: exit %d, %s", role, code, errOut)
+		}
+	}
+}

@@ -88,6 +88,9 @@ type WorkerOptions struct {
 	// MetricsCompat adds another system's metric names ("" or "sglang",
 	// --metrics-compat); see worker.Config.
 	MetricsCompat string
+	// AdmissionDelay (decode workers) delays admitting every leg, so rooms
+	// open late; see worker.Config.
+	AdmissionDelay time.Duration
 }
 
 // EtcdRegistration says how a worker registers itself in etcd.
@@ -195,7 +198,8 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 		return b, nil
 	}
 	w, err := worker.New(worker.Config{Model: o.Model, Machine: mc, KVCacheMemory: o.KVCacheMemory,
-		Backend: factory, KVListen: o.KVListen, MetricsCompat: o.MetricsCompat, Logger: o.Logger, Registerer: reg})
+		Backend: factory, KVListen: o.KVListen, MetricsCompat: o.MetricsCompat, AdmissionDelay: o.AdmissionDelay,
+		Logger: o.Logger, Registerer: reg})
 	if err != nil {
 		return nil, err
 	}

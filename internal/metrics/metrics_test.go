@@ -99,6 +99,10 @@ func exampleWorker(t *testing.T, reg *prometheus.Registry, role workerapi.Role, 
 	}
 	st := WorkerState{PagesUsed: 10, PagesTotal: 64, PendingOpens: 1, Tombstones: 2, Preemptions: 3, PeerAbortTombstones: 5,
 		FramesDropped: map[string]uint64{"stale_gen": 4}, GenThroughput: 125.5}
+	if role == workerapi.RolePrefill {
+		st.Optimistic = map[string]uint64{"started": 9, "parked": 6, "sent": 5, "fell_back": 2} // 2 in flight
+		st.OptimisticKVBytes = map[string]int64{"parked": 1 << 20}
+	}
 	for i, s := range stages {
 		st.Stages = append(st.Stages, StageState{Stage: s, Requests: i, Oldest: time.Duration(i) * time.Second,
 			Deadline: time.Duration(10*(i+1)) * time.Second})

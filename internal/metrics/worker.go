@@ -34,6 +34,16 @@ import (
 //     for a room this worker did not hold, each leaving a tombstone) and
 //     pdserve_kv_frames_dropped_total{role,reason} (counters), and
 //     pdserve_worker_loop_up{role} (1 if the loop answered the scrape).
+//   - prefill only, also from the Snapshot:
+//     pdserve_optimistic_prefill_total{role,outcome} (counter): optimistic
+//     prefills (computed before decode's ROOM_OPEN) started, parked
+//     (complete before it), and how their optimistic KV ended: sent,
+//     expired (a deadline first), aborted (any other end first), fell_back
+//     (dropped: attempts used up, or its pages went to a bound request);
+//     started = sent + expired + aborted + fell_back + those in flight.
+//     pdserve_optimistic_prefill_kv_bytes{role,state} (gauge, bytes): KV
+//     held by optimistic requests not yet bound to their room, computing
+//     or parked (capped by --optimistic-prefill-max-parked of the pool).
 //
 // With [WithSGLang] it also exposes SGLang's series (see sglang.go).
 // Durations are clamped at zero before they are observed, so no latency
@@ -68,7 +78,21 @@ type WorkerState struct {
 	// GenThroughput is output tokens per second over the recent past
 	// (sglang:gen_throughput).
 	GenThroughput float64
+	// Optimistic (prefill) counts optimistic prefill by outcome, keyed by
+	// the names in OptimisticOutcomes.
+	Optimistic map[string]uint64
+	// OptimisticKVBytes (prefill) is the KV held by optimistic requests
+	// not yet bound to their room, in bytes, by state: computing, parked.
+	OptimisticKVBytes map[string]int64
 }
+
+// OptimisticOutcomes are the outcome labels of
+// pdserve_optimistic_prefill_total, every one exposed from the start.
+var OptimisticOutcomes = []string{"started", "parked", "sent", "expired", "aborted", "fell_back"}
+
+// OptimisticStates are the state labels of
+// pdserve_optimistic_prefill_kv_bytes.
+var OptimisticStates = []string{"computing", "parked"}
 
 // StageState is one stage of a WorkerState.
 type StageState struct {
@@ -251,6 +275,12 @@ var (
 		[]string{"role"}, nil)
 	upDesc = prometheus.NewDesc("pdserve_worker_loop_up",
 		"1 if the worker loop answered this scrape, 0 if it did not in time.", []string{"role"}, nil)
+	optimisticDesc = prometheus.NewDesc("pdserve_optimistic_prefill_total",
+		"Optimistic prefills (computed before decode's ROOM_OPEN): started, parked, and how their KV ended (sent, expired, aborted, fell_back).",
+		[]string{"role", "outcome"}, nil)
+	optimisticBytesDesc = prometheus.NewDesc("pdserve_optimistic_prefill_kv_bytes",
+		"KV bytes held by optimistic requests not yet bound to their room, computing or parked.",
+		[]string{"role", "state"}, nil)
 )
 
 type stateCollector struct {
@@ -263,6 +293,10 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{requestsDesc, oldestDesc, deadlineDesc, pagesDesc, droppedDesc, roomsDesc, preemptDesc,
 		peerAbortTombDesc, upDesc} {
 		ch <- d
+	}
+	if c.role == workerapi.RolePrefill.String() {
+		ch <- optimisticDesc
+		ch <- optimisticBytesDesc
 	}
 	if c.sglang != nil {
 		for _, d := range c.sglang.gaugeDescs {
@@ -294,6 +328,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(peerAbortTombDesc, prometheus.CounterValue, float64(st.PeerAbortTombstones), c.role)
 	for reason, n := range st.FramesDropped {
 		ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(n), c.role, reason)
+	}
+	if c.role == workerapi.RolePrefill.String() {
+		for _, o := range OptimisticOutcomes {
+			ch <- prometheus.MustNewConstMetric(optimisticDesc, prometheus.CounterValue, float64(st.Optimistic[o]), c.role, o)
+		}
+		for _, s := range OptimisticStates {
+			ch <- prometheus.MustNewConstMetric(optimisticBytesDesc, prometheus.GaugeValue, float64(max(0, st.OptimisticKVBytes[s])), c.role, s)
+		}
 	}
 	if c.sglang != nil {
 		vals := c.sglang.gauges(st)

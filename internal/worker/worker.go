@@ -87,6 +87,11 @@ type Config struct {
 	DecodeLogInterval int
 	// MaxBodyBytes bounds worker API request bodies (default 64 MiB).
 	MaxBodyBytes int64
+	// AdmissionDelay (decode) holds every arriving leg this long before
+	// the machine admits it (and so before its ROOM_OPEN goes out): a decode
+	// that is slow to open rooms, for tests and benchmarks
+	// (--test-decode-admission-delay). 0: none.
+	AdmissionDelay time.Duration
 	// MetricsCompat adds another system's metric names next to pdserve's:
 	// "" (none) or MetricsCompatSGLang (see internal/metrics, sglang.go).
 	MetricsCompat string
@@ -707,6 +712,15 @@ func (w *Worker) snapshot() (metrics.WorkerState, bool) {
 	}
 	for k, v := range st.Counters.FramesDropped {
 		ms.FramesDropped[k] += v
+	}
+	if w.role == lifecycle.RolePrefill {
+		ms.Optimistic = make(map[string]uint64)
+		for _, o := range lifecycle.OptimisticOutcomes() {
+			ms.Optimistic[o.String()] = st.Counters.Optimistic[o]
+		}
+		pb := int64(w.pool.PageBytes())
+		ms.OptimisticKVBytes = map[string]int64{"computing": int64(st.UnboundComputingPages) * pb,
+			"parked": int64(st.UnboundParkedPages) * pb}
 	}
 	if d, ok := w.backend.(kvxfer.DropCounter); ok {
 		for k, v := range d.DroppedFrames() {

@@ -395,6 +395,9 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		if w.backend != nil {
 			w.backend.Close()
 		}
+		// Nothing touches the pages any more: the loop, the I/O lanes and
+		// the forward have stopped.
+		_ = w.pool.Close()
 	})
 	return err
 }

@@ -62,26 +62,46 @@ type modelFlags struct {
 	kvDType      string
 	threads      int
 	kernels      string
+	fs           *pflag.FlagSet // to tell the flags given from the defaults
 }
+
+// The simulated model's defaults on the command line: what a GPU serving
+// Llama-3-8B does, at a cost this machine can carry. Step times come from
+// the H100 profile of Llama-3-8B (~28 ms to prefill 1,000 tokens, ~6 ms a
+// decode step); the KV is one of its 32 layers (8 KV heads × 128 × bf16 ×
+// K and V: 4 KiB per token), so moving a prompt's KV over loopback on a CPU
+// (~1.5 GB/s end to end, docs/performance.md) takes about as long as moving
+// all 32 layers (128 KiB per token) over a 400 Gb/s RDMA link. The sim
+// package's own default stays the whole Llama-3-8B shape: --sim-layers 32
+// gives it.
+const (
+	defaultSimProfile = "h100-llama3-8b"
+	defaultSimLayers  = 1
+	// noSimProfile turns the profile off (--sim-profile none).
+	noSimProfile = "none"
+)
 
 // SimModel is the --model value that selects the simulated model.
 const SimModel = "sim"
 
 func (f *modelFlags) add(fs *pflag.FlagSet) {
 	g := sim.DefaultGeometry()
+	g.Layers = defaultSimLayers
+	f.fs = fs
 	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights), a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Mistral) or a GGUF file (llama, qwen2, mistral; F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)`)
 	fs.StringVar(&f.kvDType, "kv-cache-dtype", "f32", "checkpoint model: KV cache element type (f32, bf16, f16)")
 	fs.IntVar(&f.threads, "threads", 0, "checkpoint model: goroutines per forward step (0: GOMAXPROCS)")
 	fs.StringVar(&f.kernels, "llama-kernels", llama.KernelsAuto, "checkpoint model: matrix kernels ("+strings.Join(llama.KernelChoices, ", ")+"; every choice computes the same bits)")
 	fs.StringVar(&f.servedName, "served-model-name", "", "model name in the API (default: the model's own)")
-	fs.IntVar(&f.simLayers, "sim-layers", g.Layers, "simulated model: layers")
+	fs.IntVar(&f.simLayers, "sim-layers", g.Layers, "simulated model: layers of KV (1 of Llama-3-8B's 32: 4 KiB per token; 32 for all of it)")
 	fs.IntVar(&f.simKVHeads, "sim-kv-heads", g.KVHeads, "simulated model: KV heads")
 	fs.IntVar(&f.simHeadDim, "sim-head-dim", g.HeadDim, "simulated model: head dimension")
 	fs.StringVar(&f.simDType, "sim-dtype", g.DType.String(), "simulated model: KV dtype (f32, f16, bf16)")
 	fs.IntVar(&f.simContext, "sim-context-len", sim.DefaultContextLen, "simulated model: context length in tokens")
-	fs.Float64Var(&f.simPrefillMS, "sim-prefill-ms-per-token", 0, "simulated model: prefill time per prompt token, ms")
-	fs.Float64Var(&f.simDecodeMS, "sim-decode-ms-per-step", 0, "simulated model: time per batched decode step, ms")
-	fs.StringVar(&f.simProfile, "sim-profile", "", "simulated model: GPU-like step times instead of the two flags above ("+strings.Join(sim.ProfileNames(), ", ")+"; see docs/performance.md)")
+	fs.Float64Var(&f.simPrefillMS, "sim-prefill-ms-per-token", 0, "simulated model: prefill time per prompt token, ms (instead of --sim-profile)")
+	fs.Float64Var(&f.simDecodeMS, "sim-decode-ms-per-step", 0, "simulated model: time per batched decode step, ms (instead of --sim-profile)")
+	fs.StringVar(&f.simProfile, "sim-profile", defaultSimProfile, "simulated model: GPU-like step times ("+strings.Join(sim.ProfileNames(), ", ")+
+		`; "`+noSimProfile+`": no step time, or the two flags above; see docs/performance.md)`)
 }
 
 func msDuration(name string, ms float64) (time.Duration, error) {
@@ -111,11 +131,16 @@ func (f *modelFlags) factory() (cluster.ModelFactory, error) {
 	cfg := sim.Config{Name: f.servedName,
 		Geometry:   kvcache.Geometry{Layers: f.simLayers, KVHeads: f.simKVHeads, HeadDim: f.simHeadDim, DType: dt},
 		ContextLen: f.simContext, PrefillPerToken: pre, DecodePerStep: dec}
-	if f.simProfile != "" {
+	profile := f.simProfile
+	msGiven := f.fs != nil && (f.fs.Changed("sim-prefill-ms-per-token") || f.fs.Changed("sim-decode-ms-per-step"))
+	if msGiven && (f.fs == nil || !f.fs.Changed("sim-profile")) {
+		profile = noSimProfile // step times given as flags replace the default profile
+	}
+	if profile != noSimProfile && profile != "" {
 		if pre != 0 || dec != 0 {
 			return nil, usagef("--sim-profile replaces --sim-prefill-ms-per-token and --sim-decode-ms-per-step; give one or the other")
 		}
-		p, err := sim.LookupProfile(f.simProfile)
+		p, err := sim.LookupProfile(profile)
 		if err != nil {
 			return nil, usagef("--sim-profile: %v", err)
 		}

@@ -3,8 +3,13 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/sim"
 )
 
 // TestMetricsCompatFlag: --metrics-compat takes "sglang" or none, from the
@@ -97,6 +102,55 @@ func TestOptimisticPrefillFlags(t *testing.T) {
 		code, _, errOut := runArgs(t, nil, role, "--optimistic-prefill-attempts", "1")
 		if code != 2 || !strings.Contains(errOut, "prefill workers only") {
 			t.Fatalf("%s --optimistic-prefill-attempts 1: exit %d, %s", role, code, errOut)
+		}
+	}
+}
+
+// TestSimDefaults: by default the simulated model takes the H100 profile's
+// step times and one layer of Llama-3-8B's KV (4 KiB per token); step times
+// given as flags replace the default profile, --sim-profile none has none,
+// and a profile given with them is a usage error.
+func TestSimDefaults(t *testing.T) {
+	prefill1k := []model.SeqInput{{Pos: 0, Tokens: make([]int32, 1000)}}
+	for _, tc := range []struct {
+		args    []string
+		layers  int
+		min     time.Duration // StepLatency of a 1,000-token prefill
+		max     time.Duration
+		errWant string
+	}{
+		{args: nil, layers: 1, min: 20 * time.Millisecond, max: 40 * time.Millisecond},
+		{args: []string{"--sim-layers", "32"}, layers: 32, min: 20 * time.Millisecond, max: 40 * time.Millisecond},
+		{args: []string{"--sim-profile", "none"}, layers: 1, min: 0, max: 0},
+		{args: []string{"--sim-prefill-ms-per-token", "0.5"}, layers: 1, min: 500 * time.Millisecond, max: 500 * time.Millisecond},
+		{args: []string{"--sim-profile", "h100-llama3-8b", "--sim-decode-ms-per-step", "5"}, errWant: "one or the other"},
+	} {
+		var mf modelFlags
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		mf.add(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		newModel, err := mf.factory()
+		if tc.errWant != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errWant) {
+				t.Errorf("%v: error %v, want %s", tc.args, err, tc.errWant)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		m, err := newModel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := m.(*sim.Model)
+		if g := s.Info().Geometry; g.Layers != tc.layers || g.KVHeads != 8 || g.HeadDim != 128 || g.DType != kvcache.BF16 {
+			t.Errorf("%v: geometry %+v, want %d layers of 8 KV heads × 128, bf16", tc.args, g, tc.layers)
+		}
+		if d := s.StepLatency(prefill1k); d < tc.min || d > tc.max {
+			t.Errorf("%v: a 1,000-token prefill takes %s, want [%s, %s]", tc.args, d, tc.min, tc.max)
 		}
 	}
 }

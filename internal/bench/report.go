@@ -92,7 +92,7 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 		// ITL is one gap per streamed event, TPOT one per token.
 		fmt.Fprintf(bw, "Note: ITL is measured between streamed events and TPOT per token; the server sent\n"+
 			"%.2f tokens per event on average (tokens coalesced into one event), so ITL is about\n"+
-			"%.2f x TPOT. Compare TPOT across servers.\n", s.TokensPerEvent, s.TokensPerEvent)
+			"%.2f x TPOT when events come at an even pace. Compare TPOT across servers.\n", s.TokensPerEvent, s.TokensPerEvent)
 	}
 	dist("End-to-End Latency", "E2E", s.E2E)
 	if len(s.Errors) > 0 {

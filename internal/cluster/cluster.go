@@ -257,6 +257,11 @@ func (s *WorkerServer) register(o WorkerOptions) error {
 	if err != nil {
 		return fmt.Errorf("--advertise-url: %w", err)
 	}
+	if u, _ := url.Parse(adv); u != nil {
+		if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+			return fmt.Errorf("the worker binds %s, which routers on other hosts cannot dial: give --advertise-url with an address they reach", u.Host)
+		}
+	}
 	cli, cfg, err := etcdreg.Client(o.Etcd.Config)
 	if err != nil {
 		return err
@@ -296,8 +301,16 @@ func (s *WorkerServer) deregister() {
 // draining) and waits until every request it admitted has ended, or ctx
 // ends (it returns ctx.Err()). Shutdown must follow.
 func (s *WorkerServer) Drain(ctx context.Context) error {
-	s.deregister()
-	return s.Worker.Drain(ctx)
+	// Deregistering may wait for an unreachable etcd; the drain (503s to
+	// new legs, /health draining) starts at once beside it.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.deregister()
+	}()
+	err := s.Worker.Drain(ctx)
+	<-done
+	return err
 }
 
 // workerMaxBody bounds a worker API request body read to check its

@@ -22,6 +22,7 @@ func newBenchCmd(stdout, stderr io.Writer) *cobra.Command {
 		outputPath string
 		plotDir    string
 		progress   bool
+		apiKey     string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -67,7 +68,7 @@ Exits 1 when every measured request failed.`,
 			tr.MaxIdleConnsPerHost = 4096
 			tr.DisableCompression = true
 			defer tr.CloseIdleConnections()
-			o := bench.Options{Config: cfg, Client: &http.Client{Transport: tr}, Clock: bench.SystemClock{}, Out: stdout}
+			o := bench.Options{Config: cfg, Client: &http.Client{Transport: bearer(apiKey, cfg.BaseURL, tr)}, Clock: bench.SystemClock{}, Out: stdout}
 			if progress {
 				o.Progress = stderr
 			}
@@ -112,6 +113,7 @@ Exits 1 when every measured request failed.`,
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "per-request timeout, from sending to the end of the stream")
 	fs.BoolVar(&cfg.HonorRetryAfter, "honor-retry-after", false, "resend a request the server sheds (429 with Retry-After) after that delay, within --timeout; off, a 429 counts as shed at once (reported next to goodput)")
 	fs.BoolVar(&progress, "progress", true, "show a progress bar on stderr")
+	fs.StringVar(&apiKey, "api-key", "", "API key sent as Authorization: Bearer (PDSERVE_API_KEY; an https --base-url trusts the system's CAs, or SSL_CERT_FILE)")
 	return cmd
 }
 

@@ -52,6 +52,15 @@ func runUntilSignal(ctx context.Context, announce func(), log *slog.Logger, drai
 	return shutdown(sctx)
 }
 
+// checkKVAuth refuses a deprecated --kv-auth that contradicts
+// --internal-secret.
+func checkKVAuth(kvAuth, secret string) error {
+	if kvAuth != "" && secret != "" && kvAuth != secret {
+		return usagef("--kv-auth (deprecated) and --internal-secret differ: give --internal-secret alone")
+	}
+	return nil
+}
+
 func checkPort(name string, p int) error {
 	if p < 0 || p > 65535 {
 		return usagef("--%s must be between 0 and 65535, got %d", name, p)
@@ -73,6 +82,8 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		drainT   time.Duration
 		portBase int
 		pf       pairingFlags
+		fdf      frontDoorFlags
+		inf      internalFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -117,9 +128,20 @@ in-flight requests are answered with an error.`,
 			if err := pf.apply(&rt); err != nil {
 				return err
 			}
+			frontTLS, fd, err := fdf.options(log)
+			if err != nil {
+				return err
+			}
+			if wo.Secret, _, err = inf.options(log); err != nil {
+				return err
+			}
+			if err := checkKVAuth(wf.kvAuth, wo.Secret); err != nil {
+				return err
+			}
+			watchTLS(cmd.Context(), log, frontTLS)
 			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port, WorkerPortBase: portBase,
 				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,
-				NewModel: newModel, Worker: wo, Router: rt, Logger: log})
+				NewModel: newModel, Worker: wo, Router: cluster.RouterOptions{FrontDoor: fd, FrontTLS: frontTLS, RouterTuning: rt}, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -153,6 +175,8 @@ in-flight requests are answered with an error.`,
 	fs.IntVar(&nDecode, "decode-workers", 1, "number of decode workers")
 	fs.IntVar(&nServe, "colocated-workers", 0, "run this many colocated workers behind the router instead of prefill/decode (plain mode, for comparison)")
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGINT/SIGTERM, how long to let requests in flight finish before shutting down (0: shut down at once)")
+	fdf.add(fs, true)
+	inf.add(fs, false, "the shared secret of the workers' and the router's channels (default: a fresh random one, so the loopback worker API and KV channel are authenticated too)")
 	fs.IntVar(&portBase, "worker-port-base", 0, "fixed worker ports: worker k (prefill, then decode) on base+k, prefill i's KV channel on base+64+i (0: free ports; the router's GET /discovery/prometheus lists them either way)")
 	pf.add(fs)
 	return cmd
@@ -169,6 +193,8 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 		kvPort int
 		rf     registrationFlags
 		drainT time.Duration
+		fdf    frontDoorFlags
+		inf    internalFlags
 	)
 	short := map[string]string{
 		"prefill": "Run one prefill worker (computes prompt KV and streams it to decode workers)",
@@ -207,6 +233,21 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			}
 			wo.Model, wo.Logger = m, log
 			wo.Addr = net.JoinHostPort(host, strconv.Itoa(port))
+			if wo.Secret, wo.InternalTLS, err = inf.options(log); err != nil {
+				return err
+			}
+			if err := checkKVAuth(wf.kvAuth, wo.Secret); err != nil {
+				return err
+			}
+			if role == "serve" {
+				if wo.FrontTLS, wo.FrontDoor, err = fdf.options(log); err != nil {
+					return err
+				}
+				if wo.FrontTLS != nil && wo.InternalTLS != nil {
+					return usagef("serve has one port: give --ssl-* (the OpenAI API's TLS) or --internal-tls-* (a router's), not both")
+				}
+			}
+			watchTLS(cmd.Context(), log, wo.FrontTLS, wo.InternalTLS)
 			switch role {
 			case "prefill":
 				if err := checkPort("kv-port", kvPort); err != nil {
@@ -218,6 +259,12 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 				wo.Machine.Role = lifecycle.RoleDecode
 			default:
 				wo.Machine.Role = lifecycle.RoleColocated
+			}
+			if role != "prefill" && (wo.Machine.OptimisticAttempts > 0 || wo.Machine.ForceOptimistic != nil) {
+				return usagef("--optimistic-prefill-attempts applies to prefill workers only, not to %s", role)
+			}
+			if role != "decode" && wo.AdmissionDelay > 0 {
+				return usagef("--test-decode-admission-delay applies to decode workers only, not to %s", role)
 			}
 			if wo.Etcd, err = rf.options(); err != nil {
 				return err
@@ -256,6 +303,10 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 		fs.IntVar(&kvPort, "kv-port", 8998, "KV channel port (decode workers connect here)")
 	}
 	rf.add(fs)
+	inf.add(fs, true, secretUsage)
+	if role == "serve" {
+		fdf.add(fs, false)
+	}
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to finish the requests already admitted (new ones get 503 + Retry-After) before shutting down; a second signal stops at once")
 	return cmd
 }
@@ -311,6 +362,8 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 		pf        pairingFlags
 		df        discoveryFlags
 		drainT    time.Duration
+		fdf       frontDoorFlags
+		inf       internalFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -356,6 +409,13 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 			if err := pf.apply(&ro.RouterTuning); err != nil {
 				return err
 			}
+			if ro.FrontTLS, ro.FrontDoor, err = fdf.options(log); err != nil {
+				return err
+			}
+			if ro.Secret, ro.InternalTLS, err = inf.options(log); err != nil {
+				return err
+			}
+			watchTLS(cmd.Context(), log, ro.FrontTLS, ro.InternalTLS)
 			newModel, err := mf.factory()
 			if err != nil {
 				return err
@@ -399,6 +459,8 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 	hf.add(fs)
 	pf.add(fs)
 	df.add(fs)
+	fdf.add(fs, true)
+	inf.add(fs, true, secretUsage)
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to let requests in flight finish (/health answers 503, new requests get 503 + Retry-After) before shutting down")
 	return cmd
 }

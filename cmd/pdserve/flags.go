@@ -81,26 +81,46 @@ type modelFlags struct {
 	kvDType      string
 	threads      int
 	kernels      string
+	fs           *pflag.FlagSet // to tell the flags given from the defaults
 }
+
+// The simulated model's defaults on the command line: what a GPU serving
+// Llama-3-8B does, at a cost this machine can carry. Step times come from
+// the H100 profile of Llama-3-8B (~28 ms to prefill 1,000 tokens, ~6 ms a
+// decode step); the KV is one of its 32 layers (8 KV heads × 128 × bf16 ×
+// K and V: 4 KiB per token), so moving a prompt's KV over loopback on a CPU
+// (~1.5 GB/s end to end, docs/performance.md) takes about as long as moving
+// all 32 layers (128 KiB per token) over a 400 Gb/s RDMA link. The sim
+// package's own default stays the whole Llama-3-8B shape: --sim-layers 32
+// gives it.
+const (
+	defaultSimProfile = "h100-llama3-8b"
+	defaultSimLayers  = 1
+	// noSimProfile turns the profile off (--sim-profile none).
+	noSimProfile = "none"
+)
 
 // SimModel is the --model value that selects the simulated model.
 const SimModel = "sim"
 
 func (f *modelFlags) add(fs *pflag.FlagSet) {
 	g := sim.DefaultGeometry()
+	g.Layers = defaultSimLayers
+	f.fs = fs
 	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights), a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Mistral) or a GGUF file (llama, qwen2, mistral; F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)`)
 	fs.StringVar(&f.kvDType, "kv-cache-dtype", "f32", "checkpoint model: KV cache element type (f32, bf16, f16)")
 	fs.IntVar(&f.threads, "threads", 0, "checkpoint model: goroutines per forward step (0: GOMAXPROCS)")
 	fs.StringVar(&f.kernels, "llama-kernels", llama.KernelsAuto, "checkpoint model: matrix kernels ("+strings.Join(llama.KernelChoices, ", ")+"; every choice computes the same bits)")
 	fs.StringVar(&f.servedName, "served-model-name", "", "model name in the API (default: the model's own)")
-	fs.IntVar(&f.simLayers, "sim-layers", g.Layers, "simulated model: layers")
+	fs.IntVar(&f.simLayers, "sim-layers", g.Layers, "simulated model: layers of KV (1 of Llama-3-8B's 32: 4 KiB per token; 32 for all of it)")
 	fs.IntVar(&f.simKVHeads, "sim-kv-heads", g.KVHeads, "simulated model: KV heads")
 	fs.IntVar(&f.simHeadDim, "sim-head-dim", g.HeadDim, "simulated model: head dimension")
 	fs.StringVar(&f.simDType, "sim-dtype", g.DType.String(), "simulated model: KV dtype (f32, f16, bf16)")
 	fs.IntVar(&f.simContext, "sim-context-len", sim.DefaultContextLen, "simulated model: context length in tokens")
-	fs.Float64Var(&f.simPrefillMS, "sim-prefill-ms-per-token", 0, "simulated model: prefill time per prompt token, ms")
-	fs.Float64Var(&f.simDecodeMS, "sim-decode-ms-per-step", 0, "simulated model: time per batched decode step, ms")
-	fs.StringVar(&f.simProfile, "sim-profile", "", "simulated model: GPU-like step times instead of the two flags above ("+strings.Join(sim.ProfileNames(), ", ")+"; see docs/performance.md)")
+	fs.Float64Var(&f.simPrefillMS, "sim-prefill-ms-per-token", 0, "simulated model: prefill time per prompt token, ms (instead of --sim-profile)")
+	fs.Float64Var(&f.simDecodeMS, "sim-decode-ms-per-step", 0, "simulated model: time per batched decode step, ms (instead of --sim-profile)")
+	fs.StringVar(&f.simProfile, "sim-profile", defaultSimProfile, "simulated model: GPU-like step times ("+strings.Join(sim.ProfileNames(), ", ")+
+		`; "`+noSimProfile+`": no step time, or the two flags above; see docs/performance.md)`)
 }
 
 func msDuration(name string, ms float64) (time.Duration, error) {
@@ -130,11 +150,16 @@ func (f *modelFlags) factory() (cluster.ModelFactory, error) {
 	cfg := sim.Config{Name: f.servedName,
 		Geometry:   kvcache.Geometry{Layers: f.simLayers, KVHeads: f.simKVHeads, HeadDim: f.simHeadDim, DType: dt},
 		ContextLen: f.simContext, PrefillPerToken: pre, DecodePerStep: dec}
-	if f.simProfile != "" {
+	profile := f.simProfile
+	msGiven := f.fs != nil && (f.fs.Changed("sim-prefill-ms-per-token") || f.fs.Changed("sim-decode-ms-per-step"))
+	if msGiven && (f.fs == nil || !f.fs.Changed("sim-profile")) {
+		profile = noSimProfile // step times given as flags replace the default profile
+	}
+	if profile != noSimProfile && profile != "" {
 		if pre != 0 || dec != 0 {
 			return nil, usagef("--sim-profile replaces --sim-prefill-ms-per-token and --sim-decode-ms-per-step; give one or the other")
 		}
-		p, err := sim.LookupProfile(f.simProfile)
+		p, err := sim.LookupProfile(profile)
 		if err != nil {
 			return nil, usagef("--sim-profile: %v", err)
 		}
@@ -176,7 +201,15 @@ type workerFlags struct {
 	tombstoneTTL      time.Duration
 	kvAuth            string
 	metricsCompat     string
+	optAttempts       int
+	optMaxParked      float64
+	optForce          float64
+	admissionDelay    time.Duration
 }
+
+// optimisticAlias is SGLang's older name of --optimistic-prefill-attempts,
+// accepted on the command line.
+const optimisticAlias = "optimistic-prefill-retries"
 
 func (f *workerFlags) add(fs *pflag.FlagSet) {
 	d := lifecycle.DefaultConfig(lifecycle.RoleColocated)
@@ -188,13 +221,27 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", d.BootstrapTimeout, "prefill: how long to wait for decode to open the room")
 	fs.DurationVar(&f.queueTimeout, "queue-timeout", d.QueueTimeout, "how long a request may wait for a batch or for KV pages")
 	fs.DurationVar(&f.kvHoldTimeout, "kv-hold-timeout", d.KVHoldTimeout, "prefill: how long to hold computed KV for a decode that has no pages yet")
-	fs.DurationVar(&f.transferTimeout, "transfer-timeout", d.TransferTimeout, "how long a KV transfer may take")
+	fs.DurationVar(&f.transferTimeout, "transfer-timeout", d.TransferTimeout, "how long a KV transfer may go without progress (decode: no KV chunk and no renewal of the room from prefill; prefill: KV_DONE to KV_ACK)")
 	fs.DurationVar(&f.maxRequestTime, "max-request-time", d.MaxRequestTime, "hard cap on a request's time on a worker")
 	fs.DurationVar(&f.heartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "KV channel heartbeat and room renewal interval")
 	fs.IntVar(&f.heartbeatMisses, "heartbeat-misses", d.LeaseMisses, "missed heartbeats before a KV peer is dead; a room outlives its last renewal by one more")
 	fs.DurationVar(&f.tombstoneTTL, "tombstone-ttl", d.TombstoneTTL, "how long aborted rooms are remembered")
-	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel (must match on both sides)")
+	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel only (deprecated: --internal-secret covers the KV channel and the worker API)")
+	_ = fs.MarkDeprecated("kv-auth", "use --internal-secret (it also signs the worker API)")
 	fs.StringVar(&f.metricsCompat, "metrics-compat", "", `also export another server's metric names on /metrics: "sglang" (SGLang's sglang:* series; see docs/coming-from-sglang.md)`)
+	fs.IntVar(&f.optAttempts, "optimistic-prefill-attempts", d.OptimisticAttempts, "prefill: forward passes a request may take before decode opens its room (0: off; alias --"+optimisticAlias+")")
+	fs.Float64Var(&f.optMaxParked, "optimistic-prefill-max-parked", d.OptimisticMaxParked, "prefill: fraction of the KV pool that optimistic KV not yet bound to its room may hold; at the cap new requests wait for their room")
+	fs.Float64Var(&f.optForce, "test-force-optimistic-prefill", 0, "testing: fraction of requests, picked by a hash of the request id, whose room opening prefill holds back until their optimistic prefill ends")
+	_ = fs.MarkHidden("test-force-optimistic-prefill")
+	fs.DurationVar(&f.admissionDelay, "test-decode-admission-delay", 0, "testing and benchmarks: decode workers hold every arriving leg this long before admitting it, so rooms open late (a busy decode)")
+	_ = fs.MarkHidden("test-decode-admission-delay")
+	prev := fs.GetNormalizeFunc()
+	fs.SetNormalizeFunc(func(fs *pflag.FlagSet, name string) pflag.NormalizedName {
+		if name == optimisticAlias {
+			name = "optimistic-prefill-attempts"
+		}
+		return prev(fs, name)
+	})
 }
 
 // options validates the flags into a worker template (Role, Model, Addr,
@@ -229,6 +276,14 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	mc.HeartbeatInterval = f.heartbeatInterval
 	mc.LeaseMisses = f.heartbeatMisses
 	mc.TombstoneTTL = f.tombstoneTTL
+	mc.OptimisticAttempts = f.optAttempts
+	mc.OptimisticMaxParked = f.optMaxParked
+	if !(f.optForce >= 0 && f.optForce <= 1) {
+		return cluster.WorkerOptions{}, usagef("--test-force-optimistic-prefill must be a fraction in [0, 1], got %v", f.optForce)
+	}
+	if f.optForce > 0 {
+		mc.ForceOptimistic = lifecycle.ForceFraction(f.optForce)
+	}
 	// Validate what the flags control; the worker fills in the model's part.
 	check := mc
 	check.PageBytes, check.ContextLen, check.VocabSize = 1, 1, 1
@@ -239,5 +294,9 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	if compat == "none" {
 		compat = ""
 	}
-	return cluster.WorkerOptions{Machine: mc, KVCacheMemory: int64(mem), KVAuth: f.kvAuth, MetricsCompat: compat}, nil
+	if f.admissionDelay < 0 || f.admissionDelay > time.Minute {
+		return cluster.WorkerOptions{}, usagef("--test-decode-admission-delay must be between 0 and 1m, got %s", f.admissionDelay)
+	}
+	return cluster.WorkerOptions{Machine: mc, KVCacheMemory: int64(mem), KVAuth: f.kvAuth, MetricsCompat: compat,
+		AdmissionDelay: f.admissionDelay}, nil
 }

@@ -11,6 +11,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/router"
 )
 
@@ -126,5 +129,104 @@ func TestPairingFlags(t *testing.T) {
 	}
 	if code, _, errOut := runArgs(t, nil, "up", "--decode-policy", "random"); code != 2 || !strings.Contains(errOut, "--decode-policy") {
 		t.Fatalf("up --decode-policy random: exit %d, %s", code, errOut)
+	}
+}
+
+// TestOptimisticPrefillFlags: --optimistic-prefill-attempts (or SGLang's
+// older --optimistic-prefill-retries, or PDSERVE_OPTIMISTIC_PREFILL_ATTEMPTS)
+// and --optimistic-prefill-max-parked reach the machine; out-of-range values
+// and the flag on a worker that is not a prefill worker are usage errors.
+func TestOptimisticPrefillFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		env       map[string]string
+		attempts  int
+		maxParked float64
+		errWant   string
+	}{
+		{attempts: 0, maxParked: 0.25},
+		{args: []string{"--optimistic-prefill-attempts", "3"}, attempts: 3, maxParked: 0.25},
+		{args: []string{"--optimistic-prefill-retries", "2", "--optimistic-prefill-max-parked", "0.5"}, attempts: 2, maxParked: 0.5},
+		{env: map[string]string{"PDSERVE_OPTIMISTIC_PREFILL_ATTEMPTS": "4"}, attempts: 4, maxParked: 0.25},
+		{args: []string{"--optimistic-prefill-attempts", "1"}, env: map[string]string{"PDSERVE_OPTIMISTIC_PREFILL_ATTEMPTS": "4"}, attempts: 1, maxParked: 0.25},
+		{args: []string{"--optimistic-prefill-attempts", "-1"}, errWant: "optimistic prefill attempts"},
+		{args: []string{"--optimistic-prefill-attempts", "1", "--optimistic-prefill-max-parked", "1.5"}, errWant: "max parked"},
+		{args: []string{"--test-force-optimistic-prefill", "2"}, errWant: "--test-force-optimistic-prefill"},
+	} {
+		var wf workerFlags
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		wf.add(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := applyEnv(fs, env(tc.env)); err != nil {
+			t.Fatal(err)
+		}
+		wo, err := wf.options()
+		if tc.errWant != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errWant) {
+				t.Errorf("%v %v: error %v, want %s", tc.args, tc.env, err, tc.errWant)
+			}
+			continue
+		}
+		if err != nil || wo.Machine.OptimisticAttempts != tc.attempts || wo.Machine.OptimisticMaxParked != tc.maxParked {
+			t.Errorf("%v %v: attempts %d, max parked %v, %v; want %d, %v", tc.args, tc.env,
+				wo.Machine.OptimisticAttempts, wo.Machine.OptimisticMaxParked, err, tc.attempts, tc.maxParked)
+		}
+	}
+	for _, role := range []string{"decode", "serve"} {
+		code, _, errOut := runArgs(t, nil, role, "--optimistic-prefill-attempts", "1")
+		if code != 2 || !strings.Contains(errOut, "prefill workers only") {
+			t.Fatalf("%s --optimistic-prefill-attempts 1: exit %d, %s", role, code, errOut)
+		}
+	}
+}
+
+// TestSimDefaults: by default the simulated model takes the H100 profile's
+// step times and one layer of Llama-3-8B's KV (4 KiB per token); step times
+// given as flags replace the default profile, --sim-profile none has none,
+// and a profile given with them is a usage error.
+func TestSimDefaults(t *testing.T) {
+	prefill1k := []model.SeqInput{{Pos: 0, Tokens: make([]int32, 1000)}}
+	for _, tc := range []struct {
+		args    []string
+		layers  int
+		min     time.Duration // StepLatency of a 1,000-token prefill
+		max     time.Duration
+		errWant string
+	}{
+		{args: nil, layers: 1, min: 20 * time.Millisecond, max: 40 * time.Millisecond},
+		{args: []string{"--sim-layers", "32"}, layers: 32, min: 20 * time.Millisecond, max: 40 * time.Millisecond},
+		{args: []string{"--sim-profile", "none"}, layers: 1, min: 0, max: 0},
+		{args: []string{"--sim-prefill-ms-per-token", "0.5"}, layers: 1, min: 500 * time.Millisecond, max: 500 * time.Millisecond},
+		{args: []string{"--sim-profile", "h100-llama3-8b", "--sim-decode-ms-per-step", "5"}, errWant: "one or the other"},
+	} {
+		var mf modelFlags
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		mf.add(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		newModel, err := mf.factory()
+		if tc.errWant != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errWant) {
+				t.Errorf("%v: error %v, want %s", tc.args, err, tc.errWant)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		m, err := newModel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := m.(*sim.Model)
+		if g := s.Info().Geometry; g.Layers != tc.layers || g.KVHeads != 8 || g.HeadDim != 128 || g.DType != kvcache.BF16 {
+			t.Errorf("%v: geometry %+v, want %d layers of 8 KV heads × 128, bf16", tc.args, g, tc.layers)
+		}
+		if d := s.StepLatency(prefill1k); d < tc.min || d > tc.max {
+			t.Errorf("%v: a 1,000-token prefill takes %s, want [%s, %s]", tc.args, d, tc.min, tc.max)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,6 +22,7 @@ func newInspectCmd(stdout io.Writer) *cobra.Command {
 		stage     string
 		olderThan time.Duration
 		limit     int
+		apiKey    string
 	)
 	cmd := &cobra.Command{
 		Use:   "inspect",
@@ -40,7 +42,7 @@ answer within --timeout, the others are still listed and the exit status is 1.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			rep, err := inspect.Collect(ctx, &http.Client{}, routerURL)
+			rep, err := inspect.Collect(ctx, &http.Client{Transport: bearer(apiKey, routerURL, http.DefaultTransport)}, routerURL)
 			if err != nil {
 				return err
 			}
@@ -61,6 +63,7 @@ answer within --timeout, the others are still listed and the exit status is 1.`,
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&routerURL, "router", "http://127.0.0.1:8000", "router base URL")
+	fs.StringVar(&apiKey, "api-key", "", "key sent to the router (Authorization: Bearer): its admin key, or an API key when it has none")
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the router and workers")
 	fs.StringVar(&stage, "stage", "", "list only requests in this stage (e.g. awaiting_kv, parked, legs); the summary counts all")
@@ -68,3 +71,26 @@ answer within --timeout, the others are still listed and the exit status is 1.`,
 	fs.IntVar(&limit, "limit", 0, "list at most this many requests, oldest first (0: all)")
 	return cmd
 }
+
+// bearer sends key (if any) as "Authorization: Bearer" on requests to the
+// host of base only, through rt.
+func bearer(key, base string, rt http.RoundTripper) http.RoundTripper {
+	if key == "" {
+		return rt
+	}
+	host := ""
+	if u, err := url.Parse(base); err == nil {
+		host = u.Host
+	}
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Host == host {
+			r = r.Clone(r.Context())
+			r.Header.Set("Authorization", "Bearer "+key)
+		}
+		return rt.RoundTrip(r)
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -33,8 +33,18 @@ func main() {
 		<-sigs
 		forceStop()
 	}()
-	code := run(withForce(ctx, force), os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	// SIGHUP reloads the TLS certificates (without dropping connections).
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	reload := &reloaders{}
+	go func() {
+		for range hups {
+			reload.reload()
+		}
+	}()
+	code := run(withReloaders(withForce(ctx, force), reload), os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
 	signal.Stop(sigs)
+	signal.Stop(hups)
 	os.Exit(code)
 }
 

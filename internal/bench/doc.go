@@ -19,7 +19,9 @@
 //   - ITL: every gap between two consecutive events that carry output (an
 //     event carrying several tokens is one gap, as in vLLM);
 //   - TPOT: (E2E − TTFT) / (output tokens − 1), for requests with at least
-//     two output tokens;
+//     two output tokens; when a server coalesces tokens into events, ITL is
+//     about TPOT × the tokens per event, which the summary reports
+//     (Summary.TokensPerEvent) and explains;
 //   - E2E: from sending the request to the end of its stream;
 //   - tokens: prompt and output tokens from the usage of the last event
 //     (stream_options.include_usage), else the planned prompt length and the

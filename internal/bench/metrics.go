@@ -129,6 +129,12 @@ type Summary struct {
 	TPOT Dist `json:"tpot"`
 	ITL  Dist `json:"itl"`
 	E2E  Dist `json:"e2e"`
+	// TokensPerEvent is the successful requests' output tokens per
+	// streamed event that carried output (0 without output). ITL is
+	// measured per event and TPOT per token, so when a server coalesces
+	// tokens into events (a slow client, a batch of tokens at once) ITL is
+	// about TokensPerEvent × TPOT.
+	TokensPerEvent float64 `json:"output_tokens_per_event"`
 	// Goodput is set when an SLO is given.
 	Goodput *Goodput `json:"goodput,omitempty"`
 	// Errors counts the failed requests by ErrorType.
@@ -141,7 +147,7 @@ func Summarize(recs []Record, duration time.Duration, slo SLO) Summary {
 	s := Summary{Requests: len(recs), Duration: duration.Seconds()}
 	var ttft, tpot, itl, e2e []time.Duration
 	var sumE2E time.Duration
-	good := 0
+	good, events, evTokens := 0, 0, 0
 	for i := range recs {
 		r := &recs[i]
 		s.Resent += r.Resent
@@ -167,11 +173,18 @@ func Summarize(recs []Record, duration time.Duration, slo SLO) Summary {
 			tpot = append(tpot, r.TPOT)
 		}
 		itl = append(itl, r.ITL...)
+		if r.OutputTokens > 0 {
+			events += len(r.ITL) + 1
+			evTokens += r.OutputTokens
+		}
 		if slo.Meets(r) {
 			good++
 		}
 	}
 	s.TTFT, s.TPOT, s.ITL, s.E2E = NewDist(ttft), NewDist(tpot), NewDist(itl), NewDist(e2e)
+	if events > 0 {
+		s.TokensPerEvent = float64(evTokens) / float64(events)
+	}
 	if d := duration.Seconds(); d > 0 {
 		s.RequestThroughput = float64(s.Succeeded) / d
 		s.InputThroughput = float64(s.InputTokens) / d

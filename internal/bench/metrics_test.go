@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -94,6 +95,8 @@ func TestSummarize(t *testing.T) {
 		ITL: Dist{Count: 14, Mean: 900.0 / 14, Median: 50, P90: 100, P99: 100, Min: 50, Max: 100},
 		// E2E 50, 500, 800.
 		E2E: Dist{Count: 3, Mean: 450, Median: 500, P90: 740, P99: 794, Min: 50, Max: 800},
+		// One token per event: 5 + 11 + 1 tokens in 5 + 11 + 1 events.
+		TokensPerEvent: 1,
 		// Only the third meets both: the first has TPOT 100 > 80, the
 		// second TTFT 300 > 200; the third has no TPOT.
 		Goodput: &Goodput{SLOTTFT: 200, SLOTPOT: 80, Requests: 1, Rate: 0.5, Fraction: 0.2},
@@ -131,5 +134,40 @@ func TestSummarizeEmpty(t *testing.T) {
 	want := Summary{Goodput: &Goodput{SLOTTFT: 1}}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("(-want +got):\n%s", d)
+	}
+}
+
+// TestCoalescedTokens: when the server sends several tokens per streamed
+// event, ITL (per event) is that many times TPOT (per token); the summary
+// counts tokens per event and its table says why the two differ.
+func TestCoalescedTokens(t *testing.T) {
+	// 13 tokens in 5 events (the first carries 1, then 3 each) 120 ms
+	// apart: TPOT = 480 ms / 12 = 40 ms, ITL 120 ms.
+	recs := []Record{{Success: true, TTFT: 20 * msD, E2E: 500 * msD, TPOT: 40 * msD, HasTPOT: true,
+		InputTokens: 4, OutputTokens: 13, ITL: repeat(120*msD, 4)}}
+	s := Summarize(recs, time.Second, SLO{})
+	if !approx(s.TokensPerEvent, 13.0/5) || s.ITL.Mean != 120 || s.TPOT.Mean != 40 {
+		t.Fatalf("tokens per event %v, ITL %v, TPOT %v", s.TokensPerEvent, s.ITL.Mean, s.TPOT.Mean)
+	}
+	var b strings.Builder
+	cfg := &Config{Endpoint: EndpointCompletions, Dataset: DatasetRandom}
+	if err := PrintSummary(&b, cfg, &s); err != nil {
+		t.Fatal(err)
+	}
+	flat := strings.Join(strings.Fields(b.String()), " ")
+	for _, want := range []string{"Output tokens per stream event: 2.60", "2.60 tokens per event", "ITL is about 2.60 x TPOT"} {
+		if !strings.Contains(flat, want) {
+			t.Fatalf("summary lacks %q:\n%s", want, b.String())
+		}
+	}
+	// One token per event: the row, and no note.
+	s = Summarize(synthetic(), 2*time.Second, SLO{})
+	b.Reset()
+	if err := PrintSummary(&b, cfg, &s); err != nil {
+		t.Fatal(err)
+	}
+	flat = strings.Join(strings.Fields(b.String()), " ")
+	if strings.Contains(flat, "Note:") || !strings.Contains(flat, "Output tokens per stream event: 1.00") {
+		t.Fatalf("one token per event:\n%s", b.String())
 	}
 }

@@ -14,6 +14,10 @@ import (
 // tableWidth is the width of the summary table's rules.
 const tableWidth = 50
 
+// coalescedNote is the tokens per streamed event from which the summary
+// explains why ITL and TPOT differ.
+const coalescedNote = 1.05
+
 func rule(title string, fill byte) string {
 	if title == "" {
 		return strings.Repeat(string(fill), tableWidth)
@@ -86,6 +90,15 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 	dist("Time to First Token", "TTFT", s.TTFT)
 	dist("Time per Output Token (excl. 1st token)", "TPOT", s.TPOT)
 	dist("Inter-token Latency", "ITL", s.ITL)
+	if s.TokensPerEvent > 0 {
+		row("Output tokens per stream event", s.TokensPerEvent)
+	}
+	if s.TokensPerEvent >= coalescedNote {
+		// ITL is one gap per streamed event, TPOT one per token.
+		fmt.Fprintf(bw, "Note: ITL is measured between streamed events and TPOT per token; the server sent\n"+
+			"%.2f tokens per event on average (tokens coalesced into one event), so ITL is about\n"+
+			"%.2f x TPOT when events come at an even pace. Compare TPOT across servers.\n", s.TokensPerEvent, s.TokensPerEvent)
+	}
 	dist("End-to-End Latency", "E2E", s.E2E)
 	if len(s.Errors) > 0 {
 		fmt.Fprintln(bw, rule("Failures by type", '-'))

@@ -11,6 +11,9 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/pdserve/pdserve/internal/auth"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/kvxfer/tcp"
 	"github.com/pdserve/pdserve/internal/lifecycle"
@@ -36,6 +40,7 @@ import (
 	"github.com/pdserve/pdserve/internal/registry"
 	etcdreg "github.com/pdserve/pdserve/internal/registry/etcd"
 	"github.com/pdserve/pdserve/internal/router"
+	"github.com/pdserve/pdserve/internal/tlsconf"
 	"github.com/pdserve/pdserve/internal/worker"
 )
 
@@ -53,8 +58,23 @@ type WorkerOptions struct {
 	KVCacheMemory int64
 	// KVListen is a prefill worker's KV channel address, host:port.
 	KVListen string
-	// KVAuth is a shared secret for the KV channel (empty: none).
+	// Secret is the fleet's shared internal secret (--internal-secret):
+	// the KV channel's challenge–response and the signatures of every
+	// worker API request (empty: none).
+	Secret string
+	// KVAuth is a shared secret for the KV channel only (the deprecated
+	// --kv-auth; Secret covers both channels). Empty: Secret's.
 	KVAuth string
+	// InternalTLS, if set, is the fleet's certificate and CA
+	// (--internal-tls-*): the worker API is served over TLS and demands a
+	// client certificate of the CA on /internal/*, and the KV channel runs
+	// over mutual TLS.
+	InternalTLS *tlsconf.Source
+	// FrontDoor and FrontTLS guard a colocated worker's OpenAI API (serve:
+	// --api-key…, --ssl-*); FrontTLS and InternalTLS exclude each other (one
+	// port).
+	FrontDoor *auth.FrontDoor
+	FrontTLS  *tlsconf.Source
 	// WrapBackend, if set, wraps the KV transport (fault injection in tests).
 	WrapBackend func(kvxfer.Backend) kvxfer.Backend
 	// KVDial, if set, opens a decode worker's KV connections (fault
@@ -68,6 +88,9 @@ type WorkerOptions struct {
 	// MetricsCompat adds another system's metric names ("" or "sglang",
 	// --metrics-compat); see worker.Config.
 	MetricsCompat string
+	// AdmissionDelay (decode workers) delays admitting every leg, so rooms
+	// open late; see worker.Config.
+	AdmissionDelay time.Duration
 }
 
 // EtcdRegistration says how a worker registers itself in etcd.
@@ -97,7 +120,9 @@ type WorkerServer struct {
 	log          *slog.Logger
 }
 
-func serve(addr string, h http.Handler) (*http.Server, string, chan error, error) {
+// serve serves h on addr, over TLS with tlsCfg when it is set; it returns
+// the server's base URL (http:// or https://).
+func serve(addr string, h http.Handler, tlsCfg *tls.Config, log *slog.Logger) (*http.Server, string, chan error, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", nil, err
@@ -105,15 +130,42 @@ func serve(addr string, h http.Handler) (*http.Server, string, chan error, error
 	// No ReadTimeout or WriteTimeout: responses stream for as long as a
 	// request runs; handlers bound their own body reads and writes.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	scheme := "http://"
+	if tlsCfg != nil {
+		srv.TLSConfig = tlsCfg
+		scheme = "https://"
+		if log != nil {
+			// Refused handshakes (a client of another CA, a scanner) are
+			// the client's problem: logged at debug level.
+			srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+		}
+	}
 	done := make(chan error, 1)
 	go func() {
-		err := srv.Serve(ln)
+		var err error
+		if tlsCfg != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
 		done <- err
 	}()
-	return srv, "http://" + ln.Addr().String(), done, nil
+	return srv, scheme + ln.Addr().String(), done, nil
+}
+
+// kvSecret is the KV channel's key of a worker (nil: none).
+func (o *WorkerOptions) kvSecret() []byte {
+	s := o.KVAuth
+	if s == "" {
+		s = o.Secret
+	}
+	if s == "" {
+		return nil
+	}
+	return auth.DeriveKey([]byte(s), auth.PurposeKV)
 }
 
 // StartWorker builds a worker, starts its loop and serves its API on o.Addr.
@@ -123,32 +175,64 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if o.FrontTLS != nil && o.InternalTLS != nil {
+		return nil, errors.New("a colocated worker serves its OpenAI API and its worker API on one port: give the front door's TLS (--ssl-*) or the internal one (--internal-tls-*), not both")
+	}
 	mc := o.Machine
+	var kvb *tcp.Backend
 	factory := func(h kvxfer.Handler, fp kvxfer.Fingerprint, bufs worker.DataBuffers) (kvxfer.Backend, error) {
-		var b kvxfer.Backend = tcp.New(tcp.Config{Fingerprint: fp, Auth: o.KVAuth, Handler: h,
+		tc := tcp.Config{Fingerprint: fp, Secret: o.kvSecret(), Handler: h,
 			AllocData: bufs.Alloc, SentData: bufs.Sent,
 			DialContext:       o.KVDial,
 			HeartbeatInterval: mc.HeartbeatInterval, HeartbeatMisses: mc.LeaseMisses,
-			Logger: o.Logger.With("role", mc.Role.String(), "component", "kv")})
+			Logger: o.Logger.With("role", mc.Role.String(), "component", "kv")}
+		if o.InternalTLS != nil {
+			tc.TLSServer = o.InternalTLS.ServerConfig(tlsconf.RequiredClientCerts, nil)
+			tc.TLSClient = o.InternalTLS.ClientConfig(nil)
+		}
+		kvb = tcp.New(tc)
+		var b kvxfer.Backend = kvb
 		if o.WrapBackend != nil {
 			b = o.WrapBackend(b)
 		}
 		return b, nil
 	}
 	w, err := worker.New(worker.Config{Model: o.Model, Machine: mc, KVCacheMemory: o.KVCacheMemory,
-		Backend: factory, KVListen: o.KVListen, MetricsCompat: o.MetricsCompat, Logger: o.Logger, Registerer: reg})
+		Backend: factory, KVListen: o.KVListen, MetricsCompat: o.MetricsCompat, AdmissionDelay: o.AdmissionDelay,
+		Logger: o.Logger, Registerer: reg})
 	if err != nil {
 		return nil, err
 	}
 	w.Start()
-	var h http.Handler = w.Handler(reg)
+	peer := &auth.PeerAuth{RequireCert: o.InternalTLS != nil}
+	if o.Secret != "" {
+		peer.Verifier = auth.NewVerifier([]byte(o.Secret), nil, 0, 0)
+	}
+	if err := metrics.NewPeerAuth(reg, mc.Role.String(), func() map[string]map[string]uint64 {
+		out := map[string]map[string]uint64{metrics.ChannelWorkerAPI: peer.Failures()}
+		if kvb != nil {
+			out[metrics.ChannelKV] = kvb.Stats().HandshakeFailures
+		}
+		return out
+	}); err != nil {
+		_ = w.Shutdown(context.Background())
+		return nil, err
+	}
+	var h http.Handler = peer.Wrap(w.Handler(reg), nil, workerMaxBody)
 	if mc.Role == lifecycle.RoleColocated {
-		if h, err = colocatedHandler(w, reg, o.Logger); err != nil {
+		if h, err = colocatedHandler(w, reg, peer, o.FrontDoor, o.Logger); err != nil {
 			_ = w.Shutdown(context.Background())
 			return nil, err
 		}
 	}
-	srv, url, done, err := serve(o.Addr, h)
+	var tlsCfg *tls.Config
+	switch {
+	case o.InternalTLS != nil:
+		tlsCfg = o.InternalTLS.ServerConfig(tlsconf.OptionalClientCerts, peer.Count)
+	case o.FrontTLS != nil:
+		tlsCfg = o.FrontTLS.ServerConfig(frontClientCerts(o.FrontTLS), nil)
+	}
+	srv, url, done, err := serve(o.Addr, h, tlsCfg, o.Logger)
 	if err != nil {
 		_ = w.Shutdown(context.Background())
 		return nil, err
@@ -172,6 +256,11 @@ func (s *WorkerServer) register(o WorkerOptions) error {
 	adv, err := registry.ParseURL(adv)
 	if err != nil {
 		return fmt.Errorf("--advertise-url: %w", err)
+	}
+	if u, _ := url.Parse(adv); u != nil {
+		if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+			return fmt.Errorf("the worker binds %s, which routers on other hosts cannot dial: give --advertise-url with an address they reach", u.Host)
+		}
 	}
 	cli, cfg, err := etcdreg.Client(o.Etcd.Config)
 	if err != nil {
@@ -212,13 +301,45 @@ func (s *WorkerServer) deregister() {
 // draining) and waits until every request it admitted has ended, or ctx
 // ends (it returns ctx.Err()). Shutdown must follow.
 func (s *WorkerServer) Drain(ctx context.Context) error {
-	s.deregister()
-	return s.Worker.Drain(ctx)
+	// Deregistering may wait for an unreachable etcd; the drain (503s to
+	// new legs, /health draining) starts at once beside it.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.deregister()
+	}()
+	err := s.Worker.Drain(ctx)
+	<-done
+	return err
+}
+
+// workerMaxBody bounds a worker API request body read to check its
+// signature (the worker's own limit, worker.Config.MaxBodyBytes).
+const workerMaxBody = 64 << 20
+
+// frontClientCerts: a front door with a CA asks for client certificates
+// and verifies the ones given.
+func frontClientCerts(s *tlsconf.Source) tlsconf.ClientCerts {
+	if s.HasCA() {
+		return tlsconf.OptionalClientCerts
+	}
+	return tlsconf.NoClientCerts
+}
+
+// guardFrontDoor puts the front door's key policy before h, counting its
+// refusals with answer (the front end's answer counter).
+func guardFrontDoor(h http.Handler, fd *auth.FrontDoor, answer func(endpoint string, status int, code string)) http.Handler {
+	if !fd.Enabled() {
+		return h
+	}
+	p := *fd
+	p.OnReject = func(path string, status int, code string) { answer(openai.EndpointOf(path), status, code) }
+	return p.Wrap(h)
 }
 
 // colocatedHandler serves the OpenAI API (on the worker itself) next to the
-// worker API, for `pdserve serve`.
-func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, log *slog.Logger) (http.Handler, error) {
+// worker API, for `pdserve serve`, behind the front door's keys.
+func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, peer *auth.PeerAuth, fd *auth.FrontDoor, log *slog.Logger) (http.Handler, error) {
 	info := w.ModelInfo()
 	fe, err := metrics.NewFrontend(reg, "colocated")
 	if err != nil {
@@ -226,7 +347,13 @@ func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, log *slog.Logg
 	}
 	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(), VocabSize: info.VocabSize,
 		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated"), OnAnswer: fe.Answer})
-	return openai.Routes(oa, w.Handler(reg)), nil
+	h := openai.Routes(oa, peer.Wrap(w.Handler(reg), nil, workerMaxBody))
+	if fd != nil {
+		p := *fd
+		p.InternalGuarded = peer.Enabled()
+		fd = &p
+	}
+	return guardFrontDoor(h, fd, fe.Answer), nil
 }
 
 // Shutdown fails the worker's live requests with an error, waits for their
@@ -269,7 +396,18 @@ type RouterOptions struct {
 	FailureThreshold int
 	SlowStart        time.Duration
 	RouterTuning
-	Logger *slog.Logger
+	// Secret signs every request to the workers (--internal-secret);
+	// InternalTLS makes every worker call HTTPS with the fleet's client
+	// certificate, whatever the scheme of the worker's URL
+	// (--internal-tls-*).
+	Secret      string
+	InternalTLS *tlsconf.Source
+	// FrontDoor is the key policy of the OpenAI API and the admin API
+	// (--api-key, --admin-api-key, --metrics-require-key); FrontTLS serves
+	// them over HTTPS (--ssl-*).
+	FrontDoor *auth.FrontDoor
+	FrontTLS  *tlsconf.Source
+	Logger    *slog.Logger
 }
 
 // RouterTuning is how a router pairs and sheds load (router.Config; zero
@@ -285,6 +423,35 @@ type RouterTuning struct {
 	// BreakerFailures and BreakerCooldown tune the KV path breakers.
 	BreakerFailures int
 	BreakerCooldown time.Duration
+}
+
+// WorkerClient returns the HTTP client a router with secret and
+// internalTLS (either may be unset) calls its workers with: the router's
+// pooled transport, HTTPS with the fleet's certificate under internalTLS,
+// every request signed and every answer's proof checked with secret.
+func WorkerClient(secret string, internalTLS *tlsconf.Source) *http.Client {
+	tr := router.NewTransport()
+	var rt http.RoundTripper = tr
+	if internalTLS != nil {
+		tr.TLSClientConfig = internalTLS.ClientConfig(nil)
+		rt = httpsOnly{tr}
+	}
+	if secret != "" {
+		rt = auth.NewSigner([]byte(secret), rt, nil)
+	}
+	return &http.Client{Transport: rt}
+}
+
+// httpsOnly sends every request over HTTPS: with internal TLS a worker
+// serves nothing else, whatever its registered URL says.
+type httpsOnly struct{ *http.Transport }
+
+func (h httpsOnly) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Scheme == "http" {
+		r = r.Clone(r.Context())
+		r.URL.Scheme = "https"
+	}
+	return h.Transport.RoundTrip(r)
 }
 
 // RouterServer is a running router with its HTTP server.
@@ -303,18 +470,29 @@ type RouterServer struct {
 func StartRouter(o RouterOptions) (*RouterServer, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated,
+	var client *http.Client
+	if o.Secret != "" || o.InternalTLS != nil {
+		client = WorkerClient(o.Secret, o.InternalTLS)
+	}
+	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, Client: client,
 		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
 		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
 		LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
 		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown,
-		Logger: o.Logger, Registerer: reg, Gatherer: reg})
+		Logger: o.Logger, Registerer: reg, Gatherer: reg,
+		Guard: func(h http.Handler, answer func(string, int, string)) http.Handler {
+			return guardFrontDoor(h, o.FrontDoor, answer)
+		}})
 	if err != nil {
 		return nil, err
 	}
 	r.Start()
-	srv, url, done, err := serve(o.Addr, r.Handler())
+	var tlsCfg *tls.Config
+	if o.FrontTLS != nil {
+		tlsCfg = o.FrontTLS.ServerConfig(frontClientCerts(o.FrontTLS), nil)
+	}
+	srv, url, done, err := serve(o.Addr, r.Handler(), tlsCfg, o.Logger)
 	if err != nil {
 		r.Close()
 		return nil, err
@@ -373,12 +551,14 @@ type Options struct {
 	// WrapBackend, if set, wraps the KV transport of worker i of a role
 	// (fault injection).
 	WrapBackend func(role lifecycle.Role, i int, b kvxfer.Backend) kvxfer.Backend
+	// Router is the template of the router's options (its front door:
+	// FrontDoor, FrontTLS; how it pairs and sheds load: RouterTuning); Addr, the workers, the model and the internal
+	// secret are set by Up.
+	Router RouterOptions
 	// ReadyTimeout bounds waiting for the router to see every worker (default 30 s).
 	ReadyTimeout   time.Duration
 	HealthInterval time.Duration
-	// Router is how the router pairs and sheds load.
-	Router RouterTuning
-	Logger *slog.Logger
+	Logger         *slog.Logger
 }
 
 // Cluster is a running `pdserve up`.
@@ -387,7 +567,22 @@ type Cluster struct {
 	Prefill   []*WorkerServer
 	Decode    []*WorkerServer
 	Colocated []*WorkerServer
+
+	secret      string
+	internalTLS *tlsconf.Source
 }
+
+// NewSecret returns a fresh internal secret: 32 random bytes as 64 hex
+// digits.
+func NewSecret() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
+	return hex.EncodeToString(b[:])
+}
+
+// WorkerClient is an HTTP client that calls the cluster's workers as its
+// router does (signed with the cluster's secret).
+func (c *Cluster) WorkerClient() *http.Client { return WorkerClient(c.secret, c.internalTLS) }
 
 // URL is the router's base URL.
 func (c *Cluster) URL() string { return c.Router.URL }
@@ -412,7 +607,12 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	c = &Cluster{}
+	if o.Worker.Secret == "" && o.Worker.InternalTLS == nil {
+		// The fleet's own loopback channels are authenticated too: with a
+		// secret that lives as long as the process.
+		o.Worker.Secret = NewSecret()
+	}
+	c = &Cluster{secret: o.Worker.Secret, internalTLS: o.Worker.InternalTLS}
 	defer func() {
 		if err != nil {
 			shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -473,8 +673,11 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return c, err
 	}
-	ro := RouterOptions{Addr: net.JoinHostPort(o.Host, strconv.Itoa(o.RouterPort)), Info: m.Info(),
-		Tokenizer: m.Tokenizer(), HealthInterval: o.HealthInterval, RouterTuning: o.Router, Logger: o.Logger}
+	ro := o.Router
+	ro.Addr, ro.Info, ro.Tokenizer = net.JoinHostPort(o.Host, strconv.Itoa(o.RouterPort)), m.Info(), m.Tokenizer()
+	ro.HealthInterval, ro.Logger = o.HealthInterval, o.Logger
+	ro.Secret, ro.InternalTLS = o.Worker.Secret, o.Worker.InternalTLS
+	ro.Prefill, ro.Decode, ro.Colocated = nil, nil, nil
 	for _, w := range c.Prefill {
 		ro.Prefill = append(ro.Prefill, w.URL)
 	}

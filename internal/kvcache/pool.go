@@ -3,6 +3,8 @@ package kvcache
 import (
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"sync/atomic"
 )
 
@@ -168,6 +170,9 @@ type Pool struct {
 	pageBytes int
 	slab      []byte
 	version   []uint64
+	release   func() error // unmaps slab
+	cleanup   runtime.Cleanup
+	closeOnce sync.Once
 }
 
 // MinPages is the smallest pool NewPool builds.
@@ -177,8 +182,12 @@ const MinPages = 4
 // memoryBytes. It returns an error for an invalid geometry, a pageSize < 1,
 // or a budget smaller than MinPages pages.
 //
-// The slab is allocated at once but the operating system backs it lazily, so
-// an idle pool costs address space, not resident memory.
+// The slab is mapped at once outside the Go heap (see newSlab) and the
+// operating system backs it lazily, so an idle pool costs address space,
+// not resident memory: a page is committed when it is first written, and
+// the allocator hands out low page ids first, so a pool commits about as
+// much as its peak use. NewPool returns an error if the memory cannot be
+// mapped. Close releases it.
 func NewPool(geo Geometry, pageSize int, memoryBytes int64) (*Pool, error) {
 	if err := geo.Validate(); err != nil {
 		return nil, err
@@ -196,14 +205,36 @@ func NewPool(geo Geometry, pageSize int, memoryBytes int64) (*Pool, error) {
 		return nil, fmt.Errorf("KV cache memory %d bytes makes %d pages of %d bytes; at most %d pages (use larger pages or less memory)",
 			memoryBytes, pages, pageBytes, MaxPages)
 	}
-	return &Pool{
+	slab, release, err := newSlab(int64(pageBytes) * pages)
+	if err != nil {
+		return nil, fmt.Errorf("KV cache memory of %d bytes: %w", int64(pageBytes)*pages, err)
+	}
+	p := &Pool{
 		Allocator: NewAllocator(int(pages)),
 		geo:       geo,
 		pageSize:  pageSize,
 		pageBytes: pageBytes,
-		slab:      make([]byte, int64(pageBytes)*pages),
+		slab:      slab,
 		version:   make([]uint64, pages),
-	}, nil
+	}
+	// A pool nobody closed releases its memory once unreachable (then
+	// nothing can reach its pages either).
+	p.cleanup = runtime.AddCleanup(p, func(release func() error) { _ = release() }, release)
+	p.release = release
+	return p, nil
+}
+
+// Close releases the pool's page memory. Nothing may use the pool or a
+// page slice taken from it afterwards (the worker closes its pool once its
+// loop, forward and I/O goroutines have stopped). It is idempotent.
+func (p *Pool) Close() error {
+	var err error
+	p.closeOnce.Do(func() {
+		p.cleanup.Stop()
+		p.slab = nil
+		err = p.release()
+	})
+	return err
 }
 
 // Geometry is the per-token KV shape.

@@ -12,9 +12,12 @@ package kvxfer
 // room bytes followed by a uint32 gen. Payloads by type:
 //
 //	HELLO       u16 version | str model | str digest | i64 layers | i64 kv_heads |
-//	            i64 head_dim | str dtype | i64 page_size | str auth
-//	HELLO_OK    (empty)
+//	            i64 head_dim | str dtype | i64 page_size | u8 auth | 32 nonce bytes
+//	            (another version: u16 version | anything, kept as Hello.Foreign)
+//	HELLO_OK    (empty) | 32 proof bytes
 //	HELLO_ERR   str reason
+//	HELLO_CHALLENGE  32 nonce bytes
+//	HELLO_PROOF      32 proof bytes
 //	PING, PONG  u64 nonce
 //	ROOM_OPEN   roomgen | str rid | u32 n_tokens | u64 prompt_hash
 //	ROOM_READY  roomgen | u32 n_tokens
@@ -51,16 +54,17 @@ const (
 	// KVChunkHeaderBytes is the size of a KV_CHUNK frame without its Data:
 	// the frame header plus the fixed fields.
 	KVChunkHeaderBytes = HeaderBytes + kvChunkFixed
-	// MaxHandshakeFrameBytes bounds the length of HELLO, HELLO_OK and
-	// HELLO_ERR frames (type byte + payload, in bytes). Transports use it as
-	// the frame limit before a peer is authenticated.
+	// MaxHandshakeFrameBytes bounds the length of the handshake's frames
+	// (HELLO, HELLO_OK, HELLO_ERR, HELLO_CHALLENGE, HELLO_PROOF: type byte +
+	// payload, in bytes). Transports use it as the frame limit before a
+	// peer is authenticated.
 	MaxHandshakeFrameBytes = 1 + helloMax
 
 	roomGenBytes = 16 + 4
 	kvChunkFixed = roomGenBytes + 3*4
 	kvDoneBytes  = roomGenBytes + 6*4 + len(Binding{})
 	strMax       = 2 + MaxStringBytes
-	helloMax     = 2 + 4*strMax + 4*8
+	helloMax     = 2 + 4*strMax + 4*8 + 1 + NonceBytes
 )
 
 // NumTypes bounds the frame types: every defined Type t has 0 < t < NumTypes,
@@ -90,9 +94,13 @@ var (
 func payloadBounds(t Type) (lo, hi int, ok bool) {
 	switch t {
 	case TypeHello:
-		return 2 + 4*2 + 4*8, helloMax, true
+		return 2, helloMax, true
 	case TypeHelloOK:
-		return 0, 0, true
+		return 0, MACBytes, true
+	case TypeHelloChallenge:
+		return NonceBytes, NonceBytes, true
+	case TypeHelloProof:
+		return MACBytes, MACBytes, true
 	case TypeHelloErr:
 		return 2, strMax, true
 	case TypePing, TypePong:
@@ -153,6 +161,14 @@ func AppendFrameHeader(buf []byte, m Message) ([]byte, error) {
 	case Hello:
 		t = v.Type()
 		buf = binary.LittleEndian.AppendUint16(buf, v.Version)
+		if v.Version != ProtocolVersion {
+			if len(v.Foreign) > helloMax-2 {
+				err = fmt.Errorf("%w: HELLO of version %d with %d foreign bytes", ErrFieldTooLong, v.Version, len(v.Foreign))
+				break
+			}
+			buf = append(buf, v.Foreign...)
+			break
+		}
 		fp := v.Fingerprint
 		if buf, err = appendIdent(buf, "fingerprint model", fp.Model); err != nil {
 			break
@@ -167,9 +183,21 @@ func AppendFrameHeader(buf []byte, m Message) ([]byte, error) {
 			break
 		}
 		buf = appendInt(buf, fp.PageSize)
-		buf, err = appendIdent(buf, "auth", v.Auth)
+		buf = append(buf, byte(v.Auth))
+		buf = append(buf, v.Nonce[:]...)
 	case HelloOK:
 		t = v.Type()
+		if len(v.Proof) != 0 && len(v.Proof) != MACBytes {
+			err = fmt.Errorf("%w: HELLO_OK proof of %d bytes, want %d", ErrFieldTooLong, len(v.Proof), MACBytes)
+			break
+		}
+		buf = append(buf, v.Proof...)
+	case HelloChallenge:
+		t = v.Type()
+		buf = append(buf, v.Nonce[:]...)
+	case HelloProof:
+		t = v.Type()
+		buf = append(buf, v.MAC[:]...)
 	case HelloErr:
 		t = v.Type()
 		buf = appendReason(buf, v.Reason)
@@ -324,6 +352,14 @@ func DecodePayload(t Type, payload []byte) (Message, error) {
 	case TypeHello:
 		var h Hello
 		h.Version = d.u16("version")
+		if h.Version != ProtocolVersion {
+			if len(d.b) > 0 {
+				h.Foreign = append([]byte(nil), d.b...)
+			}
+			d.b = nil
+			m = h
+			break
+		}
 		h.Fingerprint = Fingerprint{
 			Model:    d.str("fingerprint model"),
 			Digest:   d.str("fingerprint digest"),
@@ -333,10 +369,26 @@ func DecodePayload(t Type, payload []byte) (Message, error) {
 			DType:    d.str("fingerprint dtype"),
 			PageSize: d.int("fingerprint page_size"),
 		}
-		h.Auth = d.str("auth")
+		h.Auth = AuthMode(d.u8("auth"))
+		if h.Auth > AuthSecret && d.err == nil {
+			d.err = fmt.Errorf("%w: HELLO auth mode %d is none of none (0), secret (1)", ErrMalformed, h.Auth)
+		}
+		copy(h.Nonce[:], d.take(NonceBytes, "nonce"))
 		m = h
 	case TypeHelloOK:
-		m = HelloOK{}
+		var ok HelloOK
+		if len(d.b) != 0 {
+			ok.Proof = append([]byte(nil), d.take(MACBytes, "proof")...)
+		}
+		m = ok
+	case TypeHelloChallenge:
+		var c HelloChallenge
+		copy(c.Nonce[:], d.take(NonceBytes, "nonce"))
+		m = c
+	case TypeHelloProof:
+		var p HelloProof
+		copy(p.MAC[:], d.take(MACBytes, "proof"))
+		m = p
 	case TypeHelloErr:
 		m = HelloErr{Reason: d.str("reason")}
 	case TypePing:

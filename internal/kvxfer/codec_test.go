@@ -40,11 +40,15 @@ func sampleMessages() []Message {
 	fp := Fingerprint{Model: "llama-3-8b", Digest: "sha256:abc", Layers: 32, KVHeads: 8,
 		HeadDim: 128, DType: "bf16", PageSize: 16}
 	return []Message{
-		Hello{Version: ProtocolVersion, Fingerprint: fp, Auth: "secret"},
-		Hello{Version: math.MaxUint16, Fingerprint: Fingerprint{Layers: -1, KVHeads: math.MinInt32,
+		Hello{Version: ProtocolVersion, Fingerprint: fp, Auth: AuthSecret, Nonce: [NonceBytes]byte{0: 1, 31: 0xff}},
+		Hello{Version: ProtocolVersion, Fingerprint: Fingerprint{Layers: -1, KVHeads: math.MinInt32,
 			HeadDim: math.MaxInt32, PageSize: 0, Model: strings.Repeat("m", MaxStringBytes)}},
+		Hello{Version: 3, Foreign: []byte("\x0allama-3-8b and the rest of a version 3 HELLO")},
 		Hello{},
 		HelloOK{},
+		HelloOK{Proof: bytes.Repeat([]byte{0xab}, MACBytes)},
+		HelloChallenge{Nonce: [NonceBytes]byte{0: 2, 31: 0xfe}},
+		HelloProof{MAC: [MACBytes]byte{0: 3, 31: 0xfd}},
 		HelloErr{Reason: "incompatible KV peer: page_size 16 vs 32"},
 		HelloErr{},
 		Ping{Nonce: 0},
@@ -216,8 +220,8 @@ func withPayload(t Type, payload []byte) []byte {
 func TestTruncatedPayload(t *testing.T) {
 	for _, m := range sampleMessages() {
 		payload := mustFrame(t, m)[HeaderBytes:]
-		if len(payload) == 0 || (m.Type() == TypeKVChunk && len(payload) > kvChunkFixed) {
-			continue // nothing to cut, or a shorter Data is still valid
+		if len(payload) == 0 || (m.Type() == TypeKVChunk && len(payload) > kvChunkFixed) || isForeignHello(m) {
+			continue // nothing to cut, or a shorter Data (foreign payload) is still valid
 		}
 		short := payload[:len(payload)-1]
 		_, err := ReadFrame(bytes.NewReader(withPayload(m.Type(), short)), 1<<20)
@@ -232,14 +236,37 @@ func TestTruncatedPayload(t *testing.T) {
 
 func TestTrailingGarbage(t *testing.T) {
 	for _, m := range sampleMessages() {
-		if m.Type() == TypeKVChunk {
-			continue // Data runs to the end of the frame
+		if m.Type() == TypeKVChunk || isForeignHello(m) {
+			continue // Data (a foreign HELLO's payload) runs to the end of the frame
 		}
 		payload := append(mustFrame(t, m)[HeaderBytes:], 0x5a)
 		_, err := ReadFrame(bytes.NewReader(withPayload(m.Type(), payload)), 1<<20)
 		if !errors.Is(err, ErrMalformed) {
 			t.Errorf("%s with a trailing byte: err = %v, want ErrMalformed", m.Type(), err)
 		}
+	}
+}
+
+// isForeignHello: a HELLO of another version, whose payload after the
+// version is opaque.
+func isForeignHello(m Message) bool {
+	h, ok := m.(Hello)
+	return ok && h.Version != ProtocolVersion
+}
+
+// TestForeignHello: a HELLO of another version decodes to its version (so
+// the peer is refused for it), whatever follows.
+func TestForeignHello(t *testing.T) {
+	v3 := append([]byte{3, 0}, []byte("\x0allama-3-8b...anything")...)
+	m, err := DecodePayload(TypeHello, v3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := m.(Hello); h.Version != 3 || !bytes.Equal(h.Foreign, v3[2:]) {
+		t.Fatalf("decoded %#v", h)
+	}
+	if _, err := DecodePayload(TypeHello, []byte{3}); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a HELLO without a whole version: %v", err)
 	}
 }
 
@@ -255,7 +282,7 @@ func TestMalformedFields(t *testing.T) {
 	}{
 		{"zero length", []byte{0, 0, 0, 0, 4}, ErrMalformed, "zero frame length"},
 		{"type 0", withPayload(0, nil), ErrUnknownType, "TYPE(0)"},
-		{"type 14", withPayload(14, nil), ErrUnknownType, "TYPE(14)"},
+		{"type 16", withPayload(16, nil), ErrUnknownType, "TYPE(16)"},
 		{"type 255", withPayload(255, []byte{1, 2, 3}), ErrUnknownType, "TYPE(255)"},
 		{"renew count too big", withPayload(TypeRoomRenew, append([]byte{2, 0, 0, 0}, rg...)), ErrMalformed,
 			"ROOM_RENEW count 2"},
@@ -267,12 +294,15 @@ func TestMalformedFields(t *testing.T) {
 			ErrMalformed, "ABORT detail is 4097 bytes"},
 		{"abort outcome out of range", withPayload(TypeAbort, append(append([]byte(nil), rg...), 200, 0, 0, 0, 0, 0, 0)),
 			ErrMalformed, "ABORT outcome 200 is no outcome"},
-		{"hello string too long", withPayload(TypeHello, append([]byte{1, 0}, longStr...)), ErrMalformed,
+		{"hello string too long", withPayload(TypeHello, append([]byte{ProtocolVersion, 0}, longStr...)), ErrMalformed,
 			"fingerprint model is 4097 bytes"},
 		{"string length past end", withPayload(TypeHelloErr, []byte{5, 0, 'a'}), ErrMalformed,
 			"HELLO_ERR payload truncated in reason"},
 		{"ping short", withPayload(TypePing, []byte{1, 2, 3}), ErrMalformed, "PING payload is 3 bytes, want 8"},
-		{"hello ok with payload", withPayload(TypeHelloOK, []byte{0}), ErrMalformed, "HELLO_OK payload is 1 bytes"},
+		{"hello ok with a short proof", withPayload(TypeHelloOK, []byte{0}), ErrMalformed, "HELLO_OK payload truncated in proof"},
+		{"hello auth mode out of range", withPayload(TypeHello, helloWithAuth(7)), ErrMalformed, "HELLO auth mode 7"},
+		{"challenge short", withPayload(TypeHelloChallenge, make([]byte, 31)), ErrMalformed, "HELLO_CHALLENGE payload is 31 bytes, want 32"},
+		{"proof long", withPayload(TypeHelloProof, make([]byte, 33)), ErrMalformed, "HELLO_PROOF payload is 33 bytes, want 32"},
 		{"kv chunk short", withPayload(TypeKVChunk, rg), ErrMalformed, "KV_CHUNK payload is 20 bytes"},
 	}
 	for _, tt := range tests {
@@ -283,6 +313,14 @@ func TestMalformedFields(t *testing.T) {
 			}
 		})
 	}
+}
+
+// helloWithAuth is a current-version HELLO payload with auth mode a.
+func helloWithAuth(a byte) []byte {
+	f, _ := AppendFrame(nil, Hello{Version: ProtocolVersion})
+	p := f[HeaderBytes:]
+	p[len(p)-NonceBytes-1] = a
+	return p
 }
 
 func TestOversizedLengthRejectedBeforeReading(t *testing.T) {
@@ -335,9 +373,9 @@ func TestEncodeErrors(t *testing.T) {
 		want error
 	}{
 		{"rid too long", RoomOpen{RID: long}, ErrFieldTooLong},
-		{"auth too long", Hello{Auth: long}, ErrFieldTooLong},
-		{"model too long", Hello{Fingerprint: Fingerprint{Model: long}}, ErrFieldTooLong},
-		{"dtype too long", Hello{Fingerprint: Fingerprint{DType: long}}, ErrFieldTooLong},
+		{"model too long", Hello{Version: ProtocolVersion, Fingerprint: Fingerprint{Model: long}}, ErrFieldTooLong},
+		{"dtype too long", Hello{Version: ProtocolVersion, Fingerprint: Fingerprint{DType: long}}, ErrFieldTooLong},
+		{"short HELLO_OK proof", HelloOK{Proof: []byte{1}}, ErrFieldTooLong},
 		{"pointer message", &Ping{}, ErrUnknownType},
 		{"nil pointer message", (*Ping)(nil), ErrUnknownType},
 		{"nil message", nil, ErrUnknownType},

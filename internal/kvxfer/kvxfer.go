@@ -10,14 +10,34 @@
 //	uint32 length (of what follows, big-endian) | uint8 type | payload
 //
 // with length ≤ the configured maximum frame size. Decode starts with HELLO
-// carrying the model fingerprint; prefill answers HELLO_OK, or HELLO_ERR with
-// a reason naming every mismatched field and closes. Then both sides send
+// carrying the model fingerprint, its authentication mode and a fresh nonce;
+// prefill answers HELLO_OK, or HELLO_ERR with a reason naming every
+// mismatched field and closes. With a shared secret the two prove to each
+// other that they hold it before HELLO_OK (see Handshake below). Then both sides send
 // PING every heartbeat interval and answer PONG; a side that hears nothing
 // for interval × misses declares the connection dead and fails its rooms.
 // Room messages (ROOM_OPEN … ABORT_ACK) carry (room, gen) and are handed to
 // the worker's lifecycle machine; the transport never interprets them.
 // A malformed frame or an unknown type closes the connection; it never
 // crashes the process.
+//
+// # Handshake
+//
+// With AuthSecret both sides hold K, a key derived from the fleet's shared
+// secret, and the exchange is
+//
+//	decode  → prefill  HELLO{version, fingerprint, AuthSecret, Nd}
+//	prefill → decode   HELLO_CHALLENGE{Np}
+//	decode  → prefill  HELLO_PROOF{HMAC-SHA256(K, "decode"  | T)}
+//	prefill → decode   HELLO_OK{HMAC-SHA256(K, "prefill" | T)}
+//
+// where Nd and Np are 32 fresh random bytes of each side and T the SHA-256
+// of the HELLO and HELLO_CHALLENGE frames (HandshakeProof). Each side
+// checks the other's proof over its own fresh nonce, so a recorded
+// handshake cannot be replayed in either direction, a proof made for one
+// role is worthless for the other, and the secret never travels. Decode
+// proves first: a prefill gives no proof to a peer that has not proven
+// itself. Either side refuses a peer whose mode differs from its own.
 //
 // # Concurrency
 //
@@ -103,10 +123,14 @@ const (
 	TypeKVAck     Type = 11
 	TypeAbort     Type = 12
 	TypeAbortAck  Type = 13
+	// Version 4: the shared-secret challenge–response.
+	TypeHelloChallenge Type = 14
+	TypeHelloProof     Type = 15
 )
 
 var typeNames = [...]string{"", "HELLO", "HELLO_OK", "HELLO_ERR", "PING", "PONG", "ROOM_OPEN",
-	"ROOM_READY", "ROOM_RENEW", "KV_CHUNK", "KV_DONE", "KV_ACK", "ABORT", "ABORT_ACK"}
+	"ROOM_READY", "ROOM_RENEW", "KV_CHUNK", "KV_DONE", "KV_ACK", "ABORT", "ABORT_ACK",
+	"HELLO_CHALLENGE", "HELLO_PROOF"}
 
 func (t Type) String() string {
 	if int(t) < len(typeNames) && t != 0 {
@@ -117,23 +141,70 @@ func (t Type) String() string {
 
 // ProtocolVersion is sent in HELLO; peers with another version are refused.
 // Version 2: ABORT carries a structured cause. Version 3: KV_DONE carries
-// the KV's Binding to its request.
-const ProtocolVersion = 3
+// the KV's Binding to its request. Version 4: the shared secret is proven by
+// challenge–response (HELLO carries the mode and a nonce instead of the
+// secret; HELLO_CHALLENGE, HELLO_PROOF; HELLO_OK carries prefill's proof).
+const ProtocolVersion = 4
 
 // Message is one decoded frame.
 type Message interface {
 	Type() Type
 }
 
-// Hello opens a connection (decode → prefill).
+// AuthMode is how a HELLO's sender authenticates beyond the transport.
+type AuthMode uint8
+
+// Authentication modes.
+const (
+	// AuthNone: no shared secret (the channel is open, or TLS alone
+	// authenticates it).
+	AuthNone AuthMode = 0
+	// AuthSecret: the challenge–response over the shared secret.
+	AuthSecret AuthMode = 1
+)
+
+func (m AuthMode) String() string {
+	switch m {
+	case AuthNone:
+		return "none"
+	case AuthSecret:
+		return "secret"
+	}
+	return fmt.Sprintf("AuthMode(%d)", uint8(m))
+}
+
+// NonceBytes is the size of a handshake nonce, MACBytes of a proof.
+const (
+	NonceBytes = 32
+	MACBytes   = 32
+)
+
+// Hello opens a connection (decode → prefill). A HELLO of another Version
+// than ProtocolVersion is decoded up to its version only: the rest of its
+// payload is kept as Foreign (and encoded back as is), so that a peer of
+// another version is refused for its version, not as malformed.
 type Hello struct {
 	Version     uint16
 	Fingerprint Fingerprint
-	Auth        string // shared secret, may be empty
+	Auth        AuthMode
+	// Nonce is 32 fresh random bytes (the challenge to prefill).
+	Nonce [NonceBytes]byte
+	// Foreign is the payload after the version of a HELLO of another
+	// version (nil for ProtocolVersion).
+	Foreign []byte
 }
 
-// HelloOK accepts a connection.
-type HelloOK struct{}
+// HelloOK accepts a connection. Proof is prefill's proof of the shared
+// secret (HandshakeProof), nil without one.
+type HelloOK struct{ Proof []byte }
+
+// HelloChallenge (prefill → decode) asks a peer that announced AuthSecret
+// to prove it holds the secret: Nonce is 32 fresh random bytes.
+type HelloChallenge struct{ Nonce [NonceBytes]byte }
+
+// HelloProof (decode → prefill) is decode's proof of the shared secret
+// (HandshakeProof).
+type HelloProof struct{ MAC [MACBytes]byte }
 
 // HelloErr refuses a connection; the sender closes it after this frame.
 type HelloErr struct{ Reason string }
@@ -233,6 +304,9 @@ func (KVDone) Type() Type    { return TypeKVDone }
 func (KVAck) Type() Type     { return TypeKVAck }
 func (Abort) Type() Type     { return TypeAbort }
 func (AbortAck) Type() Type  { return TypeAbortAck }
+
+func (HelloChallenge) Type() Type { return TypeHelloChallenge }
+func (HelloProof) Type() Type     { return TypeHelloProof }
 
 // ErrRefused is wrapped (errors.Is) by the error a Backend passes to
 // Handler.PeerLost for a connection whose handshake was refused, by either

@@ -6,9 +6,9 @@ import (
 	"strings"
 )
 
-// RefusalReason says why a KV handshake was refused: the metrics label of
-// pdserve_kv_handshake_refusals_total and what a router reports about a
-// (prefill, decode) KV path.
+// RefusalReason says why a KV handshake was refused, as a decode worker
+// reports a (prefill, decode) KV path to the router (the finer reasons a
+// worker counts are pdserve_peer_auth_failures_total's).
 type RefusalReason uint8
 
 // Refusal reasons.
@@ -17,7 +17,8 @@ const (
 	RefusedProtocol RefusalReason = iota
 	// RefusedVersion: the peers speak different protocol versions.
 	RefusedVersion
-	// RefusedAuth: the peers' --kv-auth secrets differ.
+	// RefusedAuth: the peers do not share the internal secret (one has
+	// none, or a proof failed), or TLS refused a certificate.
 	RefusedAuth
 	// RefusedFingerprint: the peers' KV layouts differ (model, geometry,
 	// dtype, page size).
@@ -43,21 +44,22 @@ func RefusalReasons() []RefusalReason {
 }
 
 // The HELLO_ERR reason texts of the refusals a Backend decides itself begin
-// with these, so the dialing side classifies what it was told
+// with these (the version and fingerprint ones) or contain them (the
+// internal secret ones), so the dialing side classifies what it was told
 // (ClassifyRefusal).
 const (
 	RefusalTextVersion     = "protocol version"
-	RefusalTextAuth        = "auth token mismatch"
+	RefusalTextAuth        = "internal secret"
 	RefusalTextFingerprint = "incompatible KV peer"
 )
 
-// ClassifyRefusal returns the reason of a HELLO_ERR text: by the prefixes
+// ClassifyRefusal returns the reason of a HELLO_ERR text: by the texts
 // above, RefusedProtocol for anything else.
 func ClassifyRefusal(text string) RefusalReason {
 	switch {
 	case strings.HasPrefix(text, RefusalTextVersion):
 		return RefusedVersion
-	case strings.HasPrefix(text, RefusalTextAuth):
+	case strings.Contains(text, RefusalTextAuth):
 		return RefusedAuth
 	case strings.HasPrefix(text, RefusalTextFingerprint):
 		return RefusedFingerprint
@@ -99,13 +101,12 @@ type ConnCounts struct {
 	Dials, Reconnects uint64
 	// Live is the number of connections up now (handshake done, not lost).
 	Live int
-	// Refused counts handshakes refused, by this side or the peer, by reason.
-	Refused [NumRefusalReasons]uint64
 }
 
 // ConnCounter is implemented by backends that count their connections
-// (exported as pdserve_kv_dials_total, pdserve_kv_reconnects_total,
-// pdserve_kv_connections and pdserve_kv_handshake_refusals_total).
+// (exported as pdserve_kv_dials_total, pdserve_kv_reconnects_total and
+// pdserve_kv_connections; refusals by reason are
+// pdserve_peer_auth_failures_total{channel="kv"}).
 type ConnCounter interface {
 	ConnCounts() ConnCounts
 }

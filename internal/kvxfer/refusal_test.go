@@ -32,7 +32,7 @@ func TestRefusalOf(t *testing.T) {
 	}
 	for text, want := range map[string]RefusalReason{
 		"protocol version 9 vs 3 (decode vs prefill)":        RefusedVersion,
-		"auth token mismatch":                                RefusedAuth,
+		"decode failed to prove the internal secret":         RefusedAuth,
 		"incompatible KV peer (decode vs prefill): layers 4": RefusedFingerprint,
 		"first frame is KV_ACK, want HELLO":                  RefusedProtocol,
 	} {

@@ -166,6 +166,9 @@ func (m *Machine) arrive(q Request) {
 		limit = q.Timeout
 	}
 	r.hardDeadline = m.now.Add(limit)
+	if m.cfg.Role == RolePrefill {
+		r.bootDeadline = m.now.Add(m.cfg.BootstrapTimeout)
+	}
 	m.reqs[q.RID] = r
 	if m.cfg.Role != RoleColocated {
 		m.rooms[q.Room] = r
@@ -175,7 +178,7 @@ func (m *Machine) arrive(q Request) {
 	case RolePrefill:
 		m.setStage(r, StageBootstrap, m.cfg.BootstrapTimeout, outcome.TimeoutBootstrap)
 		m.queue = append(m.queue, r)
-		if p, ok := m.pending[q.Room]; ok && p.open.Gen == q.Gen {
+		if p, ok := m.pending[q.Room]; ok && p.open.Gen == q.Gen && !m.holdsOpen(r) {
 			delete(m.pending, q.Room)
 			m.roomOpened(r, p.peer, p.open)
 			if r.stage != StageDone && p.ready {

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -41,7 +42,7 @@ type Config struct {
 	BootstrapTimeout time.Duration // prefill: Bootstrap, and pending ROOM_OPENs
 	QueueTimeout     time.Duration // Waiting, Prealloc, Queued
 	KVHoldTimeout    time.Duration // prefill: Parked, and a cap on holding KV for a decode
-	TransferTimeout  time.Duration // prefill: Transferring; decode: from the first KV frame to KV_DONE
+	TransferTimeout  time.Duration // prefill: Transferring; decode: once KV flows, the longest time without a KV chunk or a renewal of the room
 	MaxRequestTime   time.Duration // every stage: arrival + this is a hard cap
 
 	// HeartbeatInterval is how often the machine renews rooms with its peers;
@@ -54,6 +55,24 @@ type Config struct {
 	MaxPendingOpens int
 	// History is how many lifecycle events each request keeps for debugging.
 	History int
+
+	// OptimisticAttempts (prefill) is how many forward passes a request may
+	// take before decode's ROOM_OPEN binds its room (SGLang's
+	// --optimistic-prefill-attempts); 0 turns optimistic prefill off. Its
+	// KV is the request's own until then and parks when complete; a prompt
+	// not complete within the attempts drops its KV and waits for its
+	// ROOM_OPEN as without optimism ("fell back"). See optimistic.go.
+	OptimisticAttempts int
+	// OptimisticMaxParked caps the pages that requests not yet bound hold
+	// (computing or parked), as a fraction of the pool in (0, 1]; at the cap
+	// new requests wait for their ROOM_OPEN.
+	OptimisticMaxParked float64
+	// ForceOptimistic, if set, is the test hook of optimistic prefill (as
+	// SGLang's should_force_retry): for a request it picks by id, the
+	// machine holds the room's ROOM_OPEN back until the request's optimistic
+	// prefill has ended (parked or fell back), as if decode had opened the
+	// room late. It must be deterministic (see ForceFraction).
+	ForceOptimistic func(rid string) bool
 }
 
 // DefaultConfig returns the defaults of the design (ARCHITECTURE.md): 16-token
@@ -78,6 +97,8 @@ func DefaultConfig(role Role) Config {
 		MaxTombstones:     1 << 16,
 		MaxPendingOpens:   4096,
 		History:           16,
+
+		OptimisticMaxParked: 0.25,
 	}
 }
 
@@ -117,6 +138,12 @@ func (c Config) Validate() error {
 	dur("max request time", c.MaxRequestTime)
 	dur("heartbeat interval", c.HeartbeatInterval)
 	dur("tombstone ttl", c.TombstoneTTL)
+	if c.OptimisticAttempts < 0 {
+		errs = append(errs, fmt.Errorf("optimistic prefill attempts must not be negative (0 turns it off), got %d", c.OptimisticAttempts))
+	}
+	if c.OptimisticAttempts > 0 && !(c.OptimisticMaxParked > 0 && c.OptimisticMaxParked <= 1) {
+		errs = append(errs, fmt.Errorf("optimistic prefill max parked must be a fraction of the pool in (0, 1], got %v", c.OptimisticMaxParked))
+	}
 	return errors.Join(errs...)
 }
 
@@ -127,4 +154,22 @@ func (c Config) Validate() error {
 // is alive but the peer no longer holds the room.
 func (c Config) Lease() time.Duration {
 	return c.HeartbeatInterval * time.Duration(c.LeaseMisses+1)
+}
+
+// ForceFraction returns a ForceOptimistic hook that picks about fraction f
+// of request ids, deterministically: the id's FNV-1a hash, mixed by
+// SplitMix64's finalizer (Steele, Lea and Flood, "Fast splittable
+// pseudorandom number generators", OOPSLA 2014) so that ids differing in
+// their last characters spread evenly, read as a number in [0, 1), is
+// below f. 0 picks none and 1 every id.
+func ForceFraction(f float64) func(rid string) bool {
+	return func(rid string) bool {
+		h := fnv.New64a()
+		h.Write([]byte(rid))
+		x := h.Sum64()
+		x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+		x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+		x ^= x >> 31
+		return float64(x>>11)/(1<<53) < f
+	}
 }

@@ -58,9 +58,9 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 		}
 		if !r.xferStarted {
 			r.xferStarted = true
-			r.deadline, r.cause = m.now.Add(m.cfg.TransferTimeout), outcome.TimeoutTransfer
 			m.record(r, "first KV chunk")
 		}
+		m.transferProgress(r)
 	case kvxfer.KVDone:
 		r := m.liveFor(p, x.RoomGen)
 		if r == nil {
@@ -92,6 +92,19 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 	default:
 		m.drop("wrong_role")
 	}
+}
+
+// transferProgress re-arms decode request r's transfer deadline: a KV
+// chunk came for it, or (once the transfer has started) prefill renewed its
+// room. The transfer fails with timeout_transfer only after TransferTimeout
+// with neither, so the time prefill spends computing the prompt's later
+// chunks (in batches with other prompts, on a slow model) is not charged to
+// the transfer while prefill shows it still holds the room; the request's
+// own deadline (hardDeadline) still bounds the whole wait, and prefill's
+// transferring deadline bounds its send from KV_DONE to KV_ACK.
+func (m *Machine) transferProgress(r *req) {
+	r.deadline, r.cause = m.now.Add(m.cfg.TransferTimeout), outcome.TimeoutTransfer
+	r.budget = m.cfg.TransferTimeout
 }
 
 // binding is what KV_DONE must carry for decode request r: its room and

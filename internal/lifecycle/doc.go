@@ -17,7 +17,9 @@
 // tombstone for failed rooms, and emits exactly one [Finalize] effect.
 // Terminal states are absorbing: nothing that arrives later changes them.
 //
-// Prefill: Bootstrap → Waiting → Prefilling → Parked → Transferring → done.
+// Prefill: Bootstrap → Waiting → Prefilling → Parked → Transferring → done;
+// with optimistic prefill, Bootstrap → Prefilling → Parked before decode's
+// ROOM_OPEN, with KV bound to the room only when it comes (optimistic.go).
 // Decode: Prealloc → AwaitingKV → Queued → Decoding → done, and Decoding →
 // Preempted → Prefilling → Decoding when older requests need its pages.
 // Colocated: Waiting → Prefilling → Decoding → done, with the same
@@ -42,7 +44,9 @@
 //     aborts, shutdown and the first cause of a failure.
 //   - peer.go: the KV channel both PD roles share: renewals, peer loss and a
 //     peer's ABORT; tombstone.go: rooms remembered after they end.
-//   - prefill.go, decode.go: each role's side of the room protocol.
+//   - prefill.go, decode.go: each role's side of the room protocol;
+//     optimistic.go: prefill computing before the room opens, and why it
+//     cannot deadlock.
 //   - scheduler.go: the batch scheduler of every role, preemption.
 //   - stats.go: gauges, counters and the /debug/requests view.
 //

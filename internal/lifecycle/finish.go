@@ -41,6 +41,21 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 	if o != outcome.OK && m.shared(r) && !connGone(o) && !r.peerEnded {
 		m.emit(Send{Peer: r.Peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Cause: cause}})
 	}
+	if m.cfg.Role == RolePrefill {
+		if p, ok := m.pending[r.Room]; ok && p.open.Gen == r.Gen {
+			// Its ROOM_OPEN was held back (the optimistic test hook): decode
+			// holds the room and must hear the end.
+			delete(m.pending, r.Room)
+			if o != outcome.OK && !connGone(o) && !r.peerEnded {
+				m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Cause: cause}})
+			}
+		}
+		if o.Class() == outcome.ClassTimeout {
+			m.resolveOptimistic(r, OptimisticExpired)
+		} else {
+			m.resolveOptimistic(r, OptimisticAborted)
+		}
+	}
 	m.setStage(r, StageDone, 0, outcome.None)
 	m.stageCount[StageDone]--
 	m.doneInQueue++

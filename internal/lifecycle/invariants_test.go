@@ -79,6 +79,9 @@ func checkLegal(m *Machine) error {
 	if batched != len(m.batch) {
 		errs = append(errs, fmt.Errorf("%s: %d requests marked inBatch, %d in the running batch", m.cfg.Role, batched, len(m.batch)))
 	}
+	if comp, park := m.unboundPages(); comp+park > 0 && (!m.optimisticOn() || comp+park > m.optimisticCap()) {
+		errs = append(errs, fmt.Errorf("%s: optimistic KV holds %d+%d pages, cap %d", m.cfg.Role, comp, park, m.optimisticCap()))
+	}
 	if err := m.checkPageHashes(); err != nil {
 		errs = append(errs, err)
 	}
@@ -151,8 +154,8 @@ func (m *Machine) legal(r *req) error {
 	if !(r.stage != StageNone && r.stage != StageDone) {
 		bad("a live request in stage %s", r.stage)
 	}
-	if !(r.deadline.IsZero() == (r.cause == outcome.None)) {
-		bad("deadline %v with cause %s", r.deadline, r.cause)
+	if !(r.deadline.IsZero() == (r.cause == outcome.None)) || r.deadline.IsZero() != (r.budget == 0) {
+		bad("deadline %v with cause %s and budget %s", r.deadline, r.cause, r.budget)
 	}
 	if !(!r.inBatch || r.stage == StagePrefilling || r.stage == StageDecoding) {
 		bad("in the batch while %s", r.stage)
@@ -175,18 +178,31 @@ func (m *Machine) legal(r *req) error {
 		if !(!r.peerUp) {
 			bad("peerUp on prefill")
 		}
+		o := r.opt
+		if !(o.attempts <= m.cfg.OptimisticAttempts && (!o.unbound || o.pending) && (!o.over || !o.pending)) {
+			bad("optimistic state %+v with %d attempts allowed", o, m.cfg.OptimisticAttempts)
+		}
+		if !(r.bootDeadline == r.arrived.Add(m.cfg.BootstrapTimeout)) {
+			bad("bootstrap deadline %s after arrival", r.bootDeadline.Sub(r.arrived))
+		}
+		unboundOK := func() bool { // ⁶: an unbound request is not opened, ready or sending, and vice versa
+			return o.unbound == !r.opened && (!o.unbound || (!r.ready && r.sentPages == 0 && r.chunks == 0 && jobs == 0 &&
+				!r.deadline.IsZero() && !r.deadline.After(r.bootDeadline)))
+		}
+		rest := r.prefillSide
+		rest.opt = optState{}
 		switch r.stage {
 		case StageBootstrap:
-			if !(zeroLink && zeroPrefill && pages == 0 && r.computed == 0 && jobs == 0) {
+			if !(zeroLink && rest == (prefillSide{}) && !o.unbound && !o.pending && pages == 0 && r.computed == 0 && jobs == 0) {
 				bad("bootstrap holds state: opened=%v %+v pages=%d", r.opened, r.prefillSide, pages)
 			}
 		case StageWaiting:
-			if !(r.opened && pages == 0 && r.computed == 0 && r.sentPages == 0 && r.chunks == 0 && jobs == 0) {
-				bad("waiting: opened=%v pages=%d computed=%d sent=%d pins=%d", r.opened, pages, r.computed, r.sentPages, jobs)
+			if !(r.opened && !o.unbound && !o.pending && pages == 0 && r.computed == 0 && r.sentPages == 0 && r.chunks == 0 && jobs == 0) {
+				bad("waiting: opened=%v %+v pages=%d computed=%d sent=%d pins=%d", r.opened, o, pages, r.computed, r.sentPages, jobs)
 			}
 		case StagePrefilling:
-			if !(r.opened && pages == P && r.computed < T) {
-				bad("prefilling: opened=%v pages=%d/%d computed=%d/%d", r.opened, pages, P, r.computed, T)
+			if !(unboundOK() && pages == P && r.computed < T) {
+				bad("prefilling: opened=%v %+v pages=%d/%d computed=%d/%d", r.opened, o, pages, P, r.computed, T)
 			}
 			if !(r.sentPages*m.cfg.PageSize <= r.computed) {
 				bad("sent %d pages of %d computed tokens", r.sentPages, r.computed)
@@ -195,12 +211,12 @@ func (m *Machine) legal(r *req) error {
 				bad("KV sent before ROOM_READY")
 			}
 		case StageParked:
-			if !(r.opened && !r.ready && pages == P && r.computed == T && r.sentPages == 0 && jobs == 0 && !r.inBatch) {
-				bad("parked: opened=%v ready=%v pages=%d/%d computed=%d/%d sent=%d pins=%d", r.opened, r.ready, pages, P, r.computed, T, r.sentPages, jobs)
+			if !(unboundOK() && !r.ready && pages == P && r.computed == T && r.sentPages == 0 && jobs == 0 && !r.inBatch) {
+				bad("parked: opened=%v %+v ready=%v pages=%d/%d computed=%d/%d sent=%d pins=%d", r.opened, o, r.ready, pages, P, r.computed, T, r.sentPages, jobs)
 			}
 		case StageTransferring:
-			if !(r.opened && r.ready && pages == P && r.computed == T && r.sentPages == P && !r.inBatch) {
-				bad("transferring: opened=%v ready=%v pages=%d/%d computed=%d/%d sent=%d", r.opened, r.ready, pages, P, r.computed, T, r.sentPages)
+			if !(r.opened && r.ready && !o.unbound && !o.pending && pages == P && r.computed == T && r.sentPages == P && !r.inBatch) {
+				bad("transferring: opened=%v ready=%v %+v pages=%d/%d computed=%d/%d sent=%d", r.opened, r.ready, o, pages, P, r.computed, T, r.sentPages)
 			}
 		default:
 			if !(false) {

@@ -172,9 +172,9 @@ func (m *Machine) setStage(r *req, s Stage, d time.Duration, cause outcome.Outco
 	r.stage = s
 	r.stageSince = m.now
 	m.stageCount[s]++
-	r.deadline, r.cause = time.Time{}, outcome.None
+	r.deadline, r.cause, r.budget = time.Time{}, outcome.None, 0
 	if d > 0 {
-		r.deadline, r.cause = m.now.Add(d), cause
+		r.deadline, r.cause, r.budget = m.now.Add(d), cause, d
 	}
 	m.record(r, "stage %s", s)
 }
@@ -194,6 +194,12 @@ func (m *Machine) tick() {
 	now := m.now
 	for _, r := range m.sortedLive() {
 		switch {
+		case !r.deadline.IsZero() && !now.Before(r.deadline) && r.stage == StageAwaitingKV:
+			m.finish(r, r.cause, fmt.Sprintf("KV transfer made no progress for %s (no KV chunk and no renewal of the room from prefill); %s in awaiting_kv",
+				r.budget, now.Sub(r.stageSince).Round(time.Millisecond)), "")
+		case !r.deadline.IsZero() && !now.Before(r.deadline) && r.opt.unbound && r.cause == outcome.TimeoutBootstrap:
+			m.finish(r, r.cause, fmt.Sprintf("decode did not open the room within %s; its optimistic KV (%s) is dropped",
+				m.cfg.BootstrapTimeout, r.stage), "")
 		case !r.deadline.IsZero() && !now.Before(r.deadline):
 			m.finish(r, r.cause, fmt.Sprintf("%s deadline passed after %s", r.stage, now.Sub(r.stageSince).Round(time.Millisecond)), "")
 		case !now.Before(r.hardDeadline):

@@ -36,7 +36,7 @@ func seedFaults(seed uint64) faults {
 // reference runs requests one at a time on a colocated machine.
 func reference(t testing.TB, reqs []Request) map[string][]int32 {
 	w := newWorld(t)
-	c := w.addNode(testConfig(RoleColocated), 64)
+	c := w.addNode(testConfig(RoleColocated), 64, 0)
 	for _, q := range reqs {
 		q.Room, q.Peer, q.PeerAddr = kvxfer.Room{}, 0, ""
 		w.arrive(c, q)
@@ -87,10 +87,15 @@ func TestPairRandomized(t *testing.T) {
 		return
 	}
 	var preemptions uint64
+	var opt [numOptimisticOutcomes]uint64
 	for seed := uint64(1); seed <= uint64(*pairSeeds); seed++ {
 		f := seedFaults(seed)
 		if t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			preemptions += runPair(t, seed, f, nil)
+			c := runPair(t, seed, f, nil)
+			preemptions += c.Preemptions
+			for i, v := range c.Optimistic {
+				opt[i] += v
+			}
 		}) {
 			continue
 		}
@@ -108,6 +113,22 @@ func TestPairRandomized(t *testing.T) {
 	if *pairSeeds >= 20 && preemptions == 0 {
 		t.Errorf("no seed preempted a request: the recompute path went untested")
 	}
+	t.Logf("optimistic prefill over %d seeds: %v", *pairSeeds, opt)
+	if *pairSeeds >= 20 {
+		for _, o := range []OptimisticOutcome{OptimisticStarted, OptimisticParked, OptimisticSent, OptimisticFellBack} {
+			if opt[o] == 0 {
+				t.Errorf("no seed counted an optimistic prefill %s: that path went untested (%v)", o, opt)
+			}
+		}
+	}
+}
+
+// pairOptimistic: every third seed prefills optimistically (1 to 3
+// attempts, a quarter of prefill's pool), and decode is slower to open
+// its rooms, so prefill often computes before ROOM_OPEN; in half of those
+// the test hook also holds back the ROOM_OPEN of half the requests.
+func pairOptimistic(seed uint64) (attempts int, on bool) {
+	return 1 + int(seed/3)%3, seed%3 == 2
 }
 
 func writeTranscript(t *testing.T, seed uint64, tr string) string {
@@ -118,10 +139,10 @@ func writeTranscript(t *testing.T, seed uint64, tr string) string {
 	return path
 }
 
-// runPair runs one seeded pair and returns how many requests decode
-// preempted. If transcript is not nil, the run is recorded into it, up to
-// the command that failed if one did.
-func runPair(t *testing.T, seed uint64, f faults, transcript *string) uint64 {
+// runPair runs one seeded pair and returns decode's preemptions and
+// prefill's optimistic prefill counters. If transcript is not nil, the run
+// is recorded into it, up to the command that failed if one did.
+func runPair(t *testing.T, seed uint64, f faults, transcript *string) Counters {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	w := newWorld(t)
 	if transcript != nil {
@@ -129,8 +150,18 @@ func runPair(t *testing.T, seed uint64, f faults, transcript *string) uint64 {
 		defer func() { *transcript = rec.String() }() // also when the run fails
 	}
 	cfgP, cfgD := testConfig(RolePrefill), testConfig(RoleDecode)
-	P := w.addNode(cfgP, 24)
-	D := w.addNode(cfgD, 48)
+	attempts, optimistic := pairOptimistic(seed)
+	openDelay := 30 // ms: the most a leg's HTTP arrival is delayed
+	if optimistic {
+		cfgP.OptimisticAttempts = attempts
+		openDelay = 150
+	}
+	force := 0.0
+	if optimistic && seed%2 == 1 {
+		force = 0.5 // the test hook holds half the ROOM_OPENs back
+	}
+	P := w.addNode(cfgP, 24, force)
+	D := w.addNode(cfgD, 48, 0)
 	w.connect()
 	if f != (faults{}) {
 		// Slow page I/O, so requests end while their KV is being copied.
@@ -233,7 +264,7 @@ func runPair(t *testing.T, seed uint64, f faults, transcript *string) uint64 {
 			qd.Peer, qd.PeerAddr = w.peerOf(D), "prefill"
 			http = append(http,
 				httpEv{at: w.now.Add(time.Duration(rng.IntN(30)) * time.Millisecond), to: P, ev: Arrive{Req: q}},
-				httpEv{at: w.now.Add(time.Duration(rng.IntN(30)) * time.Millisecond), to: D, ev: Arrive{Req: qd}})
+				httpEv{at: w.now.Add(time.Duration(rng.IntN(openDelay)) * time.Millisecond), to: D, ev: Arrive{Req: qd}})
 			if rng.Float64() < f.abort*10 {
 				// The client gives up at a random phase; the router aborts both legs.
 				at := w.now.Add(time.Duration(rng.IntN(400)) * time.Millisecond)
@@ -337,5 +368,13 @@ func runPair(t *testing.T, seed uint64, f faults, transcript *string) uint64 {
 	if a, b := P.m.Stats(w.now).Tombstones, D.m.Stats(w.now).Tombstones; a+b != 0 {
 		t.Fatalf("seed %d: tombstones left: prefill %d decode %d", seed, a, b)
 	}
-	return D.m.Stats(w.now).Counters.Preemptions
+	// Every optimistic prefill that started ended one way.
+	c := P.m.Stats(w.now).Counters.Optimistic
+	if ended := c[OptimisticSent] + c[OptimisticExpired] + c[OptimisticAborted] + c[OptimisticFellBack]; ended != c[OptimisticStarted] {
+		t.Fatalf("seed %d: %d optimistic prefills started, %d ended (%v)", seed, c[OptimisticStarted], ended, c)
+	}
+	if !optimistic && c[OptimisticStarted] != 0 {
+		t.Fatalf("seed %d: optimistic prefill is off but %d started", seed, c[OptimisticStarted])
+	}
+	return Counters{Preemptions: D.m.Stats(w.now).Counters.Preemptions, Optimistic: c}
 }

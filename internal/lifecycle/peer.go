@@ -101,10 +101,14 @@ func (m *Machine) peerLost(p kvxfer.PeerID, err error) {
 		}
 		m.finish(r, o, reason, "")
 	}
-	for room, po := range m.pending { // dropped without a word: the peer is gone
-		if po.peer == p {
-			delete(m.pending, room)
+	for _, po := range m.pendingInOrder() { // dropped without a word: the peer is gone
+		if po.peer != p {
+			continue
 		}
+		if r := m.heldFor(po); r != nil {
+			m.finish(r, o, reason, "") // its ROOM_OPEN was held back (optimistic test hook)
+		}
+		delete(m.pending, po.open.Room)
 	}
 }
 
@@ -116,6 +120,9 @@ func (m *Machine) message(p kvxfer.PeerID, msg kvxfer.Message) {
 		for _, rg := range x.Rooms {
 			if r, ok := m.rooms[rg.Room]; ok && r.Gen == rg.Gen && r.Peer == p {
 				r.lastRenew = m.now
+				if m.cfg.Role == RoleDecode && r.stage == StageAwaitingKV && r.xferStarted {
+					m.transferProgress(r)
+				}
 			}
 		}
 		return

@@ -36,7 +36,9 @@ func (m *Machine) pendingInOrder() []*pendingOpen {
 // expirePending drops the pending ROOM_OPENs older than BootstrapTimeout and
 // tells each sender (ABORT{unknown_room}), in arrival order.
 func (m *Machine) expirePending() {
-	expired := func(p *pendingOpen) bool { return m.now.Sub(p.at) >= m.cfg.BootstrapTimeout }
+	// A ROOM_OPEN held back for its live request (the optimistic test hook)
+	// ends with the request.
+	expired := func(p *pendingOpen) bool { return m.now.Sub(p.at) >= m.cfg.BootstrapTimeout && m.heldFor(p) == nil }
 	due := false
 	for _, p := range m.pending {
 		if expired(p) {
@@ -59,9 +61,13 @@ func (m *Machine) expirePending() {
 }
 
 // abortPending drops every pending ROOM_OPEN and tells each sender why, in
-// arrival order.
+// arrival order; one held back for its live request (the optimistic test
+// hook) stays: it ends with the request.
 func (m *Machine) abortPending(cause outcome.Cause) {
 	for _, p := range m.pendingInOrder() {
+		if m.heldFor(p) != nil {
+			continue
+		}
 		delete(m.pending, p.open.Room)
 		m.emit(Send{Peer: p.peer, Msg: kvxfer.Abort{RoomGen: p.open.RoomGen, Cause: cause}})
 	}
@@ -89,6 +95,10 @@ func (m *Machine) prefillMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 				return
 			}
 			m.refuse(p, x.RoomGen)
+			return
+		}
+		if po, ok := m.pending[x.Room]; ok && po.peer == p && po.open.Gen == x.Gen && !r.opened {
+			po.ready, po.readyNT = true, x.NTokens // its ROOM_OPEN is held back (optimistic test hook)
 			return
 		}
 		if r = m.liveFor(p, x.RoomGen); r == nil {
@@ -137,6 +147,16 @@ func (m *Machine) prefillRoomOpen(p kvxfer.PeerID, x kvxfer.RoomOpen) {
 			m.drop("duplicate")
 			return
 		}
+		if po, held := m.pending[x.Room]; held && po.open.Gen == x.Gen {
+			m.drop("duplicate")
+			return
+		}
+		if m.holdsOpen(r) {
+			m.pendingSeq++
+			m.pending[x.Room] = &pendingOpen{open: x, peer: p, at: m.now, seq: m.pendingSeq}
+			m.record(r, "ROOM_OPEN from peer %d held back until the optimistic prefill ends (test hook)", p)
+			return
+		}
 		m.roomOpened(r, p, x)
 		return
 	}
@@ -177,6 +197,10 @@ func (m *Machine) roomOpened(r *req, p kvxfer.PeerID, x kvxfer.RoomOpen) {
 		m.finish(r, outcome.FailedIdentity, fmt.Sprintf(
 			"request identity mismatch for room %s: decode has rid %q with %d prompt tokens (hash %016x), prefill has rid %q with %d (hash %016x)",
 			r.Room, x.RID, x.NTokens, x.PromptHash, r.RID, len(r.InputIDs), PromptHash(r.InputIDs)), "")
+		return
+	}
+	if r.opt.unbound {
+		m.bindOptimistic(r)
 		return
 	}
 	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
@@ -232,5 +256,6 @@ func (m *Machine) startTransfer(r *req) {
 		Binding:    kvxfer.BindKV(r.roomGen(), uint32(len(r.InputIDs)), hashes),
 		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob}})
 	m.record(r, "KV sent: %d pages in %d chunks", np, r.chunks)
+	m.resolveOptimistic(r, OptimisticSent)
 	m.setStage(r, StageTransferring, m.cfg.TransferTimeout, outcome.TimeoutTransfer)
 }

@@ -49,12 +49,12 @@ type Request struct {
 // unless a column says otherwise, and every group not named for a role is
 // zero in it.
 //
-//	prefill        pages computed opened ready sentPages  inBatch pins
-//	bootstrap      0     0        –      –     0          –       0
-//	waiting        0     0        ✓      *     0          –       0
-//	prefilling     P     <T       ✓      *     ≤computed¹ *       *²
-//	parked         P     =T       ✓      –     0          –       0
-//	transferring   P     =T       ✓      ✓     =P         –       *
+//	prefill        pages computed opened ready sentPages  inBatch pins  unbound pending
+//	bootstrap      0     0        –      –     0          –       0     –       –
+//	waiting        0     0        ✓      *     0          –       0     –       –
+//	prefilling     P     <T       *⁶     *     ≤computed¹ *       *²    =!opened *
+//	parked         P     =T       *⁶     –     0          –       0     =!opened *
+//	transferring   P     =T       ✓      ✓     =P         –       *     –       –
 //
 //	decode         pages computed opened recv  xferStarted verifying ackSent outputs inBatch pins
 //	prealloc       0     0        ✓      nil   –           –         –       0       –       0
@@ -77,6 +77,11 @@ type Request struct {
 //	  checksum is being verified.
 //	⁴ the WriteKV and VerifyKV jobs of the transfer may still be finishing.
 //	⁵ ≥1 after a preemption: the KV of the output so far is recomputed.
+//	⁶ – only for an optimistic request (unbound, pending, not ready,
+//	  nothing sent, attempts ≤ OptimisticAttempts): computed before its
+//	  ROOM_OPEN; once bound it is opened and, until its KV is sent,
+//	  pending. Every prefill stage has attempts ≤ OptimisticAttempts,
+//	  and unbound or pending only if not over.
 //
 // In every stage: deadline is set exactly when cause is; inBatch only
 // while the running forward holds r; pins equals r's jobs in flight; peer
@@ -90,10 +95,16 @@ type req struct {
 	arrived    time.Time
 	stageSince time.Time
 	// deadline is the current stage's deadline and cause the outcome when it
-	// passes; hardDeadline caps the whole request.
+	// passes; budget is the span it was last set to (the stage's deadline
+	// flag, for display); hardDeadline caps the whole request.
 	deadline     time.Time
 	cause        outcome.Outcome
+	budget       time.Duration
 	hardDeadline time.Time
+	// bootDeadline (prefill) is arrival + BootstrapTimeout: the bootstrap
+	// deadline, which also caps every stage of an optimistic request until
+	// its ROOM_OPEN binds the room.
+	bootDeadline time.Time
 	pages        []kvcache.PageID
 	// computed is the number of tokens of prefillTokens() whose KV is in
 	// pages, while prefilling (prefill, colocated; decode after a
@@ -145,6 +156,26 @@ type prefillSide struct {
 	// first is the token sampled after the prompt, sent in KV_DONE (set
 	// when the prompt's KV is complete: parked, transferring).
 	first model.SeqOutput
+	// opt is the request's optimistic prefill, if it had one.
+	opt optState
+}
+
+// optState is a prefill request's optimistic prefill (see optimistic.go).
+type optState struct {
+	// unbound: the request holds KV computed before decode's ROOM_OPEN
+	// (prefilling or parked, not opened). The pages are the request's own:
+	// nothing else may read, share or index them (a prefix cache must not
+	// publish them) until ROOM_OPEN binds the room.
+	unbound bool
+	// attempts counts the optimistic forward passes the request was in.
+	attempts int
+	// over: the request fell back (its optimistic KV was dropped) and waits
+	// for its ROOM_OPEN as without optimism; it is never optimistic again.
+	over bool
+	// pending: the optimistic KV is still kept (unbound, or bound and not
+	// yet sent), so its outcome (sent, expired, aborted, fell back) is
+	// still to be counted.
+	pending bool
 }
 
 // decodeSide is what only a decode request holds: the receive state of its
@@ -152,7 +183,7 @@ type prefillSide struct {
 type decodeSide struct {
 	recv        []bool // per prompt page: written by a KV_CHUNK
 	recvCount   int    // pages marked in recv
-	xferStarted bool   // the first KV_CHUNK came: the transfer deadline runs
+	xferStarted bool   // the first KV_CHUNK came: the transfer deadline runs from the last progress
 	verifying   bool   // KV_DONE came; VerifyKV is computing the checksum
 	done        kvxfer.KVDone
 	ackSent     bool // KV_ACK sent: prefill has let go of the room

@@ -58,6 +58,9 @@ func (m *Machine) schedule() {
 	// workers bound their decoding sequences above, as before.
 	full := func() bool { return m.cfg.Role == RolePrefill && len(entries) >= m.cfg.MaxRunning }
 	chunk := func(r *req) {
+		if r.opt.unbound {
+			r.opt.attempts++
+		}
 		toks := r.prefillTokens()
 		n := min(len(toks)-r.computed, budget)
 		end := r.computed + n
@@ -66,8 +69,9 @@ func (m *Machine) schedule() {
 		budget -= n
 		prefillTokens += n
 	}
+	// Bound requests first: unbound (optimistic) ones get what is left.
 	for _, r := range m.queue {
-		if budget > 0 && r.stage == StagePrefilling && !full() {
+		if budget > 0 && r.stage == StagePrefilling && !r.opt.unbound && !full() {
 			chunk(r)
 		}
 	}
@@ -77,7 +81,9 @@ func (m *Machine) schedule() {
 	// whose decode has none, and may take the pages of a parked request
 	// whose decode has none: otherwise prefill and decode, each holding
 	// pages for a request the other cannot take yet, would wait on each
-	// other until a deadline broke the tie.
+	// other until a deadline broke the tie. Any bound request may take the
+	// pages of unbound (optimistic) ones, which therefore never stand in a
+	// bound request's way (see optimistic.go).
 	type pass struct {
 		stage Stage
 		ready bool // prefill: only requests with (true) or without ROOM_READY
@@ -99,12 +105,15 @@ func (m *Machine) schedule() {
 				need = m.pagesFor(len(r.InputIDs) + len(r.outputs))
 			}
 			ok := m.admitAlloc(r, need)
-			for !ok && m.cfg.Role == RolePrefill && r.ready {
-				v := m.newestUnreadyParked()
-				if v == nil {
+			for !ok && m.cfg.Role == RolePrefill {
+				v := m.newestUnbound()
+				if v != nil {
+					m.fallBack(v, "its pages went to a request whose room is bound")
+				} else if v = m.newestUnreadyParked(); v != nil && r.ready {
+					m.unpark(v)
+				} else {
 					break
 				}
-				m.unpark(v)
 				ok = m.admitAlloc(r, need)
 			}
 			if !ok {
@@ -114,6 +123,35 @@ func (m *Machine) schedule() {
 			m.record(r, "%d pages allocated", len(r.pages))
 			chunk(r)
 		}
+	}
+	if m.optimisticOn() {
+		for _, r := range m.queue {
+			if budget > 0 && r.stage == StagePrefilling && r.opt.unbound && !full() {
+				chunk(r)
+			}
+		}
+		// New unbound KV only while no bound request waits, and within the
+		// cap; first come, first served.
+		comp, park := m.unboundPages()
+		left := m.optimisticCap() - comp - park
+		if m.stageCount[StageWaiting] == 0 {
+			for _, r := range m.queue {
+				if budget <= 0 || full() {
+					break
+				}
+				if !m.mayStartOptimistic(r) {
+					continue
+				}
+				need := m.admitPages(r.Request)
+				if need > left || !m.admitAlloc(r, need) {
+					break
+				}
+				left -= need
+				m.startOptimistic(r)
+				chunk(r)
+			}
+		}
+		m.releaseBlockedHolds(left)
 	}
 	if len(entries) == 0 {
 		return
@@ -170,7 +208,7 @@ func (m *Machine) newestHolder() *req {
 func (m *Machine) newestUnreadyParked() *req {
 	var v *req
 	for _, r := range m.queue {
-		if r.stage == StageParked && !r.ready && r.pins == 0 && !r.inBatch && (v == nil || r.admitted > v.admitted) {
+		if r.stage == StageParked && !r.ready && !r.opt.unbound && r.pins == 0 && !r.inBatch && (v == nil || r.admitted > v.admitted) {
 			v = r
 		}
 	}
@@ -187,6 +225,7 @@ func (m *Machine) unpark(r *req) {
 	r.first = model.SeqOutput{}
 	r.preemptions++
 	m.counters.Preemptions++
+	m.resolveOptimistic(r, OptimisticFellBack)
 	m.record(r, "KV dropped (%d): its pages went to a request whose decode is ready", r.preemptions)
 	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 }
@@ -237,6 +276,10 @@ func (m *Machine) batchDone(e BatchDone) {
 			done := r.computed == len(r.prefillTokens())
 			if m.cfg.Role == RolePrefill {
 				m.hashComputed(r, before)
+			}
+			if m.cfg.Role == RolePrefill && r.opt.unbound {
+				m.optimisticDone(r, done, out)
+				continue
 			}
 			if m.cfg.Role != RolePrefill {
 				if done {

@@ -35,9 +35,11 @@ const (
 	// StageWaiting (prefill, colocated): waiting to be batched. Holds nothing.
 	StageWaiting
 	// StagePrefilling (prefill, colocated; decode after a preemption): KV
-	// being computed in chunks. Holds pages.
+	// being computed in chunks (on prefill also before ROOM_OPEN, with
+	// optimistic prefill). Holds pages.
 	StagePrefilling
-	// StageParked (prefill): KV computed, waiting for decode's ROOM_READY. Holds pages.
+	// StageParked (prefill): KV computed, waiting for decode's ROOM_READY
+	// (or, optimistic, its ROOM_OPEN). Holds pages.
 	StageParked
 	// StageTransferring (prefill): KV sent, waiting for decode's KV_ACK. Holds pages.
 	StageTransferring

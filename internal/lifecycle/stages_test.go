@@ -123,7 +123,11 @@ var stageSetups = []stageSetup{
 			h.step(PeerUp{Peer: 7})
 			h.step(Arrive{Req: q})
 		}},
-	{role: RoleDecode, stage: StageAwaitingKV, promptLen: 8, deadline: 30 * time.Second, timeout: outcome.TimeoutTransfer, shared: true, leased: true,
+	// Once KV flows, the transfer deadline runs from the last progress (a
+	// chunk, or prefill renewing the room): renewed every second, the
+	// request lives until its hard cap. TestTransferDeadlineMeasuresProgress
+	// has the transfer deadline itself.
+	{role: RoleDecode, stage: StageAwaitingKV, promptLen: 8, deadline: 600 * time.Second, timeout: outcome.TimeoutRequest, shared: true, leased: true,
 		drive: func(h *harness, q Request) {
 			h.step(PeerUp{Peer: 7})
 			h.step(Arrive{Req: q})

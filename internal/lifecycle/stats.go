@@ -25,6 +25,12 @@ type Counters struct {
 	// Preemptions counts requests that lost their pages to older ones and
 	// recomputed their KV.
 	Preemptions uint64
+	// Optimistic counts optimistic prefill (prefill role), indexed by
+	// OptimisticOutcome: requests started before their ROOM_OPEN, parked
+	// complete before it, and how their optimistic KV ended (sent, expired,
+	// aborted, fell back; started = the sum of these and the ones still
+	// pending).
+	Optimistic [numOptimisticOutcomes]uint64
 }
 
 // HistoryEntry is one lifecycle event of a request, for /debug/requests/{rid}.
@@ -50,6 +56,11 @@ type Stats struct {
 	PagesTotal   int
 	PendingOpens int
 	Tombstones   int
+	// UnboundComputingPages and UnboundParkedPages (prefill) are the pages
+	// held by optimistic requests before their ROOM_OPEN: being computed,
+	// and complete (parked).
+	UnboundComputingPages int
+	UnboundParkedPages    int
 	// Draining is set once the machine refuses new requests to drain;
 	// Drained once, draining, it holds nothing.
 	Draining bool
@@ -78,8 +89,10 @@ func (m *Machine) Stats(now time.Time) Stats {
 			AbortsAcked:         m.counters.AbortsAcked,
 			PendingOpensExpired: m.counters.PendingOpensExpired,
 			Preemptions:         m.counters.Preemptions,
+			Optimistic:          m.counters.Optimistic,
 		},
 	}
+	s.UnboundComputingPages, s.UnboundParkedPages = m.unboundPages()
 	for _, st := range m.cfg.Role.Stages() {
 		s.Stages[st] = m.stageCount[st]
 		s.OldestInStage[st] = 0
@@ -115,16 +128,21 @@ type RequestInfo struct {
 	// moves out each time the peer renews the room, so a small value is
 	// normal) or DeadlineRequest (the request's time limit).
 	DeadlineKind string `json:"deadline_kind,omitempty"`
-	// StageBudget is the stage's whole deadline span (0 when the stage is
-	// bounded only by the request's time limit).
-	StageBudget  float64        `json:"stage_budget_s"`
-	Peer         uint64         `json:"peer,omitempty"`
-	PeerAddr     string         `json:"peer_addr,omitempty"`
-	PromptTokens int            `json:"prompt_tokens"`
-	OutputTokens int            `json:"output_tokens"`
-	Pages        int            `json:"pages"`
-	LastEvent    string         `json:"last_event"`
-	History      []HistoryEntry `json:"history,omitempty"`
+	// StageBudget is the span the stage's deadline was last set to, by its
+	// flag (0 when the stage is bounded only by the request's time limit);
+	// decode's transfer deadline is re-armed on progress, so for it this is
+	// --transfer-timeout from the last KV chunk or renewal.
+	StageBudget  float64 `json:"stage_budget_s"`
+	Peer         uint64  `json:"peer,omitempty"`
+	PeerAddr     string  `json:"peer_addr,omitempty"`
+	PromptTokens int     `json:"prompt_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+	Pages        int     `json:"pages"`
+	// Optimistic (prefill): its KV is computed before decode's ROOM_OPEN
+	// and not yet bound to the room.
+	Optimistic bool           `json:"optimistic,omitempty"`
+	LastEvent  string         `json:"last_event"`
+	History    []HistoryEntry `json:"history,omitempty"`
 }
 
 func (m *Machine) info(r *req, now time.Time, history bool) RequestInfo {
@@ -137,6 +155,7 @@ func (m *Machine) info(r *req, now time.Time, history bool) RequestInfo {
 		PromptTokens: len(r.InputIDs),
 		OutputTokens: len(r.outputs),
 		Pages:        len(r.pages),
+		Optimistic:   r.opt.unbound,
 	}
 	if !r.Room.IsZero() {
 		ri.Room = r.Room.String()
@@ -145,7 +164,7 @@ func (m *Machine) info(r *req, now time.Time, history bool) RequestInfo {
 	ri.DeadlineKind = DeadlineRequest
 	if !r.deadline.IsZero() && r.deadline.Before(deadline) {
 		deadline, ri.DeadlineKind = r.deadline, DeadlineStage
-		ri.StageBudget = r.deadline.Sub(r.stageSince).Seconds()
+		ri.StageBudget = r.budget.Seconds()
 	}
 	if m.leased(r) {
 		if lease := r.lastRenew.Add(m.cfg.Lease()); lease.Before(deadline) {

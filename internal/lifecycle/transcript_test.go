@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,8 +30,11 @@ import (
 // Commands (every one takes at=DUR, the time since the start, or after=DUR,
 // to move the clock first):
 //
-//	node <role> [pages=N] [<config>=V ...]  a machine of role prefill, decode or colocated
-//	                                         with testConfig, changed by the keys of configKeys
+//	node <role> [pages=N] [<config>=V ...] [force-optimistic=(rid, ...)] [force-optimistic-fraction=F]
+//	                                         a machine of role prefill, decode or colocated
+//	                                         with testConfig, changed by the keys of configKeys;
+//	                                         force-optimistic(-fraction) is the optimistic test
+//	                                         hook's pick: these ids, or ForceFraction(F)
 //	connect                                  open the KV connection (both sides hear PeerUp)
 //	disconnect [err=TEXT]                    lose it: frames in flight are lost, both hear PeerLost
 //	arrive <node> rid=R [room=NAME] [gen=G] (prompt=N | tokens=(..)) [max_tokens=M]
@@ -67,7 +71,7 @@ func TestTranscripts(t *testing.T) {
 // replays through the transcript runner with the same output, so a failing
 // seed's printed transcript can be pasted into testdata/.
 func TestPairTranscriptReplays(t *testing.T) {
-	for _, seed := range []uint64{3, 4} { // with faults, and clean
+	for _, seed := range []uint64{3, 4, 5} { // with faults, clean, and optimistic with the test hook
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			var a, b string
 			runPair(t, seed, seedFaults(seed), &a)
@@ -114,13 +118,36 @@ func (w *world) run(t *testing.T, td *datadriven.TestData) string {
 		role := roleNamed(t, a.first())
 		cfg := testConfig(role)
 		for _, k := range configKeys {
-			if k.num != nil {
+			switch {
+			case k.num != nil:
 				*k.num(&cfg) = a.int(k.key, *k.num(&cfg))
-			} else if d, ok := a.dur(k.key); ok {
-				*k.dur(&cfg) = d
+			case k.frac != nil:
+				if v := a.str(k.key, ""); v != "" {
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						t.Fatalf("%s: %s=%s: %v", td.Pos, k.key, v, err)
+					}
+					*k.frac(&cfg) = f
+				}
+			default:
+				if d, ok := a.dur(k.key); ok {
+					*k.dur(&cfg) = d
+				}
 			}
 		}
-		w.addNode(cfg, a.int("pages", 16))
+		if arg, ok := td.Arg("force-optimistic"); ok {
+			forced := arg.Vals
+			cfg.ForceOptimistic = func(rid string) bool { return slices.Contains(forced, rid) }
+		}
+		force := 0.0
+		if v := a.str("force-optimistic-fraction", ""); v != "" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: force-optimistic-fraction=%s: %v", td.Pos, v, err)
+			}
+			force = f
+		}
+		w.addNode(cfg, a.int("pages", 16), force)
 	case "connect":
 		w.connect()
 	case "disconnect":
@@ -238,6 +265,9 @@ func (w *world) printStats(n *node) {
 	if s.Draining {
 		w.say(n, "  draining, drained %v", s.Drained)
 	}
+	if s.UnboundComputingPages+s.UnboundParkedPages > 0 {
+		w.say(n, "  optimistic KV: %d pages computing, %d parked", s.UnboundComputingPages, s.UnboundParkedPages)
+	}
 	var st []string
 	for _, stage := range n.role.Stages() {
 		if c := s.Stages[stage]; c > 0 {
@@ -264,6 +294,11 @@ func (w *world) printStats(n *node) {
 			cs = append(cs, fmt.Sprintf("%s=%d", kv.k, kv.v))
 		}
 	}
+	for _, o := range OptimisticOutcomes() {
+		if v := c.Optimistic[o]; v > 0 {
+			cs = append(cs, fmt.Sprintf("optimistic_%s=%d", o, v))
+		}
+	}
 	if len(cs) > 0 {
 		w.say(n, "  counters: %s", strings.Join(cs, " "))
 	}
@@ -279,6 +314,9 @@ func (w *world) printRequests(n *node) {
 		w.say(n, "%s %s room=%s/%d age=%s in_stage=%s deadline_left=%s budget=%s peer=%d pages=%d prompt=%d output=%d last=%q",
 			ri.RID, ri.Stage, room, ri.Gen, secs(ri.AgeSeconds), secs(ri.InStageSecs), secs(ri.DeadlineLeft), secs(ri.StageBudget),
 			ri.Peer, ri.Pages, ri.PromptTokens, ri.OutputTokens, w.clean(ri.LastEvent))
+		if ri.Optimistic {
+			w.say(n, "  %s: optimistic (not bound to its room)", ri.RID)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,14 +131,24 @@ func (w *world) byRole(r Role) *node {
 
 // addNode starts a machine of cfg.Role with a pool of pages, named for its
 // role.
-func (w *world) addNode(cfg Config, pages int) *node {
+//
+// force > 0 sets the optimistic test hook of a prefill node to
+// ForceFraction(force), which the recorder writes as
+// force-optimistic-fraction (a hook, unlike a number, cannot be printed).
+func (w *world) addNode(cfg Config, pages int, force float64) *node {
 	if w.rec != nil {
 		args, ok := configArgs(cfg)
 		if !ok {
 			w.fatalf("the recorder cannot write config %+v", cfg)
 		}
+		if force > 0 {
+			args += fmt.Sprintf(" force-optimistic-fraction=%s", strconv.FormatFloat(force, 'g', -1, 64))
+		}
 		w.rec.begin(w, "node %s pages=%d%s", cfg.Role, pages, args)
 		defer w.rec.end(w)
+	}
+	if force > 0 {
+		cfg.ForceOptimistic = ForceFraction(force)
 	}
 	if w.byRole(cfg.Role) != nil {
 		w.fatalf("a %s node exists already", cfg.Role)
@@ -882,9 +893,10 @@ func joinInts[T int32 | int](ids []T) string {
 
 // configKeys are the Config fields a transcript's node command may set.
 var configKeys = []struct {
-	key string
-	num func(*Config) *int
-	dur func(*Config) *time.Duration
+	key  string
+	num  func(*Config) *int
+	dur  func(*Config) *time.Duration
+	frac func(*Config) *float64
 }{
 	{key: "page-size", num: func(c *Config) *int { return &c.PageSize }},
 	{key: "context", num: func(c *Config) *int { return &c.ContextLen }},
@@ -902,6 +914,8 @@ var configKeys = []struct {
 	{key: "max-request", dur: func(c *Config) *time.Duration { return &c.MaxRequestTime }},
 	{key: "heartbeat", dur: func(c *Config) *time.Duration { return &c.HeartbeatInterval }},
 	{key: "tombstone-ttl", dur: func(c *Config) *time.Duration { return &c.TombstoneTTL }},
+	{key: "optimistic-attempts", num: func(c *Config) *int { return &c.OptimisticAttempts }},
+	{key: "optimistic-max-parked", frac: func(c *Config) *float64 { return &c.OptimisticMaxParked }},
 }
 
 // configArgs writes the fields where cfg differs from testConfig as node
@@ -917,6 +931,9 @@ func configArgs(cfg Config) (string, bool) {
 		case k.dur != nil && *k.dur(&cfg) != *k.dur(&base):
 			fmt.Fprintf(&b, " %s=%s", k.key, *k.dur(&cfg))
 			*k.dur(&base) = *k.dur(&cfg)
+		case k.frac != nil && *k.frac(&cfg) != *k.frac(&base):
+			fmt.Fprintf(&b, " %s=%s", k.key, strconv.FormatFloat(*k.frac(&cfg), 'g', -1, 64))
+			*k.frac(&base) = *k.frac(&cfg)
 		}
 	}
 	return b.String(), reflect.DeepEqual(base, cfg)

@@ -99,7 +99,11 @@ func exampleWorker(t *testing.T, reg *prometheus.Registry, role workerapi.Role, 
 	}
 	st := WorkerState{PagesUsed: 10, PagesTotal: 64, PendingOpens: 1, Tombstones: 2, Preemptions: 3, PeerAbortTombstones: 5,
 		FramesDropped: map[string]uint64{"stale_gen": 4}, GenThroughput: 125.5,
-		KV: KVConns{Dials: 3, Reconnects: 2, Live: 1, Refused: map[string]uint64{"auth": 2}}}
+		KV: KVConns{Dials: 3, Reconnects: 2, Live: 1}}
+	if role == workerapi.RolePrefill {
+		st.Optimistic = map[string]uint64{"started": 9, "parked": 6, "sent": 5, "fell_back": 2} // 2 in flight
+		st.OptimisticKVBytes = map[string]int64{"parked": 1 << 20}
+	}
 	for i, s := range stages {
 		st.Stages = append(st.Stages, StageState{Stage: s, Requests: i, Oldest: time.Duration(i) * time.Second,
 			Deadline: time.Duration(10*(i+1)) * time.Second})
@@ -239,4 +243,23 @@ func TestFrontendExposition(t *testing.T) {
 	f.Answer("other", 404, "not_found")
 	f.Answer("completions", 499, "")
 	golden(t, reg, "frontend")
+}
+
+// TestPeerAuth: the refusals exposed are the snapshot's, every reason a
+// series.
+func TestPeerAuth(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	snap := map[string]map[string]uint64{ChannelKV: {"bad_proof": 2, "tls": 0}, ChannelWorkerAPI: {"replayed": 1}}
+	if err := NewPeerAuth(reg, "prefill", func() map[string]map[string]uint64 { return snap }); err != nil {
+		t.Fatal(err)
+	}
+	want := `# HELP pdserve_peer_auth_failures_total Connections (kv) and requests (worker_api) a worker refused because the peer did not prove it belongs to the fleet, or failed its handshake, by reason.
+# TYPE pdserve_peer_auth_failures_total counter
+pdserve_peer_auth_failures_total{channel="kv",reason="bad_proof",role="prefill"} 2
+pdserve_peer_auth_failures_total{channel="kv",reason="tls",role="prefill"} 0
+pdserve_peer_auth_failures_total{channel="worker_api",reason="replayed",role="prefill"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
 }

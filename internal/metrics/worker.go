@@ -5,7 +5,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
@@ -44,6 +43,16 @@ import (
 //     for a room this worker did not hold, each leaving a tombstone) and
 //     pdserve_kv_frames_dropped_total{role,reason} (counters), and
 //     pdserve_worker_loop_up{role} (1 if the loop answered the scrape).
+//   - prefill only, also from the Snapshot:
+//     pdserve_optimistic_prefill_total{role,outcome} (counter): optimistic
+//     prefills (computed before decode's ROOM_OPEN) started, parked
+//     (complete before it), and how their optimistic KV ended: sent,
+//     expired (a deadline first), aborted (any other end first), fell_back
+//     (dropped: attempts used up, or its pages went to a bound request);
+//     started = sent + expired + aborted + fell_back + those in flight.
+//     pdserve_optimistic_prefill_kv_bytes{role,state} (gauge, bytes): KV
+//     held by optimistic requests not yet bound to their room, computing
+//     or parked (capped by --optimistic-prefill-max-parked of the pool).
 //
 // With [WithSGLang] it also exposes SGLang's series (see sglang.go).
 // Durations are clamped at zero before they are observed, so no latency
@@ -80,17 +89,30 @@ type WorkerState struct {
 	GenThroughput float64
 	// KV counts the KV channel's connections (prefill and decode).
 	KV KVConns
+	// Optimistic (prefill) counts optimistic prefill by outcome, keyed by
+	// the names in OptimisticOutcomes.
+	Optimistic map[string]uint64
+	// OptimisticKVBytes (prefill) is the KV held by optimistic requests
+	// not yet bound to their room, in bytes, by state: computing, parked.
+	OptimisticKVBytes map[string]int64
 }
 
 // KVConns counts a worker's KV connections: Dials (decode: connections it
-// opened; Reconnects those to an address it had a connection to before),
-// Live connections now, and handshakes Refused by reason (every
-// kvxfer.RefusalReason's name), by this side or the peer.
+// opened; Reconnects those to an address it had a connection to before)
+// and Live connections now. Refused handshakes are counted by reason in
+// pdserve_peer_auth_failures_total{channel="kv"}.
 type KVConns struct {
 	Dials, Reconnects uint64
 	Live              int
-	Refused           map[string]uint64
 }
+
+// OptimisticOutcomes are the outcome labels of
+// pdserve_optimistic_prefill_total, every one exposed from the start.
+var OptimisticOutcomes = []string{"started", "parked", "sent", "expired", "aborted", "fell_back"}
+
+// OptimisticStates are the state labels of
+// pdserve_optimistic_prefill_kv_bytes.
+var OptimisticStates = []string{"computing", "parked"}
 
 // StageState is one stage of a WorkerState.
 type StageState struct {
@@ -284,11 +306,14 @@ var (
 		"KV connections opened to an address this worker had a connection to before.", []string{"role"}, nil)
 	kvLiveDesc = prometheus.NewDesc("pdserve_kv_connections",
 		"KV connections up now (handshake passed, not lost).", []string{"role"}, nil)
-	kvRefusedDesc = prometheus.NewDesc("pdserve_kv_handshake_refusals_total",
-		"KV handshakes refused, by this worker or its peer, by reason (auth, version, fingerprint, protocol).",
-		[]string{"role", "reason"}, nil)
 	upDesc = prometheus.NewDesc("pdserve_worker_loop_up",
 		"1 if the worker loop answered this scrape, 0 if it did not in time.", []string{"role"}, nil)
+	optimisticDesc = prometheus.NewDesc("pdserve_optimistic_prefill_total",
+		"Optimistic prefills (computed before decode's ROOM_OPEN): started, parked, and how their KV ended (sent, expired, aborted, fell_back).",
+		[]string{"role", "outcome"}, nil)
+	optimisticBytesDesc = prometheus.NewDesc("pdserve_optimistic_prefill_kv_bytes",
+		"KV bytes held by optimistic requests not yet bound to their room, computing or parked.",
+		[]string{"role", "state"}, nil)
 )
 
 type stateCollector struct {
@@ -303,9 +328,13 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	if c.role != workerapi.RoleColocated.String() {
-		for _, d := range []*prometheus.Desc{kvDialsDesc, kvReconnectsDesc, kvLiveDesc, kvRefusedDesc} {
+		for _, d := range []*prometheus.Desc{kvDialsDesc, kvReconnectsDesc, kvLiveDesc} {
 			ch <- d
 		}
+	}
+	if c.role == workerapi.RolePrefill.String() {
+		ch <- optimisticDesc
+		ch <- optimisticBytesDesc
 	}
 	if c.sglang != nil {
 		for _, d := range c.sglang.gaugeDescs {
@@ -342,8 +371,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(kvDialsDesc, prometheus.CounterValue, float64(st.KV.Dials), c.role)
 		ch <- prometheus.MustNewConstMetric(kvReconnectsDesc, prometheus.CounterValue, float64(st.KV.Reconnects), c.role)
 		ch <- prometheus.MustNewConstMetric(kvLiveDesc, prometheus.GaugeValue, float64(st.KV.Live), c.role)
-		for _, r := range kvxfer.RefusalReasons() {
-			ch <- prometheus.MustNewConstMetric(kvRefusedDesc, prometheus.CounterValue, float64(st.KV.Refused[r.String()]), c.role, r.String())
+	}
+	if c.role == workerapi.RolePrefill.String() {
+		for _, o := range OptimisticOutcomes {
+			ch <- prometheus.MustNewConstMetric(optimisticDesc, prometheus.CounterValue, float64(st.Optimistic[o]), c.role, o)
+		}
+		for _, s := range OptimisticStates {
+			ch <- prometheus.MustNewConstMetric(optimisticBytesDesc, prometheus.GaugeValue, float64(max(0, st.OptimisticKVBytes[s])), c.role, s)
 		}
 	}
 	if c.sglang != nil {

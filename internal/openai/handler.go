@@ -120,6 +120,9 @@ func noteCode(w http.ResponseWriter, code string) {
 	}
 }
 
+// EndpointOf is the endpoint of a request path as OnAnswer names it.
+func EndpointOf(path string) string { return endpointOf(path) }
+
 func endpointOf(path string) string {
 	switch {
 	case path == "/v1/completions":

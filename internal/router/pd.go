@@ -67,6 +67,7 @@ type pdStream struct {
 	a        *attempt
 	sent     bool // a token reached the client: no more retries
 	ended    bool // finished OK, failed, or stopped: nothing more to abort
+	stopped  bool // Stop ended it: its abort cancels the decode leg
 	finished bool // the last chunk was returned
 	// closeWhy is the detail of the aborts Close sends ("" = the client left).
 	closeWhy string
@@ -631,13 +632,16 @@ func (s *pdStream) awaitDecodeError(a *attempt) *workerapi.Error {
 
 // Stop ends the request as finished (a stop string matched): only decode
 // still runs; prefill finishes on its own once decode acknowledged the KV.
+// The decode leg is hung up only after the worker has the stop abort
+// (abortLeg cancels it then), so the worker ends the request ok instead of
+// reading the hang-up as its client going away.
 func (s *pdStream) Stop() {
 	if s.ended {
 		return
 	}
-	s.ended = true
+	s.ended, s.stopped = true, true
 	s.r.metrics.Answered(outcome.OK)
-	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", outcome.Cause{}, nil)
+	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", outcome.Cause{}, s.a.dCancel)
 }
 
 // Close aborts both legs if the request has not ended (the client is
@@ -660,6 +664,10 @@ func (s *pdStream) Close() {
 		} else {
 			a.pCancel()
 		}
+	}
+	if s.stopped {
+		s.drain(a) // Stop's abort hangs the leg up once the worker has it
+		return
 	}
 	a.dCancel()
 	for range a.lines {

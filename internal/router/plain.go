@@ -26,6 +26,7 @@ type plainStream struct {
 	down     <-chan struct{} // closed when the worker is found down
 	live     *liveRequest    // what /debug/requests shows
 	ended    bool
+	stopped  bool // Stop ended it: its abort cancels the leg
 	finished bool
 	shutdown bool // the router stopped the request: its answer was a 503
 	// dispatched is when the request was sent to its worker.
@@ -104,12 +105,14 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 	}
 }
 
-// Stop ends the request as finished (a stop string matched).
+// Stop ends the request as finished (a stop string matched). The leg is
+// hung up only after the worker has the stop abort (abortLeg cancels it
+// then), so the worker ends the request ok, not as its client going away.
 func (s *plainStream) Stop() {
 	if !s.ended {
-		s.ended = true
+		s.ended, s.stopped = true, true
 		s.r.metrics.Answered(outcome.OK)
-		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", outcome.Cause{}, nil)
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", outcome.Cause{}, s.cancel)
 	}
 }
 
@@ -125,6 +128,15 @@ func (s *plainStream) Close() {
 		}
 		// Both the abort and the hang-up read as the client leaving.
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "client disconnected", outcome.Cause{}, nil)
+	}
+	if s.stopped {
+		s.r.bg.Add(1)
+		go func() { // Stop's abort hangs the leg up once the worker has it
+			defer s.r.bg.Done()
+			for range s.lines {
+			}
+		}()
+		return
 	}
 	s.cancel()
 	for range s.lines {

@@ -114,8 +114,14 @@ type Config struct {
 	PeerFailureGrace time.Duration
 	// MaxBodyBytes bounds client request bodies (default: the front end's).
 	MaxBodyBytes int64
-	// Client is the HTTP client for worker calls (default: a pooled client).
+	// Client is the HTTP client for worker calls (default: a pooled client
+	// on NewTransport).
 	Client *http.Client
+	// Guard, if set, wraps the router's whole HTTP API (Handler): the front
+	// door's authentication. answer counts a request it refuses in the
+	// front end's answers (pdserve_api_answers_total), as openai.Config's
+	// OnAnswer does.
+	Guard func(h http.Handler, answer func(endpoint string, status int, code string)) http.Handler
 	// Clock is the router's clock (default: the wall clock): request ages,
 	// the grace wait, health checks and every timeout of a worker call run
 	// on it.
@@ -123,6 +129,19 @@ type Config struct {
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
+}
+
+// NewTransport returns the pooled transport of the router's default
+// Client (5 s dial timeout, up to 1024 idle connections per worker), for a
+// caller that builds its own Client around it (TLS to the workers, request
+// signing).
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+	}
 }
 
 // Router pairs prefill and decode workers. See the package doc.
@@ -229,12 +248,7 @@ func New(cfg Config) (*Router, error) {
 		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        4096,
-			MaxIdleConnsPerHost: 1024,
-			IdleConnTimeout:     90 * time.Second,
-		}}
+		cfg.Client = &http.Client{Transport: NewTransport()}
 	}
 	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), clock: cfg.Clock, client: cfg.Client, stop: make(chan struct{}),
 		stopping: make(chan struct{}), draining: make(chan struct{}), live: make(map[*liveRequest]struct{}),
@@ -398,7 +412,7 @@ func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 }
 
 // Handler returns the router's HTTP API: the OpenAI endpoints, /health and
-// /metrics.
+// /metrics, behind Config.Guard.
 func (r *Router) Handler() http.Handler {
 	oa := openai.NewHandler(openai.Config{
 		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen, VocabSize: r.cfg.VocabSize,
@@ -456,5 +470,9 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		openai.WriteError(w, openai.NotFound("no route for %s %s", req.Method, req.URL.Path))
 	})
-	return openai.Routes(oa, mux)
+	h := openai.Routes(oa, mux)
+	if r.cfg.Guard != nil {
+		return r.cfg.Guard(h, r.frontend.Answer)
+	}
+	return h
 }

@@ -203,6 +203,15 @@ func (w *Worker) arriveLeg(rw http.ResponseWriter, r *http.Request) (q lifecycle
 		openai.WriteError(rw, err)
 		return lifecycle.Request{}, nil, false, false
 	}
+	if d := w.cfg.AdmissionDelay; d > 0 && w.role == lifecycle.RoleDecode {
+		t := w.clock.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C():
+		case <-r.Context().Done(): // nothing was admitted: nothing to abort
+			return lifecycle.Request{}, nil, false, false
+		}
+	}
 	return q, w.submit(q), b.Buffered, true
 }
 

@@ -87,6 +87,11 @@ type Config struct {
 	DecodeLogInterval int
 	// MaxBodyBytes bounds worker API request bodies (default 64 MiB).
 	MaxBodyBytes int64
+	// AdmissionDelay (decode) holds every arriving leg this long before
+	// the machine admits it (and so before its ROOM_OPEN goes out): a decode
+	// that is slow to open rooms, for tests and benchmarks
+	// (--test-decode-admission-delay). 0: none.
+	AdmissionDelay time.Duration
 	// MetricsCompat adds another system's metric names next to pdserve's:
 	// "" (none) or MetricsCompatSGLang (see internal/metrics, sglang.go).
 	MetricsCompat string
@@ -398,6 +403,9 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		if w.backend != nil {
 			w.backend.Close()
 		}
+		// Nothing touches the pages any more: the loop, the I/O lanes and
+		// the forward have stopped.
+		_ = w.pool.Close()
 	})
 	return err
 }
@@ -728,10 +736,16 @@ func (w *Worker) snapshot() (metrics.WorkerState, bool) {
 	}
 	if c, ok := w.backend.(kvxfer.ConnCounter); ok {
 		kc := c.ConnCounts()
-		ms.KV = metrics.KVConns{Dials: kc.Dials, Reconnects: kc.Reconnects, Live: kc.Live, Refused: map[string]uint64{}}
-		for _, r := range kvxfer.RefusalReasons() {
-			ms.KV.Refused[r.String()] = kc.Refused[r]
+		ms.KV = metrics.KVConns{Dials: kc.Dials, Reconnects: kc.Reconnects, Live: kc.Live}
+	}
+	if w.role == lifecycle.RolePrefill {
+		ms.Optimistic = make(map[string]uint64)
+		for _, o := range lifecycle.OptimisticOutcomes() {
+			ms.Optimistic[o.String()] = st.Counters.Optimistic[o]
 		}
+		pb := int64(w.pool.PageBytes())
+		ms.OptimisticKVBytes = map[string]int64{"computing": int64(st.UnboundComputingPages) * pb,
+			"parked": int64(st.UnboundParkedPages) * pb}
 	}
 	if d, ok := w.backend.(kvxfer.DropCounter); ok {
 		for k, v := range d.DroppedFrames() {
@@ -814,8 +828,8 @@ func (w *Worker) Model() model.Model { return w.model }
 // parked: KVHoldTimeout; transferring: TransferTimeout), capped by
 // MaxRequestTime, the hard limit of every stage; MaxRequestTime for the
 // stages bounded by progress or by the request's limit alone (prefilling,
-// decoding, and awaiting_kv, whose transfer deadline starts with the first
-// KV frame).
+// decoding, and awaiting_kv, whose transfer deadline runs from the last
+// KV chunk or renewal of the room).
 func StageDeadline(c lifecycle.Config, s lifecycle.Stage) time.Duration {
 	d := c.MaxRequestTime
 	switch s {

@@ -548,9 +548,12 @@ func (h *inproc) setUp() {
 		}
 	}
 	// No admission: the chaos wants the workers' pools and queues full, so
-	// that faults strike every stage; the router would shed that load.
+	// that faults strike every stage; the router would shed that load. The
+	// faults open KV path breakers (as they should); their cool-down is
+	// scaled to the test's (leases of 400 ms, heartbeats of 100 ms), so that
+	// the fleet is whole again within the recovery bound below.
 	ro := cluster.RouterOptions{Addr: "127.0.0.1:0", Info: m.Info(), Tokenizer: m.Tokenizer(), HealthInterval: 100 * time.Millisecond,
-		RouterTuning: cluster.RouterTuning{Admission: &router.Admission{}}}
+		RouterTuning: cluster.RouterTuning{Admission: &router.Admission{}, BreakerCooldown: 2 * time.Second}}
 	for _, s := range h.slots {
 		if s.role == lifecycle.RolePrefill {
 			ro.Prefill = append(ro.Prefill, "http://"+s.addr)

@@ -105,7 +105,7 @@ func startPD(t *testing.T, o pdOptions) *cluster.Cluster {
 	}
 	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
 		NewModel: simFactory(o.sim), Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: o.memory, MetricsCompat: o.metricsCompat},
-		WrapBackend: o.wrap, HealthInterval: 100 * time.Millisecond, Router: o.router, Logger: o.logger})
+		WrapBackend: o.wrap, HealthInterval: 100 * time.Millisecond, Router: cluster.RouterOptions{RouterTuning: o.router}, Logger: o.logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,6 +207,13 @@ func labels(m *dto.Metric) map[string]string {
 // postJSON posts body (a value or a raw string) and returns status and body.
 func postJSON(t *testing.T, url string, body any) (int, []byte) {
 	t.Helper()
+	return postWith(t, http.DefaultClient, url, body)
+}
+
+// postWith is postJSON through client (a worker's API takes signed
+// requests: cluster.Cluster.WorkerClient).
+func postWith(t *testing.T, client *http.Client, url string, body any) (int, []byte) {
+	t.Helper()
 	var r io.Reader
 	switch b := body.(type) {
 	case string:
@@ -220,7 +227,7 @@ func postJSON(t *testing.T, url string, body any) (int, []byte) {
 		}
 		r = bytes.NewReader(raw)
 	}
-	resp, err := http.Post(url, "application/json", r)
+	resp, err := client.Post(url, "application/json", r)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func TestIncompatiblePairRefused(t *testing.T) {
 	start := time.Now()
 	leg := workerapi.GenerateBody{RID: "direct", Room: kvxfer.NewRoom().String(), Gen: 1, InputIDs: []int32{104, 105},
 		MaxTokens: 4, PrefillKVAddr: c.Prefill[0].Worker.KVAddr()}
-	status, body = postJSON(t, c.Decode[0].URL+workerapi.PathDecode, leg)
+	status, body = postWith(t, c.WorkerClient(), c.Decode[0].URL+workerapi.PathDecode, leg)
 	if status != http.StatusBadGateway || !strings.Contains(string(body), "page_size 16 vs 32") {
 		t.Fatalf("want 502 naming the mismatch from the handshake, got %d %s", status, body)
 	}
@@ -132,14 +132,14 @@ func TestPeerAbortTombstoneCounted(t *testing.T) {
 		MaxTokens: 4, PrefillKVAddr: c.Prefill[0].Worker.KVAddr()}
 	done := make(chan int, 1)
 	go func() {
-		status, _ := postJSON(t, c.Decode[0].URL+workerapi.PathDecode, leg)
+		status, _ := postWith(t, c.WorkerClient(), c.Decode[0].URL+workerapi.PathDecode, leg)
 		done <- status
 	}()
 	waitFor(t, 5*time.Second, "decode's ROOM_OPEN pending on prefill", func() (bool, string) {
 		st, _ := c.Prefill[0].Worker.Stats(time.Second)
 		return st.PendingOpens == 1, fmt.Sprintf("pending opens %d", st.PendingOpens)
 	})
-	if status, body := postJSON(t, c.Decode[0].URL+workerapi.PathAbort, workerapi.AbortBody{RID: "alone"}); status != http.StatusOK {
+	if status, body := postWith(t, c.WorkerClient(), c.Decode[0].URL+workerapi.PathAbort, workerapi.AbortBody{RID: "alone"}); status != http.StatusOK {
 		t.Fatalf("abort: %d %s", status, body)
 	}
 	if status := <-done; status == http.StatusOK {

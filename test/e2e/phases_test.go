@@ -199,7 +199,7 @@ func TestAbortMidSendNoStaleWrite(t *testing.T) {
 	})
 	// Decode aborts A (through its own API, as its client would).
 	reqs, _ := d.Worker.Requests(time.Second)
-	status, body := postJSON(t, d.URL+"/internal/v1/abort", map[string]any{"rid": reqs[0].RID})
+	status, body := postWith(t, c.WorkerClient(), d.URL+"/internal/v1/abort", map[string]any{"rid": reqs[0].RID})
 	if status != http.StatusOK {
 		t.Fatalf("abort: %d %s", status, body)
 	}

@@ -161,11 +161,11 @@ func TestIdentityMismatch(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		pStatus, pBody = postJSON(t, c.Prefill[0].URL+workerapi.PathPrefill, leg)
+		pStatus, pBody = postWith(t, c.WorkerClient(), c.Prefill[0].URL+workerapi.PathPrefill, leg)
 	}()
 	dleg := leg
 	dleg.RID = "rewritten-by-a-proxy"
-	dStatus, dBody := postJSON(t, c.Decode[0].URL+workerapi.PathDecode, dleg)
+	dStatus, dBody := postWith(t, c.WorkerClient(), c.Decode[0].URL+workerapi.PathDecode, dleg)
 	wg.Wait()
 	if pStatus != http.StatusBadGateway || !strings.Contains(string(pBody), "identity mismatch") {
 		t.Fatalf("prefill: %d %s", pStatus, pBody)

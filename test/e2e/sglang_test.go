@@ -181,7 +181,7 @@ func TestSGLangBootstrapFailureCounted(t *testing.T) {
 	c := startPD(t, pdOptions{machine: &mc, metricsCompat: "sglang"})
 	leg := workerapi.GenerateBody{RID: "lonely", Room: "0123456789abcdef0123456789abcdef", Gen: 1,
 		InputIDs: []int32{1, 2, 3, 4}, MaxTokens: 4}
-	status, body := postJSON(t, c.Prefill[0].URL+workerapi.PathPrefill, leg)
+	status, body := postWith(t, c.WorkerClient(), c.Prefill[0].URL+workerapi.PathPrefill, leg)
 	if status != http.StatusGatewayTimeout || !strings.Contains(string(body), "timeout_bootstrap") {
 		t.Fatalf("want a 504 timeout_bootstrap, got %d %s", status, body)
 	}

@@ -130,7 +130,7 @@ func TestWrongKVAuthNeverPaired(t *testing.T) {
 	why, ok := testbin.WaitUntil(interval, func() (bool, string) {
 		s, ok := workerState(hc, rt.url(), bad.url())
 		st = s
-		return ok && s.State == fleet.StateNotReady && strings.Contains(s.LastError, "auth token mismatch"), fmt.Sprintf("%+v", s)
+		return ok && s.State == fleet.StateNotReady && strings.Contains(s.LastError, "failed to prove the internal secret"), fmt.Sprintf("%+v", s)
 	})
 	if !ok {
 		t.Fatalf("decode with the wrong --kv-auth, %s after it joined: %s", interval, why)
@@ -143,11 +143,11 @@ func TestWrongKVAuthNeverPaired(t *testing.T) {
 	if len(h.KVPaths) != 1 || h.KVPaths[0].State != workerapi.KVPathRefused || h.KVPaths[0].Refusal != "auth" {
 		t.Errorf("the decode worker's own /health: %+v", h.KVPaths)
 	}
-	if n := metricSum(t, hc, bad.url(), "pdserve_kv_handshake_refusals_total", `reason="auth"`); n < 1 {
-		t.Errorf("the decode worker counted %v auth refusals", n)
+	if n := metricSum(t, hc, bad.url(), "pdserve_peer_auth_failures_total", `channel="kv"`, `reason="peer_refused"`); n < 1 {
+		t.Errorf("the decode worker counted %v KV handshakes its peer refused", n)
 	}
 	var rh map[string]any
-	if err := getJSON(hc, rt.url()+"/health", &rh); err != nil || !strings.Contains(fmt.Sprint(rh["not_ready"]), "auth token mismatch") {
+	if err := getJSON(hc, rt.url()+"/health", &rh); err != nil || !strings.Contains(fmt.Sprint(rh["not_ready"]), "failed to prove the internal secret") {
 		t.Errorf("router /health %v (%v): want the refused decode worker and why", rh, err)
 	}
 	l := startLoad(rt.url(), 4)
@@ -189,8 +189,8 @@ func TestSplitKVAuthPairsMatchingPaths(t *testing.T) {
 			return false, err.Error()
 		}
 		good := strings.HasPrefix(st[p0.url()+" → "+d0.url()], "closed") && strings.HasPrefix(st[p1.url()+" → "+d1.url()], "closed")
-		bad := strings.Contains(st[p0.url()+" → "+d1.url()], "auth token mismatch") &&
-			strings.Contains(st[p1.url()+" → "+d0.url()], "auth token mismatch")
+		bad := strings.Contains(st[p0.url()+" → "+d1.url()], "failed to prove the internal secret") &&
+			strings.Contains(st[p1.url()+" → "+d0.url()], "failed to prove the internal secret")
 		return good && bad, fmt.Sprint(st)
 	}); !ok {
 		t.Fatalf("pairs: %s", why)

@@ -3,7 +3,9 @@ package tcp
 import (
 	"bufio"
 	"context"
-	"crypto/subtle"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -50,6 +52,7 @@ type conn struct {
 
 	mu     sync.Mutex
 	nc     net.Conn           // set once: at accept, or by dial under mu
+	rw     net.Conn           // what frames are read and written on: nc, or TLS over it (set before the writer starts)
 	cancel context.CancelFunc // cancels the dial in progress
 	err    error              // why the connection closed; nil while open
 	ctrl   []outFrame         // PONGs, written before queue
@@ -149,9 +152,8 @@ func (c *conn) run() {
 		err = c.readLoop(fr)
 	}
 	if c.fail(err) {
-		if why, _, ok := kvxfer.RefusalOf(err); ok {
+		if _, _, ok := kvxfer.RefusalOf(err); ok {
 			b.stats.refused.Add(1)
-			b.stats.refusedBy[why].Add(1)
 		}
 	}
 	if writer {
@@ -169,9 +171,10 @@ func (c *conn) run() {
 	b.forget(c)
 }
 
-// handshake dials (if needed), exchanges HELLO and calls PeerUp. It
-// returns the reader of the connection's frames, which fails once nothing
-// was received for the silence bound.
+// handshake dials (if needed), runs TLS (if configured), exchanges HELLO
+// (and the secret's challenge–response) and calls PeerUp. It returns the
+// reader of the connection's frames, which fails once nothing was received
+// for the silence bound.
 func (c *conn) handshake() (*kvxfer.FrameReader, error) {
 	b := c.b
 	nc := c.nc // set before run started for an accepted connection
@@ -181,17 +184,39 @@ func (c *conn) handshake() (*kvxfer.FrameReader, error) {
 			return nil, err
 		}
 	}
-	dr := &deadlineReader{nc: nc}
-	fr := kvxfer.NewFrameReader(bufio.NewReaderSize(dr, readBufferBytes))
-	fr.AllocData = b.cfg.AllocData
 	if err := nc.SetDeadline(time.Now().Add(b.cfg.HandshakeTimeout)); err != nil {
 		return nil, fmt.Errorf("kv handshake with %s: %w", c.remote, err)
 	}
+	rw := nc
+	if cfg := b.tlsConfig(c.dialed); cfg != nil {
+		var tc *tls.Conn
+		if c.dialed {
+			tc = tls.Client(nc, cfg)
+		} else {
+			tc = tls.Server(nc, cfg)
+		}
+		if err := tc.Handshake(); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				b.stats.handshakeFailed(FailTimeout)
+				return nil, fmt.Errorf("kv TLS handshake with %s: peer %w for %v: %w", c.remote, ErrSilent, b.cfg.HandshakeTimeout, err)
+			}
+			b.stats.handshakeFailed(FailTLS)
+			b.log.Warn("kv TLS handshake failed", "peer", c.id, "remote", c.remote, "err", err)
+			return nil, fmt.Errorf("kv TLS handshake with %s %w: %w", c.remote, ErrRefused, err)
+		}
+		rw = tc
+	}
+	c.mu.Lock()
+	c.rw = rw
+	c.mu.Unlock()
+	dr := &deadlineReader{nc: rw}
+	fr := kvxfer.NewFrameReader(bufio.NewReaderSize(dr, readBufferBytes))
+	fr.AllocData = b.cfg.AllocData
 	var err error
 	if c.dialed {
-		err = c.helloDialed(nc, fr)
+		err = c.helloDialed(rw, fr)
 	} else {
-		err = c.helloAccepted(nc, fr)
+		err = c.helloAccepted(rw, fr)
 	}
 	if err != nil {
 		return nil, err
@@ -205,6 +230,15 @@ func (c *conn) handshake() (*kvxfer.FrameReader, error) {
 	b.log.Info("kv peer up", "peer", c.id, "remote", c.remote, "dialed", c.dialed)
 	b.cfg.Handler.PeerUp(c.id, c.remote)
 	return fr, nil
+}
+
+// tlsConfig is the TLS configuration of a dialed or accepted connection
+// (nil: plain TCP).
+func (b *Backend) tlsConfig(dialed bool) *tls.Config {
+	if dialed {
+		return b.cfg.TLSClient
+	}
+	return b.cfg.TLSServer
 }
 
 // dial opens the TCP connection of a connection started by Connect.
@@ -243,76 +277,206 @@ func (c *conn) dial() (net.Conn, error) {
 	return nc, nil
 }
 
-// helloDialed sends HELLO and waits for HELLO_OK or HELLO_ERR.
+func nonce() [kvxfer.NonceBytes]byte {
+	var n [kvxfer.NonceBytes]byte
+	_, _ = rand.Read(n[:]) // crypto/rand.Read never returns an error
+	return n
+}
+
+// refused counts a handshake failure with reason and returns the error
+// (wrapping ErrRefused) of the connection.
+func (c *conn) refused(reason, format string, args ...any) error {
+	c.b.stats.handshakeFailed(reason)
+	dir := "with"
+	if !c.dialed {
+		dir = "from"
+	}
+	why := fmt.Sprintf(format, args...)
+	return &kvxfer.RefusedError{Reason: refusalReason(reason, why), Detail: why,
+		Msg: fmt.Sprintf("kv handshake %s %s %v: %s", dir, c.remote, ErrRefused, why)}
+}
+
+// readHandshake reads the next handshake frame, counting a failure.
+func (c *conn) readHandshake(fr *kvxfer.FrameReader, want string) (kvxfer.Message, error) {
+	m, n, err := fr.ReadFrame(kvxfer.MaxHandshakeFrameBytes)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "remote error" {
+			// TLS 1.3: the server's refusal of this side's certificate
+			// arrives as an alert at the first read.
+			c.b.stats.handshakeFailed(FailTLS)
+			return nil, fmt.Errorf("TLS %w by the peer: %w", ErrRefused, err)
+		}
+		err = c.handshakeReadError(err, want)
+		switch {
+		case errors.Is(err, ErrSilent):
+			c.b.stats.handshakeFailed(FailTimeout)
+		case isCodecError(err):
+			c.b.stats.handshakeFailed(FailMalformed)
+		}
+		return nil, err
+	}
+	c.b.stats.received(m.Type(), n)
+	return m, nil
+}
+
+// helloDialed sends HELLO, answers a challenge, and waits for HELLO_OK
+// (checking prefill's proof when this side has a secret) or HELLO_ERR.
 func (c *conn) helloDialed(nc net.Conn, fr *kvxfer.FrameReader) error {
 	b := c.b
-	hello := kvxfer.Hello{Version: kvxfer.ProtocolVersion, Fingerprint: b.cfg.Fingerprint, Auth: b.cfg.Auth}
+	hello := kvxfer.Hello{Version: kvxfer.ProtocolVersion, Fingerprint: b.cfg.Fingerprint, Nonce: nonce()}
+	if b.cfg.Secret != nil {
+		hello.Auth = kvxfer.AuthSecret
+	}
 	if err := c.writeHandshake(nc, hello); err != nil {
 		return fmt.Errorf("kv handshake with %s: %w", c.remote, err)
 	}
-	m, n, err := fr.ReadFrame(kvxfer.MaxHandshakeFrameBytes)
+	m, err := c.readHandshake(fr, "HELLO_OK")
 	if err != nil {
-		return fmt.Errorf("kv handshake with %s: %w", c.remote, c.handshakeReadError(err, "HELLO_OK"))
+		return fmt.Errorf("kv handshake with %s: %w", c.remote, err)
 	}
-	b.stats.received(m.Type(), n)
-	switch m := m.(type) {
-	case kvxfer.HelloOK:
-		return nil
+	var ch kvxfer.HelloChallenge
+	switch v := m.(type) {
 	case kvxfer.HelloErr:
-		return &kvxfer.RefusedError{Reason: kvxfer.ClassifyRefusal(m.Reason), Detail: m.Reason,
-			Msg: fmt.Sprintf("kv handshake with %s refused: %s", c.remote, m.Reason)}
+		return c.refused(FailPeerRefused, "%s", v.Reason)
+	case kvxfer.HelloOK:
+		if b.cfg.Secret != nil {
+			return c.refused(FailAuthMode, "prefill did not ask for the internal secret: it has none, so it cannot prove it is one of the fleet")
+		}
+		return nil
+	case kvxfer.HelloChallenge:
+		if b.cfg.Secret == nil {
+			return c.refused(FailAuthMode, "prefill asks for an internal secret and this worker has none (--internal-secret)")
+		}
+		ch = v
 	default:
 		b.stats.malformed.Add(1)
-		return fmt.Errorf("kv handshake with %s: %w: got %s, want HELLO_OK or HELLO_ERR", c.remote, ErrProtocol, m.Type())
+		return c.refused(FailMalformed, "got %s, want HELLO_OK, HELLO_CHALLENGE or HELLO_ERR", m.Type())
 	}
+	mine, err := kvxfer.HandshakeProof(b.cfg.Secret, kvxfer.ProofDecode, hello, ch)
+	if err != nil {
+		return err
+	}
+	if err := c.writeHandshake(nc, kvxfer.HelloProof{MAC: mine}); err != nil {
+		return fmt.Errorf("kv handshake with %s: %w", c.remote, err)
+	}
+	if m, err = c.readHandshake(fr, "HELLO_OK"); err != nil {
+		return fmt.Errorf("kv handshake with %s: %w", c.remote, err)
+	}
+	switch v := m.(type) {
+	case kvxfer.HelloErr:
+		return c.refused(FailPeerRefused, "%s", v.Reason)
+	case kvxfer.HelloOK:
+		want, _ := kvxfer.HandshakeProof(b.cfg.Secret, kvxfer.ProofPrefill, hello, ch)
+		if !hmac.Equal(v.Proof, want[:]) {
+			b.log.Warn("kv handshake refused: prefill failed to prove the internal secret", "peer", c.id, "remote", c.remote)
+			return c.refused(FailBadProof, "prefill failed to prove the internal secret")
+		}
+		return nil
+	}
+	b.stats.malformed.Add(1)
+	return c.refused(FailMalformed, "got %s, want HELLO_OK or HELLO_ERR", m.Type())
 }
 
-// helloAccepted reads HELLO, checks it, and answers HELLO_OK or HELLO_ERR.
+// helloAccepted reads HELLO, checks it (with a secret: challenges the peer
+// and checks its proof before anything else), and answers HELLO_OK (with
+// this side's proof) or HELLO_ERR.
 func (c *conn) helloAccepted(nc net.Conn, fr *kvxfer.FrameReader) error {
 	b := c.b
-	m, n, err := fr.ReadFrame(kvxfer.MaxHandshakeFrameBytes)
-	var reason string
-	why := kvxfer.RefusedProtocol
-	switch {
-	case err != nil:
-		err = c.handshakeReadError(err, "HELLO")
+	m, err := c.readHandshake(fr, "HELLO")
+	if err != nil {
 		if !isCodecError(err) {
 			return fmt.Errorf("kv handshake from %s: %w", c.remote, err)
 		}
-		reason = err.Error()
-	case m.Type() != kvxfer.TypeHello:
-		b.stats.received(m.Type(), n)
+		return c.refuse(nc, "", err.Error())
+	}
+	h, ok := m.(kvxfer.Hello)
+	if !ok {
 		b.stats.malformed.Add(1)
-		reason = fmt.Sprintf("first frame is %s, want HELLO", m.Type())
-	default:
-		b.stats.received(m.Type(), n)
-		why, reason = b.checkHello(m.(kvxfer.Hello))
+		return c.refuse(nc, FailMalformed, fmt.Sprintf("first frame is %s, want HELLO", m.Type()))
 	}
-	if reason != "" {
-		// Best effort: the peer learns why, then the connection closes.
-		_ = c.writeHandshake(nc, kvxfer.HelloErr{Reason: reason})
-		b.log.Warn("kv handshake refused", "peer", c.id, "remote", c.remote, "reason", reason)
-		return &kvxfer.RefusedError{Reason: why, Detail: reason,
-			Msg: fmt.Sprintf("kv handshake from %s refused: %s", c.remote, reason)}
+	if reason, why := b.checkHello(h); reason != "" {
+		return c.refuse(nc, reason, why)
 	}
-	if err := c.writeHandshake(nc, kvxfer.HelloOK{}); err != nil {
+	var ok2 kvxfer.HelloOK
+	if b.cfg.Secret != nil {
+		ch := kvxfer.HelloChallenge{Nonce: nonce()}
+		if err := c.writeHandshake(nc, ch); err != nil {
+			return fmt.Errorf("kv handshake from %s: %w", c.remote, err)
+		}
+		m, err := c.readHandshake(fr, "HELLO_PROOF")
+		if err != nil {
+			if !isCodecError(err) {
+				return fmt.Errorf("kv handshake from %s: %w", c.remote, err)
+			}
+			return c.refuse(nc, "", err.Error())
+		}
+		p, ok := m.(kvxfer.HelloProof)
+		if !ok {
+			b.stats.malformed.Add(1)
+			return c.refuse(nc, FailMalformed, fmt.Sprintf("got %s, want HELLO_PROOF", m.Type()))
+		}
+		want, err := kvxfer.HandshakeProof(b.cfg.Secret, kvxfer.ProofDecode, h, ch)
+		if err != nil || !hmac.Equal(p.MAC[:], want[:]) {
+			return c.refuse(nc, FailBadProof, "decode failed to prove the internal secret")
+		}
+		proof, _ := kvxfer.HandshakeProof(b.cfg.Secret, kvxfer.ProofPrefill, h, ch)
+		ok2.Proof = proof[:]
+	}
+	// Only a peer that proved itself (or any, without a secret) learns
+	// how its model differs.
+	if d := h.Fingerprint.Mismatch(b.cfg.Fingerprint); d != "" {
+		return c.refuse(nc, FailFingerprint, "incompatible KV peer (decode vs prefill): "+d)
+	}
+	if err := c.writeHandshake(nc, ok2); err != nil {
 		return fmt.Errorf("kv handshake from %s: %w", c.remote, err)
 	}
 	return nil
 }
 
-// checkHello returns why a HELLO is refused, or "".
-func (b *Backend) checkHello(h kvxfer.Hello) (kvxfer.RefusalReason, string) {
+// refuse answers HELLO_ERR with why (best effort: the peer learns why,
+// then the connection closes), counts reason (unless "": already counted)
+// and returns the connection's error.
+func (c *conn) refuse(nc net.Conn, reason, why string) error {
+	_ = c.writeHandshake(nc, kvxfer.HelloErr{Reason: why})
+	c.b.log.Warn("kv handshake refused", "peer", c.id, "remote", c.remote, "reason", why)
+	if reason != "" {
+		c.b.stats.handshakeFailed(reason)
+	}
+	return &kvxfer.RefusedError{Reason: refusalReason(reason, why), Detail: why,
+		Msg: fmt.Sprintf("kv handshake from %s %v: %s", c.remote, ErrRefused, why)}
+}
+
+// refusalReason is the kvxfer.RefusalReason of a handshake failure (one of
+// the Fail constants, "" for a codec error) with text why; a refusal by
+// the peer is classified by its HELLO_ERR text.
+func refusalReason(fail, why string) kvxfer.RefusalReason {
+	switch fail {
+	case FailVersion:
+		return kvxfer.RefusedVersion
+	case FailFingerprint:
+		return kvxfer.RefusedFingerprint
+	case FailAuthMode, FailBadProof, FailTLS:
+		return kvxfer.RefusedAuth
+	case FailPeerRefused:
+		return kvxfer.ClassifyRefusal(why)
+	}
+	return kvxfer.RefusedProtocol
+}
+
+// checkHello returns the reason (one of the Fail constants) and why a
+// HELLO is refused before any proof, or "", "".
+func (b *Backend) checkHello(h kvxfer.Hello) (string, string) {
 	if h.Version != kvxfer.ProtocolVersion {
-		return kvxfer.RefusedVersion, fmt.Sprintf("%s %d vs %d (decode vs prefill)", kvxfer.RefusalTextVersion, h.Version, kvxfer.ProtocolVersion)
+		return FailVersion, fmt.Sprintf("protocol version %d vs %d (decode vs prefill)", h.Version, kvxfer.ProtocolVersion)
 	}
-	if subtle.ConstantTimeCompare([]byte(h.Auth), []byte(b.cfg.Auth)) != 1 {
-		return kvxfer.RefusedAuth, kvxfer.RefusalTextAuth
+	switch {
+	case h.Auth == kvxfer.AuthSecret && b.cfg.Secret == nil:
+		return FailAuthMode, "decode has an internal secret and this prefill has none (--internal-secret must be set on both)"
+	case h.Auth != kvxfer.AuthSecret && b.cfg.Secret != nil:
+		return FailAuthMode, "this prefill requires the internal secret and decode has none (--internal-secret)"
 	}
-	if d := h.Fingerprint.Mismatch(b.cfg.Fingerprint); d != "" {
-		return kvxfer.RefusedFingerprint, kvxfer.RefusalTextFingerprint + " (decode vs prefill): " + d
-	}
-	return 0, ""
+	return "", ""
 }
 
 // writeHandshake writes one handshake frame (under the handshake deadline).
@@ -366,7 +530,7 @@ func (c *conn) readLoop(fr *kvxfer.FrameReader) error {
 				return err
 			}
 		case kvxfer.Pong:
-		case kvxfer.Hello, kvxfer.HelloOK, kvxfer.HelloErr:
+		case kvxfer.Hello, kvxfer.HelloOK, kvxfer.HelloErr, kvxfer.HelloChallenge, kvxfer.HelloProof:
 			b.stats.malformed.Add(1)
 			return fmt.Errorf("kv peer %s: %w: %s after the handshake", c.remote, ErrProtocol, t)
 		default:
@@ -400,7 +564,7 @@ func (c *conn) writeLoop() {
 	var (
 		nonce uint64
 		batch []outFrame
-		w     = batchWriter{nc: c.nc, timeout: b.cfg.WriteTimeout}
+		w     = batchWriter{nc: c.rw, timeout: b.cfg.WriteTimeout}
 	)
 	for {
 		select {

@@ -27,10 +27,9 @@ type Stats struct {
 	Accepts uint64
 	// Up counts handshakes that succeeded (PeerUp calls).
 	Up uint64
-	// Refused counts handshakes refused, by this side or the peer;
-	// RefusedBy the same by reason (indexed by kvxfer.RefusalReason).
-	Refused   uint64
-	RefusedBy [kvxfer.NumRefusalReasons]uint64
+	// Refused counts handshakes refused, by this side or the peer (by
+	// reason: HandshakeFailures).
+	Refused uint64
 	// Reconnects counts the Dials to an address that had a connection
 	// before.
 	Reconnects uint64
@@ -42,7 +41,35 @@ type Stats struct {
 	// Malformed counts bad frames received: malformed, unknown type,
 	// oversized, or not allowed where they came (HELLO after the handshake).
 	Malformed uint64
+	// HandshakeFailures counts failed handshakes by reason (every reason of
+	// HandshakeReasons, zeros included).
+	HandshakeFailures map[string]uint64
 }
+
+// Reasons a handshake fails, as counted in Stats.HandshakeFailures.
+const (
+	// FailVersion: the peer speaks another protocol version.
+	FailVersion = "version"
+	// FailFingerprint: the peer's model fingerprint differs.
+	FailFingerprint = "fingerprint"
+	// FailAuthMode: one side has a shared secret and the other none.
+	FailAuthMode = "auth_mode"
+	// FailBadProof: the peer's proof of the shared secret is wrong.
+	FailBadProof = "bad_proof"
+	// FailTLS: the TLS handshake failed (no certificate, one of another
+	// CA, a peer that does not speak TLS).
+	FailTLS = "tls"
+	// FailMalformed: a bad or unexpected frame during the handshake.
+	FailMalformed = "malformed"
+	// FailTimeout: the handshake did not finish within HandshakeTimeout.
+	FailTimeout = "timeout"
+	// FailPeerRefused: the peer refused this side (HELLO_ERR).
+	FailPeerRefused = "peer_refused"
+)
+
+// HandshakeReasons lists every reason of Stats.HandshakeFailures.
+var HandshakeReasons = []string{FailVersion, FailFingerprint, FailAuthMode, FailBadProof, FailTLS, FailMalformed,
+	FailTimeout, FailPeerRefused}
 
 // Stats returns a snapshot of the counters. It is safe to call from any
 // goroutine at any time.
@@ -56,9 +83,11 @@ func (b *Backend) Stats() Stats {
 		Malformed:  b.stats.malformed.Load(),
 		Reconnects: b.stats.reconnects.Load(),
 		Live:       int(b.stats.live.Load()),
+
+		HandshakeFailures: make(map[string]uint64, len(HandshakeReasons)),
 	}
-	for i := range s.RefusedBy {
-		s.RefusedBy[i] = b.stats.refusedBy[i].Load()
+	for i, r := range HandshakeReasons {
+		s.HandshakeFailures[r] = b.stats.handshakeFail[i].Load()
 	}
 	for i := range s.Sent {
 		s.Sent[i] = FrameCounts{b.stats.sentFrames[i].Load(), b.stats.sentBytes[i].Load()}
@@ -73,9 +102,19 @@ type counters struct {
 	dials, accepts, up    atomic.Uint64
 	refused, lost         atomic.Uint64
 	malformed             atomic.Uint64
-	refusedBy             [kvxfer.NumRefusalReasons]atomic.Uint64
 	reconnects            atomic.Uint64
 	live                  atomic.Int64
+	handshakeFail         [8]atomic.Uint64 // by index in HandshakeReasons
+}
+
+// handshakeFailed counts a failed handshake with reason.
+func (s *counters) handshakeFailed(reason string) {
+	for i, r := range HandshakeReasons {
+		if r == reason {
+			s.handshakeFail[i].Add(1)
+			return
+		}
+	}
 }
 
 func (s *counters) sent(t kvxfer.Type, n int) {
@@ -103,5 +142,5 @@ var _ kvxfer.ConnCounter = (*Backend)(nil)
 // ConnCounts implements kvxfer.ConnCounter.
 func (b *Backend) ConnCounts() kvxfer.ConnCounts {
 	s := b.Stats()
-	return kvxfer.ConnCounts{Dials: s.Dials, Reconnects: s.Reconnects, Live: s.Live, Refused: s.RefusedBy}
+	return kvxfer.ConnCounts{Dials: s.Dials, Reconnects: s.Reconnects, Live: s.Live}
 }

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,9 +57,19 @@ type Config struct {
 	// Fingerprint is this worker's model fingerprint. The listening side
 	// refuses a connecting peer whose fingerprint differs in any field.
 	Fingerprint kvxfer.Fingerprint
-	// Auth is a shared secret sent in HELLO; the listening side refuses a
-	// peer whose Auth differs (empty on both sides is a match).
-	Auth string
+	// Secret, if set, is the key both sides of every connection prove
+	// they hold, by challenge–response (see package kvxfer, Handshake): a
+	// key derived from the fleet's shared secret (auth.DeriveKey with
+	// auth.PurposeKV). A peer that cannot prove it, or that proves a
+	// secret this side does not have, is refused, in both directions; the
+	// secret never travels.
+	Secret []byte
+	// TLSServer, if set, wraps every accepted connection in TLS (the
+	// prefill side; a configuration that requires client certificates
+	// makes the channel mutually authenticated); TLSClient every dialed
+	// one (decode). The TLS handshake runs before HELLO, within
+	// HandshakeTimeout.
+	TLSServer, TLSClient *tls.Config
 	// Handler receives peers and messages. Nil discards them.
 	Handler kvxfer.Handler
 	// HeartbeatInterval is the time between PINGs on each connection.

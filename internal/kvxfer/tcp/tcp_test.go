@@ -67,25 +67,33 @@ func TestHandshakeRefused(t *testing.T) {
 	other.PageSize = 32
 	two := testFP
 	two.DType, two.Layers = "bf16", 4
+	right, wrong := []byte("the fleet's key, 32 bytes long.."), []byte("not the fleet's key, 32 bytes..")
 	tests := []struct {
-		name        string
-		decode      Config
-		prefillAuth string
-		reason      string
-		why         kvxfer.RefusalReason
+		name          string
+		decode        Config
+		prefillSecret []byte
+		reason        string
+		prefillFail   string // the reason prefill counts
+		why           kvxfer.RefusalReason
 	}{
-		{"page size", Config{Fingerprint: other}, "",
-			"incompatible KV peer (decode vs prefill): page_size 32 vs 16", kvxfer.RefusedFingerprint},
-		{"two fields", Config{Fingerprint: two}, "",
-			"incompatible KV peer (decode vs prefill): layers 4 vs 2, dtype bf16 vs f32", kvxfer.RefusedFingerprint},
-		{"auth", Config{Fingerprint: testFP, Auth: "wrong"}, "right", "auth token mismatch", kvxfer.RefusedAuth},
-		{"auth missing", Config{Fingerprint: testFP}, "right", "auth token mismatch", kvxfer.RefusedAuth},
+		{"page size", Config{Fingerprint: other}, nil,
+			"incompatible KV peer (decode vs prefill): page_size 32 vs 16", FailFingerprint, kvxfer.RefusedFingerprint},
+		{"two fields", Config{Fingerprint: two}, nil,
+			"incompatible KV peer (decode vs prefill): layers 4 vs 2, dtype bf16 vs f32", FailFingerprint, kvxfer.RefusedFingerprint},
+		{"wrong secret", Config{Fingerprint: testFP, Secret: wrong}, right,
+			"decode failed to prove the internal secret", FailBadProof, kvxfer.RefusedAuth},
+		{"decode without the secret", Config{Fingerprint: testFP}, right,
+			"this prefill requires the internal secret and decode has none (--internal-secret)", FailAuthMode, kvxfer.RefusedAuth},
+		{"prefill without the secret", Config{Fingerprint: testFP, Secret: right}, nil,
+			"decode has an internal secret and this prefill has none (--internal-secret must be set on both)", FailAuthMode, kvxfer.RefusedAuth},
+		{"wrong secret and another model", Config{Fingerprint: other, Secret: wrong}, right,
+			"decode failed to prove the internal secret", FailBadProof, kvxfer.RefusedAuth},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			prefill, prefillRec := newBackend(t, func(c *Config) { c.Auth = tt.prefillAuth })
+			prefill, prefillRec := newBackend(t, func(c *Config) { c.Secret = tt.prefillSecret })
 			decode, decodeRec := newBackend(t, func(c *Config) {
-				c.Fingerprint, c.Auth = tt.decode.Fingerprint, tt.decode.Auth
+				c.Fingerprint, c.Secret = tt.decode.Fingerprint, tt.decode.Secret
 			})
 			addr := listen(t, prefill)
 			peer := decode.Connect(addr)
@@ -116,17 +124,24 @@ func TestHandshakeRefused(t *testing.T) {
 			if s := prefill.Stats(); s.Refused != 1 || s.Sent[kvxfer.TypeHelloErr].Frames != 1 {
 				t.Errorf("prefill stats: refused %d, HELLO_ERR sent %d, want 1 1", s.Refused, s.Sent[kvxfer.TypeHelloErr].Frames)
 			}
-			// Both sides classify the refusal alike: the one that refused
-			// and the one that was told why.
+			if got := prefill.Stats().HandshakeFailures; got[tt.prefillFail] != 1 || sum(got) != 1 {
+				t.Errorf("prefill handshake failures %v, want one %s", got, tt.prefillFail)
+			}
+			if got := decode.Stats().HandshakeFailures; got[FailPeerRefused] != 1 || sum(got) != 1 {
+				t.Errorf("decode handshake failures %v, want one %s", got, FailPeerRefused)
+			}
 			for side, b := range map[string]*Backend{"decode": decode, "prefill": prefill} {
-				var want [kvxfer.NumRefusalReasons]uint64
-				want[tt.why] = 1
-				if c := b.ConnCounts(); c.Refused != want || c.Live != 0 {
-					t.Errorf("%s ConnCounts %+v, want refused %v and none live", side, c, want)
+				if c := b.ConnCounts(); c.Live != 0 {
+					t.Errorf("%s ConnCounts %+v, want none live", side, c)
 				}
 			}
+			// Both sides classify the refusal alike: the one that refused
+			// and the one that was told why.
 			if why, detail, ok := kvxfer.RefusalOf(err); !ok || why != tt.why || detail != tt.reason {
 				t.Errorf("RefusalOf(decode's error) = %s %q %v, want %s %q", why, detail, ok, tt.why, tt.reason)
+			}
+			if why, detail, ok := kvxfer.RefusalOf(lost.err); !ok || why != tt.why || detail != tt.reason {
+				t.Errorf("RefusalOf(prefill's error) = %s %q %v, want %s %q", why, detail, ok, tt.why, tt.reason)
 			}
 		})
 	}
@@ -164,6 +179,14 @@ func TestHandshakeRefusedRaw(t *testing.T) {
 			}
 		})
 	}
+}
+
+func sum(m map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 func frame(t testing.TB, m kvxfer.Message) []byte {
@@ -264,13 +287,13 @@ func TestMessagesInOrderBothWays(t *testing.T) {
 
 func TestQueuedBeforeHandshake(t *testing.T) {
 	ln := rawListener(t)
-	decode, rec := newBackend(t, func(c *Config) { c.Auth = "s3cret" })
+	decode, rec := newBackend(t, nil)
 	peer := decode.Connect(ln.Addr().String())
 	raw := accept(t, ln)
 	hello, ok := raw.read().(kvxfer.Hello)
-	want := kvxfer.Hello{Version: kvxfer.ProtocolVersion, Fingerprint: testFP, Auth: "s3cret"}
-	if !ok || hello != want {
-		t.Fatalf("first frame %#v, want %#v", hello, want)
+	want := kvxfer.Hello{Version: kvxfer.ProtocolVersion, Fingerprint: testFP, Auth: kvxfer.AuthNone, Nonce: hello.Nonce}
+	if !ok || !cmp.Equal(hello, want) || hello.Nonce == ([kvxfer.NonceBytes]byte{}) {
+		t.Fatalf("first frame %#v, want %#v with a random nonce", hello, want)
 	}
 	if again := decode.Connect(ln.Addr().String()); again != peer {
 		t.Errorf("Connect while connecting = peer %d, want %d", again, peer)

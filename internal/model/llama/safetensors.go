@@ -114,10 +114,12 @@ func openSafetensors(path string) (_ *stFile, err error) {
 				return nil, fmt.Errorf("%s: tensor %q: bad dimension %d in shape %v", path, name, d, e.Shape)
 			}
 			shape[i] = int(d)
-			elems *= d
-			if elems > math.MaxInt64/8 {
+			// Checked before multiplying: the product must not wrap around
+			// (a shape of 2^64 elements would otherwise claim 0 bytes).
+			if d != 0 && elems > math.MaxInt64/8/d {
 				return nil, fmt.Errorf("%s: tensor %q: shape %v is too large", path, name, e.Shape)
 			}
+			elems *= d
 		}
 		if dt, err := parseDType(e.DType); err == nil {
 			if want := elems * int64(dt.Size()); end-begin != want {

@@ -42,6 +42,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/registry"
@@ -125,8 +127,14 @@ func Client(cfg Config) (*clientv3.Client, Config, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, cfg, err
 	}
+	// gRPC's default reconnect backoff grows to 2 minutes: after a long
+	// outage the router would re-list, and workers register again, that
+	// late — after the leases etcd restores on restart have expired and
+	// taken the workers' records with them. Reconnect within a second.
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout,
-		Logger: zap.NewNop(), DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second})
+		Logger: zap.NewNop(), DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: 2 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 2 * time.Second,
+			Backoff: grpcbackoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}})}})
 	if err != nil {
 		return nil, cfg, fmt.Errorf("etcd client: %w", err)
 	}
@@ -334,6 +342,7 @@ type Registration struct {
 
 	mu      sync.Mutex
 	lease   clientv3.LeaseID
+	rev     int64  // etcd revision of the record's last write
 	state   string // "registering", "registered", "deregistered"
 	lastErr string
 	renewed int // registrations made (1 + re-registrations after a lost lease)
@@ -402,7 +411,10 @@ func (g *Registration) run(ctx context.Context) {
 			}
 			g.set("registering", err.Error())
 			failures++
-			if !sleep(ctx, backoff(failures)) {
+			// Retry within a second: a restarted etcd restores old leases
+			// with a fresh TTL, and the record must be back before they
+			// expire.
+			if !sleep(ctx, min(backoff(failures), time.Second)) {
 				return
 			}
 			continue
@@ -411,26 +423,69 @@ func (g *Registration) run(ctx context.Context) {
 			g.log.Info("registered in etcd again")
 		}
 		failures = 0
-		for range ka { // drain keep-alive answers until the lease is lost
-		}
+		why := g.hold(ctx, ka)
 		if ctx.Err() != nil {
 			return
 		}
-		g.log.Warn("etcd lease lost; registering again")
-		g.set("registering", "lease lost")
+		g.log.Warn("etcd registration lost; registering again", "reason", why)
+		g.set("registering", why)
+	}
+}
+
+// hold keeps the record in place while the lease lives: it drains the
+// keep-alive answers, and writes the record again if someone deletes or
+// overwrites it (an operator's etcdctl del, a stray write). It returns why
+// the registration must be made again.
+func (g *Registration) hold(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) string {
+	g.mu.Lock()
+	lease, rev := g.lease, g.rev
+	g.mu.Unlock()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := g.cli.Watch(wctx, g.key, clientv3.WithRev(rev+1))
+	for {
+		select {
+		case _, ok := <-ka:
+			if !ok {
+				return "lease lost"
+			}
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				// The watch ended (etcd unreachable, compaction): keep the
+				// lease alive and watch again from now.
+				if ctx.Err() != nil {
+					return "stopped"
+				}
+				wch = g.cli.Watch(wctx, g.key)
+				continue
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut && string(ev.Kv.Value) == g.value && clientv3.LeaseID(ev.Kv.Lease) == lease {
+					continue
+				}
+				g.log.Warn("etcd record deleted or overwritten; writing it again")
+				rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := g.cli.Put(rctx, g.key, g.value, clientv3.WithLease(lease))
+				rcancel()
+				if err != nil {
+					return "record lost and not written again: " + err.Error()
+				}
+			}
+		}
 	}
 }
 
 // register grants a lease, writes the record under it and starts keeping it
 // alive.
 func (g *Registration) register(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	lease, err := g.cli.Grant(rctx, int64(g.ttl/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("grant lease: %w", err)
 	}
-	if _, err := g.cli.Put(rctx, g.key, g.value, clientv3.WithLease(lease.ID)); err != nil {
+	put, err := g.cli.Put(rctx, g.key, g.value, clientv3.WithLease(lease.ID))
+	if err != nil {
 		return nil, fmt.Errorf("put %s: %w", g.key, err)
 	}
 	ka, err := g.cli.KeepAlive(ctx, lease.ID)
@@ -438,7 +493,7 @@ func (g *Registration) register(ctx context.Context) (<-chan *clientv3.LeaseKeep
 		return nil, fmt.Errorf("keep lease alive: %w", err)
 	}
 	g.mu.Lock()
-	g.lease, g.state, g.lastErr = lease.ID, "registered", ""
+	g.lease, g.rev, g.state, g.lastErr = lease.ID, put.Header.Revision, "registered", ""
 	g.renewed++
 	g.mu.Unlock()
 	return ka, nil

@@ -194,6 +194,13 @@ func TestOutageKeepsSnapshotAndReregisters(t *testing.T) {
 	if !ok {
 		t.Fatalf("prefill not registered again: %s", state)
 	}
+	// etcd restored the old lease with a fresh TTL; once that has run out
+	// the record must still be there (registered again under a live lease).
+	time.Sleep(3 * time.Second) // longer than the 2 s TTL: the span under test
+	resp, err := cli.Get(context.Background(), p.Key())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("record gone a TTL after etcd came back: %v %v", resp, err)
+	}
 }
 
 // TestLostLeaseRegistersAgain: a worker whose lease is revoked behind its
@@ -260,3 +267,25 @@ func TestRegisterRefusesBadRecords(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestDeletedRecordWrittenAgain: a worker's record deleted or overwritten
+// behind its back (etcdctl del, a stray write) is written again under the
+// same lease, and the router sees the worker again.
+func TestDeletedRecordWrittenAgain(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli, cfg := newClient(t, srv)
+	w := startWatcher(t, NewWithClient(cli, cfg))
+	g := register(t, cli, cfg, record("decode-1", "decode", 30010), 10*time.Second)
+	w.waitFor(t, "decode-1 decode http://127.0.0.1:30010")
+	if _, err := cli.Delete(context.Background(), g.Key()); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(t, "decode-1 decode http://127.0.0.1:30010")
+	if _, err := cli.Put(context.Background(), g.Key(), "garbage"); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(t, "decode-1 decode http://127.0.0.1:30010")
+	if st, n, _ := g.Status(); st != "registered" || n != 1 {
+		t.Fatalf("status %s after %d registrations, want the first one kept", st, n)
+	}
+}

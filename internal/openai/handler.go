@@ -593,32 +593,32 @@ func (s *sseWriter) start() {
 // send writes v as one event and flushes it; an error means the client is
 // gone.
 func (s *sseWriter) send(v any) error {
-	return s.write(marshalJSON(v), true)
+	return s.event(v, true)
 }
 
 // event writes v as one event, flushed only if flush is set (else it goes
 // with the next flushed one).
 func (s *sseWriter) event(v any, flush bool) error {
-	return s.write(marshalJSON(v), flush)
+	buf := appendEvent(append(s.buf[:0], "data: "...), v)
+	s.buf = append(buf, "\n\n"...)
+	return s.write(flush)
 }
 
 // done writes the final "data: [DONE]" event, and flushes.
 func (s *sseWriter) done() error {
-	return s.write([]byte("[DONE]"), true)
+	s.buf = append(s.buf[:0], "data: [DONE]\n\n"...)
+	return s.write(true)
 }
 
-func (s *sseWriter) write(data []byte, flush bool) error {
+// write sends the event in s.buf.
+func (s *sseWriter) write(flush bool) error {
 	// The write deadline is moved at most once a second: a client that
 	// stops reading is still cut within IOTimeout and a second.
 	if now := time.Now(); s.h.cfg.IOTimeout > 0 && now.Sub(s.armed) >= time.Second {
 		s.armed = now
 		_ = s.rc.SetWriteDeadline(now.Add(s.h.cfg.IOTimeout))
 	}
-	buf := append(s.buf[:0], "data: "...)
-	buf = append(buf, data...)
-	buf = append(buf, "\n\n"...)
-	s.buf = buf
-	if _, err := s.w.Write(buf); err != nil {
+	if _, err := s.w.Write(s.buf); err != nil {
 		return err
 	}
 	if !flush {

@@ -384,10 +384,43 @@ func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, pa
 		if !send(decodeEvent{chunk: c, err: e}) {
 			return
 		}
+		if e == nil && c.FinishReason != "" {
+			drainStream(br)
+		}
 		if c.FinishReason != "" || e != nil {
 			return
 		}
 	}
+}
+
+// StreamDrainTimeout bounds how long the end of a finished leg's HTTP
+// response (what follows its last line: the chunked body's terminator) is
+// waited for before the leg is hung up.
+const StreamDrainTimeout = time.Second
+
+// drainStream reads what follows a stream's last line, up to
+// workerapi.MaxLineBytes, so that the response ends at EOF: net/http reuses
+// the connection only for a body read to its end, and a body closed early
+// costs a TCP connection to the worker per request.
+func drainStream(br *bufio.Reader) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(br, workerapi.MaxLineBytes))
+}
+
+// endLeg releases a streaming leg whose reader is done: a leg that sent its
+// last line is left StreamDrainTimeout to end its response (runStream
+// drains it, so the connection goes back to the pool) before it is hung up;
+// any other leg is hung up at once. It returns once runStream has closed
+// lines.
+func endLeg(lines <-chan decodeEvent, cancel context.CancelFunc, finished bool) {
+	if finished {
+		t := time.AfterFunc(StreamDrainTimeout, cancel)
+		defer t.Stop()
+	} else {
+		cancel()
+	}
+	for range lines {
+	}
+	cancel()
 }
 
 // abortLeg tells a worker to abort the request, in the background, bounded
@@ -669,7 +702,5 @@ func (s *pdStream) Close() {
 		s.drain(a) // Stop's abort hangs the leg up once the worker has it
 		return
 	}
-	a.dCancel()
-	for range a.lines {
-	}
+	endLeg(a.lines, a.dCancel, s.finished)
 }

@@ -138,7 +138,5 @@ func (s *plainStream) Close() {
 		}()
 		return
 	}
-	s.cancel()
-	for range s.lines {
-	}
+	endLeg(s.lines, s.cancel, s.finished)
 }

@@ -139,4 +139,7 @@ func (s *plainStream) Close() {
 		return
 	}
 	endLeg(s.lines, s.cancel, s.finished)
+	// The leg is over: uncount it now rather than when its goroutine gets
+	// to it, so a client's next request sees the worker's true load.
+	s.legDone()
 }

@@ -688,3 +688,32 @@ func TestRequestHistoryAtTheRouter(t *testing.T) {
 		<-done
 	})
 }
+
+// TestIncompatibleDecodeNeverFailsARequest: with one prefill worker, two
+// decode workers of its page size and one of another page size, every
+// pick finds a compatible pair: no request fails, and the incompatible
+// decode worker (the emptiest, so the first choice of every policy)
+// receives no leg.
+func TestIncompatibleDecodeNeverFailsARequest(t *testing.T) {
+	for _, pol := range PolicyNames() {
+		t.Run(pol, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, 1, 3, 0, func(cfg *Config) {
+					withPolicy(pol)(cfg)
+					other := testFingerprint
+					other.PageSize = 32
+					fakeOf(cfg, "decode2").setFingerprint(other)
+				})
+				defer tr.r.Close()
+				for i := range 60 {
+					if a := generate(t.Context(), tr.r, fmt.Sprintf("rid%d", i)); a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+						t.Fatalf("request %d: %+v", i, a)
+					}
+				}
+				if n := legCounts(tr.decode); n[2] != 0 || n[0] == 0 || n[1] == 0 {
+					t.Fatalf("decode legs %v: want both compatible workers used, none on the page-size-32 one", n)
+				}
+			})
+		})
+	}
+}

@@ -278,15 +278,26 @@ func (w *Worker) Down() <-chan struct{} {
 	return w.down
 }
 
-// Usable reports whether new requests may go to the worker.
-func (w *Worker) Usable() bool { return w.State() == StateReady }
+// Usable reports whether new requests may go to the worker: it is ready
+// and its last health check passed. One failed check takes a ready worker
+// out of new pairs at once (a frozen worker gets no new request while the
+// failures that make it not_ready add up); its legs in flight go on, and
+// its state stays ready until FailureThreshold failures.
+func (w *Worker) Usable() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.usableLocked()
+}
 
-// Weight is the worker's share of new requests in [0, 1]: 0 unless ready,
+// usableLocked is Usable with w.mu held.
+func (w *Worker) usableLocked() bool { return w.state == StateReady && w.failures == 0 }
+
+// Weight is the worker's share of new requests in [0, 1]: 0 unless usable,
 // ramping linearly from 0.1 to 1 over SlowStart after it became ready.
 func (w *Worker) Weight() float64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.state != StateReady {
+	if !w.usableLocked() {
 		return 0
 	}
 	ss := w.set.cfg.SlowStart
@@ -367,7 +378,8 @@ type Status struct {
 	// "registry" (no longer listed).
 	DrainedBy string  `json:"drained_by,omitempty"`
 	Weight    float64 `json:"weight"`
-	// Healthy is State == ready: new requests may go to it.
+	// Healthy is Usable: the worker is ready and its last check passed, so
+	// new requests may go to it.
 	Healthy bool `json:"healthy"`
 	// SafeToDelete: the worker gets no new request and serves nothing, so
 	// stopping it loses no work.
@@ -918,7 +930,7 @@ func (w *Worker) Status() Status {
 	st := Status{ID: w.entry.ID, URL: w.entry.URL, Role: w.entry.Role, State: w.state, Source: w.entry.Source,
 		Legs: w.Legs(), Live: w.info.Live, ParkedKV: w.info.Parked, Since: w.since, LastError: w.lastErr,
 		DrainedBy: w.drainedBy, Weight: weight, KVAddr: w.entry.KVAddr, Instance: w.info.Instance,
-		Healthy: w.state == StateReady, Held: w.held}
+		Healthy: w.usableLocked(), Held: w.held}
 	if st.KVAddr == "" {
 		st.KVAddr = w.info.KVAddr
 	}

@@ -138,6 +138,9 @@ func TestReadyAfterPassesNotReadyAfterFailures(t *testing.T) {
 	if w.State() != StateReady || closed(down) {
 		t.Fatalf("after two failures: %s, down closed %v (3 needed)", w.State(), closed(down))
 	}
+	if w.Usable() || w.Weight() != 0 || w.Status().Healthy {
+		t.Fatalf("a ready worker that failed its last check is usable (weight %v, status %+v)", w.Weight(), w.Status())
+	}
 	s.CheckAll(ctx)
 	if w.State() != StateNotReady || !closed(down) {
 		t.Fatalf("after three failures: %s, down closed %v", w.State(), closed(down))
@@ -152,6 +155,39 @@ func TestReadyAfterPassesNotReadyAfterFailures(t *testing.T) {
 		t.Fatalf("after recovery: %s", w.State())
 	}
 	want := []string{"http://d1 state(0)->pending", "http://d1 pending->ready", "http://d1 ready->not_ready", "http://d1 not_ready->ready"}
+	if fmt.Sprint(tr.log) != fmt.Sprint(want) {
+		t.Fatalf("transitions %v, want %v", tr.log, want)
+	}
+}
+
+// TestOneFailedCheckTakesWorkerOutOfPairs: a ready worker that fails one
+// health check gets no new request (Usable false) but stays ready, its
+// legs in flight going on (Down open); the next passing check makes it
+// usable again without a new ramp.
+func TestOneFailedCheckTakesWorkerOutOfPairs(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, tr := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1")}})
+	w := mustGet(t, s, "d1")
+	ctx := context.Background()
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	if !w.Usable() {
+		t.Fatalf("ready worker not usable: %+v", w.Status())
+	}
+	f.set("http://d1", Info{}, context.DeadlineExceeded)
+	s.CheckAll(ctx)
+	if st := w.Status(); w.Usable() || st.Healthy || st.State != StateReady || closed(w.Down()) || st.LastError == "" {
+		t.Fatalf("after one failed check: usable %v, status %+v, down closed %v; want ready, unusable, legs going on",
+			w.Usable(), st, closed(w.Down()))
+	}
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.CheckAll(ctx)
+	if !w.Usable() || w.Weight() != 1 {
+		t.Fatalf("after the next pass: usable %v weight %v", w.Usable(), w.Weight())
+	}
+	want := []string{"http://d1 state(0)->pending", "http://d1 pending->ready"}
 	if fmt.Sprint(tr.log) != fmt.Sprint(want) {
 		t.Fatalf("transitions %v, want %v", tr.log, want)
 	}

@@ -403,7 +403,7 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 			}
 			ro := cluster.RouterOptions{Addr: net.JoinHostPort(host, strconv.Itoa(port)), Prefill: p, Decode: d, Colocated: co,
 				Registry: reg, Logger: log}
-			if err := hf.apply(&ro); err != nil {
+			if err := hf.apply(&ro, reg == nil); err != nil {
 				return err
 			}
 			if err := pf.apply(&ro.RouterTuning); err != nil {

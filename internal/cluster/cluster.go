@@ -388,8 +388,10 @@ type RouterOptions struct {
 	// the lists above (etcd, Kubernetes); it is closed at Shutdown if it
 	// is an io.Closer.
 	Registry registry.Registry
-	// HealthInterval, CheckTimeout, SuccessThreshold, FailureThreshold and
-	// SlowStart tune the health checks (router.Config; 0 = default).
+	// HealthInterval, CheckTimeout, SuccessThreshold, FailureThreshold,
+	// SlowStart and UnlistedGrace tune the health checks (router.Config; 0
+	// = default).
+	UnlistedGrace    time.Duration
 	HealthInterval   time.Duration
 	CheckTimeout     time.Duration
 	SuccessThreshold int
@@ -477,7 +479,7 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, Client: client,
 		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
-		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
+		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
 		LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
 		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown,
 		Logger: o.Logger, Registerer: reg, Gatherer: reg,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -530,5 +531,136 @@ func TestHoldKeepsLegsAndRelease(t *testing.T) {
 		"http://d0 ready->not_ready", "http://d0 not_ready->ready"}
 	if fmt.Sprint(tr.log) != fmt.Sprint(want) {
 		t.Fatalf("transitions %v, want %v", tr.log, want)
+	}
+}
+
+func newGraceSet(t *testing.T, f *fakeWorkers, clk *clocktesting.FakeClock, grace time.Duration) *Set {
+	t.Helper()
+	s, err := New(Config{Registry: fixedRegistry{}, Probe: f.probe, ModelName: "m", Clock: clk, UnlistedGrace: grace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func snap(es ...registry.Entry) registry.Snapshot { return registry.Snapshot{Entries: es} }
+
+// TestUnlistedGrace: a registry that stops listing every worker (etcd
+// restarted on an empty data directory) does not empty the fleet: ready
+// workers stay usable while their checks pass, and go on as before when
+// listed again; one that fails a check, answers draining or outlives the
+// grace leaves (draining its legs first); a worker not usable when
+// unlisted leaves at once.
+func TestUnlistedGrace(t *testing.T) {
+	f := newFakeWorkers()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s := newGraceSet(t, f, clk, 30*time.Second)
+	ctx := context.Background()
+	var all []registry.Entry
+	for i, id := range []string{"d1", "d2", "d3", "d4", "d5"} {
+		u := "http://" + id
+		f.set(u, decodeInfo(fmt.Sprint("i", i)), nil)
+		all = append(all, entry(id, "decode", u))
+	}
+	s.Reconcile(snap(all...))
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	f.set("http://d5", Info{}, context.DeadlineExceeded)
+	s.CheckAll(ctx) // d5: ready, but its last check failed
+	s.Reconcile(snap())
+	for _, id := range []string{"d1", "d2", "d3", "d4"} {
+		w := mustGet(t, s, id)
+		if st := w.Status(); !w.Usable() || st.Unlisted == "" || closed(w.Down()) {
+			t.Fatalf("%s right after the registry emptied: %+v, want usable and shown unlisted", id, st)
+		}
+	}
+	if _, ok := s.Get("d5"); ok {
+		t.Fatal("d5 (not usable when unlisted) kept in the set")
+	}
+
+	clk.Step(10 * time.Second)
+	s.Reconcile(snap(all[0])) // d1 registered again
+	if st := mustGet(t, s, "d1").Status(); st.Unlisted != "" || !st.Healthy {
+		t.Fatalf("d1 listed again: %+v", st)
+	}
+	f.set("http://d2", Info{}, context.DeadlineExceeded)
+	info := decodeInfo("i2")
+	info.Draining = true
+	f.set("http://d3", info, nil)
+	d4 := mustGet(t, s, "d4")
+	leg := d4.AddLeg()
+	s.CheckAll(ctx)
+	for _, id := range []string{"d2", "d3"} {
+		if w, ok := s.Get(id); ok {
+			t.Errorf("%s (a failed check / draining in its grace) still in the set: %+v", id, w.Status())
+		}
+	}
+	if !d4.Usable() {
+		t.Fatalf("d4 within its grace: %+v", d4.Status())
+	}
+	clk.Step(20 * time.Second)
+	s.CheckAll(ctx)
+	if st := d4.Status(); st.State != StateDraining || st.DrainedBy != "registry" || st.Unlisted != "" || closed(d4.Down()) {
+		t.Fatalf("d4 after its grace, with a leg: %+v, want draining its leg", st)
+	}
+	leg()
+	if _, ok := s.Get("d4"); ok {
+		t.Fatal("d4 still in the set once its last leg ended")
+	}
+	if ws := s.Workers(""); len(ws) != 1 || ws[0].ID() != "d1" {
+		t.Fatalf("workers %v, want d1 only", ws)
+	}
+}
+
+// TestDuplicateEntries: two registry entries whose workers answer with one
+// instance id: the later is not_ready "duplicate of <first>" and never
+// usable while the first is in the set; it takes over once the first
+// leaves. With an unlisted grace, the entry a worker is listed under anew
+// takes over from its old, unlisted one once it is ready, so the process
+// is usable throughout.
+func TestDuplicateEntries(t *testing.T) {
+	f := newFakeWorkers()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s, _, _ := newSet(t, f, clk)
+	ctx := context.Background()
+	f.set("http://w", decodeInfo("one-process"), nil)
+	k1, k2 := entry("k1", "decode", "http://w"), entry("k2", "decode", "http://w")
+	s.Reconcile(snap(k1, k2))
+	for range 3 {
+		s.CheckAll(ctx)
+	}
+	w1, w2 := mustGet(t, s, "k1"), mustGet(t, s, "k2")
+	if !w1.Usable() {
+		t.Fatalf("first entry %+v", w1.Status())
+	}
+	if st := w2.Status(); w2.Usable() || st.State != StateNotReady || st.Duplicate != "k1" || !strings.HasPrefix(st.LastError, "duplicate of k1") {
+		t.Fatalf("second entry %+v, want not_ready, duplicate of k1", st)
+	}
+	s.Reconcile(snap(k2))
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	if st := w2.Status(); !w2.Usable() || st.Duplicate != "" || st.LastError != "" {
+		t.Fatalf("second entry once the first left: %+v", st)
+	}
+
+	g := newGraceSet(t, f, clk, 30*time.Second)
+	g.Reconcile(snap(k1))
+	g.CheckAll(ctx)
+	g.CheckAll(ctx)
+	g.Reconcile(snap(k2)) // the worker's record is now under another key
+	for i := range 3 {
+		usable := 0
+		for _, w := range g.Workers("") {
+			if w.Usable() {
+				usable++
+			}
+		}
+		if usable != 1 {
+			t.Fatalf("check %d: %d usable entries of one process, want 1: %+v", i, usable, g.Statuses())
+		}
+		g.CheckAll(ctx)
+	}
+	if ws := g.Workers(""); len(ws) != 1 || ws[0].ID() != "k2" || !ws[0].Usable() {
+		t.Fatalf("after the handover: %+v, want k2 alone, usable", g.Statuses())
 	}
 }

@@ -86,6 +86,11 @@ type Config struct {
 	SuccessThreshold int
 	FailureThreshold int
 	SlowStart        time.Duration
+	// UnlistedGrace is how long a usable worker the registry stops listing
+	// keeps serving while its checks pass (fleet.Config.UnlistedGrace): 0
+	// is fleet.DefaultUnlistedGrace (30 s) with a Registry and none for the
+	// static worker lists; negative is none.
+	UnlistedGrace time.Duration
 	// PrefillPolicy and DecodePolicy name the pair policy of each role
 	// (PolicyNames; default least_load); colocated workers are chosen by
 	// the decode policy.
@@ -269,10 +274,17 @@ func New(cfg Config) (*Router, error) {
 		}
 		reg = st
 	}
+	grace := cfg.UnlistedGrace
+	switch {
+	case grace < 0:
+		grace = 0
+	case grace == 0 && cfg.Registry != nil && cfg.Registry.Name() != "static":
+		grace = fleet.DefaultUnlistedGrace
+	}
 	var err error
 	r.set, err = fleet.New(fleet.Config{Registry: reg, Probe: r.probeWorker, ModelName: cfg.ModelName,
 		HealthInterval: cfg.HealthInterval, CheckTimeout: cfg.CheckTimeout, SuccessThreshold: cfg.SuccessThreshold,
-		FailureThreshold: cfg.FailureThreshold, SlowStart: cfg.SlowStart, Clock: cfg.Clock, Logger: r.log,
+		FailureThreshold: cfg.FailureThreshold, SlowStart: cfg.SlowStart, UnlistedGrace: grace, Clock: cfg.Clock, Logger: r.log,
 		OnChange: r.workerChanged, Describe: r.describe})
 	if err != nil {
 		return nil, err

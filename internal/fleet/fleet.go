@@ -1035,12 +1035,50 @@ func (s *Set) MarkDraining(w *Worker, why string) {
 	s.notify(changes)
 }
 
+// Errors of Drain and Resume.
+var (
+	// ErrUnknownWorker: no worker has the id.
+	ErrUnknownWorker = errors.New("no such worker")
+	// ErrConflict: the worker's state does not allow the change (the
+	// admin API's 409).
+	ErrConflict = errors.New("conflict")
+)
+
+// adminError is an error of kind (ErrUnknownWorker, ErrConflict) that
+// reads as msg alone.
+type adminError struct {
+	kind error
+	msg  string
+}
+
+func (e adminError) Error() string { return e.msg }
+func (e adminError) Unwrap() error { return e.kind }
+
+func adminErrorf(kind error, format string, args ...any) error {
+	return adminError{kind, fmt.Sprintf(format, args...)}
+}
+
 // Drain (admin API) stops sending new requests to a worker; its legs in
-// flight finish. It returns false for an unknown id.
-func (s *Set) Drain(id string) bool {
+// flight finish. Unless force, it refuses (ErrConflict) to drain the last
+// usable worker of its role, which would leave the router unable to serve;
+// draining a draining worker is a no-op. It returns ErrUnknownWorker for an
+// unknown id.
+func (s *Set) Drain(id string, force bool) error {
 	w, ok := s.Get(id)
 	if !ok {
-		return false
+		return adminErrorf(ErrUnknownWorker, "no worker %q", id)
+	}
+	if !force && w.Usable() {
+		others := 0
+		for _, o := range s.Workers(w.Role()) {
+			if o != w && o.Usable() {
+				others++
+			}
+		}
+		if others == 0 {
+			return adminErrorf(ErrConflict, "%s is the last ready %s worker: draining it leaves the router no %s worker to serve with (add ?force=true to drain it anyway)",
+				id, w.Role(), w.Role())
+		}
 	}
 	now := s.cfg.Clock.Now()
 	w.mu.Lock()
@@ -1048,27 +1086,37 @@ func (s *Set) Drain(id string) bool {
 	from, changed := w.setState(StateDraining, now)
 	w.mu.Unlock()
 	if changed {
+		s.log.Info("worker drained by the admin API", "worker", w.entry.URL, "id", id, "forced", force)
 		s.notify([]change{{w, from, StateDraining}})
 	}
-	return true
+	return nil
 }
 
 // Resume (admin API) ends an operator's drain: the worker is checked again
-// and takes requests once it passes. It returns false for an unknown id.
-func (s *Set) Resume(id string) bool {
+// and takes requests once it passes. It returns ErrUnknownWorker for an
+// unknown id and ErrConflict for a worker no operator drained (a worker
+// draining on its own SIGTERM resumes only by itself).
+func (s *Set) Resume(id string) error {
 	w, ok := s.Get(id)
 	if !ok {
-		return false
+		return adminErrorf(ErrUnknownWorker, "no worker %q", id)
 	}
 	now := s.cfg.Clock.Now()
 	w.mu.Lock()
-	var changes []change
-	if w.drainedBy == "admin" {
-		w.drainedBy = ""
-		w.passes = 0
-		if from, ok := w.setState(StatePending, now); ok {
-			changes = append(changes, change{w, from, StatePending})
+	if w.drainedBy != "admin" {
+		st, by := w.state, w.drainedBy
+		w.mu.Unlock()
+		why := "it is " + st.String()
+		if by != "" {
+			why += " (drained by " + by + ", not the admin API)"
 		}
+		return adminErrorf(ErrConflict, "%s is not drained by the admin API, so there is nothing to resume: %s", id, why)
+	}
+	w.drainedBy = ""
+	w.passes = 0
+	var changes []change
+	if from, ok := w.setState(StatePending, now); ok {
+		changes = append(changes, change{w, from, StatePending})
 	}
 	w.mu.Unlock()
 	s.notify(changes)
@@ -1076,7 +1124,7 @@ func (s *Set) Resume(id string) bool {
 	case s.kick <- struct{}{}:
 	default:
 	}
-	return true
+	return nil
 }
 
 // Statuses lists every worker, then the registry's invalid entries, for

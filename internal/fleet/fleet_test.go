@@ -346,8 +346,11 @@ func TestAdminDrainResume(t *testing.T) {
 	s.CheckAll(ctx)
 	s.CheckAll(ctx)
 	w := mustGet(t, s, "d1")
-	if !s.Drain("d1") || s.Drain("nope") {
-		t.Fatal("Drain answers")
+	if err := s.Drain("d1", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Drain("nope", false); !errors.Is(err, ErrUnknownWorker) {
+		t.Fatalf("Drain of an unknown id: %v", err)
 	}
 	s.CheckAll(ctx)
 	if st := w.Status(); st.State != StateDraining || st.DrainedBy != "admin" || !st.SafeToDelete {
@@ -358,8 +361,8 @@ func TestAdminDrainResume(t *testing.T) {
 		t.Fatal("safe to delete with a leg in flight")
 	}
 	done()
-	if !s.Resume("d1") {
-		t.Fatal("Resume")
+	if err := s.Resume("d1"); err != nil {
+		t.Fatal(err)
 	}
 	if w.State() != StatePending {
 		t.Fatalf("resumed: %s", w.State())

@@ -61,6 +61,15 @@ func checkKVAuth(kvAuth, secret string) error {
 	return nil
 }
 
+// checkDrainTimeout refuses a negative --drain-timeout (0 shuts down at
+// once).
+func checkDrainTimeout(d time.Duration) error {
+	if d < 0 {
+		return usagef("--drain-timeout must not be negative, got %s (0: shut down at once)", d)
+	}
+	return nil
+}
+
 func checkPort(name string, p int) error {
 	if p < 0 || p > 65535 {
 		return usagef("--%s must be between 0 and 65535, got %d", name, p)
@@ -104,6 +113,9 @@ in-flight requests are answered with an error.`,
 			}
 			defer stopPprof()
 			if err := checkPort("port", port); err != nil {
+				return err
+			}
+			if err := checkDrainTimeout(drainT); err != nil {
 				return err
 			}
 			if nServe < 0 || nServe > 64 {
@@ -217,6 +229,9 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			}
 			defer stopPprof()
 			if err := checkPort("port", port); err != nil {
+				return err
+			}
+			if err := checkDrainTimeout(drainT); err != nil {
 				return err
 			}
 			newModel, err := mf.factory()
@@ -385,6 +400,9 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 			}
 			defer stopPprof()
 			if err := checkPort("port", port); err != nil {
+				return err
+			}
+			if err := checkDrainTimeout(drainT); err != nil {
 				return err
 			}
 			p, d, co := splitURLs(prefill), splitURLs(decode), splitURLs(colocated)

@@ -91,6 +91,9 @@ func (f *discoveryFlags) add(fs *pflag.FlagSet) {
 func (f *discoveryFlags) registry(log *slog.Logger) (registry.Registry, error) {
 	switch f.discovery {
 	case "static":
+		if len(splitURLs(f.etcd.endpoints)) > 0 {
+			return nil, usagef("--etcd-endpoints is read with --discovery etcd only (the router's --discovery is static): add --discovery etcd, or drop --etcd-endpoints")
+		}
 		return nil, nil
 	case "etcd":
 		if len(splitURLs(f.etcd.endpoints)) == 0 {
@@ -116,6 +119,10 @@ func (f *discoveryFlags) registry(log *slog.Logger) (registry.Registry, error) {
 	return nil, usagef("--discovery %q: want static, etcd or kubernetes", f.discovery)
 }
 
+// minHealthInterval is --health-interval's floor: checks more often than
+// this would load the workers more than they tell.
+const minHealthInterval = 10 * time.Millisecond
+
 // healthFlags tune the router's health checks of its workers.
 type healthFlags struct {
 	interval, timeout time.Duration
@@ -137,8 +144,10 @@ func (f *healthFlags) add(fs *pflag.FlagSet) {
 
 func (f *healthFlags) apply(o *cluster.RouterOptions, static bool) error {
 	switch {
-	case f.interval <= 0 || f.timeout <= 0:
-		return usagef("--health-interval and --health-check-timeout must be positive")
+	case f.interval < minHealthInterval:
+		return usagef("--health-interval must be at least %s, got %s", minHealthInterval, f.interval)
+	case f.timeout <= 0:
+		return usagef("--health-check-timeout must be positive, got %s", f.timeout)
 	case f.unlistedGrace < 0:
 		return usagef("--unlisted-grace must not be negative, got %s", f.unlistedGrace)
 	case static && f.fs != nil && f.fs.Changed("unlisted-grace") && f.unlistedGrace > 0:

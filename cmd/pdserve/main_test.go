@@ -55,6 +55,15 @@ func TestExitCodes(t *testing.T) {
 		{"absurd geometry", nil, []string{"serve", "--sim-layers", "10000000"}, 2, "invalid KV geometry"},
 		{"negative queue bound", nil, []string{"serve", "--max-queued-requests", "-1"}, 2, "max queued requests must not be negative"},
 		{"unknown pair policy", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--prefill-policy", "random"}, 2, "--prefill-policy"},
+		{"negative drain timeout (up)", nil, []string{"up", "--drain-timeout", "-1s"}, 2, "--drain-timeout"},
+		{"negative drain timeout (worker)", nil, []string{"decode", "--drain-timeout", "-5s"}, 2, "--drain-timeout"},
+		{"negative drain timeout (router)", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--drain-timeout", "-1m"}, 2, "--drain-timeout"},
+		{"health interval too short", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--health-interval", "1ms"}, 2, "--health-interval must be at least 10ms"},
+		{"etcd endpoints with static discovery", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--etcd-endpoints", "http://127.0.0.1:2379"}, 2, "--etcd-endpoints"},
+		{"unlisted grace with static discovery", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--unlisted-grace", "10s"}, 2, "--unlisted-grace"},
+		{"negative unlisted grace", nil, []string{"router", "--discovery", "etcd", "--etcd-endpoints", "http://127.0.0.1:1", "--unlisted-grace", "-1s"}, 2, "--unlisted-grace"},
+		{"etcd verify interval too short", nil, []string{"router", "--discovery", "etcd", "--etcd-endpoints", "http://127.0.0.1:1", "--etcd-verify-interval", "1ms"}, 2, "--etcd-verify-interval"},
+		{"worker port out of range", nil, []string{"router", "--prefill", "http://p:70000", "--decode", "http://d:1"}, 2, "65535"},
 		{"absurd page size", nil, []string{"serve", "--page-size", "70368744177664"}, 2, "--page-size must be between"},
 	}
 	for _, tc := range cases {

@@ -95,6 +95,7 @@ func TestAdminAPI(t *testing.T) {
 	}{
 		{"POST", "/workers", `{"url":"http://127.0.0.1:1"}`, 400, `role ""`},
 		{"POST", "/workers", `{"url":"ftp://x","role":"decode"}`, 400, "want http://host:port"},
+		{"POST", "/workers", `{"url":"http://127.0.0.1:70000","role":"decode"}`, 400, "port must be from 1 to 65535"},
 		{"POST", "/workers", `not json`, 400, "invalid JSON body"},
 		{"POST", "/workers", `{"url":"http://a:1","role":"decode","extra":1}`, 400, "unknown field"},
 		{"POST", "/workers", `{"url":"http://a:1","role":"decode"} {}`, 400, "trailing data"},

@@ -76,3 +76,43 @@ func TestNoWorkerAnswerHasRetryAfter(t *testing.T) {
 		}
 	})
 }
+
+// TestUnpairableWorkerShowsWhy: a prefill worker whose KV page size no
+// decode worker shares is listed, in GET /workers and /debug/workers, with
+// why it gets no request; the compatible workers show no such reason.
+func TestUnpairableWorkerShowsWhy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 2, 1, 0, func(cfg *Config) {
+			other := testFingerprint
+			other.PageSize = 32
+			fakeOf(cfg, "prefill1").setFingerprint(other)
+		})
+		defer tr.r.Close()
+		for _, path := range []string{"/workers", "/debug/workers"} {
+			rec := httptest.NewRecorder()
+			tr.r.Handler().ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+			var v struct {
+				Workers []struct {
+					ID      string `json:"id"`
+					State   string `json:"state"`
+					Pairing struct {
+						NoPair string `json:"no_pair"`
+					} `json:"pairing"`
+				} `json:"workers"`
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, w := range v.Workers {
+				got[w.ID] = w.Pairing.NoPair
+			}
+			want := map[string]string{"prefill0": "", "decode0": "", "prefill1": "no compatible decode: page_size 32 vs 16"}
+			for id, why := range want {
+				if got[id] != why {
+					t.Errorf("%s: %s no_pair %q, want %q", path, id, got[id], why)
+				}
+			}
+		}
+	})
+}

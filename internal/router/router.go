@@ -37,6 +37,8 @@ import (
 	"net"
 	"net/http"
 	"path"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +48,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
@@ -343,11 +346,54 @@ func (r *Router) metricsState() metrics.RouterState {
 type Pairing struct {
 	Load  LoadStatus   `json:"load"`
 	Paths []PairStatus `json:"kv_paths,omitempty"`
+	// NoPair, when set, says why a checked prefill (decode) worker can
+	// pair with no decode (prefill) worker of the fleet: e.g. "no
+	// compatible decode: page_size 32 vs 16" (its KV fingerprint against
+	// each one's, first fields that differ). It may be ready and still
+	// never get a request.
+	NoPair string `json:"no_pair,omitempty"`
+}
+
+// noPair says why w, a checked prefill or decode worker, has no worker of
+// the other role whose KV fingerprint matches its own ("" if one has, or
+// none of that role was checked yet).
+func (r *Router) noPair(w *fleet.Worker) string {
+	var other workerapi.Role
+	switch roleOf(w) {
+	case workerapi.RolePrefill:
+		other = workerapi.RoleDecode
+	case workerapi.RoleDecode:
+		other = workerapi.RolePrefill
+	default:
+		return ""
+	}
+	fp := w.Info().Fingerprint
+	if fp == (kvxfer.Fingerprint{}) {
+		return ""
+	}
+	var whys []string
+	for _, o := range r.set.Workers(other.String()) {
+		ofp := o.Info().Fingerprint
+		if ofp == (kvxfer.Fingerprint{}) {
+			continue
+		}
+		m := fp.Mismatch(ofp)
+		if m == "" {
+			return ""
+		}
+		if !slices.Contains(whys, m) {
+			whys = append(whys, m)
+		}
+	}
+	if len(whys) == 0 {
+		return ""
+	}
+	return "no compatible " + other.String() + ": " + strings.Join(whys, "; ")
 }
 
 // describe is the fleet's Describe: the router's view of w.
 func (r *Router) describe(w *fleet.Worker) any {
-	p := Pairing{Load: r.loadStatus(w)}
+	p := Pairing{Load: r.loadStatus(w), NoPair: r.noPair(w)}
 	for _, ps := range r.Pairs() {
 		if ps.State != BreakerClosed && (ps.Prefill == w.URL() || ps.Decode == w.URL()) {
 			p.Paths = append(p.Paths, ps)

@@ -112,7 +112,7 @@ func (s *Set) handleList(w http.ResponseWriter, _ *http.Request) {
 	if list == nil {
 		list = []Status{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"registry": s.cfg.Registry.Name(), "workers": list})
+	writeJSON(w, http.StatusOK, map[string]any{"registry": s.cfg.Registry.Name(), "registry_status": s.RegistryStatus(), "workers": list})
 }
 
 func (s *Set) static() (*registry.Static, *openai.Error) {

@@ -209,3 +209,40 @@ func TestAdminAPISlashedIDsAndHeaders(t *testing.T) {
 		}
 	}
 }
+
+// errRegistry never lists anything and reports an error, as an etcd the
+// router cannot reach at start.
+type errRegistry struct{}
+
+func (errRegistry) Name() string { return "etcd" }
+func (errRegistry) Run(ctx context.Context, _ func(registry.Snapshot)) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (errRegistry) LastError() (string, time.Time) {
+	return "context deadline exceeded", time.Unix(900, 0)
+}
+
+// TestRegistryStatusInList: GET /workers says whether the registry has
+// listed the fleet, when it last did, and its last error.
+func TestRegistryStatusInList(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s, err := New(Config{Registry: errRegistry{}, Probe: newFakeWorkers().probe, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.AdminHandler()
+	_, v := call(t, h, "GET", "/workers", "")
+	st, _ := v["registry_status"].(map[string]any)
+	if st["backend"] != "etcd" || st["synced"] != false || st["last_sync"] != nil || st["last_error"] != "context deadline exceeded" ||
+		st["last_error_at"] == nil {
+		t.Fatalf("before a snapshot: %v", st)
+	}
+	s.Reconcile(registry.Snapshot{})
+	_, v = call(t, h, "GET", "/workers", "")
+	st, _ = v["registry_status"].(map[string]any)
+	ls, _ := st["last_sync"].(string)
+	if at, err := time.Parse(time.RFC3339, ls); st["synced"] != true || err != nil || !at.Equal(time.Unix(1000, 0)) {
+		t.Fatalf("after a snapshot: %v", st)
+	}
+}

@@ -449,8 +449,10 @@ type Set struct {
 	workers map[string]*Worker // by ID
 	invalid []registry.Entry
 	synced  bool
-	kick    chan struct{}
-	seq     uint64 // the last Worker.seq given
+	// lastSync is when the registry's last snapshot came.
+	lastSync time.Time
+	kick     chan struct{}
+	seq      uint64 // the last Worker.seq given
 }
 
 // New returns a set; it contacts nothing until Run.
@@ -502,6 +504,41 @@ func (s *Set) Run(ctx context.Context) {
 	}
 }
 
+// RegistryStatus is the registry's part of GET /workers.
+type RegistryStatus struct {
+	// Backend is "static", "etcd" or "kubernetes".
+	Backend string `json:"backend"`
+	// Synced: the registry has given a first snapshot (until then the
+	// router has no worker and answers 503).
+	Synced bool `json:"synced"`
+	// LastSync is when its last snapshot came (absent before the first).
+	LastSync *time.Time `json:"last_sync,omitempty"`
+	// LastError is the backend's last failure to reach its source (etcd
+	// unreachable), and LastErrorAt when; absent if none.
+	LastError   string     `json:"last_error,omitempty"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+}
+
+// RegistryStatus reports the registry's state: synced, when it last gave a
+// snapshot, its last error.
+func (s *Set) RegistryStatus() RegistryStatus {
+	st := RegistryStatus{Backend: s.cfg.Registry.Name()}
+	s.mu.Lock()
+	st.Synced = s.synced
+	if s.synced {
+		t := s.lastSync
+		st.LastSync = &t
+	}
+	s.mu.Unlock()
+	if er, ok := s.cfg.Registry.(registry.ErrorReporter); ok {
+		if msg, at := er.LastError(); msg != "" {
+			st.LastError = msg
+			st.LastErrorAt = &at
+		}
+	}
+	return st
+}
+
 // Synced reports whether the registry has given a first snapshot.
 func (s *Set) Synced() bool {
 	s.mu.Lock()
@@ -517,7 +554,7 @@ func (s *Set) Reconcile(snap registry.Snapshot) {
 	var changes []change
 	s.mu.Lock()
 	first := !s.synced
-	s.synced = true
+	s.synced, s.lastSync = true, now
 	s.invalid = s.invalid[:0]
 	listed := make(map[string]bool, len(snap.Entries))
 	added := false

@@ -37,6 +37,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 )
@@ -141,6 +142,15 @@ type Registry interface {
 	// cannot start at all (a bad configuration). While its source cannot
 	// be reached it keeps retrying and calls nothing.
 	Run(ctx context.Context, update func(Snapshot)) error
+}
+
+// ErrorReporter is implemented by a backend that can say why it last
+// failed to reach its source (etcd unreachable), for the router's GET
+// /workers.
+type ErrorReporter interface {
+	// LastError returns the backend's last error and when it happened
+	// ("" and the zero time if none yet).
+	LastError() (string, time.Time)
 }
 
 // Static is the registry of worker URLs given at startup, changed through

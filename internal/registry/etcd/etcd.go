@@ -169,6 +169,24 @@ type Registry struct {
 	log    *slog.Logger
 	owned  bool
 	relist time.Duration
+
+	mu        sync.Mutex
+	lastErr   string
+	lastErrAt time.Time
+}
+
+// LastError implements registry.ErrorReporter: the last failure to list
+// etcd, and when.
+func (r *Registry) LastError() (string, time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr, r.lastErrAt
+}
+
+func (r *Registry) setError(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lastErr, r.lastErrAt = err.Error(), time.Now()
 }
 
 // New returns the router side of the etcd registry. Close closes its client.
@@ -212,7 +230,7 @@ func backoff(n int) time.Duration {
 func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) error {
 	prefix := workersPrefix(r.cfg.Prefix)
 	failures := 0
-	down := false
+	down, listed := false, false
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -224,20 +242,28 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if !down {
-				r.log.Warn("etcd unreachable; serving the last snapshot of the fleet", "err", err)
-				down = true
+			r.setError(err)
+			switch {
+			case !down && !listed:
+				r.log.Warn("etcd unreachable: no fleet listed yet, so requests are answered 503 no_worker until it answers; retrying",
+					"endpoints", r.cfg.Endpoints, "err", err)
+			case !down:
+				r.log.Warn("etcd unreachable; serving the last snapshot of the fleet", "endpoints", r.cfg.Endpoints, "err", err)
 			}
+			down = true
 			failures++
 			if !sleep(ctx, backoff(failures)) {
 				return ctx.Err()
 			}
 			continue
 		}
-		if down {
+		switch {
+		case down && !listed:
+			r.log.Info("etcd reachable; fleet listed", "workers", len(resp.Kvs))
+		case down:
 			r.log.Info("etcd reachable again; fleet re-listed", "workers", len(resp.Kvs))
-			down = false
 		}
+		down, listed = false, true
 		failures = 0
 		entries := make(map[string]registry.Entry, len(resp.Kvs))
 		for _, kv := range resp.Kvs {

@@ -318,6 +318,9 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 		fs.IntVar(&kvPort, "kv-port", 8998, "KV channel port (decode workers connect here)")
 	}
 	rf.add(fs)
+	if role == "prefill" {
+		rf.addKV(fs)
+	}
 	inf.add(fs, true, secretUsage)
 	if role == "serve" {
 		fdf.add(fs, false)

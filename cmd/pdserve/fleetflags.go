@@ -33,9 +33,15 @@ func (f *etcdFlags) config(log *slog.Logger) etcdreg.Config {
 
 // registrationFlags make a worker register itself in etcd.
 type registrationFlags struct {
-	etcd      etcdFlags
-	ttl       time.Duration
-	advertise string
+	etcd        etcdFlags
+	ttl         time.Duration
+	advertise   string
+	advertiseKV string
+}
+
+// addKV adds --advertise-kv-addr (prefill workers).
+func (f *registrationFlags) addKV(fs *pflag.FlagSet) {
+	fs.StringVar(&f.advertiseKV, "advertise-kv-addr", "", "KV channel address (host:port) decode workers should dial, registered in etcd (default: --advertise-url's host with --kv-port), for NAT, containers or a separate KV network")
 }
 
 func (f *registrationFlags) add(fs *pflag.FlagSet) {
@@ -47,8 +53,8 @@ func (f *registrationFlags) add(fs *pflag.FlagSet) {
 // options returns the worker's registration, nil without --etcd-endpoints.
 func (f *registrationFlags) options() (*cluster.EtcdRegistration, error) {
 	if len(splitURLs(f.etcd.endpoints)) == 0 {
-		if f.advertise != "" {
-			return nil, usagef("--advertise-url needs --etcd-endpoints (it is what the worker registers)")
+		if f.advertise != "" || f.advertiseKV != "" {
+			return nil, usagef("--advertise-url and --advertise-kv-addr need --etcd-endpoints (they are what the worker registers)")
 		}
 		return nil, nil
 	}
@@ -60,11 +66,16 @@ func (f *registrationFlags) options() (*cluster.EtcdRegistration, error) {
 			return nil, usagef("--advertise-url: %v", err)
 		}
 	}
+	if f.advertiseKV != "" {
+		if err := (registry.Entry{ID: "x", Role: registry.RolePrefill, URL: "http://x", KVAddr: f.advertiseKV}).Validate(); err != nil {
+			return nil, usagef("--advertise-kv-addr %q: want host:port with a port from 1 to 65535", f.advertiseKV)
+		}
+	}
 	cfg := f.etcd.config(nil)
 	if err := cfg.Validate(); err != nil {
 		return nil, usageError{err}
 	}
-	return &cluster.EtcdRegistration{Config: cfg, TTL: f.ttl, AdvertiseURL: f.advertise}, nil
+	return &cluster.EtcdRegistration{Config: cfg, TTL: f.ttl, AdvertiseURL: f.advertise, AdvertiseKVAddr: f.advertiseKV}, nil
 }
 
 // discoveryFlags choose where the router finds its workers.

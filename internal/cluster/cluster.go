@@ -100,8 +100,12 @@ type EtcdRegistration struct {
 	TTL time.Duration
 	// AdvertiseURL is the worker API's URL as routers reach it (default:
 	// the URL it serves on); a prefill worker's KV address is advertised
-	// on the same host.
+	// on the same host, unless AdvertiseKVAddr says otherwise.
 	AdvertiseURL string
+	// AdvertiseKVAddr is a prefill worker's KV channel address (host:port)
+	// as decode workers reach it (--advertise-kv-addr; default:
+	// AdvertiseURL's host and the KV listener's port).
+	AdvertiseKVAddr string
 }
 
 // WorkerServer is a running worker with its HTTP server.
@@ -274,6 +278,11 @@ func (s *WorkerServer) register(o WorkerOptions) error {
 		u, _ := url.Parse(adv)
 		_, port, _ := net.SplitHostPort(kv)
 		rec.KVAddr = net.JoinHostPort(u.Hostname(), port)
+		if o.Etcd.AdvertiseKVAddr != "" {
+			rec.KVAddr = o.Etcd.AdvertiseKVAddr
+		}
+	} else if o.Etcd.AdvertiseKVAddr != "" {
+		return errors.New("--advertise-kv-addr is for prefill workers (they serve the KV channel)")
 	}
 	g, err := etcdreg.Register(cli, cfg, rec, o.Etcd.TTL)
 	if err != nil {

@@ -444,3 +444,36 @@ func TestEtcdRestartedEmpty(t *testing.T) {
 	t.Logf("etcd restarted empty: %d requests answered since it stopped, %d failed", len(rs), len(failures(rs)))
 	quiescent(t, hc, rt.url(), append(all, d2)...)
 }
+
+// TestAdvertisedKVAddr: a prefill worker whose KV channel decode workers
+// reach only through another address (NAT, a container's published port:
+// here a TCP forwarder) registers that address with --advertise-kv-addr;
+// the router pairs it with it and requests succeed through the forwarder.
+func TestAdvertisedKVAddr(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs processes and an etcd")
+	}
+	srv := etcdtest.Start(t)
+	ps := newProcs(t)
+	reg := []string{"--etcd-endpoints", srv.Endpoint()}
+	p0 := ps.worker("prefill-0", "prefill", reg...)
+	fwd := startBreakingProxy(t, fmt.Sprintf("127.0.0.1:%d", p0.kvPort))
+	fwd.broken.Store(false)
+	p0.args = append(p0.args, "--advertise-kv-addr", fwd.addr())
+	d0 := ps.worker("decode-0", "decode", reg...)
+	ps.start(p0)
+	ps.start(d0)
+	rt := ps.router("--discovery", "etcd", "--etcd-endpoints", srv.Endpoint())
+	ps.start(rt)
+	hc := &http.Client{Timeout: 10 * time.Second}
+	waitWorkers(t, hc, rt.url(), 30*time.Second, readyNames(p0, d0)...)
+	if st, ok := workerState(hc, rt.url(), p0.url()); !ok || st.KVAddr != fwd.addr() {
+		t.Fatalf("prefill worker's KV address at the router %q, want the advertised %s", st.KVAddr, fwd.addr())
+	}
+	l := startLoad(rt.url(), 2)
+	waitResults(t, l, time.Time{}, 6)
+	rs := l.end()
+	if f := failures(rs); len(f) > 0 {
+		t.Errorf("%d of %d requests failed through the advertised KV address; first: %s", len(f), len(rs), f[0])
+	}
+}

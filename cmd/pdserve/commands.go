@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,8 +28,9 @@ const defaultDrainTimeout = 60 * time.Second
 // runUntilSignal waits until ctx ends (the first SIGINT/SIGTERM), calls
 // announce (if set), drains (drain may be nil) for at most drainTimeout —
 // a second signal ends the drain at once —, then shuts down, bounded by
-// shutdownTimeout. A drain cut short is logged, not an error: shutdown
-// answers what is left.
+// shutdownTimeout. A drain cut short by its timeout is logged, not an
+// error: shutdown answers what is left. A drain cut short by a second
+// signal is an error (exit status 1): the operator forced requests to fail.
 func runUntilSignal(ctx context.Context, announce func(), log *slog.Logger, drainTimeout time.Duration,
 	drain, shutdown func(context.Context) error) error {
 	<-ctx.Done()
@@ -49,8 +51,15 @@ func runUntilSignal(ctx context.Context, announce func(), log *slog.Logger, drai
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	return shutdown(sctx)
+	err := shutdown(sctx)
+	if forced(ctx).Err() != nil {
+		return errors.Join(errForced, err)
+	}
+	return err
 }
+
+// errForced is runUntilSignal's error after a second signal.
+var errForced = errors.New("stopped at once by a second signal: requests still in flight got an error answer")
 
 // checkKVAuth refuses a deprecated --kv-auth that contradicts
 // --internal-secret.
@@ -100,7 +109,9 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		Long: `Runs a router and N prefill + M decode workers in one process on loopback.
 Every request goes router -> prefill -> KV cache over TCP -> decode -> client.
 The router listens on --port; workers take free ports. Stop with Ctrl-C:
-in-flight requests are answered with an error.`,
+the router and the workers drain (requests in flight finish, new ones get
+503 + Retry-After) for up to --drain-timeout, then exit 0; a second Ctrl-C
+stops at once, answering what is left with an error (exit status 1).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := lf.logger(stderr)

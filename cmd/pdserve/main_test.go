@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -109,5 +111,31 @@ func TestServeStartsAndStops(t *testing.T) {
 	code, out, errOut := runArgs(t, nil, "serve", "--port", "0", "--kv-cache-memory", "64MiB", "--sim-layers", "2")
 	if code != 0 || !strings.Contains(out, "ready") || !strings.Contains(out, "OpenAI API http://127.0.0.1:") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// TestSecondSignalExitsWithAnError: a drain cut short by a second signal
+// still shuts down, and is an error (exit status 1); a drain that ends by
+// itself, or by its timeout, is not.
+func TestSecondSignalExitsWithAnError(t *testing.T) {
+	first, stop := context.WithCancel(context.Background())
+	stop()
+	force, forceStop := context.WithCancel(context.Background())
+	ctx := withForce(first, force)
+	log := slog.New(slog.DiscardHandler)
+	shutdowns := 0
+	shutdown := func(context.Context) error { shutdowns++; return nil }
+	drained := func(context.Context) error { return nil }
+	waits := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	if err := runUntilSignal(ctx, nil, log, time.Minute, drained, shutdown); err != nil {
+		t.Fatalf("drain that finished: %v", err)
+	}
+	if err := runUntilSignal(ctx, nil, log, time.Millisecond, waits, shutdown); err != nil {
+		t.Fatalf("drain cut short by its timeout: %v", err)
+	}
+	forceStop()
+	err := runUntilSignal(ctx, nil, log, time.Minute, waits, shutdown)
+	if !errors.Is(err, errForced) || shutdowns != 3 {
+		t.Fatalf("second signal: %v after %d shutdowns, want errForced and a shutdown each time", err, shutdowns)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,8 +28,9 @@ const defaultDrainTimeout = 60 * time.Second
 // runUntilSignal waits until ctx ends (the first SIGINT/SIGTERM), calls
 // announce (if set), drains (drain may be nil) for at most drainTimeout —
 // a second signal ends the drain at once —, then shuts down, bounded by
-// shutdownTimeout. A drain cut short is logged, not an error: shutdown
-// answers what is left.
+// shutdownTimeout. A drain cut short by its timeout is logged, not an
+// error: shutdown answers what is left. A drain cut short by a second
+// signal is an error (exit status 1): the operator forced requests to fail.
 func runUntilSignal(ctx context.Context, announce func(), log *slog.Logger, drainTimeout time.Duration,
 	drain, shutdown func(context.Context) error) error {
 	<-ctx.Done()
@@ -49,14 +51,30 @@ func runUntilSignal(ctx context.Context, announce func(), log *slog.Logger, drai
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	return shutdown(sctx)
+	err := shutdown(sctx)
+	if forced(ctx).Err() != nil {
+		return errors.Join(errForced, err)
+	}
+	return err
 }
+
+// errForced is runUntilSignal's error after a second signal.
+var errForced = errors.New("stopped at once by a second signal: requests still in flight got an error answer")
 
 // checkKVAuth refuses a deprecated --kv-auth that contradicts
 // --internal-secret.
 func checkKVAuth(kvAuth, secret string) error {
 	if kvAuth != "" && secret != "" && kvAuth != secret {
 		return usagef("--kv-auth (deprecated) and --internal-secret differ: give --internal-secret alone")
+	}
+	return nil
+}
+
+// checkDrainTimeout refuses a negative --drain-timeout (0 shuts down at
+// once).
+func checkDrainTimeout(d time.Duration) error {
+	if d < 0 {
+		return usagef("--drain-timeout must not be negative, got %s (0: shut down at once)", d)
 	}
 	return nil
 }
@@ -91,7 +109,9 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		Long: `Runs a router and N prefill + M decode workers in one process on loopback.
 Every request goes router -> prefill -> KV cache over TCP -> decode -> client.
 The router listens on --port; workers take free ports. Stop with Ctrl-C:
-in-flight requests are answered with an error.`,
+the router and the workers drain (requests in flight finish, new ones get
+503 + Retry-After) for up to --drain-timeout, then exit 0; a second Ctrl-C
+stops at once, answering what is left with an error (exit status 1).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := lf.logger(stderr)
@@ -104,6 +124,9 @@ in-flight requests are answered with an error.`,
 			}
 			defer stopPprof()
 			if err := checkPort("port", port); err != nil {
+				return err
+			}
+			if err := checkDrainTimeout(drainT); err != nil {
 				return err
 			}
 			if nServe < 0 || nServe > 64 {
@@ -219,6 +242,9 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			if err := checkPort("port", port); err != nil {
 				return err
 			}
+			if err := checkDrainTimeout(drainT); err != nil {
+				return err
+			}
 			newModel, err := mf.factory()
 			if err != nil {
 				return err
@@ -303,6 +329,9 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 		fs.IntVar(&kvPort, "kv-port", 8998, "KV channel port (decode workers connect here)")
 	}
 	rf.add(fs)
+	if role == "prefill" {
+		rf.addKV(fs)
+	}
 	inf.add(fs, true, secretUsage)
 	if role == "serve" {
 		fdf.add(fs, false)
@@ -387,6 +416,9 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 			if err := checkPort("port", port); err != nil {
 				return err
 			}
+			if err := checkDrainTimeout(drainT); err != nil {
+				return err
+			}
 			p, d, co := splitURLs(prefill), splitURLs(decode), splitURLs(colocated)
 			reg, err := df.registry(log)
 			if err != nil {
@@ -403,7 +435,7 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 			}
 			ro := cluster.RouterOptions{Addr: net.JoinHostPort(host, strconv.Itoa(port)), Prefill: p, Decode: d, Colocated: co,
 				Registry: reg, Logger: log}
-			if err := hf.apply(&ro); err != nil {
+			if err := hf.apply(&ro, reg == nil); err != nil {
 				return err
 			}
 			if err := pf.apply(&ro.RouterTuning); err != nil {

@@ -121,7 +121,8 @@ func flagsOf(t *testing.T, what string, args []string) (string, map[string]strin
 // ones the flags bind; probes hit /health (readiness) and /livez
 // (liveness) on the http port; worker pods carry the role label and port
 // annotations the router's pod watch reads, and the router's selector
-// matches them; the grace period covers preStop and --drain-timeout; the
+// matches them; the grace period covers preStop, --drain-timeout and the
+// shutdown after a drain cut short (shutdownTimeout); the
 // router's service account may list and watch pods.
 func (m *manifests) check(t *testing.T) {
 	t.Helper()
@@ -168,8 +169,10 @@ func (m *manifests) check(t *testing.T) {
 		if c.Lifecycle != nil && c.Lifecycle.PreStop != nil && c.Lifecycle.PreStop.Sleep != nil {
 			preStop = c.Lifecycle.PreStop.Sleep.Seconds
 		}
-		if g := pod.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < drain+time.Duration(preStop)*time.Second {
-			t.Errorf("%s: terminationGracePeriodSeconds %v does not cover preStop %ds + --drain-timeout %s", what, g, preStop, drain)
+		if g := pod.Spec.TerminationGracePeriodSeconds; g == nil ||
+			time.Duration(*g)*time.Second < time.Duration(preStop)*time.Second+drain+shutdownTimeout {
+			t.Errorf("%s: terminationGracePeriodSeconds %v does not cover preStop %ds + --drain-timeout %s + the shutdown after it %s",
+				what, g, preStop, drain, shutdownTimeout)
 		}
 		switch role {
 		case "prefill", "decode":

@@ -33,9 +33,15 @@ func (f *etcdFlags) config(log *slog.Logger) etcdreg.Config {
 
 // registrationFlags make a worker register itself in etcd.
 type registrationFlags struct {
-	etcd      etcdFlags
-	ttl       time.Duration
-	advertise string
+	etcd        etcdFlags
+	ttl         time.Duration
+	advertise   string
+	advertiseKV string
+}
+
+// addKV adds --advertise-kv-addr (prefill workers).
+func (f *registrationFlags) addKV(fs *pflag.FlagSet) {
+	fs.StringVar(&f.advertiseKV, "advertise-kv-addr", "", "KV channel address (host:port) decode workers should dial, registered in etcd (default: --advertise-url's host with --kv-port), for NAT, containers or a separate KV network")
 }
 
 func (f *registrationFlags) add(fs *pflag.FlagSet) {
@@ -47,8 +53,8 @@ func (f *registrationFlags) add(fs *pflag.FlagSet) {
 // options returns the worker's registration, nil without --etcd-endpoints.
 func (f *registrationFlags) options() (*cluster.EtcdRegistration, error) {
 	if len(splitURLs(f.etcd.endpoints)) == 0 {
-		if f.advertise != "" {
-			return nil, usagef("--advertise-url needs --etcd-endpoints (it is what the worker registers)")
+		if f.advertise != "" || f.advertiseKV != "" {
+			return nil, usagef("--advertise-url and --advertise-kv-addr need --etcd-endpoints (they are what the worker registers)")
 		}
 		return nil, nil
 	}
@@ -60,17 +66,23 @@ func (f *registrationFlags) options() (*cluster.EtcdRegistration, error) {
 			return nil, usagef("--advertise-url: %v", err)
 		}
 	}
+	if f.advertiseKV != "" {
+		if err := (registry.Entry{ID: "x", Role: registry.RolePrefill, URL: "http://x", KVAddr: f.advertiseKV}).Validate(); err != nil {
+			return nil, usagef("--advertise-kv-addr %q: want host:port with a port from 1 to 65535", f.advertiseKV)
+		}
+	}
 	cfg := f.etcd.config(nil)
 	if err := cfg.Validate(); err != nil {
 		return nil, usageError{err}
 	}
-	return &cluster.EtcdRegistration{Config: cfg, TTL: f.ttl, AdvertiseURL: f.advertise}, nil
+	return &cluster.EtcdRegistration{Config: cfg, TTL: f.ttl, AdvertiseURL: f.advertise, AdvertiseKVAddr: f.advertiseKV}, nil
 }
 
 // discoveryFlags choose where the router finds its workers.
 type discoveryFlags struct {
 	discovery  string
 	etcd       etcdFlags
+	verify     time.Duration
 	namespace  string
 	selector   string
 	kubeconfig string
@@ -79,6 +91,7 @@ type discoveryFlags struct {
 func (f *discoveryFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.discovery, "discovery", "static", "where workers come from: static (--prefill/--decode/--colocated and POST /workers), etcd or kubernetes")
 	f.etcd.add(fs, "--discovery etcd watches the workers registered there")
+	fs.DurationVar(&f.verify, "etcd-verify-interval", etcdreg.DefaultVerifyInterval, "--discovery etcd: how often the router checks its watch against etcd's revision and key count, so an etcd that came back without its data is listed again")
 	fs.StringVar(&f.namespace, "k8s-namespace", "", "--discovery kubernetes: namespace of the worker pods (default: every namespace the router may list)")
 	fs.StringVar(&f.selector, "k8s-selector", kube.LabelRole, "--discovery kubernetes: label selector of worker pods (role from the pdserve.io/role label, ports from the pdserve.io/port and pdserve.io/kv-port annotations)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "--discovery kubernetes: kubeconfig file (default: the in-cluster configuration)")
@@ -89,12 +102,20 @@ func (f *discoveryFlags) add(fs *pflag.FlagSet) {
 func (f *discoveryFlags) registry(log *slog.Logger) (registry.Registry, error) {
 	switch f.discovery {
 	case "static":
+		if len(splitURLs(f.etcd.endpoints)) > 0 {
+			return nil, usagef("--etcd-endpoints is read with --discovery etcd only (the router's --discovery is static): add --discovery etcd, or drop --etcd-endpoints")
+		}
 		return nil, nil
 	case "etcd":
 		if len(splitURLs(f.etcd.endpoints)) == 0 {
 			return nil, usagef("--discovery etcd needs --etcd-endpoints")
 		}
-		r, err := etcdreg.New(f.etcd.config(log))
+		if f.verify < 10*time.Millisecond {
+			return nil, usagef("--etcd-verify-interval must be at least 10ms, got %s", f.verify)
+		}
+		cfg := f.etcd.config(log)
+		cfg.VerifyInterval = f.verify
+		r, err := etcdreg.New(cfg)
 		if err != nil {
 			return nil, usageError{err}
 		}
@@ -109,11 +130,17 @@ func (f *discoveryFlags) registry(log *slog.Logger) (registry.Registry, error) {
 	return nil, usagef("--discovery %q: want static, etcd or kubernetes", f.discovery)
 }
 
+// minHealthInterval is --health-interval's floor: checks more often than
+// this would load the workers more than they tell.
+const minHealthInterval = 10 * time.Millisecond
+
 // healthFlags tune the router's health checks of its workers.
 type healthFlags struct {
 	interval, timeout time.Duration
 	success, failure  int
 	slowStart         time.Duration
+	unlistedGrace     time.Duration
+	fs                *pflag.FlagSet
 }
 
 func (f *healthFlags) add(fs *pflag.FlagSet) {
@@ -122,12 +149,20 @@ func (f *healthFlags) add(fs *pflag.FlagSet) {
 	fs.IntVar(&f.success, "health-success-threshold", fleet.DefaultSuccessThreshold, "passing checks in a row before a worker takes requests")
 	fs.IntVar(&f.failure, "health-failure-threshold", fleet.DefaultFailureThreshold, "failed checks in a row before a worker is not ready (its legs in flight fail); a refused connection counts at once")
 	fs.DurationVar(&f.slowStart, "slow-start", fleet.DefaultSlowStart, "a worker that joins a serving fleet ramps its share of new requests up over this long (0: at once)")
+	fs.DurationVar(&f.unlistedGrace, "unlisted-grace", fleet.DefaultUnlistedGrace, "--discovery etcd|kubernetes: a ready worker the registry stops listing keeps serving this long while its health checks pass (an etcd restarted empty does not empty the fleet); it leaves at once if a check fails or it drains (0: at once; static: always 0)")
+	f.fs = fs
 }
 
-func (f *healthFlags) apply(o *cluster.RouterOptions) error {
+func (f *healthFlags) apply(o *cluster.RouterOptions, static bool) error {
 	switch {
-	case f.interval <= 0 || f.timeout <= 0:
-		return usagef("--health-interval and --health-check-timeout must be positive")
+	case f.interval < minHealthInterval:
+		return usagef("--health-interval must be at least %s, got %s", minHealthInterval, f.interval)
+	case f.timeout <= 0:
+		return usagef("--health-check-timeout must be positive, got %s", f.timeout)
+	case f.unlistedGrace < 0:
+		return usagef("--unlisted-grace must not be negative, got %s", f.unlistedGrace)
+	case static && f.fs != nil && f.fs.Changed("unlisted-grace") && f.unlistedGrace > 0:
+		return usagef("--unlisted-grace applies to --discovery etcd or kubernetes (static workers leave only through DELETE /workers)")
 	case f.success < 1 || f.failure < 1:
 		return usagef("--health-success-threshold and --health-failure-threshold must be at least 1")
 	case f.slowStart < 0:
@@ -137,6 +172,10 @@ func (f *healthFlags) apply(o *cluster.RouterOptions) error {
 	o.SlowStart = f.slowStart
 	if f.slowStart == 0 {
 		o.SlowStart = -1 // fleet: no ramp
+	}
+	o.UnlistedGrace = f.unlistedGrace
+	if f.unlistedGrace == 0 || static {
+		o.UnlistedGrace = -1 // router: none
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +57,17 @@ func TestExitCodes(t *testing.T) {
 		{"absurd geometry", nil, []string{"serve", "--sim-layers", "10000000"}, 2, "invalid KV geometry"},
 		{"negative queue bound", nil, []string{"serve", "--max-queued-requests", "-1"}, 2, "max queued requests must not be negative"},
 		{"unknown pair policy", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--prefill-policy", "random"}, 2, "--prefill-policy"},
+		{"negative drain timeout (up)", nil, []string{"up", "--drain-timeout", "-1s"}, 2, "--drain-timeout"},
+		{"negative drain timeout (worker)", nil, []string{"decode", "--drain-timeout", "-5s"}, 2, "--drain-timeout"},
+		{"negative drain timeout (router)", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--drain-timeout", "-1m"}, 2, "--drain-timeout"},
+		{"health interval too short", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--health-interval", "1ms"}, 2, "--health-interval must be at least 10ms"},
+		{"etcd endpoints with static discovery", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--etcd-endpoints", "http://127.0.0.1:2379"}, 2, "--etcd-endpoints"},
+		{"unlisted grace with static discovery", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--unlisted-grace", "10s"}, 2, "--unlisted-grace"},
+		{"negative unlisted grace", nil, []string{"router", "--discovery", "etcd", "--etcd-endpoints", "http://127.0.0.1:1", "--unlisted-grace", "-1s"}, 2, "--unlisted-grace"},
+		{"etcd verify interval too short", nil, []string{"router", "--discovery", "etcd", "--etcd-endpoints", "http://127.0.0.1:1", "--etcd-verify-interval", "1ms"}, 2, "--etcd-verify-interval"},
+		{"worker port out of range", nil, []string{"router", "--prefill", "http://p:70000", "--decode", "http://d:1"}, 2, "65535"},
+		{"advertised KV address without etcd", nil, []string{"prefill", "--advertise-kv-addr", "10.0.0.1:8998"}, 2, "--advertise-kv-addr"},
+		{"bad advertised KV address", nil, []string{"prefill", "--etcd-endpoints", "http://127.0.0.1:1", "--advertise-kv-addr", "10.0.0.1:99999"}, 2, "--advertise-kv-addr"},
 		{"absurd page size", nil, []string{"serve", "--page-size", "70368744177664"}, 2, "--page-size must be between"},
 	}
 	for _, tc := range cases {
@@ -98,5 +111,31 @@ func TestServeStartsAndStops(t *testing.T) {
 	code, out, errOut := runArgs(t, nil, "serve", "--port", "0", "--kv-cache-memory", "64MiB", "--sim-layers", "2")
 	if code != 0 || !strings.Contains(out, "ready") || !strings.Contains(out, "OpenAI API http://127.0.0.1:") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// TestSecondSignalExitsWithAnError: a drain cut short by a second signal
+// still shuts down, and is an error (exit status 1); a drain that ends by
+// itself, or by its timeout, is not.
+func TestSecondSignalExitsWithAnError(t *testing.T) {
+	first, stop := context.WithCancel(context.Background())
+	stop()
+	force, forceStop := context.WithCancel(context.Background())
+	ctx := withForce(first, force)
+	log := slog.New(slog.DiscardHandler)
+	shutdowns := 0
+	shutdown := func(context.Context) error { shutdowns++; return nil }
+	drained := func(context.Context) error { return nil }
+	waits := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	if err := runUntilSignal(ctx, nil, log, time.Minute, drained, shutdown); err != nil {
+		t.Fatalf("drain that finished: %v", err)
+	}
+	if err := runUntilSignal(ctx, nil, log, time.Millisecond, waits, shutdown); err != nil {
+		t.Fatalf("drain cut short by its timeout: %v", err)
+	}
+	forceStop()
+	err := runUntilSignal(ctx, nil, log, time.Minute, waits, shutdown)
+	if !errors.Is(err, errForced) || shutdowns != 3 {
+		t.Fatalf("second signal: %v after %d shutdowns, want errForced and a shutdown each time", err, shutdowns)
 	}
 }

@@ -100,8 +100,12 @@ type EtcdRegistration struct {
 	TTL time.Duration
 	// AdvertiseURL is the worker API's URL as routers reach it (default:
 	// the URL it serves on); a prefill worker's KV address is advertised
-	// on the same host.
+	// on the same host, unless AdvertiseKVAddr says otherwise.
 	AdvertiseURL string
+	// AdvertiseKVAddr is a prefill worker's KV channel address (host:port)
+	// as decode workers reach it (--advertise-kv-addr; default:
+	// AdvertiseURL's host and the KV listener's port).
+	AdvertiseKVAddr string
 }
 
 // WorkerServer is a running worker with its HTTP server.
@@ -274,6 +278,11 @@ func (s *WorkerServer) register(o WorkerOptions) error {
 		u, _ := url.Parse(adv)
 		_, port, _ := net.SplitHostPort(kv)
 		rec.KVAddr = net.JoinHostPort(u.Hostname(), port)
+		if o.Etcd.AdvertiseKVAddr != "" {
+			rec.KVAddr = o.Etcd.AdvertiseKVAddr
+		}
+	} else if o.Etcd.AdvertiseKVAddr != "" {
+		return errors.New("--advertise-kv-addr is for prefill workers (they serve the KV channel)")
 	}
 	g, err := etcdreg.Register(cli, cfg, rec, o.Etcd.TTL)
 	if err != nil {
@@ -388,8 +397,10 @@ type RouterOptions struct {
 	// the lists above (etcd, Kubernetes); it is closed at Shutdown if it
 	// is an io.Closer.
 	Registry registry.Registry
-	// HealthInterval, CheckTimeout, SuccessThreshold, FailureThreshold and
-	// SlowStart tune the health checks (router.Config; 0 = default).
+	// HealthInterval, CheckTimeout, SuccessThreshold, FailureThreshold,
+	// SlowStart and UnlistedGrace tune the health checks (router.Config; 0
+	// = default).
+	UnlistedGrace    time.Duration
 	HealthInterval   time.Duration
 	CheckTimeout     time.Duration
 	SuccessThreshold int
@@ -477,7 +488,7 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, Client: client,
 		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
-		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
+		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
 		LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
 		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown,
 		Logger: o.Logger, Registerer: reg, Gatherer: reg,

@@ -3,9 +3,11 @@ package fleet
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/pdserve/pdserve/internal/openai"
@@ -25,24 +27,73 @@ type AddBody struct {
 //
 //	GET    /workers                 every worker and its state (and invalid registry entries)
 //	POST   /workers                 {"url": …, "role": …}: list a worker (static registry only)
+//	GET    /workers/{id}            one worker
 //	DELETE /workers/{id}            unlist a worker (static registry only); its legs finish
-//	POST   /workers/{id}/drain      send it no new request; its legs finish
+//	POST   /workers/{id}/drain      send it no new request; its legs finish (?force=true: even the last ready worker of its role)
 //	POST   /workers/{id}/resume     end an operator's drain
 //
-// Errors are OpenAI-shaped JSON: 400 for a bad body, 404 for an unknown
-// worker, 405 for a change the registry does not allow (workers of etcd or
-// Kubernetes come and go through their registry).
-func (s *Set) AdminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /workers", s.handleList)
-	mux.HandleFunc("POST /workers", s.handleAdd)
-	mux.HandleFunc("DELETE /workers/{id...}", s.handleDelete)
-	mux.HandleFunc("POST /workers/{rest...}", s.handleAction)
-	mux.HandleFunc("/workers", func(w http.ResponseWriter, r *http.Request) {
-		openai.WriteError(w, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
-			Message: r.Method + " is not allowed on /workers (GET lists, POST adds)"})
-	})
-	return mux
+// An id may contain slashes (a pod's namespace/name/uid). Every answer is
+// JSON; errors are OpenAI-shaped: 400 for a bad body, 404 for an unknown
+// worker or route, 405 (with Allow) for a method the path does not take or
+// a change the registry does not allow (workers of etcd or Kubernetes come
+// and go through their registry), 409 for a drain that would leave a role
+// without a ready worker or a resume of a worker that is not drained by an
+// operator.
+func (s *Set) AdminHandler() http.Handler { return http.HandlerFunc(s.serveAdmin) }
+
+// methodNotAllowed answers 405 naming the methods path takes.
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow, what string) {
+	w.Header().Set("Allow", allow)
+	openai.WriteError(w, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
+		Message: fmt.Sprintf("%s is not allowed on %s (%s)", r.Method, r.URL.Path, what)})
+}
+
+func (s *Set) serveAdmin(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	if p == "/workers" || p == "/workers/" {
+		switch r.Method {
+		case http.MethodGet, http.MethodHead:
+			s.handleList(w, r)
+		case http.MethodPost:
+			s.handleAdd(w, r)
+		default:
+			methodNotAllowed(w, r, "GET, POST", "GET lists, POST adds")
+		}
+		return
+	}
+	rest, ok := strings.CutPrefix(p, "/workers/")
+	if !ok {
+		openai.WriteError(w, openai.NotFound("no route for %s %s", r.Method, p))
+		return
+	}
+	if i := strings.LastIndexByte(rest, '/'); i > 0 {
+		if id, action := rest[:i], rest[i+1:]; action == "drain" || action == "resume" {
+			if r.Method != http.MethodPost {
+				methodNotAllowed(w, r, "POST", "POST "+action+"s the worker")
+				return
+			}
+			s.handleAction(w, r, id, action)
+			return
+		}
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		s.handleGet(w, rest)
+	case http.MethodDelete:
+		s.handleDelete(w, rest)
+	case http.MethodPost:
+		if _, known := s.Get(rest); known {
+			methodNotAllowed(w, r, "GET, DELETE", "POST /workers/{id}/drain or /resume acts on a worker")
+			return
+		}
+		if i := strings.LastIndexByte(rest, '/'); i > 0 {
+			openai.WriteError(w, openai.NotFound("no action %q on a worker (want drain or resume)", rest[i+1:]))
+			return
+		}
+		openai.WriteError(w, openai.NotFound("no route for POST /workers/%s (want /workers/{id}/drain or /workers/{id}/resume)", rest))
+	default:
+		methodNotAllowed(w, r, "GET, DELETE", "GET shows the worker, DELETE unlists it")
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -61,7 +112,7 @@ func (s *Set) handleList(w http.ResponseWriter, _ *http.Request) {
 	if list == nil {
 		list = []Status{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"registry": s.cfg.Registry.Name(), "workers": list})
+	writeJSON(w, http.StatusOK, map[string]any{"registry": s.cfg.Registry.Name(), "registry_status": s.RegistryStatus(), "workers": list})
 }
 
 func (s *Set) static() (*registry.Static, *openai.Error) {
@@ -117,13 +168,31 @@ func notFound(id string) *openai.Error {
 	return openai.NotFound("no worker %q (GET /workers lists them)", id)
 }
 
-func (s *Set) handleDelete(w http.ResponseWriter, r *http.Request) {
+func (s *Set) handleGet(w http.ResponseWriter, id string) {
+	wk, ok := s.Get(id)
+	if !ok {
+		for _, st := range s.Statuses() {
+			if st.ID == id { // an invalid registry entry
+				writeJSON(w, http.StatusOK, st)
+				return
+			}
+		}
+		openai.WriteError(w, notFound(id))
+		return
+	}
+	st := wk.Status()
+	if s.cfg.Describe != nil {
+		st.Pairing = s.cfg.Describe(wk)
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Set) handleDelete(w http.ResponseWriter, id string) {
 	st, e := s.static()
 	if e != nil {
 		openai.WriteError(w, e)
 		return
 	}
-	id := r.PathValue("id")
 	if !st.Remove(id) {
 		openai.WriteError(w, notFound(id))
 		return
@@ -131,26 +200,31 @@ func (s *Set) handleDelete(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "removed": true})
 }
 
-func (s *Set) handleAction(w http.ResponseWriter, r *http.Request) {
-	rest := r.PathValue("rest")
-	i := strings.LastIndexByte(rest, '/')
-	if i <= 0 {
-		openai.WriteError(w, openai.NotFound("no route for POST /workers/%s (want /workers/{id}/drain or /workers/{id}/resume)", rest))
-		return
-	}
-	id, action := rest[:i], rest[i+1:]
-	var ok bool
+func (s *Set) handleAction(w http.ResponseWriter, r *http.Request, id, action string) {
+	var err error
 	switch action {
 	case "drain":
-		ok = s.Drain(id)
-	case "resume":
-		ok = s.Resume(id)
+		force := false
+		if v := r.URL.Query().Get("force"); v != "" {
+			var perr error
+			if force, perr = strconv.ParseBool(v); perr != nil {
+				openai.WriteError(w, openai.BadRequest("force", "force=%q: want true or false", v))
+				return
+			}
+		}
+		err = s.Drain(id, force)
 	default:
-		openai.WriteError(w, openai.NotFound("no action %q on a worker (want drain or resume)", action))
-		return
+		err = s.Resume(id)
 	}
-	if !ok {
+	switch {
+	case errors.Is(err, ErrUnknownWorker):
 		openai.WriteError(w, notFound(id))
+		return
+	case errors.Is(err, ErrConflict):
+		openai.WriteError(w, &openai.Error{Status: http.StatusConflict, Type: openai.TypeInvalidRequest, Message: err.Error()})
+		return
+	case err != nil:
+		openai.WriteError(w, err)
 		return
 	}
 	wk, _ := s.Get(id)

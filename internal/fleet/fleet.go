@@ -20,6 +20,26 @@
 // (removed) once the registry no longer lists it and it serves nothing, or
 // fails its checks.
 //
+// # Unlisted grace
+//
+// A registry can lose its records without the workers going anywhere: an
+// etcd restarted on an empty data directory lists nothing until every
+// worker has registered again (about a second). With UnlistedGrace set, a
+// usable worker that the registry stops listing stays usable for that long
+// while its health checks pass: it is removed (or drained, if it serves
+// legs) once the grace ends, at its first failed check, as soon as it
+// answers that it is draining, or once another listed, usable entry serves
+// the same worker process. Listed again within the grace, it goes on as if
+// nothing happened.
+//
+// # Duplicates
+//
+// Two registry entries whose workers answer with one instance id are one
+// process listed twice (a copied etcd record, two keys for one worker). The
+// later entry is not_ready with the reason "duplicate of <id>", so the
+// worker is paired, counted and load-balanced once; it takes over if the
+// first entry goes away.
+//
 // Every worker has a Down channel, closed when it becomes not_ready or
 // removed: legs in flight on it watch the channel and fail at once instead
 // of waiting for a worker that no longer answers.
@@ -159,6 +179,11 @@ type Config struct {
 	// SlowStart is how long a newly ready worker's weight ramps (0: 10 s;
 	// negative: no ramp).
 	SlowStart time.Duration
+	// UnlistedGrace is how long a usable worker the registry stops listing
+	// stays in the set while its checks pass (0: not at all; see the
+	// package doc). A registry that loses its records for a moment (etcd
+	// restarted empty) then does not empty the fleet.
+	UnlistedGrace time.Duration
 	// Clock is the clock (default: the real one).
 	Clock  clock.WithTicker
 	Logger *slog.Logger
@@ -178,6 +203,12 @@ const (
 	DefaultSuccessThreshold = 2
 	DefaultFailureThreshold = 3
 	DefaultSlowStart        = 10 * time.Second
+	// DefaultUnlistedGrace is the router's --unlisted-grace with etcd or
+	// Kubernetes membership: longer than a restarted etcd takes to hear
+	// every worker register again (about a second) and than a re-list of
+	// the API server, short enough that an entry deleted on purpose leaves
+	// within a minute even if its process lingers.
+	DefaultUnlistedGrace = 30 * time.Second
 )
 
 func (c *Config) defaults() error {
@@ -226,8 +257,16 @@ type Worker struct {
 	initial   bool      // listed in the set's first snapshot: its first ready has no slow start
 	drainedBy string    // "", "worker", "admin", "registry"
 	listed    bool      // the registry lists it
-	down      chan struct{}
-	checking  bool
+	// unlistedAt is when the registry stopped listing the worker while
+	// it was usable: it is kept, usable, until UnlistedGrace after (zero:
+	// listed, or not in its grace).
+	unlistedAt time.Time
+	seq        uint64 // order of joining the set (the earlier of two duplicates wins)
+	// dup, when set, keeps a worker that passes its checks not_ready: its
+	// process is listed under another entry too (says which).
+	dup      string
+	down     chan struct{}
+	checking bool
 	// held, when set, keeps a worker that passes its checks not_ready, for
 	// that reason, without failing its legs in flight (Hold).
 	held string
@@ -278,15 +317,26 @@ func (w *Worker) Down() <-chan struct{} {
 	return w.down
 }
 
-// Usable reports whether new requests may go to the worker.
-func (w *Worker) Usable() bool { return w.State() == StateReady }
+// Usable reports whether new requests may go to the worker: it is ready
+// and its last health check passed. One failed check takes a ready worker
+// out of new pairs at once (a frozen worker gets no new request while the
+// failures that make it not_ready add up); its legs in flight go on, and
+// its state stays ready until FailureThreshold failures.
+func (w *Worker) Usable() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.usableLocked()
+}
 
-// Weight is the worker's share of new requests in [0, 1]: 0 unless ready,
+// usableLocked is Usable with w.mu held.
+func (w *Worker) usableLocked() bool { return w.state == StateReady && w.failures == 0 }
+
+// Weight is the worker's share of new requests in [0, 1]: 0 unless usable,
 // ramping linearly from 0.1 to 1 over SlowStart after it became ready.
 func (w *Worker) Weight() float64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.state != StateReady {
+	if !w.usableLocked() {
 		return 0
 	}
 	ss := w.set.cfg.SlowStart
@@ -367,7 +417,8 @@ type Status struct {
 	// "registry" (no longer listed).
 	DrainedBy string  `json:"drained_by,omitempty"`
 	Weight    float64 `json:"weight"`
-	// Healthy is State == ready: new requests may go to it.
+	// Healthy is Usable: the worker is ready and its last check passed, so
+	// new requests may go to it.
 	Healthy bool `json:"healthy"`
 	// SafeToDelete: the worker gets no new request and serves nothing, so
 	// stopping it loses no work.
@@ -379,6 +430,12 @@ type Status struct {
 	// Held says why a worker that passes its health checks is not_ready
 	// (Hold: e.g. every KV path it has is broken); its legs in flight go on.
 	Held string `json:"held,omitempty"`
+	// Unlisted, when set, says that the registry no longer lists the
+	// worker and how long it is kept while its checks pass (UnlistedGrace).
+	Unlisted string `json:"unlisted,omitempty"`
+	// Duplicate is the id of the entry the worker's process is listed under
+	// first: this one is not_ready while that one is in the set.
+	Duplicate string `json:"duplicate_of,omitempty"`
 	// Pairing is what the router adds (Config.Describe).
 	Pairing any `json:"pairing,omitempty"`
 }
@@ -392,7 +449,10 @@ type Set struct {
 	workers map[string]*Worker // by ID
 	invalid []registry.Entry
 	synced  bool
-	kick    chan struct{}
+	// lastSync is when the registry's last snapshot came.
+	lastSync time.Time
+	kick     chan struct{}
+	seq      uint64 // the last Worker.seq given
 }
 
 // New returns a set; it contacts nothing until Run.
@@ -430,6 +490,7 @@ func (s *Set) Run(ctx context.Context) {
 		case <-t.C():
 		case <-s.kick: // a worker joined: check it now
 		}
+		s.expireUnlisted()
 		// Each worker is checked on its own goroutine: a worker that does
 		// not answer delays nobody else's check (a check still running is
 		// not started again).
@@ -441,6 +502,41 @@ func (s *Set) Run(ctx context.Context) {
 			}()
 		}
 	}
+}
+
+// RegistryStatus is the registry's part of GET /workers.
+type RegistryStatus struct {
+	// Backend is "static", "etcd" or "kubernetes".
+	Backend string `json:"backend"`
+	// Synced: the registry has given a first snapshot (until then the
+	// router has no worker and answers 503).
+	Synced bool `json:"synced"`
+	// LastSync is when its last snapshot came (absent before the first).
+	LastSync *time.Time `json:"last_sync,omitempty"`
+	// LastError is the backend's last failure to reach its source (etcd
+	// unreachable), and LastErrorAt when; absent if none.
+	LastError   string     `json:"last_error,omitempty"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+}
+
+// RegistryStatus reports the registry's state: synced, when it last gave a
+// snapshot, its last error.
+func (s *Set) RegistryStatus() RegistryStatus {
+	st := RegistryStatus{Backend: s.cfg.Registry.Name()}
+	s.mu.Lock()
+	st.Synced = s.synced
+	if s.synced {
+		t := s.lastSync
+		st.LastSync = &t
+	}
+	s.mu.Unlock()
+	if er, ok := s.cfg.Registry.(registry.ErrorReporter); ok {
+		if msg, at := er.LastError(); msg != "" {
+			st.LastError = msg
+			st.LastErrorAt = &at
+		}
+	}
+	return st
 }
 
 // Synced reports whether the registry has given a first snapshot.
@@ -458,7 +554,7 @@ func (s *Set) Reconcile(snap registry.Snapshot) {
 	var changes []change
 	s.mu.Lock()
 	first := !s.synced
-	s.synced = true
+	s.synced, s.lastSync = true, now
 	s.invalid = s.invalid[:0]
 	listed := make(map[string]bool, len(snap.Entries))
 	added := false
@@ -472,6 +568,10 @@ func (s *Set) Reconcile(snap registry.Snapshot) {
 			if sameWorker(w.entry, e) {
 				w.mu.Lock()
 				w.listed = true
+				if !w.unlistedAt.IsZero() {
+					w.unlistedAt = time.Time{}
+					s.log.Info("worker listed again within its unlisted grace", "worker", e.URL, "id", e.ID)
+				}
 				if w.drainedBy == "registry" {
 					w.drainedBy = ""
 					if from, ok := w.setState(StatePending, now); ok {
@@ -486,7 +586,9 @@ func (s *Set) Reconcile(snap registry.Snapshot) {
 			// addition.
 			changes = append(changes, s.removeLocked(w, now, "its registry entry changed")...)
 		}
-		w := &Worker{entry: e, set: s, state: StatePending, since: now, listed: true, down: make(chan struct{}), initial: first}
+		s.seq++
+		w := &Worker{entry: e, set: s, state: StatePending, since: now, listed: true, down: make(chan struct{}), initial: first,
+			seq: s.seq}
 		s.workers[e.ID] = w
 		changes = append(changes, change{w, 0, StatePending})
 		added = true
@@ -496,24 +598,7 @@ func (s *Set) Reconcile(snap registry.Snapshot) {
 		if listed[id] {
 			continue
 		}
-		w.mu.Lock()
-		w.listed = false
-		legs := w.Legs()
-		st := w.state
-		w.mu.Unlock()
-		if legs > 0 && (st == StateReady || st == StateDraining) {
-			w.mu.Lock()
-			if w.drainedBy == "" {
-				w.drainedBy = "registry"
-			}
-			if from, ok := w.setState(StateDraining, now); ok {
-				changes = append(changes, change{w, from, StateDraining})
-			}
-			w.mu.Unlock()
-			s.log.Info("worker left the registry; draining its legs", "worker", w.entry.URL, "legs", legs)
-			continue
-		}
-		changes = append(changes, s.removeLocked(w, now, "no longer listed by the registry")...)
+		changes = append(changes, s.unlistLocked(w, now, true, "no longer listed by the registry")...)
 	}
 	s.mu.Unlock()
 	s.notify(changes)
@@ -523,6 +608,78 @@ func (s *Set) Reconcile(snap registry.Snapshot) {
 		default:
 		}
 	}
+}
+
+// unlistLocked applies the registry's not listing w (s.mu held): a usable
+// worker is kept for UnlistedGrace (if grace and the grace has not ended);
+// else one that serves legs drains them and leaves once they end, and the
+// others leave the set now.
+func (s *Set) unlistLocked(w *Worker, now time.Time, grace bool, why string) []change {
+	w.mu.Lock()
+	w.listed = false
+	if grace && s.cfg.UnlistedGrace > 0 && w.usableLocked() && (w.unlistedAt.IsZero() || now.Sub(w.unlistedAt) < s.cfg.UnlistedGrace) {
+		if w.unlistedAt.IsZero() {
+			w.unlistedAt = now
+			s.log.Info("worker no longer listed by the registry; kept while its health checks pass",
+				"worker", w.entry.URL, "id", w.entry.ID, "grace", s.cfg.UnlistedGrace)
+		}
+		w.mu.Unlock()
+		return nil
+	}
+	w.unlistedAt = time.Time{}
+	legs := w.Legs()
+	st := w.state
+	if legs > 0 && (st == StateReady || st == StateDraining) {
+		var changes []change
+		if w.drainedBy == "" {
+			w.drainedBy = "registry"
+		}
+		if from, ok := w.setState(StateDraining, now); ok {
+			changes = append(changes, change{w, from, StateDraining})
+		}
+		w.mu.Unlock()
+		s.log.Info("worker left the registry; draining its legs", "worker", w.entry.URL, "legs", legs, "reason", why)
+		return changes
+	}
+	w.mu.Unlock()
+	return s.removeLocked(w, now, why)
+}
+
+// expireUnlisted ends the grace of unlisted workers whose grace is over, or
+// whose process another listed, usable entry serves.
+func (s *Set) expireUnlisted() {
+	if s.cfg.UnlistedGrace <= 0 {
+		return
+	}
+	now := s.cfg.Clock.Now()
+	var changes []change
+	s.mu.Lock()
+	served := map[string]string{} // instance → id of a listed, usable entry
+	for _, w := range s.workers {
+		w.mu.Lock()
+		if w.listed && w.usableLocked() && w.info.Instance != "" {
+			served[w.info.Instance] = w.entry.ID
+		}
+		w.mu.Unlock()
+	}
+	for _, w := range s.workers {
+		w.mu.Lock()
+		in := !w.listed && !w.unlistedAt.IsZero()
+		over := in && now.Sub(w.unlistedAt) >= s.cfg.UnlistedGrace
+		by := ""
+		if in && w.info.Instance != "" {
+			by = served[w.info.Instance]
+		}
+		w.mu.Unlock()
+		switch {
+		case over:
+			changes = append(changes, s.unlistLocked(w, now, false, "no longer listed by the registry, unlisted grace over")...)
+		case by != "":
+			changes = append(changes, s.unlistLocked(w, now, false, "no longer listed; the registry lists its process as "+by)...)
+		}
+	}
+	s.mu.Unlock()
+	s.notify(changes)
 }
 
 type change struct {
@@ -603,12 +760,14 @@ func (s *Set) Get(id string) (*Worker, bool) {
 // CheckAll health-checks every worker at once, each within CheckTimeout,
 // and waits for the answers; given roles, it checks the workers of each
 // role in turn (all of one role at once), and only those. It answers a
-// pending request to check every worker (a worker joined) too.
+// pending request to check every worker (a worker joined) too, and first
+// ends the unlisted grace of workers whose grace is over.
 func (s *Set) CheckAll(ctx context.Context, roles ...string) {
 	select {
 	case <-s.kick:
 	default:
 	}
+	s.expireUnlisted()
 	if len(roles) == 0 {
 		s.Check(ctx, s.Workers("")...)
 		return
@@ -685,6 +844,10 @@ func (s *Set) validate(w *Worker, info Info) error {
 func (s *Set) Observe(w *Worker, info Info, err error) {
 	now := s.cfg.Clock.Now()
 	var changes []change
+	dup := ""
+	if err == nil {
+		dup = s.duplicateOf(w, info.Instance)
+	}
 	w.mu.Lock()
 	if w.state == StateRemoved {
 		w.mu.Unlock()
@@ -715,6 +878,13 @@ func (s *Set) Observe(w *Worker, info Info, err error) {
 		s.maybeForget(w)
 		return
 	}
+	if dup != w.dup {
+		if dup != "" {
+			s.log.Warn("worker listed twice: this entry is not used", "worker", w.entry.URL, "id", w.entry.ID,
+				"duplicate_of", dup, "instance", info.Instance)
+		}
+		w.dup = dup
+	}
 	restarted := w.checked && info.Instance != "" && w.info.Instance != "" && info.Instance != w.info.Instance
 	w.checked = true
 	if restarted {
@@ -730,6 +900,9 @@ func (s *Set) Observe(w *Worker, info Info, err error) {
 	w.info = info
 	w.failures = 0
 	w.lastErr = w.held
+	if w.dup != "" {
+		w.lastErr = "duplicate of " + w.dup + ": its process (instance " + info.Instance + ") is listed under that entry too"
+	}
 	w.passes++
 	switch {
 	case info.Draining:
@@ -745,12 +918,53 @@ func (s *Set) Observe(w *Worker, info Info, err error) {
 		move(StateDraining)
 	case w.held != "":
 		// Passing, but held out of pairing (Hold); Release brings it back.
+	case w.dup != "":
+		// Passing, but its process is paired under its other entry. Not
+		// setState: legs in flight on it run on that same process.
+		if w.state == StateReady || w.state == StatePending {
+			changes = append(changes, change{w, w.state, StateNotReady})
+			w.state, w.since = StateNotReady, now
+		}
 	case w.state == StateReady:
 	case w.passes >= s.cfg.SuccessThreshold:
 		move(StateReady)
 	}
+	takeover := w.listed && w.state == StateReady && len(changes) > 0
 	w.mu.Unlock()
 	s.notify(changes)
+	s.maybeForget(w)
+	if takeover {
+		// An unlisted entry of the same process leaves now, not at the
+		// next health tick: the process is not paired twice.
+		s.expireUnlisted()
+	}
+}
+
+// duplicateOf returns the id of another entry in the set whose worker
+// answered with instance, if that entry comes first: both listed (or both
+// not), the one that joined earlier. An unlisted entry in its grace and a
+// listed one of the same process are not duplicates: the unlisted one
+// leaves once the listed one is usable (expireUnlisted).
+func (s *Set) duplicateOf(w *Worker, instance string) string {
+	if instance == "" {
+		return ""
+	}
+	w.mu.Lock()
+	listed, seq := w.listed, w.seq
+	w.mu.Unlock()
+	first, firstSeq := "", seq
+	for _, o := range s.Workers("") {
+		if o == w {
+			continue
+		}
+		o.mu.Lock()
+		same := o.state != StateRemoved && o.checked && o.info.Instance == instance && o.listed == listed && o.seq < firstSeq
+		if same {
+			first, firstSeq = o.entry.ID, o.seq
+		}
+		o.mu.Unlock()
+	}
+	return first
 }
 
 // Hold makes a ready worker not_ready for why, without failing its legs in
@@ -810,18 +1024,30 @@ func (w *Worker) Held() string {
 	return w.held
 }
 
-// maybeForget removes an unlisted worker that failed its checks.
+// maybeForget removes an unlisted worker that failed its checks or drains
+// with no leg left, and ends the unlisted grace of one that failed a check
+// or answered that it is draining.
 func (s *Set) maybeForget(w *Worker) {
 	w.mu.Lock()
-	gone := !w.listed && w.state == StateNotReady
+	failing := !w.listed && w.state == StateNotReady && w.failures > 0
+	drained := !w.listed && w.state == StateDraining && w.legs.Load() == 0
+	graceOver := !w.listed && !w.unlistedAt.IsZero() && !w.usableLocked()
 	w.mu.Unlock()
-	if !gone {
+	if !failing && !drained && !graceOver {
 		return
 	}
+	now := s.cfg.Clock.Now()
 	s.mu.Lock()
 	var changes []change
 	if s.workers[w.entry.ID] == w {
-		changes = s.removeLocked(w, s.cfg.Clock.Now(), "no longer listed and not answering")
+		switch {
+		case failing:
+			changes = s.removeLocked(w, now, "no longer listed and not answering")
+		case drained:
+			changes = s.removeLocked(w, now, "no longer listed and draining with no leg left")
+		default:
+			changes = s.unlistLocked(w, now, false, "no longer listed, and it failed a check in its unlisted grace")
+		}
 	}
 	s.mu.Unlock()
 	s.notify(changes)
@@ -846,12 +1072,50 @@ func (s *Set) MarkDraining(w *Worker, why string) {
 	s.notify(changes)
 }
 
+// Errors of Drain and Resume.
+var (
+	// ErrUnknownWorker: no worker has the id.
+	ErrUnknownWorker = errors.New("no such worker")
+	// ErrConflict: the worker's state does not allow the change (the
+	// admin API's 409).
+	ErrConflict = errors.New("conflict")
+)
+
+// adminError is an error of kind (ErrUnknownWorker, ErrConflict) that
+// reads as msg alone.
+type adminError struct {
+	kind error
+	msg  string
+}
+
+func (e adminError) Error() string { return e.msg }
+func (e adminError) Unwrap() error { return e.kind }
+
+func adminErrorf(kind error, format string, args ...any) error {
+	return adminError{kind, fmt.Sprintf(format, args...)}
+}
+
 // Drain (admin API) stops sending new requests to a worker; its legs in
-// flight finish. It returns false for an unknown id.
-func (s *Set) Drain(id string) bool {
+// flight finish. Unless force, it refuses (ErrConflict) to drain the last
+// usable worker of its role, which would leave the router unable to serve;
+// draining a draining worker is a no-op. It returns ErrUnknownWorker for an
+// unknown id.
+func (s *Set) Drain(id string, force bool) error {
 	w, ok := s.Get(id)
 	if !ok {
-		return false
+		return adminErrorf(ErrUnknownWorker, "no worker %q", id)
+	}
+	if !force && w.Usable() {
+		others := 0
+		for _, o := range s.Workers(w.Role()) {
+			if o != w && o.Usable() {
+				others++
+			}
+		}
+		if others == 0 {
+			return adminErrorf(ErrConflict, "%s is the last ready %s worker: draining it leaves the router no %s worker to serve with (add ?force=true to drain it anyway)",
+				id, w.Role(), w.Role())
+		}
 	}
 	now := s.cfg.Clock.Now()
 	w.mu.Lock()
@@ -859,27 +1123,37 @@ func (s *Set) Drain(id string) bool {
 	from, changed := w.setState(StateDraining, now)
 	w.mu.Unlock()
 	if changed {
+		s.log.Info("worker drained by the admin API", "worker", w.entry.URL, "id", id, "forced", force)
 		s.notify([]change{{w, from, StateDraining}})
 	}
-	return true
+	return nil
 }
 
 // Resume (admin API) ends an operator's drain: the worker is checked again
-// and takes requests once it passes. It returns false for an unknown id.
-func (s *Set) Resume(id string) bool {
+// and takes requests once it passes. It returns ErrUnknownWorker for an
+// unknown id and ErrConflict for a worker no operator drained (a worker
+// draining on its own SIGTERM resumes only by itself).
+func (s *Set) Resume(id string) error {
 	w, ok := s.Get(id)
 	if !ok {
-		return false
+		return adminErrorf(ErrUnknownWorker, "no worker %q", id)
 	}
 	now := s.cfg.Clock.Now()
 	w.mu.Lock()
-	var changes []change
-	if w.drainedBy == "admin" {
-		w.drainedBy = ""
-		w.passes = 0
-		if from, ok := w.setState(StatePending, now); ok {
-			changes = append(changes, change{w, from, StatePending})
+	if w.drainedBy != "admin" {
+		st, by := w.state, w.drainedBy
+		w.mu.Unlock()
+		why := "it is " + st.String()
+		if by != "" {
+			why += " (drained by " + by + ", not the admin API)"
 		}
+		return adminErrorf(ErrConflict, "%s is not drained by the admin API, so there is nothing to resume: %s", id, why)
+	}
+	w.drainedBy = ""
+	w.passes = 0
+	var changes []change
+	if from, ok := w.setState(StatePending, now); ok {
+		changes = append(changes, change{w, from, StatePending})
 	}
 	w.mu.Unlock()
 	s.notify(changes)
@@ -887,7 +1161,7 @@ func (s *Set) Resume(id string) bool {
 	case s.kick <- struct{}{}:
 	default:
 	}
-	return true
+	return nil
 }
 
 // Statuses lists every worker, then the registry's invalid entries, for
@@ -918,7 +1192,11 @@ func (w *Worker) Status() Status {
 	st := Status{ID: w.entry.ID, URL: w.entry.URL, Role: w.entry.Role, State: w.state, Source: w.entry.Source,
 		Legs: w.Legs(), Live: w.info.Live, ParkedKV: w.info.Parked, Since: w.since, LastError: w.lastErr,
 		DrainedBy: w.drainedBy, Weight: weight, KVAddr: w.entry.KVAddr, Instance: w.info.Instance,
-		Healthy: w.state == StateReady, Held: w.held}
+		Healthy: w.usableLocked(), Held: w.held, Duplicate: w.dup}
+	if !w.unlistedAt.IsZero() {
+		st.Unlisted = fmt.Sprintf("not listed by the registry since %s; kept until %s while its checks pass",
+			w.unlistedAt.UTC().Format(time.RFC3339), w.unlistedAt.Add(w.set.cfg.UnlistedGrace).UTC().Format(time.RFC3339))
+	}
 	if st.KVAddr == "" {
 		st.KVAddr = w.info.KVAddr
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -138,6 +139,9 @@ func TestReadyAfterPassesNotReadyAfterFailures(t *testing.T) {
 	if w.State() != StateReady || closed(down) {
 		t.Fatalf("after two failures: %s, down closed %v (3 needed)", w.State(), closed(down))
 	}
+	if w.Usable() || w.Weight() != 0 || w.Status().Healthy {
+		t.Fatalf("a ready worker that failed its last check is usable (weight %v, status %+v)", w.Weight(), w.Status())
+	}
 	s.CheckAll(ctx)
 	if w.State() != StateNotReady || !closed(down) {
 		t.Fatalf("after three failures: %s, down closed %v", w.State(), closed(down))
@@ -152,6 +156,39 @@ func TestReadyAfterPassesNotReadyAfterFailures(t *testing.T) {
 		t.Fatalf("after recovery: %s", w.State())
 	}
 	want := []string{"http://d1 state(0)->pending", "http://d1 pending->ready", "http://d1 ready->not_ready", "http://d1 not_ready->ready"}
+	if fmt.Sprint(tr.log) != fmt.Sprint(want) {
+		t.Fatalf("transitions %v, want %v", tr.log, want)
+	}
+}
+
+// TestOneFailedCheckTakesWorkerOutOfPairs: a ready worker that fails one
+// health check gets no new request (Usable false) but stays ready, its
+// legs in flight going on (Down open); the next passing check makes it
+// usable again without a new ramp.
+func TestOneFailedCheckTakesWorkerOutOfPairs(t *testing.T) {
+	f := newFakeWorkers()
+	s, _, tr := newSet(t, f, clocktesting.NewFakeClock(time.Unix(1000, 0)))
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.Reconcile(registry.Snapshot{Entries: []registry.Entry{entry("d1", "decode", "http://d1")}})
+	w := mustGet(t, s, "d1")
+	ctx := context.Background()
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	if !w.Usable() {
+		t.Fatalf("ready worker not usable: %+v", w.Status())
+	}
+	f.set("http://d1", Info{}, context.DeadlineExceeded)
+	s.CheckAll(ctx)
+	if st := w.Status(); w.Usable() || st.Healthy || st.State != StateReady || closed(w.Down()) || st.LastError == "" {
+		t.Fatalf("after one failed check: usable %v, status %+v, down closed %v; want ready, unusable, legs going on",
+			w.Usable(), st, closed(w.Down()))
+	}
+	f.set("http://d1", decodeInfo("a"), nil)
+	s.CheckAll(ctx)
+	if !w.Usable() || w.Weight() != 1 {
+		t.Fatalf("after the next pass: usable %v weight %v", w.Usable(), w.Weight())
+	}
+	want := []string{"http://d1 state(0)->pending", "http://d1 pending->ready"}
 	if fmt.Sprint(tr.log) != fmt.Sprint(want) {
 		t.Fatalf("transitions %v, want %v", tr.log, want)
 	}
@@ -309,8 +346,11 @@ func TestAdminDrainResume(t *testing.T) {
 	s.CheckAll(ctx)
 	s.CheckAll(ctx)
 	w := mustGet(t, s, "d1")
-	if !s.Drain("d1") || s.Drain("nope") {
-		t.Fatal("Drain answers")
+	if err := s.Drain("d1", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Drain("nope", false); !errors.Is(err, ErrUnknownWorker) {
+		t.Fatalf("Drain of an unknown id: %v", err)
 	}
 	s.CheckAll(ctx)
 	if st := w.Status(); st.State != StateDraining || st.DrainedBy != "admin" || !st.SafeToDelete {
@@ -321,8 +361,8 @@ func TestAdminDrainResume(t *testing.T) {
 		t.Fatal("safe to delete with a leg in flight")
 	}
 	done()
-	if !s.Resume("d1") {
-		t.Fatal("Resume")
+	if err := s.Resume("d1"); err != nil {
+		t.Fatal(err)
 	}
 	if w.State() != StatePending {
 		t.Fatalf("resumed: %s", w.State())
@@ -494,5 +534,136 @@ func TestHoldKeepsLegsAndRelease(t *testing.T) {
 		"http://d0 ready->not_ready", "http://d0 not_ready->ready"}
 	if fmt.Sprint(tr.log) != fmt.Sprint(want) {
 		t.Fatalf("transitions %v, want %v", tr.log, want)
+	}
+}
+
+func newGraceSet(t *testing.T, f *fakeWorkers, clk *clocktesting.FakeClock, grace time.Duration) *Set {
+	t.Helper()
+	s, err := New(Config{Registry: fixedRegistry{}, Probe: f.probe, ModelName: "m", Clock: clk, UnlistedGrace: grace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func snap(es ...registry.Entry) registry.Snapshot { return registry.Snapshot{Entries: es} }
+
+// TestUnlistedGrace: a registry that stops listing every worker (etcd
+// restarted on an empty data directory) does not empty the fleet: ready
+// workers stay usable while their checks pass, and go on as before when
+// listed again; one that fails a check, answers draining or outlives the
+// grace leaves (draining its legs first); a worker not usable when
+// unlisted leaves at once.
+func TestUnlistedGrace(t *testing.T) {
+	f := newFakeWorkers()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s := newGraceSet(t, f, clk, 30*time.Second)
+	ctx := context.Background()
+	var all []registry.Entry
+	for i, id := range []string{"d1", "d2", "d3", "d4", "d5"} {
+		u := "http://" + id
+		f.set(u, decodeInfo(fmt.Sprint("i", i)), nil)
+		all = append(all, entry(id, "decode", u))
+	}
+	s.Reconcile(snap(all...))
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	f.set("http://d5", Info{}, context.DeadlineExceeded)
+	s.CheckAll(ctx) // d5: ready, but its last check failed
+	s.Reconcile(snap())
+	for _, id := range []string{"d1", "d2", "d3", "d4"} {
+		w := mustGet(t, s, id)
+		if st := w.Status(); !w.Usable() || st.Unlisted == "" || closed(w.Down()) {
+			t.Fatalf("%s right after the registry emptied: %+v, want usable and shown unlisted", id, st)
+		}
+	}
+	if _, ok := s.Get("d5"); ok {
+		t.Fatal("d5 (not usable when unlisted) kept in the set")
+	}
+
+	clk.Step(10 * time.Second)
+	s.Reconcile(snap(all[0])) // d1 registered again
+	if st := mustGet(t, s, "d1").Status(); st.Unlisted != "" || !st.Healthy {
+		t.Fatalf("d1 listed again: %+v", st)
+	}
+	f.set("http://d2", Info{}, context.DeadlineExceeded)
+	info := decodeInfo("i2")
+	info.Draining = true
+	f.set("http://d3", info, nil)
+	d4 := mustGet(t, s, "d4")
+	leg := d4.AddLeg()
+	s.CheckAll(ctx)
+	for _, id := range []string{"d2", "d3"} {
+		if w, ok := s.Get(id); ok {
+			t.Errorf("%s (a failed check / draining in its grace) still in the set: %+v", id, w.Status())
+		}
+	}
+	if !d4.Usable() {
+		t.Fatalf("d4 within its grace: %+v", d4.Status())
+	}
+	clk.Step(20 * time.Second)
+	s.CheckAll(ctx)
+	if st := d4.Status(); st.State != StateDraining || st.DrainedBy != "registry" || st.Unlisted != "" || closed(d4.Down()) {
+		t.Fatalf("d4 after its grace, with a leg: %+v, want draining its leg", st)
+	}
+	leg()
+	if _, ok := s.Get("d4"); ok {
+		t.Fatal("d4 still in the set once its last leg ended")
+	}
+	if ws := s.Workers(""); len(ws) != 1 || ws[0].ID() != "d1" {
+		t.Fatalf("workers %v, want d1 only", ws)
+	}
+}
+
+// TestDuplicateEntries: two registry entries whose workers answer with one
+// instance id: the later is not_ready "duplicate of <first>" and never
+// usable while the first is in the set; it takes over once the first
+// leaves. With an unlisted grace, the entry a worker is listed under anew
+// takes over from its old, unlisted one once it is ready, so the process
+// is usable throughout.
+func TestDuplicateEntries(t *testing.T) {
+	f := newFakeWorkers()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	s, _, _ := newSet(t, f, clk)
+	ctx := context.Background()
+	f.set("http://w", decodeInfo("one-process"), nil)
+	k1, k2 := entry("k1", "decode", "http://w"), entry("k2", "decode", "http://w")
+	s.Reconcile(snap(k1, k2))
+	for range 3 {
+		s.CheckAll(ctx)
+	}
+	w1, w2 := mustGet(t, s, "k1"), mustGet(t, s, "k2")
+	if !w1.Usable() {
+		t.Fatalf("first entry %+v", w1.Status())
+	}
+	if st := w2.Status(); w2.Usable() || st.State != StateNotReady || st.Duplicate != "k1" || !strings.HasPrefix(st.LastError, "duplicate of k1") {
+		t.Fatalf("second entry %+v, want not_ready, duplicate of k1", st)
+	}
+	s.Reconcile(snap(k2))
+	s.CheckAll(ctx)
+	s.CheckAll(ctx)
+	if st := w2.Status(); !w2.Usable() || st.Duplicate != "" || st.LastError != "" {
+		t.Fatalf("second entry once the first left: %+v", st)
+	}
+
+	g := newGraceSet(t, f, clk, 30*time.Second)
+	g.Reconcile(snap(k1))
+	g.CheckAll(ctx)
+	g.CheckAll(ctx)
+	g.Reconcile(snap(k2)) // the worker's record is now under another key
+	for i := range 3 {
+		usable := 0
+		for _, w := range g.Workers("") {
+			if w.Usable() {
+				usable++
+			}
+		}
+		if usable != 1 {
+			t.Fatalf("check %d: %d usable entries of one process, want 1: %+v", i, usable, g.Statuses())
+		}
+		g.CheckAll(ctx)
+	}
+	if ws := g.Workers(""); len(ws) != 1 || ws[0].ID() != "k2" || !ws[0].Usable() {
+		t.Fatalf("after the handover: %+v, want k2 alone, usable", g.Statuses())
 	}
 }

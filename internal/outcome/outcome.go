@@ -171,13 +171,15 @@ func (o Outcome) Class() Class {
 // shutting down or draining, a lost, silent or refused KV connection, a
 // corrupted transfer, a worker whose own queue is full (overloaded: another
 // worker may have room, and only when none has does the client get the
-// 429). The router retries those (before the client saw a token). Other
-// rejections, timeouts and an identity mismatch are not retried: the
+// 429), a decode worker that never opened the room (timeout_bootstrap: it
+// froze or lost its way to the prefill worker). The router retries those
+// (before the client saw a token). Other rejections, timeouts and an
+// identity mismatch are not retried: the
 // request itself, or the fleet's load, would fail it again.
 func (o Outcome) Retryable() bool {
 	switch o {
 	case WorkerUnreachable, WorkerStreamBroken, PeerLost, LeaseExpired, FailedTransfer, Shutdown, Draining, PeerRefused,
-		Overloaded:
+		Overloaded, TimeoutBootstrap:
 		return true
 	}
 	return false
@@ -193,11 +195,12 @@ func (o Outcome) Leaving() bool { return o == Shutdown || o == Draining }
 func (o Outcome) PeerCaused() bool { return o == AbortedPeer }
 
 // Suspect reports a failure that may come from a worker that is frozen or
-// cut off rather than from the request: before a retry, the router checks
+// cut off rather than from the request (a lost or silent peer, a broken
+// stream, a room decode never opened): before a retry, the router checks
 // that both workers of the failed pair still answer.
 func (o Outcome) Suspect() bool {
 	switch o {
-	case PeerLost, LeaseExpired, WorkerStreamBroken:
+	case PeerLost, LeaseExpired, WorkerStreamBroken, TimeoutBootstrap:
 		return true
 	}
 	return false

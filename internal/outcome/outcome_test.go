@@ -19,7 +19,7 @@ func TestEveryOutcome(t *testing.T) {
 		OK:                 {"ok", ClassOK, http.StatusOK, false, false},
 		AbortedClient:      {"aborted_client", ClassAborted, StatusClientClosedRequest, false, false},
 		AbortedPeer:        {"aborted_peer", ClassAborted, http.StatusBadGateway, false, false},
-		TimeoutBootstrap:   {"timeout_bootstrap", ClassTimeout, http.StatusGatewayTimeout, false, false},
+		TimeoutBootstrap:   {"timeout_bootstrap", ClassTimeout, http.StatusGatewayTimeout, true, true},
 		TimeoutQueue:       {"timeout_queue", ClassTimeout, http.StatusServiceUnavailable, false, false},
 		TimeoutKVHold:      {"timeout_kv_hold", ClassTimeout, http.StatusGatewayTimeout, false, false},
 		TimeoutTransfer:    {"timeout_transfer", ClassTimeout, http.StatusGatewayTimeout, false, false},

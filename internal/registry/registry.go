@@ -34,8 +34,10 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 )
@@ -88,22 +90,34 @@ func (e Entry) Validate() error {
 		errs = append(errs, err)
 	}
 	if e.KVAddr != "" {
-		if _, _, err := net.SplitHostPort(e.KVAddr); err != nil {
+		if host, port, err := net.SplitHostPort(e.KVAddr); err != nil {
 			errs = append(errs, fmt.Errorf("kv_addr %q: %v", e.KVAddr, err))
+		} else if host == "" || !validPort(port) {
+			errs = append(errs, fmt.Errorf("kv_addr %q: want host:port with a port from 1 to 65535", e.KVAddr))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// ParseURL checks a worker URL (http or https, a host, no path beyond "/")
-// and returns it without a trailing slash.
+// ParseURL checks a worker URL (http or https, a host, a port from 1 to
+// 65535 if any, no path beyond "/") and returns it without a trailing
+// slash.
 func ParseURL(raw string) (string, error) {
 	u, err := url.Parse(strings.TrimRight(raw, "/"))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" ||
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.Path != "" ||
 		u.RawQuery != "" || u.Fragment != "" || u.User != nil {
 		return "", fmt.Errorf("worker URL %q: want http://host:port", raw)
 	}
+	if p := u.Port(); p != "" && !validPort(p) || strings.HasSuffix(u.Host, ":") {
+		return "", fmt.Errorf("worker URL %q: the port must be from 1 to 65535", raw)
+	}
 	return u.String(), nil
+}
+
+// validPort reports whether p is a decimal TCP port from 1 to 65535.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535 && strconv.Itoa(n) == p
 }
 
 // Snapshot is the whole desired fleet at one moment, entries sorted by ID.
@@ -128,6 +142,15 @@ type Registry interface {
 	// cannot start at all (a bad configuration). While its source cannot
 	// be reached it keeps retrying and calls nothing.
 	Run(ctx context.Context, update func(Snapshot)) error
+}
+
+// ErrorReporter is implemented by a backend that can say why it last
+// failed to reach its source (etcd unreachable), for the router's GET
+// /workers.
+type ErrorReporter interface {
+	// LastError returns the backend's last error and when it happened
+	// ("" and the zero time if none yet).
+	LastError() (string, time.Time)
 }
 
 // Static is the registry of worker URLs given at startup, changed through

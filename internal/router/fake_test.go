@@ -163,6 +163,16 @@ type fakeWorker struct {
 	// /internal/v1/load 404.
 	report func(r *http.Request) workerapi.Health
 	loads  int // /internal/v1/load calls
+	// fp, if set, is the KV fingerprint the worker reports (nil:
+	// testFingerprint).
+	fp *kvxfer.Fingerprint
+}
+
+// setFingerprint makes the worker report fp as its KV fingerprint.
+func (f *fakeWorker) setFingerprint(fp kvxfer.Fingerprint) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fp = &fp
 }
 
 func (f *fakeWorker) setReport(fn func(r *http.Request) workerapi.Health) {
@@ -183,6 +193,15 @@ func (f *fakeWorker) reportLoad(l workerapi.Load) {
 	f.setReport(func(*http.Request) workerapi.Health {
 		return workerapi.Health{Status: workerapi.HealthOK, Role: f.role, Load: l}
 	})
+}
+
+// fakeOf returns the fake worker serving host on cfg's fake network (for a
+// test that scripts a worker before the router starts).
+func fakeOf(cfg *Config, host string) *fakeWorker {
+	n := cfg.Client.Transport.(*fakeNet)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.hosts[host].(*fakeWorker)
 }
 
 func (f *fakeWorker) url() string { return "http://" + f.host }
@@ -225,7 +244,13 @@ var testFingerprint = kvxfer.Fingerprint{Model: "m", Layers: 1, KVHeads: 1, Head
 func (f *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == workerapi.PathInfo:
-		info := workerapi.Info{Role: f.role, Model: "m", Fingerprint: testFingerprint, ContextLen: 64, VocabSize: 300}
+		f.mu.Lock()
+		fp := testFingerprint
+		if f.fp != nil {
+			fp = *f.fp
+		}
+		f.mu.Unlock()
+		info := workerapi.Info{Role: f.role, Model: "m", Fingerprint: fp, ContextLen: 64, VocabSize: 300}
 		if f.role == workerapi.RolePrefill {
 			info.KVPort = 7000
 		}

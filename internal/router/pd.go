@@ -134,6 +134,10 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		if err.Code == "" {
 			err.Code = outcome.NoWorker.String()
 		}
+		if err.Status == http.StatusServiceUnavailable && err.RetryAfter <= 0 {
+			// A worker may be ready at the next health check.
+			err.RetryAfter = max(time.Second, r.cfg.HealthInterval)
+		}
 		return nil, err
 	}
 	return &measured{Stream: st, r: r, arrived: arrived, prompt: len(g.InputIDs)}, nil

@@ -688,3 +688,101 @@ func TestRequestHistoryAtTheRouter(t *testing.T) {
 		<-done
 	})
 }
+
+// TestIncompatibleDecodeNeverFailsARequest: with one prefill worker, two
+// decode workers of its page size and one of another page size, every
+// pick finds a compatible pair: no request fails, and the incompatible
+// decode worker (the emptiest, so the first choice of every policy)
+// receives no leg.
+func TestIncompatibleDecodeNeverFailsARequest(t *testing.T) {
+	for _, pol := range PolicyNames() {
+		t.Run(pol, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, 1, 3, 0, func(cfg *Config) {
+					withPolicy(pol)(cfg)
+					other := testFingerprint
+					other.PageSize = 32
+					fakeOf(cfg, "decode2").setFingerprint(other)
+				})
+				defer tr.r.Close()
+				for i := range 60 {
+					if a := generate(t.Context(), tr.r, fmt.Sprintf("rid%d", i)); a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+						t.Fatalf("request %d: %+v", i, a)
+					}
+				}
+				if n := legCounts(tr.decode); n[2] != 0 || n[0] == 0 || n[1] == 0 {
+					t.Fatalf("decode legs %v: want both compatible workers used, none on the page-size-32 one", n)
+				}
+			})
+		})
+	}
+}
+
+// TestFrozenDecodeOutOfPairsAfterOneFailedCheck: a decode worker that
+// stops answering (SIGSTOP) gets no new pair once one health check failed,
+// long before the three failures that make it not_ready: every request
+// after that goes to the other decode worker and none fails.
+func TestFrozenDecodeOutOfPairsAfterOneFailedCheck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, func(cfg *Config) {
+			cfg.HealthInterval, cfg.CheckTimeout = 2*time.Second, time.Second
+		})
+		defer tr.r.Close()
+		tr.decode[1].setHealth(func(ctx context.Context) int { <-ctx.Done(); return http.StatusServiceUnavailable })
+		advance(2*time.Second + time.Second) // the next check, and its timeout
+		w := workerNamed(t, tr.r, tr.decode[1].url())
+		if st := w.Status(); st.State.String() != "ready" || st.Healthy {
+			t.Fatalf("frozen decode after one failed check: %+v, want ready and not healthy", st)
+		}
+		before := legCounts(tr.decode)
+		for i := range 20 {
+			if a := generate(t.Context(), tr.r, fmt.Sprintf("rid%d", i)); a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+				t.Fatalf("request %d: %+v", i, a)
+			}
+		}
+		if after := legCounts(tr.decode); after[1] != before[1] || after[0] != before[0]+20 {
+			t.Fatalf("decode legs %v -> %v: the frozen worker got new pairs", before, after)
+		}
+	})
+}
+
+// TestBootstrapTimeoutProbedAndRetried: a prefill leg that fails with
+// timeout_bootstrap (its decode never opened the room: frozen) makes the
+// router probe the pair; the frozen decode fails its probe and the retry
+// goes to the other decode worker: the client gets its tokens.
+func TestBootstrapTimeoutProbedAndRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, withPolicy(PolicyRoundRobin))
+		defer tr.r.Close()
+		boot := workerapi.OutcomeError(outcome.TimeoutBootstrap, "decode never opened the room",
+			outcome.Cause{Outcome: outcome.TimeoutBootstrap, Role: "prefill", Stage: "bootstrap"})
+		frozen := func(ctx context.Context) int { <-ctx.Done(); return http.StatusServiceUnavailable }
+		var first *fakeWorker
+		for _, d := range tr.decode {
+			d.setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+				if b.Gen > 1 {
+					okLeg(workerapi.RoleDecode)(ctx, b, ab, w)
+					return
+				}
+				d.setHealth(frozen)
+				hang(ctx, b, ab, w)
+			})
+		}
+		tr.prefill[0].setLeg(byGen(after(time.Second, failWith(boot)), okLeg(workerapi.RolePrefill)))
+		a := generate(t.Context(), tr.r, "rid")
+		if a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+			t.Fatalf("got %+v, want the retry's tokens", a)
+		}
+		for _, d := range tr.decode {
+			if legs, _, _ := d.received(); len(legs) > 0 && legs[0].Gen == 1 {
+				first = d
+			}
+		}
+		if legs, _, _ := first.received(); len(legs) != 1 {
+			t.Fatalf("the frozen decode got %d legs, want only the first attempt's", len(legs))
+		}
+		if st := workerNamed(t, tr.r, first.url()).Status(); st.Healthy {
+			t.Fatalf("frozen decode %+v, want it out after its probe", st)
+		}
+	})
+}

@@ -36,6 +36,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"path"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +48,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
@@ -86,6 +90,11 @@ type Config struct {
 	SuccessThreshold int
 	FailureThreshold int
 	SlowStart        time.Duration
+	// UnlistedGrace is how long a usable worker the registry stops listing
+	// keeps serving while its checks pass (fleet.Config.UnlistedGrace): 0
+	// is fleet.DefaultUnlistedGrace (30 s) with a Registry and none for the
+	// static worker lists; negative is none.
+	UnlistedGrace time.Duration
 	// PrefillPolicy and DecodePolicy name the pair policy of each role
 	// (PolicyNames; default least_load); colocated workers are chosen by
 	// the decode policy.
@@ -269,10 +278,17 @@ func New(cfg Config) (*Router, error) {
 		}
 		reg = st
 	}
+	grace := cfg.UnlistedGrace
+	switch {
+	case grace < 0:
+		grace = 0
+	case grace == 0 && cfg.Registry != nil && cfg.Registry.Name() != "static":
+		grace = fleet.DefaultUnlistedGrace
+	}
 	var err error
 	r.set, err = fleet.New(fleet.Config{Registry: reg, Probe: r.probeWorker, ModelName: cfg.ModelName,
 		HealthInterval: cfg.HealthInterval, CheckTimeout: cfg.CheckTimeout, SuccessThreshold: cfg.SuccessThreshold,
-		FailureThreshold: cfg.FailureThreshold, SlowStart: cfg.SlowStart, Clock: cfg.Clock, Logger: r.log,
+		FailureThreshold: cfg.FailureThreshold, SlowStart: cfg.SlowStart, UnlistedGrace: grace, Clock: cfg.Clock, Logger: r.log,
 		OnChange: r.workerChanged, Describe: r.describe})
 	if err != nil {
 		return nil, err
@@ -330,17 +346,91 @@ func (r *Router) metricsState() metrics.RouterState {
 type Pairing struct {
 	Load  LoadStatus   `json:"load"`
 	Paths []PairStatus `json:"kv_paths,omitempty"`
+	// NoPair, when set, says why a checked prefill (decode) worker can
+	// pair with no decode (prefill) worker of the fleet: e.g. "no
+	// compatible decode: page_size 32 vs 16" (its KV fingerprint against
+	// each one's, first fields that differ). It may be ready and still
+	// never get a request.
+	NoPair string `json:"no_pair,omitempty"`
+}
+
+// noPair says why w, a checked prefill or decode worker, has no worker of
+// the other role whose KV fingerprint matches its own ("" if one has, or
+// none of that role was checked yet).
+func (r *Router) noPair(w *fleet.Worker) string {
+	var other workerapi.Role
+	switch roleOf(w) {
+	case workerapi.RolePrefill:
+		other = workerapi.RoleDecode
+	case workerapi.RoleDecode:
+		other = workerapi.RolePrefill
+	default:
+		return ""
+	}
+	fp := w.Info().Fingerprint
+	if fp == (kvxfer.Fingerprint{}) {
+		return ""
+	}
+	var whys []string
+	for _, o := range r.set.Workers(other.String()) {
+		ofp := o.Info().Fingerprint
+		if ofp == (kvxfer.Fingerprint{}) {
+			continue
+		}
+		m := fp.Mismatch(ofp)
+		if m == "" {
+			return ""
+		}
+		if !slices.Contains(whys, m) {
+			whys = append(whys, m)
+		}
+	}
+	if len(whys) == 0 {
+		return ""
+	}
+	return "no compatible " + other.String() + ": " + strings.Join(whys, "; ")
 }
 
 // describe is the fleet's Describe: the router's view of w.
 func (r *Router) describe(w *fleet.Worker) any {
-	p := Pairing{Load: r.loadStatus(w)}
+	p := Pairing{Load: r.loadStatus(w), NoPair: r.noPair(w)}
 	for _, ps := range r.Pairs() {
 		if ps.State != BreakerClosed && (ps.Prefill == w.URL() || ps.Decode == w.URL()) {
 			p.Paths = append(p.Paths, ps)
 		}
 	}
 	return p
+}
+
+// canonicalPaths answers a request whose path is not canonical (an empty
+// segment, "." or "..") with a 400 naming the canonical path, as OpenAI
+// error JSON, where http.ServeMux would redirect with an HTML body (which
+// API clients do not follow for a POST).
+func canonicalPaths(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		p := req.URL.Path
+		if c := cleanPath(p); c != p {
+			openai.WriteError(w, openai.BadRequest("", "path %q is not canonical: use %q", p, c))
+			return
+		}
+		h.ServeHTTP(w, req)
+	})
+}
+
+// cleanPath is path.Clean keeping a trailing slash, as http.ServeMux
+// cleans.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	c := path.Clean(p)
+	if p[len(p)-1] == '/' && c != "/" {
+		c += "/"
+	}
+	return c
 }
 
 // legError is a leg's failure seen by the router itself (the worker could
@@ -470,7 +560,7 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		openai.WriteError(w, openai.NotFound("no route for %s %s", req.Method, req.URL.Path))
 	})
-	h := openai.Routes(oa, mux)
+	h := canonicalPaths(openai.Routes(oa, mux))
 	if r.cfg.Guard != nil {
 		return r.cfg.Guard(h, r.frontend.Answer)
 	}

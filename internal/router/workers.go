@@ -93,6 +93,13 @@ func (r *Router) Serving() (bool, string) {
 		return false, "the router is draining"
 	default:
 	}
+	if !r.set.Synced() {
+		why := "the " + r.set.Registry().Name() + " registry has not listed the fleet yet"
+		if st := r.set.RegistryStatus(); st.LastError != "" {
+			why += " (last error: " + st.LastError + ")"
+		}
+		return false, why
+	}
 	if w, _ := r.pickPlain(nil); w != nil {
 		return true, ""
 	}
@@ -467,6 +474,9 @@ type pickOpts struct {
 // saturated.
 func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bool, err *openai.Error) {
 	admit := o.req != nil
+	if !r.set.Synced() {
+		return nil, nil, "", false, noWorker("the %s registry has not listed the fleet yet (see /workers: registry_status)", r.set.Registry().Name())
+	}
 	for range 3 { // again if another request took the probe of a half-open pair
 		now := r.clock.Now()
 		var prefills []Candidate
@@ -635,7 +645,7 @@ func (r *Router) handleWorkers(w http.ResponseWriter, _ *http.Request) {
 	if list == nil {
 		list = []WorkerStatus{}
 	}
-	b, _ := json.Marshal(map[string]any{"registry": r.set.Registry().Name(), "workers": list})
+	b, _ := json.Marshal(map[string]any{"registry": r.set.Registry().Name(), "registry_status": r.set.RegistryStatus(), "workers": list})
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
 }

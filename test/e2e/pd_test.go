@@ -302,7 +302,7 @@ func TestBadInput(t *testing.T) {
 		{"tools", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools"},
 		{"json response format", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}`, 400, "response_format"},
 		{"path without slash", "/v1", `{}`, 404, "/v1"},
-		{"double slash", "//v1/completions", `{"prompt":"hi"}`, 404, "//v1/completions"},
+		{"double slash", "//v1/completions", `{"prompt":"hi"}`, 400, "use \"/v1/completions\""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -337,3 +337,143 @@ func TestBadRegistryEntries(t *testing.T) {
 		t.Errorf("%d of %d requests failed with bad entries in the registry; first: %s", len(f), len(rs), f[0])
 	}
 }
+
+// registrations counts the worker records in etcd.
+func registrations(t *testing.T, endpoint string) func() (bool, string) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		resp, err := cli.Get(ctx, "/pdserve/workers/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return false, err.Error()
+		}
+		return resp.Count == 4, fmt.Sprintf("%d registrations", resp.Count)
+	}
+}
+
+// TestEtcdRestartedEmpty: etcd is stopped and comes back with an empty
+// data directory (every record and lease gone) under load. The router
+// lists an empty fleet until the workers have registered again; it keeps
+// its healthy workers through that (--unlisted-grace) and no request
+// fails. Run with --unlisted-grace 0, the same restart fails requests.
+func TestEtcdRestartedEmpty(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a fleet of processes and an etcd")
+	}
+	srv := etcdtest.Start(t)
+	ps := newProcs(t)
+	// A lease of 30 s is kept alive every 10 s: a worker notices that etcd
+	// lost its lease up to 10 s after etcd is back, long after the router
+	// listed the empty etcd.
+	reg := []string{"--etcd-endpoints", srv.Endpoint(), "--registry-ttl", "30s"}
+	p0, p1 := ps.worker("prefill-0", "prefill", reg...), ps.worker("prefill-1", "prefill", reg...)
+	d0, d1 := ps.worker("decode-0", "decode", reg...), ps.worker("decode-1", "decode", reg...)
+	all := []*node{p0, p1, d0, d1}
+	for _, n := range all {
+		ps.start(n)
+	}
+	// The router checks its watch every 100 ms: it lists the empty etcd
+	// before the workers have registered again (about a second).
+	rt := ps.router("--discovery", "etcd", "--etcd-endpoints", srv.Endpoint(), "--etcd-verify-interval", "100ms")
+	ps.start(rt)
+	hc := &http.Client{Timeout: 10 * time.Second}
+	waitWorkers(t, hc, rt.url(), 30*time.Second, readyNames(all...)...)
+	l := startLoad(rt.url(), 4)
+	waitResults(t, l, time.Time{}, 4)
+
+	// A long-lived etcd has a long history: the new one's revisions start
+	// over far below it.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		if _, err := cli.Put(context.Background(), "/elsewhere", strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cli.Close()
+	mark := l.mark()
+	srv.Stop()
+	time.Sleep(2 * time.Second) // the outage itself
+	srv.RestartEmpty()
+	back := time.Now()
+	// The router lists the empty etcd; its workers stay, shown unlisted,
+	// until they have registered again.
+	sawUnlisted := false
+	if state, ok := testbin.WaitUntil(30*time.Second, func() (bool, string) {
+		if ok, state := registrations(t, srv.Endpoint())(); !ok {
+			return false, state
+		}
+		ws, err := workers(hc, rt.url())
+		if err != nil {
+			return false, err.Error()
+		}
+		var listed []string
+		for _, w := range ws {
+			if w.Unlisted != "" {
+				sawUnlisted = true
+			} else if w.State == fleet.StateReady {
+				listed = append(listed, w.URL)
+			}
+		}
+		return len(listed) == 4, fmt.Sprintf("ready and listed: %v", listed)
+	}); !ok {
+		t.Fatalf("the fleet did not come back after etcd restarted empty: %s", state)
+	}
+	t.Logf("every worker registered and listed again %s after etcd came back (router showed unlisted workers: %v)",
+		time.Since(back).Round(time.Millisecond), sawUnlisted)
+	if !strings.Contains(rt.p.Stderr(), "etcd lost its data") {
+		t.Errorf("the router did not notice that etcd lost its data; stderr:\n%s", rt.p.Stderr())
+	}
+	waitResults(t, l, time.Now(), 8)
+	rs := l.answeredAfter(mark)
+	// The router follows the new etcd: a worker that registers now joins.
+	d2 := ps.worker("decode-2", "decode", reg...)
+	ps.start(d2)
+	waitWorkers(t, hc, rt.url(), 15*time.Second, readyNames(append(all, d2)...)...)
+	l.end()
+	if f := failures(rs); len(f) > 0 {
+		t.Errorf("%d of %d requests failed while etcd restarted empty; first: %s", len(f), len(rs), f[0])
+	}
+	t.Logf("etcd restarted empty: %d requests answered since it stopped, %d failed", len(rs), len(failures(rs)))
+	quiescent(t, hc, rt.url(), append(all, d2)...)
+}
+
+// TestAdvertisedKVAddr: a prefill worker whose KV channel decode workers
+// reach only through another address (NAT, a container's published port:
+// here a TCP forwarder) registers that address with --advertise-kv-addr;
+// the router pairs it with it and requests succeed through the forwarder.
+func TestAdvertisedKVAddr(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs processes and an etcd")
+	}
+	srv := etcdtest.Start(t)
+	ps := newProcs(t)
+	reg := []string{"--etcd-endpoints", srv.Endpoint()}
+	p0 := ps.worker("prefill-0", "prefill", reg...)
+	fwd := startBreakingProxy(t, fmt.Sprintf("127.0.0.1:%d", p0.kvPort))
+	fwd.broken.Store(false)
+	p0.args = append(p0.args, "--advertise-kv-addr", fwd.addr())
+	d0 := ps.worker("decode-0", "decode", reg...)
+	ps.start(p0)
+	ps.start(d0)
+	rt := ps.router("--discovery", "etcd", "--etcd-endpoints", srv.Endpoint())
+	ps.start(rt)
+	hc := &http.Client{Timeout: 10 * time.Second}
+	waitWorkers(t, hc, rt.url(), 30*time.Second, readyNames(p0, d0)...)
+	if st, ok := workerState(hc, rt.url(), p0.url()); !ok || st.KVAddr != fwd.addr() {
+		t.Fatalf("prefill worker's KV address at the router %q, want the advertised %s", st.KVAddr, fwd.addr())
+	}
+	l := startLoad(rt.url(), 2)
+	waitResults(t, l, time.Time{}, 6)
+	rs := l.end()
+	if f := failures(rs); len(f) > 0 {
+		t.Errorf("%d of %d requests failed through the advertised KV address; first: %s", len(f), len(rs), f[0])
+	}
+}

@@ -121,8 +121,9 @@ func typeQuantize(t gguf.Type, x []float32) []byte {
 }
 
 // TestQTileKernels checks every integer tile kernel against the pure-Go
-// canonical dot product bit for bit, for every activation row count, row
-// lengths of 1 to 48 blocks, and a partial row group.
+// canonical dot product bit for bit, for every activation row count (1 to
+// 4 in one call, and 9 in calls of 4, 4 and 1), row lengths of 1 to 48
+// blocks, and a partial row group.
 func TestQTileKernels(t *testing.T) {
 	rng := rand.New(rand.NewPCG(4, 4))
 	for _, ks := range kernelSets(t) {
@@ -130,9 +131,10 @@ func TestQTileKernels(t *testing.T) {
 			continue
 		}
 		for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
-			for _, nb := range []int{1, 2, 3, 18, 48} {
+			for _, tb := range []struct{ nb, T int }{{1, 9}, {2, 1}, {3, 2}, {18, 3}, {18, 4}, {18, 9}, {48, 1}, {48, 9}} {
+				nb, T := tb.nb, tb.T
 				n := 32 * nb
-				const rows, T = 7, 9
+				const rows = 7
 				wf := randVec(rng, rows*n)
 				for i := range wf[:n] {
 					wf[i] *= 1e-3 // a row of tiny weights
@@ -153,7 +155,7 @@ func TestQTileKernels(t *testing.T) {
 				matRowsQ(ks, &sc, got, rows, &a, T, w, 0, rows)
 				for i := range want {
 					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-						t.Fatalf("%s %s nb=%d: [%d, %d] = %v, Go %v", ks.name, typ, nb, i/rows, i%rows, got[i], want[i])
+						t.Fatalf("%s %s nb=%d T=%d: [%d, %d] = %v, Go %v", ks.name, typ, nb, T, i/rows, i%rows, got[i], want[i])
 					}
 				}
 			}

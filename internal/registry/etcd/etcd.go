@@ -22,6 +22,15 @@
 // empty the fleet. A value that is not a valid record is listed with the
 // reason (Entry.Invalid) and never used.
 //
+// etcd's client resumes a broken watch from the last revision it saw. An
+// etcd that comes back without its data (a new data directory, a restore)
+// starts its revisions over, so that watch would wait, silent, for a
+// revision the new history reaches only much later. Every VerifyInterval
+// the router reads the prefix's key count and etcd's revision (a count-only
+// read): a revision lower than one the watch has seen, or a count that
+// differs from the router's entries at a revision the watch has reached,
+// ends the watch and lists again.
+//
 // # Concurrency
 //
 // A Registry's Run runs on the caller's goroutine. A Registration keeps its
@@ -51,6 +60,10 @@ import (
 
 // DefaultPrefix is the key prefix of --etcd-prefix.
 const DefaultPrefix = "/pdserve/"
+
+// DefaultVerifyInterval is Config.VerifyInterval's default: an etcd that
+// lost its data is noticed within it (after it answers again).
+const DefaultVerifyInterval = 2 * time.Second
 
 // MaxValueBytes bounds a registry value read from etcd; a larger one is
 // listed as invalid.
@@ -91,6 +104,9 @@ type Config struct {
 	DialTimeout time.Duration
 	// Logger receives connection trouble, once per outage (default: none).
 	Logger *slog.Logger
+	// VerifyInterval is how often the router side checks its watch against
+	// etcd's revision and key count (default 2 s; see the package doc).
+	VerifyInterval time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -110,6 +126,9 @@ func (c *Config) defaults() error {
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 5 * time.Second
+	}
+	if c.VerifyInterval <= 0 {
+		c.VerifyInterval = DefaultVerifyInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -150,6 +169,24 @@ type Registry struct {
 	log    *slog.Logger
 	owned  bool
 	relist time.Duration
+
+	mu        sync.Mutex
+	lastErr   string
+	lastErrAt time.Time
+}
+
+// LastError implements registry.ErrorReporter: the last failure to list
+// etcd, and when.
+func (r *Registry) LastError() (string, time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr, r.lastErrAt
+}
+
+func (r *Registry) setError(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lastErr, r.lastErrAt = err.Error(), time.Now()
 }
 
 // New returns the router side of the etcd registry. Close closes its client.
@@ -193,7 +230,7 @@ func backoff(n int) time.Duration {
 func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) error {
 	prefix := workersPrefix(r.cfg.Prefix)
 	failures := 0
-	down := false
+	down, listed := false, false
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -205,20 +242,28 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if !down {
-				r.log.Warn("etcd unreachable; serving the last snapshot of the fleet", "err", err)
-				down = true
+			r.setError(err)
+			switch {
+			case !down && !listed:
+				r.log.Warn("etcd unreachable: no fleet listed yet, so requests are answered 503 no_worker until it answers; retrying",
+					"endpoints", r.cfg.Endpoints, "err", err)
+			case !down:
+				r.log.Warn("etcd unreachable; serving the last snapshot of the fleet", "endpoints", r.cfg.Endpoints, "err", err)
 			}
+			down = true
 			failures++
 			if !sleep(ctx, backoff(failures)) {
 				return ctx.Err()
 			}
 			continue
 		}
-		if down {
+		switch {
+		case down && !listed:
+			r.log.Info("etcd reachable; fleet listed", "workers", len(resp.Kvs))
+		case down:
 			r.log.Info("etcd reachable again; fleet re-listed", "workers", len(resp.Kvs))
-			down = false
 		}
+		down, listed = false, true
 		failures = 0
 		entries := make(map[string]registry.Entry, len(resp.Kvs))
 		for _, kv := range resp.Kvs {
@@ -233,13 +278,17 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := r.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		timer := time.NewTimer(r.relist)
-		reason := r.watch(ctx, wch, timer.C, entries, prefix, update)
+		reason := r.watch(ctx, wch, timer.C, resp.Header.Revision, entries, prefix, update)
 		timer.Stop()
 		wcancel()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		r.log.Debug("etcd watch ended; listing again", "reason", reason)
+		if strings.HasPrefix(reason, lostData) {
+			r.log.Warn("etcd lost its data; listing the fleet again (workers register again on their own)", "reason", reason)
+		} else {
+			r.log.Debug("etcd watch ended; listing again", "reason", reason)
+		}
 		failures++
 		if !sleep(ctx, backoff(min(failures, 1))) {
 			return ctx.Err()
@@ -247,16 +296,35 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 	}
 }
 
+// lostData starts the reason of a watch ended because etcd lost its data.
+const lostData = "etcd lost its data"
+
 // watch applies watch events to entries until the watch ends (an error, a
-// compaction, the channel closing) or relist fires, and says why.
-func (r *Registry) watch(ctx context.Context, wch clientv3.WatchChan, relist <-chan time.Time,
+// compaction, the channel closing), relist fires, or verify finds the
+// watch behind etcd (see the package doc), and says why. rev is the
+// revision entries reflect.
+func (r *Registry) watch(ctx context.Context, wch clientv3.WatchChan, relist <-chan time.Time, rev int64,
 	entries map[string]registry.Entry, prefix string, update func(registry.Snapshot)) string {
+	verify := time.NewTicker(r.cfg.VerifyInterval)
+	defer verify.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return "stopped"
 		case <-relist:
 			return "periodic re-list"
+		case <-verify.C:
+			vctx, cancel := context.WithTimeout(ctx, r.cfg.VerifyInterval)
+			resp, err := r.cli.Get(vctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			cancel()
+			switch {
+			case err != nil:
+				// Unreachable: the watch's own reconnect handles it.
+			case resp.Header.Revision < rev:
+				return fmt.Sprintf("%s: its revision went back from %d to %d", lostData, rev, resp.Header.Revision)
+			case resp.Header.Revision == rev && resp.Count != int64(len(entries)):
+				return fmt.Sprintf("%s: %d keys at revision %d, the watch has %d", lostData, resp.Count, rev, len(entries))
+			}
 		case wr, ok := <-wch:
 			if !ok {
 				return "watch channel closed"
@@ -264,6 +332,7 @@ func (r *Registry) watch(ctx context.Context, wch clientv3.WatchChan, relist <-c
 			if err := wr.Err(); err != nil {
 				return err.Error()
 			}
+			rev = max(rev, wr.Header.Revision)
 			if wr.IsProgressNotify() || len(wr.Events) == 0 {
 				continue
 			}

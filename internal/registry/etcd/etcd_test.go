@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -240,7 +241,7 @@ func TestWatchEndsOnCompaction(t *testing.T) {
 	r := NewWithClient(nil, Config{Endpoints: []string{"http://127.0.0.1:1"}})
 	wch := make(chan clientv3.WatchResponse, 1)
 	wch <- clientv3.WatchResponse{CompactRevision: 7}
-	got := r.watch(context.Background(), wch, nil, map[string]registry.Entry{}, "/pdserve/workers/", func(registry.Snapshot) {
+	got := r.watch(context.Background(), wch, nil, 0, map[string]registry.Entry{}, "/pdserve/workers/", func(registry.Snapshot) {
 		t.Fatal("no snapshot for a compacted watch")
 	})
 	if !strings.Contains(got, "compacted") {
@@ -288,4 +289,37 @@ func TestDeletedRecordWrittenAgain(t *testing.T) {
 	if st, n, _ := g.Status(); st != "registered" || n != 1 {
 		t.Fatalf("status %s after %d registrations, want the first one kept", st, n)
 	}
+}
+
+// TestWatchFollowsEtcdRestartedEmpty: an etcd that comes back on an empty
+// data directory starts its revisions over; the router's watch, resumed
+// from the old revision, would hear nothing for a long time. The registry
+// notices the revision going back, lists the empty etcd, and sees the
+// records written after.
+func TestWatchFollowsEtcdRestartedEmpty(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli, cfg := newClient(t, srv)
+	cfg.VerifyInterval = 100 * time.Millisecond
+	w := startWatcher(t, NewWithClient(cli, cfg))
+	put := func(rec Record) {
+		t.Helper()
+		b, _ := json.Marshal(rec)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := cli.Put(ctx, workersPrefix(cfg.Prefix)+rec.ID, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 50 { // a history longer than the new etcd's will be soon
+		if _, err := cli.Put(context.Background(), "/elsewhere", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(record("decode-1", "decode", 30010))
+	w.waitFor(t, "decode-1 decode http://127.0.0.1:30010")
+	srv.Stop()
+	srv.RestartEmpty()
+	w.waitFor(t, "")
+	put(record("decode-2", "decode", 30020))
+	w.waitFor(t, "decode-2 decode http://127.0.0.1:30020")
 }

@@ -6,10 +6,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* Seconds a pod may take to stop: preStop + drain + 10 s. */}}
+{{/* Seconds a pod may take to stop: preStop + drain + shutdown + 5 s. */}}
 {{- define "pdserve.gracePeriod" -}}
 {{- $drain := .Values.drainTimeout | toString | trimSuffix "s" | int -}}
-{{- add $drain .Values.preStopSeconds 10 -}}
+{{- add $drain .Values.preStopSeconds 35 -}}
 {{- end -}}
 
 {{/* Probes shared by every pdserve container. */}}

@@ -76,15 +76,18 @@ var (
 )
 
 // qtile512 writes an AVX-512 (VL, BW, VNNI) integer tile kernel: 4 weight
-// rows × V activation rows, one block of 32 at a time in ymm registers, in
-// the canonical order of dotQ8Go (quant.go): per block, the 8 lane sums
-// p_j come from VPDPBUSD of the weights as unsigned bytes (Q8_0: w+128,
-// Q4_0: the nibbles) with the signed activations, starting from the lane
+// rows × V activation rows in the canonical order of dotQ8Go (quant.go).
+// Each zmm register holds two (row, activation row) pairs, rows 2p and
+// 2p+1 in its low and high 256 bits, so every instruction works on two
+// weight rows' blocks of 32 while each half keeps the 8 lanes of its own
+// dot product. Per block, the 8 lane sums p_j come from VPDPBUSD of the
+// weights as unsigned bytes (Q8_0: w+128, Q4_0: the nibbles) with the
+// signed activations (broadcast to both halves), starting from the lane
 // correction −2^shift·Σx (ls << shift), so they are the exact Σ w·q; then
-// acc_j = fma(dw·dx, float(p_j), acc_j); the 8 lanes are added as
+// acc_j = fma(dw·dx, float(p_j), acc_j); each half's 8 lanes are added as
 // reduce8.
 func (g *gen) qtile512(k qkind, V int) {
-	const R = 4
+	const R, P = 4, 2 // rows, row pairs
 	name := fmt.Sprintf("qtile%sAVX512V%d", k.name, V)
 	g.text(name, fmt.Sprintf("AVX-512 VNNI, %d %s_0 rows × %d quantized activation rows", R, k.name, V))
 	g.op("MOVQ a+0(FP), AX")
@@ -97,50 +100,93 @@ func (g *gen) qtile512(k qkind, V int) {
 	g.op("MOVQ %d(AX), R12", qtNB)
 	g.op("XORQ R13, R13") // weight byte offset
 	g.op("XORQ R14, R14") // activation byte offset
-	acc := func(r, v int) string { return fmt.Sprintf("Y%d", v*R+r) }
+	// Registers: acc Z0–Z7 (pair p, token v: Z(v·P+p)); per token v the
+	// quants Z(8+v), lane correction Z(12+v) and scale Z(16+v); the weight
+	// pair Z20–Z21, their scales Z22–Z23; Z24–Z25 products, Z26–Z27 scale
+	// products; Z31 the byte constant.
+	acc := func(p, v int) string { return fmt.Sprintf("Z%d", v*P+p) }
 	for v := range V {
-		for r := range R {
-			g.op("VXORPS %s, %s, %s", acc(r, v), acc(r, v), acc(r, v))
+		for p := range P {
+			g.op("VPXORD %s, %s, %s", acc(p, v), acc(p, v), acc(p, v))
 		}
 	}
 	if k == q8_0 {
 		g.op("MOVL $0x80808080, AX")
 	} else {
 		g.op("MOVL $0x0f0f0f0f, AX")
+		// K3: the words of 128-bit lanes 1 and 3 (the high nibbles).
+		g.op("MOVL $0xff00ff00, DX")
+		g.op("KMOVD DX, K3")
+		// K2: the dwords of the high 256 bits.
+		g.op("MOVL $0xff00, DX")
+		g.op("KMOVW DX, K2")
 	}
-	g.op("VPBROADCASTD AX, Y31")
+	g.op("VPBROADCASTD AX, Z31")
+	// K1: the high 8 words of a ymm register (the second row's scale).
+	g.op("MOVL $0xff00, DX")
+	g.op("KMOVW DX, K1")
 	loop := name + "_loop"
 	g.label(loop)
 	for v := range V {
-		g.op("VPSLLD $%d, %d(%s)(R14*1), Y%d", k.shift, qbLS, xGPR[v], 24+v)
+		g.op("VBROADCASTI64X4 %d(%s)(R14*1), Z%d", qbQS, xGPR[v], 8+v)
+		g.op("VBROADCASTI64X4 %d(%s)(R14*1), Z%d", qbLS, xGPR[v], 12+v)
+		g.op("VPSLLD $%d, Z%d, Z%d", k.shift, 12+v, 12+v)
+		g.op("VBROADCASTSS %d(%s)(R14*1), Z%d", qbD8, xGPR[v], 16+v)
 	}
-	for r := range R {
-		u, dw := fmt.Sprintf("Y%d", 16+r), fmt.Sprintf("Y%d", 20+r)
+	for p := range P {
+		r0, r1 := wGPR[2*p], wGPR[2*p+1]
+		u, dw := fmt.Sprintf("Z%d", 20+p), fmt.Sprintf("Z%d", 22+p)
 		if k == q8_0 {
-			g.op("VMOVDQU64 2(%s)(R13*1), %s", wGPR[r], u)
-			g.op("VPXORD Y31, %s, %s", u, u)
+			g.op("VMOVDQU64 2(%s)(R13*1), Y%s", r0, u[1:])
+			g.op("VINSERTI64X4 $1, 2(%s)(R13*1), %s, %s", r1, u, u)
+			g.op("VPXORD Z31, %s, %s", u, u)
 		} else {
-			x := "X" + u[1:]
-			g.op("VMOVDQU64 2(%s)(R13*1), %s", wGPR[r], x)
-			g.op("VPSRLW $4, %s, X28", x)
-			g.op("VINSERTI32X4 $1, X28, %s, %s", u, u)
-			g.op("VPANDD Y31, %s, %s", u, u)
+			// [row 2p, row 2p, row 2p+1, row 2p+1] in 128-bit lanes, the
+			// second copy of each shifted to its high nibbles.
+			g.op("VBROADCASTI32X4 2(%s)(R13*1), %s", r0, u)
+			g.op("VBROADCASTI32X4 2(%s)(R13*1), K2, %s", r1, u)
+			g.op("VPSRLW $4, %s, K3, %s", u, u)
+			g.op("VPANDD Z31, %s, %s", u, u)
 		}
-		g.op("VPBROADCASTW (%s)(R13*1), X%s", wGPR[r], dw[1:])
-		g.op("VCVTPH2PS X%s, %s", dw[1:], dw)
+		g.op("VPBROADCASTW (%s)(R13*1), Y%s", r0, dw[1:])
+		g.op("VPBROADCASTW (%s)(R13*1), K1, Y%s", r1, dw[1:])
+		g.op("VCVTPH2PS Y%s, %s", dw[1:], dw)
 		for v := range V {
-			g.op("VMOVDQA32 Y%d, Y28", 24+v)
-			g.op("VPDPBUSD %d(%s)(R14*1), %s, Y28", qbQS, xGPR[v], u)
-			g.op("VCVTDQ2PS Y28, Y28")
-			g.op("VMULPS %d(%s)(R14*1), %s, Y29", qbD8, xGPR[v], dw)
-			g.op("VFMADD231PS Y29, Y28, %s", acc(r, v))
+			t, m := fmt.Sprintf("Z%d", 24+v%2), fmt.Sprintf("Z%d", 26+v%2)
+			g.op("VMOVDQA32 Z%d, %s", 12+v, t)
+			g.op("VPDPBUSD Z%d, %s, %s", 8+v, u, t)
+			g.op("VCVTDQ2PS %s, %s", t, t)
+			g.op("VMULPS Z%d, %s, %s", 16+v, dw, m)
+			g.op("VFMADD231PS %s, %s, %s", m, t, acc(p, v))
 		}
 	}
 	g.op("ADDQ $%d, R13", k.blockBytes)
 	g.op("ADDQ $%d, R14", qbBytes)
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
-	g.qtileStore(R, V, acc, "X30")
+	// Each half as reduce8: s4[i] = l[i] + l[i+4] (128-bit lanes swapped
+	// in pairs), s2[i] = s4[i] + s4[i+2] (64-bit halves swapped), s =
+	// s2[0] + s2[1]; the results are lanes 0 and 8.
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), DI", qtOut)
+	g.op("MOVQ %d(AX), SI", qtOS)
+	for v := range V {
+		for p := range P {
+			z := acc(p, v)
+			g.op("VSHUFF32X4 $0xb1, %s, %s, Z30", z, z)
+			g.op("VADDPS Z30, %s, %s", z, z)
+			g.op("VPERMILPS $0x4e, %s, Z30", z)
+			g.op("VADDPS Z30, %s, %s", z, z)
+			g.op("VMOVSHDUP %s, Z30", z)
+			g.op("VADDPS Z30, %s, %s", z, z)
+			g.op("VMOVSS X%s, %d(DI)", z[1:], 8*p)
+			g.op("VEXTRACTF32X4 $2, %s, X30", z)
+			g.op("VMOVSS X30, %d(DI)", 8*p+4)
+		}
+		g.op("ADDQ SI, DI")
+	}
+	g.op("VZEROUPPER")
+	g.op("RET")
 }
 
 // qtileStore reduces the accumulators (reduce8 order) and stores the

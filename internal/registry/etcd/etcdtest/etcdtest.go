@@ -1,6 +1,7 @@
 // Package etcdtest runs a real etcd server in process for tests (etcd's
 // server/v3/embed), on loopback ports chosen at start, and can stop and
-// restart it on the same ports and data, to test an outage of the registry.
+// restart it on the same ports and data (or on an empty one), to test an
+// outage of the registry.
 package etcdtest
 
 import (
@@ -100,6 +101,17 @@ func (s *Server) Stop() {
 	if e != nil {
 		e.Close()
 		<-e.Server.StopNotify()
+	}
+}
+
+// RestartEmpty starts the stopped member again on the same ports with a
+// new, empty data directory: every key and lease is gone, as after an etcd
+// restored from nothing.
+func (s *Server) RestartEmpty() {
+	s.t.Helper()
+	s.dir = filepath.Join(s.t.TempDir(), "etcd")
+	if err := s.start(); err != nil {
+		s.t.Fatal(err)
 	}
 }
 

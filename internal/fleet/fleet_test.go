@@ -464,7 +464,7 @@ func TestRunFollowsRegistry(t *testing.T) {
 		if w.State() != StatePending || f.checks("http://d1") != 1 {
 			t.Fatalf("after joining: %s, %d checks (one at once)", w.State(), f.checks("http://d1"))
 		}
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // the bubble's fake clock: one health interval
 		synctest.Wait()
 		if w.State() != StateReady {
 			t.Fatalf("one interval later: %s", w.State())

@@ -25,6 +25,8 @@ import (
 )
 
 // advance moves the bubble's clock by d and lets everything it woke settle.
+// Inside a synctest bubble time.Sleep waits for nothing real: the fake
+// clock jumps once every goroutine of the bubble is blocked.
 func advance(d time.Duration) {
 	time.Sleep(d)
 	synctest.Wait()
@@ -471,6 +473,7 @@ func TestClientMetrics(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := newTestRouter(t, 1, 1, 0, nil)
 		defer tr.r.Close()
+		// The legs pace their tokens on the bubble's fake clock.
 		tr.decode[0].setLeg(func(ctx context.Context, b workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
 			time.Sleep(50 * time.Millisecond)
 			w.line(workerapi.StreamLine{TokenIDs: []int32{10}, Logprobs: []float32{-1}})

@@ -178,9 +178,20 @@ func TestOutageKeepsSnapshotAndReregisters(t *testing.T) {
 	p := register(t, cli, cfg, record("prefill-1", "prefill", 30000), 2*time.Second)
 	w.waitFor(t, "prefill-1 prefill http://127.0.0.1:30000")
 	_, before := w.snapshot()
+	held, err := cli.Get(context.Background(), p.Key())
+	if err != nil || len(held.Kvs) != 1 {
+		t.Fatalf("record before the outage: %v %v", held, err)
+	}
+	lease := clientv3.LeaseID(held.Kvs[0].Lease)
 	srv.Stop()
-	// Longer than the lease: the worker must register again after.
-	time.Sleep(3 * time.Second) // the outage itself, not a wait for a condition
+	// Longer than the lease: the worker notices it lost it and must
+	// register again after.
+	if why, ok := testbin.WaitUntil(10*time.Second, func() (bool, string) {
+		st, _, err := p.Status()
+		return st == "registering", st + " " + err
+	}); !ok {
+		t.Fatalf("the worker did not notice the outage: %s", why)
+	}
 	if s, n := w.snapshot(); n != before || ids(s) != "prefill-1 prefill http://127.0.0.1:30000" {
 		t.Fatalf("during the outage the router got %d more snapshots: %q", n-before, ids(s))
 	}
@@ -197,10 +208,23 @@ func TestOutageKeepsSnapshotAndReregisters(t *testing.T) {
 	}
 	// etcd restored the old lease with a fresh TTL; once that has run out
 	// the record must still be there (registered again under a live lease).
-	time.Sleep(3 * time.Second) // longer than the 2 s TTL: the span under test
-	resp, err := cli.Get(context.Background(), p.Key())
-	if err != nil || len(resp.Kvs) != 1 {
-		t.Fatalf("record gone a TTL after etcd came back: %v %v", resp, err)
+	if why, ok := testbin.WaitUntil(10*time.Second, func() (bool, string) {
+		ttl, err := cli.TimeToLive(context.Background(), lease)
+		if err != nil {
+			return false, err.Error()
+		}
+		return ttl.TTL == -1, fmt.Sprintf("old lease %x: %d s left", lease, ttl.TTL)
+	}); !ok {
+		t.Fatalf("the lease restored by etcd never ran out: %s", why)
+	}
+	if why, ok := testbin.WaitUntil(2*time.Second, func() (bool, string) {
+		resp, err := cli.Get(context.Background(), p.Key())
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) != lease, fmt.Sprint(resp.Kvs)
+	}); !ok {
+		t.Fatalf("record not under a live lease once the restored one ran out: %s", why)
 	}
 }
 

@@ -424,26 +424,10 @@ func shedReasonOf(e *openai.Error) ShedReason {
 // ready). A colocated worker is chosen by the decode policy and admitted by
 // the decode thresholds.
 func (r *Router) pickPlain(req *PickRequest) (*fleet.Worker, *openai.Error) {
-	now := r.clock.Now()
-	var cands []Candidate
-	ready := 0
-	why := ShedNone
-	for _, w := range r.set.Workers(workerapi.RoleColocated.String()) {
-		if !w.Usable() {
-			continue
-		}
-		ready++
-		if req == nil {
-			return w, nil
-		}
-		c, ok, sw := r.candidate(w, now, true)
-		if !ok {
-			why = sw
-			continue
-		}
-		cands = append(cands, c)
-	}
+	cands, ready, why := r.candidates(workerapi.RoleColocated, r.clock.Now(), req != nil, nil)
 	switch {
+	case ready > 0 && req == nil:
+		return cands[0].Worker, nil
 	case ready == 0:
 		e := openai.Unavailable("no healthy colocated worker (see /debug/workers)")
 		e.Code = outcome.NoWorker.String()
@@ -452,6 +436,26 @@ func (r *Router) pickPlain(req *PickRequest) (*fleet.Worker, *openai.Error) {
 		return nil, r.shedError(why, "every colocated worker is saturated")
 	}
 	return r.choose(workerapi.RoleColocated, req, cands, nil), nil
+}
+
+// candidates returns the usable workers of role that skip (if set) does
+// not rule out, as candidates with their load: ready counts them, cands
+// holds those admission lets through (all of them unless admit), and why
+// is the reason the last one refused was refused (ShedNone if none was).
+func (r *Router) candidates(role workerapi.Role, now time.Time, admit bool, skip func(*fleet.Worker) bool) (cands []Candidate, ready int, why ShedReason) {
+	for _, w := range r.set.Workers(role.String()) {
+		if !w.Usable() || (skip != nil && skip(w)) {
+			continue
+		}
+		ready++
+		c, ok, sw := r.candidate(w, now, admit)
+		if !ok {
+			why = sw
+			continue
+		}
+		cands = append(cands, c)
+	}
+	return cands, ready, why
 }
 
 // pickOpts are the constraints of one pair pick.
@@ -479,34 +483,12 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 	}
 	for range 3 { // again if another request took the probe of a half-open pair
 		now := r.clock.Now()
-		var prefills []Candidate
-		readyP, prefillWhy := 0, ShedNone
-		for _, p := range r.set.Workers(workerapi.RolePrefill.String()) {
-			if !p.Usable() || o.exclude[p] || p.KVAddr() == "" {
-				continue
-			}
-			readyP++
-			c, ok, why := r.candidate(p, now, admit)
-			if !ok {
-				prefillWhy = why
-				continue
-			}
-			prefills = append(prefills, c)
-		}
-		var decodes []Candidate
-		readyD, decodeWhy := 0, ShedNone
-		for _, d := range r.set.Workers(workerapi.RoleDecode.String()) {
-			if !d.Usable() || o.exclude[d] {
-				continue
-			}
-			readyD++
-			c, ok, why := r.candidate(d, now, admit)
-			if !ok {
-				decodeWhy = why
-				continue
-			}
-			decodes = append(decodes, c)
-		}
+		prefills, readyP, prefillWhy := r.candidates(workerapi.RolePrefill, now, admit, func(p *fleet.Worker) bool {
+			return o.exclude[p] || p.KVAddr() == ""
+		})
+		decodes, readyD, decodeWhy := r.candidates(workerapi.RoleDecode, now, admit, func(d *fleet.Worker) bool {
+			return o.exclude[d]
+		})
 		switch {
 		case readyD == 0:
 			return nil, nil, "", false, noWorker("no ready decode worker%s (see /workers)", r.whyNone(workerapi.RoleDecode, o.exclude))

@@ -45,71 +45,67 @@ func appendHead(b []byte, id, object string, created int64, model string) []byte
 
 func appendCompletion(b []byte, r *CompletionResponse) []byte {
 	b = appendHead(b, r.ID, r.Object, r.Created, r.Model)
-	if r.Choices == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i := range r.Choices {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			c := &r.Choices[i]
-			b = append(b, `{"index":`...)
-			b = strconv.AppendInt(b, int64(c.Index), 10)
-			b = append(b, `,"text":`...)
-			b = appendJSONString(b, c.Text)
-			b = appendLogprobs(b, c.Logprobs)
-			b = append(b, `,"finish_reason":`...)
-			b = appendOptString(b, c.FinishReason)
-			b = appendIDs(b, `,"prompt_token_ids":`, c.PromptTokenIDs)
-			b = appendIDs(b, `,"token_ids":`, c.TokenIDs)
-			b = append(b, '}')
-		}
-		b = append(b, ']')
-	}
+	b = appendArray(b, r.Choices, func(b []byte, c *CompletionChoice) []byte {
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(c.Index), 10)
+		b = append(b, `,"text":`...)
+		b = appendJSONString(b, c.Text)
+		b = appendLogprobs(b, c.Logprobs)
+		b = append(b, `,"finish_reason":`...)
+		b = appendOptString(b, c.FinishReason)
+		b = appendIDs(b, `,"prompt_token_ids":`, c.PromptTokenIDs)
+		b = appendIDs(b, `,"token_ids":`, c.TokenIDs)
+		return append(b, '}')
+	})
 	b = appendUsage(b, r.Usage)
 	return append(b, '}')
 }
 
 func appendChatChunk(b []byte, r *ChatCompletionChunk) []byte {
 	b = appendHead(b, r.ID, r.Object, r.Created, r.Model)
-	if r.Choices == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i := range r.Choices {
-			if i > 0 {
+	b = appendArray(b, r.Choices, func(b []byte, c *ChatChunkChoice) []byte {
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(c.Index), 10)
+		b = append(b, `,"delta":{`...)
+		sep := false
+		if c.Delta.Role != "" {
+			b = append(b, `"role":`...)
+			b = appendJSONString(b, c.Delta.Role)
+			sep = true
+		}
+		if c.Delta.Content != nil {
+			if sep {
 				b = append(b, ',')
 			}
-			c := &r.Choices[i]
-			b = append(b, `{"index":`...)
-			b = strconv.AppendInt(b, int64(c.Index), 10)
-			b = append(b, `,"delta":{`...)
-			sep := false
-			if c.Delta.Role != "" {
-				b = append(b, `"role":`...)
-				b = appendJSONString(b, c.Delta.Role)
-				sep = true
-			}
-			if c.Delta.Content != nil {
-				if sep {
-					b = append(b, ',')
-				}
-				b = append(b, `"content":`...)
-				b = appendJSONString(b, *c.Delta.Content)
-			}
-			b = append(b, '}')
-			b = appendLogprobs(b, c.Logprobs)
-			b = append(b, `,"finish_reason":`...)
-			b = appendOptString(b, c.FinishReason)
-			b = appendIDs(b, `,"token_ids":`, c.TokenIDs)
-			b = append(b, '}')
+			b = append(b, `"content":`...)
+			b = appendJSONString(b, *c.Delta.Content)
 		}
-		b = append(b, ']')
-	}
+		b = append(b, '}')
+		b = appendLogprobs(b, c.Logprobs)
+		b = append(b, `,"finish_reason":`...)
+		b = appendOptString(b, c.FinishReason)
+		b = appendIDs(b, `,"token_ids":`, c.TokenIDs)
+		return append(b, '}')
+	})
 	b = appendUsage(b, r.Usage)
 	b = appendIDs(b, `,"prompt_token_ids":`, r.PromptTokenIDs)
 	return append(b, '}')
+}
+
+// appendArray appends xs as a JSON array, each element by f, or null for a
+// nil slice (as encoding/json does).
+func appendArray[T any](b []byte, xs []T, f func([]byte, *T) []byte) []byte {
+	if xs == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = f(b, &xs[i])
+	}
+	return append(b, ']')
 }
 
 func appendLogprobs(b []byte, l *struct{}) []byte {

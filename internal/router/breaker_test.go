@@ -28,33 +28,10 @@ func pairState(t *testing.T, r *Router, p, d *fakeWorker) PairStatus {
 	return PairStatus{}
 }
 
-// gaugeValue reads a gauge series from reg.
+// gaugeValue reads a gauge series from the router's registry.
 func gaugeValue(t *testing.T, tr *testRouter, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := tr.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue next
-				}
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no series %s%v", name, labels)
-	return 0
+	return series(t, tr.reg, name, labels...).GetGauge().GetValue()
 }
 
 // TestPairBreaker: consecutive KV path failures of one (prefill, decode)

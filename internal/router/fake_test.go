@@ -354,6 +354,13 @@ func byGen(legs ...legFunc) legFunc {
 // counter reads a counter series from reg; labels are name=value pairs.
 func counter(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
+	return counterValue(series(t, reg, name, labels...))
+}
+
+// series finds the series of metric name whose labels include the
+// name=value pairs of labels (the first such), or fails the test.
+func series(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) *dto.Metric {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -373,11 +380,11 @@ func counter(t *testing.T, reg prometheus.Gatherer, name string, labels ...strin
 					continue next
 				}
 			}
-			return counterValue(m)
+			return m
 		}
 	}
 	t.Fatalf("no series %s%v", name, labels)
-	return 0
+	return nil
 }
 
 func counterValue(m *dto.Metric) float64 { return m.GetCounter().GetValue() }

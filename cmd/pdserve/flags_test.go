@@ -97,9 +97,23 @@ func TestPairingFlags(t *testing.T) {
 		rt.BreakerCooldown != 30*time.Second {
 		t.Fatalf("set: %+v %+v %v", rt, rt.Admission, err)
 	}
+	if rt.CacheAware != (router.CacheAwareConfig{Weight: router.DefaultCacheAwareWeight, MaxPages: router.DefaultCacheAwareMaxPages,
+		TTL: router.DefaultCacheAwareTTL}) {
+		t.Fatalf("cache_aware defaults: %+v", rt.CacheAware)
+	}
+	rt, err = parse([]string{"--prefill-policy", "cache_aware", "--decode-policy", "cache_aware", "--cache-aware-weight", "2.5",
+		"--cache-aware-max-pages", "4096", "--cache-aware-ttl", "90s"}, nil)
+	if err != nil || rt.PrefillPolicy != router.PolicyCacheAware || rt.DecodePolicy != router.PolicyCacheAware ||
+		rt.CacheAware != (router.CacheAwareConfig{Weight: 2.5, MaxPages: 4096, TTL: 90 * time.Second}) {
+		t.Fatalf("cache_aware: %+v %v", rt, err)
+	}
 	for _, bad := range [][]string{
 		{"--prefill-policy", "random"},
-		{"--decode-policy", "cache_aware"},
+		{"--decode-policy", "prefix"},
+		{"--cache-aware-weight", "0"},
+		{"--cache-aware-weight", "-1"},
+		{"--cache-aware-max-pages", "0"},
+		{"--cache-aware-ttl", "0s"},
 		{"--decode-kv-threshold", "1.5"},
 		{"--decode-queue-threshold", "2", "--decode-queue-recover", "3"},
 		{"--load-staleness", "10ms"},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -184,6 +185,7 @@ func (f *healthFlags) apply(o *cluster.RouterOptions, static bool) error {
 // router command and up take them.
 type pairingFlags struct {
 	prefillPolicy, decodePolicy string
+	cacheAware                  router.CacheAwareConfig
 	loadInterval, loadStaleness time.Duration
 	adm                         router.Admission
 	breakerFailures             int
@@ -193,8 +195,11 @@ type pairingFlags struct {
 func (f *pairingFlags) add(fs *pflag.FlagSet) {
 	d := router.DefaultAdmission()
 	policies := strings.Join(router.PolicyNames(), ", ")
-	fs.StringVar(&f.prefillPolicy, "prefill-policy", router.PolicyLeastLoad, "how a prefill worker is chosen: "+policies+" (least_load: fewest outstanding prompt tokens)")
-	fs.StringVar(&f.decodePolicy, "decode-policy", router.PolicyLeastLoad, "how a decode (or colocated) worker is chosen: "+policies+" (least_load: most KV headroom, then shortest queue)")
+	fs.StringVar(&f.prefillPolicy, "prefill-policy", router.PolicyLeastLoad, "how a prefill worker is chosen: "+policies+" (least_load: fewest outstanding prompt tokens; cache_aware: also the prompt's prefix the router sent there, see --cache-aware-weight)")
+	fs.StringVar(&f.decodePolicy, "decode-policy", router.PolicyLeastLoad, "how a decode (or colocated) worker is chosen: "+policies+" (least_load: most KV headroom, then shortest queue; cache_aware: the prompt's prefix the router sent there against the tokens held)")
+	fs.Float64Var(&f.cacheAware.Weight, "cache-aware-weight", router.DefaultCacheAwareWeight, "cache_aware: cost = w x uncached prompt tokens + the worker's load in tokens (prompt tokens queued on prefill, tokens held on decode); w > 0, higher favours the prefix's worker over balance")
+	fs.IntVar(&f.cacheAware.MaxPages, "cache-aware-max-pages", router.DefaultCacheAwareMaxPages, "cache_aware: most KV pages the router records per worker (about 50 bytes each; the worker's KV pool size bounds it too)")
+	fs.DurationVar(&f.cacheAware.TTL, "cache-aware-ttl", router.DefaultCacheAwareTTL, "cache_aware: a prefix not sent to a worker again within this long no longer counts as cached there")
 	fs.DurationVar(&f.loadInterval, "load-interval", router.DefaultLoadInterval, "how often each worker's load (queue, KV pages, prompt tokens) is polled")
 	fs.DurationVar(&f.loadStaleness, "load-staleness", router.DefaultLoadStaleness, "a worker's load report older than this is ignored: only the router's own count of its legs is used")
 	fs.IntVar(&f.adm.DecodeQueue, "decode-queue-threshold", d.DecodeQueue, "a decode worker with this many requests waiting takes no new one (0: off)")
@@ -224,12 +229,16 @@ func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
 		return usagef("--pair-breaker-failures must be at least 1 and --pair-breaker-cooldown positive")
 	case f.adm.RetryAfter <= 0:
 		return usagef("--overload-retry-after must be positive")
+	case !(f.cacheAware.Weight > 0) || math.IsInf(f.cacheAware.Weight, 0):
+		return usagef("--cache-aware-weight %v: want a positive number", f.cacheAware.Weight)
+	case f.cacheAware.MaxPages < 1 || f.cacheAware.TTL <= 0:
+		return usagef("--cache-aware-max-pages must be at least 1 and --cache-aware-ttl positive")
 	}
 	if err := f.adm.Validate(); err != nil {
 		return usageError{err}
 	}
 	adm := f.adm
-	*t = cluster.RouterTuning{PrefillPolicy: f.prefillPolicy, DecodePolicy: f.decodePolicy, LoadInterval: f.loadInterval,
+	*t = cluster.RouterTuning{PrefillPolicy: f.prefillPolicy, DecodePolicy: f.decodePolicy, CacheAware: f.cacheAware, LoadInterval: f.loadInterval,
 		LoadStaleness: f.loadStaleness, Admission: &adm, BreakerFailures: f.breakerFailures, BreakerCooldown: f.breakerCooldown}
 	return nil
 }

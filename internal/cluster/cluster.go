@@ -426,6 +426,8 @@ type RouterOptions struct {
 type RouterTuning struct {
 	// PrefillPolicy and DecodePolicy name each role's pair policy.
 	PrefillPolicy, DecodePolicy string
+	// CacheAware tunes the cache_aware policy (zero fields: its defaults).
+	CacheAware router.CacheAwareConfig
 	// LoadInterval is how often worker loads are polled; LoadStaleness how
 	// old a report may be before it is ignored.
 	LoadInterval, LoadStaleness time.Duration
@@ -489,7 +491,7 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
 		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
-		LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
+		CacheAware: o.CacheAware, LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
 		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown,
 		Logger: o.Logger, Registerer: reg, Gatherer: reg,
 		Guard: func(h http.Handler, answer func(string, int, string)) http.Handler {

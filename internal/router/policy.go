@@ -2,9 +2,11 @@ package router
 
 import (
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
 )
@@ -49,6 +51,9 @@ type PickRequest struct {
 	InputIDs []int32
 	// MaxTokens is the request's output budget.
 	MaxTokens int
+
+	// hashes memoizes the prompt's page hashes for the cache_aware policy.
+	hashes pageHashes
 }
 
 // Candidate is one worker a policy may choose, with the router's estimate
@@ -89,6 +94,7 @@ var policies = map[string]func(deps policyDeps) Policy{
 	PolicyRoundRobin: func(policyDeps) Policy { return &roundRobin{} },
 	PolicyLeastLoad:  func(policyDeps) Policy { return &leastLoad{} },
 	PolicyPowerOfTwo: func(d policyDeps) Policy { return &powerOfTwo{intn: d.intn} },
+	PolicyCacheAware: func(d policyDeps) Policy { return newCacheAware(d) },
 }
 
 // Policy names.
@@ -118,6 +124,14 @@ func PolicyNames() []string {
 type policyDeps struct {
 	// intn returns a uniform number in [0, n).
 	intn func(n int) int
+	// now is the router's clock; seed the page hash's seed, shared by the
+	// roles' policies so a request's pages are hashed once.
+	now  func() time.Time
+	seed maphash.Seed
+	// capacity returns a worker's KV pool size in pages (0: not known).
+	capacity func(w *fleet.Worker) int
+	// cacheAware tunes the cache_aware policy.
+	cacheAware CacheAwareConfig
 }
 
 // newPolicy returns a new instance of the policy named name.

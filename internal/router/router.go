@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -99,6 +100,8 @@ type Config struct {
 	// (PolicyNames; default least_load); colocated workers are chosen by
 	// the decode policy.
 	PrefillPolicy, DecodePolicy string
+	// CacheAware tunes the cache_aware policy (zero fields: its defaults).
+	CacheAware CacheAwareConfig
 	// LoadInterval is how often every worker's load is polled (default
 	// 100 ms); LoadStaleness how old a report may be before only the
 	// router's own count of its legs is used (default 1 s).
@@ -263,8 +266,12 @@ func New(cfg Config) (*Router, error) {
 		stopping: make(chan struct{}), draining: make(chan struct{}), live: make(map[*liveRequest]struct{}),
 		rnd:      rand.New(rand.NewPCG(uint64(cfg.Clock.Now().UnixNano()), 0x9e3779b97f4a7c15)),
 		breakers: newBreakers(cfg.BreakerFailures, cfg.BreakerCooldown)}
+	if err := cfg.CacheAware.Validate(); err != nil {
+		return nil, err
+	}
+	deps := policyDeps{intn: r.intn, now: r.clock.Now, seed: maphash.MakeSeed(), capacity: r.kvPages, cacheAware: cfg.CacheAware}
 	for i, name := range []string{cfg.PrefillPolicy, cfg.DecodePolicy, cfg.DecodePolicy} {
-		p, err := newPolicy(name, policyDeps{intn: r.intn})
+		p, err := newPolicy(name, deps)
 		if err != nil {
 			return nil, err
 		}

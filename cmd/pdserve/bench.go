@@ -41,10 +41,19 @@ Datasets: random (prompts of --random-input-len tokens asking for
 r = --random-range-ratio), conversation (a built-in synthetic ShareGPT-like
 lognormal length distribution: prompt median 155 tokens, sigma 1.1; output
 median 135, sigma 0.9; filtered like vLLM's ShareGPT loader; means about 217
-and 198 tokens) and jsonl
-(--dataset-path, lines {"prompt": "...", "output_len": N}). Prompts are built
-for about one token per byte (exact for the simulated model); token counts
-come from the server's usage.
+and 198 tokens), jsonl
+(--dataset-path, lines {"prompt": "...", "output_len": N}) and shared-prefix
+(--num-prefixes prefixes of --shared-prefix-len tokens, each prompt one of
+them and --suffix-len unique tokens; SGLang's generated-shared-prefix).
+Prompts are built for about one token per byte (exact for the simulated
+model); token counts come from the server's usage, cached prompt tokens from
+usage.prompt_tokens_details.cached_tokens (shown with the prefix-cache hit
+rate and, for shared-prefix, the hit rate a perfect placement would get).
+
+--multi-turn N makes each of --num-prompts a conversation of N turns: turn k
+sends the history (earlier prompts and the server's answers) and a new
+message; conversations start at the Poisson arrivals and interleave; TTFT and
+cache hits are also shown per turn.
 
 Exits 1 when every measured request failed.`,
 		Args: cobra.NoArgs,
@@ -99,11 +108,20 @@ Exits 1 when every measured request failed.`,
 	fs.IntVar(&cfg.MaxConcurrency, "max-concurrency", 0, "most requests in flight (0: no cap); a request arriving at the cap waits for a slot")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the prompts and the arrival times")
 	fs.IntVar(&cfg.Warmup, "warmup", 1, "requests sent before the measured runs and not counted (all failing aborts the benchmark)")
-	fs.StringVar(&dataset, "dataset", string(bench.DatasetRandom), "prompts: random, conversation or jsonl")
+	fs.StringVar(&dataset, "dataset", string(bench.DatasetRandom), "prompts: random, conversation, jsonl or shared-prefix")
 	fs.IntVar(&cfg.RandomInputLen, "random-input-len", 1024, "random dataset: prompt length, tokens")
 	fs.IntVar(&cfg.RandomOutputLen, "random-output-len", 128, "random dataset: output length (max_tokens), tokens; also for jsonl records without output_len")
 	fs.Float64Var(&cfg.RandomRangeRatio, "random-range-ratio", 0, "random dataset: lengths uniform in [len*(1-r), len*(1+r)], r in [0, 1)")
 	fs.StringVar(&cfg.DatasetPath, "dataset-path", "", `jsonl dataset: file of {"prompt": "...", "output_len": N} lines`)
+	fs.IntVar(&cfg.SharedPrefixLen, "shared-prefix-len", 2048, "shared-prefix dataset: tokens of each shared prefix (SGLang: --gsp-system-prompt-len)")
+	fs.IntVar(&cfg.NumPrefixes, "num-prefixes", 16, "shared-prefix dataset: number of prefixes, the prompts spread evenly over them (SGLang: --gsp-num-groups)")
+	fs.IntVar(&cfg.SuffixLen, "suffix-len", 128, "shared-prefix dataset: unique tokens after the prefix (SGLang: --gsp-question-len); the output length is --random-output-len")
+	fs.IntVar(&cfg.MultiTurn, "multi-turn", 0, "turns per conversation: --num-prompts conversations, turn k resends the history (earlier prompts and the answers streamed) plus the next prompt of the dataset, once turn k-1 ended (0 or 1: single requests)")
+	// SGLang bench_serving's names of the shared-prefix flags.
+	fs.IntVar(&cfg.SharedPrefixLen, "gsp-system-prompt-len", 2048, "same as --shared-prefix-len")
+	fs.IntVar(&cfg.NumPrefixes, "gsp-num-groups", 16, "same as --num-prefixes")
+	fs.IntVar(&cfg.SuffixLen, "gsp-question-len", 128, "same as --suffix-len")
+	fs.IntVar(&cfg.RandomOutputLen, "gsp-output-len", 128, "same as --random-output-len")
 	fs.DurationVar(&cfg.SLOTTFT, "slo-ttft", 0, "goodput objective on time to first token, e.g. 500ms (0: none)")
 	fs.DurationVar(&cfg.SLOTPOT, "slo-tpot", 0, "goodput objective on time per output token, e.g. 50ms (0: none)")
 	fs.StringVar(&outputPath, "output", "", "write config, summaries and per-request records as JSON to this file")

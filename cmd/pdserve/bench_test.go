@@ -29,6 +29,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bad ratio", nil, []string{"bench", "--random-range-ratio", "1.5"}, "range ratio"},
 		{"bad env", map[string]string{"PDSERVE_SLO_TTFT": "soon"}, []string{"bench"}, "PDSERVE_SLO_TTFT"},
 		{"extra argument", nil, []string{"bench", "now"}, "now"},
+		{"no prefixes", nil, []string{"bench", "--dataset", "shared-prefix", "--num-prefixes", "0"}, "number of prefixes"},
+		{"empty suffix", nil, []string{"bench", "--dataset", "shared-prefix", "--gsp-question-len", "0"}, "shared-prefix lengths"},
+		{"negative turns", nil, []string{"bench", "--multi-turn", "-2"}, "multi-turn"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,6 +126,31 @@ func TestBenchCommand(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(plotDir, f)); err != nil {
 			t.Errorf("plot: %v", err)
 		}
+	}
+
+	// shared-prefix under SGLang's flag names, as conversations of 2 turns.
+	code, out, errOut = runLive(t, nil, "bench", "--base-url", srv.URL, "--model", "m1", "--dataset", "shared-prefix",
+		"--gsp-num-groups", "3", "--gsp-system-prompt-len", "64", "--gsp-question-len", "8", "--gsp-output-len", "4",
+		"--multi-turn", "2", "--num-prompts", "6", "--warmup", "0", "--output", outPath, "--progress=false")
+	if code != 0 || !regexp.MustCompile(`Successful requests:\s+12\n`).MatchString(out) || !strings.Contains(out, "Multi-turn") {
+		t.Fatalf("shared-prefix: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	b, _ = os.ReadFile(outPath)
+	var sp struct {
+		Config struct {
+			Dataset   string `json:"dataset"`
+			Prefix    int    `json:"shared_prefix_len"`
+			Groups    int    `json:"num_prefixes"`
+			Suffix    int    `json:"suffix_len"`
+			Output    int    `json:"random_output_len"`
+			MultiTurn int    `json:"multi_turn"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal(b, &sp); err != nil {
+		t.Fatal(err)
+	}
+	if c := sp.Config; c.Dataset != "shared-prefix" || c.Prefix != 64 || c.Groups != 3 || c.Suffix != 8 || c.Output != 4 || c.MultiTurn != 2 {
+		t.Errorf("shared-prefix config %+v", c)
 	}
 
 	// jsonl: ignore_eos defaults to off; a failing server fails the command.

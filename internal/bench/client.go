@@ -81,6 +81,19 @@ type Record struct {
 	PlannedOutputTokens int
 	// UsageReported tells whether the token counts came from usage.
 	UsageReported bool
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens: prompt
+	// tokens the server did not compute because its prefix cache held
+	// them (OpenAI's field); CachedReported tells whether the server sent
+	// it.
+	CachedTokens   int
+	CachedReported bool
+	// Conversation and Turn place a multi-turn request: its conversation
+	// (0-based) and its turn in it (1-based); Turn is 0 outside multi-turn
+	// runs.
+	Conversation, Turn int
+	// answer is the streamed output text (multi-turn runs only: the next
+	// turn resends it).
+	answer string
 	// TTFT is the time to the first event carrying output; a successful
 	// request without output has TTFT = E2E.
 	TTFT time.Duration
@@ -134,6 +147,8 @@ type requester struct {
 	clock  Clock
 	cfg    *Config
 	url    string
+	// keepAnswer collects each answer's text (Record.answer).
+	keepAnswer bool
 }
 
 // body returns the JSON request body for p: always streamed with usage,
@@ -152,9 +167,26 @@ func (q *requester) body(p Prompt) ([]byte, error) {
 		ReturnTokenIDs: q.cfg.ReturnTokenIDs}
 	var req any
 	if q.cfg.Endpoint == EndpointChat {
+		msgs := make([]openai.ChatMessage, 0, 2*len(p.History)+1)
+		for _, t := range p.History {
+			u, err := json.Marshal(t.User)
+			if err != nil {
+				return nil, err
+			}
+			a, err := json.Marshal(t.Assistant)
+			if err != nil {
+				return nil, err
+			}
+			msgs = append(msgs, openai.ChatMessage{Role: "user", Content: u}, openai.ChatMessage{Role: "assistant", Content: a})
+		}
 		req = openai.ChatCompletionRequest{SamplingFields: sf, MaxCompletionTokens: &maxTokens,
-			Messages: []openai.ChatMessage{{Role: "user", Content: prompt}}}
+			Messages: append(msgs, openai.ChatMessage{Role: "user", Content: prompt})}
 	} else {
+		if len(p.History) > 0 {
+			if prompt, err = json.Marshal(p.FullText()); err != nil {
+				return nil, err
+			}
+		}
 		sf.MaxTokens = &maxTokens
 		req = openai.CompletionRequest{SamplingFields: sf, Prompt: prompt}
 	}
@@ -191,18 +223,30 @@ func errorCode(e *openai.Error) string {
 // code).
 type completionEvent struct {
 	openai.CompletionResponse
+	Usage *eventUsage     `json:"usage"`
 	Error json.RawMessage `json:"error"`
 }
 
 type chatEvent struct {
 	openai.ChatCompletionChunk
+	Usage *eventUsage     `json:"usage"`
 	Error json.RawMessage `json:"error"`
+}
+
+// eventUsage is a stream's usage with OpenAI's prompt_tokens_details
+// (cached_tokens: prompt tokens served from the prefix cache).
+type eventUsage struct {
+	openai.Usage
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
 }
 
 // parsedEvent is what the measurement needs from one event.
 type parsedEvent struct {
 	tokens int           // output tokens carried
-	usage  *openai.Usage // nil if none
+	text   string        // output text carried (when keepAnswer)
+	usage  *eventUsage   // nil if none
 	err    *openai.Error // an error event
 }
 
@@ -222,6 +266,9 @@ func (q *requester) parse(data []byte) (parsedEvent, error) {
 			case ch.Delta.Content != nil && *ch.Delta.Content != "":
 				ev.tokens++
 			}
+			if q.keepAnswer && ch.Delta.Content != nil {
+				ev.text += *ch.Delta.Content
+			}
 		}
 	} else {
 		var c completionEvent
@@ -235,6 +282,9 @@ func (q *requester) parse(data []byte) (parsedEvent, error) {
 				ev.tokens += len(ch.TokenIDs)
 			case ch.Text != "":
 				ev.tokens++
+			}
+			if q.keepAnswer {
+				ev.text += ch.Text
 			}
 		}
 	}
@@ -269,6 +319,7 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 // with an ErrorType.
 func (q *requester) do(ctx context.Context, p Prompt) Record {
 	rec := Record{PlannedOutputTokens: p.OutputLen, InputTokens: p.InputLen}
+	var answer strings.Builder
 	body, err := q.body(p)
 	if err != nil {
 		rec.ErrorType, rec.Error = ErrBadResponse, "encoding the request: "+err.Error()
@@ -348,7 +399,7 @@ func (q *requester) do(ctx context.Context, p Prompt) Record {
 		last      time.Time
 		counted   int
 		gotOutput bool
-		usage     *openai.Usage
+		usage     *eventUsage
 		done      bool
 	)
 	// dispatch handles one complete event; it returns a non-nil Record to
@@ -374,6 +425,7 @@ func (q *requester) do(ctx context.Context, p Prompt) Record {
 		if ev.usage != nil {
 			usage = ev.usage
 		}
+		answer.WriteString(ev.text)
 		if ev.tokens > 0 {
 			if !gotOutput {
 				rec.TTFT, gotOutput = now.Sub(start), true
@@ -430,7 +482,11 @@ func (q *requester) do(ctx context.Context, p Prompt) Record {
 	if usage != nil {
 		rec.UsageReported = true
 		rec.InputTokens, rec.OutputTokens = usage.PromptTokens, usage.CompletionTokens
+		if d := usage.PromptTokensDetails; d != nil {
+			rec.CachedTokens, rec.CachedReported = d.CachedTokens, true
+		}
 	}
+	rec.answer = answer.String()
 	if !gotOutput {
 		rec.TTFT = rec.E2E
 	}

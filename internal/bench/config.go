@@ -44,6 +44,12 @@ const (
 	// DatasetJSONL: records {"prompt": "...", "output_len": N}, one per line,
 	// from Config.DatasetPath.
 	DatasetJSONL DatasetKind = "jsonl"
+	// DatasetSharedPrefix: Config.NumPrefixes groups, each a prefix of
+	// Config.SharedPrefixLen tokens shared by its prompts (a system prompt,
+	// a few-shot template), each prompt the prefix and a unique suffix of
+	// Config.SuffixLen tokens, asking for Config.RandomOutputLen tokens
+	// (SGLang bench_serving's generated-shared-prefix dataset).
+	DatasetSharedPrefix DatasetKind = "shared-prefix"
 )
 
 // Rate is a request rate in requests per second; +Inf (InfRate) sends
@@ -168,6 +174,18 @@ type Config struct {
 	RandomRangeRatio float64
 	// DatasetPath is the JSONL file of the jsonl dataset.
 	DatasetPath string
+	// SharedPrefixLen, NumPrefixes and SuffixLen shape the shared-prefix
+	// dataset: NumPrefixes prefixes of SharedPrefixLen tokens, each prompt
+	// one of them (in turn, then shuffled) followed by SuffixLen unique
+	// tokens.
+	SharedPrefixLen, NumPrefixes, SuffixLen int
+	// MultiTurn > 1 makes each of the NumPrompts prompts a conversation of
+	// MultiTurn turns: turn k sends the conversation's history (the
+	// previous user messages and the answers the server gave) and a new
+	// user message, the next prompt of the dataset; it is sent when turn
+	// k−1's answer ended. Conversations start at the run's arrival times
+	// and interleave. 0 or 1: single requests.
+	MultiTurn int
 
 	// SLOTTFT is the time-to-first-token objective for goodput; 0 means none.
 	SLOTTFT time.Duration
@@ -201,7 +219,14 @@ const (
 	// MaxTokensPerRequest bounds RandomInputLen·(1+r) and the output length
 	// of any request, in tokens.
 	MaxTokensPerRequest = 10_000_000
+	// MaxPrefixes bounds NumPrefixes.
+	MaxPrefixes = 100_000
+	// MaxTurns bounds MultiTurn.
+	MaxTurns = 1000
 )
+
+// datasetNames lists the datasets for error messages.
+const datasetNames = "random, conversation, jsonl or shared-prefix"
 
 // Validate reports every problem of c at once.
 func (c *Config) Validate() error {
@@ -246,8 +271,21 @@ func (c *Config) Validate() error {
 		if c.DatasetPath == "" {
 			bad("the jsonl dataset needs a dataset path")
 		}
+	case DatasetSharedPrefix:
+		if c.SharedPrefixLen < 1 || c.SuffixLen < 1 || c.SharedPrefixLen+c.SuffixLen > MaxTokensPerRequest {
+			bad("shared-prefix lengths must be at least 1 token each and at most %d in all, got prefix %d, suffix %d",
+				MaxTokensPerRequest, c.SharedPrefixLen, c.SuffixLen)
+		}
+		if c.NumPrefixes < 1 || c.NumPrefixes > MaxPrefixes {
+			bad("number of prefixes must be between 1 and %d, got %d", MaxPrefixes, c.NumPrefixes)
+		}
 	default:
-		bad("dataset %q: want random, conversation or jsonl", c.Dataset)
+		bad("dataset %q: want %s", c.Dataset, datasetNames)
+	}
+	if c.MultiTurn < 0 || c.MultiTurn > MaxTurns {
+		bad("multi-turn must be between 0 and %d turns, got %d", MaxTurns, c.MultiTurn)
+	} else if c.MultiTurn > 1 && c.NumPrompts*c.MultiTurn > MaxPrompts {
+		bad("%d conversations of %d turns are over %d requests", c.NumPrompts, c.MultiTurn, MaxPrompts)
 	}
 	if c.Dataset != DatasetConversation && (c.RandomOutputLen < 1 || c.RandomOutputLen > MaxTokensPerRequest) {
 		bad("random output length must be between 1 and %d tokens, got %d", MaxTokensPerRequest, c.RandomOutputLen)
@@ -285,6 +323,10 @@ type configJSON struct {
 	RandomOutputLen  int         `json:"random_output_len,omitempty"`
 	RandomRangeRatio float64     `json:"random_range_ratio"`
 	DatasetPath      string      `json:"dataset_path,omitempty"`
+	SharedPrefixLen  int         `json:"shared_prefix_len,omitempty"`
+	NumPrefixes      int         `json:"num_prefixes,omitempty"`
+	SuffixLen        int         `json:"suffix_len,omitempty"`
+	MultiTurn        int         `json:"multi_turn,omitempty"`
 	SLOTTFTMS        float64     `json:"slo_ttft_ms,omitempty"`
 	SLOTPOTMS        float64     `json:"slo_tpot_ms,omitempty"`
 	IgnoreEOS        bool        `json:"ignore_eos"`
@@ -298,6 +340,7 @@ func (c *Config) toJSON() configJSON {
 		RequestRates: c.Rates, MaxConcurrency: c.MaxConcurrency, Seed: c.Seed, Warmup: c.Warmup,
 		Dataset: c.Dataset, RandomInputLen: c.RandomInputLen, RandomOutputLen: c.RandomOutputLen,
 		RandomRangeRatio: c.RandomRangeRatio, DatasetPath: c.DatasetPath,
+		SharedPrefixLen: c.SharedPrefixLen, NumPrefixes: c.NumPrefixes, SuffixLen: c.SuffixLen, MultiTurn: c.MultiTurn,
 		SLOTTFTMS: ms(c.SLOTTFT), SLOTPOTMS: ms(c.SLOTPOT), IgnoreEOS: c.IgnoreEOS,
 		ReturnTokenIDs: c.ReturnTokenIDs, HonorRetryAfter: c.HonorRetryAfter, TimeoutS: c.Timeout.Seconds()}
 }

@@ -23,6 +23,33 @@ type Prompt struct {
 	InputLen int
 	// OutputLen is the max_tokens of the request.
 	OutputLen int
+	// Group is the shared-prefix dataset's prefix group in
+	// [0, NumPrefixes), −1 for other datasets.
+	Group int
+	// History is the conversation before Text, oldest first (multi-turn
+	// runs; nil otherwise).
+	History []Turn
+}
+
+// FullText is the prompt as the completions endpoint sends it: the
+// history's messages and Text, concatenated.
+func (p *Prompt) FullText() string {
+	if len(p.History) == 0 {
+		return p.Text
+	}
+	var b strings.Builder
+	for _, t := range p.History {
+		b.WriteString(t.User)
+		b.WriteString(t.Assistant)
+	}
+	b.WriteString(p.Text)
+	return b.String()
+}
+
+// Turn is one exchange of a conversation: the user's message and the
+// answer the server streamed.
+type Turn struct {
+	User, Assistant string
 }
 
 // RNG streams derived from Config.Seed, so that the prompts do not depend
@@ -48,7 +75,16 @@ func BuildDataset(cfg *Config, n int, stream uint64) ([]Prompt, error) {
 	}
 	rng := newRNG(cfg.Seed, stream)
 	out := make([]Prompt, n)
+	if cfg.Dataset != DatasetSharedPrefix {
+		defer func() {
+			for i := range out {
+				out[i].Group = -1
+			}
+		}()
+	}
 	switch cfg.Dataset {
+	case DatasetSharedPrefix:
+		SharedPrefixPrompts(rng, out, cfg.NumPrefixes, cfg.SharedPrefixLen, cfg.SuffixLen, cfg.RandomOutputLen)
 	case DatasetRandom:
 		for i := range out {
 			in := spreadLen(rng, cfg.RandomInputLen, cfg.RandomRangeRatio)
@@ -74,9 +110,56 @@ func BuildDataset(cfg *Config, n int, stream uint64) ([]Prompt, error) {
 			out[i] = recs[i%len(recs)]
 		}
 	default:
-		return nil, fmt.Errorf("dataset %q: want random, conversation or jsonl", cfg.Dataset)
+		return nil, fmt.Errorf("dataset %q: want %s", cfg.Dataset, datasetNames)
 	}
 	return out, nil
+}
+
+// SharedPrefixPrompts fills out with prompts of the shared-prefix dataset
+// drawn from rng: groups prefixes of prefixLen tokens (random words), the
+// prompts assigned to them in turn (prompt i to group i mod groups, so the
+// groups differ in size by at most one) and then shuffled, each prompt its
+// group's prefix followed by suffixLen unique tokens (a space, then random
+// words), asking for outputLen tokens. Lengths are exact in bytes (the
+// simulated model's tokens).
+func SharedPrefixPrompts(rng *rand.Rand, out []Prompt, groups, prefixLen, suffixLen, outputLen int) {
+	prefixes := make([]string, groups)
+	for g := range prefixes {
+		prefixes[g] = RandomText(rng, prefixLen)
+	}
+	for i, j := range rng.Perm(len(out)) {
+		g := j % groups
+		out[i] = Prompt{Text: prefixes[g] + " " + RandomText(rng, suffixLen-1), InputLen: prefixLen + suffixLen,
+			OutputLen: outputLen, Group: g}
+	}
+}
+
+// OracleHitRate is the prefix-cache hit rate a perfect placement of prompts
+// would get from cold caches: every prompt but the first of its group
+// finds its group's prefix cached (each prefix computed once, on the
+// worker every prompt of its group is sent to), so the rate is the
+// prefixes' tokens of those prompts over all prompt tokens, in planned
+// tokens. It ignores page rounding (a worker caches full pages only, so it
+// can do up to a page per prompt less) and reports (0, false) for prompts
+// without groups.
+func OracleHitRate(prompts []Prompt, prefixLen int) (float64, bool) {
+	seen := map[int]bool{}
+	hit, total := 0, 0
+	for i := range prompts {
+		p := &prompts[i]
+		if p.Group < 0 {
+			return 0, false
+		}
+		total += p.InputLen
+		if seen[p.Group] {
+			hit += min(prefixLen, p.InputLen)
+		}
+		seen[p.Group] = true
+	}
+	if total == 0 {
+		return 0, false
+	}
+	return float64(hit) / float64(total), true
 }
 
 // spreadLen draws a length uniformly from the integers in
@@ -191,7 +274,7 @@ func LoadJSONL(r io.Reader, limit, defaultOutputLen int) ([]Prompt, error) {
 		if o < 1 || o > MaxTokensPerRequest {
 			return nil, fmt.Errorf("line %d: output_len must be between 1 and %d, got %d", line, MaxTokensPerRequest, o)
 		}
-		out = append(out, Prompt{Text: *rec.Prompt, InputLen: len(*rec.Prompt), OutputLen: o})
+		out = append(out, Prompt{Text: *rec.Prompt, InputLen: len(*rec.Prompt), OutputLen: o, Group: -1})
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {

@@ -3,6 +3,7 @@ package bench
 import (
 	"encoding/json"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -33,10 +34,8 @@ func TestRandomDataset(t *testing.T) {
 		t.Errorf("mean output %.1f, want 20 ± 1", m)
 	}
 	again, _ := BuildDataset(&cfg, 2000, streamDataset)
-	for i := range ps {
-		if ps[i] != again[i] {
-			t.Fatal("the same seed gave another dataset")
-		}
+	if !reflect.DeepEqual(ps, again) {
+		t.Fatal("the same seed gave another dataset")
 	}
 
 	cfg.RandomRangeRatio = 0
@@ -82,12 +81,13 @@ func TestLoadJSONL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Prompt{{"a", 1, 3}, {"bb", 2, 7}, {"ccc", 3, 7}}
+	want := []Prompt{{Text: "a", InputLen: 1, OutputLen: 3, Group: -1}, {Text: "bb", InputLen: 2, OutputLen: 7, Group: -1},
+		{Text: "ccc", InputLen: 3, OutputLen: 7, Group: -1}}
 	if len(ps) != len(want) {
 		t.Fatalf("got %v", ps)
 	}
 	for i := range want {
-		if ps[i] != want[i] {
+		if !reflect.DeepEqual(ps[i], want[i]) {
 			t.Errorf("record %d: %+v, want %+v", i, ps[i], want[i])
 		}
 	}

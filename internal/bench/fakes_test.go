@@ -61,13 +61,19 @@ func (c *fakeClock) slept() []time.Duration {
 
 // fakeRequest is what the fake server reads from a request.
 type fakeRequest struct {
-	chat      bool
-	prompt    string
+	chat   bool
+	prompt string // the prompt, or the chat's last message
+	// full is the whole prompt: the chat's messages' contents concatenated.
+	full      string
+	messages  []fakeMessage
 	maxTokens int
 	ignoreEOS bool
 	tokenIDs  bool
 	fields    map[string]json.RawMessage
 }
+
+// fakeMessage is one chat message a fake request carried.
+type fakeMessage struct{ role, content string }
 
 // parseFake reads a completions or chat request, or answers 400.
 func parseFake(w http.ResponseWriter, r *http.Request) (*fakeRequest, bool) {
@@ -80,13 +86,23 @@ func parseFake(w http.ResponseWriter, r *http.Request) (*fakeRequest, bool) {
 	fr := &fakeRequest{fields: fields, chat: strings.HasSuffix(r.URL.Path, "/chat/completions")}
 	if fr.chat {
 		var req openai.ChatCompletionRequest
-		if err := json.Unmarshal(b, &req); err != nil || len(req.Messages) != 1 || req.MaxCompletionTokens == nil {
+		if err := json.Unmarshal(b, &req); err != nil || len(req.Messages)%2 != 1 || req.MaxCompletionTokens == nil {
 			openai.WriteError(w, openai.BadRequest("", "bad chat request: %v", err))
 			return nil, false
 		}
-		if err := json.Unmarshal(req.Messages[0].Content, &fr.prompt); err != nil {
-			openai.WriteError(w, openai.BadRequest("messages", "bad content: %v", err))
-			return nil, false
+		for i, m := range req.Messages {
+			var content string
+			if err := json.Unmarshal(m.Content, &content); err != nil {
+				openai.WriteError(w, openai.BadRequest("messages", "bad content: %v", err))
+				return nil, false
+			}
+			if want := [2]string{"user", "assistant"}[i%2]; m.Role != want {
+				openai.WriteError(w, openai.BadRequest("messages", "message %d is from %q, want %q", i, m.Role, want))
+				return nil, false
+			}
+			fr.messages = append(fr.messages, fakeMessage{m.Role, content})
+			fr.full += content
+			fr.prompt = content
 		}
 		fr.maxTokens, fr.ignoreEOS, fr.tokenIDs = *req.MaxCompletionTokens, req.IgnoreEOS, req.ReturnTokenIDs
 		if !req.Stream || req.StreamOptions == nil || !req.StreamOptions.IncludeUsage {
@@ -103,6 +119,7 @@ func parseFake(w http.ResponseWriter, r *http.Request) (*fakeRequest, bool) {
 			openai.WriteError(w, openai.BadRequest("prompt", "bad prompt: %v", err))
 			return nil, false
 		}
+		fr.full = fr.prompt
 		fr.maxTokens, fr.ignoreEOS, fr.tokenIDs = *req.MaxTokens, req.IgnoreEOS, req.ReturnTokenIDs
 		if !req.Stream || req.StreamOptions == nil || !req.StreamOptions.IncludeUsage {
 			openai.WriteError(w, openai.BadRequest("stream", "want a stream with usage"))
@@ -114,9 +131,10 @@ func parseFake(w http.ResponseWriter, r *http.Request) (*fakeRequest, bool) {
 
 // sse writes OpenAI stream events for one fake request.
 type sse struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
-	fr *fakeRequest
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	fr   *fakeRequest
+	sent int // output tokens sent
 }
 
 func startSSE(w http.ResponseWriter, fr *fakeRequest) *sse {
@@ -141,9 +159,16 @@ func (s *sse) event(v any) {
 	s.raw(string(b))
 }
 
-// tokens sends one event with k output tokens ("x" each).
+// tokens sends one event with k output tokens, one lowercase letter each:
+// the i-th token of an answer is 'a' + (prompt length + i) mod 26, so
+// answers to prompts of different lengths differ.
 func (s *sse) tokens(k int) {
-	text := strings.Repeat("x", k)
+	b := make([]byte, k)
+	for i := range b {
+		b[i] = byte('a' + (len(s.fr.full)+s.sent+i)%26)
+	}
+	s.sent += k
+	text := string(b)
 	var ids []int32
 	if s.fr.tokenIDs {
 		ids = make([]int32, k)
@@ -166,12 +191,36 @@ func (s *sse) usage(prompt, completion int) {
 	s.event(openai.CompletionResponse{Object: "text_completion", Choices: []openai.CompletionChoice{}, Usage: u})
 }
 
+// usageCached sends usage with prompt_tokens_details.cached_tokens (the
+// OpenAI field).
+func (s *sse) usageCached(prompt, completion, cached int) {
+	object := "text_completion"
+	if s.fr.chat {
+		object = "chat.completion.chunk"
+	}
+	s.raw(fmt.Sprintf(`{"object": %q, "choices": [], "usage": {"prompt_tokens": %d, "completion_tokens": %d, "total_tokens": %d, `+
+		`"prompt_tokens_details": {"cached_tokens": %d}}}`, object, prompt, completion, prompt+completion, cached))
+}
+
+// fakePageSize is the fake prefix cache's page, in bytes (tokens).
+const fakePageSize = 16
+
+// fakeOptions vary the fake server.
+type fakeOptions struct {
+	// noCachedField leaves prompt_tokens_details out of usage.
+	noCachedField bool
+	// onRequest sees every parsed request (concurrently).
+	onRequest func(fr *fakeRequest)
+}
+
 func (s *sse) done() { s.raw("[DONE]") }
 
 // fakeServer serves /v1/models and streams completions whose behaviour the
 // prompt chooses (its first word):
 //
-//	ok       max_tokens events of one token, usage (prompt tokens = bytes), [DONE]
+//	ok       max_tokens events of one token, usage (prompt tokens = bytes;
+//	         cached tokens = the longest prefix shared with an earlier
+//	         prompt, in full 16-byte pages, less than the prompt), [DONE]
 //	pairs    events of two tokens each, no usage, [DONE]
 //	http500  a 500 server_error answer
 //	http429  a 429 answer with code rate_limit_exceeded (no Retry-After)
@@ -185,8 +234,15 @@ func (s *sse) done() { s.raw("[DONE]") }
 //	hang     one token, then nothing until the client goes away
 func fakeServer(t *testing.T) *httptest.Server {
 	t.Helper()
+	return fakeServerWith(t, fakeOptions{})
+}
+
+// fakeServerWith is fakeServer varied by o.
+func fakeServerWith(t *testing.T, o fakeOptions) *httptest.Server {
+	t.Helper()
 	var mu sync.Mutex
 	seen := map[string]int{}
+	var history []string // every full prompt, for the fake prefix cache
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -198,10 +254,22 @@ func fakeServer(t *testing.T) *httptest.Server {
 		if !ok {
 			return
 		}
+		if o.onRequest != nil {
+			o.onRequest(fr)
+		}
 		kind, _, _ := strings.Cut(fr.prompt, " ")
 		mu.Lock()
 		seen[fr.prompt]++
 		n := seen[fr.prompt]
+		cached := 0
+		for _, h := range history {
+			k := 0
+			for k < len(h) && k < len(fr.full) && h[k] == fr.full[k] {
+				k++
+			}
+			cached = max(cached, min(k, len(fr.full)-1)/fakePageSize*fakePageSize)
+		}
+		history = append(history, fr.full)
 		mu.Unlock()
 		if kind == "shedonce" && n > 1 {
 			kind = "ok"
@@ -254,7 +322,11 @@ func fakeServer(t *testing.T) *httptest.Server {
 			for range fr.maxTokens {
 				s.tokens(1)
 			}
-			s.usage(len(fr.prompt), fr.maxTokens)
+			if o.noCachedField {
+				s.usage(len(fr.full), fr.maxTokens)
+			} else {
+				s.usageCached(len(fr.full), fr.maxTokens, cached)
+			}
 			s.done()
 		}
 	}

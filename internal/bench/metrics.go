@@ -91,6 +91,87 @@ type Goodput struct {
 	Fraction float64 `json:"fraction"`
 }
 
+// CacheStats are the prefix-cache hits of a run's successful requests, as
+// the server reported them in usage.prompt_tokens_details.cached_tokens.
+type CacheStats struct {
+	// Reported counts the requests whose usage had the field.
+	Reported int `json:"reported"`
+	// PromptTokens and CachedTokens sum those requests' prompt tokens and
+	// cached tokens.
+	PromptTokens int `json:"prompt_tokens"`
+	CachedTokens int `json:"cached_tokens"`
+	// HitRate is CachedTokens / PromptTokens.
+	HitRate float64 `json:"hit_rate"`
+	// OracleHitRate is the hit rate a perfect placement would get (see
+	// OracleHitRate; shared-prefix dataset, first rate only: later rates
+	// reuse the prompts and start warm), OfOracle HitRate over it.
+	OracleHitRate *float64 `json:"oracle_hit_rate,omitempty"`
+	OfOracle      *float64 `json:"hit_rate_of_oracle,omitempty"`
+}
+
+// TurnSummary is one turn of a multi-turn run: its successful requests'
+// TTFT, prompt and cached tokens.
+type TurnSummary struct {
+	Turn         int     `json:"turn"`
+	Succeeded    int     `json:"succeeded"`
+	Failed       int     `json:"failed"`
+	InputTokens  int     `json:"input_tokens"`
+	CachedTokens int     `json:"cached_tokens"`
+	HitRate      float64 `json:"hit_rate"`
+	TTFT         Dist    `json:"ttft"`
+}
+
+// setOracle records the oracle hit rate of the run's prompts.
+func (s *Summary) setOracle(oracle float64) {
+	if s.Cache == nil {
+		return
+	}
+	o := oracle
+	s.Cache.OracleHitRate = &o
+	if oracle > 0 {
+		f := s.Cache.HitRate / oracle
+		s.Cache.OfOracle = &f
+	}
+}
+
+// hitRate is cached/prompt, 0 without prompt tokens.
+func hitRate(cached, prompt int) float64 {
+	if prompt <= 0 {
+		return 0
+	}
+	return float64(cached) / float64(prompt)
+}
+
+// summarizeTurns summarizes recs by Turn (nil when none has a turn).
+func summarizeTurns(recs []Record) []TurnSummary {
+	var out []TurnSummary
+	var ttft [][]time.Duration
+	for i := range recs {
+		r := &recs[i]
+		if r.Turn < 1 {
+			continue
+		}
+		for len(out) < r.Turn {
+			out = append(out, TurnSummary{Turn: len(out) + 1})
+			ttft = append(ttft, nil)
+		}
+		t := &out[r.Turn-1]
+		if !r.Success {
+			t.Failed++
+			continue
+		}
+		t.Succeeded++
+		t.InputTokens += r.InputTokens
+		t.CachedTokens += r.CachedTokens
+		ttft[r.Turn-1] = append(ttft[r.Turn-1], r.TTFT)
+	}
+	for i := range out {
+		out[i].HitRate = hitRate(out[i].CachedTokens, out[i].InputTokens)
+		out[i].TTFT = NewDist(ttft[i])
+	}
+	return out
+}
+
 // Summary is the result of one run (one request rate).
 type Summary struct {
 	// Rate is the request rate, in requests/s.
@@ -113,6 +194,11 @@ type Summary struct {
 	// InputTokens and OutputTokens sum the successful requests' tokens.
 	InputTokens  int `json:"input_tokens"`
 	OutputTokens int `json:"output_tokens"`
+	// Cache is the successful requests' prefix-cache hits, nil when no
+	// answer reported usage.prompt_tokens_details.cached_tokens.
+	Cache *CacheStats `json:"prefix_cache,omitempty"`
+	// Turns summarizes a multi-turn run by turn (nil otherwise).
+	Turns []TurnSummary `json:"turns,omitempty"`
 	// RequestThroughput is successful requests per second.
 	RequestThroughput float64 `json:"request_throughput"`
 	// InputThroughput, OutputThroughput and TotalThroughput are tokens of
@@ -166,6 +252,14 @@ func Summarize(recs []Record, duration time.Duration, slo SLO) Summary {
 		s.Succeeded++
 		s.InputTokens += r.InputTokens
 		s.OutputTokens += r.OutputTokens
+		if r.CachedReported {
+			if s.Cache == nil {
+				s.Cache = &CacheStats{}
+			}
+			s.Cache.Reported++
+			s.Cache.PromptTokens += r.InputTokens
+			s.Cache.CachedTokens += r.CachedTokens
+		}
 		ttft = append(ttft, r.TTFT)
 		e2e = append(e2e, r.E2E)
 		sumE2E += r.E2E
@@ -182,6 +276,10 @@ func Summarize(recs []Record, duration time.Duration, slo SLO) Summary {
 		}
 	}
 	s.TTFT, s.TPOT, s.ITL, s.E2E = NewDist(ttft), NewDist(tpot), NewDist(itl), NewDist(e2e)
+	if s.Cache != nil {
+		s.Cache.HitRate = hitRate(s.Cache.CachedTokens, s.Cache.PromptTokens)
+	}
+	s.Turns = summarizeTurns(recs)
 	if events > 0 {
 		s.TokensPerEvent = float64(evTokens) / float64(events)
 	}

@@ -61,6 +61,19 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 	row("Benchmark duration (s)", s.Duration)
 	row("Total input tokens", s.InputTokens)
 	row("Total generated tokens", s.OutputTokens)
+	if c := s.Cache; c != nil {
+		row("Prompt tokens (cache reported)", c.PromptTokens)
+		row("Cached prompt tokens", c.CachedTokens)
+		row("Prefix cache hit rate (%)", 100*c.HitRate)
+		if c.OracleHitRate != nil {
+			row("Oracle hit rate (%)", 100**c.OracleHitRate)
+		}
+		if c.OfOracle != nil {
+			row("Hit rate of oracle (%)", 100**c.OfOracle)
+		}
+	} else {
+		row("Prefix cache hit rate (%)", "not reported")
+	}
 	row("Request throughput (req/s)", s.RequestThroughput)
 	row("Input token throughput (tok/s)", s.InputThroughput)
 	row("Output token throughput (tok/s)", s.OutputThroughput)
@@ -100,6 +113,18 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 			"%.2f x TPOT when events come at an even pace. Compare TPOT across servers.\n", s.TokensPerEvent, s.TokensPerEvent)
 	}
 	dist("End-to-End Latency", "E2E", s.E2E)
+	if len(s.Turns) > 0 {
+		fmt.Fprintln(bw, rule("Multi-turn", '-'))
+		tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "turn\tok\tfailed\tprompt tok\tcached tok\thit (%)\tmedian TTFT (ms)\tp90 TTFT (ms)\t")
+		for _, t := range s.Turns {
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%.1f\t%.2f\t%.2f\t\n", t.Turn, t.Succeeded, t.Failed, t.InputTokens,
+				t.CachedTokens, 100*t.HitRate, t.TTFT.Median, t.TTFT.P90)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	if len(s.Errors) > 0 {
 		fmt.Fprintln(bw, rule("Failures by type", '-'))
 		types := make([]string, 0, len(s.Errors))
@@ -120,7 +145,7 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 func PrintSweep(w io.Writer, rep *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, rule("Request rate sweep", '='))
-	fmt.Fprintln(tw, "rate (req/s)\tok\tfailed\tshed\treq/s\tout tok/s\tp90 TTFT (ms)\tp90 TPOT (ms)\tp90 E2E (ms)\tgoodput (req/s)\tgoodput (%)\t")
+	fmt.Fprintln(tw, "rate (req/s)\tok\tfailed\tshed\treq/s\tout tok/s\tp90 TTFT (ms)\tp90 TPOT (ms)\tp90 E2E (ms)\tgoodput (req/s)\tgoodput (%)\tcache hit (%)\t")
 	for i := range rep.Runs {
 		s := &rep.Runs[i].Summary
 		good, frac := "-", "-"
@@ -128,8 +153,12 @@ func PrintSweep(w io.Writer, rep *Report) error {
 			good = fmt.Sprintf("%.2f", s.Goodput.Rate)
 			frac = fmt.Sprintf("%.1f", 100*s.Goodput.Fraction)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", s.Rate, s.Succeeded, s.Failed, s.Shed,
-			s.RequestThroughput, s.OutputThroughput, s.TTFT.P90, s.TPOT.P90, s.E2E.P90, good, frac)
+		hit := "-"
+		if s.Cache != nil {
+			hit = fmt.Sprintf("%.1f", 100*s.Cache.HitRate)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t\n", s.Rate, s.Succeeded, s.Failed, s.Shed,
+			s.RequestThroughput, s.OutputThroughput, s.TTFT.P90, s.TPOT.P90, s.E2E.P90, good, frac, hit)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -150,6 +179,9 @@ type recordJSON struct {
 	OutputTokens        int       `json:"output_tokens"`
 	PlannedOutputTokens int       `json:"planned_output_tokens"`
 	UsageReported       bool      `json:"usage_reported"`
+	CachedTokens        *int      `json:"cached_tokens,omitempty"`
+	Conversation        *int      `json:"conversation,omitempty"`
+	Turn                int       `json:"turn,omitempty"`
 	TTFT                float64   `json:"ttft_ms"`
 	TPOT                *float64  `json:"tpot_ms,omitempty"`
 	E2E                 float64   `json:"e2e_ms"`
@@ -191,6 +223,12 @@ func (r *Report) MarshalJSON() ([]byte, error) {
 			if rec.HasTPOT {
 				t := ms(rec.TPOT)
 				x.TPOT = &t
+			}
+			if rec.CachedReported {
+				x.CachedTokens = &rec.CachedTokens
+			}
+			if rec.Turn > 0 {
+				x.Conversation, x.Turn = &rec.Conversation, rec.Turn
 			}
 			if slo.Set() {
 				m := slo.Meets(rec)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -117,13 +118,20 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		cfg.Model = m
 	}
-	prompts, err := BuildDataset(&cfg, cfg.NumPrompts, streamDataset)
+	turns := max(cfg.MultiTurn, 1)
+	prompts, err := BuildDataset(&cfg, cfg.NumPrompts*turns, streamDataset)
 	if err != nil {
 		return nil, err
 	}
-	q := &requester{client: o.Client, clock: clock, cfg: &cfg, url: cfg.baseURL() + cfg.Endpoint.Path()}
-	fmt.Fprintf(status, "bench: %s %s, model %q, %d prompts (%s dataset), rates %v\n",
-		http.MethodPost, q.url, cfg.Model, cfg.NumPrompts, cfg.Dataset, cfg.Rates)
+	q := &requester{client: o.Client, clock: clock, cfg: &cfg, url: cfg.baseURL() + cfg.Endpoint.Path(), keepAnswer: turns > 1}
+	if turns > 1 {
+		fmt.Fprintf(status, "bench: %s %s, model %q, %d conversations of %d turns (%s dataset), rates %v\n",
+			http.MethodPost, q.url, cfg.Model, cfg.NumPrompts, turns, cfg.Dataset, cfg.Rates)
+	} else {
+		fmt.Fprintf(status, "bench: %s %s, model %q, %d prompts (%s dataset), rates %v\n",
+			http.MethodPost, q.url, cfg.Model, cfg.NumPrompts, cfg.Dataset, cfg.Rates)
+	}
+	oracle, hasOracle := OracleHitRate(prompts, cfg.SharedPrefixLen)
 
 	if cfg.Warmup > 0 {
 		wp, err := BuildDataset(&cfg, cfg.Warmup, streamWarmup)
@@ -153,7 +161,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Config: cfg}
 	for _, rate := range cfg.Rates {
 		bar := newBar(o.Progress, len(prompts), rate)
-		recs, dur, err := dispatch(ctx, q, clock, prompts, Arrivals(rate, len(prompts), cfg.Seed), cfg.MaxConcurrency, bar)
+		var (
+			recs []Record
+			dur  time.Duration
+		)
+		if turns > 1 {
+			recs, dur, err = dispatchConversations(ctx, q, clock, prompts, turns, Arrivals(rate, cfg.NumPrompts, cfg.Seed), cfg.MaxConcurrency, bar)
+		} else {
+			recs, dur, err = dispatch(ctx, q, clock, prompts, Arrivals(rate, len(prompts), cfg.Seed), cfg.MaxConcurrency, bar)
+		}
 		if bar != nil {
 			_ = bar.Finish()
 		}
@@ -162,6 +178,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		s := Summarize(recs, dur, cfg.SLO())
 		s.Rate, s.MaxConcurrency = rate, cfg.MaxConcurrency
+		if hasOracle && len(rep.Runs) == 0 { // later rates reuse the prompts: warm caches
+			s.setOracle(oracle)
+		}
 		rep.Runs = append(rep.Runs, RunResult{Summary: s, Records: recs})
 		if err := PrintSummary(out, &cfg, &s); err != nil {
 			return rep, err
@@ -245,4 +264,111 @@ func dispatch(ctx context.Context, q *requester, clock Clock, prompts []Prompt, 
 		err = ctx.Err()
 	}
 	return recs, clock.Now().Sub(start), err
+}
+
+// ErrPreviousTurn is the ErrorType of a conversation's turns after one
+// that failed: they are not sent.
+const ErrPreviousTurn = "previous_turn_failed"
+
+// dispatchConversations runs len(prompts)/turns conversations of turns
+// turns: conversation c starts at starts[c] from now, its turn k (1-based)
+// is prompts[c·turns+k−1] sent with the conversation's history (every
+// earlier user message and the answer streamed for it) once turn k−1's
+// answer ended, each turn waiting for one of maxConc slots (0: no cap).
+// After a failed turn the conversation's later turns are recorded as
+// ErrPreviousTurn, not sent. Records are in prompt order (conversation,
+// then turn), each turn's Arrival the time it became ready to send. It
+// returns as dispatch does.
+func dispatchConversations(ctx context.Context, q *requester, clock Clock, prompts []Prompt, turns int, starts []time.Duration,
+	maxConc int, bar *progressbar.ProgressBar) ([]Record, time.Duration, error) {
+	recs := make([]Record, len(prompts))
+	var slots chan struct{}
+	if maxConc > 0 {
+		slots = make(chan struct{}, maxConc)
+	}
+	var wg sync.WaitGroup
+	start := clock.Now()
+	var err error
+	conv := func(c int) {
+		var history []Turn
+		failed := false
+		for k := range turns {
+			i := c*turns + k
+			p := prompts[i]
+			p.History = history
+			p.InputLen += historyBytes(history)
+			ready := clock.Now().Sub(start)
+			rec := Record{Arrival: ready, Sent: ready, PlannedOutputTokens: p.OutputLen, InputTokens: p.InputLen}
+			switch {
+			case failed:
+				rec.ErrorType, rec.Error = ErrPreviousTurn, fmt.Sprintf("turn %d of the conversation failed", k)
+			case ctx.Err() != nil:
+				rec.ErrorType, rec.Error = ErrCanceled, "cancelled before sending"
+			default:
+				acquired := slots == nil
+				if !acquired {
+					select {
+					case slots <- struct{}{}:
+						acquired = true
+						rec.Sent = max(ready, clock.Now().Sub(start))
+					case <-ctx.Done():
+						rec.ErrorType, rec.Error = ErrCanceled, "cancelled before sending"
+					}
+				}
+				if acquired {
+					sent := rec.Sent
+					rec = q.do(ctx, p)
+					rec.Arrival, rec.Sent = ready, sent
+					if slots != nil {
+						<-slots
+					}
+				}
+			}
+			rec.Index, rec.Conversation, rec.Turn = i, c, k+1
+			failed = failed || !rec.Success
+			if rec.Success {
+				history = append(slices.Clip(history), Turn{User: p.Text, Assistant: rec.answer})
+			}
+			rec.answer = ""
+			recs[i] = rec
+			if bar != nil {
+				_ = bar.Add(1)
+			}
+		}
+	}
+	for c := range starts {
+		if d := starts[c] - clock.Now().Sub(start); d > 0 {
+			if err = clock.Sleep(ctx, d); err != nil {
+				break
+			}
+		}
+		if err = ctx.Err(); err != nil {
+			break
+		}
+		wg.Go(func() { conv(c) })
+	}
+	wg.Wait()
+	if err != nil {
+		// Conversations never started: every turn cancelled.
+		for i := range recs {
+			if recs[i].Turn == 0 {
+				recs[i] = Record{Index: i, Conversation: i / turns, Turn: i%turns + 1, ErrorType: ErrCanceled,
+					Error: "cancelled before sending", PlannedOutputTokens: prompts[i].OutputLen}
+			}
+		}
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	return recs, clock.Now().Sub(start), err
+}
+
+// historyBytes is the length of a conversation's history as the
+// completions endpoint sends it, in bytes (planned tokens).
+func historyBytes(h []Turn) int {
+	n := 0
+	for _, t := range h {
+		n += len(t.User) + len(t.Assistant)
+	}
+	return n
 }

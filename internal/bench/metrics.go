@@ -118,7 +118,9 @@ type TurnSummary struct {
 	InputTokens  int     `json:"input_tokens"`
 	CachedTokens int     `json:"cached_tokens"`
 	HitRate      float64 `json:"hit_rate"`
-	TTFT         Dist    `json:"ttft"`
+	// CacheReported counts the requests whose usage had cached_tokens.
+	CacheReported int  `json:"cache_reported"`
+	TTFT          Dist `json:"ttft"`
 }
 
 // setOracle records the oracle hit rate of the run's prompts.
@@ -163,6 +165,9 @@ func summarizeTurns(recs []Record) []TurnSummary {
 		t.Succeeded++
 		t.InputTokens += r.InputTokens
 		t.CachedTokens += r.CachedTokens
+		if r.CachedReported {
+			t.CacheReported++
+		}
 		ttft[r.Turn-1] = append(ttft[r.Turn-1], r.TTFT)
 	}
 	for i := range out {

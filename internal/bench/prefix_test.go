@@ -298,7 +298,7 @@ func TestMultiTurn(t *testing.T) {
 				t.Fatalf("turn summaries %+v", s.Turns)
 			}
 			for k, ts := range s.Turns {
-				if ts.Turn != k+1 || ts.Succeeded != convs || ts.TTFT.Count != convs {
+				if ts.Turn != k+1 || ts.Succeeded != convs || ts.TTFT.Count != convs || ts.CacheReported != convs {
 					t.Errorf("turn %d: %+v", k+1, ts)
 				}
 				if k > 0 && (ts.HitRate <= 0 || ts.InputTokens <= s.Turns[k-1].InputTokens) {

@@ -118,8 +118,12 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 		tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "turn\tok\tfailed\tprompt tok\tcached tok\thit (%)\tmedian TTFT (ms)\tp90 TTFT (ms)\t")
 		for _, t := range s.Turns {
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%.1f\t%.2f\t%.2f\t\n", t.Turn, t.Succeeded, t.Failed, t.InputTokens,
-				t.CachedTokens, 100*t.HitRate, t.TTFT.Median, t.TTFT.P90)
+			cached, hit := "-", "-"
+			if t.CacheReported > 0 {
+				cached, hit = strconv.Itoa(t.CachedTokens), strconv.FormatFloat(100*t.HitRate, 'f', 1, 64)
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%.2f\t%.2f\t\n", t.Turn, t.Succeeded, t.Failed, t.InputTokens,
+				cached, hit, t.TTFT.Median, t.TTFT.P90)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -306,7 +306,8 @@ func TestCacheAwareConcurrent(t *testing.T) {
 
 // BenchmarkCacheAwarePick is one pick among 4 decode workers of a
 // 2,048-token prompt whose 2,048 tokens one of them holds (128 pages of
-// 16 tokens), hashing included (a new request each time).
+// 16 tokens) and two others the first half: for a new request (hashing
+// its 128 pages included) and with its keys already computed.
 func BenchmarkCacheAwarePick(b *testing.B) {
 	ws := policyWorkers(b, 4, 16)
 	p := newTestCacheAware(CacheAwareConfig{})
@@ -320,11 +321,24 @@ func BenchmarkCacheAwarePick(b *testing.B) {
 	for i, w := range ws {
 		cands[i] = Candidate{Worker: w, Load: Load{Tokens: 100 * i}}
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		req := PickRequest{InputIDs: ids}
-		if got := p.Pick(&req, cands); got != 2 {
-			b.Fatalf("picked %d, want the holder 2", got)
+	b.Run("new_request", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			req := PickRequest{InputIDs: ids}
+			if got := p.Pick(&req, cands); got != 2 {
+				b.Fatalf("picked %d, want the holder 2", got)
+			}
 		}
-	}
+	})
+	// The keys already computed (the second leg of a pair): the matches
+	// alone.
+	b.Run("keys_computed", func(b *testing.B) {
+		req := PickRequest{InputIDs: ids}
+		b.ReportAllocs()
+		for b.Loop() {
+			if got := p.Pick(&req, cands); got != 2 {
+				b.Fatalf("picked %d, want the holder 2", got)
+			}
+		}
+	})
 }

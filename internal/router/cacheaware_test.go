@@ -5,13 +5,18 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/registry"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // policyWorkers returns n checked decode workers of a fleet whose KV
@@ -339,6 +344,81 @@ func BenchmarkCacheAwarePick(b *testing.B) {
 			if got := p.Pick(&req, cands); got != 2 {
 				b.Fatalf("picked %d, want the holder 2", got)
 			}
+		}
+	})
+}
+
+// TestCacheAwareThroughRouter: with cache_aware on both roles and one
+// request at a time, every request of a prefix group goes to the prefill
+// and the decode worker its group's first request went to, the groups
+// spread over both workers of each role, and a worker that leaves the
+// fleet is forgotten.
+func TestCacheAwareThroughRouter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 2, 2, 0, func(c *Config) {
+			withPolicy(PolicyCacheAware)(c)
+			c.ContextLen = 4096
+		})
+		defer tr.r.Close()
+		rng := rand.New(rand.NewPCG(12, 13))
+		var prefixes [][]int32
+		for range 4 {
+			prefixes = append(prefixes, prompt(rng, nil, 256))
+		}
+		group := map[string]int{}
+		for i := range 40 {
+			rid := fmt.Sprintf("r%d", i)
+			g := i % 4
+			group[rid] = g
+			st, err := tr.r.Generate(t.Context(), &openai.GenerateRequest{RID: rid, InputIDs: prompt(rng, prefixes[g], 40),
+				MaxTokens: 3, Sampling: model.SamplingParams{TopP: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for {
+				c, err := st.Recv()
+				if err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+				if c.FinishReason != "" {
+					break
+				}
+			}
+			st.Close()
+			synctest.Wait() // the legs end: the next pick sees idle workers
+		}
+		for _, role := range [][]*fakeWorker{tr.prefill, tr.decode} {
+			holder := map[int]string{}
+			for _, w := range role {
+				legs, _, _ := w.received()
+				if len(legs) == 0 {
+					t.Errorf("%s got no leg", w.host)
+				}
+				for _, l := range legs {
+					g := group[strings.Split(l.RID, "-g")[0]]
+					if h, ok := holder[g]; ok && h != w.host {
+						t.Errorf("group %d on %s and %s", g, h, w.host)
+					}
+					holder[g] = w.host
+				}
+			}
+		}
+		pol := tr.r.policyFor(workerapi.RolePrefill).(*cacheAware)
+		w := tr.r.Fleet().Workers("prefill")[0]
+		if pol.pages(w) == 0 {
+			t.Fatalf("no pages recorded for %s", w.URL())
+		}
+		if !tr.r.Fleet().Registry().(*registry.Static).Remove(w.ID()) {
+			t.Fatalf("%s not removed", w.ID())
+		}
+		for range 50 {
+			if pol.pages(w) == 0 {
+				break
+			}
+			advance(time.Second)
+		}
+		if n := pol.pages(w); n != 0 {
+			t.Errorf("%d pages still recorded for the removed %s", n, w.URL())
 		}
 	})
 }

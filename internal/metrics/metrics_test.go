@@ -193,6 +193,8 @@ func TestRouterExposition(t *testing.T) {
 	m.Retried(outcome.FailedTransfer)
 	m.Shed("decode_kv")
 	m.Selected(workerapi.RoleDecode, "power_of_two", "http://d0:30001")
+	m.PrefixMatched(workerapi.RolePrefill, 2176, 2048)
+	m.PrefixMatched(workerapi.RolePrefill, 100, 0)
 	m.WorkerFailed("http://d0:30001")
 	m.WorkerSeen("http://d1:30001", workerapi.RoleDecode)
 	m.WorkerSeen("http://gone:1", workerapi.RolePrefill)

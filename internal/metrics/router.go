@@ -30,6 +30,12 @@ import (
 //   - pdserve_router_shed_total{reason}: requests answered 429 overloaded,
 //     by reason (max_inflight, decode_queue, decode_kv, prefill_queue,
 //     worker_overloaded).
+//   - pdserve_router_prefix_queried_tokens_total{role},
+//     pdserve_router_prefix_matched_tokens_total{role} (tokens): the
+//     prompt tokens of the legs the cache_aware policy placed, and of
+//     those the tokens its record said the chosen worker holds (the
+//     router's estimate of the prefix-cache hits; the workers count the
+//     real ones). Zero for a role with another policy.
 //   - pdserve_router_prompt_tokens_total{model_name},
 //     pdserve_router_generation_tokens_total{model_name} (tokens): prompt
 //     tokens of the requests whose first token reached the client, and
@@ -68,6 +74,8 @@ type Router struct {
 	workerFailures *prometheus.CounterVec
 	selections     *prometheus.CounterVec
 	shed           *prometheus.CounterVec
+	prefixQueried  *prometheus.CounterVec
+	prefixMatched  *prometheus.CounterVec
 	promptTokens   prometheus.Counter
 	genTokens      prometheus.Counter
 	ttft           prometheus.Observer
@@ -225,6 +233,14 @@ func NewRouter(reg prometheus.Registerer, cfg RouterConfig) (*Router, error) {
 			Name: "pdserve_router_shed_total",
 			Help: "Requests answered 429 overloaded, by reason.",
 		}, []string{"reason"}),
+		prefixQueried: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdserve_router_prefix_queried_tokens_total",
+			Help: "Prompt tokens of the legs the cache_aware policy placed, by role.",
+		}, []string{"role"}),
+		prefixMatched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdserve_router_prefix_matched_tokens_total",
+			Help: "Prompt tokens of those legs the router's record says the chosen worker has cached, by role.",
+		}, []string{"role"}),
 		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "pdserve_router_prompt_tokens_total",
 			Help: "Prompt tokens of the requests whose first token reached the client.", ConstLabels: model}),
 		genTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "pdserve_router_generation_tokens_total",
@@ -247,11 +263,15 @@ func NewRouter(reg prometheus.Registerer, cfg RouterConfig) (*Router, error) {
 	for _, why := range ShedReasons {
 		m.shed.WithLabelValues(why)
 	}
+	for _, r := range cfg.Roles {
+		m.prefixQueried.WithLabelValues(r.String())
+		m.prefixMatched.WithLabelValues(r.String())
+	}
 	for url, role := range cfg.Workers {
 		m.WorkerSeen(url, role)
 	}
 	cs := []prometheus.Collector{m.requests, m.legFailures, m.retries, m.workerFailures, m.selections, m.shed,
-		m.promptTokens, m.genTokens, ttft, itl, e2e, queue}
+		m.prefixQueried, m.prefixMatched, m.promptTokens, m.genTokens, ttft, itl, e2e, queue}
 	if cfg.State != nil {
 		cs = append(cs, stateGauges{cfg.State})
 	}
@@ -280,6 +300,14 @@ func (m *Router) Shed(reason string) { m.shed.WithLabelValues(reason).Inc() }
 // Selected counts the worker at url chosen for a role's leg by policy.
 func (m *Router) Selected(role workerapi.Role, policy, url string) {
 	m.selections.WithLabelValues(role.String(), policy, url).Inc()
+}
+
+// PrefixMatched counts a leg of role placed by the cache_aware policy: its
+// prompt tokens, and the tokens of it the chosen worker is believed to
+// hold.
+func (m *Router) PrefixMatched(role workerapi.Role, prompt, matched int) {
+	m.prefixQueried.WithLabelValues(role.String()).Add(float64(prompt))
+	m.prefixMatched.WithLabelValues(role.String()).Add(float64(matched))
 }
 
 // WorkerFailed counts a failed call to, or health check of, the worker at url.

@@ -97,7 +97,9 @@ type cacheAware struct {
 	now  func() time.Time
 	// capacity returns the worker's KV pool size in pages (0: unknown).
 	capacity func(w *fleet.Worker) int
-	next     atomic.Uint64
+	// observe sees each placed leg's prompt and matched tokens.
+	observe func(prompt, matched int)
+	next    atomic.Uint64
 
 	mu      sync.RWMutex
 	records map[*fleet.Worker]*pageRecord
@@ -112,7 +114,11 @@ func newCacheAware(d policyDeps) *cacheAware {
 	if capacity == nil {
 		capacity = func(*fleet.Worker) int { return 0 }
 	}
-	return &cacheAware{cfg: d.cacheAware.withDefaults(), seed: d.seed, now: now, capacity: capacity,
+	observe := d.matched
+	if observe == nil {
+		observe = func(int, int) {}
+	}
+	return &cacheAware{cfg: d.cacheAware.withDefaults(), seed: d.seed, now: now, capacity: capacity, observe: observe,
 		records: map[*fleet.Worker]*pageRecord{}}
 }
 
@@ -155,11 +161,15 @@ func (p *cacheAware) matched(req *PickRequest, w *fleet.Worker, now, ttl int64) 
 	return min(pages*ps, max(len(req.InputIDs)-1, 0))
 }
 
-// Chosen records req's full prompt pages as cached on w (the most recent).
+// Chosen counts the prompt tokens w is believed to hold for req (the
+// metrics) and records req's full prompt pages as cached on w (the most
+// recent).
 func (p *cacheAware) Chosen(req *PickRequest, w *fleet.Worker) {
 	if req == nil {
 		return
 	}
+	now := p.now().UnixNano()
+	p.observe(len(req.InputIDs), p.matched(req, w, now, int64(p.cfg.TTL)))
 	hs := req.pageHashes(p.seed, pageSizeOf(w))
 	if len(hs) == 0 {
 		return
@@ -179,7 +189,7 @@ func (p *cacheAware) Chosen(req *PickRequest, w *fleet.Worker) {
 	if c := p.capacity(w); c > 0 {
 		limit = min(limit, c)
 	}
-	rec.add(hs, p.now().UnixNano(), int64(p.cfg.TTL), limit)
+	rec.add(hs, now, int64(p.cfg.TTL), limit)
 }
 
 // Forget drops w's record.

@@ -351,8 +351,8 @@ func BenchmarkCacheAwarePick(b *testing.B) {
 // TestCacheAwareThroughRouter: with cache_aware on both roles and one
 // request at a time, every request of a prefix group goes to the prefill
 // and the decode worker its group's first request went to, the groups
-// spread over both workers of each role, and a worker that leaves the
-// fleet is forgotten.
+// spread over both workers of each role, the metrics count the prompt
+// and matched tokens, and a worker that leaves the fleet is forgotten.
 func TestCacheAwareThroughRouter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := newTestRouter(t, 2, 2, 0, func(c *Config) {
@@ -401,6 +401,16 @@ func TestCacheAwareThroughRouter(t *testing.T) {
 					}
 					holder[g] = w.host
 				}
+			}
+		}
+		// Each role's legs: 40 prompts of 296 tokens; the 36 after their
+		// group's first match its 256-token prefix (16 pages) and no
+		// more (the suffixes are random).
+		for _, role := range []string{"prefill", "decode"} {
+			q := counter(t, tr.reg, "pdserve_router_prefix_queried_tokens_total", "role", role)
+			m := counter(t, tr.reg, "pdserve_router_prefix_matched_tokens_total", "role", role)
+			if q != 40*296 || m != 36*256 {
+				t.Errorf("%s: queried %v, matched %v tokens; want %d and %d", role, q, m, 40*296, 36*256)
 			}
 		}
 		pol := tr.r.policyFor(workerapi.RolePrefill).(*cacheAware)

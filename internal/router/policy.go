@@ -132,6 +132,9 @@ type policyDeps struct {
 	capacity func(w *fleet.Worker) int
 	// cacheAware tunes the cache_aware policy.
 	cacheAware CacheAwareConfig
+	// matched observes each leg the cache_aware policy placed: its prompt
+	// tokens and those the chosen worker is believed to hold (nil: none).
+	matched func(prompt, matched int)
 }
 
 // newPolicy returns a new instance of the policy named name.

@@ -271,6 +271,8 @@ func New(cfg Config) (*Router, error) {
 	}
 	deps := policyDeps{intn: r.intn, now: r.clock.Now, seed: maphash.MakeSeed(), capacity: r.kvPages, cacheAware: cfg.CacheAware}
 	for i, name := range []string{cfg.PrefillPolicy, cfg.DecodePolicy, cfg.DecodePolicy} {
+		role := [...]workerapi.Role{workerapi.RolePrefill, workerapi.RoleDecode, workerapi.RoleColocated}[i]
+		deps.matched = func(prompt, matched int) { r.metrics.PrefixMatched(role, prompt, matched) }
 		p, err := newPolicy(name, deps)
 		if err != nil {
 			return nil, err

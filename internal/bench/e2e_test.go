@@ -39,6 +39,28 @@ func TestAgainstPDServe(t *testing.T) {
 		}
 	}()
 
+	// Multi-turn chat against the real front end: every turn's history
+	// (with the answers the model gave) is a valid conversation, and the
+	// prompts grow turn by turn by at least the previous answer.
+	t.Run("multi-turn", func(t *testing.T) {
+		cfg := Config{BaseURL: c.URL(), Endpoint: EndpointChat, NumPrompts: 4, MultiTurn: 3, Rates: []Rate{InfRate()},
+			Seed: 2, Dataset: DatasetRandom, RandomInputLen: 48, RandomOutputLen: 8, IgnoreEOS: true, ReturnTokenIDs: true,
+			Timeout: 2 * time.Minute}
+		rep, err := Run(context.Background(), Options{Config: cfg, Client: testClient(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := rep.Runs[0].Summary
+		if s.Succeeded != 12 || len(s.Turns) != 3 {
+			t.Fatalf("succeeded %d (%v), turns %+v", s.Succeeded, s.Errors, s.Turns)
+		}
+		recs := rep.Runs[0].Records
+		for i, r := range recs {
+			if r.Turn > 1 && r.InputTokens < recs[i-1].InputTokens+48 {
+				t.Errorf("conversation %d turn %d: %d prompt tokens after %d", r.Conversation, r.Turn, r.InputTokens, recs[i-1].InputTokens)
+			}
+		}
+	})
 	for _, ep := range []Endpoint{EndpointCompletions, EndpointChat} {
 		t.Run(string(ep), func(t *testing.T) {
 			cfg := Config{BaseURL: c.URL(), Endpoint: ep, NumPrompts: 30, Rates: []Rate{200}, MaxConcurrency: 8,

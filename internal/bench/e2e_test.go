@@ -40,8 +40,8 @@ func TestAgainstPDServe(t *testing.T) {
 	}()
 
 	// Multi-turn chat against the real front end: every turn's history
-	// (with the answers the model gave) is a valid conversation, and the
-	// prompts grow turn by turn by at least the previous answer.
+	// (with the answers the model gave) is a valid conversation, and each
+	// turn's prompt holds the previous one and a new 48-token message.
 	t.Run("multi-turn", func(t *testing.T) {
 		cfg := Config{BaseURL: c.URL(), Endpoint: EndpointChat, NumPrompts: 4, MultiTurn: 3, Rates: []Rate{InfRate()},
 			Seed: 2, Dataset: DatasetRandom, RandomInputLen: 48, RandomOutputLen: 8, IgnoreEOS: true, ReturnTokenIDs: true,

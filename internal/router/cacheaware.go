@@ -179,11 +179,17 @@ func (p *cacheAware) Chosen(req *PickRequest, w *fleet.Worker) {
 	p.mu.RUnlock()
 	if rec == nil {
 		p.mu.Lock()
-		if rec = p.records[w]; rec == nil {
+		// A worker is removed before Forget is called: one seen removed
+		// here gets no new record (else a Chosen racing the Forget of a
+		// leaving worker would keep its record for good).
+		if rec = p.records[w]; rec == nil && w.State() != fleet.StateRemoved {
 			rec = newPageRecord()
 			p.records[w] = rec
 		}
 		p.mu.Unlock()
+		if rec == nil {
+			return
+		}
 	}
 	limit := p.cfg.MaxPages
 	if c := p.capacity(w); c > 0 {

@@ -22,10 +22,10 @@ import (
 //
 // A policy is chosen per role (--prefill-policy, --decode-policy; a
 // colocated worker is chosen by the decode policy). Policies are registered
-// by name in [policies]; a cache-aware policy (the prefix-cache issue)
-// fits the same interface: it reads Request.InputIDs, scores candidates by
-// the prefix they hold, falls back on Candidate.Load to balance, and
-// follows the workers it scored through [PolicyObserver].
+// by name in [policies]. The cache_aware policy ([PolicyCacheAware],
+// cacheaware.go) reads PickRequest.InputIDs, scores candidates by the
+// prefix the router sent them, weighs that against Candidate.Load, and
+// records where each request went through [PolicyObserver].
 //
 // Pick is called concurrently from many requests; an implementation keeps
 // its own state safe.

@@ -102,6 +102,12 @@ type Finalize struct {
 	FinishReason string // "stop" or "length" when Outcome is OK
 	PromptTokens int
 	OutputTokens int
+	// CachedTokens is how many prompt tokens were not computed because the
+	// prefix cache held their KV: on prefill and colocated workers its own
+	// cache's, on decode the prefill worker's (KV_DONE); never tokens decode
+	// merely did not need transferred. It is the API's
+	// usage.prompt_tokens_details.cached_tokens.
+	CachedTokens int
 	// FirstToken is prefill's sampled token (prefill role, Outcome OK).
 	FirstToken model.SeqOutput
 	// StageTime is how long the request spent in each stage.

@@ -123,6 +123,12 @@ type req struct {
 	// preempted first); preemptions counts how often it lost them.
 	admitted    uint64
 	preemptions int
+	// chain holds the page hashes of the request's full pages of tokens
+	// (prompt, then output), as far as the prefix cache needed them
+	// (prefix.go); cachedTokens (prefill, colocated) is how many prompt
+	// tokens the last computation of the prompt took from the cache.
+	chain        []kvxfer.PageHash
+	cachedTokens int
 
 	link
 	prefillSide
@@ -151,7 +157,10 @@ type link struct {
 // prefillSide is what only a prefill request holds.
 type prefillSide struct {
 	ready     bool   // ROOM_READY seen: decode has pages, KV may be sent
-	sentPages int    // prompt pages sent in KV_CHUNKs
+	sentPages int    // prompt pages sent in KV_CHUNKs, or held by decode from its cache
+	// peerCached is how many of the prompt's first pages decode holds from
+	// its prefix cache (ROOM_READY): they are not sent.
+	peerCached int
 	chunks    uint32 // KV_CHUNKs sent (the next one's Seq)
 	// first is the token sampled after the prompt, sent in KV_DONE (set
 	// when the prompt's KV is complete: parked, transferring).
@@ -183,6 +192,10 @@ type optState struct {
 type decodeSide struct {
 	recv        []bool // per prompt page: written by a KV_CHUNK
 	recvCount   int    // pages marked in recv
+	// cachedPages are the prompt's first pages decode took from its prefix
+	// cache at admission (announced in ROOM_READY): shared, never written;
+	// the transfer is complete when recvCount + cachedPages = P.
+	cachedPages int
 	xferStarted bool   // the first KV_CHUNK came: the transfer deadline runs from the last progress
 	verifying   bool   // KV_DONE came; VerifyKV is computing the checksum
 	done        kvxfer.KVDone

@@ -347,6 +347,7 @@ func (w *world) runIO(n *node, k int) {
 				if o := n.owner(p); o != nil && o != owner {
 					w.fatalf("%s: KV written into page %d, which now belongs to %s", n.name, p, o.RID)
 				}
+				w.checkPrivate(n, p, owner, "a KV write")
 				n.data[p] = slices.Clone(x.Data[i*testPageBytes : (i+1)*testPageBytes])
 			}
 			w.say(n, "job %d: wrote pages %v", x.Job, x.Pages)
@@ -552,6 +553,24 @@ func (n *node) crc(pages []kvcache.PageID) uint32 {
 	return c.Sum32()
 }
 
+// checkPrivate fails the test unless page p, about to be written for
+// request r, is r's alone: no other request holds it (reading it as a
+// cached page) and it is not in the prefix cache's index, from which
+// another request could match it.
+func (w *world) checkPrivate(n *node, p kvcache.PageID, r *req, what string) {
+	if _, idx := n.m.cache.Indexed(p); idx {
+		w.fatalf("%s: %s of %s writes page %d, which is in the prefix cache", n.name, what, r.RID, p)
+	}
+	for _, o := range n.m.queue {
+		if o != r && o.stage != StageDone && slices.Contains(o.pages, p) {
+			w.fatalf("%s: %s of %s writes page %d, which %s reads as a cached page", n.name, what, r.RID, p, o.RID)
+		}
+	}
+	if refs := n.m.cache.Refs(p); refs != 1 {
+		w.fatalf("%s: %s of %s writes page %d, which has %d references", n.name, what, r.RID, p, refs)
+	}
+}
+
 // owner is the live request that holds page p, or nil.
 func (n *node) owner(p kvcache.PageID) *req {
 	for _, r := range n.m.queue {
@@ -590,9 +609,27 @@ func (w *world) forward(n *node, b *RunBatch) []model.SeqOutput {
 	out := make([]model.SeqOutput, len(b.Seqs))
 	for i, s := range b.Seqs {
 		in := s.Input
+		r := n.m.reqs[s.RID]
+		for d := range n.m.draining {
+			if d.RID == s.RID {
+				r = d
+			}
+		}
+		if r == nil {
+			w.fatalf("%s: forward of %s, which holds no pages", n.name, s.RID)
+		}
 		for _, p := range in.Pages {
-			if o := owners[p]; o != nil && o.RID != s.RID {
-				w.fatalf("%s: forward of %s writes page %d, which now belongs to %s", n.name, s.RID, p, o.RID)
+			if !slices.Contains(r.pages, p) {
+				o := owners[p]
+				w.fatalf("%s: forward of %s reads page %d, which now belongs to %v", n.name, s.RID, p, o)
+			}
+		}
+		if len(in.Tokens) > 0 {
+			for _, p := range in.Pages[in.Pos/ps : (in.Pos+len(in.Tokens)-1)/ps+1] {
+				if o := owners[p]; o != nil && o.RID != s.RID {
+					w.fatalf("%s: forward of %s writes page %d, which now belongs to %s", n.name, s.RID, p, o.RID)
+				}
+				w.checkPrivate(n, p, r, "the forward")
 			}
 		}
 		for k, tok := range in.Tokens {

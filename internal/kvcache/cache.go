@@ -200,6 +200,17 @@ func (c *Cache) Publish(id PageID, k Key) bool {
 	return true
 }
 
+// Forget drops page id from the index, if it is there: its KV is known to
+// be wrong (a checksum over it failed), so no one may match it again. The
+// caller must hold a reference; the page is freed on its last release.
+func (c *Cache) Forget(id PageID) {
+	if c.refs[id] <= 0 || !c.indexed[id] {
+		return
+	}
+	delete(c.index, c.key[id])
+	c.indexed[id], c.key[id] = false, Key{}
+}
+
 // Release drops one reference on each of ids. The last reference frees an
 // unindexed page and makes an indexed one cached (most recently used). If
 // any id is out of range, unreferenced, or repeated, Release returns an

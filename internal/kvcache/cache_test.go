@@ -100,6 +100,26 @@ func TestCachePublishRefusals(t *testing.T) {
 	}
 }
 
+func TestCacheForget(t *testing.T) {
+	c := NewCache(NewAllocator(4), true)
+	ids, _ := c.Alloc(1)
+	c.Publish(ids[0], key(1, 0))
+	other := c.Match(chainKeys(1, 1), 1)
+	c.Forget(ids[0])
+	if got := c.Match(chainKeys(1, 1), 1); len(got) != 0 {
+		t.Fatalf("a forgotten page matched: %v", got)
+	}
+	if err := c.Release(ids); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(other); err != nil {
+		t.Fatal(err)
+	}
+	if c.Used() != 0 || c.Cached() != 0 || c.FreeCount() != 4 {
+		t.Fatalf("a forgotten page was kept: used %d cached %d", c.Used(), c.Cached())
+	}
+}
+
 func TestCacheReleaseRejectsBadPages(t *testing.T) {
 	c := NewCache(NewAllocator(8), true)
 	ids, _ := c.Alloc(3)

@@ -135,6 +135,12 @@ func (m *Machine) kvVerified(e KVVerified) {
 	}
 	r.verifying = false
 	if e.Checksum != r.done.Checksum {
+		// The pages decode took from its cache may be what is wrong (they
+		// are not prefill's bytes): no one matches them again, so the
+		// retry receives every page.
+		for _, p := range r.pages[:r.cachedPages] {
+			m.cache.Forget(p)
+		}
 		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("KV checksum mismatch: pages hold crc32c %08x, prefill sent %08x",
 			e.Checksum, r.done.Checksum), "")
 		return

@@ -378,7 +378,7 @@ func (m *Machine) legal(r *req) error {
 				bad("decoding: pages=%d outputs=%d", pages, out)
 			}
 		case StagePreempted:
-			if !(pages == 0 && r.computed == 0 && out >= 1) {
+			if !(pages == 0 && r.computed == 0) {
 				bad("preempted: pages=%d computed=%d outputs=%d", pages, r.computed, out)
 			}
 		default:

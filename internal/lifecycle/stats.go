@@ -58,8 +58,8 @@ type Stats struct {
 	OldestInStage map[Stage]time.Duration
 	// MaxInStage is, per stage, the longest time a request spent in it
 	// before leaving it, since the machine started.
-	MaxInStage   map[Stage]time.Duration
-	Live         int
+	MaxInStage map[Stage]time.Duration
+	Live       int
 	// PagesUsed are the pages requests hold (shared ones once), PagesCached
 	// the prefix cache's unreferenced pages (evicted as allocations need
 	// them); the rest of PagesTotal is free.

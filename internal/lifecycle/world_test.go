@@ -49,6 +49,10 @@ type world struct {
 	// router that hears every Finalize.
 	ioDelay func() time.Duration
 	onFinal func(n *node, f Finalize)
+	// onFrame sees each frame delivered to a node, onBatch each forward a
+	// node starts (tests that follow the protocol).
+	onFrame func(to *node, msg kvxfer.Message)
+	onBatch func(n *node, b RunBatch)
 }
 
 // node is one machine and its simulated shell.
@@ -375,6 +379,9 @@ func (w *world) deliver(n *node, k int) {
 		if w.printing() {
 			w.out.WriteString(n.name + " << " + w.fmtMsg(f.msg) + "\n")
 		}
+		if w.onFrame != nil {
+			w.onFrame(n, f.msg)
+		}
 		switch x := f.msg.(type) {
 		case kvxfer.KVChunk:
 			n.kvSeen[x.RoomGen] = append(n.kvSeen[x.RoomGen], x)
@@ -493,6 +500,9 @@ func (w *world) step(n *node, ev Event) {
 			}
 			b := x
 			n.batch = &b
+			if w.onBatch != nil {
+				w.onBatch(n, x)
+			}
 		case Send:
 			w.send(n, x.Peer, x.Msg)
 		case SendKV, SendKVDone, WriteKV, VerifyKV:
@@ -733,6 +743,9 @@ func (w *world) fmtMsg(msg kvxfer.Message) string {
 	case kvxfer.RoomOpen:
 		return fmt.Sprintf("ROOM_OPEN %s rid=%s tokens=%d", w.rg(x.RoomGen), x.RID, x.NTokens)
 	case kvxfer.RoomReady:
+		if x.CachedPages > 0 {
+			return fmt.Sprintf("ROOM_READY %s tokens=%d cached-pages=%d", w.rg(x.RoomGen), x.NTokens, x.CachedPages)
+		}
 		return fmt.Sprintf("ROOM_READY %s tokens=%d", w.rg(x.RoomGen), x.NTokens)
 	case kvxfer.RoomRenew:
 		rooms := make([]string, len(x.Rooms))
@@ -743,8 +756,12 @@ func (w *world) fmtMsg(msg kvxfer.Message) string {
 	case kvxfer.KVChunk:
 		return fmt.Sprintf("KV_CHUNK %s seq=%d pages=%d+%d", w.rg(x.RoomGen), x.Seq, x.FirstPage, x.NPages)
 	case kvxfer.KVDone:
-		return fmt.Sprintf("KV_DONE %s chunks=%d pages=%d tokens=%d binding=%s crc=%08x first=%d", w.rg(x.RoomGen),
-			x.NChunks, x.NPages, x.NTokens, x.Binding.String()[:8], x.Checksum, x.FirstToken)
+		cached := ""
+		if x.CachedTokens > 0 {
+			cached = fmt.Sprintf(" cached-tokens=%d", x.CachedTokens)
+		}
+		return fmt.Sprintf("KV_DONE %s chunks=%d pages=%d tokens=%d binding=%s crc=%08x first=%d%s", w.rg(x.RoomGen),
+			x.NChunks, x.NPages, x.NTokens, x.Binding.String()[:8], x.Checksum, x.FirstToken, cached)
 	case kvxfer.KVAck:
 		return "KV_ACK " + w.rg(x.RoomGen)
 	case kvxfer.Abort:
@@ -817,6 +834,9 @@ func (w *world) printEffect(n *node, e Effect) {
 		room := ""
 		if !x.RoomGen.Room.IsZero() && (w.roomName(x.RoomGen.Room) != x.RID || x.RoomGen.Gen != 1) {
 			room = " room=" + w.rg(x.RoomGen)
+		}
+		if x.CachedTokens > 0 {
+			first += fmt.Sprintf(" cached=%d", x.CachedTokens)
 		}
 		w.say(n, "finalize %s %s%s prompt=%d output=%d%s age=%s%s", x.RID, what, room,
 			x.PromptTokens, x.OutputTokens, first, x.Age, times)
@@ -934,7 +954,9 @@ var configKeys = []struct {
 	num  func(*Config) *int
 	dur  func(*Config) *time.Duration
 	frac func(*Config) *float64
+	flag func(*Config) *bool
 }{
+	{key: "prefix-cache", flag: func(c *Config) *bool { return &c.PrefixCache }},
 	{key: "page-size", num: func(c *Config) *int { return &c.PageSize }},
 	{key: "context", num: func(c *Config) *int { return &c.ContextLen }},
 	{key: "max-prefill-tokens", num: func(c *Config) *int { return &c.MaxPrefillTokens }},
@@ -968,6 +990,9 @@ func configArgs(cfg Config) (string, bool) {
 		case k.dur != nil && *k.dur(&cfg) != *k.dur(&base):
 			fmt.Fprintf(&b, " %s=%s", k.key, *k.dur(&cfg))
 			*k.dur(&base) = *k.dur(&cfg)
+		case k.flag != nil && *k.flag(&cfg) != *k.flag(&base):
+			fmt.Fprintf(&b, " %s=%v", k.key, *k.flag(&cfg))
+			*k.flag(&base) = *k.flag(&cfg)
 		case k.frac != nil && *k.frac(&cfg) != *k.frac(&base):
 			fmt.Fprintf(&b, " %s=%s", k.key, strconv.FormatFloat(*k.frac(&cfg), 'g', -1, 64))
 			*k.frac(&base) = *k.frac(&cfg)

@@ -25,6 +25,9 @@ type RunBatch struct {
 	// PrefillTokens and DecodeSeqs describe the batch for logs.
 	PrefillTokens int
 	DecodeSeqs    int
+	// CachedTokens is the tokens the prefix cache supplied to the
+	// sequences this batch starts computing (not computed; for logs).
+	CachedTokens int
 	// Queues is the number of requests per stage when the batch started.
 	Queues map[Stage]int
 }

@@ -23,7 +23,7 @@ func (m *Machine) schedule() {
 	}
 	var entries []batchEntry
 	var seqs []BatchSeq
-	decodeSeqs, prefillTokens := 0, 0
+	decodeSeqs, prefillTokens, cachedTokens := 0, 0, 0
 	add := func(r *req, in model.SeqInput) {
 		r.inBatch = true
 		entries = append(entries, batchEntry{r: r, gen: r.Gen, tokens: len(in.Tokens)})
@@ -121,6 +121,7 @@ func (m *Machine) schedule() {
 				break // first come, first served: later requests wait too
 			}
 			m.startComputing(r, hit)
+			cachedTokens += r.computed
 			m.setStage(r, StagePrefilling, 0, outcome.None)
 			m.record(r, "%d pages allocated%s", len(r.pages), fromCache(hit))
 			chunk(r)
@@ -154,6 +155,7 @@ func (m *Machine) schedule() {
 				}
 				left -= need
 				m.startComputing(r, hit)
+				cachedTokens += r.computed
 				m.startOptimistic(r)
 				chunk(r)
 			}
@@ -168,7 +170,7 @@ func (m *Machine) schedule() {
 	for _, s := range m.cfg.Role.Stages() {
 		q[s] = m.stageCount[s]
 	}
-	m.emit(RunBatch{Seqs: seqs, PrefillTokens: prefillTokens, DecodeSeqs: decodeSeqs, Queues: q})
+	m.emit(RunBatch{Seqs: seqs, PrefillTokens: prefillTokens, DecodeSeqs: decodeSeqs, CachedTokens: cachedTokens, Queues: q})
 }
 
 // grow gives a decoding request the page its next token needs, preempting

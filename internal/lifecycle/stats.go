@@ -80,6 +80,13 @@ type Stats struct {
 	Counters Counters
 }
 
+// Pages returns the page accounting: pages requests hold, the prefix
+// cache's unreferenced pages, and the pool's total. Safe from any
+// goroutine (the counts are atomic), unlike the rest of the machine.
+func (m *Machine) Pages() (used, cached, total int) {
+	return m.cache.Used(), m.cache.Cached(), m.cache.Total()
+}
+
 // Stats returns the machine's counts at time now.
 func (m *Machine) Stats(now time.Time) Stats {
 	s := Stats{

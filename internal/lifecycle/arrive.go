@@ -73,8 +73,15 @@ func (m *Machine) reserve() int { return max(1, m.cache.Total()/100) }
 // rest is allocated; it returns how many pages came from the cache (0 when
 // it fails, and then r holds nothing).
 func (m *Machine) admitAlloc(r *req, n int, toks []int32, limit int) (int, bool) {
-	hit := m.matchPrefix(r, toks, min(limit, n))
 	busy := m.stageCount[StageDecoding] + m.stageCount[StageQueued] + m.stageCount[StagePrefilling] + m.stageCount[StageAwaitingKV]
+	keep := 0
+	if busy > 0 {
+		keep = m.reserve()
+	}
+	if m.cache.FreeCount()-keep < n-max(0, min(limit, n)) {
+		return 0, false // not even if every page it may share were cached
+	}
+	hit := m.matchPrefix(r, toks, min(limit, n))
 	need := n - len(hit)
 	ids, ok := []kvcache.PageID(nil), !(busy > 0 && m.cache.FreeCount()-need < m.reserve())
 	if ok {
@@ -86,6 +93,7 @@ func (m *Machine) admitAlloc(r *req, n int, toks []int32, limit int) (int, bool)
 		}
 		return 0, false
 	}
+	m.countQuery(toks, len(hit))
 	r.pages = append(hit, ids...)
 	m.admitSeq++
 	r.admitted = m.admitSeq

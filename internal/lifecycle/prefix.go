@@ -77,18 +77,21 @@ func keysOf(hs []kvxfer.PageHash) []kvcache.Key {
 }
 
 // matchPrefix takes references to the longest cached prefix of toks, at
-// most limit pages, and counts the query (its tokens) and the hit.
+// most limit pages.
 func (m *Machine) matchPrefix(r *req, toks []int32, limit int) []kvcache.PageID {
 	if !m.cache.Enabled() || limit <= 0 {
-		if m.cache.Enabled() {
-			m.counters.PrefixQueriedTokens += uint64(len(toks))
-		}
 		return nil
 	}
-	got := m.cache.Match(keysOf(m.chainTo(r, toks, limit)), limit)
-	m.counters.PrefixQueriedTokens += uint64(len(toks))
-	m.counters.PrefixHitTokens += uint64(len(got) * m.cfg.PageSize)
-	return got
+	return m.cache.Match(keysOf(m.chainTo(r, toks, limit)), limit)
+}
+
+// countQuery counts one lookup of toks in the prefix cache that found hit
+// pages, for an admission that went ahead.
+func (m *Machine) countQuery(toks []int32, hit int) {
+	if m.cache.Enabled() {
+		m.counters.PrefixQueriedTokens += uint64(len(toks))
+		m.counters.PrefixHitTokens += uint64(hit * m.cfg.PageSize)
+	}
 }
 
 // computeLimit is how many pages of k tokens to be computed the cache may

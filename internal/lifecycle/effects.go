@@ -111,6 +111,9 @@ type Finalize struct {
 	// merely did not need transferred. It is the API's
 	// usage.prompt_tokens_details.cached_tokens.
 	CachedTokens int
+	// SentPages (prefill) is how many prompt pages went out in KV_CHUNKs:
+	// the prompt's pages less those decode held from its prefix cache.
+	SentPages int
 	// FirstToken is prefill's sampled token (prefill role, Outcome OK).
 	FirstToken model.SeqOutput
 	// StageTime is how long the request spent in each stage.

@@ -92,6 +92,7 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 		if m.cfg.Role == RolePrefill {
 			f.FirstToken = r.first
 			f.OutputTokens = 0
+			f.SentPages = r.sentPages - r.peerCached
 		}
 	} else {
 		f.Err, f.Cause = reason, cause

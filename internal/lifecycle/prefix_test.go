@@ -184,6 +184,9 @@ func TestPrefixCacheSkipsCachedPages(t *testing.T) {
 	if len(forwards) == 0 || forwards[0].Seqs[0].Input.Pos != 8 || forwards[0].PrefillTokens != 14 {
 		t.Fatalf("prefill's first forward of turn 2: %+v, want 14 tokens from position 8", forwards)
 	}
+	if a, b := P.finals[q1.RID].SentPages, P.finals[q2.RID].SentPages; a != 3 || b != 2 {
+		t.Fatalf("prefill sent %d pages of turn 1 and %d of turn 2, want 3 and 2", a, b)
+	}
 	if f := D.finals[q2.RID]; f.CachedTokens != 8 || P.finals[q2.RID].CachedTokens != 8 {
 		t.Fatalf("cached tokens: decode %d, prefill %d; want prefill's 8", f.CachedTokens, P.finals[q2.RID].CachedTokens)
 	}

@@ -596,8 +596,8 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 		}
 		w.metrics.Finished(x.Outcome, x.Cause, x.Age)
 		if w.role == lifecycle.RolePrefill && x.Outcome == outcome.OK {
-			pages := (x.PromptTokens + w.cfg.Machine.PageSize - 1) / w.cfg.Machine.PageSize
-			w.metrics.KVTransfer(x.StageTime[lifecycle.StageTransferring], pages*w.pool.PageBytes())
+			// Only the pages sent: decode held the others in its prefix cache.
+			w.metrics.KVTransfer(x.StageTime[lifecycle.StageTransferring], x.SentPages*w.pool.PageBytes())
 			// Prefill's first token was sampled when its prefill ended:
 			// its time to first token is the stages before.
 			w.metrics.FirstToken(x.StageTime[lifecycle.StageBootstrap] + x.StageTime[lifecycle.StageWaiting] +

@@ -127,9 +127,7 @@ func (c *Cache) evict(id PageID) {
 	c.indexed[id], c.key[id] = false, Key{}
 	c.cached.Add(-1)
 	c.evictions.Add(1)
-	if err := c.alloc.Free([]PageID{id}); err != nil {
-		panic(fmt.Sprintf("kvcache: evicting: %v", err))
-	}
+	c.alloc.release([]PageID{id})
 }
 
 func (c *Cache) unlink(id PageID) {
@@ -241,8 +239,6 @@ func (c *Cache) Release(ids []PageID) error {
 		}
 		free = append(free, id)
 	}
-	if err := c.alloc.Free(free); err != nil {
-		panic(fmt.Sprintf("kvcache: releasing: %v", err))
-	}
+	c.alloc.release(free)
 	return nil
 }

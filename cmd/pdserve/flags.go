@@ -205,6 +205,7 @@ type workerFlags struct {
 	optMaxParked      float64
 	optForce          float64
 	admissionDelay    time.Duration
+	noPrefixCache     bool
 }
 
 // optimisticAlias is SGLang's older name of --optimistic-prefill-attempts,
@@ -229,6 +230,7 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel only (deprecated: --internal-secret covers the KV channel and the worker API)")
 	_ = fs.MarkDeprecated("kv-auth", "use --internal-secret (it also signs the worker API)")
 	fs.StringVar(&f.metricsCompat, "metrics-compat", "", `also export another server's metric names on /metrics: "sglang" (SGLang's sglang:* series; see docs/coming-from-sglang.md)`)
+	fs.BoolVar(&f.noPrefixCache, "disable-prefix-cache", false, "turn the prefix cache off: every prompt is computed in full and decode receives every page (on by default, as in SGLang and vLLM)")
 	fs.IntVar(&f.optAttempts, "optimistic-prefill-attempts", d.OptimisticAttempts, "prefill: forward passes a request may take before decode opens its room (0: off; alias --"+optimisticAlias+")")
 	fs.Float64Var(&f.optMaxParked, "optimistic-prefill-max-parked", d.OptimisticMaxParked, "prefill: fraction of the KV pool that optimistic KV not yet bound to its room may hold; at the cap new requests wait for their room")
 	fs.Float64Var(&f.optForce, "test-force-optimistic-prefill", 0, "testing: fraction of requests, picked by a hash of the request id, whose room opening prefill holds back until their optimistic prefill ends")
@@ -278,6 +280,7 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	mc.TombstoneTTL = f.tombstoneTTL
 	mc.OptimisticAttempts = f.optAttempts
 	mc.OptimisticMaxParked = f.optMaxParked
+	mc.PrefixCache = !f.noPrefixCache
 	if !(f.optForce >= 0 && f.optForce <= 1) {
 		return cluster.WorkerOptions{}, usagef("--test-force-optimistic-prefill must be a fraction in [0, 1], got %v", f.optForce)
 	}

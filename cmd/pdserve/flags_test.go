@@ -196,6 +196,42 @@ func TestOptimisticPrefillFlags(t *testing.T) {
 	}
 }
 
+// TestPrefixCacheFlag: the prefix cache is on by default, and
+// --disable-prefix-cache (or PDSERVE_DISABLE_PREFIX_CACHE) turns it off,
+// for every worker role and up (they share the worker flags).
+func TestPrefixCacheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		on   bool
+	}{
+		{on: true},
+		{args: []string{"--disable-prefix-cache"}, on: false},
+		{args: []string{"--disable-prefix-cache=false"}, on: true},
+		{env: map[string]string{"PDSERVE_DISABLE_PREFIX_CACHE": "true"}, on: false},
+	} {
+		var wf workerFlags
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		wf.add(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := applyEnv(fs, env(tc.env)); err != nil {
+			t.Fatal(err)
+		}
+		wo, err := wf.options()
+		if err != nil || wo.Machine.PrefixCache != tc.on {
+			t.Errorf("%v %v: prefix cache %v, %v; want %v", tc.args, tc.env, wo.Machine.PrefixCache, err, tc.on)
+		}
+	}
+	for _, cmd := range []string{"prefill", "decode", "serve", "up"} {
+		code, _, errOut := runArgs(t, nil, cmd, "--disable-prefix-cache", "--help")
+		if code != 0 || strings.Contains(errOut, "unknown flag") {
+			t.Errorf("%s --disable-prefix-cache: exit %d, %s", cmd, code, errOut)
+		}
+	}
+}
+
 // TestSimDefaults: by default the simulated model takes the H100 profile's
 // step times and one layer of Llama-3-8B's KV (4 KiB per token); step times
 // given as flags replace the default profile, --sim-profile none has none,

@@ -15,6 +15,12 @@
 // used + free == total at all times). The request lifecycle machine owns it;
 // the worker shell and the model own the bytes.
 //
+// A [Cache] is the prefix cache over an Allocator: pages with reference
+// counts, full pages indexed by the chained hash of their tokens, unreferenced
+// indexed pages kept and evicted least recently used only when an allocation
+// needs them. Its accounting tells free, used (referenced) and cached
+// (unreferenced, indexed) pages apart.
+//
 // # Concurrency
 //
 // Allocator and Pool are not safe for concurrent use, with one exception:
@@ -23,7 +29,9 @@
 //
 // # Ownership
 //
-// A page belongs to exactly one request between Alloc and Free. Free of a page
+// Through the Allocator, a page belongs to exactly one request between Alloc
+// and Free; through a Cache, to every holder of a reference, and a shared
+// (indexed) page is never written. Free of a page
 // that is not allocated returns an error and changes nothing, so a double free
 // can never hand one page to two owners.
 package kvcache

@@ -145,12 +145,21 @@ func (a *Allocator) Free(ids []PageID) error {
 		}
 		seen[id] = true
 	}
+	a.release(ids)
+	return nil
+}
+
+// release returns ids, which the caller knows are allocated and distinct,
+// to the free list (the Cache's path: its reference counts checked them).
+func (a *Allocator) release(ids []PageID) {
 	for _, id := range ids {
+		if !a.allocated[id] {
+			panic(fmt.Sprintf("kvcache: page %d released while free", id))
+		}
 		a.allocated[id] = false
 		a.free = append(a.free, id)
 	}
 	a.used.Add(-int64(len(ids)))
-	return nil
 }
 
 // Free pages right now. Only for the owning goroutine.

@@ -62,7 +62,7 @@ const (
 
 	roomGenBytes = 16 + 4
 	kvChunkFixed = roomGenBytes + 3*4
-	kvDoneBytes  = roomGenBytes + 6*4 + len(Binding{})
+	kvDoneBytes  = roomGenBytes + 7*4 + len(Binding{})
 	strMax       = 2 + MaxStringBytes
 	helloMax     = 2 + 4*strMax + 4*8 + 1 + NonceBytes
 )
@@ -108,7 +108,7 @@ func payloadBounds(t Type) (lo, hi int, ok bool) {
 	case TypeRoomOpen:
 		return roomGenBytes + 2 + 4 + 8, roomGenBytes + strMax + 4 + 8, true
 	case TypeRoomReady:
-		return roomGenBytes + 4, roomGenBytes + 4, true
+		return roomGenBytes + 4 + 4, roomGenBytes + 4 + 4, true
 	case TypeRoomRenew:
 		return 4, -1, true
 	case TypeKVChunk:
@@ -219,6 +219,7 @@ func AppendFrameHeader(buf []byte, m Message) ([]byte, error) {
 		t = v.Type()
 		buf = appendRoomGen(buf, v.RoomGen)
 		buf = binary.LittleEndian.AppendUint32(buf, v.NTokens)
+		buf = binary.LittleEndian.AppendUint32(buf, v.CachedPages)
 	case RoomRenew:
 		t = v.Type()
 		if uint64(len(v.Rooms)) > (math.MaxUint32-1-4)/roomGenBytes {
@@ -246,6 +247,7 @@ func AppendFrameHeader(buf []byte, m Message) ([]byte, error) {
 		buf = binary.LittleEndian.AppendUint32(buf, v.Checksum)
 		buf = binary.LittleEndian.AppendUint32(buf, uint32(v.FirstToken))
 		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v.FirstLogprob))
+		buf = binary.LittleEndian.AppendUint32(buf, v.CachedTokens)
 	case KVAck:
 		t = v.Type()
 		buf = appendRoomGen(buf, v.RoomGen)
@@ -399,7 +401,7 @@ func DecodePayload(t Type, payload []byte) (Message, error) {
 		m = RoomOpen{RoomGen: d.roomGen("room"), RID: d.str("rid"), NTokens: d.u32("n_tokens"),
 			PromptHash: d.u64("prompt_hash")}
 	case TypeRoomReady:
-		m = RoomReady{RoomGen: d.roomGen("room"), NTokens: d.u32("n_tokens")}
+		m = RoomReady{RoomGen: d.roomGen("room"), NTokens: d.u32("n_tokens"), CachedPages: d.u32("cached_pages")}
 	case TypeRoomRenew:
 		n := d.u32("count")
 		if uint64(n)*roomGenBytes != uint64(len(d.b)) {
@@ -420,6 +422,10 @@ func DecodePayload(t Type, payload []byte) (Message, error) {
 		copy(k.Binding[:], d.take(len(k.Binding), "binding"))
 		k.Checksum, k.FirstToken = d.u32("checksum"), int32(d.u32("first_token"))
 		k.FirstLogprob = math.Float32frombits(d.u32("first_logprob"))
+		k.CachedTokens = d.u32("cached_tokens")
+		if k.CachedTokens > k.NTokens && d.err == nil {
+			d.err = fmt.Errorf("%w: KV_DONE says %d cached tokens of %d", ErrMalformed, k.CachedTokens, k.NTokens)
+		}
 		m = k
 	case TypeKVAck:
 		m = KVAck{RoomGen: d.roomGen("room")}

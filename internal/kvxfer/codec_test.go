@@ -56,12 +56,14 @@ func sampleMessages() []Message {
 		Pong{Nonce: 42},
 		RoomOpen{RoomGen: rg, RID: "cmpl-123", NTokens: 1000, PromptHash: 0xdeadbeefcafef00d},
 		RoomReady{RoomGen: rg, NTokens: math.MaxUint32},
+		RoomReady{RoomGen: rg, NTokens: 1000, CachedPages: 62},
 		RoomRenew{},
 		RoomRenew{Rooms: []RoomGen{rg, testRoomGen(1, 0), testRoomGen(2, math.MaxUint32)}},
 		KVChunk{RoomGen: rg, Seq: 3, FirstPage: 12, NPages: 4, Data: bytes.Repeat([]byte{1, 2, 3, 4, 5}, 1000)},
 		KVChunk{RoomGen: rg},
 		KVDone{RoomGen: rg, NChunks: 4, NPages: 16, NTokens: 250, Checksum: 0x12345678, FirstToken: -5,
 			FirstLogprob: -0.25, Binding: Binding{0: 0xb1, 7: 0x77, 15: 0xff}},
+		KVDone{RoomGen: rg, NChunks: 1, NPages: 16, NTokens: 250, CachedTokens: 240, Checksum: 1, FirstToken: 7},
 		KVDone{RoomGen: rg, FirstLogprob: float32(math.NaN())},
 		KVAck{RoomGen: rg},
 		Abort{RoomGen: rg, Cause: outcome.Cause{Detail: "client disconnected"}},
@@ -159,13 +161,17 @@ func TestWireFormat(t *testing.T) {
 			4, 3, 2, 1)},
 		{RoomRenew{Rooms: []RoomGen{rg}}, append([]byte{0, 0, 0, 25, 8, 1, 0, 0, 0,
 			0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff}, 4, 3, 2, 1)},
-		// roomgen | n_chunks | n_pages | n_tokens | binding | checksum | first_token | first_logprob
+		// roomgen | n_chunks | n_pages | n_tokens | binding | checksum | first_token | first_logprob | cached_tokens
 		{KVDone{RoomGen: rg, NChunks: 1, NPages: 2, NTokens: 3, Binding: Binding{0: 0xb0, 15: 0xbf}, Checksum: 0x0a0b0c0d,
-			FirstToken: -1, FirstLogprob: -2},
-			slices.Concat([]byte{0, 0, 0, 61, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 4, 3, 2, 1},
+			FirstToken: -1, FirstLogprob: -2, CachedTokens: 2},
+			slices.Concat([]byte{0, 0, 0, 65, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 4, 3, 2, 1},
 				[]byte{1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0},
 				[]byte{0xb0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xbf},
-				[]byte{0x0d, 0x0c, 0x0b, 0x0a, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xc0})},
+				[]byte{0x0d, 0x0c, 0x0b, 0x0a, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xc0, 2, 0, 0, 0})},
+		// roomgen | n_tokens | cached_pages
+		{RoomReady{RoomGen: rg, NTokens: 33, CachedPages: 2},
+			slices.Concat([]byte{0, 0, 0, 29, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 4, 3, 2, 1},
+				[]byte{33, 0, 0, 0, 2, 0, 0, 0})},
 	}
 	for _, tt := range tests {
 		if got := mustFrame(t, tt.m); !bytes.Equal(got, tt.want) {
@@ -304,6 +310,11 @@ func TestMalformedFields(t *testing.T) {
 		{"challenge short", withPayload(TypeHelloChallenge, make([]byte, 31)), ErrMalformed, "HELLO_CHALLENGE payload is 31 bytes, want 32"},
 		{"proof long", withPayload(TypeHelloProof, make([]byte, 33)), ErrMalformed, "HELLO_PROOF payload is 33 bytes, want 32"},
 		{"kv chunk short", withPayload(TypeKVChunk, rg), ErrMalformed, "KV_CHUNK payload is 20 bytes"},
+		{"kv done cached tokens above n_tokens", withPayload(TypeKVDone, slices.Concat(rg,
+			[]byte{1, 0, 0, 0, 1, 0, 0, 0, 16, 0, 0, 0}, make([]byte, 16+12), []byte{17, 0, 0, 0})),
+			ErrMalformed, "KV_DONE says 17 cached tokens of 16"},
+		{"room ready without cached pages (version 4)", withPayload(TypeRoomReady, slices.Concat(rg, []byte{1, 0, 0, 0})),
+			ErrMalformed, "ROOM_READY payload is 24 bytes, want 28"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -144,7 +144,9 @@ func (t Type) String() string {
 // the KV's Binding to its request. Version 4: the shared secret is proven by
 // challenge–response (HELLO carries the mode and a nonce instead of the
 // secret; HELLO_CHALLENGE, HELLO_PROOF; HELLO_OK carries prefill's proof).
-const ProtocolVersion = 4
+// Version 5: the prefix cache (ROOM_READY carries the prompt pages decode
+// holds from its cache, KV_DONE the prompt tokens prefill took from its).
+const ProtocolVersion = 5
 
 // Message is one decoded frame.
 type Message interface {
@@ -226,10 +228,14 @@ type RoomOpen struct {
 }
 
 // RoomReady (decode → prefill): decode holds pages for NTokens prompt tokens;
-// prefill may send KV.
+// prefill may send KV. CachedPages (version 5) is how many of the prompt's
+// first pages decode already holds from its prefix cache: prefill sends
+// KV_CHUNKs only for pages CachedPages … P−1, and KV_DONE still counts,
+// binds and checksums all P pages. A CachedPages above P fails the room.
 type RoomReady struct {
 	RoomGen
-	NTokens uint32
+	NTokens     uint32
+	CachedPages uint32
 }
 
 // RoomRenew lists the rooms the sender still holds for the receiver on this
@@ -254,8 +260,12 @@ type KVChunk struct {
 // sender recorded with each of the NPages pages (see BindKV); the receiver
 // compares it with the binding of its own request before it uses any of the
 // KV. Checksum is CRC-32C (Castagnoli) over the bytes of all NPages pages in
-// order, as the receiver will use them. FirstToken is the token prefill
-// sampled after the prompt, with its log-probability.
+// order, as the receiver will use them (its cached prefix included).
+// FirstToken is the token prefill sampled after the prompt, with its
+// log-probability. CachedTokens (version 5) is how many prompt tokens
+// prefill did not compute because its prefix cache held their KV (the
+// API's usage.prompt_tokens_details.cached_tokens); it is informational and
+// bounded by NTokens.
 type KVDone struct {
 	RoomGen
 	NChunks      uint32
@@ -265,6 +275,7 @@ type KVDone struct {
 	Checksum     uint32
 	FirstToken   int32
 	FirstLogprob float32
+	CachedTokens uint32
 }
 
 // KVAck (decode → prefill): the KV arrived and verified; prefill may free it.

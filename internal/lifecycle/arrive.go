@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"fmt"
 
+	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/outcome"
 )
@@ -33,8 +34,8 @@ func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 	if err := q.Sampling.Validate(); err != nil {
 		return outcome.RejectedInvalid, err.Error()
 	}
-	if need := m.maxPages(q); need > m.alloc.Total() {
-		return outcome.RejectedCapacity, fmt.Sprintf("request needs %d KV pages; this worker's pool has %d", need, m.alloc.Total())
+	if need := m.maxPages(q); need > m.cache.Total() {
+		return outcome.RejectedCapacity, fmt.Sprintf("request needs %d KV pages; this worker's pool has %d", need, m.cache.Total())
 	}
 	return outcome.None, ""
 }
@@ -64,23 +65,39 @@ func (m *Machine) admitPages(q Request) int {
 
 // reserve is how many pages admission leaves free for running requests to
 // grow into: 1% of the pool, at least one (vLLM's watermark).
-func (m *Machine) reserve() int { return max(1, m.alloc.Total()/100) }
+func (m *Machine) reserve() int { return max(1, m.cache.Total()/100) }
 
-// admitAlloc allocates a new request's first pages, keeping the reserve
-// free unless nothing else runs.
-func (m *Machine) admitAlloc(r *req, n int) bool {
+// admitAlloc gives a new request its first n pages, keeping the reserve
+// free unless nothing else runs. With the prefix cache, the longest cached
+// prefix of toks (at most limit pages) comes first, shared, and only the
+// rest is allocated; it returns how many pages came from the cache (0 when
+// it fails, and then r holds nothing).
+func (m *Machine) admitAlloc(r *req, n int, toks []int32, limit int) (int, bool) {
 	busy := m.stageCount[StageDecoding] + m.stageCount[StageQueued] + m.stageCount[StagePrefilling] + m.stageCount[StageAwaitingKV]
-	if busy > 0 && m.alloc.FreeCount()-n < m.reserve() {
-		return false
+	keep := 0
+	if busy > 0 {
+		keep = m.reserve()
 	}
-	ids, ok := m.alloc.Alloc(n)
+	if m.cache.FreeCount()-keep < n-max(0, min(limit, n)) {
+		return 0, false // not even if every page it may share were cached
+	}
+	hit := m.matchPrefix(r, toks, min(limit, n))
+	need := n - len(hit)
+	ids, ok := []kvcache.PageID(nil), !(busy > 0 && m.cache.FreeCount()-need < m.reserve())
+	if ok {
+		ids, ok = m.allocPages(need)
+	}
 	if !ok {
-		return false
+		if len(hit) > 0 {
+			m.free(hit)
+		}
+		return 0, false
 	}
-	r.pages = ids
+	m.countQuery(toks, len(hit))
+	r.pages = append(hit, ids...)
 	m.admitSeq++
 	r.admitted = m.admitSeq
-	return true
+	return len(hit), true
 }
 
 func (m *Machine) promptPages(r *req) int {
@@ -182,7 +199,7 @@ func (m *Machine) arrive(q Request) {
 			delete(m.pending, q.Room)
 			m.roomOpened(r, p.peer, p.open)
 			if r.stage != StageDone && p.ready {
-				m.roomReady(r, p.readyNT)
+				m.roomReady(r, p.readyNT, p.readyCached)
 			}
 		}
 	case RoleDecode:

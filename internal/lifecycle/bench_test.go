@@ -90,3 +90,46 @@ func BenchmarkStepRequest(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(events), "ns/event")
 }
+
+// BenchmarkStepRequestPrefixCache is BenchmarkStepRequest with a 512-token
+// prompt (32 pages) and 4 output tokens, without the prefix cache, with it
+// and every prompt new (0% hits: the cost of hashing, looking up and
+// publishing pages), and with it and every prompt the same (all but the
+// last page cached).
+func BenchmarkStepRequestPrefixCache(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		cache  bool
+		unique bool
+	}{{"cache=off", false, true}, {"cache=on/hit=0", true, true}, {"cache=on/hit=all", true, false}} {
+		b.Run(tc.name, func(b *testing.B) {
+			cfg := DefaultConfig(RoleColocated)
+			cfg.PageBytes, cfg.VocabSize = 1, 1000
+			cfg.PrefixCache = tc.cache
+			m, err := New(cfg, kvcache.NewAllocator(1<<12))
+			if err != nil {
+				b.Fatal(err)
+			}
+			now := time.Unix(0, 0)
+			out := []model.SeqOutput{{Token: 1}}
+			events := 0
+			for i := 0; b.Loop(); i++ {
+				prompt := make([]int32, 512)
+				if tc.unique {
+					prompt[0], prompt[1] = int32(i%1000), int32(i/1000%1000)
+				}
+				m.Step(now, Arrive{Req: Request{RID: fmt.Sprint(i), InputIDs: prompt, MaxTokens: 5, IgnoreEOS: true,
+					Sampling: model.SamplingParams{TopP: 1}}})
+				events++
+				for m.Live() > 0 {
+					m.Step(now, Schedule{})
+					m.Ready()
+					m.Step(now, BatchDone{Out: out})
+					m.Ready()
+					events += 2
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(events), "ns/event")
+		})
+	}
+}

@@ -67,6 +67,13 @@ type Config struct {
 	// (computing or parked), as a fraction of the pool in (0, 1]; at the cap
 	// new requests wait for their ROOM_OPEN.
 	OptimisticMaxParked float64
+	// PrefixCache turns on the prefix cache (prefix.go): full pages of
+	// complete KV stay indexed by their chained hash after their request
+	// ends, a request computes only from its first uncached token, and
+	// decode receives only the prompt pages it does not hold
+	// (--disable-prefix-cache turns it off; on in the worker by default, as
+	// in SGLang and vLLM).
+	PrefixCache bool
 	// ForceOptimistic, if set, is the test hook of optimistic prefill (as
 	// SGLang's should_force_retry): for a request it picks by id, the
 	// machine holds the room's ROOM_OPEN back until the request's optimistic

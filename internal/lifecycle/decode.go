@@ -18,14 +18,19 @@ func (m *Machine) admit() {
 		if r.stage != StagePrealloc {
 			continue
 		}
-		if !m.admitAlloc(r, m.admitPages(r.Request)) {
+		// Every full prompt page may come from the cache: decode computes
+		// nothing of the prompt, and its first write is the first output
+		// token's KV, past the prompt's full pages.
+		hit, ok := m.admitAlloc(r, m.admitPages(r.Request), r.InputIDs, len(r.InputIDs)/m.cfg.PageSize)
+		if !ok {
 			return
 		}
-		ids := r.pages
 		r.recv = make([]bool, m.promptPages(r))
-		m.emit(Send{Peer: r.Peer, Msg: kvxfer.RoomReady{RoomGen: r.roomGen(), NTokens: uint32(len(r.InputIDs))}})
+		r.cachedPages = hit
+		m.emit(Send{Peer: r.Peer, Msg: kvxfer.RoomReady{RoomGen: r.roomGen(), NTokens: uint32(len(r.InputIDs)),
+			CachedPages: uint32(hit)}})
 		m.setStage(r, StageAwaitingKV, 0, outcome.None)
-		m.record(r, "%d pages allocated, ROOM_READY sent", len(ids))
+		m.record(r, "%d pages allocated%s, ROOM_READY sent", len(r.pages), fromCache(hit))
 	}
 }
 
@@ -47,6 +52,14 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 			m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
 				"malformed KV chunk %d: pages %d+%d of %d, %d bytes (want %d per page)",
 				x.Seq, first, n, np, len(x.Data), m.cfg.PageBytes), "")
+			return
+		}
+		if first < r.cachedPages {
+			// Those pages are shared from the cache: never written.
+			m.drop("malformed")
+			m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
+				"KV chunk %d is for pages %d+%d, but decode holds the first %d from its cache (ROOM_READY)",
+				x.Seq, first, n, r.cachedPages), "")
 			return
 		}
 		m.emit(WriteKV{Job: m.pin(r), Peer: p, Pages: r.pages[first : first+n], Data: x.Data})
@@ -71,10 +84,10 @@ func (m *Machine) decodeMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 			return
 		}
 		np := m.promptPages(r)
-		if int(x.NPages) != np || int(x.NTokens) != len(r.InputIDs) || r.recvCount != np {
+		if int(x.NPages) != np || int(x.NTokens) != len(r.InputIDs) || r.recvCount+r.cachedPages != np {
 			m.finish(r, outcome.FailedTransfer, fmt.Sprintf(
-				"incomplete KV: received %d of %d pages; KV_DONE says %d pages for %d tokens (prompt has %d)",
-				r.recvCount, np, x.NPages, x.NTokens, len(r.InputIDs)), "")
+				"incomplete KV: received %d and cached %d of %d pages; KV_DONE says %d pages for %d tokens (prompt has %d)",
+				r.recvCount, r.cachedPages, np, x.NPages, x.NTokens, len(r.InputIDs)), "")
 			return
 		}
 		if want := m.binding(r); x.Binding != want {
@@ -122,6 +135,12 @@ func (m *Machine) kvVerified(e KVVerified) {
 	}
 	r.verifying = false
 	if e.Checksum != r.done.Checksum {
+		// The pages decode took from its cache may be what is wrong (they
+		// are not prefill's bytes): no one matches them again, so the
+		// retry receives every page.
+		for _, p := range r.pages[:r.cachedPages] {
+			m.cache.Forget(p)
+		}
 		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("KV checksum mismatch: pages hold crc32c %08x, prefill sent %08x",
 			e.Checksum, r.done.Checksum), "")
 		return
@@ -133,6 +152,9 @@ func (m *Machine) kvVerified(e KVVerified) {
 	m.emit(Send{Peer: r.Peer, Msg: kvxfer.KVAck{RoomGen: r.roomGen()}})
 	r.ackSent = true
 	m.record(r, "KV verified, KV_ACK sent")
+	// Verified and acknowledged: the received full prompt pages may be
+	// shared from now on.
+	m.publish(r, r.InputIDs, r.cachedPages, len(r.InputIDs)/m.cfg.PageSize)
 	m.setStage(r, StageQueued, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 	m.appendOutput(r, model.SeqOutput{Token: r.done.FirstToken, Logprob: r.done.FirstLogprob})
 }

@@ -48,6 +48,9 @@
 //     optimistic.go: prefill computing before the room opens, and why it
 //     cannot deadlock.
 //   - scheduler.go: the batch scheduler of every role, preemption.
+//   - prefix.go: the prefix cache: what a request takes from it when it
+//     starts computing (or decode when it admits a room) and what is
+//     published into it, when.
 //   - stats.go: gauges, counters and the /debug/requests view.
 //
 // # Testing
@@ -73,7 +76,9 @@
 //
 // # Ownership
 //
-// The machine owns the page Allocator: it alone allocates and frees pages.
+// The machine owns the page Allocator (through a kvcache.Cache, which adds
+// reference counts and the prefix cache's index): it alone allocates,
+// shares and releases pages; a shared page is never written.
 // The shell owns the page bytes and writes them only as effects direct
 // (RunBatch, WriteKV), so a frame for a room that is no longer live is
 // dropped here and can never land in reused pages. On prefill it also

@@ -25,6 +25,9 @@ type RunBatch struct {
 	// PrefillTokens and DecodeSeqs describe the batch for logs.
 	PrefillTokens int
 	DecodeSeqs    int
+	// CachedTokens is the tokens the prefix cache supplied to the
+	// sequences this batch starts computing (not computed; for logs).
+	CachedTokens int
 	// Queues is the number of requests per stage when the batch started.
 	Queues map[Stage]int
 }
@@ -102,6 +105,15 @@ type Finalize struct {
 	FinishReason string // "stop" or "length" when Outcome is OK
 	PromptTokens int
 	OutputTokens int
+	// CachedTokens is how many prompt tokens were not computed because the
+	// prefix cache held their KV: on prefill and colocated workers its own
+	// cache's, on decode the prefill worker's (KV_DONE); never tokens decode
+	// merely did not need transferred. It is the API's
+	// usage.prompt_tokens_details.cached_tokens.
+	CachedTokens int
+	// SentPages (prefill) is how many prompt pages went out in KV_CHUNKs:
+	// the prompt's pages less those decode held from its prefix cache.
+	SentPages int
 	// FirstToken is prefill's sampled token (prefill role, Outcome OK).
 	FirstToken model.SeqOutput
 	// StageTime is how long the request spent in each stage.

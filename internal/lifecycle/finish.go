@@ -56,6 +56,7 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 			m.resolveOptimistic(r, OptimisticAborted)
 		}
 	}
+	m.publishAtEnd(r)
 	m.setStage(r, StageDone, 0, outcome.None)
 	m.stageCount[StageDone]--
 	m.doneInQueue++
@@ -82,12 +83,16 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 		}
 	}
 	f := Finalize{RID: r.RID, RoomGen: r.roomGen(), Outcome: o, PromptTokens: len(r.InputIDs),
-		OutputTokens: len(r.outputs), StageTime: st, Age: m.now.Sub(r.arrived)}
+		OutputTokens: len(r.outputs), CachedTokens: r.cachedTokens, StageTime: st, Age: m.now.Sub(r.arrived)}
+	if m.cfg.Role == RoleDecode {
+		f.CachedTokens = int(min(r.done.CachedTokens, uint32(len(r.InputIDs))))
+	}
 	if o == outcome.OK {
 		f.FinishReason = finishReason
 		if m.cfg.Role == RolePrefill {
 			f.FirstToken = r.first
 			f.OutputTokens = 0
+			f.SentPages = r.sentPages - r.peerCached
 		}
 	} else {
 		f.Err, f.Cause = reason, cause
@@ -127,15 +132,20 @@ func (m *Machine) ioDone(job uint64) {
 	m.release(r)
 }
 
+// free drops the holder's reference to each of pages: a page no one else
+// holds is freed, or kept as cached if it is indexed.
 func (m *Machine) free(pages []kvcache.PageID) {
-	if err := m.alloc.Free(pages); err != nil {
-		// A double free would hand one page to two requests; the machine's
-		// bookkeeping makes it impossible, so this is a bug worth a crash.
+	if err := m.cache.Release(pages); err != nil {
+		// A double release would hand one page to two requests; the
+		// machine's bookkeeping makes it impossible, so this is a bug worth
+		// a crash.
 		panic(fmt.Sprintf("lifecycle: %v", err))
 	}
 	if m.pageHash != nil {
 		for _, p := range pages {
-			m.pageHash[p] = kvxfer.PageHash{}
+			if _, idx := m.cache.Indexed(p); !idx && m.cache.Refs(p) == 0 {
+				m.pageHash[p] = kvxfer.PageHash{}
+			}
 		}
 	}
 }

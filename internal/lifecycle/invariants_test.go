@@ -18,7 +18,8 @@ import (
 // step.
 func checkLegal(m *Machine) error {
 	var errs []error
-	live, pins, batched, held := 0, 0, 0, 0
+	live, pins, batched := 0, 0, 0
+	refs := make(map[kvcache.PageID]int) // references live and draining requests hold
 	var stages [numStages]int
 	// The queue holds every live request (and ended ones until compacted);
 	// walking it rather than the maps keeps this cheap enough to run after
@@ -28,7 +29,9 @@ func checkLegal(m *Machine) error {
 			continue
 		}
 		live++
-		held += len(r.pages)
+		for _, p := range r.pages {
+			refs[p]++
+		}
 		stages[r.stage]++
 		if err := m.legal(r); err != nil {
 			errs = append(errs, fmt.Errorf("%s %s in %s: %w", m.cfg.Role, r.RID, r.stage, err))
@@ -54,14 +57,16 @@ func checkLegal(m *Machine) error {
 		if r.stage != StageDone || (!r.inBatch && r.pins == 0) {
 			errs = append(errs, fmt.Errorf("%s %s draining in %s with inBatch=%v pins=%d", m.cfg.Role, r.RID, r.stage, r.inBatch, r.pins))
 		}
-		held += len(r.pages)
+		for _, p := range r.pages {
+			refs[p]++
+		}
 		pins += r.pins
 		if r.inBatch {
 			batched++
 		}
 	}
-	if used := m.alloc.Used(); used != held || used+m.alloc.FreeCount() != m.alloc.Total() {
-		errs = append(errs, fmt.Errorf("%s: pages used %d, held %d, free %d, total %d", m.cfg.Role, used, held, m.alloc.FreeCount(), m.alloc.Total()))
+	if err := m.checkCache(refs); err != nil {
+		errs = append(errs, err)
 	}
 	if stages != m.stageCount {
 		errs = append(errs, fmt.Errorf("%s: stage gauges %v, true counts %v", m.cfg.Role, m.stageCount, stages))
@@ -88,10 +93,69 @@ func checkLegal(m *Machine) error {
 	return errors.Join(errs...)
 }
 
+// checkCache verifies the page accounting against refs, the references
+// the live and draining requests hold: every page's reference count is the
+// number of its holders (so a request's end, exactly once, drops exactly
+// its references), used = the pages held, used + free + cached = total,
+// nothing is shared or cached without the prefix cache, and every indexed
+// page a live request holds is filed under the chained hash of that
+// request's own tokens up to the page's end (prefill: the prompt; decode
+// and colocated: prompt then output), so a request that matched it reads
+// the KV of its own prefix. An unbound (optimistic) request publishes
+// nothing: its indexed pages are the ones it matched.
+func (m *Machine) checkCache(refs map[kvcache.PageID]int) error {
+	var errs []error
+	c := m.cache
+	for p := range kvcache.PageID(c.Total()) {
+		if c.Refs(p) != refs[p] {
+			errs = append(errs, fmt.Errorf("%s: page %d has %d references, %d holders", m.cfg.Role, p, c.Refs(p), refs[p]))
+		}
+		if !c.Enabled() && refs[p] > 1 {
+			errs = append(errs, fmt.Errorf("%s: page %d shared by %d requests without the prefix cache", m.cfg.Role, p, refs[p]))
+		}
+	}
+	if c.Used() != len(refs) || c.Used()+c.FreeCount() != c.Total() || (!c.Enabled() && c.Cached() != 0) {
+		errs = append(errs, fmt.Errorf("%s: pages used %d, held %d, cached %d, free+cached %d, total %d",
+			m.cfg.Role, c.Used(), len(refs), c.Cached(), c.FreeCount(), c.Total()))
+	}
+	if !c.Enabled() {
+		return errors.Join(errs...)
+	}
+	ps := m.cfg.PageSize
+	for _, r := range m.queue {
+		if r.stage == StageDone || len(r.pages) == 0 {
+			continue
+		}
+		toks := r.seqTokens()
+		var chain []kvxfer.PageHash
+		for i, p := range r.pages {
+			k, idx := c.Indexed(p)
+			if !idx {
+				continue
+			}
+			for len(chain) <= i && (len(chain)+1)*ps <= len(toks) {
+				parent := m.seed
+				if len(chain) > 0 {
+					parent = chain[len(chain)-1]
+				}
+				chain = append(chain, kvxfer.ChainPage(parent, toks[len(chain)*ps:(len(chain)+1)*ps]))
+			}
+			if i >= len(chain) || k != kvcache.Key(chain[i]) {
+				errs = append(errs, fmt.Errorf("%s %s: page %d (index %d) is indexed under a key that is not its tokens' hash", m.cfg.Role, r.RID, p, i))
+			}
+			if r.opt.unbound && i >= r.cachedTokens/ps {
+				errs = append(errs, fmt.Errorf("prefill %s: unbound KV published (page %d, index %d)", r.RID, p, i))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // checkPageHashes verifies prefill's record of what each page holds: a
 // live request's computed pages carry the hash of its prompt up to their
 // end (its full pages, and every page once the prompt is computed), its
-// other pages none, and so does every free page.
+// other pages none, and so does every free page; a cached page keeps the
+// hash it is indexed under.
 func (m *Machine) checkPageHashes() error {
 	if m.cfg.Role != RolePrefill {
 		if m.pageHash != nil {
@@ -129,7 +193,11 @@ func (m *Machine) checkPageHashes() error {
 		}
 	}
 	for p, h := range m.pageHash {
-		if h != zero && !held[kvcache.PageID(p)] {
+		k, idx := m.cache.Indexed(kvcache.PageID(p))
+		if idx && kvcache.Key(h) != k {
+			errs = append(errs, fmt.Errorf("prefill: page %d indexed under %x has hash %s", p, k, h))
+		}
+		if h != zero && !held[kvcache.PageID(p)] && !idx {
 			errs = append(errs, fmt.Errorf("prefill: free page %d keeps hash %s", p, h))
 		}
 	}
@@ -148,7 +216,7 @@ func (m *Machine) legal(r *req) error {
 	// (see leased).
 	zeroLink := !r.opened && !r.peerUp && !r.peerEnded && r.peerCause == (outcome.Cause{})
 	zeroPrefill := r.prefillSide == prefillSide{}
-	zeroDecode := r.recv == nil && r.recvCount == 0 && !r.xferStarted && !r.verifying && !r.ackSent && r.done == (kvxfer.KVDone{})
+	zeroDecode := r.recv == nil && r.recvCount == 0 && r.cachedPages == 0 && !r.xferStarted && !r.verifying && !r.ackSent && r.done == (kvxfer.KVDone{})
 
 	// Every stage.
 	if !(r.stage != StageNone && r.stage != StageDone) {
@@ -243,9 +311,9 @@ func (m *Machine) legal(r *req) error {
 		}
 		after := r.stage == StageQueued || r.stage == StageDecoding || r.stage == StagePreempted || r.stage == StagePrefilling
 		if after {
-			if !(r.ackSent && !r.verifying && r.recvCount == P && out >= 1) {
-				bad("after the hand-over: ackSent=%v verifying=%v received=%d/%d outputs=%d",
-					r.ackSent, r.verifying, r.recvCount, P, out)
+			if !(r.ackSent && !r.verifying && r.recvCount+r.cachedPages == P && out >= 1) {
+				bad("after the hand-over: ackSent=%v verifying=%v received=%d+%d cached/%d outputs=%d",
+					r.ackSent, r.verifying, r.recvCount, r.cachedPages, P, out)
 			}
 		}
 		switch r.stage {
@@ -257,8 +325,16 @@ func (m *Machine) legal(r *req) error {
 			if !(pages >= P && r.computed == 0 && !r.ackSent && out == 0 && !r.inBatch) {
 				bad("awaiting_kv: pages=%d/%d ackSent=%v outputs=%d", pages, P, r.ackSent, out)
 			}
-			if !(!r.verifying || r.recvCount == P) {
-				bad("verifying with %d of %d pages", r.recvCount, P)
+			if !(!r.verifying || r.recvCount+r.cachedPages == P) {
+				bad("verifying with %d+%d cached of %d pages", r.recvCount, r.cachedPages, P)
+			}
+			if !(r.cachedPages <= T/m.cfg.PageSize) {
+				bad("%d cached pages of a %d-token prompt", r.cachedPages, T)
+			}
+			for i := r.cachedPages; i < P && i < pages; i++ {
+				if _, idx := m.cache.Indexed(r.pages[i]); idx || m.cache.Refs(r.pages[i]) != 1 {
+					bad("page %d (index %d) receives KV but is shared or indexed before KV_DONE is verified", r.pages[i], i)
+				}
 			}
 		case StageQueued:
 			if !(pages >= P && r.computed == 0 && !r.inBatch) {
@@ -302,7 +378,7 @@ func (m *Machine) legal(r *req) error {
 				bad("decoding: pages=%d outputs=%d", pages, out)
 			}
 		case StagePreempted:
-			if !(pages == 0 && r.computed == 0 && out >= 1) {
+			if !(pages == 0 && r.computed == 0) {
 				bad("preempted: pages=%d computed=%d outputs=%d", pages, r.computed, out)
 			}
 		default:

@@ -11,15 +11,18 @@ import (
 
 // Machine is the state machine of one worker. See the package doc.
 type Machine struct {
-	cfg   Config
-	alloc *kvcache.Allocator
+	cfg Config
+	// cache holds the pages: the allocator with reference counts and,
+	// with Config.PrefixCache, the index of full pages (prefix.go).
+	cache *kvcache.Cache
 	now   time.Time
 
 	// seed roots the page hashes of this model (kvxfer.ChainSeed).
 	seed kvxfer.PageHash
 	// pageHash (prefill) is, per page, the hash of the prompt tokens whose
 	// KV the forward wrote into it (kvxfer.ChainPage), set when the page's
-	// last token is computed and cleared when the page is freed. KV_DONE's
+	// last token is computed (a page matched in the prefix cache keeps the
+	// one it was published with) and cleared when the page is freed. KV_DONE's
 	// binding is built from these, not from the request the pages are sent
 	// for, so pages that hold another request's KV do not bind.
 	pageHash []kvxfer.PageHash
@@ -65,14 +68,16 @@ type Machine struct {
 	counters Counters
 }
 
-// New returns a machine. It returns an error for an invalid config.
+// New returns a machine over alloc, whose pages must all be free; the
+// machine alone allocates them from then on. It returns an error for an
+// invalid config.
 func New(cfg Config, alloc *kvcache.Allocator) (*Machine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	m := &Machine{
 		cfg:       cfg,
-		alloc:     alloc,
+		cache:     kvcache.NewCache(alloc, cfg.PrefixCache),
 		seed:      kvxfer.ChainSeed(cfg.Fingerprint),
 		reqs:      make(map[string]*req),
 		rooms:     make(map[kvxfer.Room]*req),

@@ -53,7 +53,7 @@ func (m *Machine) optimisticOn() bool {
 
 // optimisticCap is the most pages unbound requests may hold together.
 func (m *Machine) optimisticCap() int {
-	return int(m.cfg.OptimisticMaxParked * float64(m.alloc.Total()))
+	return int(m.cfg.OptimisticMaxParked * float64(m.cache.Total()))
 }
 
 // unboundPages returns the pages held by unbound requests that are
@@ -148,6 +148,7 @@ func (m *Machine) newestUnbound() *req {
 // request.
 func (m *Machine) bindOptimistic(r *req) {
 	r.opt.unbound = false
+	m.publishPrefill(r, 0, r.computed/m.cfg.PageSize) // its KV may be shared from now on
 	m.record(r, "ROOM_OPEN binds the optimistic KV (%d of %d tokens computed)", r.computed, len(r.InputIDs))
 	if r.stage == StageParked {
 		r.deadline, r.cause, r.budget = r.stageSince.Add(m.cfg.KVHoldTimeout), outcome.TimeoutKVHold, m.cfg.KVHoldTimeout
@@ -178,7 +179,7 @@ func (m *Machine) releaseHeldOpen(r *req) {
 	delete(m.pending, r.Room)
 	m.roomOpened(r, p.peer, p.open)
 	if r.stage != StageDone && p.ready {
-		m.roomReady(r, p.readyNT)
+		m.roomReady(r, p.readyNT, p.readyCached)
 	}
 }
 
@@ -198,7 +199,7 @@ func (m *Machine) releaseBlockedHolds(left int) {
 		if p, ok := m.pending[r.Room]; !ok || p.open.Gen != r.Gen {
 			continue
 		}
-		if need := m.admitPages(r.Request); m.stageCount[StageWaiting] > 0 || need > left || need > m.alloc.FreeCount() {
+		if need := m.admitPages(r.Request); m.stageCount[StageWaiting] > 0 || need > left || need > m.cache.FreeCount() {
 			m.releaseHeldOpen(r)
 		}
 	}

@@ -86,13 +86,15 @@ func TestPairRandomized(t *testing.T) {
 		t.Logf("transcript of seed %d: %s", seed, writeTranscript(t, seed, tr))
 		return
 	}
-	var preemptions uint64
+	var preemptions, prefillHits, decodeHits uint64
 	var opt [numOptimisticOutcomes]uint64
 	for seed := uint64(1); seed <= uint64(*pairSeeds); seed++ {
 		f := seedFaults(seed)
 		if t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			c := runPair(t, seed, f, nil)
 			preemptions += c.Preemptions
+			prefillHits += c.prefillHits
+			decodeHits += c.PrefixHitTokens
 			for i, v := range c.Optimistic {
 				opt[i] += v
 			}
@@ -113,6 +115,10 @@ func TestPairRandomized(t *testing.T) {
 	if *pairSeeds >= 20 && preemptions == 0 {
 		t.Errorf("no seed preempted a request: the recompute path went untested")
 	}
+	if *pairSeeds >= 20 && (prefillHits == 0 || decodeHits == 0) {
+		t.Errorf("prefix cache hits over every seed: prefill %d tokens, decode %d: a side went untested", prefillHits, decodeHits)
+	}
+	t.Logf("prefix cache hits over %d seeds: prefill %d tokens, decode %d", *pairSeeds, prefillHits, decodeHits)
 	t.Logf("optimistic prefill over %d seeds: %v", *pairSeeds, opt)
 	if *pairSeeds >= 20 {
 		for _, o := range []OptimisticOutcome{OptimisticStarted, OptimisticParked, OptimisticSent, OptimisticFellBack} {
@@ -121,6 +127,18 @@ func TestPairRandomized(t *testing.T) {
 			}
 		}
 	}
+}
+
+// pairCache: every other seed runs both sides with the prefix cache, and
+// its prompts share prefixes: a few common starts, and later turns of
+// earlier requests (their prompt and colocated answer, then more).
+func pairCache(seed uint64) bool { return seed%2 == 1 }
+
+// pairStats is what runPair reports: decode's counters, and prefill's
+// prefix cache hits.
+type pairStats struct {
+	Counters
+	prefillHits uint64
 }
 
 // pairOptimistic: every third seed prefills optimistically (1 to 3
@@ -142,7 +160,7 @@ func writeTranscript(t *testing.T, seed uint64, tr string) string {
 // runPair runs one seeded pair and returns decode's preemptions and
 // prefill's optimistic prefill counters. If transcript is not nil, the run
 // is recorded into it, up to the command that failed if one did.
-func runPair(t *testing.T, seed uint64, f faults, transcript *string) Counters {
+func runPair(t *testing.T, seed uint64, f faults, transcript *string) pairStats {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	w := newWorld(t)
 	if transcript != nil {
@@ -150,6 +168,8 @@ func runPair(t *testing.T, seed uint64, f faults, transcript *string) Counters {
 		defer func() { *transcript = rec.String() }() // also when the run fails
 	}
 	cfgP, cfgD := testConfig(RolePrefill), testConfig(RoleDecode)
+	cache := pairCache(seed)
+	cfgP.PrefixCache, cfgD.PrefixCache = cache, cache
 	attempts, optimistic := pairOptimistic(seed)
 	openDelay := 30 // ms: the most a leg's HTTP arrival is delayed
 	if optimistic {
@@ -179,7 +199,12 @@ func runPair(t *testing.T, seed uint64, f faults, transcript *string) Counters {
 		}
 		reqs = append(reqs, q)
 	}
-	want := reference(t, reqs)
+	var want map[string][]int32
+	if cache {
+		want = sharePrefixes(t, rng, reqs, 40)
+	} else {
+		want = reference(t, reqs)
+	}
 
 	// The router: each leg arrives over HTTP after its own delay; a failed
 	// leg makes it abort the other one.
@@ -376,5 +401,43 @@ func runPair(t *testing.T, seed uint64, f faults, transcript *string) Counters {
 	if !optimistic && c[OptimisticStarted] != 0 {
 		t.Fatalf("seed %d: optimistic prefill is off but %d started", seed, c[OptimisticStarted])
 	}
-	return Counters{Preemptions: D.m.Stats(w.now).Counters.Preemptions, Optimistic: c}
+	dc := D.m.Stats(w.now).Counters
+	return pairStats{Counters: Counters{Preemptions: dc.Preemptions, Optimistic: c, PrefixHitTokens: dc.PrefixHitTokens},
+		prefillHits: P.m.Stats(w.now).Counters.PrefixHitTokens}
+}
+
+// sharePrefixes rewrites the prompts of reqs so that they share prefixes,
+// as traffic that a prefix cache serves does, and returns the colocated
+// answers (without a cache) of the rewritten requests. Half start with one
+// of three common prefixes; a third of the later ones are the next turn of
+// an earlier request: its prompt, its answer, then a few new tokens.
+// Prompts stay under maxPrompt tokens.
+func sharePrefixes(t testing.TB, rng *rand.Rand, reqs []Request, maxPrompt int) map[string][]int32 {
+	randToks := func(n int) []int32 {
+		out := make([]int32, n)
+		for i := range out {
+			out[i] = int32(1 + rng.IntN(98))
+		}
+		return out
+	}
+	common := [][]int32{randToks(9), randToks(16), randToks(21)}
+	for i := range reqs {
+		if rng.IntN(2) == 0 {
+			p := common[rng.IntN(len(common))]
+			suffix := reqs[i].InputIDs[:rng.IntN(min(len(reqs[i].InputIDs), 8)+1)]
+			reqs[i].InputIDs = append(slices.Clone(p), suffix...)
+		}
+	}
+	want := reference(t, reqs)
+	for i := range reqs {
+		if i == 0 || rng.IntN(3) != 0 {
+			continue
+		}
+		prev := reqs[rng.IntN(i)]
+		turn := slices.Concat(prev.InputIDs, want[prev.RID], randToks(1+rng.IntN(4)))
+		if len(turn) < maxPrompt {
+			reqs[i].InputIDs = turn
+		}
+	}
+	return reference(t, reqs)
 }

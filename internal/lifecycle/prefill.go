@@ -21,9 +21,10 @@ type pendingOpen struct {
 	// seq orders pending opens by arrival: whatever the machine emits about
 	// several of them (renewals, expiry, shutdown) goes out in this order,
 	// never in map order, so a seeded run replays bit for bit.
-	seq     uint64
-	ready   bool
-	readyNT uint32
+	seq         uint64
+	ready       bool
+	readyNT     uint32
+	readyCached uint32
 }
 
 // pendingInOrder returns the pending ROOM_OPENs in arrival order.
@@ -91,14 +92,14 @@ func (m *Machine) prefillMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 		r, ok := m.rooms[x.Room]
 		if !ok || r.Gen != x.Gen {
 			if po, ok := m.pending[x.Room]; ok && po.peer == p && po.open.Gen == x.Gen {
-				po.ready, po.readyNT = true, x.NTokens
+				po.ready, po.readyNT, po.readyCached = true, x.NTokens, x.CachedPages
 				return
 			}
 			m.refuse(p, x.RoomGen)
 			return
 		}
 		if po, ok := m.pending[x.Room]; ok && po.peer == p && po.open.Gen == x.Gen && !r.opened {
-			po.ready, po.readyNT = true, x.NTokens // its ROOM_OPEN is held back (optimistic test hook)
+			po.ready, po.readyNT, po.readyCached = true, x.NTokens, x.CachedPages // its ROOM_OPEN is held back (optimistic test hook)
 			return
 		}
 		if r = m.liveFor(p, x.RoomGen); r == nil {
@@ -108,7 +109,7 @@ func (m *Machine) prefillMessage(p kvxfer.PeerID, msg kvxfer.Message) {
 			m.drop("wrong_state")
 			return
 		}
-		m.roomReady(r, x.NTokens)
+		m.roomReady(r, x.NTokens, x.CachedPages)
 	case kvxfer.KVAck:
 		r := m.liveFor(p, x.RoomGen)
 		if r == nil {
@@ -206,7 +207,7 @@ func (m *Machine) roomOpened(r *req, p kvxfer.PeerID, x kvxfer.RoomOpen) {
 	m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 }
 
-func (m *Machine) roomReady(r *req, nt uint32) {
+func (m *Machine) roomReady(r *req, nt, cached uint32) {
 	if int(nt) != len(r.InputIDs) {
 		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("ROOM_READY is for %d tokens but the prompt has %d", nt, len(r.InputIDs)), "")
 		return
@@ -215,8 +216,12 @@ func (m *Machine) roomReady(r *req, nt uint32) {
 		m.drop("duplicate")
 		return
 	}
-	r.ready = true
-	m.record(r, "ROOM_READY")
+	if int64(cached) > int64(m.promptPages(r)) {
+		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("ROOM_READY says decode holds %d cached pages of a %d-page prompt", cached, m.promptPages(r)), "")
+		return
+	}
+	r.ready, r.peerCached = true, int(cached)
+	m.record(r, "ROOM_READY%s", heldByDecode(r.peerCached))
 	switch r.stage {
 	case StagePrefilling:
 		m.sendComputed(r)
@@ -228,12 +233,18 @@ func (m *Machine) roomReady(r *req, nt uint32) {
 // sendComputed sends the pages whose KV is complete and not yet sent: full
 // pages while prefilling (a partial page is still being written), every
 // page once the prompt is done.
+//
+// Pages decode holds from its cache (peerCached) are not sent: once the
+// computed pages reach them they count as sent.
 func (m *Machine) sendComputed(r *req) {
 	upto := r.computed / m.cfg.PageSize
 	if r.computed == len(r.InputIDs) {
 		upto = m.promptPages(r)
 	}
-	for r.sentPages < upto {
+	if r.sentPages < r.peerCached && upto >= r.peerCached {
+		r.sentPages = r.peerCached
+	}
+	for r.sentPages < upto && r.sentPages >= r.peerCached {
 		k := min(m.cfg.MaxChunkPages, upto-r.sentPages)
 		m.emit(SendKV{Job: m.pin(r), Peer: r.Peer, RoomGen: r.roomGen(), Seq: r.chunks, FirstPage: uint32(r.sentPages),
 			Pages: r.pages[r.sentPages : r.sentPages+k]})
@@ -254,8 +265,8 @@ func (m *Machine) startTransfer(r *req) {
 	m.emit(SendKVDone{Job: m.pin(r), Peer: r.Peer, Pages: r.pages[:np], Done: kvxfer.KVDone{RoomGen: r.roomGen(),
 		NChunks: r.chunks, NPages: uint32(np), NTokens: uint32(len(r.InputIDs)),
 		Binding:    kvxfer.BindKV(r.roomGen(), uint32(len(r.InputIDs)), hashes),
-		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob}})
-	m.record(r, "KV sent: %d pages in %d chunks", np, r.chunks)
+		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob, CachedTokens: uint32(r.cachedTokens)}})
+	m.record(r, "KV sent: %d pages in %d chunks%s", np, r.chunks, heldByDecode(r.peerCached))
 	m.resolveOptimistic(r, OptimisticSent)
 	m.setStage(r, StageTransferring, m.cfg.TransferTimeout, outcome.TimeoutTransfer)
 }

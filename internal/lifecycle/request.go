@@ -68,7 +68,7 @@ type Request struct {
 //	waiting        0     0        0       –       0
 //	prefilling     >0    <K       *⁵      *       0
 //	decoding       >0    *        ≥1      *       0
-//	preempted      0     0        ≥1      –       0
+//	preempted      0     0        *⁷      –       0
 //
 //	¹ counted in full pages, and 0 unless ready: KV goes out only once
 //	  decode has pages for it.
@@ -77,6 +77,9 @@ type Request struct {
 //	  checksum is being verified.
 //	⁴ the WriteKV and VerifyKV jobs of the transfer may still be finishing.
 //	⁵ ≥1 after a preemption: the KV of the output so far is recomputed.
+//	⁷ 0 when it lost its pages while prefilling (outside the running
+//	  forward, which the chunked-prefill budget had filled): it computes
+//	  its prompt again.
 //	⁶ – only for an optimistic request (unbound, pending, not ready,
 //	  nothing sent, attempts ≤ OptimisticAttempts): computed before its
 //	  ROOM_OPEN; once bound it is opened and, until its KV is sent,
@@ -123,6 +126,12 @@ type req struct {
 	// preempted first); preemptions counts how often it lost them.
 	admitted    uint64
 	preemptions int
+	// chain holds the page hashes of the request's full pages of tokens
+	// (prompt, then output), as far as the prefix cache needed them
+	// (prefix.go); cachedTokens (prefill, colocated) is how many prompt
+	// tokens the last computation of the prompt took from the cache.
+	chain        []kvxfer.PageHash
+	cachedTokens int
 
 	link
 	prefillSide
@@ -150,9 +159,12 @@ type link struct {
 
 // prefillSide is what only a prefill request holds.
 type prefillSide struct {
-	ready     bool   // ROOM_READY seen: decode has pages, KV may be sent
-	sentPages int    // prompt pages sent in KV_CHUNKs
-	chunks    uint32 // KV_CHUNKs sent (the next one's Seq)
+	ready     bool // ROOM_READY seen: decode has pages, KV may be sent
+	sentPages int  // prompt pages sent in KV_CHUNKs, or held by decode from its cache
+	// peerCached is how many of the prompt's first pages decode holds from
+	// its prefix cache (ROOM_READY): they are not sent.
+	peerCached int
+	chunks     uint32 // KV_CHUNKs sent (the next one's Seq)
 	// first is the token sampled after the prompt, sent in KV_DONE (set
 	// when the prompt's KV is complete: parked, transferring).
 	first model.SeqOutput
@@ -181,10 +193,14 @@ type optState struct {
 // decodeSide is what only a decode request holds: the receive state of its
 // KV and the hand-over.
 type decodeSide struct {
-	recv        []bool // per prompt page: written by a KV_CHUNK
-	recvCount   int    // pages marked in recv
-	xferStarted bool   // the first KV_CHUNK came: the transfer deadline runs from the last progress
-	verifying   bool   // KV_DONE came; VerifyKV is computing the checksum
+	recv      []bool // per prompt page: written by a KV_CHUNK
+	recvCount int    // pages marked in recv
+	// cachedPages are the prompt's first pages decode took from its prefix
+	// cache at admission (announced in ROOM_READY): shared, never written;
+	// the transfer is complete when recvCount + cachedPages = P.
+	cachedPages int
+	xferStarted bool // the first KV_CHUNK came: the transfer deadline runs from the last progress
+	verifying   bool // KV_DONE came; VerifyKV is computing the checksum
 	done        kvxfer.KVDone
 	ackSent     bool // KV_ACK sent: prefill has let go of the room
 }

@@ -23,7 +23,7 @@ func (m *Machine) schedule() {
 	}
 	var entries []batchEntry
 	var seqs []BatchSeq
-	decodeSeqs, prefillTokens := 0, 0
+	decodeSeqs, prefillTokens, cachedTokens := 0, 0, 0
 	add := func(r *req, in model.SeqInput) {
 		r.inBatch = true
 		entries = append(entries, batchEntry{r: r, gen: r.Gen, tokens: len(in.Tokens)})
@@ -100,11 +100,12 @@ func (m *Machine) schedule() {
 			if r.stage != ps.stage || (m.cfg.Role == RolePrefill && r.ready != ps.ready) {
 				continue
 			}
-			need := m.admitPages(r.Request)
+			need, toks := m.admitPages(r.Request), r.InputIDs
 			if ps.stage == StagePreempted {
-				need = m.pagesFor(len(r.InputIDs) + len(r.outputs))
+				need, toks = m.pagesFor(len(r.InputIDs)+len(r.outputs)), r.prefillTokens()
 			}
-			ok := m.admitAlloc(r, need)
+			limit := m.computeLimit(len(toks))
+			hit, ok := m.admitAlloc(r, need, toks, limit)
 			for !ok && m.cfg.Role == RolePrefill {
 				v := m.newestUnbound()
 				if v != nil {
@@ -114,13 +115,15 @@ func (m *Machine) schedule() {
 				} else {
 					break
 				}
-				ok = m.admitAlloc(r, need)
+				hit, ok = m.admitAlloc(r, need, toks, limit)
 			}
 			if !ok {
 				break // first come, first served: later requests wait too
 			}
+			m.startComputing(r, hit)
+			cachedTokens += r.computed
 			m.setStage(r, StagePrefilling, 0, outcome.None)
-			m.record(r, "%d pages allocated", len(r.pages))
+			m.record(r, "%d pages allocated%s", len(r.pages), fromCache(hit))
 			chunk(r)
 		}
 	}
@@ -143,10 +146,16 @@ func (m *Machine) schedule() {
 					continue
 				}
 				need := m.admitPages(r.Request)
-				if need > left || !m.admitAlloc(r, need) {
+				if need > left {
+					break
+				}
+				hit, ok := m.admitAlloc(r, need, r.InputIDs, m.computeLimit(len(r.InputIDs)))
+				if !ok {
 					break
 				}
 				left -= need
+				m.startComputing(r, hit)
+				cachedTokens += r.computed
 				m.startOptimistic(r)
 				chunk(r)
 			}
@@ -161,7 +170,7 @@ func (m *Machine) schedule() {
 	for _, s := range m.cfg.Role.Stages() {
 		q[s] = m.stageCount[s]
 	}
-	m.emit(RunBatch{Seqs: seqs, PrefillTokens: prefillTokens, DecodeSeqs: decodeSeqs, Queues: q})
+	m.emit(RunBatch{Seqs: seqs, PrefillTokens: prefillTokens, DecodeSeqs: decodeSeqs, CachedTokens: cachedTokens, Queues: q})
 }
 
 // grow gives a decoding request the page its next token needs, preempting
@@ -171,7 +180,7 @@ func (m *Machine) schedule() {
 func (m *Machine) grow(r *req) bool {
 	need := m.pagesFor(len(r.InputIDs) + len(r.outputs))
 	for len(r.pages) < need {
-		if ids, ok := m.alloc.Alloc(need - len(r.pages)); ok {
+		if ids, ok := m.allocPages(need - len(r.pages)); ok {
 			r.pages = append(r.pages, ids...)
 			return true
 		}
@@ -276,6 +285,9 @@ func (m *Machine) batchDone(e BatchDone) {
 			done := r.computed == len(r.prefillTokens())
 			if m.cfg.Role == RolePrefill {
 				m.hashComputed(r, before)
+				m.publishPrefill(r, before/m.cfg.PageSize, r.computed/m.cfg.PageSize)
+			} else {
+				m.publish(r, r.prefillTokens(), before/m.cfg.PageSize, r.computed/m.cfg.PageSize)
 			}
 			if m.cfg.Role == RolePrefill && r.opt.unbound {
 				m.optimisticDone(r, done, out)

@@ -31,6 +31,14 @@ type Counters struct {
 	// aborted, fell back; started = the sum of these and the ones still
 	// pending).
 	Optimistic [numOptimisticOutcomes]uint64
+	// PrefixQueriedTokens counts the tokens looked up in the prefix cache
+	// (each time a request starts computing, or decode admits a room) and
+	// PrefixHitTokens those found (vLLM's prefix_cache_queries and
+	// prefix_cache_hits); PrefixEvictions the cached pages evicted to make
+	// room.
+	PrefixQueriedTokens uint64
+	PrefixHitTokens     uint64
+	PrefixEvictions     uint64
 }
 
 // HistoryEntry is one lifecycle event of a request, for /debug/requests/{rid}.
@@ -50,9 +58,13 @@ type Stats struct {
 	OldestInStage map[Stage]time.Duration
 	// MaxInStage is, per stage, the longest time a request spent in it
 	// before leaving it, since the machine started.
-	MaxInStage   map[Stage]time.Duration
-	Live         int
+	MaxInStage map[Stage]time.Duration
+	Live       int
+	// PagesUsed are the pages requests hold (shared ones once), PagesCached
+	// the prefix cache's unreferenced pages (evicted as allocations need
+	// them); the rest of PagesTotal is free.
 	PagesUsed    int
+	PagesCached  int
 	PagesTotal   int
 	PendingOpens int
 	Tombstones   int
@@ -68,6 +80,13 @@ type Stats struct {
 	Counters Counters
 }
 
+// Pages returns the page accounting: pages requests hold, the prefix
+// cache's unreferenced pages, and the pool's total. Safe from any
+// goroutine (the counts are atomic), unlike the rest of the machine.
+func (m *Machine) Pages() (used, cached, total int) {
+	return m.cache.Used(), m.cache.Cached(), m.cache.Total()
+}
+
 // Stats returns the machine's counts at time now.
 func (m *Machine) Stats(now time.Time) Stats {
 	s := Stats{
@@ -76,8 +95,9 @@ func (m *Machine) Stats(now time.Time) Stats {
 		OldestInStage: make(map[Stage]time.Duration),
 		MaxInStage:    make(map[Stage]time.Duration),
 		Live:          len(m.reqs),
-		PagesUsed:     m.alloc.Used(),
-		PagesTotal:    m.alloc.Total(),
+		PagesUsed:     m.cache.Used(),
+		PagesCached:   m.cache.Cached(),
+		PagesTotal:    m.cache.Total(),
 		PendingOpens:  len(m.pending),
 		Tombstones:    len(m.tombs),
 		Draining:      m.leaving,
@@ -90,6 +110,9 @@ func (m *Machine) Stats(now time.Time) Stats {
 			PendingOpensExpired: m.counters.PendingOpensExpired,
 			Preemptions:         m.counters.Preemptions,
 			Optimistic:          m.counters.Optimistic,
+			PrefixQueriedTokens: m.counters.PrefixQueriedTokens,
+			PrefixHitTokens:     m.counters.PrefixHitTokens,
+			PrefixEvictions:     m.cache.Evictions(),
 		},
 	}
 	s.UnboundComputingPages, s.UnboundParkedPages = m.unboundPages()

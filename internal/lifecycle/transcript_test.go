@@ -121,6 +121,10 @@ func (w *world) run(t *testing.T, td *datadriven.TestData) string {
 			switch {
 			case k.num != nil:
 				*k.num(&cfg) = a.int(k.key, *k.num(&cfg))
+			case k.flag != nil:
+				if v := a.str(k.key, ""); v != "" {
+					*k.flag(&cfg) = v == "true"
+				}
 			case k.frac != nil:
 				if v := a.str(k.key, ""); v != "" {
 					f, err := strconv.ParseFloat(v, 64)
@@ -264,6 +268,10 @@ func (w *world) printStats(n *node) {
 	w.say(n, "live %d, pages %d/%d, pending opens %d, tombstones %d", s.Live, s.PagesUsed, s.PagesTotal, s.PendingOpens, s.Tombstones)
 	if s.Draining {
 		w.say(n, "  draining, drained %v", s.Drained)
+	}
+	if n.m.cfg.PrefixCache {
+		w.say(n, "  prefix cache: %d pages cached, %d of %d tokens hit, %d evictions", s.PagesCached,
+			s.Counters.PrefixHitTokens, s.Counters.PrefixQueriedTokens, s.Counters.PrefixEvictions)
 	}
 	if s.UnboundComputingPages+s.UnboundParkedPages > 0 {
 		w.say(n, "  optimistic KV: %d pages computing, %d parked", s.UnboundComputingPages, s.UnboundParkedPages)

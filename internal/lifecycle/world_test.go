@@ -49,6 +49,10 @@ type world struct {
 	// router that hears every Finalize.
 	ioDelay func() time.Duration
 	onFinal func(n *node, f Finalize)
+	// onFrame sees each frame delivered to a node, onBatch each forward a
+	// node starts (tests that follow the protocol).
+	onFrame func(to *node, msg kvxfer.Message)
+	onBatch func(n *node, b RunBatch)
 }
 
 // node is one machine and its simulated shell.
@@ -347,6 +351,7 @@ func (w *world) runIO(n *node, k int) {
 				if o := n.owner(p); o != nil && o != owner {
 					w.fatalf("%s: KV written into page %d, which now belongs to %s", n.name, p, o.RID)
 				}
+				w.checkPrivate(n, p, owner, "a KV write")
 				n.data[p] = slices.Clone(x.Data[i*testPageBytes : (i+1)*testPageBytes])
 			}
 			w.say(n, "job %d: wrote pages %v", x.Job, x.Pages)
@@ -373,6 +378,9 @@ func (w *world) deliver(n *node, k int) {
 		n.inbox = n.inbox[1:]
 		if w.printing() {
 			w.out.WriteString(n.name + " << " + w.fmtMsg(f.msg) + "\n")
+		}
+		if w.onFrame != nil {
+			w.onFrame(n, f.msg)
 		}
 		switch x := f.msg.(type) {
 		case kvxfer.KVChunk:
@@ -492,6 +500,9 @@ func (w *world) step(n *node, ev Event) {
 			}
 			b := x
 			n.batch = &b
+			if w.onBatch != nil {
+				w.onBatch(n, x)
+			}
 		case Send:
 			w.send(n, x.Peer, x.Msg)
 		case SendKV, SendKVDone, WriteKV, VerifyKV:
@@ -552,6 +563,24 @@ func (n *node) crc(pages []kvcache.PageID) uint32 {
 	return c.Sum32()
 }
 
+// checkPrivate fails the test unless page p, about to be written for
+// request r, is r's alone: no other request holds it (reading it as a
+// cached page) and it is not in the prefix cache's index, from which
+// another request could match it.
+func (w *world) checkPrivate(n *node, p kvcache.PageID, r *req, what string) {
+	if _, idx := n.m.cache.Indexed(p); idx {
+		w.fatalf("%s: %s of %s writes page %d, which is in the prefix cache", n.name, what, r.RID, p)
+	}
+	for _, o := range n.m.queue {
+		if o != r && o.stage != StageDone && slices.Contains(o.pages, p) {
+			w.fatalf("%s: %s of %s writes page %d, which %s reads as a cached page", n.name, what, r.RID, p, o.RID)
+		}
+	}
+	if refs := n.m.cache.Refs(p); refs != 1 {
+		w.fatalf("%s: %s of %s writes page %d, which has %d references", n.name, what, r.RID, p, refs)
+	}
+}
+
 // owner is the live request that holds page p, or nil.
 func (n *node) owner(p kvcache.PageID) *req {
 	for _, r := range n.m.queue {
@@ -590,9 +619,27 @@ func (w *world) forward(n *node, b *RunBatch) []model.SeqOutput {
 	out := make([]model.SeqOutput, len(b.Seqs))
 	for i, s := range b.Seqs {
 		in := s.Input
+		r := n.m.reqs[s.RID]
+		for d := range n.m.draining {
+			if d.RID == s.RID {
+				r = d
+			}
+		}
+		if r == nil {
+			w.fatalf("%s: forward of %s, which holds no pages", n.name, s.RID)
+		}
 		for _, p := range in.Pages {
-			if o := owners[p]; o != nil && o.RID != s.RID {
-				w.fatalf("%s: forward of %s writes page %d, which now belongs to %s", n.name, s.RID, p, o.RID)
+			if !slices.Contains(r.pages, p) {
+				o := owners[p]
+				w.fatalf("%s: forward of %s reads page %d, which now belongs to %v", n.name, s.RID, p, o)
+			}
+		}
+		if len(in.Tokens) > 0 {
+			for _, p := range in.Pages[in.Pos/ps : (in.Pos+len(in.Tokens)-1)/ps+1] {
+				if o := owners[p]; o != nil && o.RID != s.RID {
+					w.fatalf("%s: forward of %s writes page %d, which now belongs to %s", n.name, s.RID, p, o.RID)
+				}
+				w.checkPrivate(n, p, r, "the forward")
 			}
 		}
 		for k, tok := range in.Tokens {
@@ -696,6 +743,9 @@ func (w *world) fmtMsg(msg kvxfer.Message) string {
 	case kvxfer.RoomOpen:
 		return fmt.Sprintf("ROOM_OPEN %s rid=%s tokens=%d", w.rg(x.RoomGen), x.RID, x.NTokens)
 	case kvxfer.RoomReady:
+		if x.CachedPages > 0 {
+			return fmt.Sprintf("ROOM_READY %s tokens=%d cached-pages=%d", w.rg(x.RoomGen), x.NTokens, x.CachedPages)
+		}
 		return fmt.Sprintf("ROOM_READY %s tokens=%d", w.rg(x.RoomGen), x.NTokens)
 	case kvxfer.RoomRenew:
 		rooms := make([]string, len(x.Rooms))
@@ -706,8 +756,12 @@ func (w *world) fmtMsg(msg kvxfer.Message) string {
 	case kvxfer.KVChunk:
 		return fmt.Sprintf("KV_CHUNK %s seq=%d pages=%d+%d", w.rg(x.RoomGen), x.Seq, x.FirstPage, x.NPages)
 	case kvxfer.KVDone:
-		return fmt.Sprintf("KV_DONE %s chunks=%d pages=%d tokens=%d binding=%s crc=%08x first=%d", w.rg(x.RoomGen),
-			x.NChunks, x.NPages, x.NTokens, x.Binding.String()[:8], x.Checksum, x.FirstToken)
+		cached := ""
+		if x.CachedTokens > 0 {
+			cached = fmt.Sprintf(" cached-tokens=%d", x.CachedTokens)
+		}
+		return fmt.Sprintf("KV_DONE %s chunks=%d pages=%d tokens=%d binding=%s crc=%08x first=%d%s", w.rg(x.RoomGen),
+			x.NChunks, x.NPages, x.NTokens, x.Binding.String()[:8], x.Checksum, x.FirstToken, cached)
 	case kvxfer.KVAck:
 		return "KV_ACK " + w.rg(x.RoomGen)
 	case kvxfer.Abort:
@@ -780,6 +834,9 @@ func (w *world) printEffect(n *node, e Effect) {
 		room := ""
 		if !x.RoomGen.Room.IsZero() && (w.roomName(x.RoomGen.Room) != x.RID || x.RoomGen.Gen != 1) {
 			room = " room=" + w.rg(x.RoomGen)
+		}
+		if x.CachedTokens > 0 {
+			first += fmt.Sprintf(" cached=%d", x.CachedTokens)
 		}
 		w.say(n, "finalize %s %s%s prompt=%d output=%d%s age=%s%s", x.RID, what, room,
 			x.PromptTokens, x.OutputTokens, first, x.Age, times)
@@ -897,7 +954,9 @@ var configKeys = []struct {
 	num  func(*Config) *int
 	dur  func(*Config) *time.Duration
 	frac func(*Config) *float64
+	flag func(*Config) *bool
 }{
+	{key: "prefix-cache", flag: func(c *Config) *bool { return &c.PrefixCache }},
 	{key: "page-size", num: func(c *Config) *int { return &c.PageSize }},
 	{key: "context", num: func(c *Config) *int { return &c.ContextLen }},
 	{key: "max-prefill-tokens", num: func(c *Config) *int { return &c.MaxPrefillTokens }},
@@ -931,6 +990,9 @@ func configArgs(cfg Config) (string, bool) {
 		case k.dur != nil && *k.dur(&cfg) != *k.dur(&base):
 			fmt.Fprintf(&b, " %s=%s", k.key, *k.dur(&cfg))
 			*k.dur(&base) = *k.dur(&cfg)
+		case k.flag != nil && *k.flag(&cfg) != *k.flag(&base):
+			fmt.Fprintf(&b, " %s=%v", k.key, *k.flag(&cfg))
+			*k.flag(&base) = *k.flag(&cfg)
 		case k.frac != nil && *k.frac(&cfg) != *k.frac(&base):
 			fmt.Fprintf(&b, " %s=%s", k.key, strconv.FormatFloat(*k.frac(&cfg), 'g', -1, 64))
 			*k.frac(&base) = *k.frac(&cfg)

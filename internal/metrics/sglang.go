@@ -35,6 +35,8 @@ import (
 //	                                         its waiting queue)
 //	sglang:token_usage                       KV pages used / pages in the pool (ratio 0–1)
 //	sglang:gen_throughput                    output tokens per second over the last RateWindow
+//	sglang:cache_hit_rate                    prefix cache hit tokens / queried tokens since the
+//	                                         worker started (0 before any query)
 //
 // Counters and histograms, observed as requests end:
 //
@@ -222,6 +224,7 @@ var sglangGauges = []struct{ name, help string }{
 	{"sglang:num_queue_reqs", "The number of requests in the waiting queue."},
 	{"sglang:token_usage", "The token usage."},
 	{"sglang:gen_throughput", "The generation throughput (token/s)."},
+	{"sglang:cache_hit_rate", "The prefix cache hit rate."},
 }
 
 // gauges returns the values of the scrape-time gauges, in sglangGauges
@@ -239,6 +242,10 @@ func (s *sglang) gauges(st WorkerState) []float64 {
 	if st.PagesTotal > 0 {
 		usage = float64(st.PagesUsed) / float64(st.PagesTotal)
 	}
+	hitRate := 0.0
+	if st.PrefixQueriedTokens > 0 {
+		hitRate = float64(st.PrefixHitTokens) / float64(st.PrefixQueriedTokens)
+	}
 	return []float64{
 		float64(n["bootstrap"]),
 		float64(n["bootstrap"]),
@@ -249,6 +256,7 @@ func (s *sglang) gauges(st WorkerState) []float64 {
 		float64(queue),
 		usage,
 		max(0, st.GenThroughput),
+		hitRate,
 	}
 }
 

@@ -36,7 +36,14 @@ import (
 //     pdserve_stage_deadline_seconds{role,stage} (gauge, seconds: the
 //     longest a request may stay in the stage by the worker's flags; an
 //     oldest age above it means a request outlived its deadline),
-//     pdserve_kv_pages{role,state} (gauge, pages: used, free),
+//     pdserve_kv_pages{role,state} (gauge, pages: used, cached, free; cached
+//     pages are the prefix cache's, unreferenced and evicted as
+//     allocations need them),
+//     pdserve_prefix_cache_queries_total{role} and
+//     pdserve_prefix_cache_hits_total{role} (counters, tokens: looked up in
+//     the prefix cache and found there, as vLLM's prefix_cache_queries and
+//     prefix_cache_hits), pdserve_prefix_cache_evictions_total{role}
+//     (counter, pages),
 //     pdserve_rooms{role,kind} (gauge: pending_open, tombstone),
 //     pdserve_preemptions_total{role},
 //     pdserve_peer_abort_tombstones_total{role} (ABORTs from the KV peer
@@ -75,10 +82,17 @@ type WorkerState struct {
 	// requests and how long the earliest to enter it has been there.
 	Stages       []StageState
 	PagesUsed    int
+	PagesCached  int
 	PagesTotal   int
 	PendingOpens int
 	Tombstones   int
 	Preemptions  uint64
+	// PrefixQueriedTokens and PrefixHitTokens count the tokens looked up
+	// in the prefix cache and found there; PrefixEvictions the cached pages
+	// evicted to make room.
+	PrefixQueriedTokens uint64
+	PrefixHitTokens     uint64
+	PrefixEvictions     uint64
 	// PeerAbortTombstones counts the peer's ABORTs for rooms this worker
 	// did not hold (each left a tombstone).
 	PeerAbortTombstones uint64
@@ -290,7 +304,13 @@ var (
 		"The longest a request may stay in each stage, by this worker's flags: its oldest age above this is a pinned request.",
 		[]string{"role", "stage"}, nil)
 	pagesDesc = prometheus.NewDesc("pdserve_kv_pages",
-		"KV cache pages by state (used, free).", []string{"role", "state"}, nil)
+		"KV cache pages by state (used: held by requests; cached: the prefix cache's, evictable; free).", []string{"role", "state"}, nil)
+	prefixQueriesDesc = prometheus.NewDesc("pdserve_prefix_cache_queries_total",
+		"Tokens looked up in the prefix cache (each time a request starts computing, or decode admits a room).", []string{"role"}, nil)
+	prefixHitsDesc = prometheus.NewDesc("pdserve_prefix_cache_hits_total",
+		"Tokens found in the prefix cache: not computed again (prefill, colocated) or not transferred (decode).", []string{"role"}, nil)
+	prefixEvictionsDesc = prometheus.NewDesc("pdserve_prefix_cache_evictions_total",
+		"Cached pages evicted to make room for new KV.", []string{"role"}, nil)
 	droppedDesc = prometheus.NewDesc("pdserve_kv_frames_dropped_total",
 		"KV channel frames dropped, by reason.", []string{"role", "reason"}, nil)
 	roomsDesc = prometheus.NewDesc("pdserve_rooms",
@@ -324,7 +344,7 @@ type stateCollector struct {
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{requestsDesc, oldestDesc, deadlineDesc, pagesDesc, droppedDesc, roomsDesc, preemptDesc,
-		peerAbortTombDesc, upDesc} {
+		peerAbortTombDesc, upDesc, prefixQueriesDesc, prefixHitsDesc, prefixEvictionsDesc} {
 		ch <- d
 	}
 	if c.role != workerapi.RoleColocated.String() {
@@ -359,7 +379,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(deadlineDesc, prometheus.GaugeValue, seconds(s.Deadline), c.role, s.Stage)
 	}
 	ch <- prometheus.MustNewConstMetric(pagesDesc, prometheus.GaugeValue, float64(st.PagesUsed), c.role, "used")
-	ch <- prometheus.MustNewConstMetric(pagesDesc, prometheus.GaugeValue, float64(st.PagesTotal-st.PagesUsed), c.role, "free")
+	ch <- prometheus.MustNewConstMetric(pagesDesc, prometheus.GaugeValue, float64(st.PagesCached), c.role, "cached")
+	ch <- prometheus.MustNewConstMetric(pagesDesc, prometheus.GaugeValue, float64(max(0, st.PagesTotal-st.PagesUsed-st.PagesCached)), c.role, "free")
+	ch <- prometheus.MustNewConstMetric(prefixQueriesDesc, prometheus.CounterValue, float64(st.PrefixQueriedTokens), c.role)
+	ch <- prometheus.MustNewConstMetric(prefixHitsDesc, prometheus.CounterValue, float64(st.PrefixHitTokens), c.role)
+	ch <- prometheus.MustNewConstMetric(prefixEvictionsDesc, prometheus.CounterValue, float64(st.PrefixEvictions), c.role)
 	ch <- prometheus.MustNewConstMetric(roomsDesc, prometheus.GaugeValue, float64(st.PendingOpens), c.role, "pending_open")
 	ch <- prometheus.MustNewConstMetric(roomsDesc, prometheus.GaugeValue, float64(st.Tombstones), c.role, "tombstone")
 	ch <- prometheus.MustNewConstMetric(preemptDesc, prometheus.CounterValue, float64(st.Preemptions), c.role)

@@ -149,6 +149,11 @@ func appendUsage(b []byte, u *Usage) []byte {
 	b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
 	b = append(b, `,"total_tokens":`...)
 	b = strconv.AppendInt(b, int64(u.TotalTokens), 10)
+	if d := u.PromptTokensDetails; d != nil {
+		b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+		b = strconv.AppendInt(b, int64(d.CachedTokens), 10)
+		b = append(b, '}')
+	}
 	return append(b, '}')
 }
 

@@ -44,7 +44,11 @@ func randUsage(r *rand.Rand) *Usage {
 	if r.IntN(2) == 0 {
 		return nil
 	}
-	return &Usage{PromptTokens: r.IntN(1 << 20), CompletionTokens: r.IntN(1 << 20), TotalTokens: r.IntN(1 << 21)}
+	u := &Usage{PromptTokens: r.IntN(1 << 20), CompletionTokens: r.IntN(1 << 20), TotalTokens: r.IntN(1 << 21)}
+	if r.IntN(3) > 0 {
+		u.PromptTokensDetails = &PromptTokensDetails{CachedTokens: r.IntN(1 << 20)}
+	}
+	return u
 }
 
 func randLogprobs(r *rand.Rand) *struct{} {

@@ -61,6 +61,10 @@ type Chunk struct {
 	// a stop token id, included as the last of Tokens) or "length"
 	// (MaxTokens reached).
 	FinishReason string
+	// CachedTokens, on the last chunk, is how many prompt tokens the engine
+	// did not compute because its prefix cache held their KV (reported as
+	// usage.prompt_tokens_details.cached_tokens).
+	CachedTokens int
 }
 
 // Pender is implemented by streams that know whether their next chunk is

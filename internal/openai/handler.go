@@ -400,7 +400,8 @@ func (rs *response) recv(ctx context.Context, stream Stream) error {
 
 func (rs *response) usage() *Usage {
 	p, c := len(rs.req.promptIDs), len(rs.out.ids)
-	return &Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c}
+	return &Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c,
+		PromptTokensDetails: &PromptTokensDetails{CachedTokens: min(rs.out.cached, p)}}
 }
 
 func (rs *response) endpoint() string {

@@ -124,7 +124,7 @@ func TestSSEFramingChat(t *testing.T) {
 	want := head + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n" +
 		head + `"choices":[{"index":0,"delta":{"content":"He"},"logprobs":null,"finish_reason":null}]}` + "\n\n" +
 		head + `"choices":[{"index":0,"delta":{"content":"y"},"logprobs":null,"finish_reason":"stop"}]}` + "\n\n" +
-		head + `"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":3,"total_tokens":23}}` + "\n\n" +
+		head + `"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":3,"total_tokens":23,"prompt_tokens_details":{"cached_tokens":0}}}` + "\n\n" +
 		"data: [DONE]\n\n"
 	if body != want {
 		t.Errorf("body\n got %s\nwant %s", body, want)
@@ -208,7 +208,9 @@ func TestStreamStopStringSplitAcrossTokens(t *testing.T) {
 		t.Errorf("finish %q", finish)
 	}
 	usage := events[len(events)-1].Usage
-	if usage == nil || *usage != (Usage{PromptTokens: 1, CompletionTokens: 13, TotalTokens: 14}) {
+	if usage == nil || usage.PromptTokensDetails == nil || *usage.PromptTokensDetails != (PromptTokensDetails{}) ||
+		(Usage{PromptTokens: usage.PromptTokens, CompletionTokens: usage.CompletionTokens, TotalTokens: usage.TotalTokens}) !=
+			(Usage{PromptTokens: 1, CompletionTokens: 13, TotalTokens: 14}) {
 		t.Errorf("usage %+v", usage)
 	}
 	s := eng.nextStream(t)
@@ -226,6 +228,17 @@ func toBytes(ids []int32) []byte {
 	return b
 }
 
+// TestUsageCachedTokens: the cached tokens the engine reports with its last
+// chunk are usage.prompt_tokens_details.cached_tokens.
+func TestUsageCachedTokens(t *testing.T) {
+	eng := newFakeEngine(Chunk{Tokens: toks("ab")}, Chunk{Tokens: toks("c"), FinishReason: "length", CachedTokens: 4})
+	srv := newServer(t, eng)
+	_, body := post(t, srv, "/v1/completions", `{"prompt":"hello","max_tokens":3}`)
+	if want := `"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":4}}}`; !strings.HasSuffix(body, want) {
+		t.Errorf("body %s, want it to end with %s", body, want)
+	}
+}
+
 func TestNonStreamCompletion(t *testing.T) {
 	eng := newFakeEngine(Chunk{Tokens: toks("one ")}, Chunk{Tokens: append(toks("two"), Token{ID: eosID}), FinishReason: "stop"})
 	srv := newServer(t, eng)
@@ -233,7 +246,7 @@ func TestNonStreamCompletion(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("status %d %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 	}
-	want := `{"id":"cmpl-rid1","object":"text_completion","created":1700000000,"model":"m","choices":[{"index":0,"text":"one two","logprobs":null,"finish_reason":"stop","prompt_token_ids":[104,101,108,108,111],"token_ids":[111,110,101,32,116,119,111,256]}],"usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}`
+	want := `{"id":"cmpl-rid1","object":"text_completion","created":1700000000,"model":"m","choices":[{"index":0,"text":"one two","logprobs":null,"finish_reason":"stop","prompt_token_ids":[104,101,108,108,111],"token_ids":[111,110,101,32,116,119,111,256]}],"usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13,"prompt_tokens_details":{"cached_tokens":0}}}`
 	if body != want {
 		t.Errorf("body\n got %s\nwant %s", body, want)
 	}
@@ -274,7 +287,7 @@ func TestNonStreamChatStop(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
-	want := `{"id":"chatcmpl-rid1","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Sure."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":11,"total_tokens":30}}`
+	want := `{"id":"chatcmpl-rid1","object":"chat.completion","created":1700000000,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Sure."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":11,"total_tokens":30,"prompt_tokens_details":{"cached_tokens":0}}}`
 	if body != want {
 		t.Errorf("body\n got %s\nwant %s", body, want)
 	}

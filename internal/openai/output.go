@@ -26,6 +26,9 @@ type output struct {
 
 	finished bool
 	finish   string // "stop" or "length" (or what the engine said) once finished
+	// cached is the prompt tokens the engine's prefix cache saved, from its
+	// last chunk.
+	cached int
 	// stopped: the front end ended the request (a stop string matched
 	// before the engine finished); the engine must be told with Stop.
 	stopped bool
@@ -65,6 +68,9 @@ func (o *output) add(c Chunk) bool {
 			continue // the EOS or stop token itself is counted but not shown
 		}
 		o.appendText(o.dec.Add(t.ID))
+	}
+	if c.CachedTokens > 0 {
+		o.cached = c.CachedTokens
 	}
 	if c.FinishReason != "" {
 		if !o.finished && o.dec != nil {

@@ -127,6 +127,18 @@ type Usage struct {
 	// and including the token that completed a stop string.
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// PromptTokensDetails breaks the prompt tokens down, as OpenAI's API
+	// and vLLM do; the server always sets it.
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptTokensDetails is usage.prompt_tokens_details.
+type PromptTokensDetails struct {
+	// CachedTokens counts the prompt tokens whose KV the serving workers
+	// did not compute because their prefix cache held it: under PD, the
+	// prefill worker's cache (tokens decode held and did not need
+	// transferred are not counted).
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // CompletionResponse is the answer of /v1/completions, and (with

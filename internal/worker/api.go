@@ -54,7 +54,7 @@ func streamLine(toks []model.SeqOutput, fin *lifecycle.Finalize) workerapi.Strea
 	if fin == nil {
 		return line
 	}
-	line.PromptTokens, line.OutputTokens = fin.PromptTokens, fin.OutputTokens
+	line.PromptTokens, line.OutputTokens, line.CachedTokens = fin.PromptTokens, fin.OutputTokens, fin.CachedTokens
 	if fin.Outcome == outcome.OK {
 		line.FinishReason = fin.FinishReason
 		return line
@@ -364,7 +364,7 @@ func (w *Worker) load(timeout time.Duration) workerapi.Health {
 		h.Status = workerapi.HealthDraining
 	}
 	mc := w.cfg.Machine
-	h.Live, h.PagesUsed, h.PagesTotal, h.PromptTokens = st.Live, st.PagesUsed, st.PagesTotal, ll.tokens
+	h.Live, h.PagesUsed, h.PagesCached, h.PagesTotal, h.PromptTokens = st.Live, st.PagesUsed, st.PagesCached, st.PagesTotal, ll.tokens
 	h.PageSize, h.MaxRunning, h.MaxQueued = mc.PageSize, mc.MaxRunning, mc.MaxQueued
 	h.Stages = make(map[string]int, len(st.Stages))
 	for s, n := range st.Stages {
@@ -463,7 +463,9 @@ func (w *Worker) handleRequests(rw http.ResponseWriter, _ *http.Request) {
 		openai.WriteError(rw, openai.Unavailable("worker loop did not answer"))
 		return
 	}
-	out := workerapi.RequestList{Role: w.role.String(), Requests: make([]workerapi.RequestInfo, len(list))}
+	used, cached, total := w.machine.Pages()
+	out := workerapi.RequestList{Role: w.role.String(), Requests: make([]workerapi.RequestInfo, len(list)),
+		Pages: &workerapi.PageCounts{Used: used, Cached: cached, Total: total}}
 	for i, ri := range list {
 		out.Requests[i] = requestInfo(ri)
 	}

@@ -44,7 +44,8 @@ type batchStats struct {
 // bootstrap on prefill and stage prealloc on decode, #inflight-req parked +
 // transferring, #transfer-req awaiting_kv, #retracted-req preempted. token
 // usage is pages used / pages, #token the tokens the used pages hold.
-// #cached-token is 0: pdserve has no prefix cache yet.
+// #cached-token is the prompt tokens of the sequences the batch starts
+// that the prefix cache supplied (not computed), as SGLang's.
 func batchLine(role lifecycle.Role, kind string, b lifecycle.RunBatch, st batchStats) (string, []any) {
 	q := func(stages ...lifecycle.Stage) int {
 		n := 0
@@ -64,8 +65,8 @@ func batchLine(role lifecycle.Role, kind string, b lifecycle.RunBatch, st batchS
 	}
 	var msg strings.Builder
 	if role == lifecycle.RolePrefill || (role == lifecycle.RoleColocated && kind != metrics.BatchDecode) {
-		fmt.Fprintf(&msg, "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: 0, token usage: %.2f, #running-req: %d, #queue-req: %d, ",
-			len(b.Seqs)-b.DecodeSeqs, b.PrefillTokens, usage, running, queue)
+		fmt.Fprintf(&msg, "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, #running-req: %d, #queue-req: %d, ",
+			len(b.Seqs)-b.DecodeSeqs, b.PrefillTokens, b.CachedTokens, usage, running, queue)
 		if role == lifecycle.RolePrefill {
 			boot := q(lifecycle.StageBootstrap)
 			fmt.Fprintf(&msg, "#prealloc-req: %d, #bootstrap-req: %d, #inflight-req: %d, ",

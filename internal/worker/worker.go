@@ -596,8 +596,8 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 		}
 		w.metrics.Finished(x.Outcome, x.Cause, x.Age)
 		if w.role == lifecycle.RolePrefill && x.Outcome == outcome.OK {
-			pages := (x.PromptTokens + w.cfg.Machine.PageSize - 1) / w.cfg.Machine.PageSize
-			w.metrics.KVTransfer(x.StageTime[lifecycle.StageTransferring], pages*w.pool.PageBytes())
+			// Only the pages sent: decode held the others in its prefix cache.
+			w.metrics.KVTransfer(x.StageTime[lifecycle.StageTransferring], x.SentPages*w.pool.PageBytes())
 			// Prefill's first token was sampled when its prefill ended:
 			// its time to first token is the stages before.
 			w.metrics.FirstToken(x.StageTime[lifecycle.StageBootstrap] + x.StageTime[lifecycle.StageWaiting] +
@@ -691,7 +691,8 @@ func (w *Worker) logBatch(now time.Time, kind string, b lifecycle.RunBatch) {
 	if !w.log.Enabled(context.Background(), level) {
 		return
 	}
-	msg, attrs := batchLine(w.role, kind, b, batchStats{pagesUsed: w.pool.Used(), pagesTotal: w.pool.Total(),
+	used, _, total := w.machine.Pages()
+	msg, attrs := batchLine(w.role, kind, b, batchStats{pagesUsed: used, pagesTotal: total,
 		pageSize: w.cfg.Machine.PageSize, inputPerSec: w.inputRate.PerSecond(now), genPerSec: w.genRate.PerSecond(now)})
 	w.log.Log(context.Background(), level, msg, attrs...)
 }
@@ -724,8 +725,10 @@ func (w *Worker) snapshot() (metrics.WorkerState, bool) {
 		return metrics.WorkerState{}, false
 	}
 	st := ls.stats
-	ms := metrics.WorkerState{PagesUsed: st.PagesUsed, PagesTotal: st.PagesTotal, PendingOpens: st.PendingOpens,
-		Tombstones: st.Tombstones, Preemptions: st.Counters.Preemptions, PeerAbortTombstones: st.Counters.PeerAbortTombstones,
+	ms := metrics.WorkerState{PagesUsed: st.PagesUsed, PagesCached: st.PagesCached, PagesTotal: st.PagesTotal, PendingOpens: st.PendingOpens,
+		PrefixQueriedTokens: st.Counters.PrefixQueriedTokens, PrefixHitTokens: st.Counters.PrefixHitTokens,
+		PrefixEvictions: st.Counters.PrefixEvictions,
+		Tombstones:      st.Tombstones, Preemptions: st.Counters.Preemptions, PeerAbortTombstones: st.Counters.PeerAbortTombstones,
 		FramesDropped: make(map[string]uint64), GenThroughput: ls.gen}
 	for _, s := range w.role.Stages() {
 		ms.Stages = append(ms.Stages, metrics.StageState{Stage: s.String(), Requests: st.Stages[s], Oldest: st.OldestInStage[s],

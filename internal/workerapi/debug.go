@@ -47,4 +47,15 @@ type HistoryEntry struct {
 type RequestList struct {
 	Role     string        `json:"role"`
 	Requests []RequestInfo `json:"requests"`
+	// Pages is a worker's KV pool (absent from the router's list).
+	Pages *PageCounts `json:"pages,omitempty"`
+}
+
+// PageCounts is a KV pool's pages: used (held by requests), cached (the
+// prefix cache's, held by none, evicted as allocations need them) and the
+// total; the rest are free.
+type PageCounts struct {
+	Used   int `json:"used"`
+	Cached int `json:"cached"`
+	Total  int `json:"total"`
 }

@@ -15,11 +15,15 @@ import (
 // (with usage) or Error (with the HTTP status the leg would have answered).
 // A last line may carry tokens too: they came before the end.
 type StreamLine struct {
-	TokenIDs     []int32      `json:"token_ids,omitempty"`
-	Logprobs     []float32    `json:"logprobs,omitempty"`
-	FinishReason string       `json:"finish_reason,omitempty"`
-	PromptTokens int          `json:"prompt_tokens,omitempty"`
-	OutputTokens int          `json:"completion_tokens,omitempty"`
+	TokenIDs     []int32   `json:"token_ids,omitempty"`
+	Logprobs     []float32 `json:"logprobs,omitempty"`
+	FinishReason string    `json:"finish_reason,omitempty"`
+	PromptTokens int       `json:"prompt_tokens,omitempty"`
+	OutputTokens int       `json:"completion_tokens,omitempty"`
+	// CachedTokens (last line) is how many prompt tokens the serving
+	// workers did not compute because their prefix cache held the KV
+	// (lifecycle.Finalize.CachedTokens): usage.prompt_tokens_details.cached_tokens.
+	CachedTokens int          `json:"cached_tokens,omitempty"`
 	Error        *ErrorObject `json:"error,omitempty"`
 	Status       int          `json:"status,omitempty"`
 }
@@ -38,7 +42,7 @@ func ErrorLine(line StreamLine, e *Error) StreamLine {
 // uses it on lines read from a worker, the colocated worker on its own
 // lines in process. A logprob missing for a token is 0.
 func (l *StreamLine) Decode() (openai.Chunk, *Error) {
-	c := openai.Chunk{FinishReason: l.FinishReason}
+	c := openai.Chunk{FinishReason: l.FinishReason, CachedTokens: l.CachedTokens}
 	if len(l.TokenIDs) > 0 {
 		c.Tokens = make([]openai.Token, len(l.TokenIDs))
 		for i, id := range l.TokenIDs {
@@ -95,8 +99,8 @@ func ParseStreamLine(b []byte) (StreamLine, error) {
 }
 
 // parseTokenLine reads exactly {"token_ids":[ints],"logprobs":[floats]},
-// optionally followed by "finish_reason", "prompt_tokens" and
-// "completion_tokens" in that order (no spaces, as encoding/json writes a
+// optionally followed by "finish_reason", "prompt_tokens",
+// "completion_tokens" and "cached_tokens" in that order (no spaces, as encoding/json writes a
 // StreamLine); false for anything else.
 func parseTokenLine(b []byte) (StreamLine, bool) {
 	const head, mid = `{"token_ids":[`, `],"logprobs":[`
@@ -132,7 +136,7 @@ func parseTokenLine(b []byte) (StreamLine, bool) {
 	for _, f := range []struct {
 		key string
 		v   *int
-	}{{`,"prompt_tokens":`, &l.PromptTokens}, {`,"completion_tokens":`, &l.OutputTokens}} {
+	}{{`,"prompt_tokens":`, &l.PromptTokens}, {`,"completion_tokens":`, &l.OutputTokens}, {`,"cached_tokens":`, &l.CachedTokens}} {
 		s, ok := bytes.CutPrefix(tail, []byte(f.key))
 		if !ok {
 			continue

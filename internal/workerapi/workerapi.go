@@ -277,10 +277,13 @@ type Load struct {
 	// in tokens (prefill's outstanding work).
 	PromptTokens int `json:"prompt_tokens"`
 	// PagesUsed and PagesTotal are the KV pool's pages; PageSize its
-	// tokens per page.
-	PagesUsed  int `json:"pages_used"`
-	PagesTotal int `json:"pages_total"`
-	PageSize   int `json:"page_size,omitempty"`
+	// tokens per page. PagesCached are the prefix cache's pages that no
+	// request holds (evicted as allocations need them, so a router may
+	// count them as free).
+	PagesUsed   int `json:"pages_used"`
+	PagesCached int `json:"pages_cached"`
+	PagesTotal  int `json:"pages_total"`
+	PageSize    int `json:"page_size,omitempty"`
 	// MaxRunning is the most sequences in one forward
 	// (--max-running-requests); MaxQueued the queue bound
 	// (--max-queued-requests, 0: none).

@@ -285,7 +285,9 @@ func FuzzParseStreamLine(f *testing.F) {
 		`{"token_ids":[1],"logprobs":[0x1p-2]}`, `{"token_ids":[3000000000],"logprobs":[1]}`, `{"token_ids":[1,2],"logprobs":[1]}`,
 		`{"token_ids":[1],"logprobs":[-1.2e-3]}`, `{"token_ids":[12],"logprobs":[-0.1],"finish_reason":"length"}`,
 		`{"token_ids":[1.0],"logprobs":[1]}`, `{"token_ids":[98,117],"logprobs":[-1.8,-2.04],"finish_reason":"length","prompt_tokens":3,"completion_tokens":4}`,
-		`{"token_ids":[98],"logprobs":[-1.8],"prompt_tokens":3}`, `{"token_ids":[98],"logprobs":[-1.8],"finish_reason":"le\u006egth"}`,
+		`{"token_ids":[98],"logprobs":[-1.8],"prompt_tokens":3}`,
+		`{"token_ids":[98],"logprobs":[-1.8],"finish_reason":"stop","prompt_tokens":40,"completion_tokens":1,"cached_tokens":32}`,
+		`{"token_ids":[98],"logprobs":[-1.8],"cached_tokens":-1}`, `{"token_ids":[98],"logprobs":[-1.8],"finish_reason":"le\u006egth"}`,
 		`{"token_ids":[98],"logprobs":[-1.8],"completion_tokens":-0}`, `{"token_ids":[98],"logprobs":[-1.8],"completion_tokens":99999999999999999999}`, `{"token_ids":[],"logprobs":[]}`, `{"token_ids":[1],"logprobs":[NaN]}`} {
 		f.Add([]byte(s))
 	}

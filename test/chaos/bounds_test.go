@@ -58,9 +58,11 @@ const (
 // (lifecycle.Config.Lease: one heartbeat longer than the silence bound).
 func (d deadlines) lease() time.Duration { return d.machine(lifecycle.RolePrefill).Lease() }
 
-// machine returns the lifecycle config of a worker of role.
+// machine returns the lifecycle config of a worker of role: with the
+// prefix cache, as pdserve runs by default.
 func (d deadlines) machine(role lifecycle.Role) lifecycle.Config {
 	mc := lifecycle.DefaultConfig(role)
+	mc.PrefixCache = true
 	mc.HeartbeatInterval = d.Heartbeat
 	mc.LeaseMisses = d.Misses
 	mc.BootstrapTimeout = d.Bootstrap

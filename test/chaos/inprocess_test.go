@@ -512,6 +512,7 @@ func (h *inproc) setUp() {
 		t.Fatal(err)
 	}
 	mc := h.dl.machine(lifecycle.RoleColocated)
+	mc.PrefixCache = false // the reference answers without a cache
 	h.ref, err = cluster.StartWorker(cluster.WorkerOptions{Addr: "127.0.0.1:0", Model: m, Machine: mc, KVCacheMemory: 64 << 20})
 	if err != nil {
 		t.Fatal(err)

@@ -60,9 +60,11 @@ func simFactory(cfg sim.Config) cluster.ModelFactory {
 
 // testMachine is the lifecycle config of test workers: design defaults with
 // a fast heartbeat (250 ms: peer loss shows within 750 ms, a lease lasts
-// 1 s), still slow enough for a loaded machine running -race.
+// 1 s), still slow enough for a loaded machine running -race, and the
+// prefix cache on, as `pdserve` runs by default.
 func testMachine() lifecycle.Config {
 	mc := lifecycle.DefaultConfig(lifecycle.RoleColocated)
+	mc.PrefixCache = true
 	mc.HeartbeatInterval = 250 * time.Millisecond
 	mc.MaxPrefillTokens = 512
 	return mc
@@ -247,8 +249,11 @@ type completion struct {
 		TokenIDs     []int32 `json:"token_ids"`
 	} `json:"choices"`
 	Usage struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 	Error *struct {
 		Message string `json:"message"`

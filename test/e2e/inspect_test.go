@@ -21,6 +21,9 @@ func TestInspect(t *testing.T) {
 	mc := testMachine()
 	mc.QueueTimeout = 4 * time.Second
 	mc.KVHoldTimeout = 4 * time.Second
+	// Two copies of one prompt: with the prefix cache the second would
+	// share the first's prompt pages instead of waiting for its own.
+	mc.PrefixCache = false
 	pageBytes := int64(testGeometry.BytesPerToken() * mc.PageSize)
 	// Decode's pool (800 tokens) admits one 600-token prompt at a time.
 	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 20 * time.Millisecond}, machine: &mc, memory: 50 * pageBytes, router: noAdmission()})

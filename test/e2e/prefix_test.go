@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"hash"
+	"hash/crc32"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model/sim"
 )
@@ -204,5 +207,85 @@ func TestCachedTokensRepeatedPrompt(t *testing.T) {
 	// Decode's second admission found all 13 full prompt pages.
 	if n := counterValue(t, workerGatherer{pd.Decode[0]}, "pdserve_prefix_cache_hits_total", "", ""); n != 13*16 {
 		t.Fatalf("decode hit %v tokens, want %d", n, 13*16)
+	}
+}
+
+// poisonFirst corrupts the KV of the first room a prefill worker sends and
+// gives its KV_DONE the checksum of the corrupted bytes, so decode accepts
+// it: decode then holds, and caches, pages whose KV is not what prefill
+// computes (a stand-in for a decode-side page gone bad after it was
+// verified).
+type poisonFirst struct {
+	kvxfer.Backend
+	mu   sync.Mutex
+	room kvxfer.RoomGen
+	crc  hash.Hash32
+	done bool
+}
+
+func (p *poisonFirst) Send(peer kvxfer.PeerID, m kvxfer.Message) error {
+	p.mu.Lock()
+	switch x := m.(type) {
+	case kvxfer.KVChunk:
+		if !p.done && (p.crc == nil || x.RoomGen == p.room) {
+			if p.crc == nil {
+				p.room, p.crc = x.RoomGen, crc32.New(crc32.MakeTable(crc32.Castagnoli))
+			}
+			data := slices.Clone(x.Data)
+			for i := 0; i < len(data); i += 97 {
+				data[i] ^= 0x20
+			}
+			p.crc.Write(data)
+			x.Data = data
+			m = x
+		}
+	case kvxfer.KVDone:
+		if !p.done && p.crc != nil && x.RoomGen == p.room {
+			x.Checksum, p.done = p.crc.Sum32(), true
+			m = x
+		}
+	}
+	p.mu.Unlock()
+	return p.Backend.Send(peer, m)
+}
+
+// TestCorruptCachedPageCaughtE2E: a decode-side cached page whose bytes are
+// not prefill's KV (here: the first request's KV, poisoned on the way with
+// a checksum to match, so decode verified and cached it) is caught when the
+// next request with that prompt uses it: prefill sends only the page decode
+// lacks, but KV_DONE's checksum covers every prompt page as decode will use
+// them, so the transfer fails (failed_transfer) before anything is decoded
+// from it; decode drops the pages from its cache, and the router's retry
+// receives every page and answers what colocated serving answers.
+func TestCorruptCachedPageCaughtE2E(t *testing.T) {
+	c := startPD(t, pdOptions{wrap: func(role lifecycle.Role, _ int, b kvxfer.Backend) kvxfer.Backend {
+		if role == lifecycle.RolePrefill {
+			return &poisonFirst{Backend: b}
+		}
+		return b
+	}})
+	co := startColocated(t, false, 64<<20)
+	req := map[string]any{"prompt": strings.Repeat("poison the cache ", 12), "max_tokens": 6, "ignore_eos": true,
+		"seed": 3, "temperature": 0.7, "return_token_ids": true} // 204 tokens: 12 full pages
+	if status, body := postJSON(t, c.URL()+"/v1/completions", req); status != http.StatusOK {
+		t.Fatalf("first request: %d %s", status, body)
+	}
+	if got := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "failed_transfer"); got != 0 {
+		t.Fatalf("the poisoned transfer failed (%v): the test did not get a bad page into decode's cache", got)
+	}
+	status, body := postJSON(t, c.URL()+"/v1/completions", req)
+	_, want := postJSON(t, co.URL+"/v1/completions", req)
+	if status != http.StatusOK || !slices.Equal(decodeCompletion(t, body).Choices[0].TokenIDs, decodeCompletion(t, want).Choices[0].TokenIDs) {
+		t.Fatalf("second request: %d %s, colocated %s", status, body, want)
+	}
+	waitFor(t, 2*time.Second, "the attempt on the bad cached pages counted", func() (bool, string) {
+		got := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_requests_finished_total", "outcome", "failed_transfer")
+		return got == 1, fmt.Sprintf("decode counted %v failed transfers, want 1", got)
+	})
+	if got := counterValue(t, routerAsWorker(c), "pdserve_router_retries_total", "", ""); got != 1 {
+		t.Fatalf("router retries %v, want 1", got)
+	}
+	if hits := counterValue(t, workerGatherer{c.Decode[0]}, "pdserve_prefix_cache_hits_total", "", ""); hits != 12*16 {
+		t.Fatalf("decode hit %v tokens, want the 12 bad pages once (the retry finds none)", hits)
 	}
 }

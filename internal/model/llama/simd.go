@@ -142,8 +142,8 @@ type kernelSet struct {
 	// and activation rows per call.
 	qisa, qrows, qvecs int
 	// kisa is the instruction set of the Q4_K and Q6_K kernels (ktile), 0
-	// for none (pure Go).
-	kisa int
+	// for none (pure Go); kvecs the activation rows per call.
+	kisa, kvecs int
 }
 
 // Kernel choices of Options.Kernels.

@@ -344,34 +344,7 @@ func (g *gen) ktile512(V int) {
 	g.op("VPBROADCASTD R9, Y31")
 	loop := name + "_loop"
 	g.label(loop)
-	// Scales and mins (ggml's utmp): u0, u1, u2 = scale bytes 0–3, 4–7, 8–11.
-	g.op("MOVL 4(R8)(R13*1), R9")   // u0
-	g.op("MOVL 8(R8)(R13*1), R10")  // u1
-	g.op("MOVL 12(R8)(R13*1), R11") // u2
-	// t0 = u0 & 0x3f3f3f3f
-	g.op("MOVL R9, R15")
-	g.op("ANDL $0x3f3f3f3f, R15")
-	g.op("MOVL R15, %d(AX)", ktScr)
-	// t1 = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4
-	g.op("MOVL R11, R15")
-	g.op("ANDL $0x0f0f0f0f, R15")
-	g.op("SHRL $6, R9")
-	g.op("ANDL $0x03030303, R9")
-	g.op("SHLL $4, R9")
-	g.op("ORL R9, R15")
-	g.op("MOVL R15, %d(AX)", ktScr+4)
-	// t2 = u1 & 0x3f3f3f3f
-	g.op("MOVL R10, R15")
-	g.op("ANDL $0x3f3f3f3f, R15")
-	g.op("MOVL R15, %d(AX)", ktScr+8)
-	// t3 = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4
-	g.op("SHRL $4, R11")
-	g.op("ANDL $0x0f0f0f0f, R11")
-	g.op("SHRL $6, R10")
-	g.op("ANDL $0x03030303, R10")
-	g.op("SHLL $4, R10")
-	g.op("ORL R10, R11")
-	g.op("MOVL R11, %d(AX)", ktScr+12)
+	g.ktileScales()
 	g.op("VPMOVZXBW %d(AX), X12", ktScr+8) // mins as int16
 	g.op("VPBROADCASTW (R8)(R13*1), X13")
 	g.op("VCVTPH2PS X13, Y13") // d
@@ -410,26 +383,7 @@ func (g *gen) ktile512(V int) {
 	g.op("ADDQ $%d, R14", kbSize)
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
-	g.op("MOVQ %d(AX), DI", ktOut)
-	g.op("MOVQ %d(AX), SI", ktOS)
-	for v := range V {
-		y, x, m := acc(v), "X"+acc(v)[1:], accm(v)
-		g.op("VEXTRACTF128 $1, %s, X15", y)
-		g.op("VADDPS X15, %s, %s", x, x)
-		g.op("VMOVHLPS %s, %s, X15", x, x)
-		g.op("VADDPS X15, %s, %s", x, x)
-		g.op("VMOVSHDUP %s, X15", x)
-		g.op("VADDSS X15, %s, %s", x, x) // reduce8(acc)
-		g.op("VMOVHLPS %s, %s, X15", m, m)
-		g.op("VADDPS X15, %s, %s", m, m) // [m0+m2, m1+m3]
-		g.op("VMOVSHDUP %s, X15", m)
-		g.op("VADDSS X15, %s, %s", m, m)
-		g.op("VADDSS %s, %s, %s", m, x, x)
-		g.op("VMOVSS %s, (DI)", x)
-		g.op("ADDQ SI, DI")
-	}
-	g.op("VZEROUPPER")
-	g.op("RET")
+	g.ktileStore(V, acc, accm)
 }
 
 // ktile6512 writes the AVX-512 VNNI Q6_K kernel: one weight row × V Q8_K
@@ -512,6 +466,119 @@ func (g *gen) ktile6512(V int) {
 	g.op("ADDQ $%d, R14", kbSize)
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
+	g.ktileStore(V, acc, nil)
+}
+
+// ktileScales unpacks the 6-bit scales and mins of the Q4_K block at
+// (R8)(R13*1) as ggml's utmp code does, in general registers (R9–R11, R15),
+// into the argument block's scratch (AX): sc0…sc7, then m0…m7.
+func (g *gen) ktileScales() {
+	// u0, u1, u2 = scale bytes 0–3, 4–7, 8–11.
+	g.op("MOVL 4(R8)(R13*1), R9")   // u0
+	g.op("MOVL 8(R8)(R13*1), R10")  // u1
+	g.op("MOVL 12(R8)(R13*1), R11") // u2
+	// t0 = u0 & 0x3f3f3f3f
+	g.op("MOVL R9, R15")
+	g.op("ANDL $0x3f3f3f3f, R15")
+	g.op("MOVL R15, %d(AX)", ktScr)
+	// t1 = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4
+	g.op("MOVL R11, R15")
+	g.op("ANDL $0x0f0f0f0f, R15")
+	g.op("SHRL $6, R9")
+	g.op("ANDL $0x03030303, R9")
+	g.op("SHLL $4, R9")
+	g.op("ORL R9, R15")
+	g.op("MOVL R15, %d(AX)", ktScr+4)
+	// t2 = u1 & 0x3f3f3f3f
+	g.op("MOVL R10, R15")
+	g.op("ANDL $0x3f3f3f3f, R15")
+	g.op("MOVL R15, %d(AX)", ktScr+8)
+	// t3 = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4
+	g.op("SHRL $4, R11")
+	g.op("ANDL $0x0f0f0f0f, R11")
+	g.op("SHRL $6, R10")
+	g.op("ANDL $0x03030303, R10")
+	g.op("SHLL $4, R10")
+	g.op("ORL R10, R11")
+	g.op("MOVL R11, %d(AX)", ktScr+12)
+}
+
+// ktileAVX2 writes the AVX2 Q4_K kernel: one weight row × V (≤ 2) Q8_K
+// activation rows, the canonical result of dotQ4KGo as ktile512 computes
+// it, in ggml's AVX2 order (ggml_vec_dot_q4_K_q8_K): per 32 values
+// VPMADDUBSW (nibbles × quants, int16 pairs of at most 2·15·128) and
+// VPMADDWD with the 6-bit scale as int16, which gives sc·(4 products) per
+// int32 lane exactly, added into the block's lane sums with VPADDD; the
+// mins as in ktile512. AVX2 has 16 vector registers, hence V ≤ 2.
+func (g *gen) ktileAVX2(V int) {
+	name := fmt.Sprintf("ktileQ4KAVX2V%d", V)
+	g.text(name, fmt.Sprintf("AVX2, one Q4_K row × %d Q8_K activation rows", V))
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), R8", ktW)
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", ktNB)
+	g.op("XORQ R13, R13")
+	g.op("XORQ R14, R14")
+	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }    // Y0–Y1
+	isum := func(v int) string { return fmt.Sprintf("Y%d", 2+v) } // Y2–Y3
+	accm := func(v int) string { return fmt.Sprintf("X%d", 4+v) } // X4–X5
+	for v := range V {
+		g.op("VXORPS %s, %s, %s", acc(v), acc(v), acc(v))
+		g.op("VXORPS %s, %s, %s", accm(v), accm(v), accm(v))
+	}
+	g.op("MOVL $0x0f0f0f0f, R9")
+	g.op("VMOVD R9, X6")
+	g.op("VPBROADCASTD X6, Y6")
+	loop := name + "_loop"
+	g.label(loop)
+	g.ktileScales()
+	g.op("VPMOVZXBW %d(AX), X9", ktScr+8) // mins as int16
+	g.op("VPBROADCASTW (R8)(R13*1), X7")
+	g.op("VCVTPH2PS X7, Y7") // d
+	g.op("VPBROADCASTW 2(R8)(R13*1), X8")
+	g.op("VCVTPH2PS X8, X8") // dmin
+	for v := range V {
+		g.op("VPXOR %s, %s, %s", isum(v), isum(v), isum(v))
+	}
+	for jj := range 4 {
+		g.op("VMOVDQU %d(R8)(R13*1), Y10", 16+32*jj)
+		g.op("VPSRLW $4, Y10, Y11")
+		g.op("VPAND Y6, Y10, Y10") // sub-block 2jj
+		g.op("VPAND Y6, Y11, Y11") // sub-block 2jj+1
+		for h, wq := range []string{"Y10", "Y11"} {
+			g.op("MOVBLZX %d(AX), R9", ktScr+2*jj+h)
+			g.op("VMOVD R9, X12")
+			g.op("VPBROADCASTW X12, Y12")
+			for v := range V {
+				g.op("VPMADDUBSW %d(%s)(R14*1), %s, Y13", kbQS+64*jj+32*h, xGPR[v], wq)
+				g.op("VPMADDWD Y12, Y13, Y13")
+				g.op("VPADDD Y13, %s, %s", isum(v), isum(v))
+			}
+		}
+	}
+	for v := range V {
+		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
+		g.op("VBROADCASTSS %d(%s)(R14*1), Y14", kbD, xGPR[v])
+		g.op("VMULPS Y7, Y14, Y15") // dx·d
+		g.op("VFMADD231PS Y15, %s, %s", isum(v), acc(v))
+		g.op("VPMADDWD %d(%s)(R14*1), X9, X13", kbSSum, xGPR[v])
+		g.op("VCVTDQ2PS X13, X13")
+		g.op("VMULPS X8, X14, X15") // dx·dmin
+		g.op("VFNMADD231PS X15, X13, %s", accm(v))
+	}
+	g.op("ADDQ $144, R13")
+	g.op("ADDQ $%d, R14", kbSize)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.ktileStore(V, acc, accm)
+}
+
+// ktileStore reduces the K-quant accumulators (reduce8 of acc, then with
+// accm the mins' (m0 + m2) + (m1 + m3) added) and stores token v's result
+// at out + v·os. X15 is scratch.
+func (g *gen) ktileStore(V int, acc, accm func(v int) string) {
 	g.op("MOVQ %d(AX), DI", ktOut)
 	g.op("MOVQ %d(AX), SI", ktOS)
 	for v := range V {
@@ -521,12 +588,109 @@ func (g *gen) ktile6512(V int) {
 		g.op("VMOVHLPS %s, %s, X15", x, x)
 		g.op("VADDPS X15, %s, %s", x, x)
 		g.op("VMOVSHDUP %s, X15", x)
-		g.op("VADDSS X15, %s, %s", x, x)
+		g.op("VADDSS X15, %s, %s", x, x) // reduce8(acc)
+		if accm != nil {
+			m := accm(v)
+			g.op("VMOVHLPS %s, %s, X15", m, m)
+			g.op("VADDPS X15, %s, %s", m, m) // [m0+m2, m1+m3]
+			g.op("VMOVSHDUP %s, X15", m)
+			g.op("VADDSS X15, %s, %s", m, m)
+			g.op("VADDSS %s, %s, %s", m, x, x)
+		}
 		g.op("VMOVSS %s, (DI)", x)
 		g.op("ADDQ SI, DI")
 	}
 	g.op("VZEROUPPER")
 	g.op("RET")
+}
+
+// ktile6AVX2 writes the AVX2 Q6_K kernel: one weight row × V (≤ 2) Q8_K
+// activation rows, the canonical result of dotQ6KGo as ktile6512 computes
+// it, in ggml's AVX2 order (ggml_vec_dot_q6_K_q8_K): per quarter of 32
+// values the 6-bit quants q from ql and qh, VPMADDUBSW of q·x and 32·x,
+// their difference the exact (q−32)·x int16 pair sums, and VPMADDWD with
+// the int8 scales of the two halves (as int16) giving sc·(4 products) per
+// int32 lane, added with VPADDD.
+func (g *gen) ktile6AVX2(V int) {
+	name := fmt.Sprintf("ktileQ6KAVX2V%d", V)
+	g.text(name, fmt.Sprintf("AVX2, one Q6_K row × %d Q8_K activation rows", V))
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), R8", ktW)
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", ktNB)
+	g.op("XORQ R13, R13")
+	g.op("XORQ R14, R14")
+	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }    // Y0–Y1
+	isum := func(v int) string { return fmt.Sprintf("Y%d", 2+v) } // Y2–Y3
+	for v := range V {
+		g.op("VXORPS %s, %s, %s", acc(v), acc(v), acc(v))
+	}
+	for _, c := range []struct {
+		v   string
+		reg int
+	}{{"0x0f0f0f0f", 4}, {"0x03030303", 5}, {"0x20202020", 6}} {
+		g.op("MOVL $%s, R9", c.v)
+		g.op("VMOVD R9, X%d", c.reg)
+		g.op("VPBROADCASTD X%d, Y%d", c.reg, c.reg)
+	}
+	loop := name + "_loop"
+	g.label(loop)
+	g.op("VPBROADCASTW 208(R8)(R13*1), X7")
+	g.op("VCVTPH2PS X7, Y7") // d
+	for v := range V {
+		g.op("VPXOR %s, %s, %s", isum(v), isum(v), isum(v))
+	}
+	for h := range 2 {
+		g.op("VMOVDQU %d(R8)(R13*1), Y8", 64*h)      // ql, quarters 0 and 2
+		g.op("VMOVDQU %d(R8)(R13*1), Y9", 64*h+32)   // ql, quarters 1 and 3
+		g.op("VMOVDQU %d(R8)(R13*1), Y10", 128+32*h) // qh
+		for q := range 4 {
+			lo := []string{"Y8", "Y9", "Y8", "Y9"}[q]
+			// Y11 = low 4 bits, Y12 = high 2 bits << 4.
+			if q < 2 {
+				g.op("VPAND Y4, %s, Y11", lo)
+			} else {
+				g.op("VPSRLW $4, %s, Y11", lo)
+				g.op("VPAND Y4, Y11, Y11")
+			}
+			if q == 0 {
+				g.op("VPAND Y5, Y10, Y12")
+			} else {
+				g.op("VPSRLW $%d, Y10, Y12", 2*q)
+				g.op("VPAND Y5, Y12, Y12")
+			}
+			g.op("VPSLLW $4, Y12, Y12")
+			g.op("VPOR Y12, Y11, Y11") // q, 0–63
+			g.op("MOVBQSX %d(R8)(R13*1), R9", 192+8*h+2*q)
+			g.op("VMOVD R9, X13")
+			g.op("VPBROADCASTW X13, X13")
+			g.op("MOVBQSX %d(R8)(R13*1), R10", 192+8*h+2*q+1)
+			g.op("VMOVD R10, X12")
+			g.op("VPBROADCASTW X12, X12")
+			g.op("VINSERTI128 $1, X12, Y13, Y13") // scales: lanes 0–3, 4–7
+			for v := range V {
+				off := kbQS + 128*h + 32*q
+				g.op("VPMADDUBSW %d(%s)(R14*1), Y11, Y14", off, xGPR[v])
+				g.op("VPMADDUBSW %d(%s)(R14*1), Y6, Y15", off, xGPR[v])
+				g.op("VPSUBW Y15, Y14, Y14")
+				g.op("VPMADDWD Y13, Y14, Y14")
+				g.op("VPADDD Y14, %s, %s", isum(v), isum(v))
+			}
+		}
+	}
+	for v := range V {
+		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
+		g.op("VBROADCASTSS %d(%s)(R14*1), Y14", kbD, xGPR[v])
+		g.op("VMULPS Y7, Y14, Y15")
+		g.op("VFMADD231PS Y15, %s, %s", isum(v), acc(v))
+	}
+	g.op("ADDQ $210, R13")
+	g.op("ADDQ $%d, R14", kbSize)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.ktileStore(V, acc, nil)
 }
 
 // dtype is the element type of the rows a kernel reads.
@@ -1286,6 +1450,10 @@ func main() {
 	for V := 1; V <= 4; V++ {
 		g.ktile6512(V)
 	}
+	for V := 1; V <= 2; V++ {
+		g.ktileAVX2(V)
+		g.ktile6AVX2(V)
+	}
 
 	g.expTable()
 	g.expSum512()
@@ -1379,26 +1547,23 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 // ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K)
 // and nv activation rows.
 func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
-	switch {
-	case kind == 0 && nv == 1:
-		ktileQ4KAVX512V1(a)
-	case kind == 0 && nv == 2:
-		ktileQ4KAVX512V2(a)
-	case kind == 0 && nv == 3:
-		ktileQ4KAVX512V3(a)
-	case kind == 0:
-		ktileQ4KAVX512V4(a)
-	case nv == 1:
-		ktileQ6KAVX512V1(a)
-	case nv == 2:
-		ktileQ6KAVX512V2(a)
-	case nv == 3:
-		ktileQ6KAVX512V3(a)
-	default:
-		ktileQ6KAVX512V4(a)
-	}
-}
+	switch ks.kisa {
 `)
+	for _, isa := range []struct {
+		name string
+		v    int
+	}{{"AVX512", 4}, {"AVX2", 2}} {
+		fmt.Fprintf(&t, "\tcase isa%s:\n\t\tswitch kind {\n", isa.name)
+		for ki, k := range []string{"Q4K", "Q6K"} {
+			fmt.Fprintf(&t, "\t\tcase %d:\n\t\t\tswitch nv {\n", ki)
+			for v := 1; v <= isa.v; v++ {
+				fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\tktile%s%sV%d(a)\n\t\t\t\treturn\n", v, k, isa.name, v)
+			}
+			t.WriteString("\t\t\t}\n")
+		}
+		t.WriteString("\t\t}\n")
+	}
+	t.WriteString("\t}\n\tpanic(\"llama: no ktile kernel\")\n}\n")
 	t.WriteString(`
 // expSum calls the softmax numerator kernel.
 func (ks *kernelSet) expSum(a *expArgs) {

@@ -67,6 +67,7 @@ type qtileArgs struct {
 	nb  uintptr           // blocks per row, > 0
 	out unsafe.Pointer    // token v's results at out + v·os: rows in order, float32
 	os  uintptr           // bytes between tokens' results
+	pf  uintptr           // the rows after the call's, prefetched by the AVX2 kernels (any address: never dereferenced)
 }
 
 // ktileArgs is the argument block of a K-quant kernel: the canonical Q4_K

@@ -53,6 +53,7 @@ const (
 	qtNB  = 64 // blocks per row, > 0
 	qtOut = 72 // results: token v's rows at out + v·os, consecutive float32
 	qtOS  = 80 // bytes between tokens' results
+	qtPF  = 88 // the rows after the call's (prefetched by the AVX2 kernels)
 )
 
 // q8Block layout: quants, negated lane sums, scale ×8.
@@ -219,7 +220,8 @@ func (g *gen) qtileStore(R, V int, acc func(r, v int) string, tmp string) {
 
 // qtileAVX2 writes the AVX2 integer tile kernel: 2 weight rows × V
 // activation rows, one block at a time, the same canonical result as
-// qtile512. Q8_0 takes ggml's sign trick (|w| as unsigned bytes times x
+// qtile512; for V ≤ prefetchMaxV (decode) it prefetches the next two rows
+// as it goes. Q8_0 takes ggml's sign trick (|w| as unsigned bytes times x
 // with w's sign, VPMADDUBSW then VPMADDWD with ones; no pair of products
 // exceeds 2·128·127 < 2^15, so nothing saturates); Q4_0 multiplies the
 // nibbles with x and adds the lane correction −8·Σx. The weight scale is
@@ -236,6 +238,10 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 		g.op("MOVQ %d(AX), %s", qtX+8*v, xGPR[v])
 	}
 	g.op("MOVQ %d(AX), R12", qtNB)
+	pf := V <= prefetchMaxV
+	if pf {
+		g.op("MOVQ %d(AX), DX", qtPF)
+	}
 	g.op("XORQ R13, R13")
 	g.op("XORQ R14, R14")
 	acc := func(r, v int) string { return fmt.Sprintf("Y%d", v*R+r) }
@@ -254,6 +260,15 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 	}
 	loop := name + "_loop"
 	g.label(loop)
+	if pf {
+		// The next R rows are contiguous from DX: prefetch the R blocks'
+		// worth of them that this iteration's R blocks stand for, so they
+		// are in cache when the next call starts (a prefetch never
+		// faults, so DX may point past the matrix).
+		for off := 0; off < R*k.blockBytes; off += 64 {
+			g.op("PREFETCHT0 %d(DX)(R13*%d)", off, R)
+		}
+	}
 	// Per token: Q8_0 the quants (Y10+v), Q4_0 the lane correction (Y10+v).
 	for v := range V {
 		if k == q8_0 {

@@ -518,13 +518,31 @@ func (g *gen) ktileScales() {
 	g.op("MOVL R11, %d(AX)", ktScr+12)
 }
 
+// ktilePrefetchSetup points DX at the weight row after this call's (rows
+// are contiguous: R8 + blocks·blockBytes), for ktilePrefetch.
+func (g *gen) ktilePrefetchSetup(blockBytes int) {
+	g.op("MOVQ R12, DX")
+	g.op("IMULQ $%d, DX", blockBytes)
+	g.op("ADDQ R8, DX")
+}
+
+// ktilePrefetch prefetches the block of the next row at the offset of the
+// current one (R13), so the next call finds its row in cache (a prefetch
+// never faults, so DX may point past the matrix).
+func (g *gen) ktilePrefetch(blockBytes int) {
+	for off := 0; off < blockBytes; off += 64 {
+		g.op("PREFETCHT0 %d(DX)(R13*1)", off)
+	}
+}
+
 // ktileAVX2 writes the AVX2 Q4_K kernel: one weight row × V (≤ 2) Q8_K
 // activation rows, the canonical result of dotQ4KGo as ktile512 computes
 // it, in ggml's AVX2 order (ggml_vec_dot_q4_K_q8_K): per 32 values
 // VPMADDUBSW (nibbles × quants, int16 pairs of at most 2·15·128) and
 // VPMADDWD with the 6-bit scale as int16, which gives sc·(4 products) per
 // int32 lane exactly, added into the block's lane sums with VPADDD; the
-// mins as in ktile512. AVX2 has 16 vector registers, hence V ≤ 2.
+// mins as in ktile512. AVX2 has 16 vector registers, hence V ≤ 2. It
+// prefetches the next row as it goes.
 func (g *gen) ktileAVX2(V int) {
 	name := fmt.Sprintf("ktileQ4KAVX2V%d", V)
 	g.text(name, fmt.Sprintf("AVX2, one Q4_K row × %d Q8_K activation rows", V))
@@ -534,6 +552,7 @@ func (g *gen) ktileAVX2(V int) {
 		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
 	}
 	g.op("MOVQ %d(AX), R12", ktNB)
+	g.ktilePrefetchSetup(144)
 	g.op("XORQ R13, R13")
 	g.op("XORQ R14, R14")
 	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }    // Y0–Y1
@@ -548,6 +567,7 @@ func (g *gen) ktileAVX2(V int) {
 	g.op("VPBROADCASTD X6, Y6")
 	loop := name + "_loop"
 	g.label(loop)
+	g.ktilePrefetch(144)
 	g.ktileScales()
 	g.op("VPMOVZXBW %d(AX), X9", ktScr+8) // mins as int16
 	g.op("VPBROADCASTW (R8)(R13*1), X7")
@@ -625,7 +645,7 @@ func (g *gen) ktileStore(V int, acc, accm func(v int) string) {
 // values the 6-bit quants q from ql and qh, VPMADDUBSW of q·x and 32·x,
 // their difference the exact (q−32)·x int16 pair sums, and VPMADDWD with
 // the int8 scales of the two halves (as int16) giving sc·(4 products) per
-// int32 lane, added with VPADDD.
+// int32 lane, added with VPADDD. It prefetches the next row as it goes.
 func (g *gen) ktile6AVX2(V int) {
 	name := fmt.Sprintf("ktileQ6KAVX2V%d", V)
 	g.text(name, fmt.Sprintf("AVX2, one Q6_K row × %d Q8_K activation rows", V))
@@ -635,6 +655,7 @@ func (g *gen) ktile6AVX2(V int) {
 		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
 	}
 	g.op("MOVQ %d(AX), R12", ktNB)
+	g.ktilePrefetchSetup(210)
 	g.op("XORQ R13, R13")
 	g.op("XORQ R14, R14")
 	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }    // Y0–Y1
@@ -652,6 +673,7 @@ func (g *gen) ktile6AVX2(V int) {
 	}
 	loop := name + "_loop"
 	g.label(loop)
+	g.ktilePrefetch(210)
 	g.op("VPBROADCASTW 208(R8)(R13*1), X7")
 	g.op("VCVTPH2PS X7, Y7") // d
 	for v := range V {

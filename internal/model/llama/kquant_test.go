@@ -114,9 +114,10 @@ func TestDotK(t *testing.T) {
 	}
 }
 
-// TestKTileKernel checks the Q4_K and Q6_K kernels against the pure-Go canonical
-// dot product bit for bit, for 1 to 4 activation rows and 1 to 6 blocks;
-// and the layouts the assembly assumes.
+// TestKTileKernel checks the Q4_K and Q6_K kernels of every kernel set
+// against the pure-Go canonical dot product bit for bit, for 7 activation
+// rows (calls of 4 and 3 rows on AVX-512; 2, 2, 2 and 1 on AVX2) and 1 to
+// 6 blocks; and the layouts the assembly assumes.
 func TestKTileKernel(t *testing.T) {
 	var a ktileArgs
 	var blk q8KBlock

@@ -35,6 +35,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model"
@@ -302,17 +303,59 @@ func run(dir string, env []string, name string, args ...string) string {
 }
 
 // runRSS runs a command like run and also returns its peak resident set
-// size in bytes (getrusage's ru_maxrss, 0 where unknown).
+// size in bytes (0 where unknown): the largest VmHWM read from
+// /proc/PID/status every 20 ms while it runs. (The child's ru_maxrss is no
+// use here: Go starts children with vfork, and Linux counts the parent's
+// peak into a vforked child's ru_maxrss, so every child would report at
+// least this process's own peak.)
 func runRSS(dir string, env []string, name string, args ...string) (string, int64) {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		log.Fatalf("%s: %v", name, err)
+	}
+	done := make(chan struct{})
+	peak := make(chan int64, 1)
+	go func() {
+		var hwm int64
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			hwm = max(hwm, vmHWM(cmd.Process.Pid))
+			select {
+			case <-done:
+				peak <- hwm
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	err := cmd.Wait()
+	close(done)
+	hwm := <-peak
+	if err != nil {
 		log.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out.String(), errb.String())
 	}
-	return out.String(), maxRSS(cmd.ProcessState)
+	return out.String(), hwm
+}
+
+// vmHWM is the peak resident set size of process pid in bytes, from
+// /proc/PID/status (Linux; 0 if unreadable, e.g. once it has exited).
+func vmHWM(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 func moduleRoot() string {

@@ -35,6 +35,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model"
@@ -114,18 +115,25 @@ func main() {
 		{"decode, 16 sequences (tok/s)", "SmolLM2/^decode-batch16$", fmt.Sprintf("%dx", *decode), "decode16_tok_s"},
 		{"prefill, 512-token prompt (tok/s)", "SmolLM2/^prefill-512$", fmt.Sprintf("%dx", *prefillRuns), "prefill_tok_s"},
 	}
-	type series struct{ a, b [][]float64 }
+	type series struct {
+		a, b       [][]float64
+		rssA, rssB []float64 // peak RSS (bytes): pdserve's batch-1 decode process, llama.cpp's perf process
+	}
 	res := map[llama.FileType]*series{}
 	for _, ft := range files {
 		res[ft] = &series{a: make([][]float64, len(metrics)), b: make([][]float64, len(metrics))}
 	}
 	tokS := regexp.MustCompile(`([0-9.]+) tok/s`)
 	for r := range *rounds {
+		log.Printf("round %d: load average %s", r+1, loadAvg())
 		for _, ft := range files {
 			sr := res[ft]
 			for i, m := range metrics {
-				out := run(*work, []string{"GOMAXPROCS=" + strconv.Itoa(*threads)},
+				out, rss := runRSS(*work, []string{"GOMAXPROCS=" + strconv.Itoa(*threads)},
 					testBin, "-test.run", "^$", "-test.bench", m.goBench, "-test.benchtime", m.benchtime, "-model", ggufs[ft])
+				if i == 0 {
+					sr.rssA = append(sr.rssA, float64(rss))
+				}
 				mm := tokS.FindStringSubmatch(out)
 				if mm == nil {
 					log.Fatalf("no tok/s in:\n%s", out)
@@ -134,8 +142,9 @@ func main() {
 				sr.a[i] = append(sr.a[i], v)
 				log.Printf("round %d %-6s A pdserve   %-34s %8.1f", r+1, ft, m.name, v)
 			}
-			out := node(*work, *threads, "perf", "--model", ggufs[ft], "--decode", strconv.Itoa(*decode),
+			out, rss := nodeRSS(*work, *threads, "perf", "--model", ggufs[ft], "--decode", strconv.Itoa(*decode),
 				"--prefill-runs", strconv.Itoa(*prefillRuns))
+			sr.rssB = append(sr.rssB, float64(rss))
 			var js map[string]float64
 			must(json.Unmarshal([]byte(lastLine(out)), &js))
 			for i, m := range metrics {
@@ -159,6 +168,40 @@ func main() {
 			fmt.Printf("| %s | %d MB | %s | %.1f | %.1f | %.2f× | %s | %s |\n", ft, fi.Size()>>20, m.name, ma, mb, ma/mb, list(res[ft].a[i]), list(res[ft].b[i]))
 		}
 	}
+	// Resident memory: BenchmarkSmolLM2's batch-1 decode pool holds 640
+	// tokens (kvcache.NewPool sizes it up front).
+	fmt.Printf("\npeak RSS (MB, median of %d): pdserve's batch-1 decode process against the file + its KV pool (640 tokens, F32) + 10%%; llama.cpp's perf process (node, all three measures)\n\n", *rounds)
+	fmt.Println("| weights | file | KV pool | file + pool + 10% | pdserve peak RSS | llama.cpp peak RSS | pdserve runs | llama.cpp runs |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	for _, ft := range files {
+		fi, err := os.Stat(ggufs[ft])
+		must(err)
+		m, err := llama.Load(ggufs[ft], llama.Options{})
+		must(err)
+		pool := float64(640 * m.Info().Geometry.BytesPerToken())
+		must(m.Close())
+		const mb = 1 << 20
+		fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %.0f | %s | %s |\n", ft, fi.Size()>>20, pool/mb, (float64(fi.Size())+pool)*1.1/mb,
+			median(res[ft].rssA)/mb, median(res[ft].rssB)/mb, list(scale(res[ft].rssA, 1.0/mb)), list(scale(res[ft].rssB, 1.0/mb)))
+	}
+}
+
+// loadAvg is the system's 1, 5 and 15 minute load averages (Linux), or "?".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "?"
+}
+
+// scale returns v multiplied by f.
+func scale(v []float64, f float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = x * f
+	}
+	return out
 }
 
 // ref is pdserve's answer for the numerical comparison.
@@ -245,19 +288,74 @@ func setup(work string) {
 // node runs bench.mjs with UV_THREADPOOL_SIZE=1 (libuv's pool would
 // otherwise compete with llama.cpp's threads on a 2-core machine).
 func node(work string, threads int, args ...string) string {
-	return run(work, []string{"UV_THREADPOOL_SIZE=1"}, "node", append([]string{"bench.mjs", args[0], "--threads", strconv.Itoa(threads)}, args[1:]...)...)
+	out, _ := nodeRSS(work, threads, args...)
+	return out
+}
+
+// nodeRSS is node, also returning the process's peak RSS (bytes).
+func nodeRSS(work string, threads int, args ...string) (string, int64) {
+	return runRSS(work, []string{"UV_THREADPOOL_SIZE=1"}, "node", append([]string{"bench.mjs", args[0], "--threads", strconv.Itoa(threads)}, args[1:]...)...)
 }
 
 func run(dir string, env []string, name string, args ...string) string {
+	out, _ := runRSS(dir, env, name, args...)
+	return out
+}
+
+// runRSS runs a command like run and also returns its peak resident set
+// size in bytes (0 where unknown): the largest VmHWM read from
+// /proc/PID/status every 20 ms while it runs. (The child's ru_maxrss is no
+// use here: Go starts children with vfork, and Linux counts the parent's
+// peak into a vforked child's ru_maxrss, so every child would report at
+// least this process's own peak.)
+func runRSS(dir string, env []string, name string, args ...string) (string, int64) {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		log.Fatalf("%s: %v", name, err)
+	}
+	done := make(chan struct{})
+	peak := make(chan int64, 1)
+	go func() {
+		var hwm int64
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			hwm = max(hwm, vmHWM(cmd.Process.Pid))
+			select {
+			case <-done:
+				peak <- hwm
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	err := cmd.Wait()
+	close(done)
+	hwm := <-peak
+	if err != nil {
 		log.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out.String(), errb.String())
 	}
-	return out.String()
+	return out.String(), hwm
+}
+
+// vmHWM is the peak resident set size of process pid in bytes, from
+// /proc/PID/status (Linux; 0 if unreadable, e.g. once it has exited).
+func vmHWM(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 func moduleRoot() string {

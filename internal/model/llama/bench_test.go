@@ -24,6 +24,9 @@ var benchKernels = flag.String("kernels", llama.KernelsAuto, "benchmarks: matrix
 // shape; "" means $PDSERVE_SMOLLM2_DIR or a freshly written checkpoint.
 var benchModel = flag.String("model", "", "BenchmarkSmolLM2: a checkpoint directory or GGUF file of the SmolLM2-135M shape")
 
+// processCPU is the CPU time the process has used so far (0 where unknown).
+var processCPU = llama.ProcessCPU
+
 // report records tokens per second of wall time, and CPU milliseconds per
 // token (all threads): on a shared machine the second is the steadier one.
 func report(b *testing.B, tokens int, wall, cpu time.Duration) {

@@ -1,8 +1,11 @@
 //go:build !unix
 
-package llama_test
+package llama
 
 import "time"
 
 // processCPU is unknown on this platform.
 func processCPU() time.Duration { return 0 }
+
+// ProcessCPU is processCPU for the external test package.
+var ProcessCPU = processCPU

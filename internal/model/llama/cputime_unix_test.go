@@ -1,6 +1,6 @@
 //go:build unix
 
-package llama_test
+package llama
 
 import (
 	"syscall"
@@ -17,3 +17,6 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// ProcessCPU is processCPU for the external test package.
+var ProcessCPU = processCPU

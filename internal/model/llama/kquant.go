@@ -185,8 +185,8 @@ func dotQ6KGo(w []byte, a *q8KActs, k int) float32 {
 }
 
 // matRowsK is matRows for a Q4_K or Q6_K matrix: on the K-quant kernels of
-// ks if it has them (one weight row by up to 4 tokens per call), else in
-// Go.
+// ks if it has them (one weight row by up to ks.kvecs tokens per call),
+// else in Go.
 func matRowsK(ks *kernelSet, dst []float32, ds int, a *q8KActs, T int, w *tensor, r0, r1 int) {
 	if ks != nil && ks.kisa != 0 {
 		kind := 0
@@ -196,8 +196,8 @@ func matRowsK(ks *kernelSet, dst []float32, ds int, a *q8KActs, T int, w *tensor
 		args := ktileArgs{nb: uintptr(a.nb), os: uintptr(4 * ds)}
 		for r := r0; r < r1; r++ {
 			args.w = unsafe.Pointer(&w.q[r*w.rowBytes])
-			for t := 0; t < T; t += 4 {
-				nv := min(4, T-t)
+			for t := 0; t < T; t += ks.kvecs {
+				nv := min(ks.kvecs, T-t)
 				for j := range nv {
 					args.x[j] = unsafe.Pointer(&a.blk[(t+j)*a.nb])
 				}

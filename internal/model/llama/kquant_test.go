@@ -114,9 +114,10 @@ func TestDotK(t *testing.T) {
 	}
 }
 
-// TestKTileKernel checks the Q4_K and Q6_K kernels against the pure-Go canonical
-// dot product bit for bit, for 1 to 4 activation rows and 1 to 6 blocks;
-// and the layouts the assembly assumes.
+// TestKTileKernel checks the Q4_K and Q6_K kernels of every kernel set
+// against the pure-Go canonical dot product bit for bit, for 7 activation
+// rows (calls of 4 and 3 rows on AVX-512; 2, 2, 2 and 1 on AVX2) and 1 to
+// 6 blocks; and the layouts the assembly assumes.
 func TestKTileKernel(t *testing.T) {
 	var a ktileArgs
 	var blk q8KBlock
@@ -166,6 +167,47 @@ func TestKTileKernel(t *testing.T) {
 						t.Fatalf("%s %s nb=%d: [%d, %d] = %v, Go %v", ks.name, c.typ, nb, i/rows, i%rows, got[i], want[i])
 					}
 				}
+			}
+		}
+	}
+}
+
+// BenchmarkKKernels measures the Q4_K and Q6_K dot products alone on one
+// thread: GB/s of weight bytes for a 576 × 1536 matrix (SmolLM2's
+// ffn_down, ~0.5–0.7 MB: from L2/L3, as in decode), 1 or 16 activation
+// rows, on each kernel set and in pure Go.
+func BenchmarkKKernels(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const rows, n = 576, 1536
+	for _, ks := range append(kernelSets(b), nil) {
+		name := "go"
+		if ks != nil {
+			name = ks.name
+		}
+		for _, c := range []struct {
+			typ gguf.Type
+			q   func([]float32) []byte
+		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}} {
+			w, err := newQuantTensor("w", c.typ, []int{rows, n}, c.q(randVec(rng, rows*n)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, T := range []int{1, 16} {
+				if ks == nil && T > 1 {
+					continue
+				}
+				b.Run(name+"/"+c.typ.String()+"/T"+itoaT(T), func(b *testing.B) {
+					var a q8KActs
+					a.reset(T, n)
+					a.quantizeRows(randVec(rng, T*n), 0, T)
+					dst := make([]float32, T*rows)
+					for range b.N {
+						for r0 := 0; r0 < rows; r0 += blockRows {
+							matRowsK(ks, dst, rows, &a, T, w, r0, r0+blockRows)
+						}
+					}
+					b.ReportMetric(float64(len(w.q))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
 			}
 		}
 	}

@@ -364,6 +364,7 @@ func matRowsQ(ks *kernelSet, sc *scratch, dst []float32, ds int, a *q8Acts, T in
 			for k := range R {
 				args.w[k] = unsafe.Pointer(&w.q[(r0+i+min(k, nr-1))*w.rowBytes])
 			}
+			args.pf = uintptr(unsafe.Pointer(unsafe.SliceData(w.q))) + uintptr((r0+i+R)*w.rowBytes) // may be past the rows: only prefetched
 			for t := t0; t < t1; t += V {
 				nv := min(V, t1-t)
 				for j := range nv {

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
@@ -210,4 +211,108 @@ func BenchmarkQKernels(b *testing.B) {
 		}
 		b.ReportMetric(float64(16*1536)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gvalues/s")
 	})
+}
+
+// BenchmarkStreamQ measures batch-1 decode's memory side: the linear
+// driver on one token against a 256 MB matrix of each weight type (rows of
+// 1536, SmolLM2's ffn_down; and 576 for Q8_0 and Q4_0, its other
+// matrices), on the widest kernels, 1 and 2 workers, as GB/s of weight
+// bytes streamed; and memread, a plain loop summing the 256 MB as uint64
+// words, the bandwidth the kernels can at best reach. Besides GB/s of wall
+// time it reports GB per CPU second (all threads), the steadier figure on a
+// shared machine. (The weights repeat 64 quantized rows: the contents do
+// not change the instruction stream.)
+func BenchmarkStreamQ(b *testing.B) {
+	const size = 256 << 20
+	threads := []int{1, 2}
+	b.Run("memread", func(b *testing.B) {
+		buf := make([]uint64, size/8)
+		for i := range buf {
+			buf[i] = uint64(i)
+		}
+		for _, th := range threads {
+			b.Run("threads"+itoaT(th), func(b *testing.B) {
+				tm := startTeam(th)
+				defer tm.stop()
+				j := &sumJob{buf: buf, sums: make([]uint64, 8*th)}
+				cpu0 := processCPU()
+				for range b.N {
+					tm.parallelFor(len(buf)/(1<<15), 1, j)
+				}
+				reportStream(b, size, processCPU()-cpu0)
+			})
+		}
+	})
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, c := range []struct {
+		typ gguf.Type
+		in  int
+	}{{gguf.Q8_0, 576}, {gguf.Q8_0, 1536}, {gguf.Q4_0, 576}, {gguf.Q4_0, 1536}, {gguf.Q4_K, 1536}, {gguf.Q6_K, 1536}} {
+		rowBytes := int(c.typ.RowBytes(uint64(c.in)))
+		rows := size / rowBytes
+		var quant func([]float32) []byte
+		switch c.typ {
+		case gguf.Q8_0:
+			quant = QuantizeQ8_0
+		case gguf.Q4_0:
+			quant = QuantizeQ4_0
+		case gguf.Q4_K:
+			quant = QuantizeQ4K
+		default:
+			quant = QuantizeQ6K
+		}
+		pat := quant(randVec(rng, 64*c.in))
+		raw := make([]byte, rows*rowBytes)
+		for i := 0; i < len(raw); i += len(pat) {
+			copy(raw[i:], pat)
+		}
+		w, err := newQuantTensor("w", c.typ, []int{rows, c.in}, raw)
+		if err != nil {
+			b.Fatal(err)
+		}
+		x := randVec(rng, c.in)
+		dst := make([]float32, rows)
+		for _, th := range threads {
+			b.Run(c.typ.String()+"/"+itoaT(c.in)+"/threads"+itoaT(th), func(b *testing.B) {
+				tm := startTeam(th)
+				defer tm.stop()
+				j := &linJob{ks: kernelSetFor(2), scr: make([]scratch, th), x: x, T: 1, outs: []linOut{{w: w, dst: dst}}}
+				b.ResetTimer()
+				cpu0 := processCPU()
+				for range b.N {
+					linear(tm, j)
+				}
+				reportStream(b, len(raw), processCPU()-cpu0)
+			})
+		}
+	}
+}
+
+// reportStream reports GB/s of wall time and GB per CPU second for b.N
+// reads of bytes bytes that took cpu.
+func reportStream(b *testing.B, bytes int, cpu time.Duration) {
+	gb := float64(bytes) * float64(b.N) / 1e9
+	b.ReportMetric(gb/b.Elapsed().Seconds(), "GB/s")
+	if cpu > 0 {
+		b.ReportMetric(gb/cpu.Seconds(), "GB/cpu-s")
+	}
+}
+
+// sumJob sums chunks of 2^15 words of buf, four independent sums per
+// worker so that the loop is bound by loads, not by an add chain.
+type sumJob struct {
+	buf  []uint64
+	sums []uint64 // 8 per worker (a cache line each, no false sharing)
+}
+
+func (j *sumJob) run(w, lo, hi int) {
+	var s0, s1, s2, s3 uint64
+	b := j.buf[lo<<15 : hi<<15]
+	for i := 0; i+4 <= len(b); i += 4 {
+		s0 += b[i]
+		s1 += b[i+1]
+		s2 += b[i+2]
+		s3 += b[i+3]
+	}
+	j.sums[8*w] += s0 + s1 + s2 + s3
 }

@@ -67,6 +67,7 @@ type qtileArgs struct {
 	nb  uintptr           // blocks per row, > 0
 	out unsafe.Pointer    // token v's results at out + v·os: rows in order, float32
 	os  uintptr           // bytes between tokens' results
+	pf  uintptr           // the rows after the call's, prefetched by the AVX2 kernels (any address: never dereferenced)
 }
 
 // ktileArgs is the argument block of a K-quant kernel: the canonical Q4_K
@@ -142,8 +143,8 @@ type kernelSet struct {
 	// and activation rows per call.
 	qisa, qrows, qvecs int
 	// kisa is the instruction set of the Q4_K and Q6_K kernels (ktile), 0
-	// for none (pure Go).
-	kisa int
+	// for none (pure Go); kvecs the activation rows per call.
+	kisa, kvecs int
 }
 
 // Kernel choices of Options.Kernels.

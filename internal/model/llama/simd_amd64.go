@@ -8,8 +8,8 @@ import "golang.org/x/sys/cpu"
 // limit (0 pure Go, 1 AVX2, 2 AVX-512): AVX-512 (F and VL; Skylake-SP, Ice
 // Lake, Sapphire Rapids, Zen 4 and later), else AVX2 with FMA (Haswell, Zen
 // and later), else nil (pure Go). Options.Kernels sets the limit. The
-// integer kernels of Q8_0 and Q4_0 weights use AVX-512 VNNI where the CPU
-// has it (with AVX-512 BW), else AVX2.
+// integer kernels of Q8_0, Q4_0, Q4_K and Q6_K weights use AVX-512 VNNI
+// where the CPU has it (with AVX-512 BW), else AVX2.
 func kernelSetFor(limit int) *kernelSet {
 	avx2 := cpu.X86.HasAVX2 && cpu.X86.HasFMA
 	switch {
@@ -19,15 +19,16 @@ func kernelSetFor(limit int) *kernelSet {
 			pvChunks: []int{4, 1}, pvMasked: true, anyN: true, expTail: true, siluWidth: 16}
 		switch {
 		case cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW: // Ice Lake, Sapphire Rapids, Zen 4 and later
-			ks.qisa, ks.qrows, ks.qvecs, ks.kisa = isaAVX512, 4, 4, isaAVX512
+			ks.qisa, ks.qrows, ks.qvecs, ks.kisa, ks.kvecs = isaAVX512, 4, 4, isaAVX512, 4
 		case avx2: // Skylake-SP: no VNNI
-			ks.qisa, ks.qrows, ks.qvecs = isaAVX2, 2, 2
+			ks.qisa, ks.qrows, ks.qvecs, ks.kisa, ks.kvecs = isaAVX2, 2, 2, isaAVX2, 2
 		}
 		return ks
 	case limit >= 1 && avx2:
 		return &kernelSet{name: "avx2", isa: isaAVX2, rows: 2, vecs: 3,
 			tileDT: [4]bool{F32: true, BF16: true}, pvDT: [4]bool{F32: true, BF16: true},
-			pvChunks: []int{1}, siluWidth: 8, qisa: isaAVX2, qrows: 2, qvecs: 2}
+			pvChunks: []int{1}, siluWidth: 8, qisa: isaAVX2, qrows: 2, qvecs: 2,
+			kisa: isaAVX2, kvecs: 2}
 	}
 	return nil
 }

@@ -554,6 +554,26 @@ func ktileQ6KAVX512V3(a *ktileArgs)
 //go:noescape
 func ktileQ6KAVX512V4(a *ktileArgs)
 
+// ktileQ4KAVX2V1: AVX2, one Q4_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX2V1(a *ktileArgs)
+
+// ktileQ6KAVX2V1: AVX2, one Q6_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX2V1(a *ktileArgs)
+
+// ktileQ4KAVX2V2: AVX2, one Q4_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ4KAVX2V2(a *ktileArgs)
+
+// ktileQ6KAVX2V2: AVX2, one Q6_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ6KAVX2V2(a *ktileArgs)
+
 // expSumAVX512: AVX-512: x[i] = expf(x[i] − m), partial sums by lane
 //
 //go:noescape
@@ -996,24 +1016,63 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 // ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K)
 // and nv activation rows.
 func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
-	switch {
-	case kind == 0 && nv == 1:
-		ktileQ4KAVX512V1(a)
-	case kind == 0 && nv == 2:
-		ktileQ4KAVX512V2(a)
-	case kind == 0 && nv == 3:
-		ktileQ4KAVX512V3(a)
-	case kind == 0:
-		ktileQ4KAVX512V4(a)
-	case nv == 1:
-		ktileQ6KAVX512V1(a)
-	case nv == 2:
-		ktileQ6KAVX512V2(a)
-	case nv == 3:
-		ktileQ6KAVX512V3(a)
-	default:
-		ktileQ6KAVX512V4(a)
+	switch ks.kisa {
+	case isaAVX512:
+		switch kind {
+		case 0:
+			switch nv {
+			case 1:
+				ktileQ4KAVX512V1(a)
+				return
+			case 2:
+				ktileQ4KAVX512V2(a)
+				return
+			case 3:
+				ktileQ4KAVX512V3(a)
+				return
+			case 4:
+				ktileQ4KAVX512V4(a)
+				return
+			}
+		case 1:
+			switch nv {
+			case 1:
+				ktileQ6KAVX512V1(a)
+				return
+			case 2:
+				ktileQ6KAVX512V2(a)
+				return
+			case 3:
+				ktileQ6KAVX512V3(a)
+				return
+			case 4:
+				ktileQ6KAVX512V4(a)
+				return
+			}
+		}
+	case isaAVX2:
+		switch kind {
+		case 0:
+			switch nv {
+			case 1:
+				ktileQ4KAVX2V1(a)
+				return
+			case 2:
+				ktileQ4KAVX2V2(a)
+				return
+			}
+		case 1:
+			switch nv {
+			case 1:
+				ktileQ6KAVX2V1(a)
+				return
+			case 2:
+				ktileQ6KAVX2V2(a)
+				return
+			}
+		}
 	}
+	panic("llama: no ktile kernel")
 }
 
 // expSum calls the softmax numerator kernel.

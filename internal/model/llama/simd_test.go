@@ -515,6 +515,7 @@ func TestArgLayout(t *testing.T) {
 	var p pvArgs
 	var e expArgs
 	var s siluArgs
+	var q qtileArgs
 	for _, c := range []struct {
 		name      string
 		got, want uintptr
@@ -528,6 +529,9 @@ func TestArgLayout(t *testing.T) {
 		{"expArgs.n", unsafe.Offsetof(e.n), 8}, {"expArgs.m", unsafe.Offsetof(e.m), 16},
 		{"expArgs.lanes", unsafe.Offsetof(e.lanes), 24},
 		{"siluArgs.u", unsafe.Offsetof(s.u), 8}, {"siluArgs.n", unsafe.Offsetof(s.n), 16},
+		{"qtileArgs.x", unsafe.Offsetof(q.x), 32}, {"qtileArgs.nb", unsafe.Offsetof(q.nb), 64},
+		{"qtileArgs.out", unsafe.Offsetof(q.out), 72}, {"qtileArgs.os", unsafe.Offsetof(q.os), 80},
+		{"qtileArgs.pf", unsafe.Offsetof(q.pf), 88},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s at offset %d, the assembly reads %d", c.name, c.got, c.want)

@@ -53,6 +53,7 @@ const (
 	qtNB  = 64 // blocks per row, > 0
 	qtOut = 72 // results: token v's rows at out + v·os, consecutive float32
 	qtOS  = 80 // bytes between tokens' results
+	qtPF  = 88 // the rows after the call's (prefetched by the AVX2 kernels)
 )
 
 // q8Block layout: quants, negated lane sums, scale ×8.
@@ -219,7 +220,8 @@ func (g *gen) qtileStore(R, V int, acc func(r, v int) string, tmp string) {
 
 // qtileAVX2 writes the AVX2 integer tile kernel: 2 weight rows × V
 // activation rows, one block at a time, the same canonical result as
-// qtile512. Q8_0 takes ggml's sign trick (|w| as unsigned bytes times x
+// qtile512; for V ≤ prefetchMaxV (decode) it prefetches the next two rows
+// as it goes. Q8_0 takes ggml's sign trick (|w| as unsigned bytes times x
 // with w's sign, VPMADDUBSW then VPMADDWD with ones; no pair of products
 // exceeds 2·128·127 < 2^15, so nothing saturates); Q4_0 multiplies the
 // nibbles with x and adds the lane correction −8·Σx. The weight scale is
@@ -236,6 +238,10 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 		g.op("MOVQ %d(AX), %s", qtX+8*v, xGPR[v])
 	}
 	g.op("MOVQ %d(AX), R12", qtNB)
+	pf := V <= prefetchMaxV
+	if pf {
+		g.op("MOVQ %d(AX), DX", qtPF)
+	}
 	g.op("XORQ R13, R13")
 	g.op("XORQ R14, R14")
 	acc := func(r, v int) string { return fmt.Sprintf("Y%d", v*R+r) }
@@ -254,6 +260,15 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 	}
 	loop := name + "_loop"
 	g.label(loop)
+	if pf {
+		// The next R rows are contiguous from DX: prefetch the R blocks'
+		// worth of them that this iteration's R blocks stand for, so they
+		// are in cache when the next call starts (a prefetch never
+		// faults, so DX may point past the matrix).
+		for off := 0; off < R*k.blockBytes; off += 64 {
+			g.op("PREFETCHT0 %d(DX)(R13*%d)", off, R)
+		}
+	}
 	// Per token: Q8_0 the quants (Y10+v), Q4_0 the lane correction (Y10+v).
 	for v := range V {
 		if k == q8_0 {
@@ -344,34 +359,7 @@ func (g *gen) ktile512(V int) {
 	g.op("VPBROADCASTD R9, Y31")
 	loop := name + "_loop"
 	g.label(loop)
-	// Scales and mins (ggml's utmp): u0, u1, u2 = scale bytes 0–3, 4–7, 8–11.
-	g.op("MOVL 4(R8)(R13*1), R9")   // u0
-	g.op("MOVL 8(R8)(R13*1), R10")  // u1
-	g.op("MOVL 12(R8)(R13*1), R11") // u2
-	// t0 = u0 & 0x3f3f3f3f
-	g.op("MOVL R9, R15")
-	g.op("ANDL $0x3f3f3f3f, R15")
-	g.op("MOVL R15, %d(AX)", ktScr)
-	// t1 = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4
-	g.op("MOVL R11, R15")
-	g.op("ANDL $0x0f0f0f0f, R15")
-	g.op("SHRL $6, R9")
-	g.op("ANDL $0x03030303, R9")
-	g.op("SHLL $4, R9")
-	g.op("ORL R9, R15")
-	g.op("MOVL R15, %d(AX)", ktScr+4)
-	// t2 = u1 & 0x3f3f3f3f
-	g.op("MOVL R10, R15")
-	g.op("ANDL $0x3f3f3f3f, R15")
-	g.op("MOVL R15, %d(AX)", ktScr+8)
-	// t3 = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4
-	g.op("SHRL $4, R11")
-	g.op("ANDL $0x0f0f0f0f, R11")
-	g.op("SHRL $6, R10")
-	g.op("ANDL $0x03030303, R10")
-	g.op("SHLL $4, R10")
-	g.op("ORL R10, R11")
-	g.op("MOVL R11, %d(AX)", ktScr+12)
+	g.ktileScales()
 	g.op("VPMOVZXBW %d(AX), X12", ktScr+8) // mins as int16
 	g.op("VPBROADCASTW (R8)(R13*1), X13")
 	g.op("VCVTPH2PS X13, Y13") // d
@@ -410,26 +398,7 @@ func (g *gen) ktile512(V int) {
 	g.op("ADDQ $%d, R14", kbSize)
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
-	g.op("MOVQ %d(AX), DI", ktOut)
-	g.op("MOVQ %d(AX), SI", ktOS)
-	for v := range V {
-		y, x, m := acc(v), "X"+acc(v)[1:], accm(v)
-		g.op("VEXTRACTF128 $1, %s, X15", y)
-		g.op("VADDPS X15, %s, %s", x, x)
-		g.op("VMOVHLPS %s, %s, X15", x, x)
-		g.op("VADDPS X15, %s, %s", x, x)
-		g.op("VMOVSHDUP %s, X15", x)
-		g.op("VADDSS X15, %s, %s", x, x) // reduce8(acc)
-		g.op("VMOVHLPS %s, %s, X15", m, m)
-		g.op("VADDPS X15, %s, %s", m, m) // [m0+m2, m1+m3]
-		g.op("VMOVSHDUP %s, X15", m)
-		g.op("VADDSS X15, %s, %s", m, m)
-		g.op("VADDSS %s, %s, %s", m, x, x)
-		g.op("VMOVSS %s, (DI)", x)
-		g.op("ADDQ SI, DI")
-	}
-	g.op("VZEROUPPER")
-	g.op("RET")
+	g.ktileStore(V, acc, accm)
 }
 
 // ktile6512 writes the AVX-512 VNNI Q6_K kernel: one weight row × V Q8_K
@@ -512,6 +481,139 @@ func (g *gen) ktile6512(V int) {
 	g.op("ADDQ $%d, R14", kbSize)
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
+	g.ktileStore(V, acc, nil)
+}
+
+// ktileScales unpacks the 6-bit scales and mins of the Q4_K block at
+// (R8)(R13*1) as ggml's utmp code does, in general registers (R9–R11, R15),
+// into the argument block's scratch (AX): sc0…sc7, then m0…m7.
+func (g *gen) ktileScales() {
+	// u0, u1, u2 = scale bytes 0–3, 4–7, 8–11.
+	g.op("MOVL 4(R8)(R13*1), R9")   // u0
+	g.op("MOVL 8(R8)(R13*1), R10")  // u1
+	g.op("MOVL 12(R8)(R13*1), R11") // u2
+	// t0 = u0 & 0x3f3f3f3f
+	g.op("MOVL R9, R15")
+	g.op("ANDL $0x3f3f3f3f, R15")
+	g.op("MOVL R15, %d(AX)", ktScr)
+	// t1 = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4
+	g.op("MOVL R11, R15")
+	g.op("ANDL $0x0f0f0f0f, R15")
+	g.op("SHRL $6, R9")
+	g.op("ANDL $0x03030303, R9")
+	g.op("SHLL $4, R9")
+	g.op("ORL R9, R15")
+	g.op("MOVL R15, %d(AX)", ktScr+4)
+	// t2 = u1 & 0x3f3f3f3f
+	g.op("MOVL R10, R15")
+	g.op("ANDL $0x3f3f3f3f, R15")
+	g.op("MOVL R15, %d(AX)", ktScr+8)
+	// t3 = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4
+	g.op("SHRL $4, R11")
+	g.op("ANDL $0x0f0f0f0f, R11")
+	g.op("SHRL $6, R10")
+	g.op("ANDL $0x03030303, R10")
+	g.op("SHLL $4, R10")
+	g.op("ORL R10, R11")
+	g.op("MOVL R11, %d(AX)", ktScr+12)
+}
+
+// ktilePrefetchSetup points DX at the weight row after this call's (rows
+// are contiguous: R8 + blocks·blockBytes), for ktilePrefetch.
+func (g *gen) ktilePrefetchSetup(blockBytes int) {
+	g.op("MOVQ R12, DX")
+	g.op("IMULQ $%d, DX", blockBytes)
+	g.op("ADDQ R8, DX")
+}
+
+// ktilePrefetch prefetches the block of the next row at the offset of the
+// current one (R13), so the next call finds its row in cache (a prefetch
+// never faults, so DX may point past the matrix).
+func (g *gen) ktilePrefetch(blockBytes int) {
+	for off := 0; off < blockBytes; off += 64 {
+		g.op("PREFETCHT0 %d(DX)(R13*1)", off)
+	}
+}
+
+// ktileAVX2 writes the AVX2 Q4_K kernel: one weight row × V (≤ 2) Q8_K
+// activation rows, the canonical result of dotQ4KGo as ktile512 computes
+// it, in ggml's AVX2 order (ggml_vec_dot_q4_K_q8_K): per 32 values
+// VPMADDUBSW (nibbles × quants, int16 pairs of at most 2·15·128) and
+// VPMADDWD with the 6-bit scale as int16, which gives sc·(4 products) per
+// int32 lane exactly, added into the block's lane sums with VPADDD; the
+// mins as in ktile512. AVX2 has 16 vector registers, hence V ≤ 2. It
+// prefetches the next row as it goes.
+func (g *gen) ktileAVX2(V int) {
+	name := fmt.Sprintf("ktileQ4KAVX2V%d", V)
+	g.text(name, fmt.Sprintf("AVX2, one Q4_K row × %d Q8_K activation rows", V))
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), R8", ktW)
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", ktNB)
+	g.ktilePrefetchSetup(144)
+	g.op("XORQ R13, R13")
+	g.op("XORQ R14, R14")
+	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }    // Y0–Y1
+	isum := func(v int) string { return fmt.Sprintf("Y%d", 2+v) } // Y2–Y3
+	accm := func(v int) string { return fmt.Sprintf("X%d", 4+v) } // X4–X5
+	for v := range V {
+		g.op("VXORPS %s, %s, %s", acc(v), acc(v), acc(v))
+		g.op("VXORPS %s, %s, %s", accm(v), accm(v), accm(v))
+	}
+	g.op("MOVL $0x0f0f0f0f, R9")
+	g.op("VMOVD R9, X6")
+	g.op("VPBROADCASTD X6, Y6")
+	loop := name + "_loop"
+	g.label(loop)
+	g.ktilePrefetch(144)
+	g.ktileScales()
+	g.op("VPMOVZXBW %d(AX), X9", ktScr+8) // mins as int16
+	g.op("VPBROADCASTW (R8)(R13*1), X7")
+	g.op("VCVTPH2PS X7, Y7") // d
+	g.op("VPBROADCASTW 2(R8)(R13*1), X8")
+	g.op("VCVTPH2PS X8, X8") // dmin
+	for v := range V {
+		g.op("VPXOR %s, %s, %s", isum(v), isum(v), isum(v))
+	}
+	for jj := range 4 {
+		g.op("VMOVDQU %d(R8)(R13*1), Y10", 16+32*jj)
+		g.op("VPSRLW $4, Y10, Y11")
+		g.op("VPAND Y6, Y10, Y10") // sub-block 2jj
+		g.op("VPAND Y6, Y11, Y11") // sub-block 2jj+1
+		for h, wq := range []string{"Y10", "Y11"} {
+			g.op("MOVBLZX %d(AX), R9", ktScr+2*jj+h)
+			g.op("VMOVD R9, X12")
+			g.op("VPBROADCASTW X12, Y12")
+			for v := range V {
+				g.op("VPMADDUBSW %d(%s)(R14*1), %s, Y13", kbQS+64*jj+32*h, xGPR[v], wq)
+				g.op("VPMADDWD Y12, Y13, Y13")
+				g.op("VPADDD Y13, %s, %s", isum(v), isum(v))
+			}
+		}
+	}
+	for v := range V {
+		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
+		g.op("VBROADCASTSS %d(%s)(R14*1), Y14", kbD, xGPR[v])
+		g.op("VMULPS Y7, Y14, Y15") // dx·d
+		g.op("VFMADD231PS Y15, %s, %s", isum(v), acc(v))
+		g.op("VPMADDWD %d(%s)(R14*1), X9, X13", kbSSum, xGPR[v])
+		g.op("VCVTDQ2PS X13, X13")
+		g.op("VMULPS X8, X14, X15") // dx·dmin
+		g.op("VFNMADD231PS X15, X13, %s", accm(v))
+	}
+	g.op("ADDQ $144, R13")
+	g.op("ADDQ $%d, R14", kbSize)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.ktileStore(V, acc, accm)
+}
+
+// ktileStore reduces the K-quant accumulators (reduce8 of acc, then with
+// accm the mins' (m0 + m2) + (m1 + m3) added) and stores token v's result
+// at out + v·os. X15 is scratch.
+func (g *gen) ktileStore(V int, acc, accm func(v int) string) {
 	g.op("MOVQ %d(AX), DI", ktOut)
 	g.op("MOVQ %d(AX), SI", ktOS)
 	for v := range V {
@@ -521,12 +623,111 @@ func (g *gen) ktile6512(V int) {
 		g.op("VMOVHLPS %s, %s, X15", x, x)
 		g.op("VADDPS X15, %s, %s", x, x)
 		g.op("VMOVSHDUP %s, X15", x)
-		g.op("VADDSS X15, %s, %s", x, x)
+		g.op("VADDSS X15, %s, %s", x, x) // reduce8(acc)
+		if accm != nil {
+			m := accm(v)
+			g.op("VMOVHLPS %s, %s, X15", m, m)
+			g.op("VADDPS X15, %s, %s", m, m) // [m0+m2, m1+m3]
+			g.op("VMOVSHDUP %s, X15", m)
+			g.op("VADDSS X15, %s, %s", m, m)
+			g.op("VADDSS %s, %s, %s", m, x, x)
+		}
 		g.op("VMOVSS %s, (DI)", x)
 		g.op("ADDQ SI, DI")
 	}
 	g.op("VZEROUPPER")
 	g.op("RET")
+}
+
+// ktile6AVX2 writes the AVX2 Q6_K kernel: one weight row × V (≤ 2) Q8_K
+// activation rows, the canonical result of dotQ6KGo as ktile6512 computes
+// it, in ggml's AVX2 order (ggml_vec_dot_q6_K_q8_K): per quarter of 32
+// values the 6-bit quants q from ql and qh, VPMADDUBSW of q·x and 32·x,
+// their difference the exact (q−32)·x int16 pair sums, and VPMADDWD with
+// the int8 scales of the two halves (as int16) giving sc·(4 products) per
+// int32 lane, added with VPADDD. It prefetches the next row as it goes.
+func (g *gen) ktile6AVX2(V int) {
+	name := fmt.Sprintf("ktileQ6KAVX2V%d", V)
+	g.text(name, fmt.Sprintf("AVX2, one Q6_K row × %d Q8_K activation rows", V))
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), R8", ktW)
+	for v := range V {
+		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
+	}
+	g.op("MOVQ %d(AX), R12", ktNB)
+	g.ktilePrefetchSetup(210)
+	g.op("XORQ R13, R13")
+	g.op("XORQ R14, R14")
+	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }    // Y0–Y1
+	isum := func(v int) string { return fmt.Sprintf("Y%d", 2+v) } // Y2–Y3
+	for v := range V {
+		g.op("VXORPS %s, %s, %s", acc(v), acc(v), acc(v))
+	}
+	for _, c := range []struct {
+		v   string
+		reg int
+	}{{"0x0f0f0f0f", 4}, {"0x03030303", 5}, {"0x20202020", 6}} {
+		g.op("MOVL $%s, R9", c.v)
+		g.op("VMOVD R9, X%d", c.reg)
+		g.op("VPBROADCASTD X%d, Y%d", c.reg, c.reg)
+	}
+	loop := name + "_loop"
+	g.label(loop)
+	g.ktilePrefetch(210)
+	g.op("VPBROADCASTW 208(R8)(R13*1), X7")
+	g.op("VCVTPH2PS X7, Y7") // d
+	for v := range V {
+		g.op("VPXOR %s, %s, %s", isum(v), isum(v), isum(v))
+	}
+	for h := range 2 {
+		g.op("VMOVDQU %d(R8)(R13*1), Y8", 64*h)      // ql, quarters 0 and 2
+		g.op("VMOVDQU %d(R8)(R13*1), Y9", 64*h+32)   // ql, quarters 1 and 3
+		g.op("VMOVDQU %d(R8)(R13*1), Y10", 128+32*h) // qh
+		for q := range 4 {
+			lo := []string{"Y8", "Y9", "Y8", "Y9"}[q]
+			// Y11 = low 4 bits, Y12 = high 2 bits << 4.
+			if q < 2 {
+				g.op("VPAND Y4, %s, Y11", lo)
+			} else {
+				g.op("VPSRLW $4, %s, Y11", lo)
+				g.op("VPAND Y4, Y11, Y11")
+			}
+			if q == 0 {
+				g.op("VPAND Y5, Y10, Y12")
+			} else {
+				g.op("VPSRLW $%d, Y10, Y12", 2*q)
+				g.op("VPAND Y5, Y12, Y12")
+			}
+			g.op("VPSLLW $4, Y12, Y12")
+			g.op("VPOR Y12, Y11, Y11") // q, 0–63
+			g.op("MOVBQSX %d(R8)(R13*1), R9", 192+8*h+2*q)
+			g.op("VMOVD R9, X13")
+			g.op("VPBROADCASTW X13, X13")
+			g.op("MOVBQSX %d(R8)(R13*1), R10", 192+8*h+2*q+1)
+			g.op("VMOVD R10, X12")
+			g.op("VPBROADCASTW X12, X12")
+			g.op("VINSERTI128 $1, X12, Y13, Y13") // scales: lanes 0–3, 4–7
+			for v := range V {
+				off := kbQS + 128*h + 32*q
+				g.op("VPMADDUBSW %d(%s)(R14*1), Y11, Y14", off, xGPR[v])
+				g.op("VPMADDUBSW %d(%s)(R14*1), Y6, Y15", off, xGPR[v])
+				g.op("VPSUBW Y15, Y14, Y14")
+				g.op("VPMADDWD Y13, Y14, Y14")
+				g.op("VPADDD Y14, %s, %s", isum(v), isum(v))
+			}
+		}
+	}
+	for v := range V {
+		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
+		g.op("VBROADCASTSS %d(%s)(R14*1), Y14", kbD, xGPR[v])
+		g.op("VMULPS Y7, Y14, Y15")
+		g.op("VFMADD231PS Y15, %s, %s", isum(v), acc(v))
+	}
+	g.op("ADDQ $210, R13")
+	g.op("ADDQ $%d, R14", kbSize)
+	g.op("DECQ R12")
+	g.op("JNZ %s", loop)
+	g.ktileStore(V, acc, nil)
 }
 
 // dtype is the element type of the rows a kernel reads.
@@ -1286,6 +1487,10 @@ func main() {
 	for V := 1; V <= 4; V++ {
 		g.ktile6512(V)
 	}
+	for V := 1; V <= 2; V++ {
+		g.ktileAVX2(V)
+		g.ktile6AVX2(V)
+	}
 
 	g.expTable()
 	g.expSum512()
@@ -1379,26 +1584,23 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 // ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K)
 // and nv activation rows.
 func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
-	switch {
-	case kind == 0 && nv == 1:
-		ktileQ4KAVX512V1(a)
-	case kind == 0 && nv == 2:
-		ktileQ4KAVX512V2(a)
-	case kind == 0 && nv == 3:
-		ktileQ4KAVX512V3(a)
-	case kind == 0:
-		ktileQ4KAVX512V4(a)
-	case nv == 1:
-		ktileQ6KAVX512V1(a)
-	case nv == 2:
-		ktileQ6KAVX512V2(a)
-	case nv == 3:
-		ktileQ6KAVX512V3(a)
-	default:
-		ktileQ6KAVX512V4(a)
-	}
-}
+	switch ks.kisa {
 `)
+	for _, isa := range []struct {
+		name string
+		v    int
+	}{{"AVX512", 4}, {"AVX2", 2}} {
+		fmt.Fprintf(&t, "\tcase isa%s:\n\t\tswitch kind {\n", isa.name)
+		for ki, k := range []string{"Q4K", "Q6K"} {
+			fmt.Fprintf(&t, "\t\tcase %d:\n\t\t\tswitch nv {\n", ki)
+			for v := 1; v <= isa.v; v++ {
+				fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\tktile%s%sV%d(a)\n\t\t\t\treturn\n", v, k, isa.name, v)
+			}
+			t.WriteString("\t\t\t}\n")
+		}
+		t.WriteString("\t\t}\n")
+	}
+	t.WriteString("\t}\n\tpanic(\"llama: no ktile kernel\")\n}\n")
 	t.WriteString(`
 // expSum calls the softmax numerator kernel.
 func (ks *kernelSet) expSum(a *expArgs) {

@@ -74,4 +74,4 @@ func (s *pdStream) Pending() bool {
 }
 
 // Pending implements openai.Pender: a line is waiting, decoded or read.
-func (s *plainStream) Pending() bool { return !s.finished && (len(s.lines) > 0 || s.more.Load()) }
+func (s *plainStream) Pending() bool { return !s.finished && s.br != nil && lineBuffered(s.br) }

@@ -323,45 +323,83 @@ func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, pa
 			return false
 		}
 	}
-	resp, e := r.post(ctx, w, path, payload)
+	resp, br, e := r.openStream(ctx, w, path, payload)
 	if e != nil {
 		send(decodeEvent{err: e})
 		return
 	}
-	defer resp.Body.Close()
+	defer r.releaseStream(resp, br)
+	for {
+		c, e, ok := r.nextLine(ctx, w, br)
+		if !ok {
+			return // the leg was cancelled: nobody reads it
+		}
+		more.Store(lineBuffered(br))
+		if !send(decodeEvent{chunk: c, err: e}) {
+			return
+		}
+		if e == nil && c.FinishReason != "" {
+			drainStream(br)
+		}
+		if c.FinishReason != "" || e != nil {
+			return
+		}
+	}
+}
+
+// openStream posts a streaming leg and returns its response, with a pooled
+// line reader on its body, once the worker answered 200; any other answer,
+// or none, is the error (errCancelled if ctx ended). releaseStream gives
+// both back.
+func (r *Router) openStream(ctx context.Context, w *fleet.Worker, path string, payload []byte) (*http.Response, *bufio.Reader, *workerapi.Error) {
+	resp, e := r.post(ctx, w, path, payload)
+	if e != nil {
+		return nil, nil, e
+	}
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, workerapi.MaxLineBytes))
-		send(decodeEvent{err: workerapi.DecodeError(resp.StatusCode, body)})
-		return
+		resp.Body.Close()
+		return nil, nil, workerapi.DecodeError(resp.StatusCode, body)
 	}
 	br, _ := r.readers.Get().(*bufio.Reader)
 	if br == nil {
 		br = bufio.NewReaderSize(nil, 4096)
 	}
 	br.Reset(resp.Body)
-	defer func() {
-		br.Reset(nil)
-		r.readers.Put(br)
-	}()
+	return resp, br, nil
+}
+
+// releaseStream closes a streaming leg's body and pools its reader.
+func (r *Router) releaseStream(resp *http.Response, br *bufio.Reader) {
+	resp.Body.Close()
+	br.Reset(nil)
+	r.readers.Put(br)
+}
+
+// nextLine reads and decodes the next line of a streaming leg from br. It
+// returns the line's chunk, or the leg's failure: the worker's error line,
+// a malformed or oversized line, or the stream broken off. When the read
+// fails because ctx ended it returns ok false instead (the caller knows
+// why it cancelled the leg).
+func (r *Router) nextLine(ctx context.Context, w *fleet.Worker, br *bufio.Reader) (c openai.Chunk, e *workerapi.Error, ok bool) {
 	var long []byte // a line longer than the reader's buffer
 	for {
 		frag, err := br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
 			if len(long)+len(frag) > workerapi.MaxLineBytes {
-				send(decodeEvent{err: r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong)})
-				return
+				return openai.Chunk{}, r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong), true
 			}
 			long = append(long, frag...)
 			continue
 		}
 		if err != nil { // the stream ended before its last line
+			if ctx.Err() != nil {
+				return openai.Chunk{}, nil, false
+			}
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
-			if ctx.Err() == nil {
-				send(decodeEvent{err: r.legError(w, outcome.WorkerStreamBroken, "broke off its stream", err)})
-			}
-			return
+			return openai.Chunk{}, r.legError(w, outcome.WorkerStreamBroken, "broke off its stream", err), true
 		}
 		lineb := frag
 		if long != nil {
@@ -373,28 +411,21 @@ func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, pa
 			continue
 		}
 		if len(lineb) > workerapi.MaxLineBytes {
-			send(decodeEvent{err: r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong)})
-			return
+			return openai.Chunk{}, r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong), true
 		}
 		line, err := workerapi.ParseStreamLine(lineb)
 		if err != nil {
-			send(decodeEvent{err: r.malformedAnswer(w, "sent a malformed stream line", err)})
-			return
+			return openai.Chunk{}, r.malformedAnswer(w, "sent a malformed stream line", err), true
 		}
-		c, e := line.Decode()
-		// A whole line already read follows this one.
-		next, _ := br.Peek(br.Buffered())
-		more.Store(bytes.IndexByte(next, '\n') >= 0)
-		if !send(decodeEvent{chunk: c, err: e}) {
-			return
-		}
-		if e == nil && c.FinishReason != "" {
-			drainStream(br)
-		}
-		if c.FinishReason != "" || e != nil {
-			return
-		}
+		c, e = line.Decode()
+		return c, e, true
 	}
+}
+
+// lineBuffered reports whether a whole line already read waits in br.
+func lineBuffered(br *bufio.Reader) bool {
+	next, _ := br.Peek(br.Buffered())
+	return bytes.IndexByte(next, '\n') >= 0
 }
 
 // StreamDrainTimeout bounds how long the end of a finished leg's HTTP

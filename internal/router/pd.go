@@ -93,17 +93,8 @@ const maxDrainRetries = 4
 // Generate implements openai.Engine: it admits the request, picks a pair
 // and starts both legs.
 func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
-	select {
-	case <-r.stopping:
-		return nil, openai.Unavailable("the router is shutting down")
-	case <-r.draining:
-		e := openai.Unavailable("the router is draining: it finishes the requests it has and takes no new one")
-		e.Code, e.RetryAfter = outcome.Draining.String(), time.Second
+	if e := r.refuse(); e != nil {
 		return nil, e
-	default:
-	}
-	if max := r.cfg.Admission.MaxInflight; max > 0 && r.inflight.Load() >= int64(max) {
-		return nil, r.shed(r.shedError(ShedMaxInflight, "the router serves %d requests, its --max-inflight-requests", max))
 	}
 	arrived := g.Arrived
 	if arrived.IsZero() {
@@ -141,6 +132,69 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		return nil, err
 	}
 	return &measured{Stream: st, r: r, arrived: arrived, prompt: len(g.InputIDs)}, nil
+}
+
+// refuse answers a request the router takes no more of: it is shutting
+// down or draining (503), or it serves --max-inflight-requests (429).
+func (r *Router) refuse() *openai.Error {
+	select {
+	case <-r.stopping:
+		return openai.Unavailable("the router is shutting down")
+	case <-r.draining:
+		e := openai.Unavailable("the router is draining: it finishes the requests it has and takes no new one")
+		e.Code, e.RetryAfter = outcome.Draining.String(), time.Second
+		return e
+	default:
+	}
+	if max := r.cfg.Admission.MaxInflight; max > 0 && r.inflight.Load() >= int64(max) {
+		return r.shed(r.shedError(ShedMaxInflight, "the router serves %d requests, its --max-inflight-requests", max))
+	}
+	return nil
+}
+
+// Admit is the front end's early admission (openai.Config.Admit): before
+// the request's body is read, it refuses what Generate would refuse for
+// the router's own state (refuse) and for load, from the router's view of
+// its workers alone (no worker is asked): a 429 when the workers a request
+// could go to are all saturated — every decode or every prefill worker
+// while a prefill/decode pair is ready, else every colocated worker. What
+// it lets through, Generate decides on as before (pair compatibility and
+// breakers included).
+func (r *Router) Admit() error {
+	if e := r.refuse(); e != nil {
+		return e
+	}
+	now := r.clock.Now()
+	var pdShed, coShed *openai.Error
+	if len(r.cfg.Colocated) == 0 {
+		prefills, readyP, pwhy := r.candidates(workerapi.RolePrefill, now, true, func(p *fleet.Worker) bool { return p.KVAddr() == "" })
+		decodes, readyD, dwhy := r.candidates(workerapi.RoleDecode, now, true, nil)
+		switch {
+		case readyP == 0 || readyD == 0:
+		case len(decodes) == 0:
+			pdShed = r.shedError(dwhy, "every decode worker is saturated")
+		case len(prefills) == 0:
+			pdShed = r.shedError(pwhy, "every prefill worker is saturated")
+		default:
+			return nil
+		}
+	}
+	if len(r.cfg.Colocated) > 0 || r.cfg.Registry != nil {
+		cands, ready, why := r.candidates(workerapi.RoleColocated, now, true, nil)
+		switch {
+		case len(cands) > 0:
+			return nil
+		case ready > 0:
+			coShed = r.shedError(why, "every colocated worker is saturated")
+		}
+	}
+	switch {
+	case pdShed != nil:
+		return r.shed(pdShed)
+	case coShed != nil:
+		return r.shed(coShed)
+	}
+	return nil
 }
 
 // shed counts a 429 the router answers with e.

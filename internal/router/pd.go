@@ -28,10 +28,28 @@ type prefillResult struct {
 	err *workerapi.Error
 }
 
-// decodeEvent is one decoded line of a streaming leg, or its failure.
+// decodeEvent is one decoded line of a streaming leg, or its failure. own,
+// with a line, hands the rest of the leg to the event's reader.
 type decodeEvent struct {
 	chunk openai.Chunk
 	err   *workerapi.Error
+	own   *ownedLeg
+}
+
+// ownedLeg is a streaming leg handed from the goroutine that read it to
+// the one that writes the client, which reads the rest itself.
+type ownedLeg struct {
+	r    *Router
+	resp *http.Response
+	br   *bufio.Reader
+	done func() // uncounts the leg on its worker
+}
+
+// release closes the leg's body (its context cancelled, or its answer read
+// to the end) and uncounts it.
+func (l *ownedLeg) release() {
+	l.r.releaseStream(l.resp, l.br)
+	l.done()
 }
 
 // attempt is one try of a request on one (prefill, decode) pair.
@@ -51,6 +69,16 @@ type attempt struct {
 	pDown, dDown <-chan struct{}
 	// more is set while decode lines already read wait to be decoded.
 	more atomic.Bool
+	// handover asks the decode goroutine to hand the leg over with its
+	// next line (set once prefill answered: then nothing but decode's own
+	// stream, its worker's loss, the client or shutdown can end the
+	// attempt). leg is the decode leg once handed over: Recv reads it
+	// itself, and a watcher goroutine (until quit closes) cancels it for
+	// the client, the worker's loss or shutdown.
+	handover atomic.Bool
+	leg      *ownedLeg
+	dctx     context.Context
+	quit     chan struct{}
 	// probe: the pair's breaker is half-open and this attempt is its one
 	// probe; pathDone: the pair's breaker has been told how the attempt
 	// went on the KV path.
@@ -240,7 +268,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		pDown: pw.Down(), dDown: dw.Down(), probe: probe}
 	pctx, pcancel := r.withTimeout(context.Background(), LegTimeout)
 	dctx, dcancel := r.withTimeout(context.Background(), LegTimeout)
-	a.pCancel, a.dCancel = pcancel, dcancel
+	a.pCancel, a.dCancel, a.dctx = pcancel, dcancel, dctx
 	r.bg.Add(2)
 	pLeg := r.legStarted(pw, legTokens(workerapi.RolePrefill, &s.req))
 	dLeg := r.legStarted(dw, legTokens(workerapi.RoleDecode, &s.req))
@@ -252,8 +280,9 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	}()
 	go func() {
 		defer r.bg.Done()
-		defer dLeg()
-		r.runDecode(dctx, dw, payload, a.lines, &a.more)
+		if !r.runStream(dctx, dw, workerapi.PathDecode, payload, a.lines, &a.more, &a.handover, dLeg) {
+			dLeg()
+		}
 	}()
 	s.a = a
 	s.dispatched = r.clock.Now()
@@ -304,11 +333,55 @@ func (s *pdStream) pathEnded(a *attempt, o outcome.Outcome, why string) {
 // goroutine exits once the leg's context is cancelled.
 func (s *pdStream) drain(a *attempt) {
 	s.r.bg.Add(1)
+	l := a.leg
+	a.leg = nil // the goroutine's now
 	go func() {
 		defer s.r.bg.Done()
-		for range a.lines {
+		discard(a.lines)
+		if l != nil {
+			// Cancelled already, or by Stop's abort once the worker has it.
+			_, _ = io.Copy(io.Discard, l.br)
+			l.release()
 		}
 	}()
+}
+
+// discard reads a streaming leg's events until its goroutine closes them,
+// releasing a leg handed over meanwhile (its context is cancelled).
+func discard(lines <-chan decodeEvent) {
+	for ev := range lines {
+		if ev.own != nil {
+			ev.own.release()
+		}
+	}
+}
+
+// takeLeg makes the decode leg handed over with a line the attempt's own,
+// and starts its watcher.
+func (s *pdStream) takeLeg(a *attempt, l *ownedLeg) {
+	quit := make(chan struct{})
+	a.leg, a.quit = l, quit
+	dDown, cancel := a.dDown, a.dCancel
+	s.r.bg.Add(1)
+	go func() {
+		defer s.r.bg.Done()
+		select {
+		case <-s.ctx.Done():
+		case <-dDown:
+		case <-s.r.stopping:
+		case <-quit:
+			return
+		}
+		cancel() // Recv's read ends; it answers for the cause
+	}()
+}
+
+// stopWatching stops the watcher of a decode leg handed over.
+func (a *attempt) stopWatching() {
+	if a.quit != nil {
+		close(a.quit)
+		a.quit = nil
+	}
 }
 
 // errCancelled is a leg's end because the router cancelled it (the
@@ -358,15 +431,14 @@ func (r *Router) runPrefill(ctx context.Context, w *fleet.Worker, payload []byte
 	return prefillResult{res: res}
 }
 
-func (r *Router) runDecode(ctx context.Context, w *fleet.Worker, payload []byte, out chan<- decodeEvent, more *atomic.Bool) {
-	r.runStream(ctx, w, workerapi.PathDecode, payload, out, more)
-}
-
 // runStream posts a streaming leg (decode or colocated generate) and sends
 // its NDJSON lines, decoded, to out, closing out at the end. more is set
 // while lines already read remain to be decoded (the reader of out then
-// waits for them before it flushes its own output).
-func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, payload []byte, out chan<- decodeEvent, more *atomic.Bool) {
+// waits for them before it flushes its own output). Once handover is set,
+// the next line that is not the last goes out with the leg itself (done
+// is then the new owner's to call) and runStream returns true.
+func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, payload []byte, out chan<- decodeEvent,
+	more, handover *atomic.Bool, done func()) (handed bool) {
 	defer close(out)
 	defer more.Store(false)
 	send := func(ev decodeEvent) bool {
@@ -380,23 +452,35 @@ func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, pa
 	resp, br, e := r.openStream(ctx, w, path, payload)
 	if e != nil {
 		send(decodeEvent{err: e})
-		return
+		return false
 	}
-	defer r.releaseStream(resp, br)
+	defer func() {
+		if !handed {
+			r.releaseStream(resp, br)
+		}
+	}()
 	for {
 		c, e, ok := r.nextLine(ctx, w, br)
 		if !ok {
-			return // the leg was cancelled: nobody reads it
+			return false // the leg was cancelled: nobody reads it
 		}
 		more.Store(lineBuffered(br))
-		if !send(decodeEvent{chunk: c, err: e}) {
-			return
+		ev := decodeEvent{chunk: c, err: e}
+		if e == nil && c.FinishReason == "" && handover.Load() {
+			ev.own = &ownedLeg{r: r, resp: resp, br: br, done: done}
+			if send(ev) {
+				return true
+			}
+			return false
+		}
+		if !send(ev) {
+			return false
 		}
 		if e == nil && c.FinishReason != "" {
 			drainStream(br)
 		}
 		if c.FinishReason != "" || e != nil {
-			return
+			return false
 		}
 	}
 }
@@ -507,8 +591,7 @@ func endLeg(lines <-chan decodeEvent, cancel context.CancelFunc, finished bool) 
 	} else {
 		cancel()
 	}
-	for range lines {
-	}
+	discard(lines)
 	cancel()
 }
 
@@ -597,6 +680,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			a.pCancel()
 		}
 	}
+	a.stopWatching()
 	s.drain(a)
 	s.r.metrics.LegFailed(f.role, e.Outcome)
 	s.live.event(fmt.Sprintf("%s leg failed (gen %d): %s", f.role, a.gen, e.Message))
@@ -659,6 +743,32 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 	for {
 		a := s.a
 		var f failure
+		if a.leg != nil {
+			c, e, ok := s.r.nextLine(a.dctx, a.dw, a.leg.br)
+			switch {
+			case !ok: // the watcher cancelled the leg, or its timeout ended it
+				switch {
+				case s.ctx.Err() != nil:
+					return openai.Chunk{}, s.ctx.Err()
+				case closed(s.r.stopping):
+					s.closeWhy = "the router is shutting down"
+					return openai.Chunk{}, openai.Unavailable("the router is shutting down")
+				case closed(a.dDown):
+					f = failure{role: workerapi.RoleDecode, err: downError(workerapi.RoleDecode)}
+				default:
+					f = s.explain(a, workerapi.RoleDecode, malformed("decode stream closed"))
+				}
+			case e == nil:
+				return s.token(a, c), nil
+			default:
+				f = s.explain(a, workerapi.RoleDecode, e)
+			}
+			retried, err := s.failed(f)
+			if !retried {
+				return openai.Chunk{}, err
+			}
+			continue
+		}
 		pDown := a.pDown
 		if a.pDone {
 			pDown = nil // prefill's part is over; its worker may come and go
@@ -674,23 +784,17 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 				e = malformed("decode stream closed")
 			}
 			if e == nil {
-				c := ev.chunk
-				if len(c.Tokens) > 0 {
-					s.sent = true
-					s.live.tokens(len(c.Tokens))
-					s.pathWorked(a)
+				if ev.own != nil {
+					s.takeLeg(a, ev.own)
 				}
-				if c.FinishReason != "" {
-					s.finished, s.ended = true, true
-					s.r.metrics.Answered(outcome.OK)
-				}
-				return c, nil
+				return s.token(a, ev.chunk), nil
 			}
 			f = s.explain(a, workerapi.RoleDecode, e)
 		case p := <-a.prefill:
 			a.pDone = true
 			a.prefill = nil
 			if p.err == nil {
+				a.handover.Store(true) // decode may be read here from its next line on
 				continue
 			}
 			f = s.explain(a, workerapi.RolePrefill, p.err)
@@ -707,6 +811,20 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 			return openai.Chunk{}, err
 		}
 	}
+}
+
+// token accounts for a chunk of decode's that is returned to the client.
+func (s *pdStream) token(a *attempt, c openai.Chunk) openai.Chunk {
+	if len(c.Tokens) > 0 {
+		s.sent = true
+		s.live.tokens(len(c.Tokens))
+		s.pathWorked(a)
+	}
+	if c.FinishReason != "" {
+		s.finished, s.ended = true, true
+		s.r.metrics.Answered(outcome.OK)
+	}
+	return c
 }
 
 // awaitPrefillError waits up to PeerFailureGrace for the prefill leg's
@@ -739,6 +857,9 @@ func (s *pdStream) awaitDecodeError(a *attempt) *workerapi.Error {
 			switch {
 			case !ok:
 				return nil
+			case ev.own != nil:
+				a.dCancel()
+				ev.own.release()
 			case ev.err != nil:
 				return ev.err
 			}
@@ -762,6 +883,7 @@ func (s *pdStream) Stop() {
 		return
 	}
 	s.ended, s.stopped = true, true
+	s.a.stopWatching() // the client's context ends with the answer: it must not hang up the leg
 	s.r.metrics.Answered(outcome.OK)
 	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", outcome.Cause{}, s.a.dCancel)
 }
@@ -787,8 +909,19 @@ func (s *pdStream) Close() {
 			a.pCancel()
 		}
 	}
+	a.stopWatching()
 	if s.stopped {
 		s.drain(a) // Stop's abort hangs the leg up once the worker has it
+		return
+	}
+	if l := a.leg; l != nil {
+		if s.finished {
+			t := time.AfterFunc(StreamDrainTimeout, a.dCancel)
+			drainStream(l.br)
+			t.Stop()
+		}
+		a.dCancel()
+		l.release()
 		return
 	}
 	endLeg(a.lines, a.dCancel, s.finished)

@@ -360,7 +360,7 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	defer stream.Close()
 
 	rs := &response{
-		h: h, req: req, rid: rid, created: h.cfg.Now().Unix(),
+		h: h, req: req, rid: rid, created: h.cfg.Now().Unix(), received: received,
 		out: newOutput(h.cfg.Tokenizer, req, h.cfg.EOS),
 	}
 	var outcome string
@@ -402,11 +402,12 @@ func (h *handler) logError(endpoint, rid string, e *Error, when string) {
 
 // response is the state of one request's answer.
 type response struct {
-	h       *handler
-	req     *request
-	rid     string
-	created int64
-	out     *output
+	h        *handler
+	req      *request
+	rid      string
+	created  int64
+	out      *output
+	received time.Time // when the front end got the request (Server-Timing)
 }
 
 // recv reads the next chunk into the output, and tells the engine to stop
@@ -460,7 +461,7 @@ func (rs *response) collect(ctx context.Context, w http.ResponseWriter, rc *http
 			if ctx.Err() != nil {
 				return "client gone"
 			}
-			rs.h.fail(w, rs.endpoint(), rs.rid, err)
+			rs.h.failTimed(w, rs.endpoint(), rs.rid, err, rs.received)
 			return "error"
 		}
 	}
@@ -514,7 +515,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 				return "client gone"
 			}
 			if !sse.started {
-				rs.h.fail(w, rs.endpoint(), rs.rid, err)
+				rs.h.failTimed(w, rs.endpoint(), rs.rid, err, rs.received)
 				return "error"
 			}
 			// Output started: one error event, then [DONE] (as vLLM).

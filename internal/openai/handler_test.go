@@ -661,8 +661,11 @@ func TestAdmitBeforeBody(t *testing.T) {
 	overloaded := func() *Error {
 		return &Error{Status: http.StatusTooManyRequests, Type: TypeServer, Code: "overloaded", Message: "busy", RetryAfter: time.Second}
 	}
-	eng := engineFunc(func(context.Context, *GenerateRequest) (Stream, error) {
+	eng := engineFunc(func(_ context.Context, req *GenerateRequest) (Stream, error) {
 		calls.Add(1)
+		if req.Buffered { // not streamed: the 429 comes from the stream, before output
+			return failingStream{overloaded()}, nil
+		}
 		return nil, overloaded()
 	})
 	srv := newServer(t, eng, func(c *Config) {
@@ -689,11 +692,23 @@ func TestAdmitBeforeBody(t *testing.T) {
 		t.Fatalf("admitted, engine overloaded: %d %s (%d engine calls)", resp.StatusCode, body, calls.Load())
 	}
 	checkTimed(resp)
+	resp, body = post(t, srv, "/v1/completions", `{"prompt":"x","stream":true}`)
+	if resp.StatusCode != http.StatusTooManyRequests || calls.Load() != 2 {
+		t.Fatalf("admitted, stream overloaded: %d %s (%d engine calls)", resp.StatusCode, body, calls.Load())
+	}
+	checkTimed(resp)
 	refuse.Store(true)
 	resp, body = post(t, srv, "/v1/chat/completions", `{"messages": [`)
-	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" || calls.Load() != 1 {
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" || calls.Load() != 2 {
 		t.Fatalf("refused: %d %v %s (%d engine calls), want Admit's 429 with Retry-After and no engine call",
 			resp.StatusCode, resp.Header, body, calls.Load())
 	}
 	checkTimed(resp)
 }
+
+// failingStream fails its first Recv with err.
+type failingStream struct{ err error }
+
+func (s failingStream) Recv() (Chunk, error) { return Chunk{}, s.err }
+func (failingStream) Stop()                  {}
+func (failingStream) Close()                 {}

@@ -257,7 +257,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	body := workerapi.GenerateBody{RID: rid, Room: s.room, Gen: gen, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
 		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, PrefillKVAddr: kv,
 		Buffered: g.Buffered}
-	payload, err := json.Marshal(body)
+	payload, err := body.AppendJSON(nil)
 	if err != nil {
 		if probe {
 			r.breakers.released(pw, dw)

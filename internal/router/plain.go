@@ -3,7 +3,6 @@ package router
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"time"
@@ -53,8 +52,9 @@ type plainStream struct {
 // answer (plain mode is the baseline that disaggregation is compared with).
 // The leg is posted on the first Recv.
 func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, req *PickRequest) (openai.Stream, *openai.Error) {
-	payload, err := json.Marshal(workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
-		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered})
+	body := workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
+		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered}
+	payload, err := body.AppendJSON(nil)
 	if err != nil {
 		return nil, openai.Internal("encode request: %v", err)
 	}

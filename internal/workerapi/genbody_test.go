@@ -49,6 +49,6 @@ func FuzzGenerateBodyAppendJSON(f *testing.F) {
 		seed uint64, ignore bool, kv string, buffered bool) {
 		checkAppendJSON(t, GenerateBody{RID: rid, Room: room, Gen: gen, InputIDs: []int32{id, id / 2}, MaxTokens: maxTokens,
 			SamplingParams: model.SamplingParams{Temperature: temp, TopP: topP, TopK: topK, Seed: seed},
-			StopTokenIDs: []int32{id}, IgnoreEOS: ignore, PrefillKVAddr: kv, Buffered: buffered})
+			StopTokenIDs:   []int32{id}, IgnoreEOS: ignore, PrefillKVAddr: kv, Buffered: buffered})
 	})
 }

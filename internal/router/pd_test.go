@@ -35,7 +35,7 @@ type testRouter struct {
 // newTestRouter starts a router over np prefill and nd decode workers (or,
 // with nc > 0, nc colocated workers), every leg succeeding until a test
 // scripts it otherwise. edit may change the config.
-func newTestRouter(t *testing.T, np, nd, nc int, edit func(*Config)) *testRouter {
+func newTestRouter(t testing.TB, np, nd, nc int, edit func(*Config)) *testRouter {
 	t.Helper()
 	net := &fakeNet{}
 	tr := &testRouter{net: net, reg: prometheus.NewRegistry()}

@@ -346,11 +346,14 @@ func (s *pdStream) drain(a *attempt) {
 	}()
 }
 
-// discard reads a streaming leg's events until its goroutine closes them,
-// releasing a leg handed over meanwhile (its context is cancelled).
+// discard reads a streaming leg's events until its goroutine closes them.
+// A leg handed over meanwhile is read to its end, and released: its
+// context is cancelled already, or will be (a Stop's abort cancels it once
+// the worker has it; until then the worker must not see a hang-up).
 func discard(lines <-chan decodeEvent) {
 	for ev := range lines {
 		if ev.own != nil {
+			_, _ = io.Copy(io.Discard, ev.own.br)
 			ev.own.release()
 		}
 	}
@@ -371,6 +374,9 @@ func (s *pdStream) takeLeg(a *attempt, l *ownedLeg) {
 		case <-s.r.stopping:
 		case <-quit:
 			return
+		}
+		if closed(quit) {
+			return // stopped first: the client's context ends with a Stop's answer too
 		}
 		cancel() // Recv's read ends; it answers for the cause
 	}()

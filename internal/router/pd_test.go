@@ -792,7 +792,8 @@ func TestBootstrapTimeoutProbedAndRetried(t *testing.T) {
 // goroutine that read it until then). The tokens arrive in order and the
 // leg is uncounted at the end; the client leaving after the hand-over ends
 // the read at once and aborts decode; a stop string's abort reaches decode
-// before its leg is hung up.
+// before its leg is hung up, though the client's context ends right after
+// the Stop (as it does once the answer is written).
 func TestDecodeLegHandedOver(t *testing.T) {
 	for _, end := range []string{"finish", "client_gone", "stop"} {
 		t.Run(end, func(t *testing.T) {
@@ -865,6 +866,8 @@ func TestDecodeLegHandedOver(t *testing.T) {
 					st.Close()
 				case "stop":
 					st.Stop()
+					cancel() // the client's context ends with the answer, before Close
+					synctest.Wait()
 					st.Close()
 				}
 				synctest.Wait()

@@ -77,6 +77,9 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 		case <-s.quit:
 			return
 		}
+		if closed(s.quit) {
+			return // stopped first: the client's context ends with a Stop's answer too
+		}
 		cancel() // Recv's read ends; it answers for the cause
 	}()
 	return s, nil

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	randv2 "math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,7 +72,18 @@ type Config struct {
 	// after its 200), so that every answer — rejections included — can be
 	// counted.
 	OnAnswer func(endpoint string, status int, code string)
+	// Admit, if set, is asked before a generation request's body is read
+	// (before parsing, tokenizing and templating): an error it returns is
+	// the answer (e.g. the engine's 429 when it is overloaded), so that a
+	// request that will be refused costs little. The engine must still
+	// refuse what it cannot serve; Admit only answers earlier.
+	Admit func() error
 }
+
+// ServerTimingShed is the Server-Timing metric name of a 429 answer: the
+// time from the front end receiving the request to writing the 429, in
+// milliseconds (W3C Server Timing), e.g. `shed;dur=0.153`.
+const ServerTimingShed = "shed"
 
 // Endpoints as OnAnswer names them.
 const (
@@ -269,6 +281,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // generate serves one completion or chat completion request.
 func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	received := time.Now() // for Server-Timing (the wall clock's monotonic reading)
 	arrived := h.cfg.Now()
 	ctx := r.Context()
 	rc := http.NewResponseController(w)
@@ -291,6 +304,12 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 			Code:    CodeUnsupportedMediaType,
 			Message: fmt.Sprintf("Content-Encoding %q is not supported: send the request body uncompressed", ce)})
 		return
+	}
+	if h.cfg.Admit != nil {
+		if err := h.cfg.Admit(); err != nil {
+			h.failTimed(w, endpoint, "", err, received)
+			return
+		}
 	}
 	body := http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
 	var (
@@ -335,13 +354,13 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		if stream != nil {
 			stream.Close() // the contract says no stream with an error; release it anyway
 		}
-		h.fail(w, endpoint, rid, err)
+		h.failTimed(w, endpoint, rid, err, received)
 		return
 	}
 	defer stream.Close()
 
 	rs := &response{
-		h: h, req: req, rid: rid, created: h.cfg.Now().Unix(),
+		h: h, req: req, rid: rid, created: h.cfg.Now().Unix(), received: received,
 		out: newOutput(h.cfg.Tokenizer, req, h.cfg.EOS),
 	}
 	var outcome string
@@ -361,6 +380,17 @@ func (h *handler) fail(w http.ResponseWriter, endpoint, rid string, err error) {
 	WriteError(w, e)
 }
 
+// failTimed is fail for an answer that may be a 429: that one carries the
+// time since received as Server-Timing (ServerTimingShed).
+func (h *handler) failTimed(w http.ResponseWriter, endpoint, rid string, err error, received time.Time) {
+	e := ToError(err)
+	if e.Status == http.StatusTooManyRequests {
+		ms := float64(time.Since(received).Microseconds()) / 1000
+		w.Header().Set("Server-Timing", ServerTimingShed+";dur="+strconv.FormatFloat(ms, 'f', 3, 64))
+	}
+	h.fail(w, endpoint, rid, e)
+}
+
 func (h *handler) logError(endpoint, rid string, e *Error, when string) {
 	level := slog.LevelDebug
 	if e.Status >= 500 {
@@ -372,11 +402,12 @@ func (h *handler) logError(endpoint, rid string, e *Error, when string) {
 
 // response is the state of one request's answer.
 type response struct {
-	h       *handler
-	req     *request
-	rid     string
-	created int64
-	out     *output
+	h        *handler
+	req      *request
+	rid      string
+	created  int64
+	out      *output
+	received time.Time // when the front end got the request (Server-Timing)
 }
 
 // recv reads the next chunk into the output, and tells the engine to stop
@@ -431,7 +462,7 @@ func (rs *response) collect(ctx context.Context, w http.ResponseWriter, rc *http
 			if ctx.Err() != nil {
 				return "client gone"
 			}
-			rs.h.fail(w, rs.endpoint(), rs.rid, err)
+			rs.h.failTimed(w, rs.endpoint(), rs.rid, err, rs.received)
 			return "error"
 		}
 	}
@@ -485,7 +516,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 				return "client gone"
 			}
 			if !sse.started {
-				rs.h.fail(w, rs.endpoint(), rs.rid, err)
+				rs.h.failTimed(w, rs.endpoint(), rs.rid, err, rs.received)
 				return "error"
 			}
 			// Output started: one error event, then [DONE] (as vLLM).

@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -661,3 +663,65 @@ func TestPartialBodyDoesNotPinConnection(t *testing.T) {
 		t.Fatal("connection still open")
 	}
 }
+
+// TestAdmitBeforeBody: a refusal of Config.Admit is the answer before the
+// body is read (a body that would be a 400 gets it) and the engine is not
+// asked; a 429 carries the time to it as Server-Timing, from Admit or from
+// the engine; what Admit lets through is parsed and served as before.
+func TestAdmitBeforeBody(t *testing.T) {
+	var refuse atomic.Bool
+	var calls atomic.Int32
+	overloaded := func() *Error {
+		return &Error{Status: http.StatusTooManyRequests, Type: TypeServer, Code: "overloaded", Message: "busy", RetryAfter: time.Second}
+	}
+	eng := engineFunc(func(_ context.Context, req *GenerateRequest) (Stream, error) {
+		calls.Add(1)
+		if req.Buffered { // not streamed: the 429 comes from the stream, before output
+			return failingStream{overloaded()}, nil
+		}
+		return nil, overloaded()
+	})
+	srv := newServer(t, eng, func(c *Config) {
+		c.Admit = func() error {
+			if refuse.Load() {
+				return overloaded()
+			}
+			return nil
+		}
+	})
+	checkTimed := func(resp *http.Response) {
+		t.Helper()
+		var ms float64
+		st := resp.Header.Get("Server-Timing")
+		if _, err := fmt.Sscanf(st, ServerTimingShed+";dur=%g", &ms); err != nil || ms < 0 {
+			t.Errorf("Server-Timing %q (%v), want %s;dur=<ms>", st, err, ServerTimingShed)
+		}
+	}
+	if resp, body := post(t, srv, "/v1/completions", `{"prompt": "x",`); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("admitted, bad body: %d %s", resp.StatusCode, body)
+	}
+	resp, body := post(t, srv, "/v1/completions", `{"prompt":"x"}`)
+	if resp.StatusCode != http.StatusTooManyRequests || calls.Load() != 1 {
+		t.Fatalf("admitted, engine overloaded: %d %s (%d engine calls)", resp.StatusCode, body, calls.Load())
+	}
+	checkTimed(resp)
+	resp, body = post(t, srv, "/v1/completions", `{"prompt":"x","stream":true}`)
+	if resp.StatusCode != http.StatusTooManyRequests || calls.Load() != 2 {
+		t.Fatalf("admitted, stream overloaded: %d %s (%d engine calls)", resp.StatusCode, body, calls.Load())
+	}
+	checkTimed(resp)
+	refuse.Store(true)
+	resp, body = post(t, srv, "/v1/chat/completions", `{"messages": [`)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" || calls.Load() != 2 {
+		t.Fatalf("refused: %d %v %s (%d engine calls), want Admit's 429 with Retry-After and no engine call",
+			resp.StatusCode, resp.Header, body, calls.Load())
+	}
+	checkTimed(resp)
+}
+
+// failingStream fails its first Recv with err.
+type failingStream struct{ err error }
+
+func (s failingStream) Recv() (Chunk, error) { return Chunk{}, s.err }
+func (failingStream) Stop()                  {}
+func (failingStream) Close()                 {}

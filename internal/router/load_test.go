@@ -381,6 +381,60 @@ func TestAdmissionHysteresis(t *testing.T) {
 	}
 }
 
+// TestAdmitBeforeTheBody: when every decode worker (or every colocated
+// worker) is saturated, or the router holds --max-inflight-requests, the
+// front door answers 429 before it reads the body: a request whose body
+// would be a 400 gets the 429 (with Retry-After and the time to it as
+// Server-Timing), counted as shed once; the same body with room is a 400.
+func TestAdmitBeforeTheBody(t *testing.T) {
+	for _, c := range []struct {
+		name, reason string
+		np, nd, nc   int
+		edit         func(*Config)
+		saturate     func(tr *testRouter)
+	}{
+		{"decode_queue", "decode_queue", 1, 1, 0, nil, func(tr *testRouter) { tr.decode[0].reportLoad(workerapi.Load{Queued: 4}) }},
+		{"colocated", "decode_queue", 0, 0, 1, nil, func(tr *testRouter) { tr.colocated[0].reportLoad(workerapi.Load{Queued: 4}) }},
+		{"max_inflight", "max_inflight", 1, 1, 0, func(c *Config) {
+			a := DefaultAdmission()
+			a.MaxInflight = 1
+			c.Admission = &a
+		}, func(tr *testRouter) { tr.r.inflight.Add(1) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, c.np, c.nd, c.nc, c.edit)
+				defer tr.r.Close()
+				h := tr.r.Handler()
+				post := func() *httptest.ResponseRecorder {
+					rec := httptest.NewRecorder()
+					h.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/completions", strings.NewReader(`{"prompt": [1, 2,`)))
+					return rec
+				}
+				if rec := post(); rec.Code != http.StatusBadRequest {
+					t.Fatalf("with room: %d %s, want the body's 400", rec.Code, rec.Body)
+				}
+				c.saturate(tr)
+				advance(150 * time.Millisecond)
+				rec := post()
+				if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"code":"overloaded"`) ||
+					!strings.Contains(rec.Body.String(), "shed: "+c.reason) || rec.Header().Get("Retry-After") != "1" {
+					t.Fatalf("saturated: %d %v %s, want 429 overloaded (shed: %s) with Retry-After 1", rec.Code, rec.Header(), rec.Body, c.reason)
+				}
+				var ms float64
+				if st := rec.Header().Get("Server-Timing"); !strings.HasPrefix(st, openai.ServerTimingShed+";dur=") {
+					t.Errorf("Server-Timing %q, want %s;dur=<ms>", st, openai.ServerTimingShed)
+				} else if _, err := fmt.Sscanf(st, openai.ServerTimingShed+";dur=%g", &ms); err != nil || ms < 0 {
+					t.Errorf("Server-Timing %q: %v", st, err)
+				}
+				if n := counter(t, tr.reg, "pdserve_router_shed_total", "reason", c.reason); n != 1 {
+					t.Errorf("shed %s: %v, want 1", c.reason, n)
+				}
+			})
+		})
+	}
+}
+
 // TestMaxInflightRequests: beyond --max-inflight-requests the router
 // answers 429 at once; when one ends, the next is served.
 func TestMaxInflightRequests(t *testing.T) {

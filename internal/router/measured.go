@@ -70,8 +70,14 @@ func (m *measured) Pending() bool {
 
 // Pending implements openai.Pender: a line is waiting, decoded or read.
 func (s *pdStream) Pending() bool {
-	return !s.finished && s.a != nil && (len(s.a.lines) > 0 || s.a.more.Load())
+	switch {
+	case s.finished || s.a == nil:
+		return false
+	case s.a.leg != nil:
+		return lineBuffered(s.a.leg.br)
+	}
+	return len(s.a.lines) > 0 || s.a.more.Load()
 }
 
 // Pending implements openai.Pender: a line is waiting, decoded or read.
-func (s *plainStream) Pending() bool { return !s.finished && (len(s.lines) > 0 || s.more.Load()) }
+func (s *plainStream) Pending() bool { return !s.finished && s.br != nil && lineBuffered(s.br) }

@@ -28,10 +28,28 @@ type prefillResult struct {
 	err *workerapi.Error
 }
 
-// decodeEvent is one decoded line of a streaming leg, or its failure.
+// decodeEvent is one decoded line of a streaming leg, or its failure. own,
+// with a line, hands the rest of the leg to the event's reader.
 type decodeEvent struct {
 	chunk openai.Chunk
 	err   *workerapi.Error
+	own   *ownedLeg
+}
+
+// ownedLeg is a streaming leg handed from the goroutine that read it to
+// the one that writes the client, which reads the rest itself.
+type ownedLeg struct {
+	r    *Router
+	resp *http.Response
+	br   *bufio.Reader
+	done func() // uncounts the leg on its worker
+}
+
+// release closes the leg's body (its context cancelled, or its answer read
+// to the end) and uncounts it.
+func (l *ownedLeg) release() {
+	l.r.releaseStream(l.resp, l.br)
+	l.done()
 }
 
 // attempt is one try of a request on one (prefill, decode) pair.
@@ -51,6 +69,16 @@ type attempt struct {
 	pDown, dDown <-chan struct{}
 	// more is set while decode lines already read wait to be decoded.
 	more atomic.Bool
+	// handover asks the decode goroutine to hand the leg over with its
+	// next line (set once prefill answered: then nothing but decode's own
+	// stream, its worker's loss, the client or shutdown can end the
+	// attempt). leg is the decode leg once handed over: Recv reads it
+	// itself, and a watcher goroutine (until quit closes) cancels it for
+	// the client, the worker's loss or shutdown.
+	handover atomic.Bool
+	leg      *ownedLeg
+	dctx     context.Context
+	quit     chan struct{}
 	// probe: the pair's breaker is half-open and this attempt is its one
 	// probe; pathDone: the pair's breaker has been told how the attempt
 	// went on the KV path.
@@ -93,17 +121,8 @@ const maxDrainRetries = 4
 // Generate implements openai.Engine: it admits the request, picks a pair
 // and starts both legs.
 func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
-	select {
-	case <-r.stopping:
-		return nil, openai.Unavailable("the router is shutting down")
-	case <-r.draining:
-		e := openai.Unavailable("the router is draining: it finishes the requests it has and takes no new one")
-		e.Code, e.RetryAfter = outcome.Draining.String(), time.Second
+	if e := r.refuse(); e != nil {
 		return nil, e
-	default:
-	}
-	if max := r.cfg.Admission.MaxInflight; max > 0 && r.inflight.Load() >= int64(max) {
-		return nil, r.shed(r.shedError(ShedMaxInflight, "the router serves %d requests, its --max-inflight-requests", max))
 	}
 	arrived := g.Arrived
 	if arrived.IsZero() {
@@ -143,6 +162,69 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 	return &measured{Stream: st, r: r, arrived: arrived, prompt: len(g.InputIDs)}, nil
 }
 
+// refuse answers a request the router takes no more of: it is shutting
+// down or draining (503), or it serves --max-inflight-requests (429).
+func (r *Router) refuse() *openai.Error {
+	select {
+	case <-r.stopping:
+		return openai.Unavailable("the router is shutting down")
+	case <-r.draining:
+		e := openai.Unavailable("the router is draining: it finishes the requests it has and takes no new one")
+		e.Code, e.RetryAfter = outcome.Draining.String(), time.Second
+		return e
+	default:
+	}
+	if max := r.cfg.Admission.MaxInflight; max > 0 && r.inflight.Load() >= int64(max) {
+		return r.shed(r.shedError(ShedMaxInflight, "the router serves %d requests, its --max-inflight-requests", max))
+	}
+	return nil
+}
+
+// Admit is the front end's early admission (openai.Config.Admit): before
+// the request's body is read, it refuses what Generate would refuse for
+// the router's own state (refuse) and for load, from the router's view of
+// its workers alone (no worker is asked): a 429 when the workers a request
+// could go to are all saturated — every decode or every prefill worker
+// while a prefill/decode pair is ready, else every colocated worker. What
+// it lets through, Generate decides on as before (pair compatibility and
+// breakers included).
+func (r *Router) Admit() error {
+	if e := r.refuse(); e != nil {
+		return e
+	}
+	now := r.clock.Now()
+	var pdShed, coShed *openai.Error
+	if len(r.cfg.Colocated) == 0 {
+		prefills, readyP, pwhy := r.candidates(workerapi.RolePrefill, now, true, func(p *fleet.Worker) bool { return p.KVAddr() == "" })
+		decodes, readyD, dwhy := r.candidates(workerapi.RoleDecode, now, true, nil)
+		switch {
+		case readyP == 0 || readyD == 0:
+		case len(decodes) == 0:
+			pdShed = r.shedError(dwhy, "every decode worker is saturated")
+		case len(prefills) == 0:
+			pdShed = r.shedError(pwhy, "every prefill worker is saturated")
+		default:
+			return nil
+		}
+	}
+	if len(r.cfg.Colocated) > 0 || r.cfg.Registry != nil {
+		cands, ready, why := r.candidates(workerapi.RoleColocated, now, true, nil)
+		switch {
+		case len(cands) > 0:
+			return nil
+		case ready > 0:
+			coShed = r.shedError(why, "every colocated worker is saturated")
+		}
+	}
+	switch {
+	case pdShed != nil:
+		return r.shed(pdShed)
+	case coShed != nil:
+		return r.shed(coShed)
+	}
+	return nil
+}
+
 // shed counts a 429 the router answers with e.
 func (r *Router) shed(e *openai.Error) *openai.Error {
 	r.metrics.Answered(outcome.Overloaded)
@@ -175,7 +257,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	body := workerapi.GenerateBody{RID: rid, Room: s.room, Gen: gen, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
 		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, PrefillKVAddr: kv,
 		Buffered: g.Buffered}
-	payload, err := json.Marshal(body)
+	payload, err := body.AppendJSON(nil)
 	if err != nil {
 		if probe {
 			r.breakers.released(pw, dw)
@@ -186,7 +268,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		pDown: pw.Down(), dDown: dw.Down(), probe: probe}
 	pctx, pcancel := r.withTimeout(context.Background(), LegTimeout)
 	dctx, dcancel := r.withTimeout(context.Background(), LegTimeout)
-	a.pCancel, a.dCancel = pcancel, dcancel
+	a.pCancel, a.dCancel, a.dctx = pcancel, dcancel, dctx
 	r.bg.Add(2)
 	pLeg := r.legStarted(pw, legTokens(workerapi.RolePrefill, &s.req))
 	dLeg := r.legStarted(dw, legTokens(workerapi.RoleDecode, &s.req))
@@ -198,8 +280,9 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	}()
 	go func() {
 		defer r.bg.Done()
-		defer dLeg()
-		r.runDecode(dctx, dw, payload, a.lines, &a.more)
+		if !r.runStream(dctx, dw, workerapi.PathDecode, payload, a.lines, &a.more, &a.handover, dLeg) {
+			dLeg()
+		}
 	}()
 	s.a = a
 	s.dispatched = r.clock.Now()
@@ -250,11 +333,61 @@ func (s *pdStream) pathEnded(a *attempt, o outcome.Outcome, why string) {
 // goroutine exits once the leg's context is cancelled.
 func (s *pdStream) drain(a *attempt) {
 	s.r.bg.Add(1)
+	l := a.leg
+	a.leg = nil // the goroutine's now
 	go func() {
 		defer s.r.bg.Done()
-		for range a.lines {
+		discard(a.lines)
+		if l != nil {
+			// Cancelled already, or by Stop's abort once the worker has it.
+			_, _ = io.Copy(io.Discard, l.br)
+			l.release()
 		}
 	}()
+}
+
+// discard reads a streaming leg's events until its goroutine closes them.
+// A leg handed over meanwhile is read to its end, and released: its
+// context is cancelled already, or will be (a Stop's abort cancels it once
+// the worker has it; until then the worker must not see a hang-up).
+func discard(lines <-chan decodeEvent) {
+	for ev := range lines {
+		if ev.own != nil {
+			_, _ = io.Copy(io.Discard, ev.own.br)
+			ev.own.release()
+		}
+	}
+}
+
+// takeLeg makes the decode leg handed over with a line the attempt's own,
+// and starts its watcher.
+func (s *pdStream) takeLeg(a *attempt, l *ownedLeg) {
+	quit := make(chan struct{})
+	a.leg, a.quit = l, quit
+	dDown, cancel := a.dDown, a.dCancel
+	s.r.bg.Add(1)
+	go func() {
+		defer s.r.bg.Done()
+		select {
+		case <-s.ctx.Done():
+		case <-dDown:
+		case <-s.r.stopping:
+		case <-quit:
+			return
+		}
+		if closed(quit) {
+			return // stopped first: the client's context ends with a Stop's answer too
+		}
+		cancel() // Recv's read ends; it answers for the cause
+	}()
+}
+
+// stopWatching stops the watcher of a decode leg handed over.
+func (a *attempt) stopWatching() {
+	if a.quit != nil {
+		close(a.quit)
+		a.quit = nil
+	}
 }
 
 // errCancelled is a leg's end because the router cancelled it (the
@@ -304,15 +437,14 @@ func (r *Router) runPrefill(ctx context.Context, w *fleet.Worker, payload []byte
 	return prefillResult{res: res}
 }
 
-func (r *Router) runDecode(ctx context.Context, w *fleet.Worker, payload []byte, out chan<- decodeEvent, more *atomic.Bool) {
-	r.runStream(ctx, w, workerapi.PathDecode, payload, out, more)
-}
-
 // runStream posts a streaming leg (decode or colocated generate) and sends
 // its NDJSON lines, decoded, to out, closing out at the end. more is set
 // while lines already read remain to be decoded (the reader of out then
-// waits for them before it flushes its own output).
-func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, payload []byte, out chan<- decodeEvent, more *atomic.Bool) {
+// waits for them before it flushes its own output). Once handover is set,
+// the next line that is not the last goes out with the leg itself (done
+// is then the new owner's to call) and runStream returns true.
+func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, payload []byte, out chan<- decodeEvent,
+	more, handover *atomic.Bool, done func()) (handed bool) {
 	defer close(out)
 	defer more.Store(false)
 	send := func(ev decodeEvent) bool {
@@ -323,45 +455,95 @@ func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, pa
 			return false
 		}
 	}
-	resp, e := r.post(ctx, w, path, payload)
+	resp, br, e := r.openStream(ctx, w, path, payload)
 	if e != nil {
 		send(decodeEvent{err: e})
-		return
+		return false
 	}
-	defer resp.Body.Close()
+	defer func() {
+		if !handed {
+			r.releaseStream(resp, br)
+		}
+	}()
+	for {
+		c, e, ok := r.nextLine(ctx, w, br)
+		if !ok {
+			return false // the leg was cancelled: nobody reads it
+		}
+		more.Store(lineBuffered(br))
+		ev := decodeEvent{chunk: c, err: e}
+		if e == nil && c.FinishReason == "" && handover.Load() {
+			ev.own = &ownedLeg{r: r, resp: resp, br: br, done: done}
+			if send(ev) {
+				return true
+			}
+			return false
+		}
+		if !send(ev) {
+			return false
+		}
+		if e == nil && c.FinishReason != "" {
+			drainStream(br)
+		}
+		if c.FinishReason != "" || e != nil {
+			return false
+		}
+	}
+}
+
+// openStream posts a streaming leg and returns its response, with a pooled
+// line reader on its body, once the worker answered 200; any other answer,
+// or none, is the error (errCancelled if ctx ended). releaseStream gives
+// both back.
+func (r *Router) openStream(ctx context.Context, w *fleet.Worker, path string, payload []byte) (*http.Response, *bufio.Reader, *workerapi.Error) {
+	resp, e := r.post(ctx, w, path, payload)
+	if e != nil {
+		return nil, nil, e
+	}
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, workerapi.MaxLineBytes))
-		send(decodeEvent{err: workerapi.DecodeError(resp.StatusCode, body)})
-		return
+		resp.Body.Close()
+		return nil, nil, workerapi.DecodeError(resp.StatusCode, body)
 	}
 	br, _ := r.readers.Get().(*bufio.Reader)
 	if br == nil {
 		br = bufio.NewReaderSize(nil, 4096)
 	}
 	br.Reset(resp.Body)
-	defer func() {
-		br.Reset(nil)
-		r.readers.Put(br)
-	}()
+	return resp, br, nil
+}
+
+// releaseStream closes a streaming leg's body and pools its reader.
+func (r *Router) releaseStream(resp *http.Response, br *bufio.Reader) {
+	resp.Body.Close()
+	br.Reset(nil)
+	r.readers.Put(br)
+}
+
+// nextLine reads and decodes the next line of a streaming leg from br. It
+// returns the line's chunk, or the leg's failure: the worker's error line,
+// a malformed or oversized line, or the stream broken off. When the read
+// fails because ctx ended it returns ok false instead (the caller knows
+// why it cancelled the leg).
+func (r *Router) nextLine(ctx context.Context, w *fleet.Worker, br *bufio.Reader) (c openai.Chunk, e *workerapi.Error, ok bool) {
 	var long []byte // a line longer than the reader's buffer
 	for {
 		frag, err := br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
 			if len(long)+len(frag) > workerapi.MaxLineBytes {
-				send(decodeEvent{err: r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong)})
-				return
+				return openai.Chunk{}, r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong), true
 			}
 			long = append(long, frag...)
 			continue
 		}
 		if err != nil { // the stream ended before its last line
+			if ctx.Err() != nil {
+				return openai.Chunk{}, nil, false
+			}
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
-			if ctx.Err() == nil {
-				send(decodeEvent{err: r.legError(w, outcome.WorkerStreamBroken, "broke off its stream", err)})
-			}
-			return
+			return openai.Chunk{}, r.legError(w, outcome.WorkerStreamBroken, "broke off its stream", err), true
 		}
 		lineb := frag
 		if long != nil {
@@ -373,28 +555,21 @@ func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, pa
 			continue
 		}
 		if len(lineb) > workerapi.MaxLineBytes {
-			send(decodeEvent{err: r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong)})
-			return
+			return openai.Chunk{}, r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong), true
 		}
 		line, err := workerapi.ParseStreamLine(lineb)
 		if err != nil {
-			send(decodeEvent{err: r.malformedAnswer(w, "sent a malformed stream line", err)})
-			return
+			return openai.Chunk{}, r.malformedAnswer(w, "sent a malformed stream line", err), true
 		}
-		c, e := line.Decode()
-		// A whole line already read follows this one.
-		next, _ := br.Peek(br.Buffered())
-		more.Store(bytes.IndexByte(next, '\n') >= 0)
-		if !send(decodeEvent{chunk: c, err: e}) {
-			return
-		}
-		if e == nil && c.FinishReason != "" {
-			drainStream(br)
-		}
-		if c.FinishReason != "" || e != nil {
-			return
-		}
+		c, e = line.Decode()
+		return c, e, true
 	}
+}
+
+// lineBuffered reports whether a whole line already read waits in br.
+func lineBuffered(br *bufio.Reader) bool {
+	next, _ := br.Peek(br.Buffered())
+	return bytes.IndexByte(next, '\n') >= 0
 }
 
 // StreamDrainTimeout bounds how long the end of a finished leg's HTTP
@@ -422,8 +597,7 @@ func endLeg(lines <-chan decodeEvent, cancel context.CancelFunc, finished bool) 
 	} else {
 		cancel()
 	}
-	for range lines {
-	}
+	discard(lines)
 	cancel()
 }
 
@@ -512,6 +686,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			a.pCancel()
 		}
 	}
+	a.stopWatching()
 	s.drain(a)
 	s.r.metrics.LegFailed(f.role, e.Outcome)
 	s.live.event(fmt.Sprintf("%s leg failed (gen %d): %s", f.role, a.gen, e.Message))
@@ -574,6 +749,32 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 	for {
 		a := s.a
 		var f failure
+		if a.leg != nil {
+			c, e, ok := s.r.nextLine(a.dctx, a.dw, a.leg.br)
+			switch {
+			case !ok: // the watcher cancelled the leg, or its timeout ended it
+				switch {
+				case s.ctx.Err() != nil:
+					return openai.Chunk{}, s.ctx.Err()
+				case closed(s.r.stopping):
+					s.closeWhy = "the router is shutting down"
+					return openai.Chunk{}, openai.Unavailable("the router is shutting down")
+				case closed(a.dDown):
+					f = failure{role: workerapi.RoleDecode, err: downError(workerapi.RoleDecode)}
+				default:
+					f = s.explain(a, workerapi.RoleDecode, malformed("decode stream closed"))
+				}
+			case e == nil:
+				return s.token(a, c), nil
+			default:
+				f = s.explain(a, workerapi.RoleDecode, e)
+			}
+			retried, err := s.failed(f)
+			if !retried {
+				return openai.Chunk{}, err
+			}
+			continue
+		}
 		pDown := a.pDown
 		if a.pDone {
 			pDown = nil // prefill's part is over; its worker may come and go
@@ -589,23 +790,17 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 				e = malformed("decode stream closed")
 			}
 			if e == nil {
-				c := ev.chunk
-				if len(c.Tokens) > 0 {
-					s.sent = true
-					s.live.tokens(len(c.Tokens))
-					s.pathWorked(a)
+				if ev.own != nil {
+					s.takeLeg(a, ev.own)
 				}
-				if c.FinishReason != "" {
-					s.finished, s.ended = true, true
-					s.r.metrics.Answered(outcome.OK)
-				}
-				return c, nil
+				return s.token(a, ev.chunk), nil
 			}
 			f = s.explain(a, workerapi.RoleDecode, e)
 		case p := <-a.prefill:
 			a.pDone = true
 			a.prefill = nil
 			if p.err == nil {
+				a.handover.Store(true) // decode may be read here from its next line on
 				continue
 			}
 			f = s.explain(a, workerapi.RolePrefill, p.err)
@@ -622,6 +817,20 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 			return openai.Chunk{}, err
 		}
 	}
+}
+
+// token accounts for a chunk of decode's that is returned to the client.
+func (s *pdStream) token(a *attempt, c openai.Chunk) openai.Chunk {
+	if len(c.Tokens) > 0 {
+		s.sent = true
+		s.live.tokens(len(c.Tokens))
+		s.pathWorked(a)
+	}
+	if c.FinishReason != "" {
+		s.finished, s.ended = true, true
+		s.r.metrics.Answered(outcome.OK)
+	}
+	return c
 }
 
 // awaitPrefillError waits up to PeerFailureGrace for the prefill leg's
@@ -654,6 +863,9 @@ func (s *pdStream) awaitDecodeError(a *attempt) *workerapi.Error {
 			switch {
 			case !ok:
 				return nil
+			case ev.own != nil:
+				a.dCancel()
+				ev.own.release()
 			case ev.err != nil:
 				return ev.err
 			}
@@ -677,6 +889,7 @@ func (s *pdStream) Stop() {
 		return
 	}
 	s.ended, s.stopped = true, true
+	s.a.stopWatching() // the client's context ends with the answer: it must not hang up the leg
 	s.r.metrics.Answered(outcome.OK)
 	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", outcome.Cause{}, s.a.dCancel)
 }
@@ -702,8 +915,19 @@ func (s *pdStream) Close() {
 			a.pCancel()
 		}
 	}
+	a.stopWatching()
 	if s.stopped {
 		s.drain(a) // Stop's abort hangs the leg up once the worker has it
+		return
+	}
+	if l := a.leg; l != nil {
+		if s.finished {
+			t := time.AfterFunc(StreamDrainTimeout, a.dCancel)
+			drainStream(l.br)
+			t.Stop()
+		}
+		a.dCancel()
+		l.release()
 		return
 	}
 	endLeg(a.lines, a.dCancel, s.finished)

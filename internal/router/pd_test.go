@@ -35,7 +35,7 @@ type testRouter struct {
 // newTestRouter starts a router over np prefill and nd decode workers (or,
 // with nc > 0, nc colocated workers), every leg succeeding until a test
 // scripts it otherwise. edit may change the config.
-func newTestRouter(t *testing.T, np, nd, nc int, edit func(*Config)) *testRouter {
+func newTestRouter(t testing.TB, np, nd, nc int, edit func(*Config)) *testRouter {
 	t.Helper()
 	net := &fakeNet{}
 	tr := &testRouter{net: net, reg: prometheus.NewRegistry()}
@@ -785,4 +785,113 @@ func TestBootstrapTimeoutProbedAndRetried(t *testing.T) {
 			t.Fatalf("frozen decode %+v, want it out after its probe", st)
 		}
 	})
+}
+
+// TestDecodeLegHandedOver: once prefill has answered, the decode leg is
+// read on the client's goroutine from its next line on (handed over by the
+// goroutine that read it until then). The tokens arrive in order and the
+// leg is uncounted at the end; the client leaving after the hand-over ends
+// the read at once and aborts decode; a stop string's abort reaches decode
+// before its leg is hung up, though the client's context ends right after
+// the Stop (as it does once the answer is written).
+func TestDecodeLegHandedOver(t *testing.T) {
+	for _, end := range []string{"finish", "client_gone", "stop"} {
+		t.Run(end, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, 1, 1, 0, nil)
+				defer tr.r.Close()
+				prefilled := make(chan struct{})
+				tr.prefill[0].setLeg(func(_ context.Context, b workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
+					w.prefillOK(b)
+					close(prefilled)
+				})
+				hungUpFirst := make(chan bool, 1)
+				tr.decode[0].setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+					tok := func(id int32, finish string) {
+						w.line(workerapi.StreamLine{TokenIDs: []int32{id}, Logprobs: []float32{-1}, FinishReason: finish})
+						w.rw.(http.Flusher).Flush()
+					}
+					tok(10, "")
+					<-prefilled
+					time.Sleep(time.Millisecond) // the bubble's clock: the router takes prefill's answer
+					tok(11, "")
+					if end != "finish" {
+						select {
+						case <-ab:
+							hungUpFirst <- false
+						case <-ctx.Done():
+							hungUpFirst <- true
+						}
+						return
+					}
+					time.Sleep(time.Millisecond)
+					tok(12, "length")
+				})
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				st, err := tr.r.Generate(ctx, &openai.GenerateRequest{RID: "rid", InputIDs: []int32{1, 2, 3}, MaxTokens: 3,
+					Sampling: model.SamplingParams{TopP: 1}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []int32
+				for len(got) < 2 {
+					c, err := st.Recv()
+					if err != nil {
+						t.Fatalf("after %v: %v", got, err)
+					}
+					for _, tk := range c.Tokens {
+						got = append(got, tk.ID)
+					}
+				}
+				if ps := st.(*measured).Stream.(*pdStream); ps.a.leg == nil {
+					t.Fatal("the decode leg was not handed over after prefill answered")
+				}
+				switch end {
+				case "finish":
+					c, err := st.Recv()
+					if err != nil || c.FinishReason != "length" {
+						t.Fatalf("last chunk %+v, %v", c, err)
+					}
+					got = append(got, c.Tokens[0].ID)
+					if !cmp.Equal(got, []int32{10, 11, 12}) {
+						t.Errorf("tokens %v", got)
+					}
+					st.Close()
+				case "client_gone":
+					cancel()
+					if _, err := st.Recv(); !errors.Is(err, context.Canceled) {
+						t.Fatalf("after the client left: %v", err)
+					}
+					st.Close()
+				case "stop":
+					st.Stop()
+					cancel() // the client's context ends with the answer, before Close
+					synctest.Wait()
+					st.Close()
+				}
+				synctest.Wait()
+				if end == "stop" {
+					if <-hungUpFirst {
+						t.Error("the decode leg was hung up before the stop abort reached it")
+					}
+				} else if end == "client_gone" {
+					<-hungUpFirst
+				}
+				if n := tr.r.Fleet().Workers("decode")[0].Legs(); n != 0 {
+					t.Errorf("%d decode legs still counted", n)
+				}
+				if end != "finish" {
+					_, aborts, _ := tr.decode[0].received()
+					want := workerapi.AbortClient
+					if end == "stop" {
+						want = workerapi.AbortStop
+					}
+					if len(aborts) != 1 || aborts[0].Reason != want {
+						t.Errorf("decode aborts %+v, want one %v", aborts, want)
+					}
+				}
+			})
+		})
+	}
 }

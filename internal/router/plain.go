@@ -1,10 +1,10 @@
 package router
 
 import (
+	"bufio"
 	"context"
-	"encoding/json"
 	"io"
-	"sync/atomic"
+	"net/http"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
@@ -15,32 +15,46 @@ import (
 
 // plainStream is one request on one colocated worker (the router's plain
 // mode): the worker's NDJSON stream relayed as an openai.Stream.
+//
+// The leg is read on the goroutine that calls Recv (the front end's, which
+// writes to the client): no goroutine and no channel hand-over per line.
+// What must end a blocked read — the client going away, the worker found
+// down, the router shutting down — cancels the leg's context from one
+// watcher goroutine per request, and Recv then answers as for that cause.
 type plainStream struct {
-	r        *Router
-	ctx      context.Context
-	w        *fleet.Worker
-	legDone  func() // uncounts the leg on the worker
-	rid      string
-	lines    chan decodeEvent
-	cancel   context.CancelFunc
-	down     <-chan struct{} // closed when the worker is found down
-	live     *liveRequest    // what /debug/requests shows
+	r       *Router
+	ctx     context.Context
+	w       *fleet.Worker
+	legDone func() // uncounts the leg on the worker
+	rid     string
+	payload []byte
+	lctx    context.Context // the leg's
+	cancel  context.CancelFunc
+	down    <-chan struct{} // closed when the worker is found down
+	// quit stops the watcher (Stop and Close close it; quitted says so).
+	quit    chan struct{}
+	quitted bool
+	live    *liveRequest // what /debug/requests shows
+	// resp and br are the leg's answer and its line reader, once posted.
+	resp     *http.Response
+	br       *bufio.Reader
+	posted   bool // the leg was sent (its answer may have failed)
 	ended    bool
 	stopped  bool // Stop ended it: its abort cancels the leg
 	finished bool
 	shutdown bool // the router stopped the request: its answer was a 503
 	// dispatched is when the request was sent to its worker.
 	dispatched time.Time
-	// more is set while lines already read wait to be decoded.
-	more atomic.Bool
 }
 
 // generatePlain sends a whole request to the next healthy colocated worker.
 // It is not retried: the worker's failure, or its going down, is the
 // answer (plain mode is the baseline that disaggregation is compared with).
+// The leg is posted on the first Recv.
 func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, req *PickRequest) (openai.Stream, *openai.Error) {
-	payload, err := json.Marshal(workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
-		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered})
+	body := workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
+		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered}
+	payload, err := body.AppendJSON(nil)
 	if err != nil {
 		return nil, openai.Internal("encode request: %v", err)
 	}
@@ -49,17 +63,34 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 		return nil, e
 	}
 	lctx, cancel := r.withTimeout(context.Background(), LegTimeout)
-	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, lines: make(chan decodeEvent, 16), cancel: cancel, down: w.Down(),
-		legDone: r.legStarted(w, legTokens(workerapi.RoleColocated, req)), dispatched: r.clock.Now()}
+	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, payload: payload, lctx: lctx, cancel: cancel, down: w.Down(),
+		quit: make(chan struct{}), legDone: r.legStarted(w, legTokens(workerapi.RoleColocated, req)), dispatched: r.clock.Now()}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	s.live.attempt(1, w.URL(), "sent to a colocated worker")
 	r.bg.Add(1)
 	go func() {
 		defer r.bg.Done()
-		defer s.legDone()
-		r.runStream(lctx, w, workerapi.PathGenerate, payload, s.lines, &s.more)
+		select {
+		case <-ctx.Done():
+		case <-s.down:
+		case <-r.stopping:
+		case <-s.quit:
+			return
+		}
+		if closed(s.quit) {
+			return // stopped first: the client's context ends with a Stop's answer too
+		}
+		cancel() // Recv's read ends; it answers for the cause
 	}()
 	return s, nil
+}
+
+// stopWatching stops the watcher goroutine.
+func (s *plainStream) stopWatching() {
+	if !s.quitted {
+		s.quitted = true
+		close(s.quit)
+	}
 }
 
 // Recv relays the worker's tokens.
@@ -67,41 +98,76 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 	if s.finished {
 		return openai.Chunk{}, io.EOF
 	}
-	select {
-	case ev, ok := <-s.lines:
-		e := ev.err
-		if !ok {
-			e = malformed("worker stream closed")
+	if s.ended {
+		return openai.Chunk{}, malformed("worker stream closed")
+	}
+	var (
+		c  openai.Chunk
+		e  *workerapi.Error
+		ok = true
+	)
+	if !s.posted {
+		s.posted = true
+		s.resp, s.br, e = s.r.openStream(s.lctx, s.w, workerapi.PathGenerate, s.payload)
+		if e != nil && s.lctx.Err() != nil {
+			ok = false
 		}
-		if e != nil {
-			s.ended = true
-			s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
-			s.r.metrics.Answered(e.Outcome)
-			if e.Outcome == outcome.Overloaded {
-				s.r.markOverloaded(s.w)
-				s.r.metrics.Shed(ShedWorkerOverloaded.String())
-			}
-			return openai.Chunk{}, e
-		}
-		c := ev.chunk
-		s.live.tokens(len(c.Tokens))
-		if c.FinishReason != "" {
-			s.finished, s.ended = true, true
-			s.r.metrics.Answered(outcome.OK)
-		}
-		return c, nil
-	case <-s.down:
+	}
+	if e == nil && ok {
+		c, e, ok = s.r.nextLine(s.lctx, s.w, s.br)
+	}
+	if !ok { // the watcher cancelled the leg, or its timeout ended it
+		return s.interrupted()
+	}
+	if e != nil {
 		s.ended = true
-		e := downError(workerapi.RoleColocated)
 		s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
 		s.r.metrics.Answered(e.Outcome)
-		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "the router found the worker down", outcome.Cause{}, nil)
+		if e.Outcome == outcome.Overloaded {
+			s.r.markOverloaded(s.w)
+			s.r.metrics.Shed(ShedWorkerOverloaded.String())
+		}
 		return openai.Chunk{}, e
-	case <-s.ctx.Done():
+	}
+	s.live.tokens(len(c.Tokens))
+	if c.FinishReason != "" {
+		s.finished, s.ended = true, true
+		s.r.metrics.Answered(outcome.OK)
+	}
+	return c, nil
+}
+
+// interrupted answers a read that ended because the leg's context did:
+// the client went away, the router is shutting down, or the worker was
+// found down (else the leg's own timeout ran out).
+func (s *plainStream) interrupted() (openai.Chunk, error) {
+	switch {
+	case s.ctx.Err() != nil:
 		return openai.Chunk{}, s.ctx.Err()
-	case <-s.r.stopping:
+	case closed(s.r.stopping):
 		s.shutdown = true
 		return openai.Chunk{}, openai.Unavailable("the router is shutting down")
+	}
+	s.ended = true
+	var e *workerapi.Error
+	if closed(s.down) {
+		e = downError(workerapi.RoleColocated)
+		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "the router found the worker down", outcome.Cause{}, nil)
+	} else {
+		e = malformed("worker stream closed")
+	}
+	s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
+	s.r.metrics.Answered(e.Outcome)
+	return openai.Chunk{}, e
+}
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -111,13 +177,17 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 func (s *plainStream) Stop() {
 	if !s.ended {
 		s.ended, s.stopped = true, true
+		s.stopWatching() // the client's context ends with the answer: it must not hang up the leg
 		s.r.metrics.Answered(outcome.OK)
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", outcome.Cause{}, s.cancel)
 	}
 }
 
 // Close aborts the request if it has not ended and releases the stream.
+// A leg that sent its last line is left StreamDrainTimeout to end its
+// response, so its connection goes back to the pool; any other is hung up.
 func (s *plainStream) Close() {
+	s.stopWatching()
 	s.r.untrack(s.live)
 	if !s.ended {
 		s.ended = true
@@ -126,20 +196,38 @@ func (s *plainStream) Close() {
 		} else {
 			s.r.metrics.Answered(outcome.AbortedClient)
 		}
-		// Both the abort and the hang-up read as the client leaving.
-		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "client disconnected", outcome.Cause{}, nil)
+		if s.posted {
+			// Both the abort and the hang-up read as the client leaving.
+			s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "client disconnected", outcome.Cause{}, nil)
+		}
+	}
+	if s.resp == nil {
+		s.cancel()
+		s.legDone()
+		return
 	}
 	if s.stopped {
+		// Stop's abort hangs the leg up once the worker has it; until then
+		// the leg is read (and its lines dropped) so the worker is not cut
+		// off first.
+		resp, br := s.resp, s.br
 		s.r.bg.Add(1)
-		go func() { // Stop's abort hangs the leg up once the worker has it
+		go func() {
 			defer s.r.bg.Done()
-			for range s.lines {
-			}
+			defer s.legDone()
+			_, _ = io.Copy(io.Discard, br)
+			s.r.releaseStream(resp, br)
 		}()
 		return
 	}
-	endLeg(s.lines, s.cancel, s.finished)
-	// The leg is over: uncount it now rather than when its goroutine gets
-	// to it, so a client's next request sees the worker's true load.
+	if s.finished {
+		t := time.AfterFunc(StreamDrainTimeout, s.cancel)
+		drainStream(s.br)
+		t.Stop()
+	}
+	s.cancel()
+	s.r.releaseStream(s.resp, s.br)
+	// The leg is over: uncount it now, so a client's next request sees
+	// the worker's true load.
 	s.legDone()
 }

@@ -516,7 +516,7 @@ func (r *Router) Handler() http.Handler {
 	oa := openai.NewHandler(openai.Config{
 		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen, VocabSize: r.cfg.VocabSize,
 		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log, ContextNow: r.contextLen, Now: r.clock.Now,
-		OnAnswer: r.frontend.Answer,
+		OnAnswer: r.frontend.Answer, Admit: r.Admit,
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", oa)

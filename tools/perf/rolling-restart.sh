@@ -27,7 +27,7 @@ start() { # name
   [[ $role == prefill ]] && args=(--kv-port "${kv[$name]}")
   "$bin" "$role" --port "${port[$name]}" "${args[@]}" "${common[@]}" >"$out/$name.log" 2>&1 &
   pid[$name]=$!
-  until grep -q '^ready$' "$out/$name.log"; do sleep 0.1; done
+  until grep -qs '^ready$' "$out/$name.log"; do sleep 0.1; done
 }
 cleanup() { kill "${pid[@]}" "${rpid:-}" 2>/dev/null || true; }
 trap cleanup EXIT
@@ -35,7 +35,7 @@ for w in prefill-0 prefill-1 decode-0 decode-1; do start "$w"; done
 "$bin" router --port 31200 --prefill http://127.0.0.1:31000,http://127.0.0.1:31001 \
   --decode http://127.0.0.1:31010,http://127.0.0.1:31011 --health-interval 250ms "${sim[@]}" >"$out/router.log" 2>&1 &
 rpid=$!
-until grep -q '^ready$' "$out/router.log"; do sleep 0.1; done
+until grep -qs '^ready$' "$out/router.log"; do sleep 0.1; done
 ready() { # url: wait until the router lists it ready
   until curl -s http://127.0.0.1:31200/workers | jq -e --arg u "$1" '.workers[] | select(.url == $u and .state == "ready")' >/dev/null; do
     sleep 0.1

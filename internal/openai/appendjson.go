@@ -159,16 +159,21 @@ func appendUsage(b []byte, u *Usage) []byte {
 
 const hexDigits = "0123456789abcdef"
 
-// appendJSONString appends s as a JSON string the way encoding/json does
-// with HTML escaping off: `"` and `\` escaped, \b \f \n \r \t short, other
-// control characters as \u00XX, invalid UTF-8 as \ufffd, and U+2028 and
-// U+2029 as \u2028 and \u2029 (encoding/json's appendString).
-func appendJSONString(b []byte, s string) []byte {
+// appendJSONString is AppendJSONString with HTML escaping off, as the
+// stream encoder (json.Encoder with SetEscapeHTML(false)) writes.
+func appendJSONString(b []byte, s string) []byte { return AppendJSONString(b, s, false) }
+
+// AppendJSONString appends s as a JSON string the way encoding/json does:
+// `"` and `\` escaped, \b \f \n \r \t short, other control characters as
+// \u00XX, invalid UTF-8 as \ufffd, U+2028 and U+2029 as \u2028 and \u2029
+// (encoding/json's appendString), and with escapeHTML also <, > and & as
+// \u003c, \u003e and \u0026 (what json.Marshal writes).
+func AppendJSONString(b []byte, s string, escapeHTML bool) []byte {
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); {
 		if c := s[i]; c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
+			if c >= 0x20 && c != '"' && c != '\\' && (!escapeHTML || (c != '<' && c != '>' && c != '&')) {
 				i++
 				continue
 			}

@@ -77,7 +77,7 @@ func (f *internalFlags) add(fs *pflag.FlagSet, withTLS bool, secretUsage string)
 }
 
 // secretUsage is --internal-secret's help on a worker or router.
-const secretUsage = "the fleet's shared secret (at least 16 bytes; e.g. `openssl rand -hex 32`; same on the router and every worker): the router signs every worker API request with it and workers prove it to each other on the KV channel; it never travels"
+const secretUsage = "the fleet's shared secret (at least 16 bytes; e.g. from openssl rand -hex 32; same on the router and every worker): the router signs every worker API request with it and workers prove it to each other on the KV channel; it never travels"
 
 // options validates the flags: the secret (checked for length) and the
 // internal TLS source (nil without --internal-tls-*).

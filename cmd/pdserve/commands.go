@@ -151,6 +151,8 @@ stops at once, answering what is left with an error (exit status 1).`,
 			if err := pf.apply(&rt); err != nil {
 				return err
 			}
+			// The router's legs outlast the workers' own cap on a request.
+			rt.LegTimeout = max(rt.LegTimeout, wo.Machine.MaxRequestTime+time.Minute)
 			frontTLS, fd, err := fdf.options(log)
 			if err != nil {
 				return err

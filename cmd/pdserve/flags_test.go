@@ -107,6 +107,12 @@ func TestPairingFlags(t *testing.T) {
 		rt.CacheAware != (router.CacheAwareConfig{Weight: 2.5, MaxPages: 4096, TTL: 90 * time.Second}) {
 		t.Fatalf("cache_aware: %+v %v", rt, err)
 	}
+	if rt.LegTimeout != router.DefaultLegTimeout {
+		t.Fatalf("leg timeout default: %v", rt.LegTimeout)
+	}
+	if rt, err = parse([]string{"--leg-timeout", "45m"}, nil); err != nil || rt.LegTimeout != 45*time.Minute {
+		t.Fatalf("--leg-timeout 45m: %v %v", rt.LegTimeout, err)
+	}
 	for _, bad := range [][]string{
 		{"--prefill-policy", "random"},
 		{"--decode-policy", "prefix"},
@@ -119,6 +125,7 @@ func TestPairingFlags(t *testing.T) {
 		{"--load-staleness", "10ms"},
 		{"--pair-breaker-failures", "0"},
 		{"--max-inflight-requests", "-1"},
+		{"--leg-timeout", "0s"},
 	} {
 		if _, err := parse(bad, nil); err == nil {
 			t.Errorf("%v accepted", bad)

@@ -190,6 +190,7 @@ type pairingFlags struct {
 	adm                         router.Admission
 	breakerFailures             int
 	breakerCooldown             time.Duration
+	legTimeout                  time.Duration
 }
 
 func (f *pairingFlags) add(fs *pflag.FlagSet) {
@@ -211,6 +212,7 @@ func (f *pairingFlags) add(fs *pflag.FlagSet) {
 	fs.IntVar(&f.adm.MaxInflight, "max-inflight-requests", 0, "requests the router serves at once; more are answered 429 with Retry-After (0: no bound)")
 	fs.DurationVar(&f.adm.RetryAfter, "overload-retry-after", d.RetryAfter, "Retry-After of the router's 429 answers")
 	fs.IntVar(&f.breakerFailures, "pair-breaker-failures", router.DefaultBreakerFailures, "consecutive KV handshake or transfer failures of a (prefill, decode) pair that open its breaker")
+	fs.DurationVar(&f.legTimeout, "leg-timeout", router.DefaultLegTimeout, "the router's cap on each exchange with a worker; must exceed the workers' --max-request-time (up raises it to that plus a minute)")
 	fs.DurationVar(&f.breakerCooldown, "pair-breaker-cooldown", router.DefaultBreakerCooldown, "how long an open pair is skipped before one request probes it")
 }
 
@@ -227,6 +229,8 @@ func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
 		return usagef("--load-staleness (%s) must not be shorter than --load-interval (%s)", f.loadStaleness, f.loadInterval)
 	case f.breakerFailures < 1 || f.breakerCooldown <= 0:
 		return usagef("--pair-breaker-failures must be at least 1 and --pair-breaker-cooldown positive")
+	case f.legTimeout <= 0:
+		return usagef("--leg-timeout must be positive")
 	case f.adm.RetryAfter <= 0:
 		return usagef("--overload-retry-after must be positive")
 	case !(f.cacheAware.Weight > 0) || math.IsInf(f.cacheAware.Weight, 0):
@@ -239,6 +243,6 @@ func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
 	}
 	adm := f.adm
 	*t = cluster.RouterTuning{PrefillPolicy: f.prefillPolicy, DecodePolicy: f.decodePolicy, CacheAware: f.cacheAware, LoadInterval: f.loadInterval,
-		LoadStaleness: f.loadStaleness, Admission: &adm, BreakerFailures: f.breakerFailures, BreakerCooldown: f.breakerCooldown}
+		LoadStaleness: f.loadStaleness, Admission: &adm, BreakerFailures: f.breakerFailures, BreakerCooldown: f.breakerCooldown, LegTimeout: f.legTimeout}
 	return nil
 }

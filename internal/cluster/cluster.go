@@ -436,6 +436,8 @@ type RouterTuning struct {
 	// BreakerFailures and BreakerCooldown tune the KV path breakers.
 	BreakerFailures int
 	BreakerCooldown time.Duration
+	// LegTimeout bounds a leg's exchange with a worker (0: the default).
+	LegTimeout time.Duration
 }
 
 // WorkerClient returns the HTTP client a router with secret and
@@ -492,7 +494,7 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
 		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
 		CacheAware: o.CacheAware, LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
-		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown,
+		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown, LegTimeout: o.LegTimeout,
 		Logger: o.Logger, Registerer: reg, Gatherer: reg,
 		Guard: func(h http.Handler, answer func(string, int, string)) http.Handler {
 			return guardFrontDoor(h, o.FrontDoor, answer)

@@ -24,6 +24,7 @@ const (
 // liveRequest is a request the router serves, as /debug/requests lists it.
 type liveRequest struct {
 	clock        clock.PassiveClock
+	legTimeout   time.Duration // Config.LegTimeout: the deadline /debug/requests shows
 	mu           sync.Mutex
 	rid, room    string
 	gen          uint32
@@ -64,7 +65,7 @@ func (lr *liveRequest) event(what string) {
 // stream and dropped by untrack.
 func (r *Router) track(rid, room string, promptTokens int) *liveRequest {
 	now := r.clock.Now()
-	lr := &liveRequest{clock: r.clock, rid: rid, room: room, arrived: now, stage: stageLegs, stageSince: now,
+	lr := &liveRequest{clock: r.clock, legTimeout: r.cfg.LegTimeout, rid: rid, room: room, arrived: now, stage: stageLegs, stageSince: now,
 		attemptStart: now, promptTokens: promptTokens}
 	r.liveMu.Lock()
 	r.live[lr] = struct{}{}
@@ -117,7 +118,7 @@ func (lr *liveRequest) info(now time.Time, history bool) workerapi.RequestInfo {
 	defer lr.mu.Unlock()
 	ri := workerapi.RequestInfo{RID: lr.rid, Room: lr.room, Gen: lr.gen, Stage: lr.stage,
 		AgeSeconds: now.Sub(lr.arrived).Seconds(), InStageSecs: now.Sub(lr.stageSince).Seconds(),
-		DeadlineLeft: (LegTimeout - now.Sub(lr.attemptStart)).Seconds(), DeadlineKind: "request", PeerAddr: lr.peers,
+		DeadlineLeft: (lr.legTimeout - now.Sub(lr.attemptStart)).Seconds(), DeadlineKind: "request", PeerAddr: lr.peers,
 		PromptTokens: lr.promptTokens, OutputTokens: lr.outputTokens, LastEvent: lr.last}
 	if lr.gen > 1 {
 		ri.Retries = int(lr.gen) - 1

@@ -19,9 +19,11 @@ import (
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
-// LegTimeout bounds a leg's HTTP exchange; workers end requests well before
-// (their --max-request-time), so it only matters if a worker hangs.
-const LegTimeout = 15 * time.Minute
+// DefaultLegTimeout is Config.LegTimeout's default: a leg's HTTP exchange
+// ends after it; workers end requests well before (their
+// --max-request-time, 10 min by default), so it only matters if a worker
+// hangs.
+const DefaultLegTimeout = 15 * time.Minute
 
 type prefillResult struct {
 	res workerapi.PrefillResult
@@ -266,8 +268,8 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	}
 	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1),
 		pDown: pw.Down(), dDown: dw.Down(), probe: probe}
-	pctx, pcancel := r.withTimeout(context.Background(), LegTimeout)
-	dctx, dcancel := r.withTimeout(context.Background(), LegTimeout)
+	pctx, pcancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
+	dctx, dcancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
 	a.pCancel, a.dCancel, a.dctx = pcancel, dcancel, dctx
 	r.bg.Add(2)
 	pLeg := r.legStarted(pw, legTokens(workerapi.RolePrefill, &s.req))

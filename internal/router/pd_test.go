@@ -563,8 +563,8 @@ func TestRequestsOnInjectedClock(t *testing.T) {
 		}
 		ri := list[0]
 		if ri.RID != "rid" || ri.Stage != stageStreaming || ri.AgeSeconds != 5 || ri.InStageSecs != 5 ||
-			ri.DeadlineLeft != (LegTimeout-5*time.Second).Seconds() || ri.OutputTokens != 1 {
-			t.Fatalf("request %+v, want streaming, 5s old, %s left", ri, LegTimeout-5*time.Second)
+			ri.DeadlineLeft != (DefaultLegTimeout-5*time.Second).Seconds() || ri.OutputTokens != 1 {
+			t.Fatalf("request %+v, want streaming, 5s old, %s left", ri, DefaultLegTimeout-5*time.Second)
 		}
 		close(release)
 		if a := <-done; a.err != nil || !cmp.Equal(a.tokens, []int32{10, 10, 11, 12}) {

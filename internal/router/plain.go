@@ -62,7 +62,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 	if e != nil {
 		return nil, e
 	}
-	lctx, cancel := r.withTimeout(context.Background(), LegTimeout)
+	lctx, cancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
 	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, payload: payload, lctx: lctx, cancel: cancel, down: w.Down(),
 		quit: make(chan struct{}), legDone: r.legStarted(w, legTokens(workerapi.RoleColocated, req)), dispatched: r.clock.Now()}
 	s.live = r.track(g.RID, "", len(g.InputIDs))

@@ -112,6 +112,11 @@ type Config struct {
 	// pair open its breaker for BreakerCooldown (defaults 3 and 10 s).
 	BreakerFailures int
 	BreakerCooldown time.Duration
+	// LegTimeout bounds each leg's HTTP exchange with a worker (default
+	// DefaultLegTimeout, 15 min). Workers end a request at their own
+	// --max-request-time, so it only matters when a worker hangs; it must
+	// be longer than the workers' --max-request-time.
+	LegTimeout time.Duration
 	// AbortTimeout bounds each abort call to a worker (default 2 s).
 	AbortTimeout time.Duration
 	// MaxAttempts bounds the attempts of one request (default 2: one
@@ -249,6 +254,9 @@ func New(cfg Config) (*Router, error) {
 	}
 	if cfg.BreakerCooldown <= 0 {
 		cfg.BreakerCooldown = DefaultBreakerCooldown
+	}
+	if cfg.LegTimeout <= 0 {
+		cfg.LegTimeout = DefaultLegTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

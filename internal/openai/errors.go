@@ -270,6 +270,11 @@ func DecodeError(status int, body []byte) *Error {
 	return e
 }
 
+// CodeAbortedClient is the code an answer is counted with (Config.OnAnswer)
+// when its client went away after the 200 of a stream: outcome
+// aborted_client. It is never sent to a client.
+const CodeAbortedClient = "aborted_client"
+
 // Codes given by codeOf to error answers that carry no code of their own.
 const (
 	CodeInvalidRequest       = "invalid_request"

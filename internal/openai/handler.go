@@ -510,10 +510,18 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 	sse := sseWriter{w: w, rc: rc, h: rs.h}
 	pending, _ := stream.(Pender)
 	promptSent := false
+	// gone is the outcome when the client went away; after the 200 the
+	// answer is counted with the code aborted_client (before it, as a 499).
+	gone := func() string {
+		if sse.started {
+			noteCode(w, CodeAbortedClient)
+		}
+		return "client gone"
+	}
 	for !rs.out.finished {
 		if err := rs.recv(ctx, stream); err != nil {
 			if ctx.Err() != nil {
-				return "client gone"
+				return gone()
 			}
 			if !sse.started {
 				rs.h.failTimed(w, rs.endpoint(), rs.rid, err, rs.received)
@@ -540,7 +548,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 				}
 				promptSent = true
 				if sse.send(first) != nil {
-					return "client gone"
+					return gone()
 				}
 			}
 		}
@@ -579,7 +587,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 		// or the stream is over (usage and [DONE] follow at once).
 		flush := !rs.out.finished && (pending == nil || !pending.Pending())
 		if sse.event(ev, flush) != nil {
-			return "client gone"
+			return gone()
 		}
 	}
 	if rs.req.includeUsage {
@@ -592,11 +600,11 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 				Model: rs.h.cfg.ModelName, Choices: []CompletionChoice{}, Usage: rs.usage()}
 		}
 		if sse.event(ev, false) != nil { // [DONE] follows and flushes
-			return "client gone"
+			return gone()
 		}
 	}
 	if sse.done() != nil {
-		return "client gone"
+		return gone()
 	}
 	return rs.out.finish
 }

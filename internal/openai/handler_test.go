@@ -392,7 +392,12 @@ func TestClientDisconnect(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			eng := newFakeEngine(Chunk{Tokens: toks("Hi")}, Chunk{Tokens: toks("!"), FinishReason: "length"})
 			eng.blockAt = 1 // Recv blocks after the first chunk until the request ctx ends
-			srv := newServer(t, eng)
+			answers := make(chan string, 1)
+			srv := newServer(t, eng, func(c *Config) {
+				c.OnAnswer = func(endpoint string, status int, code string) {
+					answers <- fmt.Sprintf("%s %d %s", endpoint, status, code)
+				}
+			})
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
 			body := `{"prompt":"x","stream":false}`
@@ -432,6 +437,20 @@ func TestClientDisconnect(t *testing.T) {
 				}
 			}
 			checkClosed(t, s, 0)
+			// Counted as the client saw it: a 499 before any output; after
+			// the stream's 200, a 200 with the code aborted_client.
+			want := "completions 499 "
+			if stream {
+				want = "completions 200 " + CodeAbortedClient
+			}
+			select {
+			case got := <-answers:
+				if got != want {
+					t.Fatalf("answer counted as %q, want %q", got, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no answer counted")
+			}
 		})
 	}
 }

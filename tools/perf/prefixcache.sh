@@ -11,7 +11,9 @@
 # 256-token message and 128 output tokens a turn; the prefill workers' KV
 # bytes sent are scraped before and after it.
 # Usage: tools/perf/prefixcache.sh [OUT]   (OUT default docs/perf/prefixcache)
-# CONFIGS, PROMPTS, RATE, CONVS, TURNS, CHAT_RATE override the defaults.
+# CONFIGS, PROMPTS, RATE, CONVS, TURNS, CHAT_RATE override the defaults; CHAT_FLAGS adds
+# bench flags to the multi-turn run (e.g. --ignore-eos=false), ROUTER_FLAGS router flags
+# (e.g. --cache-aware-weight 4).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-${1:-docs/perf/prefixcache}}
@@ -27,6 +29,7 @@ B=/tmp/pdserve-prefixcache
 mkdir -p "$OUT"
 go build -o "$B" ./cmd/pdserve
 lscpu | grep -E '^Model name' || true
+echo "start: $(date -u +%FT%TZ) $(uptime)"
 PIDS=()
 stop_all() { for p in "${PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; PIDS=(); }
 trap stop_all EXIT
@@ -45,7 +48,7 @@ start_fleet() { # $1: worker flags, $2: policy
   for p in 18940 18941 18942 18943; do wait_up $p; done
   "$B" router --port 18949 --prefill http://127.0.0.1:18940,http://127.0.0.1:18941 \
     --decode http://127.0.0.1:18942,http://127.0.0.1:18943 --prefill-policy "$2" --decode-policy "$2" \
-    "${SIM[@]}" > "$OUT/router.log" 2>&1 & PIDS+=($!)
+    "${SIM[@]}" ${ROUTER_FLAGS:-} > "$OUT/router.log" 2>&1 & PIDS+=($!)
   wait_up 18949
   sleep 2 # every worker ready (two passing health checks)
 }
@@ -66,8 +69,9 @@ for cfg in $CONFIGS; do
   before=$(kv_sent)
   "$B" bench --base-url http://127.0.0.1:18949 --endpoint chat --multi-turn "$TURNS" --num-prompts "$CONVS" \
     --random-input-len 256 --random-output-len 128 --request-rate "$CHAT_RATE" --seed 1 --warmup 0 \
-    --progress=false --output "$OUT/chat-$cfg.json" > "$OUT/chat-$cfg.txt"
+    ${CHAT_FLAGS:-} --progress=false --output "$OUT/chat-$cfg.json" > "$OUT/chat-$cfg.txt"
   echo $(( $(kv_sent) - before )) > "$OUT/chat-$cfg.kvbytes"
+  for p in 18940 18941 18942 18943; do curl -s "http://127.0.0.1:$p/metrics" | sed -n "s|^\(pdserve_prefix_cache_[a-z_]*total{.*}\)|$p \1|p"; done > "$OUT/chat-$cfg.cache.metrics"
   stop_all
 done
 {
@@ -84,4 +88,5 @@ done
       "| \($c) | \($kv) | \($t[0].input_tokens) | \(([$t[1:][].cached_tokens] | add) / ([$t[1:][].input_tokens] | add) * 1000 | floor / 10)% |"' "$OUT/chat-$cfg.json"
   done
 } | tee "$OUT/table.md"
+echo "end: $(date -u +%FT%TZ) $(uptime)" | tee -a "$OUT/table.md"
 rm -f "$OUT"/*.log

@@ -626,6 +626,11 @@ func chatMessages(ws []ChatMessage) ([]model.Message, error) {
 		if m.Role == "" {
 			return nil, BadRequest("messages", "messages[%d].role is required", i)
 		}
+		// Only an assistant message may go without content (OpenAI's rule:
+		// one that made tool calls); every other role must say something.
+		if m.Role != "assistant" && isNull(m.Content) {
+			return nil, BadRequest("messages", "messages[%d].content is required for role %s", i, m.Role)
+		}
 		content, err := messageContent(i, m.Content)
 		if err != nil {
 			return nil, err

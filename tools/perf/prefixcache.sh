@@ -13,7 +13,10 @@
 # Usage: tools/perf/prefixcache.sh [OUT]   (OUT default docs/perf/prefixcache)
 # CONFIGS, PROMPTS, RATE, CONVS, TURNS, CHAT_RATE override the defaults; CHAT_FLAGS adds
 # bench flags to the multi-turn run (e.g. --ignore-eos=false), ROUTER_FLAGS router flags
-# (e.g. --cache-aware-weight 4).
+# (e.g. --cache-aware-weight 4). WORKER_FLAGS adds flags to every worker, PREFILL_FLAGS and
+# DECODE_FLAGS to one role's (after WORKER_FLAGS, so they win), e.g. PREFILL_FLAGS="--kv-cache-memory
+# 80MiB" for a pool that holds only part of the 16 prefixes. WORKLOADS (default "shared chat") picks
+# the workloads; the workers' KV page and eviction counters are scraped after the shared-prefix run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-${1:-docs/perf/prefixcache}}
@@ -23,6 +26,10 @@ RATE=${RATE:-8}
 CONVS=${CONVS:-32}
 TURNS=${TURNS:-8}
 CHAT_RATE=${CHAT_RATE:-2}
+WORKLOADS=${WORKLOADS:-shared chat}
+WORKER_FLAGS=${WORKER_FLAGS:-}
+PREFILL_FLAGS=${PREFILL_FLAGS:-}
+DECODE_FLAGS=${DECODE_FLAGS:-}
 SLO=(--slo-ttft "${SLO_TTFT:-1s}" --slo-tpot "${SLO_TPOT:-50ms}")
 SIM=(--sim-profile h100-llama3-8b --log-level warn)
 B=/tmp/pdserve-prefixcache
@@ -40,11 +47,11 @@ kv_sent() {
     awk '/^pdserve_kv_transfer_bytes_total\{.*direction="sent"/ {s += $2} END {printf "%.0f\n", s}'
 }
 start_fleet() { # $1: worker flags, $2: policy
-  local wf=($1)
-  "$B" prefill --port 18940 --kv-port 18950 "${SIM[@]}" "${wf[@]}" > "$OUT/p0.log" 2>&1 & PIDS+=($!)
-  "$B" prefill --port 18941 --kv-port 18951 "${SIM[@]}" "${wf[@]}" > "$OUT/p1.log" 2>&1 & PIDS+=($!)
-  "$B" decode --port 18942 "${SIM[@]}" "${wf[@]}" > "$OUT/d0.log" 2>&1 & PIDS+=($!)
-  "$B" decode --port 18943 "${SIM[@]}" "${wf[@]}" > "$OUT/d1.log" 2>&1 & PIDS+=($!)
+  local wf=($1 $WORKER_FLAGS) pf=($PREFILL_FLAGS) df=($DECODE_FLAGS)
+  "$B" prefill --port 18940 --kv-port 18950 "${SIM[@]}" "${wf[@]}" "${pf[@]}" > "$OUT/p0.log" 2>&1 & PIDS+=($!)
+  "$B" prefill --port 18941 --kv-port 18951 "${SIM[@]}" "${wf[@]}" "${pf[@]}" > "$OUT/p1.log" 2>&1 & PIDS+=($!)
+  "$B" decode --port 18942 "${SIM[@]}" "${wf[@]}" "${df[@]}" > "$OUT/d0.log" 2>&1 & PIDS+=($!)
+  "$B" decode --port 18943 "${SIM[@]}" "${wf[@]}" "${df[@]}" > "$OUT/d1.log" 2>&1 & PIDS+=($!)
   for p in 18940 18941 18942 18943; do wait_up $p; done
   "$B" router --port 18949 --prefill http://127.0.0.1:18940,http://127.0.0.1:18941 \
     --decode http://127.0.0.1:18942,http://127.0.0.1:18943 --prefill-policy "$2" --decode-policy "$2" \
@@ -57,13 +64,18 @@ for cfg in $CONFIGS; do
     nocache) wflags=--disable-prefix-cache; pol=least_load ;;
     *) wflags=; pol=$cfg ;;
   esac
+  if [[ " $WORKLOADS " == *" shared "* ]]; then
   echo "== $cfg: shared prefix"
   start_fleet "$wflags" "$pol"
   "$B" bench --base-url http://127.0.0.1:18949 --dataset shared-prefix --num-prefixes 16 --shared-prefix-len 2048 \
     --suffix-len 128 --random-output-len 128 --num-prompts "$PROMPTS" --request-rate "$RATE" --seed 1 "${SLO[@]}" \
     --progress=false --output "$OUT/shared-$cfg.json" > "$OUT/shared-$cfg.txt"
   curl -s http://127.0.0.1:18949/metrics | grep -E '^pdserve_router_(selections|prefix_.*)_total' > "$OUT/router-$cfg.metrics" || true
+  for p in 18940 18941 18942 18943; do curl -s "http://127.0.0.1:$p/metrics" |
+    sed -n "s#^\(pdserve_\(kv_pages\|prefix_cache_[a-z_]*total\){.*}\)#$p \1#p"; done > "$OUT/shared-$cfg.cache.metrics"
   stop_all
+  fi
+  [[ " $WORKLOADS " == *" chat "* ]] || continue
   echo "== $cfg: multi-turn"
   start_fleet "$wflags" "$pol"
   before=$(kv_sent)
@@ -75,11 +87,14 @@ for cfg in $CONFIGS; do
   stop_all
 done
 {
+  if [[ " $WORKLOADS " == *" shared "* ]]; then
   echo "| config | p50 TTFT (ms) | p90 TTFT (ms) | goodput (req/s) | hit rate | of oracle |"
   echo "|---|---|---|---|---|---|"
   for cfg in $CONFIGS; do
     jq -r --arg c "$cfg" '.runs[0].summary | "| \($c) | \(.ttft.median_ms|floor) | \(.ttft.p90_ms|floor) | \(.goodput.requests_per_s*100|floor/100) | \(.prefix_cache.hit_rate // 0 | .*1000|floor/10)% | \(.prefix_cache.hit_rate_of_oracle // 0 | .*1000|floor/10)% |"' "$OUT/shared-$cfg.json"
   done
+  fi
+  [[ " $WORKLOADS " == *" chat "* ]] || exit 0
   echo
   echo "| config | $TURNS-turn chat: KV bytes sent | turn 1 prompt tokens | turns 2-$TURNS hit rate |"
   echo "|---|---|---|---|"

@@ -523,19 +523,24 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 			}
 			return out
 		}
+		// Each decode worker's prefill partners are listed once: breakers
+		// and fingerprints change under other requests, so the list a decode
+		// worker was found usable with is the one its prefill is chosen
+		// from (never an empty one).
+		partners := make(map[*fleet.Worker][]Candidate, len(decodes))
 		usable := decodes[:0:0]
-		for _, c := range decodes {
-			if len(paired(c.Worker, false)) > 0 {
-				usable = append(usable, c)
-			}
-		}
-		if len(usable) == 0 && broken != "" {
-			panicking = true
+		list := func() {
 			for _, c := range decodes {
-				if len(paired(c.Worker, false)) > 0 {
+				if ps := paired(c.Worker, o.req != nil); len(ps) > 0 {
+					partners[c.Worker] = ps
 					usable = append(usable, c)
 				}
 			}
+		}
+		list()
+		if len(usable) == 0 && broken != "" {
+			panicking = true
+			list()
 		}
 		if len(usable) == 0 {
 			if broken != "" {
@@ -545,11 +550,11 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 		}
 		if o.req == nil {
 			d := usable[0].Worker
-			p := paired(d, false)[0].Worker
+			p := partners[d][0].Worker
 			return p, d, p.KVAddr(), false, nil
 		}
 		dw = r.choose(workerapi.RoleDecode, o.req, usable, o.avoid)
-		pw = r.choose(workerapi.RolePrefill, o.req, paired(dw, true), o.avoid)
+		pw = r.choose(workerapi.RolePrefill, o.req, partners[dw], o.avoid)
 		if panicking {
 			return pw, dw, pw.KVAddr(), false, nil
 		}

@@ -69,6 +69,9 @@ Exits 1 when every measured request failed.`,
 			if !fs.Changed("ignore-eos") {
 				cfg.IgnoreEOS = cfg.Dataset != bench.DatasetJSONL
 			}
+			if !fs.Changed("min-tokens") {
+				cfg.MinTokens = cfg.MultiTurn > 1
+			}
 			if err := cfg.Validate(); err != nil {
 				return usageError{err}
 			}
@@ -127,6 +130,7 @@ Exits 1 when every measured request failed.`,
 	fs.StringVar(&outputPath, "output", "", "write config, summaries and per-request records as JSON to this file")
 	fs.StringVar(&plotDir, "plot", "", "write PNG plots (latency CDFs; goodput and p90 TTFT vs rate for a sweep) into this directory")
 	fs.BoolVar(&cfg.IgnoreEOS, "ignore-eos", true, "send ignore_eos so outputs have the requested length (default true for random and conversation, false for jsonl)")
+	fs.BoolVar(&cfg.MinTokens, "min-tokens", false, "send min_tokens = max_tokens so no EOS is drawn inside an output and a resent history is what the model produced (vLLM/SGLang/pdserve extension; default true with --multi-turn)")
 	fs.BoolVar(&cfg.ReturnTokenIDs, "return-token-ids", true, "send return_token_ids so streamed tokens are counted exactly (vLLM/pdserve extension)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "per-request timeout, from sending to the end of the stream")
 	fs.BoolVar(&cfg.HonorRetryAfter, "honor-retry-after", false, "resend a request the server sheds (429 with Retry-After) after that delay, within --timeout; off, a 429 counts as shed at once (reported next to goodput)")

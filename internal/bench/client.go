@@ -165,6 +165,9 @@ func (q *requester) body(p Prompt) ([]byte, error) {
 	sf := openai.SamplingFields{Model: q.cfg.Model, Temperature: &temp, TopP: &topP, N: &n,
 		IgnoreEOS: q.cfg.IgnoreEOS, Stream: true, StreamOptions: &openai.StreamOptions{IncludeUsage: true},
 		ReturnTokenIDs: q.cfg.ReturnTokenIDs}
+	if q.cfg.MinTokens {
+		sf.MinTokens = &maxTokens
+	}
 	var req any
 	if q.cfg.Endpoint == EndpointChat {
 		msgs := make([]openai.ChatMessage, 0, 2*len(p.History)+1)

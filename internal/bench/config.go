@@ -196,6 +196,12 @@ type Config struct {
 	// IgnoreEOS sends ignore_eos (vLLM extension) so each request produces
 	// exactly its max_tokens.
 	IgnoreEOS bool
+	// MinTokens sends min_tokens = max_tokens (vLLM extension): no EOS or
+	// stop token is drawn within the output, so every output token has
+	// text and a multi-turn history resends exactly the tokens the model
+	// produced (with only ignore_eos, an EOS drawn mid-answer has no text
+	// and the resent history differs from what the server cached).
+	MinTokens bool
 	// ReturnTokenIDs sends return_token_ids (vLLM extension), so output
 	// tokens are counted exactly even without usage.
 	ReturnTokenIDs bool
@@ -330,6 +336,7 @@ type configJSON struct {
 	SLOTTFTMS        float64     `json:"slo_ttft_ms,omitempty"`
 	SLOTPOTMS        float64     `json:"slo_tpot_ms,omitempty"`
 	IgnoreEOS        bool        `json:"ignore_eos"`
+	MinTokens        bool        `json:"min_tokens,omitempty"`
 	ReturnTokenIDs   bool        `json:"return_token_ids"`
 	HonorRetryAfter  bool        `json:"honor_retry_after"`
 	TimeoutS         float64     `json:"timeout_s"`
@@ -342,7 +349,7 @@ func (c *Config) toJSON() configJSON {
 		RandomRangeRatio: c.RandomRangeRatio, DatasetPath: c.DatasetPath,
 		SharedPrefixLen: c.SharedPrefixLen, NumPrefixes: c.NumPrefixes, SuffixLen: c.SuffixLen, MultiTurn: c.MultiTurn,
 		SLOTTFTMS: ms(c.SLOTTFT), SLOTPOTMS: ms(c.SLOTPOT), IgnoreEOS: c.IgnoreEOS,
-		ReturnTokenIDs: c.ReturnTokenIDs, HonorRetryAfter: c.HonorRetryAfter, TimeoutS: c.Timeout.Seconds()}
+		MinTokens: c.MinTokens, ReturnTokenIDs: c.ReturnTokenIDs, HonorRetryAfter: c.HonorRetryAfter, TimeoutS: c.Timeout.Seconds()}
 }
 
 // ms converts d to milliseconds.

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -19,6 +20,8 @@ func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 		return outcome.RejectedInvalid, "prompt is empty"
 	case q.MaxTokens < 1:
 		return outcome.RejectedInvalid, fmt.Sprintf("max_tokens must be at least 1, got %d", q.MaxTokens)
+	case q.MinTokens < 0 || q.MinTokens > q.MaxTokens:
+		return outcome.RejectedInvalid, fmt.Sprintf("min_tokens must be in [0, max_tokens = %d], got %d", q.MaxTokens, q.MinTokens)
 	case n >= m.cfg.ContextLen:
 		return outcome.RejectedInvalid, fmt.Sprintf("prompt has %d tokens; this worker's context length is %d", n, m.cfg.ContextLen)
 	case q.MaxTokens > m.cfg.ContextLen-n:
@@ -178,6 +181,9 @@ func (m *Machine) arrive(q Request) {
 		return
 	}
 	r := &req{Request: q, arrived: m.now, stageSince: m.now}
+	if q.MinTokens > 0 {
+		r.ban = append(slices.Clone(m.cfg.EOS), q.StopTokenIDs...)
+	}
 	limit := m.cfg.MaxRequestTime
 	if q.Timeout > 0 && q.Timeout < limit {
 		limit = q.Timeout

@@ -21,6 +21,9 @@ type Request struct {
 	// StopTokenIDs end generation like EOS (but also with IgnoreEOS).
 	StopTokenIDs []int32
 	IgnoreEOS    bool
+	// MinTokens (vLLM's min_tokens, 0 ≤ MinTokens ≤ MaxTokens) keeps EOS
+	// and StopTokenIDs from being drawn until that many tokens are out.
+	MinTokens int
 	// Peer is decode's KV connection to the prefill worker; PeerAddr is its
 	// address, for display.
 	Peer     kvxfer.PeerID
@@ -94,6 +97,9 @@ type Request struct {
 // pins say the forward or page I/O still use them (Machine.draining).
 type req struct {
 	Request
+	// ban is what min_tokens keeps from being drawn: EOS and StopTokenIDs
+	// (nil without MinTokens).
+	ban        []int32
 	stage      Stage
 	arrived    time.Time
 	stageSince time.Time
@@ -230,4 +236,14 @@ func (r *req) prefillTokens() []int32 {
 	out := make([]int32, 0, len(r.InputIDs)+len(r.outputs)-1)
 	out = append(out, r.InputIDs...)
 	return append(out, r.outputs[:len(r.outputs)-1]...)
+}
+
+// banAt is what may not be drawn at output step (the index of the token
+// drawn): min_tokens bans EOS and the stop tokens while step < MinTokens.
+// The same on every role, so PD samples as colocated does.
+func (r *req) banAt(step int) []int32 {
+	if step < r.MinTokens {
+		return r.ban
+	}
+	return nil
 }

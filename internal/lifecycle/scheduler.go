@@ -46,7 +46,7 @@ func (m *Machine) schedule() {
 			}
 			last := r.outputs[len(r.outputs)-1]
 			add(r, model.SeqInput{Pages: r.pages, Pos: len(r.InputIDs) + len(r.outputs) - 1,
-				Tokens: []int32{last}, Sample: true, Sampling: r.Sampling, Step: len(r.outputs)})
+				Tokens: []int32{last}, Sample: true, Sampling: r.Sampling, Step: len(r.outputs), Ban: r.banAt(len(r.outputs))})
 			decodeSeqs++
 		}
 	}
@@ -65,7 +65,7 @@ func (m *Machine) schedule() {
 		n := min(len(toks)-r.computed, budget)
 		end := r.computed + n
 		add(r, model.SeqInput{Pages: r.pages, Pos: r.computed, Tokens: toks[r.computed:end],
-			Sample: end == len(toks) && len(r.outputs) == 0, Sampling: r.Sampling, Step: 0})
+			Sample: end == len(toks) && len(r.outputs) == 0, Sampling: r.Sampling, Step: 0, Ban: r.banAt(0)})
 		budget -= n
 		prefillTokens += n
 	}

@@ -809,3 +809,17 @@ func TestCauseTravels(t *testing.T) {
 		})
 	}
 }
+
+// TestMinTokensValidated: min_tokens outside [0, max_tokens] is refused at
+// arrival, naming the field.
+func TestMinTokensValidated(t *testing.T) {
+	for _, mt := range []int{-1, 5} {
+		h := newHarness(t, testConfig(RoleColocated), 16)
+		q := request(1, 8, 4)
+		q.MinTokens = mt
+		h.step(Arrive{Req: q})
+		if f, _ := h.finalOf(q.RID); f.Outcome != outcome.RejectedInvalid || !contains(f.Err, "min_tokens") {
+			t.Fatalf("min_tokens %d: got %+v", mt, f)
+		}
+	}
+}

@@ -47,6 +47,10 @@ type SeqInput struct {
 	// (0 for the first output token); it keys the sampler's randomness so
 	// that the same request samples the same tokens on any worker.
 	Step int
+	// Ban lists token ids that may not be drawn at this step (SampleBan):
+	// while a request has fewer outputs than its min_tokens, the worker's
+	// scheduler sets it to the EOS ids and the request's stop_token_ids.
+	Ban []int32
 }
 
 // SeqOutput is the result for one sequence; zero unless Sample was set.

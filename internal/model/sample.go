@@ -64,9 +64,72 @@ func Uniform(seed uint64, step int) float64 {
 // the order costs O(vocab): a heap of TopK ids, or without TopK a stable
 // radix sort of the logits' bits (z needs every candidate, in order).
 func Sample(logits []float32, p SamplingParams, step int, sc *SampleScratch) (int32, float32) {
+	return SampleBan(logits, p, nil, step, sc)
+}
+
+// SampleBan is Sample with the token ids in ban never drawn: their logits
+// count as −∞ for the draw (temperature, TopK and TopP then apply to the
+// others, as vLLM's MinTokensLogitsProcessor does for min_tokens), while
+// the returned log-probability stays the token's under softmax of the
+// unmodified logits (vLLM's default "raw" logprobs). Ids outside the
+// vocabulary are ignored, and a ban that would leave no token is ignored
+// whole. A nil ban draws exactly as Sample.
+func SampleBan(logits []float32, p SamplingParams, ban []int32, step int, sc *SampleScratch) (int32, float32) {
 	if len(logits) == 0 {
 		return 0, 0
 	}
+	if len(ban) > 0 {
+		if sc == nil {
+			sc = new(SampleScratch)
+		}
+		if masked, ok := banned(logits, ban, sc); ok {
+			tok, _ := sample(masked, p, step, sc, true)
+			return tok, rawLogprob(logits, int(tok))
+		}
+	}
+	return sample(logits, p, step, sc, false)
+}
+
+// banned returns a copy of logits (in sc) with the ids in ban set to −∞,
+// and false when ban holds no id in range or every id: then nothing is
+// banned.
+func banned(logits []float32, ban []int32, sc *SampleScratch) ([]float32, bool) {
+	if cap(sc.masked) < len(logits) {
+		sc.masked = make([]float32, len(logits))
+	}
+	masked := sc.masked[:len(logits)]
+	copy(masked, logits)
+	n := 0
+	for _, id := range ban {
+		if id >= 0 && int(id) < len(masked) && !math.IsInf(float64(masked[id]), -1) {
+			masked[id] = float32(math.Inf(-1))
+			n++
+		}
+	}
+	if n == 0 || n == len(masked) {
+		return nil, false
+	}
+	return masked, true
+}
+
+// rawLogprob is log softmax(logits)[i], computed as Sample computes it
+// without a ban (max subtracted, exponentials summed in id order).
+func rawLogprob(logits []float32, i int) float32 {
+	maxL := float64(logits[0])
+	for _, l := range logits {
+		maxL = max(maxL, float64(l))
+	}
+	var sum float64
+	for _, l := range logits {
+		sum += math.Exp(float64(l) - maxL)
+	}
+	return float32(float64(logits[i]) - (maxL + math.Log(sum)))
+}
+
+// sample is Sample without a ban. dropInf drops −∞ logits from the end of
+// the candidate order, so that the fallback draw (TopP never reached
+// through rounding) cannot land on a banned token.
+func sample(logits []float32, p SamplingParams, step int, sc *SampleScratch, dropInf bool) (int32, float32) {
 	maxI := 0
 	for i, l := range logits {
 		if l > logits[maxI] {
@@ -114,6 +177,9 @@ func Sample(logits []float32, p SamplingParams, step int, sc *SampleScratch) (in
 		idx = sortByLogit(logits, sc)[:p.TopK]
 	default:
 		idx = sortByLogit(logits, sc)
+	}
+	for dropInf && len(idx) > 1 && math.IsInf(float64(logits[idx[len(idx)-1]]), -1) {
+		idx = idx[:len(idx)-1]
 	}
 	t := float64(p.Temperature)
 	probs := bufs[1][:len(idx)] // p_i in candidate order
@@ -220,9 +286,10 @@ func sortByLogit(logits []float32, sc *SampleScratch) []int32 {
 // (radix sort keys), about 36 bytes per vocabulary entry. The zero value is
 // ready to use.
 type SampleScratch struct {
-	ids   []int32
-	probs [2][]float64
-	keys  [2][]uint64
+	masked []float32 // logits with a Ban applied
+	ids    []int32
+	probs  [2][]float64
+	keys   [2][]uint64
 }
 
 // before reports whether id i comes before id j in candidate order: higher

@@ -201,3 +201,77 @@ func BenchmarkSample(b *testing.B) {
 		})
 	}
 }
+
+func TestSampleBan(t *testing.T) {
+	logprob := func(logits []float32, i int32) float64 {
+		var z float64
+		for _, l := range logits {
+			z += math.Exp(float64(l))
+		}
+		return float64(logits[i]) - math.Log(z)
+	}
+	logits := []float32{1, 3, 3, -2}
+	tok, lp := SampleBan(logits, SamplingParams{TopP: 1}, []int32{1, 2, 99, -1}, 0, nil)
+	if tok != 0 {
+		t.Fatalf("greedy with 1 and 2 banned picked %d, want 0", tok)
+	}
+	if want := logprob(logits, 0); math.Abs(float64(lp)-want) > 1e-6 {
+		t.Fatalf("logprob %v, want %v (under the unmodified logits)", lp, want)
+	}
+	if logits[1] != 3 || logits[2] != 3 {
+		t.Fatalf("SampleBan changed its input: %v", logits)
+	}
+
+	rng := rand.New(rand.NewPCG(7, 8))
+	var sc SampleScratch
+	for trial := range 300 {
+		v := make([]float32, 1+rng.IntN(300))
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * 3)
+		}
+		p := SamplingParams{Temperature: []float32{0, 0.7, 1, 1.5}[trial%4], TopP: []float32{1, 0.9, 0.3}[trial%3],
+			TopK: []int{0, 5, 40}[trial%3], Seed: rng.Uint64()}
+		ban := []int32{int32(rng.IntN(len(v))), int32(rng.IntN(len(v)))}
+		masked := append([]float32(nil), v...)
+		for _, id := range ban {
+			masked[id] = float32(math.Inf(-1))
+		}
+		all := make([]int32, len(v))
+		for i := range all {
+			all[i] = int32(i)
+		}
+		for step := range 20 {
+			got, lp := SampleBan(v, p, ban, step, &sc)
+			if got == ban[0] || got == ban[1] {
+				if !allInf(masked) {
+					t.Fatalf("trial %d step %d: drew banned token %d (ban %v)", trial, step, got, ban)
+				}
+			}
+			if !allInf(masked) {
+				if want, _ := Sample(masked, p, step, nil); got != want {
+					t.Fatalf("trial %d step %d: SampleBan drew %d, Sample over the masked logits %d", trial, step, got, want)
+				}
+			}
+			if want := logprob(v, got); math.Abs(float64(lp)-want) > 1e-4 {
+				t.Fatalf("trial %d step %d: logprob %v, want %v", trial, step, lp, want)
+			}
+			// No ban, or one that would leave nothing, draws as Sample.
+			a, la := SampleBan(v, p, nil, step, &sc)
+			b, lb := Sample(v, p, step, nil)
+			c, lc := SampleBan(v, p, all, step, &sc)
+			if a != b || la != lb || c != b || lc != lb {
+				t.Fatalf("trial %d step %d: no ban %d/%v, Sample %d/%v, everything banned %d/%v", trial, step, a, la, b, lb, c, lc)
+			}
+		}
+	}
+}
+
+// allInf reports whether every logit is −∞.
+func allInf(v []float32) bool {
+	for _, l := range v {
+		if !math.IsInf(float64(l), -1) {
+			return false
+		}
+	}
+	return true
+}

@@ -38,6 +38,9 @@ type GenerateRequest struct {
 	StopTokenIDs []int32
 	// IgnoreEOS asks the engine not to stop at the model's EOS tokens.
 	IgnoreEOS bool
+	// MinTokens (vLLM's min_tokens, 0 ≤ MinTokens ≤ MaxTokens): the engine
+	// must not draw EOS or a stop token before that many output tokens.
+	MinTokens int
 	// Buffered says the front end will not look at the output before the
 	// end (a non-streaming request without stop strings), so the engine
 	// may deliver it in one chunk instead of token by token.

@@ -343,6 +343,7 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		Sampling:     req.sampling,
 		StopTokenIDs: req.stopTokenIDs,
 		IgnoreEOS:    req.ignoreEOS,
+		MinTokens:    req.minTokens,
 		Buffered:     !req.stream && len(req.stop) == 0,
 		Arrived:      arrived,
 	}

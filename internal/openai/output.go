@@ -15,6 +15,10 @@ type output struct {
 	stops       [][]byte
 	maxStop     int
 	includeStop bool
+	// minTokens: stop strings are looked for only in text that arrives
+	// after that many tokens (vLLM's detokenizer, which checks only while
+	// the output is longer than min_tokens).
+	minTokens int
 	// noText holds the ids not rendered when they end the output with
 	// finish reason "stop": EOS (unless ignore_eos) and stop_token_ids.
 	noText []int32
@@ -35,7 +39,7 @@ type output struct {
 }
 
 func newOutput(tok model.Tokenizer, req *request, eos []int32) *output {
-	o := &output{includeStop: req.includeStopStr}
+	o := &output{includeStop: req.includeStopStr, minTokens: req.minTokens}
 	if tok != nil {
 		o.dec = tok.NewDecoder()
 	}
@@ -95,7 +99,7 @@ func (o *output) appendText(s string) {
 	// maxStop-1 bytes before s.
 	from := max(0, len(o.text)-(o.maxStop-1))
 	o.text = append(o.text, s...)
-	if len(o.stops) == 0 {
+	if len(o.stops) == 0 || len(o.ids) <= o.minTokens {
 		return
 	}
 	at, n := -1, 0

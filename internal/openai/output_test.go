@@ -30,6 +30,7 @@ func TestOutputStop(t *testing.T) {
 		includeStop bool
 		stopIDs     []int32
 		ignoreEOS   bool
+		minTokens   int
 		chunks      []Chunk
 		wantSent    []string // text pieces handed out while streaming
 		wantText    string
@@ -67,12 +68,16 @@ func TestOutputStop(t *testing.T) {
 			wantSent: []string{"hey"}, wantText: "hey", wantIDs: 4, wantFinish: "stop"},
 		{name: "stop string completed by the flush", stop: []string{"\uFFFD"}, chunks: []Chunk{{Tokens: toks("a\xc3")}, {FinishReason: "length"}},
 			wantSent: []string{"a"}, wantText: "a", wantIDs: 2, wantFinish: "stop"},
+		{name: "stop string not matched within min_tokens", stop: []string{"a"}, minTokens: 3, chunks: chunksOf("abcab", 1, "length"),
+			wantSent: []string{"a", "b", "c"}, wantText: "abc", wantIDs: 4, wantFinish: "stop", wantStopped: true},
+		{name: "stop string ending after min_tokens matched", stop: []string{"bc"}, minTokens: 2, chunks: chunksOf("abcd", 1, "length"),
+			wantSent: []string{"a"}, wantText: "a", wantIDs: 3, wantFinish: "stop", wantStopped: true},
 		{name: "incomplete UTF-8 held by the decoder", chunks: chunksOf("é", 1, "length"),
 			wantSent: []string{"é"}, wantText: "é", wantIDs: 2, wantFinish: "length"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req := &request{stop: tt.stop, includeStopStr: tt.includeStop, stopTokenIDs: tt.stopIDs, ignoreEOS: tt.ignoreEOS}
+			req := &request{stop: tt.stop, includeStopStr: tt.includeStop, stopTokenIDs: tt.stopIDs, ignoreEOS: tt.ignoreEOS, minTokens: tt.minTokens}
 			o := newOutput(byteTokenizer{}, req, []int32{eosID})
 			sent := feed(o, tt.chunks)
 			if !o.finished {

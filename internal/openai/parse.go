@@ -38,6 +38,7 @@ type request struct {
 	stop           []string
 	stopTokenIDs   []int32
 	ignoreEOS      bool
+	minTokens      int
 	includeStopStr bool
 	stream         bool
 	includeUsage   bool
@@ -351,8 +352,8 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 		return Unsupported("repetition_penalty", "repetition_penalty is not supported (only 1)")
 	case w.MinP != nil && *w.MinP != 0:
 		return Unsupported("min_p", "min_p is not supported (only 0)")
-	case w.MinTokens != nil && *w.MinTokens != 0:
-		return Unsupported("min_tokens", "min_tokens is not supported (only 0)")
+	case w.MinTokens != nil && *w.MinTokens < 0:
+		return BadRequest("min_tokens", "min_tokens must be at least 0, got %d", *w.MinTokens)
 	}
 	sp := model.SamplingParams{Temperature: 1, TopP: 1}
 	if w.Temperature != nil {
@@ -408,6 +409,9 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 		}
 	}
 	req.ignoreEOS = w.IgnoreEOS
+	if w.MinTokens != nil {
+		req.minTokens = *w.MinTokens // ≤ max_tokens: checked in resolveMaxTokens
+	}
 	req.includeStopStr = w.IncludeStopStrInOutput
 	req.stream = w.Stream
 	req.includeUsage = w.Stream && w.StreamOptions != nil && w.StreamOptions.IncludeUsage
@@ -423,10 +427,22 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 const DefaultCompletionMaxTokens = 16
 
 // resolveMaxTokens sets req.maxTokens from the request's value (nil: def,
-// capped at the rest of the context; def 0: the rest of the context) and
-// checks the context length. promptParam names the prompt in messages
-// ("prompt" or "messages").
+// capped at the rest of the context; def 0: the rest of the context),
+// checks the context length and that min_tokens does not exceed it (as
+// vLLM does). promptParam names the prompt in messages ("prompt" or
+// "messages").
 func (p *parser) resolveMaxTokens(req *request, maxTokens *int, def int, param, promptParam string) error {
+	if err := p.maxTokens(req, maxTokens, def, param, promptParam); err != nil {
+		return err
+	}
+	if req.minTokens > req.maxTokens {
+		return BadRequest("min_tokens", "min_tokens must be at most %s (%d), got %d", param, req.maxTokens, req.minTokens)
+	}
+	return nil
+}
+
+// maxTokens is resolveMaxTokens without the min_tokens check.
+func (p *parser) maxTokens(req *request, maxTokens *int, def int, param, promptParam string) error {
 	n := len(req.promptIDs)
 	ctxLen := p.contextLen
 	if p.contextNow != nil {

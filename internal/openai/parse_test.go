@@ -120,7 +120,10 @@ func TestParseCompletionRejects(t *testing.T) {
 		{"logit_bias", `{"prompt":"hi","logit_bias":{"1":2}}`, 400, "logit_bias", "not supported"},
 		{"repetition_penalty", `{"prompt":"hi","repetition_penalty":1.2}`, 400, "repetition_penalty", "not supported"},
 		{"min_p", `{"prompt":"hi","min_p":0.05}`, 400, "min_p", "not supported"},
-		{"min_tokens", `{"prompt":"hi","min_tokens":5}`, 400, "min_tokens", "not supported"},
+		{"min_tokens negative", `{"prompt":"hi","min_tokens":-1}`, 400, "min_tokens", "min_tokens must be at least 0, got -1"},
+		{"min_tokens over max_tokens", `{"prompt":"hi","max_tokens":4,"min_tokens":5}`, 400, "min_tokens", "min_tokens must be at most max_tokens (4), got 5"},
+		{"min_tokens over the default max_tokens", `{"prompt":"hi","min_tokens":17}`, 400, "min_tokens", "at most max_tokens (16), got 17"},
+		{"min_tokens string", `{"prompt":"hi","min_tokens":"5"}`, 400, "min_tokens", ""},
 		{"max_tokens 0", `{"prompt":"hi","max_tokens":0}`, 400, "max_tokens", "max_tokens must be at least 1, got 0"},
 		{"max_tokens negative", `{"prompt":"hi","max_tokens":-5}`, 400, "max_tokens", "at least 1"},
 		{"prompt+max_tokens over context", `{"prompt":"hi","max_tokens":63}`, 400, "max_tokens",
@@ -195,6 +198,7 @@ func TestParseChatRejects(t *testing.T) {
 		{"max_completion_tokens string", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":"x"}`, 400, "max_completion_tokens", "must be an integer"},
 		{"max_completion_tokens 0", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, 400, "max_completion_tokens", "at least 1"},
 		{"max_tokens 0", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}`, 400, "max_tokens", "at least 1"},
+		{"min_tokens over max_completion_tokens", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3,"min_tokens":4}`, 400, "min_tokens", "min_tokens must be at most max_completion_tokens (3), got 4"},
 		{"context", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":60}`, 400, "max_tokens", "you requested 80 tokens (20 in the messages, 60 in the completion)"},
 		{"logprobs", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true}`, 400, "logprobs", "not supported yet"},
 		{"top_logprobs", `{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}`, 400, "top_logprobs", "not supported yet"},
@@ -240,6 +244,8 @@ func TestParseCompletionAccepts(t *testing.T) {
 			r.stopTokenIDs = []int32{7, 0}
 			r.ignoreEOS, r.includeStopStr, r.returnTokenIDs = true, true, true
 		})},
+		{"min_tokens", `{"prompt":"hi","max_tokens":5,"min_tokens":5}`, def(func(r *request) { r.maxTokens, r.minTokens = 5, 5 })},
+		{"min_tokens 0", `{"prompt":"hi","min_tokens":0}`, def(nil)},
 		{"stream with usage", `{"prompt":"hi","stream":true,"stream_options":{"include_usage":true}}`, def(func(r *request) { r.stream, r.includeUsage = true, true })},
 		{"usage needs stream", `{"prompt":"hi","stream_options":{"include_usage":true}}`, def(nil)},
 	}

@@ -50,12 +50,15 @@ type SamplingFields struct {
 	FrequencyPenalty *float64 `json:"frequency_penalty"`
 	// LogitBias: only an empty map is supported.
 	LogitBias map[string]float64 `json:"logit_bias"`
-	// RepetitionPenalty, MinP and MinTokens (vLLM and SGLang extensions)
-	// change the output, so rather than being ignored they are refused
-	// unless neutral: repetition_penalty 1, min_p 0, min_tokens 0.
+	// RepetitionPenalty and MinP (vLLM and SGLang extensions) change the
+	// output, so rather than being ignored they are refused unless
+	// neutral: repetition_penalty 1, min_p 0.
 	RepetitionPenalty *float64 `json:"repetition_penalty"`
 	MinP              *float64 `json:"min_p"`
-	MinTokens         *int     `json:"min_tokens"`
+	// MinTokens (vLLM extension, 0 ≤ min_tokens ≤ max_tokens): EOS and
+	// stop_token_ids are not drawn, and stop strings not matched, before
+	// that many output tokens.
+	MinTokens *int `json:"min_tokens"`
 	// User is accepted and ignored.
 	User string `json:"user"`
 }

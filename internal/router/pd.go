@@ -257,7 +257,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		rid = fmt.Sprintf("%s-g%d", g.RID, gen)
 	}
 	body := workerapi.GenerateBody{RID: rid, Room: s.room, Gen: gen, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
-		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, PrefillKVAddr: kv,
+		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens, PrefillKVAddr: kv,
 		Buffered: g.Buffered}
 	payload, err := body.AppendJSON(nil)
 	if err != nil {

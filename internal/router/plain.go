@@ -53,7 +53,7 @@ type plainStream struct {
 // The leg is posted on the first Recv.
 func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, req *PickRequest) (openai.Stream, *openai.Error) {
 	body := workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
-		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, Buffered: g.Buffered}
+		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens, Buffered: g.Buffered}
 	payload, err := body.AppendJSON(nil)
 	if err != nil {
 		return nil, openai.Internal("encode request: %v", err)

@@ -151,10 +151,16 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 	}
 	q := lifecycle.Request{
 		RID: b.RID, Gen: b.Gen, InputIDs: b.InputIDs, MaxTokens: b.MaxTokens, Sampling: b.SamplingParams,
-		StopTokenIDs: b.StopTokenIDs, IgnoreEOS: b.IgnoreEOS,
+		StopTokenIDs: b.StopTokenIDs, IgnoreEOS: b.IgnoreEOS, MinTokens: b.MinTokens,
 	}
 	if w.role == lifecycle.RolePrefill {
+		// Prefill draws the first token only: min_tokens matters to it
+		// only as "not EOS at step 0". An invalid value passes unchanged,
+		// to be refused.
 		q.MaxTokens = 1
+		if q.MinTokens > 0 && q.MinTokens <= b.MaxTokens {
+			q.MinTokens = 1
+		}
 	}
 	if w.role != lifecycle.RoleColocated {
 		room, err := kvxfer.ParseRoom(b.Room)
@@ -493,7 +499,7 @@ func (w *Worker) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		return nil, openai.Internal("Generate needs a colocated worker, this one is %s", w.role)
 	}
 	q := lifecycle.Request{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens, Sampling: g.Sampling,
-		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS}
+		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens}
 	return &localStream{w: w, rid: g.RID, ctx: ctx, wt: w.submit(q)}, nil
 }
 

@@ -57,6 +57,10 @@ func (b *GenerateBody) AppendJSON(dst []byte) ([]byte, error) {
 	if b.IgnoreEOS {
 		dst = append(dst, `,"ignore_eos":true`...)
 	}
+	if b.MinTokens != 0 {
+		dst = append(dst, `,"min_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(b.MinTokens), 10)
+	}
 	if b.PrefillKVAddr != "" {
 		dst = append(dst, `,"prefill_kv_addr":`...)
 		dst = appendString(dst, b.PrefillKVAddr)

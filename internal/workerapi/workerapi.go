@@ -115,6 +115,9 @@ type GenerateBody struct {
 	model.SamplingParams
 	StopTokenIDs []int32 `json:"stop_token_ids,omitempty"`
 	IgnoreEOS    bool    `json:"ignore_eos,omitempty"`
+	// MinTokens is vLLM's min_tokens: EOS and the stop tokens are not
+	// drawn before that many output tokens (0 ≤ MinTokens ≤ MaxTokens).
+	MinTokens int `json:"min_tokens,omitempty"`
 	// PrefillKVAddr is the prefill worker's KV channel address (decode leg).
 	PrefillKVAddr string `json:"prefill_kv_addr,omitempty"`
 	// Buffered asks a decode or colocated leg to send its tokens in one line

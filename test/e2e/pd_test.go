@@ -134,8 +134,10 @@ func TestPDEqualsColocated(t *testing.T) {
 		for range n {
 			b.WriteByte(letters[rng.IntN(len(letters))])
 		}
+		maxTok := 1 + rng.IntN(40)
+		minTok := []int{0, 0, maxTok, rng.IntN(maxTok + 1)}[rng.IntN(4)]
 		req := map[string]any{
-			"prompt": b.String(), "max_tokens": 1 + rng.IntN(40), "seed": rng.Uint64() >> 1,
+			"prompt": b.String(), "max_tokens": maxTok, "min_tokens": minTok, "seed": rng.Uint64() >> 1,
 			"temperature": []float64{0, 0.5, 1, 1.3}[rng.IntN(4)], "top_p": []float64{1, 0.9, 0.5}[rng.IntN(3)],
 			"ignore_eos": rng.IntN(2) == 0, "return_token_ids": true,
 		}
@@ -152,6 +154,10 @@ func TestPDEqualsColocated(t *testing.T) {
 		}
 		if len(a.Choices[0].TokenIDs) == 0 {
 			t.Fatalf("prompt %d: no tokens", i)
+		}
+		// min_tokens: no EOS among the first min_tokens outputs.
+		if ids := a.Choices[0].TokenIDs; len(ids) < minTok || slices.Contains(ids[:minTok], sim.EOS) {
+			t.Fatalf("prompt %d: min_tokens %d, got %v", i, minTok, ids)
 		}
 	}
 }

@@ -120,7 +120,7 @@ func (j *sampleJob) run(w, lo, hi int) {
 		if p.TopP == 0 {
 			p.TopP = 1
 		}
-		tok, lp := model.Sample(j.logits[r*V:(r+1)*V], p, j.seqs[i].Step, &sc.sample)
+		tok, lp := model.SampleBan(j.logits[r*V:(r+1)*V], p, j.seqs[i].Ban, j.seqs[i].Step, &sc.sample)
 		j.out[i] = model.SeqOutput{Token: tok, Logprob: lp}
 	}
 }

@@ -171,7 +171,7 @@ func (m *Model) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.Se
 			continue
 		}
 		m.fillLogits(m.seqDigest(pool, c, s.Pages, s.Pos+len(s.Tokens)))
-		tok, lp := model.Sample(m.logits, s.Sampling, s.Step, &m.scratch)
+		tok, lp := model.SampleBan(m.logits, s.Sampling, s.Ban, s.Step, &m.scratch)
 		out[i] = model.SeqOutput{Token: tok, Logprob: lp}
 	}
 	return nil

@@ -133,6 +133,9 @@ type Info struct {
 	ContextLen int
 	// Instance identifies the worker process: a new value is a restart.
 	Instance string
+	// Features are the request features the worker honours
+	// (workerapi.Info.Features).
+	Features []string
 	// Draining is set when the worker refuses new legs (its SIGTERM).
 	Draining bool
 	// Live is the number of requests the worker holds; Parked the prefill

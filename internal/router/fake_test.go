@@ -166,6 +166,16 @@ type fakeWorker struct {
 	// fp, if set, is the KV fingerprint the worker reports (nil:
 	// testFingerprint).
 	fp *kvxfer.Fingerprint
+	// old makes the worker list no features in its info (an older
+	// pdserve).
+	old bool
+}
+
+// setOld makes the worker report no features, as an older pdserve does.
+func (f *fakeWorker) setOld() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.old = true
 }
 
 // setFingerprint makes the worker report fp as its KV fingerprint.
@@ -249,8 +259,12 @@ func (f *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		if f.fp != nil {
 			fp = *f.fp
 		}
+		old := f.old
 		f.mu.Unlock()
 		info := workerapi.Info{Role: f.role, Model: "m", Fingerprint: fp, ContextLen: 64, VocabSize: 300}
+		if !old {
+			info.Features = workerapi.Features()
+		}
 		if f.role == workerapi.RolePrefill {
 			info.KVPort = 7000
 		}

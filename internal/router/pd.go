@@ -135,6 +135,9 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		err *openai.Error
 	)
 	req := PickRequest{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens}
+	if g.MinTokens > 0 {
+		req.Needs = []string{workerapi.FeatureMinTokens}
+	}
 	plain := len(r.cfg.Colocated) > 0
 	if !plain && r.cfg.Registry != nil {
 		if w, _ := r.pickPlain(nil); w != nil {

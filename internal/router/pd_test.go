@@ -895,3 +895,81 @@ func TestDecodeLegHandedOver(t *testing.T) {
 		})
 	}
 }
+
+// TestMinTokensOnlyToWorkersThatHonourIt: during a rolling upgrade an older
+// worker would ignore min_tokens, so a request with it goes only to workers
+// that list the feature; when none does, it is a 503 naming why, while a
+// request without min_tokens is still served by the older workers.
+func TestMinTokensOnlyToWorkersThatHonourIt(t *testing.T) {
+	send := func(r *Router, rid string, minTokens int) answer {
+		st, err := r.Generate(context.Background(), &openai.GenerateRequest{RID: rid, InputIDs: []int32{1, 2, 3},
+			MaxTokens: 3, MinTokens: minTokens, Sampling: model.SamplingParams{TopP: 1, Seed: 7}})
+		if err != nil {
+			return answer{err: openai.ToError(err)}
+		}
+		defer st.Close()
+		var a answer
+		for {
+			c, err := st.Recv()
+			if err != nil {
+				if !errors.Is(err, io.EOF) {
+					a.err = openai.ToError(err)
+				}
+				return a
+			}
+			for _, tok := range c.Tokens {
+				a.tokens = append(a.tokens, tok.ID)
+			}
+			if c.FinishReason != "" {
+				a.finish = c.FinishReason
+				return a
+			}
+		}
+	}
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 2, 2, 0, func(cfg *Config) {
+			fakeOf(cfg, "decode1").setOld()
+			fakeOf(cfg, "prefill0").setOld()
+		})
+		defer tr.r.Close()
+		for i := range 6 {
+			if a := send(tr.r, fmt.Sprintf("r%d", i), 3); a.err != nil || a.finish == "" {
+				t.Fatalf("request %d: %+v", i, a)
+			}
+		}
+		for _, w := range []*fakeWorker{tr.decode[1], tr.prefill[0]} {
+			if legs, _, _ := w.received(); len(legs) != 0 {
+				t.Fatalf("%s (no min_tokens feature) got %d legs", w.host, len(legs))
+			}
+		}
+		for _, w := range []*fakeWorker{tr.decode[0], tr.prefill[1]} {
+			legs, _, _ := w.received()
+			if len(legs) != 6 || legs[0].MinTokens != 3 {
+				t.Fatalf("%s got %d legs (first %+v), want 6 with min_tokens 3", w.host, len(legs), legs)
+			}
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, func(cfg *Config) { fakeOf(cfg, "decode0").setOld() })
+		defer tr.r.Close()
+		a := send(tr.r, "m", 2)
+		if a.err == nil || a.err.Status != http.StatusServiceUnavailable || !strings.Contains(a.err.Message, "does not support min_tokens") {
+			t.Fatalf("min_tokens with only an older decode worker: %+v, want a 503 saying why", a.err)
+		}
+		if a := send(tr.r, "plain", 0); a.err != nil || a.finish == "" {
+			t.Fatalf("a request without min_tokens: %+v", a)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 0, 0, 2, func(cfg *Config) { fakeOf(cfg, "colocated0").setOld() })
+		defer tr.r.Close()
+		for i := range 4 {
+			if a := send(tr.r, fmt.Sprintf("c%d", i), 3); a.err != nil || a.finish == "" {
+				t.Fatalf("colocated request %d: %+v", i, a)
+			}
+		}
+		if legs, _, _ := tr.colocated[0].received(); len(legs) != 0 {
+			t.Fatalf("the older colocated worker got %d legs", len(legs))
+		}
+	})
+}

@@ -51,9 +51,27 @@ type PickRequest struct {
 	InputIDs []int32
 	// MaxTokens is the request's output budget.
 	MaxTokens int
+	// Needs lists the worker features (workerapi.Feature…) the request
+	// uses: a worker that does not list one of them is not a candidate.
+	Needs []string
 
 	// hashes memoizes the prompt's page hashes for the cache_aware policy.
 	hashes pageHashes
+}
+
+// missing returns the first of the request's needs that w does not list,
+// or "" (also for a nil request).
+func (q *PickRequest) missing(w *fleet.Worker) string {
+	if q == nil || len(q.Needs) == 0 {
+		return ""
+	}
+	have := w.Info().Features
+	for _, f := range q.Needs {
+		if !slices.Contains(have, f) {
+			return f
+		}
+	}
+	return ""
 }
 
 // Candidate is one worker a policy may choose, with the router's estimate

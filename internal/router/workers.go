@@ -191,7 +191,7 @@ func (r *Router) probeWorker(ctx context.Context, e registry.Entry) (fleet.Info,
 		return fleet.Info{}, err
 	}
 	fi := fleet.Info{Role: info.Role.String(), Model: info.Model, Fingerprint: info.Fingerprint, ContextLen: info.ContextLen,
-		Instance: info.Instance, Draining: h.Status == workerapi.HealthDraining, Live: h.Live, Parked: h.Stages["parked"]}
+		Instance: info.Instance, Features: info.Features, Draining: h.Status == workerapi.HealthDraining, Live: h.Live, Parked: h.Stages["parked"]}
 	if info.KVPort != 0 {
 		// The KV address is the worker's own host (as the registry gives
 		// it) and the port it reports: never an address a peer supplies.
@@ -424,12 +424,14 @@ func shedReasonOf(e *openai.Error) ShedReason {
 // ready). A colocated worker is chosen by the decode policy and admitted by
 // the decode thresholds.
 func (r *Router) pickPlain(req *PickRequest) (*fleet.Worker, *openai.Error) {
-	cands, ready, why := r.candidates(workerapi.RoleColocated, r.clock.Now(), req != nil, nil)
+	cands, ready, why := r.candidates(workerapi.RoleColocated, r.clock.Now(), req != nil, func(w *fleet.Worker) bool {
+		return req.missing(w) != ""
+	})
 	switch {
 	case ready > 0 && req == nil:
 		return cands[0].Worker, nil
 	case ready == 0:
-		e := openai.Unavailable("no healthy colocated worker (see /debug/workers)")
+		e := openai.Unavailable("no healthy colocated worker%s (see /debug/workers)", r.whyNone(workerapi.RoleColocated, nil, req))
 		e.Code = outcome.NoWorker.String()
 		return nil, e
 	case len(cands) == 0:
@@ -484,16 +486,16 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 	for range 3 { // again if another request took the probe of a half-open pair
 		now := r.clock.Now()
 		prefills, readyP, prefillWhy := r.candidates(workerapi.RolePrefill, now, admit, func(p *fleet.Worker) bool {
-			return o.exclude[p] || p.KVAddr() == ""
+			return o.exclude[p] || p.KVAddr() == "" || o.req.missing(p) != ""
 		})
 		decodes, readyD, decodeWhy := r.candidates(workerapi.RoleDecode, now, admit, func(d *fleet.Worker) bool {
-			return o.exclude[d]
+			return o.exclude[d] || o.req.missing(d) != ""
 		})
 		switch {
 		case readyD == 0:
-			return nil, nil, "", false, noWorker("no ready decode worker%s (see /workers)", r.whyNone(workerapi.RoleDecode, o.exclude))
+			return nil, nil, "", false, noWorker("no ready decode worker%s (see /workers)", r.whyNone(workerapi.RoleDecode, o.exclude, o.req))
 		case readyP == 0:
-			return nil, nil, "", false, noWorker("no ready prefill worker%s (see /workers)", r.whyNone(workerapi.RolePrefill, o.exclude))
+			return nil, nil, "", false, noWorker("no ready prefill worker%s (see /workers)", r.whyNone(workerapi.RolePrefill, o.exclude, o.req))
 		case len(decodes) == 0:
 			return nil, nil, "", false, r.shedError(decodeWhy, "every decode worker is saturated")
 		case len(prefills) == 0:
@@ -567,8 +569,9 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 }
 
 // whyNone says why the workers of role do not take requests: the first
-// few with their state and last error, as ": url state: why; …".
-func (r *Router) whyNone(role workerapi.Role, exclude map[*fleet.Worker]bool) string {
+// few with their state and last error, as ": url state: why; …"; req, if
+// set, names a feature it needs that a worker lacks.
+func (r *Router) whyNone(role workerapi.Role, exclude map[*fleet.Worker]bool, req *PickRequest) string {
 	var whys []string
 	for _, w := range r.set.Workers(role.String()) {
 		if len(whys) == 3 {
@@ -580,6 +583,8 @@ func (r *Router) whyNone(role workerapi.Role, exclude map[*fleet.Worker]bool) st
 		switch {
 		case exclude[w]:
 			why += ": failed this request already"
+		case req.missing(w) != "":
+			why += ": does not support " + req.missing(w) + " (an older pdserve)"
 		case st.LastError != "":
 			why += ": " + st.LastError
 		}

@@ -333,7 +333,8 @@ func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
 
 func (w *Worker) handleInfo(rw http.ResponseWriter, _ *http.Request) {
 	info := workerapi.Info{Role: apiRole(w.role), Model: w.info.Name, Fingerprint: w.Fingerprint(),
-		ContextLen: w.info.ContextLen, VocabSize: w.info.VocabSize, KVAddr: w.kvAddr, Instance: w.instance}
+		ContextLen: w.info.ContextLen, VocabSize: w.info.VocabSize, KVAddr: w.kvAddr, Instance: w.instance,
+		Features: workerapi.Features()}
 	if i := strings.LastIndexByte(w.kvAddr, ':'); i >= 0 {
 		fmt.Sscanf(w.kvAddr[i+1:], "%d", &info.KVPort)
 	}

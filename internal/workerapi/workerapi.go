@@ -238,7 +238,20 @@ type Info struct {
 	// Instance identifies the worker process (random, minted at start): a
 	// new value at the same address is a restarted worker.
 	Instance string `json:"instance"`
+	// Features lists the request fields this worker honours beyond the
+	// first version of the leg body ([Features]); the router sends a
+	// request that needs one only to workers that list it, so that during
+	// a rolling upgrade an older worker, which would ignore the field,
+	// never serves it.
+	Features []string `json:"features,omitempty"`
 }
+
+// FeatureMinTokens: the worker honours GenerateBody.MinTokens.
+const FeatureMinTokens = "min_tokens"
+
+// Features returns the features this build's workers list in Info (a fresh
+// slice).
+func Features() []string { return []string{FeatureMinTokens} }
 
 // Health statuses.
 const (

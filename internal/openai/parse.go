@@ -435,7 +435,14 @@ func (p *parser) resolveMaxTokens(req *request, maxTokens *int, def int, param, 
 	if err := p.maxTokens(req, maxTokens, def, param, promptParam); err != nil {
 		return err
 	}
-	if req.minTokens > req.maxTokens {
+	switch {
+	case req.minTokens <= req.maxTokens:
+	case maxTokens == nil && def == 0:
+		e := BadRequest("min_tokens", "min_tokens is %d, but this model's context length leaves %d tokens after the %d in the %s",
+			req.minTokens, req.maxTokens, len(req.promptIDs), promptParam)
+		e.Code = CodeContextLengthExceeded
+		return e
+	default:
 		return BadRequest("min_tokens", "min_tokens must be at most %s (%d), got %d", param, req.maxTokens, req.minTokens)
 	}
 	return nil

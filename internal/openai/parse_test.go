@@ -198,6 +198,7 @@ func TestParseChatRejects(t *testing.T) {
 		{"max_completion_tokens string", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":"x"}`, 400, "max_completion_tokens", "must be an integer"},
 		{"max_completion_tokens 0", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, 400, "max_completion_tokens", "at least 1"},
 		{"max_tokens 0", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}`, 400, "max_tokens", "at least 1"},
+		{"min_tokens over the rest of the context", `{"messages":[{"role":"user","content":"hi"}],"min_tokens":64}`, 400, "min_tokens", "this model's context length leaves"},
 		{"min_tokens over max_completion_tokens", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3,"min_tokens":4}`, 400, "min_tokens", "min_tokens must be at most max_completion_tokens (3), got 4"},
 		{"context", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":60}`, 400, "max_tokens", "you requested 80 tokens (20 in the messages, 60 in the completion)"},
 		{"logprobs", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true}`, 400, "logprobs", "not supported yet"},

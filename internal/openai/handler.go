@@ -397,8 +397,11 @@ func (h *handler) logError(endpoint, rid string, e *Error, when string) {
 	if e.Status >= 500 {
 		level = slog.LevelWarn
 	}
-	h.log.Log(context.Background(), level, "request failed", "rid", rid, "endpoint", endpoint,
-		"status", e.Status, "type", e.Type, "message", e.Message, "when", when)
+	attrs := []any{"endpoint", endpoint, "status", e.Status, "type", e.Type, "message", e.Message, "when", when}
+	if rid != "" { // refused before a request id was minted: none to show
+		attrs = append([]any{"rid", rid}, attrs...)
+	}
+	h.log.Log(context.Background(), level, "request failed", attrs...)
 }
 
 // response is the state of one request's answer.

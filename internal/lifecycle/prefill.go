@@ -161,9 +161,16 @@ func (m *Machine) prefillRoomOpen(p kvxfer.PeerID, x kvxfer.RoomOpen) {
 		m.roomOpened(r, p, x)
 		return
 	}
-	if _, ok := m.rooms[x.Room]; ok {
-		m.refuse(p, x.RoomGen)
-		return
+	if r, ok := m.rooms[x.Room]; ok {
+		// A newer gen is a retry whose ROOM_OPEN came before its prefill
+		// leg (decode got its leg first): the leg will supersede r, so the
+		// open is held for it as for a room not seen yet — refusing it
+		// would fail the retry. An older gen, or a room whose own open is
+		// held back, is refused.
+		if _, held := m.pending[x.Room]; x.Gen <= r.Gen || held {
+			m.refuse(p, x.RoomGen)
+			return
+		}
 	}
 	if _, ok := m.tombFor(x.RID, x.Room, x.Gen); ok {
 		m.refuse(p, x.RoomGen)

@@ -823,3 +823,38 @@ func TestMinTokensValidated(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryOpenBeforeItsPrefillLeg: a retry's ROOM_OPEN (gen 2) that
+// reaches prefill while the room is still at gen 1 — decode got its leg
+// first — is held for the gen-2 leg, which then supersedes gen 1 and binds
+// it, instead of being refused as stale (which failed the retry).
+func TestRetryOpenBeforeItsPrefillLeg(t *testing.T) {
+	h := newHarness(t, testConfig(RolePrefill), 16)
+	q1 := request(1, 8, 4)
+	h.step(Arrive{Req: q1})
+	h.step(PeerMessage{Peer: 7, Msg: roomOpen(q1)})
+	q2 := q1
+	q2.RID, q2.Gen = "r1-retry", 2
+	effs := h.step(PeerMessage{Peer: 7, Msg: roomOpen(q2)})
+	if a := sends[kvxfer.Abort](effs); len(a) != 0 {
+		t.Fatalf("gen 2's ROOM_OPEN refused while gen 1 holds the room:\n%s", describe(effs))
+	}
+	if n := h.m.Stats(h.now).PendingOpens; n != 1 {
+		t.Fatalf("pending opens %d, want gen 2's", n)
+	}
+	h.step(Arrive{Req: q2})
+	if f, ok := h.finalOf(q1.RID); !ok || f.Outcome != outcome.AbortedPeer {
+		t.Fatalf("gen 1: %+v (final %v), want aborted_peer (superseded)", f, ok)
+	}
+	if n := h.m.Stats(h.now).PendingOpens; n != 0 {
+		t.Fatalf("pending opens %d after gen 2 arrived", n)
+	}
+	if r := h.m.reqs[q2.RID]; r == nil || !r.opened || r.Gen != 2 {
+		t.Fatalf("gen 2 not bound to its open: %+v", r)
+	}
+	// An older gen than the room's is still refused.
+	effs = h.step(PeerMessage{Peer: 7, Msg: roomOpen(q1)})
+	if a := sends[kvxfer.Abort](effs); len(a) != 1 {
+		t.Fatalf("gen 1's ROOM_OPEN after gen 2 holds the room: want an ABORT:\n%s", describe(effs))
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -48,29 +49,14 @@ func legCounts(ws []*fakeWorker) []int {
 }
 
 // generateN sends one request with a prompt of n tokens and reads it to
-// its end.
+// its end; a stream that ends without a finish reason is an error.
 func generateN(ctx context.Context, r *Router, rid string, n int) answer {
-	st, err := r.Generate(ctx, &openai.GenerateRequest{RID: rid, InputIDs: make([]int32, n), MaxTokens: 3,
+	a := generateReq(ctx, r, &openai.GenerateRequest{RID: rid, InputIDs: make([]int32, n), MaxTokens: 3,
 		Sampling: model.SamplingParams{TopP: 1}})
-	if err != nil {
-		return answer{err: openai.ToError(err)}
+	if a.err == nil && a.finish == "" {
+		a.err = openai.ToError(io.EOF)
 	}
-	defer st.Close()
-	var a answer
-	for {
-		c, err := st.Recv()
-		if err != nil {
-			a.err = openai.ToError(err)
-			return a
-		}
-		for _, tok := range c.Tokens {
-			a.tokens = append(a.tokens, tok.ID)
-		}
-		if c.FinishReason != "" {
-			a.finish = c.FinishReason
-			return a
-		}
-	}
+	return a
 }
 
 // TestPoliciesByReportedLoad: with three decode workers reporting KV use

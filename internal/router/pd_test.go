@@ -77,11 +77,16 @@ type answer struct {
 
 // generate sends one request and reads it to its end.
 func generate(ctx context.Context, r *Router, rid string) answer {
+	return generateReq(ctx, r, &openai.GenerateRequest{RID: rid, InputIDs: []int32{1, 2, 3}, MaxTokens: 3,
+		Sampling: model.SamplingParams{TopP: 1, Seed: 7}})
+}
+
+// generateReq sends g and reads it to its end.
+func generateReq(ctx context.Context, r *Router, g *openai.GenerateRequest) answer {
 	start := time.Now()
 	var a answer
 	defer func() { a.after = time.Since(start) }()
-	st, err := r.Generate(ctx, &openai.GenerateRequest{RID: rid, InputIDs: []int32{1, 2, 3}, MaxTokens: 3,
-		Sampling: model.SamplingParams{TopP: 1, Seed: 7}})
+	st, err := r.Generate(ctx, g)
 	if err != nil {
 		a.err = openai.ToError(err)
 		a.after = time.Since(start)
@@ -902,29 +907,8 @@ func TestDecodeLegHandedOver(t *testing.T) {
 // request without min_tokens is still served by the older workers.
 func TestMinTokensOnlyToWorkersThatHonourIt(t *testing.T) {
 	send := func(r *Router, rid string, minTokens int) answer {
-		st, err := r.Generate(context.Background(), &openai.GenerateRequest{RID: rid, InputIDs: []int32{1, 2, 3},
+		return generateReq(context.Background(), r, &openai.GenerateRequest{RID: rid, InputIDs: []int32{1, 2, 3},
 			MaxTokens: 3, MinTokens: minTokens, Sampling: model.SamplingParams{TopP: 1, Seed: 7}})
-		if err != nil {
-			return answer{err: openai.ToError(err)}
-		}
-		defer st.Close()
-		var a answer
-		for {
-			c, err := st.Recv()
-			if err != nil {
-				if !errors.Is(err, io.EOF) {
-					a.err = openai.ToError(err)
-				}
-				return a
-			}
-			for _, tok := range c.Tokens {
-				a.tokens = append(a.tokens, tok.ID)
-			}
-			if c.FinishReason != "" {
-				a.finish = c.FinishReason
-				return a
-			}
-		}
 	}
 	synctest.Test(t, func(t *testing.T) {
 		tr := newTestRouter(t, 2, 2, 0, func(cfg *Config) {

@@ -156,6 +156,7 @@ type fakeWorker struct {
 	aborts   []workerapi.AbortBody
 	health   int                                    // /health calls
 	abortChs map[string]chan workerapi.AbortBody    // by rid
+	legCtxs  map[string]context.Context             // the context of each leg served, by rid
 	healthFn func(ctx context.Context) (status int) // nil: 200
 	leg      legFunc                                // the leg endpoint
 	// report, if set, is the body of /health and /internal/v1/load (the
@@ -303,10 +304,16 @@ func (f *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		}
 		f.mu.Lock()
 		f.aborts = append(f.aborts, b)
+		legCtx := f.legCtxs[b.RID]
 		f.mu.Unlock()
-		select {
-		case f.abortCh(b.RID) <- b:
-		default:
+		// As on a worker, a leg ends once, by what reached the worker
+		// first: an abort for a leg the router hung up already is recorded
+		// but not handed to the leg, which has ended as its client leaving.
+		if legCtx == nil || legCtx.Err() == nil {
+			select {
+			case f.abortCh(b.RID) <- b:
+			default:
+			}
 		}
 		_, _ = io.WriteString(rw, `{"ok":true}`)
 	case r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/internal/v1/"):
@@ -318,6 +325,10 @@ func (f *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.legs = append(f.legs, b)
 		fn := f.leg
+		if f.legCtxs == nil {
+			f.legCtxs = make(map[string]context.Context)
+		}
+		f.legCtxs[b.RID] = r.Context()
 		f.mu.Unlock()
 		fn(r.Context(), b, f.abortCh(b.RID), &legWriter{rw: rw})
 	default:
@@ -349,6 +360,26 @@ func untilAborted(ctx context.Context, _ workerapi.GenerateBody, aborted <-chan 
 	case a := <-aborted:
 		w.fail(workerapi.OutcomeError(outcome.AbortedPeer, "the other leg failed: "+a.Detail, a.Cause))
 	case <-ctx.Done():
+	}
+}
+
+// abortedFirst waits until the router aborts the leg or hangs it up, and
+// reports whether the abort reached the worker first. Both may be ready by
+// the time the leg looks (the router hangs up right after the abort's
+// answer), and select picks among ready cases at random: a hang-up seen
+// with an abort already handed to the leg still ended after the abort (the
+// worker hands over no abort for a leg hung up already).
+func abortedFirst(ctx context.Context, aborted <-chan workerapi.AbortBody) bool {
+	select {
+	case <-aborted:
+		return true
+	case <-ctx.Done():
+		select {
+		case <-aborted:
+			return true
+		default:
+			return false
+		}
 	}
 }
 

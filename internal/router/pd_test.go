@@ -821,12 +821,7 @@ func TestDecodeLegHandedOver(t *testing.T) {
 					time.Sleep(time.Millisecond) // the bubble's clock: the router takes prefill's answer
 					tok(11, "")
 					if end != "finish" {
-						select {
-						case <-ab:
-							hungUpFirst <- false
-						case <-ctx.Done():
-							hungUpFirst <- true
-						}
+						hungUpFirst <- !abortedFirst(ctx, ab)
 						return
 					}
 					time.Sleep(time.Millisecond)

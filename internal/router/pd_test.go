@@ -916,6 +916,7 @@ func TestMinTokensOnlyToWorkersThatHonourIt(t *testing.T) {
 				t.Fatalf("request %d: %+v", i, a)
 			}
 		}
+		synctest.Wait() // the last prefill leg may still be on its way when decode has answered
 		for _, w := range []*fakeWorker{tr.decode[1], tr.prefill[0]} {
 			if legs, _, _ := w.received(); len(legs) != 0 {
 				t.Fatalf("%s (no min_tokens feature) got %d legs", w.host, len(legs))

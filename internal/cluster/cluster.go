@@ -459,7 +459,7 @@ func WorkerClient(secret string, internalTLS *tlsconf.Source) *http.Client {
 
 // httpsOnly sends every request over HTTPS: with internal TLS a worker
 // serves nothing else, whatever its registered URL says.
-type httpsOnly struct{ *http.Transport }
+type httpsOnly struct{ *router.Transport }
 
 func (h httpsOnly) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.URL.Scheme == "http" {

@@ -35,7 +35,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"path"
 	"slices"
@@ -149,16 +148,12 @@ type Config struct {
 }
 
 // NewTransport returns the pooled transport of the router's default
-// Client (5 s dial timeout, up to 1024 idle connections per worker), for a
-// caller that builds its own Client around it (TLS to the workers, request
-// signing).
-func NewTransport() *http.Transport {
-	return &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
-	}
+// Client (5 s dial timeout, up to 1024 idle connections per worker, kept
+// 90 s), for a caller that builds its own Client around it (TLS to the
+// workers, request signing). See Transport.
+func NewTransport() *Transport {
+	return &Transport{DialTimeout: 5 * time.Second, KeepAlive: 30 * time.Second,
+		IdleConnTimeout: 90 * time.Second, MaxIdleConnsPerHost: 1024}
 }
 
 // Router pairs prefill and decode workers. See the package doc.

@@ -79,6 +79,16 @@ type Pender interface {
 	Pending() bool
 }
 
+// Ender is implemented by streams that know, after their last chunk,
+// whether their source has ended too, so that Close will not wait for it
+// (the router's leg read to its end). The front end then leaves the last
+// event unflushed: the HTTP server sends it with the end of the response,
+// in one write, once the handler returns.
+type Ender interface {
+	// Ended reports, without blocking, whether Close will not block.
+	Ended() bool
+}
+
 // Stream is the output of one request. The front end calls its methods
 // from one goroutine, never concurrently.
 type Stream interface {

@@ -110,6 +110,8 @@ type fakeEngine struct {
 	failErr error
 	// blockAt ≥ 0: Recv blocks at script[blockAt] until the ctx is done.
 	blockAt int
+	// ended is what the streams' Ended (openai.Ender) reports.
+	ended bool
 
 	streams chan *fakeStream // every stream Generate returned
 	mu      sync.Mutex
@@ -186,6 +188,9 @@ func (s *fakeStream) Recv() (Chunk, error) {
 	}
 	return s.e.script[pos], nil
 }
+
+// Ended implements Ender.
+func (s *fakeStream) Ended() bool { return s.e.ended }
 
 func (s *fakeStream) Stop() {
 	s.mu.Lock()

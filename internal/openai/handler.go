@@ -536,7 +536,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 			rs.h.logError(rs.endpoint(), rs.rid, e, "during output")
 			noteCode(w, codeOf(e))
 			if sse.send(e.Body()) == nil {
-				_ = sse.done()
+				_ = sse.done(true)
 			}
 			return "error"
 		}
@@ -607,7 +607,11 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 			return gone()
 		}
 	}
-	if sse.done() != nil {
+	// The last write: flushed unless the stream's source has ended, in
+	// which case the handler returns at once and the server sends it with
+	// the response's end.
+	ender, _ := stream.(Ender)
+	if sse.done(ender == nil || !ender.Ended()) != nil {
 		return gone()
 	}
 	return rs.out.finish
@@ -648,10 +652,10 @@ func (s *sseWriter) event(v any, flush bool) error {
 	return s.write(flush)
 }
 
-// done writes the final "data: [DONE]" event, and flushes.
-func (s *sseWriter) done() error {
+// done writes the final "data: [DONE]" event, flushed if flush is set.
+func (s *sseWriter) done(flush bool) error {
 	s.buf = append(s.buf[:0], "data: [DONE]\n\n"...)
-	return s.write(true)
+	return s.write(flush)
 }
 
 // write sends the event in s.buf.

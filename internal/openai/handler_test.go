@@ -744,3 +744,55 @@ type failingStream struct{ err error }
 func (s failingStream) Recv() (Chunk, error) { return Chunk{}, s.err }
 func (failingStream) Stop()                  {}
 func (failingStream) Close()                 {}
+
+// flushCounter is a ResponseWriter that records what was written before
+// each flush.
+type flushCounter struct {
+	h       http.Header
+	status  int
+	body    strings.Builder
+	flushed int // bytes of body written at the last Flush
+	flushes int
+}
+
+func (f *flushCounter) Header() http.Header {
+	if f.h == nil {
+		f.h = http.Header{}
+	}
+	return f.h
+}
+func (f *flushCounter) WriteHeader(s int)           { f.status = s }
+func (f *flushCounter) Write(b []byte) (int, error) { return f.body.Write(b) }
+func (f *flushCounter) Flush()                      { f.flushes++; f.flushed = f.body.Len() }
+
+// TestLastEventGoesWithTheEnd: when the stream's source has ended (Ender),
+// the last events (the final chunk and [DONE]) are left unflushed so the server sends it with
+// the response's end in one write; otherwise it is flushed. The bytes are
+// the same either way.
+func TestLastEventGoesWithTheEnd(t *testing.T) {
+	var bodies []string
+	for _, ended := range []bool{false, true} {
+		eng := newFakeEngine(chunksOf("abcd", 2, "length")...)
+		eng.ended = ended
+		h := NewHandler(testConfig(t, eng))
+		fc := &flushCounter{}
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"x","stream":true}`))
+		req.Header.Set("Content-Type", "application/json")
+		h.ServeHTTP(fc, req)
+		body := fc.body.String()
+		if fc.status != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+			t.Fatalf("ended=%v: %d %q", ended, fc.status, body)
+		}
+		unflushed := body[fc.flushed:]
+		if ended && (strings.Count(unflushed, "data: ") != 2 || !strings.Contains(unflushed, `"finish_reason":"length"`)) {
+			t.Errorf("source ended: unflushed at the end %q, want the last chunk and [DONE]", unflushed)
+		}
+		if !ended && unflushed != "" {
+			t.Errorf("source not ended: %q left unflushed", unflushed)
+		}
+		bodies = append(bodies, body)
+	}
+	if bodies[0] != bodies[1] {
+		t.Errorf("bodies differ:\n%s\n%s", bodies[0], bodies[1])
+	}
+}

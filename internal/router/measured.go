@@ -1,6 +1,8 @@
 package router
 
 import (
+	"bufio"
+	"net/http"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/openai"
@@ -81,3 +83,29 @@ func (s *pdStream) Pending() bool {
 
 // Pending implements openai.Pender: a line is waiting, decoded or read.
 func (s *plainStream) Pending() bool { return !s.finished && s.br != nil && lineBuffered(s.br) }
+
+// Ended implements openai.Ender for the wrapped stream.
+func (m *measured) Ended() bool {
+	e, ok := m.Stream.(openai.Ender)
+	return ok && e.Ended()
+}
+
+// legEnded reports, without blocking, whether a leg whose last line br has
+// returned has its whole answer read (its chunked terminator came with the
+// line): closing it then returns its connection to the pool at once.
+func legEnded(resp *http.Response, br *bufio.Reader) bool {
+	if resp == nil || br == nil || br.Buffered() > 0 {
+		return false
+	}
+	e, ok := resp.Body.(interface{ Ended() bool })
+	return ok && e.Ended()
+}
+
+// Ended implements openai.Ender: the leg sent its last line and its end.
+func (s *plainStream) Ended() bool { return s.finished && !s.stopped && legEnded(s.resp, s.br) }
+
+// Ended implements openai.Ender: the decode leg, handed over to the
+// client's goroutine, sent its last line and its end.
+func (s *pdStream) Ended() bool {
+	return s.finished && !s.stopped && s.a != nil && s.a.leg != nil && legEnded(s.a.leg.resp, s.a.leg.br)
+}

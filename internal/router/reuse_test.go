@@ -2,9 +2,13 @@ package router
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,6 +77,9 @@ func TestFinishedLegKeepsConnection(t *testing.T) {
 				break
 			}
 		}
+		if st.(openai.Ender).Ended() {
+			t.Fatal("the leg reads as ended before its worker ended the response")
+		}
 		release <- struct{}{} // the response ends after the last line was returned
 		st.Close()
 	}
@@ -85,5 +92,67 @@ func TestFinishedLegKeepsConnection(t *testing.T) {
 		if a != remotes[0] {
 			t.Errorf("leg %d came from %s, leg 0 from %s: the connection was not reused", i, a, remotes[0])
 		}
+	}
+}
+
+// TestLegEndedWithItsLastLine: a worker that sends its last line with the
+// end of its response (as pdserve's workers do) leaves the router's stream
+// ended at the last chunk (openai.Ender), so the front end need not flush
+// the client's last event on its own; the connection is reused.
+func TestLegEndedWithItsLastLine(t *testing.T) {
+	w := &fakeWorker{role: workerapi.RoleColocated}
+	w.leg = func(_ context.Context, _ workerapi.GenerateBody, _ <-chan workerapi.AbortBody, lw *legWriter) {
+		lw.line(workerapi.StreamLine{TokenIDs: []int32{10}, Logprobs: []float32{-1}})
+		lw.rw.(http.Flusher).Flush()
+		lw.line(workerapi.StreamLine{TokenIDs: []int32{11}, Logprobs: []float32{-1}, FinishReason: "length"})
+	}
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(w)
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	tr := NewTransport()
+	defer tr.CloseIdleConnections()
+	r, err := New(Config{ModelName: "m", ContextLen: 64, Client: &http.Client{Transport: tr},
+		Registerer: prometheus.NewRegistry(), Colocated: []string{srv.URL},
+		HealthInterval: time.Hour, LoadInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Start()
+	defer r.Close()
+	for i := range 3 {
+		st, oerr := r.Generate(context.Background(), &openai.GenerateRequest{RID: fmt.Sprintf("r%d", i),
+			InputIDs: []int32{1, 2, 3}, MaxTokens: 2, Sampling: model.SamplingParams{TopP: 1}})
+		if oerr != nil {
+			t.Fatal(oerr)
+		}
+		var got []int32
+		for {
+			c, err := st.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tk := range c.Tokens {
+				got = append(got, tk.ID)
+			}
+			if c.FinishReason != "" {
+				break
+			}
+		}
+		if !slices.Equal(got, []int32{10, 11}) {
+			t.Fatalf("tokens %v", got)
+		}
+		if !st.(openai.Ender).Ended() {
+			t.Fatal("the leg's end came with its last line, but the stream does not read as ended")
+		}
+		st.Close()
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections for 3 legs, want 1", n)
 	}
 }

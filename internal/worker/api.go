@@ -278,10 +278,13 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 			w.abortClient(q.RID)
 			return
 		}
-		_ = rc.Flush()
 		if fin != nil {
+			// The last line goes out with the response's end (the chunked
+			// terminator) in one write when the handler returns: the router
+			// finds its leg ended with the line, without another read.
 			return
 		}
+		_ = rc.Flush()
 	}
 }
 
@@ -556,3 +559,6 @@ func (s *localStream) Close() {
 		s.w.abortClient(s.rid)
 	}
 }
+
+// Ended implements openai.Ender: Close never waits.
+func (s *localStream) Ended() bool { return true }

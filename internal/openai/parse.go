@@ -11,6 +11,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -93,6 +94,9 @@ func decodeBody(r io.Reader, v any) error {
 			return BadRequest("", "the request body must be a JSON object, got %s", ute.Value)
 		}
 		field := jsonPath(ute.Field)
+		if lit, ok := strings.CutPrefix(ute.Value, "number "); ok {
+			return badNumber(field, lit, ute.Type)
+		}
 		return BadRequest(field, "%s must be %s, got %s", field, jsonKind(ute.Type), ute.Value)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return BadRequest("", "invalid JSON: unexpected end of the request body")
@@ -101,6 +105,30 @@ func decodeBody(r io.Reader, v any) error {
 			Message: "timed out reading the request body"}
 	}
 	return BadRequest("", "invalid request body: %v", err)
+}
+
+// badNumber is the error for the number lit that a field of type t cannot
+// hold: for an integer field, lit has a fractional part (pydantic's words)
+// or is beyond t's range; for a float field, lit is beyond float64.
+func badNumber(field, lit string, t reflect.Type) *Error {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var kind reflect.Kind
+	if t != nil {
+		kind = t.Kind()
+	}
+	switch kind {
+	case reflect.Float32, reflect.Float64:
+		return BadRequest(field, "%s must be a finite number, got %s (out of range)", field, lit)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if f, err := strconv.ParseFloat(lit, 64); err == nil && f != math.Trunc(f) {
+			return BadRequest(field, "%s must be an integer, got %s (a number with a fractional part)", field, lit)
+		}
+		return BadRequest(field, "%s must be an integer in [%v, %v], got %s", field, intMin(t), intMax(t), lit)
+	}
+	return BadRequest(field, "%s must be %s, got number %s", field, jsonKind(t), lit)
 }
 
 // jsonPath turns the Field of a json.UnmarshalTypeError into the JSON path
@@ -373,7 +401,7 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 		case k < -1:
 			return BadRequest("top_k", "top_k must be -1 or 0 (disabled) or at least 1, got %d", k)
 		case k > 0:
-			sp.TopK = k
+			sp.TopK = int(k)
 		}
 	}
 	// Each field was checked alone above to name it; this catches any rule
@@ -410,7 +438,7 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 	}
 	req.ignoreEOS = w.IgnoreEOS
 	if w.MinTokens != nil {
-		req.minTokens = *w.MinTokens // ≤ max_tokens: checked in resolveMaxTokens
+		req.minTokens = int(*w.MinTokens) // ≤ max_tokens: checked in resolveMaxTokens
 	}
 	req.includeStopStr = w.IncludeStopStrInOutput
 	req.stream = w.Stream
@@ -431,7 +459,7 @@ const DefaultCompletionMaxTokens = 16
 // checks the context length and that min_tokens does not exceed it (as
 // vLLM does). promptParam names the prompt in messages ("prompt" or
 // "messages").
-func (p *parser) resolveMaxTokens(req *request, maxTokens *int, def int, param, promptParam string) error {
+func (p *parser) resolveMaxTokens(req *request, maxTokens *Int, def int, param, promptParam string) error {
 	if err := p.maxTokens(req, maxTokens, def, param, promptParam); err != nil {
 		return err
 	}
@@ -449,7 +477,7 @@ func (p *parser) resolveMaxTokens(req *request, maxTokens *int, def int, param, 
 }
 
 // maxTokens is resolveMaxTokens without the min_tokens check.
-func (p *parser) maxTokens(req *request, maxTokens *int, def int, param, promptParam string) error {
+func (p *parser) maxTokens(req *request, maxTokens *Int, def int, param, promptParam string) error {
 	n := len(req.promptIDs)
 	ctxLen := p.contextLen
 	if p.contextNow != nil {
@@ -470,7 +498,7 @@ func (p *parser) maxTokens(req *request, maxTokens *int, def int, param, promptP
 		}
 		return nil
 	}
-	m := *maxTokens
+	m := int(*maxTokens)
 	if m < 1 {
 		return BadRequest(param, "%s must be at least 1, got %d", param, m)
 	}
@@ -578,11 +606,19 @@ func (p *parser) encodePrompt(s string) ([]int32, error) {
 }
 
 // tokenIDs converts a JSON array of token ids, each below vocab if it is
-// positive.
+// positive. Ids may be whole numbers written as floats (Int).
 func tokenIDs(raw json.RawMessage, vocab int) ([]int32, error) {
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {
-		return nil, BadRequest("prompt", "prompt must be %s", promptShapes)
+		// Plain integers decode faster; try Int only if they fail.
+		var lax []Int
+		if json.Unmarshal(raw, &lax) != nil {
+			return nil, BadRequest("prompt", "prompt must be %s", promptShapes)
+		}
+		ids = make([]int64, len(lax))
+		for i, id := range lax {
+			ids[i] = int64(id)
+		}
 	}
 	if len(ids) == 0 {
 		return nil, BadRequest("prompt", "prompt must not be empty")

@@ -315,3 +315,76 @@ func TestCompletionMaxTokensDefault(t *testing.T) {
 		t.Fatalf("chat max_tokens %+v %v", req, err)
 	}
 }
+
+// TestParseWholeNumberFloats: an integer field takes a float that is a
+// whole number (3.0, 1e1), as Python clients send and vLLM's pydantic
+// models accept; a fractional part, a number beyond int64 or another type
+// is a 400 naming the field.
+func TestParseWholeNumberFloats(t *testing.T) {
+	hi := []int32{'h', 'i'}
+	def := func(mod func(*request)) *request {
+		r := &request{promptIDs: hi, maxTokens: DefaultCompletionMaxTokens,
+			sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
+		if mod != nil {
+			mod(r)
+		}
+		return r
+	}
+	for _, tt := range []struct {
+		name string
+		body string
+		want *request
+	}{
+		{"max_tokens", `{"prompt":"hi","max_tokens":3.0}`, def(func(r *request) { r.maxTokens = 3 })},
+		{"exponent", `{"prompt":"hi","max_tokens":1e1}`, def(func(r *request) { r.maxTokens = 10 })},
+		{"n and best_of", `{"prompt":"hi","n":1.0,"best_of":1.0}`, def(nil)},
+		{"min_tokens", `{"prompt":"hi","max_tokens":4,"min_tokens":2.0}`, def(func(r *request) { r.maxTokens, r.minTokens = 4, 2 })},
+		{"seed", `{"prompt":"hi","seed":5.0}`, def(func(r *request) { r.sampling.Seed = 5 })},
+		{"negative seed", `{"prompt":"hi","seed":-1.0}`, def(func(r *request) { r.sampling.Seed = math.MaxUint64 })},
+		{"top_k", `{"prompt":"hi","top_k":40.0}`, def(func(r *request) { r.sampling.TopK = 40 })},
+		{"top_k -1", `{"prompt":"hi","top_k":-1.0}`, def(nil)},
+		{"stop_token_ids", `{"prompt":"hi","stop_token_ids":[7.0,0.0,2e0]}`, def(func(r *request) { r.stopTokenIDs = []int32{7, 0, 2} })},
+		{"prompt token ids", `{"prompt":[104.0,1.05e2]}`, def(nil)},
+		{"nested prompt token ids", `{"prompt":[[104,105.0]]}`, def(nil)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := testParser().parseCompletion(strings.NewReader(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got, cmpRequest); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+	chat := func(extra string) string {
+		return `{"messages":[{"role":"user","content":"x"}],` + extra + `}`
+	}
+	req, err := testParser().parseChat(strings.NewReader(chat(`"max_completion_tokens":3.0,"top_logprobs":0.0`)))
+	if err != nil || req.maxTokens != 3 {
+		t.Fatalf("chat: %+v, %v", req, err)
+	}
+	checkBad(t, parseCompletionString(testParser()), []badCase{
+		// A whole number reaches the field's own check.
+		{"logprobs 2.0", `{"prompt":"hi","logprobs":2.0}`, 400, "logprobs", "logprobs is not supported yet"},
+		{"n 2.0", `{"prompt":"hi","n":2.0}`, 400, "n", "n must be 1, got 2"},
+		{"max_tokens 0.0", `{"prompt":"hi","max_tokens":0.0}`, 400, "max_tokens", "max_tokens must be at least 1, got 0"},
+		{"max_tokens 3.5", `{"prompt":"hi","max_tokens":3.5}`, 400, "max_tokens", "max_tokens must be an integer, got 3.5 (a number with a fractional part)"},
+		{"n 1.5", `{"prompt":"hi","n":1.5}`, 400, "n", "n must be an integer, got 1.5 (a number with a fractional part)"},
+		{"min_tokens -0.5", `{"prompt":"hi","min_tokens":-0.5}`, 400, "min_tokens", "fractional part"},
+		{"seed 1e19", `{"prompt":"hi","seed":1e19}`, 400, "seed", "seed must be an integer in [-9223372036854775808, 9223372036854775807], got 1e19"},
+		{"seed 2^63", `{"prompt":"hi","seed":9223372036854775808}`, 400, "seed", "seed must be an integer in [-9223372036854775808, 9223372036854775807], got 9223372036854775808"},
+		{"top_k 1e400", `{"prompt":"hi","top_k":1e400}`, 400, "top_k", "top_k must be an integer in"},
+		{"best_of 1.000001", `{"prompt":"hi","best_of":1.000001}`, 400, "best_of", "fractional part"},
+		{"stop_token_ids 1.5", `{"prompt":"hi","stop_token_ids":[1,1.5]}`, 400, "stop_token_ids", "stop_token_ids must be an integer, got 1.5"},
+		{"max_tokens string", `{"prompt":"hi","max_tokens":"3"}`, 400, "max_tokens", "max_tokens must be an integer, got string"},
+		{"max_tokens bool", `{"prompt":"hi","max_tokens":true}`, 400, "max_tokens", "max_tokens must be an integer, got bool"},
+		{"top_k object", `{"prompt":"hi","top_k":{}}`, 400, "top_k", "top_k must be an integer, got object"},
+		{"stop_token_ids strings", `{"prompt":"hi","stop_token_ids":["1"]}`, 400, "stop_token_ids", "must be an integer, got string"},
+		{"prompt 104.5", `{"prompt":[104.5]}`, 400, "prompt", "prompt must be a string"},
+	})
+	checkBad(t, parseChatString(testParser()), []badCase{
+		{"max_completion_tokens 2.5", chat(`"max_completion_tokens":2.5`), 400, "max_completion_tokens", "fractional part"},
+		{"top_logprobs 2.0", chat(`"top_logprobs":2.0`), 400, "top_logprobs", "not supported yet"},
+	})
+}

@@ -385,13 +385,24 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 	}
 	sp := model.SamplingParams{Temperature: 1, TopP: 1}
 	if w.Temperature != nil {
-		sp.Temperature = float32(*w.Temperature)
+		t, err := samplingFloat("temperature", *w.Temperature)
+		if err != nil {
+			return err
+		}
+		sp.Temperature = t // a positive t that rounds to 0 is greedy, as in vLLM (< 1e-5)
 		if err := (model.SamplingParams{Temperature: sp.Temperature, TopP: 1}).Validate(); err != nil {
 			return BadRequest("temperature", "%v", err)
 		}
 	}
 	if w.TopP != nil {
-		sp.TopP = float32(*w.TopP)
+		tp, err := samplingFloat("top_p", *w.TopP)
+		if err != nil {
+			return err
+		}
+		if tp == 0 && *w.TopP > 0 {
+			return BadRequest("top_p", "top_p must be in (0, 1], got %v, which is 0 in float32 (the sampler's precision)", *w.TopP)
+		}
+		sp.TopP = tp
 		if err := (model.SamplingParams{TopP: sp.TopP}).Validate(); err != nil {
 			return BadRequest("top_p", "%v", err)
 		}
@@ -447,6 +458,18 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 	// answer, so they are always returned.
 	req.returnTokenIDs = w.ReturnTokenIDs || p.tok == nil
 	return nil
+}
+
+// samplingFloat converts the float field name to the sampler's float32,
+// refusing a finite value beyond float32's range, which would become ±Inf,
+// with the value the client sent. (encoding/json refuses one beyond
+// float64.)
+func samplingFloat(name string, v float64) (float32, error) {
+	f := float32(v)
+	if math.IsInf(float64(f), 0) && !math.IsInf(v, 0) {
+		return 0, BadRequest(name, "%s is out of range, got %v (beyond float32, the sampler's precision)", name, v)
+	}
+	return f, nil
 }
 
 // DefaultCompletionMaxTokens is max_tokens of a /v1/completions request that

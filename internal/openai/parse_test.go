@@ -133,7 +133,7 @@ func TestParseCompletionRejects(t *testing.T) {
 		{"prompt over context", `{"prompt":` + longer + `,"max_tokens":1}`, 400, "prompt", "you requested 71 tokens (70 in the prompt, 1 in the completion)"},
 		{"temperature negative", `{"prompt":"hi","temperature":-1}`, 400, "temperature", "temperature must be in [0, 100]"},
 		{"temperature high", `{"prompt":"hi","temperature":101}`, 400, "temperature", "temperature must be in"},
-		{"temperature overflows float32", `{"prompt":"hi","temperature":1e300}`, 400, "temperature", "temperature must be in"},
+		{"temperature overflows float32", `{"prompt":"hi","temperature":1e300}`, 400, "temperature", "temperature is out of range, got 1e+300"},
 		{"top_p 0", `{"prompt":"hi","top_p":0}`, 400, "top_p", "top_p must be in (0, 1]"},
 		{"top_p 1.5", `{"prompt":"hi","top_p":1.5}`, 400, "top_p", "top_p must be in"},
 		{"top_p tiny", `{"prompt":"hi","top_p":1e-50}`, 400, "top_p", "top_p must be in"},
@@ -387,4 +387,33 @@ func TestParseWholeNumberFloats(t *testing.T) {
 		{"max_completion_tokens 2.5", chat(`"max_completion_tokens":2.5`), 400, "max_completion_tokens", "fractional part"},
 		{"top_logprobs 2.0", chat(`"top_logprobs":2.0`), 400, "top_logprobs", "not supported yet"},
 	})
+}
+
+// TestParseFloatRange: a float field beyond float32 (the sampler's
+// precision) or float64 is refused with the value the client sent, never
+// the +Inf or 0 it would have become.
+func TestParseFloatRange(t *testing.T) {
+	cases := []badCase{
+		{"temperature 1e39", `{"prompt":"hi","temperature":1e39}`, 400, "temperature", "temperature is out of range, got 1e+39 (beyond float32, the sampler's precision)"},
+		{"temperature -1e39", `{"prompt":"hi","temperature":-1e39}`, 400, "temperature", "temperature is out of range, got -1e+39"},
+		{"top_p 1e39", `{"prompt":"hi","top_p":1e39}`, 400, "top_p", "top_p is out of range, got 1e+39"},
+		{"top_p 1e-50", `{"prompt":"hi","top_p":1e-50}`, 400, "top_p", "top_p must be in (0, 1], got 1e-50, which is 0 in float32 (the sampler's precision)"},
+		{"temperature 1e400", `{"prompt":"hi","temperature":1e400}`, 400, "temperature", "temperature must be a finite number, got 1e400 (out of range)"},
+		{"top_p -1e400", `{"prompt":"hi","top_p":-1e400}`, 400, "top_p", "got -1e400 (out of range)"},
+		{"presence_penalty 1e400", `{"prompt":"hi","presence_penalty":1e400}`, 400, "presence_penalty", "out of range"},
+		{"logit_bias 1e400", `{"prompt":"hi","logit_bias":{"1":1e400}}`, 400, "logit_bias", "out of range"},
+	}
+	checkBad(t, parseCompletionString(testParser()), cases)
+	for _, c := range cases {
+		_, err := testParser().parseCompletion(strings.NewReader(c.body))
+		if err != nil && (strings.Contains(err.Error(), "Inf") || strings.Contains(err.Error(), "got 0")) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+	// A temperature too small for float32 is greedy, as vLLM treats any
+	// temperature below 1e-5.
+	req, err := testParser().parseCompletion(strings.NewReader(`{"prompt":"hi","temperature":1e-50}`))
+	if err != nil || req.sampling.Temperature != 0 {
+		t.Fatalf("temperature 1e-50: %+v, %v", req, err)
+	}
 }

@@ -248,6 +248,9 @@ func (p *parser) parseCompletion(r io.Reader) (*request, error) {
 	if err := checkUTF8(data, map[string]json.RawMessage{"prompt": w.Prompt, "stop": w.Stop}); err != nil {
 		return nil, err
 	}
+	if err := checkStreamOptions(data, &w.SamplingFields); err != nil {
+		return nil, err
+	}
 	return p.completion(&w)
 }
 
@@ -271,7 +274,28 @@ func (p *parser) parseChat(r io.Reader) (*request, error) {
 	if err := checkUTF8(data, fields); err != nil {
 		return nil, err
 	}
+	if err := checkStreamOptions(data, &w.SamplingFields); err != nil {
+		return nil, err
+	}
 	return p.chatCompletion(&w)
+}
+
+// checkStreamOptions refuses stream_options in a request that does not
+// stream, as vLLM does ("Stream options can only be defined when
+// `stream=True`."); like vLLM's check it lets null and {} through. data is
+// the whole body, read again only when stream_options is given without
+// stream.
+func checkStreamOptions(data []byte, w *SamplingFields) error {
+	if w.StreamOptions == nil || w.Stream {
+		return nil
+	}
+	var raw struct {
+		StreamOptions map[string]json.RawMessage `json:"stream_options"`
+	}
+	if json.Unmarshal(data, &raw) == nil && len(raw.StreamOptions) == 0 {
+		return nil
+	}
+	return BadRequest("stream_options", "stream_options is only allowed when stream is true")
 }
 
 // completion converts a decoded completion request.

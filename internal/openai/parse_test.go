@@ -248,7 +248,9 @@ func TestParseCompletionAccepts(t *testing.T) {
 		{"min_tokens", `{"prompt":"hi","max_tokens":5,"min_tokens":5}`, def(func(r *request) { r.maxTokens, r.minTokens = 5, 5 })},
 		{"min_tokens 0", `{"prompt":"hi","min_tokens":0}`, def(nil)},
 		{"stream with usage", `{"prompt":"hi","stream":true,"stream_options":{"include_usage":true}}`, def(func(r *request) { r.stream, r.includeUsage = true, true })},
-		{"usage needs stream", `{"prompt":"hi","stream_options":{"include_usage":true}}`, def(nil)},
+		// vLLM lets a falsy stream_options through without stream.
+		{"stream_options null", `{"prompt":"hi","stream_options":null}`, def(nil)},
+		{"stream_options empty", `{"prompt":"hi","stream":false,"stream_options":{}}`, def(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -416,4 +418,20 @@ func TestParseFloatRange(t *testing.T) {
 	if err != nil || req.sampling.Temperature != 0 {
 		t.Fatalf("temperature 1e-50: %+v, %v", req, err)
 	}
+}
+
+// TestParseStreamOptionsNeedStream: stream_options other than null or {}
+// without "stream": true is a 400 naming it, as vLLM answers ("Stream
+// options can only be defined when `stream=True`.").
+func TestParseStreamOptionsNeedStream(t *testing.T) {
+	const msg = "stream_options is only allowed when stream is true"
+	checkBad(t, parseCompletionString(testParser()), []badCase{
+		{"no stream", `{"prompt":"hi","stream_options":{"include_usage":true}}`, 400, "stream_options", msg},
+		{"stream false", `{"prompt":"hi","stream":false,"stream_options":{"include_usage":false}}`, 400, "stream_options", msg},
+		{"stream null", `{"prompt":"hi","stream":null,"stream_options":{"include_usage":true}}`, 400, "stream_options", msg},
+		{"unknown option", `{"prompt":"hi","stream_options":{"continuous_usage_stats":true}}`, 400, "stream_options", msg},
+	})
+	checkBad(t, parseChatString(testParser()), []badCase{
+		{"chat", `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}`, 400, "stream_options", msg},
+	})
 }

@@ -157,7 +157,7 @@ type requester struct {
 // servers that reject null for a field they type strictly (vLLM's "n") or
 // do not know a field get only what the benchmark sets.
 func (q *requester) body(p Prompt) ([]byte, error) {
-	maxTokens, n, temp, topP := p.OutputLen, 1, 0.0, 1.0
+	maxTokens, n, temp, topP := openai.Int(p.OutputLen), openai.Int(1), 0.0, 1.0
 	prompt, err := json.Marshal(p.Text)
 	if err != nil {
 		return nil, err

@@ -104,7 +104,7 @@ func parseFake(w http.ResponseWriter, r *http.Request) (*fakeRequest, bool) {
 			fr.full += content
 			fr.prompt = content
 		}
-		fr.maxTokens, fr.ignoreEOS, fr.tokenIDs = *req.MaxCompletionTokens, req.IgnoreEOS, req.ReturnTokenIDs
+		fr.maxTokens, fr.ignoreEOS, fr.tokenIDs = int(*req.MaxCompletionTokens), req.IgnoreEOS, req.ReturnTokenIDs
 		if !req.Stream || req.StreamOptions == nil || !req.StreamOptions.IncludeUsage {
 			openai.WriteError(w, openai.BadRequest("stream", "want a stream with usage"))
 			return nil, false
@@ -120,7 +120,7 @@ func parseFake(w http.ResponseWriter, r *http.Request) (*fakeRequest, bool) {
 			return nil, false
 		}
 		fr.full = fr.prompt
-		fr.maxTokens, fr.ignoreEOS, fr.tokenIDs = *req.MaxTokens, req.IgnoreEOS, req.ReturnTokenIDs
+		fr.maxTokens, fr.ignoreEOS, fr.tokenIDs = int(*req.MaxTokens), req.IgnoreEOS, req.ReturnTokenIDs
 		if !req.Stream || req.StreamOptions == nil || !req.StreamOptions.IncludeUsage {
 			openai.WriteError(w, openai.BadRequest("stream", "want a stream with usage"))
 			return nil, false

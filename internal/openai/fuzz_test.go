@@ -58,6 +58,7 @@ func checkParsed(t *testing.T, req *request, err error) {
 
 func FuzzParseCompletionRequest(f *testing.F) {
 	f.Add([]byte(`{"prompt":"hi","max_tokens":3,"stop":["a"],"stream":true}`))
+	f.Add([]byte(`{"prompt":[104.0,1e2],"max_tokens":3.0,"seed":-1e3,"top_k":4.5,"temperature":1e39,"stream_options":{}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		// Bodies go through the limit reader as in the handler.
 		req, err := testParser().parseCompletion(limitedReader(body, 4096))
@@ -67,6 +68,7 @@ func FuzzParseCompletionRequest(f *testing.F) {
 
 func FuzzParseChatRequest(f *testing.F) {
 	f.Add([]byte(`{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3}`))
+	f.Add([]byte(`{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3.0,"min_tokens":1e0,"stream_options":{"include_usage":true}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := testParser().parseChat(limitedReader(body, 4096))
 		checkParsed(t, req, err)

@@ -305,6 +305,13 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 			Message: fmt.Sprintf("Content-Encoding %q is not supported: send the request body uncompressed", ce)})
 		return
 	}
+	if ct := r.Header.Get("Content-Type"); !jsonContentType(ct) {
+		w.Header().Set("Connection", "close")
+		h.fail(w, endpoint, "", &Error{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest,
+			Code:    CodeUnsupportedMediaType,
+			Message: fmt.Sprintf("Content-Type %q is not supported: send the request body as application/json", ct)})
+		return
+	}
 	if h.cfg.Admit != nil {
 		if err := h.cfg.Admit(); err != nil {
 			h.failTimed(w, endpoint, "", err, received)
@@ -676,4 +683,17 @@ func (s *sseWriter) write(flush bool) error {
 		return err
 	}
 	return nil
+}
+
+// jsonContentType reports whether a request with Content-Type ct is read as
+// JSON: application/json, in any case and with any parameters (the body
+// must be UTF-8 whatever its charset says), as vLLM's OpenAI server takes
+// only that; or no Content-Type at all, which vLLM refuses but which is
+// unambiguous here.
+func jsonContentType(ct string) bool {
+	if ct == "" {
+		return true
+	}
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
 }

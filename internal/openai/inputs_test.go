@@ -2,6 +2,7 @@ package openai
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -94,4 +95,52 @@ func TestOnAnswerCountsEveryAnswer(t *testing.T) {
 func decodeErrorBody(t *testing.T, body string) *Error {
 	t.Helper()
 	return DecodeError(400, []byte(body))
+}
+
+// TestContentType: a body declared as something other than JSON gets 415
+// unsupported_media_type, as vLLM refuses it (its OpenAI server takes only
+// application/json); JSON with parameters, in any case, or a body without
+// Content-Type is read as JSON.
+func TestContentType(t *testing.T) {
+	srv := newServer(t, newFakeEngine(chunksOf("hi", 1, "stop")...))
+	for _, c := range []struct {
+		path, contentType string
+		status            int
+	}{
+		{"/v1/completions", "text/plain", 415},
+		{"/v1/completions", "application/x-www-form-urlencoded", 415},
+		{"/v1/chat/completions", "text/plain; charset=utf-8", 415},
+		{"/v1/completions", "multipart/form-data; boundary=x", 415},
+		{"/v1/completions", "application/jsonl", 415},
+		{"/v1/completions", "application/json", 200},
+		{"/v1/completions", "application/json; charset=utf-8", 200},
+		{"/v1/chat/completions", " Application/JSON ", 200},
+		{"/v1/completions", "", 200},
+	} {
+		t.Run(c.path+" "+c.contentType, func(t *testing.T) {
+			body := `{"prompt":"hi","max_tokens":1}`
+			if strings.Contains(c.path, "chat") {
+				body = `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
+			}
+			req, _ := http.NewRequest("POST", srv.URL+c.path, strings.NewReader(body))
+			if c.contentType != "" {
+				req.Header.Set("Content-Type", c.contentType)
+			}
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != c.status {
+				t.Fatalf("%d %s, want %d", resp.StatusCode, b, c.status)
+			}
+			if c.status == 415 {
+				e := DecodeError(resp.StatusCode, b)
+				if e.Code != CodeUnsupportedMediaType || e.Type != TypeInvalidRequest || !strings.Contains(e.Message, "application/json") {
+					t.Fatalf("error %+v", e)
+				}
+			}
+		})
+	}
 }

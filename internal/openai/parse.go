@@ -11,6 +11,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -93,6 +94,9 @@ func decodeBody(r io.Reader, v any) error {
 			return BadRequest("", "the request body must be a JSON object, got %s", ute.Value)
 		}
 		field := jsonPath(ute.Field)
+		if lit, ok := strings.CutPrefix(ute.Value, "number "); ok {
+			return badNumber(field, lit, ute.Type)
+		}
 		return BadRequest(field, "%s must be %s, got %s", field, jsonKind(ute.Type), ute.Value)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return BadRequest("", "invalid JSON: unexpected end of the request body")
@@ -101,6 +105,30 @@ func decodeBody(r io.Reader, v any) error {
 			Message: "timed out reading the request body"}
 	}
 	return BadRequest("", "invalid request body: %v", err)
+}
+
+// badNumber is the error for the number lit that a field of type t cannot
+// hold: for an integer field, lit has a fractional part (pydantic's words)
+// or is beyond t's range; for a float field, lit is beyond float64.
+func badNumber(field, lit string, t reflect.Type) *Error {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var kind reflect.Kind
+	if t != nil {
+		kind = t.Kind()
+	}
+	switch kind {
+	case reflect.Float32, reflect.Float64:
+		return BadRequest(field, "%s must be a finite number, got %s (out of range)", field, lit)
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if f, err := strconv.ParseFloat(lit, 64); err == nil && f != math.Trunc(f) {
+			return BadRequest(field, "%s must be an integer, got %s (a number with a fractional part)", field, lit)
+		}
+		return BadRequest(field, "%s must be an integer in [%v, %v], got %s", field, intMin(t), intMax(t), lit)
+	}
+	return BadRequest(field, "%s must be %s, got number %s", field, jsonKind(t), lit)
 }
 
 // jsonPath turns the Field of a json.UnmarshalTypeError into the JSON path
@@ -220,6 +248,9 @@ func (p *parser) parseCompletion(r io.Reader) (*request, error) {
 	if err := checkUTF8(data, map[string]json.RawMessage{"prompt": w.Prompt, "stop": w.Stop}); err != nil {
 		return nil, err
 	}
+	if err := checkStreamOptions(data, &w.SamplingFields); err != nil {
+		return nil, err
+	}
 	return p.completion(&w)
 }
 
@@ -243,7 +274,28 @@ func (p *parser) parseChat(r io.Reader) (*request, error) {
 	if err := checkUTF8(data, fields); err != nil {
 		return nil, err
 	}
+	if err := checkStreamOptions(data, &w.SamplingFields); err != nil {
+		return nil, err
+	}
 	return p.chatCompletion(&w)
+}
+
+// checkStreamOptions refuses stream_options in a request that does not
+// stream, as vLLM does ("Stream options can only be defined when
+// `stream=True`."); like vLLM's check it lets null and {} through. data is
+// the whole body, read again only when stream_options is given without
+// stream.
+func checkStreamOptions(data []byte, w *SamplingFields) error {
+	if w.StreamOptions == nil || w.Stream {
+		return nil
+	}
+	var raw struct {
+		StreamOptions map[string]json.RawMessage `json:"stream_options"`
+	}
+	if json.Unmarshal(data, &raw) == nil && len(raw.StreamOptions) == 0 {
+		return nil
+	}
+	return BadRequest("stream_options", "stream_options is only allowed when stream is true")
 }
 
 // completion converts a decoded completion request.
@@ -357,13 +409,24 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 	}
 	sp := model.SamplingParams{Temperature: 1, TopP: 1}
 	if w.Temperature != nil {
-		sp.Temperature = float32(*w.Temperature)
+		t, err := samplingFloat("temperature", *w.Temperature)
+		if err != nil {
+			return err
+		}
+		sp.Temperature = t // a positive t that rounds to 0 is greedy, as in vLLM (< 1e-5)
 		if err := (model.SamplingParams{Temperature: sp.Temperature, TopP: 1}).Validate(); err != nil {
 			return BadRequest("temperature", "%v", err)
 		}
 	}
 	if w.TopP != nil {
-		sp.TopP = float32(*w.TopP)
+		tp, err := samplingFloat("top_p", *w.TopP)
+		if err != nil {
+			return err
+		}
+		if tp == 0 && *w.TopP > 0 {
+			return BadRequest("top_p", "top_p must be in (0, 1], got %v, which is 0 in float32 (the sampler's precision)", *w.TopP)
+		}
+		sp.TopP = tp
 		if err := (model.SamplingParams{TopP: sp.TopP}).Validate(); err != nil {
 			return BadRequest("top_p", "%v", err)
 		}
@@ -373,7 +436,7 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 		case k < -1:
 			return BadRequest("top_k", "top_k must be -1 or 0 (disabled) or at least 1, got %d", k)
 		case k > 0:
-			sp.TopK = k
+			sp.TopK = int(k)
 		}
 	}
 	// Each field was checked alone above to name it; this catches any rule
@@ -410,7 +473,7 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 	}
 	req.ignoreEOS = w.IgnoreEOS
 	if w.MinTokens != nil {
-		req.minTokens = *w.MinTokens // ≤ max_tokens: checked in resolveMaxTokens
+		req.minTokens = int(*w.MinTokens) // ≤ max_tokens: checked in resolveMaxTokens
 	}
 	req.includeStopStr = w.IncludeStopStrInOutput
 	req.stream = w.Stream
@@ -419,6 +482,18 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 	// answer, so they are always returned.
 	req.returnTokenIDs = w.ReturnTokenIDs || p.tok == nil
 	return nil
+}
+
+// samplingFloat converts the float field name to the sampler's float32,
+// refusing a finite value beyond float32's range, which would become ±Inf,
+// with the value the client sent. (encoding/json refuses one beyond
+// float64.)
+func samplingFloat(name string, v float64) (float32, error) {
+	f := float32(v)
+	if math.IsInf(float64(f), 0) && !math.IsInf(v, 0) {
+		return 0, BadRequest(name, "%s is out of range, got %v (beyond float32, the sampler's precision)", name, v)
+	}
+	return f, nil
 }
 
 // DefaultCompletionMaxTokens is max_tokens of a /v1/completions request that
@@ -431,7 +506,7 @@ const DefaultCompletionMaxTokens = 16
 // checks the context length and that min_tokens does not exceed it (as
 // vLLM does). promptParam names the prompt in messages ("prompt" or
 // "messages").
-func (p *parser) resolveMaxTokens(req *request, maxTokens *int, def int, param, promptParam string) error {
+func (p *parser) resolveMaxTokens(req *request, maxTokens *Int, def int, param, promptParam string) error {
 	if err := p.maxTokens(req, maxTokens, def, param, promptParam); err != nil {
 		return err
 	}
@@ -449,7 +524,7 @@ func (p *parser) resolveMaxTokens(req *request, maxTokens *int, def int, param, 
 }
 
 // maxTokens is resolveMaxTokens without the min_tokens check.
-func (p *parser) maxTokens(req *request, maxTokens *int, def int, param, promptParam string) error {
+func (p *parser) maxTokens(req *request, maxTokens *Int, def int, param, promptParam string) error {
 	n := len(req.promptIDs)
 	ctxLen := p.contextLen
 	if p.contextNow != nil {
@@ -470,7 +545,7 @@ func (p *parser) maxTokens(req *request, maxTokens *int, def int, param, promptP
 		}
 		return nil
 	}
-	m := *maxTokens
+	m := int(*maxTokens)
 	if m < 1 {
 		return BadRequest(param, "%s must be at least 1, got %d", param, m)
 	}
@@ -578,11 +653,19 @@ func (p *parser) encodePrompt(s string) ([]int32, error) {
 }
 
 // tokenIDs converts a JSON array of token ids, each below vocab if it is
-// positive.
+// positive. Ids may be whole numbers written as floats (Int).
 func tokenIDs(raw json.RawMessage, vocab int) ([]int32, error) {
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err != nil {
-		return nil, BadRequest("prompt", "prompt must be %s", promptShapes)
+		// Plain integers decode faster; try Int only if they fail.
+		var lax []Int
+		if json.Unmarshal(raw, &lax) != nil {
+			return nil, BadRequest("prompt", "prompt must be %s", promptShapes)
+		}
+		ids = make([]int64, len(lax))
+		for i, id := range lax {
+			ids[i] = int64(id)
+		}
 	}
 	if len(ids) == 0 {
 		return nil, BadRequest("prompt", "prompt must not be empty")

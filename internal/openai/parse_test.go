@@ -133,7 +133,7 @@ func TestParseCompletionRejects(t *testing.T) {
 		{"prompt over context", `{"prompt":` + longer + `,"max_tokens":1}`, 400, "prompt", "you requested 71 tokens (70 in the prompt, 1 in the completion)"},
 		{"temperature negative", `{"prompt":"hi","temperature":-1}`, 400, "temperature", "temperature must be in [0, 100]"},
 		{"temperature high", `{"prompt":"hi","temperature":101}`, 400, "temperature", "temperature must be in"},
-		{"temperature overflows float32", `{"prompt":"hi","temperature":1e300}`, 400, "temperature", "temperature must be in"},
+		{"temperature overflows float32", `{"prompt":"hi","temperature":1e300}`, 400, "temperature", "temperature is out of range, got 1e+300"},
 		{"top_p 0", `{"prompt":"hi","top_p":0}`, 400, "top_p", "top_p must be in (0, 1]"},
 		{"top_p 1.5", `{"prompt":"hi","top_p":1.5}`, 400, "top_p", "top_p must be in"},
 		{"top_p tiny", `{"prompt":"hi","top_p":1e-50}`, 400, "top_p", "top_p must be in"},
@@ -248,7 +248,9 @@ func TestParseCompletionAccepts(t *testing.T) {
 		{"min_tokens", `{"prompt":"hi","max_tokens":5,"min_tokens":5}`, def(func(r *request) { r.maxTokens, r.minTokens = 5, 5 })},
 		{"min_tokens 0", `{"prompt":"hi","min_tokens":0}`, def(nil)},
 		{"stream with usage", `{"prompt":"hi","stream":true,"stream_options":{"include_usage":true}}`, def(func(r *request) { r.stream, r.includeUsage = true, true })},
-		{"usage needs stream", `{"prompt":"hi","stream_options":{"include_usage":true}}`, def(nil)},
+		// vLLM lets a falsy stream_options through without stream.
+		{"stream_options null", `{"prompt":"hi","stream_options":null}`, def(nil)},
+		{"stream_options empty", `{"prompt":"hi","stream":false,"stream_options":{}}`, def(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -314,4 +316,122 @@ func TestCompletionMaxTokensDefault(t *testing.T) {
 	if err != nil || req.maxTokens != testContextLen-len(req.promptIDs) {
 		t.Fatalf("chat max_tokens %+v %v", req, err)
 	}
+}
+
+// TestParseWholeNumberFloats: an integer field takes a float that is a
+// whole number (3.0, 1e1), as Python clients send and vLLM's pydantic
+// models accept; a fractional part, a number beyond int64 or another type
+// is a 400 naming the field.
+func TestParseWholeNumberFloats(t *testing.T) {
+	hi := []int32{'h', 'i'}
+	def := func(mod func(*request)) *request {
+		r := &request{promptIDs: hi, maxTokens: DefaultCompletionMaxTokens,
+			sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
+		if mod != nil {
+			mod(r)
+		}
+		return r
+	}
+	for _, tt := range []struct {
+		name string
+		body string
+		want *request
+	}{
+		{"max_tokens", `{"prompt":"hi","max_tokens":3.0}`, def(func(r *request) { r.maxTokens = 3 })},
+		{"exponent", `{"prompt":"hi","max_tokens":1e1}`, def(func(r *request) { r.maxTokens = 10 })},
+		{"n and best_of", `{"prompt":"hi","n":1.0,"best_of":1.0}`, def(nil)},
+		{"min_tokens", `{"prompt":"hi","max_tokens":4,"min_tokens":2.0}`, def(func(r *request) { r.maxTokens, r.minTokens = 4, 2 })},
+		{"seed", `{"prompt":"hi","seed":5.0}`, def(func(r *request) { r.sampling.Seed = 5 })},
+		{"negative seed", `{"prompt":"hi","seed":-1.0}`, def(func(r *request) { r.sampling.Seed = math.MaxUint64 })},
+		{"top_k", `{"prompt":"hi","top_k":40.0}`, def(func(r *request) { r.sampling.TopK = 40 })},
+		{"top_k -1", `{"prompt":"hi","top_k":-1.0}`, def(nil)},
+		{"stop_token_ids", `{"prompt":"hi","stop_token_ids":[7.0,0.0,2e0]}`, def(func(r *request) { r.stopTokenIDs = []int32{7, 0, 2} })},
+		{"prompt token ids", `{"prompt":[104.0,1.05e2]}`, def(nil)},
+		{"nested prompt token ids", `{"prompt":[[104,105.0]]}`, def(nil)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := testParser().parseCompletion(strings.NewReader(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got, cmpRequest); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+	chat := func(extra string) string {
+		return `{"messages":[{"role":"user","content":"x"}],` + extra + `}`
+	}
+	req, err := testParser().parseChat(strings.NewReader(chat(`"max_completion_tokens":3.0,"top_logprobs":0.0`)))
+	if err != nil || req.maxTokens != 3 {
+		t.Fatalf("chat: %+v, %v", req, err)
+	}
+	checkBad(t, parseCompletionString(testParser()), []badCase{
+		// A whole number reaches the field's own check.
+		{"logprobs 2.0", `{"prompt":"hi","logprobs":2.0}`, 400, "logprobs", "logprobs is not supported yet"},
+		{"n 2.0", `{"prompt":"hi","n":2.0}`, 400, "n", "n must be 1, got 2"},
+		{"max_tokens 0.0", `{"prompt":"hi","max_tokens":0.0}`, 400, "max_tokens", "max_tokens must be at least 1, got 0"},
+		{"max_tokens 3.5", `{"prompt":"hi","max_tokens":3.5}`, 400, "max_tokens", "max_tokens must be an integer, got 3.5 (a number with a fractional part)"},
+		{"n 1.5", `{"prompt":"hi","n":1.5}`, 400, "n", "n must be an integer, got 1.5 (a number with a fractional part)"},
+		{"min_tokens -0.5", `{"prompt":"hi","min_tokens":-0.5}`, 400, "min_tokens", "fractional part"},
+		{"seed 1e19", `{"prompt":"hi","seed":1e19}`, 400, "seed", "seed must be an integer in [-9223372036854775808, 9223372036854775807], got 1e19"},
+		{"seed 2^63", `{"prompt":"hi","seed":9223372036854775808}`, 400, "seed", "seed must be an integer in [-9223372036854775808, 9223372036854775807], got 9223372036854775808"},
+		{"top_k 1e400", `{"prompt":"hi","top_k":1e400}`, 400, "top_k", "top_k must be an integer in"},
+		{"best_of 1.000001", `{"prompt":"hi","best_of":1.000001}`, 400, "best_of", "fractional part"},
+		{"stop_token_ids 1.5", `{"prompt":"hi","stop_token_ids":[1,1.5]}`, 400, "stop_token_ids", "stop_token_ids must be an integer, got 1.5"},
+		{"max_tokens string", `{"prompt":"hi","max_tokens":"3"}`, 400, "max_tokens", "max_tokens must be an integer, got string"},
+		{"max_tokens bool", `{"prompt":"hi","max_tokens":true}`, 400, "max_tokens", "max_tokens must be an integer, got bool"},
+		{"top_k object", `{"prompt":"hi","top_k":{}}`, 400, "top_k", "top_k must be an integer, got object"},
+		{"stop_token_ids strings", `{"prompt":"hi","stop_token_ids":["1"]}`, 400, "stop_token_ids", "must be an integer, got string"},
+		{"prompt 104.5", `{"prompt":[104.5]}`, 400, "prompt", "prompt must be a string"},
+	})
+	checkBad(t, parseChatString(testParser()), []badCase{
+		{"max_completion_tokens 2.5", chat(`"max_completion_tokens":2.5`), 400, "max_completion_tokens", "fractional part"},
+		{"top_logprobs 2.0", chat(`"top_logprobs":2.0`), 400, "top_logprobs", "not supported yet"},
+	})
+}
+
+// TestParseFloatRange: a float field beyond float32 (the sampler's
+// precision) or float64 is refused with the value the client sent, never
+// the +Inf or 0 it would have become.
+func TestParseFloatRange(t *testing.T) {
+	cases := []badCase{
+		{"temperature 1e39", `{"prompt":"hi","temperature":1e39}`, 400, "temperature", "temperature is out of range, got 1e+39 (beyond float32, the sampler's precision)"},
+		{"temperature -1e39", `{"prompt":"hi","temperature":-1e39}`, 400, "temperature", "temperature is out of range, got -1e+39"},
+		{"top_p 1e39", `{"prompt":"hi","top_p":1e39}`, 400, "top_p", "top_p is out of range, got 1e+39"},
+		{"top_p 1e-50", `{"prompt":"hi","top_p":1e-50}`, 400, "top_p", "top_p must be in (0, 1], got 1e-50, which is 0 in float32 (the sampler's precision)"},
+		{"temperature 1e400", `{"prompt":"hi","temperature":1e400}`, 400, "temperature", "temperature must be a finite number, got 1e400 (out of range)"},
+		{"top_p -1e400", `{"prompt":"hi","top_p":-1e400}`, 400, "top_p", "got -1e400 (out of range)"},
+		{"presence_penalty 1e400", `{"prompt":"hi","presence_penalty":1e400}`, 400, "presence_penalty", "out of range"},
+		{"logit_bias 1e400", `{"prompt":"hi","logit_bias":{"1":1e400}}`, 400, "logit_bias", "out of range"},
+	}
+	checkBad(t, parseCompletionString(testParser()), cases)
+	for _, c := range cases {
+		_, err := testParser().parseCompletion(strings.NewReader(c.body))
+		if err != nil && (strings.Contains(err.Error(), "Inf") || strings.Contains(err.Error(), "got 0")) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+	// A temperature too small for float32 is greedy, as vLLM treats any
+	// temperature below 1e-5.
+	req, err := testParser().parseCompletion(strings.NewReader(`{"prompt":"hi","temperature":1e-50}`))
+	if err != nil || req.sampling.Temperature != 0 {
+		t.Fatalf("temperature 1e-50: %+v, %v", req, err)
+	}
+}
+
+// TestParseStreamOptionsNeedStream: stream_options other than null or {}
+// without "stream": true is a 400 naming it, as vLLM answers ("Stream
+// options can only be defined when `stream=True`.").
+func TestParseStreamOptionsNeedStream(t *testing.T) {
+	const msg = "stream_options is only allowed when stream is true"
+	checkBad(t, parseCompletionString(testParser()), []badCase{
+		{"no stream", `{"prompt":"hi","stream_options":{"include_usage":true}}`, 400, "stream_options", msg},
+		{"stream false", `{"prompt":"hi","stream":false,"stream_options":{"include_usage":false}}`, 400, "stream_options", msg},
+		{"stream null", `{"prompt":"hi","stream":null,"stream_options":{"include_usage":true}}`, 400, "stream_options", msg},
+		{"unknown option", `{"prompt":"hi","stream_options":{"continuous_usage_stats":true}}`, 400, "stream_options", msg},
+	})
+	checkBad(t, parseChatString(testParser()), []badCase{
+		{"chat", `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}`, 400, "stream_options", msg},
+	})
 }

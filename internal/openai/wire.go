@@ -3,12 +3,70 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"reflect"
+	"strconv"
 )
 
 // This file holds the OpenAI wire types: plain structs with json tags.
 // Request fields whose absence matters are pointers; fields that take several
 // JSON shapes (prompt, stop, message content) are json.RawMessage and are
-// interpreted by the converters in parse.go.
+// interpreted by the converters in parse.go. Integer fields are Int, which
+// also takes a whole number written as a float.
+
+// Int is an integer request field (64 bits). Besides a JSON integer it
+// takes a number with no fractional part written as a float (3.0, 1e3), as
+// Python clients send and vLLM's pydantic models accept (pydantic's lax
+// mode). A number with a fractional part, one beyond int64 and any other
+// JSON value are refused with a *json.UnmarshalTypeError whose Value is
+// "number <literal>" or the JSON kind, which the parser turns into a 400
+// naming the field; null leaves the value unchanged.
+type Int int64
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (n *Int) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if s == "null" {
+		return nil
+	}
+	if kind := jsonValueKind(s); kind != "number" {
+		return &json.UnmarshalTypeError{Value: kind, Type: reflect.TypeFor[Int]()}
+	}
+	if v, err := strconv.ParseInt(s, 10, 64); err == nil {
+		*n = Int(v)
+		return nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	// -2^63 is exact in float64; 2^63 is the first float64 above int64.
+	if err != nil || f != math.Trunc(f) || f < math.MinInt64 || f >= -math.MinInt64 {
+		return &json.UnmarshalTypeError{Value: "number " + s, Type: reflect.TypeFor[Int]()}
+	}
+	*n = Int(f)
+	return nil
+}
+
+// jsonValueKind names the kind of a JSON value by its first byte, as
+// json.UnmarshalTypeError's Value does ("string", "number", ...).
+func jsonValueKind(s string) string {
+	if s == "" {
+		return "empty value"
+	}
+	switch c := s[0]; {
+	case c == '"':
+		return "string"
+	case c == 't' || c == 'f':
+		return "bool"
+	case c == '[':
+		return "array"
+	case c == '{':
+		return "object"
+	case c == 'n':
+		return "null"
+	case c == '-' || '0' <= c && c <= '9':
+		return "number"
+	}
+	return "value"
+}
 
 // SamplingFields are the request fields shared by completions and chat
 // completions (OpenAI fields plus the vLLM extensions pdserve implements).
@@ -17,26 +75,26 @@ type SamplingFields struct {
 	Model string `json:"model"`
 	// MaxTokens is the maximum number of output tokens; absent means all
 	// of the context left after the prompt.
-	MaxTokens *int `json:"max_tokens"`
+	MaxTokens *Int `json:"max_tokens"`
 	// Temperature in [0, 100]; absent means 1. 0 is greedy.
 	Temperature *float64 `json:"temperature"`
 	// TopP in (0, 1]; absent means 1.
 	TopP *float64 `json:"top_p"`
 	// TopK (vLLM extension): -1 or 0 disables it.
-	TopK *int `json:"top_k"`
+	TopK *Int `json:"top_k"`
 	// Seed keys the sampler; absent means a random seed per request.
-	Seed *int64 `json:"seed"`
+	Seed *Int `json:"seed"`
 	// Stop is a string or an array of up to MaxStopStrings strings.
 	Stop json.RawMessage `json:"stop"`
 	// StopTokenIDs (vLLM extension) end generation like EOS does.
-	StopTokenIDs []int64 `json:"stop_token_ids"`
+	StopTokenIDs []Int `json:"stop_token_ids"`
 	// IgnoreEOS (vLLM extension) keeps generating past EOS.
 	IgnoreEOS bool `json:"ignore_eos"`
 	// IncludeStopStrInOutput (vLLM extension) keeps a matched stop string
 	// at the end of the output text.
 	IncludeStopStrInOutput bool `json:"include_stop_str_in_output"`
 	// N is the number of choices; only 1 is supported.
-	N *int `json:"n"`
+	N *Int `json:"n"`
 	// Stream asks for Server-Sent Events.
 	Stream bool `json:"stream"`
 	// StreamOptions applies when Stream is set.
@@ -58,7 +116,7 @@ type SamplingFields struct {
 	// MinTokens (vLLM extension, 0 ≤ min_tokens ≤ max_tokens): EOS and
 	// stop_token_ids are not drawn, and stop strings not matched, before
 	// that many output tokens.
-	MinTokens *int `json:"min_tokens"`
+	MinTokens *Int `json:"min_tokens"`
 	// User is accepted and ignored.
 	User string `json:"user"`
 }
@@ -78,9 +136,9 @@ type CompletionRequest struct {
 	// Echo: only false is supported.
 	Echo bool `json:"echo"`
 	// Logprobs: only null is supported for now.
-	Logprobs *int `json:"logprobs"`
+	Logprobs *Int `json:"logprobs"`
 	// BestOf: only 1 is supported.
-	BestOf *int `json:"best_of"`
+	BestOf *Int `json:"best_of"`
 	// Suffix: only "" is supported.
 	Suffix string `json:"suffix"`
 }
@@ -92,11 +150,11 @@ type ChatCompletionRequest struct {
 	Messages []ChatMessage `json:"messages"`
 	// MaxCompletionTokens replaces MaxTokens (which OpenAI deprecated for
 	// chat) and wins when both are set.
-	MaxCompletionTokens *int `json:"max_completion_tokens"`
+	MaxCompletionTokens *Int `json:"max_completion_tokens"`
 	// Logprobs: only false is supported for now.
 	Logprobs *bool `json:"logprobs"`
 	// TopLogprobs: only 0 is supported for now.
-	TopLogprobs *int `json:"top_logprobs"`
+	TopLogprobs *Int `json:"top_logprobs"`
 	// Tools, ToolChoice, Functions and ResponseFormat are rejected unless
 	// empty (tool_choice "none", response_format {"type":"text"}): pdserve
 	// does not constrain output, and silently ignoring them would hand the

@@ -267,9 +267,12 @@ type Worker struct {
 	seq        uint64 // order of joining the set (the earlier of two duplicates wins)
 	// dup, when set, keeps a worker that passes its checks not_ready: its
 	// process is listed under another entry too (says which).
-	dup      string
-	down     chan struct{}
-	checking bool
+	dup string
+	// down ends when the worker becomes not_ready or is removed (a new
+	// one is made when it is ready again).
+	down       context.Context
+	downCancel context.CancelFunc
+	checking   bool
 	// held, when set, keeps a worker that passes its checks not_ready, for
 	// that reason, without failing its legs in flight (Hold).
 	held string
@@ -314,7 +317,12 @@ func (w *Worker) KVAddr() string {
 
 // Down returns a channel closed when the worker becomes not_ready or is
 // removed; legs in flight on it fail then.
-func (w *Worker) Down() <-chan struct{} {
+func (w *Worker) Down() <-chan struct{} { return w.DownContext().Done() }
+
+// DownContext returns a context that ends when the worker becomes
+// not_ready or is removed (Down is its Done channel): a leg registers its
+// cancellation on it with context.AfterFunc, without a goroutine.
+func (w *Worker) DownContext() context.Context {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.down
@@ -382,10 +390,8 @@ func (w *Worker) setState(s State, now time.Time) (from State, changed bool) {
 			// ramping every worker together would only slow the start.
 			w.initial, w.readyAt = false, time.Time{}
 		}
-		select {
-		case <-w.down:
-			w.down = make(chan struct{})
-		default:
+		if w.down.Err() != nil {
+			w.down, w.downCancel = context.WithCancel(context.Background())
 		}
 	case StateNotReady, StateRemoved:
 		w.closeDown()
@@ -393,14 +399,8 @@ func (w *Worker) setState(s State, now time.Time) (from State, changed bool) {
 	return from, true
 }
 
-// closeDown closes w's Down channel unless it is closed (w.mu held).
-func (w *Worker) closeDown() {
-	select {
-	case <-w.down:
-	default:
-		close(w.down)
-	}
-}
+// closeDown ends w's down context (w.mu held).
+func (w *Worker) closeDown() { w.downCancel() }
 
 // Status is one worker as GET /workers lists it.
 type Status struct {
@@ -590,8 +590,9 @@ func (s *Set) Reconcile(snap registry.Snapshot) {
 			changes = append(changes, s.removeLocked(w, now, "its registry entry changed")...)
 		}
 		s.seq++
-		w := &Worker{entry: e, set: s, state: StatePending, since: now, listed: true, down: make(chan struct{}), initial: first,
+		w := &Worker{entry: e, set: s, state: StatePending, since: now, listed: true, initial: first,
 			seq: s.seq}
+		w.down, w.downCancel = context.WithCancel(context.Background())
 		s.workers[e.ID] = w
 		changes = append(changes, change{w, 0, StatePending})
 		added = true

@@ -67,20 +67,22 @@ type attempt struct {
 	pCancel context.CancelFunc
 	dCancel context.CancelFunc
 	pDone   bool // prefill answered
-	// pDown and dDown close when the pair's workers are found down.
+	// pDown and dDown close when the pair's workers are found down (dDownCtx
+	// is decode's as a context).
 	pDown, dDown <-chan struct{}
+	dDownCtx     context.Context
 	// more is set while decode lines already read wait to be decoded.
 	more atomic.Bool
 	// handover asks the decode goroutine to hand the leg over with its
 	// next line (set once prefill answered: then nothing but decode's own
 	// stream, its worker's loss, the client or shutdown can end the
 	// attempt). leg is the decode leg once handed over: Recv reads it
-	// itself, and a watcher goroutine (until quit closes) cancels it for
-	// the client, the worker's loss or shutdown.
+	// itself, and its watch (until stopped) cancels it for the client,
+	// the worker's loss or shutdown.
 	handover atomic.Bool
 	leg      *ownedLeg
 	dctx     context.Context
-	quit     chan struct{}
+	watch    *legWatch
 	// probe: the pair's breaker is half-open and this attempt is its one
 	// probe; pathDone: the pair's breaker has been told how the attempt
 	// went on the KV path.
@@ -270,7 +272,8 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		return openai.Internal("encode leg: %v", err)
 	}
 	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1),
-		pDown: pw.Down(), dDown: dw.Down(), probe: probe}
+		pDown: pw.Down(), dDownCtx: dw.DownContext(), probe: probe}
+	a.dDown = a.dDownCtx.Done()
 	pctx, pcancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
 	dctx, dcancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
 	a.pCancel, a.dCancel, a.dctx = pcancel, dcancel, dctx
@@ -365,33 +368,17 @@ func discard(lines <-chan decodeEvent) {
 }
 
 // takeLeg makes the decode leg handed over with a line the attempt's own,
-// and starts its watcher.
+// and starts its watch.
 func (s *pdStream) takeLeg(a *attempt, l *ownedLeg) {
-	quit := make(chan struct{})
-	a.leg, a.quit = l, quit
-	dDown, cancel := a.dDown, a.dCancel
-	s.r.bg.Add(1)
-	go func() {
-		defer s.r.bg.Done()
-		select {
-		case <-s.ctx.Done():
-		case <-dDown:
-		case <-s.r.stopping:
-		case <-quit:
-			return
-		}
-		if closed(quit) {
-			return // stopped first: the client's context ends with a Stop's answer too
-		}
-		cancel() // Recv's read ends; it answers for the cause
-	}()
+	a.leg = l
+	a.watch = s.r.watchLeg(s.ctx, a.dDownCtx, a.dCancel)
 }
 
-// stopWatching stops the watcher of a decode leg handed over.
+// stopWatching stops the watch of a decode leg handed over.
 func (a *attempt) stopWatching() {
-	if a.quit != nil {
-		close(a.quit)
-		a.quit = nil
+	if a.watch != nil {
+		a.watch.stop()
+		a.watch = nil
 	}
 }
 

@@ -19,8 +19,8 @@ import (
 // The leg is read on the goroutine that calls Recv (the front end's, which
 // writes to the client): no goroutine and no channel hand-over per line.
 // What must end a blocked read — the client going away, the worker found
-// down, the router shutting down — cancels the leg's context from one
-// watcher goroutine per request, and Recv then answers as for that cause.
+// down, the router shutting down — cancels the leg's context (legWatch: no
+// goroutine unless it happens), and Recv then answers as for that cause.
 type plainStream struct {
 	r       *Router
 	ctx     context.Context
@@ -31,10 +31,8 @@ type plainStream struct {
 	lctx    context.Context // the leg's
 	cancel  context.CancelFunc
 	down    <-chan struct{} // closed when the worker is found down
-	// quit stops the watcher (Stop and Close close it; quitted says so).
-	quit    chan struct{}
-	quitted bool
-	live    *liveRequest // what /debug/requests shows
+	watch   *legWatch       // Stop and Close stop it
+	live    *liveRequest    // what /debug/requests shows
 	// resp and br are the leg's answer and its line reader, once posted.
 	resp     *http.Response
 	br       *bufio.Reader
@@ -63,35 +61,17 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 		return nil, e
 	}
 	lctx, cancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
-	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, payload: payload, lctx: lctx, cancel: cancel, down: w.Down(),
-		quit: make(chan struct{}), legDone: r.legStarted(w, legTokens(workerapi.RoleColocated, req)), dispatched: r.clock.Now()}
+	downCtx := w.DownContext()
+	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, payload: payload, lctx: lctx, cancel: cancel, down: downCtx.Done(),
+		legDone: r.legStarted(w, legTokens(workerapi.RoleColocated, req)), dispatched: r.clock.Now()}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	s.live.attempt(1, w.URL(), "sent to a colocated worker")
-	r.bg.Add(1)
-	go func() {
-		defer r.bg.Done()
-		select {
-		case <-ctx.Done():
-		case <-s.down:
-		case <-r.stopping:
-		case <-s.quit:
-			return
-		}
-		if closed(s.quit) {
-			return // stopped first: the client's context ends with a Stop's answer too
-		}
-		cancel() // Recv's read ends; it answers for the cause
-	}()
+	s.watch = r.watchLeg(ctx, downCtx, cancel)
 	return s, nil
 }
 
-// stopWatching stops the watcher goroutine.
-func (s *plainStream) stopWatching() {
-	if !s.quitted {
-		s.quitted = true
-		close(s.quit)
-	}
-}
+// stopWatching stops the leg's watch.
+func (s *plainStream) stopWatching() { s.watch.stop() }
 
 // Recv relays the worker's tokens.
 func (s *plainStream) Recv() (openai.Chunk, error) {

@@ -176,8 +176,10 @@ type Router struct {
 	closed sync.Once
 	// stopping is closed when shutdown begins: new requests get 503 and
 	// requests in flight end with an error answer (their legs aborted).
-	stopping     chan struct{}
-	stoppingOnce sync.Once
+	// stopCtx ends with it (legs register their cancellation on it).
+	stopping   <-chan struct{}
+	stopCtx    context.Context
+	stopCancel context.CancelFunc
 	// draining is closed when a drain begins: new requests get 503 with
 	// Retry-After, /health answers 503, requests in flight go on.
 	draining     chan struct{}
@@ -266,10 +268,13 @@ func New(cfg Config) (*Router, error) {
 		cfg.Client = &http.Client{Transport: NewTransport()}
 	}
 	r := &Router{cfg: cfg, log: cfg.Logger.With("role", "router"), clock: cfg.Clock, client: cfg.Client, stop: make(chan struct{}),
-		stopping: make(chan struct{}), draining: make(chan struct{}), live: make(map[*liveRequest]struct{}),
+		draining: make(chan struct{}), live: make(map[*liveRequest]struct{}),
 		rnd:      rand.New(rand.NewPCG(uint64(cfg.Clock.Now().UnixNano()), 0x9e3779b97f4a7c15)),
 		breakers: newBreakers(cfg.BreakerFailures, cfg.BreakerCooldown)}
+	r.stopCtx, r.stopCancel = context.WithCancel(context.Background())
+	r.stopping = r.stopCtx.Done()
 	if err := cfg.CacheAware.Validate(); err != nil {
+		r.stopCancel()
 		return nil, err
 	}
 	deps := policyDeps{intn: r.intn, now: r.clock.Now, seed: maphash.MakeSeed(), capacity: r.kvPages, cacheAware: cfg.CacheAware}

@@ -117,7 +117,7 @@ func (r *Router) CheckNow() { r.set.CheckAll(context.Background()) }
 // It is idempotent.
 func (r *Router) BeginShutdown() {
 	r.BeginDrain()
-	r.stoppingOnce.Do(func() { close(r.stopping) })
+	r.stopCancel()
 }
 
 // BeginDrain makes the router refuse new requests (503 with Retry-After)

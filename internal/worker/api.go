@@ -124,11 +124,18 @@ func (w *Worker) readBody(rw http.ResponseWriter, r *http.Request, v any, limit 
 	rc := http.NewResponseController(rw)
 	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
 	body := http.MaxBytesReader(rw, r.Body, limit)
-	dec := json.NewDecoder(body)
-	err := dec.Decode(v)
+	n := r.ContentLength
+	if n > limit {
+		n = -1 // MaxBytesReader refuses it; allocate nothing for the claim
+	}
+	data, err := workerapi.ReadSized(body, n)
 	if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("trailing data after the object")
+		// A leg body decodes itself (without reflection when it is in the
+		// router's form); trailing data is an error either way.
+		if u, ok := v.(json.Unmarshaler); ok {
+			err = u.UnmarshalJSON(data)
+		} else {
+			err = json.Unmarshal(data, v)
 		}
 	}
 	if err != nil {

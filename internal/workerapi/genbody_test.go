@@ -3,6 +3,8 @@ package workerapi
 import (
 	"encoding/json"
 	"math"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/pdserve/pdserve/internal/model"
@@ -51,4 +53,130 @@ func FuzzGenerateBodyAppendJSON(f *testing.F) {
 			SamplingParams: model.SamplingParams{Temperature: temp, TopP: topP, TopK: topK, Seed: seed},
 			StopTokenIDs:   []int32{id}, IgnoreEOS: ignore, MinTokens: minTokens, PrefillKVAddr: kv, Buffered: buffered})
 	})
+}
+
+// decodePlain decodes data as encoding/json does, without UnmarshalJSON.
+func decodePlain(data []byte) (GenerateBody, error) {
+	type plain GenerateBody
+	var p plain
+	err := json.Unmarshal(data, &p)
+	return GenerateBody(p), err
+}
+
+// TestParseGenerateBody: bodies as AppendJSON writes them (both legs',
+// every field set and none) take the fast path, to encoding/json's result;
+// other shapes fall back, and still decode as encoding/json decodes them.
+func TestParseGenerateBody(t *testing.T) {
+	for _, b := range []GenerateBody{
+		{RID: "0123456789abcdef0123456789abcdef", InputIDs: []int32{1, 2, 3}, MaxTokens: 16,
+			SamplingParams: model.SamplingParams{TopP: 1, Seed: 7}},
+		{RID: "r-g2", Room: "00ff", Gen: math.MaxUint32, InputIDs: []int32{}, MaxTokens: 1, StopTokenIDs: []int32{-5, math.MaxInt32, math.MinInt32},
+			IgnoreEOS: true, MinTokens: 1, PrefillKVAddr: "127.0.0.1:30001", Buffered: true,
+			SamplingParams: model.SamplingParams{Temperature: 0.7, TopP: 0.95, TopK: -1, Seed: math.MaxUint64}},
+		{SamplingParams: model.SamplingParams{Temperature: 1e-7, TopP: 3e21}},
+		{InputIDs: nil},
+	} {
+		data, err := b.AppendJSON(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got GenerateBody
+		if !parseGenerateBody(data, &got) {
+			t.Fatalf("%s: not taken by the fast path", data)
+		}
+		want, err := decodePlain(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s:\n fast %+v\n json %+v", data, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		data string
+		fast bool
+	}{
+		{` { "rid" : "a" , "input_ids" : [ 1 , 2 ] , "rid":"b", "max_tokens": -0 } `, true},
+		{`{}`, true},
+		{`{"RID":"a"}`, false},                   // case-insensitive key: encoding/json's
+		{`{"rid":"a\u0041"}`, false},             // an escape
+		{`{"rid":"é"}`, false},                   // not ASCII
+		{`{"unknown":1}`, false},                 // ignored by encoding/json
+		{`{"max_tokens":1.0}`, false},            // an error from encoding/json
+		{`{"gen":-1}`, false},                    // an error
+		{`{"gen":4294967296}`, false},            // out of range: an error
+		{`{"input_ids":[2147483648]}`, false},    // out of range: an error
+		{`{"temperature":1e39}`, false},          // beyond float32: an error
+		{`{"input_ids":null}`, true},             // null: nil
+		{`{"rid":null}`, false},                  // null
+		{`{"rid":"a",}`, false},                  // malformed
+		{`{"max_tokens":01}`, false},             // malformed
+		{`{"temperature":.5}`, false},            // malformed
+		{`{"rid":"a"} x`, false},                 // trailing data
+		{`{"ignore_eos":tru}`, false},            // malformed
+		{`{"stop_token_ids":[1,]}`, false},       // malformed
+		{`{"seed":18446744073709551615}`, true},  // the largest seed
+		{`{"temperature":1E-3,"top_p":0}`, true}, // exponent, and top_p 0
+	} {
+		var got GenerateBody
+		if fast := parseGenerateBody([]byte(tc.data), &got); fast != tc.fast {
+			t.Errorf("%s: fast path %v, want %v", tc.data, fast, tc.fast)
+		}
+		var viaMethod GenerateBody
+		merr := json.Unmarshal([]byte(tc.data), &viaMethod)
+		want, werr := decodePlain([]byte(tc.data))
+		if (merr != nil) != (werr != nil) {
+			t.Errorf("%s: UnmarshalJSON error %v, encoding/json's %v", tc.data, merr, werr)
+			continue
+		}
+		if werr == nil {
+			if want.TopP == 0 {
+				want.TopP = 1
+			}
+			if !reflect.DeepEqual(viaMethod, want) {
+				t.Errorf("%s:\n got %+v\nwant %+v", tc.data, viaMethod, want)
+			}
+		}
+	}
+}
+
+// FuzzParseGenerateBody: whatever the fast path takes, encoding/json takes
+// too, with the same result.
+func FuzzParseGenerateBody(f *testing.F) {
+	for _, s := range []string{`{"rid":"r","room":"00","gen":2,"input_ids":[1,2],"max_tokens":4,"temperature":0.5,` +
+		`"top_p":0.9,"top_k":3,"seed":7,"stop_token_ids":[9],"ignore_eos":true,"min_tokens":1,"prefill_kv_addr":"a:1","buffered":true}`,
+		`{}`, ` {"input_ids" : [ ] } `, `{"max_tokens":-0,"temperature":1e-3}`, `{"seed":18446744073709551616}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var got GenerateBody
+		if !parseGenerateBody(data, &got) {
+			return
+		}
+		want, err := decodePlain(data)
+		if err != nil {
+			t.Fatalf("%q: the fast path took what encoding/json refuses: %v", data, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q:\n fast %+v\n json %+v", data, got, want)
+		}
+	})
+}
+
+// TestReadSized: a body of its announced size, longer, shorter (an
+// error) or of unknown size is read as it is.
+func TestReadSized(t *testing.T) {
+	for _, tc := range []struct {
+		body    string
+		n       int64
+		wantErr bool
+	}{
+		{"hello", 5, false}, {"hello", 3, false}, {"hello", -1, false}, {"", 0, false}, {"", -1, false},
+		{"hel", 5, true}, {"", 2, true}, {"x", 1 << 40, false},
+	} {
+		got, err := ReadSized(strings.NewReader(tc.body), tc.n)
+		if (err != nil) != tc.wantErr || string(got) != tc.body {
+			t.Errorf("%q announced %d: %q, %v", tc.body, tc.n, got, err)
+		}
+	}
 }

@@ -127,16 +127,20 @@ type GenerateBody struct {
 
 // UnmarshalJSON decodes a leg body, giving an absent or zero top_p its
 // meaning, 1 (every token kept).
+// A body as AppendJSON writes it is decoded without reflection
+// (parseGenerateBody); anything else by encoding/json, to the same result.
 func (b *GenerateBody) UnmarshalJSON(data []byte) error {
-	type plain GenerateBody // without this method
-	var p plain
-	if err := json.Unmarshal(data, &p); err != nil {
-		return err
+	var p GenerateBody
+	if !parseGenerateBody(data, &p) {
+		type plain GenerateBody // without this method
+		if err := json.Unmarshal(data, (*plain)(&p)); err != nil {
+			return err
+		}
 	}
 	if p.TopP == 0 {
 		p.TopP = 1
 	}
-	*b = GenerateBody(p)
+	*b = p
 	return nil
 }
 

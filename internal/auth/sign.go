@@ -46,6 +46,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // Header names and the signature scheme.
@@ -164,7 +165,7 @@ func (s *Signer) RoundTrip(req *http.Request) (*http.Response, error) {
 	ts := strconv.FormatInt(s.clock.Now().UnixMilli(), 10)
 	sig := hex.EncodeToString(mac(s.key, canonical(ts, nonce, req.Method, target(req), digest)))
 	r2 := req.Clone(req.Context())
-	r2.Header.Set("Authorization", fmt.Sprintf("%s ts=%s,nonce=%s,sig=%s", SchemeHMAC, ts, nonce, sig))
+	r2.Header.Set("Authorization", SchemeHMAC+" ts="+ts+",nonce="+nonce+",sig="+sig)
 	r2.Header.Set(HeaderDigest, digest)
 	if req.Body != nil && req.Body != http.NoBody {
 		r2.Body = io.NopCloser(bytes.NewReader(body))
@@ -197,7 +198,7 @@ func requestBody(req *http.Request) ([]byte, error) {
 		defer req.Body.Close()
 	}
 	defer rc.Close()
-	return io.ReadAll(rc)
+	return workerapi.ReadSized(rc, req.ContentLength)
 }
 
 // PeerAuth guards a worker's API: RequireCert demands a client

@@ -328,6 +328,13 @@ func (t *Transport) exchange(ctx context.Context, pc *pconn, req *http.Request, 
 			return nil, errors.New("too many 1xx answers")
 		}
 	}
+	resp.Body = t.newBody(ctx, pc, stop, req, resp)
+	return resp, nil
+}
+
+// newBody returns the body of resp, read from pc, delimited as its head
+// says; a body that is empty is ended (its connection pooled) at once.
+func (t *Transport) newBody(ctx context.Context, pc *pconn, stop func() bool, req *http.Request, resp *http.Response) *answerBody {
 	b := &answerBody{t: t, pc: pc, ctx: ctx, stop: stop, reusable: !resp.Close && !req.Close}
 	switch {
 	case req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent ||
@@ -341,11 +348,10 @@ func (t *Transport) exchange(ctx context.Context, pc *pconn, req *http.Request, 
 	default:
 		b.kind, b.reusable = bodyToEOF, false
 	}
-	resp.Body = b
 	if b.kind == bodyNone || b.kind == bodyLength && b.rem == 0 {
 		b.finish()
 	}
-	return resp, nil
+	return b
 }
 
 // isStale reports whether err is a connection the peer closed or reset.

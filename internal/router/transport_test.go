@@ -556,3 +556,43 @@ func BenchmarkLegTransport(b *testing.B) {
 		})
 	}
 }
+
+// FuzzTransportAnswer: any bytes a worker could answer with are parsed to
+// an answer and a body, or to an error, without a panic, a hang or an
+// allocation the size of a claimed length.
+func FuzzTransportAnswer(f *testing.F) {
+	for _, s := range []string{
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nT: v\r\n\r\n",
+		"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\nRetry-After: 1\r\n\r\n{}",
+		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\nto the end",
+		"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\nabc",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffff\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		tr := &Transport{}
+		defer tr.CloseIdleConnections()
+		pc := &pconn{key: "k", conn: a, br: bufio.NewReaderSize(bytes.NewReader(data), 16<<10)}
+		req, _ := http.NewRequest(http.MethodGet, "http://w/", nil)
+		var resp *http.Response
+		var err error
+		for i := 0; i <= maxInterimAnswers; i++ {
+			if resp, _, err = readResponseHead(pc.br, req); err != nil || resp.StatusCode >= 200 {
+				break
+			}
+		}
+		if err != nil {
+			return
+		}
+		body := tr.newBody(context.Background(), pc, func() bool { return true }, req, resp)
+		n, _ := io.Copy(io.Discard, body)
+		if n > int64(len(data)) {
+			t.Fatalf("a body of %d bytes from %d bytes of answer", n, len(data))
+		}
+		body.Close()
+	})
+}

@@ -7,7 +7,8 @@
 # (from /proc/PID/stat) and the TCP connections opened per request during the
 # run (nstat TcpActiveOpens, all processes; the bench's own are opened before).
 # FLOOR=1 adds, after nginx, the floor of any proxy on Go's net/http
-# (tools/perf/goproxy: httputil.ReverseProxy and nothing else).
+# (tools/perf/goproxy: httputil.ReverseProxy and nothing else) and of one on
+# valyala/fasthttp (tools/perf/fasthttpproxy, its own module).
 # Usage: [FLOOR=1] tools/perf/router-cpu.sh [ROUNDS] [BINARY...]  (default: build this tree)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,12 +46,17 @@ measure() { # name port pid
   awk -v n="$1" -v t="$((t1 - t0))" -v o="$((o1 - o0))" -v N="$N" -v hz="$(getconf CLK_TCK)" -v r="$(jq .runs[0].summary.request_throughput "$T/$1.json")" \
     'BEGIN { printf "%-10s cpu_us_per_req=%.0f conns_per_req=%.3f req_s=%.0f\n", n, t / hz / N * 1e6, (o - 64) / N, r }'
 }
-[ "${FLOOR:-0}" = 1 ] && go build -o "$T/goproxy" ./tools/perf/goproxy
+if [ "${FLOOR:-0}" = 1 ]; then
+  go build -o "$T/goproxy" ./tools/perf/goproxy
+  (cd tools/perf/fasthttpproxy && go build -o "$T/fasthttpproxy" .)
+fi
 for r in $(seq "$ROUNDS"); do
   measure nginx "$NG" "$NGW"
   if [ "${FLOOR:-0}" = 1 ]; then
     GP=$(fp); "$T/goproxy" -listen "127.0.0.1:$GP" -upstream "http://127.0.0.1:$S" 2>"$T/goproxy.log" & gpid=$!
     up "$GP" v1/models; measure goproxy "$GP" "$gpid"; kill "$gpid"; wait "$gpid" 2>/dev/null || true
+    FP=$(fp); "$T/fasthttpproxy" -listen "127.0.0.1:$FP" -upstream "127.0.0.1:$S" 2>"$T/fasthttpproxy.log" & fpid=$!
+    up "$FP" v1/models; measure fasthttp "$FP" "$fpid"; kill "$fpid"; wait "$fpid" 2>/dev/null || true
   fi
   for b in "${BINS[@]}"; do
     RP=$(fp); "$b" router --port "$RP" --colocated "http://127.0.0.1:$S" "${SIM[@]}" >"$T/router.log" 2>&1 & rpid=$!

@@ -58,7 +58,7 @@ func TestAdminAnswersAreJSON(t *testing.T) {
 
 // TestNoWorkerAnswerHasRetryAfter: with no ready decode worker the 503
 // no_worker answer carries Retry-After (the health interval: a worker may
-// be ready at the next check).
+// be ready at the next check), and says why without naming the worker.
 func TestNoWorkerAnswerHasRetryAfter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := newTestRouter(t, 1, 1, 0, nil)
@@ -73,6 +73,12 @@ func TestNoWorkerAnswerHasRetryAfter(t *testing.T) {
 		if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "no_worker") ||
 			rec.Header().Get("Retry-After") != "2" {
 			t.Fatalf("%d Retry-After %q %s; want 503 no_worker with Retry-After 2", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
+		}
+		// The client learns how many workers are in which state, not where
+		// they are or what their checks said.
+		if b := rec.Body.String(); !strings.Contains(b, "1 worker: 1 not_ready") || strings.Contains(b, tr.decode[0].host) ||
+			strings.Contains(b, "404") {
+			t.Fatalf("503 body %s: want the count by state, without the worker's address or its check's error", b)
 		}
 	})
 }

@@ -568,32 +568,48 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 	return nil, nil, "", false, noWorker("every KV path between ready workers is being probed (see /debug/pairs)")
 }
 
-// whyNone says why the workers of role do not take requests: the first
-// few with their state and last error, as ": url state: why; …"; req, if
-// set, names a feature it needs that a worker lacks.
+// whyNone says why the workers of role do not take requests, for the
+// client's 503: how many there are and how many are in each state or
+// were passed over for each reason, as ": 3 workers: 2 not_ready, 1
+// without min_tokens (an older pdserve)". It names no worker and quotes no
+// error (those carry internal addresses); the operator's detail, each
+// worker's URL, state and last error, is in /debug/workers and in the
+// debug log line it writes.
 func (r *Router) whyNone(role workerapi.Role, exclude map[*fleet.Worker]bool, req *PickRequest) string {
-	var whys []string
-	for _, w := range r.set.Workers(role.String()) {
-		if len(whys) == 3 {
-			whys = append(whys, "…")
-			break
-		}
-		st := w.Status()
-		why := st.URL + " " + st.State.String()
-		switch {
-		case exclude[w]:
-			why += ": failed this request already"
-		case req.missing(w) != "":
-			why += ": does not support " + req.missing(w) + " (an older pdserve)"
-		case st.LastError != "":
-			why += ": " + st.LastError
-		}
-		whys = append(whys, why)
-	}
-	if len(whys) == 0 {
+	ws := r.set.Workers(role.String())
+	if len(ws) == 0 {
 		return ""
 	}
-	return ": " + strings.Join(whys, "; ")
+	var (
+		order  []string
+		counts = map[string]int{}
+		detail []string
+	)
+	for _, w := range ws {
+		st := w.Status()
+		why := st.State.String()
+		switch {
+		case exclude[w]:
+			why = "failed this request already"
+		case req.missing(w) != "":
+			why = "without " + req.missing(w) + " (an older pdserve)"
+		}
+		if counts[why] == 0 {
+			order = append(order, why)
+		}
+		counts[why]++
+		detail = append(detail, st.URL+" "+st.State.String()+": "+why+" "+st.LastError)
+	}
+	r.log.Debug("no worker to take a request", "worker_role", role.String(), "workers", strings.Join(detail, "; "))
+	parts := make([]string, len(order))
+	for i, why := range order {
+		parts[i] = strconv.Itoa(counts[why]) + " " + why
+	}
+	noun := "workers"
+	if len(ws) == 1 {
+		noun = "worker"
+	}
+	return ": " + strconv.Itoa(len(ws)) + " " + noun + ": " + strings.Join(parts, ", ")
 }
 
 // noWorker is a 503 no_worker.

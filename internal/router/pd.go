@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -401,6 +402,11 @@ func (r *Router) post(ctx context.Context, w *fleet.Worker, path string, payload
 		}
 		r.metrics.WorkerFailed(w.URL())
 		r.set.Observe(w, fleet.Info{}, err)
+		if errors.Is(err, ErrNoAnswer) {
+			// It had the request: it broke off (a non-streamed leg, whose
+			// answer comes only at the end, dies here mid-decode).
+			return nil, r.legError(w, outcome.WorkerStreamBroken, "broke off before its answer", err)
+		}
 		return nil, r.legError(w, outcome.WorkerUnreachable, "could not be reached", err)
 	}
 	return resp, nil

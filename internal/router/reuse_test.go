@@ -2,11 +2,14 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
@@ -154,5 +158,50 @@ func TestLegEndedWithItsLastLine(t *testing.T) {
 	}
 	if n := conns.Load(); n != 1 {
 		t.Fatalf("%d connections for 3 legs, want 1", n)
+	}
+}
+
+// TestLegWithoutAnswerIsStreamBroken: a worker that takes a leg and dies
+// before it answers (a non-streamed leg's answer comes only at its end) is
+// a worker that broke off, not one that could not be reached; the
+// transport's error says the request was sent (ErrNoAnswer).
+func TestLegWithoutAnswerIsStreamBroken(t *testing.T) {
+	w := &fakeWorker{role: workerapi.RoleColocated}
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == workerapi.PathGenerate {
+			_, _ = io.Copy(io.Discard, r.Body)
+			c, _, err := http.NewResponseController(rw).Hijack()
+			if err == nil {
+				c.Close() // the worker dies with the request
+			}
+			return
+		}
+		w.ServeHTTP(rw, r)
+	}))
+	defer srv.Close()
+	tr := NewTransport()
+	defer tr.CloseIdleConnections()
+	r, err := New(Config{ModelName: "m", ContextLen: 64, Client: &http.Client{Transport: tr},
+		Registerer: prometheus.NewRegistry(), Colocated: []string{srv.URL},
+		HealthInterval: time.Hour, LoadInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Start()
+	defer r.Close()
+	st, oerr := r.Generate(context.Background(), &openai.GenerateRequest{RID: "r", InputIDs: []int32{1, 2, 3},
+		MaxTokens: 2, Sampling: model.SamplingParams{TopP: 1}, Buffered: true})
+	if oerr != nil {
+		t.Fatal(oerr)
+	}
+	defer st.Close()
+	_, err = st.Recv()
+	var e *workerapi.Error
+	if !errors.As(err, &e) || e.Outcome != outcome.WorkerStreamBroken {
+		t.Fatalf("a worker that died with the leg: %v, want worker_stream_broken", err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+workerapi.PathGenerate, strings.NewReader("{}"))
+	if _, err := (&http.Client{Transport: tr}).Do(req); !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("transport error %v, want ErrNoAnswer", err)
 	}
 }

@@ -82,6 +82,12 @@ const (
 	maxInterimAnswers  = 8 // 1xx answers skipped before the final one
 )
 
+// ErrNoAnswer wraps the error of a request that was sent whole but got no
+// answer (the connection closed, reset or sent garbage before or within
+// the answer's head): the worker had the request, unlike a dial or write
+// failure, which is returned as it is.
+var ErrNoAnswer = errors.New("the worker took the request but did not answer it")
+
 var (
 	errHeaderTooLong = errors.New("answer headers over the size limit")
 	errBodyClosed    = errors.New("read on a closed answer body")
@@ -317,6 +323,9 @@ func (t *Transport) exchange(ctx context.Context, pc *pconn, req *http.Request, 
 			stop()
 			if pc.reused && i == 0 && !got && isStale(err) {
 				return nil, staleConnError{err}
+			}
+			if ctx.Err() == nil {
+				err = fmt.Errorf("%w: %w", ErrNoAnswer, err)
 			}
 			return nil, err
 		}

@@ -258,7 +258,13 @@ func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		pc := t.get(key, t.clock())
+		// A resend dials: the pool's other connections to this worker
+		// are likely as dead as the one just found so (the worker
+		// restarted), and a second stale one would fail the request.
+		var pc *pconn
+		if attempt == 0 {
+			pc = t.get(key, t.clock())
+		}
 		if pc == nil {
 			var err error
 			if pc, err = t.dial(ctx, scheme, host, key); err != nil {

@@ -275,6 +275,64 @@ func TestTransportResendsOnStaleConnection(t *testing.T) {
 	}
 }
 
+// TestTransportResendsOnNewConnection: when the worker closed every pooled
+// connection while they were idle (it restarted), the resend of a request
+// found one of them dead goes on a newly dialed connection, not on another
+// dead one from the pool: every request succeeds.
+func TestTransportResendsOnNewConnection(t *testing.T) {
+	const pooled = 3
+	var arrived sync.WaitGroup
+	arrived.Add(pooled)
+	var first atomic.Int64
+	srv, cc := newCountingServer(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if first.Add(1) <= pooled {
+			arrived.Done()
+			arrived.Wait() // hold the first requests until all are in: one connection each
+		}
+		_, _ = io.WriteString(rw, "ok")
+	}))
+	tr := &Transport{}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	var wg sync.WaitGroup
+	errs := make(chan error, pooled)
+	for range pooled {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+			resp, err := c.Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := cc.n.Load(); n != pooled {
+		t.Fatalf("%d connections, want %d", n, pooled)
+	}
+	srv.CloseClientConnections() // every pooled connection dies idle
+	for i := range pooled {
+		resp := post(t, c, context.Background(), srv.URL, "{}")
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(b) != "ok" {
+			t.Fatalf("request %d after the restart: %q %v", i, b, err)
+		}
+	}
+}
+
 // TestTransportEndedWithoutRead: a worker whose last line and the chunked
 // terminator arrive together: after the last line the body reports Ended
 // without another read, and the connection is back in the pool.

@@ -446,6 +446,16 @@ func (rs *response) usage() *Usage {
 		PromptTokensDetails: &PromptTokensDetails{CachedTokens: min(rs.out.cached, p)}}
 }
 
+// continuousUsage is the usage so far for a chunk when the client asked
+// for it in every chunk (vLLM's stream_options.continuous_usage_stats),
+// else nil.
+func (rs *response) continuousUsage() *Usage {
+	if !rs.req.continuousUsage {
+		return nil
+	}
+	return rs.usage()
+}
+
 func (rs *response) endpoint() string {
 	if rs.req.chat {
 		return "chat.completions"
@@ -582,6 +592,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 				ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,
 				Model:   rs.h.cfg.ModelName,
 				Choices: []ChatChunkChoice{{Delta: delta, FinishReason: finish, TokenIDs: rs.tokenIDs(ids)}},
+				Usage:   rs.continuousUsage(),
 			}
 		} else {
 			choice := CompletionChoice{Text: text, FinishReason: finish, TokenIDs: rs.tokenIDs(ids)}
@@ -591,7 +602,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 			}
 			ev = CompletionResponse{
 				ID: "cmpl-" + rs.rid, Object: "text_completion", Created: rs.created,
-				Model: rs.h.cfg.ModelName, Choices: []CompletionChoice{choice},
+				Model: rs.h.cfg.ModelName, Choices: []CompletionChoice{choice}, Usage: rs.continuousUsage(),
 			}
 		}
 		// Flush unless more output is already waiting (it follows at once)

@@ -796,3 +796,31 @@ func TestLastEventGoesWithTheEnd(t *testing.T) {
 		t.Errorf("bodies differ:\n%s\n%s", bodies[0], bodies[1])
 	}
 }
+
+// TestContinuousUsageStats: with vLLM's stream_options
+// continuous_usage_stats (and include_usage) every chunk carries the usage
+// so far; without it only the last, choice-less chunk does.
+func TestContinuousUsageStats(t *testing.T) {
+	for _, continuous := range []bool{false, true} {
+		eng := newFakeEngine(chunksOf("abcdef", 2, "length")...)
+		srv := newServer(t, eng)
+		_, body := post(t, srv, "/v1/completions", fmt.Sprintf(
+			`{"prompt":"xy","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":%v}}`, continuous))
+		events, done := decodeEvents(t, body)
+		if !done || len(events) != 4 {
+			t.Fatalf("continuous=%v: %d events, done %v:\n%s", continuous, len(events), done, body)
+		}
+		for i, ev := range events[:3] {
+			switch {
+			case !continuous && ev.Usage != nil:
+				t.Errorf("chunk %d has usage without continuous_usage_stats", i)
+			case continuous && (ev.Usage == nil || ev.Usage.PromptTokens != 2 || ev.Usage.CompletionTokens != 2*(i+1) ||
+				ev.Usage.TotalTokens != 2+2*(i+1)):
+				t.Errorf("chunk %d usage %+v, want 2 prompt and %d completion tokens", i, ev.Usage, 2*(i+1))
+			}
+		}
+		if u := events[3].Usage; u == nil || u.CompletionTokens != 6 || len(events[3].Choices) != 0 {
+			t.Errorf("continuous=%v: last chunk %+v, want the usage of 6 tokens and no choices", continuous, events[3])
+		}
+	}
+}

@@ -43,7 +43,9 @@ type request struct {
 	includeStopStr bool
 	stream         bool
 	includeUsage   bool
-	returnTokenIDs bool
+	// continuousUsage: usage in every chunk (with includeUsage).
+	continuousUsage bool
+	returnTokenIDs  bool
 }
 
 // parser converts wire requests into requests. Its methods are pure given
@@ -478,6 +480,7 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 	req.includeStopStr = w.IncludeStopStrInOutput
 	req.stream = w.Stream
 	req.includeUsage = w.Stream && w.StreamOptions != nil && w.StreamOptions.IncludeUsage
+	req.continuousUsage = req.includeUsage && w.StreamOptions.ContinuousUsageStats
 	// Without a tokenizer the output has no text: the token ids are the
 	// answer, so they are always returned.
 	req.returnTokenIDs = w.ReturnTokenIDs || p.tok == nil

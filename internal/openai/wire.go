@@ -125,6 +125,9 @@ type SamplingFields struct {
 type StreamOptions struct {
 	// IncludeUsage adds a last chunk with usage and no choices.
 	IncludeUsage bool `json:"include_usage"`
+	// ContinuousUsageStats (vLLM's) adds, with IncludeUsage, the usage so
+	// far to every chunk.
+	ContinuousUsageStats bool `json:"continuous_usage_stats"`
 }
 
 // CompletionRequest is the body of POST /v1/completions.

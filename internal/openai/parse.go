@@ -128,7 +128,10 @@ func badNumber(field, lit string, t reflect.Type) *Error {
 		if f, err := strconv.ParseFloat(lit, 64); err == nil && f != math.Trunc(f) {
 			return BadRequest(field, "%s must be an integer, got %s (a number with a fractional part)", field, lit)
 		}
-		return BadRequest(field, "%s must be an integer in [%v, %v], got %s", field, intMin(t), intMax(t), lit)
+		if strings.HasPrefix(lit, "-") {
+			return BadRequest(field, "%s must be an integer, got %s (out of range: at least %v)", field, lit, intMin(t))
+		}
+		return BadRequest(field, "%s must be an integer, got %s (out of range: at most %v)", field, lit, intMax(t))
 	}
 	return BadRequest(field, "%s must be %s, got number %s", field, jsonKind(t), lit)
 }

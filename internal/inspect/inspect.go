@@ -247,10 +247,27 @@ func Print(w io.Writer, rep Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	// A request is an entry on the router and on each worker serving it:
+	// the count is per role, not summed.
+	var perRole []string
+	byRole := map[string]int{}
+	for _, s := range rep.Summary {
+		if _, ok := byRole[s.Role]; !ok {
+			perRole = append(perRole, s.Role)
+		}
+		byRole[s.Role] += s.Count
+	}
+	for i, r := range perRole {
+		perRole[i] = fmt.Sprintf("%s %d", r, byRole[r])
+	}
+	live := "live requests: none"
+	if len(perRole) > 0 {
+		live = "live requests: " + strings.Join(perRole, ", ")
+	}
 	if len(rep.Rows) < total {
-		fmt.Fprintf(w, "%d of %d live requests listed, %d of them past half their stage deadline (!)\n", len(rep.Rows), total, flagged)
+		fmt.Fprintf(w, "%s; %d of %d entries listed, %d of them past half their stage deadline (!)\n", live, len(rep.Rows), total, flagged)
 	} else {
-		fmt.Fprintf(w, "%d live requests, %d past half their stage deadline (!)\n", len(rep.Rows), flagged)
+		fmt.Fprintf(w, "%s; %d entries past half their stage deadline (!)\n", live, flagged)
 	}
 	for _, e := range rep.Errors {
 		fmt.Fprintf(w, "error: %s\n", e)

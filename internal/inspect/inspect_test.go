@@ -119,8 +119,9 @@ func TestSummaryFilterAndDecodeProgress(t *testing.T) {
 	if err := Print(&b, rep); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(b.String(), "lease 2s") || !strings.Contains(b.String(), "PAST HALF DEADLINE") {
-		t.Errorf("printed:\n%s", b.String())
+	if !strings.Contains(b.String(), "lease 2s") || !strings.Contains(b.String(), "PAST HALF DEADLINE") ||
+		!strings.Contains(b.String(), "live requests: router 2, decode 3;") {
+		t.Errorf("printed (want the live count per role, not summed over the router and its workers):\n%s", b.String())
 	}
 	j, _ := json.Marshal(rep.Filter("nope", 0, 0))
 	if !strings.Contains(string(j), `"requests":[]`) {

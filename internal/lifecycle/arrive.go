@@ -122,7 +122,7 @@ func (m *Machine) arrive(q Request) {
 		return
 	}
 	if m.leaving {
-		cause := m.cause(outcome.Draining, StageNone, "worker is draining: it finishes what it holds and takes no new request")
+		cause := m.cause(outcome.Draining, StageNone, "the worker finishes what it holds and takes no new request")
 		m.rejectEarlyCause(q, outcome.Draining, cause.Detail, cause)
 		if m.cfg.Role == RolePrefill {
 			m.dropPendingWithAbort(q.Room, q.Gen, cause)

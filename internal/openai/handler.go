@@ -298,15 +298,18 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		// connection.
 		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
 	}
+	// A refusal before or after the body is read keeps the connection:
+	// net/http discards what is left of a small body (under the read
+	// deadline) before it reads the next request, as vLLM's server keeps
+	// it. Only a body that could not be read (too large, too slow) closes
+	// it.
 	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		w.Header().Set("Connection", "close")
 		h.fail(w, endpoint, "", &Error{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest,
 			Code:    CodeUnsupportedMediaType,
 			Message: fmt.Sprintf("Content-Encoding %q is not supported: send the request body uncompressed", ce)})
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); !jsonContentType(ct) {
-		w.Header().Set("Connection", "close")
 		h.fail(w, endpoint, "", &Error{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest,
 			Code:    CodeUnsupportedMediaType,
 			Message: fmt.Sprintf("Content-Type %q is not supported: send the request body as application/json", ct)})
@@ -331,8 +334,11 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if err != nil {
 		// Keep the read deadline: net/http discards what is left of the
 		// body after the answer, and a client that stopped sending must
-		// not hold the connection. Close it rather than reuse it.
-		w.Header().Set("Connection", "close")
+		// not hold the connection. A body that could not be read closes
+		// it.
+		if st := ToError(err).Status; st == http.StatusRequestTimeout || st == http.StatusRequestEntityTooLarge {
+			w.Header().Set("Connection", "close")
+		}
 		h.fail(w, endpoint, "", err)
 		return
 	}

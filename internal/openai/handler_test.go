@@ -824,3 +824,40 @@ func TestContinuousUsageStats(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalKeepsConnection: a 400 (invalid field, malformed JSON) and a
+// 415 leave the connection open for the client's next request, as vLLM's
+// server does; the next request on it is served.
+func TestRefusalKeepsConnection(t *testing.T) {
+	srv := newServer(t, newFakeEngine(chunksOf("ok", 2, "length")...))
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	send := func(ct, body string) *http.Response {
+		t.Helper()
+		fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s", ct, len(body), body)
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.ReadAll(resp.Body)
+		return resp
+	}
+	for _, tc := range []struct {
+		ct, body string
+		status   int
+	}{
+		{"application/json", `{"prompt":"x","max_tokens":0}`, 400},
+		{"application/json", `{"prompt":`, 400},
+		{"text/plain", `{"prompt":"x"}`, 415},
+		{"application/json", `{"prompt":"x","max_tokens":2}`, 200},
+	} {
+		if resp := send(tc.ct, tc.body); resp.StatusCode != tc.status || resp.Close {
+			t.Fatalf("%s %s: %d close=%v, want %d on a kept connection", tc.ct, tc.body, resp.StatusCode, resp.Close, tc.status)
+		}
+	}
+}

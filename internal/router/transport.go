@@ -55,16 +55,23 @@ type Transport struct {
 	// 30 s).
 	KeepAlive time.Duration
 	// IdleConnTimeout is how long an idle connection is kept (default 90 s);
-	// older ones are closed when the pool of their worker is next used.
+	// older ones are closed when the pool of their worker is next used, or
+	// by the sweep of every worker's pool (at most once a second, on any
+	// call) for a worker no longer called, such as one gone from the fleet.
 	IdleConnTimeout time.Duration
 	// MaxIdleConnsPerHost bounds the idle connections kept per worker
 	// (default 1024).
 	MaxIdleConnsPerHost int
 
-	mu   sync.Mutex
-	idle map[string][]*pconn // by scheme://host:port; oldest first
-	now  func() time.Time    // nil: time.Now (tests move it)
+	mu    sync.Mutex
+	idle  map[string][]*pconn // by scheme://host:port; oldest first
+	swept time.Time           // the last sweep of every worker's pool
+	now   func() time.Time    // nil: time.Now (tests move it)
 }
+
+// sweepInterval is how often, at most, every worker's idle connections
+// are pruned (not only those of the worker being called).
+const sweepInterval = time.Second
 
 func (t *Transport) clock() time.Time {
 	if t.now != nil {
@@ -114,8 +121,9 @@ func (t *Transport) idleTimeout() time.Duration {
 // get takes the newest idle connection to key, closing those idle too long.
 func (t *Transport) get(key string, now time.Time) *pconn {
 	t.mu.Lock()
+	n := t.sweep(now)
 	list := t.idle[key]
-	n := t.prune(key, list, now)
+	n = append(n, t.prune(key, list, now)...)
 	list = t.idle[key]
 	var pc *pconn
 	if len(list) > 0 {
@@ -144,6 +152,26 @@ func (t *Transport) prune(key string, list []*pconn, now time.Time) []*pconn {
 	return old
 }
 
+// sweep prunes the idle connections of every worker, at most once every
+// sweepInterval, and forgets the workers left without any; a worker no
+// longer called (gone from the fleet) would otherwise keep its
+// connections, and their descriptors, for good. It returns those to close
+// outside the lock. t.mu is held.
+func (t *Transport) sweep(now time.Time) []*pconn {
+	if now.Sub(t.swept) < sweepInterval {
+		return nil
+	}
+	t.swept = now
+	var old []*pconn
+	for key, list := range t.idle {
+		old = append(old, t.prune(key, list, now)...)
+		if len(t.idle[key]) == 0 {
+			delete(t.idle, key)
+		}
+	}
+	return old
+}
+
 // put returns a connection whose answer was read to its end to the pool.
 func (t *Transport) put(pc *pconn) {
 	max := t.MaxIdleConnsPerHost
@@ -156,8 +184,9 @@ func (t *Transport) put(pc *pconn) {
 	if t.idle == nil {
 		t.idle = make(map[string][]*pconn)
 	}
+	old := t.sweep(now)
 	list := t.idle[pc.key]
-	old := t.prune(pc.key, list, now)
+	old = append(old, t.prune(pc.key, list, now)...)
 	list = t.idle[pc.key]
 	if len(list) >= max {
 		t.mu.Unlock()

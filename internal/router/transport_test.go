@@ -415,6 +415,57 @@ func TestTransportIdleTimeout(t *testing.T) {
 	}
 }
 
+// TestTransportSweepsWorkersNoLongerCalled: the idle connections of a
+// worker the router no longer calls (gone from the fleet) are closed once
+// idle longer than IdleConnTimeout, when any other worker is called, and
+// the worker is forgotten.
+func TestTransportSweepsWorkersNoLongerCalled(t *testing.T) {
+	gone, _ := newCountingServer(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {}))
+	stays, _ := newCountingServer(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {}))
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	tr := &Transport{IdleConnTimeout: time.Minute, now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	get := func(url string) {
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	get(gone.URL)
+	tr.mu.Lock()
+	pooled := append([]*pconn(nil), tr.idle[gone.URL]...)
+	tr.mu.Unlock()
+	if len(pooled) != 1 {
+		t.Fatalf("%d idle connections to the first worker, want 1", len(pooled))
+	}
+	advance := func(d time.Duration) {
+		mu.Lock()
+		now = now.Add(d)
+		mu.Unlock()
+	}
+	advance(59 * time.Second)
+	get(stays.URL) // not idle long enough: kept
+	if _, err := pooled[0].conn.Write(nil); err != nil {
+		t.Fatalf("a connection idle 59 s of 60 was closed: %v", err)
+	}
+	advance(2 * time.Second)
+	get(stays.URL)
+	if _, err := pooled[0].conn.Write(nil); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("a connection idle 61 s to a worker no longer called: write %v, want net.ErrClosed", err)
+	}
+	tr.mu.Lock()
+	_, kept := tr.idle[gone.URL]
+	n := len(tr.idle)
+	tr.mu.Unlock()
+	if kept || n != 1 {
+		t.Fatalf("pool keeps %d workers (the one no longer called: %v), want 1", n, kept)
+	}
+}
+
 // TestTransportTLS: https URLs are served over TLS with the configured
 // roots, as HTTP/1.1.
 func TestTransportTLS(t *testing.T) {

@@ -127,7 +127,7 @@ type StreamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 	// ContinuousUsageStats (vLLM's) adds, with IncludeUsage, the usage so
 	// far to every chunk.
-	ContinuousUsageStats bool `json:"continuous_usage_stats"`
+	ContinuousUsageStats bool `json:"continuous_usage_stats,omitempty"`
 }
 
 // CompletionRequest is the body of POST /v1/completions.

@@ -133,10 +133,12 @@ func TestDecodeLegResetWhilePrefillBootstraps(t *testing.T) {
 	}
 	start := time.Now()
 	status, body := postJSON(t, r.URL+"/v1/completions", map[string]any{"prompt": "reset", "max_tokens": 4})
-	// The client learns which leg failed, not the internal address.
-	if status != http.StatusBadGateway || !strings.Contains(string(body), "the decode worker could not be reached") ||
-		!strings.Contains(string(body), "worker_unreachable") || strings.Contains(string(body), d.URL) {
-		t.Fatalf("want 502 worker_unreachable naming the decode leg (not its address), got %d %s", status, body)
+	// The client learns which leg failed, not the internal address; the
+	// decode worker had the request (it reset the connection after reading
+	// it), so it broke off rather than could not be reached.
+	if status != http.StatusBadGateway || !strings.Contains(string(body), "the decode worker broke off") ||
+		!strings.Contains(string(body), "worker_stream_broken") || strings.Contains(string(body), d.URL) {
+		t.Fatalf("want 502 worker_stream_broken naming the decode leg (not its address), got %d %s", status, body)
 	}
 	waitFor(t, 2*time.Second, "prefill released the room", func() (bool, string) {
 		st, _ := p.Worker.Stats(time.Second)

@@ -814,7 +814,8 @@ func (w *Worker) HandleMessage(p kvxfer.PeerID, m kvxfer.Message) {
 
 // PeerLost implements kvxfer.Handler.
 func (w *Worker) PeerLost(p kvxfer.PeerID, err error) {
-	w.log.Info("KV peer lost", "peer", p, "err", err)
+	// The transport logs the loss with its remote address (kv peer lost).
+	w.log.Debug("KV peer lost", "peer", p, "err", err)
 	if w.paths != nil {
 		w.paths.lost(w.backend.Remote(p), err, w.clock.Now())
 	}

@@ -746,7 +746,22 @@ func (c *Cluster) Drain(ctx context.Context) error {
 	for _, w := range c.Workers() {
 		errs = append(errs, w.Drain(ctx))
 	}
-	return errors.Join(errs...)
+	return joinDistinct(errs)
+}
+
+// joinDistinct joins errs (nil ones dropped) as errors.Join does, once per
+// message: a drain cut short ends every process's wait with the same
+// context error, said once.
+func joinDistinct(errs []error) error {
+	seen := map[string]bool{}
+	var out []error
+	for _, err := range errs {
+		if err != nil && !seen[err.Error()] {
+			seen[err.Error()] = true
+			out = append(out, err)
+		}
+	}
+	return errors.Join(out...)
 }
 
 func (c *Cluster) Shutdown(ctx context.Context) error {
@@ -760,5 +775,5 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 	for _, w := range c.Workers() {
 		errs = append(errs, w.Shutdown(ctx))
 	}
-	return errors.Join(errs...)
+	return joinDistinct(errs)
 }

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // Transport is the router's HTTP/1.1 client transport for its calls to
@@ -62,20 +64,21 @@ type Transport struct {
 	// MaxIdleConnsPerHost bounds the idle connections kept per worker
 	// (default 1024).
 	MaxIdleConnsPerHost int
+	// Clock times the idle connections (nil: the wall clock).
+	Clock clock.PassiveClock
 
 	mu    sync.Mutex
 	idle  map[string][]*pconn // by scheme://host:port; oldest first
 	swept time.Time           // the last sweep of every worker's pool
-	now   func() time.Time    // nil: time.Now (tests move it)
 }
 
 // sweepInterval is how often, at most, every worker's idle connections
 // are pruned (not only those of the worker being called).
 const sweepInterval = time.Second
 
-func (t *Transport) clock() time.Time {
-	if t.now != nil {
-		return t.now()
+func (t *Transport) now() time.Time {
+	if t.Clock != nil {
+		return t.Clock.Now()
 	}
 	return time.Now()
 }
@@ -178,7 +181,7 @@ func (t *Transport) put(pc *pconn) {
 	if max <= 0 {
 		max = 1024
 	}
-	now := t.clock()
+	now := t.now()
 	pc.idleAt, pc.reused = now, true
 	t.mu.Lock()
 	if t.idle == nil {
@@ -292,7 +295,7 @@ func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 		// restarted), and a second stale one would fail the request.
 		var pc *pconn
 		if attempt == 0 {
-			pc = t.get(key, t.clock())
+			pc = t.get(key, t.now())
 		}
 		if pc == nil {
 			var err error
@@ -347,33 +350,39 @@ func (t *Transport) exchange(ctx context.Context, pc *pconn, req *http.Request, 
 		}
 		return nil, err
 	}
-	var (
-		resp *http.Response
-		err  error
-	)
-	for i := 0; ; i++ {
-		var got bool
-		resp, got, err = readResponseHead(pc.br, req)
-		if err != nil {
-			stop()
-			if pc.reused && i == 0 && !got && isStale(err) {
-				return nil, staleConnError{err}
-			}
-			if ctx.Err() == nil {
-				err = fmt.Errorf("%w: %w", ErrNoAnswer, err)
-			}
-			return nil, err
+	resp, got, err := readFinalHead(pc.br, req)
+	if err != nil {
+		stop()
+		if pc.reused && !got && isStale(err) {
+			return nil, staleConnError{err}
 		}
-		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
+		if ctx.Err() == nil {
+			err = fmt.Errorf("%w: %w", ErrNoAnswer, err)
 		}
-		if i >= maxInterimAnswers {
-			stop()
-			return nil, errors.New("too many 1xx answers")
-		}
+		return nil, err
 	}
 	resp.Body = t.newBody(ctx, pc, stop, req, resp)
 	return resp, nil
+}
+
+// readFinalHead reads the head of the final answer to req from br,
+// skipping up to maxInterimAnswers 1xx answers; got says whether any byte
+// of an answer arrived.
+func readFinalHead(br *bufio.Reader, req *http.Request) (resp *http.Response, got bool, err error) {
+	for i := 0; ; i++ {
+		var some bool
+		resp, some, err = readResponseHead(br, req)
+		got = got || some
+		if err != nil {
+			return nil, got, err
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, got, nil
+		}
+		if i >= maxInterimAnswers {
+			return nil, got, errors.New("too many 1xx answers")
+		}
+	}
 }
 
 // newBody returns the body of resp, read from pc, delimited as its head

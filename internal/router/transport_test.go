@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // connCounter counts the connections a test server accepted.
@@ -385,9 +387,8 @@ func TestTransportEndedWithoutRead(t *testing.T) {
 // is closed, not used.
 func TestTransportIdleTimeout(t *testing.T) {
 	srv, cc := newCountingServer(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {}))
-	now := time.Unix(1000, 0)
-	var mu sync.Mutex
-	tr := &Transport{IdleConnTimeout: time.Minute, now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }}
+	clk := testingclock.NewFakePassiveClock(time.Unix(1000, 0))
+	tr := &Transport{IdleConnTimeout: time.Minute, Clock: clk}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr}
 	get := func() {
@@ -399,16 +400,12 @@ func TestTransportIdleTimeout(t *testing.T) {
 		resp.Body.Close()
 	}
 	get()
-	mu.Lock()
-	now = now.Add(59 * time.Second)
-	mu.Unlock()
+	clk.SetTime(clk.Now().Add(59 * time.Second))
 	get()
 	if n := cc.n.Load(); n != 1 {
 		t.Fatalf("%d connections after 59 s idle, want 1", n)
 	}
-	mu.Lock()
-	now = now.Add(61 * time.Second)
-	mu.Unlock()
+	clk.SetTime(clk.Now().Add(61 * time.Second))
 	get()
 	if n := cc.n.Load(); n != 2 {
 		t.Fatalf("%d connections after 61 s idle, want 2", n)
@@ -422,9 +419,8 @@ func TestTransportIdleTimeout(t *testing.T) {
 func TestTransportSweepsWorkersNoLongerCalled(t *testing.T) {
 	gone, _ := newCountingServer(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {}))
 	stays, _ := newCountingServer(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {}))
-	now := time.Unix(1000, 0)
-	var mu sync.Mutex
-	tr := &Transport{IdleConnTimeout: time.Minute, now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }}
+	clk := testingclock.NewFakePassiveClock(time.Unix(1000, 0))
+	tr := &Transport{IdleConnTimeout: time.Minute, Clock: clk}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr}
 	get := func(url string) {
@@ -442,11 +438,7 @@ func TestTransportSweepsWorkersNoLongerCalled(t *testing.T) {
 	if len(pooled) != 1 {
 		t.Fatalf("%d idle connections to the first worker, want 1", len(pooled))
 	}
-	advance := func(d time.Duration) {
-		mu.Lock()
-		now = now.Add(d)
-		mu.Unlock()
-	}
+	advance := func(d time.Duration) { clk.SetTime(clk.Now().Add(d)) }
 	advance(59 * time.Second)
 	get(stays.URL) // not idle long enough: kept
 	if _, err := pooled[0].conn.Write(nil); err != nil {
@@ -687,13 +679,7 @@ func FuzzTransportAnswer(f *testing.F) {
 		defer tr.CloseIdleConnections()
 		pc := &pconn{key: "k", conn: a, br: bufio.NewReaderSize(bytes.NewReader(data), 16<<10)}
 		req, _ := http.NewRequest(http.MethodGet, "http://w/", nil)
-		var resp *http.Response
-		var err error
-		for i := 0; i <= maxInterimAnswers; i++ {
-			if resp, _, err = readResponseHead(pc.br, req); err != nil || resp.StatusCode >= 200 {
-				break
-			}
-		}
+		resp, _, err := readFinalHead(pc.br, req)
 		if err != nil {
 			return
 		}

@@ -68,10 +68,10 @@ type attempt struct {
 	pCancel context.CancelFunc
 	dCancel context.CancelFunc
 	pDone   bool // prefill answered
-	// pDown and dDown close when the pair's workers are found down (dDownCtx
-	// is decode's as a context).
-	pDown, dDown <-chan struct{}
-	dDownCtx     context.Context
+	// pDown closes, and dDown ends, when the pair's prefill and decode
+	// workers are found down.
+	pDown <-chan struct{}
+	dDown context.Context
 	// more is set while decode lines already read wait to be decoded.
 	more atomic.Bool
 	// handover asks the decode goroutine to hand the leg over with its
@@ -273,8 +273,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		return openai.Internal("encode leg: %v", err)
 	}
 	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1),
-		pDown: pw.Down(), dDownCtx: dw.DownContext(), probe: probe}
-	a.dDown = a.dDownCtx.Done()
+		pDown: pw.Down(), dDown: dw.DownContext(), probe: probe}
 	pctx, pcancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
 	dctx, dcancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
 	a.pCancel, a.dCancel, a.dctx = pcancel, dcancel, dctx
@@ -372,7 +371,7 @@ func discard(lines <-chan decodeEvent) {
 // and starts its watch.
 func (s *pdStream) takeLeg(a *attempt, l *ownedLeg) {
 	a.leg = l
-	a.watch = s.r.watchLeg(s.ctx, a.dDownCtx, a.dCancel)
+	a.watch = s.r.watchLeg(s.ctx, a.dDown, a.dCancel)
 }
 
 // stopWatching stops the watch of a decode leg handed over.
@@ -757,7 +756,7 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 				case closed(s.r.stopping):
 					s.closeWhy = "the router is shutting down"
 					return openai.Chunk{}, openai.Unavailable("the router is shutting down")
-				case closed(a.dDown):
+				case a.dDown.Err() != nil:
 					f = failure{role: workerapi.RoleDecode, err: downError(workerapi.RoleDecode)}
 				default:
 					f = s.explain(a, workerapi.RoleDecode, malformed("decode stream closed"))
@@ -778,7 +777,7 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 			pDown = nil // prefill's part is over; its worker may come and go
 		}
 		select {
-		case <-a.dDown:
+		case <-a.dDown.Done():
 			f = failure{role: workerapi.RoleDecode, err: downError(workerapi.RoleDecode)}
 		case <-pDown:
 			f = failure{role: workerapi.RolePrefill, err: downError(workerapi.RolePrefill)}

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,7 +39,7 @@ func TestFinishedLegKeepsConnection(t *testing.T) {
 		lw.rw.(http.Flusher).Flush()
 		<-release
 	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	srv, _ := newCountingServer(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == workerapi.PathGenerate {
 			mu.Lock()
 			remotes = append(remotes, r.RemoteAddr)
@@ -50,18 +47,7 @@ func TestFinishedLegKeepsConnection(t *testing.T) {
 		}
 		w.ServeHTTP(rw, r)
 	}))
-	srv.Start()
-	defer srv.Close()
-	tr := NewTransport()
-	defer tr.CloseIdleConnections()
-	r, err := New(Config{ModelName: "m", ContextLen: 64, Client: &http.Client{Transport: tr},
-		Registerer: prometheus.NewRegistry(), Colocated: []string{srv.URL},
-		HealthInterval: time.Hour, LoadInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Start()
-	defer r.Close()
+	r, _ := socketRouter(t, srv.URL)
 	if ok, why := r.Serving(); !ok {
 		t.Fatalf("router not serving: %s", why)
 	}
@@ -110,25 +96,8 @@ func TestLegEndedWithItsLastLine(t *testing.T) {
 		lw.rw.(http.Flusher).Flush()
 		lw.line(workerapi.StreamLine{TokenIDs: []int32{11}, Logprobs: []float32{-1}, FinishReason: "length"})
 	}
-	var conns atomic.Int64
-	srv := httptest.NewUnstartedServer(w)
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			conns.Add(1)
-		}
-	}
-	srv.Start()
-	defer srv.Close()
-	tr := NewTransport()
-	defer tr.CloseIdleConnections()
-	r, err := New(Config{ModelName: "m", ContextLen: 64, Client: &http.Client{Transport: tr},
-		Registerer: prometheus.NewRegistry(), Colocated: []string{srv.URL},
-		HealthInterval: time.Hour, LoadInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Start()
-	defer r.Close()
+	srv, conns := newCountingServer(t, w)
+	r, _ := socketRouter(t, srv.URL)
 	for i := range 3 {
 		st, oerr := r.Generate(context.Background(), &openai.GenerateRequest{RID: fmt.Sprintf("r%d", i),
 			InputIDs: []int32{1, 2, 3}, MaxTokens: 2, Sampling: model.SamplingParams{TopP: 1}})
@@ -156,7 +125,7 @@ func TestLegEndedWithItsLastLine(t *testing.T) {
 		}
 		st.Close()
 	}
-	if n := conns.Load(); n != 1 {
+	if n := conns.n.Load(); n != 1 {
 		t.Fatalf("%d connections for 3 legs, want 1", n)
 	}
 }
@@ -167,7 +136,7 @@ func TestLegEndedWithItsLastLine(t *testing.T) {
 // transport's error says the request was sent (ErrNoAnswer).
 func TestLegWithoutAnswerIsStreamBroken(t *testing.T) {
 	w := &fakeWorker{role: workerapi.RoleColocated}
-	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	srv, _ := newCountingServer(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == workerapi.PathGenerate {
 			_, _ = io.Copy(io.Discard, r.Body)
 			c, _, err := http.NewResponseController(rw).Hijack()
@@ -178,24 +147,14 @@ func TestLegWithoutAnswerIsStreamBroken(t *testing.T) {
 		}
 		w.ServeHTTP(rw, r)
 	}))
-	defer srv.Close()
-	tr := NewTransport()
-	defer tr.CloseIdleConnections()
-	r, err := New(Config{ModelName: "m", ContextLen: 64, Client: &http.Client{Transport: tr},
-		Registerer: prometheus.NewRegistry(), Colocated: []string{srv.URL},
-		HealthInterval: time.Hour, LoadInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Start()
-	defer r.Close()
+	r, tr := socketRouter(t, srv.URL)
 	st, oerr := r.Generate(context.Background(), &openai.GenerateRequest{RID: "r", InputIDs: []int32{1, 2, 3},
 		MaxTokens: 2, Sampling: model.SamplingParams{TopP: 1}, Buffered: true})
 	if oerr != nil {
 		t.Fatal(oerr)
 	}
 	defer st.Close()
-	_, err = st.Recv()
+	_, err := st.Recv()
 	var e *workerapi.Error
 	if !errors.As(err, &e) || e.Outcome != outcome.WorkerStreamBroken {
 		t.Fatalf("a worker that died with the leg: %v, want worker_stream_broken", err)
@@ -204,4 +163,24 @@ func TestLegWithoutAnswerIsStreamBroken(t *testing.T) {
 	if _, err := (&http.Client{Transport: tr}).Do(req); !errors.Is(err, ErrNoAnswer) {
 		t.Fatalf("transport error %v, want ErrNoAnswer", err)
 	}
+}
+
+// socketRouter starts a plain router on the colocated worker at url, over
+// real sockets through the router's own transport; the test's cleanup
+// closes it (before the worker's server, registered earlier).
+func socketRouter(t *testing.T, url string) (*Router, *Transport) {
+	t.Helper()
+	tr := NewTransport()
+	r, err := New(Config{ModelName: "m", ContextLen: 64, Client: &http.Client{Transport: tr},
+		Registerer: prometheus.NewRegistry(), Colocated: []string{url},
+		HealthInterval: time.Hour, LoadInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Start()
+	t.Cleanup(func() {
+		r.Close()
+		tr.CloseIdleConnections()
+	})
+	return r, tr
 }

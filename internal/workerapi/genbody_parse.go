@@ -1,7 +1,6 @@
 package workerapi
 
 import (
-	"io"
 	"strconv"
 )
 
@@ -155,19 +154,39 @@ func (p *bodyParser) digits() bool {
 	return n > 0
 }
 
-// int reads an integer literal within bits (signed unless unsigned).
-func (p *bodyParser) int(bits int, unsigned bool) (int64, uint64, bool) {
+// integer reads a JSON integer literal (no fraction or exponent).
+func (p *bodyParser) integer() (string, bool) {
 	lit, integer, ok := p.number()
-	if !ok || !integer {
-		return 0, 0, false
-	}
-	s := string(lit)
-	if unsigned {
-		u, err := strconv.ParseUint(s, 10, bits)
-		return 0, u, err == nil
+	return string(lit), ok && integer
+}
+
+// signed reads an integer literal within bits, as encoding/json does for
+// an int field.
+func (p *bodyParser) signed(bits int) (int64, bool) {
+	s, ok := p.integer()
+	if !ok {
+		return 0, false
 	}
 	v, err := strconv.ParseInt(s, 10, bits)
-	return v, 0, err == nil
+	return v, err == nil
+}
+
+// unsigned reads an integer literal within bits, as encoding/json does for
+// a uint field.
+func (p *bodyParser) unsigned(bits int) (uint64, bool) {
+	s, ok := p.integer()
+	if !ok {
+		return 0, false
+	}
+	u, err := strconv.ParseUint(s, 10, bits)
+	return u, err == nil
+}
+
+// intInto reads an int field into dst.
+func (p *bodyParser) intInto(dst *int) bool {
+	v, ok := p.signed(strconv.IntSize)
+	*dst = int(v)
+	return ok
 }
 
 func (p *bodyParser) float32() (float32, bool) {
@@ -213,7 +232,7 @@ func (p *bodyParser) int32s() ([]int32, bool) {
 	}
 	for {
 		p.ws()
-		v, _, ok := p.int(32, false)
+		v, ok := p.signed(32)
 		if !ok {
 			return nil, false
 		}
@@ -241,25 +260,20 @@ func (p *bodyParser) field(key string, b *GenerateBody) bool {
 		b.PrefillKVAddr, ok = p.str()
 	case "gen":
 		var u uint64
-		_, u, ok = p.int(32, true)
+		u, ok = p.unsigned(32)
 		b.Gen = uint32(u)
 	case "input_ids":
 		b.InputIDs, ok = p.int32s()
 	case "stop_token_ids":
 		b.StopTokenIDs, ok = p.int32s()
-	case "max_tokens", "top_k", "min_tokens":
-		var v int64
-		v, _, ok = p.int(strconv.IntSize, false)
-		switch key {
-		case "max_tokens":
-			b.MaxTokens = int(v)
-		case "top_k":
-			b.TopK = int(v)
-		default:
-			b.MinTokens = int(v)
-		}
+	case "max_tokens":
+		ok = p.intInto(&b.MaxTokens)
+	case "top_k":
+		ok = p.intInto(&b.TopK)
+	case "min_tokens":
+		ok = p.intInto(&b.MinTokens)
 	case "seed":
-		b.Seed, ok = p.seed()
+		b.Seed, ok = p.unsigned(64)
 	case "temperature":
 		b.Temperature, ok = p.float32()
 	case "top_p":
@@ -271,60 +285,3 @@ func (p *bodyParser) field(key string, b *GenerateBody) bool {
 	}
 	return ok
 }
-
-func (p *bodyParser) seed() (uint64, bool) {
-	_, u, ok := p.int(64, true)
-	return u, ok
-}
-
-// ReadSized reads r to its end into a buffer of the announced size n (a
-// Content-Length; < 0 or beyond 1 GiB: unknown), allocated once when the
-// announcement is right and at most MaxSizedPrealloc, where io.ReadAll
-// would grow a buffer from 512 bytes. Beyond MaxSizedPrealloc the buffer
-// grows (doubling, up to n) only as the bytes arrive, so a claim of a
-// large body that never comes costs no more than MaxSizedPrealloc. A body
-// longer than announced is still read whole; one shorter is
-// io.ErrUnexpectedEOF, with what it had.
-func ReadSized(r io.Reader, n int64) ([]byte, error) {
-	if n < 0 || n > 1<<30 {
-		return io.ReadAll(r)
-	}
-	buf := make([]byte, 0, min(n, MaxSizedPrealloc))
-	for {
-		if len(buf) == cap(buf) {
-			if int64(len(buf)) >= n {
-				// Announced size reached: look for more (a longer body).
-				var one [1]byte
-				switch m, err := r.Read(one[:]); {
-				case m == 1:
-					more, err := io.ReadAll(r)
-					return append(append(buf, one[0]), more...), err
-				case err != nil && err != io.EOF:
-					return buf, err
-				case err == io.EOF:
-					return buf, nil
-				}
-				continue
-			}
-			grown := make([]byte, len(buf), min(2*int64(cap(buf)), n))
-			copy(grown, buf)
-			buf = grown
-		}
-		m, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+m]
-		switch {
-		case err == io.EOF:
-			if int64(len(buf)) < n {
-				return buf, io.ErrUnexpectedEOF
-			}
-			return buf, nil
-		case err != nil:
-			return buf, err
-		}
-	}
-}
-
-// MaxSizedPrealloc bounds the buffer ReadSized allocates for a body's
-// announced size before its bytes arrive (1 MiB: a leg of a 128K-token
-// prompt, at up to 7 bytes a token id, is under it).
-const MaxSizedPrealloc = 1 << 20

@@ -211,16 +211,19 @@ func TestParseChatRejects(t *testing.T) {
 
 var cmpRequest = cmp.AllowUnexported(request{})
 
-func TestParseCompletionAccepts(t *testing.T) {
-	hi := []int32{'h', 'i'}
-	def := func(mod func(*request)) *request {
-		r := &request{promptIDs: hi, maxTokens: DefaultCompletionMaxTokens,
-			sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
-		if mod != nil {
-			mod(r)
-		}
-		return r
+// defaultCompletion is the request a completion of the prompt "hi" parses
+// to with every default (the test parser's seed, 42), changed by mod.
+func defaultCompletion(mod func(*request)) *request {
+	r := &request{promptIDs: []int32{'h', 'i'}, maxTokens: DefaultCompletionMaxTokens,
+		sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
+	if mod != nil {
+		mod(r)
 	}
+	return r
+}
+
+func TestParseCompletionAccepts(t *testing.T) {
+	def := defaultCompletion
 	tests := []struct {
 		name string
 		body string
@@ -323,15 +326,7 @@ func TestCompletionMaxTokensDefault(t *testing.T) {
 // models accept; a fractional part, a number beyond int64 or another type
 // is a 400 naming the field.
 func TestParseWholeNumberFloats(t *testing.T) {
-	hi := []int32{'h', 'i'}
-	def := func(mod func(*request)) *request {
-		r := &request{promptIDs: hi, maxTokens: DefaultCompletionMaxTokens,
-			sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
-		if mod != nil {
-			mod(r)
-		}
-		return r
-	}
+	def := defaultCompletion
 	for _, tt := range []struct {
 		name string
 		body string

@@ -7,11 +7,14 @@ package testbin
 import (
 	"bufio"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -240,15 +243,55 @@ func WaitUntil(timeout time.Duration, cond func() (bool, string)) (string, bool)
 	}
 }
 
-// FreePort returns a loopback port that was free a moment ago: it listens on
-// port 0 and closes, so that a process can bind it — and bind it again after
-// a restart.
+// FreePort returns a loopback port that was free a moment ago, for a
+// process to bind — and bind again after a restart.
+//
+// The port is drawn at random from below the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range, 32768–60999 by default): a port
+// from inside it could be handed, between this check and the process's
+// bind, to any outgoing connection on the machine (another test's client,
+// say) as its local port, and the process would fail with "address already
+// in use". Ports below the range are never handed out by the kernel, so
+// only another caller choosing the same port at random can collide. Where
+// no such port can be found, it falls back to a port the kernel picks.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	lo := ephemeralLow()
+	const floor = 10000 // above well-known and most registered services
+	for range 64 {
+		if lo <= floor+1000 {
+			break
+		}
+		port := floor + rand.IntN(lo-floor)
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return port
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, or
+// Linux's default (32768) where it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 32768
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil || lo <= 0 {
+		return 32768
+	}
+	return lo
 }

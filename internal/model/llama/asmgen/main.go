@@ -53,7 +53,7 @@ const (
 	qtNB  = 64 // blocks per row, > 0
 	qtOut = 72 // results: token v's rows at out + v·os, consecutive float32
 	qtOS  = 80 // bytes between tokens' results
-	qtPF  = 88 // the rows after the call's (prefetched by the AVX2 kernels)
+	qtPF  = 88 // the rows after the call's (prefetched in decode)
 )
 
 // q8Block layout: quants, negated lane sums, scale ×8.
@@ -99,6 +99,10 @@ func (g *gen) qtile512(k qkind, V int) {
 		g.op("MOVQ %d(AX), %s", qtX+8*v, xGPR[v])
 	}
 	g.op("MOVQ %d(AX), R12", qtNB)
+	pf := V <= prefetchMaxV
+	if pf {
+		g.op("MOVQ %d(AX), R15", qtPF)
+	}
 	g.op("XORQ R13, R13") // weight byte offset
 	g.op("XORQ R14, R14") // activation byte offset
 	// Registers: acc Z0–Z7 (pair p, token v: Z(v·P+p)); per token v the
@@ -128,6 +132,14 @@ func (g *gen) qtile512(k qkind, V int) {
 	g.op("KMOVW DX, K1")
 	loop := name + "_loop"
 	g.label(loop)
+	if pf {
+		// The next R rows are contiguous from R15: prefetch the R blocks'
+		// worth of them that this iteration's blocks stand for (as
+		// qtileAVX2 does).
+		for off := 0; off < R*k.blockBytes; off += 64 {
+			g.op("PREFETCHT0 %d(R15)(R13*%d)", off, R)
+		}
+	}
 	for v := range V {
 		g.op("VBROADCASTI64X4 %d(%s)(R14*1), Z%d", qbQS, xGPR[v], 8+v)
 		g.op("VBROADCASTI64X4 %d(%s)(R14*1), Z%d", qbLS, xGPR[v], 12+v)
@@ -346,11 +358,19 @@ func (g *gen) ktile512(V int) {
 		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
 	}
 	g.op("MOVQ %d(AX), R12", ktNB)
+	pf := V <= prefetchMaxV
+	if pf {
+		g.ktilePrefetchSetup(144)
+	}
 	g.op("XORQ R13, R13")
 	g.op("XORQ R14, R14")
 	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }    // Y0–Y3
 	isum := func(v int) string { return fmt.Sprintf("Y%d", 4+v) } // Y4–Y7
 	accm := func(v int) string { return fmt.Sprintf("X%d", 8+v) } // X8–X11
+	// isum2: the odd pairs of sub-blocks' lane sums, added to isum at the
+	// block's end (exact in int32), so that a block's eight VPDPWSSD form
+	// two chains of four rather than one of eight.
+	isum2 := func(v int) string { return fmt.Sprintf("Y%d", 26+v) } // Y26–Y29
 	for v := range V {
 		g.op("VXORPS %s, %s, %s", acc(v), acc(v), acc(v))
 		g.op("VXORPS %s, %s, %s", accm(v), accm(v), accm(v))
@@ -359,32 +379,38 @@ func (g *gen) ktile512(V int) {
 	g.op("VPBROADCASTD R9, Y31")
 	loop := name + "_loop"
 	g.label(loop)
-	g.ktileScales()
-	g.op("VPMOVZXBW %d(AX), X12", ktScr+8) // mins as int16
+	if pf {
+		g.ktilePrefetch(144)
+	}
+	g.ktileScalesVec()
 	g.op("VPBROADCASTW (R8)(R13*1), X13")
 	g.op("VCVTPH2PS X13, Y13") // d
 	g.op("VPBROADCASTW 2(R8)(R13*1), X14")
 	g.op("VCVTPH2PS X14, X14") // dmin
 	for v := range V {
 		g.op("VPXORD %s, %s, %s", isum(v), isum(v), isum(v))
+		g.op("VPXORD %s, %s, %s", isum2(v), isum2(v), isum2(v))
 	}
 	for jj := range 4 {
+		is := isum
+		if jj%2 == 1 {
+			is = isum2
+		}
 		g.op("VMOVDQU64 %d(R8)(R13*1), Y16", 16+32*jj)
 		g.op("VPSRLW $4, Y16, Y17")
-		g.op("VPANDD Y31, Y16, Y16") // sub-block 2jj
-		g.op("VPANDD Y31, Y17, Y17") // sub-block 2jj+1
-		g.op("MOVBLZX %d(AX), R9", ktScr+2*jj)
-		g.op("VPBROADCASTW R9, Y18")
-		g.op("MOVBLZX %d(AX), R9", ktScr+2*jj+1)
-		g.op("VPBROADCASTW R9, Y19")
+		g.op("VPANDD Y31, Y16, Y16")                     // sub-block 2jj
+		g.op("VPANDD Y31, Y17, Y17")                     // sub-block 2jj+1
+		g.op("VPSHUFB ktShuf<>+%d(SB), Y30, Y18", 64*jj) // sc(2jj) as int16 pairs
+		g.op("VPSHUFB ktShuf<>+%d(SB), Y30, Y19", 64*jj+32)
 		for v := range V {
 			g.op("VPMADDUBSW %d(%s)(R14*1), Y16, Y20", kbQS+64*jj, xGPR[v])
-			g.op("VPDPWSSD Y20, Y18, %s", isum(v))
+			g.op("VPDPWSSD Y20, Y18, %s", is(v))
 			g.op("VPMADDUBSW %d(%s)(R14*1), Y17, Y21", kbQS+64*jj+32, xGPR[v])
-			g.op("VPDPWSSD Y21, Y19, %s", isum(v))
+			g.op("VPDPWSSD Y21, Y19, %s", is(v))
 		}
 	}
 	for v := range V {
+		g.op("VPADDD %s, %s, %s", isum2(v), isum(v), isum(v))
 		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
 		g.op("VBROADCASTSS %d(%s)(R14*1), Y22", kbD, xGPR[v])
 		g.op("VMULPS Y13, Y22, Y23") // dx·d
@@ -398,6 +424,7 @@ func (g *gen) ktile512(V int) {
 	g.op("ADDQ $%d, R14", kbSize)
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
+	g.op("MOVQ a+0(FP), AX")
 	g.ktileStore(V, acc, accm)
 }
 
@@ -416,6 +443,10 @@ func (g *gen) ktile6512(V int) {
 		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
 	}
 	g.op("MOVQ %d(AX), R12", ktNB)
+	pf := V <= prefetchMaxV
+	if pf {
+		g.ktilePrefetchSetup(210)
+	}
 	g.op("XORQ R13, R13")
 	g.op("XORQ R14, R14")
 	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }
@@ -431,8 +462,16 @@ func (g *gen) ktile6512(V int) {
 	g.op("VPBROADCASTD R9, Y29")
 	loop := name + "_loop"
 	g.label(loop)
+	if pf {
+		g.ktilePrefetch(210)
+	}
 	g.op("VPBROADCASTW 208(R8)(R13*1), X13")
 	g.op("VCVTPH2PS X13, Y13") // d
+	// The 16 int8 scales as int16: 0–7 in both 128-bit lanes of Y14, 8–15
+	// in both lanes of Y15, for VPSHUFB with q6Shuf.
+	g.op("VPMOVSXBW 192(R8)(R13*1), Y12")
+	g.op("VPERMQ $0x44, Y12, Y14")
+	g.op("VPERMQ $0xee, Y12, Y15")
 	for v := range V {
 		g.op("VPXORD %s, %s, %s", isum(v), isum(v), isum(v))
 	}
@@ -457,11 +496,8 @@ func (g *gen) ktile6512(V int) {
 			}
 			g.op("VPSLLW $4, Y20, Y20")
 			g.op("VPORD Y20, Y19, Y19") // q, 0–63
-			g.op("MOVBQSX %d(R8)(R13*1), R9", 192+8*h+2*q)
-			g.op("VPBROADCASTW R9, X21")
-			g.op("MOVBQSX %d(R8)(R13*1), R10", 192+8*h+2*q+1)
-			g.op("VPBROADCASTW R10, X22")
-			g.op("VINSERTI32X4 $1, X22, Y21, Y21") // scales: lanes 0–3, 4–7
+			// Scales 8h+2q (lanes 0–3) and 8h+2q+1 (lanes 4–7) as int16 pairs.
+			g.op("VPSHUFB q6Shuf<>+%d(SB), %s, Y21", 32*q, []string{"Y14", "Y15"}[h])
 			for v := range V {
 				off := kbQS + 128*h + 32*q
 				g.op("VPMADDUBSW %d(%s)(R14*1), Y19, Y23", off, xGPR[v])
@@ -516,6 +552,71 @@ func (g *gen) ktileScales() {
 	g.op("SHLL $4, R10")
 	g.op("ORL R10, R11")
 	g.op("MOVL R11, %d(AX)", ktScr+12)
+}
+
+// ktileScalesVec unpacks the 6-bit scales and mins of the Q4_K block at
+// (R8)(R13*1) as ktileScales does, but into vector registers, with no
+// store and reload (an 8-byte load of two 4-byte stores cannot be
+// forwarded from the store buffer and waits for them): X12 the mins
+// m0…m7 as int16, Y30 the scales sc0…sc7 as int16 in both 128-bit lanes
+// (for VPSHUFB with ktShuf). It uses R9–R11, R15, AX and Y15.
+func (g *gen) ktileScalesVec() {
+	g.op("MOVL 4(R8)(R13*1), R9")   // u0
+	g.op("MOVL 8(R8)(R13*1), R10")  // u1
+	g.op("MOVL 12(R8)(R13*1), R11") // u2
+	// R15 = t0 | t1<<32: t0 = u0 & 0x3f3f3f3f, t1 = (u2 & 0x0f0f0f0f) |
+	// ((u0 >> 6) & 0x03030303) << 4.
+	g.op("MOVL R9, AX")
+	g.op("SHRL $6, AX")
+	g.op("ANDL $0x03030303, AX")
+	g.op("SHLL $4, AX")
+	g.op("MOVL R11, R15")
+	g.op("ANDL $0x0f0f0f0f, R15")
+	g.op("ORL AX, R15")
+	g.op("SHLQ $32, R15")
+	g.op("ANDL $0x3f3f3f3f, R9")
+	g.op("ORQ R9, R15")
+	g.op("VMOVQ R15, X15")
+	// R11 = t2 | t3<<32: t2 = u1 & 0x3f3f3f3f, t3 = ((u2 >> 4) &
+	// 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4.
+	g.op("MOVL R10, AX")
+	g.op("SHRL $6, AX")
+	g.op("ANDL $0x03030303, AX")
+	g.op("SHLL $4, AX")
+	g.op("SHRL $4, R11")
+	g.op("ANDL $0x0f0f0f0f, R11")
+	g.op("ORL AX, R11")
+	g.op("SHLQ $32, R11")
+	g.op("ANDL $0x3f3f3f3f, R10")
+	g.op("ORQ R10, R11")
+	g.op("VPINSRQ $1, R11, X15, X15")
+	g.op("VPMOVZXBW X15, Y15")        // sc0…sc7, m0…m7 as int16
+	g.op("VEXTRACTI128 $1, Y15, X12") // mins
+	g.op("VPERMQ $0x44, Y15, Y30")    // scales, in both lanes
+}
+
+// ktShufTable writes ktShuf: for each sub-block j of a Q4_K block, a
+// VPSHUFB mask that copies int16 word j of a 128-bit lane to all its words.
+func (g *gen) ktShufTable() {
+	for j := range 8 {
+		for k := range 8 {
+			fmt.Fprintf(&g.s, "DATA ktShuf<>+%d(SB)/4, $%#08x\n", 32*j+4*k, (2*j+1)<<24|(2*j)<<16|(2*j+1)<<8|2*j)
+		}
+	}
+	fmt.Fprintf(&g.s, "GLOBL ktShuf<>(SB), RODATA|NOPTR, $256\n")
+}
+
+// q6ShufTable writes q6Shuf: for each quarter q of a Q6_K half, a VPSHUFB
+// mask that copies int16 word 2q of the low 128-bit lane to all its words
+// and word 2q+1 of the high lane to all of its.
+func (g *gen) q6ShufTable() {
+	for q := range 4 {
+		for k := range 8 {
+			w := 2*q + k/4
+			fmt.Fprintf(&g.s, "DATA q6Shuf<>+%d(SB)/4, $%#08x\n", 32*q+4*k, (2*w+1)<<24|(2*w)<<16|(2*w+1)<<8|2*w)
+		}
+	}
+	fmt.Fprintf(&g.s, "GLOBL q6Shuf<>(SB), RODATA|NOPTR, $128\n")
 }
 
 // ktilePrefetchSetup points DX at the weight row after this call's (rows
@@ -1493,6 +1594,8 @@ func main() {
 	}
 
 	g.expTable()
+	g.ktShufTable()
+	g.q6ShufTable()
 	g.expSum512()
 	g.expSum256()
 	g.silu512()

@@ -921,6 +921,20 @@ func tileIndex(dt dtype) string {
 	return "(AX*1)"
 }
 
+// prefetch512 is the instruction of the AVX-512 float tile kernels'
+// software prefetches in decode: into L2 (PREFETCHT1), not L1. A prefetch into L1
+// holds one of the core's few L1 miss buffers until its line arrives (at
+// ~24 buffers and a ~150 ns memory latency, 24 · 64 B / 150 ns ≈ 10 GB/s
+// per core, about what the BF16 kernel streamed at with PREFETCHT0), while
+// L2 tracks more misses; the demand loads then hit L2. BenchmarkStream on
+// Zen 4, five alternations: 2 threads 16–20 GB/s with PREFETCHT0, 19–23
+// with PREFETCHT1 (rows of 576), 21–25 against 24–33 (rows of 1536). The
+// integer kernels keep PREFETCHT0: with PREFETCHT1 their one-thread stream
+// (BenchmarkStreamQ Q8_0/576) fell from 17–18 to ~10 GB/s, as they do more
+// work per byte and wait on each L2 hit; so do the AVX2 tile kernels, not
+// measured against it on the CPUs they run on (Zen 3, Haswell and later).
+const prefetch512 = "PREFETCHT1"
+
 // prefetchMaxV is the largest vector count for which tile kernels prefetch
 // the next rows: with few vectors a tile is bound by memory bandwidth.
 var prefetchMaxV = 2
@@ -929,11 +943,11 @@ var prefetchMaxV = 2
 // that one iteration's worth of this tile's rows covers: R·16 elements of
 // dt, so that the next tile's rows are in cache when it starts. (A
 // prefetch never faults, so R14 may point past the matrix.)
-func (g *gen) prefetchNext(R int, dt dtype) {
+func (g *gen) prefetchNext(op string, R int, dt dtype) {
 	bytes := R * 16 * dt.size
 	scale := R * dt.size / 2 // AX counts 2-byte units of one row
 	for off := 0; off < bytes; off += 64 {
-		g.op("PREFETCHT0 %d(R14)(AX*%d)", off, scale)
+		g.op("%s %d(R14)(AX*%d)", op, off, scale)
 	}
 }
 
@@ -977,7 +991,7 @@ func (g *gen) tile512(dt dtype, V int) {
 		g.op("VMOVUPS (%s)%s, %s", xGPR[v], "(AX*2)", xr(v))
 	}
 	if pf {
-		g.prefetchNext(R, dt)
+		g.prefetchNext(prefetch512, R, dt)
 	}
 	for r := range R {
 		w := []string{"Z30", "Z31"}[r%2]
@@ -1112,7 +1126,7 @@ func (g *gen) tileAVX2(dt dtype, V int) {
 	loop := name + "_loop"
 	g.label(loop)
 	if pf {
-		g.prefetchNext(R, dt)
+		g.prefetchNext("PREFETCHT0", R, dt)
 	}
 	for h := range 2 {
 		for r := range R {

@@ -3,6 +3,8 @@ package llama
 import (
 	"math"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -205,6 +207,30 @@ func TestTeam(t *testing.T) {
 			}
 		}
 		tm.stop()
+	}
+}
+
+// TestTeamSteals checks that a worker held up inside a chunk holds up only
+// that chunk: the others take the rest of its share. Worker 1's first
+// chunk waits until every other index is done, which without stealing
+// would never happen (worker 0 would finish its own half and wait).
+func TestTeamSteals(t *testing.T) {
+	tm := startTeam(2)
+	defer tm.stop()
+	const n = 1000
+	var done atomic.Int64
+	release := make(chan struct{})
+	var once sync.Once
+	tm.parallelFor(n, 1, loopFunc(func(w, lo, hi int) {
+		if w == 1 {
+			once.Do(func() { <-release })
+		}
+		if done.Add(int64(hi-lo)) == n-1 {
+			close(release)
+		}
+	}))
+	if got := done.Load(); got != n {
+		t.Fatalf("%d of %d indices done", got, n)
 	}
 }
 

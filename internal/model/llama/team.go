@@ -19,11 +19,15 @@ import (
 // caller wakes a parked helper through its channel. Spinning happens only
 // inside a Forward, whose team occupies its threads anyway.
 //
-// A loop is done when all its chunks are done, whoever ran them: a helper
-// that the OS has not scheduled yet (another process holds its CPU) does
-// not hold the loop up unless it has claimed a chunk, and finds nothing
-// left when it gets there.
-//
+// Each worker starts on its own contiguous share of a loop's indices, so
+// that in decode each streams one run of weight rows, which the hardware
+// prefetchers follow, rather than rows interleaved with the other
+// workers'. It takes its share a chunk of grain indices at a time, and when
+// it runs out it steals the back half of the largest share left. A loop is
+// done when all its indices are done, whoever ran them: a helper that the
+// OS has not scheduled yet (another process holds its CPU) does not hold the
+// loop up unless it has claimed a chunk, since the others steal its share.
+
 // A team is used by one goroutine (the one that started it) at a time.
 type team struct {
 	n       int
@@ -48,27 +52,90 @@ type loopFunc func(w, lo, hi int)
 
 func (f loopFunc) run(w, lo, hi int) { f(w, lo, hi) }
 
-// job is one parallel loop: body over [0, n) in chunks of grain indices,
-// handed out in order through next. Its fields are not written after it is
-// published, except the counters.
+// job is one parallel loop: body over [0, n), in chunks of at most grain
+// indices taken from the workers' shares. Its fields are not written after
+// it is published, except the shares and the count of indices done.
 type job struct {
-	body   runner
-	n      int
-	grain  int
-	chunks int64
-	quit   bool
-	next   atomic.Int64 // next index to hand out
-	done   atomic.Int64 // chunks finished
+	body  runner
+	n     int
+	grain int
+	quit  bool
+	share []share      // worker w's indices left; len = team size
+	done  atomic.Int64 // indices finished
 }
 
+// share is a worker's range of a loop's indices not yet handed out, [lo,
+// hi) packed as lo | hi<<32, on its own cache line. Its owner takes chunks
+// from the front, thieves the back half; both by compare-and-swap. A range
+// never takes a value it had before (ranges only shrink, and a refilled
+// share gets indices from another's), so a swap cannot succeed on a stale
+// value.
+type share struct {
+	r atomic.Uint64
+	_ [56]byte
+}
+
+func packRange(lo, hi int) uint64       { return uint64(lo) | uint64(hi)<<32 }
+func unpackRange(v uint64) (lo, hi int) { return int(uint32(v)), int(v >> 32) }
+
+// newJob returns the loop of body over [0, n) for a team of size workers,
+// each given a contiguous n/size of the indices.
+func newJob(body runner, n, grain, size int) *job {
+	j := &job{body: body, n: n, grain: grain, share: make([]share, size)}
+	for w := range j.share {
+		j.share[w].r.Store(packRange(w*n/size, (w+1)*n/size))
+	}
+	return j
+}
+
+// run runs chunks on worker w until no indices are left to hand out.
 func (j *job) run(w int) {
+	own := &j.share[w].r
 	for {
-		lo := int(j.next.Add(int64(j.grain))) - j.grain
-		if lo >= j.n {
-			return
+		v := own.Load()
+		lo, hi := unpackRange(v)
+		if lo >= hi {
+			if !j.steal(own) {
+				return
+			}
+			continue
 		}
-		j.body.run(w, lo, min(lo+j.grain, j.n))
-		j.done.Add(1)
+		end := min(lo+j.grain, hi)
+		if !own.CompareAndSwap(v, packRange(end, hi)) {
+			continue // a thief took the back half
+		}
+		j.body.run(w, lo, end)
+		j.done.Add(int64(end - lo))
+	}
+}
+
+// steal moves the back half (all of it, if no more than a chunk) of the
+// largest share left into own, which is empty, and reports whether there
+// was any.
+func (j *job) steal(own *atomic.Uint64) bool {
+	for {
+		var victim *atomic.Uint64
+		var v uint64
+		most := 0
+		for i := range j.share {
+			r := &j.share[i].r
+			x := r.Load()
+			if lo, hi := unpackRange(x); hi-lo > most {
+				victim, v, most = r, x, hi-lo
+			}
+		}
+		if victim == nil {
+			return false
+		}
+		lo, hi := unpackRange(v)
+		mid := lo
+		if hi-lo > j.grain {
+			mid = lo + (hi-lo)/2
+		}
+		if victim.CompareAndSwap(v, packRange(lo, mid)) {
+			own.Store(packRange(mid, hi))
+			return true
+		}
 	}
 }
 
@@ -166,11 +233,11 @@ func (t *team) parallelFor(n, grain int, body runner) {
 		body.run(0, 0, n)
 		return
 	}
-	j := &job{body: body, n: n, grain: grain, chunks: int64((n + grain - 1) / grain)}
+	j := newJob(body, n, grain, t.n)
 	t.publish(j)
 	j.run(0)
 	var start time.Time
-	for spins := 0; j.done.Load() != j.chunks; spins++ {
+	for spins := 0; j.done.Load() != int64(n); spins++ {
 		if spins%128 == 127 {
 			// A helper running a chunk may have been descheduled; let others
 			// run, and stop burning the CPU if it takes long.

@@ -564,35 +564,31 @@ func (g *gen) ktileScalesVec() {
 	g.op("MOVL 4(R8)(R13*1), R9")   // u0
 	g.op("MOVL 8(R8)(R13*1), R10")  // u1
 	g.op("MOVL 12(R8)(R13*1), R11") // u2
-	// R15 = t0 | t1<<32: t0 = u0 & 0x3f3f3f3f, t1 = (u2 & 0x0f0f0f0f) |
-	// ((u0 >> 6) & 0x03030303) << 4.
-	g.op("MOVL R9, AX")
-	g.op("SHRL $6, AX")
-	g.op("ANDL $0x03030303, AX")
-	g.op("SHLL $4, AX")
-	g.op("MOVL R11, R15")
-	g.op("ANDL $0x0f0f0f0f, R15")
-	g.op("ORL AX, R15")
-	g.op("SHLQ $32, R15")
-	g.op("ANDL $0x3f3f3f3f, R9")
-	g.op("ORQ R9, R15")
+	// R15 = t0 | t1<<32, R11 = t2 | t3<<32 (ggml's utmp words).
+	g.ktileScalePair("R9", "R15", "MOVL R11, R15")
 	g.op("VMOVQ R15, X15")
-	// R11 = t2 | t3<<32: t2 = u1 & 0x3f3f3f3f, t3 = ((u2 >> 4) &
-	// 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4.
-	g.op("MOVL R10, AX")
-	g.op("SHRL $6, AX")
-	g.op("ANDL $0x03030303, AX")
-	g.op("SHLL $4, AX")
-	g.op("SHRL $4, R11")
-	g.op("ANDL $0x0f0f0f0f, R11")
-	g.op("ORL AX, R11")
-	g.op("SHLQ $32, R11")
-	g.op("ANDL $0x3f3f3f3f, R10")
-	g.op("ORQ R10, R11")
+	g.ktileScalePair("R10", "R11", "SHRL $4, R11")
 	g.op("VPINSRQ $1, R11, X15, X15")
 	g.op("VPMOVZXBW X15, Y15")        // sc0…sc7, m0…m7 as int16
 	g.op("VEXTRACTI128 $1, Y15, X12") // mins
 	g.op("VPERMQ $0x44, Y15, Y30")    // scales, in both lanes
+}
+
+// ktileScalePair sets dst to two of ggml's utmp words of a Q4_K block,
+// lo | hi<<32: lo = u & 0x3f3f3f3f (scales 0–3 from u0, or mins 0–3 from
+// u1) and hi = (h & 0x0f0f0f0f) | ((u >> 6) & 0x03030303) << 4 (scales or
+// mins 4–7), where prep moves h — u2, or u2 >> 4 — into dst. It uses AX.
+func (g *gen) ktileScalePair(u, dst, prep string) {
+	g.op("MOVL %s, AX", u)
+	g.op("SHRL $6, AX")
+	g.op("ANDL $0x03030303, AX")
+	g.op("SHLL $4, AX")
+	g.op(prep)
+	g.op("ANDL $0x0f0f0f0f, %s", dst)
+	g.op("ORL AX, %s", dst)
+	g.op("SHLQ $32, %s", dst)
+	g.op("ANDL $0x3f3f3f3f, %s", u)
+	g.op("ORQ %s, %s", u, dst)
 }
 
 // ktShufTable writes ktShuf: for each sub-block j of a Q4_K block, a

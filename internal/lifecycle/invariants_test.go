@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -215,7 +216,7 @@ func (m *Machine) legal(r *req) error {
 	// lastRenew is left out: a ROOM_RENEW may touch it before it matters
 	// (see leased).
 	zeroLink := !r.opened && !r.peerUp && !r.peerEnded && r.peerCause == (outcome.Cause{})
-	zeroPrefill := r.prefillSide == prefillSide{}
+	zeroPrefill := reflect.DeepEqual(r.prefillSide, prefillSide{})
 	zeroDecode := r.recv == nil && r.recvCount == 0 && r.cachedPages == 0 && !r.xferStarted && !r.verifying && !r.ackSent && r.done == (kvxfer.KVDone{})
 
 	// Every stage.

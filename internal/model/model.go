@@ -10,6 +10,7 @@ package model
 
 import (
 	"context"
+	"encoding/json"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 )
@@ -51,12 +52,46 @@ type SeqInput struct {
 	// while a request has fewer outputs than its min_tokens, the worker's
 	// scheduler sets it to the EOS ids and the request's stop_token_ids.
 	Ban []int32
+	// Forks (> 1: a request with n > 1 choices, at its first output step)
+	// draws that many tokens from the same logits, fork i keyed by
+	// ForkSeed(Sampling.Seed, i); SeqOutput.Forks holds forks 1…Forks−1.
+	// 0 and 1 draw one token.
+	Forks int
+	// Prompt and Output are the sequence's prompt and its output tokens so
+	// far, read-only: what repetition_penalty (prompt and output),
+	// presence_penalty, frequency_penalty and bad_words (output) look at.
+	// The sampler reads them only when Sampling asks for one of those.
+	Prompt, Output []int32
+	// Score asks for prompt logprobs (vLLM's prompt_logprobs): when not
+	// nil, len(Score) == len(Tokens) and Score[j] is the token whose
+	// log-probability under the model's distribution after Tokens[j] is
+	// wanted (the next prompt token), or −1 for none (the prompt's last
+	// token, whose distribution is the one sampled). ScoreTop is how many
+	// of the most likely tokens to report at each scored position
+	// (0…MaxLogprobs).
+	Score    []int32
+	ScoreTop int
 }
 
-// SeqOutput is the result for one sequence; zero unless Sample was set.
+// SeqOutput is the result for one sequence; zero unless Sample was set or
+// Score asked for prompt logprobs.
 type SeqOutput struct {
-	Token   int32
-	Logprob float32 // natural log of the token's probability before temperature/top-p
+	Token int32
+	// Logprob is the natural log of the token's probability in the
+	// distribution Sampling.LogprobsMode names: the model's (raw, before
+	// any penalty, bias, temperature or truncation) by default.
+	Logprob float32
+	// Top holds the Sampling.TopLogprobs most likely tokens of that same
+	// distribution, most likely first (ties by lower id); nil when
+	// TopLogprobs is 0.
+	Top []TokenLogprob
+	// Forks holds the tokens of forks 1…SeqInput.Forks−1 (SeqInput.Forks >
+	// 1), each drawn as Token is with its own seed; nil otherwise.
+	Forks []SeqOutput
+	// Scores (SeqInput.Score set) holds one entry per token of the
+	// sequence: Scores[j] for the position after Tokens[j], the zero value
+	// where Score[j] is −1.
+	Scores []PositionLogprobs
 }
 
 // Model runs batched forward steps.
@@ -78,6 +113,27 @@ type Message struct {
 	Content string
 }
 
+// ChatOptions are the choices of a chat template rendering besides the
+// messages, after transformers' apply_chat_template and vLLM's chat request
+// fields. The zero value renders as ApplyChatTemplate always did: with the
+// model's template and the assistant's turn opened.
+type ChatOptions struct {
+	// NoGenerationPrompt leaves the assistant's turn unopened (vLLM's
+	// add_generation_prompt: false).
+	NoGenerationPrompt bool
+	// ContinueFinalMessage renders the last message (an assistant's) open,
+	// without its end-of-turn, so the model continues it (vLLM's
+	// continue_final_message); it implies NoGenerationPrompt.
+	ContinueFinalMessage bool
+	// Template, if not empty, is a Jinja chat template used instead of the
+	// model's (vLLM's chat_template).
+	Template string
+	// Kwargs are extra template variables (vLLM's chat_template_kwargs,
+	// e.g. enable_thinking), each a JSON value; they may not replace
+	// messages, add_generation_prompt, tools or documents.
+	Kwargs map[string]json.RawMessage
+}
+
 // Tokenizer turns text into token ids and back.
 type Tokenizer interface {
 	// Encode tokenizes text. Special tokens written in the text (e.g.
@@ -87,9 +143,15 @@ type Tokenizer interface {
 	// which writes its own (as vLLM and Hugging Face do).
 	Encode(text string, addSpecial bool) ([]int32, error)
 	// ApplyChatTemplate renders messages into a prompt ending with the
-	// assistant's turn. It returns an error for a conversation the template
-	// rejects.
-	ApplyChatTemplate(msgs []Message) (string, error)
+	// assistant's turn (or as opts say). It returns an error for a
+	// conversation the template rejects, a template that does not compile
+	// and options it cannot honour.
+	ApplyChatTemplate(msgs []Message, opts ChatOptions) (string, error)
+	// TokenBytes returns the bytes token id stands for in decoded text
+	// (which may be part of a UTF-8 character, or nothing for a special
+	// token that decodes to no text), or nil for an id outside the
+	// vocabulary. The caller must not modify them.
+	TokenBytes(id int32) []byte
 	// NewDecoder returns an incremental detokenizer for one output stream.
 	NewDecoder() Decoder
 }

@@ -17,6 +17,44 @@ type SamplingParams struct {
 	TopK int `json:"top_k,omitempty"`
 	// Seed keys the randomness; with Step it fully determines the draw.
 	Seed uint64 `json:"seed"`
+
+	// The fields below are the logit processors and logprob settings. Their
+	// zero values change nothing, so a request that sets none samples as
+	// before they existed. They apply in this order (vLLM's): bans
+	// (SeqInput.Ban, AllowedTokenIDs, BadWords) set logits to −∞; then
+	// RepetitionPenalty, FrequencyPenalty and PresencePenalty; then
+	// LogitBias; then temperature; then MinP, TopK and TopP.
+
+	// MinP in [0, 1]: tokens whose probability (after temperature) is
+	// below MinP × the most likely token's are not drawn (vLLM's min_p).
+	MinP float32 `json:"min_p,omitempty"`
+	// PresencePenalty and FrequencyPenalty in [−2, 2] are OpenAI's: the
+	// logit of a token that occurs c > 0 times in the output so far is
+	// lowered by PresencePenalty + c × FrequencyPenalty.
+	PresencePenalty  float32 `json:"presence_penalty,omitempty"`
+	FrequencyPenalty float32 `json:"frequency_penalty,omitempty"`
+	// RepetitionPenalty in (0, 2], 0 or 1 off, is CTRL's (Keskar et al.
+	// 2019, as Hugging Face applies it): the logit l of every token that
+	// occurs in the prompt or the output so far becomes l/RepetitionPenalty
+	// if l > 0, else l×RepetitionPenalty.
+	RepetitionPenalty float32 `json:"repetition_penalty,omitempty"`
+	// LogitBias adds Bias to the logit of token ID (OpenAI's logit_bias,
+	// −100…100), sorted by ID, each ID once.
+	LogitBias []LogitBias `json:"logit_bias,omitempty"`
+	// AllowedTokenIDs, if not empty, are the only tokens that may be drawn
+	// (vLLM's allowed_token_ids).
+	AllowedTokenIDs []int32 `json:"allowed_token_ids,omitempty"`
+	// BadWords are token sequences that may not be generated (vLLM's
+	// bad_words, tokenized): a sequence's last token is banned at a step
+	// where the output ends with the rest of it (a one-token sequence is
+	// always banned).
+	BadWords [][]int32 `json:"bad_words_ids,omitempty"`
+	// TopLogprobs (0…MaxLogprobs) asks for that many most likely tokens
+	// with each sampled token (SeqOutput.Top).
+	TopLogprobs int `json:"top_logprobs,omitempty"`
+	// LogprobsMode says which distribution SeqOutput.Logprob and Top are
+	// of: the model's (raw, the default) or the one drawn from (processed).
+	LogprobsMode LogprobsMode `json:"logprobs_mode,omitempty"`
 }
 
 // Validate reports parameters out of range, naming the parameter.
@@ -26,8 +64,75 @@ func (p SamplingParams) Validate() error {
 		return fmt.Errorf("temperature must be in [0, 100], got %v", p.Temperature)
 	case math.IsNaN(float64(p.TopP)) || p.TopP <= 0 || p.TopP > 1:
 		return fmt.Errorf("top_p must be in (0, 1], got %v", p.TopP)
+	case !(p.MinP >= 0 && p.MinP <= 1):
+		return fmt.Errorf("min_p must be in [0, 1], got %v", p.MinP)
+	case !(p.PresencePenalty >= -2 && p.PresencePenalty <= 2):
+		return fmt.Errorf("presence_penalty must be in [-2, 2], got %v", p.PresencePenalty)
+	case !(p.FrequencyPenalty >= -2 && p.FrequencyPenalty <= 2):
+		return fmt.Errorf("frequency_penalty must be in [-2, 2], got %v", p.FrequencyPenalty)
+	case !(p.RepetitionPenalty >= 0) || math.IsInf(float64(p.RepetitionPenalty), 0):
+		return fmt.Errorf("repetition_penalty must be a positive number, got %v", p.RepetitionPenalty)
+	case p.TopLogprobs < 0 || p.TopLogprobs > MaxLogprobs:
+		return fmt.Errorf("top_logprobs must be in [0, %d], got %d", MaxLogprobs, p.TopLogprobs)
+	case p.LogprobsMode > LogprobsProcessed:
+		return fmt.Errorf("unknown logprobs mode %d", p.LogprobsMode)
+	}
+	for i, b := range p.LogitBias {
+		switch {
+		case b.ID < 0:
+			return fmt.Errorf("logit_bias: %d is not a token id", b.ID)
+		case i > 0 && b.ID <= p.LogitBias[i-1].ID:
+			return fmt.Errorf("logit_bias must be sorted by token id, each once (%d after %d)", b.ID, p.LogitBias[i-1].ID)
+		case !(b.Bias >= -100 && b.Bias <= 100):
+			return fmt.Errorf("logit_bias of token %d must be in [-100, 100], got %v", b.ID, b.Bias)
+		}
+	}
+	for _, id := range p.AllowedTokenIDs {
+		if id < 0 {
+			return fmt.Errorf("allowed_token_ids: %d is not a token id", id)
+		}
+	}
+	for i, w := range p.BadWords {
+		if len(w) == 0 {
+			return fmt.Errorf("bad_words[%d] is empty", i)
+		}
+		for _, id := range w {
+			if id < 0 {
+				return fmt.Errorf("bad_words[%d]: %d is not a token id", i, id)
+			}
+		}
 	}
 	return nil
+}
+
+// TokenIDs calls f with every token id p names (logit_bias,
+// allowed_token_ids, bad_words), so that a caller who knows the vocabulary
+// can refuse ids outside it; f returns false to stop.
+func (p *SamplingParams) TokenIDs(f func(id int32) bool) {
+	for _, b := range p.LogitBias {
+		if !f(b.ID) {
+			return
+		}
+	}
+	for _, id := range p.AllowedTokenIDs {
+		if !f(id) {
+			return
+		}
+	}
+	for _, w := range p.BadWords {
+		for _, id := range w {
+			if !f(id) {
+				return
+			}
+		}
+	}
+}
+
+// NeedsHistory reports whether sampling reads SeqInput.Prompt or Output:
+// a penalty or bad words are set.
+func (p *SamplingParams) NeedsHistory() bool {
+	return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || (p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1) ||
+		len(p.BadWords) > 0
 }
 
 // splitmix64 is Steele, Lea and Flood's SplitMix64 finalizer ("Fast

@@ -28,8 +28,26 @@ type GenerateRequest struct {
 	// (with an *Error of status 400).
 	InputIDs []int32
 	// MaxTokens is the maximum number of output tokens, ≥ 1, with
-	// len(InputIDs)+MaxTokens ≤ the context length.
+	// len(InputIDs)+MaxTokens ≤ the context length; or 0 for a request
+	// that only computes its prompt (completions' echo with max_tokens 0:
+	// scoring, with ScorePrompt), which the engine answers with no output
+	// token and finish reason "length".
 	MaxTokens int
+	// N is the number of choices (1…model.MaxForks): the engine computes
+	// the prompt once and generates N sequences from it, choice i drawn
+	// with model.ForkSeed(Sampling.Seed, i). 0 means 1.
+	N int
+	// ScorePrompt asks for the prompt's logprobs (echo with logprobs,
+	// vLLM's prompt_logprobs): the first chunk carries PromptLogprobs,
+	// each with the PromptTopLogprobs most likely tokens.
+	ScorePrompt       bool
+	PromptTopLogprobs int
+	// Priority orders requests waiting to start on a worker (lower first,
+	// then by arrival), with --scheduling-policy priority; 0 otherwise.
+	Priority int
+	// Timeout, if positive, bounds the request (its own deadline, below
+	// --max-request-time): it fails with timeout_request when it passes.
+	Timeout time.Duration
 	// Sampling has been validated with model.SamplingParams.Validate; Seed
 	// is always set (drawn at random when the client sent none).
 	Sampling model.SamplingParams
@@ -53,17 +71,33 @@ type GenerateRequest struct {
 // Token is one output token.
 type Token struct {
 	ID int32
-	// Logprob is the natural log of the token's probability.
+	// Logprob is the natural log of the token's probability (in the
+	// distribution Sampling.LogprobsMode names).
 	Logprob float32
+	// Top are the Sampling.TopLogprobs most likely tokens at this step,
+	// most likely first.
+	Top []model.TokenLogprob
 }
 
-// Chunk is a batch of output tokens, in order.
+// Chunk is a batch of output tokens of one choice, in order.
 type Chunk struct {
+	// Index is the choice the tokens belong to (0…N−1).
+	Index  int
 	Tokens []Token
-	// FinishReason is "" until the last chunk, which carries "stop" (EOS or
-	// a stop token id, included as the last of Tokens) or "length"
-	// (MaxTokens reached).
+	// FinishReason is "" until the choice's last chunk, which carries
+	// "stop" (EOS or a stop token id, included as the last of Tokens) or
+	// "length" (MaxTokens reached).
 	FinishReason string
+	// Done marks the stream's last chunk: every choice has finished. With
+	// N = 1 the chunk with a FinishReason is the last whether or not Done
+	// is set; with N > 1 the front end also ends once every choice has
+	// finished.
+	Done bool
+	// PromptLogprobs (ScorePrompt, first chunk only) holds one entry per
+	// prompt token: the first is the zero value (no token precedes it),
+	// entry j the log-probability of prompt token j after the tokens
+	// before it, with the most likely tokens there.
+	PromptLogprobs []model.PositionLogprobs
 	// CachedTokens, on the last chunk, is how many prompt tokens the engine
 	// did not compute because its prefix cache held their KV (reported as
 	// usage.prompt_tokens_details.cached_tokens).

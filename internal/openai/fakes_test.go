@@ -32,7 +32,7 @@ func (byteTokenizer) Encode(text string, _ bool) ([]int32, error) {
 }
 
 // ApplyChatTemplate renders "<role>content\n" per message, then "<assistant>".
-func (byteTokenizer) ApplyChatTemplate(msgs []model.Message) (string, error) {
+func (byteTokenizer) ApplyChatTemplate(msgs []model.Message, _ model.ChatOptions) (string, error) {
 	var b strings.Builder
 	for _, m := range msgs {
 		if m.Role == "bad" {
@@ -45,6 +45,13 @@ func (byteTokenizer) ApplyChatTemplate(msgs []model.Message) (string, error) {
 }
 
 func (byteTokenizer) NewDecoder() model.Decoder { return &byteDecoder{} }
+
+func (byteTokenizer) TokenBytes(id int32) []byte {
+	if id < 0 || id > 255 {
+		return nil
+	}
+	return []byte{byte(id)}
+}
 
 // byteDecoder holds back the bytes of an incomplete UTF-8 character.
 type byteDecoder struct{ buf []byte }

@@ -363,7 +363,7 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 	if p.tok == nil {
 		return nil, BadRequest("messages", "this model has no tokenizer, so chat completions are not available; use /v1/completions with a prompt of token ids")
 	}
-	text, err := p.tok.ApplyChatTemplate(msgs)
+	text, err := p.tok.ApplyChatTemplate(msgs, model.ChatOptions{})
 	if err != nil {
 		// Tokenizers may already say where the error came from.
 		return nil, BadRequest("messages", "the chat template rejected the messages: %s",

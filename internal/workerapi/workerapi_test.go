@@ -114,7 +114,7 @@ func TestStreamLineDecode(t *testing.T) {
 		t.Fatalf("finish line: %+v %v", c, e)
 	}
 	short := StreamLine{TokenIDs: []int32{1, 2}, Logprobs: []float32{-2}}
-	if c, _ = short.Decode(); c.Tokens[1] != (openai.Token{ID: 2}) {
+	if c, _ = short.Decode(); !cmp.Equal(c.Tokens[1], openai.Token{ID: 2}) {
 		t.Fatalf("a missing logprob: %+v", c.Tokens)
 	}
 	for _, o := range failures() {

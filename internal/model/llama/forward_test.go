@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -116,7 +117,7 @@ func TestForwardRejects(t *testing.T) {
 				}
 			}
 			for i := range out {
-				if out[i] != (model.SeqOutput{}) {
+				if !reflect.DeepEqual(out[i], model.SeqOutput{}) {
 					t.Fatalf("a rejected Forward wrote out[%d] = %+v", i, out[i])
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -134,7 +135,7 @@ func TestForwardAccepts(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, s := range tc.seqs {
-				if !s.Sample && out[i] != (model.SeqOutput{}) {
+				if !s.Sample && !reflect.DeepEqual(out[i], model.SeqOutput{}) {
 					t.Errorf("out[%d] = %+v for a non-sampling sequence, want zero", i, out[i])
 				}
 				if s.Sample && (out[i].Token < 0 || out[i].Token >= VocabSize) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -208,7 +209,7 @@ func TestCorruptionChangesOutput(t *testing.T) {
 					if err := m.Forward(context.Background(), p, []model.SeqInput{seq}, out[:]); err != nil {
 						t.Fatal(err)
 					}
-					if out[0] == first {
+					if reflect.DeepEqual(out[0], first) {
 						t.Errorf("trial %d: corrupting position %d kept the output %+v", trial, pos, first)
 					}
 					if out[0].Token != first.Token {

@@ -44,7 +44,7 @@ func knownRole(role string) bool {
 // ApplyChatTemplate renders "<|role|>\ncontent\n" per message and then
 // "<|assistant|>\n". It rejects an empty conversation and roles other than
 // system, developer, user and assistant.
-func (byteTokenizer) ApplyChatTemplate(msgs []model.Message) (string, error) {
+func (byteTokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOptions) (string, error) {
 	if len(msgs) == 0 {
 		return "", fmt.Errorf("chat template: no messages")
 	}
@@ -61,6 +61,18 @@ func (byteTokenizer) ApplyChatTemplate(msgs []model.Message) (string, error) {
 	}
 	b.WriteString("<|assistant|>\n")
 	return b.String(), nil
+}
+
+// TokenBytes returns the byte of a byte token, nothing for EOS, and nil
+// outside the vocabulary.
+func (byteTokenizer) TokenBytes(id int32) []byte {
+	switch {
+	case id >= 0 && id < 256:
+		return []byte{byte(id)}
+	case id == EOS:
+		return []byte{}
+	}
+	return nil
 }
 
 // NewDecoder returns an incremental UTF-8 decoder of byte tokens.

@@ -56,7 +56,7 @@ func TestApplyChatTemplate(t *testing.T) {
 		{name: "no messages", wantErr: "no messages"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := tok.ApplyChatTemplate(tc.msgs)
+			got, err := tok.ApplyChatTemplate(tc.msgs, model.ChatOptions{})
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)

@@ -193,7 +193,7 @@ type chatTemplate struct {
 // template's own BOS. It returns an error if the model has no usable
 // template or the template fails (e.g. raise_exception for a role order it
 // rejects).
-func (t *Tokenizer) ApplyChatTemplate(msgs []model.Message) (string, error) {
+func (t *Tokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOptions) (string, error) {
 	c := t.chat
 	if c.tmpl == nil {
 		return "", c.err

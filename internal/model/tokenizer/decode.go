@@ -114,6 +114,15 @@ func (t *Tokenizer) textOf(id int32) string {
 	return t.idText[id]
 }
 
+// TokenBytes returns the bytes id decodes to (model.Tokenizer): a special
+// token's content, nil for an id outside [0, VocabSize()).
+func (t *Tokenizer) TokenBytes(id int32) []byte {
+	if id < 0 || int(id) >= len(t.idText) {
+		return nil
+	}
+	return []byte(t.idText[id])
+}
+
 // NewDecoder returns a streaming decoder for one output (it is not safe for
 // concurrent use; the Tokenizer may serve any number of them).
 func (t *Tokenizer) NewDecoder() model.Decoder { return &streamDecoder{t: t} }

@@ -136,7 +136,7 @@ func TestGGUFBPEMatchesTokenizerJSON(t *testing.T) {
 				for _, m := range ch.Messages {
 					msgs = append(msgs, model.Message{Role: m.Role, Content: m.Content})
 				}
-				got, err := tok.ApplyChatTemplate(msgs)
+				got, err := tok.ApplyChatTemplate(msgs, model.ChatOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -246,7 +246,7 @@ func TestGGUFSentencePiece(t *testing.T) {
 	if got, _ := noSpace.Encode("hello", true); !equalIDs(got, []int32{id("hel"), id("l"), id("o")}) && !equalIDs(got, []int32{id("he"), id("llo")}) {
 		t.Errorf("without the space prefix: %v", got)
 	}
-	if _, err := tok.ApplyChatTemplate([]model.Message{{Role: "user", Content: "hi"}}); err == nil || !strings.Contains(err.Error(), "tokenizer.chat_template") {
+	if _, err := tok.ApplyChatTemplate([]model.Message{{Role: "user", Content: "hi"}}, model.ChatOptions{}); err == nil || !strings.Contains(err.Error(), "tokenizer.chat_template") {
 		t.Errorf("no template: %v", err)
 	}
 }

@@ -342,7 +342,7 @@ func TestSplitBehaviors(t *testing.T) {
 func TestChatTemplateVariants(t *testing.T) {
 	msgs := []model.Message{{Role: "user", Content: "hi"}}
 	t.Run("simple", func(t *testing.T) {
-		got, err := loadTiny(t, nil).ApplyChatTemplate(msgs)
+		got, err := loadTiny(t, nil).ApplyChatTemplate(msgs, model.ChatOptions{})
 		if want := "<s>[user]hi</s>[assistant]"; err != nil || got != want {
 			t.Errorf("got %q, %v; want %q", got, err, want)
 		}
@@ -354,7 +354,7 @@ func TestChatTemplateVariants(t *testing.T) {
 				map[string]any{"name": "default", "template": "{% for m in messages %}{{ m.role }}:{{ m.content }}{% endfor %}"},
 			}
 		})
-		got, err := tok.ApplyChatTemplate(msgs)
+		got, err := tok.ApplyChatTemplate(msgs, model.ChatOptions{})
 		if err != nil || got != "user:hi" {
 			t.Errorf("got %q, %v; want the default template's output", got, err)
 		}
@@ -370,7 +370,7 @@ func TestChatTemplateVariants(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := tok.ApplyChatTemplate(msgs); err != nil || got != "Jhi" {
+		if got, err := tok.ApplyChatTemplate(msgs, model.ChatOptions{}); err != nil || got != "Jhi" {
 			t.Errorf("got %q, %v; want Jhi", got, err)
 		}
 	})
@@ -392,7 +392,7 @@ func TestChatTemplateVariants(t *testing.T) {
 					cfg["chat_template"] = c.template
 				}
 			})
-			_, err := tok.ApplyChatTemplate(msgs)
+			_, err := tok.ApplyChatTemplate(msgs, model.ChatOptions{})
 			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 				t.Errorf("error = %v, want one containing %q", err, c.wantErr)
 			}

@@ -164,7 +164,7 @@ func TestChatTemplateMatchesTransformers(t *testing.T) {
 				for j, m := range c.Messages {
 					msgs[j] = model.Message{Role: m.Role, Content: m.Content}
 				}
-				got, err := tok.ApplyChatTemplate(msgs)
+				got, err := tok.ApplyChatTemplate(msgs, model.ChatOptions{})
 				if err != nil {
 					t.Errorf("conversation %d: %v", i, err)
 					continue

@@ -262,7 +262,7 @@ func (m *Machine) legal(r *req) error {
 		rest.opt = optState{}
 		switch r.stage {
 		case StageBootstrap:
-			if !(zeroLink && rest == (prefillSide{}) && !o.unbound && !o.pending && pages == 0 && r.computed == 0 && jobs == 0) {
+			if !(zeroLink && reflect.DeepEqual(rest, prefillSide{}) && !o.unbound && !o.pending && pages == 0 && r.computed == 0 && jobs == 0) {
 				bad("bootstrap holds state: opened=%v %+v pages=%d", r.opened, r.prefillSide, pages)
 			}
 		case StageWaiting:

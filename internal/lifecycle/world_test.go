@@ -828,7 +828,7 @@ func (w *world) printEffect(n *node, e Effect) {
 			what += " " + x.FinishReason
 		}
 		first := ""
-		if n.role == RolePrefill && x.FirstToken != (model.SeqOutput{}) {
+		if n.role == RolePrefill && !reflect.DeepEqual(x.FirstToken, model.SeqOutput{}) {
 			first = fmt.Sprintf(" first=%d", x.FirstToken.Token)
 		}
 		room := ""
@@ -933,7 +933,7 @@ func (w *world) requestArgs(n *node, q Request) string {
 	if n.role == RoleDecode && q.Peer != w.peerOf(n) || n.role != RoleDecode && q.Peer != 0 {
 		fmt.Fprintf(&b, " peer=%d", q.Peer)
 	}
-	if q.Sampling != (model.SamplingParams{TopP: 1}) || (n.role == RoleDecode && q.PeerAddr != "prefill") ||
+	if !reflect.DeepEqual(q.Sampling, model.SamplingParams{TopP: 1}) || (n.role == RoleDecode && q.PeerAddr != "prefill") ||
 		(n.role != RoleDecode && q.PeerAddr != "") {
 		w.fatalf("the recorder cannot write request %+v", q)
 	}

@@ -21,8 +21,11 @@ type TokenLogprob struct {
 // prompt_logprobs): the prompt's next token's, and the most likely tokens
 // of the model's distribution there, most likely first (ties by lower id).
 type PositionLogprobs struct {
-	Token TokenLogprob   `json:"token"`
-	Top   []TokenLogprob `json:"top,omitempty"`
+	Token TokenLogprob `json:"token"`
+	// Rank is the token's rank in that distribution: 1 for the most
+	// likely, 1 + the number of tokens more likely (ties by lower id).
+	Rank int32          `json:"rank"`
+	Top  []TokenLogprob `json:"top,omitempty"`
 }
 
 // LogitBias is one entry of SamplingParams.LogitBias.

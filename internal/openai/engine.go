@@ -123,6 +123,15 @@ type Ender interface {
 	Ended() bool
 }
 
+// ChoiceStopper is implemented by streams of requests with N > 1 that can
+// end one choice early: the front end calls StopChoice when a stop string
+// ended choice index while others still run, so the engine frees what that
+// choice holds. A stream without it keeps generating the choice (the front
+// end ignores its later tokens) until it finishes on its own.
+type ChoiceStopper interface {
+	StopChoice(index int)
+}
+
 // Stream is the output of one request. The front end calls its methods
 // from one goroutine, never concurrently.
 type Stream interface {

@@ -40,6 +40,7 @@ import (
 	"net"
 	"unicode/utf8"
 
+	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/outcome"
 )
 
@@ -63,6 +64,9 @@ const (
 	roomGenBytes = 16 + 4
 	kvChunkFixed = roomGenBytes + 3*4
 	kvDoneBytes  = roomGenBytes + 7*4 + len(Binding{})
+	// kvDoneTailMax bounds KV_DONE's optional tail (KVDone.First): a
+	// count, then per choice its token, logprob, and top logprobs.
+	kvDoneTailMax = 2 + model.MaxForks*(4+4+2+model.MaxLogprobs*8)
 	strMax       = 2 + MaxStringBytes
 	helloMax     = 2 + 4*strMax + 4*8 + 1 + NonceBytes
 )
@@ -114,7 +118,7 @@ func payloadBounds(t Type) (lo, hi int, ok bool) {
 	case TypeKVChunk:
 		return kvChunkFixed, -1, true
 	case TypeKVDone:
-		return kvDoneBytes, kvDoneBytes, true
+		return kvDoneBytes, kvDoneBytes + kvDoneTailMax, true
 	case TypeKVAck, TypeAbortAck:
 		return roomGenBytes, roomGenBytes, true
 	case TypeAbort:
@@ -248,6 +252,9 @@ func AppendFrameHeader(buf []byte, m Message) ([]byte, error) {
 		buf = binary.LittleEndian.AppendUint32(buf, uint32(v.FirstToken))
 		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v.FirstLogprob))
 		buf = binary.LittleEndian.AppendUint32(buf, v.CachedTokens)
+		if len(v.First) > 0 {
+			buf, err = appendFirst(buf, v)
+		}
 	case KVAck:
 		t = v.Type()
 		buf = appendRoomGen(buf, v.RoomGen)
@@ -290,6 +297,32 @@ func WriteFrame(w io.Writer, m Message) error {
 	}
 	_, err = bufs.WriteTo(w)
 	return err
+}
+
+// appendFirst appends KV_DONE's tail: every choice's first token with its
+// top logprobs. First[0] must be FirstToken with FirstLogprob.
+func appendFirst(buf []byte, v KVDone) ([]byte, error) {
+	switch f := v.First; {
+	case len(f) > model.MaxForks:
+		return buf, fmt.Errorf("%w: KV_DONE with %d first tokens (max %d)", ErrFieldTooLong, len(f), model.MaxForks)
+	case f[0].Token != v.FirstToken || math.Float32bits(f[0].Logprob) != math.Float32bits(v.FirstLogprob):
+		return buf, fmt.Errorf("%w: KV_DONE's first choice (%d, %v) is not its FirstToken (%d, %v)",
+			ErrMalformed, f[0].Token, f[0].Logprob, v.FirstToken, v.FirstLogprob)
+	}
+	buf = binary.LittleEndian.AppendUint16(buf, uint16(len(v.First)))
+	for _, c := range v.First {
+		if len(c.Top) > model.MaxLogprobs {
+			return buf, fmt.Errorf("%w: KV_DONE first token with %d top logprobs (max %d)", ErrFieldTooLong, len(c.Top), model.MaxLogprobs)
+		}
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(c.Token))
+		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(c.Logprob))
+		buf = binary.LittleEndian.AppendUint16(buf, uint16(len(c.Top)))
+		for _, t := range c.Top {
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(t.ID))
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(t.Logprob))
+		}
+	}
+	return buf, nil
 }
 
 func appendRoomGen(buf []byte, rg RoomGen) []byte {
@@ -426,6 +459,9 @@ func DecodePayload(t Type, payload []byte) (Message, error) {
 		if k.CachedTokens > k.NTokens && d.err == nil {
 			d.err = fmt.Errorf("%w: KV_DONE says %d cached tokens of %d", ErrMalformed, k.CachedTokens, k.NTokens)
 		}
+		if len(d.b) > 0 && d.err == nil {
+			k.First = d.first(k)
+		}
 		m = k
 	case TypeKVAck:
 		m = KVAck{RoomGen: d.roomGen("room")}
@@ -537,6 +573,38 @@ func (d *cursor) roomGen(field string) RoomGen {
 	}
 	rg.Gen = d.u32(field + " gen")
 	return rg
+}
+
+// first reads KV_DONE's tail (see appendFirst) for k.
+func (d *cursor) first(k KVDone) []FirstToken {
+	n := int(d.u16("first count"))
+	if d.err == nil && (n == 0 || n > model.MaxForks) {
+		d.err = fmt.Errorf("%w: KV_DONE carries %d first tokens (1 to %d)", ErrMalformed, n, model.MaxForks)
+	}
+	var out []FirstToken
+	for i := 0; i < n && d.err == nil; i++ {
+		c := FirstToken{Token: int32(d.u32("first token")), Logprob: math.Float32frombits(d.u32("first logprob"))}
+		nt := int(d.u16("top count"))
+		if nt > model.MaxLogprobs && d.err == nil {
+			d.err = fmt.Errorf("%w: KV_DONE first token with %d top logprobs (max %d)", ErrMalformed, nt, model.MaxLogprobs)
+			break
+		}
+		if nt > 0 && d.err == nil {
+			if len(d.b) < nt*8 {
+				d.err = fmt.Errorf("%w: KV_DONE first token needs %d bytes of top logprobs, %d left", ErrMalformed, nt*8, len(d.b))
+				break
+			}
+			c.Top = make([]model.TokenLogprob, nt)
+			for j := range c.Top {
+				c.Top[j] = model.TokenLogprob{ID: int32(d.u32("top id")), Logprob: math.Float32frombits(d.u32("top logprob"))}
+			}
+		}
+		out = append(out, c)
+	}
+	if d.err == nil && (out[0].Token != k.FirstToken || math.Float32bits(out[0].Logprob) != math.Float32bits(k.FirstLogprob)) {
+		d.err = fmt.Errorf("%w: KV_DONE's first choice (%d) is not its first token (%d)", ErrMalformed, out[0].Token, k.FirstToken)
+	}
+	return out
 }
 
 func (d *cursor) finish() error {

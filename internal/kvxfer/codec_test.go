@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/outcome"
 )
 
@@ -65,6 +66,9 @@ func sampleMessages() []Message {
 			FirstLogprob: -0.25, Binding: Binding{0: 0xb1, 7: 0x77, 15: 0xff}},
 		KVDone{RoomGen: rg, NChunks: 1, NPages: 16, NTokens: 250, CachedTokens: 240, Checksum: 1, FirstToken: 7},
 		KVDone{RoomGen: rg, FirstLogprob: float32(math.NaN())},
+		KVDone{RoomGen: rg, NChunks: 1, NPages: 2, NTokens: 20, FirstToken: 3, FirstLogprob: -1.5,
+			First: []FirstToken{{Token: 3, Logprob: -1.5, Top: []model.TokenLogprob{{ID: 3, Logprob: -1.5}, {ID: 9, Logprob: float32(math.Inf(-1))}}},
+				{Token: 11, Logprob: -0.5}, {Token: 0, Logprob: 0, Top: []model.TokenLogprob{{ID: 0}}}}},
 		KVAck{RoomGen: rg},
 		Abort{RoomGen: rg, Cause: outcome.Cause{Detail: "client disconnected"}},
 		Abort{RoomGen: rg, Cause: outcome.Cause{Outcome: outcome.FailedTransfer, Role: "decode", Stage: "awaiting_kv",
@@ -313,6 +317,16 @@ func TestMalformedFields(t *testing.T) {
 		{"kv done cached tokens above n_tokens", withPayload(TypeKVDone, slices.Concat(rg,
 			[]byte{1, 0, 0, 0, 1, 0, 0, 0, 16, 0, 0, 0}, make([]byte, 16+12), []byte{17, 0, 0, 0})),
 			ErrMalformed, "KV_DONE says 17 cached tokens of 16"},
+		{"kv done tail with no first token", withPayload(TypeKVDone, slices.Concat(rg, make([]byte, kvDoneBytes-len(rg)), []byte{0, 0})),
+			ErrMalformed, "KV_DONE carries 0 first tokens"},
+		{"kv done tail truncated", withPayload(TypeKVDone, slices.Concat(rg, make([]byte, kvDoneBytes-len(rg)), []byte{1, 0, 0, 0})),
+			ErrMalformed, "truncated"},
+		{"kv done tail top past end", withPayload(TypeKVDone, slices.Concat(rg, make([]byte, kvDoneBytes-len(rg)), []byte{1, 0}, make([]byte, 8), []byte{2, 0}, make([]byte, 8))),
+			ErrMalformed, "needs 16 bytes of top logprobs"},
+		{"kv done tail first choice differs", withPayload(TypeKVDone, slices.Concat(rg, make([]byte, kvDoneBytes-len(rg)), []byte{1, 0, 5, 0, 0, 0}, make([]byte, 6))),
+			ErrMalformed, "is not its first token"},
+		{"kv done tail trailing bytes", withPayload(TypeKVDone, slices.Concat(rg, make([]byte, kvDoneBytes-len(rg)), []byte{1, 0}, make([]byte, 10), []byte{7})),
+			ErrMalformed, "trailing"},
 		{"room ready without cached pages (version 4)", withPayload(TypeRoomReady, slices.Concat(rg, []byte{1, 0, 0, 0})),
 			ErrMalformed, "ROOM_READY payload is 24 bytes, want 28"},
 	}

@@ -51,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/outcome"
 )
 
@@ -266,6 +267,14 @@ type KVChunk struct {
 // prefill did not compute because its prefix cache held their KV (the
 // API's usage.prompt_tokens_details.cached_tokens); it is informational and
 // bounded by NTokens.
+//
+// First, an optional tail of the frame, holds every choice's first token
+// for a request with n > 1 choices or top logprobs: First[i] is choice i's
+// (First[0] is FirstToken with FirstLogprob), each with its most likely
+// alternatives. A request that asks for neither sends none, so the frame is
+// the same as before the tail existed; a router sends a request that needs
+// it only to workers that list the feature (workerapi.Info.Features), so a
+// peer that predates it never receives one.
 type KVDone struct {
 	RoomGen
 	NChunks      uint32
@@ -276,6 +285,15 @@ type KVDone struct {
 	FirstToken   int32
 	FirstLogprob float32
 	CachedTokens uint32
+	First        []FirstToken
+}
+
+// FirstToken is one choice's first token in KV_DONE: the token, its
+// log-probability and its top alternatives (at most model.MaxLogprobs).
+type FirstToken struct {
+	Token   int32
+	Logprob float32
+	Top     []model.TokenLogprob
 }
 
 // KVAck (decode → prefill): the KV arrived and verified; prefill may free it.

@@ -181,6 +181,24 @@ func (c *Cache) Match(keys []Key, max int) []PageID {
 	return out
 }
 
+// Share takes one more reference on each of ids, pages the caller holds
+// (so none is free or only cached): another holder reads them too, as the
+// forks of a request with n > 1 share its prompt's full pages, and each
+// holder releases its own reference. Whether the cache is enabled does not
+// matter. It returns an error wrapping ErrNotAllocated, and changes
+// nothing, if any id is out of range or unreferenced.
+func (c *Cache) Share(ids []PageID) error {
+	for _, id := range ids {
+		if id < 0 || int(id) >= len(c.refs) || c.refs[id] <= 0 {
+			return fmt.Errorf("%w: page %d", ErrNotAllocated, id)
+		}
+	}
+	for _, id := range ids {
+		c.refs[id]++
+	}
+	return nil
+}
+
 // Publish indexes page id under key k: its KV is complete, and nothing will
 // write it again. The caller must hold a reference to id. It returns false,
 // and indexes nothing, when the cache is disabled, the page is already

@@ -328,3 +328,34 @@ func BenchmarkCacheRequest(b *testing.B) {
 		})
 	}
 }
+
+func TestCacheShare(t *testing.T) {
+	for _, enabled := range []bool{false, true} {
+		c := NewCache(NewAllocator(4), enabled)
+		a, _ := c.Alloc(2)
+		if err := c.Share(a); err != nil {
+			t.Fatal(err)
+		}
+		if c.Refs(a[0]) != 2 || c.Used() != 2 {
+			t.Fatalf("enabled=%v: refs %d used %d after Share", enabled, c.Refs(a[0]), c.Used())
+		}
+		if err := c.Release(a); err != nil {
+			t.Fatal(err)
+		}
+		if c.Used() != 2 || c.FreeCount() != 2 {
+			t.Fatalf("enabled=%v: one holder left, used %d free %d", enabled, c.Used(), c.FreeCount())
+		}
+		if err := c.Release(a); err != nil {
+			t.Fatal(err)
+		}
+		if c.Used() != 0 || c.FreeCount() != 4 {
+			t.Fatalf("enabled=%v: no holder left, used %d free %d", enabled, c.Used(), c.FreeCount())
+		}
+		if err := c.Share(a[:1]); !errors.Is(err, ErrNotAllocated) {
+			t.Fatalf("enabled=%v: Share of a free page = %v, want ErrNotAllocated", enabled, err)
+		}
+		if err := c.Share([]PageID{-1}); !errors.Is(err, ErrNotAllocated) {
+			t.Fatalf("enabled=%v: Share of page -1 = %v", enabled, err)
+		}
+	}
+}

@@ -3,7 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 )
 
 // SamplingParams controls token choice. Its JSON form (the worker API's)
@@ -152,175 +152,32 @@ func Uniform(seed uint64, step int) float64 {
 }
 
 // Sample picks a token from logits ([vocab] float32) and returns it with its
-// log-probability under softmax(logits). sc holds buffers between calls so
-// that a sampler allocates nothing once warm; nil allocates them per call.
+// log-probability under softmax(logits): SampleSeq for a sequence with
+// sampling parameters p at step step and nothing else set. sc holds
+// buffers between calls so that a sampler allocates nothing once warm; nil
+// allocates them per call.
 //
 // Greedy (Temperature 0) returns the lowest id among equal maxima. Otherwise
 // it applies temperature, keeps the TopK most likely tokens, then the
 // smallest set whose probability reaches TopP, and inverts the CDF at
-// Uniform(Seed, step) over ids sorted by probability (ties by id).
-//
-// The arithmetic is fixed, so every worker draws the same token: with
-// candidate ids c_0, c_1, … in that order (all ids, or the TopK best) and
-// p_i = exp((logit(c_i) − max)/T) in float64, z = Σ p_i added in candidate
-// order; keep is the first i+1 whose running Σ p_j/z (added in order)
-// reaches TopP (all candidates if none does); the draw walks u =
-// Uniform·Σ_{i<keep} p_i down by p_0, p_1, … until it is negative. Finding
-// the order costs O(vocab): a heap of TopK ids, or without TopK a stable
-// radix sort of the logits' bits (z needs every candidate, in order).
+// Uniform(Seed, step) over ids sorted by probability (ties by id), with the
+// fixed arithmetic SampleSeq documents, so every worker draws the same
+// token.
 func Sample(logits []float32, p SamplingParams, step int, sc *SampleScratch) (int32, float32) {
 	return SampleBan(logits, p, nil, step, sc)
 }
 
-// SampleBan is Sample with the token ids in ban never drawn: their logits
-// count as −∞ for the draw (temperature, TopK and TopP then apply to the
-// others, as vLLM's MinTokensLogitsProcessor does for min_tokens), while
-// the returned log-probability stays the token's under softmax of the
-// unmodified logits (vLLM's default "raw" logprobs). Ids outside the
-// vocabulary are ignored, and a ban that would leave no token is ignored
-// whole. A nil ban draws exactly as Sample.
+// SampleBan is Sample with the token ids in ban never drawn (SampleSeq with
+// SeqInput.Ban): their logits count as −∞ for the draw (temperature, TopK
+// and TopP then apply to the others, as vLLM's MinTokensLogitsProcessor
+// does for min_tokens), while the returned log-probability stays the
+// token's under softmax of the unmodified logits (vLLM's default "raw"
+// logprobs). Ids outside the vocabulary are ignored, and a ban that would
+// leave no token is ignored whole. A nil ban draws exactly as Sample.
 func SampleBan(logits []float32, p SamplingParams, ban []int32, step int, sc *SampleScratch) (int32, float32) {
-	if len(logits) == 0 {
-		return 0, 0
-	}
-	if len(ban) > 0 {
-		if sc == nil {
-			sc = new(SampleScratch)
-		}
-		if masked, ok := banned(logits, ban, sc); ok {
-			tok, _ := sample(masked, p, step, sc, true)
-			return tok, rawLogprob(logits, int(tok))
-		}
-	}
-	return sample(logits, p, step, sc, false)
-}
-
-// banned returns a copy of logits (in sc) with the ids in ban set to −∞,
-// and false when ban holds no id in range or every id: then nothing is
-// banned.
-func banned(logits []float32, ban []int32, sc *SampleScratch) ([]float32, bool) {
-	if cap(sc.masked) < len(logits) {
-		sc.masked = make([]float32, len(logits))
-	}
-	masked := sc.masked[:len(logits)]
-	copy(masked, logits)
-	n := 0
-	for _, id := range ban {
-		if id >= 0 && int(id) < len(masked) && !math.IsInf(float64(masked[id]), -1) {
-			masked[id] = float32(math.Inf(-1))
-			n++
-		}
-	}
-	if n == 0 || n == len(masked) {
-		return nil, false
-	}
-	return masked, true
-}
-
-// rawLogprob is log softmax(logits)[i], computed as Sample computes it
-// without a ban (max subtracted, exponentials summed in id order).
-func rawLogprob(logits []float32, i int) float32 {
-	maxL := float64(logits[0])
-	for _, l := range logits {
-		maxL = max(maxL, float64(l))
-	}
-	var sum float64
-	for _, l := range logits {
-		sum += math.Exp(float64(l) - maxL)
-	}
-	return float32(float64(logits[i]) - (maxL + math.Log(sum)))
-}
-
-// sample is Sample without a ban. dropInf drops −∞ logits from the end of
-// the candidate order, so that the fallback draw (TopP never reached
-// through rounding) cannot land on a banned token.
-func sample(logits []float32, p SamplingParams, step int, sc *SampleScratch, dropInf bool) (int32, float32) {
-	maxI := 0
-	for i, l := range logits {
-		if l > logits[maxI] {
-			maxI = i
-		}
-	}
-	maxL := float64(logits[maxI])
-	var sum float64
-	if p.Temperature != 1 {
-		for _, l := range logits {
-			sum += math.Exp(float64(l) - maxL)
-		}
-		if p.Temperature == 0 {
-			return int32(maxI), float32(float64(logits[maxI]) - (maxL + math.Log(sum)))
-		}
-	}
-	if sc == nil {
-		sc = new(SampleScratch)
-	}
-	if cap(sc.ids) < len(logits) {
-		sc.ids = make([]int32, len(logits))
-	}
-	bufs := &sc.probs
-	for i := range bufs {
-		if cap(bufs[i]) < len(logits) {
-			bufs[i] = make([]float64, len(logits))
-		}
-	}
-	// e[id] = e^(logit − max), kept at temperature 1, where it is also the
-	// candidates' p (x/1 = x exactly).
-	e := bufs[0][:len(logits)]
-	if p.Temperature == 1 {
-		for i, l := range logits {
-			e[i] = math.Exp(float64(l) - maxL)
-			sum += e[i]
-		}
-	}
-	logZ := maxL + math.Log(sum)
-	logprob := func(i int) float32 { return float32(float64(logits[i]) - logZ) }
-	var idx []int32
-	switch {
-	case p.TopK > 0 && p.TopK <= len(logits)/16:
-		idx = topK(logits, p.TopK, sc.ids)
-	case p.TopK > 0 && p.TopK < len(logits):
-		idx = sortByLogit(logits, sc)[:p.TopK]
-	default:
-		idx = sortByLogit(logits, sc)
-	}
-	for dropInf && len(idx) > 1 && math.IsInf(float64(logits[idx[len(idx)-1]]), -1) {
-		idx = idx[:len(idx)-1]
-	}
-	t := float64(p.Temperature)
-	probs := bufs[1][:len(idx)] // p_i in candidate order
-	var z float64
-	for i, id := range idx {
-		if t == 1 {
-			probs[i] = e[id]
-		} else {
-			probs[i] = math.Exp((float64(logits[id]) - maxL) / t)
-		}
-		z += probs[i]
-	}
-	prob := func(i int) float64 { return probs[i] }
-	topP := float64(p.TopP)
-	if topP <= 0 || topP > 1 {
-		topP = 1
-	}
-	keep, cum := len(idx), 0.0
-	var zk float64 // Σ p_i for i < keep, in order
-	for i := range idx {
-		pi := prob(i)
-		zk += pi
-		cum += pi / z
-		if cum >= topP {
-			keep = i + 1
-			break
-		}
-	}
-	u := Uniform(p.Seed, step) * zk
-	for i := range keep {
-		u -= prob(i)
-		if u < 0 {
-			return idx[i], logprob(int(idx[i]))
-		}
-	}
-	return idx[keep-1], logprob(int(idx[keep-1]))
+	in := SeqInput{Sampling: p, Ban: ban, Step: step}
+	out := SampleSeq(logits, &in, sc)
+	return out.Token, out.Logprob
 }
 
 // descKey maps a logit to a key whose ascending order is the logits'
@@ -385,16 +242,20 @@ func sortByLogit(logits []float32, sc *SampleScratch) []int32 {
 	return ids
 }
 
-// SampleScratch is Sample's working memory, reused between calls by one
-// goroutine at a time: [vocab] ids, two [vocab] float64 buffers
-// (exponentials, candidate probabilities) and two [vocab] uint64 buffers
-// (radix sort keys), about 36 bytes per vocabulary entry. The zero value is
-// ready to use.
+// SampleScratch is the working memory of SampleSeq, Sample and
+// ScorePosition, reused between calls by one goroutine at a time: [vocab]
+// ids, two [vocab] float64 buffers (exponentials, candidate probabilities)
+// and two [vocab] uint64 buffers (radix sort keys), about 36 bytes per
+// vocabulary entry, and when logit processors are used [vocab] processed
+// logits, counts and flags (9 bytes more). The zero value is ready to use.
 type SampleScratch struct {
-	masked []float32 // logits with a Ban applied
-	ids    []int32
-	probs  [2][]float64
-	keys   [2][]uint64
+	masked  []float32 // processed logits
+	ids     []int32   // candidate order
+	heap    []int32   // the most likely tokens (Top)
+	count   []int32   // per token: occurrences in a history; zero between calls
+	allowed []bool    // per token: in AllowedTokenIDs; false between calls
+	probs   [2][]float64
+	keys    [2][]uint64
 }
 
 // before reports whether id i comes before id j in candidate order: higher
@@ -444,6 +305,6 @@ func topK(logits []float32, k int, scratch []int32) []int32 {
 			down(0)
 		}
 	}
-	sort.Slice(h, func(a, b int) bool { return before(logits, h[a], h[b]) })
+	slices.SortFunc(h, func(a, b int32) int { return cmpCandidates(logits, a, b) })
 	return h
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/outcome"
 )
 
@@ -18,16 +19,37 @@ func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 		return outcome.RejectedInvalid, "request id is empty"
 	case n == 0:
 		return outcome.RejectedInvalid, "prompt is empty"
-	case q.MaxTokens < 1:
-		return outcome.RejectedInvalid, fmt.Sprintf("max_tokens must be at least 1, got %d", q.MaxTokens)
+	case q.MaxTokens < 0 || (q.MaxTokens == 0 && !m.mayBePromptOnly(q)):
+		return outcome.RejectedInvalid, fmt.Sprintf("max_tokens must be at least 1, got %d (0, the prompt alone, only on a colocated worker or a prefill worker without a room)", q.MaxTokens)
+	case q.N < 0 || q.N > model.MaxForks:
+		return outcome.RejectedInvalid, fmt.Sprintf("n must be in [1, %d], got %d", model.MaxForks, q.N)
+	case q.N > 1 && q.MaxTokens == 0:
+		return outcome.RejectedInvalid, fmt.Sprintf("n is %d but max_tokens is 0: there is nothing to choose between", q.N)
+	case q.PromptTop < 0 || q.PromptTop > model.MaxLogprobs:
+		return outcome.RejectedInvalid, fmt.Sprintf("prompt logprobs must be in [0, %d], got %d", model.MaxLogprobs, q.PromptTop)
+	case q.ScorePrompt && m.cfg.Role == RoleDecode:
+		return outcome.RejectedInvalid, "a decode worker does not compute the prompt: prompt logprobs come from prefill"
 	case q.MinTokens < 0 || q.MinTokens > q.MaxTokens:
 		return outcome.RejectedInvalid, fmt.Sprintf("min_tokens must be in [0, max_tokens = %d], got %d", q.MaxTokens, q.MinTokens)
 	case n >= m.cfg.ContextLen:
 		return outcome.RejectedInvalid, fmt.Sprintf("prompt has %d tokens; this worker's context length is %d", n, m.cfg.ContextLen)
 	case q.MaxTokens > m.cfg.ContextLen-n:
 		return outcome.RejectedInvalid, fmt.Sprintf("prompt (%d tokens) + max_tokens (%d) exceeds the context length %d", n, q.MaxTokens, m.cfg.ContextLen)
-	case m.cfg.Role != RoleColocated && q.Room.IsZero():
+	case m.cfg.Role != RoleColocated && q.Room.IsZero() && !(m.cfg.Role == RolePrefill && q.promptOnly()):
 		return outcome.RejectedInvalid, "room is missing"
+	case m.cfg.Role == RolePrefill && q.promptOnly() && !q.Room.IsZero():
+		return outcome.RejectedInvalid, "a prompt-only request (max_tokens 0) has no decode and so no room"
+	}
+	var badID int32 = -1
+	q.Sampling.TokenIDs(func(id int32) bool {
+		if int(id) >= m.cfg.VocabSize {
+			badID = id
+			return false
+		}
+		return true
+	})
+	if badID >= 0 {
+		return outcome.RejectedInvalid, fmt.Sprintf("sampling names token %d, outside the vocabulary [0, %d)", badID, m.cfg.VocabSize)
 	}
 	for i, id := range q.InputIDs {
 		if id < 0 || int(id) >= m.cfg.VocabSize {
@@ -43,14 +65,23 @@ func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 	return outcome.None, ""
 }
 
+// mayBePromptOnly reports whether this worker can serve q with MaxTokens
+// 0 (the prompt alone): a colocated one, or a prefill one for a request
+// without a room (no decode follows).
+func (m *Machine) mayBePromptOnly(q Request) bool {
+	return m.cfg.Role == RoleColocated || (m.cfg.Role == RolePrefill && q.Room.IsZero())
+}
+
 // maxPages is the most pages a request can hold on this worker: its prompt
-// on prefill; prompt + output on decode and colocated.
+// on prefill; prompt + output on decode and colocated, for each of its
+// choices, which share the prompt's full pages.
 func (m *Machine) maxPages(q Request) int {
 	n := len(q.InputIDs)
-	if m.cfg.Role != RolePrefill {
-		n += q.MaxTokens
+	if m.cfg.Role == RolePrefill {
+		return m.pagesFor(n)
 	}
-	return m.pagesFor(n)
+	full := n / m.cfg.PageSize
+	return full + q.choices()*(m.pagesFor(n+q.MaxTokens)-full)
 }
 
 // pagesFor is the number of pages that hold n tokens.
@@ -59,11 +90,15 @@ func (m *Machine) pagesFor(n int) int { return (n + m.cfg.PageSize - 1) / m.cfg.
 // admitPages is what a request needs to start: its prompt on prefill; on
 // decode and colocated also the position of its first output token. Later
 // pages are allocated as decoding reaches them (see grow).
+//
+// A request with N > 1 that has not forked yet also takes one page for
+// each of its other choices (forkPages): the copy of the prompt's last,
+// partial page, or the page of its first output token.
 func (m *Machine) admitPages(q Request) int {
-	if m.cfg.Role == RolePrefill {
+	if m.cfg.Role == RolePrefill || q.promptOnly() {
 		return m.pagesFor(len(q.InputIDs))
 	}
-	return m.pagesFor(len(q.InputIDs) + 1)
+	return m.pagesFor(len(q.InputIDs)+1) + q.choices() - 1
 }
 
 // reserve is how many pages admission leaves free for running requests to
@@ -98,6 +133,12 @@ func (m *Machine) admitAlloc(r *req, n int, toks []int32, limit int) (int, bool)
 	}
 	m.countQuery(toks, len(hit))
 	r.pages = append(hit, ids...)
+	if k := m.forksToReserve(r); k > 0 {
+		// The last k pages wait for the request's other choices.
+		n := len(r.pages) - k
+		r.forkPages = r.pages[n:]
+		r.pages = r.pages[:n:n]
+	}
 	m.admitSeq++
 	r.admitted = m.admitSeq
 	return len(hit), true
@@ -145,7 +186,7 @@ func (m *Machine) arrive(q Request) {
 		if m.cfg.Role == RolePrefill {
 			m.dropPendingWithAbort(q.Room, q.Gen, cause)
 		}
-		if m.cfg.Role != RoleColocated {
+		if m.cfg.Role != RoleColocated && !q.Room.IsZero() {
 			m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.AbortedPeer, cause)
 		}
 		return
@@ -157,7 +198,7 @@ func (m *Machine) arrive(q Request) {
 		if m.cfg.Role == RolePrefill {
 			m.dropPendingWithAbort(q.Room, q.Gen, cause)
 		}
-		if m.cfg.Role != RoleColocated {
+		if m.cfg.Role != RoleColocated && !q.Room.IsZero() {
 			m.addTomb(tombKey{room: q.Room}, q.Gen, outcome.AbortedPeer, cause)
 		}
 		return
@@ -193,14 +234,21 @@ func (m *Machine) arrive(q Request) {
 		r.bootDeadline = m.now.Add(m.cfg.BootstrapTimeout)
 	}
 	m.reqs[q.RID] = r
-	if m.cfg.Role != RoleColocated {
+	if m.cfg.Role != RoleColocated && !q.Room.IsZero() {
 		m.rooms[q.Room] = r
+	}
+	if q.ScorePrompt {
+		r.scores = make([]model.PositionLogprobs, len(q.InputIDs))
 	}
 	m.record(r, "arrive: %d prompt tokens, max_tokens %d", len(q.InputIDs), q.MaxTokens)
 	switch m.cfg.Role {
 	case RolePrefill:
-		m.setStage(r, StageBootstrap, m.cfg.BootstrapTimeout, outcome.TimeoutBootstrap)
 		m.queue = append(m.queue, r)
+		if q.Room.IsZero() { // the prompt alone: no decode, no room
+			m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
+			break
+		}
+		m.setStage(r, StageBootstrap, m.cfg.BootstrapTimeout, outcome.TimeoutBootstrap)
 		if p, ok := m.pending[q.Room]; ok && p.open.Gen == q.Gen && !m.holdsOpen(r) {
 			delete(m.pending, q.Room)
 			m.roomOpened(r, p.peer, p.open)

@@ -74,6 +74,12 @@ type Config struct {
 	// (--disable-prefix-cache turns it off; on in the worker by default, as
 	// in SGLang and vLLM).
 	PrefixCache bool
+	// PriorityScheduling orders the requests that wait to start (waiting,
+	// prealloc, queued, preempted) by Request.Priority, lower first, then
+	// by arrival, and preempts the highest Priority value first (vLLM's
+	// --scheduling-policy priority); off, they go in arrival order and
+	// Priority is ignored (the front end refuses a non-zero one).
+	PriorityScheduling bool
 	// ForceOptimistic, if set, is the test hook of optimistic prefill (as
 	// SGLang's should_force_retry): for a request it picks by id, the
 	// machine holds the room's ROOM_OPEN back until the request's optimistic

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -14,7 +15,7 @@ func (m *Machine) admit() {
 	if m.cfg.Role != RoleDecode {
 		return
 	}
-	for _, r := range m.queue {
+	for _, r := range m.waitOrder() {
 		if r.stage != StagePrealloc {
 			continue
 		}
@@ -145,8 +146,8 @@ func (m *Machine) kvVerified(e KVVerified) {
 			e.Checksum, r.done.Checksum), "")
 		return
 	}
-	if t := r.done.FirstToken; t < 0 || int(t) >= m.cfg.VocabSize {
-		m.finish(r, outcome.FailedTransfer, fmt.Sprintf("first token %d from prefill is outside the vocabulary", t), "")
+	if why := m.checkFirst(r); why != "" {
+		m.finish(r, outcome.FailedTransfer, why, "")
 		return
 	}
 	m.emit(Send{Peer: r.Peer, Msg: kvxfer.KVAck{RoomGen: r.roomGen()}})
@@ -156,18 +157,128 @@ func (m *Machine) kvVerified(e KVVerified) {
 	// shared from now on.
 	m.publish(r, r.InputIDs, r.cachedPages, len(r.InputIDs)/m.cfg.PageSize)
 	m.setStage(r, StageQueued, m.cfg.QueueTimeout, outcome.TimeoutQueue)
-	m.appendOutput(r, model.SeqOutput{Token: r.done.FirstToken, Logprob: r.done.FirstLogprob})
+	first := model.SeqOutput{Token: r.done.FirstToken, Logprob: r.done.FirstLogprob}
+	for i, f := range r.done.First {
+		t := model.SeqOutput{Token: f.Token, Logprob: f.Logprob, Top: f.Top}
+		if i == 0 {
+			first.Top = f.Top
+			continue
+		}
+		first.Forks = append(first.Forks, t)
+	}
+	m.firstTokens(r, first)
+}
+
+// checkFirst reports what is wrong with the first tokens KV_DONE carries for
+// decode request r: one per choice, each in the vocabulary, with its top
+// logprobs when the request asks for them.
+func (m *Machine) checkFirst(r *req) string {
+	d := &r.done
+	n := r.choices()
+	if n > 1 && len(d.First) != n {
+		return fmt.Sprintf("KV_DONE carries %d first tokens for a request of %d choices", len(d.First), n)
+	}
+	if d.FirstToken < 0 || int(d.FirstToken) >= m.cfg.VocabSize {
+		return fmt.Sprintf("first token %d from prefill is outside the vocabulary", d.FirstToken)
+	}
+	for i, f := range d.First {
+		if f.Token < 0 || int(f.Token) >= m.cfg.VocabSize {
+			return fmt.Sprintf("first token %d of choice %d from prefill is outside the vocabulary", f.Token, i)
+		}
+		if len(f.Top) != r.Sampling.TopLogprobs {
+			return fmt.Sprintf("choice %d's first token carries %d top logprobs, the request asks for %d", i, len(f.Top), r.Sampling.TopLogprobs)
+		}
+	}
+	if r.Sampling.TopLogprobs > 0 && len(d.First) == 0 {
+		return "KV_DONE carries no top logprobs for the first token, which the request asks for"
+	}
+	return ""
+}
+
+// fork starts choices 1…N−1 of request r (decode: its KV verified and
+// acknowledged; colocated: its prompt just computed), and then gives every
+// choice its first token: first's for r, first.Forks[i−1] for choice i.
+// A fork shares r's full prompt pages (one more reference each, never
+// written), takes one page reserved at admission (forkPages) into which
+// the shell copies r's last, partial prompt page (CopyKV) before any
+// forward can write it, and goes on as r does (same stage, deadline and
+// prompt), drawing with model.ForkSeed(seed, i).
+func (m *Machine) fork(r *req, first model.SeqOutput) {
+	n := r.choices()
+	if len(first.Forks) != n-1 || len(r.forkPages) != n-1 {
+		m.finish(r, outcome.FailedInternal, fmt.Sprintf("cannot fork %d choices: %d first tokens, %d pages reserved",
+			n, 1+len(first.Forks), len(r.forkPages)), "")
+		return
+	}
+	full := len(r.InputIDs) / m.cfg.PageSize
+	partial := len(r.InputIDs)%m.cfg.PageSize != 0
+	g := &group{members: []*req{r}, live: n}
+	r.group = g
+	for i := 1; i < n; i++ {
+		f := &req{Request: r.Request, ban: r.ban, arrived: r.arrived, hardDeadline: r.hardDeadline, choice: i, group: g}
+		f.Sampling.Seed = model.ForkSeed(r.Sampling.Seed, i)
+		if err := m.cache.Share(r.pages[:full]); err != nil {
+			panic(fmt.Sprintf("lifecycle: %v", err)) // r holds them: the bookkeeping makes it impossible
+		}
+		own := r.forkPages[i-1]
+		f.pages = append(append(make([]kvcache.PageID, 0, full+1), r.pages[:full]...), own)
+		if partial && m.endsWith(f, first.Forks[i-1].Token, 1) == "" {
+			// (A choice that ends with its first token never reads it.)
+			m.emit(CopyKV{Src: r.pages[full], Dst: own})
+		}
+		f.chain = append([]kvxfer.PageHash(nil), r.chain[:min(len(r.chain), full)]...)
+		f.link = r.link
+		f.decodeSide = r.decodeSide
+		if r.recv != nil {
+			f.recv = append([]bool(nil), r.recv...)
+		}
+		m.admitSeq++
+		f.admitted = m.admitSeq
+		f.stageSince = m.now
+		m.setStage(f, r.stage, r.budget, r.cause)
+		m.record(f, "choice %d forked: %d prompt pages shared%s", i, full, copied(partial))
+		m.queue = append(m.queue, f)
+		g.members = append(g.members, f)
+	}
+	r.forkPages = nil
+	m.record(r, "forked %d choices", n)
+	for i, c := range g.members {
+		t := first
+		if i > 0 {
+			t = first.Forks[i-1]
+		}
+		if c.stage != StageDone {
+			m.appendOutput(c, sampled(t))
+		}
+	}
+}
+
+func copied(partial bool) string {
+	if partial {
+		return ", the partial one copied"
+	}
+	return ""
 }
 
 // appendOutput adds a generated token, emits it, and ends the request if it
 // hit a stop token, max_tokens or the context length.
 func (m *Machine) appendOutput(r *req, t model.SeqOutput) {
 	r.outputs = append(r.outputs, t.Token)
-	m.emit(Emit{RID: r.RID, Tokens: []model.SeqOutput{t}})
-	switch {
-	case (!r.IgnoreEOS && slices.Contains(m.cfg.EOS, t.Token)) || slices.Contains(r.StopTokenIDs, t.Token):
-		m.finish(r, outcome.OK, "", "stop")
-	case len(r.outputs) >= r.MaxTokens || len(r.InputIDs)+len(r.outputs) >= m.cfg.ContextLen:
-		m.finish(r, outcome.OK, "", "length")
+	m.emit(Emit{RID: r.RID, Choice: r.choice, Tokens: []model.SeqOutput{t}})
+	if why := m.endsWith(r, t.Token, len(r.outputs)); why != "" {
+		m.finish(r, outcome.OK, "", why)
 	}
+}
+
+// endsWith is the finish reason of r if its n-th output token is tok: "stop"
+// for EOS (unless ignored) or a stop token, "length" at max_tokens or the
+// context length, "" if it goes on.
+func (m *Machine) endsWith(r *req, tok int32, n int) string {
+	switch {
+	case (!r.IgnoreEOS && slices.Contains(m.cfg.EOS, tok)) || slices.Contains(r.StopTokenIDs, tok):
+		return "stop"
+	case n >= r.MaxTokens || len(r.InputIDs)+n >= m.cfg.ContextLen:
+		return "length"
+	}
+	return ""
 }

@@ -12,10 +12,12 @@ import (
 // Effect is an output of Ready, to be executed by the shell in order.
 type Effect interface{ effect() }
 
-// BatchSeq is one sequence of a RunBatch.
+// BatchSeq is one sequence of a RunBatch: request RID's choice Choice (0
+// unless the request has N > 1 choices).
 type BatchSeq struct {
-	RID   string
-	Input model.SeqInput
+	RID    string
+	Choice int
+	Input  model.SeqInput
 }
 
 // RunBatch asks the shell to run one forward over Seqs and to step
@@ -86,10 +88,27 @@ type VerifyKV struct {
 	Pages []kvcache.PageID
 }
 
-// Emit delivers output tokens to the request's waiter.
+// CopyKV asks the shell to copy the bytes of page Src into page Dst before
+// it executes the next effect (on its loop: neither page is in the running
+// forward or in page I/O), and to mark Dst written. It gives a fork of an
+// n > 1 request its own copy of the prompt's last, partial page.
+type CopyKV struct {
+	Src, Dst kvcache.PageID
+}
+
+// Emit delivers output tokens of one choice to the request's waiter.
 type Emit struct {
-	RID    string
+	RID string
+	// Choice is the choice the tokens belong to (0 unless N > 1).
+	Choice int
 	Tokens []model.SeqOutput
+	// Finish, for a request with N > 1, says choice Choice ended with this
+	// finish reason ("stop" or "length") while others may still run; the
+	// request's own end is its Finalize. Never set when N is 1.
+	Finish string
+	// Prompt (colocated, ScorePrompt) carries the prompt's logprobs, once,
+	// before the first token (as Finalize.PromptLogprobs).
+	Prompt []model.PositionLogprobs
 }
 
 // Finalize is emitted exactly once per admitted or rejected request: it ends
@@ -114,8 +133,13 @@ type Finalize struct {
 	// SentPages (prefill) is how many prompt pages went out in KV_CHUNKs:
 	// the prompt's pages less those decode held from its prefix cache.
 	SentPages int
-	// FirstToken is prefill's sampled token (prefill role, Outcome OK).
+	// FirstToken is prefill's sampled token (prefill role, Outcome OK),
+	// with its top logprobs and the first tokens of choices 1…N−1 in
+	// FirstToken.Forks.
 	FirstToken model.SeqOutput
+	// PromptLogprobs (ScorePrompt; prefill and colocated, Outcome OK) are
+	// the prompt's logprobs: entry j for prompt token j, the first zero.
+	PromptLogprobs []model.PositionLogprobs
 	// StageTime is how long the request spent in each stage.
 	StageTime map[Stage]time.Duration
 	// Age is the time from arrival to the end.
@@ -129,5 +153,6 @@ func (SendKV) effect()      {}
 func (SendKVDone) effect()  {}
 func (WriteKV) effect()     {}
 func (VerifyKV) effect()    {}
+func (CopyKV) effect()      {}
 func (Emit) effect()        {}
 func (Finalize) effect()    {}

@@ -36,6 +36,11 @@ type AbortRequest struct {
 	// Cause (AbortPeerLeg) is the other leg's first failure as the router
 	// saw it, if known: the request's end and the peer's ABORT carry it.
 	Cause outcome.Cause
+	// OneChoice (with AbortStop) ends only choice Choice of a request with
+	// N > 1: the front end matched a stop string in it while the others
+	// go on.
+	OneChoice bool
+	Choice    int
 }
 
 // Tick lets time pass: deadlines, leases, renewals and tombstones are checked.

@@ -30,14 +30,68 @@ func (m *Machine) shared(r *req) bool {
 // StageDone, removes it from reqs and rooms, or emits Finalize for an
 // admitted request (rejectEarly answers the ones never admitted), and it
 // does nothing for a request already done, so no end is counted twice.
+//
+// For a request with N > 1 choices (a group), a successful end (o OK) ends
+// choice r alone, and the request with the last choice; any other end, of
+// any choice, ends every choice and the request at once.
 func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string) {
-	if r.stage == StageDone {
+	g := r.group
+	if g == nil {
+		if r.stage == StageDone {
+			return
+		}
+		cause := m.endCause(r, o, reason)
+		m.tellPeer(r, o, cause)
+		m.endSeq(r, o, reason)
+		m.endRequest(r, o, reason, finishReason, cause)
 		return
 	}
-	var cause outcome.Cause
-	if o != outcome.OK {
-		cause = m.rootCause(r, o, reason)
+	head := g.members[0]
+	if g.live == 0 {
+		return // the request has ended
 	}
+	if o == outcome.OK {
+		if r.stage == StageDone {
+			return
+		}
+		m.endSeq(r, o, reason)
+		g.live--
+		g.outputs += len(r.outputs)
+		m.emit(Emit{RID: r.RID, Choice: r.choice, Finish: finishReason})
+		if g.live == 0 {
+			m.endRequest(head, o, reason, finishReason, outcome.Cause{})
+		}
+		return
+	}
+	// A failure of one choice fails the request: every choice ends with it.
+	cause := m.endCause(r, o, reason)
+	m.tellPeer(head, o, cause)
+	for _, c := range g.members {
+		if c.stage != StageDone {
+			m.endSeq(c, o, reason)
+			g.outputs += len(c.outputs)
+		}
+	}
+	g.live = 0
+	m.endRequest(head, o, reason, finishReason, cause)
+}
+
+// endCause is the first failure behind live sequence r ending with o (zero
+// for OK).
+func (m *Machine) endCause(r *req, o outcome.Outcome, reason string) outcome.Cause {
+	if o == outcome.OK {
+		return outcome.Cause{}
+	}
+	if r.group != nil && r.choice > 0 && o == outcome.AbortedPeer {
+		return m.rootCause(r.group.members[0], o, reason) // the peer's cause is the head's
+	}
+	return m.rootCause(r, o, reason)
+}
+
+// tellPeer tells the KV peer of request r (its head) that it ended with
+// failure o, unless the peer caused it or is gone, and settles what a
+// prefill request owes its ROOM_OPEN and its optimistic prefill.
+func (m *Machine) tellPeer(r *req, o outcome.Outcome, cause outcome.Cause) {
 	if o != outcome.OK && m.shared(r) && !connGone(o) && !r.peerEnded {
 		m.emit(Send{Peer: r.Peer, Msg: kvxfer.Abort{RoomGen: r.roomGen(), Cause: cause}})
 	}
@@ -56,6 +110,11 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 			m.resolveOptimistic(r, OptimisticAborted)
 		}
 	}
+}
+
+// endSeq ends one sequence: r leaves its stage for StageDone and lets go of
+// its pages (once neither the running forward nor page I/O uses them).
+func (m *Machine) endSeq(r *req, o outcome.Outcome, reason string) {
 	m.publishAtEnd(r)
 	m.setStage(r, StageDone, 0, outcome.None)
 	m.stageCount[StageDone]--
@@ -68,11 +127,22 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 	} else {
 		m.release(r)
 	}
-	delete(m.reqs, r.RID)
+	if r.choice > 0 {
+		m.record(r, "choice %d ends %s %s", r.choice, o, reason)
+	}
+}
+
+// endRequest ends request r (the request itself, or the head of a group
+// every sequence of which has ended): the room is forgotten and, for a
+// failure, tombstoned, and the one Finalize emitted.
+func (m *Machine) endRequest(r *req, o outcome.Outcome, reason, finishReason string, cause outcome.Cause) {
+	if cur, ok := m.reqs[r.RID]; ok && cur == r {
+		delete(m.reqs, r.RID)
+	}
 	if cur, ok := m.rooms[r.Room]; ok && cur == r {
 		delete(m.rooms, r.Room)
 	}
-	if o != outcome.OK && m.cfg.Role != RoleColocated {
+	if o != outcome.OK && m.cfg.Role != RoleColocated && !r.Room.IsZero() {
 		m.addTomb(tombKey{room: r.Room}, r.Gen, o, cause)
 	}
 	m.record(r, "end %s %s", o, reason)
@@ -82,8 +152,12 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 			st[Stage(s)] = d
 		}
 	}
+	outputs := len(r.outputs)
+	if r.group != nil {
+		outputs = r.group.outputs
+	}
 	f := Finalize{RID: r.RID, RoomGen: r.roomGen(), Outcome: o, PromptTokens: len(r.InputIDs),
-		OutputTokens: len(r.outputs), CachedTokens: r.cachedTokens, StageTime: st, Age: m.now.Sub(r.arrived)}
+		OutputTokens: outputs, CachedTokens: r.cachedTokens, StageTime: st, Age: m.now.Sub(r.arrived)}
 	if m.cfg.Role == RoleDecode {
 		f.CachedTokens = int(min(r.done.CachedTokens, uint32(len(r.InputIDs))))
 	}
@@ -94,6 +168,7 @@ func (m *Machine) finish(r *req, o outcome.Outcome, reason, finishReason string)
 			f.OutputTokens = 0
 			f.SentPages = r.sentPages - r.peerCached
 		}
+		f.PromptLogprobs = r.scores
 	} else {
 		f.Err, f.Cause = reason, cause
 	}
@@ -110,6 +185,10 @@ func (m *Machine) release(r *req) {
 	if len(r.pages) > 0 {
 		m.free(r.pages)
 		r.pages = nil
+	}
+	if len(r.forkPages) > 0 {
+		m.free(r.forkPages)
+		r.forkPages = nil
 	}
 }
 
@@ -222,6 +301,18 @@ func (m *Machine) abort(a AbortRequest) {
 		return
 	}
 	if o == outcome.OK {
+		if g := r.group; g != nil {
+			// A stop ends one choice, or every choice still running.
+			for _, c := range g.members {
+				if !a.OneChoice || c.choice == a.Choice {
+					m.finish(c, o, "", "stop")
+				}
+			}
+			return
+		}
+		if a.OneChoice && a.Choice != r.choice {
+			return // a choice the request does not have (yet): nothing to stop
+		}
 		m.finish(r, o, "", "stop")
 		return
 	}

@@ -110,16 +110,24 @@ func (h *harness) check() {
 	held := map[kvcache.PageID]bool{}
 	var counts [numStages]int
 	for _, r := range m.reqs {
-		for _, p := range r.pages {
-			held[p] = true
-		}
-		counts[r.stage]++
-		if r.stage == StageDone {
+		if r.stage == StageDone && (r.group == nil || r.group.live == 0) {
 			h.t.Fatalf("terminal request %s still live", r.RID)
 		}
 	}
+	for _, r := range m.sortedLive() {
+		for _, p := range r.pages {
+			held[p] = true
+		}
+		for _, p := range r.forkPages {
+			held[p] = true
+		}
+		counts[r.stage]++
+	}
 	for r := range m.draining {
 		for _, p := range r.pages {
+			held[p] = true
+		}
+		for _, p := range r.forkPages {
 			held[p] = true
 		}
 	}

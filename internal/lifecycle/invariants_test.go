@@ -25,22 +25,44 @@ func checkLegal(m *Machine) error {
 	// The queue holds every live request (and ended ones until compacted);
 	// walking it rather than the maps keeps this cheap enough to run after
 	// every step of the randomized test.
+	// A request with n > 1 is live while one of its choices is: its head
+	// (choice 0) stays indexed even after its own choice ended.
+	heads := make(map[*req]bool)
+	groupPages := make(map[kvcache.PageID]bool) // pages the choices of one request may share
 	for _, r := range m.queue {
 		if r.stage == StageDone {
 			continue
 		}
-		live++
+		head := r
+		if g := r.group; g != nil {
+			head = g.members[0]
+			if g.live == 0 || g.members[r.choice] != r {
+				errs = append(errs, fmt.Errorf("%s %s choice %d: live in a group that ended or does not list it", m.cfg.Role, r.RID, r.choice))
+			}
+			for _, p := range r.pages {
+				groupPages[p] = true
+			}
+		} else if r.choice != 0 {
+			errs = append(errs, fmt.Errorf("%s %s: choice %d without a group", m.cfg.Role, r.RID, r.choice))
+		}
+		heads[head] = true
 		for _, p := range r.pages {
 			refs[p]++
+		}
+		for _, p := range r.forkPages {
+			refs[p]++
+		}
+		if len(r.forkPages) > 0 && (r.group != nil || len(r.forkPages) != r.choices()-1) {
+			errs = append(errs, fmt.Errorf("%s %s: %d fork pages reserved (n %d, forked %v)", m.cfg.Role, r.RID, len(r.forkPages), r.choices(), r.group != nil))
 		}
 		stages[r.stage]++
 		if err := m.legal(r); err != nil {
 			errs = append(errs, fmt.Errorf("%s %s in %s: %w", m.cfg.Role, r.RID, r.stage, err))
 		}
-		if m.reqs[r.RID] != r {
+		if m.reqs[r.RID] != head {
 			errs = append(errs, fmt.Errorf("%s %s: live but not indexed by its id", m.cfg.Role, r.RID))
 		}
-		if m.cfg.Role != RoleColocated && m.rooms[r.Room] != r {
+		if m.cfg.Role != RoleColocated && !r.Room.IsZero() && m.rooms[r.Room] != head {
 			errs = append(errs, fmt.Errorf("%s %s: live but not indexed by its room", m.cfg.Role, r.RID))
 		}
 		pins += r.pins
@@ -48,11 +70,18 @@ func checkLegal(m *Machine) error {
 			batched++
 		}
 	}
+	live = len(heads)
 	if live != len(m.reqs) {
 		errs = append(errs, fmt.Errorf("%s: %d live requests in the queue, %d indexed", m.cfg.Role, live, len(m.reqs)))
 	}
-	if m.cfg.Role != RoleColocated && live != len(m.rooms) {
-		errs = append(errs, fmt.Errorf("%s: %d live requests, %d rooms", m.cfg.Role, live, len(m.rooms)))
+	roomed := 0
+	for h := range heads {
+		if !h.Room.IsZero() {
+			roomed++
+		}
+	}
+	if m.cfg.Role != RoleColocated && roomed != len(m.rooms) {
+		errs = append(errs, fmt.Errorf("%s: %d live requests with a room, %d rooms", m.cfg.Role, roomed, len(m.rooms)))
 	}
 	for r := range m.draining {
 		if r.stage != StageDone || (!r.inBatch && r.pins == 0) {
@@ -61,12 +90,15 @@ func checkLegal(m *Machine) error {
 		for _, p := range r.pages {
 			refs[p]++
 		}
+		for _, p := range r.forkPages {
+			refs[p]++
+		}
 		pins += r.pins
 		if r.inBatch {
 			batched++
 		}
 	}
-	if err := m.checkCache(refs); err != nil {
+	if err := m.checkCache(refs, groupPages); err != nil {
 		errs = append(errs, err)
 	}
 	if stages != m.stageCount {
@@ -104,14 +136,17 @@ func checkLegal(m *Machine) error {
 // and colocated: prompt then output), so a request that matched it reads
 // the KV of its own prefix. An unbound (optimistic) request publishes
 // nothing: its indexed pages are the ones it matched.
-func (m *Machine) checkCache(refs map[kvcache.PageID]int) error {
+//
+// The choices of one request (grouped) share their prompt's full pages
+// whether or not the prefix cache is on.
+func (m *Machine) checkCache(refs map[kvcache.PageID]int, grouped map[kvcache.PageID]bool) error {
 	var errs []error
 	c := m.cache
 	for p := range kvcache.PageID(c.Total()) {
 		if c.Refs(p) != refs[p] {
 			errs = append(errs, fmt.Errorf("%s: page %d has %d references, %d holders", m.cfg.Role, p, c.Refs(p), refs[p]))
 		}
-		if !c.Enabled() && refs[p] > 1 {
+		if !c.Enabled() && refs[p] > 1 && !grouped[p] {
 			errs = append(errs, fmt.Errorf("%s: page %d shared by %d requests without the prefix cache", m.cfg.Role, p, refs[p]))
 		}
 	}
@@ -217,7 +252,7 @@ func (m *Machine) legal(r *req) error {
 	// (see leased).
 	zeroLink := !r.opened && !r.peerUp && !r.peerEnded && r.peerCause == (outcome.Cause{})
 	zeroPrefill := reflect.DeepEqual(r.prefillSide, prefillSide{})
-	zeroDecode := r.recv == nil && r.recvCount == 0 && r.cachedPages == 0 && !r.xferStarted && !r.verifying && !r.ackSent && r.done == (kvxfer.KVDone{})
+	zeroDecode := r.recv == nil && r.recvCount == 0 && r.cachedPages == 0 && !r.xferStarted && !r.verifying && !r.ackSent && reflect.DeepEqual(r.done, kvxfer.KVDone{})
 
 	// Every stage.
 	if !(r.stage != StageNone && r.stage != StageDone) {
@@ -260,6 +295,21 @@ func (m *Machine) legal(r *req) error {
 		}
 		rest := r.prefillSide
 		rest.opt = optState{}
+		if r.Room.IsZero() {
+			// The prompt alone (max_tokens 0): no room, no peer, no KV sent.
+			promptOnly := zeroLink && reflect.DeepEqual(rest, prefillSide{}) && !o.unbound && !o.pending && r.promptOnly() && jobs == 0
+			switch {
+			case !promptOnly:
+				bad("a request without a room that is not prompt-only, or holds peer state: %+v", r.prefillSide)
+			case r.stage == StageWaiting && (pages != 0 || r.computed != 0):
+				bad("waiting with %d pages, %d computed", pages, r.computed)
+			case r.stage == StagePrefilling && (pages != P || r.computed >= T):
+				bad("prefilling: pages %d/%d computed %d/%d", pages, P, r.computed, T)
+			case r.stage != StageWaiting && r.stage != StagePrefilling:
+				bad("a prompt-only request in %s", r.stage)
+			}
+			break
+		}
 		switch r.stage {
 		case StageBootstrap:
 			if !(zeroLink && reflect.DeepEqual(rest, prefillSide{}) && !o.unbound && !o.pending && pages == 0 && r.computed == 0 && jobs == 0) {

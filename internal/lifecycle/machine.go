@@ -188,7 +188,11 @@ func (m *Machine) setStage(r *req, s Stage, d time.Duration, cause outcome.Outco
 func (m *Machine) sortedLive() []*req {
 	out := make([]*req, 0, len(m.reqs))
 	for _, r := range m.queue {
-		if r.stage != StageDone && m.reqs[r.RID] == r {
+		head := r
+		if r.group != nil {
+			head = r.group.members[0] // the choices of an n > 1 request live under its head
+		}
+		if r.stage != StageDone && m.reqs[r.RID] == head {
 			out = append(out, r)
 		}
 	}

@@ -197,6 +197,14 @@ func runPair(t *testing.T, seed uint64, f faults, transcript *string) pairStats 
 		for k := range q.InputIDs {
 			q.InputIDs[k] = int32(1 + rng.IntN(98))
 		}
+		// A quarter have several choices, a fifth top logprobs: forks on
+		// decode, first tokens in KV_DONE's tail.
+		if rng.IntN(4) == 0 {
+			q.N = 2 + rng.IntN(3)
+		}
+		if rng.IntN(5) == 0 {
+			q.Sampling.TopLogprobs = 1 + rng.IntN(3)
+		}
 		reqs = append(reqs, q)
 	}
 	var want map[string][]int32
@@ -375,8 +383,14 @@ func runPair(t *testing.T, seed uint64, f faults, transcript *string) pairStats 
 			continue
 		}
 		okCount++
-		if !slices.Equal(D.emitted[q.RID], want[q.RID]) {
-			t.Fatalf("seed %d: %s decoded %v, colocated %v", seed, q.RID, D.emitted[q.RID], want[q.RID])
+		for c := range q.choices() {
+			k := choiceKey(q.RID, c)
+			if !slices.Equal(D.emitted[k], want[k]) {
+				t.Fatalf("seed %d: %s choice %d decoded %v, colocated %v", seed, q.RID, c, D.emitted[k], want[k])
+			}
+			if len(want[k]) == 0 {
+				t.Fatalf("seed %d: %s choice %d: colocated emitted nothing", seed, q.RID, c)
+			}
 		}
 	}
 	if f == (faults{}) && okCount != nReq {

@@ -272,8 +272,25 @@ func (m *Machine) startTransfer(r *req) {
 	m.emit(SendKVDone{Job: m.pin(r), Peer: r.Peer, Pages: r.pages[:np], Done: kvxfer.KVDone{RoomGen: r.roomGen(),
 		NChunks: r.chunks, NPages: uint32(np), NTokens: uint32(len(r.InputIDs)),
 		Binding:    kvxfer.BindKV(r.roomGen(), uint32(len(r.InputIDs)), hashes),
-		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob, CachedTokens: uint32(r.cachedTokens)}})
+		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob, CachedTokens: uint32(r.cachedTokens),
+		First: firstTokens(r)}})
 	m.record(r, "KV sent: %d pages in %d chunks%s", np, r.chunks, heldByDecode(r.peerCached))
 	m.resolveOptimistic(r, OptimisticSent)
 	m.setStage(r, StageTransferring, m.cfg.TransferTimeout, outcome.TimeoutTransfer)
+}
+
+// firstTokens is KV_DONE's tail for prefill request r: every choice's first
+// token with its top logprobs, for a request with N > 1 or top logprobs
+// (nil otherwise, so a plain request's frame is as before the tail
+// existed).
+func firstTokens(r *req) []kvxfer.FirstToken {
+	if r.choices() == 1 && r.Sampling.TopLogprobs == 0 {
+		return nil
+	}
+	out := make([]kvxfer.FirstToken, 0, 1+len(r.first.Forks))
+	out = append(out, kvxfer.FirstToken{Token: r.first.Token, Logprob: r.first.Logprob, Top: r.first.Top})
+	for _, f := range r.first.Forks {
+		out = append(out, kvxfer.FirstToken{Token: f.Token, Logprob: f.Logprob, Top: f.Top})
+	}
+	return out
 }

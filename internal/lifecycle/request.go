@@ -30,7 +30,32 @@ type Request struct {
 	PeerAddr string
 	// Timeout, if positive and below Config.MaxRequestTime, caps the request.
 	Timeout time.Duration
+	// N is the number of choices (1…model.MaxForks; 0 means 1). Prefill
+	// draws every choice's first token (fork i with model.ForkSeed(seed,
+	// i)) and sends them in KV_DONE; decode and colocated workers fork N
+	// sequences once the prompt's KV is complete: choice 0 is the request
+	// itself, the others share its prompt's full pages (reference counted)
+	// and each gets a private copy of the last, partial one (CopyKV).
+	N int
+	// ScorePrompt asks prefill and colocated workers for the prompt's
+	// logprobs (PromptLogprobs on Finalize, and on a colocated Emit before
+	// the first token), each with PromptTop alternatives. Such a request
+	// takes nothing from the prefix cache: its cached positions were never
+	// scored (vLLM skips the cache for prompt logprobs too).
+	ScorePrompt bool
+	PromptTop   int
+	// Priority orders the requests waiting to start when
+	// Config.PriorityScheduling is set: lower first, then by arrival; and
+	// the highest value is preempted first.
+	Priority int
 }
+
+// choices is q's number of choices (N, at least 1).
+func (q *Request) choices() int { return max(1, q.N) }
+
+// promptOnly reports a request that generates nothing (MaxTokens 0): it
+// computes its prompt (scoring it with ScorePrompt) and ends.
+func (q *Request) promptOnly() bool { return q.MaxTokens == 0 }
 
 // req is one request the machine admitted, from Arrive until finish.
 //
@@ -143,9 +168,35 @@ type req struct {
 	prefillSide
 	decodeSide
 
+	// choice is the choice this sequence generates (0 for the request
+	// itself); group, for a request with N > 1 on decode and colocated
+	// workers, holds its choices once forked (and before: the request
+	// alone). forkPages are the pages reserved at admission for choices
+	// 1…N−1, handed out when they fork.
+	choice    int
+	group     *group
+	forkPages []kvcache.PageID
+	// scores (ScorePrompt, prefill and colocated) are the prompt's
+	// logprobs as the forward computes them: scores[j] for prompt token j
+	// (scores[0] stays zero: nothing precedes it).
+	scores []model.PositionLogprobs
+
 	stageTime [numStages]time.Duration
 	history   []HistoryEntry
 	hpos      int
+}
+
+// group is the choices of one request with N > 1 (decode, colocated): the
+// request itself (members[0], the one in Machine.reqs and rooms) and its
+// forks. A choice ends alone when it finishes (stop, length, a stop string
+// the front end matched); the request ends, with one Finalize, when the
+// last one does, or at once, for all of them, on any failure or abort.
+type group struct {
+	members []*req
+	// live counts the members not yet ended; outputs the output tokens of
+	// those that ended.
+	live    int
+	outputs int
 }
 
 // link is a request's room on the KV channel: prefill and decode roles.
@@ -172,7 +223,8 @@ type prefillSide struct {
 	peerCached int
 	chunks     uint32 // KV_CHUNKs sent (the next one's Seq)
 	// first is the token sampled after the prompt, sent in KV_DONE (set
-	// when the prompt's KV is complete: parked, transferring).
+	// when the prompt's KV is complete: parked, transferring), with the
+	// first tokens of choices 1…N−1 in first.Forks.
 	first model.SeqOutput
 	// opt is the request's optimistic prefill, if it had one.
 	opt optState

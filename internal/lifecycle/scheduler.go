@@ -1,7 +1,9 @@
 package lifecycle
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
@@ -27,11 +29,12 @@ func (m *Machine) schedule() {
 	add := func(r *req, in model.SeqInput) {
 		r.inBatch = true
 		entries = append(entries, batchEntry{r: r, gen: r.Gen, tokens: len(in.Tokens)})
-		seqs = append(seqs, BatchSeq{RID: r.RID, Input: in})
+		seqs = append(seqs, BatchSeq{RID: r.RID, Choice: r.choice, Input: in})
 	}
+	waiting := m.waitOrder()
 	if m.cfg.Role != RolePrefill {
 		running := m.stageCount[StageDecoding]
-		for _, r := range m.queue {
+		for _, r := range waiting {
 			if r.stage == StageQueued && running < m.cfg.MaxRunning {
 				m.setStage(r, StageDecoding, 0, outcome.None)
 				running++
@@ -45,8 +48,7 @@ func (m *Machine) schedule() {
 				continue // preempted, or no page to take this step
 			}
 			last := r.outputs[len(r.outputs)-1]
-			add(r, model.SeqInput{Pages: r.pages, Pos: len(r.InputIDs) + len(r.outputs) - 1,
-				Tokens: []int32{last}, Sample: true, Sampling: r.Sampling, Step: len(r.outputs), Ban: r.banAt(len(r.outputs))})
+			add(r, m.input(r, len(r.InputIDs)+len(r.outputs)-1, []int32{last}, true))
 			decodeSeqs++
 		}
 	}
@@ -64,8 +66,18 @@ func (m *Machine) schedule() {
 		toks := r.prefillTokens()
 		n := min(len(toks)-r.computed, budget)
 		end := r.computed + n
-		add(r, model.SeqInput{Pages: r.pages, Pos: r.computed, Tokens: toks[r.computed:end],
-			Sample: end == len(toks) && len(r.outputs) == 0, Sampling: r.Sampling, Step: 0, Ban: r.banAt(0)})
+		in := m.input(r, r.computed, toks[r.computed:end], end == len(toks) && len(r.outputs) == 0 && !r.promptOnly())
+		if r.scores != nil && len(r.outputs) == 0 {
+			// Prompt logprobs: after token j the next prompt token's.
+			in.Score, in.ScoreTop = make([]int32, n), r.PromptTop
+			for j := range in.Score {
+				in.Score[j] = -1
+				if next := r.computed + j + 1; next < len(r.InputIDs) {
+					in.Score[j] = r.InputIDs[next]
+				}
+			}
+		}
+		add(r, in)
 		budget -= n
 		prefillTokens += n
 	}
@@ -93,7 +105,7 @@ func (m *Machine) schedule() {
 		passes = []pass{{StageWaiting, true}, {StageWaiting, false}}
 	}
 	for _, ps := range passes {
-		for _, r := range m.queue {
+		for _, r := range waiting {
 			if budget <= 0 || full() {
 				break
 			}
@@ -102,9 +114,12 @@ func (m *Machine) schedule() {
 			}
 			need, toks := m.admitPages(r.Request), r.InputIDs
 			if ps.stage == StagePreempted {
-				need, toks = m.pagesFor(len(r.InputIDs)+len(r.outputs)), r.prefillTokens()
+				need, toks = m.pagesFor(len(r.InputIDs)+len(r.outputs))+m.forksToReserve(r), r.prefillTokens()
 			}
 			limit := m.computeLimit(len(toks))
+			if r.scores != nil && len(r.outputs) == 0 {
+				limit = 0 // its prompt's logprobs: every position is computed
+			}
 			hit, ok := m.admitAlloc(r, need, toks, limit)
 			for !ok && m.cfg.Role == RolePrefill {
 				v := m.newestUnbound()
@@ -173,6 +188,66 @@ func (m *Machine) schedule() {
 	m.emit(RunBatch{Seqs: seqs, PrefillTokens: prefillTokens, DecodeSeqs: decodeSeqs, CachedTokens: cachedTokens, Queues: q})
 }
 
+// input is the forward input of r computing toks at positions pos…, and
+// sampling after the last of them if sample is set: the output token
+// len(r.outputs), with what the request's sampling needs (its history for
+// penalties, its choices on the first step of an n > 1 request).
+func (m *Machine) input(r *req, pos int, toks []int32, sample bool) model.SeqInput {
+	in := model.SeqInput{Pages: r.pages, Pos: pos, Tokens: toks, Sample: sample, Sampling: r.Sampling}
+	if !sample {
+		return in
+	}
+	step := len(r.outputs)
+	in.Step, in.Ban = step, r.banAt(step)
+	if r.Sampling.NeedsHistory() {
+		in.Prompt, in.Output = r.InputIDs, r.outputs
+	}
+	if step == 0 && r.group == nil && r.choices() > 1 {
+		in.Forks = r.choices()
+	}
+	return in
+}
+
+// forksToReserve is how many pages r must hold for its other choices
+// (forkPages) on admission: N − 1 while a decode or colocated request with
+// N > 1 has not forked, else 0.
+func (m *Machine) forksToReserve(r *req) int {
+	if m.cfg.Role == RolePrefill || r.promptOnly() || r.group != nil || len(r.outputs) > 0 {
+		return 0
+	}
+	return r.choices() - 1
+}
+
+// promptDone takes colocated request r, whose prompt's KV is complete, to
+// its first token out: its prompt logprobs go out first, a prompt-only
+// request ends, and one with N > 1 choices forks.
+func (m *Machine) promptDone(r *req, out model.SeqOutput) {
+	if r.scores != nil {
+		m.emit(Emit{RID: r.RID, Prompt: r.scores})
+	}
+	if r.promptOnly() {
+		m.finish(r, outcome.OK, "", "length")
+		return
+	}
+	m.firstTokens(r, out)
+}
+
+// firstTokens gives r its first output token (first) and, for a request
+// with N > 1, forks its other choices with theirs (first.Forks).
+func (m *Machine) firstTokens(r *req, first model.SeqOutput) {
+	if r.choices() == 1 {
+		m.appendOutput(r, sampled(first))
+		return
+	}
+	m.fork(r, first)
+}
+
+// sampled is t without what a forward adds beside the token (forks, prompt
+// scores): what a choice's output holds.
+func sampled(t model.SeqOutput) model.SeqOutput {
+	return model.SeqOutput{Token: t.Token, Logprob: t.Logprob, Top: t.Top}
+}
+
 // grow gives a decoding request the page its next token needs, preempting
 // the newest holders of pages (never an older request for a newer one)
 // until one is free; r itself may be the one preempted. It reports whether
@@ -204,12 +279,34 @@ func (m *Machine) newestHolder() *req {
 	for _, r := range m.queue {
 		switch r.stage {
 		case StageDecoding, StageQueued, StagePrefilling:
-			if len(r.pages) > 0 && r.pins == 0 && !r.inBatch && (v == nil || r.admitted > v.admitted) {
+			if len(r.pages) > 0 && r.pins == 0 && !r.inBatch && (v == nil || m.preemptsBefore(r, v)) {
 				v = r
 			}
 		}
 	}
 	return v
+}
+
+// preemptsBefore reports whether r loses its pages before v: the newer
+// admission first, and with PriorityScheduling the higher Priority value
+// (the less urgent) before that.
+func (m *Machine) preemptsBefore(r, v *req) bool {
+	if m.cfg.PriorityScheduling && r.Priority != v.Priority {
+		return r.Priority > v.Priority
+	}
+	return r.admitted > v.admitted
+}
+
+// waitOrder is the order in which requests waiting to start are taken: the
+// queue's (arrival), or with PriorityScheduling by Priority, lower first,
+// then by arrival (a stable sort of a copy).
+func (m *Machine) waitOrder() []*req {
+	if !m.cfg.PriorityScheduling {
+		return m.queue
+	}
+	out := slices.Clone(m.queue)
+	slices.SortStableFunc(out, func(a, b *req) int { return cmp.Compare(a.Priority, b.Priority) })
+	return out
 }
 
 // newestUnreadyParked is the most recently admitted prefill request parked
@@ -247,6 +344,10 @@ func (m *Machine) preempt(r *req) {
 	}
 	m.free(r.pages)
 	r.pages = nil
+	if len(r.forkPages) > 0 {
+		m.free(r.forkPages)
+		r.forkPages = nil
+	}
 	r.computed = 0
 	r.preemptions++
 	m.counters.Preemptions++
@@ -281,6 +382,14 @@ func (m *Machine) batchDone(e BatchDone) {
 		switch r.stage {
 		case StagePrefilling:
 			before := r.computed
+			if r.scores != nil && len(r.outputs) == 0 {
+				for j, sc := range out.Scores {
+					if next := before + j + 1; next < len(r.scores) {
+						r.scores[next] = sc
+					}
+				}
+			}
+			out.Scores = nil
 			r.computed += b.tokens
 			done := r.computed == len(r.prefillTokens())
 			if m.cfg.Role == RolePrefill {
@@ -297,9 +406,13 @@ func (m *Machine) batchDone(e BatchDone) {
 				if done {
 					m.setStage(r, StageDecoding, 0, outcome.None)
 					if len(r.outputs) == 0 {
-						m.appendOutput(r, out)
+						m.promptDone(r, out)
 					}
 				}
+				continue
+			}
+			if done && r.promptOnly() {
+				m.finish(r, outcome.OK, "", "length")
 				continue
 			}
 			if r.ready {

@@ -163,9 +163,12 @@ type RequestInfo struct {
 	Pages        int     `json:"pages"`
 	// Optimistic (prefill): its KV is computed before decode's ROOM_OPEN
 	// and not yet bound to the room.
-	Optimistic bool           `json:"optimistic,omitempty"`
-	LastEvent  string         `json:"last_event"`
-	History    []HistoryEntry `json:"history,omitempty"`
+	Optimistic bool `json:"optimistic,omitempty"`
+	// Choice is the choice this entry generates, for a request with n > 1
+	// (each choice is listed, under the request's rid).
+	Choice    int            `json:"choice,omitempty"`
+	LastEvent string         `json:"last_event"`
+	History   []HistoryEntry `json:"history,omitempty"`
 }
 
 func (m *Machine) info(r *req, now time.Time, history bool) RequestInfo {
@@ -179,6 +182,7 @@ func (m *Machine) info(r *req, now time.Time, history bool) RequestInfo {
 		OutputTokens: len(r.outputs),
 		Pages:        len(r.pages),
 		Optimistic:   r.opt.unbound,
+		Choice:       r.choice,
 	}
 	if !r.Room.IsZero() {
 		ri.Room = r.Room.String()

@@ -38,7 +38,7 @@ import (
 //	connect                                  open the KV connection (both sides hear PeerUp)
 //	disconnect [err=TEXT]                    lose it: frames in flight are lost, both hear PeerLost
 //	arrive <node> rid=R [room=NAME] [gen=G] (prompt=N | tokens=(..)) [max_tokens=M]
-//	       [ignore_eos] [stop=(..)] [timeout=DUR] [peer=ID]
+//	       [ignore_eos] [stop=(..)] [timeout=DUR] [n=N] [top_logprobs=K] [peer=ID]
 //	                                         a request over HTTP; the room defaults to the rid
 //	abort <node> [rid=R] [room=NAME] [gen=G] [reason=client|stop|peer-leg] [detail=TEXT]
 //	      [cause=(outcome, role, stage)]     the abort API; the input text is the cause's detail
@@ -160,7 +160,8 @@ func (w *world) run(t *testing.T, td *datadriven.TestData) string {
 		n := w.node(a.first())
 		q := Request{RID: a.str("rid", ""), Gen: uint32(a.int("gen", 1)), MaxTokens: a.int("max_tokens", 4),
 			Sampling: model.SamplingParams{TopP: 1}, IgnoreEOS: td.HasArg("ignore_eos"),
-			Peer: kvxfer.PeerID(a.int("peer", 0)), Timeout: a.durOr("timeout", 0)}
+			Peer: kvxfer.PeerID(a.int("peer", 0)), Timeout: a.durOr("timeout", 0), N: a.int("n", 0)}
+		q.Sampling.TopLogprobs = a.int("top_logprobs", 0)
 		if td.HasArg("tokens") {
 			q.InputIDs = a.int32s("tokens")
 		} else {

@@ -505,6 +505,9 @@ func (w *world) step(n *node, ev Event) {
 			}
 		case Send:
 			w.send(n, x.Peer, x.Msg)
+		case CopyKV:
+			w.checkPrivate(n, x.Dst, n.owner(x.Dst), "a fork's copy")
+			n.data[x.Dst] = append([]byte(nil), n.page(x.Src)...)
 		case SendKV, SendKVDone, WriteKV, VerifyKV:
 			due := w.now
 			if w.ioDelay != nil {
@@ -515,8 +518,9 @@ func (w *world) step(n *node, ev Event) {
 			if _, done := n.finals[x.RID]; done {
 				w.fatalf("%s: tokens emitted for %s after it ended", n.name, x.RID)
 			}
+			key := choiceKey(x.RID, x.Choice)
 			for _, tok := range x.Tokens {
-				n.emitted[x.RID] = append(n.emitted[x.RID], tok.Token)
+				n.emitted[key] = append(n.emitted[key], tok.Token)
 			}
 		case Finalize:
 			if _, dup := n.finals[x.RID]; dup {
@@ -619,9 +623,14 @@ func (w *world) forward(n *node, b *RunBatch) []model.SeqOutput {
 	out := make([]model.SeqOutput, len(b.Seqs))
 	for i, s := range b.Seqs {
 		in := s.Input
-		r := n.m.reqs[s.RID]
+		var r *req
+		for _, q := range n.m.queue {
+			if q.RID == s.RID && q.choice == s.Choice && (q.stage != StageDone || q.inBatch) {
+				r = q
+			}
+		}
 		for d := range n.m.draining {
-			if d.RID == s.RID {
+			if d.RID == s.RID && d.choice == s.Choice {
 				r = d
 			}
 		}
@@ -657,8 +666,33 @@ func (w *world) forward(n *node, b *RunBatch) []model.SeqOutput {
 			for p := 0; p < (total+ps-1)/ps; p++ {
 				h.Write(n.data[in.Pages[p]])
 			}
-			fmt.Fprintf(h, "/%d", in.Step)
-			out[i] = model.SeqOutput{Token: int32(1 + h.Sum64()%99), Logprob: -0.5}
+			draw := func(seed uint64) model.SeqOutput {
+				h := fnv.New64a()
+				for p := 0; p < (total+ps-1)/ps; p++ {
+					h.Write(n.data[in.Pages[p]])
+				}
+				fmt.Fprintf(h, "/%d", in.Step)
+				if seed != 0 {
+					fmt.Fprintf(h, "/%d", seed) // the choices of an n > 1 request draw apart
+				}
+				t := model.SeqOutput{Token: int32(1 + h.Sum64()%99), Logprob: -0.5}
+				for k := range in.Sampling.TopLogprobs {
+					t.Top = append(t.Top, model.TokenLogprob{ID: int32(k), Logprob: -float32(k)})
+				}
+				return t
+			}
+			out[i] = draw(in.Sampling.Seed)
+			for f := 1; f < in.Forks; f++ {
+				out[i].Forks = append(out[i].Forks, draw(model.ForkSeed(in.Sampling.Seed, f)))
+			}
+		}
+		if in.Score != nil {
+			out[i].Scores = make([]model.PositionLogprobs, len(in.Score))
+			for j, target := range in.Score {
+				if target >= 0 {
+					out[i].Scores[j] = model.PositionLogprobs{Token: model.TokenLogprob{ID: target, Logprob: -float32(in.Pos + j)}, Rank: 1}
+				}
+			}
 		}
 	}
 	return out
@@ -788,10 +822,14 @@ func (w *world) printEffect(n *node, e Effect) {
 			if in.Sample {
 				sample = " sample"
 			}
+			if in.Forks > 1 {
+				sample += fmt.Sprintf(" forks=%d", in.Forks)
+			}
+			rid := choiceKey(s.RID, s.Choice)
 			if in.Step > 0 {
-				w.say(n, "  %s decode pos=%d step=%d pages=%v", s.RID, in.Pos, in.Step, in.Pages)
+				w.say(n, "  %s decode pos=%d step=%d pages=%v", rid, in.Pos, in.Step, in.Pages)
 			} else {
-				w.say(n, "  %s prefill [%d,%d) pages=%v%s", s.RID, in.Pos, in.Pos+len(in.Tokens), in.Pages, sample)
+				w.say(n, "  %s prefill [%d,%d) pages=%v%s", rid, in.Pos, in.Pos+len(in.Tokens), in.Pages, sample)
 			}
 		}
 	case CancelBatch:
@@ -801,7 +839,17 @@ func (w *world) printEffect(n *node, e Effect) {
 	case SendKV:
 		w.say(n, "job %d: send-kv %s seq=%d pages=%d+%d %v", x.Job, w.rg(x.RoomGen), x.Seq, x.FirstPage, len(x.Pages), x.Pages)
 	case SendKVDone:
-		w.say(n, "job %d: send-kv-done %s chunks=%d pages=%v first=%d", x.Job, w.rg(x.Done.RoomGen), x.Done.NChunks, x.Pages, x.Done.FirstToken)
+		first := fmt.Sprint(x.Done.FirstToken)
+		if len(x.Done.First) > 1 {
+			ids := make([]int32, len(x.Done.First))
+			for i, f := range x.Done.First {
+				ids[i] = f.Token
+			}
+			first = "(" + joinInts(ids) + ")"
+		}
+		w.say(n, "job %d: send-kv-done %s chunks=%d pages=%v first=%s", x.Job, w.rg(x.Done.RoomGen), x.Done.NChunks, x.Pages, first)
+	case CopyKV:
+		w.say(n, "copy-kv page %d -> %d", x.Src, x.Dst)
 	case WriteKV:
 		w.say(n, "job %d: write-kv pages=%v bytes=%d", x.Job, x.Pages, len(x.Data))
 	case VerifyKV:
@@ -811,7 +859,14 @@ func (w *world) printEffect(n *node, e Effect) {
 		for i, t := range x.Tokens {
 			toks[i] = fmt.Sprint(t.Token)
 		}
-		w.say(n, "emit %s %s", x.RID, strings.Join(toks, " "))
+		line := "emit " + choiceKey(x.RID, x.Choice)
+		if len(toks) > 0 {
+			line += " " + strings.Join(toks, " ")
+		}
+		if x.Finish != "" {
+			line += " (choice " + x.Finish + ")"
+		}
+		w.say(n, "%s", line)
 	case Finalize:
 		var st []string
 		for s := StageNone; s < numStages; s++ {
@@ -930,10 +985,16 @@ func (w *world) requestArgs(n *node, q Request) string {
 	if q.Timeout > 0 {
 		fmt.Fprintf(&b, " timeout=%s", q.Timeout)
 	}
+	if q.N > 1 {
+		fmt.Fprintf(&b, " n=%d", q.N)
+	}
+	if q.Sampling.TopLogprobs > 0 {
+		fmt.Fprintf(&b, " top_logprobs=%d", q.Sampling.TopLogprobs)
+	}
 	if n.role == RoleDecode && q.Peer != w.peerOf(n) || n.role != RoleDecode && q.Peer != 0 {
 		fmt.Fprintf(&b, " peer=%d", q.Peer)
 	}
-	if !reflect.DeepEqual(q.Sampling, model.SamplingParams{TopP: 1}) || (n.role == RoleDecode && q.PeerAddr != "prefill") ||
+	if !reflect.DeepEqual(q.Sampling, model.SamplingParams{TopP: 1, TopLogprobs: q.Sampling.TopLogprobs}) || q.N == 1 || (n.role == RoleDecode && q.PeerAddr != "prefill") ||
 		(n.role != RoleDecode && q.PeerAddr != "") {
 		w.fatalf("the recorder cannot write request %+v", q)
 	}
@@ -999,4 +1060,13 @@ func configArgs(cfg Config) (string, bool) {
 		}
 	}
 	return b.String(), reflect.DeepEqual(base, cfg)
+}
+
+// choiceKey names choice c of request rid in node.emitted: the rid for
+// choice 0, rid#c for the others.
+func choiceKey(rid string, c int) string {
+	if c == 0 {
+		return rid
+	}
+	return fmt.Sprintf("%s#%d", rid, c)
 }

@@ -28,7 +28,12 @@ func NewBatchCheck(pages int) *BatchCheck {
 }
 
 // Check validates a batch of seqs with nOut outputs on pool for a model
-// with info's geometry, context length and vocabulary. A sequence's error
+// with info's geometry, context length and vocabulary: besides positions,
+// tokens and pages, a sequence's Forks (0…MaxForks), ScoreTop
+// (0…MaxLogprobs) and Score (nil, or one target per token, each −1 or in
+// the vocabulary), and for a sampling sequence its parameters (Validate,
+// TopP 0 read as 1) and the token ids they name (in the vocabulary). A
+// sequence's error
 // reads "seq I: …"; the caller prefixes its package. Each sequence covers
 // its first pool.PagesFor(Pos+len(Tokens)) pages and writes those from
 // Pos/PageSize on.
@@ -69,6 +74,9 @@ func (c *BatchCheck) Check(pool *kvcache.Pool, info Info, seqs []SeqInput, nOut 
 				return seqErr(i, "page %d outside the pool's pages [0, %d)", id, total)
 			}
 		}
+		if err := checkScores(s, V); err != nil {
+			return seqErr(i, "%v", err)
+		}
 		if s.Sample {
 			p := s.Sampling
 			if p.TopP == 0 {
@@ -77,9 +85,39 @@ func (c *BatchCheck) Check(pool *kvcache.Pool, info Info, seqs []SeqInput, nOut 
 			if err := p.Validate(); err != nil {
 				return seqErr(i, "%v", err)
 			}
+			bad := int32(-1)
+			p.TokenIDs(func(id int32) bool {
+				if int(id) >= V {
+					bad = id
+					return false
+				}
+				return true
+			})
+			if bad >= 0 {
+				return seqErr(i, "sampling names token %d, outside the vocabulary [0, %d)", bad, V)
+			}
 		}
 	}
 	return c.aliasing(pool, seqs)
+}
+
+// checkScores validates s's forks and prompt-logprob fields for a
+// vocabulary of V tokens.
+func checkScores(s *SeqInput, V int) error {
+	switch {
+	case s.Forks < 0 || s.Forks > MaxForks:
+		return fmt.Errorf("forks must be in [0, %d], got %d", MaxForks, s.Forks)
+	case s.ScoreTop < 0 || s.ScoreTop > MaxLogprobs:
+		return fmt.Errorf("score top must be in [0, %d], got %d", MaxLogprobs, s.ScoreTop)
+	case s.Score != nil && len(s.Score) != len(s.Tokens):
+		return fmt.Errorf("%d score targets for %d tokens", len(s.Score), len(s.Tokens))
+	}
+	for j, t := range s.Score {
+		if t < -1 || int(t) >= V {
+			return fmt.Errorf("score target %d at index %d is neither -1 nor in [0, %d)", t, j, V)
+		}
+	}
+	return nil
 }
 
 func seqErr(i int, format string, args ...any) error {

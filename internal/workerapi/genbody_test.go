@@ -161,3 +161,47 @@ func FuzzParseGenerateBody(f *testing.F) {
 		}
 	})
 }
+
+// TestExtendedBody: a leg that uses the later fields (choices, logprobs,
+// logit processors, prompt logprobs, priority, timeout) is written as
+// json.Marshal writes it and reads back whole, and names the features its
+// worker needs.
+func TestExtendedBody(t *testing.T) {
+	three := 3
+	b := GenerateBody{RID: "r", Room: "00ff", Gen: 1, InputIDs: []int32{1, 2}, MaxTokens: 8, N: 4, PromptLogprobs: &three,
+		Priority: -2, TimeoutMS: 1500,
+		SamplingParams: model.SamplingParams{Temperature: 0.5, TopP: 1, Seed: 3, MinP: 0.1, PresencePenalty: 0.5,
+			FrequencyPenalty: -0.5, RepetitionPenalty: 1.2, LogitBias: []model.LogitBias{{ID: 1, Bias: -100}, {ID: 7, Bias: 2.5}},
+			AllowedTokenIDs: []int32{1, 2, 7}, BadWords: [][]int32{{4}, {5, 6}}, TopLogprobs: 5, LogprobsMode: model.LogprobsProcessed}}
+	checkAppendJSON(t, b)
+	data, err := b.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got GenerateBody
+	if err := got.UnmarshalJSON(data); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, b) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, b)
+	}
+	want := []string{FeatureLogprobs, FeatureChoices, FeaturePromptLogprobs, FeatureLogitProcessors, FeaturePriority, FeatureTimeout}
+	if f := FeaturesOf(&b); !reflect.DeepEqual(f, want) {
+		t.Fatalf("FeaturesOf = %v, want %v", f, want)
+	}
+	for _, f := range want {
+		found := false
+		for _, g := range Features() {
+			found = found || g == f
+		}
+		if !found {
+			t.Fatalf("this build's workers do not list %q", f)
+		}
+	}
+	if f := FeaturesOf(&GenerateBody{MaxTokens: 1, SamplingParams: model.SamplingParams{RepetitionPenalty: 1}}); f != nil {
+		t.Fatalf("a first-version body needs %v", f)
+	}
+	if f := FeaturesOf(&GenerateBody{MaxTokens: 0}); !reflect.DeepEqual(f, []string{FeaturePromptLogprobs}) {
+		t.Fatalf("a prompt-only leg needs %v", f)
+	}
+}

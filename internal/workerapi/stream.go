@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 )
@@ -14,12 +15,27 @@ import (
 // [PathGenerate]. Lines carry tokens; the last line carries FinishReason
 // (with usage) or Error (with the HTTP status the leg would have answered).
 // A last line may carry tokens too: they came before the end.
+//
+// A request with n > 1 choices: each line carries tokens of one choice
+// (Index); a choice's end is a line with its FinishReason and More set
+// (others go on), the last line the one without More.
 type StreamLine struct {
-	TokenIDs     []int32   `json:"token_ids,omitempty"`
-	Logprobs     []float32 `json:"logprobs,omitempty"`
-	FinishReason string    `json:"finish_reason,omitempty"`
-	PromptTokens int       `json:"prompt_tokens,omitempty"`
-	OutputTokens int       `json:"completion_tokens,omitempty"`
+	TokenIDs []int32   `json:"token_ids,omitempty"`
+	Logprobs []float32 `json:"logprobs,omitempty"`
+	// Index is the choice of the line's tokens and FinishReason.
+	Index int `json:"index,omitempty"`
+	// TopLogprobs, when the request asks for them, holds each token's most
+	// likely alternatives (TopLogprobs[i] for TokenIDs[i]).
+	TopLogprobs [][]model.TokenLogprob `json:"top_logprobs,omitempty"`
+	// PromptLogprobs (a colocated leg asking for them) is on the first
+	// line: one entry per prompt token, the first empty.
+	PromptLogprobs []model.PositionLogprobs `json:"prompt_logprobs,omitempty"`
+	FinishReason   string                   `json:"finish_reason,omitempty"`
+	// More, with FinishReason, says only choice Index ended: the stream
+	// goes on.
+	More         bool `json:"more,omitempty"`
+	PromptTokens int  `json:"prompt_tokens,omitempty"`
+	OutputTokens int  `json:"completion_tokens,omitempty"`
 	// CachedTokens (last line) is how many prompt tokens the serving
 	// workers did not compute because their prefix cache held the KV
 	// (lifecycle.Finalize.CachedTokens): usage.prompt_tokens_details.cached_tokens.
@@ -32,7 +48,7 @@ type StreamLine struct {
 // the tokens of line (which came before the failure).
 func ErrorLine(line StreamLine, e *Error) StreamLine {
 	b := e.Body()
-	line.Error, line.Status, line.FinishReason = &b.Error, e.Status, ""
+	line.Error, line.Status, line.FinishReason, line.More = &b.Error, e.Status, "", false
 	return line
 }
 
@@ -42,7 +58,8 @@ func ErrorLine(line StreamLine, e *Error) StreamLine {
 // uses it on lines read from a worker, the colocated worker on its own
 // lines in process. A logprob missing for a token is 0.
 func (l *StreamLine) Decode() (openai.Chunk, *Error) {
-	c := openai.Chunk{FinishReason: l.FinishReason, CachedTokens: l.CachedTokens}
+	c := openai.Chunk{Index: l.Index, FinishReason: l.FinishReason, Done: l.FinishReason != "" && !l.More,
+		CachedTokens: l.CachedTokens, PromptLogprobs: l.PromptLogprobs}
 	if len(l.TokenIDs) > 0 {
 		c.Tokens = make([]openai.Token, len(l.TokenIDs))
 		for i, id := range l.TokenIDs {
@@ -50,12 +67,15 @@ func (l *StreamLine) Decode() (openai.Chunk, *Error) {
 			if i < len(l.Logprobs) {
 				c.Tokens[i].Logprob = l.Logprobs[i]
 			}
+			if i < len(l.TopLogprobs) {
+				c.Tokens[i].Top = l.TopLogprobs[i]
+			}
 		}
 	}
 	if l.Error == nil {
 		return c, nil
 	}
-	c.FinishReason = ""
+	c.FinishReason, c.Done = "", false
 	o := l.Error
 	status := l.Status
 	if status < 400 || status > 599 {

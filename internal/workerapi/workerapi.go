@@ -123,6 +123,34 @@ type GenerateBody struct {
 	// Buffered asks a decode or colocated leg to send its tokens in one line
 	// at the end rather than as they come (the caller reads them only then).
 	Buffered bool `json:"buffered,omitempty"`
+
+	// The fields below (and SamplingParams' logit processors and logprob
+	// settings) came after the first version of the leg body: a router sends
+	// a request that uses one only to workers that list its feature
+	// (Info.Features, FeaturesOf).
+
+	// N is the number of choices (0 or 1: one).
+	N int `json:"n,omitempty"`
+	// PromptLogprobs, if set, asks for the prompt's logprobs with that many
+	// alternatives per position (prefill and colocated legs). MaxTokens 0
+	// with no room is a prompt-only request on a prefill or colocated leg.
+	PromptLogprobs *int `json:"prompt_logprobs,omitempty"`
+	// Priority orders waiting requests on workers started with
+	// --scheduling-policy priority (lower first).
+	Priority int `json:"priority,omitempty"`
+	// TimeoutMS, if positive, is the request's own deadline in
+	// milliseconds from the leg's arrival (capped by --max-request-time).
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// extended reports whether b uses a field that came after the first
+// version of the leg body (which AppendJSON and the fast parser write and
+// read; bodies that use more go through encoding/json).
+func (b *GenerateBody) extended() bool {
+	p := &b.SamplingParams
+	return b.N != 0 || b.PromptLogprobs != nil || b.Priority != 0 || b.TimeoutMS != 0 ||
+		p.MinP != 0 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.RepetitionPenalty != 0 ||
+		p.LogitBias != nil || p.AllowedTokenIDs != nil || p.BadWords != nil || p.TopLogprobs != 0 || p.LogprobsMode != 0
 }
 
 // UnmarshalJSON decodes a leg body, giving an absent or zero top_p its
@@ -151,6 +179,19 @@ type PrefillResult struct {
 	PromptTokens int     `json:"prompt_tokens"`
 	FirstToken   int32   `json:"first_token"`
 	FirstLogprob float32 `json:"first_logprob"`
+	// PromptLogprobs (the leg's prompt_logprobs) holds one entry per
+	// prompt token, the first empty; logprobs below −9999 are −9999.
+	PromptLogprobs []model.PositionLogprobs `json:"prompt_logprobs,omitempty"`
+	// CachedTokens is how many prompt tokens prefill took from its prefix
+	// cache (a prompt-only request's usage: it has no decode leg).
+	CachedTokens int `json:"cached_tokens,omitempty"`
+}
+
+// MaxPrefillBytes bounds the prefill answer of a request with a prompt of
+// promptTokens tokens asking top prompt logprobs per position: what a
+// router reads of it.
+func MaxPrefillBytes(promptTokens, top int) int64 {
+	return MaxLineBytes + int64(promptTokens)*int64(1+top)*64
 }
 
 // AbortReason says why a leg is aborted through [PathAbort]. It crosses the
@@ -204,6 +245,9 @@ func (r *AbortReason) UnmarshalText(b []byte) error {
 // any). Detail says why, for people (at most MaxDetailBytes). Cause, for
 // AbortPeer, is the failing leg's first failure as the router saw it: the
 // aborted leg ends with aborted_peer carrying it, and tells its KV peer.
+//
+// Choice, with reason stop, ends only that choice of a request with n > 1
+// (a stop string matched in it); the others go on.
 type AbortBody struct {
 	RID    string        `json:"rid,omitempty"`
 	Room   string        `json:"room,omitempty"`
@@ -211,6 +255,7 @@ type AbortBody struct {
 	Reason AbortReason   `json:"reason"`
 	Detail string        `json:"detail,omitempty"`
 	Cause  outcome.Cause `json:"cause,omitzero"`
+	Choice *int          `json:"choice,omitempty"`
 }
 
 // Check reports a field over its size limit.
@@ -250,12 +295,65 @@ type Info struct {
 	Features []string `json:"features,omitempty"`
 }
 
-// FeatureMinTokens: the worker honours GenerateBody.MinTokens.
-const FeatureMinTokens = "min_tokens"
+// Features a worker lists in Info: the leg fields it honours beyond the
+// first version of the leg body.
+const (
+	// FeatureMinTokens: GenerateBody.MinTokens.
+	FeatureMinTokens = "min_tokens"
+	// FeatureLogprobs: SamplingParams.TopLogprobs and LogprobsMode, top
+	// logprobs in stream lines and in KV_DONE's tail.
+	FeatureLogprobs = "logprobs"
+	// FeatureChoices: N > 1 (forks on decode, first tokens in KV_DONE's
+	// tail), stream lines with an index, and aborts of one choice.
+	FeatureChoices = "n"
+	// FeaturePromptLogprobs: PromptLogprobs, and prompt-only legs
+	// (MaxTokens 0) on prefill and colocated workers.
+	FeaturePromptLogprobs = "prompt_logprobs"
+	// FeatureLogitProcessors: SamplingParams' penalties, logit bias, min_p,
+	// allowed token ids and bad words.
+	FeatureLogitProcessors = "logit_processors"
+	// FeaturePriority: Priority (with --scheduling-policy priority).
+	FeaturePriority = "priority"
+	// FeatureTimeout: TimeoutMS.
+	FeatureTimeout = "timeout"
+)
 
 // Features returns the features this build's workers list in Info (a fresh
 // slice).
-func Features() []string { return []string{FeatureMinTokens} }
+func Features() []string {
+	return []string{FeatureMinTokens, FeatureLogprobs, FeatureChoices, FeaturePromptLogprobs, FeatureLogitProcessors,
+		FeaturePriority, FeatureTimeout}
+}
+
+// FeaturesOf lists the features a worker must have to serve leg b (nil for
+// a body of the first version).
+func FeaturesOf(b *GenerateBody) []string {
+	var out []string
+	p := &b.SamplingParams
+	if b.MinTokens != 0 {
+		out = append(out, FeatureMinTokens)
+	}
+	if p.TopLogprobs != 0 || p.LogprobsMode != 0 {
+		out = append(out, FeatureLogprobs)
+	}
+	if b.N > 1 {
+		out = append(out, FeatureChoices)
+	}
+	if b.PromptLogprobs != nil || b.MaxTokens == 0 {
+		out = append(out, FeaturePromptLogprobs)
+	}
+	if p.MinP != 0 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || (p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1) ||
+		len(p.LogitBias) > 0 || len(p.AllowedTokenIDs) > 0 || len(p.BadWords) > 0 {
+		out = append(out, FeatureLogitProcessors)
+	}
+	if b.Priority != 0 {
+		out = append(out, FeaturePriority)
+	}
+	if b.TimeoutMS != 0 {
+		out = append(out, FeatureTimeout)
+	}
+	return out
+}
 
 // Health statuses.
 const (

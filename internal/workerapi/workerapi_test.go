@@ -87,19 +87,22 @@ func TestErrorAnswerRoundTrip(t *testing.T) {
 // TestStreamLineDecode: the one decoder turns token lines into chunks, the
 // finish line into the finish reason, and an error line (for every
 // outcome, with the tokens that came before it) into the typed error.
-func TestStreamLineDecode(t *testing.T) {
-	roundTrip := func(t *testing.T, l StreamLine) StreamLine {
-		t.Helper()
-		b, err := json.Marshal(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out StreamLine
-		if err := json.Unmarshal(b, &out); err != nil {
-			t.Fatal(err)
-		}
-		return out
+// roundTrip encodes l as a worker writes it and reads it back as a router
+// does.
+func roundTrip(t *testing.T, l StreamLine) StreamLine {
+	t.Helper()
+	b, err := json.Marshal(l)
+	if err != nil {
+		t.Fatal(err)
 	}
+	out, err := ParseStreamLine(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestStreamLineDecode(t *testing.T) {
 	tokens := StreamLine{TokenIDs: []int32{7, 8}, Logprobs: []float32{-0.5, -1}}
 	wantToks := []openai.Token{{ID: 7, Logprob: -0.5}, {ID: 8, Logprob: -1}}
 	l := roundTrip(t, tokens)
@@ -302,4 +305,43 @@ func FuzzParseStreamLine(f *testing.F) {
 			t.Fatalf("%q: %+v, json.Unmarshal gives %+v", b, got, want)
 		}
 	})
+}
+
+// TestChoiceLines: lines of a request with n > 1 decode to chunks of their
+// choice; a choice's end with More set does not end the stream, the line
+// without it does; top logprobs and prompt logprobs come through.
+func TestChoiceLines(t *testing.T) {
+	top := [][]model.TokenLogprob{{{ID: 4, Logprob: -0.5}, {ID: 9, Logprob: -2}}}
+	prompt := []model.PositionLogprobs{{}, {Token: model.TokenLogprob{ID: 3, Logprob: -1}, Rank: 2}}
+	for _, tc := range []struct {
+		line      StreamLine
+		index     int
+		finish    string
+		done      bool
+		wantTop   bool
+		wantScore bool
+	}{
+		{StreamLine{TokenIDs: []int32{4}, Logprobs: []float32{-0.5}, Index: 2, TopLogprobs: top}, 2, "", false, true, false},
+		{StreamLine{Index: 1, FinishReason: "stop", More: true}, 1, "stop", false, false, false},
+		{StreamLine{Index: 1, FinishReason: "length", OutputTokens: 9}, 1, "length", true, false, false},
+		{StreamLine{PromptLogprobs: prompt}, 0, "", false, false, true},
+	} {
+		l := roundTrip(t, tc.line)
+		c, e := l.Decode()
+		if e != nil || c.Index != tc.index || c.FinishReason != tc.finish || c.Done != tc.done {
+			t.Fatalf("%+v decodes to %+v (%v)", tc.line, c, e)
+		}
+		if tc.wantTop && !cmp.Equal(c.Tokens[0].Top, top[0]) {
+			t.Fatalf("top logprobs %+v", c.Tokens)
+		}
+		if tc.wantScore && !cmp.Equal(c.PromptLogprobs, prompt) {
+			t.Fatalf("prompt logprobs %+v", c.PromptLogprobs)
+		}
+	}
+	// An error line of a choice ends the stream with the error only.
+	bad := ErrorLine(StreamLine{Index: 1, FinishReason: "stop", More: true}, NewError(outcome.PeerLost, "gone", outcome.Cause{}))
+	bl := roundTrip(t, bad)
+	if c, e := bl.Decode(); e == nil || c.Done || c.FinishReason != "" {
+		t.Fatalf("error line decodes to %+v, %v", c, e)
+	}
 }

@@ -28,9 +28,13 @@
 //     positions 0…n-1 give the sequence digest D = mix(Σ d_t·(2t+1) mod 2^64,
 //     n); the logits of 30 text tokens (lowercase letters, space, ".,'") and
 //     EOS are a hash of (D, token id) scaled to [0, 4), every other token's is
-//     −30. [model.Sample] turns them into a token, so temperature, top_p,
-//     top_k and seed behave as for any model; Step and the sampling
-//     parameters enter only there. A lost, misplaced or corrupted page changes
+//     −30. [model.SampleSeq] turns them into a token, so every sampling
+//     parameter (temperature, top_p, top_k, min_p, penalties, bias, bans,
+//     seed, forks, top logprobs) behaves as for any model; Step and the
+//     sampling parameters enter only there. Prompt logprobs (SeqInput.Score)
+//     at the position after Tokens[j] are [model.ScorePosition] of the
+//     logits of D for the first Pos+j+1 positions: exactly those a decode
+//     step there samples from. A lost, misplaced or corrupted page changes
 //     D; one changed byte in a filled slot always does, because an odd weight
 //     times a one-byte change is never 0 mod 2^64 and the mixes are
 //     bijections. Bytes of unfilled slots are never read.

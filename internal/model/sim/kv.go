@@ -270,6 +270,15 @@ func (m *Model) writeKV(pool *kvcache.Pool, c *poolCache, pages []kvcache.PageID
 // digests d_t weighted by (2t + 1), summed mod 2^64 (so one changed digest
 // always changes the sum), then mixed with n. It reads only filled slots.
 func (m *Model) seqDigest(pool *kvcache.Pool, c *poolCache, pages []kvcache.PageID, n int) uint64 {
+	return finishSeq(m.seqSum(pool, c, pages, n), n)
+}
+
+// finishSeq turns the weighted sum of n slot digests into D.
+func finishSeq(sum uint64, n int) uint64 { return mix64(sum ^ mix64(uint64(n)^saltLength)) }
+
+// seqSum is Σ d_t·(2t + 1) mod 2^64 over the first n positions of a
+// sequence, the sum in seqDigest.
+func (m *Model) seqSum(pool *kvcache.Pool, c *poolCache, pages []kvcache.PageID, n int) uint64 {
 	ps := pool.PageSize()
 	var sum uint64
 	full := n / ps
@@ -294,5 +303,5 @@ func (m *Model) seqDigest(pool *kvcache.Pool, c *poolCache, pages []kvcache.Page
 			sum += m.slot(pool, pd, id, s) * (2*uint64(t) + 1)
 		}
 	}
-	return mix64(sum ^ mix64(uint64(n)^saltLength))
+	return sum
 }

@@ -166,15 +166,48 @@ func (m *Model) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.Se
 	}
 	for i := range seqs {
 		s := &seqs[i]
+		var scores []model.PositionLogprobs
+		if s.Score != nil {
+			scores = m.score(pool, c, s)
+		}
 		if !s.Sample {
-			out[i] = model.SeqOutput{}
+			out[i] = model.SeqOutput{Scores: scores}
 			continue
 		}
 		m.fillLogits(m.seqDigest(pool, c, s.Pages, s.Pos+len(s.Tokens)))
-		tok, lp := model.SampleBan(m.logits, s.Sampling, s.Ban, s.Step, &m.scratch)
-		out[i] = model.SeqOutput{Token: tok, Logprob: lp}
+		out[i] = model.SampleSeq(m.logits, s, &m.scratch)
+		out[i].Scores = scores
 	}
 	return nil
+}
+
+// score returns the prompt logprobs s.Score asks for: entry j from the
+// logits after Tokens[j], those a decode step at position Pos+j+1 would
+// sample from (fillLogits of the digest of positions 0…Pos+j), computed
+// from one running sum of the slot digests. The KV of s is written.
+func (m *Model) score(pool *kvcache.Pool, c *poolCache, s *model.SeqInput) []model.PositionLogprobs {
+	scores := make([]model.PositionLogprobs, len(s.Tokens))
+	n := 0
+	for _, t := range s.Score {
+		if t >= 0 {
+			n++
+		}
+	}
+	top := make([]model.TokenLogprob, n*s.ScoreTop)
+	ps := pool.PageSize()
+	sum := m.seqSum(pool, c, s.Pages, s.Pos)
+	for j, target := range s.Score {
+		t := s.Pos + j
+		pd := c.page(pool, s.Pages[t/ps])
+		sum += m.slot(pool, pd, s.Pages[t/ps], t%ps) * (2*uint64(t) + 1)
+		if target < 0 {
+			continue
+		}
+		m.fillLogits(finishSeq(sum, t+1))
+		scores[j] = model.ScorePosition(m.logits, target, top[:s.ScoreTop:s.ScoreTop], &m.scratch)
+		top = top[s.ScoreTop:]
+	}
+	return scores
 }
 
 // fillLogits sets m.logits for sequence digest d.

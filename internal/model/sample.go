@@ -299,10 +299,14 @@ func topK(logits []float32, k int, scratch []int32) []int32 {
 	for i := k/2 - 1; i >= 0; i-- {
 		down(i)
 	}
-	for id := int32(k); int(id) < len(logits); id++ {
-		if before(logits, id, h[0]) {
-			h[0] = id
+	// Every id in the heap is below id, so id comes before the root
+	// exactly when its logit is higher.
+	worst := logits[h[0]]
+	for id := k; id < len(logits); id++ {
+		if l := logits[id]; l > worst {
+			h[0] = int32(id)
 			down(0)
+			worst = logits[h[0]]
 		}
 	}
 	slices.SortFunc(h, func(a, b int32) int { return cmpCandidates(logits, a, b) })

@@ -418,44 +418,81 @@ func ban(proc, logits []float32, in *SeqInput, sc *SampleScratch) bool {
 // ScorePosition returns the prompt logprobs of one position: target's
 // log-probability and rank under softmax of logits ([vocab], the model's
 // row there), and the len(top) most likely tokens, written into top
-// (most likely first, ties by lower id) and returned as Top (nil when
-// top is empty). Prompt logprobs are always of the model's raw
-// distribution (vLLM's prompt_logprobs ignore logits processors and
-// logprobs mode): l − log Z with log Z as SampleSeq computes the raw one,
-// so a position's logprobs equal those SampleSeq reports there in raw
-// mode. Rank is 1 + the number of tokens before target in candidate order
-// (a higher logit, or an equal one and a lower id). A target outside the
-// vocabulary gives the zero value.
+// (most likely first, ties by lower id) and returned as Top (nil when top
+// is empty). Prompt logprobs are always of the model's raw distribution
+// (vLLM's prompt_logprobs ignore logits processors and the logprobs mode):
+// l − log Z with log Z = M + log Σ exp(l − M), M the highest logit, the sum
+// by expSum (within 10^−15 relative of SampleSeq's, which adds math.Exp
+// terms in order for bit-compatibility with earlier releases; the two
+// logprobs of one token agree to float32 rounding). Rank is 1 + the number
+// of tokens before target in candidate order (a higher logit, or an equal
+// one and a lower id). A target outside the vocabulary gives the zero
+// value. It allocates nothing; sc may be nil.
 func ScorePosition(logits []float32, target int32, top []TokenLogprob, sc *SampleScratch) PositionLogprobs {
+	return ScorePositionWith(logits, target, top, sc, nil)
+}
+
+// ScorePositionWith is ScorePosition with Σ exp(l − M) computed by sumExp,
+// for a model with a faster way (vector kernels) to compute it: sumExp(x,
+// M) must return the sum over x, and may overwrite x (ScorePositionWith
+// reads logits only before calling it). nil means expSum.
+func ScorePositionWith(logits []float32, target int32, top []TokenLogprob, sc *SampleScratch,
+	sumExp func(x []float32, m float32) float64) PositionLogprobs {
 	V := len(logits)
 	if target < 0 || int(target) >= V {
 		return PositionLogprobs{}
 	}
-	if sc == nil {
-		sc = new(SampleScratch)
-	}
 	lt := logits[target]
-	m := float64(logits[0])
+	m := logits[0]
 	rank := int32(1)
-	for i, l := range logits {
-		m = max(m, float64(l))
-		if l > lt || (l == lt && int32(i) < target) {
-			rank++
+	for _, l := range logits[:target] {
+		m = max32(m, l)
+		rank += b2i(l >= lt)
+	}
+	for _, l := range logits[target:] {
+		m = max32(m, l)
+		rank += b2i(l > lt)
+	}
+	n := min(len(top), V)
+	if n > 0 {
+		if sc == nil {
+			sc = new(SampleScratch)
+		}
+		for i, id := range topN(logits, n, sc) {
+			top[i] = TokenLogprob{ID: id, Logprob: logits[id]}
 		}
 	}
 	var sum float64
-	for _, l := range logits {
-		sum += math.Exp(float64(l) - m)
+	if sumExp != nil {
+		sum = sumExp(logits, m)
+	} else {
+		sum = expSum(logits, float64(m))
 	}
-	logZ := m + math.Log(sum)
+	logZ := float64(m) + math.Log(sum)
 	res := PositionLogprobs{Token: TokenLogprob{ID: target, Logprob: float32(float64(lt) - logZ)}, Rank: rank}
-	if n := min(len(top), V); n > 0 {
-		for i, id := range topN(logits, n, sc) {
-			top[i] = TokenLogprob{ID: id, Logprob: float32(float64(logits[id]) - logZ)}
+	if n > 0 {
+		for i := range top[:n] {
+			top[i].Logprob = float32(float64(top[i].Logprob) - logZ)
 		}
 		res.Top = top[:n:n]
 	}
 	return res
+}
+
+// b2i is 1 for true, 0 for false (compiled without a branch).
+func b2i(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// max32 is the greater of m and l (m when either is NaN or they are equal).
+func max32(m, l float32) float32 {
+	if l > m {
+		return l
+	}
+	return m
 }
 
 // topN returns the n (0 < n ≤ len(x)) first ids of x in candidate order

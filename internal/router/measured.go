@@ -40,12 +40,17 @@ func (m *measured) Recv() (openai.Chunk, error) {
 			}
 			m.r.metrics.FirstToken(now.Sub(m.arrived), queued, m.prompt)
 			m.r.metrics.Tokens(len(c.Tokens), 0, true)
-		} else {
+			m.last = now
+		} else if c.Index == 0 {
+			// The gaps between tokens follow choice 0: the choices of an
+			// n > 1 request decode in the same steps.
 			m.r.metrics.Tokens(len(c.Tokens), now.Sub(m.last), false)
+			m.last = now
+		} else {
+			m.r.metrics.Tokens(len(c.Tokens), 0, true)
 		}
-		m.last = now
 	}
-	if err != nil || c.FinishReason != "" {
+	if err != nil || c.Done {
 		m.end()
 	}
 	return c, err
@@ -108,4 +113,11 @@ func (s *plainStream) Ended() bool { return s.finished && !s.stopped && legEnded
 // client's goroutine, sent its last line and its end.
 func (s *pdStream) Ended() bool {
 	return s.finished && !s.stopped && s.a != nil && s.a.leg != nil && legEnded(s.a.leg.resp, s.a.leg.br)
+}
+
+// StopChoice implements openai.ChoiceStopper for the wrapped stream.
+func (m *measured) StopChoice(index int) {
+	if c, ok := m.Stream.(openai.ChoiceStopper); ok {
+		c.StopChoice(index)
+	}
 }

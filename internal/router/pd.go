@@ -15,6 +15,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
@@ -68,6 +69,9 @@ type attempt struct {
 	pCancel context.CancelFunc
 	dCancel context.CancelFunc
 	pDone   bool // prefill answered
+	// prompt is the prompt's logprobs from prefill's answer (the request
+	// asks for them).
+	prompt []model.PositionLogprobs
 	// pDown closes, and dDown ends, when the pair's prefill and decode
 	// workers are found down.
 	pDown <-chan struct{}
@@ -117,6 +121,10 @@ type pdStream struct {
 	// the current attempt's legs were sent.
 	req        PickRequest
 	dispatched time.Time
+	// held are decode's chunks that wait for prefill's answer (the prompt's
+	// logprobs go first); promptSent: they went out.
+	held       []openai.Chunk
+	promptSent bool
 }
 
 // maxDrainRetries bounds the extra attempts of a request whose legs were
@@ -137,10 +145,8 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		st  openai.Stream
 		err *openai.Error
 	)
-	req := PickRequest{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens}
-	if g.MinTokens > 0 {
-		req.Needs = []string{workerapi.FeatureMinTokens}
-	}
+	tmpl := legBody(g)
+	req := PickRequest{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens, Needs: workerapi.FeaturesOf(&tmpl)}
 	plain := len(r.cfg.Colocated) > 0
 	if !plain && r.cfg.Registry != nil {
 		if w, _ := r.pickPlain(nil); w != nil {
@@ -148,9 +154,12 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 			plain = e != nil
 		}
 	}
-	if plain {
+	switch {
+	case plain:
 		st, err = r.generatePlain(ctx, g, &req)
-	} else {
+	case g.MaxTokens == 0:
+		st, err = r.generatePrompt(ctx, g, req)
+	default:
 		st, err = r.generatePD(ctx, g, req)
 	}
 	if err != nil {
@@ -262,9 +271,8 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	if gen > 1 {
 		rid = fmt.Sprintf("%s-g%d", g.RID, gen)
 	}
-	body := workerapi.GenerateBody{RID: rid, Room: s.room, Gen: gen, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
-		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens, PrefillKVAddr: kv,
-		Buffered: g.Buffered}
+	body := legBody(g)
+	body.RID, body.Room, body.Gen, body.PrefillKVAddr = rid, s.room, gen, kv
 	payload, err := body.AppendJSON(nil)
 	if err != nil {
 		if probe {
@@ -284,7 +292,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		defer r.bg.Done()
 		defer pcancel()
 		defer pLeg()
-		a.prefill <- r.runPrefill(pctx, pw, payload)
+		a.prefill <- r.runPrefill(pctx, pw, payload, prefillLimit(g))
 	}()
 	go func() {
 		defer r.bg.Done()
@@ -293,6 +301,7 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 		}
 	}()
 	s.a = a
+	s.held = nil
 	s.dispatched = r.clock.Now()
 	why := "legs sent"
 	if gen > 1 {
@@ -411,13 +420,41 @@ func (r *Router) post(ctx context.Context, w *fleet.Worker, path string, payload
 	return resp, nil
 }
 
-func (r *Router) runPrefill(ctx context.Context, w *fleet.Worker, payload []byte) prefillResult {
+// legBody is the leg body of request g (its rid, room and gen, and the
+// prefill's KV address, are the attempt's to set).
+func legBody(g *openai.GenerateRequest) workerapi.GenerateBody {
+	b := workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
+		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens,
+		Buffered: g.Buffered, Priority: g.Priority}
+	if g.N > 1 {
+		b.N = g.N
+	}
+	if g.ScorePrompt {
+		top := g.PromptTopLogprobs
+		b.PromptLogprobs = &top
+	}
+	if g.Timeout > 0 {
+		b.TimeoutMS = max(1, g.Timeout.Milliseconds())
+	}
+	return b
+}
+
+// prefillLimit bounds what is read of request g's prefill answer (or of a
+// colocated leg's first line): more when it carries the prompt's logprobs.
+func prefillLimit(g *openai.GenerateRequest) int64 {
+	if !g.ScorePrompt {
+		return workerapi.MaxLineBytes
+	}
+	return workerapi.MaxPrefillBytes(len(g.InputIDs), g.PromptTopLogprobs)
+}
+
+func (r *Router) runPrefill(ctx context.Context, w *fleet.Worker, payload []byte, limit int64) prefillResult {
 	resp, e := r.post(ctx, w, workerapi.PathPrefill, payload)
 	if e != nil {
 		return prefillResult{err: e}
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, workerapi.MaxLineBytes))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit))
 	if err != nil {
 		if ctx.Err() != nil {
 			return prefillResult{err: errCancelled()}
@@ -463,13 +500,13 @@ func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, pa
 		}
 	}()
 	for {
-		c, e, ok := r.nextLine(ctx, w, br)
+		c, e, ok := r.nextLine(ctx, w, br, workerapi.MaxLineBytes)
 		if !ok {
 			return false // the leg was cancelled: nobody reads it
 		}
 		more.Store(lineBuffered(br))
 		ev := decodeEvent{chunk: c, err: e}
-		if e == nil && c.FinishReason == "" && handover.Load() {
+		if e == nil && !c.Done && handover.Load() {
 			ev.own = &ownedLeg{r: r, resp: resp, br: br, done: done}
 			if send(ev) {
 				return true
@@ -479,10 +516,10 @@ func (r *Router) runStream(ctx context.Context, w *fleet.Worker, path string, pa
 		if !send(ev) {
 			return false
 		}
-		if e == nil && c.FinishReason != "" {
+		if e == nil && c.Done {
 			drainStream(br)
 		}
-		if c.FinishReason != "" || e != nil {
+		if c.Done || e != nil {
 			return false
 		}
 	}
@@ -522,12 +559,13 @@ func (r *Router) releaseStream(resp *http.Response, br *bufio.Reader) {
 // a malformed or oversized line, or the stream broken off. When the read
 // fails because ctx ended it returns ok false instead (the caller knows
 // why it cancelled the leg).
-func (r *Router) nextLine(ctx context.Context, w *fleet.Worker, br *bufio.Reader) (c openai.Chunk, e *workerapi.Error, ok bool) {
+// A line may be at most limit bytes long.
+func (r *Router) nextLine(ctx context.Context, w *fleet.Worker, br *bufio.Reader, limit int64) (c openai.Chunk, e *workerapi.Error, ok bool) {
 	var long []byte // a line longer than the reader's buffer
 	for {
 		frag, err := br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
-			if len(long)+len(frag) > workerapi.MaxLineBytes {
+			if int64(len(long)+len(frag)) > limit {
 				return openai.Chunk{}, r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong), true
 			}
 			long = append(long, frag...)
@@ -551,7 +589,7 @@ func (r *Router) nextLine(ctx context.Context, w *fleet.Worker, br *bufio.Reader
 		if len(lineb) == 0 {
 			continue
 		}
-		if len(lineb) > workerapi.MaxLineBytes {
+		if int64(len(lineb)) > limit {
 			return openai.Chunk{}, r.malformedAnswer(w, "sent a stream line over the size limit", bufio.ErrTooLong), true
 		}
 		line, err := workerapi.ParseStreamLine(lineb)
@@ -618,6 +656,26 @@ func (r *Router) abortLeg(w *fleet.Worker, rid, room string, gen uint32, reason 
 		resp, e := r.post(ctx, w, workerapi.PathAbort, payload)
 		if e != nil {
 			r.log.Debug("abort failed", "worker", w.URL(), "rid", rid, "err", e.Message)
+			return
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, workerapi.MaxInfoBytes))
+		resp.Body.Close()
+	}()
+}
+
+// abortChoice tells a worker, in the background, that a stop string ended
+// choice index of request rid (n > 1): it ends that choice, and the leg
+// goes on with the others.
+func (r *Router) abortChoice(w *fleet.Worker, rid string, index int) {
+	payload, _ := json.Marshal(workerapi.AbortBody{RID: rid, Reason: workerapi.AbortStop, Choice: &index})
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		ctx, cancel := r.withTimeout(context.Background(), r.cfg.AbortTimeout)
+		defer cancel()
+		resp, e := r.post(ctx, w, workerapi.PathAbort, payload)
+		if e != nil {
+			r.log.Debug("abort of a choice failed", "worker", w.URL(), "rid", rid, "choice", index, "err", e.Message)
 			return
 		}
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, workerapi.MaxInfoBytes))
@@ -746,8 +804,13 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 	for {
 		a := s.a
 		var f failure
+		if len(s.held) > 0 && !s.waitsForPrompt(a) {
+			c := s.held[0]
+			s.held = s.held[1:]
+			return s.token(a, c), nil
+		}
 		if a.leg != nil {
-			c, e, ok := s.r.nextLine(a.dctx, a.dw, a.leg.br)
+			c, e, ok := s.r.nextLine(a.dctx, a.dw, a.leg.br, workerapi.MaxLineBytes)
 			switch {
 			case !ok: // the watcher cancelled the leg, or its timeout ended it
 				switch {
@@ -790,6 +853,12 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 				if ev.own != nil {
 					s.takeLeg(a, ev.own)
 				}
+				if s.waitsForPrompt(a) {
+					// The prompt's logprobs come first, with prefill's
+					// answer: hold decode's tokens until then.
+					s.held = append(s.held, ev.chunk)
+					continue
+				}
 				return s.token(a, ev.chunk), nil
 			}
 			f = s.explain(a, workerapi.RoleDecode, e)
@@ -797,6 +866,7 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 			a.pDone = true
 			a.prefill = nil
 			if p.err == nil {
+				a.prompt = p.res.PromptLogprobs
 				a.handover.Store(true) // decode may be read here from its next line on
 				continue
 			}
@@ -816,14 +886,23 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 	}
 }
 
+// waitsForPrompt reports whether decode's tokens must wait for prefill's
+// answer: the request asks for the prompt's logprobs, which come first.
+func (s *pdStream) waitsForPrompt(a *attempt) bool {
+	return s.g.ScorePrompt && !s.promptSent && !a.pDone
+}
+
 // token accounts for a chunk of decode's that is returned to the client.
 func (s *pdStream) token(a *attempt, c openai.Chunk) openai.Chunk {
+	if s.g.ScorePrompt && !s.promptSent {
+		c.PromptLogprobs, s.promptSent = a.prompt, true
+	}
 	if len(c.Tokens) > 0 {
 		s.sent = true
 		s.live.tokens(len(c.Tokens))
 		s.pathWorked(a)
 	}
-	if c.FinishReason != "" {
+	if c.Done {
 		s.finished, s.ended = true, true
 		s.r.metrics.Answered(outcome.OK)
 	}
@@ -889,6 +968,15 @@ func (s *pdStream) Stop() {
 	s.a.stopWatching() // the client's context ends with the answer: it must not hang up the leg
 	s.r.metrics.Answered(outcome.OK)
 	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", outcome.Cause{}, s.a.dCancel)
+}
+
+// StopChoice implements openai.ChoiceStopper: a stop string ended choice
+// index of several; decode ends that choice alone (the leg goes on).
+func (s *pdStream) StopChoice(index int) {
+	if s.ended {
+		return
+	}
+	s.r.abortChoice(s.a.dw, s.a.rid, index)
 }
 
 // Close aborts both legs if the request has not ended (the client is

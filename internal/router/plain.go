@@ -28,6 +28,7 @@ type plainStream struct {
 	legDone func() // uncounts the leg on the worker
 	rid     string
 	payload []byte
+	limit   int64 // of a line: the first may carry the prompt's logprobs
 	lctx    context.Context // the leg's
 	cancel  context.CancelFunc
 	down    <-chan struct{} // closed when the worker is found down
@@ -50,8 +51,7 @@ type plainStream struct {
 // answer (plain mode is the baseline that disaggregation is compared with).
 // The leg is posted on the first Recv.
 func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, req *PickRequest) (openai.Stream, *openai.Error) {
-	body := workerapi.GenerateBody{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens,
-		SamplingParams: g.Sampling, StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens, Buffered: g.Buffered}
+	body := legBody(g)
 	payload, err := body.AppendJSON(nil)
 	if err != nil {
 		return nil, openai.Internal("encode request: %v", err)
@@ -62,7 +62,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 	}
 	lctx, cancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
 	downCtx := w.DownContext()
-	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, payload: payload, lctx: lctx, cancel: cancel, down: downCtx.Done(),
+	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, payload: payload, limit: prefillLimit(g), lctx: lctx, cancel: cancel, down: downCtx.Done(),
 		legDone: r.legStarted(w, legTokens(workerapi.RoleColocated, req)), dispatched: r.clock.Now()}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	s.live.attempt(1, w.URL(), "sent to a colocated worker")
@@ -94,7 +94,7 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 		}
 	}
 	if e == nil && ok {
-		c, e, ok = s.r.nextLine(s.lctx, s.w, s.br)
+		c, e, ok = s.r.nextLine(s.lctx, s.w, s.br, s.limit)
 	}
 	if !ok { // the watcher cancelled the leg, or its timeout ended it
 		return s.interrupted()
@@ -110,7 +110,7 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 		return openai.Chunk{}, e
 	}
 	s.live.tokens(len(c.Tokens))
-	if c.FinishReason != "" {
+	if c.Done {
 		s.finished, s.ended = true, true
 		s.r.metrics.Answered(outcome.OK)
 	}
@@ -160,6 +160,14 @@ func (s *plainStream) Stop() {
 		s.stopWatching() // the client's context ends with the answer: it must not hang up the leg
 		s.r.metrics.Answered(outcome.OK)
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", outcome.Cause{}, s.cancel)
+	}
+}
+
+// StopChoice implements openai.ChoiceStopper: the worker ends choice
+// index alone.
+func (s *plainStream) StopChoice(index int) {
+	if !s.ended && s.posted {
+		s.r.abortChoice(s.w, s.rid, index)
 	}
 }
 

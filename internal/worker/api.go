@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -40,26 +41,104 @@ func apiRole(r lifecycle.Role) workerapi.Role {
 	return workerapi.RoleNone
 }
 
-// streamLine is the stream line that carries toks and, once the request
-// ended (fin non-nil), its finish reason and usage or its error.
-func streamLine(toks []model.SeqOutput, fin *lifecycle.Finalize) workerapi.StreamLine {
-	var line workerapi.StreamLine
-	if len(toks) > 0 {
-		line.TokenIDs = make([]int32, len(toks))
-		line.Logprobs = make([]float32, len(toks))
-		for i, t := range toks {
-			line.TokenIDs[i], line.Logprobs[i] = t.Token, t.Logprob
+// MinWireLogprob is the lowest logprob a worker sends: −∞ (a token the
+// processed distribution excludes) and anything below go out as −9999, as
+// vLLM's server clamps them (JSON has no infinity).
+const MinWireLogprob = -9999
+
+// wireLogprob is lp as sent.
+func wireLogprob(lp float32) float32 {
+	if !(lp >= MinWireLogprob) { // −∞, NaN and below
+		return MinWireLogprob
+	}
+	return lp
+}
+
+func wireTop(top []model.TokenLogprob) []model.TokenLogprob {
+	if top == nil {
+		return nil
+	}
+	out := make([]model.TokenLogprob, len(top))
+	for i, t := range top {
+		out[i] = model.TokenLogprob{ID: t.ID, Logprob: wireLogprob(t.Logprob)}
+	}
+	return out
+}
+
+func wirePrompt(ps []model.PositionLogprobs) []model.PositionLogprobs {
+	if ps == nil {
+		return nil
+	}
+	out := make([]model.PositionLogprobs, len(ps))
+	for i, p := range ps {
+		out[i] = model.PositionLogprobs{Token: model.TokenLogprob{ID: p.Token.ID, Logprob: wireLogprob(p.Token.Logprob)},
+			Rank: p.Rank, Top: wireTop(p.Top)}
+	}
+	return out
+}
+
+// lineWriter turns a request's output into stream lines. lastEnded is the
+// last choice whose end went out (a request with n > 1).
+type lineWriter struct {
+	lastEnded int
+}
+
+// lines returns the stream lines of pieces, and, once the request ended
+// (fin non-nil), of its end: one line per run of one choice's tokens, a
+// choice's end (n > 1) as a line with More, and last the line with the
+// finish reason and usage or the error (which carries the tokens that
+// came just before it). With merge, every choice's tokens go in one line
+// (a buffered leg's output, sent at the end).
+func (lw *lineWriter) lines(ps []piece, fin *lifecycle.Finalize, merge bool) []workerapi.StreamLine {
+	var out []workerapi.StreamLine
+	byChoice := map[int]int{} // merge: the line of each choice
+	for _, p := range ps {
+		if p.prompt != nil {
+			out = append(out, workerapi.StreamLine{PromptLogprobs: wirePrompt(p.prompt)})
+			continue
+		}
+		var l *workerapi.StreamLine
+		if i, ok := byChoice[p.choice]; ok && merge && out[i].FinishReason == "" {
+			l = &out[i]
+		} else {
+			out = append(out, workerapi.StreamLine{Index: p.choice})
+			l = &out[len(out)-1]
+			byChoice[p.choice] = len(out) - 1
+		}
+		top := false
+		for _, t := range p.tokens {
+			top = top || t.Top != nil
+		}
+		for _, t := range p.tokens {
+			l.TokenIDs = append(l.TokenIDs, t.Token)
+			l.Logprobs = append(l.Logprobs, wireLogprob(t.Logprob))
+			if top {
+				l.TopLogprobs = append(l.TopLogprobs, wireTop(t.Top))
+			}
+		}
+		if p.finish != "" {
+			l.FinishReason, l.More = p.finish, true
+			lw.lastEnded = p.choice
 		}
 	}
 	if fin == nil {
-		return line
+		return out
 	}
-	line.PromptTokens, line.OutputTokens, line.CachedTokens = fin.PromptTokens, fin.OutputTokens, fin.CachedTokens
-	if fin.Outcome == outcome.OK {
-		line.FinishReason = fin.FinishReason
-		return line
+	// The last line carries the end: the tokens (or the end of the last
+	// choice) just before it, or a line of its own.
+	last := workerapi.StreamLine{Index: lw.lastEnded}
+	if n := len(out); n > 0 {
+		last, out = out[n-1], out[:n-1]
 	}
-	return workerapi.ErrorLine(line, finalError(fin))
+	last.PromptTokens, last.OutputTokens, last.CachedTokens = fin.PromptTokens, fin.OutputTokens, fin.CachedTokens
+	if fin.Outcome != outcome.OK {
+		return append(out, workerapi.ErrorLine(last, finalError(fin)))
+	}
+	if last.FinishReason == "" {
+		last.FinishReason = fin.FinishReason
+	}
+	last.More = false
+	return append(out, last)
 }
 
 // requestInfo is a machine's view of a live request as the worker API shows it.
@@ -159,8 +238,17 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 	q := lifecycle.Request{
 		RID: b.RID, Gen: b.Gen, InputIDs: b.InputIDs, MaxTokens: b.MaxTokens, Sampling: b.SamplingParams,
 		StopTokenIDs: b.StopTokenIDs, IgnoreEOS: b.IgnoreEOS, MinTokens: b.MinTokens,
+		N: b.N, Priority: b.Priority,
 	}
-	if w.role == lifecycle.RolePrefill {
+	if b.PromptLogprobs != nil && w.role != lifecycle.RoleDecode {
+		// (Both PD legs carry one body; decode does not compute the prompt.)
+		q.ScorePrompt, q.PromptTop = true, *b.PromptLogprobs
+	}
+	if b.TimeoutMS > 0 {
+		q.Timeout = time.Duration(min(b.TimeoutMS, math.MaxInt64/int64(time.Millisecond))) * time.Millisecond
+	}
+	promptOnly := b.MaxTokens == 0 && b.Room == "" && w.role == lifecycle.RolePrefill
+	if w.role == lifecycle.RolePrefill && !promptOnly {
 		// Prefill draws the first token only: min_tokens matters to it
 		// only as "not EOS at step 0". An invalid value passes unchanged,
 		// to be refused.
@@ -169,7 +257,7 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 			q.MinTokens = 1
 		}
 	}
-	if w.role != lifecycle.RoleColocated {
+	if w.role != lifecycle.RoleColocated && !promptOnly {
 		room, err := kvxfer.ParseRoom(b.Room)
 		if err != nil {
 			return q, openai.BadRequest("room", "%v", err)
@@ -243,7 +331,8 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(rw, http.StatusOK, workerapi.PrefillResult{RID: q.RID, PromptTokens: fin.PromptTokens,
-		FirstToken: fin.FirstToken.Token, FirstLogprob: fin.FirstToken.Logprob})
+		FirstToken: fin.FirstToken.Token, FirstLogprob: fin.FirstToken.Logprob,
+		PromptLogprobs: wirePrompt(fin.PromptLogprobs), CachedTokens: fin.CachedTokens})
 }
 
 // handleStream serves a decode or colocated leg as NDJSON. The status line
@@ -258,22 +347,23 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(rw)
 	enc := json.NewEncoder(rw)
 	started := false
-	var held []model.SeqOutput // a buffered leg's tokens, until the end
+	var lw lineWriter
+	var held []piece // a buffered leg's output, until the end
 	for {
-		toks, fin, err := wt.next(ctx)
+		ps, fin, err := wt.next(ctx)
 		if err != nil {
 			w.abortClient(q.RID)
 			return
 		}
 		if buffered {
-			held = append(held, toks...)
+			held = append(held, ps...)
 			if fin == nil {
 				continue
 			}
-			toks = held
+			ps = held
 		}
 		if !started {
-			if fin != nil && len(toks) == 0 && fin.Outcome != outcome.OK {
+			if fin != nil && len(ps) == 0 && fin.Outcome != outcome.OK {
 				workerapi.WriteError(rw, finalError(fin))
 				return
 			}
@@ -281,9 +371,11 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 			rw.WriteHeader(http.StatusOK)
 			started = true
 		}
-		if err := enc.Encode(streamLine(toks, fin)); err != nil {
-			w.abortClient(q.RID)
-			return
+		for _, line := range lw.lines(ps, fin, buffered) {
+			if err := enc.Encode(line); err != nil {
+				w.abortClient(q.RID)
+				return
+			}
 		}
 		if fin != nil {
 			// The last line goes out with the response's end (the chunked
@@ -317,6 +409,13 @@ func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a := lifecycle.AbortRequest{RID: b.RID, Gen: b.Gen, Reason: abortReason(b.Reason), Detail: b.Detail}
+	if b.Choice != nil {
+		if b.Reason != workerapi.AbortStop || *b.Choice < 0 {
+			openai.WriteError(rw, openai.BadRequest("choice", "choice is for a stop of one choice (reason stop, choice ≥ 0)"))
+			return
+		}
+		a.OneChoice, a.Choice = true, *b.Choice
+	}
 	if b.Reason == workerapi.AbortPeer {
 		a.Cause = b.Cause
 	}
@@ -344,11 +443,25 @@ func (w *Worker) handleAbort(rw http.ResponseWriter, r *http.Request) {
 func (w *Worker) handleInfo(rw http.ResponseWriter, _ *http.Request) {
 	info := workerapi.Info{Role: apiRole(w.role), Model: w.info.Name, Fingerprint: w.Fingerprint(),
 		ContextLen: w.info.ContextLen, VocabSize: w.info.VocabSize, KVAddr: w.kvAddr, Instance: w.instance,
-		Features: workerapi.Features()}
+		Features: w.features()}
 	if i := strings.LastIndexByte(w.kvAddr, ':'); i >= 0 {
 		fmt.Sscanf(w.kvAddr[i+1:], "%d", &info.KVPort)
 	}
 	writeJSON(rw, http.StatusOK, info)
+}
+
+// features is what this worker lists in Info: every feature of this build,
+// but priority only when it schedules by priority (--scheduling-policy
+// priority), so that a router never sends a priority to a worker that
+// would ignore it.
+func (w *Worker) features() []string {
+	var out []string
+	for _, f := range workerapi.Features() {
+		if f != workerapi.FeaturePriority || w.cfg.Machine.PriorityScheduling {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // Health returns the worker's readiness and load, read on the loop (status
@@ -510,7 +623,8 @@ func (w *Worker) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		return nil, openai.Internal("Generate needs a colocated worker, this one is %s", w.role)
 	}
 	q := lifecycle.Request{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens, Sampling: g.Sampling,
-		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens}
+		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens,
+		N: g.N, ScorePrompt: g.ScorePrompt, PromptTop: g.PromptTopLogprobs, Priority: g.Priority, Timeout: g.Timeout}
 	return &localStream{w: w, rid: g.RID, ctx: ctx, wt: w.submit(q)}, nil
 }
 
@@ -522,6 +636,8 @@ type localStream struct {
 	rid      string
 	ctx      context.Context
 	wt       *waiter
+	lw       lineWriter
+	lines    []workerapi.StreamLine // decoded one per Recv
 	finished bool
 	stopped  bool
 	pending  *workerapi.Error // the failure to return after the tokens that came with it
@@ -536,22 +652,37 @@ func (s *localStream) Recv() (openai.Chunk, error) {
 	if s.finished {
 		return openai.Chunk{}, io.EOF
 	}
-	toks, fin, err := s.wt.next(s.ctx)
-	if err != nil {
-		return openai.Chunk{}, err
+	for len(s.lines) == 0 {
+		ps, fin, err := s.wt.next(s.ctx)
+		if err != nil {
+			return openai.Chunk{}, err
+		}
+		s.lines = s.lw.lines(ps, fin, false)
 	}
-	line := streamLine(toks, fin)
+	line := s.lines[0]
+	s.lines = s.lines[1:]
 	c, e := line.Decode()
 	switch {
-	case e != nil && len(c.Tokens) > 0:
+	case e != nil && (len(c.Tokens) > 0 || c.PromptLogprobs != nil):
 		s.pending = e // deliver the tokens, then the error
 	case e != nil:
 		s.finished = true
 		return openai.Chunk{}, e
-	case c.FinishReason != "":
+	case c.Done:
 		s.finished = true
 	}
 	return c, nil
+}
+
+// Pending implements openai.Pender: lines already decoded wait.
+func (s *localStream) Pending() bool { return len(s.lines) > 0 || s.pending != nil }
+
+// StopChoice implements openai.ChoiceStopper: a stop string ended choice
+// index of a request with n > 1.
+func (s *localStream) StopChoice(index int) {
+	if !s.finished && !s.stopped {
+		s.w.post(lifecycle.AbortRequest{RID: s.rid, Reason: lifecycle.AbortStop, OneChoice: true, Choice: index})
+	}
 }
 
 func (s *localStream) Stop() {

@@ -9,13 +9,22 @@ import (
 	"github.com/pdserve/pdserve/internal/model"
 )
 
+// piece is one Emit of a request's output: tokens of one choice, or the end
+// of one choice of several (finish), or the prompt's logprobs (prompt).
+type piece struct {
+	choice int
+	tokens []model.SeqOutput
+	finish string
+	prompt []model.PositionLogprobs
+}
+
 // waiter carries one request's output from the loop to its HTTP handler.
-// The loop appends tokens and finishes it once; the handler takes whatever
+// The loop appends pieces and finishes it once; the handler takes whatever
 // has accumulated each time it is woken, so a slow client never blocks the
 // loop (output is bounded by max_tokens).
 type waiter struct {
 	mu     sync.Mutex
-	tokens []model.SeqOutput
+	pieces []piece
 	final  *lifecycle.Finalize
 	notify chan struct{}
 
@@ -34,9 +43,17 @@ func (w *waiter) wake() {
 	}
 }
 
-func (w *waiter) push(t []model.SeqOutput) {
+// push appends e's piece of output: consecutive tokens of one choice join
+// the last piece.
+func (w *waiter) push(e lifecycle.Emit) {
 	w.mu.Lock()
-	w.tokens = append(w.tokens, t...)
+	n := len(w.pieces)
+	if n > 0 && e.Finish == "" && e.Prompt == nil && w.pieces[n-1].choice == e.Choice && w.pieces[n-1].finish == "" &&
+		w.pieces[n-1].prompt == nil {
+		w.pieces[n-1].tokens = append(w.pieces[n-1].tokens, e.Tokens...)
+	} else {
+		w.pieces = append(w.pieces, piece{choice: e.Choice, tokens: e.Tokens, finish: e.Finish, prompt: e.Prompt})
+	}
 	w.mu.Unlock()
 	w.wake()
 }
@@ -48,17 +65,17 @@ func (w *waiter) finish(f lifecycle.Finalize) {
 	w.wake()
 }
 
-// next waits until there are tokens or the request ended, and returns what
-// accumulated. final is non-nil once the request ended (tokens then holds
+// next waits until there is output or the request ended, and returns what
+// accumulated. final is non-nil once the request ended (pieces then holds
 // everything that came before it). It returns ctx.Err() if ctx ends first.
-func (w *waiter) next(ctx context.Context) ([]model.SeqOutput, *lifecycle.Finalize, error) {
+func (w *waiter) next(ctx context.Context) ([]piece, *lifecycle.Finalize, error) {
 	for {
 		w.mu.Lock()
-		toks, fin := w.tokens, w.final
-		w.tokens = nil
+		ps, fin := w.pieces, w.final
+		w.pieces = nil
 		w.mu.Unlock()
-		if len(toks) > 0 || fin != nil {
-			return toks, fin, nil
+		if len(ps) > 0 || fin != nil {
+			return ps, fin, nil
 		}
 		select {
 		case <-w.notify:
@@ -68,7 +85,7 @@ func (w *waiter) next(ctx context.Context) ([]model.SeqOutput, *lifecycle.Finali
 	}
 }
 
-// wait waits for the final outcome, discarding tokens.
+// wait waits for the final outcome, discarding output.
 func (w *waiter) wait(ctx context.Context) (*lifecycle.Finalize, error) {
 	for {
 		_, fin, err := w.next(ctx)

@@ -582,14 +582,26 @@ func (w *Worker) execute(now time.Time, e lifecycle.Effect) {
 	case lifecycle.Emit:
 		w.genRate.Add(now, len(x.Tokens))
 		if wt := w.waiters[x.RID]; wt != nil {
-			if wt.lastAt.IsZero() {
+			// Time to first token counts the request's first; the
+			// inter-token latency follows choice 0 (the choices of an n > 1
+			// request decode in the same steps).
+			switch {
+			case len(x.Tokens) == 0:
+			case wt.lastAt.IsZero():
 				w.metrics.FirstToken(now.Sub(wt.arrived))
-			} else {
+				wt.lastAt = now
+			case x.Choice == 0:
 				w.metrics.InterToken(now.Sub(wt.lastAt), len(x.Tokens))
+				wt.lastAt = now
 			}
-			wt.lastAt = now
-			wt.push(x.Tokens)
+			wt.push(x)
 		}
+	case lifecycle.CopyKV:
+		// A fork's own copy of its prompt's partial page, before anything
+		// can read or write either (the machine emits it before the next
+		// forward that could).
+		copy(w.pool.Page(x.Dst), w.pool.Page(x.Src))
+		w.pool.MarkWritten(x.Dst)
 	case lifecycle.Finalize:
 		for st, d := range x.StageTime {
 			w.metrics.StageTime(st.String(), d)

@@ -67,8 +67,8 @@ const (
 	// kvDoneTailMax bounds KV_DONE's optional tail (KVDone.First): a
 	// count, then per choice its token, logprob, and top logprobs.
 	kvDoneTailMax = 2 + model.MaxForks*(4+4+2+model.MaxLogprobs*8)
-	strMax       = 2 + MaxStringBytes
-	helloMax     = 2 + 4*strMax + 4*8 + 1 + NonceBytes
+	strMax        = 2 + MaxStringBytes
+	helloMax      = 2 + 4*strMax + 4*8 + 1 + NonceBytes
 )
 
 // NumTypes bounds the frame types: every defined Type t has 0 < t < NumTypes,

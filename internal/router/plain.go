@@ -28,7 +28,7 @@ type plainStream struct {
 	legDone func() // uncounts the leg on the worker
 	rid     string
 	payload []byte
-	limit   int64 // of a line: the first may carry the prompt's logprobs
+	limit   int64           // of a line: the first may carry the prompt's logprobs
 	lctx    context.Context // the leg's
 	cancel  context.CancelFunc
 	down    <-chan struct{} // closed when the worker is found down

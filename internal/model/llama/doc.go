@@ -26,7 +26,10 @@
 // row once per batch (matmul.go). Attention reads and writes the KV cache in
 // the worker's pool pages (layout [layer][k|v][slot][kv_heads][head_dim], in
 // the pool's dtype: F32 by default, BF16 or F16 by option), in place
-// (attention.go). Logits are computed only for the tokens that are sampled.
+// (attention.go). Logits are computed only for the tokens that are sampled
+// (model.SampleSeq) or whose prompt logprobs are asked for (SeqInput.Score,
+// model.ScorePositionWith with the kernels' expf), at most 256 rows of the
+// classifier at a time.
 //
 // # Kernels and exactness
 //

@@ -26,13 +26,15 @@ type buffers struct {
 	sel  []float32 // final-normalised rows that need logits [R, hidden]
 	lgt  []float32 // logits [R, vocab]
 
-	pos   []int32 // position of each token [T]
-	seqOf []int32 // sequence of each token [T]
-	last  []int   // index of each sequence's last token [len(seqs)]
-	rows  []int   // sequences that sample [R]
-	scr   []scratch
-	q8    q8Acts  // a linear layer's input quantized for Q8_0/Q4_0 weights
-	q8k   q8KActs // … and for Q4_K/Q6_K weights
+	pos    []int32 // position of each token [T]
+	seqOf  []int32 // sequence of each token [T]
+	lrows  []logitRow
+	ltoks  []int                      // token of each logit row of a block [R]
+	scores [][]model.PositionLogprobs // by sequence: Forward's prompt scores
+	tops   [][]model.TokenLogprob     // by sequence: room for their top alternatives
+	scr    []scratch
+	q8     q8Acts  // a linear layer's input quantized for Q8_0/Q4_0 weights
+	q8k    q8KActs // … and for Q4_K/Q6_K weights
 
 	// The step's parallel loops, reused so a Forward allocates nothing
 	// once its buffers have grown.
@@ -52,8 +54,11 @@ func grow(b []float32, n int) []float32 {
 
 // Forward runs one batched step (see model.Model): it writes the KV of every
 // sequence's tokens into its pages and, for sequences with Sample set, picks
-// the next token with model.Sample from the logits after the last token
-// (out[i] is zero for the others).
+// the next token with model.SampleSeq from the logits after the last token,
+// and for sequences with Score set computes the prompt logprobs
+// (model.ScorePositionWith, the exponentials summed by the kernels' expf)
+// of the logits after each scored token (out[i] is zero for the others).
+// Logits are computed only for those rows, at most maxLogitRows at a time.
 //
 // It first checks the whole batch and returns an error, having written
 // nothing, for: a closed model, a pool whose geometry differs from
@@ -61,12 +66,15 @@ func grow(b []float32, n int) []float32 {
 // Pos+len(Tokens) > ContextLen, a token id outside [0, VocabSize), too few
 // pages, a page id outside the pool, a page listed twice among the pages
 // covering one sequence, a page that one sequence writes and another covers,
-// and invalid sampling parameters (TopP 0 is read as 1, as model.Sample
-// does). If ctx ends during the step it returns ctx.Err(); the KV of the
-// batch's tokens may then be partly written, and out is not set.
+// invalid sampling parameters (TopP 0 is read as 1, as model.Sample
+// does), and the other fields model.BatchCheck refuses (forks, prompt
+// scores, token ids outside the vocabulary). If ctx ends during the step it
+// returns ctx.Err(); the KV of the batch's tokens may then be partly
+// written, and out is not set.
 //
-// Results do not depend on the batch: a sequence gets bit-identical KV and
-// tokens alone or with others, prefilled whole or in chunks.
+// Results do not depend on the batch: a sequence gets bit-identical KV,
+// tokens, logprobs and scores alone or with others, prefilled whole or in
+// chunks.
 func (m *Model) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.SeqInput, out []model.SeqOutput) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -80,48 +88,124 @@ func (m *Model) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.Se
 		return nil
 	}
 	b := &m.buf
-	b.rows = b.rows[:0]
-	for i := range seqs {
-		if seqs[i].Sample {
-			b.rows = append(b.rows, i)
-		}
-	}
+	m.planLogitRows(seqs)
 	tm := startTeam(m.threadCount())
 	defer tm.stop()
-	logits, err := m.run(ctx, tm, pool, seqs, b.rows, false)
-	if err != nil {
+	if err := m.run(ctx, tm, pool, seqs); err != nil {
 		return err
 	}
 	for i := range out {
 		out[i] = model.SeqOutput{}
 	}
-	b.sample = sampleJob{scr: b.scr, logits: logits, vocab: m.info.VocabSize, rows: b.rows, seqs: seqs, out: out}
-	tm.parallelFor(len(b.rows), 1, &b.sample)
-	b.sample = sampleJob{}
+	defer func() { clear(b.scores); clear(b.tops) }() // they belong to out now
+	for r0 := 0; r0 < len(b.lrows); r0 += maxLogitRows {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rows := b.lrows[r0:min(r0+maxLogitRows, len(b.lrows))]
+		b.ltoks = b.ltoks[:0]
+		for _, r := range rows {
+			b.ltoks = append(b.ltoks, r.tok)
+		}
+		logits := m.logitRows(tm, b.ltoks)
+		b.sample = sampleJob{m: m, scr: b.scr, logits: logits, vocab: m.info.VocabSize, rows: rows, seqs: seqs, out: out, scores: b.scores, tops: b.tops}
+		tm.parallelFor(len(rows), 1, &b.sample)
+		b.sample = sampleJob{}
+	}
+	for i, sc := range b.scores {
+		out[i].Scores = sc
+	}
 	return nil
 }
 
-// sampleJob samples the logit rows of a step, one row per index.
+// maxLogitRows bounds the logit rows computed at once ([maxLogitRows,
+// vocab] float32: 50 MB for a 49152-token vocabulary): a prompt scored at
+// every position runs its classifier in blocks of that many rows, enough
+// for the matrix kernels' long-batch path (widenMinTokens).
+const maxLogitRows = 256
+
+// logitRow is a token whose logits a step needs: to sample its sequence's
+// next token, to score a prompt position, or both.
+type logitRow struct {
+	tok    int  // index among the batch's tokens
+	seq    int  // its sequence
+	sample bool // sample seq's next token here (its last token)
+	// score ≥ 0: the index in Tokens of a scored position, whose top
+	// alternatives go to top[topOff:topOff+ScoreTop] of the sequence.
+	score  int
+	topOff int
+}
+
+// planLogitRows lists the logit rows of seqs in b.lrows (in token order)
+// and allocates the prompt scores of the sequences that ask (b.scores).
+func (m *Model) planLogitRows(seqs []model.SeqInput) {
+	b := &m.buf
+	b.lrows = b.lrows[:0]
+	if cap(b.scores) < len(seqs) {
+		b.scores = make([][]model.PositionLogprobs, len(seqs))
+		b.tops = make([][]model.TokenLogprob, len(seqs))
+	}
+	b.scores, b.tops = b.scores[:len(seqs)], b.tops[:len(seqs)]
+	t := 0
+	for i := range seqs {
+		s := &seqs[i]
+		last := len(s.Tokens) - 1
+		sampled := false
+		if s.Score != nil {
+			b.scores[i] = make([]model.PositionLogprobs, len(s.Tokens))
+			off := 0
+			for j, target := range s.Score {
+				if target < 0 {
+					continue
+				}
+				sample := s.Sample && j == last
+				sampled = sampled || sample
+				b.lrows = append(b.lrows, logitRow{tok: t + j, seq: i, sample: sample, score: j, topOff: off})
+				off += s.ScoreTop
+			}
+			if off > 0 {
+				b.tops[i] = make([]model.TokenLogprob, off)
+			}
+		}
+		if s.Sample && !sampled {
+			b.lrows = append(b.lrows, logitRow{tok: t + last, seq: i, sample: true, score: -1})
+		}
+		t += len(s.Tokens)
+	}
+}
+
+// sampleJob samples and scores the logit rows of a block, one row per
+// index. A row both sampled and scored is sampled first (scoring
+// overwrites the row).
 type sampleJob struct {
+	m      *Model
 	scr    []scratch
 	logits []float32 // [R, vocab]
 	vocab  int
-	rows   []int // sequence of each logit row
+	rows   []logitRow
 	seqs   []model.SeqInput
 	out    []model.SeqOutput
+	scores [][]model.PositionLogprobs
+	tops   [][]model.TokenLogprob
 }
 
 func (j *sampleJob) run(w, lo, hi int) {
 	sc := &j.scr[w]
 	V := j.vocab
 	for r := lo; r < hi; r++ {
-		i := j.rows[r]
-		p := j.seqs[i].Sampling
-		if p.TopP == 0 {
-			p.TopP = 1
+		row := &j.rows[r]
+		s := &j.seqs[row.seq]
+		x := j.logits[r*V : (r+1)*V]
+		if row.sample {
+			j.out[row.seq] = model.SampleSeq(x, s, &sc.sample)
 		}
-		tok, lp := model.SampleBan(j.logits[r*V:(r+1)*V], p, j.seqs[i].Ban, j.seqs[i].Step, &sc.sample)
-		j.out[i] = model.SeqOutput{Token: tok, Logprob: lp}
+		if row.score >= 0 {
+			var top []model.TokenLogprob
+			if n := s.ScoreTop; n > 0 {
+				top = j.tops[row.seq][row.topOff : row.topOff+n : row.topOff+n]
+			}
+			j.scores[row.seq][row.score] = model.ScorePositionWith(x, s.Score[row.score], top, &sc.sample, j.m.sumExp)
+		}
 	}
 }
 
@@ -145,10 +229,15 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 	}
 	tm := startTeam(m.threadCount())
 	defer tm.stop()
-	logits, err := m.run(ctx, tm, pool, plain, nil, true)
-	if err != nil {
+	if err := m.run(ctx, tm, pool, plain); err != nil {
 		return nil, err
 	}
+	b := &m.buf
+	b.ltoks = b.ltoks[:0]
+	for t := range len(b.pos) {
+		b.ltoks = append(b.ltoks, t)
+	}
+	logits := m.logitRows(tm, b.ltoks)
 	V := m.info.VocabSize
 	res := make([][]float32, len(seqs))
 	off := 0
@@ -160,9 +249,9 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 	return res, nil
 }
 
-// run computes the batch (already checked) on team tm. It returns the
-// logits of the last token of seqs[i] for each i in rows, or of every token
-// if all is set: [R, vocab], a view of the instance's buffer.
+// run computes the batch (already checked) on team tm, up to the last
+// layer's residual stream b.x [T, hidden]; logitRows then computes the
+// logits of the rows that need them.
 //
 // Shapes: T = Σ len(Tokens); per layer (transformers' LlamaDecoderLayer):
 //
@@ -175,11 +264,11 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 //	h = RMSNorm(x)·g₂
 //	x += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ
 //
-// then logits = RMSNorm(x)·g_final·W_lmᵀ for the requested rows. Each line
+// then (logitRows) logits = RMSNorm(x)·g_final·W_lmᵀ for the requested rows. Each line
 // is one parallel loop over the team (q, k and v together; the norms, RoPE
 // and KV writes per token only for long batches); the residual adds and the
 // SwiGLU product are done by the tasks of the matrix before them.
-func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []model.SeqInput, rows []int, all bool) ([]float32, error) {
+func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []model.SeqInput) error {
 	cfg := &m.w.cfg
 	H, D, I := cfg.HiddenSize, cfg.HeadDim, cfg.IntermediateSize
 	qDim, kvDim := cfg.Heads*D, cfg.KVHeads*D
@@ -200,10 +289,6 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 		b.pos, b.seqOf = make([]int32, T), make([]int32, T)
 	}
 	b.pos, b.seqOf = b.pos[:T], b.seqOf[:T]
-	if cap(b.last) < len(seqs) {
-		b.last = make([]int, len(seqs))
-	}
-	b.last = b.last[:len(seqs)]
 
 	// Embeddings, positions, RoPE angles.
 	t := 0
@@ -216,7 +301,6 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 			copy(dst, m.w.embed.Row(int(tok), dst)) // a no-op when Row widened into dst
 			t++
 		}
-		b.last[i] = t - 1
 	}
 	if cfg.GGMLNumerics {
 		ropeTableGGML(b.cos, b.sin, b.pos, cfg)
@@ -236,13 +320,12 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	}
 	tokGrain := max(1, 256/max(1, H/64)) // tokens per task of the per-token loops
 
-	eps := cfg.RMSNormEps
 	// Pages are written from the first layer on; mark them even if ctx ends
 	// the step early, so version-keyed caches of the pool see the change.
 	defer m.markWritten(pool, seqs)
 	for li := range m.w.layers {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		ly := &m.w.layers[li]
 		b.tok.li, b.tok.op = li, tokAttnNorm
@@ -259,32 +342,67 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 		lin(b.h, nil, true, linOut{ly.gate, ly.gateB, b.gate}, linOut{ly.up, ly.upB, b.up})
 		lin(b.gate, b.x, false, linOut{ly.down, ly.downB, b.tmp})
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+	return ctx.Err()
+}
 
-	// Final norm and classifier on the rows that need logits.
-	var R int
-	if all {
-		R = T
-		b.sel = grow(b.sel, R*H)
-		rmsNorm(b.sel, b.x, T, H, m.w.norm, eps, cfg.GGMLNumerics)
-	} else {
-		R = len(rows)
-		b.sel = grow(b.sel, R*H)
-		for r, i := range rows {
-			l := b.last[i]
-			rmsNorm(b.sel[r*H:(r+1)*H], b.x[l*H:(l+1)*H], 1, H, m.w.norm, eps, cfg.GGMLNumerics)
-		}
+// logitRows returns the logits after the tokens toks (indices into the
+// batch run just computed): [len(toks), vocab] = RMSNorm(x[t])·g_final·
+// W_lmᵀ, a view of the instance's buffer. Each row is computed alone
+// (per-row norm, batch-invariant kernels), so a token's logits do not
+// depend on which other rows are computed with it.
+func (m *Model) logitRows(tm *team, toks []int) []float32 {
+	cfg := &m.w.cfg
+	H, V := cfg.HiddenSize, cfg.VocabSize
+	b := &m.buf
+	R := len(toks)
+	b.sel = grow(b.sel, R*H)
+	for r, t := range toks {
+		rmsNorm(b.sel[r*H:(r+1)*H], b.x[t*H:(t+1)*H], 1, H, m.w.norm, cfg.RMSNormEps, cfg.GGMLNumerics)
 	}
-	V := cfg.VocabSize
 	b.lgt = grow(b.lgt, R*V)
 	if R > 0 {
-		b.lin = linJob{ks: ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt}), q8: &b.q8, q8k: &b.q8k}
+		b.lin = linJob{ks: m.ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt}), q8: &b.q8, q8k: &b.q8k}
 		linear(tm, &b.lin)
+		b.lin = linJob{}
 	}
-	return b.lgt, nil
+	return b.lgt
 }
+
+// sumExp returns Σ exp(x_i − mx) over x, overwriting x with the terms
+// (model.ScorePositionWith's sum for prompt scores): each term is expf
+// (the kernels' e^x, the same bits on every kernel set), added in blocks of
+// expBlock elements, element i of a block to lane i mod 16 in order, each
+// block's lanes reduced by the canonical tree in float32 and the blocks'
+// sums added in float64.
+func (m *Model) sumExp(x []float32, mx float32) float64 {
+	var sum float64
+	for lo := 0; lo < len(x); lo += expBlock {
+		blk := x[lo:min(lo+expBlock, len(x))]
+		a := expArgs{x: unsafe.Pointer(&blk[0]), m: mx}
+		done := 0
+		if ks := m.ks; ks != nil {
+			done = len(blk)
+			if !ks.expTail {
+				done = len(blk) / 16 * 16
+			}
+			if done > 0 {
+				a.n = uintptr(done)
+				ks.expSum(&a)
+			}
+		}
+		for i := done; i < len(blk); i++ {
+			e := expf(blk[i] - mx)
+			blk[i] = e
+			a.lanes[i%16] += e
+		}
+		sum += float64(reduce16(&a.lanes))
+	}
+	return sum
+}
+
+// expBlock is the block of sumExp: 8 terms per float32 lane before the
+// float64 sum, so its rounding stays near float32's own.
+const expBlock = 128
 
 // tokJob runs the per-token steps of a layer over a range of tokens.
 type tokJob struct {

@@ -839,12 +839,18 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 		if a.pDone {
 			pDown = nil // prefill's part is over; its worker may come and go
 		}
+		lines, dDown := a.lines, a.dDown.Done()
+		if n := len(s.held); n > 0 && s.held[n-1].Done {
+			// Decode's stream is over (and closed): only prefill's answer
+			// is awaited.
+			lines, dDown = nil, nil
+		}
 		select {
-		case <-a.dDown.Done():
+		case <-dDown:
 			f = failure{role: workerapi.RoleDecode, err: downError(workerapi.RoleDecode)}
 		case <-pDown:
 			f = failure{role: workerapi.RolePrefill, err: downError(workerapi.RolePrefill)}
-		case ev, ok := <-a.lines:
+		case ev, ok := <-lines:
 			e := ev.err
 			if !ok {
 				e = malformed("decode stream closed")

@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -14,57 +12,18 @@ import (
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/openai/openaitest"
 )
 
-// engineAnswer is everything an engine streamed for one request: each
-// choice's tokens (with their logprobs and top logprobs) and finish reason,
-// and the prompt's logprobs.
-type engineAnswer struct {
-	Tokens map[int][]openai.Token
-	Finish map[int]string
-	Prompt []model.PositionLogprobs
-}
-
 // runEngine runs g on engine e to its end.
-func runEngine(t *testing.T, e openai.Engine, g openai.GenerateRequest) engineAnswer {
+func runEngine(t *testing.T, e openai.Engine, g openai.GenerateRequest) openaitest.Answer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := e.Generate(ctx, &g)
+	a, err := openaitest.Run(ctx, e, g)
 	if err != nil {
-		t.Fatalf("%s: %v", g.RID, err)
-	}
-	defer st.Close()
-	a := engineAnswer{Tokens: map[int][]openai.Token{}, Finish: map[int]string{}}
-	n := max(1, g.N)
-	for {
-		c, err := st.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("%s (n %d, max_tokens %d, prompt logprobs %v/%d, %+v): %v", g.RID, g.N, g.MaxTokens, g.ScorePrompt,
-				g.PromptTopLogprobs, g.Sampling, err)
-		}
-		if c.PromptLogprobs != nil {
-			if a.Prompt != nil {
-				t.Fatalf("%s: prompt logprobs twice", g.RID)
-			}
-			a.Prompt = c.PromptLogprobs
-		}
-		if _, done := a.Finish[c.Index]; done && len(c.Tokens) > 0 {
-			t.Fatalf("%s: tokens of choice %d after it finished", g.RID, c.Index)
-		}
-		a.Tokens[c.Index] = append(a.Tokens[c.Index], c.Tokens...)
-		if c.FinishReason != "" {
-			a.Finish[c.Index] = c.FinishReason
-		}
-		if c.Done || (n == 1 && c.FinishReason != "") {
-			break
-		}
-	}
-	if len(a.Finish) != n {
-		t.Fatalf("%s: %d of %d choices finished: %v", g.RID, len(a.Finish), n, a.Finish)
+		t.Fatalf("%s (n %d, max_tokens %d, prompt logprobs %v/%d, %+v): %v", g.RID, g.N, g.MaxTokens, g.ScorePrompt,
+			g.PromptTopLogprobs, g.Sampling, err)
 	}
 	return a
 }
@@ -126,8 +85,8 @@ func TestEngineChoicesAndLogprobsPDEqualsColocated(t *testing.T) {
 		}
 		if g.N > 1 && g.Sampling.Temperature > 0 && g.MaxTokens > 4 {
 			distinct := map[string]bool{}
-			for _, toks := range a.Tokens {
-				distinct[fmt.Sprint(tokenIDs(toks))] = true
+			for c := range a.Tokens {
+				distinct[fmt.Sprint(a.IDs(c))] = true
 			}
 			if len(distinct) < 2 {
 				t.Fatalf("request %d: %d sampled choices are all the same: %v", i, g.N, a.Tokens)
@@ -139,12 +98,4 @@ func TestEngineChoicesAndLogprobsPDEqualsColocated(t *testing.T) {
 			t.Fatalf("request %d again differs: %s", i, cmp.Diff(a.Tokens, b.Tokens))
 		}
 	}
-}
-
-func tokenIDs(toks []openai.Token) []int32 {
-	out := make([]int32, len(toks))
-	for i, t := range toks {
-		out[i] = t.ID
-	}
-	return out
 }

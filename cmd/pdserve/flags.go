@@ -206,6 +206,25 @@ type workerFlags struct {
 	optForce          float64
 	admissionDelay    time.Duration
 	noPrefixCache     bool
+	schedulingPolicy  string
+}
+
+// Scheduling policies (--scheduling-policy, vLLM's names).
+const (
+	policyFCFS     = "fcfs"
+	policyPriority = "priority"
+)
+
+// checkSchedulingPolicy refuses a --scheduling-policy that is not one, and
+// reports whether it is priority.
+func checkSchedulingPolicy(p string) (bool, error) {
+	switch p {
+	case policyFCFS:
+		return false, nil
+	case policyPriority:
+		return true, nil
+	}
+	return false, usagef("--scheduling-policy %q: want %s or %s", p, policyFCFS, policyPriority)
 }
 
 // optimisticAlias is SGLang's older name of --optimistic-prefill-attempts,
@@ -230,6 +249,7 @@ func (f *workerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.kvAuth, "kv-auth", "", "shared secret for the KV channel only (deprecated: --internal-secret covers the KV channel and the worker API)")
 	_ = fs.MarkDeprecated("kv-auth", "use --internal-secret (it also signs the worker API)")
 	fs.StringVar(&f.metricsCompat, "metrics-compat", "", `also export another server's metric names on /metrics: "sglang" (SGLang's sglang:* series; see docs/coming-from-sglang.md)`)
+	fs.StringVar(&f.schedulingPolicy, "scheduling-policy", policyFCFS, "the order of requests waiting to start: fcfs (arrival) or priority (the request's priority field, lower first, then arrival; the highest value is preempted first), as vLLM's --scheduling-policy")
 	fs.BoolVar(&f.noPrefixCache, "disable-prefix-cache", false, "turn the prefix cache off: every prompt is computed in full and decode receives every page (on by default, as in SGLang and vLLM)")
 	fs.IntVar(&f.optAttempts, "optimistic-prefill-attempts", d.OptimisticAttempts, "prefill: forward passes a request may take before decode opens its room (0: off; alias --"+optimisticAlias+")")
 	fs.Float64Var(&f.optMaxParked, "optimistic-prefill-max-parked", d.OptimisticMaxParked, "prefill: fraction of the KV pool that optimistic KV not yet bound to its room may hold; at the cap new requests wait for their room")
@@ -281,6 +301,11 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	mc.OptimisticAttempts = f.optAttempts
 	mc.OptimisticMaxParked = f.optMaxParked
 	mc.PrefixCache = !f.noPrefixCache
+	prio, err := checkSchedulingPolicy(f.schedulingPolicy)
+	if err != nil {
+		return cluster.WorkerOptions{}, err
+	}
+	mc.PriorityScheduling = prio
 	if !(f.optForce >= 0 && f.optForce <= 1) {
 		return cluster.WorkerOptions{}, usagef("--test-force-optimistic-prefill must be a fraction in [0, 1], got %v", f.optForce)
 	}

@@ -443,18 +443,26 @@ func ScorePositionWith(logits []float32, target int32, top []TokenLogprob, sc *S
 		return PositionLogprobs{}
 	}
 	lt := logits[target]
-	m := logits[0]
+	maxI := 0 // the first of the highest logits: the most likely token
 	rank := int32(1)
-	for _, l := range logits[:target] {
-		m = max32(m, l)
+	for i, l := range logits[:target] {
+		if l > logits[maxI] {
+			maxI = i
+		}
 		rank += b2i(l >= lt)
 	}
-	for _, l := range logits[target:] {
-		m = max32(m, l)
+	for i, l := range logits[target:] {
+		if l > logits[maxI] {
+			maxI = int(target) + i
+		}
 		rank += b2i(l > lt)
 	}
+	m := logits[maxI]
 	n := min(len(top), V)
-	if n > 0 {
+	switch {
+	case n == 1:
+		top[0] = TokenLogprob{ID: int32(maxI), Logprob: m}
+	case n > 1:
 		if sc == nil {
 			sc = new(SampleScratch)
 		}
@@ -485,14 +493,6 @@ func b2i(b bool) int32 {
 		return 1
 	}
 	return 0
-}
-
-// max32 is the greater of m and l (m when either is NaN or they are equal).
-func max32(m, l float32) float32 {
-	if l > m {
-		return l
-	}
-	return m
 }
 
 // topN returns the n (0 < n ≤ len(x)) first ids of x in candidate order

@@ -37,9 +37,11 @@ func report(b *testing.B, tokens int, wall, cpu time.Duration) {
 }
 
 // BenchmarkSmolLM2 measures the SmolLM2-135M shape (bf16 weights, F32 KV)
-// with random weights: decode at batch 1 and 16 with 128 tokens of context,
-// and prefill of a 512-token prompt. Each reports tok/s (generated or
-// prompt tokens per second of Forward time). The checkpoint is written once
+// with random weights: decode at batch 1 and 16 with 128 tokens of context
+// (at batch 16 also with 20 top logprobs per token, decode-batch16-top20),
+// and prefill of a 512-token prompt (prefill-512-score also scores every
+// prompt position with one alternative: prompt_logprobs 1). Each reports
+// tok/s (generated or prompt tokens per second of Forward time). The checkpoint is written once
 // (~270 MB in a temporary directory), or read from $PDSERVE_SMOLLM2_DIR if
 // set (a directory written by llamatest.SmolLM2135M().Write, as the
 // llama.cpp comparison in tools/llamacpp-bench does), or -model (a
@@ -64,7 +66,7 @@ func BenchmarkSmolLM2(b *testing.B) {
 	b.Logf("weights %d MB, GOMAXPROCS threads, %s kernels", m.WeightBytes()>>20, m.Kernels())
 	const ctxLen = 128
 	rng := rand.New(rand.NewPCG(1, 1))
-	decode := func(b *testing.B, batch int) {
+	decode := func(b *testing.B, batch int, sampling model.SamplingParams) {
 		pool, err := kvcache.NewPool(m.Info().Geometry, 16, int64(batch)*640*int64(m.Info().Geometry.BytesPerToken()))
 		if err != nil {
 			b.Fatal(err)
@@ -75,7 +77,7 @@ func BenchmarkSmolLM2(b *testing.B) {
 			if !ok {
 				b.Fatal("pool exhausted")
 			}
-			seqs[i] = model.SeqInput{Pages: pages, Tokens: randomTokens(rng, ctxLen, spec.Vocab), Sample: true, Sampling: greedy}
+			seqs[i] = model.SeqInput{Pages: pages, Tokens: randomTokens(rng, ctxLen, spec.Vocab), Sample: true, Sampling: sampling}
 		}
 		out := make([]model.SeqOutput, batch)
 		if err := m.Forward(context.Background(), pool, seqs, out); err != nil {
@@ -94,15 +96,23 @@ func BenchmarkSmolLM2(b *testing.B) {
 		}
 		report(b, b.N*batch, time.Since(start), processCPU()-cpu0)
 	}
-	b.Run("decode-batch1", func(b *testing.B) { decode(b, 1) })
-	b.Run("decode-batch16", func(b *testing.B) { decode(b, 16) })
-	b.Run("prefill-512", func(b *testing.B) {
+	top20 := greedy
+	top20.TopLogprobs = 20
+	b.Run("decode-batch1", func(b *testing.B) { decode(b, 1, greedy) })
+	b.Run("decode-batch16", func(b *testing.B) { decode(b, 16, greedy) })
+	b.Run("decode-batch16-top20", func(b *testing.B) { decode(b, 16, top20) })
+	prefill := func(b *testing.B, score bool) {
 		pool, err := kvcache.NewPool(m.Info().Geometry, 16, 640*int64(m.Info().Geometry.BytesPerToken()))
 		if err != nil {
 			b.Fatal(err)
 		}
 		pages, _ := pool.Alloc(pool.PagesFor(512))
 		in := []model.SeqInput{{Pages: pages, Tokens: randomTokens(rng, 512, spec.Vocab), Sample: true, Sampling: greedy}}
+		if score { // each position's target is the next prompt token
+			in[0].Score, in[0].ScoreTop = make([]int32, 512), 1
+			copy(in[0].Score, in[0].Tokens[1:])
+			in[0].Score[511] = -1
+		}
 		out := make([]model.SeqOutput, 1)
 		b.ResetTimer()
 		start, cpu0 := time.Now(), processCPU()
@@ -112,5 +122,7 @@ func BenchmarkSmolLM2(b *testing.B) {
 			}
 		}
 		report(b, b.N*512, time.Since(start), processCPU()-cpu0)
-	})
+	}
+	b.Run("prefill-512", func(b *testing.B) { prefill(b, false) })
+	b.Run("prefill-512-score", func(b *testing.B) { prefill(b, true) })
 }

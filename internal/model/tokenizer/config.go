@@ -182,40 +182,30 @@ type chatTemplate struct {
 	vars map[string]jinja.Value
 }
 
-// ApplyChatTemplate renders msgs with the model's chat template as
-// transformers' apply_chat_template(msgs, add_generation_prompt=True,
-// tokenize=False) does: the variables are messages (a list of {role,
-// content} dicts, in that key order), add_generation_prompt (true), tools
-// and documents (none), and the special tokens of tokenizer_config.json
-// that are set (bos_token, eos_token, unk_token, sep_token, pad_token,
-// cls_token, mask_token). Jinja's trim_blocks and lstrip_blocks are on, as
-// in transformers. The result is meant for Encode(…, false): it holds the
-// template's own BOS. It returns an error if the model has no usable
-// template or the template fails (e.g. raise_exception for a role order it
-// rejects).
+// ApplyChatTemplate renders msgs with the model's chat template, or with
+// opts.Template (compiled through the tokenizer's TemplateCache), as
+// transformers' apply_chat_template(msgs, tokenize=False) does (RenderChat):
+// the variables are messages (a list of {role, content} dicts, in that key
+// order), add_generation_prompt (true unless opts says otherwise), tools
+// and documents (none), the special tokens of tokenizer_config.json that
+// are set (bos_token, eos_token, unk_token, sep_token, pad_token,
+// cls_token, mask_token), and opts.Kwargs. Jinja's trim_blocks and
+// lstrip_blocks are on, as in transformers. The result is meant for
+// Encode(…, false): it holds the template's own BOS. It returns an error if
+// the model has no usable template (and opts none), opts.Template does not
+// compile or exceeds MaxTemplateBytes, a kwarg is invalid or reserved,
+// ContinueFinalMessage cannot be honoured, or the template fails (e.g.
+// raise_exception for a role order it rejects).
 func (t *Tokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOptions) (string, error) {
 	c := t.chat
-	if c.tmpl == nil {
+	tmpl := c.tmpl
+	if opts.Template != "" {
+		var err error
+		if tmpl, err = t.templates.Get(opts.Template); err != nil {
+			return "", err
+		}
+	} else if tmpl == nil {
 		return "", c.err
 	}
-	list := make([]jinja.Value, len(msgs))
-	for i, m := range msgs {
-		d := jinja.NewDict()
-		d.AsDict().Set("role", jinja.NewString(m.Role))
-		d.AsDict().Set("content", jinja.NewString(m.Content))
-		list[i] = d
-	}
-	data := make(map[string]jinja.Value, len(c.vars)+4)
-	for k, v := range c.vars {
-		data[k] = v
-	}
-	data["messages"] = jinja.NewList(list)
-	data["add_generation_prompt"] = jinja.NewBool(true)
-	data["tools"] = jinja.None()
-	data["documents"] = jinja.None()
-	out, err := c.tmpl.RenderValues(data)
-	if err != nil {
-		return "", fmt.Errorf("chat template: %w", err)
-	}
-	return out, nil
+	return RenderChat(tmpl, msgs, opts, c.vars)
 }

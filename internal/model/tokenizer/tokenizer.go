@@ -23,8 +23,10 @@
 //
 // Decoding (decoders/: ByteLevel, ByteFallback, Fuse) concatenates the
 // tokens' bytes; see Decode and NewDecoder. Chat templates are rendered with
-// github.com/ardanlabs/jinja like transformers' apply_chat_template; see
-// ApplyChatTemplate.
+// github.com/ardanlabs/jinja like transformers' apply_chat_template, with
+// the request's options (no generation prompt, continuing the final
+// message, a template of its own, template kwargs); see ApplyChatTemplate
+// and RenderChat.
 //
 // The fixtures under testdata hold the real Llama 3 and Qwen3 tokenizer
 // files and what transformers.js computes from them
@@ -77,10 +79,11 @@ type Tokenizer struct {
 	// prefix and suffix are added around a sequence with addSpecial.
 	prefix, suffix []int32
 
-	bos  int32 // -1: none
-	eos  []int32
-	chat *chatTemplate
-	pool sync.Pool // of *encodeScratch
+	bos       int32 // -1: none
+	eos       []int32
+	chat      *chatTemplate
+	templates TemplateCache // of the templates requests bring
+	pool      sync.Pool     // of *encodeScratch
 }
 
 var _ model.Tokenizer = (*Tokenizer)(nil)

@@ -11,7 +11,10 @@
 //   - Vocabulary: token ids 0…255 are the bytes of UTF-8 text, [EOS] (256)
 //     ends generation; [VocabSize] is 257. There is no BOS. The tokenizer
 //     encodes text as its bytes and renders chats as
-//     "<|role|>\ncontent\n" per message followed by "<|assistant|>\n".
+//     "<|role|>\ncontent\n" per message followed by "<|assistant|>\n",
+//     honouring model.ChatOptions as a real model's tokenizer does (a
+//     request's template and kwargs are rendered by the same
+//     tokenizer.RenderChat).
 //
 //   - KV bytes: for a token written at position p, each of its 2 × Layers
 //     segment slots (page layout [layer][k|v][slot][kv_heads][head_dim], see

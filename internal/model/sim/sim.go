@@ -40,6 +40,7 @@ type Model struct {
 	// textKeys[i] keys the logit of token textIDs[i].
 	textIDs  []int32
 	textKeys []uint64
+	tok      byteTokenizer
 
 	mu      sync.Mutex // guards the fields below
 	caches  map[*kvcache.Pool]*poolCache
@@ -64,6 +65,7 @@ func New(cfg Config) (*Model, error) {
 		tab:    newKVTable(lay.wps),
 		caches: make(map[*kvcache.Pool]*poolCache),
 		logits: make([]float32, VocabSize),
+		tok:    newByteTokenizer(),
 	}
 	for i := range len(textTokens) {
 		m.textIDs = append(m.textIDs, int32(textTokens[i]))
@@ -101,7 +103,7 @@ func (m *Model) Info() model.Info {
 }
 
 // Tokenizer returns the byte tokenizer (see package doc).
-func (m *Model) Tokenizer() model.Tokenizer { return byteTokenizer{} }
+func (m *Model) Tokenizer() model.Tokenizer { return m.tok }
 
 // isDecode reports whether s is a decode sequence: one token after at least
 // one position already in the cache.

@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/tokenizer"
 )
 
 // Token ids of the simulated model's vocabulary.
@@ -17,10 +18,22 @@ const (
 )
 
 // byteTokenizer maps text to its UTF-8 bytes, one token per byte. It is
-// stateless and safe for concurrent use.
-type byteTokenizer struct{}
+// safe for concurrent use. The zero value compiles chat templates on every
+// call; newByteTokenizer's share a cache.
+type byteTokenizer struct {
+	templates *tokenizer.TemplateCache // nil: none
+}
 
 var _ model.Tokenizer = byteTokenizer{}
+
+// chatFormat is the simulated model's own chat template (see
+// ApplyChatTemplate).
+const chatFormat = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}" +
+	"{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+
+func newByteTokenizer() byteTokenizer {
+	return byteTokenizer{templates: new(tokenizer.TemplateCache)}
+}
 
 // Encode returns the bytes of text as token ids; there is no BOS. Empty text
 // gives an empty, non-nil slice.
@@ -42,24 +55,62 @@ func knownRole(role string) bool {
 }
 
 // ApplyChatTemplate renders "<|role|>\ncontent\n" per message and then
-// "<|assistant|>\n". It rejects an empty conversation and roles other than
-// system, developer, user and assistant.
-func (byteTokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOptions) (string, error) {
+// "<|assistant|>\n" (not with opts.NoGenerationPrompt or
+// opts.ContinueFinalMessage, which also ends the text right after the last
+// message's content), or renders opts.Template instead; both go through
+// tokenizer.RenderChat, so opts.Kwargs are template variables, refused
+// under the reserved names, as for a real model. It rejects an empty
+// conversation and, with its own format, roles other than system,
+// developer, user and assistant.
+func (t byteTokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOptions) (string, error) {
 	if len(msgs) == 0 {
 		return "", fmt.Errorf("chat template: no messages")
 	}
-	var b strings.Builder
-	for i, m := range msgs {
-		if !knownRole(m.Role) {
-			return "", fmt.Errorf("chat template: message %d has unknown role %q (want system, developer, user or assistant)", i, m.Role)
+	src := opts.Template
+	if src == "" {
+		src = chatFormat
+		for i, m := range msgs {
+			if !knownRole(m.Role) {
+				return "", fmt.Errorf("chat template: message %d has unknown role %q (want system, developer, user or assistant)", i, m.Role)
+			}
 		}
+	}
+	if opts.Template == "" && len(opts.Kwargs) == 0 {
+		return renderOwn(msgs, opts)
+	}
+	cache := t.templates
+	if cache == nil {
+		cache = new(tokenizer.TemplateCache)
+	}
+	tmpl, err := cache.Get(src)
+	if err != nil {
+		return "", err
+	}
+	return tokenizer.RenderChat(tmpl, msgs, opts, nil)
+}
+
+// renderOwn is chatFormat rendered without the template engine (a chat
+// request without a template or kwargs: the common case, 20 times
+// faster), with the same result as tokenizer.RenderChat gives.
+func renderOwn(msgs []model.Message, opts model.ChatOptions) (string, error) {
+	cont := opts.ContinueFinalMessage
+	if cont && msgs[len(msgs)-1].Role != "assistant" {
+		return "", fmt.Errorf("chat template: continue_final_message needs a final message from the assistant")
+	}
+	var b strings.Builder
+	for _, m := range msgs {
 		b.WriteString("<|")
 		b.WriteString(m.Role)
 		b.WriteString("|>\n")
 		b.WriteString(m.Content)
 		b.WriteString("\n")
 	}
-	b.WriteString("<|assistant|>\n")
+	if cont {
+		return tokenizer.ContinueFinal(b.String(), msgs[len(msgs)-1].Content)
+	}
+	if !opts.NoGenerationPrompt {
+		b.WriteString("<|assistant|>\n")
+	}
 	return b.String(), nil
 }
 

@@ -1,12 +1,14 @@
 package sim
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/tokenizer"
 )
 
 func TestEncode(t *testing.T) {
@@ -127,5 +129,70 @@ func TestDecoderRoundTrip(t *testing.T) {
 	b.WriteString(d.Flush())
 	if b.String() != text {
 		t.Errorf("round trip = %q, want %q", b.String(), text)
+	}
+}
+
+func TestApplyChatTemplateOptions(t *testing.T) {
+	tok := newByteTokenizer()
+	q := []model.Message{{Role: "user", Content: "hi"}}
+	qa := append(q, model.Message{Role: "assistant", Content: "Hel"})
+	kw := func(k, v string) map[string]json.RawMessage { return map[string]json.RawMessage{k: json.RawMessage(v)} }
+	thinking := "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}" +
+		"{% if add_generation_prompt %}assistant:{% if enable_thinking is defined and not enable_thinking %} <no-think>{% endif %}{% endif %}"
+	for _, tc := range []struct {
+		name    string
+		msgs    []model.Message
+		opts    model.ChatOptions
+		want    string
+		wantErr string
+	}{
+		{name: "no generation prompt", msgs: q, opts: model.ChatOptions{NoGenerationPrompt: true}, want: "<|user|>\nhi\n"},
+		{name: "continue final message", msgs: qa, opts: model.ChatOptions{ContinueFinalMessage: true}, want: "<|user|>\nhi\n<|assistant|>\nHel"},
+		{name: "continue needs the assistant's", msgs: q, opts: model.ChatOptions{ContinueFinalMessage: true}, wantErr: "needs a final message from the assistant"},
+		{name: "template", msgs: q, opts: model.ChatOptions{Template: thinking}, want: "user: hi\nassistant:"},
+		{name: "template with kwargs", msgs: q, opts: model.ChatOptions{Template: thinking, Kwargs: kw("enable_thinking", "false")}, want: "user: hi\nassistant: <no-think>"},
+		{name: "template, continued", msgs: qa, opts: model.ChatOptions{Template: thinking, ContinueFinalMessage: true}, want: "user: hi\nassistant: Hel"},
+		{name: "template without generation prompt", msgs: q, opts: model.ChatOptions{Template: thinking, NoGenerationPrompt: true}, want: "user: hi\n"},
+		{name: "template takes any role", msgs: []model.Message{{Role: "tool", Content: "42"}}, opts: model.ChatOptions{Template: thinking}, want: "tool: 42\nassistant:"},
+		{name: "template that does not compile", msgs: q, opts: model.ChatOptions{Template: "{% if %}"}, wantErr: "chat_template cannot be compiled"},
+		{name: "kwargs with the own format", msgs: q, opts: model.ChatOptions{Kwargs: kw("enable_thinking", "true")}, want: "<|user|>\nhi\n<|assistant|>\n"},
+		{name: "reserved kwarg", msgs: q, opts: model.ChatOptions{Kwargs: kw("messages", "[]")}, wantErr: `"messages" may not be set`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tok.ApplyChatTemplate(tc.msgs, tc.opts)
+			switch {
+			case tc.wantErr != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %q, %v; want an error containing %q", got, err, tc.wantErr)
+				}
+			case err != nil || got != tc.want:
+				t.Fatalf("got %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestOwnFormatMatchesTemplate checks that the format rendered without the
+// template engine is chatFormat's output for every option.
+func TestOwnFormatMatchesTemplate(t *testing.T) {
+	tmpl, err := new(tokenizer.TemplateCache).Get(chatFormat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	convs := [][]model.Message{
+		{{Role: "user", Content: "hi"}},
+		{{Role: "system", Content: ""}, {Role: "user", Content: "q"}, {Role: "assistant", Content: " a b \n"}},
+		{{Role: "user", Content: "ab"}, {Role: "assistant", Content: "ab"}},
+		{{Role: "user", Content: "x"}, {Role: "assistant", Content: ""}},
+		{{Role: "user", Content: "é\n"}, {Role: "assistant", Content: "\n\n"}},
+	}
+	for i, msgs := range convs {
+		for _, opts := range []model.ChatOptions{{}, {NoGenerationPrompt: true}, {ContinueFinalMessage: true}} {
+			want, werr := tokenizer.RenderChat(tmpl, msgs, opts, nil)
+			got, gerr := renderOwn(msgs, opts)
+			if got != want || (werr == nil) != (gerr == nil) {
+				t.Errorf("conversation %d %+v: own %q, %v; template %q, %v", i, opts, got, gerr, want, werr)
+			}
+		}
 	}
 }

@@ -78,14 +78,16 @@ func RenderChat(tmpl *jinja.Template, msgs []model.Message, opts model.ChatOptio
 		return "", fmt.Errorf("chat template: %w", err)
 	}
 	if cont {
-		return cutAfterFinal(out, msgs[len(msgs)-1].Content)
+		return ContinueFinal(out, msgs[len(msgs)-1].Content)
 	}
 	return out, nil
 }
 
-// cutAfterFinal cuts rendered right after the final message's content
-// (transformers' continue_final_message).
-func cutAfterFinal(rendered, final string) (string, error) {
+// ContinueFinal cuts a chat rendered without a generation prompt right
+// after its final message, whose content is final, as transformers'
+// continue_final_message does (see RenderChat). It returns an error if the
+// text does not contain the content.
+func ContinueFinal(rendered, final string) (string, error) {
 	trimmed := strings.TrimSpace(final)
 	at := strings.LastIndex(rendered, trimmed)
 	if at < 0 {

@@ -97,10 +97,13 @@ type SeqOutput struct {
 // Model runs batched forward steps.
 type Model interface {
 	Info() Info
-	// Forward runs one step over seqs, writing out[i] for each seqs[i] with
-	// Sample set. len(out) == len(seqs). It returns ctx.Err() if cancelled and
-	// an error for input it cannot run (a token id out of range, pages that do
-	// not cover the positions).
+	// Forward runs one step over seqs, writing out[i] for each seqs[i]: the
+	// sampled token (SampleSeq of the logits after the last token) when
+	// Sample is set, the prompt scores (ScorePosition of the logits after
+	// each scored token) when Score is, zero otherwise. len(out) ==
+	// len(seqs). It returns ctx.Err() if cancelled and an error for input it
+	// cannot run (a token id out of range, pages that do not cover the
+	// positions, fields BatchCheck refuses).
 	Forward(ctx context.Context, pool *kvcache.Pool, seqs []SeqInput, out []SeqOutput) error
 	// Tokenizer returns the model's tokenizer, or nil if it has none (token-id
 	// prompts only).

@@ -104,8 +104,9 @@ func SampleSeq(logits []float32, in *SeqInput, sc *SampleScratch) SeqOutput {
 	}
 
 	if p.Temperature == 0 {
-		// Greedy: one distribution, whose log Z is the raw one when nothing
-		// was processed (or raw logprobs are asked for).
+		// Greedy: the logprobs are of the raw logits (raw mode, computed
+		// above when processors changed them) or of the processed ones
+		// (processed mode; the same as raw when no processor applies).
 		dist := proc
 		var logZ float64
 		switch {

@@ -575,6 +575,25 @@ func TestSampleSeqMatchesReference(t *testing.T) {
 	}
 }
 
+// FuzzSampleSeq compares SampleSeq with the naive reference on logits and
+// sampling fields drawn from the fuzzer's seed (go test -fuzz
+// FuzzSampleSeq ./internal/model/).
+func FuzzSampleSeq(f *testing.F) {
+	for _, s := range [][2]uint64{{0, 1}, {1, 700}, {2, 3}, {99, 16}, {5, 5000}} {
+		f.Add(s[0], s[1])
+	}
+	var sc SampleScratch
+	f.Fuzz(func(t *testing.T, seed, size uint64) {
+		rng := rand.New(rand.NewPCG(seed, size))
+		V := 1 + int(size%5000)
+		logits := randomLogits(rng, V)
+		in := randomInput(rng, V)
+		if diff := cmp.Diff(sampleSeqRef(logits, &in), SampleSeq(logits, &in, &sc), sameOutput); diff != "" {
+			t.Fatalf("V=%d %+v:\n(-ref +got):\n%s", V, in, diff)
+		}
+	})
+}
+
 // TestSampleSeqLegacy checks that a request setting none of the new fields
 // draws exactly as the reference of Sample before they existed (sampleRef
 // of sample_test.go) over vocabularies on both sides of the radix/heap

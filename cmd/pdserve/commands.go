@@ -101,6 +101,7 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		portBase int
 		pf       pairingFlags
 		fdf      frontDoorFlags
+		af       apiFlags
 		inf      internalFlags
 	)
 	cmd := &cobra.Command{
@@ -157,6 +158,10 @@ stops at once, answering what is left with an error (exit status 1).`,
 			if err != nil {
 				return err
 			}
+			api, err := af.options()
+			if err != nil {
+				return err
+			}
 			if wo.Secret, _, err = inf.options(log); err != nil {
 				return err
 			}
@@ -166,7 +171,7 @@ stops at once, answering what is left with an error (exit status 1).`,
 			watchTLS(cmd.Context(), log, frontTLS)
 			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port, WorkerPortBase: portBase,
 				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,
-				NewModel: newModel, Worker: wo, Router: cluster.RouterOptions{FrontDoor: fd, FrontTLS: frontTLS, RouterTuning: rt}, Logger: log})
+				NewModel: newModel, Worker: wo, Router: cluster.RouterOptions{FrontDoor: fd, FrontTLS: frontTLS, RouterTuning: rt, API: api}, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -201,6 +206,7 @@ stops at once, answering what is left with an error (exit status 1).`,
 	fs.IntVar(&nServe, "colocated-workers", 0, "run this many colocated workers behind the router instead of prefill/decode (plain mode, for comparison)")
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGINT/SIGTERM, how long to let requests in flight finish before shutting down (0: shut down at once)")
 	fdf.add(fs, true)
+	af.add(fs)
 	inf.add(fs, false, "the shared secret of the workers' and the router's channels (default: a fresh random one, so the loopback worker API and KV channel are authenticated too)")
 	fs.IntVar(&portBase, "worker-port-base", 0, "fixed worker ports: worker k (prefill, then decode) on base+k, prefill i's KV channel on base+64+i (0: free ports; the router's GET /discovery/prometheus lists them either way)")
 	pf.add(fs)
@@ -219,6 +225,7 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 		rf     registrationFlags
 		drainT time.Duration
 		fdf    frontDoorFlags
+		af     apiFlags
 		inf    internalFlags
 	)
 	short := map[string]string{
@@ -269,6 +276,9 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			}
 			if role == "serve" {
 				if wo.FrontTLS, wo.FrontDoor, err = fdf.options(log); err != nil {
+					return err
+				}
+				if wo.API, err = af.options(); err != nil {
 					return err
 				}
 				if wo.FrontTLS != nil && wo.InternalTLS != nil {
@@ -337,6 +347,7 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 	inf.add(fs, true, secretUsage)
 	if role == "serve" {
 		fdf.add(fs, false)
+		af.add(fs)
 	}
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to finish the requests already admitted (new ones get 503 + Retry-After) before shutting down; a second signal stops at once")
 	return cmd
@@ -394,6 +405,7 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 		df        discoveryFlags
 		drainT    time.Duration
 		fdf       frontDoorFlags
+		af        apiFlags
 		inf       internalFlags
 	)
 	cmd := &cobra.Command{
@@ -446,6 +458,9 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 			if ro.FrontTLS, ro.FrontDoor, err = fdf.options(log); err != nil {
 				return err
 			}
+			if ro.API, err = af.options(); err != nil {
+				return err
+			}
 			if ro.Secret, ro.InternalTLS, err = inf.options(log); err != nil {
 				return err
 			}
@@ -494,6 +509,7 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 	pf.add(fs)
 	df.add(fs)
 	fdf.add(fs, true)
+	af.add(fs)
 	inf.add(fs, true, secretUsage)
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to let requests in flight finish (/health answers 503, new requests get 503 + Retry-After) before shutting down")
 	return cmd

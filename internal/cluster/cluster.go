@@ -75,6 +75,9 @@ type WorkerOptions struct {
 	// port).
 	FrontDoor *auth.FrontDoor
 	FrontTLS  *tlsconf.Source
+	// API are a colocated worker's OpenAI API options (serve:
+	// --max-logprobs, --logprobs-mode).
+	API openai.APIOptions
 	// WrapBackend, if set, wraps the KV transport (fault injection in tests).
 	WrapBackend func(kvxfer.Backend) kvxfer.Backend
 	// KVDial, if set, opens a decode worker's KV connections (fault
@@ -224,7 +227,7 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	}
 	var h http.Handler = peer.Wrap(w.Handler(reg), nil, workerMaxBody)
 	if mc.Role == lifecycle.RoleColocated {
-		if h, err = colocatedHandler(w, reg, peer, o.FrontDoor, o.Logger); err != nil {
+		if h, err = colocatedHandler(w, reg, peer, o.FrontDoor, o.API, o.Logger); err != nil {
 			_ = w.Shutdown(context.Background())
 			return nil, err
 		}
@@ -348,14 +351,14 @@ func guardFrontDoor(h http.Handler, fd *auth.FrontDoor, answer func(endpoint str
 
 // colocatedHandler serves the OpenAI API (on the worker itself) next to the
 // worker API, for `pdserve serve`, behind the front door's keys.
-func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, peer *auth.PeerAuth, fd *auth.FrontDoor, log *slog.Logger) (http.Handler, error) {
+func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, peer *auth.PeerAuth, fd *auth.FrontDoor, api openai.APIOptions, log *slog.Logger) (http.Handler, error) {
 	info := w.ModelInfo()
 	fe, err := metrics.NewFrontend(reg, "colocated")
 	if err != nil {
 		return nil, err
 	}
 	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(), VocabSize: info.VocabSize,
-		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated"), OnAnswer: fe.Answer})
+		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated"), OnAnswer: fe.Answer, APIOptions: api})
 	h := openai.Routes(oa, peer.Wrap(w.Handler(reg), nil, workerMaxBody))
 	if fd != nil {
 		p := *fd
@@ -418,7 +421,9 @@ type RouterOptions struct {
 	// them over HTTPS (--ssl-*).
 	FrontDoor *auth.FrontDoor
 	FrontTLS  *tlsconf.Source
-	Logger    *slog.Logger
+	// API are the OpenAI API's options (--max-logprobs, --logprobs-mode).
+	API    openai.APIOptions
+	Logger *slog.Logger
 }
 
 // RouterTuning is how a router pairs and sheds load (router.Config; zero
@@ -490,7 +495,7 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		client = WorkerClient(o.Secret, o.InternalTLS)
 	}
 	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, Client: client,
-		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS,
+		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS, API: o.API,
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
 		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
 		CacheAware: o.CacheAware, LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,

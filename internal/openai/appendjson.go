@@ -50,11 +50,20 @@ func appendCompletion(b []byte, r *CompletionResponse) []byte {
 		b = strconv.AppendInt(b, int64(c.Index), 10)
 		b = append(b, `,"text":`...)
 		b = appendJSONString(b, c.Text)
-		b = appendLogprobs(b, c.Logprobs)
+		b = append(b, `,"logprobs":`...)
+		if c.Logprobs == nil {
+			b = append(b, "null"...)
+		} else {
+			b = appendCompletionLogprobs(b, c.Logprobs)
+		}
 		b = append(b, `,"finish_reason":`...)
 		b = appendOptString(b, c.FinishReason)
 		b = appendIDs(b, `,"prompt_token_ids":`, c.PromptTokenIDs)
 		b = appendIDs(b, `,"token_ids":`, c.TokenIDs)
+		if len(c.PromptLogprobs) > 0 {
+			b = append(b, `,"prompt_logprobs":`...)
+			b = appendPromptLogprobs(b, c.PromptLogprobs)
+		}
 		return append(b, '}')
 	})
 	b = appendUsage(b, r.Usage)
@@ -81,7 +90,12 @@ func appendChatChunk(b []byte, r *ChatCompletionChunk) []byte {
 			b = appendJSONString(b, *c.Delta.Content)
 		}
 		b = append(b, '}')
-		b = appendLogprobs(b, c.Logprobs)
+		b = append(b, `,"logprobs":`...)
+		if c.Logprobs == nil {
+			b = append(b, "null"...)
+		} else {
+			b = appendChatLogprobs(b, c.Logprobs)
+		}
 		b = append(b, `,"finish_reason":`...)
 		b = appendOptString(b, c.FinishReason)
 		b = appendIDs(b, `,"token_ids":`, c.TokenIDs)
@@ -106,13 +120,6 @@ func appendArray[T any](b []byte, xs []T, f func([]byte, *T) []byte) []byte {
 		b = f(b, &xs[i])
 	}
 	return append(b, ']')
-}
-
-func appendLogprobs(b []byte, l *struct{}) []byte {
-	if l == nil {
-		return append(b, `,"logprobs":null`...)
-	}
-	return append(b, `,"logprobs":{}`...)
 }
 
 func appendOptString(b []byte, s *string) []byte {

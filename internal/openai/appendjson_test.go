@@ -51,12 +51,6 @@ func randUsage(r *rand.Rand) *Usage {
 	return u
 }
 
-func randLogprobs(r *rand.Rand) *struct{} {
-	if r.IntN(4) == 0 {
-		return &struct{}{}
-	}
-	return nil
-}
 
 func randEvent(r *rand.Rand) any {
 	n := r.IntN(3)
@@ -67,8 +61,8 @@ func randEvent(r *rand.Rand) any {
 			e.Choices = []CompletionChoice{}
 		}
 		for i := range n {
-			e.Choices = append(e.Choices, CompletionChoice{Index: i, Text: randString(r), Logprobs: randLogprobs(r),
-				FinishReason: randOpt(r), PromptTokenIDs: randIDs(r), TokenIDs: randIDs(r)})
+			e.Choices = append(e.Choices, CompletionChoice{Index: i, Text: randString(r), Logprobs: randCompletionLogprobs(r),
+				FinishReason: randOpt(r), PromptTokenIDs: randIDs(r), TokenIDs: randIDs(r), PromptLogprobs: randPromptLogprobs(r)})
 		}
 		return e
 	}
@@ -82,7 +76,7 @@ func randEvent(r *rand.Rand) any {
 		if r.IntN(2) == 0 {
 			d.Role = randString(r)
 		}
-		e.Choices = append(e.Choices, ChatChunkChoice{Index: i, Delta: d, Logprobs: randLogprobs(r),
+		e.Choices = append(e.Choices, ChatChunkChoice{Index: i, Delta: d, Logprobs: randChatLogprobs(r),
 			FinishReason: randOpt(r), TokenIDs: randIDs(r)})
 	}
 	return e

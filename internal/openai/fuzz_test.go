@@ -114,7 +114,7 @@ func FuzzOutput(f *testing.F) {
 		var sent strings.Builder
 		for _, c := range chunks {
 			o.add(c)
-			s, _ := o.take()
+			s, _, _ := o.take()
 			sent.WriteString(s)
 			if o.finished {
 				break

@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	randv2 "math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pdserve/pdserve/internal/model"
 )
@@ -44,6 +47,8 @@ type Config struct {
 	// VocabSize, if positive, bounds the token ids a prompt may carry
 	// (0 ≤ id < VocabSize); 0 leaves that check to the engine.
 	VocabSize int
+	// APIOptions are the server's choices of what the API offers.
+	APIOptions
 	// EOS lists the model's end-of-sequence token ids. The engine stops at
 	// them; the front end only keeps them out of the output text.
 	EOS []int32
@@ -78,6 +83,18 @@ type Config struct {
 	// request that will be refused costs little. The engine must still
 	// refuse what it cannot serve; Admit only answers earlier.
 	Admit func() error
+}
+
+// APIOptions are a server's choices of what its OpenAI API offers
+// (command-line flags, the same on the router and a colocated worker).
+type APIOptions struct {
+	// MaxLogprobs bounds logprobs, top_logprobs and prompt_logprobs
+	// (vLLM's --max-logprobs): 0 means DefaultMaxLogprobs; at most
+	// model.MaxLogprobs.
+	MaxLogprobs int
+	// LogprobsMode is the distribution logprobs are of (vLLM's
+	// --logprobs-mode): the model's by default.
+	LogprobsMode model.LogprobsMode
 }
 
 // ServerTimingShed is the Server-Timing metric name of a 429 answer: the
@@ -164,7 +181,8 @@ type handler struct {
 //
 // Any other path gets a 404 and a wrong method a 405, both with an OpenAI
 // error body. It panics if cfg.Engine is nil, cfg.ModelName is empty or
-// cfg.ContextLen < 1 (programming errors).
+// cfg.ContextLen < 1 or cfg.MaxLogprobs is out of range (programming
+// errors).
 func NewHandler(cfg Config) http.Handler {
 	return newHandler(cfg, randv2.Uint64)
 }
@@ -177,6 +195,11 @@ func newHandler(cfg Config, newSeed func() uint64) *handler {
 		panic("openai: Config.ModelName is empty")
 	case cfg.ContextLen < 1:
 		panic("openai: Config.ContextLen < 1")
+	case cfg.MaxLogprobs < 0 || cfg.MaxLogprobs > model.MaxLogprobs:
+		panic("openai: Config.MaxLogprobs out of range")
+	}
+	if cfg.MaxLogprobs == 0 {
+		cfg.MaxLogprobs = DefaultMaxLogprobs
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
@@ -196,7 +219,7 @@ func newHandler(cfg Config, newSeed func() uint64) *handler {
 	return &handler{
 		cfg: cfg,
 		parser: parser{modelName: cfg.ModelName, tok: cfg.Tokenizer, contextLen: cfg.ContextLen, contextNow: cfg.ContextNow,
-			newSeed: newSeed, vocabSize: cfg.VocabSize},
+			newSeed: newSeed, vocabSize: cfg.VocabSize, maxLogprobs: cfg.MaxLogprobs, logprobsMode: cfg.LogprobsMode},
 		log:     cfg.Logger,
 		created: cfg.Now().Unix(),
 	}
@@ -350,15 +373,22 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 
 	rid := h.cfg.NewRID()
 	gr := &GenerateRequest{
-		RID:          rid,
-		InputIDs:     req.promptIDs,
-		MaxTokens:    req.maxTokens,
-		Sampling:     req.sampling,
-		StopTokenIDs: req.stopTokenIDs,
-		IgnoreEOS:    req.ignoreEOS,
-		MinTokens:    req.minTokens,
-		Buffered:     !req.stream && len(req.stop) == 0,
-		Arrived:      arrived,
+		RID:               rid,
+		InputIDs:          req.promptIDs,
+		MaxTokens:         req.maxTokens,
+		ScorePrompt:       req.scorePrompt,
+		PromptTopLogprobs: req.promptTop,
+		Priority:          req.priority,
+		Timeout:           req.timeout,
+		Sampling:          req.sampling,
+		StopTokenIDs:      req.stopTokenIDs,
+		IgnoreEOS:         req.ignoreEOS,
+		MinTokens:         req.minTokens,
+		Buffered:          !req.stream && len(req.stop) == 0,
+		Arrived:           arrived,
+	}
+	if req.bestOf > 1 {
+		gr.N = req.bestOf
 	}
 	stream, err := h.cfg.Engine.Generate(ctx, gr)
 	if err == nil && stream == nil {
@@ -375,7 +405,10 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 
 	rs := &response{
 		h: h, req: req, rid: rid, created: h.cfg.Now().Unix(), received: received,
-		out: newOutput(h.cfg.Tokenizer, req, h.cfg.EOS),
+		outs: make([]*output, max(1, req.bestOf)),
+	}
+	for i := range rs.outs {
+		rs.outs[i] = newOutput(h.cfg.Tokenizer, req, h.cfg.EOS)
 	}
 	var outcome string
 	if req.stream {
@@ -384,7 +417,7 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		outcome = rs.collect(ctx, w, rc, stream)
 	}
 	h.log.Debug("request ended", "rid", rid, "endpoint", endpoint, "outcome", outcome,
-		"prompt_tokens", len(req.promptIDs), "completion_tokens", len(rs.out.ids))
+		"prompt_tokens", len(req.promptIDs), "completion_tokens", rs.completionTokens(rs.outs))
 }
 
 // fail writes err as an error answer and logs it.
@@ -419,37 +452,96 @@ func (h *handler) logError(endpoint, rid string, e *Error, when string) {
 
 // response is the state of one request's answer.
 type response struct {
-	h        *handler
-	req      *request
-	rid      string
-	created  int64
-	out      *output
+	h       *handler
+	req     *request
+	rid     string
+	created int64
+	// outs holds each choice's output (req.bestOf of them).
+	outs     []*output
 	received time.Time // when the front end got the request (Server-Timing)
+	// prompt holds the prompt's logprobs (req.scorePrompt), from the
+	// engine's first chunk.
+	prompt []model.PositionLogprobs
+	// cached is the prompt tokens the engine's prefix cache saved.
+	cached int
+	// stopCalled: Stream.Stop was called.
+	stopCalled bool
 }
 
-// recv reads the next chunk into the output, and tells the engine to stop
-// when a stop string ended the output.
-func (rs *response) recv(ctx context.Context, stream Stream) error {
+// finished reports whether every choice has finished.
+func (rs *response) finished() bool {
+	for _, o := range rs.outs {
+		if !o.finished {
+			return false
+		}
+	}
+	return true
+}
+
+// recv reads the next chunk into its choice's output and returns the
+// choice's index. It tells the engine when a stop string ended a choice:
+// Stop once every choice has finished, StopChoice for one of several that
+// still run.
+func (rs *response) recv(ctx context.Context, stream Stream) (int, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return 0, err
 	}
 	c, err := stream.Recv()
 	if errors.Is(err, io.EOF) {
-		err = Internal("the engine ended the stream without a finish reason")
+		err = Internal("the engine ended the stream before every choice finished")
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if rs.out.add(c) && rs.out.stopped {
-		stream.Stop()
+	if c.Index < 0 || c.Index >= len(rs.outs) {
+		return 0, Internal("the engine sent choice %d of a request with %d", c.Index, len(rs.outs))
 	}
-	return nil
+	if c.PromptLogprobs != nil && rs.prompt == nil {
+		if len(c.PromptLogprobs) != len(rs.req.promptIDs) {
+			return 0, Internal("the engine sent %d prompt logprobs for %d prompt tokens", len(c.PromptLogprobs), len(rs.req.promptIDs))
+		}
+		rs.prompt = c.PromptLogprobs
+	}
+	if rs.req.scorePrompt && rs.prompt == nil {
+		return 0, Internal("the engine sent no prompt logprobs")
+	}
+	rs.cached = max(rs.cached, c.CachedTokens)
+	o := rs.outs[c.Index]
+	wasFinished := o.finished
+	o.add(c)
+	switch {
+	case rs.stopCalled:
+	case rs.finished():
+		for _, o := range rs.outs {
+			if o.stopped {
+				rs.stopCalled = true
+				stream.Stop()
+				break
+			}
+		}
+	case !wasFinished && o.finished && o.stopped:
+		if cs, ok := stream.(ChoiceStopper); ok {
+			cs.StopChoice(c.Index)
+		}
+	}
+	return c.Index, nil
 }
 
-func (rs *response) usage() *Usage {
-	p, c := len(rs.req.promptIDs), len(rs.out.ids)
+// completionTokens counts the output tokens of outs.
+func (rs *response) completionTokens(outs []*output) int {
+	n := 0
+	for _, o := range outs {
+		n += len(o.ids)
+	}
+	return n
+}
+
+// usage counts the prompt once and the output tokens of the choices
+// returned.
+func (rs *response) usage(outs []*output) *Usage {
+	p, c := len(rs.req.promptIDs), rs.completionTokens(outs)
 	return &Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c,
-		PromptTokensDetails: &PromptTokensDetails{CachedTokens: min(rs.out.cached, p)}}
+		PromptTokensDetails: &PromptTokensDetails{CachedTokens: min(rs.cached, p)}}
 }
 
 // continuousUsage is the usage so far for a chunk when the client asked
@@ -459,7 +551,7 @@ func (rs *response) continuousUsage() *Usage {
 	if !rs.req.continuousUsage {
 		return nil
 	}
-	return rs.usage()
+	return rs.usage(rs.outs)
 }
 
 func (rs *response) endpoint() string {
@@ -481,11 +573,30 @@ func (rs *response) tokenIDs(ids []int32) []int32 {
 	return ids
 }
 
+// best returns the choices to answer with: all of them, or with best_of
+// the n with the highest cumulative logprob (ties by index), best first.
+func (rs *response) best() []*output {
+	if len(rs.outs) == rs.req.n {
+		return rs.outs
+	}
+	outs := slices.Clone(rs.outs)
+	slices.SortStableFunc(outs, func(a, b *output) int {
+		switch {
+		case a.cum > b.cum:
+			return -1
+		case a.cum < b.cum:
+			return 1
+		}
+		return 0
+	})
+	return outs[:rs.req.n]
+}
+
 // collect answers a request that is not streamed: one JSON body once the
 // output is finished. It returns the outcome for the log.
 func (rs *response) collect(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, stream Stream) string {
-	for !rs.out.finished {
-		if err := rs.recv(ctx, stream); err != nil {
+	for !rs.finished() {
+		if _, err := rs.recv(ctx, stream); err != nil {
 			if ctx.Err() != nil {
 				return "client gone"
 			}
@@ -493,35 +604,41 @@ func (rs *response) collect(ctx context.Context, w http.ResponseWriter, rc *http
 			return "error"
 		}
 	}
-	text, ids := rs.out.all()
-	finish := rs.out.finish
+	outs := rs.best()
 	var body any
 	if rs.req.chat {
-		body = ChatCompletionResponse{
+		r := ChatCompletionResponse{
 			ID: "chatcmpl-" + rs.rid, Object: "chat.completion", Created: rs.created, Model: rs.h.cfg.ModelName,
-			Choices: []ChatChoice{{
-				Message:      ChatResponseMessage{Role: "assistant", Content: text},
-				FinishReason: finish,
-				TokenIDs:     rs.tokenIDs(ids),
-			}},
-			Usage:          rs.usage(),
+			Choices:        make([]ChatChoice, len(outs)),
+			Usage:          rs.usage(outs),
 			PromptTokenIDs: rs.tokenIDs(rs.req.promptIDs),
+			PromptLogprobs: rs.promptLogprobs(),
 		}
+		for i, o := range outs {
+			text, ids := o.all()
+			r.Choices[i] = ChatChoice{Index: i, FinishReason: o.finish, TokenIDs: rs.tokenIDs(ids),
+				Message:  ChatResponseMessage{Role: "assistant", Content: rs.req.echoText + text},
+				Logprobs: rs.chatLogprobs(o.toks)}
+		}
+		body = r
 	} else {
-		body = CompletionResponse{
+		r := CompletionResponse{
 			ID: "cmpl-" + rs.rid, Object: "text_completion", Created: rs.created, Model: rs.h.cfg.ModelName,
-			Choices: []CompletionChoice{{
-				Text:           text,
-				FinishReason:   &finish,
-				PromptTokenIDs: rs.tokenIDs(rs.req.promptIDs),
-				TokenIDs:       rs.tokenIDs(ids),
-			}},
-			Usage: rs.usage(),
+			Choices: make([]CompletionChoice, len(outs)),
+			Usage:   rs.usage(outs),
 		}
+		for i, o := range outs {
+			text, ids := o.all()
+			finish := o.finish
+			r.Choices[i] = CompletionChoice{Index: i, Text: rs.req.echoText + text, FinishReason: &finish,
+				PromptTokenIDs: rs.tokenIDs(rs.req.promptIDs), TokenIDs: rs.tokenIDs(ids),
+				Logprobs: rs.completionLogprobs(o, o.toks, true), PromptLogprobs: rs.promptLogprobs()}
+		}
+		body = r
 	}
 	rs.h.setWriteDeadline(rc)
 	writeJSON(w, http.StatusOK, body)
-	return finish
+	return outs[0].finish
 }
 
 func (h *handler) setWriteDeadline(rc *http.ResponseController) {
@@ -536,7 +653,6 @@ func (h *handler) setWriteDeadline(rc *http.ResponseController) {
 func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, stream Stream) string {
 	sse := sseWriter{w: w, rc: rc, h: rs.h}
 	pending, _ := stream.(Pender)
-	promptSent := false
 	// gone is the outcome when the client went away; after the 200 the
 	// answer is counted with the code aborted_client (before it, as a 499).
 	gone := func() string {
@@ -545,8 +661,9 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 		}
 		return "client gone"
 	}
-	for !rs.out.finished {
-		if err := rs.recv(ctx, stream); err != nil {
+	for !rs.finished() {
+		idx, err := rs.recv(ctx, stream)
+		if err != nil {
 			if ctx.Err() != nil {
 				return gone()
 			}
@@ -566,27 +683,43 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 		if !sse.started {
 			sse.start()
 			if rs.req.chat {
-				empty := ""
-				first := ChatCompletionChunk{
-					ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,
-					Model:          rs.h.cfg.ModelName,
-					Choices:        []ChatChunkChoice{{Delta: ChatDelta{Role: "assistant", Content: &empty}}},
-					PromptTokenIDs: rs.tokenIDs(rs.req.promptIDs),
-				}
-				promptSent = true
-				if sse.send(first) != nil {
-					return gone()
+				// The assistant's role opens every choice (as OpenAI and
+				// vLLM stream it), before any content.
+				for i := range rs.outs {
+					empty := ""
+					first := ChatCompletionChunk{
+						ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,
+						Model:   rs.h.cfg.ModelName,
+						Choices: []ChatChunkChoice{{Index: i, Delta: ChatDelta{Role: "assistant", Content: &empty}}},
+					}
+					if i == 0 {
+						first.PromptTokenIDs = rs.tokenIDs(rs.req.promptIDs)
+					}
+					if sse.event(first, i == len(rs.outs)-1) != nil {
+						return gone()
+					}
 				}
 			}
 		}
-		text, ids := rs.out.take()
-		if text == "" && !rs.out.finished && (len(ids) == 0 || !rs.req.returnTokenIDs) {
+		o := rs.outs[idx]
+		if o.finSent {
+			continue // a choice the front end ended: its later tokens are dropped
+		}
+		text, ids, toks := o.take()
+		first := !o.firstSent
+		if first {
+			text = rs.req.echoText + text
+		}
+		if text == "" && !o.finished && !(first && rs.req.echo && rs.req.logprobs) &&
+			(len(ids) == 0 || (!rs.req.returnTokenIDs && !rs.req.logprobs)) {
 			continue
 		}
+		o.firstSent = true
 		var finish *string
-		if rs.out.finished {
-			f := rs.out.finish
+		if o.finished {
+			f := o.finish
 			finish = &f
+			o.finSent = true
 		}
 		var ev any
 		if rs.req.chat {
@@ -594,17 +727,21 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 			if text != "" {
 				delta.Content = &text
 			}
+			var lp *ChatLogprobs
+			if len(toks) > 0 {
+				lp = rs.chatLogprobs(toks)
+			}
 			ev = ChatCompletionChunk{
 				ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,
 				Model:   rs.h.cfg.ModelName,
-				Choices: []ChatChunkChoice{{Delta: delta, FinishReason: finish, TokenIDs: rs.tokenIDs(ids)}},
+				Choices: []ChatChunkChoice{{Index: idx, Delta: delta, Logprobs: lp, FinishReason: finish, TokenIDs: rs.tokenIDs(ids)}},
 				Usage:   rs.continuousUsage(),
 			}
 		} else {
-			choice := CompletionChoice{Text: text, FinishReason: finish, TokenIDs: rs.tokenIDs(ids)}
-			if !promptSent {
+			choice := CompletionChoice{Index: idx, Text: text, FinishReason: finish, TokenIDs: rs.tokenIDs(ids),
+				Logprobs: rs.completionLogprobs(o, toks, first)}
+			if first {
 				choice.PromptTokenIDs = rs.tokenIDs(rs.req.promptIDs)
-				promptSent = true
 			}
 			ev = CompletionResponse{
 				ID: "cmpl-" + rs.rid, Object: "text_completion", Created: rs.created,
@@ -613,7 +750,7 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 		}
 		// Flush unless more output is already waiting (it follows at once)
 		// or the stream is over (usage and [DONE] follow at once).
-		flush := !rs.out.finished && (pending == nil || !pending.Pending())
+		flush := !rs.finished() && (pending == nil || !pending.Pending())
 		if sse.event(ev, flush) != nil {
 			return gone()
 		}
@@ -622,10 +759,10 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 		var ev any
 		if rs.req.chat {
 			ev = ChatCompletionChunk{ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,
-				Model: rs.h.cfg.ModelName, Choices: []ChatChunkChoice{}, Usage: rs.usage()}
+				Model: rs.h.cfg.ModelName, Choices: []ChatChunkChoice{}, Usage: rs.usage(rs.outs)}
 		} else {
 			ev = CompletionResponse{ID: "cmpl-" + rs.rid, Object: "text_completion", Created: rs.created,
-				Model: rs.h.cfg.ModelName, Choices: []CompletionChoice{}, Usage: rs.usage()}
+				Model: rs.h.cfg.ModelName, Choices: []CompletionChoice{}, Usage: rs.usage(rs.outs)}
 		}
 		if sse.event(ev, false) != nil { // [DONE] follows and flushes
 			return gone()
@@ -638,7 +775,111 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 	if sse.done(ender == nil || !ender.Ended()) != nil {
 		return gone()
 	}
-	return rs.out.finish
+	return rs.outs[0].finish
+}
+
+// tokenString is how a logprob names token id: its bytes as text, or
+// "token_id:N" with return_tokens_as_token_ids or without a tokenizer.
+func (rs *response) tokenString(id int32) string {
+	tok := rs.h.cfg.Tokenizer
+	if rs.req.tokensAsIDs || tok == nil {
+		return "token_id:" + strconv.FormatInt(int64(id), 10)
+	}
+	return string(tok.TokenBytes(id))
+}
+
+// tokenBytes is a chat logprob's bytes: the token's bytes (which may be
+// part of a UTF-8 character), or nil without a tokenizer.
+func (rs *response) tokenBytes(id int32) []int {
+	tok := rs.h.cfg.Tokenizer
+	if tok == nil {
+		return nil
+	}
+	bs := tok.TokenBytes(id)
+	out := make([]int, len(bs))
+	for i, c := range bs {
+		out[i] = int(c)
+	}
+	return out
+}
+
+// completionLogprobs is a completion choice's logprobs for toks (nil
+// unless the request asked for logprobs); withPrompt puts the prompt's
+// tokens first (echo). The text offsets continue from o's.
+func (rs *response) completionLogprobs(o *output, toks []Token, withPrompt bool) *CompletionLogprobs {
+	if !rs.req.logprobs {
+		return nil
+	}
+	l := &CompletionLogprobs{TextOffset: []int{}, TokenLogprobs: []float32{}, Tokens: []string{}, TopLogprobs: []TopLogprobs{}}
+	add := func(id int32, lp float32, top []model.TokenLogprob, first bool) {
+		s := rs.tokenString(id)
+		l.TextOffset = append(l.TextOffset, o.offset)
+		o.offset += utf8.RuneCountInString(s)
+		l.Tokens = append(l.Tokens, s)
+		if first {
+			l.TokenLogprobs = append(l.TokenLogprobs, float32(math.NaN()))
+			l.TopLogprobs = append(l.TopLogprobs, nil)
+			return
+		}
+		l.TokenLogprobs = append(l.TokenLogprobs, lp)
+		t := make(TopLogprobs, 0, len(top)+1)
+		listed := false
+		for _, a := range top {
+			t = append(t, StringLogprob{Token: rs.tokenString(a.ID), Logprob: a.Logprob})
+			listed = listed || a.ID == id
+		}
+		if !listed {
+			t = append(t, StringLogprob{Token: s, Logprob: lp})
+		}
+		l.TopLogprobs = append(l.TopLogprobs, t)
+	}
+	if withPrompt && rs.req.echo && rs.prompt != nil {
+		k := rs.req.sampling.TopLogprobs
+		for j, id := range rs.req.promptIDs {
+			p := rs.prompt[j]
+			add(id, p.Token.Logprob, p.Top[:min(k, len(p.Top))], j == 0)
+		}
+	}
+	for _, t := range toks {
+		add(t.ID, t.Logprob, t.Top, false)
+	}
+	return l
+}
+
+// chatLogprobs is a chat choice's logprobs for toks (nil unless the
+// request asked for logprobs).
+func (rs *response) chatLogprobs(toks []Token) *ChatLogprobs {
+	if !rs.req.logprobs {
+		return nil
+	}
+	l := &ChatLogprobs{Content: make([]ChatTokenLogprob, len(toks))}
+	for i, t := range toks {
+		top := make([]ChatTopLogprob, len(t.Top))
+		for j, a := range t.Top {
+			top[j] = ChatTopLogprob{Token: rs.tokenString(a.ID), Logprob: a.Logprob, Bytes: rs.tokenBytes(a.ID)}
+		}
+		l.Content[i] = ChatTokenLogprob{Token: rs.tokenString(t.ID), Logprob: t.Logprob, Bytes: rs.tokenBytes(t.ID), TopLogprobs: top}
+	}
+	return l
+}
+
+// promptLogprobs is vLLM's prompt_logprobs (nil unless asked for).
+func (rs *response) promptLogprobs() PromptLogprobs {
+	if !rs.req.promptLogprobs || rs.prompt == nil {
+		return nil
+	}
+	out := make(PromptLogprobs, len(rs.req.promptIDs))
+	for j := 1; j < len(out); j++ {
+		p := rs.prompt[j]
+		pos := []PromptLogprob{{ID: p.Token.ID, Logprob: p.Token.Logprob, Rank: p.Rank, DecodedToken: rs.tokenString(p.Token.ID)}}
+		for r, a := range p.Top[:min(rs.req.promptLogprobsTop, len(p.Top))] {
+			if a.ID != p.Token.ID {
+				pos = append(pos, PromptLogprob{ID: a.ID, Logprob: a.Logprob, Rank: int32(r + 1), DecodedToken: rs.tokenString(a.ID)})
+			}
+		}
+		out[j] = pos
+	}
+	return out
 }
 
 // sseWriter writes Server-Sent Events, one "data: <json>\n\n" per event,

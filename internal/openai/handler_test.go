@@ -375,7 +375,7 @@ func TestEngineEndsWithoutFinishReason(t *testing.T) {
 	eng := newFakeEngine(Chunk{Tokens: toks("a")})
 	srv := newServer(t, eng)
 	resp, body := post(t, srv, "/v1/completions", `{"prompt":"x"}`)
-	if resp.StatusCode != 500 || !strings.Contains(body, "without a finish reason") {
+	if resp.StatusCode != 500 || !strings.Contains(body, "ended the stream before every choice finished") {
 		t.Errorf("status %d: %s", resp.StatusCode, body)
 	}
 	checkClosed(t, eng.nextStream(t), 0)

@@ -68,7 +68,7 @@ func TestOnAnswerCountsEveryAnswer(t *testing.T) {
 	eng := newFakeEngine(chunksOf("hello", 1, "stop")...)
 	srv := newServer(t, eng, func(c *Config) { c.OnAnswer = log.note; c.MaxBodyBytes = 64 })
 	post(t, srv, "/v1/completions", `{"prompt":"hi"}`)
-	post(t, srv, "/v1/completions", `{"prompt":"hi","n":2}`)
+	post(t, srv, "/v1/completions", `{"prompt":"hi","use_beam_search":true}`)
 	post(t, srv, "/v1/completions", `{"prompt":"`+strings.Repeat("x", 100)+`"}`)
 	post(t, srv, "/v1/completions", `{"model":"other","prompt":"hi"}`)
 	do(t, srv, "GET", "/v1/completions", "")

@@ -27,6 +27,17 @@ type output struct {
 	ids      []int32 // every token counted (sent or to be sent)
 	textSent int     // bytes of text handed out by take
 	idsSent  int     // ids handed out by take
+	// toks holds the counted tokens with their logprobs when keepToks
+	// (the request asked for logprobs); cum is the sum of their logprobs
+	// (best_of's ranking).
+	keepToks bool
+	toks     []Token
+	cum      float64
+	// The stream's state: the choice's first event was sent (with the
+	// echo and the prompt's ids), its last (with its finish reason), and
+	// the text offset of its next logprob token.
+	firstSent, finSent bool
+	offset             int
 
 	finished bool
 	finish   string // "stop" or "length" (or what the engine said) once finished
@@ -39,7 +50,7 @@ type output struct {
 }
 
 func newOutput(tok model.Tokenizer, req *request, eos []int32) *output {
-	o := &output{includeStop: req.includeStopStr, minTokens: req.minTokens}
+	o := &output{includeStop: req.includeStopStr, minTokens: req.minTokens, keepToks: req.logprobs}
 	if tok != nil {
 		o.dec = tok.NewDecoder()
 	}
@@ -65,6 +76,10 @@ func (o *output) add(c Chunk) bool {
 			break
 		}
 		o.ids = append(o.ids, t.ID)
+		o.cum += float64(t.Logprob)
+		if o.keepToks {
+			o.toks = append(o.toks, t)
+		}
 		if o.dec == nil {
 			continue
 		}
@@ -134,8 +149,9 @@ func (o *output) heldBack() int {
 }
 
 // take returns the text and ids not handed out yet that may be sent: all of
-// them once finished, else all but a possible stop-string prefix of text.
-func (o *output) take() (string, []int32) {
+// them once finished, else all but a possible stop-string prefix of text;
+// and with keepToks the tokens of those ids.
+func (o *output) take() (string, []int32, []Token) {
 	// A stop match never cuts into text already sent (that text was not a
 	// stop-string prefix), so start ≤ len(o.text); min and max only keep
 	// the slicing safe.
@@ -147,8 +163,12 @@ func (o *output) take() (string, []int32) {
 	text := string(o.text[start:end])
 	o.textSent = end
 	ids := slices.Clone(o.ids[o.idsSent:])
+	var toks []Token
+	if o.keepToks {
+		toks = o.toks[o.idsSent:]
+	}
 	o.idsSent = len(o.ids)
-	return text, ids
+	return text, ids, toks
 }
 
 // all returns the whole text and ids (for a response that is not streamed).

@@ -13,7 +13,7 @@ func feed(o *output, chunks []Chunk) []string {
 	var sent []string
 	for _, c := range chunks {
 		o.add(c)
-		if text, _ := o.take(); text != "" {
+		if text, _, _ := o.take(); text != "" {
 			sent = append(sent, text)
 		}
 		if o.finished {
@@ -135,12 +135,12 @@ func TestOutputNeverLeaksStopPrefix(t *testing.T) {
 func TestOutputWithoutTokenizer(t *testing.T) {
 	o := newOutput(nil, &request{}, nil)
 	o.add(Chunk{Tokens: toks("abc")})
-	text, ids := o.take()
+	text, ids, _ := o.take()
 	if text != "" || len(ids) != 3 {
 		t.Errorf("take = %q, %v", text, ids)
 	}
 	o.add(Chunk{Tokens: toks("d"), FinishReason: "length"})
-	text, ids = o.take()
+	text, ids, _ = o.take()
 	if text != "" || !cmp.Equal(ids, []int32{'d'}) || o.finish != "length" {
 		t.Errorf("take = %q, %v, finish %q", text, ids, o.finish)
 	}

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/pdserve/pdserve/internal/model"
@@ -46,6 +48,32 @@ type request struct {
 	// continuousUsage: usage in every chunk (with includeUsage).
 	continuousUsage bool
 	returnTokenIDs  bool
+
+	// n is the number of choices returned; bestOf (≥ n) the number the
+	// engine generates, of which the n with the highest cumulative logprob
+	// are returned (completions' best_of).
+	n, bestOf int
+	// logprobs: each output token's logprob is returned (completions'
+	// logprobs ≥ 0, chat's logprobs true), with sampling.TopLogprobs
+	// alternatives.
+	logprobs bool
+	// echo: each choice's text starts with echoText (completions: the
+	// prompt; chat: the last message, an assistant's), and with logprobs
+	// (completions) its tokens start with the prompt's, scored.
+	echo     bool
+	echoText string
+	// scorePrompt asks the engine for prompt logprobs (echo with logprobs,
+	// or promptLogprobs) with promptTop alternatives; promptLogprobs is
+	// vLLM's prompt_logprobs, returned in its own field.
+	scorePrompt       bool
+	promptTop         int
+	promptLogprobs    bool
+	promptLogprobsTop int
+	// tokensAsIDs writes logprob tokens as "token_id:N" (vLLM's
+	// return_tokens_as_token_ids).
+	tokensAsIDs bool
+	priority    int
+	timeout     time.Duration
 }
 
 // parser converts wire requests into requests. Its methods are pure given
@@ -59,6 +87,10 @@ type parser struct {
 	newSeed    func() uint64
 	// vocabSize bounds token ids (0: unchecked here).
 	vocabSize int
+	// maxLogprobs bounds logprobs, top_logprobs and prompt_logprobs.
+	maxLogprobs int
+	// logprobsMode is the distribution logprobs are of.
+	logprobsMode model.LogprobsMode
 }
 
 // decodeBody decodes one JSON object from r into v, mapping every failure to
@@ -309,26 +341,57 @@ func (p *parser) completion(w *CompletionRequest) (*request, error) {
 		return nil, err
 	}
 	switch {
-	case w.Echo:
-		return nil, Unsupported("echo", "echo is not supported")
-	case w.Logprobs != nil:
-		return nil, Unsupported("logprobs", "logprobs is not supported yet")
-	case w.BestOf != nil && *w.BestOf != 1:
-		return nil, Unsupported("best_of", "best_of must be 1, got %d", *w.BestOf)
 	case w.Suffix != "":
 		return nil, Unsupported("suffix", "suffix is not supported")
+	case !isNull(w.PromptEmbeds):
+		return nil, Unsupported("prompt_embeds", "prompt_embeds is not supported: send the prompt as text or token ids")
 	}
 	req := &request{}
 	if err := p.common(&w.SamplingFields, req); err != nil {
 		return nil, err
 	}
-	ids, err := p.prompt(w.Prompt)
+	if w.Logprobs != nil {
+		if n := *w.Logprobs; n < 0 || n > Int(p.maxLogprobs) {
+			return nil, BadRequest("logprobs", "logprobs must be in [0, %d], got %d", p.maxLogprobs, n)
+		}
+		req.logprobs, req.sampling.TopLogprobs = true, int(*w.Logprobs)
+	}
+	req.bestOf = req.n
+	if w.BestOf != nil {
+		switch b := *w.BestOf; {
+		case b < Int(req.n) || b > MaxChoices:
+			return nil, BadRequest("best_of", "best_of must be in [n = %d, %d], got %d", req.n, MaxChoices, b)
+		case b > 1 && req.stream:
+			return nil, BadRequest("best_of", "best_of is not allowed with stream (the best choices are known only at the end)")
+		default:
+			req.bestOf = int(b)
+		}
+	}
+	addSpecial := w.AddSpecialTokens == nil || *w.AddSpecialTokens
+	ids, text, err := p.prompt(w.Prompt, addSpecial)
+	if err != nil {
+		return nil, err
+	}
+	ids, truncated, err := p.truncate(ids, w.TruncatePromptTokens)
 	if err != nil {
 		return nil, err
 	}
 	req.promptIDs = ids
-	if err := p.resolveMaxTokens(req, w.MaxTokens, DefaultCompletionMaxTokens, "max_tokens", "prompt"); err != nil {
+	req.echo = w.Echo
+	if w.Echo {
+		if text == "" || truncated {
+			text = p.decode(ids)
+		}
+		req.echoText = text
+		if req.logprobs {
+			req.scorePrompt, req.promptTop = true, max(req.promptTop, req.sampling.TopLogprobs)
+		}
+	}
+	if err := p.resolveMaxTokens(req, w.MaxTokens, DefaultCompletionMaxTokens, "max_tokens", "prompt", w.Echo); err != nil {
 		return nil, err
+	}
+	if req.maxTokens == 0 && req.bestOf > 1 {
+		return nil, BadRequest("n", "max_tokens 0 (the prompt alone) gives one answer: n and best_of must be 1, got %d and %d", req.n, req.bestOf)
 	}
 	return req, nil
 }
@@ -339,22 +402,54 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 		return nil, err
 	}
 	switch {
-	case w.Logprobs != nil && *w.Logprobs:
-		return nil, Unsupported("logprobs", "logprobs is not supported yet")
-	case w.TopLogprobs != nil && *w.TopLogprobs != 0:
-		return nil, Unsupported("top_logprobs", "top_logprobs is not supported yet")
 	case !emptyJSON(w.Tools):
 		return nil, Unsupported("tools", "tools (function calling) are not supported")
 	case !emptyJSON(w.Functions):
 		return nil, Unsupported("functions", "functions (function calling) are not supported")
 	case !isNull(w.ToolChoice) && strings.TrimSpace(string(w.ToolChoice)) != `"none"`:
 		return nil, Unsupported("tool_choice", "tool_choice is not supported (only \"none\")")
-	case !isNull(w.ResponseFormat) && !textFormat(w.ResponseFormat):
-		return nil, Unsupported("response_format", "response_format is not supported (only {\"type\": \"text\"})")
+	case !isNull(w.FunctionCall) && strings.TrimSpace(string(w.FunctionCall)) != `"none"`:
+		return nil, Unsupported("function_call", "function_call is not supported (only \"none\")")
+	case w.BestOf != nil && *w.BestOf != 1:
+		return nil, Unsupported("best_of", "best_of is not supported on chat completions (only 1); use /v1/completions")
+	case !isNull(w.Audio):
+		return nil, Unsupported("audio", "audio output is not supported")
+	case !isNull(w.Modalities) && strings.ReplaceAll(string(w.Modalities), " ", "") != `["text"]`:
+		return nil, Unsupported("modalities", "only the text modality is supported (modalities [\"text\"])")
+	case !isNull(w.Prediction):
+		return nil, Unsupported("prediction", "predicted outputs are not supported")
+	case !isNull(w.WebSearchOptions):
+		return nil, Unsupported("web_search_options", "web search is not supported")
+	case !isNull(w.Verbosity):
+		return nil, Unsupported("verbosity", "verbosity is not supported")
+	case !isNull(w.ReasoningEffort):
+		return nil, Unsupported("reasoning_effort", "reasoning_effort is not supported; a model's thinking can be switched with chat_template_kwargs (e.g. enable_thinking) where its template reads it")
+	case w.IncludeReasoning != nil && !*w.IncludeReasoning:
+		return nil, Unsupported("include_reasoning", "include_reasoning false is not supported: pdserve does not separate reasoning from content")
+	case !emptyJSON(w.Documents):
+		return nil, Unsupported("documents", "documents are not supported")
+	case !isNull(w.MMProcessorKwargs):
+		return nil, Unsupported("mm_processor_kwargs", "multimodal inputs are not supported")
+	case w.ContinueFinalMessage && w.AddGenerationPrompt != nil && *w.AddGenerationPrompt:
+		return nil, BadRequest("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true")
 	}
 	req := &request{chat: true}
 	if err := p.common(&w.SamplingFields, req); err != nil {
 		return nil, err
+	}
+	req.bestOf = req.n
+	if w.Logprobs != nil && *w.Logprobs {
+		req.logprobs = true
+	}
+	if w.TopLogprobs != nil {
+		switch n := *w.TopLogprobs; {
+		case n < 0 || n > Int(p.maxLogprobs):
+			return nil, BadRequest("top_logprobs", "top_logprobs must be in [0, %d], got %d", p.maxLogprobs, n)
+		case n > 0 && !req.logprobs:
+			return nil, BadRequest("top_logprobs", "top_logprobs needs logprobs: true")
+		default:
+			req.sampling.TopLogprobs = int(n)
+		}
 	}
 	msgs, err := chatMessages(w.Messages)
 	if err != nil {
@@ -363,25 +458,51 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 	if p.tok == nil {
 		return nil, BadRequest("messages", "this model has no tokenizer, so chat completions are not available; use /v1/completions with a prompt of token ids")
 	}
-	text, err := p.tok.ApplyChatTemplate(msgs, model.ChatOptions{})
+	opts := model.ChatOptions{
+		NoGenerationPrompt:   w.AddGenerationPrompt != nil && !*w.AddGenerationPrompt,
+		ContinueFinalMessage: w.ContinueFinalMessage,
+		Kwargs:               w.ChatTemplateKwargs,
+	}
+	if w.ChatTemplate != nil {
+		if *w.ChatTemplate == "" {
+			return nil, BadRequest("chat_template", "chat_template must not be empty (leave it out for the model's)")
+		}
+		opts.Template = *w.ChatTemplate
+	}
+	text, err := p.tok.ApplyChatTemplate(msgs, opts)
 	if err != nil {
 		// Tokenizers may already say where the error came from.
-		return nil, BadRequest("messages", "the chat template rejected the messages: %s",
+		param := "messages"
+		switch {
+		case opts.Template != "" && strings.Contains(err.Error(), "template"):
+			param = "chat_template"
+		case len(opts.Kwargs) > 0 && strings.Contains(err.Error(), "chat_template_kwargs"):
+			param = "chat_template_kwargs"
+		case opts.ContinueFinalMessage && strings.Contains(err.Error(), "continue_final_message"):
+			param = "continue_final_message"
+		}
+		return nil, BadRequest(param, "the chat template rejected the messages: %s",
 			strings.TrimPrefix(err.Error(), "chat template: "))
 	}
-	ids, err := p.tok.Encode(text, false)
+	ids, err := p.tok.Encode(text, w.AddSpecialTokens != nil && *w.AddSpecialTokens)
 	if err != nil {
 		return nil, BadRequest("messages", "cannot tokenize the messages: %v", err)
 	}
 	if len(ids) == 0 {
 		return nil, BadRequest("messages", "the messages render to an empty prompt")
 	}
+	if ids, _, err = p.truncate(ids, w.TruncatePromptTokens); err != nil {
+		return nil, err
+	}
 	req.promptIDs = ids
+	if w.Echo && msgs[len(msgs)-1].Role == "assistant" {
+		req.echo, req.echoText = true, msgs[len(msgs)-1].Content
+	}
 	maxTok, param := w.MaxTokens, "max_tokens"
 	if w.MaxCompletionTokens != nil {
 		maxTok, param = w.MaxCompletionTokens, "max_completion_tokens"
 	}
-	if err := p.resolveMaxTokens(req, maxTok, 0, param, "messages"); err != nil {
+	if err := p.resolveMaxTokens(req, maxTok, 0, param, "messages", false); err != nil {
 		return nil, err
 	}
 	return req, nil
@@ -394,25 +515,41 @@ func (p *parser) checkModel(name string) error {
 	return nil
 }
 
-// common converts the fields shared by both endpoints, except max_tokens.
+// Limits of the sampling fields.
+const (
+	// MaxChoices bounds n and best_of (OpenAI's limit, 128).
+	MaxChoices = model.MaxForks
+	// DefaultMaxLogprobs is the default of --max-logprobs, the most
+	// logprobs, top_logprobs and prompt_logprobs may ask for (vLLM's
+	// default, 20; OpenAI's chat allows 20 too).
+	DefaultMaxLogprobs = 20
+	// MaxLogitBias is the most logit_bias entries a request may carry.
+	MaxLogitBias = 1024
+	// MaxBadWords is the most bad_words a request may carry; each is at
+	// most MaxStopStringBytes long.
+	MaxBadWords = 128
+	// MaxTimeout is the largest timeout accepted, in seconds (a day; the
+	// workers' --max-request-time caps it further).
+	MaxTimeout = 86400
+)
+
+// common converts the fields shared by both endpoints, except max_tokens
+// and the prompt.
 func (p *parser) common(w *SamplingFields, req *request) error {
-	switch {
-	case w.N != nil && *w.N != 1:
-		return Unsupported("n", "n must be 1, got %d", *w.N)
-	case w.PresencePenalty != nil && *w.PresencePenalty != 0:
-		return Unsupported("presence_penalty", "presence_penalty is not supported (only 0)")
-	case w.FrequencyPenalty != nil && *w.FrequencyPenalty != 0:
-		return Unsupported("frequency_penalty", "frequency_penalty is not supported (only 0)")
-	case len(w.LogitBias) != 0:
-		return Unsupported("logit_bias", "logit_bias is not supported")
-	case w.RepetitionPenalty != nil && *w.RepetitionPenalty != 1:
-		return Unsupported("repetition_penalty", "repetition_penalty is not supported (only 1)")
-	case w.MinP != nil && *w.MinP != 0:
-		return Unsupported("min_p", "min_p is not supported (only 0)")
-	case w.MinTokens != nil && *w.MinTokens < 0:
+	if err := refuseUnimplemented(w); err != nil {
+		return err
+	}
+	req.n = 1
+	if w.N != nil {
+		if *w.N < 1 || *w.N > MaxChoices {
+			return BadRequest("n", "n must be in [1, %d], got %d", MaxChoices, *w.N)
+		}
+		req.n = int(*w.N)
+	}
+	if w.MinTokens != nil && *w.MinTokens < 0 {
 		return BadRequest("min_tokens", "min_tokens must be at least 0, got %d", *w.MinTokens)
 	}
-	sp := model.SamplingParams{Temperature: 1, TopP: 1}
+	sp := model.SamplingParams{Temperature: 1, TopP: 1, LogprobsMode: p.logprobsMode}
 	if w.Temperature != nil {
 		t, err := samplingFloat("temperature", *w.Temperature)
 		if err != nil {
@@ -441,8 +578,11 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 		case k < -1:
 			return BadRequest("top_k", "top_k must be -1 or 0 (disabled) or at least 1, got %d", k)
 		case k > 0:
-			sp.TopK = int(k)
+			sp.TopK = int(min(k, math.MaxInt32))
 		}
+	}
+	if err := p.processors(w, &sp); err != nil {
+		return err
 	}
 	// Each field was checked alone above to name it; this catches any rule
 	// model.SamplingParams adds later.
@@ -487,7 +627,215 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 	// Without a tokenizer the output has no text: the token ids are the
 	// answer, so they are always returned.
 	req.returnTokenIDs = w.ReturnTokenIDs || p.tok == nil
+	req.tokensAsIDs = w.ReturnTokensAsTokenIDs
+	if w.PromptLogprobs != nil {
+		switch n := *w.PromptLogprobs; {
+		case n < 0 || n > Int(p.maxLogprobs):
+			return BadRequest("prompt_logprobs", "prompt_logprobs must be in [0, %d], got %d", p.maxLogprobs, n)
+		case w.Stream:
+			return BadRequest("prompt_logprobs", "prompt_logprobs is not available with stream")
+		default:
+			req.promptLogprobs, req.promptLogprobsTop = true, int(n)
+			req.scorePrompt, req.promptTop = true, int(n)
+		}
+	}
+	if w.Priority != nil {
+		if *w.Priority < math.MinInt32 || *w.Priority > math.MaxInt32 {
+			return BadRequest("priority", "priority must be in [%d, %d], got %d", math.MinInt32, math.MaxInt32, *w.Priority)
+		}
+		req.priority = int(*w.Priority)
+	}
+	if w.Timeout != nil {
+		t := *w.Timeout
+		if !(t > 0 && t <= MaxTimeout) {
+			return BadRequest("timeout", "timeout must be a number of seconds in (0, %d], got %v", MaxTimeout, t)
+		}
+		req.timeout = max(time.Millisecond, time.Duration(t*float64(time.Second)))
+	}
 	return nil
+}
+
+// refuseUnimplemented refuses the fields of w whose values would change
+// the answer in a way pdserve does not implement.
+func refuseUnimplemented(w *SamplingFields) error {
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{
+		{"structured_outputs", w.StructuredOutputs}, {"guided_json", w.GuidedJSON}, {"guided_regex", w.GuidedRegex},
+		{"guided_choice", w.GuidedChoice}, {"guided_grammar", w.GuidedGrammar}, {"structural_tag", w.StructuralTag},
+	} {
+		if !isNull(f.raw) {
+			return Unsupported(f.name, "%s is not supported: pdserve does not constrain output yet", f.name)
+		}
+	}
+	switch {
+	case !isNull(w.ResponseFormat) && !textFormat(w.ResponseFormat):
+		return Unsupported("response_format", "response_format is not supported (only {\"type\": \"text\"}): pdserve does not constrain output yet")
+	case !isNull(w.LogitsProcessors):
+		return Unsupported("logits_processors", "logits_processors is not supported (custom processors cannot be loaded)")
+	case !isNull(w.KVTransferParams):
+		return Unsupported("kv_transfer_params", "kv_transfer_params is not supported: the router moves the KV cache between prefill and decode itself")
+	case !isNull(w.VLLMXargs) && strings.ReplaceAll(string(w.VLLMXargs), " ", "") != "{}":
+		return Unsupported("vllm_xargs", "vllm_xargs is not supported")
+	case w.UseBeamSearch:
+		return Unsupported("use_beam_search", "beam search is not supported")
+	case w.LengthPenalty != nil && *w.LengthPenalty != 1:
+		return Unsupported("length_penalty", "length_penalty is not supported (only 1; it applies to beam search)")
+	case w.SkipSpecialTokens != nil && !*w.SkipSpecialTokens:
+		return Unsupported("skip_special_tokens", "skip_special_tokens false is not supported: special tokens are never rendered")
+	}
+	return nil
+}
+
+// processors converts the logit processors' fields into sp.
+func (p *parser) processors(w *SamplingFields, sp *model.SamplingParams) error {
+	for _, f := range []struct {
+		name string
+		v    *float64
+		dst  *float32
+		ok   func(float32) bool
+		rng  string
+	}{
+		{"presence_penalty", w.PresencePenalty, &sp.PresencePenalty, func(x float32) bool { return x >= -2 && x <= 2 }, "in [-2, 2]"},
+		{"frequency_penalty", w.FrequencyPenalty, &sp.FrequencyPenalty, func(x float32) bool { return x >= -2 && x <= 2 }, "in [-2, 2]"},
+		{"repetition_penalty", w.RepetitionPenalty, &sp.RepetitionPenalty, func(x float32) bool { return x > 0 }, "a positive number"},
+		{"min_p", w.MinP, &sp.MinP, func(x float32) bool { return x >= 0 && x <= 1 }, "in [0, 1]"},
+	} {
+		if f.v == nil {
+			continue
+		}
+		x, err := samplingFloat(f.name, *f.v)
+		if err != nil {
+			return err
+		}
+		if !f.ok(x) {
+			return BadRequest(f.name, "%s must be %s, got %v", f.name, f.rng, *f.v)
+		}
+		*f.dst = x
+	}
+	if sp.RepetitionPenalty == 1 {
+		sp.RepetitionPenalty = 0 // off: the sampler's zero value
+	}
+	if len(w.LogitBias) > MaxLogitBias {
+		return BadRequest("logit_bias", "at most %d logit_bias entries are allowed, got %d", MaxLogitBias, len(w.LogitBias))
+	}
+	for key, bias := range w.LogitBias {
+		id, err := strconv.ParseInt(strings.TrimSpace(key), 10, 32)
+		if err != nil || id < 0 {
+			return BadRequest("logit_bias", "logit_bias keys must be token ids, got %q", key)
+		}
+		if err := p.checkID("logit_bias", int64(id)); err != nil {
+			return err
+		}
+		if !(bias >= -100 && bias <= 100) {
+			return BadRequest("logit_bias", "logit_bias of token %d must be in [-100, 100], got %v", id, bias)
+		}
+		sp.LogitBias = append(sp.LogitBias, model.LogitBias{ID: int32(id), Bias: float32(bias)})
+	}
+	slices.SortFunc(sp.LogitBias, func(a, b model.LogitBias) int { return int(a.ID) - int(b.ID) })
+	for i := 1; i < len(sp.LogitBias); i++ {
+		if sp.LogitBias[i].ID == sp.LogitBias[i-1].ID {
+			return BadRequest("logit_bias", "logit_bias names token %d twice", sp.LogitBias[i].ID)
+		}
+	}
+	if w.AllowedTokenIDs != nil {
+		if len(w.AllowedTokenIDs) == 0 {
+			return BadRequest("allowed_token_ids", "allowed_token_ids must not be empty (leave it out to allow every token)")
+		}
+		sp.AllowedTokenIDs = make([]int32, len(w.AllowedTokenIDs))
+		for i, id := range w.AllowedTokenIDs {
+			if err := p.checkID("allowed_token_ids", int64(id)); err != nil {
+				return err
+			}
+			sp.AllowedTokenIDs[i] = int32(id)
+		}
+	}
+	bad, err := p.badWords(w.BadWords)
+	if err != nil {
+		return err
+	}
+	sp.BadWords = bad
+	return nil
+}
+
+// checkID refuses id for field if it is not a token id of the vocabulary.
+func (p *parser) checkID(field string, id int64) error {
+	switch {
+	case id < 0 || id > math.MaxInt32:
+		return BadRequest(field, "%s: %d is not a token id", field, id)
+	case p.vocabSize > 0 && id >= int64(p.vocabSize):
+		return BadRequest(field, "%s: token id %d is outside the vocabulary (ids 0 to %d)", field, id, p.vocabSize-1)
+	}
+	return nil
+}
+
+// badWords tokenizes vLLM's bad_words as vLLM does: each word (leading
+// white space removed) alone and after a space, the second only when it
+// tokenizes to as many tokens with a different first one.
+func (p *parser) badWords(words []string) ([][]int32, error) {
+	if len(words) == 0 {
+		return nil, nil
+	}
+	if p.tok == nil {
+		return nil, BadRequest("bad_words", "this model has no tokenizer, so bad_words are not available; use logit_bias")
+	}
+	if len(words) > MaxBadWords {
+		return nil, BadRequest("bad_words", "at most %d bad_words are allowed, got %d", MaxBadWords, len(words))
+	}
+	var out [][]int32
+	for i, word := range words {
+		if len(word) > MaxStopStringBytes {
+			return nil, BadRequest("bad_words", "a bad word may be at most %d bytes long, got %d", MaxStopStringBytes, len(word))
+		}
+		word = strings.TrimLeftFunc(word, unicode.IsSpace)
+		if word == "" {
+			return nil, BadRequest("bad_words", "bad_words[%d] is empty", i)
+		}
+		plain, err := p.tok.Encode(word, false)
+		if err != nil || len(plain) == 0 {
+			return nil, BadRequest("bad_words", "cannot tokenize bad_words[%d]: %v", i, err)
+		}
+		out = append(out, plain)
+		if spaced, err := p.tok.Encode(" "+word, false); err == nil && len(spaced) == len(plain) && spaced[0] != plain[0] {
+			out = append(out, spaced)
+		}
+	}
+	return out, nil
+}
+
+// truncate keeps the last k tokens of ids (vLLM's truncate_prompt_tokens;
+// −1: as many as the context holds), reporting whether it cut any.
+func (p *parser) truncate(ids []int32, k *Int) ([]int32, bool, error) {
+	if k == nil {
+		return ids, false, nil
+	}
+	n := int64(*k)
+	switch {
+	case n == -1:
+		n = int64(p.contextLen)
+	case n < 1:
+		return nil, false, BadRequest("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or at least 1, got %d", n)
+	}
+	if int64(len(ids)) <= n {
+		return ids, false, nil
+	}
+	return ids[int64(len(ids))-n:], true, nil
+}
+
+// decode renders ids as text (echo of a token-id or truncated prompt);
+// "" without a tokenizer.
+func (p *parser) decode(ids []int32) string {
+	if p.tok == nil {
+		return ""
+	}
+	d := p.tok.NewDecoder()
+	var b strings.Builder
+	for _, id := range ids {
+		b.WriteString(d.Add(id))
+	}
+	b.WriteString(d.Flush())
+	return b.String()
 }
 
 // samplingFloat converts the float field name to the sampler's float32,
@@ -511,9 +859,10 @@ const DefaultCompletionMaxTokens = 16
 // capped at the rest of the context; def 0: the rest of the context),
 // checks the context length and that min_tokens does not exceed it (as
 // vLLM does). promptParam names the prompt in messages ("prompt" or
-// "messages").
-func (p *parser) resolveMaxTokens(req *request, maxTokens *Int, def int, param, promptParam string) error {
-	if err := p.maxTokens(req, maxTokens, def, param, promptParam); err != nil {
+// "messages"). allowZero accepts max_tokens 0 (completions' echo: the
+// prompt alone).
+func (p *parser) resolveMaxTokens(req *request, maxTokens *Int, def int, param, promptParam string, allowZero bool) error {
+	if err := p.maxTokens(req, maxTokens, def, param, promptParam, allowZero); err != nil {
 		return err
 	}
 	switch {
@@ -530,7 +879,7 @@ func (p *parser) resolveMaxTokens(req *request, maxTokens *Int, def int, param, 
 }
 
 // maxTokens is resolveMaxTokens without the min_tokens check.
-func (p *parser) maxTokens(req *request, maxTokens *Int, def int, param, promptParam string) error {
+func (p *parser) maxTokens(req *request, maxTokens *Int, def int, param, promptParam string, allowZero bool) error {
 	n := len(req.promptIDs)
 	ctxLen := p.contextLen
 	if p.contextNow != nil {
@@ -552,7 +901,11 @@ func (p *parser) maxTokens(req *request, maxTokens *Int, def int, param, promptP
 		return nil
 	}
 	m := int(*maxTokens)
-	if m < 1 {
+	switch {
+	case m == 0 && allowZero:
+	case m == 0 && !req.chat:
+		return BadRequest(param, "%s must be at least 1, got 0 (0, the prompt alone, only with echo)", param)
+	case m < 1:
 		return BadRequest(param, "%s must be at least 1, got %d", param, m)
 	}
 	if n > ctxLen || m > ctxLen-n {
@@ -598,57 +951,63 @@ func firstByte(raw json.RawMessage) byte {
 
 const promptShapes = "a string, an array of one string, an array of token ids, or an array of one array of token ids"
 
-// prompt converts the "prompt" field into token ids, tokenizing text.
-func (p *parser) prompt(raw json.RawMessage) ([]int32, error) {
+// prompt converts the "prompt" field into token ids, tokenizing text
+// (with the tokenizer's BOS if addSpecial), and returns the text of a text
+// prompt ("" for token ids).
+func (p *parser) prompt(raw json.RawMessage, addSpecial bool) ([]int32, string, error) {
 	if isNull(raw) {
-		return nil, BadRequest("prompt", "prompt is required")
+		return nil, "", BadRequest("prompt", "prompt is required")
 	}
 	switch firstByte(raw) {
 	case '"':
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, BadRequest("prompt", "prompt must be %s", promptShapes)
+			return nil, "", BadRequest("prompt", "prompt must be %s", promptShapes)
 		}
-		return p.encodePrompt(s)
+		ids, err := p.encodePrompt(s, addSpecial)
+		return ids, s, err
 	case '[':
 	default:
-		return nil, BadRequest("prompt", "prompt must be %s", promptShapes)
+		return nil, "", BadRequest("prompt", "prompt must be %s", promptShapes)
 	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal(raw, &elems); err != nil {
-		return nil, BadRequest("prompt", "prompt must be %s", promptShapes)
+		return nil, "", BadRequest("prompt", "prompt must be %s", promptShapes)
 	}
 	if len(elems) == 0 {
-		return nil, BadRequest("prompt", "prompt must not be empty")
+		return nil, "", BadRequest("prompt", "prompt must not be empty")
 	}
 	switch firstByte(elems[0]) {
 	case '"':
 		var ss []string
 		if err := json.Unmarshal(raw, &ss); err != nil {
-			return nil, BadRequest("prompt", "prompt must be %s", promptShapes)
+			return nil, "", BadRequest("prompt", "prompt must be %s", promptShapes)
 		}
 		if len(ss) > 1 {
-			return nil, BadRequest("prompt", "only one prompt per request is supported, got %d", len(ss))
+			return nil, "", BadRequest("prompt", "only one prompt per request is supported, got %d", len(ss))
 		}
-		return p.encodePrompt(ss[0])
+		ids, err := p.encodePrompt(ss[0], addSpecial)
+		return ids, ss[0], err
 	case '[':
 		if len(elems) > 1 {
-			return nil, BadRequest("prompt", "only one prompt per request is supported, got %d", len(elems))
+			return nil, "", BadRequest("prompt", "only one prompt per request is supported, got %d", len(elems))
 		}
-		return tokenIDs(elems[0], p.vocabSize)
+		ids, err := tokenIDs(elems[0], p.vocabSize)
+		return ids, "", err
 	default:
-		return tokenIDs(raw, p.vocabSize)
+		ids, err := tokenIDs(raw, p.vocabSize)
+		return ids, "", err
 	}
 }
 
-func (p *parser) encodePrompt(s string) ([]int32, error) {
+func (p *parser) encodePrompt(s string, addSpecial bool) ([]int32, error) {
 	if s == "" {
 		return nil, BadRequest("prompt", "prompt must not be empty")
 	}
 	if p.tok == nil {
 		return nil, BadRequest("prompt", "this model has no tokenizer; send the prompt as an array of token ids")
 	}
-	ids, err := p.tok.Encode(s, true)
+	ids, err := p.tok.Encode(s, addSpecial)
 	if err != nil {
 		return nil, BadRequest("prompt", "cannot tokenize the prompt: %v", err)
 	}

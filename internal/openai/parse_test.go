@@ -13,7 +13,8 @@ import (
 const testContextLen = 64
 
 func testParser() *parser {
-	return &parser{modelName: "m", tok: byteTokenizer{}, contextLen: testContextLen, newSeed: func() uint64 { return 42 }}
+	return &parser{modelName: "m", tok: byteTokenizer{}, contextLen: testContextLen, newSeed: func() uint64 { return 42 },
+		maxLogprobs: DefaultMaxLogprobs}
 }
 
 func noTokParser() *parser {
@@ -108,23 +109,44 @@ func TestParseCompletionRejects(t *testing.T) {
 		{"encode fails", `{"prompt":"FAIL-ENCODE"}`, 400, "prompt", "cannot tokenize"},
 		{"unknown model", `{"model":"other","prompt":"hi"}`, 404, "model", "The model `other` does not exist"},
 		{"model number", `{"model":1,"prompt":"hi"}`, 400, "model", "model must be a string"},
-		{"n=2", `{"prompt":"hi","n":2}`, 400, "n", "n must be 1"},
-		{"n=0", `{"prompt":"hi","n":0}`, 400, "n", "n must be 1"},
-		{"echo", `{"prompt":"hi","echo":true}`, 400, "echo", "echo is not supported"},
-		{"logprobs", `{"prompt":"hi","logprobs":1}`, 400, "logprobs", "not supported yet"},
-		{"logprobs 0", `{"prompt":"hi","logprobs":0}`, 400, "logprobs", "not supported yet"},
-		{"best_of", `{"prompt":"hi","best_of":2}`, 400, "best_of", "best_of must be 1"},
+		{"n=0", `{"prompt":"hi","n":0}`, 400, "n", "n must be in [1, 128], got 0"},
+		{"n=129", `{"prompt":"hi","n":129}`, 400, "n", "n must be in [1, 128], got 129"},
+		{"logprobs -1", `{"prompt":"hi","logprobs":-1}`, 400, "logprobs", "logprobs must be in [0, 20], got -1"},
+		{"logprobs 21", `{"prompt":"hi","logprobs":21}`, 400, "logprobs", "logprobs must be in [0, 20], got 21"},
+		{"best_of below n", `{"prompt":"hi","n":3,"best_of":2}`, 400, "best_of", "best_of must be in [n = 3, 128], got 2"},
+		{"best_of with stream", `{"prompt":"hi","best_of":2,"stream":true}`, 400, "best_of", "not allowed with stream"},
 		{"suffix", `{"prompt":"hi","suffix":"x"}`, 400, "suffix", "not supported"},
-		{"presence_penalty", `{"prompt":"hi","presence_penalty":0.5}`, 400, "presence_penalty", "not supported"},
-		{"frequency_penalty", `{"prompt":"hi","frequency_penalty":-1}`, 400, "frequency_penalty", "not supported"},
-		{"logit_bias", `{"prompt":"hi","logit_bias":{"1":2}}`, 400, "logit_bias", "not supported"},
-		{"repetition_penalty", `{"prompt":"hi","repetition_penalty":1.2}`, 400, "repetition_penalty", "not supported"},
-		{"min_p", `{"prompt":"hi","min_p":0.05}`, 400, "min_p", "not supported"},
+		{"presence_penalty", `{"prompt":"hi","presence_penalty":2.5}`, 400, "presence_penalty", "presence_penalty must be in [-2, 2], got 2.5"},
+		{"frequency_penalty", `{"prompt":"hi","frequency_penalty":-3}`, 400, "frequency_penalty", "frequency_penalty must be in [-2, 2], got -3"},
+		{"logit_bias key", `{"prompt":"hi","logit_bias":{"a":2}}`, 400, "logit_bias", `logit_bias keys must be token ids, got "a"`},
+		{"logit_bias negative key", `{"prompt":"hi","logit_bias":{"-1":2}}`, 400, "logit_bias", "logit_bias keys must be token ids"},
+		{"logit_bias value", `{"prompt":"hi","logit_bias":{"1":101}}`, 400, "logit_bias", "logit_bias of token 1 must be in [-100, 100], got 101"},
+		{"logit_bias twice", `{"prompt":"hi","logit_bias":{"1":1,"01":2}}`, 400, "logit_bias", "logit_bias names token 1 twice"},
+		{"repetition_penalty 0", `{"prompt":"hi","repetition_penalty":0}`, 400, "repetition_penalty", "repetition_penalty must be a positive number, got 0"},
+		{"min_p", `{"prompt":"hi","min_p":1.5}`, 400, "min_p", "min_p must be in [0, 1], got 1.5"},
+		{"allowed_token_ids empty", `{"prompt":"hi","allowed_token_ids":[]}`, 400, "allowed_token_ids", "must not be empty"},
+		{"allowed_token_ids negative", `{"prompt":"hi","allowed_token_ids":[-1]}`, 400, "allowed_token_ids", "-1 is not a token id"},
+		{"bad_words empty", `{"prompt":"hi","bad_words":[" "]}`, 400, "bad_words", "bad_words[0] is empty"},
+		{"prompt_logprobs with stream", `{"prompt":"hi","prompt_logprobs":1,"stream":true}`, 400, "prompt_logprobs", "not available with stream"},
+		{"prompt_logprobs 21", `{"prompt":"hi","prompt_logprobs":21}`, 400, "prompt_logprobs", "prompt_logprobs must be in [0, 20], got 21"},
+		{"truncate_prompt_tokens 0", `{"prompt":"hi","truncate_prompt_tokens":0}`, 400, "truncate_prompt_tokens", "-1 or at least 1"},
+		{"timeout 0", `{"prompt":"hi","timeout":0}`, 400, "timeout", "timeout must be a number of seconds in (0, 86400], got 0"},
+		{"priority huge", `{"prompt":"hi","priority":3000000000}`, 400, "priority", "priority must be in"},
+		{"beam search", `{"prompt":"hi","use_beam_search":true}`, 400, "use_beam_search", "not supported"},
+		{"length_penalty", `{"prompt":"hi","length_penalty":2}`, 400, "length_penalty", "not supported"},
+		{"response_format json", `{"prompt":"hi","response_format":{"type":"json_object"}}`, 400, "response_format", "does not constrain output yet"},
+		{"guided_json", `{"prompt":"hi","guided_json":{"type":"object"}}`, 400, "guided_json", "not supported"},
+		{"structured_outputs", `{"prompt":"hi","structured_outputs":{"regex":"a+"}}`, 400, "structured_outputs", "not supported"},
+		{"guided_choice", `{"prompt":"hi","guided_choice":["a"]}`, 400, "guided_choice", "not supported"},
+		{"kv_transfer_params", `{"prompt":"hi","kv_transfer_params":{"do_remote_decode":true}}`, 400, "kv_transfer_params", "not supported"},
+		{"skip_special_tokens false", `{"prompt":"hi","skip_special_tokens":false}`, 400, "skip_special_tokens", "not supported"},
+		{"prompt_embeds", `{"prompt":"hi","prompt_embeds":"AAAA"}`, 400, "prompt_embeds", "not supported"},
+		{"max_tokens 0 and n 2", `{"prompt":"hi","max_tokens":0,"echo":true,"n":2}`, 400, "n", "max_tokens 0"},
 		{"min_tokens negative", `{"prompt":"hi","min_tokens":-1}`, 400, "min_tokens", "min_tokens must be at least 0, got -1"},
 		{"min_tokens over max_tokens", `{"prompt":"hi","max_tokens":4,"min_tokens":5}`, 400, "min_tokens", "min_tokens must be at most max_tokens (4), got 5"},
 		{"min_tokens over the default max_tokens", `{"prompt":"hi","min_tokens":17}`, 400, "min_tokens", "at most max_tokens (16), got 17"},
 		{"min_tokens string", `{"prompt":"hi","min_tokens":"5"}`, 400, "min_tokens", ""},
-		{"max_tokens 0", `{"prompt":"hi","max_tokens":0}`, 400, "max_tokens", "max_tokens must be at least 1, got 0"},
+		{"max_tokens 0", `{"prompt":"hi","max_tokens":0}`, 400, "max_tokens", "max_tokens must be at least 1, got 0 (0, the prompt alone, only with echo)"},
 		{"max_tokens negative", `{"prompt":"hi","max_tokens":-5}`, 400, "max_tokens", "at least 1"},
 		{"prompt+max_tokens over context", `{"prompt":"hi","max_tokens":63}`, 400, "max_tokens",
 			"This model's maximum context length is 64 tokens. However, you requested 65 tokens (2 in the prompt, 63 in the completion)."},
@@ -201,9 +223,17 @@ func TestParseChatRejects(t *testing.T) {
 		{"min_tokens over the rest of the context", `{"messages":[{"role":"user","content":"hi"}],"min_tokens":64}`, 400, "min_tokens", "this model's context length leaves"},
 		{"min_tokens over max_completion_tokens", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3,"min_tokens":4}`, 400, "min_tokens", "min_tokens must be at most max_completion_tokens (3), got 4"},
 		{"context", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":60}`, 400, "max_tokens", "you requested 80 tokens (20 in the messages, 60 in the completion)"},
-		{"logprobs", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true}`, 400, "logprobs", "not supported yet"},
-		{"top_logprobs", `{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}`, 400, "top_logprobs", "not supported yet"},
-		{"n", `{"messages":[{"role":"user","content":"hi"}],"n":3}`, 400, "n", "n must be 1"},
+		{"top_logprobs without logprobs", `{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}`, 400, "top_logprobs", "top_logprobs needs logprobs: true"},
+		{"top_logprobs 21", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}`, 400, "top_logprobs", "top_logprobs must be in [0, 20], got 21"},
+		{"n", `{"messages":[{"role":"user","content":"hi"}],"n":0}`, 400, "n", "n must be in [1, 128], got 0"},
+		{"best_of", `{"messages":[{"role":"user","content":"hi"}],"best_of":2}`, 400, "best_of", "not supported on chat"},
+		{"tools", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools", "not supported"},
+		{"response_format", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema"}}`, 400, "response_format", "not supported"},
+		{"audio", `{"messages":[{"role":"user","content":"hi"}],"audio":{"voice":"x"}}`, 400, "audio", "not supported"},
+		{"modalities audio", `{"messages":[{"role":"user","content":"hi"}],"modalities":["text","audio"]}`, 400, "modalities", "only the text modality"},
+		{"reasoning_effort", `{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"low"}`, 400, "reasoning_effort", "not supported"},
+		{"both generation prompt and continue", `{"messages":[{"role":"assistant","content":"hi"}],"continue_final_message":true,"add_generation_prompt":true}`, 400, "continue_final_message", "cannot both be true"},
+		{"empty chat_template", `{"messages":[{"role":"user","content":"hi"}],"chat_template":""}`, 400, "chat_template", "must not be empty"},
 		{"temperature", `{"messages":[{"role":"user","content":"hi"}],"temperature":-0.5}`, 400, "temperature", "temperature must be in"},
 		{"stop", `{"messages":[{"role":"user","content":"hi"}],"stop":{}}`, 400, "stop", "stop must be"},
 	})
@@ -214,7 +244,7 @@ var cmpRequest = cmp.AllowUnexported(request{})
 // defaultCompletion is the request a completion of the prompt "hi" parses
 // to with every default (the test parser's seed, 42), changed by mod.
 func defaultCompletion(mod func(*request)) *request {
-	r := &request{promptIDs: []int32{'h', 'i'}, maxTokens: DefaultCompletionMaxTokens,
+	r := &request{promptIDs: []int32{'h', 'i'}, maxTokens: DefaultCompletionMaxTokens, n: 1, bestOf: 1,
 		sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
 	if mod != nil {
 		mod(r)
@@ -292,7 +322,7 @@ func TestParseChatAccepts(t *testing.T) {
 				t.Fatal(err)
 			}
 			ids, _ := byteTokenizer{}.Encode(tt.prompt, false)
-			want := &request{chat: true, promptIDs: ids, maxTokens: tt.maxTokens,
+			want := &request{chat: true, promptIDs: ids, maxTokens: tt.maxTokens, n: 1, bestOf: 1,
 				sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: 42}}
 			if diff := cmp.Diff(want, got, cmpRequest); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
@@ -363,8 +393,8 @@ func TestParseWholeNumberFloats(t *testing.T) {
 	}
 	checkBad(t, parseCompletionString(testParser()), []badCase{
 		// A whole number reaches the field's own check.
-		{"logprobs 2.0", `{"prompt":"hi","logprobs":2.0}`, 400, "logprobs", "logprobs is not supported yet"},
-		{"n 2.0", `{"prompt":"hi","n":2.0}`, 400, "n", "n must be 1, got 2"},
+		{"logprobs 21.0", `{"prompt":"hi","logprobs":21.0}`, 400, "logprobs", "logprobs must be in [0, 20], got 21"},
+		{"n 0.0", `{"prompt":"hi","n":0.0}`, 400, "n", "n must be in [1, 128], got 0"},
 		{"max_tokens 0.0", `{"prompt":"hi","max_tokens":0.0}`, 400, "max_tokens", "max_tokens must be at least 1, got 0"},
 		{"max_tokens 3.5", `{"prompt":"hi","max_tokens":3.5}`, 400, "max_tokens", "max_tokens must be an integer, got 3.5 (a number with a fractional part)"},
 		{"n 1.5", `{"prompt":"hi","n":1.5}`, 400, "n", "n must be an integer, got 1.5 (a number with a fractional part)"},
@@ -383,7 +413,7 @@ func TestParseWholeNumberFloats(t *testing.T) {
 	})
 	checkBad(t, parseChatString(testParser()), []badCase{
 		{"max_completion_tokens 2.5", chat(`"max_completion_tokens":2.5`), 400, "max_completion_tokens", "fractional part"},
-		{"top_logprobs 2.0", chat(`"top_logprobs":2.0`), 400, "top_logprobs", "not supported yet"},
+		{"top_logprobs 2.0", chat(`"top_logprobs":2.0`), 400, "top_logprobs", "top_logprobs needs logprobs: true"},
 	})
 }
 

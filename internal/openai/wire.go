@@ -93,7 +93,8 @@ type SamplingFields struct {
 	// IncludeStopStrInOutput (vLLM extension) keeps a matched stop string
 	// at the end of the output text.
 	IncludeStopStrInOutput bool `json:"include_stop_str_in_output"`
-	// N is the number of choices; only 1 is supported.
+	// N is the number of choices, 1…MaxChoices (default 1): the prompt is
+	// computed once and N sequences are generated from it.
 	N *Int `json:"n"`
 	// Stream asks for Server-Sent Events.
 	Stream bool `json:"stream"`
@@ -103,22 +104,80 @@ type SamplingFields struct {
 	// to responses and stream chunks; always on for a model without a
 	// tokenizer, whose responses have no text.
 	ReturnTokenIDs bool `json:"return_token_ids"`
-	// PresencePenalty and FrequencyPenalty: only 0 is supported.
+	// PresencePenalty and FrequencyPenalty, in [−2, 2] (OpenAI's
+	// definitions over the output tokens so far).
 	PresencePenalty  *float64 `json:"presence_penalty"`
 	FrequencyPenalty *float64 `json:"frequency_penalty"`
-	// LogitBias: only an empty map is supported.
+	// LogitBias maps token ids (as strings) to a bias in [−100, 100] added
+	// to their logits.
 	LogitBias map[string]float64 `json:"logit_bias"`
-	// RepetitionPenalty and MinP (vLLM and SGLang extensions) change the
-	// output, so rather than being ignored they are refused unless
-	// neutral: repetition_penalty 1, min_p 0.
+	// RepetitionPenalty (vLLM and SGLang, > 0, 1 is off): the CTRL
+	// penalty over prompt and output tokens. MinP in [0, 1].
 	RepetitionPenalty *float64 `json:"repetition_penalty"`
 	MinP              *float64 `json:"min_p"`
 	// MinTokens (vLLM extension, 0 ≤ min_tokens ≤ max_tokens): EOS and
 	// stop_token_ids are not drawn, and stop strings not matched, before
 	// that many output tokens.
 	MinTokens *Int `json:"min_tokens"`
-	// User is accepted and ignored.
-	User string `json:"user"`
+	// AllowedTokenIDs (vLLM): only these ids may be drawn.
+	AllowedTokenIDs []Int `json:"allowed_token_ids"`
+	// BadWords (vLLM): words whose tokens may not be generated in a row.
+	BadWords []string `json:"bad_words"`
+	// PromptLogprobs (vLLM): the prompt's logprobs, with that many most
+	// likely tokens per position.
+	PromptLogprobs *Int `json:"prompt_logprobs"`
+	// ReturnTokensAsTokenIDs (vLLM) writes logprob tokens as "token_id:N".
+	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
+	// TruncatePromptTokens (vLLM): keep only the prompt's last k tokens
+	// (−1: as many as the context holds).
+	TruncatePromptTokens *Int `json:"truncate_prompt_tokens"`
+	// AddSpecialTokens (vLLM): add the tokenizer's BOS to the prompt;
+	// default true for completions, false for chat (the template writes
+	// its own).
+	AddSpecialTokens *bool `json:"add_special_tokens"`
+	// SkipSpecialTokens (vLLM): only true (the default) is supported.
+	// SpacesBetweenSpecialTokens only matters when special tokens are
+	// rendered, which they never are: accepted.
+	SkipSpecialTokens          *bool `json:"skip_special_tokens"`
+	SpacesBetweenSpecialTokens *bool `json:"spaces_between_special_tokens"`
+	// Priority (vLLM): lower starts first, with --scheduling-policy
+	// priority; refused otherwise unless 0.
+	Priority *Int `json:"priority"`
+	// Timeout (pdserve): seconds the request may take at most, capped by
+	// --max-request-time.
+	Timeout *float64 `json:"timeout"`
+	// UseBeamSearch and LengthPenalty (vLLM): beam search is not
+	// implemented; refused unless false and 1.
+	UseBeamSearch bool     `json:"use_beam_search"`
+	LengthPenalty *float64 `json:"length_penalty"`
+	// ResponseFormat: only {"type": "text"} for now.
+	ResponseFormat json.RawMessage `json:"response_format"`
+	// Structured output and processor extensions of vLLM, refused unless
+	// null: pdserve does not constrain output yet, and ignoring them
+	// would hand the client text it did not ask for.
+	StructuredOutputs       json.RawMessage `json:"structured_outputs"`
+	GuidedJSON              json.RawMessage `json:"guided_json"`
+	GuidedRegex             json.RawMessage `json:"guided_regex"`
+	GuidedChoice            json.RawMessage `json:"guided_choice"`
+	GuidedGrammar           json.RawMessage `json:"guided_grammar"`
+	GuidedDecodingBackend   json.RawMessage `json:"guided_decoding_backend"`
+	GuidedWhitespacePattern json.RawMessage `json:"guided_whitespace_pattern"`
+	StructuralTag           json.RawMessage `json:"structural_tag"`
+	LogitsProcessors        json.RawMessage `json:"logits_processors"`
+	KVTransferParams        json.RawMessage `json:"kv_transfer_params"`
+	VLLMXargs               json.RawMessage `json:"vllm_xargs"`
+	// User, RequestID, CacheSalt, Metadata, Store, ServiceTier,
+	// PromptCacheKey and SafetyIdentifier do not change the output: they
+	// are accepted and ignored (pdserve mints its own request ids; its
+	// prefix cache is per worker).
+	User             string          `json:"user"`
+	RequestID        string          `json:"request_id"`
+	CacheSalt        string          `json:"cache_salt"`
+	Metadata         json.RawMessage `json:"metadata"`
+	Store            json.RawMessage `json:"store"`
+	ServiceTier      json.RawMessage `json:"service_tier"`
+	PromptCacheKey   json.RawMessage `json:"prompt_cache_key"`
+	SafetyIdentifier json.RawMessage `json:"safety_identifier"`
 }
 
 // StreamOptions is "stream_options".
@@ -136,14 +195,19 @@ type CompletionRequest struct {
 	// Prompt is a string, an array of one string, an array of token ids,
 	// or an array of one array of token ids.
 	Prompt json.RawMessage `json:"prompt"`
-	// Echo: only false is supported.
+	// Echo prepends the prompt to each choice's text (and, with
+	// Logprobs, its tokens' logprobs to the choice's).
 	Echo bool `json:"echo"`
-	// Logprobs: only null is supported for now.
+	// Logprobs, 0…--max-logprobs: the sampled tokens' logprobs with that
+	// many most likely tokens at each step.
 	Logprobs *Int `json:"logprobs"`
-	// BestOf: only 1 is supported.
+	// BestOf, N…MaxChoices: generate that many choices and return the N
+	// with the highest cumulative logprob (not with Stream).
 	BestOf *Int `json:"best_of"`
 	// Suffix: only "" is supported.
 	Suffix string `json:"suffix"`
+	// PromptEmbeds (vLLM): refused unless null.
+	PromptEmbeds json.RawMessage `json:"prompt_embeds"`
 }
 
 // ChatCompletionRequest is the body of POST /v1/chat/completions.
@@ -154,18 +218,47 @@ type ChatCompletionRequest struct {
 	// MaxCompletionTokens replaces MaxTokens (which OpenAI deprecated for
 	// chat) and wins when both are set.
 	MaxCompletionTokens *Int `json:"max_completion_tokens"`
-	// Logprobs: only false is supported for now.
-	Logprobs *bool `json:"logprobs"`
-	// TopLogprobs: only 0 is supported for now.
-	TopLogprobs *Int `json:"top_logprobs"`
-	// Tools, ToolChoice, Functions and ResponseFormat are rejected unless
-	// empty (tool_choice "none", response_format {"type":"text"}): pdserve
-	// does not constrain output, and silently ignoring them would hand the
+	// Logprobs asks for the sampled tokens' logprobs, TopLogprobs
+	// (0…--max-logprobs, only with Logprobs) most likely tokens with each.
+	Logprobs    *bool `json:"logprobs"`
+	TopLogprobs *Int  `json:"top_logprobs"`
+	// Tools, ToolChoice, Functions and FunctionCall are rejected unless
+	// empty (tool_choice and function_call "none"): pdserve does not
+	// constrain output yet, and silently ignoring them would hand the
 	// client text it did not ask for.
-	Tools          json.RawMessage `json:"tools"`
-	ToolChoice     json.RawMessage `json:"tool_choice"`
-	Functions      json.RawMessage `json:"functions"`
-	ResponseFormat json.RawMessage `json:"response_format"`
+	Tools        json.RawMessage `json:"tools"`
+	ToolChoice   json.RawMessage `json:"tool_choice"`
+	Functions    json.RawMessage `json:"functions"`
+	FunctionCall json.RawMessage `json:"function_call"`
+	// ParallelToolCalls only matters with tools: accepted.
+	ParallelToolCalls json.RawMessage `json:"parallel_tool_calls"`
+	// Echo (vLLM): the answer's content starts with the last message's
+	// when that message is the assistant's.
+	Echo bool `json:"echo"`
+	// BestOf: only 1 (OpenAI's chat API has none).
+	BestOf *Int `json:"best_of"`
+	// ChatTemplate (vLLM): a Jinja template used instead of the model's.
+	ChatTemplate *string `json:"chat_template"`
+	// ChatTemplateKwargs (vLLM): extra variables for the template
+	// (enable_thinking and the like).
+	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
+	// AddGenerationPrompt (vLLM, default true) ends the prompt with the
+	// assistant's turn; ContinueFinalMessage (vLLM) instead leaves the
+	// final message open for the answer to continue.
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+	// Options refused unless null: other modalities, reasoning controls
+	// and documents change what the model sees or returns in ways pdserve
+	// does not implement. Modalities ["text"] is accepted.
+	Audio             json.RawMessage `json:"audio"`
+	Modalities        json.RawMessage `json:"modalities"`
+	Prediction        json.RawMessage `json:"prediction"`
+	WebSearchOptions  json.RawMessage `json:"web_search_options"`
+	Verbosity         json.RawMessage `json:"verbosity"`
+	ReasoningEffort   json.RawMessage `json:"reasoning_effort"`
+	IncludeReasoning  *bool           `json:"include_reasoning"`
+	Documents         json.RawMessage `json:"documents"`
+	MMProcessorKwargs json.RawMessage `json:"mm_processor_kwargs"`
 }
 
 // ChatMessage is one message of a chat request.
@@ -220,8 +313,8 @@ type CompletionResponse struct {
 type CompletionChoice struct {
 	Index int    `json:"index"`
 	Text  string `json:"text"`
-	// Logprobs is always null.
-	Logprobs *struct{} `json:"logprobs"`
+	// Logprobs (with the request's logprobs) or null.
+	Logprobs *CompletionLogprobs `json:"logprobs"`
 	// FinishReason is null until the last event.
 	FinishReason *string `json:"finish_reason"`
 	// PromptTokenIDs (return_token_ids) is in the response and in the first
@@ -230,6 +323,8 @@ type CompletionChoice struct {
 	// TokenIDs (return_token_ids) are the output tokens of the response or
 	// of this event.
 	TokenIDs []int32 `json:"token_ids,omitzero"`
+	// PromptLogprobs (vLLM's prompt_logprobs) is in the response only.
+	PromptLogprobs PromptLogprobs `json:"prompt_logprobs,omitempty"`
 }
 
 // ChatCompletionResponse is the answer of /v1/chat/completions without stream.
@@ -242,13 +337,15 @@ type ChatCompletionResponse struct {
 	Usage   *Usage       `json:"usage,omitempty"`
 	// PromptTokenIDs (return_token_ids).
 	PromptTokenIDs []int32 `json:"prompt_token_ids,omitzero"`
+	// PromptLogprobs (vLLM's prompt_logprobs).
+	PromptLogprobs PromptLogprobs `json:"prompt_logprobs,omitempty"`
 }
 
 // ChatChoice is a choice of a ChatCompletionResponse.
 type ChatChoice struct {
 	Index        int                 `json:"index"`
 	Message      ChatResponseMessage `json:"message"`
-	Logprobs     *struct{}           `json:"logprobs"`
+	Logprobs     *ChatLogprobs       `json:"logprobs"`
 	FinishReason string              `json:"finish_reason"`
 	// TokenIDs (return_token_ids) are the output tokens.
 	TokenIDs []int32 `json:"token_ids,omitzero"`
@@ -275,9 +372,9 @@ type ChatCompletionChunk struct {
 // ChatChunkChoice is a choice of a ChatCompletionChunk.
 type ChatChunkChoice struct {
 	Index        int       `json:"index"`
-	Delta        ChatDelta `json:"delta"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
+	Delta        ChatDelta     `json:"delta"`
+	Logprobs     *ChatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
 	// TokenIDs (return_token_ids) are the output tokens of this event.
 	TokenIDs []int32 `json:"token_ids,omitzero"`
 }

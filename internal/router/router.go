@@ -130,6 +130,8 @@ type Config struct {
 	PeerFailureGrace time.Duration
 	// MaxBodyBytes bounds client request bodies (default: the front end's).
 	MaxBodyBytes int64
+	// API are the OpenAI API's options (--max-logprobs, --logprobs-mode).
+	API openai.APIOptions
 	// Client is the HTTP client for worker calls (default: a pooled client
 	// on NewTransport).
 	Client *http.Client
@@ -524,7 +526,7 @@ func (r *Router) Handler() http.Handler {
 	oa := openai.NewHandler(openai.Config{
 		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen, VocabSize: r.cfg.VocabSize,
 		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log, ContextNow: r.contextLen, Now: r.clock.Now,
-		OnAnswer: r.frontend.Answer, Admit: r.Admit,
+		OnAnswer: r.frontend.Answer, Admit: r.Admit, APIOptions: r.cfg.API,
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", oa)

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"github.com/spf13/pflag"
+
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/openai"
+)
+
+// apiFlags are the OpenAI API's options of a front end (router, serve,
+// up), with vLLM's flag names.
+type apiFlags struct {
+	maxLogprobs  int
+	logprobsMode string
+}
+
+func (f *apiFlags) add(fs *pflag.FlagSet) {
+	fs.IntVar(&f.maxLogprobs, "max-logprobs", openai.DefaultMaxLogprobs,
+		"the most alternatives a request's logprobs, top_logprobs or prompt_logprobs may ask for, 1 to 1024 (vLLM's --max-logprobs)")
+	fs.StringVar(&f.logprobsMode, "logprobs-mode", model.LogprobsRaw.String(),
+		"the distribution logprobs are of: raw_logprobs (the model's, before penalties, bias, temperature and truncation) or processed_logprobs (the one tokens are drawn from), as vLLM's --logprobs-mode")
+}
+
+// options validates the flags.
+func (f *apiFlags) options() (openai.APIOptions, error) {
+	if f.maxLogprobs < 1 || f.maxLogprobs > model.MaxLogprobs {
+		return openai.APIOptions{}, usagef("--max-logprobs must be in [1, %d], got %d", model.MaxLogprobs, f.maxLogprobs)
+	}
+	mode, err := model.ParseLogprobsMode(f.logprobsMode)
+	if err != nil {
+		return openai.APIOptions{}, usagef("--logprobs-mode: %v", err)
+	}
+	return openai.APIOptions{MaxLogprobs: f.maxLogprobs, LogprobsMode: mode}, nil
+}

@@ -51,7 +51,6 @@ func randUsage(r *rand.Rand) *Usage {
 	return u
 }
 
-
 func randEvent(r *rand.Rand) any {
 	n := r.IntN(3)
 	if r.IntN(2) == 0 {

@@ -46,7 +46,9 @@ type StringLogprob struct {
 }
 
 // MarshalJSON implements json.Marshaler.
-func (l CompletionLogprobs) MarshalJSON() ([]byte, error) { return appendCompletionLogprobs(nil, &l), nil }
+func (l CompletionLogprobs) MarshalJSON() ([]byte, error) {
+	return appendCompletionLogprobs(nil, &l), nil
+}
 
 // MarshalJSON implements json.Marshaler.
 func (t TopLogprobs) MarshalJSON() ([]byte, error) { return appendTopLogprobs(nil, t), nil }

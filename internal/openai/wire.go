@@ -371,7 +371,7 @@ type ChatCompletionChunk struct {
 
 // ChatChunkChoice is a choice of a ChatCompletionChunk.
 type ChatChunkChoice struct {
-	Index        int       `json:"index"`
+	Index        int           `json:"index"`
 	Delta        ChatDelta     `json:"delta"`
 	Logprobs     *ChatLogprobs `json:"logprobs"`
 	FinishReason *string       `json:"finish_reason"`

@@ -48,7 +48,9 @@ type reqSpec struct {
 	TopP        float64
 	IgnoreEOS   bool
 	Stop        []string
-	Behaviour   behaviour
+	// Choices is the request's n (0: not sent, one choice).
+	Choices   int
+	Behaviour behaviour
 	// DisconnectAfter is when a behaveDisconnect client goes away.
 	DisconnectAfter time.Duration
 	// AbortAfter is the tokens a behaveAbortStream client reads.
@@ -75,6 +77,9 @@ func (s *reqSpec) body(stream bool) []byte {
 	if len(s.Stop) > 0 {
 		m["stop"] = s.Stop
 	}
+	if s.Choices > 0 {
+		m["n"] = s.Choices
+	}
 	if s.Chat {
 		var msgs []map[string]string
 		if s.System != "" {
@@ -93,8 +98,8 @@ func (s *reqSpec) body(stream bool) []byte {
 
 // String describes the request for failure messages.
 func (s *reqSpec) String() string {
-	return fmt.Sprintf("request #%d (%s, stream=%v, behaviour=%s, prompt %d bytes, max_tokens %d, seed %d, temperature %v, top_p %v, ignore_eos %v, stop %q)",
-		s.N, s.path(), s.Stream, s.Behaviour, len(s.Prompt), s.MaxTokens, s.Seed, s.Temperature, s.TopP, s.IgnoreEOS, s.Stop)
+	return fmt.Sprintf("request #%d (%s, stream=%v, behaviour=%s, prompt %d bytes, max_tokens %d, n %d, seed %d, temperature %v, top_p %v, ignore_eos %v, stop %q)",
+		s.N, s.path(), s.Stream, s.Behaviour, len(s.Prompt), s.MaxTokens, max(1, s.Choices), s.Seed, s.Temperature, s.TopP, s.IgnoreEOS, s.Stop)
 }
 
 // genOptions shape the random requests.
@@ -141,6 +146,10 @@ func genRequests(rng *rand.Rand, n int, o genOptions) []*reqSpec {
 		if rng.IntN(10) == 0 {
 			s.Stop = []string{string(promptLetters[rng.IntN(26)])}
 		}
+		if rng.IntN(6) == 0 {
+			// Several choices: forks on decode over shared prompt pages.
+			s.Choices = 2 + rng.IntN(3)
+		}
 		switch x := rng.Float64(); {
 		case x < o.PDisconnect:
 			s.Behaviour = behaveDisconnect
@@ -178,10 +187,10 @@ type result struct {
 	Status  int
 	Code    string
 	Message string
-	// TokenIDs are the output tokens received (all of them for resOK, a
-	// prefix otherwise).
-	TokenIDs []int32
-	Finish   string
+	// TokenIDs are the output tokens received of each choice (all of them
+	// for resOK, a prefix otherwise), Finish the finish reasons.
+	TokenIDs map[int][]int32
+	Finish   map[int]string
 	ID       string
 	Elapsed  time.Duration
 	// Diag is the workers' state when a liveness bound was exceeded.
@@ -225,6 +234,7 @@ type wireError struct {
 type wireAnswer struct {
 	ID      string `json:"id"`
 	Choices []struct {
+		Index        int     `json:"index"`
 		TokenIDs     []int32 `json:"token_ids"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
@@ -257,6 +267,8 @@ func (c *client) close() { c.hc.CloseIdleConnections() }
 // without an answer and returns diagnostics.
 func (c *client) do(base string, s *reqSpec, bound time.Duration, onLate func() string) (res result) {
 	res.Spec = s
+	res.TokenIDs, res.Finish = map[int][]int32{}, map[int]string{}
+	choices := max(1, s.Choices)
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -316,9 +328,15 @@ func (c *client) do(base string, s *reqSpec, bound time.Duration, onLate func() 
 		switch {
 		case resp.StatusCode != http.StatusOK && a.Error != nil:
 			res.Kind, res.Code, res.Message = resError, a.Error.code(), a.Error.Message
-		case resp.StatusCode == http.StatusOK && len(a.Choices) == 1 && a.Choices[0].FinishReason != nil:
+		case resp.StatusCode == http.StatusOK && len(a.Choices) == choices:
 			res.Kind, res.ID = resOK, a.ID
-			res.TokenIDs, res.Finish = a.Choices[0].TokenIDs, *a.Choices[0].FinishReason
+			for i, ch := range a.Choices {
+				if ch.Index != i || ch.FinishReason == nil {
+					res.Kind, res.Message = resBroken, fmt.Sprintf("choice %d of %q", i, body)
+					return res
+				}
+				res.TokenIDs[i], res.Finish[i] = ch.TokenIDs, *ch.FinishReason
+			}
 		default:
 			res.Kind, res.Message = resBroken, fmt.Sprintf("status %d, unexpected answer %q", resp.StatusCode, body)
 		}
@@ -351,12 +369,16 @@ func (c *client) do(base string, s *reqSpec, bound time.Duration, onLate func() 
 			res.ID = a.ID
 		}
 		for _, ch := range a.Choices {
-			res.TokenIDs = append(res.TokenIDs, ch.TokenIDs...)
+			if ch.Index < 0 || ch.Index >= choices {
+				res.Kind, res.Message = resBroken, fmt.Sprintf("stream event of choice %d: %q", ch.Index, data)
+				return res
+			}
+			res.TokenIDs[ch.Index] = append(res.TokenIDs[ch.Index], ch.TokenIDs...)
 			if ch.FinishReason != nil {
-				res.Finish = *ch.FinishReason
+				res.Finish[ch.Index] = *ch.FinishReason
 			}
 		}
-		if s.Behaviour == behaveAbortStream && res.Finish == "" && len(res.TokenIDs) >= s.AbortAfter {
+		if s.Behaviour == behaveAbortStream && len(res.Finish) < choices && len(res.TokenIDs[0]) >= s.AbortAfter {
 			cancel(errAbort)
 			res.Kind = resAborted
 			return res
@@ -371,8 +393,8 @@ func (c *client) do(base string, s *reqSpec, bound time.Duration, onLate func() 
 	case !done:
 		res.Kind, res.Message = resBroken, "event stream ended without [DONE]"
 	case res.Kind == resStreamErr:
-	case res.Finish == "":
-		res.Kind, res.Message = resBroken, "event stream ended without a finish reason"
+	case len(res.Finish) != choices:
+		res.Kind, res.Message = resBroken, fmt.Sprintf("event stream ended with %d of %d choices finished", len(res.Finish), choices)
 	default:
 		res.Kind = resOK
 	}
@@ -499,15 +521,19 @@ func sameAnswer(ref *reference, results []result, parallel int) (full, prefix in
 					mismatches = append(mismatches, fmt.Sprintf("%s: %v", r.Spec, err))
 				case r.Kind == resOK:
 					full++
-					if !slices.Equal(r.TokenIDs, want.TokenIDs) || r.Finish != want.Finish {
-						mismatches = append(mismatches, fmt.Sprintf("%s (id %s): got tokens %v finish %q, colocated %v finish %q",
-							r.Spec, r.ID, r.TokenIDs, r.Finish, want.TokenIDs, want.Finish))
+					for c := range max(1, r.Spec.Choices) {
+						if !slices.Equal(r.TokenIDs[c], want.TokenIDs[c]) || r.Finish[c] != want.Finish[c] {
+							mismatches = append(mismatches, fmt.Sprintf("%s (id %s) choice %d: got tokens %v finish %q, colocated %v finish %q",
+								r.Spec, r.ID, c, r.TokenIDs[c], r.Finish[c], want.TokenIDs[c], want.Finish[c]))
+						}
 					}
 				default:
 					prefix++
-					if len(r.TokenIDs) > len(want.TokenIDs) || !slices.Equal(r.TokenIDs, want.TokenIDs[:len(r.TokenIDs)]) {
-						mismatches = append(mismatches, fmt.Sprintf("%s (id %s, %s): received tokens %v are not a prefix of colocated %v",
-							r.Spec, r.ID, r.label(), r.TokenIDs, want.TokenIDs))
+					for c, got := range r.TokenIDs {
+						if w := want.TokenIDs[c]; len(got) > len(w) || !slices.Equal(got, w[:len(got)]) {
+							mismatches = append(mismatches, fmt.Sprintf("%s (id %s, %s) choice %d: received tokens %v are not a prefix of colocated %v",
+								r.Spec, r.ID, r.label(), c, got, w))
+						}
 					}
 				}
 				mu.Unlock()

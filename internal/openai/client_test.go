@@ -285,3 +285,50 @@ func TestClientModels(t *testing.T) {
 		t.Errorf("error %v", err)
 	}
 }
+
+// TestClientLogprobsAndChoices: the official client reads several choices
+// and their logprobs in its own types, on both endpoints.
+func TestClientLogprobsAndChoices(t *testing.T) {
+	script := []Chunk{
+		{Index: 1, Tokens: []Token{lp('y', -0.5, byte('y'), -0.5, byte('z'), -1.0)}, FinishReason: "length"},
+		{Index: 0, Tokens: []Token{lp('x', -0.25, byte('x'), -0.25, byte('w'), -2.0)}, FinishReason: "length", Done: true},
+	}
+	c := newClient(newServer(t, newFakeEngine(script...)))
+	res, err := c.Completions.New(t.Context(), oai.CompletionNewParams{
+		Model:  "m",
+		Prompt: oai.CompletionNewParamsPromptUnion{OfString: oai.String("p")},
+		N:      oai.Int(2), Logprobs: oai.Int(1), MaxTokens: oai.Int(1),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Choices) != 2 || res.Choices[0].Text != "x" || res.Choices[1].Text != "y" || res.Choices[1].Index != 1 {
+		t.Fatalf("choices %+v", res.Choices)
+	}
+	l := res.Choices[0].Logprobs
+	if !cmp.Equal(l.Tokens, []string{"x"}) || !cmp.Equal(l.TokenLogprobs, []float64{-0.25}) || !cmp.Equal(l.TextOffset, []int64{0}) ||
+		len(l.TopLogprobs) != 1 || l.TopLogprobs[0]["x"] != -0.25 {
+		t.Fatalf("completion logprobs %+v", l)
+	}
+	if res.Usage.CompletionTokens != 2 || res.Usage.PromptTokens != 1 {
+		t.Fatalf("usage %+v", res.Usage)
+	}
+
+	c = newClient(newServer(t, newFakeEngine(script...)))
+	chat, err := c.Chat.Completions.New(t.Context(), oai.ChatCompletionNewParams{
+		Model:    "m",
+		Messages: []oai.ChatCompletionMessageParamUnion{oai.UserMessage("hi")},
+		N:        oai.Int(2), Logprobs: oai.Bool(true), TopLogprobs: oai.Int(2), MaxTokens: oai.Int(1),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(chat.Choices) != 2 {
+		t.Fatalf("choices %+v", chat.Choices)
+	}
+	ct := chat.Choices[1].Logprobs.Content
+	if len(ct) != 1 || ct[0].Token != "y" || ct[0].Logprob != -0.5 || !cmp.Equal(ct[0].Bytes, []int64{'y'}) ||
+		len(ct[0].TopLogprobs) != 2 || ct[0].TopLogprobs[1].Token != "z" || ct[0].TopLogprobs[1].Logprob != -1 {
+		t.Fatalf("chat logprobs %+v", ct)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -171,6 +172,7 @@ type fakeStream struct {
 
 	mu                   sync.Mutex
 	stopN, closeN, recvN int
+	stopChoices          []int // StopChoice's indices, in order
 	recvAfterClose       bool
 	stopped, closed      chan struct{}
 }
@@ -208,6 +210,13 @@ func (s *fakeStream) Stop() {
 	}
 }
 
+// StopChoice implements ChoiceStopper.
+func (s *fakeStream) StopChoice(i int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopChoices = append(s.stopChoices, i)
+}
+
 func (s *fakeStream) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -232,4 +241,35 @@ func (s *fakeStream) waitClosed(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("stream was not closed")
 	}
+}
+
+// optionsTokenizer is byteTokenizer with a chat template that shows the
+// chat options: a request's template is written first, then its kwargs;
+// the assistant's turn is opened unless NoGenerationPrompt or
+// ContinueFinalMessage, which also leaves the last message unterminated.
+type optionsTokenizer struct{ byteTokenizer }
+
+func (optionsTokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOptions) (string, error) {
+	var b strings.Builder
+	if opts.Template != "" {
+		b.WriteString("[" + opts.Template + "]")
+	}
+	keys := make([]string, 0, len(opts.Kwargs))
+	for k := range opts.Kwargs {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.WriteString("{" + k + "=" + string(opts.Kwargs[k]) + "}")
+	}
+	for i, m := range msgs {
+		b.WriteString("<" + m.Role + ">" + m.Content)
+		if !opts.ContinueFinalMessage || i < len(msgs)-1 {
+			b.WriteString("\n")
+		}
+	}
+	if !opts.NoGenerationPrompt && !opts.ContinueFinalMessage {
+		b.WriteString("<assistant>")
+	}
+	return b.String(), nil
 }

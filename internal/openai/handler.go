@@ -512,8 +512,10 @@ func (rs *response) recv(ctx context.Context, stream Stream) (int, error) {
 	switch {
 	case rs.stopCalled:
 	case rs.finished():
+		// A choice the front end ended may still run in the engine,
+		// unless StopChoice ended it there.
 		for _, o := range rs.outs {
-			if o.stopped {
+			if o.stopped && !o.choiceStopped {
 				rs.stopCalled = true
 				stream.Stop()
 				break
@@ -522,6 +524,7 @@ func (rs *response) recv(ctx context.Context, stream Stream) (int, error) {
 	case !wasFinished && o.finished && o.stopped:
 		if cs, ok := stream.(ChoiceStopper); ok {
 			cs.StopChoice(c.Index)
+			o.choiceStopped = true
 		}
 	}
 	return c.Index, nil
@@ -822,6 +825,7 @@ func (rs *response) completionLogprobs(o *output, toks []Token, withPrompt bool)
 			return
 		}
 		l.TokenLogprobs = append(l.TokenLogprobs, lp)
+		top = top[:min(len(top), rs.req.sampling.TopLogprobs)]
 		t := make(TopLogprobs, 0, len(top)+1)
 		listed := false
 		for _, a := range top {
@@ -854,8 +858,8 @@ func (rs *response) chatLogprobs(toks []Token) *ChatLogprobs {
 	}
 	l := &ChatLogprobs{Content: make([]ChatTokenLogprob, len(toks))}
 	for i, t := range toks {
-		top := make([]ChatTopLogprob, len(t.Top))
-		for j, a := range t.Top {
+		top := make([]ChatTopLogprob, min(len(t.Top), rs.req.sampling.TopLogprobs))
+		for j, a := range t.Top[:len(top)] {
 			top[j] = ChatTopLogprob{Token: rs.tokenString(a.ID), Logprob: a.Logprob, Bytes: rs.tokenBytes(a.ID)}
 		}
 		l.Content[i] = ChatTokenLogprob{Token: rs.tokenString(t.ID), Logprob: t.Logprob, Bytes: rs.tokenBytes(t.ID), TopLogprobs: top}

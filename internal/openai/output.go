@@ -45,8 +45,9 @@ type output struct {
 	// last chunk.
 	cached int
 	// stopped: the front end ended the request (a stop string matched
-	// before the engine finished); the engine must be told with Stop.
-	stopped bool
+	// before the engine finished); the engine must be told with Stop, or
+	// with StopChoice (choiceStopped) for one choice of several.
+	stopped, choiceStopped bool
 }
 
 func newOutput(tok model.Tokenizer, req *request, eos []int32) *output {

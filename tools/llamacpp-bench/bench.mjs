@@ -6,6 +6,7 @@
 //   node bench.mjs perf   --model m.gguf --threads 2 [--decode 64] [--batch 16] [--prefill 512] [--prefill-runs 3]
 //   node bench.mjs verify --model m.gguf --threads 2 --ref ref.json
 //   node bench.mjs refs   --model m.gguf --threads 2 --seqs seqs.json [--greedy 32]
+//   node bench.mjs score  --model m.gguf --threads 2 --seqs seqs.json [--chunk 64] [--top 5]
 //
 // perf measures, with an F32 KV cache and flash attention off:
 //   prefill: a 512-token prompt evaluated from position 0 (one batch), tokens/s;
@@ -16,6 +17,15 @@
 // refs, for each token sequence of seqs.json (a JSON list of id lists): the
 // full next-token probability vector after the sequence, and the greedy
 // continuation with the smallest top-1/top-2 log-probability gap along it.
+// score, for each token sequence of seqs.json: the prompt logprobs (vLLM's
+// prompt_logprobs), i.e. at every position j ≥ 1 the natural log of the
+// probability of token j given tokens 0…j-1, and the top most likely ids
+// there with theirs. The sequence is evaluated from position 0 in chunks of
+// --chunk tokens (the context's batch size), asking for the probabilities
+// after every token (greedy sampler: the model's raw distribution). The
+// addon normalises them in float32 (expf, a float sum in descending order);
+// each position is renormalised here in float64 (lp = ln p − ln Σp), and
+// norm = ln Σp (the float32 normalisation's error) is reported with it.
 // Run it with UV_THREADPOOL_SIZE=1 (see docs/performance.md ("The real model on CPU")).
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 import {readFileSync} from "node:fs";
@@ -163,8 +173,53 @@ if (mode === "perf") {
         await ctx.dispose();
     }
     console.log(JSON.stringify(out));
+} else if (mode === "score") {
+    const seqs = JSON.parse(readFileSync(opt("seqs"), "utf8"));
+    const chunk = Number(opt("chunk", "64"));
+    const nTop = Number(opt("top", "5"));
+    const gen = {generateNext: {probabilities: true, options: greedy}};
+    // One position: the target's logprob and the nTop most likely ids (ties
+    // by lower id, as pdserve orders them), renormalised in float64.
+    const position = (probs, target) => {
+        let sum = 0;
+        const top = []; // [id, p], most likely first
+        for (const [id, p] of probs) {
+            sum += p;
+            if (top.length === nTop && !(p > top[nTop - 1][1] || (p === top[nTop - 1][1] && id < top[nTop - 1][0]))) continue;
+            let i = top.length === nTop ? nTop - 1 : top.length;
+            while (i > 0 && (top[i - 1][1] < p || (top[i - 1][1] === p && top[i - 1][0] > id))) i--;
+            top.splice(i, 0, [id, p]);
+            top.length = Math.min(top.length, nTop);
+        }
+        const norm = Math.log(sum);
+        const pt = probs.get(target) ?? 0;
+        if (!(pt > 0)) throw new Error(`token ${target}: probability ${pt}`);
+        return {lp: Math.log(pt) - norm, norm, top: top.map(([id, p]) => [id, Math.log(p) - norm])};
+    };
+    const out = {threads, chunk, top: nTop, seqs: []};
+    const t0 = now();
+    for (const toks of seqs) {
+        const n = toks.length;
+        const ctx = await model.createContext(ctxOptions({contextSize: Math.max(256, Math.ceil((n + 1) / 256) * 256), batchSize: chunk, sequences: 1}));
+        const seq = ctx.getSequence();
+        const r = {n, logprobs: [], norm: [], top: []}; // entry j-1 for position j
+        for (let s = 0; s < n; s += chunk) {
+            const part = toks.slice(s, Math.min(n, s + chunk));
+            const res = await seq.controlledEvaluate(part.map((t, i) => s + i + 1 < n ? [t, gen] : t));
+            for (let i = 0; i < part.length && s + i + 1 < n; i++) {
+                const p = position(res[i].next.probabilities, toks[s + i + 1]);
+                r.logprobs.push(p.lp);
+                r.norm.push(p.norm);
+                r.top.push(p.top);
+            }
+        }
+        out.seqs.push(r);
+        await ctx.dispose();
+    }
+    out.seconds = now() - t0;
+    console.log(JSON.stringify(out));
 } else {
-    console.error("usage: node bench.mjs perf|verify|refs --model m.gguf ...");
+    console.error("usage: node bench.mjs perf|verify|refs|score --model m.gguf ...");
     process.exit(2);
 }
 await model.dispose();

@@ -15,8 +15,10 @@
 // on each file (next-token probabilities and greedy tokens after a fixed
 // prompt, F32 KV cache), then runs pdserve's BenchmarkSmolLM2 -model FILE
 // (A) and bench.mjs (B) interleaved A B A B … and prints the medians and
-// the ratios pdserve/llama.cpp. With -stories-refs DIR it instead writes
-// the llama.cpp references of the stories260K Q8_0/Q4_0 test (refs.go).
+// the ratios pdserve/llama.cpp. With -score it instead compares pdserve's
+// prompt logprobs with llama.cpp's (score.go). With -stories-refs DIR it
+// instead writes the llama.cpp references of the stories260K Q8_0/Q4_0
+// test (refs.go).
 package main
 
 import (
@@ -59,6 +61,8 @@ func main() {
 	prefillRuns := flag.Int("prefill-runs", 3, "512-token prefills timed per run")
 	skipVerify := flag.Bool("skip-verify", false, "skip the numerical comparison")
 	types := flag.String("types", "f32,bf16,q8_0,q4_0,q4_k_m", "GGUF file types to compare (comma-separated; see llama.FileTypes)")
+	score := flag.Bool("score", false, "instead of benchmarking, compare pdserve's prompt logprobs with llama.cpp's on each file (exit status 1 if any differs by more than 1e-4)")
+	scoreChunk := flag.Int("score-chunk", 64, "with -score, the prefill chunk (tokens per forward) on both sides")
 	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0 and Q4_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
 	flag.Parse()
 	log.SetFlags(0)
@@ -92,6 +96,12 @@ func main() {
 			must(err)
 		}
 		ggufs[ft] = p
+	}
+	if *score {
+		if !runScore(*work, *threads, *scoreChunk, files, ggufs) {
+			os.Exit(1)
+		}
+		return
 	}
 
 	if !*skipVerify {

@@ -591,6 +591,8 @@ func (r *Router) whyNone(role workerapi.Role, exclude map[*fleet.Worker]bool, re
 		switch {
 		case exclude[w]:
 			why = "failed this request already"
+		case req.missing(w) == workerapi.FeaturePriority:
+			why = "scheduling first come, first served (a request's priority needs --scheduling-policy priority)"
 		case req.missing(w) != "":
 			why = "without " + req.missing(w) + " (an older pdserve)"
 		}

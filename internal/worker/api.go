@@ -622,6 +622,9 @@ func (w *Worker) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 	if w.role != lifecycle.RoleColocated {
 		return nil, openai.Internal("Generate needs a colocated worker, this one is %s", w.role)
 	}
+	if g.Priority != 0 && !w.cfg.Machine.PriorityScheduling {
+		return nil, openai.Unsupported("priority", "priority is %d, but this server schedules first come, first served: start it with --scheduling-policy priority (vLLM's)", g.Priority)
+	}
 	q := lifecycle.Request{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens, Sampling: g.Sampling,
 		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens,
 		N: g.N, ScorePrompt: g.ScorePrompt, PromptTop: g.PromptTopLogprobs, Priority: g.Priority, Timeout: g.Timeout}

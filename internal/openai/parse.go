@@ -393,7 +393,29 @@ func (p *parser) completion(w *CompletionRequest) (*request, error) {
 	if req.maxTokens == 0 && req.bestOf > 1 {
 		return nil, BadRequest("n", "max_tokens 0 (the prompt alone) gives one answer: n and best_of must be 1, got %d and %d", req.n, req.bestOf)
 	}
+	if err := checkLogprobVolume(req, "logprobs", "max_tokens"); err != nil {
+		return nil, err
+	}
 	return req, nil
+}
+
+// MaxLogprobEntries bounds the logprobs one answer may carry: choices ×
+// output tokens × (alternatives + 1), about 100 MB of JSON. A request that
+// could exceed it is refused before it runs rather than building an answer
+// no client wants to read.
+const MaxLogprobEntries = 1 << 22
+
+// checkLogprobVolume refuses a request whose logprobs could exceed
+// MaxLogprobEntries, naming param and the max_tokens field maxParam.
+func checkLogprobVolume(req *request, param, maxParam string) error {
+	if !req.logprobs {
+		return nil
+	}
+	if v := int64(req.bestOf) * int64(req.maxTokens) * int64(req.sampling.TopLogprobs+1); v > MaxLogprobEntries {
+		return BadRequest(param, "%s would return up to %d entries (%d choices × %d tokens × %d alternatives and the token), more than %d: lower %s, n or the alternatives",
+			param, v, req.bestOf, req.maxTokens, req.sampling.TopLogprobs, MaxLogprobEntries, maxParam)
+	}
+	return nil
 }
 
 // chatCompletion converts a decoded chat completion request.
@@ -503,6 +525,13 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 		maxTok, param = w.MaxCompletionTokens, "max_completion_tokens"
 	}
 	if err := p.resolveMaxTokens(req, maxTok, 0, param, "messages", false); err != nil {
+		return nil, err
+	}
+	lpParam := "logprobs"
+	if req.sampling.TopLogprobs > 0 {
+		lpParam = "top_logprobs"
+	}
+	if err := checkLogprobVolume(req, lpParam, param); err != nil {
 		return nil, err
 	}
 	return req, nil

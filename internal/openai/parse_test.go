@@ -169,6 +169,22 @@ func TestParseCompletionRejects(t *testing.T) {
 	})
 }
 
+// TestParseLogprobVolume: a request whose logprobs could exceed
+// MaxLogprobEntries is refused before it runs, naming the field.
+func TestParseLogprobVolume(t *testing.T) {
+	p := testParser()
+	p.contextLen = 1 << 20
+	checkBad(t, parseCompletionString(p), []badCase{
+		{"completions", `{"prompt":"hi","logprobs":20,"n":128,"max_tokens":10000}`, 400, "logprobs", "more than 4194304"},
+	})
+	checkBad(t, parseChatString(p), []badCase{
+		{"chat, the rest of the context", `{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":1,"n":8}`, 400, "top_logprobs", "lower max_tokens"},
+	})
+	if _, err := p.parseCompletion(strings.NewReader(`{"prompt":"hi","logprobs":20,"n":8,"max_tokens":10000}`)); err != nil {
+		t.Fatalf("1.7M entries: %v", err)
+	}
+}
+
 func TestParseNoTokenizer(t *testing.T) {
 	checkBad(t, parseCompletionString(noTokParser()), []badCase{
 		{"text prompt", `{"prompt":"hi"}`, 400, "prompt", "no tokenizer"},

@@ -254,6 +254,7 @@ type SampleScratch struct {
 	heap    []int32   // the most likely tokens (Top)
 	count   []int32   // per token: occurrences in a history; zero between calls
 	allowed []bool    // per token: in AllowedTokenIDs; false between calls
+	soft    []int32   // the tokens ban's other bans set (to undo them)
 	probs   [2][]float64
 	keys    [2][]uint64
 }

@@ -365,19 +365,25 @@ func process(logits []float32, in *SeqInput, sc *SampleScratch) []float32 {
 }
 
 // ban applies in's bans to proc (a copy of logits) and reports whether any
-// applies: false when none names a token that is not −∞ already, or when
-// they would leave no token (proc is then a copy of logits again).
+// applies. allowed_token_ids is a hard constraint: it is ignored only when
+// it would leave no token (an allowed list of ids outside the vocabulary).
+// The other bans (SeqInput.Ban: min_tokens' EOS and stop tokens; bad_words)
+// give way to it: when they would leave no token, they are all ignored and
+// the allowed tokens stay the only candidates.
 func ban(proc, logits []float32, in *SeqInput, sc *SampleScratch) bool {
 	V := len(proc)
-	n := 0 // tokens set to −∞
-	set := func(id int32) {
+	live := 0 // tokens not −∞
+	for _, l := range proc {
+		live += int(b2i(!math.IsInf(float64(l), -1)))
+	}
+	all := live
+	set := func(id int32) bool {
 		if id >= 0 && int(id) < V && !math.IsInf(float64(proc[id]), -1) {
 			proc[id] = float32(math.Inf(-1))
-			n++
+			live--
+			return true
 		}
-	}
-	for _, id := range in.Ban {
-		set(id)
+		return false
 	}
 	p := &in.Sampling
 	if len(p.AllowedTokenIDs) > 0 {
@@ -400,6 +406,16 @@ func ban(proc, logits []float32, in *SeqInput, sc *SampleScratch) bool {
 				allowed[id] = false
 			}
 		}
+		if live == 0 {
+			copy(proc, logits)
+			live = all
+		}
+	}
+	soft := sc.soft[:0] // the tokens the other bans set, to undo them
+	for _, id := range in.Ban {
+		if set(id) {
+			soft = append(soft, id)
+		}
 	}
 	out := in.Output
 	for _, w := range p.BadWords {
@@ -407,13 +423,18 @@ func ban(proc, logits []float32, in *SeqInput, sc *SampleScratch) bool {
 		if k == 0 || k-1 > len(out) || !slices.Equal(out[len(out)-(k-1):], w[:k-1]) {
 			continue
 		}
-		set(w[k-1])
+		if set(w[k-1]) {
+			soft = append(soft, w[k-1])
+		}
 	}
-	if n == V {
-		copy(proc, logits)
-		return false
+	if live == 0 {
+		for _, id := range soft {
+			proc[id] = logits[id]
+		}
+		live += len(soft)
 	}
-	return n > 0
+	sc.soft = soft[:0]
+	return live < all
 }
 
 // ScorePosition returns the prompt logprobs of one position: target's

@@ -34,16 +34,37 @@ func refProcess(logits []float32, in *SeqInput) []float32 {
 	V := int32(len(logits))
 	p := in.Sampling
 	inV := func(id int32) bool { return id >= 0 && id < V }
+	// allowed_token_ids first, ignored if it leaves nothing; then the
+	// other bans, all ignored if they leave nothing.
+	proc := slices.Clone(logits)
+	banAll := func(banned map[int32]bool) {
+		n := 0
+		for id := range V {
+			if banned[id] || math.IsInf(float64(proc[id]), -1) {
+				n++
+			}
+		}
+		if n == int(V) {
+			return
+		}
+		for id := range banned {
+			if inV(id) {
+				proc[id] = negInf
+			}
+		}
+	}
+	if len(p.AllowedTokenIDs) > 0 {
+		notAllowed := map[int32]bool{}
+		for id := range V {
+			if !slices.Contains(p.AllowedTokenIDs, id) {
+				notAllowed[id] = true
+			}
+		}
+		banAll(notAllowed)
+	}
 	banned := map[int32]bool{}
 	for _, id := range in.Ban {
 		banned[id] = true
-	}
-	if len(p.AllowedTokenIDs) > 0 {
-		for id := range V {
-			if !slices.Contains(p.AllowedTokenIDs, id) {
-				banned[id] = true
-			}
-		}
 	}
 	for _, w := range p.BadWords {
 		k := len(w)
@@ -52,17 +73,7 @@ func refProcess(logits []float32, in *SeqInput) []float32 {
 			banned[w[k-1]] = true
 		}
 	}
-	proc := slices.Clone(logits)
-	n := 0
-	for id := range banned {
-		if inV(id) && !math.IsInf(float64(proc[id]), -1) {
-			proc[id] = negInf
-			n++
-		}
-	}
-	if n == int(V) {
-		copy(proc, logits)
-	}
+	banAll(banned)
 	if rp := p.RepetitionPenalty; rp != 0 && rp != 1 {
 		seen := map[int32]bool{}
 		for _, t := range append(slices.Clone(in.Prompt), in.Output...) {
@@ -237,6 +248,10 @@ func TestProcessEachProcessor(t *testing.T) {
 		{"ban everything is ignored", SeqInput{Ban: []int32{0, 1, 2, 3, 4, 5}}, []float32{2, -1, 0, 4, 1, -3}},
 		{"allowed", SeqInput{Sampling: SamplingParams{AllowedTokenIDs: []int32{4, 1, 77}}}, []float32{inf, -1, inf, inf, 1, inf}},
 		{"allowed outside the vocabulary only: ignored", SeqInput{Sampling: SamplingParams{AllowedTokenIDs: []int32{6, 100}}}, []float32{2, -1, 0, 4, 1, -3}},
+		{"bans that leave no allowed token give way", SeqInput{Ban: []int32{1}, Sampling: SamplingParams{AllowedTokenIDs: []int32{4, 1},
+			BadWords: [][]int32{{4}}}}, []float32{inf, -1, inf, inf, 1, inf}},
+		{"bans within the allowed tokens apply", SeqInput{Ban: []int32{1}, Sampling: SamplingParams{AllowedTokenIDs: []int32{4, 1}}},
+			[]float32{inf, inf, inf, inf, 1, inf}},
 		{"bad word of one token", SeqInput{Sampling: SamplingParams{BadWords: [][]int32{{0}}}}, []float32{inf, -1, 0, 4, 1, -3}},
 		{"bad word whose prefix ends the output", SeqInput{Output: []int32{5, 1, 2},
 			Sampling: SamplingParams{BadWords: [][]int32{{1, 2, 3}, {2, 4}, {5, 2, 0}, {9, 1, 2, 1}}}},

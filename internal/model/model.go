@@ -159,6 +159,16 @@ type Tokenizer interface {
 	NewDecoder() Decoder
 }
 
+// SpecialTokens is implemented by tokenizers that know which ids are
+// special tokens (BOS, EOS, chat markup: tokenizer.json's added tokens
+// marked special, a GGUF vocabulary's control and unknown tokens). The
+// front end leaves them out of output text, as vLLM does with
+// skip_special_tokens (its default); a Decoder renders them as their
+// content.
+type SpecialTokens interface {
+	IsSpecial(id int32) bool
+}
+
 // Decoder turns a stream of token ids into text, holding back bytes of an
 // incomplete UTF-8 character until the token that completes it.
 type Decoder interface {

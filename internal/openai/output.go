@@ -19,9 +19,12 @@ type output struct {
 	// after that many tokens (vLLM's detokenizer, which checks only while
 	// the output is longer than min_tokens).
 	minTokens int
-	// noText holds the ids not rendered when they end the output with
-	// finish reason "stop": EOS (unless ignore_eos) and stop_token_ids.
-	noText []int32
+	// noText holds the ids never rendered: EOS (unless ignore_eos) and
+	// stop_token_ids, which end the output when drawn; special reports the
+	// tokenizer's special tokens, never rendered either (vLLM's
+	// skip_special_tokens, its default).
+	noText  []int32
+	special func(int32) bool
 
 	text     []byte  // the output text so far (after a stop match: truncated)
 	ids      []int32 // every token counted (sent or to be sent)
@@ -54,6 +57,9 @@ func newOutput(tok model.Tokenizer, req *request, eos []int32) *output {
 	o := &output{includeStop: req.includeStopStr, minTokens: req.minTokens, keepToks: req.logprobs}
 	if tok != nil {
 		o.dec = tok.NewDecoder()
+		if st, ok := tok.(model.SpecialTokens); ok {
+			o.special = st.IsSpecial
+		}
 	}
 	for _, s := range req.stop {
 		o.stops = append(o.stops, []byte(s))
@@ -72,7 +78,7 @@ func (o *output) add(c Chunk) bool {
 	if o.finished {
 		return true
 	}
-	for i, t := range c.Tokens {
+	for _, t := range c.Tokens {
 		if o.finished {
 			break
 		}
@@ -84,8 +90,8 @@ func (o *output) add(c Chunk) bool {
 		if o.dec == nil {
 			continue
 		}
-		if c.FinishReason == "stop" && i == len(c.Tokens)-1 && slices.Contains(o.noText, t.ID) {
-			continue // the EOS or stop token itself is counted but not shown
+		if slices.Contains(o.noText, t.ID) || (o.special != nil && o.special(t.ID)) {
+			continue // counted but not shown
 		}
 		o.appendText(o.dec.Add(t.ID))
 	}

@@ -852,16 +852,19 @@ func (p *parser) truncate(ids []int32, k *Int) ([]int32, bool, error) {
 	return ids[int64(len(ids))-n:], true, nil
 }
 
-// decode renders ids as text (echo of a token-id or truncated prompt);
-// "" without a tokenizer.
+// decode renders ids as text (echo of a token-id or truncated prompt),
+// without special tokens; "" without a tokenizer.
 func (p *parser) decode(ids []int32) string {
 	if p.tok == nil {
 		return ""
 	}
 	d := p.tok.NewDecoder()
+	st, _ := p.tok.(model.SpecialTokens)
 	var b strings.Builder
 	for _, id := range ids {
-		b.WriteString(d.Add(id))
+		if st == nil || !st.IsSpecial(id) {
+			b.WriteString(d.Add(id))
+		}
 	}
 	b.WriteString(d.Flush())
 	return b.String()

@@ -326,3 +326,31 @@ func TestSamplingFieldsReachTheEngine(t *testing.T) {
 		}
 	}
 }
+
+// specialTokenizer is byteTokenizer with byte 1 a special token.
+type specialTokenizer struct{ byteTokenizer }
+
+func (specialTokenizer) IsSpecial(id int32) bool { return id == 1 }
+
+// TestSpecialTokensNotRendered: special tokens (model.SpecialTokens) and
+// the EOS never appear in the text, wherever they fall in the engine's
+// chunks (a choice's EOS need not come in the chunk that finishes it),
+// while they are counted and listed in token_ids and logprobs.
+func TestSpecialTokensNotRendered(t *testing.T) {
+	eng := newFakeEngine(
+		Chunk{Index: 0, Tokens: []Token{lp('a', -1), lp(1, -1), lp('b', -1), lp(0, -1)}},
+		Chunk{Index: 1, Tokens: []Token{lp('c', -1)}},
+		Chunk{Index: 0, Tokens: []Token{{ID: eosID, Logprob: -1}}},
+		Chunk{Index: 0, FinishReason: "stop"},
+		Chunk{Index: 1, Tokens: []Token{{ID: eosID, Logprob: -1}}, FinishReason: "stop", Done: true},
+	)
+	srv := newServer(t, eng, func(c *Config) { c.Tokenizer = specialTokenizer{} })
+	_, out := post(t, srv, "/v1/completions", `{"prompt":"p","max_tokens":8,"n":2,"return_token_ids":true,"logprobs":0}`)
+	a := decodeWire[wireCompletion](t, out)
+	if len(a.Choices) != 2 || a.Choices[0].Text != "ab\x00" || a.Choices[1].Text != "c" {
+		t.Fatalf("texts: %s", out)
+	}
+	if ids := a.Choices[0].TokenIDs; !slices.Equal(ids, []int32{'a', 1, 'b', 0, eosID}) || len(a.Choices[0].Logprobs.Tokens) != 5 {
+		t.Fatalf("choice 0 counts every token: %s", out)
+	}
+}

@@ -126,6 +126,9 @@ func (byteTokenizer) TokenBytes(id int32) []byte {
 	return nil
 }
 
+// IsSpecial reports EOS, the one special token (model.SpecialTokens).
+func (byteTokenizer) IsSpecial(id int32) bool { return id == EOS }
+
 // NewDecoder returns an incremental UTF-8 decoder of byte tokens.
 func (byteTokenizer) NewDecoder() model.Decoder { return &byteDecoder{} }
 

@@ -91,11 +91,16 @@ type addedVocab struct {
 	// raw matches the tokens with normalized == false in the input text;
 	// norm the others in the normalized text between them.
 	raw, norm *trie
+	// special holds the ids of the tokens marked special.
+	special map[int32]bool
 }
 
 func newAddedVocab(tokens []addedToken, n normalizer) *addedVocab {
-	v := &addedVocab{tokens: tokens, raw: newTrie(), norm: newTrie()}
+	v := &addedVocab{tokens: tokens, raw: newTrie(), norm: newTrie(), special: map[int32]bool{}}
 	for i, tok := range tokens {
+		if tok.Special {
+			v.special[tok.ID] = true
+		}
 		if tok.Normalized {
 			content := tok.Content
 			if n != nil {

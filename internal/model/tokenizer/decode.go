@@ -123,6 +123,11 @@ func (t *Tokenizer) TokenBytes(id int32) []byte {
 	return []byte(t.idText[id])
 }
 
+// IsSpecial reports whether id is a special token (model.SpecialTokens):
+// an added token marked special, or a GGUF vocabulary's control or
+// unknown token.
+func (t *Tokenizer) IsSpecial(id int32) bool { return t.added != nil && t.added.special[id] }
+
 // NewDecoder returns a streaming decoder for one output (it is not safe for
 // concurrent use; the Tokenizer may serve any number of them).
 func (t *Tokenizer) NewDecoder() model.Decoder { return &streamDecoder{t: t} }

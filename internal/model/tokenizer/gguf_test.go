@@ -239,6 +239,15 @@ func TestGGUFSentencePiece(t *testing.T) {
 	if b, ok := tok.BOS(); !ok || b != 1 || !equalIDs(tok.EOS(), []int32{2}) {
 		t.Errorf("BOS %d %v, EOS %v", b, ok, tok.EOS())
 	}
+	// Control and unknown tokens are special; bytes and pieces are not.
+	for _, c := range []struct {
+		tok     string
+		special bool
+	}{{"<unk>", true}, {"<s>", true}, {"</s>", true}, {"<0x41>", false}, {"▁hello", false}} {
+		if got := tok.IsSpecial(id(c.tok)); got != c.special {
+			t.Errorf("IsSpecial(%q) = %v, want %v", c.tok, got, c.special)
+		}
+	}
 	noSpace, err := FromGGUF(spmFile(t, gguf.KV{Key: "tokenizer.ggml.add_space_prefix", Value: false}, gguf.KV{Key: "tokenizer.ggml.add_bos_token", Value: false}))
 	if err != nil {
 		t.Fatal(err)

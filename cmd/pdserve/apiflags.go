@@ -10,8 +10,9 @@ import (
 // apiFlags are the OpenAI API's options of a front end (router, serve,
 // up), with vLLM's flag names.
 type apiFlags struct {
-	maxLogprobs  int
-	logprobsMode string
+	maxLogprobs   int
+	logprobsMode  string
+	trustTemplate bool
 }
 
 func (f *apiFlags) add(fs *pflag.FlagSet) {
@@ -19,6 +20,8 @@ func (f *apiFlags) add(fs *pflag.FlagSet) {
 		"the most alternatives a request's logprobs, top_logprobs or prompt_logprobs may ask for, 1 to 1024 (vLLM's --max-logprobs)")
 	fs.StringVar(&f.logprobsMode, "logprobs-mode", model.LogprobsRaw.String(),
 		"the distribution logprobs are of: raw_logprobs (the model's, before penalties, bias, temperature and truncation) or processed_logprobs (the one tokens are drawn from), as vLLM's --logprobs-mode")
+	fs.BoolVar(&f.trustTemplate, "trust-request-chat-template", false,
+		"accept a chat request's chat_template (vLLM's flag): a template is a program the server runs with no bound on its time or memory, so only for trusted clients")
 }
 
 // options validates the flags.
@@ -30,5 +33,5 @@ func (f *apiFlags) options() (openai.APIOptions, error) {
 	if err != nil {
 		return openai.APIOptions{}, usagef("--logprobs-mode: %v", err)
 	}
-	return openai.APIOptions{MaxLogprobs: f.maxLogprobs, LogprobsMode: mode}, nil
+	return openai.APIOptions{MaxLogprobs: f.maxLogprobs, LogprobsMode: mode, TrustRequestChatTemplate: f.trustTemplate}, nil
 }

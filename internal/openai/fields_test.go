@@ -134,9 +134,11 @@ func TestEveryFieldHonouredOrRefused(t *testing.T) {
 
 // chatParser is the test parser whose chat template honours
 // add_generation_prompt, continue_final_message, a request's template and
-// its kwargs (the byte tokenizer's ignores them).
+// its kwargs (the byte tokenizer's ignores them), and which trusts a
+// request's template (--trust-request-chat-template).
 func chatParser() *parser {
 	p := testParser()
 	p.tok = optionsTokenizer{}
+	p.trustTemplate = true
 	return p
 }

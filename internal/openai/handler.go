@@ -95,6 +95,11 @@ type APIOptions struct {
 	// LogprobsMode is the distribution logprobs are of (vLLM's
 	// --logprobs-mode): the model's by default.
 	LogprobsMode model.LogprobsMode
+	// TrustRequestChatTemplate accepts a chat request's chat_template
+	// (vLLM's --trust-request-chat-template). A template is a program the
+	// server runs, with no bound on its time or memory: without this flag
+	// the field is refused.
+	TrustRequestChatTemplate bool
 }
 
 // ServerTimingShed is the Server-Timing metric name of a 429 answer: the
@@ -219,7 +224,8 @@ func newHandler(cfg Config, newSeed func() uint64) *handler {
 	return &handler{
 		cfg: cfg,
 		parser: parser{modelName: cfg.ModelName, tok: cfg.Tokenizer, contextLen: cfg.ContextLen, contextNow: cfg.ContextNow,
-			newSeed: newSeed, vocabSize: cfg.VocabSize, maxLogprobs: cfg.MaxLogprobs, logprobsMode: cfg.LogprobsMode},
+			newSeed: newSeed, vocabSize: cfg.VocabSize, maxLogprobs: cfg.MaxLogprobs, logprobsMode: cfg.LogprobsMode,
+			trustTemplate: cfg.TrustRequestChatTemplate},
 		log:     cfg.Logger,
 		created: cfg.Now().Unix(),
 	}

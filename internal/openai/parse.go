@@ -91,6 +91,8 @@ type parser struct {
 	maxLogprobs int
 	// logprobsMode is the distribution logprobs are of.
 	logprobsMode model.LogprobsMode
+	// trustTemplate accepts a request's chat_template.
+	trustTemplate bool
 }
 
 // decodeBody decodes one JSON object from r into v, mapping every failure to
@@ -486,6 +488,9 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 		Kwargs:               w.ChatTemplateKwargs,
 	}
 	if w.ChatTemplate != nil {
+		if !p.trustTemplate {
+			return nil, Unsupported("chat_template", "a request's chat_template is refused: a template is a program the server runs, accepted only when the server is started with --trust-request-chat-template (vLLM's flag)")
+		}
 		if *w.ChatTemplate == "" {
 			return nil, BadRequest("chat_template", "chat_template must not be empty (leave it out for the model's)")
 		}

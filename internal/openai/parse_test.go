@@ -249,10 +249,23 @@ func TestParseChatRejects(t *testing.T) {
 		{"modalities audio", `{"messages":[{"role":"user","content":"hi"}],"modalities":["text","audio"]}`, 400, "modalities", "only the text modality"},
 		{"reasoning_effort", `{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"low"}`, 400, "reasoning_effort", "not supported"},
 		{"both generation prompt and continue", `{"messages":[{"role":"assistant","content":"hi"}],"continue_final_message":true,"add_generation_prompt":true}`, 400, "continue_final_message", "cannot both be true"},
-		{"empty chat_template", `{"messages":[{"role":"user","content":"hi"}],"chat_template":""}`, 400, "chat_template", "must not be empty"},
+		{"untrusted chat_template", `{"messages":[{"role":"user","content":"hi"}],"chat_template":"{{ 1 }}"}`, 400, "chat_template", "--trust-request-chat-template"},
 		{"temperature", `{"messages":[{"role":"user","content":"hi"}],"temperature":-0.5}`, 400, "temperature", "temperature must be in"},
 		{"stop", `{"messages":[{"role":"user","content":"hi"}],"stop":{}}`, 400, "stop", "stop must be"},
 	})
+}
+
+// TestParseTrustedChatTemplate: with --trust-request-chat-template a
+// request's template renders the prompt; an empty one is refused.
+func TestParseTrustedChatTemplate(t *testing.T) {
+	p := chatParser()
+	checkBad(t, parseChatString(p), []badCase{
+		{"empty chat_template", `{"messages":[{"role":"user","content":"hi"}],"chat_template":""}`, 400, "chat_template", "must not be empty"},
+	})
+	req, err := p.parseChat(strings.NewReader(`{"messages":[{"role":"user","content":"hi"}],"chat_template":"T"}`))
+	if err != nil || !strings.HasPrefix(string(toBytes(req.promptIDs)), "[T]<user>hi") {
+		t.Fatalf("%+v %v", req, err)
+	}
 }
 
 var cmpRequest = cmp.AllowUnexported(request{})

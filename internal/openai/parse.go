@@ -754,7 +754,11 @@ func (p *parser) processors(w *SamplingFields, sp *model.SamplingParams) error {
 	if len(w.LogitBias) > MaxLogitBias {
 		return BadRequest("logit_bias", "at most %d logit_bias entries are allowed, got %d", MaxLogitBias, len(w.LogitBias))
 	}
-	for key, bias := range w.LogitBias {
+	for key, b := range w.LogitBias {
+		if b == nil {
+			return BadRequest("logit_bias", "logit_bias of %q must be a number, got null", key)
+		}
+		bias := *b
 		id, err := strconv.ParseInt(strings.TrimSpace(key), 10, 32)
 		if err != nil || id < 0 {
 			return BadRequest("logit_bias", "logit_bias keys must be token ids, got %q", key)
@@ -807,7 +811,7 @@ func (p *parser) checkID(field string, id int64) error {
 // badWords tokenizes vLLM's bad_words as vLLM does: each word (leading
 // white space removed) alone and after a space, the second only when it
 // tokenizes to as many tokens with a different first one.
-func (p *parser) badWords(words []string) ([][]int32, error) {
+func (p *parser) badWords(words []*string) ([][]int32, error) {
 	if len(words) == 0 {
 		return nil, nil
 	}
@@ -818,7 +822,11 @@ func (p *parser) badWords(words []string) ([][]int32, error) {
 		return nil, BadRequest("bad_words", "at most %d bad_words are allowed, got %d", MaxBadWords, len(words))
 	}
 	var out [][]int32
-	for i, word := range words {
+	for i, w := range words {
+		if w == nil {
+			return nil, BadRequest("bad_words", "bad_words[%d] must be a string, got null", i)
+		}
+		word := *w
 		if len(word) > MaxStopStringBytes {
 			return nil, BadRequest("bad_words", "a bad word may be at most %d bytes long, got %d", MaxStopStringBytes, len(word))
 		}
@@ -850,6 +858,8 @@ func (p *parser) truncate(ids []int32, k *Int) ([]int32, bool, error) {
 		n = int64(p.contextLen)
 	case n < 1:
 		return nil, false, BadRequest("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or at least 1, got %d", n)
+	case n > int64(p.contextLen):
+		return nil, false, BadRequest("truncate_prompt_tokens", "truncate_prompt_tokens is %d, more than this model's context length (%d)", n, p.contextLen)
 	}
 	if int64(len(ids)) <= n {
 		return ids, false, nil
@@ -1100,8 +1110,15 @@ func stopStrings(raw json.RawMessage) ([]string, error) {
 		}
 		list = []string{s}
 	case '[':
-		if err := json.Unmarshal(raw, &list); err != nil {
+		var ptrs []*string
+		if err := json.Unmarshal(raw, &ptrs); err != nil {
 			return nil, BadRequest("stop", "stop must be a string or an array of strings")
+		}
+		for i, s := range ptrs {
+			if s == nil {
+				return nil, BadRequest("stop", "stop[%d] must be a string, got null", i)
+			}
+			list = append(list, *s)
 		}
 	default:
 		return nil, BadRequest("stop", "stop must be a string or an array of strings")

@@ -110,7 +110,7 @@ type SamplingFields struct {
 	FrequencyPenalty *float64 `json:"frequency_penalty"`
 	// LogitBias maps token ids (as strings) to a bias in [−100, 100] added
 	// to their logits.
-	LogitBias map[string]float64 `json:"logit_bias"`
+	LogitBias map[string]*float64 `json:"logit_bias"`
 	// RepetitionPenalty (vLLM and SGLang, > 0, 1 is off): the CTRL
 	// penalty over prompt and output tokens. MinP in [0, 1].
 	RepetitionPenalty *float64 `json:"repetition_penalty"`
@@ -122,7 +122,7 @@ type SamplingFields struct {
 	// AllowedTokenIDs (vLLM): only these ids may be drawn.
 	AllowedTokenIDs []Int `json:"allowed_token_ids"`
 	// BadWords (vLLM): words whose tokens may not be generated in a row.
-	BadWords []string `json:"bad_words"`
+	BadWords []*string `json:"bad_words"`
 	// PromptLogprobs (vLLM): the prompt's logprobs, with that many most
 	// likely tokens per position.
 	PromptLogprobs *Int `json:"prompt_logprobs"`

@@ -24,6 +24,7 @@ import (
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/router"
 	"github.com/pdserve/pdserve/internal/testbin"
@@ -84,6 +85,9 @@ type pdOptions struct {
 	logger        *slog.Logger
 	// router tunes the router (zero: its defaults).
 	router cluster.RouterTuning
+	// api are the router's OpenAI API options (--max-logprobs,
+	// --logprobs-mode; zero: the defaults).
+	api openai.APIOptions
 }
 
 // noAdmission is a router that sheds no load: for tests that fill a
@@ -107,7 +111,7 @@ func startPD(t *testing.T, o pdOptions) *cluster.Cluster {
 	}
 	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
 		NewModel: simFactory(o.sim), Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: o.memory, MetricsCompat: o.metricsCompat},
-		WrapBackend: o.wrap, HealthInterval: 100 * time.Millisecond, Router: cluster.RouterOptions{RouterTuning: o.router}, Logger: o.logger})
+		WrapBackend: o.wrap, HealthInterval: 100 * time.Millisecond, Router: cluster.RouterOptions{RouterTuning: o.router, API: o.api}, Logger: o.logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,13 +136,24 @@ func startPD(t *testing.T, o pdOptions) *cluster.Cluster {
 // startServe starts one colocated worker (`pdserve serve`).
 func startServe(t *testing.T, cfg sim.Config) *cluster.WorkerServer {
 	t.Helper()
+	return startServeWith(t, cfg, nil)
+}
+
+// startServeWith is startServe with the worker's options modified by mod
+// (nil: the test defaults).
+func startServeWith(t *testing.T, cfg sim.Config, mod func(*cluster.WorkerOptions)) *cluster.WorkerServer {
+	t.Helper()
 	m, err := simFactory(cfg)()
 	if err != nil {
 		t.Fatal(err)
 	}
 	mc := testMachine()
 	mc.Role = lifecycle.RoleColocated
-	s, err := cluster.StartWorker(cluster.WorkerOptions{Addr: "127.0.0.1:0", Model: m, Machine: mc, KVCacheMemory: 64 << 20})
+	wo := cluster.WorkerOptions{Addr: "127.0.0.1:0", Model: m, Machine: mc, KVCacheMemory: 64 << 20}
+	if mod != nil {
+		mod(&wo)
+	}
+	s, err := cluster.StartWorker(wo)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -205,7 +205,7 @@ stops at once, answering what is left with an error (exit status 1).`,
 	fs.IntVar(&nDecode, "decode-workers", 1, "number of decode workers")
 	fs.IntVar(&nServe, "colocated-workers", 0, "run this many colocated workers behind the router instead of prefill/decode (plain mode, for comparison)")
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGINT/SIGTERM, how long to let requests in flight finish before shutting down (0: shut down at once)")
-	fdf.add(fs, true)
+	fdf.add(fs)
 	af.add(fs)
 	inf.add(fs, false, "the shared secret of the workers' and the router's channels (default: a fresh random one, so the loopback worker API and KV channel are authenticated too)")
 	fs.IntVar(&portBase, "worker-port-base", 0, "fixed worker ports: worker k (prefill, then decode) on base+k, prefill i's KV channel on base+64+i (0: free ports; the router's GET /discovery/prometheus lists them either way)")
@@ -346,7 +346,7 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 	}
 	inf.add(fs, true, secretUsage)
 	if role == "serve" {
-		fdf.add(fs, false)
+		fdf.add(fs)
 		af.add(fs)
 	}
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to finish the requests already admitted (new ones get 503 + Retry-After) before shutting down; a second signal stops at once")
@@ -508,7 +508,7 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 	hf.add(fs)
 	pf.add(fs)
 	df.add(fs)
-	fdf.add(fs, true)
+	fdf.add(fs)
 	af.add(fs)
 	inf.add(fs, true, secretUsage)
 	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to let requests in flight finish (/health answers 503, new requests get 503 + Retry-After) before shutting down")

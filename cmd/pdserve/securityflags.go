@@ -13,24 +13,20 @@ import (
 )
 
 // frontDoorFlags guard an OpenAI front door (router, serve, up): TLS with
-// SGLang's and vLLM's flag names, API keys, the admin API's keys.
+// SGLang's and vLLM's flag names, API keys, the admin keys.
 type frontDoorFlags struct {
 	certFile, keyFile, caCerts string
 	apiKeys, adminKeys         []string
 	metricsRequireKey          bool
-	admin                      bool // the command has an admin API (router, up)
 }
 
-func (f *frontDoorFlags) add(fs *pflag.FlagSet, admin bool) {
-	f.admin = admin
+func (f *frontDoorFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.certFile, "ssl-certfile", "", "serve the OpenAI API over HTTPS with this PEM certificate chain (with --ssl-keyfile; reloaded on SIGHUP and when the file changes)")
 	fs.StringVar(&f.keyFile, "ssl-keyfile", "", "the PEM private key of --ssl-certfile")
 	fs.StringVar(&f.caCerts, "ssl-ca-certs", "", "PEM CA bundle: ask HTTPS clients for a certificate and verify the ones given against it (optional for clients)")
-	fs.StringSliceVar(&f.apiKeys, "api-key", nil, "API keys (comma-separated; PDSERVE_API_KEY): every /v1 request needs Authorization: Bearer <key>, else 401")
+	fs.StringSliceVar(&f.apiKeys, "api-key", nil, "API keys (comma-separated; PDSERVE_API_KEY): every /v1 request needs Authorization: Bearer <key>, else 401; they reach the OpenAI API only")
 	fs.BoolVar(&f.metricsRequireKey, "metrics-require-key", false, "/metrics (and the router's /discovery/prometheus) need an API or admin key too")
-	if admin {
-		fs.StringSliceVar(&f.adminKeys, "admin-api-key", nil, "keys of the admin API (/workers, /debug; comma-separated). Without one, an --api-key may read it and writes get 403")
-	}
+	fs.StringSliceVar(&f.adminKeys, "admin-api-key", nil, "admin keys (comma-separated): the only keys of the admin API (/workers), /debug/* and, without --internal-secret or --internal-tls-*, serve's /internal/*. Without one, these are closed to every --api-key")
 }
 
 // options validates the flags into the front door's TLS source and key

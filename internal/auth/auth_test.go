@@ -69,14 +69,22 @@ func TestFrontDoorPolicy(t *testing.T) {
 			{"POST", "/v1/chat/completions", "sk-api", 200}, {"GET", "/v1/models", "sk-api", 200},
 			{"GET", "/health", "", 200}, {"GET", "/livez", "", 200}, {"GET", "/metrics", "", 200},
 			{"GET", "/discovery/prometheus", "", 200}, {"GET", "/nowhere", "", 401},
-			{"GET", "/workers", "", 401}, {"GET", "/workers", "sk-api", 200}, {"GET", "/debug/requests", "sk-api", 200},
-			{"POST", "/workers", "sk-api", 403}, {"DELETE", "/workers/p-0", "sk-api", 403},
-			{"POST", "/internal/v1/generate", "", 401}, {"POST", "/internal/v1/generate", "sk-api", 200},
+			// An API key reaches the OpenAI API only: no admin API, no
+			// /debug (every client's requests), no worker API (aborts).
+			{"GET", "/workers", "", 401}, {"GET", "/workers", "sk-api", 403}, {"GET", "/debug/requests", "sk-api", 403},
+			{"GET", "/debug/requests", "", 401}, {"POST", "/workers", "sk-api", 403}, {"DELETE", "/workers/p-0", "sk-api", 403},
+			{"POST", "/internal/v1/generate", "", 401}, {"POST", "/internal/v1/generate", "sk-api", 403},
+			{"POST", "/internal/v1/abort", "sk-api", 403},
+			// However the path is spelled.
+			{"GET", "/x/../debug/requests", "sk-api", 403}, {"GET", "//debug/requests", "sk-api", 403},
+			{"GET", "/debug", "sk-api", 403}, {"POST", "/health/../internal/v1/abort", "sk-api", 403},
 		}},
 		{"api and admin keys", FrontDoor{APIKeys: api, AdminKeys: admin}, []req{
 			{"POST", "/v1/completions", "sk-admin", 401}, {"POST", "/v1/completions", "sk-api", 200},
 			{"GET", "/workers", "sk-api", 401}, {"GET", "/workers", "sk-admin", 200},
 			{"POST", "/workers/p-0/drain", "sk-admin", 200}, {"DELETE", "/workers/p-0", "", 401},
+			{"GET", "/debug/requests", "sk-api", 401}, {"GET", "/debug/requests", "sk-admin", 200},
+			{"POST", "/internal/v1/abort", "sk-api", 401}, {"POST", "/internal/v1/abort", "sk-admin", 200},
 		}},
 		{"admin key only", FrontDoor{AdminKeys: admin}, []req{
 			{"POST", "/v1/completions", "", 200}, {"POST", "/workers", "", 401}, {"POST", "/workers", "sk-admin", 200},
@@ -87,6 +95,7 @@ func TestFrontDoorPolicy(t *testing.T) {
 		}},
 		{"internal guarded elsewhere", FrontDoor{APIKeys: api, InternalGuarded: true}, []req{
 			{"POST", "/internal/v1/generate", "", 200}, {"POST", "/v1/completions", "", 401},
+			{"GET", "/debug/requests", "sk-api", 403},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,6 +140,31 @@ func TestFrontDoorPolicy(t *testing.T) {
 				t.Errorf("OnReject called %d times, want %d", len(rejected), refusals)
 			}
 		})
+	}
+}
+
+// TestFrontDoorAdmin: Admin (the router's /health detail) holds for an
+// admin key, or on a front door with no key at all; never for an API key.
+func TestFrontDoorAdmin(t *testing.T) {
+	api, admin := NewKeys("sk-api"), NewKeys("sk-admin")
+	for _, tc := range []struct {
+		p    *FrontDoor
+		key  string
+		want bool
+	}{
+		{nil, "", true}, {&FrontDoor{}, "", true},
+		{&FrontDoor{APIKeys: api}, "", false}, {&FrontDoor{APIKeys: api}, "sk-api", false},
+		{&FrontDoor{APIKeys: api, AdminKeys: admin}, "sk-api", false},
+		{&FrontDoor{APIKeys: api, AdminKeys: admin}, "sk-admin", true},
+		{&FrontDoor{AdminKeys: admin}, "", false}, {&FrontDoor{AdminKeys: admin}, "sk-admin", true},
+	} {
+		r := httptest.NewRequest("GET", "/health", nil)
+		if tc.key != "" {
+			r.Header.Set("Authorization", "Bearer "+tc.key)
+		}
+		if got := tc.p.Admin(r); got != tc.want {
+			t.Errorf("%+v key %q: Admin = %v, want %v", tc.p, tc.key, got, tc.want)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package auth
 import (
 	"fmt"
 	"net/http"
+	pathpkg "path"
 	"strings"
 
 	"github.com/pdserve/pdserve/internal/openai"
@@ -26,38 +27,51 @@ const (
 	ClassInternal
 )
 
-// ClassOf is the class of a request path.
-func ClassOf(path string) Class {
+// ClassOf is the class of a request path, cleaned first (as http.ServeMux
+// cleans it before it routes), so no spelling of a path changes its class.
+func ClassOf(p string) Class {
+	path := p
+	if strings.HasPrefix(p, "/") {
+		path = pathpkg.Clean(p)
+	}
 	switch {
 	case path == "/health" || path == "/livez":
 		return ClassOpen
 	case path == "/metrics" || path == "/discovery/prometheus":
 		return ClassMetrics
-	case path == "/workers" || strings.HasPrefix(path, "/workers/") || strings.HasPrefix(path, "/debug/"):
+	case under(path, "/workers") || under(path, "/debug"):
 		return ClassAdmin
-	case strings.HasPrefix(path, "/internal/"):
+	case under(path, "/internal"):
 		return ClassInternal
 	}
 	return ClassAPI
 }
 
-// FrontDoor is the key policy of an OpenAI front door (the router, `serve`):
+// under reports whether path is dir or below it.
+func under(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, dir+"/")
+}
+
+// FrontDoor is the key policy of an OpenAI front door (the router, `serve`,
+// `up`). An API key reaches the OpenAI API and nothing else:
 //
 //   - /health, /livez: open.
 //   - /v1/* (and unknown paths): an API key when APIKeys has any.
 //   - /metrics, /discovery/prometheus: open, unless MetricsRequireKey
 //     (then an API or admin key).
-//   - the admin API (/workers...) and /debug/*: with AdminKeys, an admin
-//     key for every method; without AdminKeys but with APIKeys, an API key
-//     for GET and HEAD and 403 for every other method (an inference key
-//     does not change the fleet); with neither, open.
-//   - /internal/* (`serve`'s worker API): passed on untouched when
-//     InternalGuarded (the worker API's own PeerAuth checks it), else as
-//     /v1/*, so an API key is never bypassed through the worker API.
+//   - the admin API (/workers...) and /debug/*: an admin key for every
+//     method. Without AdminKeys but with APIKeys they are closed (401
+//     without a key, 403 with one): /debug/requests lists every client's
+//     requests, so no API key reads it. With no key at all, open.
+//   - /internal/* (`serve`'s worker API, whose abort ends any request):
+//     passed on untouched when InternalGuarded (the worker API's own
+//     PeerAuth checks the fleet's secret or certificate), else as the
+//     admin API.
 //
 // A refused request gets 401 (no key, or a wrong one) with
 // WWW-Authenticate: Bearer and the OpenAI error body, code
-// invalid_api_key, or 403 (code admin_api_key_required).
+// invalid_api_key, or 403 (code admin_api_key_required: an API key on a
+// path only an admin key reaches, on a front door with none).
 type FrontDoor struct {
 	APIKeys           *Keys
 	AdminKeys         *Keys
@@ -111,12 +125,6 @@ func unauthorized(format string, args ...any) *openai.Error {
 // check returns why r is refused, or nil.
 func (p *FrontDoor) check(r *http.Request) *openai.Error {
 	class := ClassOf(r.URL.Path)
-	if class == ClassInternal {
-		if p.InternalGuarded {
-			return nil
-		}
-		class = ClassAPI
-	}
 	switch class {
 	case ClassOpen:
 		return nil
@@ -130,16 +138,39 @@ func (p *FrontDoor) check(r *http.Request) *openai.Error {
 			return nil
 		}
 		return p.need(r, r.URL.Path, p.APIKeys, p.AdminKeys)
+	case ClassInternal:
+		if p.InternalGuarded {
+			return nil
+		}
 	}
-	// ClassAdmin
+	// ClassAdmin, and ClassInternal unguarded.
+	what := "the admin API"
 	switch {
-	case p.AdminKeys.Len() > 0:
-		return p.need(r, "the admin API", p.AdminKeys)
-	case r.Method != http.MethodGet && r.Method != http.MethodHead:
-		return &openai.Error{Status: http.StatusForbidden, Type: openai.TypeInvalidRequest, Code: CodeAdminAPIKeyRequired,
-			Message: "changing the fleet through the admin API needs --admin-api-key on the router (an API key only reads it)"}
+	case under(pathpkg.Clean(r.URL.Path), "/debug"):
+		what = "/debug"
+	case class == ClassInternal:
+		what = "the worker API"
 	}
-	return p.need(r, "the admin API", p.APIKeys)
+	if p.AdminKeys.Len() > 0 {
+		return p.need(r, what, p.AdminKeys)
+	}
+	if _, ok := BearerToken(r); !ok {
+		return unauthorized("You didn't provide an API key. %s needs an admin key (--admin-api-key) in an Authorization header: Authorization: Bearer YOUR_KEY.", what)
+	}
+	return &openai.Error{Status: http.StatusForbidden, Type: openai.TypeInvalidRequest, Code: CodeAdminAPIKeyRequired,
+		Message: what + " needs an admin key: this server has no --admin-api-key, and an API key reaches the OpenAI API only"}
+}
+
+// Admin reports whether r may read what only an admin reaches (the admin
+// API, /debug/*): it carries an admin key, or the front door has no key at
+// all. A nil FrontDoor is open. The router's /health names the workers it
+// holds out, and why, to such requests only.
+func (p *FrontDoor) Admin(r *http.Request) bool {
+	if !p.Enabled() {
+		return true
+	}
+	token, ok := BearerToken(r)
+	return ok && p.AdminKeys.Match(token)
 }
 
 // need accepts r if it carries a key of one of sets.

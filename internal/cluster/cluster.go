@@ -503,7 +503,8 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		Logger: o.Logger, Registerer: reg, Gatherer: reg,
 		Guard: func(h http.Handler, answer func(string, int, string)) http.Handler {
 			return guardFrontDoor(h, o.FrontDoor, answer)
-		}})
+		},
+		HealthDetail: o.FrontDoor.Admin})
 	if err != nil {
 		return nil, err
 	}

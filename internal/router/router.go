@@ -140,6 +140,11 @@ type Config struct {
 	// front end's answers (pdserve_api_answers_total), as openai.Config's
 	// OnAnswer does.
 	Guard func(h http.Handler, answer func(endpoint string, status int, code string)) http.Handler
+	// HealthDetail, if set, says whether a /health request may see why the
+	// router cannot serve and which workers it holds out, by URL and error
+	// (the front door's admin key); the others get states and counts.
+	// Nil: every request may.
+	HealthDetail func(*http.Request) bool
 	// Clock is the router's clock (default: the wall clock): request ages,
 	// the grace wait, health checks and every timeout of a worker call run
 	// on it.
@@ -534,7 +539,7 @@ func (r *Router) Handler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"status":"alive"}`+"\n")
 	})
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		select {
 		case <-r.draining:
@@ -545,9 +550,14 @@ func (r *Router) Handler() http.Handler {
 			return
 		default:
 		}
+		// URLs and dial errors are the admin's: /health is open.
+		detail := r.cfg.HealthDetail == nil || r.cfg.HealthDetail(req)
 		ok, why := r.Serving()
 		body := map[string]any{"status": "ok"}
 		if !ok {
+			if !detail {
+				why = "the router cannot serve now; the admin key shows why (here and in /debug/workers)"
+			}
 			body = map[string]any{"status": "unavailable", "reason": why}
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
@@ -556,7 +566,11 @@ func (r *Router) Handler() http.Handler {
 		var down []map[string]string
 		for _, wk := range r.set.Workers("") {
 			if st := wk.Status(); st.State == fleet.StateNotReady {
-				down = append(down, map[string]string{"url": st.URL, "role": st.Role, "state": st.State.String(), "reason": st.LastError})
+				d := map[string]string{"role": st.Role, "state": st.State.String()}
+				if detail {
+					d["url"], d["reason"] = st.URL, st.LastError
+				}
+				down = append(down, d)
 			}
 		}
 		if len(down) > 0 {

@@ -134,13 +134,17 @@ func appendIDs(b []byte, key string, ids []int32) []byte {
 	if ids == nil {
 		return b
 	}
-	b = append(b, key...)
+	return appendIntArray(append(b, key...), ids)
+}
+
+// appendIntArray appends xs as a JSON array of numbers.
+func appendIntArray[T int | int32](b []byte, xs []T) []byte {
 	b = append(b, '[')
-	for i, id := range ids {
+	for i, x := range xs {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = strconv.AppendInt(b, int64(id), 10)
+		b = strconv.AppendInt(b, int64(x), 10)
 	}
 	return append(b, ']')
 }

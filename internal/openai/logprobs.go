@@ -235,12 +235,5 @@ func appendInts(b []byte, xs []int) []byte {
 	if xs == nil {
 		return append(b, "null"...)
 	}
-	b = append(b, '[')
-	for i, x := range xs {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, int64(x), 10)
-	}
-	return append(b, ']')
+	return appendIntArray(b, xs)
 }

@@ -8,113 +8,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/modeltest"
 )
 
-// request is one sequence for runRequests: a prompt scored at every
-// position with scoreTop alternatives, forks choices at its first step,
-// then steps decode steps of fork 0 with its output as history.
-type request struct {
-	prompt   []int32
-	sampling model.SamplingParams
-	forks    int
-	scoreTop int
-	steps    int
-}
-
-// result is what a request got: its prompt scores (all chunks
-// concatenated) and every sampled output (Scores cleared).
-type result struct {
-	Scores  []model.PositionLogprobs
-	Samples []model.SeqOutput
-}
-
-// runRequests runs reqs on m in pool, prefilling in chunks of chunk tokens
-// (0: whole), all in one batch per step if batched, else one Forward per
-// sequence.
-func runRequests(t *testing.T, m model.Model, pool *kvcache.Pool, reqs []request, chunk int, batched bool) []result {
-	t.Helper()
-	type state struct {
-		pages  []kvcache.PageID
-		pos    int
-		output []int32
-		done   bool
-	}
-	st := make([]state, len(reqs))
-	for i, r := range reqs {
-		pages, ok := pool.Alloc(pool.PagesFor(len(r.prompt) + r.steps + 1))
-		if !ok {
-			t.Fatal("pool exhausted")
-		}
-		st[i].pages = pages
-	}
-	res := make([]result, len(reqs))
-	next := func(i int) model.SeqInput {
-		r, s := &reqs[i], &st[i]
-		in := model.SeqInput{Pages: s.pages, Pos: s.pos, Sampling: r.sampling, Prompt: r.prompt, Output: s.output, Step: len(s.output)}
-		if s.pos < len(r.prompt) {
-			n := len(r.prompt) - s.pos
-			if chunk > 0 {
-				n = min(n, chunk)
-			}
-			in.Tokens = r.prompt[s.pos : s.pos+n]
-			in.Score, in.ScoreTop = make([]int32, n), r.scoreTop
-			for j := range n {
-				in.Score[j] = -1
-				if p := s.pos + j + 1; p < len(r.prompt) {
-					in.Score[j] = r.prompt[p]
-				}
-			}
-			in.Sample = s.pos+n == len(r.prompt)
-			in.Output = nil
-		} else {
-			in.Tokens = s.output[len(s.output)-1:]
-			in.Sample = true
-		}
-		if in.Sample && len(s.output) == 0 {
-			in.Forks = r.forks
-		}
-		return in
-	}
-	record := func(i int, in *model.SeqInput, out model.SeqOutput) {
-		r, s := &reqs[i], &st[i]
-		res[i].Scores = append(res[i].Scores, out.Scores...)
-		s.pos += len(in.Tokens)
-		if in.Sample {
-			out.Scores = nil
-			res[i].Samples = append(res[i].Samples, out)
-			s.output = append(s.output, out.Token)
-			s.done = len(s.output) > r.steps
-		}
-	}
-	for {
-		var idx []int
-		var seqs []model.SeqInput
-		for i := range reqs {
-			if !st[i].done {
-				idx = append(idx, i)
-				seqs = append(seqs, next(i))
-			}
-		}
-		if len(idx) == 0 {
-			return res
-		}
-		if !batched {
-			idx, seqs = idx[:1], seqs[:1]
-		}
-		out := make([]model.SeqOutput, len(seqs))
-		if err := m.Forward(context.Background(), pool, seqs, out); err != nil {
-			t.Fatal(err)
-		}
-		for k, i := range idx {
-			record(i, &seqs[k], out[k])
-		}
-	}
-}
-
 // samplingRequests use every sampling field.
-func samplingRequests(prompts [][]int32) []request {
+func samplingRequests(prompts [][]int32) []modeltest.Request {
 	letters := func(s string) []int32 {
 		var ids []int32
 		for _, c := range []byte(s) {
@@ -128,9 +27,9 @@ func samplingRequests(prompts [][]int32) []request {
 		{Temperature: 0.7, TopK: 8, MinP: 0.05, Seed: 9, TopLogprobs: 20, LogprobsMode: model.LogprobsProcessed, AllowedTokenIDs: letters("abcdefghij .")},
 		{Temperature: 1.2, TopP: 1, Seed: 4, FrequencyPenalty: -0.5},
 	}
-	var reqs []request
+	var reqs []modeltest.Request
 	for i, p := range prompts {
-		reqs = append(reqs, request{prompt: p, sampling: ps[i%len(ps)], forks: []int{1, 4, 0, 3}[i%4], scoreTop: []int{2, 0, 5, 1}[i%4], steps: 12})
+		reqs = append(reqs, modeltest.Request{Prompt: p, Sampling: ps[i%len(ps)], Forks: []int{1, 4, 0, 3}[i%4], ScoreTop: []int{2, 0, 5, 1}[i%4], Steps: 12})
 	}
 	return reqs
 }
@@ -144,15 +43,15 @@ func TestSamplingFieldsBatchInvariant(t *testing.T) {
 		prompts = append(prompts, tokensOf(t, m, s))
 	}
 	reqs := samplingRequests(prompts)
-	want := runRequests(t, m, newPool(t, geoSmall, 4, 64), reqs, 0, false)
+	want := modeltest.Run(t, m, newPool(t, geoSmall, 4, 64), reqs, 0, false)
 	for i, r := range want {
-		if len(r.Scores) != len(reqs[i].prompt) || len(r.Samples) != reqs[i].steps+1 {
+		if len(r.Scores) != len(reqs[i].Prompt) || len(r.Samples) != reqs[i].Steps+1 {
 			t.Fatalf("request %d: %d scores, %d samples", i, len(r.Scores), len(r.Samples))
 		}
-		if f := reqs[i].forks; f > 1 && len(r.Samples[0].Forks) != f-1 {
+		if f := reqs[i].Forks; f > 1 && len(r.Samples[0].Forks) != f-1 {
 			t.Fatalf("request %d: %d forks, want %d", i, len(r.Samples[0].Forks), f-1)
 		}
-		if n := reqs[i].sampling.TopLogprobs; len(r.Samples[1].Top) != n {
+		if n := reqs[i].Sampling.TopLogprobs; len(r.Samples[1].Top) != n {
 			t.Fatalf("request %d: %d top logprobs, want %d", i, len(r.Samples[1].Top), n)
 		}
 	}
@@ -161,7 +60,7 @@ func TestSamplingFieldsBatchInvariant(t *testing.T) {
 		chunk   int
 		batched bool
 	}{{"batched", 0, true}, {"chunked", 3, false}, {"batched and chunked", 5, true}} {
-		got := runRequests(t, m, newPool(t, geoSmall, 4, 64), reqs, tc.chunk, tc.batched)
+		got := modeltest.Run(t, m, newPool(t, geoSmall, 4, 64), reqs, tc.chunk, tc.batched)
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("%s differs (-alone +%s):\n%s", tc.name, tc.name, diff)
 		}
@@ -176,7 +75,7 @@ func TestScoresAreDecodeLogits(t *testing.T) {
 	m := newModel(t, Config{Geometry: geoOdd})
 	prompt := tokensOf(t, m, "score every position of this prompt")
 	p := newPool(t, geoOdd, 4, 256)
-	res := runRequests(t, m, p, []request{{prompt: prompt, sampling: greedy, scoreTop: 3}}, 7, false)[0]
+	res := modeltest.Run(t, m, p, []modeltest.Request{{Prompt: prompt, Sampling: greedy, ScoreTop: 3}}, 7, false)[0]
 	for j, s := range res.Scores {
 		if j == len(prompt)-1 {
 			if !cmp.Equal(s, model.PositionLogprobs{}) {

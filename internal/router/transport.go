@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +61,8 @@ type Transport struct {
 	// older ones are closed when the pool of their worker is next used, or
 	// by the sweep of every worker's pool (at most once a second, on any
 	// call) for a worker no longer called, such as one gone from the fleet.
+	// The sweep also closes the idle connections their worker closed (it
+	// stopped or restarted), whatever their age.
 	IdleConnTimeout time.Duration
 	// MaxIdleConnsPerHost bounds the idle connections kept per worker
 	// (default 1024).
@@ -156,7 +159,9 @@ func (t *Transport) prune(key string, list []*pconn, now time.Time) []*pconn {
 }
 
 // sweep prunes the idle connections of every worker, at most once every
-// sweepInterval, and forgets the workers left without any; a worker no
+// sweepInterval: those idle too long and those the worker closed (a worker
+// that stopped or restarted; kept, each would sit in CLOSE-WAIT until its
+// idle timeout). It forgets the workers left without any: a worker no
 // longer called (gone from the fleet) would otherwise keep its
 // connections, and their descriptors, for good. It returns those to close
 // outside the lock. t.mu is held.
@@ -168,6 +173,17 @@ func (t *Transport) sweep(now time.Time) []*pconn {
 	var old []*pconn
 	for key, list := range t.idle {
 		old = append(old, t.prune(key, list, now)...)
+		list = t.idle[key]
+		kept := list[:0]
+		for _, pc := range list {
+			if closedByPeer(pc.conn) {
+				old = append(old, pc)
+			} else {
+				kept = append(kept, pc)
+			}
+		}
+		clear(list[len(kept):])
+		t.idle[key] = kept
 		if len(t.idle[key]) == 0 {
 			delete(t.idle, key)
 		}
@@ -217,6 +233,30 @@ func (t *Transport) CloseIdleConnections() {
 	for _, list := range idle {
 		closeAll(list)
 	}
+}
+
+// CloseIdleConnectionsTo closes the idle connections to the worker at
+// rawURL (http or https; both are closed, as under internal TLS a worker's
+// http URL is called over HTTPS). The router calls it when the worker
+// leaves the fleet.
+func (t *Transport) CloseIdleConnectionsTo(rawURL string) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Hostname() == "" {
+		return
+	}
+	var old []*pconn
+	t.mu.Lock()
+	for _, scheme := range []string{"http", "https"} {
+		port := u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[scheme]
+		}
+		key := scheme + "://" + net.JoinHostPort(u.Hostname(), port)
+		old = append(old, t.idle[key]...)
+		delete(t.idle, key)
+	}
+	t.mu.Unlock()
+	closeAll(old)
 }
 
 // dial opens a connection to host (host:port) under ctx.

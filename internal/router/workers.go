@@ -672,6 +672,7 @@ func (r *Router) workerChanged(w *fleet.Worker, from, to fleet.State) {
 		r.log.Info("worker ready", "worker", w.URL(), "worker_role", w.Role())
 	case fleet.StateRemoved:
 		r.metrics.WorkerGone(w.URL())
+		closeIdleTo(r.client.Transport, w.URL())
 		r.wstates.Delete(w)
 		r.breakers.forget(w)
 		for _, p := range r.policies {
@@ -679,6 +680,23 @@ func (r *Router) workerChanged(w *fleet.Worker, from, to fleet.State) {
 				o.Forget(w)
 			}
 		}
+	}
+}
+
+// closeIdleTo closes the idle connections rt (or the transport it wraps)
+// keeps to the worker at url, so a departed worker's do not wait for the
+// idle timeout.
+func closeIdleTo(rt http.RoundTripper, url string) {
+	for rt != nil {
+		if c, ok := rt.(interface{ CloseIdleConnectionsTo(string) }); ok {
+			c.CloseIdleConnectionsTo(url)
+			return
+		}
+		b, ok := rt.(interface{ Base() http.RoundTripper })
+		if !ok {
+			return
+		}
+		rt = b.Base()
 	}
 }
 

@@ -33,6 +33,13 @@ type GenerateRequest struct {
 	// scoring, with ScorePrompt), which the engine answers with no output
 	// token and finish reason "length".
 	MaxTokens int
+	// MaxTokensDefault says the client gave no max_tokens: MaxTokens is the
+	// default (the rest of the context, or completions' 16, cut to what the
+	// context leaves), computed against Config.ContextNow's context. An
+	// engine whose workers serve different contexts may lower it to what
+	// the context of the worker it picks leaves after the prompt (never
+	// below MinTokens).
+	MaxTokensDefault bool
 	// N is the number of choices (1…model.MaxForks): the engine computes
 	// the prompt once and generates N sequences from it, choice i drawn
 	// with model.ForkSeed(Sampling.Seed, i). 0 means 1.

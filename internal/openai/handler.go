@@ -41,8 +41,11 @@ type Config struct {
 	// ContextLen is the model's context length in tokens (required, ≥ 1):
 	// prompt + max_tokens may not exceed it.
 	ContextLen int
-	// ContextNow, if set, returns the context length to apply now (e.g.
-	// the smallest of the workers'); ContextLen stays the upper bound.
+	// ContextNow, if set, returns the context length to apply now (the
+	// router: the largest a pair of its workers offers); ContextLen stays
+	// the upper bound. It is /v1/models' max_model_len, the bound of
+	// prompt + max_tokens, and what a default max_tokens fills (see
+	// GenerateRequest.MaxTokensDefault).
 	ContextNow func() int
 	// VocabSize, if positive, bounds the token ids a prompt may carry
 	// (0 ≤ id < VocabSize); 0 leaves that check to the engine.
@@ -382,6 +385,7 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		RID:               rid,
 		InputIDs:          req.promptIDs,
 		MaxTokens:         req.maxTokens,
+		MaxTokensDefault:  req.maxTokensDefault,
 		ScorePrompt:       req.scorePrompt,
 		PromptTopLogprobs: req.promptTop,
 		Priority:          req.priority,

@@ -48,6 +48,9 @@ type request struct {
 	// continuousUsage: usage in every chunk (with includeUsage).
 	continuousUsage bool
 	returnTokenIDs  bool
+	// maxTokensDefault: the client gave no max_tokens (maxTokens is the
+	// default).
+	maxTokensDefault bool
 
 	// n is the number of choices returned; bestOf (≥ n) the number the
 	// engine generates, of which the n with the highest cumulative logprob
@@ -941,7 +944,7 @@ func (p *parser) maxTokens(req *request, maxTokens *Int, def int, param, promptP
 			e.Code = CodeContextLengthExceeded
 			return e
 		}
-		req.maxTokens = ctxLen - n
+		req.maxTokens, req.maxTokensDefault = ctxLen-n, true
 		if def > 0 && def < req.maxTokens {
 			req.maxTokens = def
 		}

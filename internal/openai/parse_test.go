@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/pdserve/pdserve/internal/model"
 )
 
@@ -272,7 +273,9 @@ func TestParseTrustedChatTemplate(t *testing.T) {
 	}
 }
 
-var cmpRequest = cmp.AllowUnexported(request{})
+// cmpRequest compares requests field by field; whether max_tokens was
+// defaulted is TestCompletionMaxTokensDefault's to check.
+var cmpRequest = cmp.Options{cmp.AllowUnexported(request{}), cmpopts.IgnoreFields(request{}, "maxTokensDefault")}
 
 // defaultCompletion is the request a completion of the prompt "hi" parses
 // to with every default (the test parser's seed, 42), changed by mod.
@@ -366,7 +369,9 @@ func TestParseChatAccepts(t *testing.T) {
 
 // TestCompletionMaxTokensDefault: without max_tokens a completion gets 16
 // tokens (the OpenAI default), or the rest of the context if less; a chat
-// request gets the rest of the context.
+// request gets the rest of the context. Either is marked as a default (the
+// router cuts it to what the chosen workers' context leaves); a max_tokens
+// the client sent is not.
 func TestCompletionMaxTokensDefault(t *testing.T) {
 	p := testParser()
 	for _, tc := range []struct {
@@ -374,13 +379,22 @@ func TestCompletionMaxTokensDefault(t *testing.T) {
 		want   int
 	}{{2, DefaultCompletionMaxTokens}, {testContextLen - 5, 5}} {
 		req, err := p.parseCompletion(strings.NewReader(`{"prompt":"` + strings.Repeat("x", tc.prompt) + `"}`))
-		if err != nil || req.maxTokens != tc.want {
-			t.Fatalf("prompt of %d tokens: max_tokens %v, want %d (%v)", tc.prompt, req, tc.want, err)
+		if err != nil || req.maxTokens != tc.want || !req.maxTokensDefault {
+			t.Fatalf("prompt of %d tokens: max_tokens %v, want %d, a default (%v)", tc.prompt, req, tc.want, err)
 		}
 	}
 	req, err := p.parseChat(strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
-	if err != nil || req.maxTokens != testContextLen-len(req.promptIDs) {
+	if err != nil || req.maxTokens != testContextLen-len(req.promptIDs) || !req.maxTokensDefault {
 		t.Fatalf("chat max_tokens %+v %v", req, err)
+	}
+	for _, body := range []string{`{"prompt":"hi","max_tokens":16}`, `{"prompt":"hi","max_tokens":3}`} {
+		if req, err := p.parseCompletion(strings.NewReader(body)); err != nil || req.maxTokensDefault {
+			t.Fatalf("%s: %+v %v, want max_tokens the client's", body, req, err)
+		}
+	}
+	if req, err := p.parseChat(strings.NewReader(`{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3}`)); err != nil ||
+		req.maxTokensDefault {
+		t.Fatalf("chat with max_completion_tokens: %+v %v", req, err)
 	}
 }
 

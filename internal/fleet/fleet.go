@@ -129,8 +129,11 @@ type Info struct {
 	Model       string
 	Fingerprint kvxfer.Fingerprint
 	// KVAddr is a prefill worker's KV channel address (host:port).
-	KVAddr     string
-	ContextLen int
+	KVAddr string
+	// ContextLen is the context (prompt + output tokens) the worker
+	// serves; KVCapacity its KV pool's size in tokens (pages × page size;
+	// 0 when not known).
+	ContextLen, KVCapacity int
 	// Instance identifies the worker process: a new value is a restart.
 	Instance string
 	// Features are the request features the worker honours
@@ -428,6 +431,11 @@ type Status struct {
 	SafeToDelete bool   `json:"safe_to_delete"`
 	KVAddr       string `json:"kv_addr,omitempty"`
 	Instance     string `json:"instance,omitempty"`
+	// ContextLen is the context (prompt + output tokens) the worker
+	// serves, KVCapacity its KV pool in tokens, as its last check passed
+	// said (absent before).
+	ContextLen int `json:"context_len,omitempty"`
+	KVCapacity int `json:"kv_capacity_tokens,omitempty"`
 	// Invalid is set for registry entries that cannot be used, with why.
 	Invalid string `json:"invalid,omitempty"`
 	// Held says why a worker that passes its health checks is not_ready
@@ -1196,7 +1204,7 @@ func (w *Worker) Status() Status {
 	st := Status{ID: w.entry.ID, URL: w.entry.URL, Role: w.entry.Role, State: w.state, Source: w.entry.Source,
 		Legs: w.Legs(), Live: w.info.Live, ParkedKV: w.info.Parked, Since: w.since, LastError: w.lastErr,
 		DrainedBy: w.drainedBy, Weight: weight, KVAddr: w.entry.KVAddr, Instance: w.info.Instance,
-		Healthy: w.usableLocked(), Held: w.held, Duplicate: w.dup}
+		Healthy: w.usableLocked(), Held: w.held, Duplicate: w.dup, ContextLen: w.info.ContextLen, KVCapacity: w.info.KVCapacity}
 	if !w.unlistedAt.IsZero() {
 		st.Unlisted = fmt.Sprintf("not listed by the registry since %s; kept until %s while its checks pass",
 			w.unlistedAt.UTC().Format(time.RFC3339), w.unlistedAt.Add(w.set.cfg.UnlistedGrace).UTC().Format(time.RFC3339))

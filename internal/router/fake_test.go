@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -170,6 +171,16 @@ type fakeWorker struct {
 	// old makes the worker list no features in its info (an older
 	// pdserve).
 	old bool
+	// ctxLen is the context length in its info (0: 8192, the simulated
+	// model's, more than any test's prompt and max_tokens).
+	ctxLen int
+}
+
+// setContextLen makes the worker serve a context of n tokens.
+func (f *fakeWorker) setContextLen(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ctxLen = n
 }
 
 // setOld makes the worker report no features, as an older pdserve does.
@@ -261,8 +272,9 @@ func (f *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 			fp = *f.fp
 		}
 		old := f.old
+		ctxLen := cmp.Or(f.ctxLen, 8192)
 		f.mu.Unlock()
-		info := workerapi.Info{Role: f.role, Model: "m", Fingerprint: fp, ContextLen: 64, VocabSize: 300}
+		info := workerapi.Info{Role: f.role, Model: "m", Fingerprint: fp, ContextLen: ctxLen, VocabSize: 300}
 		if !old {
 			info.Features = workerapi.Features()
 		}

@@ -120,6 +120,15 @@ func (ws *wstate) observeLoad(l workerapi.Load, own report, now time.Time) {
 	ws.rep = own
 }
 
+// kvCapacity is w's KV pool in tokens (pages × page size) as its last
+// load report said, or 0.
+func (r *Router) kvCapacity(w *fleet.Worker) int {
+	ws := r.state(w)
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.rep.pagesTotal * ws.rep.pageSize
+}
+
 // ownNow returns the router's counters for w now, as a report to fill in.
 func (ws *wstate) ownNow() report {
 	return report{tokens: ws.tokens.Load(), legs: ws.w.Legs()}

@@ -146,11 +146,12 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		err *openai.Error
 	)
 	tmpl := legBody(g)
-	req := PickRequest{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens, Needs: workerapi.FeaturesOf(&tmpl)}
+	req := PickRequest{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens, MaxTokensDefault: g.MaxTokensDefault,
+		MinTokens: g.MinTokens, Needs: workerapi.FeaturesOf(&tmpl)}
 	plain := len(r.cfg.Colocated) > 0
 	if !plain && r.cfg.Registry != nil {
 		if w, _ := r.pickPlain(nil); w != nil {
-			_, _, _, _, e := r.pickPair(pickOpts{})
+			_, _, _, _, e := r.pickPair(pickOpts{req: &req, check: true})
 			plain = e != nil
 		}
 	}
@@ -273,6 +274,8 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	}
 	body := legBody(g)
 	body.RID, body.Room, body.Gen, body.PrefillKVAddr = rid, s.room, gen, kv
+	body.MaxTokens = legMaxTokens(g, pw, dw)
+	s.req.MaxTokens = body.MaxTokens
 	payload, err := body.AppendJSON(nil)
 	if err != nil {
 		if probe {
@@ -437,6 +440,23 @@ func legBody(g *openai.GenerateRequest) workerapi.GenerateBody {
 		b.TimeoutMS = max(1, g.Timeout.Milliseconds())
 	}
 	return b
+}
+
+// legMaxTokens is the max_tokens of request g's legs on workers ws: g's,
+// or, for a default max_tokens, at most what the smallest of the workers'
+// contexts leaves after the prompt (PickRequest.need made it at least
+// min_tokens and 1).
+func legMaxTokens(g *openai.GenerateRequest, ws ...*fleet.Worker) int {
+	m := g.MaxTokens
+	if !g.MaxTokensDefault {
+		return m
+	}
+	for _, w := range ws {
+		if c := w.Info().ContextLen; c > 0 {
+			m = min(m, c-len(g.InputIDs))
+		}
+	}
+	return m
 }
 
 // prefillLimit bounds what is read of request g's prefill answer (or of a

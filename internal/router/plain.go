@@ -51,14 +51,16 @@ type plainStream struct {
 // answer (plain mode is the baseline that disaggregation is compared with).
 // The leg is posted on the first Recv.
 func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, req *PickRequest) (openai.Stream, *openai.Error) {
-	body := legBody(g)
-	payload, err := body.AppendJSON(nil)
-	if err != nil {
-		return nil, openai.Internal("encode request: %v", err)
-	}
 	w, e := r.pickPlain(req)
 	if e != nil {
 		return nil, e
+	}
+	body := legBody(g)
+	body.MaxTokens = legMaxTokens(g, w)
+	req.MaxTokens = body.MaxTokens
+	payload, err := body.AppendJSON(nil)
+	if err != nil {
+		return nil, openai.Internal("encode request: %v", err)
 	}
 	lctx, cancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
 	downCtx := w.DownContext()

@@ -51,6 +51,14 @@ type PickRequest struct {
 	InputIDs []int32
 	// MaxTokens is the request's output budget.
 	MaxTokens int
+	// MaxTokensDefault says the client gave no max_tokens
+	// (openai.GenerateRequest.MaxTokensDefault): a worker whose context
+	// holds the prompt and MinTokens output tokens (at least one) is a
+	// candidate, its leg's max_tokens cut to what its context leaves.
+	// Otherwise only a worker whose context holds the prompt plus
+	// MaxTokens is.
+	MaxTokensDefault bool
+	MinTokens        int
 	// Needs lists the worker features (workerapi.Feature…) the request
 	// uses: a worker that does not list one of them is not a candidate.
 	Needs []string
@@ -72,6 +80,40 @@ func (q *PickRequest) missing(w *fleet.Worker) string {
 		}
 	}
 	return ""
+}
+
+// need is the context (in tokens) a worker must serve to take the
+// request: the prompt and its output budget, at least one token past the
+// prompt (as a worker admits a leg); for a default max_tokens, the prompt
+// and min_tokens. 0 for a nil request.
+func (q *PickRequest) need() int {
+	if q == nil {
+		return 0
+	}
+	out := q.MaxTokens
+	if q.MaxTokensDefault {
+		out = q.MinTokens
+	}
+	return len(q.InputIDs) + max(out, 1)
+}
+
+// short returns w's context length if it cannot hold the request (need),
+// else 0 (also when w's context is not known yet).
+func (q *PickRequest) short(w *fleet.Worker) int {
+	n := q.need()
+	if n == 0 {
+		return 0
+	}
+	if c := w.Info().ContextLen; c > 0 && c < n {
+		return c
+	}
+	return 0
+}
+
+// unfit reports that w may not take the request: it lacks a feature the
+// request uses, or its context cannot hold it.
+func (q *PickRequest) unfit(w *fleet.Worker) bool {
+	return q.missing(w) != "" || q.short(w) != 0
 }
 
 // Candidate is one worker a policy may choose, with the router's estimate

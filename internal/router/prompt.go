@@ -52,7 +52,7 @@ func (r *Router) generatePrompt(ctx context.Context, g *openai.GenerateRequest, 
 func (s *promptStream) start() *openai.Error {
 	r := s.r
 	cands, ready, why := r.candidates(workerapi.RolePrefill, r.clock.Now(), true, func(w *fleet.Worker) bool {
-		return s.exclude[w] || s.req.missing(w) != ""
+		return s.exclude[w] || s.req.unfit(w)
 	})
 	switch {
 	case ready == 0:

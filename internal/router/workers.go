@@ -199,11 +199,15 @@ func (r *Router) probeWorker(ctx context.Context, e registry.Entry) (fleet.Info,
 			fi.KVAddr = net.JoinHostPort(u.Hostname(), strconv.Itoa(info.KVPort))
 		}
 	}
+	fi.KVCapacity = h.Load.PagesTotal * h.Load.PageSize
 	if w == nil {
 		return fi, nil
 	}
 	if h.Status == workerapi.HealthOK {
 		r.state(w).observeLoad(h.Load, own, r.clock.Now())
+	}
+	if fi.KVCapacity == 0 {
+		fi.KVCapacity = r.kvCapacity(w) // a draining worker's /health may carry no load
 	}
 	if peers != nil {
 		if err := r.kvPathsReported(w, peers, h.KVPaths); err != nil {
@@ -425,7 +429,7 @@ func shedReasonOf(e *openai.Error) ShedReason {
 // the decode thresholds.
 func (r *Router) pickPlain(req *PickRequest) (*fleet.Worker, *openai.Error) {
 	cands, ready, why := r.candidates(workerapi.RoleColocated, r.clock.Now(), req != nil, func(w *fleet.Worker) bool {
-		return req.missing(w) != ""
+		return req.unfit(w)
 	})
 	switch {
 	case ready > 0 && req == nil:
@@ -468,6 +472,8 @@ type pickOpts struct {
 	// req is the request placed; nil only checks that a pair could form
 	// (no policy, no admission, no breaker claimed).
 	req *PickRequest
+	// check only checks that a pair could form for req, as for a nil req.
+	check bool
 }
 
 // pickPair chooses a decode worker, then a prefill worker whose KV
@@ -479,17 +485,17 @@ type pickOpts struct {
 // no pair can form, a 429 (overloaded) when the workers that could are all
 // saturated.
 func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bool, err *openai.Error) {
-	admit := o.req != nil
+	admit := o.req != nil && !o.check
 	if !r.set.Synced() {
 		return nil, nil, "", false, noWorker("the %s registry has not listed the fleet yet (see /workers: registry_status)", r.set.Registry().Name())
 	}
 	for range 3 { // again if another request took the probe of a half-open pair
 		now := r.clock.Now()
 		prefills, readyP, prefillWhy := r.candidates(workerapi.RolePrefill, now, admit, func(p *fleet.Worker) bool {
-			return o.exclude[p] || p.KVAddr() == "" || o.req.missing(p) != ""
+			return o.exclude[p] || p.KVAddr() == "" || o.req.unfit(p)
 		})
 		decodes, readyD, decodeWhy := r.candidates(workerapi.RoleDecode, now, admit, func(d *fleet.Worker) bool {
-			return o.exclude[d] || o.req.missing(d) != ""
+			return o.exclude[d] || o.req.unfit(d)
 		})
 		switch {
 		case readyD == 0:
@@ -533,7 +539,7 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 		usable := decodes[:0:0]
 		list := func() {
 			for _, c := range decodes {
-				if ps := paired(c.Worker, o.req != nil); len(ps) > 0 {
+				if ps := paired(c.Worker, admit); len(ps) > 0 {
 					partners[c.Worker] = ps
 					usable = append(usable, c)
 				}
@@ -550,7 +556,7 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 			}
 			return nil, nil, "", false, noWorker("no ready prefill worker compatible with a ready decode worker (%s)", mismatch)
 		}
-		if o.req == nil {
+		if !admit {
 			d := usable[0].Worker
 			p := partners[d][0].Worker
 			return p, d, p.KVAddr(), false, nil
@@ -571,7 +577,8 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 // whyNone says why the workers of role do not take requests, for the
 // client's 503: how many there are and how many are in each state or
 // were passed over for each reason, as ": 3 workers: 2 not_ready, 1
-// without min_tokens (an older pdserve)". It names no worker and quotes no
+// without min_tokens (an older pdserve)" or "1 serving a context of 1024
+// tokens (this request needs 2008)". It names no worker and quotes no
 // error (those carry internal addresses); the operator's detail, each
 // worker's URL, state and last error, is in /debug/workers and in the
 // debug log line it writes.
@@ -595,6 +602,8 @@ func (r *Router) whyNone(role workerapi.Role, exclude map[*fleet.Worker]bool, re
 			why = "scheduling first come, first served (a request's priority needs --scheduling-policy priority)"
 		case req.missing(w) != "":
 			why = "without " + req.missing(w) + " (an older pdserve)"
+		case req.short(w) != 0:
+			why = fmt.Sprintf("serving a context of %d tokens (this request needs %d)", req.short(w), req.need())
 		}
 		if counts[why] == 0 {
 			order = append(order, why)
@@ -621,20 +630,61 @@ func noWorker(format string, args ...any) *openai.Error {
 	return e
 }
 
-// contextLen is the smallest context length among ready workers (a worker
-// serves a shorter context than the model's when its KV pool is smaller),
-// or 0 if none is known.
+// contextLen is the largest context a request may have: the largest that
+// a pair of compatible prefill and decode workers (the smaller of their two)
+// or a colocated worker offers, or 0 if none is known. Every worker the
+// router has checked counts until it leaves the fleet, ready or not: a
+// request that only workers not ready now could hold is a 503 no_worker
+// (they may be ready at the next check), not a 400. Each request then goes
+// only to workers that hold it (PickRequest.need).
 func (r *Router) contextLen() int {
 	c := 0
+	// The largest context by KV fingerprint of each role (a fleet has one
+	// fingerprint, two during a model change: no allocation then).
+	var pbuf, dbuf [2]fpContext
+	prefill, decode := pbuf[:0], dbuf[:0]
 	for _, w := range r.set.Workers("") {
-		if !w.Usable() {
+		info := w.Info()
+		if info.ContextLen <= 0 || w.State() == fleet.StateRemoved {
 			continue
 		}
-		if n := w.Info().ContextLen; n > 0 && (c == 0 || n < c) {
-			c = n
+		switch roleOf(w) {
+		case workerapi.RoleColocated:
+			c = max(c, info.ContextLen)
+		case workerapi.RolePrefill:
+			if w.KVAddr() != "" {
+				prefill = largestBy(prefill, info.Fingerprint, info.ContextLen)
+			}
+		case workerapi.RoleDecode:
+			decode = largestBy(decode, info.Fingerprint, info.ContextLen)
+		}
+	}
+	// A pair exchanges KV only with an equal fingerprint (Mismatch).
+	for _, p := range prefill {
+		for _, d := range decode {
+			if p.fp == d.fp {
+				c = max(c, min(p.ctx, d.ctx))
+			}
 		}
 	}
 	return c
+}
+
+// fpContext is the largest context of the workers of one KV fingerprint.
+type fpContext struct {
+	fp  kvxfer.Fingerprint
+	ctx int
+}
+
+// largestBy records context n for fingerprint fp in l.
+func largestBy(l []fpContext, fp kvxfer.Fingerprint, n int) []fpContext {
+	for i := range l {
+		if l[i].fp == fp {
+			l[i].ctx = max(l[i].ctx, n)
+			return l
+		}
+	}
+	return append(l, fpContext{fp, n})
 }
 
 // Workers lists the router's workers and their states.

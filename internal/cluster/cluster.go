@@ -136,7 +136,8 @@ func serve(addr string, h http.Handler, tlsCfg *tls.Config, log *slog.Logger) (*
 	}
 	// No ReadTimeout or WriteTimeout: responses stream for as long as a
 	// request runs; handlers bound their own body reads and writes.
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: hygiene(h), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: MaxHeaderBytes}
 	scheme := "http://"
 	if tlsCfg != nil {
 		srv.TLSConfig = tlsCfg

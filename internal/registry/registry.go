@@ -153,6 +153,24 @@ type ErrorReporter interface {
 	LastError() (string, time.Time)
 }
 
+// Health is what a backend that checks its source knows of it.
+type Health struct {
+	// Up: the source answered the backend's last call (false before its
+	// first answer).
+	Up bool
+	// LastOK is when the source last answered (the zero time if never).
+	LastOK time.Time
+}
+
+// HealthReporter is implemented by a backend that checks its source
+// actively (etcd: a read every VerifyInterval, bounded by a timeout), so
+// the router says within seconds that the source is gone, frozen or not,
+// while it serves the fleet it last saw.
+type HealthReporter interface {
+	// Health returns the backend's view of its source now.
+	Health() Health
+}
+
 // Static is the registry of worker URLs given at startup, changed through
 // the router's admin API (Add, Remove).
 type Static struct {

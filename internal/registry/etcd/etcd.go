@@ -22,6 +22,14 @@
 // empty the fleet. A value that is not a valid record is listed with the
 // reason (Entry.Invalid) and never used.
 //
+// A watch does not fail on an etcd that stops answering without closing its
+// connections (a frozen process, a stuck host), and opening one waits for
+// it, so beside the list and the watch Run probes etcd: a count-only read
+// of the prefix every VerifyInterval, bounded by it. [Registry.Health] says
+// whether etcd answered the last list or probe, and when it last did; the
+// first failure after an answer logs a warning, the first answer after a
+// failure an info line.
+//
 // etcd's client resumes a broken watch from the last revision it saw. An
 // etcd that comes back without its data (a new data directory, a restore)
 // starts its revisions over, so that watch would wait, silent, for a
@@ -33,8 +41,10 @@
 //
 // # Concurrency
 //
-// A Registry's Run runs on the caller's goroutine. A Registration keeps its
-// lease on one goroutine of its own, stopped by Deregister or Close.
+// A Registry's Run runs on the caller's goroutine, with its probe on one
+// goroutine of its own that ends before Run returns; LastError and Health
+// are safe to call from any goroutine. A Registration keeps its lease on
+// one goroutine of its own, stopped by Deregister or Close.
 package etcd
 
 import (
@@ -173,20 +183,63 @@ type Registry struct {
 	mu        sync.Mutex
 	lastErr   string
 	lastErrAt time.Time
+	up        bool      // etcd answered the last call
+	lastOK    time.Time // when etcd last answered
+	listed    bool      // a snapshot was given
+	warned    bool      // the outage under way was logged
 }
 
-// LastError implements registry.ErrorReporter: the last failure to list
-// etcd, and when.
+// LastError implements registry.ErrorReporter: the last failure to reach
+// etcd (a list or a probe), and when.
 func (r *Registry) LastError() (string, time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.lastErr, r.lastErrAt
 }
 
-func (r *Registry) setError(err error) {
+// Health implements registry.HealthReporter: whether etcd answered the
+// last list or probe (a count-only read every VerifyInterval, bounded by
+// it, so an etcd stopped or frozen is down within twice VerifyInterval),
+// and when it last did.
+func (r *Registry) Health() registry.Health {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return registry.Health{Up: r.up, LastOK: r.lastOK}
+}
+
+// failed records a call to etcd that failed, and logs a warning once per
+// outage.
+func (r *Registry) failed(err error) {
+	r.mu.Lock()
 	r.lastErr, r.lastErrAt = err.Error(), time.Now()
+	warn, listed := !r.warned, r.listed
+	r.up, r.warned = false, true
+	r.mu.Unlock()
+	switch {
+	case warn && !listed:
+		r.log.Warn("etcd unreachable: no fleet listed yet, so requests are answered 503 no_worker until it answers; retrying",
+			"endpoints", r.cfg.Endpoints, "err", err)
+	case warn:
+		r.log.Warn("etcd unreachable; serving the last snapshot of the fleet", "endpoints", r.cfg.Endpoints, "err", err)
+	}
+}
+
+// answered records a call etcd answered; after an outage it logs msg at
+// info with args (msg "": that etcd answers again).
+func (r *Registry) answered(msg string, args ...any) {
+	r.mu.Lock()
+	back, listed := r.warned, r.listed
+	r.up, r.warned, r.lastOK = true, false, time.Now()
+	r.mu.Unlock()
+	switch {
+	case !back:
+	case msg != "":
+		r.log.Info(msg, args...)
+	case listed:
+		r.log.Info("etcd reachable again; following the fleet")
+	default:
+		r.log.Info("etcd reachable; listing the fleet")
+	}
 }
 
 // New returns the router side of the etcd registry. Close closes its client.
@@ -229,8 +282,17 @@ func backoff(n int) time.Duration {
 // Run implements registry.Registry.
 func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) error {
 	prefix := workersPrefix(r.cfg.Prefix)
+	pctx, pcancel := context.WithCancel(ctx)
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		r.probe(pctx, prefix)
+	}()
+	defer func() {
+		pcancel()
+		<-probed
+	}()
 	failures := 0
-	down, listed := false, false
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -242,28 +304,22 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			r.setError(err)
-			switch {
-			case !down && !listed:
-				r.log.Warn("etcd unreachable: no fleet listed yet, so requests are answered 503 no_worker until it answers; retrying",
-					"endpoints", r.cfg.Endpoints, "err", err)
-			case !down:
-				r.log.Warn("etcd unreachable; serving the last snapshot of the fleet", "endpoints", r.cfg.Endpoints, "err", err)
-			}
-			down = true
+			r.failed(err)
 			failures++
 			if !sleep(ctx, backoff(failures)) {
 				return ctx.Err()
 			}
 			continue
 		}
-		switch {
-		case down && !listed:
-			r.log.Info("etcd reachable; fleet listed", "workers", len(resp.Kvs))
-		case down:
-			r.log.Info("etcd reachable again; fleet re-listed", "workers", len(resp.Kvs))
+		r.mu.Lock()
+		listed := r.listed
+		r.listed = true
+		r.mu.Unlock()
+		if listed {
+			r.answered("etcd reachable again; fleet re-listed", "workers", len(resp.Kvs))
+		} else {
+			r.answered("etcd reachable; fleet listed", "workers", len(resp.Kvs))
 		}
-		down, listed = false, true
 		failures = 0
 		entries := make(map[string]registry.Entry, len(resp.Kvs))
 		for _, kv := range resp.Kvs {
@@ -296,6 +352,33 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 	}
 }
 
+// probe reads the prefix's key count every VerifyInterval, bounded by it,
+// for Health, until ctx ends. It runs beside the list and the watch: a
+// watch does not fail on a frozen etcd, and opening one waits, with no
+// bound, for an etcd that does not answer.
+func (r *Registry) probe(ctx context.Context, prefix string) {
+	t := time.NewTicker(r.cfg.VerifyInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.VerifyInterval)
+		_, err := r.cli.Get(cctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.failed(err)
+		default:
+			r.answered("")
+		}
+	}
+}
+
 // lostData starts the reason of a watch ended because etcd lost its data.
 const lostData = "etcd lost its data"
 
@@ -319,7 +402,8 @@ func (r *Registry) watch(ctx context.Context, wch clientv3.WatchChan, relist <-c
 			cancel()
 			switch {
 			case err != nil:
-				// Unreachable: the watch's own reconnect handles it.
+				// Unreachable: the watch's own reconnect handles it (and
+				// probe reports it).
 			case resp.Header.Revision < rev:
 				return fmt.Sprintf("%s: its revision went back from %d to %d", lostData, rev, resp.Header.Revision)
 			case resp.Header.Revision == rev && resp.Count != int64(len(entries)):

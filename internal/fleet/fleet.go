@@ -519,28 +519,44 @@ func (s *Set) Run(ctx context.Context) {
 type RegistryStatus struct {
 	// Backend is "static", "etcd" or "kubernetes".
 	Backend string `json:"backend"`
-	// Synced: the registry has given a first snapshot (until then the
-	// router has no worker and answers 503).
+	// Synced: the router follows the registry: it has given a first
+	// snapshot (until then the router has no worker and answers 503) and,
+	// for a backend that checks its source (etcd, registry.HealthReporter),
+	// the source answered its last check. While etcd is unreachable or
+	// frozen it is false and the router serves the fleet it last saw.
 	Synced bool `json:"synced"`
-	// LastSync is when its last snapshot came (absent before the first).
+	// LastSync is when the registry last confirmed the fleet: the source's
+	// last answer for a backend that checks it (etcd: every
+	// --etcd-verify-interval), else its last snapshot. Absent before the
+	// first snapshot.
 	LastSync *time.Time `json:"last_sync,omitempty"`
+	// LastSyncAge is LastSync's age in seconds, on the set's clock.
+	LastSyncAge *float64 `json:"last_sync_age_seconds,omitempty"`
 	// LastError is the backend's last failure to reach its source (etcd
 	// unreachable), and LastErrorAt when; absent if none.
 	LastError   string     `json:"last_error,omitempty"`
 	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
 }
 
-// RegistryStatus reports the registry's state: synced, when it last gave a
-// snapshot, its last error.
+// RegistryStatus reports the registry's state: synced, when it last
+// confirmed the fleet, its last error.
 func (s *Set) RegistryStatus() RegistryStatus {
 	st := RegistryStatus{Backend: s.cfg.Registry.Name()}
 	s.mu.Lock()
-	st.Synced = s.synced
-	if s.synced {
-		t := s.lastSync
-		st.LastSync = &t
-	}
+	listed, last := s.synced, s.lastSync
 	s.mu.Unlock()
+	st.Synced = listed
+	if hr, ok := s.cfg.Registry.(registry.HealthReporter); ok {
+		h := hr.Health()
+		st.Synced = listed && h.Up
+		if h.LastOK.After(last) {
+			last = h.LastOK
+		}
+	}
+	if listed {
+		age := max(s.cfg.Clock.Since(last).Seconds(), 0)
+		st.LastSync, st.LastSyncAge = &last, &age
+	}
 	if er, ok := s.cfg.Registry.(registry.ErrorReporter); ok {
 		if msg, at := er.LastError(); msg != "" {
 			st.LastError = msg

@@ -178,7 +178,8 @@ func TestRouterExposition(t *testing.T) {
 				Inflight: map[string]int{"streaming": 2},
 				Legs: []WorkerLegs{{Role: "prefill", URL: "http://p0:30000", Legs: 1},
 					{Role: "decode", URL: "http://d0:30001", Legs: 3, Saturated: true}},
-				Pairs: []PairBreaker{{Prefill: "http://p0:30000", Decode: "http://d0:30001", State: 2}},
+				Pairs:    []PairBreaker{{Prefill: "http://p0:30000", Decode: "http://d0:30001", State: 2}},
+				Registry: RegistryState{Backend: "etcd", Up: false, LastSync: time.Unix(1700000000, 500000000)},
 			}
 		}})
 	if err != nil {

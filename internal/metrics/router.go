@@ -67,6 +67,11 @@ import (
 //     sends the worker no new request.
 //   - pdserve_router_pair_breaker_state{prefill,decode}: each compatible
 //     pair's KV path breaker: 0 closed, 1 half_open, 2 open.
+//   - pdserve_router_registry_up{backend}: 1 while the router follows its
+//     registry (it listed the fleet and, for etcd, etcd answered its last
+//     check), 0 otherwise (it serves the fleet it last saw).
+//   - pdserve_router_registry_last_sync_timestamp_seconds{backend}: when
+//     the registry last confirmed the fleet, Unix seconds (0 before).
 type Router struct {
 	requests       *prometheus.CounterVec
 	legFailures    *prometheus.CounterVec
@@ -114,6 +119,19 @@ type RouterState struct {
 	Legs []WorkerLegs
 	// Pairs lists every compatible pair's breaker state.
 	Pairs []PairBreaker
+	// Registry is the registry's state (no series if Backend is "").
+	Registry RegistryState
+}
+
+// RegistryState is the registry part of a RouterState.
+type RegistryState struct {
+	// Backend is "static", "etcd" or "kubernetes".
+	Backend string
+	// Up: the router follows the registry now.
+	Up bool
+	// LastSync is when the registry last confirmed the fleet (zero:
+	// never).
+	LastSync time.Time
 }
 
 // WorkerLegs is one worker of a RouterState.
@@ -158,12 +176,18 @@ var (
 		"1 while admission sends the worker no new request (its queue or KV use is over a threshold).", []string{"role", "worker"}, nil)
 	breakerDesc = prometheus.NewDesc("pdserve_router_pair_breaker_state",
 		"State of each (prefill, decode) pair's KV path breaker: 0 closed, 1 half_open, 2 open.", []string{"prefill", "decode"}, nil)
+	registryUpDesc = prometheus.NewDesc("pdserve_router_registry_up",
+		"1 while the router follows its registry (it listed the fleet and its source answered the last check), 0 while it serves the fleet it last saw.",
+		[]string{"backend"}, nil)
+	registrySyncDesc = prometheus.NewDesc("pdserve_router_registry_last_sync_timestamp_seconds",
+		"When the registry last confirmed the fleet (etcd's last answer, or the last snapshot), Unix seconds; 0 before.",
+		[]string{"backend"}, nil)
 )
 
 type stateGauges struct{ state func() RouterState }
 
 func (c stateGauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{workersDesc, inflightDesc, legsDesc, saturatedDesc, breakerDesc} {
+	for _, d := range []*prometheus.Desc{workersDesc, inflightDesc, legsDesc, saturatedDesc, breakerDesc, registryUpDesc, registrySyncDesc} {
 		ch <- d
 	}
 }
@@ -186,6 +210,17 @@ func (c stateGauges) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, p := range st.Pairs {
 		ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, float64(p.State), p.Prefill, p.Decode)
+	}
+	if r := st.Registry; r.Backend != "" {
+		up, sync := 0.0, 0.0
+		if r.Up {
+			up = 1
+		}
+		if !r.LastSync.IsZero() {
+			sync = float64(r.LastSync.UnixNano()) / 1e9
+		}
+		ch <- prometheus.MustNewConstMetric(registryUpDesc, prometheus.GaugeValue, up, r.Backend)
+		ch <- prometheus.MustNewConstMetric(registrySyncDesc, prometheus.GaugeValue, sync, r.Backend)
 	}
 }
 

@@ -361,6 +361,11 @@ func (r *Router) metricsState() metrics.RouterState {
 	for _, p := range r.Pairs() {
 		st.Pairs = append(st.Pairs, metrics.PairBreaker{Prefill: p.Prefill, Decode: p.Decode, State: int(p.State)})
 	}
+	rs := r.set.RegistryStatus()
+	st.Registry = metrics.RegistryState{Backend: rs.Backend, Up: rs.Synced}
+	if rs.LastSync != nil {
+		st.Registry.LastSync = *rs.LastSync
+	}
 	return st
 }
 

@@ -356,14 +356,21 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 // waitServing prints why the router cannot serve yet (when it changes) and
 // "ready" once it can, checking the workers every 200 ms until ctx ends.
 func waitServing(ctx context.Context, r *router.Router, out io.Writer) {
+	if untilServing(ctx, r, out) {
+		fmt.Fprintln(out, "ready")
+	}
+}
+
+// untilServing waits until r can serve (true) or ctx ends (false), printing
+// why it cannot yet whenever that changes.
+func untilServing(ctx context.Context, r *router.Router, out io.Writer) bool {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
 	last := ""
 	for {
 		ok, why := r.Serving()
 		if ok {
-			fmt.Fprintln(out, "ready")
-			return
+			return true
 		}
 		if why != last {
 			fmt.Fprintf(out, "waiting for workers: %s\n", why)
@@ -371,11 +378,22 @@ func waitServing(ctx context.Context, r *router.Router, out io.Writer) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-t.C:
 			r.CheckNow()
 		}
 	}
+}
+
+// portServed reports whether a process accepts connections on addr (a
+// router's host:port) now: a router started there replaces it.
+func portServed(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }
 
 func splitURLs(s []string) []string {
@@ -415,7 +433,11 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 worker (by --prefill-policy and --decode-policy, on each worker's load) and
 sends both legs at once; when every worker of a role is saturated it answers
 429 with Retry-After. It learns each prefill worker's KV address from the
-worker itself, and keeps a breaker per (prefill, decode) KV path.`,
+worker itself, and keeps a breaker per (prefill, decode) KV path.
+
+Restart it without refusing a request: start a new router on the same
+--port (it waits until it can serve, then takes every new connection),
+then SIGTERM the old one (it stops listening, and finishes its streams).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := lf.logger(stderr)
@@ -474,8 +496,23 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 				return err
 			}
 			ro.Info, ro.Tokenizer = m.Info(), m.Tokenizer()
+			// The port is shared (SO_REUSEPORT) so that a replacement can
+			// listen on it while this router hands it over on SIGTERM. A
+			// replacement listens only once it can serve, and takes every
+			// new connection from then on.
+			ro.ReusePort = true
+			if ro.TakeOver = portServed(ro.Addr); ro.TakeOver {
+				ro.BeforeListen = func(r *router.Router) error {
+					fmt.Fprintf(stdout, "pdserve router: another process serves %s: listening once a pair of workers is ready\n", ro.Addr)
+					untilServing(cmd.Context(), r, stdout)
+					return cmd.Context().Err()
+				}
+			}
 			s, err := cluster.StartRouter(ro)
 			if err != nil {
+				if ctxErr := cmd.Context().Err(); ro.TakeOver && ctxErr != nil && errors.Is(err, ctxErr) {
+					return nil // stopped while waiting to replace
+				}
 				return usageError{err}
 			}
 			if reg != nil {
@@ -488,8 +525,9 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 			// "ready" is printed once a compatible pair is healthy; until
 			// then requests get a 503 naming what is missing.
 			waitServing(cmd.Context(), s.Router, stdout)
-			return runUntilSignal(cmd.Context(), func() { fmt.Fprintln(stdout, "pdserve router: draining") },
-				log, drainT, s.Drain, s.Shutdown)
+			return runUntilSignal(cmd.Context(), func() {
+				fmt.Fprintln(stdout, "pdserve router: draining (not listening: a router started on the port takes new connections)")
+			}, log, drainT, s.Handoff, s.Shutdown)
 		},
 	}
 	fs := cmd.Flags()
@@ -501,7 +539,7 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 	_ = fs.MarkHidden("sim-prefill-ms-per-token")
 	_ = fs.MarkHidden("sim-decode-ms-per-step")
 	fs.StringVar(&host, "host", "127.0.0.1", "address to bind")
-	fs.IntVar(&port, "port", 8000, "router port")
+	fs.IntVar(&port, "port", 8000, "router port (shared with SO_REUSEPORT on Linux: a router started on the port of a running one listens once it can serve, and takes the port over when the old one gets SIGTERM)")
 	fs.StringSliceVar(&prefill, "prefill", nil, "prefill worker URLs, e.g. http://127.0.0.1:30000 (comma-separated)")
 	fs.StringSliceVar(&decode, "decode", nil, "decode worker URLs, e.g. http://127.0.0.1:30001 (comma-separated)")
 	fs.StringSliceVar(&colocated, "colocated", nil, "colocated (serve) worker URLs instead of prefill/decode: plain mode, whole requests round robin")
@@ -511,6 +549,6 @@ worker itself, and keeps a breaker per (prefill, decode) KV path.`,
 	fdf.add(fs)
 	af.add(fs)
 	inf.add(fs, true, secretUsage)
-	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to let requests in flight finish (/health answers 503, new requests get 503 + Retry-After) before shutting down")
+	fs.DurationVar(&drainT, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long to let requests in flight finish before shutting down (the router stops listening at once and /health answers 503; requests on connections already open are served, each answered with Connection: close)")
 	return cmd
 }

@@ -134,6 +134,13 @@ func serve(addr string, h http.Handler, tlsCfg *tls.Config, log *slog.Logger) (*
 	if err != nil {
 		return nil, "", nil, err
 	}
+	srv, url, done := serveOn(ln, h, tlsCfg, log)
+	return srv, url, done, nil
+}
+
+// serveOn serves h on ln; done gets Serve's error once it returns (nil
+// after Shutdown, or after ln was closed on purpose).
+func serveOn(ln net.Listener, h http.Handler, tlsCfg *tls.Config, log *slog.Logger) (*http.Server, string, chan error) {
 	// No ReadTimeout or WriteTimeout: responses stream for as long as a
 	// request runs; handlers bound their own body reads and writes.
 	srv := &http.Server{Handler: hygiene(h), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
@@ -156,12 +163,12 @@ func serve(addr string, h http.Handler, tlsCfg *tls.Config, log *slog.Logger) (*
 		} else {
 			err = srv.Serve(ln)
 		}
-		if errors.Is(err, http.ErrServerClosed) {
+		if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 			err = nil
 		}
 		done <- err
 	}()
-	return srv, scheme + ln.Addr().String(), done, nil
+	return srv, scheme + ln.Addr().String(), done
 }
 
 // kvSecret is the KV channel's key of a worker (nil: none).
@@ -425,6 +432,19 @@ type RouterOptions struct {
 	// API are the OpenAI API's options (--max-logprobs, --logprobs-mode).
 	API    openai.APIOptions
 	Logger *slog.Logger
+	// ReusePort listens with SO_REUSEPORT (Linux): a replacement router
+	// may listen on the same port at once, and this one hands the port
+	// over on Handoff (pdserve router).
+	ReusePort bool
+	// TakeOver (with ReusePort) makes this router the replacement of the
+	// one listening on Addr: from its first connection it gets every new
+	// connection to the port, the old one keeps only those it has.
+	TakeOver bool
+	// BeforeListen, if set, runs once the router has started, before it
+	// listens; an error closes the router and is StartRouter's. pdserve
+	// router, replacing another router on its port, waits there until it
+	// can serve, so that no connection the kernel gives it is refused.
+	BeforeListen func(*router.Router) error
 }
 
 // RouterTuning is how a router pairs and sheds load (router.Config; zero
@@ -481,10 +501,12 @@ type RouterServer struct {
 	Registry *prometheus.Registry
 	URL      string
 	srv      *http.Server
+	ln       net.Listener
 	done     chan error
 	once     sync.Once
 	err      error
 	closer   io.Closer // the registry's resources (an etcd client)
+	handoff  handoff
 }
 
 // StartRouter builds a router, checks its workers once, and serves.
@@ -514,12 +536,30 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 	if o.FrontTLS != nil {
 		tlsCfg = o.FrontTLS.ServerConfig(frontClientCerts(o.FrontTLS), nil)
 	}
-	srv, url, done, err := serve(o.Addr, r.Handler(), tlsCfg, o.Logger)
+	if o.BeforeListen != nil {
+		if err := o.BeforeListen(r); err != nil {
+			r.Close()
+			return nil, err
+		}
+	}
+	var ln net.Listener
+	if o.ReusePort {
+		ln, err = listenReusePort(o.Addr, o.TakeOver)
+		if ln != nil && err != nil {
+			if o.Logger != nil {
+				o.Logger.Warn("the port is shared with the router it replaces until that one stops listening", "err", err)
+			}
+			err = nil
+		}
+	} else {
+		ln, err = net.Listen("tcp", o.Addr)
+	}
 	if err != nil {
 		r.Close()
 		return nil, err
 	}
-	rs := &RouterServer{Router: r, Registry: reg, URL: url, srv: srv, done: done}
+	rs := &RouterServer{Router: r, Registry: reg, ln: ln}
+	rs.srv, rs.URL, rs.done = serveOn(ln, rs.handoff.wrap(r.Handler()), tlsCfg, o.Logger)
 	if c, ok := o.Registry.(io.Closer); ok {
 		rs.closer = c
 	}

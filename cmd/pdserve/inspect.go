@@ -63,7 +63,8 @@ answer within --timeout, the others are still listed and the exit status is 1.`,
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&routerURL, "router", "http://127.0.0.1:8000", "router base URL")
-	fs.StringVar(&apiKey, "api-key", "", "key sent to the router (Authorization: Bearer): its admin key (--admin-api-key); an API key does not reach /debug")
+	fs.StringVar(&apiKey, "admin-api-key", "", "key sent to the router (Authorization: Bearer): its admin key (its --admin-api-key); an API key does not reach /debug")
+	fs.StringVar(&apiKey, "api-key", "", "the same as --admin-api-key (the key's older name here)")
 	fs.BoolVar(&asJSON, "json", false, "print JSON instead of a table")
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the router and workers")
 	fs.StringVar(&stage, "stage", "", "list only requests in this stage (e.g. awaiting_kv, parked, legs); the summary counts all")

@@ -595,9 +595,7 @@ func (r *Router) Handler() http.Handler {
 	if r.cfg.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(r.cfg.Gatherer, promhttp.HandlerOpts{}))
 	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
-		openai.WriteError(w, openai.NotFound("no route for %s %s", req.Method, req.URL.Path))
-	})
+	mux.HandleFunc("/", openai.Unrouted(mux, "no route for %s %s"))
 	h := canonicalPaths(openai.Routes(oa, mux))
 	if r.cfg.Guard != nil {
 		return r.cfg.Guard(h, r.frontend.Answer)

@@ -175,9 +175,7 @@ func (w *Worker) Handler(gatherer prometheus.Gatherer) http.Handler {
 	if gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	}
-	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
-		openai.WriteError(rw, openai.NotFound("no route for %s %s on a %s worker", r.Method, r.URL.Path, w.role))
-	})
+	mux.HandleFunc("/", openai.Unrouted(mux, "no route for %s %s on a "+w.role.String()+" worker"))
 	return mux
 }
 

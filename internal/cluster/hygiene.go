@@ -44,7 +44,12 @@ const (
 // net/http reads at most MaxHeaderBytes (and a 4 KiB margin) of a head
 // and answers a longer one with 431 itself; h checks the lines and the
 // total of the head it parsed.
+//
+// A path that is not canonical ("//", ".", "..") is refused with a 400
+// naming the canonical one on every server (openai.CanonicalPaths), before
+// any key is checked: a worker's mux would redirect it or answer 404.
 func hygiene(h http.Handler) http.Handler {
+	h = openai.CanonicalPaths(h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 1 && (len(r.TransferEncoding) > 0 || r.ProtoMinor == 0) {
 			w.Header().Set("Connection", "close")

@@ -10,8 +10,8 @@ import (
 
 // TestHygiene: a chunked HTTP/1.1 request and any HTTP/1.0 request are
 // answered with Connection: close, one with a Content-Length is not; a
-// head over a bound is refused before the handler with its status and
-// code.
+// head over a bound, or a path that is not canonical, is refused before
+// the handler with its status and code.
 func TestHygiene(t *testing.T) {
 	served := 0
 	h := hygiene(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ }))
@@ -42,6 +42,8 @@ func TestHygiene(t *testing.T) {
 		{"a line of 8 KiB + 1", lines(req(nil), 1, MaxHeaderLineBytes-len("X-Filler: ")+1), 431, false, false},
 		{"101 header lines", lines(req(nil), 100, 1), 431, false, false},
 		{"33 KiB", lines(req(nil), 5, 6700), 431, false, false},
+		{"a path that is not canonical", req(func(r *http.Request) { r.URL.Path = "//internal/v1/info" }), 400, false, false},
+		{"a path with ..", req(func(r *http.Request) { r.URL.Path = "/v1/../debug/requests" }), 400, false, false},
 		{"a request line of 8 KiB + 1", req(func(r *http.Request) {
 			r.RequestURI = "/" + strings.Repeat("a", MaxHeaderLineBytes-len("POST / HTTP/1.1")+1)
 		}), 414, false, false},

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"net/http"
+	"path"
 	"strings"
 )
 
@@ -44,4 +45,35 @@ func Unrouted(mux *http.ServeMux, notFound string) http.HandlerFunc {
 		}
 		WriteError(w, NotFound(notFound, r.Method, r.URL.Path))
 	}
+}
+
+// CanonicalPaths answers a request whose path is not canonical (an empty
+// segment, "." or "..") with a 400 naming the canonical path, as OpenAI
+// error JSON, where http.ServeMux would redirect with an HTML body (which
+// API clients do not follow for a POST) or answer 404.
+func CanonicalPaths(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		p := req.URL.Path
+		if c := cleanPath(p); c != p {
+			WriteError(w, BadRequest("", "path %q is not canonical: use %q", p, c))
+			return
+		}
+		h.ServeHTTP(w, req)
+	})
+}
+
+// cleanPath is path.Clean keeping a trailing slash, as http.ServeMux
+// cleans.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	c := path.Clean(p)
+	if p[len(p)-1] == '/' && c != "/" {
+		c += "/"
+	}
+	return c
 }

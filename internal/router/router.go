@@ -36,7 +36,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -431,37 +430,6 @@ func (r *Router) describe(w *fleet.Worker) any {
 	return p
 }
 
-// canonicalPaths answers a request whose path is not canonical (an empty
-// segment, "." or "..") with a 400 naming the canonical path, as OpenAI
-// error JSON, where http.ServeMux would redirect with an HTML body (which
-// API clients do not follow for a POST).
-func canonicalPaths(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		p := req.URL.Path
-		if c := cleanPath(p); c != p {
-			openai.WriteError(w, openai.BadRequest("", "path %q is not canonical: use %q", p, c))
-			return
-		}
-		h.ServeHTTP(w, req)
-	})
-}
-
-// cleanPath is path.Clean keeping a trailing slash, as http.ServeMux
-// cleans.
-func cleanPath(p string) string {
-	if p == "" {
-		return "/"
-	}
-	if p[0] != '/' {
-		p = "/" + p
-	}
-	c := path.Clean(p)
-	if p[len(p)-1] == '/' && c != "/" {
-		c += "/"
-	}
-	return c
-}
-
 // legError is a leg's failure seen by the router itself (the worker could
 // not be reached or broke off its answer), with that outcome. The client's
 // message names the worker's role only — worker addresses are internal —
@@ -596,7 +564,7 @@ func (r *Router) Handler() http.Handler {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(r.cfg.Gatherer, promhttp.HandlerOpts{}))
 	}
 	mux.HandleFunc("/", openai.Unrouted(mux, "no route for %s %s"))
-	h := canonicalPaths(openai.Routes(oa, mux))
+	h := openai.CanonicalPaths(openai.Routes(oa, mux))
 	if r.cfg.Guard != nil {
 		return r.cfg.Guard(h, r.frontend.Answer)
 	}

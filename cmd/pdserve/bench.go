@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"time"
@@ -45,6 +46,14 @@ and 198 tokens), jsonl
 (--dataset-path, lines {"prompt": "...", "output_len": N}) and shared-prefix
 (--num-prefixes prefixes of --shared-prefix-len tokens, each prompt one of
 them and --suffix-len unique tokens; SGLang's generated-shared-prefix).
+Each rate of a sweep draws fresh prompts, and so does each run unless --seed
+is given (the rates' prompts derive from the seed, so a run with the same
+--seed sends the same prompts rate by rate): a sweep measures prefill, not a
+prefix cache warmed by the previous rate. --reuse-prompts sends every rate
+the first rate's prompts, to measure a warm cache on purpose. The summary
+warns when the server reports more than 50% of the prompt tokens cached on
+a random or conversation dataset (whose prompts share no prefix).
+
 Prompts are built for about one token per byte (exact for the simulated
 model); token counts come from the server's usage, cached prompt tokens from
 usage.prompt_tokens_details.cached_tokens (shown with the prefix-cache hit
@@ -71,6 +80,11 @@ Exits 1 when every measured request failed.`,
 			}
 			if !fs.Changed("min-tokens") {
 				cfg.MinTokens = cfg.MultiTurn > 1
+			}
+			if !fs.Changed("seed") {
+				// A fresh seed each run: a second run does not resend the
+				// first one's prompts to a warm cache.
+				cfg.Seed = rand.Uint64()
 			}
 			if err := cfg.Validate(); err != nil {
 				return usageError{err}
@@ -109,7 +123,8 @@ Exits 1 when every measured request failed.`,
 	fs.IntVar(&cfg.NumPrompts, "num-prompts", 1000, "measured requests per request rate")
 	fs.StringSliceVar(&rates, "request-rate", []string{"inf"}, `requests/s with Poisson arrivals, "inf" for all at once; a comma-separated list runs a sweep`)
 	fs.IntVar(&cfg.MaxConcurrency, "max-concurrency", 0, "most requests in flight (0: no cap); a request arriving at the cap waits for a slot")
-	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the prompts and the arrival times")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the prompts and the arrival times; each rate of a sweep draws its own prompts from it (default: a fresh seed each run, shown in the summary and --output)")
+	fs.BoolVar(&cfg.ReusePrompts, "reuse-prompts", false, "send every rate of a sweep the first rate's prompts, to measure a warm prefix cache on purpose")
 	fs.IntVar(&cfg.Warmup, "warmup", 1, "requests sent before the measured runs and not counted (all failing aborts the benchmark)")
 	fs.StringVar(&dataset, "dataset", string(bench.DatasetRandom), "prompts: random, conversation, jsonl or shared-prefix")
 	fs.IntVar(&cfg.RandomInputLen, "random-input-len", 1024, "random dataset: prompt length, tokens")
@@ -128,7 +143,7 @@ Exits 1 when every measured request failed.`,
 	fs.DurationVar(&cfg.SLOTTFT, "slo-ttft", 0, "goodput objective on time to first token, e.g. 500ms (0: none)")
 	fs.DurationVar(&cfg.SLOTPOT, "slo-tpot", 0, "goodput objective on time per output token, e.g. 50ms (0: none)")
 	fs.StringVar(&outputPath, "output", "", "write config, summaries and per-request records as JSON to this file")
-	fs.StringVar(&plotDir, "plot", "", "write PNG plots (latency CDFs; goodput and p90 TTFT vs rate for a sweep) into this directory")
+	fs.StringVar(&plotDir, "plot", "", "write PNG plots (latency CDFs with p50/p90/p99 marked; throughput, goodput and TTFT percentiles vs rate for a sweep, inf at the right edge) into this directory")
 	fs.BoolVar(&cfg.IgnoreEOS, "ignore-eos", true, "send ignore_eos so outputs have the requested length (default true for random and conversation, false for jsonl)")
 	fs.BoolVar(&cfg.MinTokens, "min-tokens", false, "send min_tokens = max_tokens so no EOS is drawn inside an output and a resent history is what the model produced (vLLM/SGLang/pdserve extension; default true with --multi-turn)")
 	fs.BoolVar(&cfg.ReturnTokenIDs, "return-token-ids", true, "send return_token_ids so streamed tokens are counted exactly (vLLM/pdserve extension)")

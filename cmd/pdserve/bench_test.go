@@ -168,3 +168,46 @@ func TestBenchCommand(t *testing.T) {
 		t.Errorf("jsonl must default to ignore_eos false:\n%.400s", b)
 	}
 }
+
+// TestBenchSeed: without --seed each run draws a seed of its own (shown in
+// the summary and the report), so a second run does not resend the first
+// one's prompts; --seed fixes it and --reuse-prompts is passed on.
+func TestBenchSeed(t *testing.T) {
+	srv := fakeOpenAI(t)
+	outPath := filepath.Join(t.TempDir(), "r.json")
+	report := func(args ...string) (seed uint64, reuse bool, stdout string) {
+		t.Helper()
+		args = append([]string{"bench", "--base-url", srv.URL, "--num-prompts", "3", "--request-rate", "inf,inf",
+			"--random-input-len", "8", "--random-output-len", "2", "--warmup", "0", "--output", outPath, "--progress=false"}, args...)
+		code, out, errOut := runLive(t, nil, args...)
+		if code != 0 {
+			t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, errOut)
+		}
+		b, err := os.ReadFile(outPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep struct {
+			Config struct {
+				Seed  uint64 `json:"seed"`
+				Reuse bool   `json:"reuse_prompts"`
+			} `json:"config"`
+		}
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatal(err)
+		}
+		return rep.Config.Seed, rep.Config.Reuse, out
+	}
+	s1, reuse, out := report()
+	s2, _, _ := report()
+	if s1 == s2 || reuse {
+		t.Errorf("two runs without --seed: seeds %d and %d (want different), reuse %v", s1, s2, reuse)
+	}
+	if !regexp.MustCompile(fmt.Sprintf(`(?m)^Seed:\s+%d$`, s1)).MatchString(out) {
+		t.Errorf("the summary does not show seed %d:\n%s", s1, out)
+	}
+	s, reuse, out := report("--seed", "7", "--reuse-prompts")
+	if s != 7 || !reuse || !regexp.MustCompile(`(?m)^Seed:\s+7 \(prompts reused across rates\)$`).MatchString(out) {
+		t.Errorf("--seed 7 --reuse-prompts: seed %d, reuse %v\n%s", s, reuse, out)
+	}
+}

@@ -155,8 +155,14 @@ type Config struct {
 	// that arrives while the cap is reached waits for a free slot, and its
 	// latencies are measured from when it is sent.
 	MaxConcurrency int
-	// Seed seeds the dataset and the arrival times.
+	// Seed seeds the dataset and the arrival times. Each rate of a sweep
+	// draws its prompts from a stream of its own derived from Seed (see
+	// RateStream), so the same Seed gives the same prompts rate by rate and
+	// no rate resends another's.
 	Seed uint64
+	// ReusePrompts sends every rate the first rate's prompts, so the rates
+	// after the first measure a warm prefix cache on purpose.
+	ReusePrompts bool
 	// Warmup is the number of requests sent (with the same concurrency cap,
 	// all at once) before the first rate and not counted.
 	Warmup int
@@ -323,6 +329,7 @@ type configJSON struct {
 	RequestRates     []Rate      `json:"request_rates"`
 	MaxConcurrency   int         `json:"max_concurrency"`
 	Seed             uint64      `json:"seed"`
+	ReusePrompts     bool        `json:"reuse_prompts,omitempty"`
 	Warmup           int         `json:"warmup"`
 	Dataset          DatasetKind `json:"dataset"`
 	RandomInputLen   int         `json:"random_input_len,omitempty"`
@@ -344,7 +351,7 @@ type configJSON struct {
 
 func (c *Config) toJSON() configJSON {
 	return configJSON{BaseURL: c.BaseURL, Endpoint: c.Endpoint, Model: c.Model, NumPrompts: c.NumPrompts,
-		RequestRates: c.Rates, MaxConcurrency: c.MaxConcurrency, Seed: c.Seed, Warmup: c.Warmup,
+		RequestRates: c.Rates, MaxConcurrency: c.MaxConcurrency, Seed: c.Seed, ReusePrompts: c.ReusePrompts, Warmup: c.Warmup,
 		Dataset: c.Dataset, RandomInputLen: c.RandomInputLen, RandomOutputLen: c.RandomOutputLen,
 		RandomRangeRatio: c.RandomRangeRatio, DatasetPath: c.DatasetPath,
 		SharedPrefixLen: c.SharedPrefixLen, NumPrefixes: c.NumPrefixes, SuffixLen: c.SuffixLen, MultiTurn: c.MultiTurn,

@@ -60,6 +60,21 @@ const (
 	streamWarmup   = 3
 )
 
+// streamRates is the first of the RNG streams of the rates after the
+// first (see RateStream); the fixed streams above stay below it.
+const streamRates = 1 << 32
+
+// RateStream is the RNG stream the prompts of rate i (0-based, in the order
+// run) are drawn from: the first rate's is streamDataset, each later rate's
+// one of its own, so the rates of a sweep send different prompts, the same
+// for a given seed.
+func RateStream(i int) uint64 {
+	if i <= 0 {
+		return streamDataset
+	}
+	return streamRates + uint64(i)
+}
+
 func newRNG(seed, stream uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, stream)) }
 
 // MaxJSONLLineBytes bounds one record of a JSONL dataset, in bytes.

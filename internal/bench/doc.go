@@ -38,6 +38,16 @@
 // ShareGPT-like length distribution, see [ConversationLengths]) and "jsonl"
 // (records {"prompt": ..., "output_len": N} from a file).
 //
+// Each rate of a sweep draws its prompts from an RNG stream of its own
+// derived from Config.Seed ([RateStream]), so no rate resends the prompts
+// of another to a prefix cache they warmed, and the same seed gives the
+// same prompts rate by rate (a JSONL file gives its records to every rate).
+// Config.ReusePrompts sends every rate the first rate's prompts instead, to
+// measure a warm cache on purpose. When the server reports more than
+// [UnexpectedHitRate] of the prompt tokens cached on a dataset whose
+// prompts share no prefix (random or conversation, single requests),
+// Summary.CacheWarning says so and the summary prints it.
+//
 // # Concurrency
 //
 // Run starts one goroutine per request at its arrival time and waits for all

@@ -103,8 +103,9 @@ type CacheStats struct {
 	// HitRate is CachedTokens / PromptTokens.
 	HitRate float64 `json:"hit_rate"`
 	// OracleHitRate is the hit rate a perfect placement would get (see
-	// OracleHitRate; shared-prefix dataset, first rate only: later rates
-	// reuse the prompts and start warm), OfOracle HitRate over it.
+	// OracleHitRate; shared-prefix dataset; with Config.ReusePrompts the
+	// first rate only, the later ones resending its prompts to warm
+	// caches), OfOracle HitRate over it.
 	OracleHitRate *float64 `json:"oracle_hit_rate,omitempty"`
 	OfOracle      *float64 `json:"hit_rate_of_oracle,omitempty"`
 }
@@ -202,6 +203,10 @@ type Summary struct {
 	// Cache is the successful requests' prefix-cache hits, nil when no
 	// answer reported usage.prompt_tokens_details.cached_tokens.
 	Cache *CacheStats `json:"prefix_cache,omitempty"`
+	// CacheWarning, when not empty, says the server reported a prefix-cache
+	// hit rate above UnexpectedHitRate on prompts that should have found
+	// nothing cached (set by Run).
+	CacheWarning string `json:"cache_warning,omitempty"`
 	// Turns summarizes a multi-turn run by turn (nil otherwise).
 	Turns []TurnSummary `json:"turns,omitempty"`
 	// RequestThroughput is successful requests per second.

@@ -46,6 +46,11 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 	row("Endpoint", cfg.Endpoint.Path())
 	row("Model", cfg.Model)
 	row("Dataset", cfg.Dataset)
+	if cfg.ReusePrompts {
+		row("Seed", fmt.Sprintf("%d (prompts reused across rates)", cfg.Seed))
+	} else {
+		row("Seed", cfg.Seed)
+	}
 	row("Request rate (req/s)", s.Rate.String())
 	if s.MaxConcurrency > 0 {
 		row("Max request concurrency", s.MaxConcurrency)
@@ -73,6 +78,9 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 		}
 	} else {
 		row("Prefix cache hit rate (%)", "not reported")
+	}
+	if s.CacheWarning != "" {
+		fmt.Fprintf(bw, "Warning: %s\n", s.CacheWarning)
 	}
 	row("Request throughput (req/s)", s.RequestThroughput)
 	row("Input token throughput (tok/s)", s.InputThroughput)
@@ -149,6 +157,7 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 func PrintSweep(w io.Writer, rep *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, rule("Request rate sweep", '='))
+	warned := false
 	fmt.Fprintln(tw, "rate (req/s)\tok\tfailed\tshed\treq/s\tout tok/s\tp90 TTFT (ms)\tp90 TPOT (ms)\tp90 E2E (ms)\tgoodput (req/s)\tgoodput (%)\tcache hit (%)\t")
 	for i := range rep.Runs {
 		s := &rep.Runs[i].Summary
@@ -161,11 +170,19 @@ func PrintSweep(w io.Writer, rep *Report) error {
 		if s.Cache != nil {
 			hit = fmt.Sprintf("%.1f", 100*s.Cache.HitRate)
 		}
+		if s.CacheWarning != "" {
+			hit += " (!)"
+			warned = true
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t\n", s.Rate, s.Succeeded, s.Failed, s.Shed,
 			s.RequestThroughput, s.OutputThroughput, s.TTFT.P90, s.TPOT.P90, s.E2E.P90, good, frac, hit)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if warned {
+		fmt.Fprintf(w, "(!) a prefix-cache hit rate above %.0f%% on prompts that share no prefix: see the warning in that rate's summary\n",
+			100*UnexpectedHitRate)
 	}
 	_, err := fmt.Fprintln(w, rule("", '='))
 	return err

@@ -119,7 +119,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		cfg.Model = m
 	}
 	turns := max(cfg.MultiTurn, 1)
-	prompts, err := BuildDataset(&cfg, cfg.NumPrompts*turns, streamDataset)
+	prompts, err := BuildDataset(&cfg, cfg.NumPrompts*turns, RateStream(0))
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +131,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		fmt.Fprintf(status, "bench: %s %s, model %q, %d prompts (%s dataset), rates %v\n",
 			http.MethodPost, q.url, cfg.Model, cfg.NumPrompts, cfg.Dataset, cfg.Rates)
 	}
-	oracle, hasOracle := OracleHitRate(prompts, cfg.SharedPrefixLen)
+	if cfg.ReusePrompts {
+		fmt.Fprintf(status, "bench: seed %d, every rate resends the first rate's prompts (--reuse-prompts)\n", cfg.Seed)
+	} else {
+		fmt.Fprintf(status, "bench: seed %d, fresh prompts for each rate\n", cfg.Seed)
+	}
 
 	if cfg.Warmup > 0 {
 		wp, err := BuildDataset(&cfg, cfg.Warmup, streamWarmup)
@@ -159,7 +163,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 
 	rep := &Report{Config: cfg}
-	for _, rate := range cfg.Rates {
+	for i, rate := range cfg.Rates {
+		if i > 0 && !cfg.ReusePrompts {
+			if prompts, err = BuildDataset(&cfg, cfg.NumPrompts*turns, RateStream(i)); err != nil {
+				return rep, err
+			}
+		}
 		bar := newBar(o.Progress, len(prompts), rate)
 		var (
 			recs []Record
@@ -178,9 +187,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		s := Summarize(recs, dur, cfg.SLO())
 		s.Rate, s.MaxConcurrency = rate, cfg.MaxConcurrency
-		if hasOracle && len(rep.Runs) == 0 { // later rates reuse the prompts: warm caches
+		// Resent prompts start warm: the oracle (from cold caches) is the
+		// first rate's only.
+		if oracle, ok := OracleHitRate(prompts, cfg.SharedPrefixLen); ok && (i == 0 || !cfg.ReusePrompts) {
 			s.setOracle(oracle)
 		}
+		s.CacheWarning = cacheWarning(&cfg, &s, i)
 		rep.Runs = append(rep.Runs, RunResult{Summary: s, Records: recs})
 		if err := PrintSummary(out, &cfg, &s); err != nil {
 			return rep, err
@@ -192,6 +204,26 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// UnexpectedHitRate is the prefix-cache hit rate above which the summary
+// of a dataset whose prompts share no prefix warns that the cache was warm.
+const UnexpectedHitRate = 0.5
+
+// cacheWarning returns the warning for run i of cfg when the server
+// reported a prefix-cache hit rate above UnexpectedHitRate on prompts that
+// should find nothing cached: single requests of the random or
+// conversation dataset (the shared-prefix and multi-turn workloads share
+// prefixes by design; a JSONL file's prompts may), not resent on purpose
+// by ReusePrompts. It returns "" otherwise.
+func cacheWarning(cfg *Config, s *Summary, i int) string {
+	if s.Cache == nil || s.Cache.HitRate <= UnexpectedHitRate || cfg.MultiTurn > 1 ||
+		(cfg.Dataset != DatasetRandom && cfg.Dataset != DatasetConversation) || (cfg.ReusePrompts && i > 0) {
+		return ""
+	}
+	return fmt.Sprintf("the server reports %.1f%% of the prompt tokens cached, on %s prompts that share no prefix: "+
+		"the latencies measure a warm prefix cache, not prefill. The prompts were sent before (an earlier run "+
+		"with seed %d?), or the server counts cached tokens differently.", 100*s.Cache.HitRate, cfg.Dataset, cfg.Seed)
 }
 
 // newBar returns a progress bar of n requests on w, or nil if w is nil.

@@ -34,7 +34,13 @@
 //     −30. [model.SampleSeq] turns them into a token, so every sampling
 //     parameter (temperature, top_p, top_k, min_p, penalties, bias, bans,
 //     seed, forks, top logprobs) behaves as for any model; Step and the
-//     sampling parameters enter only there. Prompt logprobs (SeqInput.Score)
+//     sampling parameters enter only there. EOS never comes in the first
+//     [MinOutput] (4) output tokens: at Step < MinOutput it is banned from
+//     the draw as min_tokens bans it (SeqInput.Ban), the logits unchanged,
+//     so an answer is never empty (a first chat neither) and, EOS being one
+//     of 31 equally likely candidates after that, ends about 30 tokens
+//     later. Step is the same on prefill and decode workers, so PD output
+//     still equals colocated output. Prompt logprobs (SeqInput.Score)
 //     at the position after Tokens[j] are [model.ScorePosition] of the
 //     logits of D for the first Pos+j+1 positions: exactly those a decode
 //     step there samples from. A lost, misplaced or corrupted page changes

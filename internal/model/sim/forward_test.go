@@ -213,13 +213,13 @@ func TestSamplingSeeds(t *testing.T) {
 }
 
 // Greedy outputs stop at EOS after about 30 tokens on average (EOS is one of
-// 31 equally likely candidates).
+// 31 equally likely candidates once the first MinOutput tokens are out).
 func TestGreedyLength(t *testing.T) {
 	m := newModel(t, Config{Geometry: geoSmall})
 	p := newPool(t, geoSmall, 16, 64)
 	pages := alloc(t, p, 64)
 	const prompts, limit = 300, 500
-	total := 0
+	total, shortest := 0, limit
 	for i := range prompts {
 		prompt := tokensOf(t, m, fmt.Sprintf("prompt number %d", i))
 		out := prefill(t, m, p, pages, prompt, nil, greedy)
@@ -234,8 +234,12 @@ func TestGreedyLength(t *testing.T) {
 			out = o[0]
 		}
 		total += n
+		shortest = min(shortest, n)
 	}
 	t.Logf("mean greedy length %.1f", float64(total)/prompts)
+	if shortest < MinOutput {
+		t.Errorf("a greedy output ended after %d tokens, want at least %d", shortest, MinOutput)
+	}
 	if mean := float64(total) / prompts; mean < 20 || mean > 45 {
 		t.Errorf("mean greedy length %.1f tokens, want about 30", mean)
 	}
@@ -362,4 +366,57 @@ func TestTimerSleep(t *testing.T) {
 			t.Error("a cancelled Forward wrote pages")
 		}
 	})
+}
+
+// EOS is never drawn at output steps 0…MinOutput−1, whatever the sampling
+// (greedy, random, n > 1 forks, a bias that makes EOS all but certain), and
+// is drawn again from step MinOutput on.
+func TestNoEOSInFirstOutputs(t *testing.T) {
+	m := newModel(t, Config{Geometry: geoSmall})
+	p := newPool(t, geoSmall, 16, 64)
+	pages := alloc(t, p, 8)
+	for _, tc := range []struct {
+		name  string
+		sp    model.SamplingParams
+		forks int
+	}{
+		{"greedy", greedy, 0},
+		{"temperature 1", model.SamplingParams{Temperature: 1, TopP: 1, Seed: 5}, 0},
+		{"forks", model.SamplingParams{Temperature: 1, TopP: 1, Seed: 9}, 4},
+		{"EOS biased up", model.SamplingParams{Temperature: 1, TopP: 1, Seed: 3,
+			LogitBias: []model.LogitBias{{ID: EOS, Bias: 100}}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eosAt := make([]int, MinOutput+1) // step → draws of EOS there
+			for i := range 200 {
+				toks := tokensOf(t, m, fmt.Sprintf("early %d", i))
+				pos := 0
+				for step := range MinOutput + 1 {
+					seq := model.SeqInput{Pages: pages, Pos: pos, Tokens: toks, Sample: true, Sampling: tc.sp, Step: step}
+					if step == 0 {
+						seq.Forks = tc.forks
+					}
+					var o [1]model.SeqOutput
+					if err := m.Forward(context.Background(), p, []model.SeqInput{seq}, o[:]); err != nil {
+						t.Fatal(err)
+					}
+					for _, d := range append([]model.SeqOutput{o[0]}, o[0].Forks...) {
+						if d.Token == EOS {
+							eosAt[step]++
+						}
+					}
+					pos += len(toks)
+					toks = []int32{'a'} // the next step's input, whatever was drawn
+				}
+			}
+			for step := range MinOutput {
+				if eosAt[step] > 0 {
+					t.Errorf("EOS drawn %d times at output step %d, want never before step %d", eosAt[step], step, MinOutput)
+				}
+			}
+			if tc.name == "EOS biased up" && eosAt[MinOutput] < 190 {
+				t.Errorf("EOS biased up drawn %d times of 200 at step %d, want nearly always", eosAt[MinOutput], MinOutput)
+			}
+		})
+	}
 }

@@ -15,7 +15,14 @@ import (
 // digestVersion names the algorithm that turns tokens into KV bytes and KV
 // bytes into tokens; it is part of Info.Digest and changes whenever either
 // changes, so workers running different versions refuse each other's KV.
-const digestVersion = "sim-v1"
+const digestVersion = "sim-v2"
+
+// MinOutput is the number of output tokens before EOS can come: at output
+// steps 0…MinOutput−1 the sampler never draws EOS (it is banned as
+// min_tokens bans it, SeqInput.Ban), so every answer has at least MinOutput
+// tokens unless max_tokens or a stop ends it sooner. The logits themselves
+// are unchanged, so logprobs and prompt logprobs do not depend on the step.
+const MinOutput = 4
 
 // textTokens are the byte tokens that get finite logits besides EOS: the
 // lowercase letters, space and four punctuation marks (30 tokens).
@@ -24,7 +31,7 @@ const textTokens = "abcdefghijklmnopqrstuvwxyz .,'"
 // Logit values. Text tokens and EOS draw uniformly from [0, logitSpan);
 // every other token gets offLogit. With 31 candidates of equal chance, EOS is
 // the greedy choice with probability 1/31, so greedy outputs average about 30
-// tokens. offLogit is −30 rather than −Inf so that every logprob is finite;
+// tokens after the first MinOutput (which are never EOS). offLogit is −30 rather than −Inf so that every logprob is finite;
 // e^−30 ≈ 1e−13, so the 226 other tokens together hold < 1e−10 of the mass.
 const (
 	logitSpan = 4
@@ -45,6 +52,7 @@ type Model struct {
 	mu      sync.Mutex // guards the fields below
 	caches  map[*kvcache.Pool]*poolCache
 	logits  []float32           // [VocabSize], Forward's scratch
+	ban     []int32             // Forward's scratch: a sequence's Ban plus EOS
 	scratch model.SampleScratch // model.Sample's buffers
 }
 
@@ -177,7 +185,14 @@ func (m *Model) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.Se
 			continue
 		}
 		m.fillLogits(m.seqDigest(pool, c, s.Pages, s.Pos+len(s.Tokens)))
-		out[i] = model.SampleSeq(m.logits, s, &m.scratch)
+		in := s
+		if s.Step < MinOutput {
+			m.ban = append(append(m.ban[:0], s.Ban...), EOS)
+			early := *s
+			early.Ban = m.ban
+			in = &early
+		}
+		out[i] = model.SampleSeq(m.logits, in, &m.scratch)
 		out[i].Scores = scores
 	}
 	return nil

@@ -811,8 +811,16 @@ func joinDistinct(errs []error) error {
 	return errors.Join(out...)
 }
 
+// Shutdown stops every worker (what is still live gets an error answer),
+// then the router, then the workers' HTTP servers. Losing the KV connections
+// between the workers is expected then, and logged as such.
 func (c *Cluster) Shutdown(ctx context.Context) error {
 	var errs []error
+	// The workers stop in turn: each one's peers in this process expect
+	// the loss of its KV connections.
+	for _, w := range c.Workers() {
+		w.Worker.ShuttingDown()
+	}
 	for _, w := range c.Workers() {
 		errs = append(errs, w.Worker.Shutdown(ctx))
 	}

@@ -392,6 +392,17 @@ type DropCounter interface {
 	DroppedFrames() map[string]uint64
 }
 
+// ShutdownNotifier is implemented by backends that can be told, ahead of
+// Close, that their process is shutting down. A connection lost from then on
+// is expected (in a process that runs several workers, a peer that shut down
+// first), so the backend logs it at debug level, not as a warning. A loss
+// while the process runs on stays a warning.
+type ShutdownNotifier interface {
+	// ShuttingDown marks the backend as shutting down; its connections stay
+	// open until Close. It does not block.
+	ShuttingDown()
+}
+
 // PeerCloser is implemented by backends that can close one connection on
 // demand (fault injection, an operator dropping a bad peer).
 type PeerCloser interface {

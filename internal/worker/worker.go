@@ -380,12 +380,33 @@ func (w *Worker) Drain(ctx context.Context) error {
 	}
 }
 
+// ShuttingDown tells the worker that its process is shutting down; call it
+// on every worker of a process before shutting the first one down. A KV
+// connection lost from then on (to a worker of the same process that stopped
+// first) is expected: the transport logs it at debug level, not as a
+// warning. Shutdown implies it. It does not block.
+func (w *Worker) ShuttingDown() {
+	b := w.backend
+	for b != nil {
+		if n, ok := b.(kvxfer.ShutdownNotifier); ok {
+			n.ShuttingDown()
+			return
+		}
+		u, ok := b.(interface{ Unwrap() kvxfer.Backend }) // a wrapper, e.g. fault injection
+		if !ok {
+			return
+		}
+		b = u.Unwrap()
+	}
+}
+
 // Shutdown fails every live request with outcome "shutdown" (their HTTP
 // answers carry the error), waits for the running forward, stops the loop
 // and closes the KV transport. It returns ctx.Err() if ctx ends first; the
 // worker is stopped either way.
 func (w *Worker) Shutdown(ctx context.Context) error {
 	var err error
+	w.ShuttingDown()
 	w.stopOnce.Do(func() {
 		w.Start()
 		done := make(chan struct{})

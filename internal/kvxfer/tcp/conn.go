@@ -162,8 +162,11 @@ func (c *conn) run() {
 	}
 	err = c.failed()
 	b.stats.lost.Add(1)
+	// A loss is a warning unless this process is stopping: Close, or
+	// ShuttingDown before it (the peer may be a worker of this process
+	// that stopped first).
 	level := slog.LevelWarn
-	if errors.Is(err, ErrClosed) {
+	if errors.Is(err, ErrClosed) || b.stopping.Load() {
 		level = slog.LevelDebug
 	}
 	b.log.Log(context.Background(), level, "kv peer lost", "peer", c.id, "remote", c.remote, "err", err)

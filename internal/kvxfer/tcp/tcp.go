@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -159,6 +160,9 @@ type Backend struct {
 	stats counters
 
 	closing chan struct{} // closed by Close
+	// stopping is set by ShuttingDown: a connection lost from then on is
+	// expected, and logged at debug level.
+	stopping atomic.Bool
 
 	mu     sync.Mutex
 	idle   sync.Cond // broadcast when active drops to zero
@@ -337,6 +341,14 @@ func (b *Backend) Remote(peer kvxfer.PeerID) string {
 	}
 	return ""
 }
+
+var _ kvxfer.ShutdownNotifier = (*Backend)(nil)
+
+// ShuttingDown implements kvxfer.ShutdownNotifier: from now on a lost
+// connection (a peer that closed, as a worker of the same process does when
+// it stops first) is logged at debug level, as after Close. Nothing else
+// changes: connections stay open until Close.
+func (b *Backend) ShuttingDown() { b.stopping.Store(true) }
 
 var _ kvxfer.PeerCloser = (*Backend)(nil)
 

@@ -144,7 +144,7 @@ Exits 1 when every measured request failed.`,
 	fs.DurationVar(&cfg.SLOTPOT, "slo-tpot", 0, "goodput objective on time per output token, e.g. 50ms (0: none)")
 	fs.StringVar(&outputPath, "output", "", "write config, summaries and per-request records as JSON to this file")
 	fs.StringVar(&plotDir, "plot", "", "write PNG plots (latency CDFs with p50/p90/p99 marked; throughput, goodput and TTFT percentiles vs rate for a sweep, inf at the right edge) into this directory")
-	fs.BoolVar(&cfg.IgnoreEOS, "ignore-eos", true, "send ignore_eos so outputs have the requested length (default true for random and conversation, false for jsonl)")
+	fs.BoolVar(&cfg.IgnoreEOS, "ignore-eos", true, "send ignore_eos so outputs have the requested length (off with --dataset jsonl unless given)")
 	fs.BoolVar(&cfg.MinTokens, "min-tokens", false, "send min_tokens = max_tokens so no EOS is drawn inside an output and a resent history is what the model produced (vLLM/SGLang/pdserve extension; default true with --multi-turn)")
 	fs.BoolVar(&cfg.ReturnTokenIDs, "return-token-ids", true, "send return_token_ids so streamed tokens are counted exactly (vLLM/pdserve extension)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "per-request timeout, from sending to the end of the stream")

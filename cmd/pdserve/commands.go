@@ -168,6 +168,9 @@ stops at once, answering what is left with an error (exit status 1).`,
 			if err := checkKVAuth(wf.kvAuth, wo.Secret); err != nil {
 				return err
 			}
+			if err := checkPortsFree(host, upPorts(port, portBase, nPrefill, nDecode, nServe)); err != nil {
+				return err
+			}
 			watchTLS(cmd.Context(), log, frontTLS)
 			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port, WorkerPortBase: portBase,
 				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,

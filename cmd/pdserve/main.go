@@ -86,7 +86,7 @@ func envName(flag string) string {
 func applyEnv(fs *pflag.FlagSet, lookupEnv func(string) (string, bool)) error {
 	var errs []error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Changed || f.Name == "help" {
+		if f.Changed || f.Name == "help" || f.Name == "version" {
 			return
 		}
 		if v, ok := lookupEnv(envName(f.Name)); ok {
@@ -127,6 +127,7 @@ both workers, and lost peers are detected within seconds.
 
 Every flag can also be set with an environment variable: --kv-cache-memory is
 PDSERVE_KV_CACHE_MEMORY. The command line wins.`,
+		Version:       versionLine(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -137,6 +138,7 @@ PDSERVE_KV_CACHE_MEMORY. The command line wins.`,
 		},
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetContext(ctx)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -150,6 +152,7 @@ PDSERVE_KV_CACHE_MEMORY. The command line wins.`,
 		newInspectCmd(stdout),
 		newConvertCmd(stdout),
 		newBenchCmd(stdout, stderr),
+		newVersionCmd(stdout),
 	)
 	return root
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.uber.org/goleak"
 )
 
 // TestVersion: --version and the version command print one line naming
@@ -52,6 +53,8 @@ func TestFormatVersion(t *testing.T) {
 			"pdserve v0.0.0-20261206152649-f12913e4c344+dirty (commit f12913e4c344d6bbd0e095adb1281e7083d538f3, 2026-12-06T15:26:49Z, modified) go1.26.0 linux/amd64"},
 		{"set at link time", "v1.2.3", stamped,
 			"pdserve v1.2.3 (commit f12913e4c344d6bbd0e095adb1281e7083d538f3, 2026-12-06T15:26:49Z, modified) go1.26.0 linux/amd64"},
+		{"set at link time, no version control (docker build)", "142f728", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}},
+			"pdserve 142f728 go1.26.0 linux/amd64"},
 		{"no version control", "", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}},
 			"pdserve (devel) (commit unknown: built without version control information) go1.26.0 linux/amd64"},
 		{"no build information", "", nil,
@@ -67,6 +70,7 @@ func TestFormatVersion(t *testing.T) {
 // TestUpRefusesTakenPort: a port of `up` that is already taken fails it
 // before any worker starts, naming the port.
 func TestUpRefusesTakenPort(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +145,7 @@ func (l *lines) String() string {
 // workers stop in turn, and the KV connection one of them closes is no loss
 // to the other.
 func TestUpCleanShutdownLogsNoWarning(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	ready := make(chan string, 1)
 	stdout := &lines{match: "ready: accepting requests at ", found: ready}
 	var stderr lines
@@ -153,7 +158,8 @@ func TestUpCleanShutdownLogsNoWarning(t *testing.T) {
 	select {
 	case line := <-ready:
 		base := strings.TrimSuffix(strings.TrimPrefix(line, "ready: accepting requests at "), "/v1")
-		resp, err := http.Post(base+"/v1/completions", "application/json",
+		client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := client.Post(base+"/v1/completions", "application/json",
 			strings.NewReader(`{"prompt": "Hello, disaggregated world", "max_tokens": 8, "ignore_eos": true}`))
 		if err != nil {
 			t.Fatal(err)

@@ -28,7 +28,8 @@ func versionLine() string {
 }
 
 // formatVersion is versionLine from its parts: override (if set) wins over
-// the module version of bi, which may be nil (no build information).
+// the module version of bi, which may be nil (no build information); the
+// commit is said to be unknown only when neither names it.
 func formatVersion(override string, bi *debug.BuildInfo, goVersion, platform string) string {
 	v := override
 	if v == "" && bi != nil {
@@ -54,7 +55,7 @@ func formatVersion(override string, bi *debug.BuildInfo, goVersion, platform str
 			details = append(details, "modified")
 		}
 		fmt.Fprintf(&b, " (commit %s)", strings.Join(details, ", "))
-	} else {
+	} else if override == "" {
 		b.WriteString(" (commit unknown: built without version control information)")
 	}
 	fmt.Fprintf(&b, " %s %s", goVersion, platform)

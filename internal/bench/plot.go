@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"image/color"
@@ -320,7 +321,7 @@ func (x rateX) addSeries(c *chart, rep *Report, i int, name string, get func(s *
 	if len(fin)+len(inf) == 0 {
 		return nil
 	}
-	slices.SortFunc(fin, func(a, b plotter.XY) int { return compareFloat(a.X, b.X) })
+	slices.SortFunc(fin, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
 	glyph := draw.GlyphStyle{Color: plotutil.Color(i), Shape: seriesGlyphs[i%len(seriesGlyphs)], Radius: vg.Points(3.5 + 1.5*float64(i))}
 	var thumbs []plot.Thumbnailer
 	if len(fin) > 0 {
@@ -360,16 +361,6 @@ func (x rateX) addSeries(c *chart, rep *Report, i int, name string, get func(s *
 // a filled circle, then hollow shapes (drawn larger, see addSeries), so a
 // later series drawn over an equal earlier one leaves it visible.
 var seriesGlyphs = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.TriangleGlyph{}, draw.SquareGlyph{}}
-
-func compareFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
 
 // cdfPoints returns the empirical CDF of ds in milliseconds (the i-th
 // smallest value at (i+1)/n, sampled evenly down to maxCDFPoints points,

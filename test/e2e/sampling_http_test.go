@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	stdcmp "cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -912,7 +913,7 @@ func TestBestOfRanksByLogprob(t *testing.T) {
 		for c := range cands.Choices {
 			ranked = append(ranked, cand{cumulative(lps(c, cands)), cands.Choices[c].Text, cands.Choices[c].TokenIDs})
 		}
-		slices.SortStableFunc(ranked, func(a, b cand) int { return -cmpFloat(a.cum, b.cum) })
+		slices.SortStableFunc(ranked, func(a, b cand) int { return stdcmp.Compare(b.cum, a.cum) })
 		tokens := 0
 		for c := range got.Choices {
 			cum := cumulative(lps(c, got))
@@ -950,16 +951,6 @@ func TestBestOfRanksByLogprob(t *testing.T) {
 			t.Fatalf("chat best_of 2: %d %s, want 400 naming best_of", s, b)
 		}
 	}
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // TestRequestTimeout: a request's own timeout fails it with 504

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -593,15 +594,7 @@ func (rs *response) best() []*output {
 		return rs.outs
 	}
 	outs := slices.Clone(rs.outs)
-	slices.SortStableFunc(outs, func(a, b *output) int {
-		switch {
-		case a.cum > b.cum:
-			return -1
-		case a.cum < b.cum:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(outs, func(a, b *output) int { return cmp.Compare(b.cum, a.cum) })
 	return outs[:rs.req.n]
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/model"
 )
 
@@ -66,6 +67,12 @@ type GenerateRequest struct {
 	// MinTokens (vLLM's min_tokens, 0 ≤ MinTokens ≤ MaxTokens): the engine
 	// must not draw EOS or a stop token before that many output tokens.
 	MinTokens int
+	// Constraint, unless zero, restricts every choice's output to the
+	// strings it accepts (structured outputs: a JSON Schema, any JSON
+	// object, a regex, a choice, a grammar): the engine masks each step's
+	// tokens with it and allows EOS only where the output may end. The
+	// front end has compiled it once (grammar.Compile succeeds on it).
+	Constraint grammar.Spec
 	// Buffered says the front end will not look at the output before the
 	// end (a non-streaming request without stop strings), so the engine
 	// may deliver it in one chunk instead of token by token.

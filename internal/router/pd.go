@@ -439,6 +439,10 @@ func legBody(g *openai.GenerateRequest) workerapi.GenerateBody {
 	if g.Timeout > 0 {
 		b.TimeoutMS = max(1, g.Timeout.Milliseconds())
 	}
+	if !g.Constraint.IsZero() {
+		c := g.Constraint
+		b.Constraint = &c
+	}
 	return b
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -141,6 +142,11 @@ type GenerateBody struct {
 	// TimeoutMS, if positive, is the request's own deadline in
 	// milliseconds from the leg's arrival (capped by --max-request-time).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Constraint, if set, is the request's structured-output constraint
+	// (openai.GenerateRequest.Constraint), the same on both PD legs: prefill
+	// masks the first token with it, decode continues under it. Each worker
+	// compiles it itself (grammar.Compile, cached by Spec.Digest).
+	Constraint *grammar.Spec `json:"constraint,omitempty"`
 }
 
 // extended reports whether b uses a field that came after the first
@@ -148,7 +154,7 @@ type GenerateBody struct {
 // read; bodies that use more go through encoding/json).
 func (b *GenerateBody) extended() bool {
 	p := &b.SamplingParams
-	return b.N != 0 || b.PromptLogprobs != nil || b.Priority != 0 || b.TimeoutMS != 0 ||
+	return b.N != 0 || b.PromptLogprobs != nil || b.Priority != 0 || b.TimeoutMS != 0 || b.Constraint != nil ||
 		p.MinP != 0 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || p.RepetitionPenalty != 0 ||
 		p.LogitBias != nil || p.AllowedTokenIDs != nil || p.BadWords != nil || p.TopLogprobs != 0 || p.LogprobsMode != 0
 }
@@ -316,13 +322,15 @@ const (
 	FeaturePriority = "priority"
 	// FeatureTimeout: TimeoutMS.
 	FeatureTimeout = "timeout"
+	// FeatureConstraint: Constraint (structured outputs).
+	FeatureConstraint = "constraint"
 )
 
 // Features returns the features this build's workers list in Info (a fresh
 // slice).
 func Features() []string {
 	return []string{FeatureMinTokens, FeatureLogprobs, FeatureChoices, FeaturePromptLogprobs, FeatureLogitProcessors,
-		FeaturePriority, FeatureTimeout}
+		FeaturePriority, FeatureTimeout, FeatureConstraint}
 }
 
 // FeaturesOf lists the features a worker must have to serve leg b (nil for
@@ -351,6 +359,9 @@ func FeaturesOf(b *GenerateBody) []string {
 	}
 	if b.TimeoutMS != 0 {
 		out = append(out, FeatureTimeout)
+	}
+	if b.Constraint != nil && !b.Constraint.IsZero() {
+		out = append(out, FeatureConstraint)
 	}
 	return out
 }

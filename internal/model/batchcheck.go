@@ -32,7 +32,8 @@ func NewBatchCheck(pages int) *BatchCheck {
 // tokens and pages, a sequence's Forks (0…MaxForks), ScoreTop
 // (0…MaxLogprobs) and Score (nil, or one target per token, each −1 or in
 // the vocabulary), and for a sampling sequence its parameters (Validate,
-// TopP 0 read as 1) and the token ids they name (in the vocabulary). A
+// TopP 0 read as 1), the token ids they name (in the vocabulary) and its
+// Mask (nil or ⌈vocabulary/64⌉ words). A
 // sequence's error
 // reads "seq I: …"; the caller prefixes its package. Each sequence covers
 // its first pool.PagesFor(Pos+len(Tokens)) pages and writes those from
@@ -95,6 +96,9 @@ func (c *BatchCheck) Check(pool *kvcache.Pool, info Info, seqs []SeqInput, nOut 
 			})
 			if bad >= 0 {
 				return seqErr(i, "sampling names token %d, outside the vocabulary [0, %d)", bad, V)
+			}
+			if s.Mask != nil && len(s.Mask) != (V+63)/64 {
+				return seqErr(i, "mask of %d words for a vocabulary of %d tokens (want %d)", len(s.Mask), V, (V+63)/64)
 			}
 		}
 	}

@@ -52,6 +52,11 @@ type SeqInput struct {
 	// while a request has fewer outputs than its min_tokens, the worker's
 	// scheduler sets it to the EOS ids and the request's stop_token_ids.
 	Ban []int32
+	// Mask, when not nil, is a hard constraint on the token drawn (a
+	// grammar's, grammar.Matcher.FillMask): token i may be drawn only if bit
+	// i%64 of Mask[i/64] is set; an id past the mask's end counts as clear.
+	// Unlike Ban it never gives way (see SampleSeq). nil: no constraint.
+	Mask []uint64
 	// Forks (> 1: a request with n > 1 choices, at its first output step)
 	// draws that many tokens from the same logits, fork i keyed by
 	// ForkSeed(Sampling.Seed, i); SeqOutput.Forks holds forks 1…Forks−1.

@@ -7,7 +7,7 @@ import (
 
 // SampleSeq samples the next token of one sequence from its logits
 // ([vocab] float32, the model's row after the sequence's last token) as in
-// asks (in.Sampling, in.Ban, in.Step, in.Forks, and in.Prompt and in.Output
+// asks (in.Sampling, in.Mask, in.Ban, in.Step, in.Forks, and in.Prompt and in.Output
 // when a penalty or bad words need them), and returns it with its
 // log-probability and, if Sampling.TopLogprobs > 0, the most likely tokens.
 // It is a pure function of (logits, in): prefill draws the first token and
@@ -21,11 +21,19 @@ import (
 // The logits are processed in vLLM's order, on a copy in sc (none is made
 // when no processor is set):
 //
-//  1. Bans set a logit to −∞: the ids of in.Ban; with AllowedTokenIDs, every
-//     id not listed; for each of BadWords w, its last token w[k−1] when
-//     in.Output ends with w[:k−1] (always for a one-token word). Ids outside
-//     the vocabulary are ignored, and when the bans would leave every token
-//     at −∞ (counting only tokens not −∞ already) none applies.
+//  1. Bans set a logit to −∞: with in.Mask, every id whose bit is clear;
+//     the ids of in.Ban; with AllowedTokenIDs, every id not listed; for each
+//     of BadWords w, its last token w[k−1] when in.Output ends with w[:k−1]
+//     (always for a one-token word). Ids outside the vocabulary are ignored.
+//     The mask is a hard constraint and applies first: it never gives way.
+//     If no token it allows has a finite logit, the tokens it allows are
+//     drawn as equals (their logits set to 0), so the drawn token is always
+//     one it allows (a mask that allows no token of the vocabulary is the
+//     caller's error; the draw is then the lowest id). AllowedTokenIDs
+//     applies next unless it would leave every token at −∞, and then the
+//     other bans (in.Ban, BadWords) unless together they would (counting
+//     only tokens not −∞ already): min_tokens' EOS ban yields to a grammar
+//     that allows only EOS.
 //  2. RepetitionPenalty r (0 and 1: off), once per distinct token of
 //     in.Prompt ∪ in.Output: l > 0 ? l/r : l×r (float32).
 //  3. FrequencyPenalty f and PresencePenalty q, for each token occurring c >
@@ -299,7 +307,7 @@ func process(logits []float32, in *SeqInput, sc *SampleScratch) []float32 {
 	rp := p.RepetitionPenalty
 	rep := rp != 0 && rp != 1
 	pen := p.FrequencyPenalty != 0 || p.PresencePenalty != 0
-	bans := len(in.Ban) > 0 || len(p.AllowedTokenIDs) > 0 || len(p.BadWords) > 0
+	bans := in.Mask != nil || len(in.Ban) > 0 || len(p.AllowedTokenIDs) > 0 || len(p.BadWords) > 0
 	if !bans && !rep && !pen && len(p.LogitBias) == 0 {
 		return logits
 	}
@@ -365,11 +373,13 @@ func process(logits []float32, in *SeqInput, sc *SampleScratch) []float32 {
 }
 
 // ban applies in's bans to proc (a copy of logits) and reports whether any
-// applies. allowed_token_ids is a hard constraint: it is ignored only when
-// it would leave no token (an allowed list of ids outside the vocabulary).
-// The other bans (SeqInput.Ban: min_tokens' EOS and stop tokens; bad_words)
-// give way to it: when they would leave no token, they are all ignored and
-// the allowed tokens stay the only candidates.
+// applies. in.Mask is a hard constraint that never gives way (when no token
+// it allows has a finite logit, those tokens get logit 0). allowed_token_ids
+// is hard too, after it: it is ignored only when it would leave no token
+// (an allowed list of ids outside the vocabulary or the mask). The other
+// bans (SeqInput.Ban: min_tokens' EOS and stop tokens; bad_words) give way
+// to both: when they would leave no token, they are all ignored and the
+// allowed tokens stay the only candidates.
 func ban(proc, logits []float32, in *SeqInput, sc *SampleScratch) bool {
 	V := len(proc)
 	live := 0 // tokens not −∞
@@ -385,8 +395,26 @@ func ban(proc, logits []float32, in *SeqInput, sc *SampleScratch) bool {
 		}
 		return false
 	}
+	changed := false
+	if mask := in.Mask; mask != nil {
+		for id := range int32(V) {
+			if !maskHas(mask, id) {
+				set(id)
+			}
+		}
+		if live == 0 {
+			// No allowed token has a finite logit: they are drawn as equals.
+			for id := range int32(V) {
+				if maskHas(mask, id) {
+					proc[id] = 0
+					live++
+					changed = true
+				}
+			}
+		}
+	}
 	p := &in.Sampling
-	if len(p.AllowedTokenIDs) > 0 {
+	if len(p.AllowedTokenIDs) > 0 && anyLive(proc, p.AllowedTokenIDs) {
 		if cap(sc.allowed) < V {
 			sc.allowed = make([]bool, V)
 		}
@@ -405,10 +433,6 @@ func ban(proc, logits []float32, in *SeqInput, sc *SampleScratch) bool {
 			if id >= 0 && int(id) < V {
 				allowed[id] = false
 			}
-		}
-		if live == 0 {
-			copy(proc, logits)
-			live = all
 		}
 	}
 	soft := sc.soft[:0] // the tokens the other bans set, to undo them
@@ -430,11 +454,32 @@ func ban(proc, logits []float32, in *SeqInput, sc *SampleScratch) bool {
 	if live == 0 {
 		for _, id := range soft {
 			proc[id] = logits[id]
+			if changed {
+				proc[id] = 0 // the mask's equal logits (all that was live)
+			}
 		}
 		live += len(soft)
 	}
 	sc.soft = soft[:0]
-	return live < all
+	return changed || live < all
+}
+
+// anyLive reports whether one of ids is in the vocabulary with a logit
+// not −∞ in proc.
+func anyLive(proc []float32, ids []int32) bool {
+	for _, id := range ids {
+		if id >= 0 && int(id) < len(proc) && !math.IsInf(float64(proc[id]), -1) {
+			return true
+		}
+	}
+	return false
+}
+
+// maskHas reports whether mask allows token id: bit id%64 of word id/64
+// (false past the mask's end).
+func maskHas(mask []uint64, id int32) bool {
+	w := int(id) >> 6
+	return w < len(mask) && mask[w]>>(uint(id)&63)&1 != 0
 }
 
 // ScorePosition returns the prompt logprobs of one position: target's

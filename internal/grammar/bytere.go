@@ -1,0 +1,463 @@
+package grammar
+
+import (
+	"encoding/binary"
+	"slices"
+	"unicode/utf8"
+)
+
+// A byte-level regular expression, hash-consed in an exprSet: equal
+// expressions (up to the normalizations of the constructors below) have
+// equal ids, so Brzozowski derivatives reach a finite set of ids and the
+// lexer's states can be compared by id.
+//
+// Normalizations (Owens, Reppy and Turon, "Regular-expression derivatives
+// re-examined", 2009): ∅ and ε absorbed in concatenations, concatenation
+// right-associated, Or and And flattened, sorted and deduplicated, byte
+// sets in an Or merged, double complement removed, a repeat of a nullable
+// expression starting at 0.
+type eid uint32
+
+const (
+	eNone  eid = 0 // ∅
+	eEmpty eid = 1 // ε
+)
+
+type ekind uint8
+
+const (
+	kNone ekind = iota
+	kEmpty
+	kBytes  // one byte in set
+	kConcat // a then b
+	kOr
+	kAnd
+	kNot
+	kRepeat // a, min…max times (max < 0: unbounded)
+)
+
+type byteSet [4]uint64
+
+func (s *byteSet) has(b byte) bool { return s[b>>6]&(1<<(b&63)) != 0 }
+func (s *byteSet) add(b byte)      { s[b>>6] |= 1 << (b & 63) }
+func (s *byteSet) empty() bool     { return s[0]|s[1]|s[2]|s[3] == 0 }
+
+type enode struct {
+	kind     ekind
+	nullable bool
+	set      byteSet // kBytes
+	a, b     eid     // kConcat: a b; kNot, kRepeat: a
+	subs     []eid   // kOr, kAnd: sorted, distinct
+	min, max int32   // kRepeat
+	// hasBool: the expression contains And or Not (its liveness needs a
+	// search; without them every id but eNone matches something).
+	hasBool bool
+}
+
+// exprSet interns expressions and memoizes their derivatives. Not safe for
+// concurrent use (the Constraint holding it serializes access).
+type exprSet struct {
+	nodes []enode
+	index map[string]eid
+	deriv map[uint64]eid // id<<8 | byte
+	live  map[eid]bool
+	key   []byte
+}
+
+func newExprSet() *exprSet {
+	s := &exprSet{index: make(map[string]eid), deriv: make(map[uint64]eid), live: make(map[eid]bool)}
+	s.intern(enode{kind: kNone})
+	s.intern(enode{kind: kEmpty, nullable: true})
+	return s
+}
+
+func (s *exprSet) intern(n enode) eid {
+	k := s.key[:0]
+	k = append(k, byte(n.kind))
+	switch n.kind {
+	case kBytes:
+		for _, w := range n.set {
+			k = binary.LittleEndian.AppendUint64(k, w)
+		}
+	case kConcat:
+		k = binary.AppendUvarint(k, uint64(n.a))
+		k = binary.AppendUvarint(k, uint64(n.b))
+	case kNot:
+		k = binary.AppendUvarint(k, uint64(n.a))
+	case kRepeat:
+		k = binary.AppendUvarint(k, uint64(n.a))
+		k = binary.AppendVarint(k, int64(n.min))
+		k = binary.AppendVarint(k, int64(n.max))
+	case kOr, kAnd:
+		for _, x := range n.subs {
+			k = binary.AppendUvarint(k, uint64(x))
+		}
+	}
+	s.key = k
+	if id, ok := s.index[string(k)]; ok {
+		return id
+	}
+	id := eid(len(s.nodes))
+	s.nodes = append(s.nodes, n)
+	s.index[string(k)] = id
+	return id
+}
+
+func (s *exprSet) node(id eid) *enode { return &s.nodes[id] }
+
+func (s *exprSet) bytes(set byteSet) eid {
+	if set.empty() {
+		return eNone
+	}
+	return s.intern(enode{kind: kBytes, set: set})
+}
+
+func (s *exprSet) byteRange(lo, hi byte) eid {
+	var set byteSet
+	for c := int(lo); c <= int(hi); c++ {
+		set.add(byte(c))
+	}
+	return s.bytes(set)
+}
+
+func (s *exprSet) concat(a, b eid) eid {
+	switch {
+	case a == eNone || b == eNone:
+		return eNone
+	case a == eEmpty:
+		return b
+	case b == eEmpty:
+		return a
+	}
+	na := s.node(a)
+	if na.kind == kConcat {
+		x, y := na.a, na.b
+		return s.concat(x, s.concat(y, b))
+	}
+	nb := s.node(b)
+	return s.intern(enode{kind: kConcat, a: a, b: b, nullable: na.nullable && nb.nullable, hasBool: na.hasBool || nb.hasBool})
+}
+
+func (s *exprSet) concatAll(ids ...eid) eid {
+	r := eEmpty
+	for i := len(ids) - 1; i >= 0; i-- {
+		r = s.concat(ids[i], r)
+	}
+	return r
+}
+
+// or is the union of ids.
+func (s *exprSet) or(ids ...eid) eid {
+	var subs []eid
+	var set byteSet
+	nset := 0
+	for _, id := range ids {
+		n := s.node(id)
+		switch n.kind {
+		case kNone:
+		case kOr:
+			for _, x := range n.subs {
+				if xn := s.node(x); xn.kind == kBytes {
+					for i := range set {
+						set[i] |= xn.set[i]
+					}
+					nset++
+				} else {
+					subs = append(subs, x)
+				}
+			}
+		case kBytes:
+			for i := range set {
+				set[i] |= n.set[i]
+			}
+			nset++
+		default:
+			subs = append(subs, id)
+		}
+	}
+	if nset > 0 {
+		subs = append(subs, s.bytes(set))
+	}
+	slices.Sort(subs)
+	subs = slices.Compact(subs)
+	switch len(subs) {
+	case 0:
+		return eNone
+	case 1:
+		return subs[0]
+	}
+	n := enode{kind: kOr, subs: subs}
+	for _, x := range subs {
+		xn := s.node(x)
+		n.nullable = n.nullable || xn.nullable
+		n.hasBool = n.hasBool || xn.hasBool
+	}
+	return s.intern(n)
+}
+
+// and is the intersection of ids.
+func (s *exprSet) and(ids ...eid) eid {
+	var subs []eid
+	for _, id := range ids {
+		n := s.node(id)
+		switch n.kind {
+		case kNone:
+			return eNone
+		case kAnd:
+			subs = append(subs, n.subs...)
+		default:
+			subs = append(subs, id)
+		}
+	}
+	slices.Sort(subs)
+	subs = slices.Compact(subs)
+	switch len(subs) {
+	case 0:
+		return s.not(eNone)
+	case 1:
+		return subs[0]
+	}
+	// ε ∩ r is ε or ∅; a byte set ∩ a byte set is their intersection.
+	for _, x := range subs {
+		if x == eEmpty {
+			for _, y := range subs {
+				if !s.node(y).nullable {
+					return eNone
+				}
+			}
+			return eEmpty
+		}
+	}
+	n := enode{kind: kAnd, subs: subs, nullable: true, hasBool: true}
+	for _, x := range subs {
+		n.nullable = n.nullable && s.node(x).nullable
+	}
+	return s.intern(n)
+}
+
+func (s *exprSet) not(a eid) eid {
+	n := s.node(a)
+	if n.kind == kNot {
+		return n.a
+	}
+	return s.intern(enode{kind: kNot, a: a, nullable: !n.nullable, hasBool: true})
+}
+
+func (s *exprSet) repeat(a eid, min, max int32) eid {
+	n := s.node(a)
+	if n.nullable {
+		min = 0
+	}
+	switch {
+	case max >= 0 && max < min:
+		return eNone
+	case max == 0 || a == eEmpty:
+		return eEmpty
+	case a == eNone:
+		if min == 0 {
+			return eEmpty
+		}
+		return eNone
+	case min == 1 && max == 1:
+		return a
+	}
+	return s.intern(enode{kind: kRepeat, a: a, min: min, max: max, nullable: min == 0, hasBool: n.hasBool})
+}
+
+// derive is the Brzozowski derivative of id by byte c: the expression
+// matching {w : c·w ∈ L(id)}.
+func (s *exprSet) derive(id eid, c byte) eid {
+	if id <= eEmpty {
+		return eNone
+	}
+	k := uint64(id)<<8 | uint64(c)
+	if d, ok := s.deriv[k]; ok {
+		return d
+	}
+	n := s.nodes[id] // copy: interning below may grow s.nodes
+	var d eid
+	switch n.kind {
+	case kBytes:
+		if n.set.has(c) {
+			d = eEmpty
+		}
+	case kConcat:
+		d = s.concat(s.derive(n.a, c), n.b)
+		if s.node(n.a).nullable {
+			d = s.or(d, s.derive(n.b, c))
+		}
+	case kOr:
+		ds := make([]eid, len(n.subs))
+		for i, x := range n.subs {
+			ds[i] = s.derive(x, c)
+		}
+		d = s.or(ds...)
+	case kAnd:
+		ds := make([]eid, len(n.subs))
+		for i, x := range n.subs {
+			ds[i] = s.derive(x, c)
+		}
+		d = s.and(ds...)
+	case kNot:
+		d = s.not(s.derive(n.a, c))
+	case kRepeat:
+		min, max := n.min-1, n.max-1
+		if min < 0 {
+			min = 0
+		}
+		if n.max < 0 {
+			max = -1
+		}
+		d = s.concat(s.derive(n.a, c), s.repeat(n.a, min, max))
+	}
+	s.deriv[k] = d
+	return d
+}
+
+// liveBudget bounds the derivatives explored to decide whether an
+// expression with And or Not matches anything; past it, it is assumed to.
+const liveBudget = 4096
+
+// isLive reports whether id matches at least one byte string.
+func (s *exprSet) isLive(id eid) bool {
+	if id == eNone {
+		return false
+	}
+	n := s.node(id)
+	if !n.hasBool || n.nullable {
+		return true
+	}
+	if v, ok := s.live[id]; ok {
+		return v
+	}
+	// Breadth-first over derivatives by every byte, until a nullable one.
+	seen := map[eid]bool{id: true}
+	queue := []eid{id}
+	res := false
+	for len(queue) > 0 && !res {
+		if len(seen) > liveBudget {
+			res = true
+			break
+		}
+		x := queue[0]
+		queue = queue[1:]
+		for c := 0; c < 256; c++ {
+			d := s.derive(x, byte(c))
+			if d == eNone || seen[d] {
+				continue
+			}
+			if s.node(d).nullable || !s.node(d).hasBool {
+				res = true
+				break
+			}
+			if v, ok := s.live[d]; ok {
+				if v {
+					res = true
+					break
+				}
+				continue
+			}
+			seen[d] = true
+			queue = append(queue, d)
+		}
+	}
+	if !res {
+		for x := range seen {
+			s.live[x] = false
+		}
+	}
+	s.live[id] = res
+	return res
+}
+
+// fromRegex converts a code-point Regex to bytes (UTF-8).
+func (s *exprSet) fromRegex(r *Regex) eid {
+	switch r.Op {
+	case OpNone:
+		return eNone
+	case OpEmpty:
+		return eEmpty
+	case OpBytes:
+		var set byteSet
+		for _, x := range r.Ranges {
+			for c := x.Lo; c <= x.Hi && c <= 0xFF; c++ {
+				set.add(byte(c))
+			}
+		}
+		return s.bytes(set)
+	case OpClass:
+		var alts []eid
+		for _, x := range r.Ranges {
+			alts = s.utf8Range(alts, x.Lo, x.Hi)
+		}
+		return s.or(alts...)
+	case OpConcat:
+		ids := make([]eid, len(r.Subs))
+		for i, x := range r.Subs {
+			ids[i] = s.fromRegex(x)
+		}
+		return s.concatAll(ids...)
+	case OpOr:
+		ids := make([]eid, len(r.Subs))
+		for i, x := range r.Subs {
+			ids[i] = s.fromRegex(x)
+		}
+		return s.or(ids...)
+	case OpAnd:
+		ids := make([]eid, len(r.Subs))
+		for i, x := range r.Subs {
+			ids[i] = s.fromRegex(x)
+		}
+		return s.and(ids...)
+	case OpNot:
+		return s.not(s.fromRegex(r.Subs[0]))
+	case OpRepeat:
+		return s.repeat(s.fromRegex(r.Subs[0]), int32(r.Min), int32(r.Max))
+	}
+	return eNone
+}
+
+// utf8Range appends to alts byte sequences matching the UTF-8 encodings of
+// the code points lo…hi (no surrogates), splitting the range where the
+// encoding's length or leading bytes change (as RE2's UTF-8 compiler
+// does).
+func (s *exprSet) utf8Range(alts []eid, lo, hi rune) []eid {
+	if lo > hi {
+		return alts
+	}
+	// Split at encoding-length boundaries.
+	for _, lim := range []rune{0x7F, 0x7FF, 0xFFFF} {
+		if lo <= lim && hi > lim {
+			alts = s.utf8Range(alts, lo, lim)
+			return s.utf8Range(alts, lim+1, hi)
+		}
+	}
+	if hi <= 0x7F {
+		return append(alts, s.byteRange(byte(lo), byte(hi)))
+	}
+	// Split so that lo and hi differ only in a suffix of continuation
+	// bytes that covers the full 0x80…0xBF range below the first differing
+	// byte.
+	n := utf8.RuneLen(lo)
+	for i := 1; i < n; i++ {
+		m := rune(1)<<(6*i) - 1 // low 6·i bits
+		if lo&^m != hi&^m {
+			if lo&m != 0 {
+				alts = s.utf8Range(alts, lo, lo|m)
+				return s.utf8Range(alts, (lo|m)+1, hi)
+			}
+			if hi&m != m {
+				alts = s.utf8Range(alts, lo, (hi&^m)-1)
+				return s.utf8Range(alts, hi&^m, hi)
+			}
+		}
+	}
+	var a, b [utf8.UTFMax]byte
+	utf8.EncodeRune(a[:], lo)
+	utf8.EncodeRune(b[:], hi)
+	seq := make([]eid, n)
+	for i := range n {
+		seq[i] = s.byteRange(a[i], b[i])
+	}
+	return append(alts, s.concatAll(seq...))
+}

@@ -1,0 +1,175 @@
+package grammar
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// listGrammar is "[" digits ("," digits)* "]" with optional spaces as Skip,
+// the list written left-recursively.
+func listGrammar(t testing.TB, skip bool) *Grammar {
+	t.Helper()
+	var b Builder
+	start := b.NewRule("list")
+	items := b.NewRule("items")
+	num := Plus(Class(RuneRange{'0', '9'}))
+	b.AddAlt(start, T(Lit("[")), T(Lit("]")))
+	b.AddAlt(start, T(Lit("[")), N(items), T(Lit("]")))
+	b.AddAlt(items, T(num))
+	b.AddAlt(items, N(items), T(Lit(",")), T(num))
+	if skip {
+		b.SetSkip(Plus(Lit(" ")))
+	}
+	g, err := b.Grammar(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func TestMatchStringList(t *testing.T) {
+	g := listGrammar(t, false)
+	for s, want := range map[string]bool{
+		"[]": true, "[1]": true, "[12,3,456]": true,
+		"": false, "[": false, "[,]": false, "[1,]": false, "[1 ,2]": false, "[1]]": false, "x": false,
+	} {
+		got, err := MatchString(g, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("MatchString(%q) = %v, want %v", s, got, want)
+		}
+	}
+	g = listGrammar(t, true)
+	for s, want := range map[string]bool{
+		" [ 1 , 2 ] ": true, "[1 2]": false, "[12 ]": true, "[1 2 ,3]": false,
+	} {
+		if got, _ := MatchString(g, s); got != want {
+			t.Errorf("skip: MatchString(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// TestMatchStringAmbiguousLeftRecursive: Earley handles ambiguous and
+// left-recursive grammars (E → E + E | n).
+func TestMatchStringAmbiguousLeftRecursive(t *testing.T) {
+	var b Builder
+	e := b.NewRule("e")
+	b.AddAlt(e, N(e), T(Lit("+")), N(e))
+	b.AddAlt(e, T(Lit("n")))
+	g, _ := b.Grammar(e)
+	for s, want := range map[string]bool{"n": true, "n+n+n+n": true, "n+": false, "+n": false, "nn": false} {
+		if got, _ := MatchString(g, s); got != want {
+			t.Errorf("MatchString(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// TestNullableLexemeAndRules: a lexeme matching ε and a nullable rule.
+func TestNullableLexemeAndRules(t *testing.T) {
+	var b Builder
+	s := b.NewRule("s")
+	opt := b.NewRule("opt")
+	b.AddAlt(opt)
+	b.AddAlt(opt, T(Lit("x")))
+	b.AddAlt(s, T(Lit("a")), N(opt), T(Star(Lit("b"))), T(Lit("c")))
+	g, _ := b.Grammar(s)
+	for str, want := range map[string]bool{"ac": true, "axc": true, "abbc": true, "axbc": true, "abxc": false, "a": false} {
+		if got, _ := MatchString(g, str); got != want {
+			t.Errorf("MatchString(%q) = %v, want %v", str, got, want)
+		}
+	}
+}
+
+func TestNoTextGrammar(t *testing.T) {
+	var b Builder
+	s := b.NewRule("s")
+	b.AddAlt(s, N(s), T(Lit("a")))
+	g, _ := b.Grammar(s)
+	if _, err := NewConstraint(g, mustByteVocab(t)); err == nil {
+		t.Fatal("a grammar with no finite text compiled")
+	}
+}
+
+func mustByteVocab(t testing.TB) *Vocab {
+	v, err := byteVocab()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// randomVocab is n random byte strings over alphabet (1…maxLen bytes),
+// plus every single byte of alphabet, and an EOS token last.
+func randomVocab(t testing.TB, r *rand.Rand, alphabet string, n, maxLen int) *Vocab {
+	var toks [][]byte
+	for i := range len(alphabet) {
+		toks = append(toks, []byte{alphabet[i]})
+	}
+	for range n {
+		l := 1 + r.IntN(maxLen)
+		b := make([]byte, l)
+		for j := range b {
+			b[j] = alphabet[r.IntN(len(alphabet))]
+		}
+		toks = append(toks, b)
+	}
+	toks = append(toks, nil)
+	v, err := NewVocab(toks, []int32{int32(len(toks) - 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// checkMasks walks random outputs through c and checks, at every step, that
+// FillMask agrees with Accept on a clone for every token and with CanEnd
+// for EOS.
+func checkMasks(t *testing.T, c *Constraint, r *rand.Rand, walks, steps int) {
+	t.Helper()
+	v := c.Vocab()
+	mask := make([]uint64, v.MaskWords())
+	for w := range walks {
+		m := c.NewMatcher()
+		var out []byte
+		for step := range steps {
+			m.FillMask(mask)
+			var allowed []int32
+			for id := range int32(v.Size()) {
+				bit := mask[id>>6]&(1<<(id&63)) != 0
+				ok := m.Clone().Accept(id)
+				if bit != ok {
+					t.Fatalf("walk %d step %d after %q: token %d %q: mask %v, Accept %v", w, step, out, id, v.Token(id), bit, ok)
+				}
+				if bit {
+					allowed = append(allowed, id)
+				}
+			}
+			if len(allowed) == 0 {
+				t.Fatalf("walk %d step %d after %q: no token allowed", w, step, out)
+			}
+			id := allowed[r.IntN(len(allowed))]
+			if !m.Accept(id) {
+				t.Fatalf("Accept(%d) refused an allowed token", id)
+			}
+			if m.Done() {
+				break
+			}
+			out = append(out, v.Token(id)...)
+		}
+	}
+}
+
+func TestMaskAgreesWithAccept(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, skip := range []bool{false, true} {
+		g := listGrammar(t, skip)
+		v := randomVocab(t, r, "[],0123 x", 300, 5)
+		c, err := NewConstraint(g, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkMasks(t, c, r, 20, 30)
+	}
+}

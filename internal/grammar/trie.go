@@ -1,0 +1,68 @@
+package grammar
+
+import (
+	"bytes"
+	"slices"
+)
+
+// trie is the vocabulary's byte strings as a trie laid out in depth-first
+// order: node i's subtree is nodes i…end[i]−1, so a walk that rejects a
+// node skips its subtree with one assignment. Node 0 is the root (the empty
+// string). Tokens whose byte strings are equal share a node.
+type trie struct {
+	b        []byte   // the byte on the edge into node i
+	depth    []uint16 // node i's depth (root 0)
+	end      []int32  // one past node i's subtree
+	tokLo    []int32  // toks[tokLo[i]:tokLo[i+1]] end at node i
+	toks     []int32
+	maxDepth int
+}
+
+// buildTrie builds the trie of tokens, leaving out empty strings and the
+// EOS ids (which a matcher allows by itself).
+func buildTrie(tokens [][]byte, isEOS []bool) *trie {
+	ids := make([]int32, 0, len(tokens))
+	for i, t := range tokens {
+		if len(t) > 0 && !isEOS[i] && len(t) < 1<<16 {
+			ids = append(ids, int32(i))
+		}
+	}
+	slices.SortStableFunc(ids, func(a, b int32) int { return bytes.Compare(tokens[a], tokens[b]) })
+	t := &trie{}
+	newNode := func(c byte, d int) int32 {
+		t.b = append(t.b, c)
+		t.depth = append(t.depth, uint16(d))
+		t.end = append(t.end, 0)
+		t.tokLo = append(t.tokLo, int32(len(t.toks)))
+		t.maxDepth = max(t.maxDepth, d)
+		return int32(len(t.b) - 1)
+	}
+	stack := []int32{newNode(0, 0)}
+	var prev []byte
+	for _, id := range ids {
+		s := tokens[id]
+		lcp := 0
+		for lcp < len(s) && lcp < len(prev) && s[lcp] == prev[lcp] {
+			lcp++
+		}
+		for len(stack) > lcp+1 {
+			t.end[stack[len(stack)-1]] = int32(len(t.b))
+			stack = stack[:len(stack)-1]
+		}
+		for d := lcp; d < len(s); d++ {
+			stack = append(stack, newNode(s[d], d+1))
+		}
+		// Tokens are added in node order, so each node's run is contiguous.
+		t.toks = append(t.toks, id)
+		prev = s
+	}
+	for len(stack) > 0 {
+		t.end[stack[len(stack)-1]] = int32(len(t.b))
+		stack = stack[:len(stack)-1]
+	}
+	// tokLo[i] was the count before node i was created; a node's tokens
+	// were appended while it was the newest node, so the run of node i is
+	// toks[tokLo[i]:tokLo[i+1]].
+	t.tokLo = append(t.tokLo, int32(len(t.toks)))
+	return t
+}

@@ -29,8 +29,8 @@ func TestNewDefaults(t *testing.T) {
 		if got.Geometry.BytesPerToken() != 128<<10 {
 			t.Errorf("default bytes per token = %d, want 128 KiB", got.Geometry.BytesPerToken())
 		}
-		if !strings.HasPrefix(got.Digest, "sim-v2-") {
-			t.Errorf("Digest = %q, want a sim-v2- prefix", got.Digest)
+		if !strings.HasPrefix(got.Digest, "sim-v3-") {
+			t.Errorf("Digest = %q, want a sim-v3- prefix", got.Digest)
 		}
 		if m.Tokenizer() == nil {
 			t.Error("Tokenizer() = nil")

@@ -31,13 +31,17 @@
 //     positions 0…n-1 give the sequence digest D = mix(Σ d_t·(2t+1) mod 2^64,
 //     n); the logits of 30 text tokens (lowercase letters, space, ".,'") and
 //     EOS are a hash of (D, token id) scaled to [0, 4), every other token's is
-//     −30. [model.SampleSeq] turns them into a token, so every sampling
+//     −30; under a grammar's mask (SeqInput.Mask) the other printable ASCII
+//     bytes it allows are hashed to [0, 4) as well, so structured output
+//     (JSON's braces, quotes and digits) comes as readily as text and
+//     ends. [model.SampleSeq] turns them into a token, so every sampling
 //     parameter (temperature, top_p, top_k, min_p, penalties, bias, bans,
 //     seed, forks, top logprobs) behaves as for any model; Step and the
 //     sampling parameters enter only there. EOS never comes in the first
 //     [MinOutput] (4) output tokens: at Step < MinOutput it is banned from
 //     the draw as min_tokens bans it (SeqInput.Ban), the logits unchanged,
-//     so an answer is never empty (a first chat neither) and, EOS being one
+//     so an answer is never empty (a first chat neither; the ban yields to
+//     a mask that allows only EOS) and, EOS being one
 //     of 31 equally likely candidates after that, ends about 30 tokens
 //     later. Step is the same on prefill and decode workers, so PD output
 //     still equals colocated output. Prompt logprobs (SeqInput.Score)

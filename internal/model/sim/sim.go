@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 // digestVersion names the algorithm that turns tokens into KV bytes and KV
 // bytes into tokens; it is part of Info.Digest and changes whenever either
 // changes, so workers running different versions refuse each other's KV.
-const digestVersion = "sim-v2"
+const digestVersion = "sim-v3"
 
 // MinOutput is the number of output tokens before EOS can come: at output
 // steps 0…MinOutput−1 the sampler never draws EOS (it is banned as
@@ -38,6 +39,15 @@ const (
 	offLogit  = -30
 )
 
+// Under a grammar's mask (model.SeqInput.Mask), the printable ASCII bytes
+// other than textTokens that it allows (braces, quotes, digits, colons,
+// capitals: 65 tokens) draw their logits as text tokens do, in [0,
+// logitSpan), rather than offLogit. The simulated model then behaves as a
+// model asked for the format would: the structure a grammar needs is as
+// likely as text where it is allowed, so constrained outputs end (a JSON
+// string closes after about 90 characters on average) instead of running
+// into max_tokens. Without a mask the logits are as before.
+
 // Model is the simulated model. Create it with New.
 type Model struct {
 	cfg  Config
@@ -47,7 +57,11 @@ type Model struct {
 	// textKeys[i] keys the logit of token textIDs[i].
 	textIDs  []int32
 	textKeys []uint64
-	tok      byteTokenizer
+	// structIDs are the printable ASCII tokens not in textTokens (the
+	// ones a mask lets draw as text), structKeys[i] keying structIDs[i].
+	structIDs  []int32
+	structKeys []uint64
+	tok        byteTokenizer
 
 	mu      sync.Mutex // guards the fields below
 	caches  map[*kvcache.Pool]*poolCache
@@ -81,6 +95,14 @@ func New(cfg Config) (*Model, error) {
 	m.textIDs = append(m.textIDs, EOS)
 	for _, id := range m.textIDs {
 		m.textKeys = append(m.textKeys, mix64(uint64(id)^saltLogit))
+	}
+	for b := byte(' '); b <= '~'; b++ {
+		if strings.IndexByte(textTokens, b) >= 0 {
+			continue
+		}
+		id := int32(b)
+		m.structIDs = append(m.structIDs, id)
+		m.structKeys = append(m.structKeys, mix64(uint64(id)^saltLogit))
 	}
 	m.info = model.Info{
 		Name:       cfg.Name,
@@ -184,7 +206,11 @@ func (m *Model) Forward(ctx context.Context, pool *kvcache.Pool, seqs []model.Se
 			out[i] = model.SeqOutput{Scores: scores}
 			continue
 		}
-		m.fillLogits(m.seqDigest(pool, c, s.Pages, s.Pos+len(s.Tokens)))
+		d := m.seqDigest(pool, c, s.Pages, s.Pos+len(s.Tokens))
+		m.fillLogits(d)
+		if s.Mask != nil {
+			m.fillMasked(d, s.Mask)
+		}
 		in := s
 		if s.Step < MinOutput {
 			m.ban = append(append(m.ban[:0], s.Ban...), EOS)
@@ -225,6 +251,17 @@ func (m *Model) score(pool *kvcache.Pool, c *poolCache, s *model.SeqInput) []mod
 		top = top[s.ScoreTop:]
 	}
 	return scores
+}
+
+// fillMasked gives the structIDs that mask allows their logits for
+// sequence digest d (after fillLogits), drawn as text tokens' are.
+func (m *Model) fillMasked(d uint64, mask []uint64) {
+	for i, id := range m.structIDs {
+		if int(id>>6) < len(mask) && mask[id>>6]>>(id&63)&1 != 0 {
+			u := float64(mix64(d^m.structKeys[i])>>11) / (1 << 53)
+			m.logits[id] = float32(u * logitSpan)
+		}
+	}
 }
 
 // fillLogits sets m.logits for sequence digest d.

@@ -127,6 +127,9 @@ func observeExample(w *Worker, role workerapi.Role, stages []string) {
 	w.FirstToken(250 * time.Millisecond)
 	w.InterToken(5*time.Millisecond, 1)
 	w.InterToken(30*time.Millisecond, 3) // three tokens in one event: 10 ms each for SGLang
+	w.GrammarLookup(false, 3*time.Millisecond)
+	w.GrammarLookup(true, 0)
+	w.GrammarLookup(true, 0)
 	switch role {
 	case workerapi.RolePrefill:
 		w.KVBytes(KVSent, 4096)

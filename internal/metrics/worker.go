@@ -31,6 +31,12 @@ import (
 //     sent (prefill) or received (decode).
 //   - pdserve_forward_batches_total{role,kind} (counter): forward passes by
 //     kind (prefill, decode, mixed).
+//   - pdserve_grammar_compile_seconds (histogram, seconds, const label
+//     role): time to compile a request's constraint (structured outputs)
+//     and bind it to the model's vocabulary, on a miss of the worker's
+//     compiled-constraint cache.
+//   - pdserve_grammar_cache_requests_total{role,result} (counter): lookups
+//     of that cache by result, hit or miss.
 //   - read at scrape time from the Snapshot: pdserve_requests{role,stage}
 //     and pdserve_oldest_request_age_seconds{role,stage} (gauges),
 //     pdserve_stage_deadline_seconds{role,stage} (gauge, seconds: the
@@ -73,6 +79,8 @@ type Worker struct {
 	e2e           prometheus.Observer
 	kvBytes       *prometheus.CounterVec
 	batches       *prometheus.CounterVec
+	grammarTime   prometheus.Observer
+	grammarCache  *prometheus.CounterVec
 	sglang        *sglang // nil without WithSGLang
 }
 
@@ -206,6 +214,17 @@ func NewWorker(reg prometheus.Registerer, role workerapi.Role, stages []string, 
 		Name: "pdserve_forward_batches_total",
 		Help: "Forward passes run, by kind (prefill, decode, mixed).",
 	}, []string{"role", "kind"})
+	grammarTime := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "pdserve_grammar_compile_seconds",
+		Help:    "Time to compile a constraint and bind it to the vocabulary, on a cache miss.",
+		Buckets: compileBuckets, ConstLabels: prometheus.Labels{"role": r}})
+	w.grammarTime = grammarTime
+	w.grammarCache = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pdserve_grammar_cache_requests_total",
+		Help: "Lookups of the compiled-constraint cache, by result (hit, miss).",
+	}, []string{"role", "result"})
+	w.grammarCache.WithLabelValues(r, "hit")
+	w.grammarCache.WithLabelValues(r, "miss")
+	cs = append(cs, grammarTime, w.grammarCache)
 	for _, o := range outcome.Worker() {
 		w.finished.WithLabelValues(r, o.String())
 	}
@@ -243,6 +262,21 @@ func (w *Worker) Finished(o outcome.Outcome, cause outcome.Cause, age time.Durat
 	if w.sglang != nil {
 		w.sglang.finished(o, cause, age)
 	}
+}
+
+// compileBuckets are pdserve_grammar_compile_seconds' buckets: 100 µs to
+// about 6.5 s, ×4 apart (a typical JSON Schema compiles in about 1 ms).
+var compileBuckets = prometheus.ExponentialBuckets(1e-4, 4, 9)
+
+// GrammarLookup counts a lookup of the compiled-constraint cache: a hit,
+// or a miss whose compilation took d.
+func (w *Worker) GrammarLookup(hit bool, d time.Duration) {
+	if hit {
+		w.grammarCache.WithLabelValues(w.role, "hit").Inc()
+		return
+	}
+	w.grammarCache.WithLabelValues(w.role, "miss").Inc()
+	w.grammarTime.Observe(seconds(d))
 }
 
 // Ended observes the E2E latency of a request that got its first token,

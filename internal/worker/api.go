@@ -238,6 +238,20 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 		StopTokenIDs: b.StopTokenIDs, IgnoreEOS: b.IgnoreEOS, MinTokens: b.MinTokens,
 		N: b.N, Priority: b.Priority,
 	}
+	if b.Constraint != nil && !b.Constraint.IsZero() {
+		// Both PD legs compile it (each its own cache): prefill masks the
+		// first token, decode every later one, its matcher rebuilt from
+		// the spec and advanced over the first token KV_DONE brings.
+		key := b.Constraint.Digest()
+		c, err := w.grammars.get(*b.Constraint, key)
+		if err != nil {
+			if errors.Is(err, errCompilePanic) {
+				return q, openai.Internal("constraint: %v", err)
+			}
+			return q, openai.BadRequest("constraint", "%v", err)
+		}
+		q.Constraint, q.ConstraintDigest = c, key
+	}
 	if b.PromptLogprobs != nil && w.role != lifecycle.RoleDecode {
 		// (Both PD legs carry one body; decode does not compute the prompt.)
 		q.ScorePrompt, q.PromptTop = true, *b.PromptLogprobs

@@ -123,6 +123,8 @@ type Worker struct {
 	instance string
 	metrics  *metrics.Worker
 	crc      *crc32.Table
+	// grammars holds the compiled constraints (structured outputs).
+	grammars *grammars
 
 	mbox    mailbox
 	lanes   [ioLanes]*ioLane
@@ -238,6 +240,7 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	w.grammars = newGrammars(info, cfg.Model.Tokenizer(), grammarCacheSize, w.metrics.GrammarLookup, cfg.Clock.Now)
 	if mc.Role != lifecycle.RoleColocated {
 		if cfg.Backend == nil {
 			return nil, fmt.Errorf("worker: %s role needs a KV backend", mc.Role)

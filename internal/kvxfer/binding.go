@@ -100,6 +100,16 @@ func AppendPromptChain(dst []PageHash, seed PageHash, tokens []int32, pageSize i
 // order, whether or not the page travels in this transfer (a receiver that
 // already holds a cached prefix still binds the whole prompt).
 func BindKV(rg RoomGen, nTokens uint32, pages []PageHash) Binding {
+	return BindKVConstrained(rg, nTokens, pages, "")
+}
+
+// BindKVConstrained is BindKV for a request whose output is constrained by
+// a grammar whose spec has digest constraint (grammar.Spec.Digest; "" for
+// none, which gives BindKV's binding): prefill drew the first token under
+// that grammar, and decode goes on under the grammar it was sent, so the
+// two must be the same one. The digest's length and bytes are hashed after
+// the pages (whose count precedes them, so the encoding is unambiguous).
+func BindKVConstrained(rg RoomGen, nTokens uint32, pages []PageHash, constraint string) Binding {
 	h := sha256.New()
 	var b [len(bindingDomain) + 16 + 4 + 4 + 4]byte
 	p := append(b[:0], bindingDomain...)
@@ -110,6 +120,12 @@ func BindKV(rg RoomGen, nTokens uint32, pages []PageHash) Binding {
 	h.Write(p)
 	for i := range pages {
 		h.Write(pages[i][:])
+	}
+	if constraint != "" {
+		var n [4]byte
+		binary.LittleEndian.PutUint32(n[:], uint32(len(constraint)))
+		h.Write(n[:])
+		h.Write([]byte(constraint))
 	}
 	var sum [sha256.Size]byte
 	return Binding(truncate([sha256.Size]byte(h.Sum(sum[:0]))))

@@ -94,7 +94,7 @@ func TestPromptChain(t *testing.T) {
 }
 
 // TestBindKV: the binding changes with the room, the gen, the prompt's
-// length, the number of pages and any page's hash.
+// length, the number of pages, any page's hash and the constraint.
 func TestBindKV(t *testing.T) {
 	seed := ChainSeed(testFP)
 	rg := RoomGen{Room: Room{1, 2, 3}, Gen: 1}
@@ -104,13 +104,20 @@ func TestBindKV(t *testing.T) {
 		t.Fatal("the binding is not a function of its inputs")
 	}
 	other := map[string]Binding{
-		"room":   BindKV(RoomGen{Room: Room{1, 2, 4}, Gen: 1}, 10, chain),
-		"gen":    BindKV(RoomGen{Room: rg.Room, Gen: 2}, 10, chain),
-		"tokens": BindKV(rg, 9, chain),
-		"pages":  BindKV(rg, 10, chain[:2]),
-		"prompt": BindKV(rg, 10, AppendPromptChain(nil, seed, ids(2, 10), 4)),
-		"model":  BindKV(rg, 10, AppendPromptChain(nil, ChainSeed(Fingerprint{}), ids(1, 10), 4)),
-		"order":  BindKV(rg, 10, []PageHash{chain[1], chain[0], chain[2]}),
+		"room":       BindKV(RoomGen{Room: Room{1, 2, 4}, Gen: 1}, 10, chain),
+		"gen":        BindKV(RoomGen{Room: rg.Room, Gen: 2}, 10, chain),
+		"tokens":     BindKV(rg, 9, chain),
+		"pages":      BindKV(rg, 10, chain[:2]),
+		"prompt":     BindKV(rg, 10, AppendPromptChain(nil, seed, ids(2, 10), 4)),
+		"model":      BindKV(rg, 10, AppendPromptChain(nil, ChainSeed(Fingerprint{}), ids(1, 10), 4)),
+		"order":      BindKV(rg, 10, []PageHash{chain[1], chain[0], chain[2]}),
+		"constraint": BindKVConstrained(rg, 10, chain, "ab"),
+	}
+	if BindKVConstrained(rg, 10, chain, "") != base {
+		t.Error("no constraint does not bind as BindKV")
+	}
+	if BindKVConstrained(rg, 10, chain, "ab") == BindKVConstrained(rg, 10, chain, "ac") {
+		t.Error("two constraints bind the same")
 	}
 	for name, b := range other {
 		if b == base {

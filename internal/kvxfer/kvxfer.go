@@ -257,8 +257,9 @@ type KVChunk struct {
 
 // KVDone (prefill → decode) ends a transfer of the KV of a prompt of
 // NTokens tokens in NPages pages, sent in NChunks chunks. Binding ties the
-// KV to its request: BindKV of this RoomGen, NTokens and the PageHash the
-// sender recorded with each of the NPages pages (see BindKV); the receiver
+// KV to its request: BindKVConstrained of this RoomGen, NTokens, the
+// PageHash the sender recorded with each of the NPages pages and the
+// digest of the request's constraint, if any (see BindKV); the receiver
 // compares it with the binding of its own request before it uses any of the
 // KV. Checksum is CRC-32C (Castagnoli) over the bytes of all NPages pages in
 // order, as the receiver will use them (its cached prefix included).

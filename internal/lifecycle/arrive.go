@@ -59,6 +59,12 @@ func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 	if err := q.Sampling.Validate(); err != nil {
 		return outcome.RejectedInvalid, err.Error()
 	}
+	switch c := q.Constraint; {
+	case (c == nil) != (q.ConstraintDigest == ""):
+		return outcome.RejectedInvalid, "a constraint needs its digest, and a digest its constraint"
+	case c != nil && c.Vocab().Size() != m.cfg.VocabSize:
+		return outcome.RejectedInvalid, fmt.Sprintf("the constraint is bound to a vocabulary of %d tokens; this worker's has %d", c.Vocab().Size(), m.cfg.VocabSize)
+	}
 	if need := m.maxPages(q); need > m.cache.Total() {
 		return outcome.RejectedCapacity, fmt.Sprintf("request needs %d KV pages; this worker's pool has %d", need, m.cache.Total())
 	}
@@ -224,6 +230,10 @@ func (m *Machine) arrive(q Request) {
 	r := &req{Request: q, arrived: m.now, stageSince: m.now}
 	if q.MinTokens > 0 {
 		r.ban = append(slices.Clone(m.cfg.EOS), q.StopTokenIDs...)
+	}
+	if q.Constraint != nil {
+		r.matcher = q.Constraint.NewMatcher()
+		r.mask = make([]uint64, q.Constraint.Vocab().MaskWords())
 	}
 	limit := m.cfg.MaxRequestTime
 	if q.Timeout > 0 && q.Timeout < limit {

@@ -122,11 +122,11 @@ func (m *Machine) transferProgress(r *req) {
 }
 
 // binding is what KV_DONE must carry for decode request r: its room and
-// gen, and the page hashes of its prompt under this worker's model
-// (kvxfer.BindKV).
+// gen, the page hashes of its prompt under this worker's model and its
+// constraint's digest (kvxfer.BindKVConstrained).
 func (m *Machine) binding(r *req) kvxfer.Binding {
 	hashes := kvxfer.AppendPromptChain(make([]kvxfer.PageHash, 0, m.promptPages(r)), m.seed, r.InputIDs, m.cfg.PageSize)
-	return kvxfer.BindKV(r.roomGen(), uint32(len(r.InputIDs)), hashes)
+	return kvxfer.BindKVConstrained(r.roomGen(), uint32(len(r.InputIDs)), hashes, r.ConstraintDigest)
 }
 
 func (m *Machine) kvVerified(e KVVerified) {
@@ -192,6 +192,18 @@ func (m *Machine) checkFirst(r *req) string {
 	if r.Sampling.TopLogprobs > 0 && len(d.First) == 0 {
 		return "KV_DONE carries no top logprobs for the first token, which the request asks for"
 	}
+	if r.matcher != nil {
+		// Prefill drew them under this grammar (the binding says so): a
+		// token it refuses is not this request's.
+		if !r.matcher.Clone().Accept(d.FirstToken) {
+			return fmt.Sprintf("first token %d from prefill is outside the request's grammar", d.FirstToken)
+		}
+		for i, f := range d.First {
+			if !r.matcher.Clone().Accept(f.Token) {
+				return fmt.Sprintf("first token %d of choice %d from prefill is outside the request's grammar", f.Token, i)
+			}
+		}
+	}
 	return ""
 }
 
@@ -217,6 +229,12 @@ func (m *Machine) fork(r *req, first model.SeqOutput) {
 	for i := 1; i < n; i++ {
 		f := &req{Request: r.Request, ban: r.ban, arrived: r.arrived, hardDeadline: r.hardDeadline, choice: i, group: g}
 		f.Sampling.Seed = model.ForkSeed(r.Sampling.Seed, i)
+		if r.matcher != nil {
+			// Every choice drew its first token from r's mask; each goes
+			// on from there with its own matcher.
+			f.matcher = r.matcher.Clone()
+			f.mask = make([]uint64, len(r.mask))
+		}
 		if err := m.cache.Share(r.pages[:full]); err != nil {
 			panic(fmt.Sprintf("lifecycle: %v", err)) // r holds them: the bookkeeping makes it impossible
 		}
@@ -263,6 +281,13 @@ func copied(partial bool) string {
 // appendOutput adds a generated token, emits it, and ends the request if it
 // hit a stop token, max_tokens or the context length.
 func (m *Machine) appendOutput(r *req, t model.SeqOutput) {
+	if r.matcher != nil && !r.matcher.Accept(t.Token) {
+		// The sampler draws only what the mask allows: a bug, never text
+		// outside the grammar.
+		m.finish(r, outcome.FailedInternal, fmt.Sprintf("output token %d (step %d) is outside the request's grammar",
+			t.Token, len(r.outputs)), "")
+		return
+	}
 	r.outputs = append(r.outputs, t.Token)
 	m.emit(Emit{RID: r.RID, Choice: r.choice, Tokens: []model.SeqOutput{t}})
 	if why := m.endsWith(r, t.Token, len(r.outputs)); why != "" {
@@ -271,11 +296,13 @@ func (m *Machine) appendOutput(r *req, t model.SeqOutput) {
 }
 
 // endsWith is the finish reason of r if its n-th output token is tok: "stop"
-// for EOS (unless ignored) or a stop token, "length" at max_tokens or the
+// for EOS (unless ignored; with a constraint, always: the grammar allows it
+// only where its text ends) or a stop token, "length" at max_tokens or the
 // context length, "" if it goes on.
 func (m *Machine) endsWith(r *req, tok int32, n int) string {
+	eosEnds := !r.IgnoreEOS || r.Constraint != nil
 	switch {
-	case (!r.IgnoreEOS && slices.Contains(m.cfg.EOS, tok)) || slices.Contains(r.StopTokenIDs, tok):
+	case (eosEnds && slices.Contains(m.cfg.EOS, tok)) || slices.Contains(r.StopTokenIDs, tok):
 		return "stop"
 	case n >= r.MaxTokens || len(r.InputIDs)+n >= m.cfg.ContextLen:
 		return "length"

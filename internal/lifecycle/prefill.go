@@ -271,7 +271,7 @@ func (m *Machine) startTransfer(r *req) {
 	}
 	m.emit(SendKVDone{Job: m.pin(r), Peer: r.Peer, Pages: r.pages[:np], Done: kvxfer.KVDone{RoomGen: r.roomGen(),
 		NChunks: r.chunks, NPages: uint32(np), NTokens: uint32(len(r.InputIDs)),
-		Binding:    kvxfer.BindKV(r.roomGen(), uint32(len(r.InputIDs)), hashes),
+		Binding:    kvxfer.BindKVConstrained(r.roomGen(), uint32(len(r.InputIDs)), hashes, r.ConstraintDigest),
 		FirstToken: r.first.Token, FirstLogprob: r.first.Logprob, CachedTokens: uint32(r.cachedTokens),
 		First: firstTokens(r)}})
 	m.record(r, "KV sent: %d pages in %d chunks%s", np, r.chunks, heldByDecode(r.peerCached))

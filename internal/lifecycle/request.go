@@ -4,6 +4,7 @@ import (
 	"hash/fnv"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
@@ -48,6 +49,18 @@ type Request struct {
 	// Config.PriorityScheduling is set: lower first, then by arrival; and
 	// the highest value is preempted first.
 	Priority int
+	// Constraint, if not nil, is the request's grammar (structured
+	// outputs), bound to this worker's vocabulary: every token drawn is one
+	// it allows (model.SeqInput.Mask), prefill's first token too. The
+	// request keeps a Matcher of it, advanced over every output token; a
+	// token it refuses fails the request (FailedInternal: the sampler
+	// never draws one). EOS, which the grammar allows only where its text
+	// may end, ends the request even with IgnoreEOS. ConstraintDigest is
+	// its Spec's Digest: set exactly when Constraint is, and part of the KV
+	// binding (kvxfer.BindKVConstrained), so decode never continues KV
+	// whose first token was drawn under another grammar.
+	Constraint       *grammar.Constraint
+	ConstraintDigest string
 }
 
 // choices is q's number of choices (N, at least 1).
@@ -180,6 +193,13 @@ type req struct {
 	// logprobs as the forward computes them: scores[j] for prompt token j
 	// (scores[0] stays zero: nothing precedes it).
 	scores []model.PositionLogprobs
+
+	// matcher follows the output through Request.Constraint (nil without
+	// one); mask is the buffer its masks are written into (the forward
+	// reads it while r is in the batch). Each choice of a group has its
+	// own (cloned at the fork).
+	matcher *grammar.Matcher
+	mask    []uint64
 
 	stageTime [numStages]time.Duration
 	history   []HistoryEntry

@@ -18,10 +18,11 @@ type Constraint struct {
 	hasSkip bool
 	init    *eset
 
+	inside map[lexState]*insideEntry
+
 	// walk buffers, per depth of the trie
 	stLex []lexState
-	stSet []*eset
-	stLen []int // chart length at each depth
+	stLen []int // sets committed on the path, at each depth
 }
 
 // NewConstraint binds g to v. It reports a grammar that can match no text.
@@ -70,7 +71,7 @@ func NewConstraint(g *Grammar, v *Vocab) (*Constraint, error) {
 	c.lx = newLexer(c.ex, roots, skip)
 	c.init = p.initial(c.lx)
 	c.stLex = make([]lexState, v.trie.maxDepth+1)
-	c.stSet = make([]*eset, v.trie.maxDepth+1)
+	c.inside = make(map[lexState]*insideEntry)
 	c.stLen = make([]int, v.trie.maxDepth+1)
 	return c, nil
 }
@@ -108,28 +109,26 @@ func (c *Constraint) NewMatcher() *Matcher {
 }
 
 // step advances the lexer over byte b from state t after chart, committing
-// the lexeme that ends before b if b cannot extend it. It returns the new
-// chart (chart itself or chart plus one set) and state, or ok false.
-func (c *Constraint) step(chart []*eset, t lexState, b byte) ([]*eset, lexState, bool) {
+// the lexeme that ends before b if b cannot extend it. It returns the set
+// committed (nil if none) and the new state, or ok false.
+func (c *Constraint) step(chart []*eset, t lexState, b byte) (*eset, lexState, bool) {
 	if n := c.lx.next(t, b); n != deadState {
-		return chart, n, true
+		return nil, n, true
 	}
 	info := &c.lx.states[t]
-	top := chart[len(chart)-1]
 	switch {
 	case info.accepts != nil:
 		s := c.p.scan(chart, info.accepts, c.lx)
 		if s == nil {
-			return chart, deadState, false
+			return nil, deadState, false
 		}
-		chart = append(chart[:len(chart):len(chart)], s)
 		n := c.lx.next(c.startOf(s), b)
-		return chart, n, n != deadState
+		return s, n, n != deadState
 	case info.skipDone:
-		n := c.lx.next(c.startOf(top), b)
-		return chart, n, n != deadState
+		n := c.lx.next(c.startOf(chart[len(chart)-1]), b)
+		return nil, n, n != deadState
 	}
-	return chart, deadState, false
+	return nil, deadState, false
 }
 
 // canEnd reports whether the text of chart and lexer state t is whole.
@@ -150,62 +149,196 @@ func (c *Constraint) canEnd(chart []*eset, t lexState) bool {
 // next: bit i set iff token i keeps the output a prefix of some text of the
 // grammar; an EOS id iff the output so far is a whole text of the grammar.
 // After Done, only the EOS ids are set.
+//
+// The tokens that stay inside the current lexeme depend on the lexer state
+// alone and come from a cache (a bitset per state); so do, per parser
+// outcome, the tokens that end it once. Only tokens that cross two lexeme
+// boundaries are walked each time.
 func (m *Matcher) FillMask(mask []uint64) {
 	c := m.c
-	clear(mask)
 	v := c.v
-	setEOS := func() {
+	if m.done {
+		clear(mask)
 		for _, id := range v.eos {
 			mask[id>>6] |= 1 << (id & 63)
 		}
-	}
-	if m.done {
-		setEOS()
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	ent := c.insideOf(m.lex)
+	copy(mask, ent.inside)
 	if c.canEnd(m.chart, m.lex) {
-		setEOS()
-	}
-	tr := v.trie
-	stLex, stSet := c.stLex, c.stSet
-	stLex[0] = m.lex
-	base := m.chart
-	stSet[0] = base[len(base)-1]
-	// charts per depth: a commit inside a token pushes a set; the chart at
-	// depth d is base plus the sets committed on the path to the node.
-	path := make([]*eset, 0, 8)
-	stLen := c.stLen
-	stLen[0] = 0
-	lx := c.lx
-	n := int32(len(tr.b))
-	for i := int32(1); i < n; {
-		d := tr.depth[i]
-		t := stLex[d-1]
-		nt := lx.trans[int(t)<<8|int(tr.b[i])]
-		if nt == unknown {
-			nt = lx.next(t, tr.b[i])
+		for _, id := range v.eos {
+			mask[id>>6] |= 1 << (id & 63)
 		}
-		if nt != deadState {
-			stLex[d] = nt
-			stSet[d] = stSet[d-1]
-			stLen[d] = stLen[d-1]
-		} else {
-			path = path[:stLen[d-1]]
-			chart := append(base[:len(base):len(base)], path...)
-			ch, t2, ok := c.step(chart, t, tr.b[i])
+	}
+	for _, g := range ent.groups {
+		s, n, ok := c.step(m.chart, g.t, g.b)
+		if !ok {
+			continue
+		}
+		r := g.results[n]
+		if r == nil {
+			r = c.frontierResult(g, n)
+			g.results[n] = r
+		}
+		for _, id := range r.toks {
+			mask[id>>6] |= 1 << (id & 63)
+		}
+		if len(r.deeper) == 0 {
+			continue
+		}
+		chart := m.chart
+		if s != nil {
+			chart = append(chart[:len(chart):len(chart)], s)
+		}
+		for _, dn := range r.deeper {
+			c.walk(mask, dn.node, chart, dn.t)
+		}
+	}
+}
+
+// insideEntry caches, for a lexer state s at a token boundary, the tokens
+// whose bytes all extend the current lexeme (inside, a bitset), and the
+// trie nodes where a token's next byte ends the lexeme (groups, by the
+// state before that byte and the byte).
+type insideEntry struct {
+	inside []uint64
+	groups []*frontGroup
+}
+
+// frontGroup is the trie nodes reached from a cached state where the lexer
+// in state t cannot take byte b and must end its lexeme.
+type frontGroup struct {
+	t       lexState
+	b       byte
+	nodes   []int32
+	results map[lexState]*frontResult
+}
+
+// frontResult is what a frontGroup's nodes allow when the lexer's state
+// after the commit and byte b is the map key: tokens with no further
+// boundary, and nodes that need another commit.
+type frontResult struct {
+	toks   []int32
+	deeper []deepNode
+}
+
+type deepNode struct {
+	node int32
+	t    lexState // the lexer state before the node's byte
+}
+
+// maxInside bounds the lexer states whose masks are cached per Constraint
+// (each holds a bitset of the vocabulary: 16 KiB for 128k tokens).
+const maxInside = 4096
+
+func (c *Constraint) insideOf(s lexState) *insideEntry {
+	if e := c.inside[s]; e != nil {
+		return e
+	}
+	tr := c.v.trie
+	e := &insideEntry{inside: make([]uint64, c.v.MaskWords())}
+	groups := map[[2]uint32]*frontGroup{}
+	st := c.stLex
+	st[0] = s
+	lx := c.lx
+	for i := int32(1); i < int32(len(tr.b)); {
+		d := tr.depth[i]
+		t := st[d-1]
+		n := lx.trans[int(t)<<8|int(tr.b[i])]
+		if n == unknown {
+			n = lx.next(t, tr.b[i])
+		}
+		if n == deadState {
+			if info := &lx.states[t]; info.accepts != nil || info.skipDone {
+				k := [2]uint32{uint32(t), uint32(tr.b[i])}
+				g := groups[k]
+				if g == nil {
+					g = &frontGroup{t: t, b: tr.b[i], results: map[lexState]*frontResult{}}
+					groups[k] = g
+					e.groups = append(e.groups, g)
+				}
+				g.nodes = append(g.nodes, i)
+			}
+			i = tr.end[i]
+			continue
+		}
+		st[d] = n
+		for _, id := range tr.toks[tr.tokLo[i]:tr.tokLo[i+1]] {
+			e.inside[id>>6] |= 1 << (id & 63)
+		}
+		i++
+	}
+	if len(c.inside) < maxInside {
+		c.inside[s] = e
+	}
+	return e
+}
+
+// frontierResult walks g's nodes from lexer state n (the state after the
+// commit and the node's byte) without committing again.
+func (c *Constraint) frontierResult(g *frontGroup, n lexState) *frontResult {
+	tr := c.v.trie
+	lx := c.lx
+	r := &frontResult{}
+	st := c.stLex
+	for _, root := range g.nodes {
+		d0 := tr.depth[root]
+		st[d0] = n
+		r.toks = append(r.toks, tr.toks[tr.tokLo[root]:tr.tokLo[root+1]]...)
+		for i := root + 1; i < tr.end[root]; {
+			d := tr.depth[i]
+			t := st[d-1]
+			nt := lx.next(t, tr.b[i])
+			if nt == deadState {
+				if info := &lx.states[t]; info.accepts != nil || info.skipDone {
+					r.deeper = append(r.deeper, deepNode{i, t})
+				}
+				i = tr.end[i]
+				continue
+			}
+			st[d] = nt
+			r.toks = append(r.toks, tr.toks[tr.tokLo[i]:tr.tokLo[i+1]]...)
+			i++
+		}
+	}
+	return r
+}
+
+// walk sets the mask bits of node root's subtree, entered from lexer state
+// t after chart, committing lexemes as needed.
+func (c *Constraint) walk(mask []uint64, root int32, chart []*eset, t lexState) {
+	tr := c.v.trie
+	lx := c.lx
+	d0 := int(tr.depth[root])
+	// ch is this walk's own chart: base plus the sets committed on the
+	// path to the current node (lens[d] of them at depth d).
+	ch := append(make([]*eset, 0, len(chart)+8), chart...)
+	base := len(chart)
+	st := c.stLex
+	lens := c.stLen
+	st[d0-1], lens[d0-1] = t, 0
+	for i := root; i < tr.end[root]; {
+		d := int(tr.depth[i])
+		pt := st[d-1]
+		n := lx.next(pt, tr.b[i])
+		lens[d] = lens[d-1]
+		if n == deadState {
+			ch = ch[:base+lens[d-1]]
+			s, n2, ok := c.step(ch, pt, tr.b[i])
 			if !ok {
 				i = tr.end[i]
 				continue
 			}
-			if len(ch) > len(chart) {
-				path = append(path, ch[len(ch)-1])
+			if s != nil {
+				ch = append(ch, s)
+				lens[d]++
 			}
-			stLex[d] = t2
-			stSet[d] = ch[len(ch)-1]
-			stLen[d] = len(path)
+			n = n2
 		}
+		st[d] = n
 		for _, id := range tr.toks[tr.tokLo[i]:tr.tokLo[i+1]] {
 			mask[id>>6] |= 1 << (id & 63)
 		}
@@ -219,11 +352,14 @@ func (m *Matcher) advance(b []byte) bool {
 	c := m.c
 	chart, t := m.chart, m.lex
 	for _, x := range b {
-		var ok bool
-		chart, t, ok = c.step(chart, t, x)
+		s, n, ok := c.step(chart, t, x)
 		if !ok {
 			return false
 		}
+		if s != nil {
+			chart = append(chart[:len(chart):len(chart)], s)
+		}
+		t = n
 	}
 	m.chart, m.lex = chart, t
 	return true

@@ -173,3 +173,17 @@ func TestMaskAgreesWithAccept(t *testing.T) {
 		checkMasks(t, c, r, 20, 30)
 	}
 }
+
+// TestMaskAgreesWithAcceptJSON exercises tokens that cross several lexeme
+// boundaries (`"},{"` and the like) and the mask caches' deeper walks.
+func TestMaskAgreesWithAcceptJSON(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, skip := range []bool{false, true} {
+		v := randomVocab(t, r, `{}[]":,ab1-. etrufnl\`, 3000, 6)
+		c, err := NewConstraint(jsonGrammar(t, skip), v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkMasks(t, c, r, 30, 40)
+	}
+}

@@ -179,7 +179,7 @@ func TestMaskAgreesWithAccept(t *testing.T) {
 func TestMaskAgreesWithAcceptJSON(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, skip := range []bool{false, true} {
-		v := randomVocab(t, r, `{}[]":,ab1-. etrufnl\`, 3000, 6)
+		v := randomVocab(t, r, `{}[]":,ab1-. etrufnls\`, 3000, 6)
 		c, err := NewConstraint(jsonGrammar(t, skip), v)
 		if err != nil {
 			t.Fatal(err)

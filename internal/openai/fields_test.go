@@ -36,9 +36,11 @@ var (
 		{"add_special_tokens", `true`, ""}, {"return_tokens_as_token_ids", `true`, `"logprobs":` + "LOGPROBS"},
 		{"return_token_ids", `true`, ""}, {"priority", `1`, ""}, {"request_id", `"r"`, ""}, {"cache_salt", `"s"`, ""},
 		{"logits_processors", `["x"]`, ""}, {"kv_transfer_params", `{}`, ""}, {"vllm_xargs", `{"a":1}`, ""},
-		{"structured_outputs", `{"json":{}}`, ""}, {"guided_json", `{}`, ""}, {"guided_regex", `"a"`, ""},
-		{"guided_choice", `["a"]`, ""}, {"guided_grammar", `"g"`, ""}, {"structural_tag", `"t"`, ""},
+		{"structured_outputs", `{"choice":["a","b"]}`, ""}, {"guided_json", `{"type":"string"}`, ""}, {"guided_regex", `"a"`, ""},
+		{"guided_choice", `["a"]`, ""}, {"guided_grammar", `"root ::= \"a\""`, ""}, {"structural_tag", `"t"`, ""},
 		{"guided_decoding_backend", `"xgrammar"`, ""}, {"guided_whitespace_pattern", `" "`, ""},
+		// llama.cpp server's constraint fields.
+		{"json_schema", `{"type":"string"}`, ""}, {"grammar", `"root ::= \"a\""`, ""},
 		{"timeout", `5`, ""},
 	}
 	completionFields = []fieldCase{
@@ -64,8 +66,8 @@ var (
 		"safety_identifier": "an end-user id", "request_id": "pdserve mints its own ids",
 		"cache_salt":                    "each worker's prefix cache is its own",
 		"spaces_between_special_tokens": "special tokens are never rendered",
-		"guided_decoding_backend":       "tunes a constraint, and constraints are refused",
-		"guided_whitespace_pattern":     "tunes a constraint, and constraints are refused",
+		"guided_decoding_backend":       "pdserve has one grammar engine",
+		"guided_whitespace_pattern":     "tunes a JSON constraint, and there is none",
 		"parallel_tool_calls":           "tunes tools, and tools are refused",
 		// The test parser's byte tokenizer has no BOS: the field is
 		// honoured (add_special_tokens reaches Encode) but changes nothing

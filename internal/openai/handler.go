@@ -229,7 +229,7 @@ func newHandler(cfg Config, newSeed func() uint64) *handler {
 		cfg: cfg,
 		parser: parser{modelName: cfg.ModelName, tok: cfg.Tokenizer, contextLen: cfg.ContextLen, contextNow: cfg.ContextNow,
 			newSeed: newSeed, vocabSize: cfg.VocabSize, maxLogprobs: cfg.MaxLogprobs, logprobsMode: cfg.LogprobsMode,
-			trustTemplate: cfg.TrustRequestChatTemplate},
+			trustTemplate: cfg.TrustRequestChatTemplate, compiled: newCompileCache(DefaultCompileCacheEntries)},
 		log:     cfg.Logger,
 		created: cfg.Now().Unix(),
 	}
@@ -395,6 +395,7 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		StopTokenIDs:      req.stopTokenIDs,
 		IgnoreEOS:         req.ignoreEOS,
 		MinTokens:         req.minTokens,
+		Constraint:        req.constraint,
 		Buffered:          !req.stream && len(req.stop) == 0,
 		Arrived:           arrived,
 	}

@@ -17,6 +17,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/model"
 )
 
@@ -77,6 +78,8 @@ type request struct {
 	tokensAsIDs bool
 	priority    int
 	timeout     time.Duration
+	// constraint is the output's structured-output constraint (zero: none).
+	constraint grammar.Spec
 }
 
 // parser converts wire requests into requests. Its methods are pure given
@@ -96,6 +99,8 @@ type parser struct {
 	logprobsMode model.LogprobsMode
 	// trustTemplate accepts a request's chat_template.
 	trustTemplate bool
+	// compiled remembers which constraints compile (nil: compile each).
+	compiled *compileCache
 }
 
 // decodeBody decodes one JSON object from r into v, mapping every failure to
@@ -287,7 +292,9 @@ func (p *parser) parseCompletion(r io.Reader) (*request, error) {
 	if err := decodeBody(bytes.NewReader(data), &w); err != nil {
 		return nil, err
 	}
-	if err := checkUTF8(data, map[string]json.RawMessage{"prompt": w.Prompt, "stop": w.Stop}); err != nil {
+	fields := map[string]json.RawMessage{"prompt": w.Prompt, "stop": w.Stop}
+	constraintFields(&w.SamplingFields, fields)
+	if err := checkUTF8(data, fields); err != nil {
 		return nil, err
 	}
 	if err := checkStreamOptions(data, &w.SamplingFields); err != nil {
@@ -307,6 +314,7 @@ func (p *parser) parseChat(r io.Reader) (*request, error) {
 		return nil, err
 	}
 	fields := map[string]json.RawMessage{"stop": w.Stop}
+	constraintFields(&w.SamplingFields, fields)
 	for i, m := range w.Messages {
 		fields[fmt.Sprintf("messages[%d].content", i)] = m.Content
 		if !utf8.Valid(data) && strings.ContainsRune(m.Role, utf8.RuneError) {
@@ -689,26 +697,20 @@ func (p *parser) common(w *SamplingFields, req *request) error {
 		}
 		req.timeout = max(time.Millisecond, time.Duration(t*float64(time.Second)))
 	}
+	c, err := p.constraint(w)
+	if err != nil {
+		return err
+	}
+	req.constraint = c
 	return nil
 }
 
 // refuseUnimplemented refuses the fields of w whose values would change
 // the answer in a way pdserve does not implement.
 func refuseUnimplemented(w *SamplingFields) error {
-	for _, f := range []struct {
-		name string
-		raw  json.RawMessage
-	}{
-		{"structured_outputs", w.StructuredOutputs}, {"guided_json", w.GuidedJSON}, {"guided_regex", w.GuidedRegex},
-		{"guided_choice", w.GuidedChoice}, {"guided_grammar", w.GuidedGrammar}, {"structural_tag", w.StructuralTag},
-	} {
-		if !isNull(f.raw) {
-			return Unsupported(f.name, "%s is not supported: pdserve does not constrain output yet", f.name)
-		}
-	}
 	switch {
-	case !isNull(w.ResponseFormat) && !textFormat(w.ResponseFormat):
-		return Unsupported("response_format", "response_format is not supported (only {\"type\": \"text\"}): pdserve does not constrain output yet")
+	case !isNull(w.StructuralTag):
+		return Unsupported("structural_tag", "structural_tag is not supported")
 	case !isNull(w.LogitsProcessors):
 		return Unsupported("logits_processors", "logits_processors is not supported (custom processors cannot be loaded)")
 	case !isNull(w.KVTransferParams):
@@ -975,14 +977,6 @@ func (p *parser) maxTokens(req *request, maxTokens *Int, def int, param, promptP
 func emptyJSON(raw json.RawMessage) bool {
 	t := strings.TrimSpace(string(raw))
 	return t == "" || t == "null" || strings.ReplaceAll(t, " ", "") == "[]"
-}
-
-// textFormat reports response_format {"type":"text"}.
-func textFormat(raw json.RawMessage) bool {
-	var f struct {
-		Type string `json:"type"`
-	}
-	return json.Unmarshal(raw, &f) == nil && f.Type == "text"
 }
 
 func isNull(raw json.RawMessage) bool {

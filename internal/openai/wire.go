@@ -150,11 +150,13 @@ type SamplingFields struct {
 	// implemented; refused unless false and 1.
 	UseBeamSearch bool     `json:"use_beam_search"`
 	LengthPenalty *float64 `json:"length_penalty"`
-	// ResponseFormat: only {"type": "text"} for now.
-	ResponseFormat json.RawMessage `json:"response_format"`
-	// Structured output and processor extensions of vLLM, refused unless
-	// null: pdserve does not constrain output yet, and ignoring them
-	// would hand the client text it did not ask for.
+	// Structured outputs (constraint.go): OpenAI's ResponseFormat
+	// ({"type": "text"}, "json_object" or "json_schema"), vLLM's
+	// StructuredOutputs and older Guided* fields, llama.cpp's JSONSchema
+	// and Grammar. At most one constraint per request; the rest tune it
+	// (GuidedWhitespacePattern) or change nothing (GuidedDecodingBackend:
+	// pdserve has one engine).
+	ResponseFormat          json.RawMessage `json:"response_format"`
 	StructuredOutputs       json.RawMessage `json:"structured_outputs"`
 	GuidedJSON              json.RawMessage `json:"guided_json"`
 	GuidedRegex             json.RawMessage `json:"guided_regex"`
@@ -162,10 +164,14 @@ type SamplingFields struct {
 	GuidedGrammar           json.RawMessage `json:"guided_grammar"`
 	GuidedDecodingBackend   json.RawMessage `json:"guided_decoding_backend"`
 	GuidedWhitespacePattern json.RawMessage `json:"guided_whitespace_pattern"`
-	StructuralTag           json.RawMessage `json:"structural_tag"`
-	LogitsProcessors        json.RawMessage `json:"logits_processors"`
-	KVTransferParams        json.RawMessage `json:"kv_transfer_params"`
-	VLLMXargs               json.RawMessage `json:"vllm_xargs"`
+	JSONSchema              json.RawMessage `json:"json_schema"`
+	Grammar                 json.RawMessage `json:"grammar"`
+	// StructuralTag and LogitsProcessors (vLLM) are refused unless null:
+	// ignoring them would hand the client text it did not ask for.
+	StructuralTag    json.RawMessage `json:"structural_tag"`
+	LogitsProcessors json.RawMessage `json:"logits_processors"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	VLLMXargs        json.RawMessage `json:"vllm_xargs"`
 	// User, RequestID, CacheSalt, Metadata, Store, ServiceTier,
 	// PromptCacheKey and SafetyIdentifier do not change the output: they
 	// are accepted and ignored (pdserve mints its own request ids; its

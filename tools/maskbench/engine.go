@@ -1,0 +1,120 @@
+package main
+
+import (
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/pdserve/pdserve/internal/grammar"
+	"github.com/pdserve/pdserve/internal/model/tokenizer"
+)
+
+// grammarEngine is the engine of internal/grammar with a Hugging Face
+// tokenizer.
+type grammarEngine struct {
+	tok   *tokenizer.Tokenizer
+	vocab *grammar.Vocab
+}
+
+// newGrammarEngine loads the tokenizer of dir and builds its grammar.Vocab:
+// a token's bytes as tokenizer.TokenBytes gives them, special tokens
+// empty, the tokenizer's EOS ids.
+func newGrammarEngine(dir string) (*grammarEngine, error) {
+	tok, err := loadTokenizer(dir)
+	if err != nil {
+		return nil, err
+	}
+	v, err := newVocab(tok)
+	if err != nil {
+		return nil, err
+	}
+	return &grammarEngine{tok: tok, vocab: v}, nil
+}
+
+// newVocab is tok's vocabulary as grammar.NewVocab takes it.
+func newVocab(tok *tokenizer.Tokenizer) (*grammar.Vocab, error) {
+	n := tok.VocabSize()
+	tokens := make([][]byte, n)
+	for id := range int32(n) {
+		if !tok.IsSpecial(id) {
+			tokens[id] = tok.TokenBytes(id)
+		}
+	}
+	eos := tok.EOS()
+	if len(eos) == 0 {
+		return nil, errors.New("the tokenizer has no EOS token")
+	}
+	return grammar.NewVocab(tokens, eos)
+}
+
+// loadTokenizer loads the tokenizer of dir. A directory holding only
+// gzipped files (tokenizer.json.gz, as the repository's test fixtures do)
+// is decompressed into a temporary directory first.
+func loadTokenizer(dir string) (*tokenizer.Tokenizer, error) {
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err == nil {
+		return tokenizer.Load(dir)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "maskbench-tokenizer-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	gz, err := filepath.Glob(filepath.Join(dir, "*.json.gz"))
+	if err != nil {
+		return nil, err
+	}
+	if len(gz) == 0 {
+		return nil, fmt.Errorf("%s: no tokenizer.json or tokenizer.json.gz", dir)
+	}
+	for _, p := range gz {
+		if err := gunzipTo(p, filepath.Join(tmp, filepath.Base(p[:len(p)-len(".gz")]))); err != nil {
+			return nil, err
+		}
+	}
+	return tokenizer.Load(tmp)
+}
+
+func gunzipTo(src, dst string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return fmt.Errorf("%s: %v", src, err)
+	}
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, zr); err != nil {
+		out.Close()
+		return fmt.Errorf("%s: %v", src, err)
+	}
+	return out.Close()
+}
+
+func (g *grammarEngine) vocabSize() int             { return g.vocab.Size() }
+func (g *grammarEngine) eos() []int32               { return g.tok.EOS() }
+func (g *grammarEngine) tokenBytes(id int32) []byte { return g.tok.TokenBytes(id) }
+
+func (g *grammarEngine) encode(text string) ([]int32, error) { return g.tok.Encode(text, false) }
+
+func (g *grammarEngine) compile(schema []byte, flexible bool) (func() matcher, error) {
+	gr, err := grammar.Compile(grammar.Spec{Kind: grammar.KindJSONSchema, Source: string(schema), FlexibleWhitespace: flexible})
+	if err != nil {
+		return nil, err
+	}
+	c, err := grammar.NewConstraint(gr, g.vocab)
+	if err != nil {
+		return nil, err
+	}
+	return func() matcher { return c.NewMatcher() }, nil
+}

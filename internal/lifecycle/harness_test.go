@@ -204,8 +204,8 @@ func (h *harness) checksum(pages []kvcache.PageID) uint32 {
 func (h *harness) binding(q Request) kvxfer.Binding {
 	cfg := h.m.Config()
 	rg := kvxfer.RoomGen{Room: q.Room, Gen: q.Gen}
-	return kvxfer.BindKV(rg, uint32(len(q.InputIDs)),
-		kvxfer.AppendPromptChain(nil, kvxfer.ChainSeed(cfg.Fingerprint), q.InputIDs, cfg.PageSize))
+	return kvxfer.BindKVConstrained(rg, uint32(len(q.InputIDs)),
+		kvxfer.AppendPromptChain(nil, kvxfer.ChainSeed(cfg.Fingerprint), q.InputIDs, cfg.PageSize), q.ConstraintDigest)
 }
 
 func room(i int) kvxfer.Room {

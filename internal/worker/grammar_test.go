@@ -1,0 +1,103 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/grammar"
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model/sim"
+)
+
+func simModel(t *testing.T) *sim.Model {
+	t.Helper()
+	m, err := sim.New(sim.Config{Geometry: kvcache.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, DType: kvcache.F32}, ContextLen: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestVocabOfSim: the simulated model's grammar vocabulary is its bytes,
+// EOS (special) with none, and EOS the end.
+func TestVocabOfSim(t *testing.T) {
+	m := simModel(t)
+	v, err := VocabOf(m.Info(), m.Tokenizer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Size() != sim.VocabSize || string(v.Token('{')) != "{" || string(v.Token(0xe9)) != "\xe9" ||
+		len(v.Token(sim.EOS)) != 0 || !v.IsEOS(sim.EOS) || v.IsEOS('a') {
+		t.Fatalf("vocabulary: size %d, '{' %q, EOS %q", v.Size(), v.Token('{'), v.Token(sim.EOS))
+	}
+	if _, err := VocabOf(m.Info(), nil); err == nil {
+		t.Fatal("a model without a tokenizer got a vocabulary")
+	}
+}
+
+// TestGrammarCache: a constraint compiles once (a miss, timed), is then a
+// hit, and the least recently used one leaves beyond the bound; a
+// constraint that does not compile is the compiler's *grammar.Error and is
+// not cached.
+func TestGrammarCache(t *testing.T) {
+	m := simModel(t)
+	var hits, misses int
+	var timed []time.Duration
+	now := time.Unix(0, 0)
+	clock := func() time.Time { now = now.Add(time.Millisecond); return now }
+	g := newGrammars(m.Info(), m.Tokenizer(), 2, func(hit bool, d time.Duration) {
+		if hit {
+			hits++
+		} else {
+			misses++
+			timed = append(timed, d)
+		}
+	}, clock)
+	spec := func(i int) grammar.Spec {
+		return grammar.Spec{Kind: grammar.KindChoice, Source: fmt.Sprintf(`["a%d","b"]`, i)}
+	}
+	get := func(i int) *grammar.Constraint {
+		t.Helper()
+		s := spec(i)
+		c, err := g.get(s, s.Digest())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a := get(1)
+	if get(1) != a || hits != 1 || misses != 1 || timed[0] != time.Millisecond {
+		t.Fatalf("hits %d misses %d timed %v", hits, misses, timed)
+	}
+	get(2)
+	get(1) // 1 is now the most recently used
+	get(3) // evicts 2
+	if g.len() != 2 || misses != 3 {
+		t.Fatalf("%d cached, %d misses", g.len(), misses)
+	}
+	if get(1) != a || misses != 3 {
+		t.Fatal("1 was evicted, not the least recently used")
+	}
+	get(2)
+	if misses != 4 {
+		t.Fatal("2 was not evicted")
+	}
+	bad := grammar.Spec{Kind: grammar.KindChoice, Source: `not json`}
+	_, err := g.get(bad, bad.Digest())
+	var ge *grammar.Error
+	if !errors.As(err, &ge) {
+		t.Fatalf("bad constraint: %v, want a *grammar.Error", err)
+	}
+	if g.len() != 2 {
+		t.Fatal("a failed constraint was cached")
+	}
+	// The constraint follows the model's vocabulary.
+	mt := a.NewMatcher()
+	mask := make([]uint64, a.Vocab().MaskWords())
+	mt.FillMask(mask)
+	if mask[0]|mask[2]|mask[3]|mask[4] != 0 || mask[1] != 1<<('a'-64)|1<<('b'-64) {
+		t.Fatalf("first mask %x, want only 'a' and 'b'", mask)
+	}
+}

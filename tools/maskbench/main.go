@@ -158,7 +158,7 @@ func bench(c *config, e engine, spawn func() *exec.Cmd, stdout, stderr io.Writer
 		failures = bufio.NewWriter(f)
 	}
 
-	start := time.Now()
+	start, loadStart := time.Now(), loadAvg()
 	agg := newAggregator(llg, c.expected)
 	results := make(chan schemaResult)
 	go runAll(files, c.parallel, newWorker, results)
@@ -182,7 +182,8 @@ func bench(c *config, e engine, spawn func() *exec.Cmd, stdout, stderr io.Writer
 	r.Env = envInfo{CPU: cpuModel(), GOMAXPROCS: runtime.GOMAXPROCS(0), Parallel: c.parallel, Isolated: spawn != nil,
 		GoVersion: runtime.Version(), Commit: commit(), Data: c.data, Tokenizer: c.tokenizer, VocabSize: e.vocabSize(),
 		Format: format, Flexible: c.flexible, BudgetS: int(c.budget.Seconds()),
-		Started: start.UTC().Format(time.RFC3339), WallS: int(time.Since(start).Seconds())}
+		Started: start.UTC().Format(time.RFC3339), WallS: int(time.Since(start).Seconds()),
+		LoadStart: loadStart, LoadEnd: loadAvg()}
 	if failures != nil {
 		if err := failures.Flush(); err != nil {
 			return err
@@ -237,6 +238,19 @@ func cpuModel() string {
 		}
 	}
 	return runtime.GOARCH
+}
+
+// loadAvg is the first three fields of /proc/loadavg, or "".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // commit is the VCS revision the binary was built from, or the working

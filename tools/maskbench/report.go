@@ -60,6 +60,11 @@ type envInfo struct {
 	BudgetS    int    `json:"budget_s"`
 	Started    string `json:"started"`
 	WallS      int    `json:"wall_s"`
+	// LoadStart and LoadEnd are /proc/loadavg's 1, 5 and 15 minute
+	// averages when the run started and ended: other work on the
+	// machine skews timings.
+	LoadStart string `json:"load_start,omitempty"`
+	LoadEnd   string `json:"load_end,omitempty"`
 }
 
 // percentiles of a sample in µs, taken as MaskBench's scripts take them:
@@ -184,8 +189,8 @@ func (r *report) writeText(w io.Writer) {
 	e := r.Env
 	fmt.Fprintf(w, "MaskBench: %d schemas from %s; tokenizer %s (%d tokens); %s instances, flexible whitespace %v\n",
 		r.Schemas, e.Data, e.Tokenizer, e.VocabSize, e.Format, e.Flexible)
-	fmt.Fprintf(w, "%s, GOMAXPROCS=%d, %d schema(s) at a time, %s, commit %s, %ds wall\n\n",
-		e.CPU, e.GOMAXPROCS, e.Parallel, e.GoVersion, e.Commit, e.WallS)
+	fmt.Fprintf(w, "%s, GOMAXPROCS=%d, %d schema(s) at a time, %s, commit %s, %ds wall, load average %s at the start, %s at the end\n\n",
+		e.CPU, e.GOMAXPROCS, e.Parallel, e.GoVersion, e.Commit, e.WallS, e.LoadStart, e.LoadEnd)
 	splits := slices.Sorted(maps.Keys(r.BySplit))
 	fmt.Fprintf(w, "%-16s %7s", "split", "schemas")
 	for _, c := range classOrder {

@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
+	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/model"
 )
 
@@ -44,13 +47,18 @@ func TestGenerateBodyAppendJSON(t *testing.T) {
 }
 
 func FuzzGenerateBodyAppendJSON(f *testing.F) {
-	f.Add("rid", "room", uint32(1), int32(5), 16, float32(0.5), float32(1), 3, uint64(9), true, "a:1", false, 4)
-	f.Add("\x00\xff<", "", uint32(0), int32(-1), 0, float32(1e-9), float32(1e22), -2, uint64(0), false, "", true, -3)
+	f.Add("rid", "room", uint32(1), int32(5), 16, float32(0.5), float32(1), 3, uint64(9), true, "a:1", false, 4, uint8(0), "", false)
+	f.Add("\x00\xff<", "", uint32(0), int32(-1), 0, float32(1e-9), float32(1e22), -2, uint64(0), false, "", true, -3, uint8(1), `{"type":"object"}`, true)
 	f.Fuzz(func(t *testing.T, rid, room string, gen uint32, id int32, maxTokens int, temp, topP float32, topK int,
-		seed uint64, ignore bool, kv string, buffered bool, minTokens int) {
-		checkAppendJSON(t, GenerateBody{RID: rid, Room: room, Gen: gen, InputIDs: []int32{id, id / 2}, MaxTokens: maxTokens,
+		seed uint64, ignore bool, kv string, buffered bool, minTokens int, kind uint8, src string, flex bool) {
+		b := GenerateBody{RID: rid, Room: room, Gen: gen, InputIDs: []int32{id, id / 2}, MaxTokens: maxTokens,
 			SamplingParams: model.SamplingParams{Temperature: temp, TopP: topP, TopK: topK, Seed: seed},
-			StopTokenIDs:   []int32{id}, IgnoreEOS: ignore, MinTokens: minTokens, PrefillKVAddr: kv, Buffered: buffered})
+			StopTokenIDs:   []int32{id}, IgnoreEOS: ignore, MinTokens: minTokens, PrefillKVAddr: kv, Buffered: buffered}
+		if kind > 0 {
+			// (Kind 7 is none: written "kind(7)", as json.Marshal does.)
+			b.Constraint = &grammar.Spec{Kind: grammar.Kind(kind % 8), Source: src, FlexibleWhitespace: flex}
+		}
+		checkAppendJSON(t, b)
 	})
 }
 
@@ -170,6 +178,7 @@ func TestExtendedBody(t *testing.T) {
 	three := 3
 	b := GenerateBody{RID: "r", Room: "00ff", Gen: 1, InputIDs: []int32{1, 2}, MaxTokens: 8, N: 4, PromptLogprobs: &three,
 		Priority: -2, TimeoutMS: 1500,
+		Constraint: &grammar.Spec{Kind: grammar.KindJSONSchema, Source: `{"type":"object","properties":{"b":{},"a":{}}}`, FlexibleWhitespace: true},
 		SamplingParams: model.SamplingParams{Temperature: 0.5, TopP: 1, Seed: 3, MinP: 0.1, PresencePenalty: 0.5,
 			FrequencyPenalty: -0.5, RepetitionPenalty: 1.2, LogitBias: []model.LogitBias{{ID: 1, Bias: -100}, {ID: 7, Bias: 2.5}},
 			AllowedTokenIDs: []int32{1, 2, 7}, BadWords: [][]int32{{4}, {5, 6}}, TopLogprobs: 5, LogprobsMode: model.LogprobsProcessed}}
@@ -185,7 +194,8 @@ func TestExtendedBody(t *testing.T) {
 	if !reflect.DeepEqual(got, b) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, b)
 	}
-	want := []string{FeatureLogprobs, FeatureChoices, FeaturePromptLogprobs, FeatureLogitProcessors, FeaturePriority, FeatureTimeout}
+	want := []string{FeatureLogprobs, FeatureChoices, FeaturePromptLogprobs, FeatureLogitProcessors, FeaturePriority, FeatureTimeout,
+		FeatureConstraint}
 	if f := FeaturesOf(&b); !reflect.DeepEqual(f, want) {
 		t.Fatalf("FeaturesOf = %v, want %v", f, want)
 	}
@@ -203,5 +213,57 @@ func TestExtendedBody(t *testing.T) {
 	}
 	if f := FeaturesOf(&GenerateBody{MaxTokens: 0}); !reflect.DeepEqual(f, []string{FeaturePromptLogprobs}) {
 		t.Fatalf("a prompt-only leg needs %v", f)
+	}
+}
+
+// TestConstraintBody: a leg with a constraint writes it as
+// {"kind","source","flexible_whitespace"} (what json.Marshal writes), reads
+// it back unchanged whatever the kind, and needs the constraint feature; a
+// leg without one has no constraint key and takes the fast path.
+func TestConstraintBody(t *testing.T) {
+	for _, c := range []grammar.Spec{
+		{Kind: grammar.KindJSONObject},
+		{Kind: grammar.KindJSONSchema, Source: `{"type":"string","pattern":"<a&b>\\d"}`},
+		{Kind: grammar.KindRegex, Source: "[a-z]+\u2028\xff"},
+		{Kind: grammar.KindChoice, Source: `["yes","no"]`},
+		{Kind: grammar.KindGBNF, Source: "root ::= \"a\"\n"},
+		{Kind: grammar.KindLark, Source: `start: "a"`},
+	} {
+		b := GenerateBody{RID: "r", InputIDs: []int32{1}, MaxTokens: 4, Constraint: &c,
+			SamplingParams: model.SamplingParams{TopP: 1, Seed: 1}}
+		checkAppendJSON(t, b)
+		data, err := b.AppendJSON(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(data), `"constraint":{"kind":"`+c.Kind.String()+`"`) {
+			t.Fatalf("%s: no constraint of kind %s", data, c.Kind)
+		}
+		var got GenerateBody
+		if err := json.Unmarshal(data, &got); err != nil {
+			t.Fatal(err)
+		}
+		want := c
+		if !utf8.ValidString(want.Source) {
+			want.Source = strings.ToValidUTF8(want.Source, "\ufffd") // as encoding/json writes it
+		}
+		if got.Constraint == nil || *got.Constraint != want || got.Constraint.Digest() != want.Digest() {
+			t.Fatalf("%s: read back %+v, want %+v", data, got.Constraint, want)
+		}
+		if f := FeaturesOf(&got); !reflect.DeepEqual(f, []string{FeatureConstraint}) {
+			t.Fatalf("FeaturesOf = %v", f)
+		}
+	}
+	plain := GenerateBody{RID: "r", InputIDs: []int32{1}, MaxTokens: 4, SamplingParams: model.SamplingParams{TopP: 1}}
+	data, err := plain.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got GenerateBody
+	if strings.Contains(string(data), "constraint") || !parseGenerateBody(data, &got) || got.Constraint != nil {
+		t.Fatalf("%s: %+v", data, got)
+	}
+	if err := json.Unmarshal([]byte(`{"rid":"r","constraint":{"kind":"xml","source":"a"}}`), &GenerateBody{}); err == nil {
+		t.Fatal("an unknown constraint kind was read")
 	}
 }

@@ -1,0 +1,1817 @@
+package grammar
+
+// JSON Schema to Grammar.
+//
+// Design (informed by llguidance's converter and MaskBench's runner):
+//  1. A schema is normalized to a node: a type set and the constraints of
+//     each type; allOf and sibling keywords are merged into one node
+//     (intersection), anyOf is a union of merged nodes, oneOf is a union
+//     only where its branches are provably disjoint (else refused).
+//  2. Property order is fixed, as llguidance documents it: "properties" in
+//     schema order, then "required" names not among them, then additional
+//     and patternProperties keys in any order; merging keeps the left
+//     schema's order first, and a keyword group written before
+//     "properties" comes first. Keys are unique for named properties only.
+//  3. Lexemes: { } [ ] , : each; a whole string (key or value) is one
+//     lexeme carrying its length, pattern and format (And of regexes over
+//     the JSON encoding); numbers and true/false/null are lexemes.
+//  4. Whitespace: compact by default; FlexibleWhitespace makes JSON's
+//     whitespace the Skip lexeme (llguidance's default, so MaskBench runs
+//     flexible; its instances are compact serde_json text, raw UTF-8).
+//  5. Lists and counted members are left-recursive or bounded rule chains.
+//  6. Unknown keywords and formats are annotations (2020-12); known
+//     assertions not enforced (not, if, uniqueItems …) are refused by name.
+
+import (
+	"errors"
+	"fmt"
+	"math/big"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// JSONOptions are the choices CompileJSONSchema leaves to the caller.
+type JSONOptions struct {
+	// FlexibleWhitespace allows JSON whitespace ([ \t\n\r]+) between
+	// lexemes; else the text is compact (no whitespace outside strings).
+	FlexibleWhitespace bool
+	// StrictFormats refuses a "format" that is not enforced instead of
+	// taking it as an annotation.
+	StrictFormats bool
+}
+
+// Limits of CompileJSONSchema; exceeding one is an *Error.
+const (
+	// maxSchemaNesting bounds the depth of nested subschemas.
+	maxSchemaNesting = 128
+	// maxRefExpansions bounds the $ref targets expanded for merging.
+	maxRefExpansions = 5000
+	// maxMergeDepth bounds the recursion of merging two schemas.
+	maxMergeDepth = 48
+	// maxUnionAlts bounds the branches of an anyOf after distributing
+	// sibling keywords and allOf over it.
+	maxUnionAlts = 512
+	// maxCountChain bounds minItems/maxItems/minProperties/maxProperties
+	// expanded into rule chains.
+	maxCountChain = 4096
+	// maxJSONRules bounds the rules of the grammar.
+	maxJSONRules = 200000
+)
+
+// CompileJSONSchema compiles a JSON Schema (draft 2020-12 keywords, with
+// draft 4–2019 forms of items, additionalItems, definitions and boolean
+// exclusiveMinimum/Maximum) to a Grammar of the JSON texts it validates.
+//
+// Enforced: type (single and lists), enum, const, properties, required,
+// additionalProperties (default true), patternProperties,
+// propertyNames (string constraints), minProperties/maxProperties, items,
+// prefixItems, additionalItems, minItems/maxItems, minLength/maxLength
+// (code points), pattern, format (date-time, date, time, duration, email,
+// hostname, ipv4, ipv6, uuid, uri, uri-reference, json-pointer,
+// relative-json-pointer), minimum/maximum/exclusiveMinimum/
+// exclusiveMaximum, multipleOf 1, allOf, anyOf, oneOf (disjoint
+// branches), $ref to JSON pointers in the document (recursion allowed),
+// not of a type-only schema or of {}. Annotations and unknown keywords are
+// ignored. Errors are *Error with Keyword the JSON Schema keyword and Path
+// a JSON pointer into the schema; unsupported features wrap
+// ErrUnsupported.
+func CompileJSONSchema(schema []byte, o JSONOptions) (*Grammar, error) {
+	root, err := parseJSONValue(schema)
+	if err != nil {
+		return nil, &Error{Keyword: "json_schema", Msg: "invalid JSON: " + err.Error()}
+	}
+	c := &jsCompiler{
+		root:      root,
+		o:         o,
+		defs:      map[string]*node{},
+		resolving: map[string]bool{},
+		rules:     map[*node]int{},
+		refRules:  map[string]int{},
+		encMemo:   map[*Regex]*Regex{},
+		strChar:   jsonStrChar(),
+		anyRule:   -1,
+	}
+	if id := root.get("$id"); id != nil && id.k == jStr {
+		c.baseID = strings.TrimSuffix(id.s, "#")
+	} else if id := root.get("id"); id != nil && id.k == jStr {
+		c.baseID = strings.TrimSuffix(id.s, "#")
+	}
+	n, err := c.normalize(root, "#", 0)
+	if err != nil {
+		return nil, err
+	}
+	start, err := c.emit(n)
+	if err != nil {
+		return nil, err
+	}
+	if o.FlexibleWhitespace {
+		c.b.SetSkip(Plus(Class(RuneRange{' ', ' '}, RuneRange{'\t', '\t'}, RuneRange{'\n', '\n'}, RuneRange{'\r', '\r'})))
+	}
+	g, err := c.b.Grammar(start)
+	if err != nil {
+		return nil, err
+	}
+	if !productive(g)[start] {
+		return nil, &Error{Keyword: "json_schema", Path: "#", Msg: "the schema admits no JSON value"}
+	}
+	return g, nil
+}
+
+// productive marks the rules that derive some text.
+func productive(g *Grammar) []bool {
+	p := make([]bool, len(g.Rules))
+	for changed := true; changed; {
+		changed = false
+		for i, r := range g.Rules {
+			if p[i] {
+				continue
+			}
+			for _, a := range r.Alts {
+				ok := true
+				for _, s := range a {
+					if s.Lex != nil && s.Lex.Op == OpNone || s.Lex == nil && !p[s.Rule] {
+						ok = false
+						break
+					}
+				}
+				if ok {
+					p[i], changed = true, true
+					break
+				}
+			}
+		}
+	}
+	return p
+}
+
+// Type set bits. tNum is every number (integers included); tInt alone is
+// the integers.
+type tset uint8
+
+const (
+	tNull tset = 1 << iota
+	tBool
+	tObj
+	tArr
+	tStr
+	tInt
+	tNum
+	tAll = tNull | tBool | tObj | tArr | tStr | tInt | tNum
+)
+
+// and intersects type sets.
+func (a tset) and(b tset) tset {
+	r := a & b &^ (tInt | tNum)
+	switch an, bn := a&(tInt|tNum), b&(tInt|tNum); {
+	case an&tNum != 0 && bn&tNum != 0:
+		r |= tNum | tInt
+	case an != 0 && bn != 0:
+		r |= tInt
+	}
+	return r
+}
+
+var typeNames = map[string]tset{
+	"null": tNull, "boolean": tBool, "object": tObj, "array": tArr,
+	"string": tStr, "integer": tInt, "number": tNum | tInt,
+}
+
+// node is a normalized schema. A node with ref set is a pure reference
+// (resolved lazily, so recursion works); one with alts is a union.
+type node struct {
+	path    string
+	ref     string
+	alts    []*node
+	isUnion bool
+
+	types   tset
+	hasEnum bool
+	enum    []*jval
+
+	minLen, maxLen int
+	patterns       []*Regex
+
+	lo, hi *numBound
+
+	props     []prop
+	required  []string
+	addl      *node // nil: any value
+	patProps  []patProp
+	propNames *node
+	minProps  int
+	maxProps  int
+
+	prefix   []*node
+	items    *node // nil: any value
+	minItems int
+	maxItems int
+}
+
+type prop struct {
+	name string
+	s    *node
+}
+
+type patProp struct {
+	src string
+	rx  *Regex
+	s   *node
+}
+
+func anyNode(path string) *node {
+	return &node{path: path, types: tAll, maxLen: -1, maxProps: -1, maxItems: -1}
+}
+
+func neverNode(path string) *node {
+	return &node{path: path, maxLen: -1, maxProps: -1, maxItems: -1}
+}
+
+// trivial reports whether n admits every value.
+func (n *node) trivial() bool {
+	return n.ref == "" && !n.isUnion && n.types == tAll && !n.hasEnum && n.minLen == 0 && n.maxLen < 0 &&
+		len(n.patterns) == 0 && n.lo == nil && n.hi == nil && len(n.props) == 0 && len(n.required) == 0 &&
+		n.addl == nil && len(n.patProps) == 0 && n.propNames == nil && n.minProps == 0 && n.maxProps < 0 &&
+		len(n.prefix) == 0 && n.items == nil && n.minItems == 0 && n.maxItems < 0
+}
+
+// never reports whether n certainly admits nothing.
+func (n *node) never() bool {
+	if n.ref != "" {
+		return false
+	}
+	if n.isUnion {
+		return len(n.alts) == 0
+	}
+	return n.types == 0
+}
+
+type jsCompiler struct {
+	root       *jval
+	o          JSONOptions
+	baseID     string
+	defs       map[string]*node
+	resolving  map[string]bool
+	expansions int
+	b          Builder
+	rules      map[*node]int
+	refRules   map[string]int
+	encMemo    map[*Regex]*Regex
+	strChar    *Regex
+	anyRule    int
+}
+
+func errAt(kw, path, format string, args ...any) *Error {
+	if path == "" {
+		path = "#"
+	}
+	return &Error{Keyword: kw, Path: path, Msg: fmt.Sprintf(format, args...)}
+}
+
+func unsupportedAt(kw, path, format string, args ...any) error {
+	return &Error{Keyword: kw, Path: ptrOr(path), Msg: fmt.Sprintf(format, args...), Err: ErrUnsupported}
+}
+
+func ptrOr(p string) string {
+	if p == "" {
+		return "#"
+	}
+	return p
+}
+
+// jsonPtrEscape escapes a key for a JSON pointer.
+func jsonPtrEscape(k string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
+}
+
+// annotationKeywords have no effect on validity.
+var annotationKeywords = map[string]bool{
+	"title": true, "description": true, "default": true, "examples": true, "$comment": true,
+	"$schema": true, "$id": true, "id": true, "deprecated": true, "readOnly": true, "writeOnly": true,
+	"contentMediaType": true, "contentEncoding": true, "contentSchema": true, "$anchor": true,
+	"$dynamicAnchor": true, "$recursiveAnchor": true, "$vocabulary": true, "$defs": true, "definitions": true,
+	"example": true,
+}
+
+// refusedKeywords are assertions that are not enforced.
+var refusedKeywords = map[string]bool{
+	"dependencies": true, "dependentRequired": true, "dependentSchemas": true, "contains": true,
+	"minContains": true, "maxContains": true, "unevaluatedProperties": true, "unevaluatedItems": true,
+	"$dynamicRef": true, "$recursiveRef": true,
+}
+
+// knownKeywords are the keywords normalize reads.
+var knownKeywords = map[string]bool{
+	"type": true, "enum": true, "const": true, "properties": true, "required": true,
+	"additionalProperties": true, "patternProperties": true, "propertyNames": true,
+	"minProperties": true, "maxProperties": true, "items": true, "prefixItems": true,
+	"additionalItems": true, "minItems": true, "maxItems": true, "uniqueItems": true,
+	"minLength": true, "maxLength": true, "pattern": true, "format": true,
+	"minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
+	"multipleOf": true, "allOf": true, "anyOf": true, "oneOf": true, "not": true, "$ref": true,
+	"if": true, "then": true, "else": true,
+}
+
+// onlyAnnotations reports whether v's keywords other than except have no
+// effect on validity.
+func onlyAnnotations(v *jval, except string) bool {
+	for _, k := range v.keys {
+		if k != except && knownKeywords[k] || refusedKeywords[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// refTarget is the JSON pointer (without '#') ref names.
+func (c *jsCompiler) refTarget(r *jval, path string) (string, error) {
+	if r.k != jStr {
+		return "", errAt("$ref", path, "must be a string")
+	}
+	s := r.s
+	i := strings.IndexByte(s, '#')
+	base, frag := s, ""
+	if i >= 0 {
+		base, frag = s[:i], s[i+1:]
+	}
+	if base != "" && base != c.baseID {
+		return "", unsupportedAt("$ref", path, "reference %q is not within the document (remote references)", s)
+	}
+	f, err := url.PathUnescape(frag)
+	if err != nil {
+		return "", errAt("$ref", path, "bad fragment in %q", s)
+	}
+	if f != "" && f[0] != '/' {
+		return "", unsupportedAt("$ref", path, "anchor reference %q", s)
+	}
+	return f, nil
+}
+
+// lookup resolves JSON pointer ptr in the document.
+func (c *jsCompiler) lookup(ptr, path string) (*jval, error) {
+	v := c.root
+	if ptr == "" {
+		return v, nil
+	}
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch v.k {
+		case jObj:
+			v = v.get(tok)
+		case jArr:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(v.arr) {
+				v = nil
+			} else {
+				v = v.arr[i]
+			}
+		default:
+			v = nil
+		}
+		if v == nil {
+			return nil, errAt("$ref", path, "#%s does not exist in the schema", ptr)
+		}
+	}
+	return v, nil
+}
+
+// resolve normalizes the schema at ptr (memoized).
+func (c *jsCompiler) resolve(ptr, path string) (*node, error) {
+	if n, ok := c.defs[ptr]; ok {
+		return n, nil
+	}
+	if c.resolving[ptr] {
+		return nil, unsupportedAt("$ref", path, "#%s refers to itself through sibling keywords or allOf", ptr)
+	}
+	c.expansions++
+	if c.expansions > maxRefExpansions {
+		return nil, errAt("$ref", path, "more than %d references expanded", maxRefExpansions)
+	}
+	v, err := c.lookup(ptr, path)
+	if err != nil {
+		return nil, err
+	}
+	c.resolving[ptr] = true
+	n, err := c.normalize(v, "#"+ptr, 0)
+	delete(c.resolving, ptr)
+	if err != nil {
+		return nil, err
+	}
+	c.defs[ptr] = n
+	return n, nil
+}
+
+// deref follows pure references to a node with content.
+func (c *jsCompiler) deref(n *node) (*node, error) {
+	for i := 0; n.ref != ""; i++ {
+		if i > 100 {
+			return nil, errAt("$ref", n.path, "a cycle of references")
+		}
+		var err error
+		if n, err = c.resolve(n.ref, n.path); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+func nonNegInt(v *jval, kw, path string) (int, error) {
+	r := v.rat()
+	if r == nil || !r.IsInt() || r.Sign() < 0 {
+		return 0, errAt(kw, path, "must be a non-negative integer")
+	}
+	if !r.Num().IsInt64() || r.Num().Int64() > 1<<31 {
+		return 1 << 31, nil
+	}
+	return int(r.Num().Int64()), nil
+}
+
+// applicator is an allOf/anyOf/oneOf/$ref group met while reading a
+// schema's keywords, merged in order.
+type applicator struct {
+	n      *node
+	before bool // written before "properties"
+}
+
+// normalize reads the schema v at path.
+func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
+	if depth > maxSchemaNesting {
+		return nil, errAt("json_schema", path, "subschemas nested more than %d deep", maxSchemaNesting)
+	}
+	switch v.k {
+	case jBool:
+		if v.b {
+			return anyNode(path), nil
+		}
+		return neverNode(path), nil
+	case jObj:
+	default:
+		return nil, errAt("json_schema", path, "a schema must be an object or a boolean")
+	}
+	if r := v.get("$ref"); r != nil {
+		t, err := c.refTarget(r, path+"/$ref")
+		if err != nil {
+			return nil, err
+		}
+		if onlyAnnotations(v, "$ref") {
+			return &node{path: path, ref: t}, nil
+		}
+	}
+	n := anyNode(path)
+	var apps []applicator
+	seenProps := false
+	var multipleOf *big.Rat
+	uniqueItems := false
+	sub := func(kw string, x *jval) (*node, error) {
+		return c.normalize(x, path+"/"+kw, depth+1)
+	}
+	for i, kw := range v.keys {
+		x := v.vals[i]
+		kp := path + "/" + jsonPtrEscape(kw)
+		switch kw {
+		case "type":
+			var names []*jval
+			if x.k == jArr {
+				names = x.arr
+			} else {
+				names = []*jval{x}
+			}
+			var t tset
+			for _, nm := range names {
+				b, ok := typeNames[nm.s]
+				if nm.k != jStr || !ok {
+					return nil, errAt("type", kp, "unknown type %s", nm)
+				}
+				t |= b
+			}
+			n.types = n.types.and(t)
+		case "enum", "const":
+			vals := []*jval{x}
+			if kw == "enum" {
+				if x.k != jArr {
+					return nil, errAt(kw, kp, "must be an array")
+				}
+				vals = x.arr
+			}
+			if n.hasEnum {
+				n.enum = intersectValues(n.enum, vals)
+			} else {
+				n.hasEnum, n.enum = true, vals
+			}
+		case "properties":
+			if x.k != jObj {
+				return nil, errAt(kw, kp, "must be an object")
+			}
+			seenProps = true
+			for j, name := range x.keys {
+				s, err := c.normalize(x.vals[j], kp+"/"+jsonPtrEscape(name), depth+1)
+				if err != nil {
+					return nil, err
+				}
+				n.props = append(n.props, prop{name, s})
+			}
+		case "required":
+			if x.k != jArr {
+				return nil, errAt(kw, kp, "must be an array of strings")
+			}
+			for _, e := range x.arr {
+				if e.k != jStr {
+					return nil, errAt(kw, kp, "must be an array of strings")
+				}
+				if !slices.Contains(n.required, e.s) {
+					n.required = append(n.required, e.s)
+				}
+			}
+		case "additionalProperties":
+			s, err := sub(kw, x)
+			if err != nil {
+				return nil, err
+			}
+			if !s.trivial() {
+				n.addl = s
+			}
+		case "patternProperties":
+			if x.k != jObj {
+				return nil, errAt(kw, kp, "must be an object")
+			}
+			for j, src := range x.keys {
+				rx, err := ParsePattern(src)
+				if err != nil {
+					return nil, wrapRxErr(err, kw, kp+"/"+jsonPtrEscape(src))
+				}
+				s, err := c.normalize(x.vals[j], kp+"/"+jsonPtrEscape(src), depth+1)
+				if err != nil {
+					return nil, err
+				}
+				n.patProps = append(n.patProps, patProp{src, rx, s})
+			}
+		case "propertyNames":
+			s, err := sub(kw, x)
+			if err != nil {
+				return nil, err
+			}
+			if !s.trivial() {
+				n.propNames = s
+			}
+		case "minProperties", "maxProperties", "minItems", "maxItems", "minLength", "maxLength":
+			k, err := nonNegInt(x, kw, kp)
+			if err != nil {
+				return nil, err
+			}
+			switch kw {
+			case "minProperties":
+				n.minProps = k
+			case "maxProperties":
+				n.maxProps = k
+			case "minItems":
+				n.minItems = k
+			case "maxItems":
+				n.maxItems = k
+			case "minLength":
+				n.minLen = k
+			case "maxLength":
+				n.maxLen = k
+			}
+		case "items":
+			if x.k == jArr {
+				for j, e := range x.arr {
+					s, err := c.normalize(e, kp+"/"+strconv.Itoa(j), depth+1)
+					if err != nil {
+						return nil, err
+					}
+					n.prefix = append(n.prefix, s)
+				}
+				if ai := v.get("additionalItems"); ai != nil {
+					s, err := sub("additionalItems", ai)
+					if err != nil {
+						return nil, err
+					}
+					if !s.trivial() {
+						n.items = s
+					}
+				}
+			} else {
+				s, err := sub(kw, x)
+				if err != nil {
+					return nil, err
+				}
+				if !s.trivial() {
+					n.items = s
+				}
+			}
+		case "prefixItems":
+			if x.k != jArr {
+				return nil, errAt(kw, kp, "must be an array")
+			}
+			for j, e := range x.arr {
+				s, err := c.normalize(e, kp+"/"+strconv.Itoa(j), depth+1)
+				if err != nil {
+					return nil, err
+				}
+				n.prefix = append(n.prefix, s)
+			}
+		case "additionalItems":
+			// Read with an array-valued items; otherwise it has no effect.
+		case "pattern":
+			if x.k != jStr {
+				return nil, errAt(kw, kp, "must be a string")
+			}
+			rx, err := ParsePattern(x.s)
+			if err != nil {
+				return nil, wrapRxErr(err, kw, kp)
+			}
+			n.patterns = append(n.patterns, rx)
+		case "format":
+			if x.k != jStr {
+				return nil, errAt(kw, kp, "must be a string")
+			}
+			rx, ok, err := formatRegex(x.s)
+			if err != nil {
+				if errors.Is(err, ErrUnsupported) {
+					return nil, unsupportedAt(kw, kp, "format %q is not enforced", x.s)
+				}
+				return nil, errAt(kw, kp, "format %q: %v", x.s, err)
+			}
+			if ok {
+				n.patterns = append(n.patterns, rx)
+			} else if c.o.StrictFormats {
+				return nil, unsupportedAt(kw, kp, "format %q is not enforced", x.s)
+			}
+		case "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
+			if x.k == jBool {
+				continue // draft 4: read with minimum/maximum
+			}
+			r := x.rat()
+			if r == nil {
+				return nil, errAt(kw, kp, "must be a number")
+			}
+			exc := strings.HasPrefix(kw, "exclusive")
+			if kw == "minimum" || kw == "maximum" {
+				if e := v.get("exclusive" + strings.ToUpper(kw[:1]) + kw[1:]); e != nil && e.k == jBool && e.b {
+					exc = true
+				}
+			}
+			b := &numBound{r, exc}
+			if kw == "minimum" || kw == "exclusiveMinimum" {
+				n.lo = tighterLo(n.lo, b)
+			} else {
+				n.hi = tighterHi(n.hi, b)
+			}
+		case "multipleOf":
+			r := x.rat()
+			if r == nil || r.Sign() <= 0 {
+				return nil, errAt(kw, kp, "must be a positive number")
+			}
+			multipleOf = r
+		case "uniqueItems":
+			if x.k != jBool {
+				return nil, errAt(kw, kp, "must be a boolean")
+			}
+			uniqueItems = x.b
+		case "allOf", "anyOf", "oneOf":
+			if x.k != jArr || len(x.arr) == 0 {
+				return nil, errAt(kw, kp, "must be a non-empty array")
+			}
+			var subs []*node
+			for j, e := range x.arr {
+				s, err := c.normalize(e, kp+"/"+strconv.Itoa(j), depth+1)
+				if err != nil {
+					return nil, err
+				}
+				subs = append(subs, s)
+			}
+			var a *node
+			switch kw {
+			case "allOf":
+				a = subs[0]
+				for _, s := range subs[1:] {
+					m, err := c.merge(a, s, 0)
+					if err != nil {
+						return nil, err
+					}
+					a = m
+				}
+			case "anyOf":
+				a = &node{path: kp, isUnion: true, alts: subs}
+			case "oneOf":
+				for j := range subs {
+					for k := j + 1; k < len(subs); k++ {
+						d, err := c.disjoint(subs[j], subs[k], 0)
+						if err != nil {
+							return nil, err
+						}
+						if !d {
+							return nil, unsupportedAt(kw, kp, "branches %d and %d may both match (oneOf is only taken as anyOf when its branches are disjoint)", j, k)
+						}
+					}
+				}
+				a = &node{path: kp, isUnion: true, alts: subs}
+			}
+			apps = append(apps, applicator{a, !seenProps})
+		case "$ref":
+			t, err := c.refTarget(x, kp)
+			if err != nil {
+				return nil, err
+			}
+			apps = append(apps, applicator{&node{path: kp, ref: t}, !seenProps})
+		case "not":
+			s, err := sub(kw, x)
+			if err != nil {
+				return nil, err
+			}
+			t, ok := c.negatable(s)
+			if !ok {
+				return nil, unsupportedAt(kw, kp, "only the negation of {} or of a type-only schema is enforced")
+			}
+			n.types = n.types.and(t)
+		case "if":
+			if v.get("then") != nil || v.get("else") != nil {
+				return nil, unsupportedAt(kw, kp, "conditional schemas are not enforced")
+			}
+		case "then", "else":
+			// No effect without if.
+		default:
+			if refusedKeywords[kw] {
+				return nil, unsupportedAt(kw, kp, "keyword is not enforced")
+			}
+		}
+	}
+	if multipleOf != nil && n.types&(tInt|tNum) != 0 {
+		if multipleOf.Cmp(big.NewRat(1, 1)) != 0 {
+			return nil, unsupportedAt("multipleOf", path+"/multipleOf", "only multipleOf 1 is enforced")
+		}
+		n.types &^= tNum
+	}
+	if uniqueItems && n.types&tArr != 0 && (n.maxItems < 0 || n.maxItems > 1) {
+		if !(n.hasEnum) {
+			return nil, unsupportedAt("uniqueItems", path+"/uniqueItems", "unique array items are not enforced")
+		}
+	}
+	acc := n
+	for _, a := range apps {
+		var err error
+		if a.before {
+			acc, err = c.merge(a.n, acc, 0)
+		} else {
+			acc, err = c.merge(acc, a.n, 0)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return acc, nil
+}
+
+// wrapRxErr gives a pattern error the keyword and path it came from.
+func wrapRxErr(err error, kw, path string) error {
+	var e *Error
+	if errors.As(err, &e) {
+		msg := e.Msg
+		if e.Path != "" {
+			msg = e.Path + ": " + msg
+		}
+		return &Error{Keyword: kw, Path: path, Msg: msg, Err: e.Err}
+	}
+	return &Error{Keyword: kw, Path: path, Msg: err.Error()}
+}
+
+// negatable is the type set of the values s does not admit, when s
+// constrains the type alone.
+func (c *jsCompiler) negatable(s *node) (tset, bool) {
+	if s.ref != "" || s.isUnion {
+		return 0, false
+	}
+	t := s.types
+	s2 := *s
+	s2.types = tAll
+	if !s2.trivial() {
+		return 0, false
+	}
+	out := tAll &^ t
+	if t&tNum == 0 && t&tInt != 0 {
+		// Not an integer: a number with a fraction is not expressible.
+		return 0, false
+	}
+	if t&tNum != 0 {
+		out &^= tInt | tNum
+	}
+	return out, true
+}
+
+func intersectValues(a, b []*jval) []*jval {
+	var out []*jval
+	for _, x := range a {
+		for _, y := range b {
+			if jsonEqual(x, y) {
+				out = append(out, x)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func tighterLo(a, b *numBound) *numBound {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	switch a.v.Cmp(b.v) {
+	case 1:
+		return a
+	case -1:
+		return b
+	}
+	return &numBound{a.v, a.exc || b.exc}
+}
+
+func tighterHi(a, b *numBound) *numBound {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	switch a.v.Cmp(b.v) {
+	case -1:
+		return a
+	case 1:
+		return b
+	}
+	return &numBound{a.v, a.exc || b.exc}
+}
+
+func minMax(a, b int) int {
+	if a < 0 {
+		return b
+	}
+	if b < 0 {
+		return a
+	}
+	return min(a, b)
+}
+
+// mergeOpt merges two optional schemas (nil: any value).
+func (c *jsCompiler) mergeOpt(a, b *node, depth int) (*node, error) {
+	if a == nil {
+		return b, nil
+	}
+	if b == nil {
+		return a, nil
+	}
+	return c.merge(a, b, depth)
+}
+
+// merge is the intersection of a and b; a's property order comes first.
+func (c *jsCompiler) merge(a, b *node, depth int) (*node, error) {
+	if depth > maxMergeDepth {
+		return nil, unsupportedAt("allOf", a.path, "schemas merged more than %d deep (recursive schemas under allOf or sibling keywords)", maxMergeDepth)
+	}
+	if a == b || a.ref != "" && a.ref == b.ref {
+		return a, nil
+	}
+	if a.trivial() {
+		return b, nil
+	}
+	if b.trivial() {
+		return a, nil
+	}
+	var err error
+	if a, err = c.deref(a); err != nil {
+		return nil, err
+	}
+	if b, err = c.deref(b); err != nil {
+		return nil, err
+	}
+	if a.never() || b.never() {
+		return neverNode(a.path), nil
+	}
+	if a.isUnion || b.isUnion {
+		as, bs := []*node{a}, []*node{b}
+		if a.isUnion {
+			as = a.alts
+		}
+		if b.isUnion {
+			bs = b.alts
+		}
+		u := &node{path: a.path, isUnion: true}
+		for _, x := range as {
+			for _, y := range bs {
+				m, err := c.merge(x, y, depth+1)
+				if err != nil {
+					return nil, err
+				}
+				if !m.never() {
+					u.alts = append(u.alts, m)
+				}
+				if len(u.alts) > maxUnionAlts {
+					return nil, errAt("anyOf", a.path, "more than %d alternatives after merging", maxUnionAlts)
+				}
+			}
+		}
+		return u, nil
+	}
+	r := &node{path: a.path}
+	r.types = a.types.and(b.types)
+	switch {
+	case a.hasEnum && b.hasEnum:
+		r.hasEnum, r.enum = true, intersectValues(a.enum, b.enum)
+	case a.hasEnum:
+		r.hasEnum, r.enum = true, a.enum
+	case b.hasEnum:
+		r.hasEnum, r.enum = true, b.enum
+	}
+	r.minLen = max(a.minLen, b.minLen)
+	r.maxLen = minMax(a.maxLen, b.maxLen)
+	r.patterns = append(slices.Clip(a.patterns), b.patterns...)
+	r.lo = tighterLo(a.lo, b.lo)
+	r.hi = tighterHi(a.hi, b.hi)
+	// Objects.
+	if len(a.patProps) > 0 && len(b.patProps) > 0 {
+		return nil, unsupportedAt("patternProperties", b.path, "merging two schemas that both have patternProperties")
+	}
+	for _, p := range a.props {
+		other, err := c.keySchema(b, p.name)
+		if err != nil {
+			return nil, err
+		}
+		m, err := c.mergeOpt(p.s, other, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		r.props = append(r.props, prop{p.name, m})
+	}
+	for _, p := range b.props {
+		if a.hasProp(p.name) {
+			continue
+		}
+		other, err := c.keySchema(a, p.name)
+		if err != nil {
+			return nil, err
+		}
+		m, err := c.mergeOpt(other, p.s, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		r.props = append(r.props, prop{p.name, m})
+	}
+	if r.addl, err = c.mergeOpt(a.addl, b.addl, depth+1); err != nil {
+		return nil, err
+	}
+	for _, pp := range a.patProps {
+		m, err := c.mergeOpt(pp.s, b.addl, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		r.patProps = append(r.patProps, patProp{pp.src, pp.rx, m})
+	}
+	for _, pp := range b.patProps {
+		m, err := c.mergeOpt(a.addl, pp.s, depth+1)
+		if err != nil {
+			return nil, err
+		}
+		r.patProps = append(r.patProps, patProp{pp.src, pp.rx, m})
+	}
+	if r.propNames, err = c.mergeOpt(a.propNames, b.propNames, depth+1); err != nil {
+		return nil, err
+	}
+	r.required = slices.Clip(a.required)
+	for _, q := range b.required {
+		if !slices.Contains(r.required, q) {
+			r.required = append(r.required, q)
+		}
+	}
+	r.minProps = max(a.minProps, b.minProps)
+	r.maxProps = minMax(a.maxProps, b.maxProps)
+	// Arrays.
+	for i := 0; i < max(len(a.prefix), len(b.prefix)); i++ {
+		m, err := c.mergeOpt(a.itemAt(i), b.itemAt(i), depth+1)
+		if err != nil {
+			return nil, err
+		}
+		if m == nil {
+			m = anyNode(a.path)
+		}
+		r.prefix = append(r.prefix, m)
+	}
+	if r.items, err = c.mergeOpt(a.items, b.items, depth+1); err != nil {
+		return nil, err
+	}
+	r.minItems = max(a.minItems, b.minItems)
+	r.maxItems = minMax(a.maxItems, b.maxItems)
+	return r, nil
+}
+
+func (n *node) hasProp(name string) bool {
+	for _, p := range n.props {
+		if p.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// itemAt is the schema of array element i (nil: any).
+func (n *node) itemAt(i int) *node {
+	if i < len(n.prefix) {
+		return n.prefix[i]
+	}
+	return n.items
+}
+
+// keySchema is the schema n gives a member named name (nil: any value).
+func (c *jsCompiler) keySchema(n *node, name string) (*node, error) {
+	for _, p := range n.props {
+		if p.name == name {
+			return p.s, nil
+		}
+	}
+	var out *node
+	matched := false
+	for _, pp := range n.patProps {
+		if rxMatchString(pp.rx, name) {
+			matched = true
+			var err error
+			if out, err = c.mergeOpt(out, pp.s, 0); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if matched {
+		return out, nil
+	}
+	return n.addl, nil
+}
+
+// disjoint reports whether no value is admitted by both a and b (false
+// when that cannot be shown).
+func (c *jsCompiler) disjoint(a, b *node, depth int) (bool, error) {
+	if depth > 8 {
+		return false, nil
+	}
+	var err error
+	if a, err = c.deref(a); err != nil {
+		return false, err
+	}
+	if b, err = c.deref(b); err != nil {
+		return false, err
+	}
+	if a.never() || b.never() {
+		return true, nil
+	}
+	if a.isUnion || b.isUnion {
+		as, bs := []*node{a}, []*node{b}
+		if a.isUnion {
+			as = a.alts
+		}
+		if b.isUnion {
+			bs = b.alts
+		}
+		for _, x := range as {
+			for _, y := range bs {
+				d, err := c.disjoint(x, y, depth+1)
+				if err != nil || !d {
+					return false, err
+				}
+			}
+		}
+		return true, nil
+	}
+	t := a.types.and(b.types)
+	if t == 0 {
+		return true, nil
+	}
+	// Enumerations: no value of one is valid in the other.
+	for _, p := range [][2]*node{{a, b}, {b, a}} {
+		if p[0].hasEnum {
+			all := true
+			for _, v := range p[0].enum {
+				ok, err := c.validate(p[1], v, 0)
+				if err != nil {
+					return false, nil
+				}
+				ok2, err := c.validate(p[0], v, 0)
+				if err != nil {
+					return false, nil
+				}
+				if ok && ok2 {
+					all = false
+					break
+				}
+			}
+			if all {
+				return true, nil
+			}
+		}
+	}
+	if t&^tObj != 0 {
+		// Other types in common: only numeric ranges are compared.
+		if t&^(tInt|tNum) == 0 && rangesDisjoint(a, b) {
+			return true, nil
+		}
+		return false, nil
+	}
+	// Objects only: a property one requires and the other forbids, or both
+	// require with disjoint schemas.
+	for _, p := range [][2]*node{{a, b}, {b, a}} {
+		for _, q := range p[0].required {
+			ks, err := c.keySchema(p[1], q)
+			if err != nil {
+				return false, nil
+			}
+			if ks != nil && ks.never() {
+				return true, nil
+			}
+			if slices.Contains(p[1].required, q) && ks != nil {
+				ka, err := c.keySchema(p[0], q)
+				if err != nil || ka == nil {
+					continue
+				}
+				d, err := c.disjoint(ka, ks, depth+1)
+				if err == nil && d {
+					return true, nil
+				}
+			}
+		}
+	}
+	return false, nil
+}
+
+// rangesDisjoint reports whether a's and b's numeric ranges do not meet.
+func rangesDisjoint(a, b *node) bool {
+	below := func(hi, lo *numBound) bool {
+		if hi == nil || lo == nil {
+			return false
+		}
+		c := hi.v.Cmp(lo.v)
+		return c < 0 || c == 0 && (hi.exc || lo.exc)
+	}
+	return below(a.hi, b.lo) || below(b.hi, a.lo)
+}
+
+// validate reports whether v is valid against n (for enumerations and
+// literal names; the error is for what it cannot decide).
+func (c *jsCompiler) validate(n *node, v *jval, depth int) (bool, error) {
+	if depth > maxSchemaNesting {
+		return false, errAt("enum", n.path, "value nested too deep")
+	}
+	n, err := c.deref(n)
+	if err != nil {
+		return false, err
+	}
+	if n.isUnion {
+		for _, a := range n.alts {
+			ok, err := c.validate(a, v, depth+1)
+			if err != nil || ok {
+				return ok, err
+			}
+		}
+		return false, nil
+	}
+	if n.hasEnum && !slices.ContainsFunc(n.enum, func(e *jval) bool { return jsonEqual(e, v) }) {
+		return false, nil
+	}
+	switch v.k {
+	case jNull:
+		return n.types&tNull != 0, nil
+	case jBool:
+		return n.types&tBool != 0, nil
+	case jStr:
+		if n.types&tStr == 0 {
+			return false, nil
+		}
+		l := runeCount(v.s)
+		if l < n.minLen || n.maxLen >= 0 && l > n.maxLen {
+			return false, nil
+		}
+		for _, p := range n.patterns {
+			if !rxMatchString(p, v.s) {
+				return false, nil
+			}
+		}
+		return true, nil
+	case jNum:
+		r := v.rat()
+		if r == nil {
+			return false, nil
+		}
+		if n.types&tNum == 0 && !(n.types&tInt != 0 && r.IsInt()) {
+			return false, nil
+		}
+		if n.lo != nil && (r.Cmp(n.lo.v) < 0 || n.lo.exc && r.Cmp(n.lo.v) == 0) {
+			return false, nil
+		}
+		if n.hi != nil && (r.Cmp(n.hi.v) > 0 || n.hi.exc && r.Cmp(n.hi.v) == 0) {
+			return false, nil
+		}
+		return true, nil
+	case jArr:
+		if n.types&tArr == 0 || len(v.arr) < n.minItems || n.maxItems >= 0 && len(v.arr) > n.maxItems {
+			return false, nil
+		}
+		for i, e := range v.arr {
+			if s := n.itemAt(i); s != nil {
+				ok, err := c.validate(s, e, depth+1)
+				if err != nil || !ok {
+					return ok, err
+				}
+			}
+		}
+		return true, nil
+	case jObj:
+		if n.types&tObj == 0 || len(v.keys) < n.minProps || n.maxProps >= 0 && len(v.keys) > n.maxProps {
+			return false, nil
+		}
+		for _, q := range n.required {
+			if v.get(q) == nil {
+				return false, nil
+			}
+		}
+		for i, k := range v.keys {
+			if n.propNames != nil {
+				ok, err := c.validate(n.propNames, &jval{k: jStr, s: k}, depth+1)
+				if err != nil || !ok {
+					return ok, err
+				}
+			}
+			for _, s := range c.keySchemasAll(n, k) {
+				ok, err := c.validate(s, v.vals[i], depth+1)
+				if err != nil || !ok {
+					return ok, err
+				}
+			}
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// keySchemasAll lists every schema n applies to a member named name.
+func (c *jsCompiler) keySchemasAll(n *node, name string) []*node {
+	var out []*node
+	matched := false
+	for _, p := range n.props {
+		if p.name == name {
+			out = append(out, p.s)
+			matched = true
+		}
+	}
+	for _, pp := range n.patProps {
+		if rxMatchString(pp.rx, name) {
+			out = append(out, pp.s)
+			matched = true
+		}
+	}
+	if !matched && n.addl != nil {
+		out = append(out, n.addl)
+	}
+	return out
+}
+
+// ---- Emission ----
+
+func (c *jsCompiler) newRule(name string) (int, error) {
+	if c.b.NumRules() >= maxJSONRules {
+		return 0, errAt("json_schema", "", "the grammar needs more than %d rules", maxJSONRules)
+	}
+	return c.b.NewRule(name), nil
+}
+
+// emitOpt is emit with nil meaning any value.
+func (c *jsCompiler) emitOpt(n *node) (int, error) {
+	if n == nil {
+		return c.emitAny()
+	}
+	return c.emit(n)
+}
+
+func (c *jsCompiler) emitAny() (int, error) {
+	if c.anyRule >= 0 {
+		return c.anyRule, nil
+	}
+	n := anyNode("")
+	r, err := c.emit(n)
+	c.anyRule = r
+	return r, err
+}
+
+// emit returns the rule of the values n admits.
+func (c *jsCompiler) emit(n *node) (int, error) {
+	if r, ok := c.rules[n]; ok {
+		return r, nil
+	}
+	if n.ref != "" {
+		if r, ok := c.refRules[n.ref]; ok {
+			c.rules[n] = r
+			return r, nil
+		}
+		r, err := c.newRule("#" + n.ref)
+		if err != nil {
+			return 0, err
+		}
+		c.refRules[n.ref] = r
+		c.rules[n] = r
+		t, err := c.resolve(n.ref, n.path)
+		if err != nil {
+			return 0, err
+		}
+		tr, err := c.emit(t)
+		if err != nil {
+			return 0, err
+		}
+		c.b.AddAlt(r, N(tr))
+		return r, nil
+	}
+	r, err := c.newRule(ptrOr(n.path))
+	if err != nil {
+		return 0, err
+	}
+	c.rules[n] = r
+	if n.trivial() && c.anyRule < 0 {
+		c.anyRule = r
+	}
+	if n.isUnion {
+		for _, a := range n.alts {
+			ar, err := c.emit(a)
+			if err != nil {
+				return 0, err
+			}
+			c.b.AddAlt(r, N(ar))
+		}
+		return r, nil
+	}
+	if n.types == 0 {
+		return r, nil
+	}
+	if n.hasEnum {
+		for _, v := range n.enum {
+			ok, err := c.validate(n, v, 0)
+			if err != nil {
+				return 0, err
+			}
+			if ok {
+				c.b.AddAlt(r, c.literal(v)...)
+			}
+		}
+		return r, nil
+	}
+	if n.types&tNull != 0 {
+		c.b.AddAlt(r, T(Lit("null")))
+	}
+	if n.types&tBool != 0 {
+		c.b.AddAlt(r, T(Or(Lit("true"), Lit("false"))))
+	}
+	if n.types&tStr != 0 {
+		lx, err := c.stringLexeme(n)
+		if err != nil {
+			return 0, err
+		}
+		c.b.AddAlt(r, T(lx))
+	}
+	if n.types&(tInt|tNum) != 0 {
+		var lx *Regex
+		if n.types&tNum != 0 {
+			var ok bool
+			if lx, ok = numberRange(n.lo, n.hi); !ok {
+				return 0, unsupportedAt("minimum", n.path, "a bound without a finite decimal expansion")
+			}
+		} else {
+			lx = integerRange(n.lo, n.hi)
+		}
+		if lx.Op != OpNone {
+			c.b.AddAlt(r, T(lx))
+		}
+	}
+	if n.types&tObj != 0 {
+		if err := c.emitObject(n, r); err != nil {
+			return 0, err
+		}
+	}
+	if n.types&tArr != 0 {
+		if err := c.emitArray(n, r); err != nil {
+			return 0, err
+		}
+	}
+	return r, nil
+}
+
+// quoted is the lexeme of a string whose decoded contents match content.
+func (c *jsCompiler) quoted(content *Regex) (*Regex, error) {
+	e, err := encodeJSONLang(content, c.encMemo)
+	if err != nil {
+		return nil, err
+	}
+	return Concat(Lit(`"`), e, Lit(`"`)), nil
+}
+
+// stringLexeme is the lexeme of the strings n admits (length in code
+// points, patterns and formats over the decoded contents).
+func (c *jsCompiler) stringLexeme(n *node) (*Regex, error) {
+	if n.maxLen > MaxRepeat || n.minLen > MaxRepeat {
+		return nil, unsupportedAt("maxLength", n.path, "string lengths above %d", MaxRepeat)
+	}
+	parts := []*Regex{Repeat(c.strChar, n.minLen, n.maxLen)}
+	for _, p := range n.patterns {
+		e, err := encodeJSONLang(p, c.encMemo)
+		if err != nil {
+			return nil, errAt("pattern", n.path, "%v", err)
+		}
+		parts = append(parts, e)
+	}
+	return Concat(Lit(`"`), And(parts...), Lit(`"`)), nil
+}
+
+// literal is the symbols of the JSON text of v.
+func (c *jsCompiler) literal(v *jval) []Sym {
+	switch v.k {
+	case jNull:
+		return []Sym{T(Lit("null"))}
+	case jBool:
+		return []Sym{T(Lit(strconv.FormatBool(v.b)))}
+	case jStr:
+		q, _ := c.quoted(Lit(v.s))
+		return []Sym{T(q)}
+	case jNum:
+		return []Sym{T(numberLiteral(v))}
+	case jArr:
+		out := []Sym{T(Lit("["))}
+		for i, e := range v.arr {
+			if i > 0 {
+				out = append(out, T(Lit(",")))
+			}
+			out = append(out, c.literal(e)...)
+		}
+		return append(out, T(Lit("]")))
+	case jObj:
+		out := []Sym{T(Lit("{"))}
+		for i, k := range v.keys {
+			if i > 0 {
+				out = append(out, T(Lit(",")))
+			}
+			q, _ := c.quoted(Lit(k))
+			out = append(out, T(q), T(Lit(":")))
+			out = append(out, c.literal(v.vals[i])...)
+		}
+		return append(out, T(Lit("}")))
+	}
+	return nil
+}
+
+// numberLiteral matches the usual spellings of number v: as written, and
+// for an integral value N also "N.0"; otherwise its plain decimal form.
+func numberLiteral(v *jval) *Regex {
+	alts := []*Regex{Lit(v.s)}
+	r := v.rat()
+	if r == nil {
+		return alts[0]
+	}
+	if r.IsInt() {
+		s := r.Num().String()
+		alts = append(alts, Lit(s), Lit(s+".0"))
+	} else {
+		neg := r.Sign() < 0
+		ip, f, ok := decParts(new(big.Rat).Abs(r))
+		if ok {
+			s := ip.String() + "." + f
+			if neg {
+				s = "-" + s
+			}
+			alts = append(alts, Lit(s))
+		}
+	}
+	return Or(alts...)
+}
+
+// keyContent is the regex of the decoded names n's propertyNames admits
+// (nil: any).
+func (c *jsCompiler) keyContent(n *node) (*Regex, error) {
+	if n.propNames == nil {
+		return nil, nil
+	}
+	pn, err := c.deref(n.propNames)
+	if err != nil {
+		return nil, err
+	}
+	if pn.isUnion {
+		return nil, unsupportedAt("propertyNames", pn.path, "a union of name schemas")
+	}
+	if pn.types&tStr == 0 {
+		return None(), nil
+	}
+	if pn.hasEnum {
+		var alts []*Regex
+		for _, v := range pn.enum {
+			if ok, err := c.validate(pn, v, 0); err == nil && ok {
+				alts = append(alts, Lit(v.s))
+			}
+		}
+		return Or(alts...), nil
+	}
+	if pn.maxLen > MaxRepeat || pn.minLen > MaxRepeat {
+		return nil, unsupportedAt("maxLength", pn.path, "name lengths above %d", MaxRepeat)
+	}
+	parts := []*Regex{Repeat(AnyChar(), pn.minLen, pn.maxLen)}
+	parts = append(parts, pn.patterns...)
+	return And(parts...), nil
+}
+
+// member is a named property as the object grammar emits it.
+type member struct {
+	key *Regex
+	val int
+	req bool
+}
+
+// emitObject adds n's object alternative to rule r.
+func (c *jsCompiler) emitObject(n *node, r int) error {
+	var members []member
+	var names []*Regex
+	keyRx, err := c.keyContent(n)
+	if err != nil {
+		return err
+	}
+	nameOK := func(name string) (bool, error) {
+		if n.propNames == nil {
+			return true, nil
+		}
+		return c.validate(n.propNames, &jval{k: jStr, s: name}, 0)
+	}
+	addMember := func(name string, s *node, req bool) (bool, error) {
+		ok, err := nameOK(name)
+		if err != nil {
+			return false, err
+		}
+		// A named property matched by patternProperties satisfies both.
+		for _, pp := range n.patProps {
+			if rxMatchString(pp.rx, name) {
+				if s, err = c.mergeOpt(s, pp.s, 0); err != nil {
+					return false, err
+				}
+			}
+		}
+		if !ok || s != nil && s.never() {
+			return !req, nil
+		}
+		v, err := c.emitOpt(s)
+		if err != nil {
+			return false, err
+		}
+		k, err := c.quoted(Lit(name))
+		if err != nil {
+			return false, err
+		}
+		members = append(members, member{k, v, req})
+		names = append(names, Lit(name))
+		return true, nil
+	}
+	for _, p := range n.props {
+		ok, err := addMember(p.name, p.s, slices.Contains(n.required, p.name))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return nil
+		}
+	}
+	for _, q := range n.required {
+		if n.hasProp(q) {
+			continue
+		}
+		var s *node
+		if !slices.ContainsFunc(n.patProps, func(pp patProp) bool { return rxMatchString(pp.rx, q) }) {
+			s = n.addl
+		}
+		ok, err := addMember(q, s, true)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return nil
+		}
+	}
+	// Other names: patternProperties (a name matching one pattern only)
+	// and additionalProperties (a name matching none).
+	var extra []member
+	base := []*Regex{}
+	if keyRx != nil {
+		base = append(base, keyRx)
+	}
+	if len(names) > 0 {
+		base = append(base, Not(Or(names...)))
+	}
+	var pats []*Regex
+	for _, pp := range n.patProps {
+		pats = append(pats, pp.rx)
+	}
+	for i, pp := range n.patProps {
+		if pp.s != nil && pp.s.never() {
+			continue
+		}
+		parts := append(slices.Clip(base), pp.rx)
+		for j, o := range pats {
+			if j != i {
+				parts = append(parts, Not(o))
+			}
+		}
+		k, err := c.quoted(And(parts...))
+		if err != nil {
+			return errAt("patternProperties", n.path, "%v", err)
+		}
+		v, err := c.emitOpt(pp.s)
+		if err != nil {
+			return err
+		}
+		extra = append(extra, member{key: k, val: v})
+	}
+	if n.addl == nil || !n.addl.never() {
+		parts := slices.Clip(base)
+		if len(pats) > 0 {
+			parts = append(parts, Not(Or(pats...)))
+		}
+		content := And(parts...)
+		if len(parts) == 0 {
+			content = Star(AnyChar())
+		}
+		k, err := c.quoted(content)
+		if err != nil {
+			return err
+		}
+		v, err := c.emitOpt(n.addl)
+		if err != nil {
+			return err
+		}
+		extra = append(extra, member{key: k, val: v})
+	}
+	var extraRule = -1
+	if len(extra) > 0 {
+		if extraRule, err = c.newRule(ptrOr(n.path) + " additional member"); err != nil {
+			return err
+		}
+		for _, e := range extra {
+			c.b.AddAlt(extraRule, T(e.key), T(Lit(":")), N(e.val))
+		}
+	}
+	minP, maxP := n.minProps, n.maxProps
+	hasMax := maxP >= 0
+	capK := max(minP, 1)
+	if hasMax {
+		capK = maxP
+	}
+	if capK > maxCountChain || (len(members)+1)*(capK+1) > maxJSONRules/4 {
+		return unsupportedAt("maxProperties", n.path, "property counts too large to expand")
+	}
+	step := func(k int) int {
+		if !hasMax && k == capK {
+			return k
+		}
+		return k + 1
+	}
+	canEmit := func(k int) bool { return !hasMax || k < maxP }
+	comma := T(Lit(","))
+	// A(k): the additional members after k members.
+	aMemo := map[int]int{}
+	var ruleA func(k int) (int, error)
+	ruleA = func(k int) (int, error) {
+		if x, ok := aMemo[k]; ok {
+			return x, nil
+		}
+		x, err := c.newRule(fmt.Sprintf("%s members>=%d", ptrOr(n.path), k))
+		if err != nil {
+			return 0, err
+		}
+		aMemo[k] = x
+		if k >= minP {
+			c.b.AddAlt(x)
+		}
+		if extraRule < 0 || !canEmit(k) {
+			return x, nil
+		}
+		if !hasMax && k == capK {
+			c.b.AddAlt(x, N(x), comma, N(extraRule)) // k ≥ 1
+			return x, nil
+		}
+		next, err := ruleA(step(k))
+		if err != nil {
+			return 0, err
+		}
+		if k > 0 {
+			c.b.AddAlt(x, comma, N(extraRule), N(next))
+		} else {
+			c.b.AddAlt(x, N(extraRule), N(next))
+		}
+		return x, nil
+	}
+	// R(i, k): members i… after k members.
+	rMemo := map[[2]int]int{}
+	var ruleR func(i, k int) (int, error)
+	ruleR = func(i, k int) (int, error) {
+		if i == len(members) {
+			return ruleA(k)
+		}
+		if x, ok := rMemo[[2]int{i, k}]; ok {
+			return x, nil
+		}
+		x, err := c.newRule(fmt.Sprintf("%s member %d after %d", ptrOr(n.path), i, k))
+		if err != nil {
+			return 0, err
+		}
+		rMemo[[2]int{i, k}] = x
+		m := members[i]
+		if !m.req {
+			skip, err := ruleR(i+1, k)
+			if err != nil {
+				return 0, err
+			}
+			c.b.AddAlt(x, N(skip))
+		}
+		if canEmit(k) {
+			next, err := ruleR(i+1, step(k))
+			if err != nil {
+				return 0, err
+			}
+			syms := []Sym{}
+			if k > 0 {
+				syms = append(syms, comma)
+			}
+			syms = append(syms, T(m.key), T(Lit(":")), N(m.val), N(next))
+			c.b.AddAlt(x, syms...)
+		}
+		return x, nil
+	}
+	body, err := ruleR(0, 0)
+	if err != nil {
+		return err
+	}
+	c.b.AddAlt(r, T(Lit("{")), N(body), T(Lit("}")))
+	return nil
+}
+
+// emitArray adds n's array alternative to rule r.
+func (c *jsCompiler) emitArray(n *node, r int) error {
+	minI, maxI := n.minItems, n.maxItems
+	hasMax := maxI >= 0
+	capK := max(minI, len(n.prefix), 1)
+	if hasMax {
+		capK = maxI
+	}
+	if capK > maxCountChain {
+		kw := "minItems"
+		if hasMax {
+			kw = "maxItems"
+		}
+		return unsupportedAt(kw, n.path, "item counts above %d", maxCountChain)
+	}
+	if hasMax && minI > maxI {
+		return nil
+	}
+	comma := T(Lit(","))
+	memo := map[int]int{}
+	var ruleE func(k int) (int, error)
+	ruleE = func(k int) (int, error) {
+		if x, ok := memo[k]; ok {
+			return x, nil
+		}
+		x, err := c.newRule(fmt.Sprintf("%s items>=%d", ptrOr(n.path), k))
+		if err != nil {
+			return 0, err
+		}
+		memo[k] = x
+		if k >= minI {
+			c.b.AddAlt(x)
+		}
+		if hasMax && k >= maxI {
+			return x, nil
+		}
+		el := n.itemAt(k)
+		if el != nil && el.never() {
+			return x, nil
+		}
+		er, err := c.emitOpt(el)
+		if err != nil {
+			return 0, err
+		}
+		if !hasMax && k == capK {
+			c.b.AddAlt(x, N(x), comma, N(er)) // k ≥ 1
+			return x, nil
+		}
+		next, err := ruleE(k + 1)
+		if err != nil {
+			return 0, err
+		}
+		if k > 0 {
+			c.b.AddAlt(x, comma, N(er), N(next))
+		} else {
+			c.b.AddAlt(x, N(er), N(next))
+		}
+		return x, nil
+	}
+	body, err := ruleE(0)
+	if err != nil {
+		return err
+	}
+	c.b.AddAlt(r, T(Lit("[")), N(body), T(Lit("]")))
+	return nil
+}

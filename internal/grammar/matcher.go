@@ -244,30 +244,38 @@ func (c *Constraint) insideOf(s lexState) *insideEntry {
 	st := c.stLex
 	st[0] = s
 	lx := c.lx
-	for i := int32(1); i < int32(len(tr.b)); {
-		d := tr.depth[i]
+	packed, end, tok1 := tr.packed, tr.end, tr.tok1
+	inside := e.inside
+	trans := lx.trans
+	n := int32(len(packed))
+	for i := int32(1); i < n; {
+		p := packed[i]
+		d := p >> 8
 		t := st[d-1]
-		n := lx.trans[int(t)<<8|int(tr.b[i])]
-		if n == unknown {
-			n = lx.next(t, tr.b[i])
+		nt := trans[uint(t)<<8|uint(p&0xFF)]
+		if nt == unknown {
+			nt = lx.next(t, byte(p))
+			trans = lx.trans
 		}
-		if n == deadState {
+		if nt == deadState {
 			if info := &lx.states[t]; info.accepts != nil || info.skipDone {
-				k := [2]uint32{uint32(t), uint32(tr.b[i])}
+				k := [2]uint32{uint32(t), p & 0xFF}
 				g := groups[k]
 				if g == nil {
-					g = &frontGroup{t: t, b: tr.b[i], results: map[lexState]*frontResult{}}
+					g = &frontGroup{t: t, b: byte(p), results: map[lexState]*frontResult{}}
 					groups[k] = g
 					e.groups = append(e.groups, g)
 				}
 				g.nodes = append(g.nodes, i)
 			}
-			i = tr.end[i]
+			i = end[i]
 			continue
 		}
-		st[d] = n
-		for _, id := range tr.toks[tr.tokLo[i]:tr.tokLo[i+1]] {
-			e.inside[id>>6] |= 1 << (id & 63)
+		st[d] = nt
+		if id := tok1[i]; id >= 0 {
+			inside[id>>6] |= 1 << (id & 63)
+		} else if id == -2 {
+			tr.setToks(inside, i)
 		}
 		i++
 	}

@@ -16,6 +16,10 @@ type trie struct {
 	tokLo    []int32  // toks[tokLo[i]:tokLo[i+1]] end at node i
 	toks     []int32
 	maxDepth int
+	// packed[i] is b[i] | depth[i]<<8, and tok1[i] the token ending at
+	// node i (−1 none, −2 several: see toks), for the walks' inner loops.
+	packed []uint32
+	tok1   []int32
 }
 
 // buildTrie builds the trie of tokens, leaving out empty strings and the
@@ -64,5 +68,30 @@ func buildTrie(tokens [][]byte, isEOS []bool) *trie {
 	// were appended while it was the newest node, so the run of node i is
 	// toks[tokLo[i]:tokLo[i+1]].
 	t.tokLo = append(t.tokLo, int32(len(t.toks)))
+	t.packed = make([]uint32, len(t.b))
+	t.tok1 = make([]int32, len(t.b))
+	for i := range t.b {
+		t.packed[i] = uint32(t.b[i]) | uint32(t.depth[i])<<8
+		switch n := t.tokLo[i+1] - t.tokLo[i]; n {
+		case 0:
+			t.tok1[i] = -1
+		case 1:
+			t.tok1[i] = t.toks[t.tokLo[i]]
+		default:
+			t.tok1[i] = -2
+		}
+	}
 	return t
+}
+
+// setToks sets in mask the bits of the tokens ending at node i.
+func (t *trie) setToks(mask []uint64, i int32) {
+	switch id := t.tok1[i]; {
+	case id >= 0:
+		mask[id>>6] |= 1 << (id & 63)
+	case id == -2:
+		for _, id := range t.toks[t.tokLo[i]:t.tokLo[i+1]] {
+			mask[id>>6] |= 1 << (id & 63)
+		}
+	}
 }

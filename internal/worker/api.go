@@ -238,19 +238,13 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 		StopTokenIDs: b.StopTokenIDs, IgnoreEOS: b.IgnoreEOS, MinTokens: b.MinTokens,
 		N: b.N, Priority: b.Priority,
 	}
-	if b.Constraint != nil && !b.Constraint.IsZero() {
+	if b.Constraint != nil {
 		// Both PD legs compile it (each its own cache): prefill masks the
 		// first token, decode every later one, its matcher rebuilt from
 		// the spec and advanced over the first token KV_DONE brings.
-		key := b.Constraint.Digest()
-		c, err := w.grammars.get(*b.Constraint, key)
-		if err != nil {
-			if errors.Is(err, errCompilePanic) {
-				return q, openai.Internal("constraint: %v", err)
-			}
-			return q, openai.BadRequest("constraint", "%v", err)
+		if err := w.constrain(&q, *b.Constraint); err != nil {
+			return q, err
 		}
-		q.Constraint, q.ConstraintDigest = c, key
 	}
 	if b.PromptLogprobs != nil && w.role != lifecycle.RoleDecode {
 		// (Both PD legs carry one body; decode does not compute the prompt.)
@@ -640,6 +634,9 @@ func (w *Worker) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 	q := lifecycle.Request{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens, Sampling: g.Sampling,
 		StopTokenIDs: g.StopTokenIDs, IgnoreEOS: g.IgnoreEOS, MinTokens: g.MinTokens,
 		N: g.N, ScorePrompt: g.ScorePrompt, PromptTop: g.PromptTopLogprobs, Priority: g.Priority, Timeout: g.Timeout}
+	if err := w.constrain(&q, g.Constraint); err != nil {
+		return nil, err
+	}
 	return &localStream{w: w, rid: g.RID, ctx: ctx, wt: w.submit(q)}, nil
 }
 

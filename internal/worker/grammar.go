@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/grammar"
+	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/openai"
 )
 
 // grammarCacheSize bounds a worker's compiled constraints: the 256 most
@@ -131,4 +133,24 @@ func compile(spec grammar.Spec, v *grammar.Vocab) (c *grammar.Constraint, err er
 		return nil, err
 	}
 	return grammar.NewConstraint(gr, v)
+}
+
+// constrain gives q the compiled constraint of spec (nothing for the zero
+// Spec). A constraint that does not compile here (the router compiled it
+// already, so it should not happen) is a 400 naming the field
+// "constraint"; a compiler panic is a 500.
+func (w *Worker) constrain(q *lifecycle.Request, spec grammar.Spec) error {
+	if spec.IsZero() {
+		return nil
+	}
+	key := spec.Digest()
+	c, err := w.grammars.get(spec, key)
+	switch {
+	case errors.Is(err, errCompilePanic):
+		return openai.Internal("constraint: %v", err)
+	case err != nil:
+		return openai.BadRequest("constraint", "%v", err)
+	}
+	q.Constraint, q.ConstraintDigest = c, key
+	return nil
 }

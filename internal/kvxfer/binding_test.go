@@ -144,6 +144,11 @@ func TestBindingPinned(t *testing.T) {
 	if seed.String() != wantSeed || chain[2].String() != wantLast || b.String() != wantBinding {
 		t.Fatalf("seed %s, last page %s, binding %s", seed, chain[2], b)
 	}
+	// The digest of grammar.Spec{Kind: KindChoice, Source: `["yes","no"]`}.
+	const digest = "f530fc07f4ba6e0b094312d1408484edca2d184d9f22e48613817442fcb97022"
+	if c := BindKVConstrained(RoomGen{Room: Room{15: 1}, Gen: 1}, 10, chain, digest); c.String() != "e7bcc16680402b935ea13ba207447695" {
+		t.Fatalf("constrained binding %s", c)
+	}
 }
 
 func BenchmarkPromptChain(b *testing.B) {

@@ -1,7 +1,9 @@
 package grammar
 
 import (
+	"cmp"
 	"encoding/binary"
+	"hash/maphash"
 	"slices"
 	"unicode/utf8"
 )
@@ -52,11 +54,20 @@ type enode struct {
 	// hasBool: the expression contains And or Not (its liveness needs a
 	// search; without them every id but eNone matches something).
 	hasBool bool
+	// shape is a keyed hash of the expression's structure (children by
+	// their shapes, Or and And as sets): equal across exprSets for equal
+	// expressions, so caches shared by the Constraints of a Vocab can be
+	// keyed by it.
+	shape shape
 }
+
+// shape is a 128-bit keyed structural hash.
+type shape [2]uint64
 
 // exprSet interns expressions and memoizes their derivatives. Not safe for
 // concurrent use (the Constraint holding it serializes access).
 type exprSet struct {
+	seeds *[2]maphash.Seed
 	nodes []enode
 	index map[string]eid
 	deriv map[uint64]eid // id<<8 | byte
@@ -64,8 +75,15 @@ type exprSet struct {
 	key   []byte
 }
 
+// newExprSet is an exprSet whose shapes are keyed by fresh seeds.
 func newExprSet() *exprSet {
-	s := &exprSet{index: make(map[string]eid), deriv: make(map[uint64]eid), live: make(map[eid]bool)}
+	return newExprSetSeeded(&[2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()})
+}
+
+// newExprSetSeeded is an exprSet whose shapes are keyed by seeds (a
+// Vocab's, so that its Constraints' shapes agree).
+func newExprSetSeeded(seeds *[2]maphash.Seed) *exprSet {
+	s := &exprSet{seeds: seeds, index: make(map[string]eid), deriv: make(map[uint64]eid), live: make(map[eid]bool)}
 	s.intern(enode{kind: kNone})
 	s.intern(enode{kind: kEmpty, nullable: true})
 	return s
@@ -98,9 +116,52 @@ func (s *exprSet) intern(n enode) eid {
 		return id
 	}
 	id := eid(len(s.nodes))
+	n.shape = s.shapeOf(&n)
 	s.nodes = append(s.nodes, n)
 	s.index[string(k)] = id
 	return id
+}
+
+// shapeOf hashes n's kind, payload and children's shapes.
+func (s *exprSet) shapeOf(n *enode) shape {
+	b := make([]byte, 0, 64)
+	b = append(b, byte(n.kind))
+	var kids []shape
+	switch n.kind {
+	case kBytes:
+		for _, w := range n.set {
+			b = binary.LittleEndian.AppendUint64(b, w)
+		}
+	case kConcat:
+		kids = []shape{s.nodes[n.a].shape, s.nodes[n.b].shape}
+	case kNot:
+		kids = []shape{s.nodes[n.a].shape}
+	case kRepeat:
+		kids = []shape{s.nodes[n.a].shape}
+		b = binary.LittleEndian.AppendUint32(b, uint32(n.min))
+		b = binary.LittleEndian.AppendUint32(b, uint32(n.max))
+	case kOr, kAnd:
+		for _, x := range n.subs {
+			kids = append(kids, s.nodes[x].shape)
+		}
+		slices.SortFunc(kids, cmpShape)
+	}
+	for _, k := range kids {
+		b = binary.LittleEndian.AppendUint64(b, k[0])
+		b = binary.LittleEndian.AppendUint64(b, k[1])
+	}
+	return hashShape(s.seeds, b)
+}
+
+func hashShape(seeds *[2]maphash.Seed, b []byte) shape {
+	return shape{maphash.Bytes(seeds[0], b), maphash.Bytes(seeds[1], b)}
+}
+
+func cmpShape(a, b shape) int {
+	if c := cmp.Compare(a[0], b[0]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a[1], b[1])
 }
 
 func (s *exprSet) node(id eid) *enode { return &s.nodes[id] }

@@ -29,6 +29,9 @@ type lexInfo struct {
 	accepts *lexSet
 	// skipDone: the skip lexeme's match is complete here.
 	skipDone bool
+	// shape identifies the set of the entries' expressions across
+	// Constraints (what the tokens inside a lexeme depend on).
+	shape shape
 }
 
 // lexSet is a set of lexeme indices; its key is its bytes.
@@ -104,6 +107,18 @@ func (l *lexer) addState(entries []lexEntry) lexState {
 	if bits != nil {
 		info.accepts = l.internSet(bits)
 	}
+	shapes := make([]shape, len(entries))
+	for i, e := range entries {
+		shapes[i] = l.ex.node(e.expr).shape
+	}
+	slices.SortFunc(shapes, cmpShape)
+	shapes = slices.Compact(shapes)
+	kb := make([]byte, 0, 16*len(shapes))
+	for _, x := range shapes {
+		kb = binary.LittleEndian.AppendUint64(kb, x[0])
+		kb = binary.LittleEndian.AppendUint64(kb, x[1])
+	}
+	info.shape = hashShape(l.ex.seeds, kb)
 	l.states = append(l.states, info)
 	for range 256 {
 		l.trans = append(l.trans, unknown)

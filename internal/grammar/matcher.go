@@ -27,7 +27,7 @@ type Constraint struct {
 
 // NewConstraint binds g to v. It reports a grammar that can match no text.
 func NewConstraint(g *Grammar, v *Vocab) (*Constraint, error) {
-	c := &Constraint{g: g, v: v, ex: newExprSet()}
+	c := &Constraint{g: g, v: v, ex: newExprSetSeeded(&v.seeds)}
 	var roots []eid
 	byExpr := map[eid]int32{}
 	nonEmpty := c.ex.concat(c.ex.byteRange(0, 0xFF), c.ex.repeat(c.ex.byteRange(0, 0xFF), 0, -1))
@@ -238,6 +238,70 @@ func (c *Constraint) insideOf(s lexState) *insideEntry {
 	if e := c.inside[s]; e != nil {
 		return e
 	}
+	if e := c.fromShared(s); e != nil {
+		c.keep(s, e)
+		return e
+	}
+	e := c.walkInside(s)
+	c.keep(s, e)
+	c.publish(s, e)
+	return e
+}
+
+func (c *Constraint) keep(s lexState, e *insideEntry) {
+	if len(c.inside) < maxInside {
+		c.inside[s] = e
+	}
+}
+
+// fromShared is s's entry made from the Vocab's shared cache, or nil.
+func (c *Constraint) fromShared(s lexState) *insideEntry {
+	v := c.v
+	v.shared.Lock()
+	se := v.shared.m[c.lx.states[s].shape]
+	v.shared.Unlock()
+	if se == nil {
+		return nil
+	}
+	e := &insideEntry{inside: se.inside, groups: make([]*frontGroup, len(se.groups))}
+	tr := v.trie
+	var path []byte
+	for i, g := range se.groups {
+		// The state before the group's byte: s stepped along the path to
+		// the parent of one of its nodes (all share it).
+		path = path[:0]
+		for n := tr.parent[g.nodes[0]]; n > 0; n = tr.parent[n] {
+			path = append(path, tr.b[n])
+		}
+		t := s
+		for j := len(path) - 1; j >= 0 && t != deadState; j-- {
+			t = c.lx.next(t, path[j])
+		}
+		if t == deadState || c.lx.states[t].shape != g.t {
+			return nil // cannot happen unless shapes collide; walk instead
+		}
+		e.groups[i] = &frontGroup{t: t, b: g.b, nodes: g.nodes, results: map[lexState]*frontResult{}}
+	}
+	return e
+}
+
+// publish offers e, walked from s, to the Vocab's shared cache.
+func (c *Constraint) publish(s lexState, e *insideEntry) {
+	se := &sharedInside{inside: e.inside, groups: make([]sharedGroup, len(e.groups))}
+	for i, g := range e.groups {
+		se.groups[i] = sharedGroup{t: c.lx.states[g.t].shape, b: g.b, nodes: g.nodes}
+	}
+	v := c.v
+	v.shared.Lock()
+	defer v.shared.Unlock()
+	if len(v.shared.m) >= maxShared {
+		clear(v.shared.m)
+	}
+	v.shared.m[c.lx.states[s].shape] = se
+}
+
+// walkInside walks the whole trie from s without committing a lexeme.
+func (c *Constraint) walkInside(s lexState) *insideEntry {
 	tr := c.v.trie
 	e := &insideEntry{inside: make([]uint64, c.v.MaskWords())}
 	groups := map[[2]uint32]*frontGroup{}
@@ -278,9 +342,6 @@ func (c *Constraint) insideOf(s lexState) *insideEntry {
 			tr.setToks(inside, i)
 		}
 		i++
-	}
-	if len(c.inside) < maxInside {
-		c.inside[s] = e
 	}
 	return e
 }

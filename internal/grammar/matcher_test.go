@@ -187,3 +187,33 @@ func TestMaskAgreesWithAcceptJSON(t *testing.T) {
 		checkMasks(t, c, r, 30, 40)
 	}
 }
+
+// TestSharedInsideCache: a second Constraint over the same Vocab takes its
+// per-state masks from the Vocab's shared cache, and they are right.
+func TestSharedInsideCache(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	v := randomVocab(t, r, `{}[]":,ab1-. etrufnls\`, 3000, 6)
+	c1, err := NewConstraint(jsonGrammar(t, true), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMasks(t, c1, r, 10, 40)
+	if len(v.shared.m) == 0 {
+		t.Fatal("nothing published to the shared cache")
+	}
+	c2, err := NewConstraint(jsonGrammar(t, true), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := c2.NewMatcher()
+	if !m.AcceptBytes([]byte(`{"ab`)) {
+		t.Fatal("refused")
+	}
+	c2.mu.Lock()
+	e := c2.fromShared(m.lex)
+	c2.mu.Unlock()
+	if e == nil {
+		t.Fatal("the string state of a second constraint missed the shared cache")
+	}
+	checkMasks(t, c2, r, 20, 40)
+}

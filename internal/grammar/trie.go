@@ -11,6 +11,7 @@ import (
 // string). Tokens whose byte strings are equal share a node.
 type trie struct {
 	b        []byte   // the byte on the edge into node i
+	parent   []int32  // node i's parent (−1 for the root)
 	depth    []uint16 // node i's depth (root 0)
 	end      []int32  // one past node i's subtree
 	tokLo    []int32  // toks[tokLo[i]:tokLo[i+1]] end at node i
@@ -33,7 +34,13 @@ func buildTrie(tokens [][]byte, isEOS []bool) *trie {
 	}
 	slices.SortStableFunc(ids, func(a, b int32) int { return bytes.Compare(tokens[a], tokens[b]) })
 	t := &trie{}
+	var stack []int32
 	newNode := func(c byte, d int) int32 {
+		p := int32(-1)
+		if len(stack) > 0 {
+			p = stack[len(stack)-1]
+		}
+		t.parent = append(t.parent, p)
 		t.b = append(t.b, c)
 		t.depth = append(t.depth, uint16(d))
 		t.end = append(t.end, 0)
@@ -41,7 +48,7 @@ func buildTrie(tokens [][]byte, isEOS []bool) *trie {
 		t.maxDepth = max(t.maxDepth, d)
 		return int32(len(t.b) - 1)
 	}
-	stack := []int32{newNode(0, 0)}
+	stack = append(stack, newNode(0, 0))
 	var prev []byte
 	for _, id := range ids {
 		s := tokens[id]

@@ -21,7 +21,8 @@ type SamplingParams struct {
 	// The fields below are the logit processors and logprob settings. Their
 	// zero values change nothing, so a request that sets none samples as
 	// before they existed. They apply in this order (vLLM's): bans
-	// (SeqInput.Ban, AllowedTokenIDs, BadWords) set logits to −∞; then
+	// (a grammar's SeqInput.Mask first, then SeqInput.Ban, AllowedTokenIDs,
+	// BadWords) set logits to −∞; then
 	// RepetitionPenalty, FrequencyPenalty and PresencePenalty; then
 	// LogitBias; then temperature; then MinP, TopK and TopP.
 

@@ -163,10 +163,37 @@ func newParser(g *Grammar, lexOf func(*Regex) (int32, bool), nLex int) (*parser,
 	return p, nil
 }
 
+// chartView is a chart as a shared prefix (a matcher's) and a few sets
+// after it (committed inside a token during a mask walk), so that a walk
+// never copies the prefix.
+type chartView struct {
+	base, extra []*eset
+}
+
+func (v chartView) at(i int32) *eset {
+	if int(i) < len(v.base) {
+		return v.base[i]
+	}
+	return v.extra[int(i)-len(v.base)]
+}
+
+func (v chartView) top() *eset {
+	if len(v.extra) > 0 {
+		return v.extra[len(v.extra)-1]
+	}
+	return v.base[len(v.base)-1]
+}
+
+// push is v with s after it; v.extra must have spare capacity only if no
+// other view shares it.
+func (v chartView) push(s *eset) chartView {
+	return chartView{v.base, append(v.extra[:len(v.extra):len(v.extra)], s)}
+}
+
 // closer builds one Earley set.
 type closer struct {
 	p     *parser
-	chart []*eset
+	chart chartView
 	set   *eset
 	seen  map[item]struct{}
 	bits  []uint64
@@ -194,7 +221,7 @@ func (c *closer) close(l *lexer) *eset {
 			if it.origin == s.pos {
 				continue // nullable: moved past at prediction
 			}
-			o := c.chart[it.origin]
+			o := c.chart.at(it.origin)
 			for _, j := range o.waiting[pr.lhs] {
 				w := o.items[j]
 				c.add(item{w.prod, w.dot + 1, w.origin})
@@ -226,21 +253,21 @@ func (c *closer) close(l *lexer) *eset {
 	return s
 }
 
-func (p *parser) newCloser(chart []*eset, pos int32, nLexWords int) *closer {
+func (p *parser) newCloser(chart chartView, pos int32, nLexWords int) *closer {
 	return &closer{p: p, chart: chart, set: &eset{pos: pos}, seen: make(map[item]struct{}), bits: make([]uint64, nLexWords)}
 }
 
 // initial is the first set of a chart.
 func (p *parser) initial(l *lexer) *eset {
-	c := p.newCloser(nil, 0, (p.nLex+63)/64)
+	c := p.newCloser(chartView{}, 0, (p.nLex+63)/64)
 	c.add(item{p.accept, 0, 0})
 	return c.close(l)
 }
 
 // scan is the set after lexeme set lx from the last set of chart, or nil
 // if no item expects any of them. Results are memoized on that set.
-func (p *parser) scan(chart []*eset, lx *lexSet, l *lexer) *eset {
-	s := chart[len(chart)-1]
+func (p *parser) scan(chart chartView, lx *lexSet, l *lexer) *eset {
+	s := chart.top()
 	if n, ok := s.next[lx.key]; ok {
 		return n
 	}

@@ -22,7 +22,6 @@ type Constraint struct {
 
 	// walk buffers, per depth of the trie
 	stLex []lexState
-	stLen []int // sets committed on the path, at each depth
 }
 
 // NewConstraint binds g to v. It reports a grammar that can match no text.
@@ -72,7 +71,6 @@ func NewConstraint(g *Grammar, v *Vocab) (*Constraint, error) {
 	c.init = p.initial(c.lx)
 	c.stLex = make([]lexState, v.trie.maxDepth+1)
 	c.inside = make(map[lexState]*insideEntry)
-	c.stLen = make([]int, v.trie.maxDepth+1)
 	return c, nil
 }
 
@@ -111,7 +109,7 @@ func (c *Constraint) NewMatcher() *Matcher {
 // step advances the lexer over byte b from state t after chart, committing
 // the lexeme that ends before b if b cannot extend it. It returns the set
 // committed (nil if none) and the new state, or ok false.
-func (c *Constraint) step(chart []*eset, t lexState, b byte) (*eset, lexState, bool) {
+func (c *Constraint) step(chart chartView, t lexState, b byte) (*eset, lexState, bool) {
 	if n := c.lx.next(t, b); n != deadState {
 		return nil, n, true
 	}
@@ -125,15 +123,15 @@ func (c *Constraint) step(chart []*eset, t lexState, b byte) (*eset, lexState, b
 		n := c.lx.next(c.startOf(s), b)
 		return s, n, n != deadState
 	case info.skipDone:
-		n := c.lx.next(c.startOf(chart[len(chart)-1]), b)
+		n := c.lx.next(c.startOf(chart.top()), b)
 		return nil, n, n != deadState
 	}
 	return nil, deadState, false
 }
 
 // canEnd reports whether the text of chart and lexer state t is whole.
-func (c *Constraint) canEnd(chart []*eset, t lexState) bool {
-	top := chart[len(chart)-1]
+func (c *Constraint) canEnd(chart chartView, t lexState) bool {
+	top := chart.top()
 	info := &c.lx.states[t]
 	if info.accepts != nil {
 		s := c.p.scan(chart, info.accepts, c.lx)
@@ -168,13 +166,23 @@ func (m *Matcher) FillMask(mask []uint64) {
 	defer c.mu.Unlock()
 	ent := c.insideOf(m.lex)
 	copy(mask, ent.inside)
-	if c.canEnd(m.chart, m.lex) {
+	cv := chartView{base: m.chart}
+	if c.canEnd(cv, m.lex) {
 		for _, id := range v.eos {
 			mask[id>>6] |= 1 << (id & 63)
 		}
 	}
-	for _, g := range ent.groups {
-		s, n, ok := c.step(m.chart, g.t, g.b)
+	c.applyGroups(mask, cv, ent.groups)
+}
+
+// applyGroups sets the bits of the tokens that end a lexeme at one of
+// groups' nodes, after chart: each group commits once, and its nodes'
+// subtrees come from the cache per resulting lexer state, recursively for
+// tokens that end several lexemes.
+func (c *Constraint) applyGroups(mask []uint64, chart chartView, groups []*frontGroup) {
+	tr := c.v.trie
+	for _, g := range groups {
+		s, n, ok := c.step(chart, g.t, g.b)
 		if !ok {
 			continue
 		}
@@ -183,18 +191,15 @@ func (m *Matcher) FillMask(mask []uint64) {
 			r = c.frontierResult(g, n)
 			g.results[n] = r
 		}
-		for _, id := range r.toks {
-			mask[id>>6] |= 1 << (id & 63)
+		for _, i := range r.nodes {
+			tr.setToks(mask, i)
 		}
-		if len(r.deeper) == 0 {
-			continue
-		}
-		chart := m.chart
-		if s != nil {
-			chart = append(chart[:len(chart):len(chart)], s)
-		}
-		for _, dn := range r.deeper {
-			c.walk(mask, dn.node, chart, dn.t)
+		if len(r.groups) > 0 {
+			ch := chart
+			if s != nil {
+				ch = chart.push(s)
+			}
+			c.applyGroups(mask, ch, r.groups)
 		}
 	}
 }
@@ -221,13 +226,8 @@ type frontGroup struct {
 // after the commit and byte b is the map key: tokens with no further
 // boundary, and nodes that need another commit.
 type frontResult struct {
-	toks   []int32
-	deeper []deepNode
-}
-
-type deepNode struct {
-	node int32
-	t    lexState // the lexer state before the node's byte
+	nodes  []int32 // nodes whose tokens are allowed
+	groups []*frontGroup
 }
 
 // maxInside bounds the lexer states whose masks are cached per Constraint
@@ -353,66 +353,39 @@ func (c *Constraint) frontierResult(g *frontGroup, n lexState) *frontResult {
 	lx := c.lx
 	r := &frontResult{}
 	st := c.stLex
+	groups := map[[2]uint32]*frontGroup{}
 	for _, root := range g.nodes {
 		d0 := tr.depth[root]
 		st[d0] = n
-		r.toks = append(r.toks, tr.toks[tr.tokLo[root]:tr.tokLo[root+1]]...)
+		if tr.tok1[root] != -1 {
+			r.nodes = append(r.nodes, root)
+		}
 		for i := root + 1; i < tr.end[root]; {
 			d := tr.depth[i]
 			t := st[d-1]
 			nt := lx.next(t, tr.b[i])
 			if nt == deadState {
 				if info := &lx.states[t]; info.accepts != nil || info.skipDone {
-					r.deeper = append(r.deeper, deepNode{i, t})
+					k := [2]uint32{uint32(t), uint32(tr.b[i])}
+					sg := groups[k]
+					if sg == nil {
+						sg = &frontGroup{t: t, b: tr.b[i], results: map[lexState]*frontResult{}}
+						groups[k] = sg
+						r.groups = append(r.groups, sg)
+					}
+					sg.nodes = append(sg.nodes, i)
 				}
 				i = tr.end[i]
 				continue
 			}
 			st[d] = nt
-			r.toks = append(r.toks, tr.toks[tr.tokLo[i]:tr.tokLo[i+1]]...)
+			if tr.tok1[i] != -1 {
+				r.nodes = append(r.nodes, i)
+			}
 			i++
 		}
 	}
 	return r
-}
-
-// walk sets the mask bits of node root's subtree, entered from lexer state
-// t after chart, committing lexemes as needed.
-func (c *Constraint) walk(mask []uint64, root int32, chart []*eset, t lexState) {
-	tr := c.v.trie
-	lx := c.lx
-	d0 := int(tr.depth[root])
-	// ch is this walk's own chart: base plus the sets committed on the
-	// path to the current node (lens[d] of them at depth d).
-	ch := append(make([]*eset, 0, len(chart)+8), chart...)
-	base := len(chart)
-	st := c.stLex
-	lens := c.stLen
-	st[d0-1], lens[d0-1] = t, 0
-	for i := root; i < tr.end[root]; {
-		d := int(tr.depth[i])
-		pt := st[d-1]
-		n := lx.next(pt, tr.b[i])
-		lens[d] = lens[d-1]
-		if n == deadState {
-			ch = ch[:base+lens[d-1]]
-			s, n2, ok := c.step(ch, pt, tr.b[i])
-			if !ok {
-				i = tr.end[i]
-				continue
-			}
-			if s != nil {
-				ch = append(ch, s)
-				lens[d]++
-			}
-			n = n2
-		}
-		st[d] = n
-		for _, id := range tr.toks[tr.tokLo[i]:tr.tokLo[i+1]] {
-			mask[id>>6] |= 1 << (id & 63)
-		}
-		i++
-	}
 }
 
 // advance walks b from m's state; it reports false (m unchanged) if b is
@@ -421,12 +394,14 @@ func (m *Matcher) advance(b []byte) bool {
 	c := m.c
 	chart, t := m.chart, m.lex
 	for _, x := range b {
-		s, n, ok := c.step(chart, t, x)
+		s, n, ok := c.step(chartView{base: chart}, t, x)
 		if !ok {
 			return false
 		}
 		if s != nil {
-			chart = append(chart[:len(chart):len(chart)], s)
+			// Amortized: a Clone's chart has no spare capacity, so
+			// appending never writes into a chart another matcher reads.
+			chart = append(chart, s)
 		}
 		t = n
 	}
@@ -477,7 +452,7 @@ func (m *Matcher) CanEnd() bool {
 	}
 	m.c.mu.Lock()
 	defer m.c.mu.Unlock()
-	return m.c.canEnd(m.chart, m.lex)
+	return m.c.canEnd(chartView{base: m.chart}, m.lex)
 }
 
 // Done reports whether m accepted an EOS id.

@@ -162,8 +162,16 @@ func larkLex(src string) ([]larkTok, error) {
 			}
 			toks = append(toks, larkTok{kind: ltPercent, pos: start, text: src[start:i]})
 		case c == '<' || c == '@':
-			toks = append(toks, larkTok{kind: ltSpecial, pos: start, text: string(c)})
+			// <special token>, <[ids]>, @grammar: read whole, refused by
+			// the parser.
 			i++
+			for i < len(src) && (c == '<' && src[i] != '>' && src[i] != '\n' || c == '@' && isLarkNameChar(src[i])) {
+				i++
+			}
+			if c == '<' && i < len(src) && src[i] == '>' {
+				i++
+			}
+			toks = append(toks, larkTok{kind: ltSpecial, pos: start, text: src[start:i]})
 		case c == '.' && i+1 < len(src) && src[i+1] == '.', c == '-' && i+1 < len(src) && src[i+1] == '>':
 			toks = append(toks, larkTok{kind: ltPunct, pos: start, text: src[i : i+2]})
 			i += 2
@@ -727,7 +735,7 @@ func (p *larkParser) atom() (*larkExpr, error) {
 		p.i++
 		return &larkExpr{op: lxName, name: t.text, pos: t.pos}, nil
 	case ltSpecial:
-		if t.text == "@" {
+		if t.text[0] == '@' {
 			return nil, larkUnsupported(p.src, t.pos, "a grammar reference (@name)")
 		}
 		return nil, larkUnsupported(p.src, t.pos, "a special token (<…>)")

@@ -67,6 +67,9 @@ type shape [2]uint64
 // exprSet interns expressions and memoizes their derivatives. Not safe for
 // concurrent use (the Constraint holding it serializes access).
 type exprSet struct {
+	// over is set once the set holds maxExprNodes expressions: new ones
+	// are then ∅, and the Constraint reports ErrTooComplex.
+	over  bool
 	seeds *[2]maphash.Seed
 	nodes []enode
 	index map[string]eid
@@ -114,6 +117,10 @@ func (s *exprSet) intern(n enode) eid {
 	s.key = k
 	if id, ok := s.index[string(k)]; ok {
 		return id
+	}
+	if len(s.nodes) >= maxExprNodes {
+		s.over = true
+		return eNone
 	}
 	id := eid(len(s.nodes))
 	n.shape = s.shapeOf(&n)
@@ -374,6 +381,10 @@ func (s *exprSet) derive(id eid, c byte) eid {
 	s.deriv[k] = d
 	return d
 }
+
+// maxExprNodes bounds the expressions (derivatives included) one
+// Constraint may build.
+const maxExprNodes = 1 << 20
 
 // liveBudget bounds the derivatives explored to decide whether an
 // expression with And or Not matches anything; past it, it is assumed to.

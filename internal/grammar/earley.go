@@ -16,7 +16,11 @@ type prod struct {
 	rhs []int32
 }
 
+// maxSetItems bounds the items of one Earley set.
+const maxSetItems = 1 << 16
+
 type parser struct {
+	over     bool // an Earley set reached maxSetItems: see Constraint.Err
 	prods    []prod
 	byLHS    [][]int32 // nonterminal → its productions
 	nullable []bool    // per nonterminal
@@ -201,6 +205,10 @@ type closer struct {
 
 func (c *closer) add(it item) {
 	if _, ok := c.seen[it]; ok {
+		return
+	}
+	if len(c.set.items) >= maxSetItems {
+		c.p.over = true
 		return
 	}
 	c.seen[it] = struct{}{}

@@ -42,9 +42,14 @@ type lexSet struct {
 
 func (s *lexSet) has(i int32) bool { return s.bits[i>>6]&(1<<(i&63)) != 0 }
 
+// maxLexStates bounds the lexer states of one Constraint (each costs 1 KiB
+// of transitions).
+const maxLexStates = 1 << 14
+
 // lexer is the lazily built automaton over every lexeme of a grammar. Not
 // safe for concurrent use.
 type lexer struct {
+	over   bool // maxLexStates reached: see Constraint.Err
 	ex     *exprSet
 	roots  []eid // per lexeme: its expression; the skip lexeme is last
 	skip   int32 // index of the skip lexeme, or -1
@@ -87,6 +92,10 @@ func (l *lexer) addState(entries []lexEntry) lexState {
 	}
 	if s, ok := l.index[string(k)]; ok {
 		return s
+	}
+	if len(l.states) >= maxLexStates {
+		l.over = true
+		return deadState
 	}
 	id := lexState(len(l.states))
 	info := lexInfo{entries: entries}

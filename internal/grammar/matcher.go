@@ -69,9 +69,31 @@ func NewConstraint(g *Grammar, v *Vocab) (*Constraint, error) {
 	c.p = p
 	c.lx = newLexer(c.ex, roots, skip)
 	c.init = p.initial(c.lx)
+	if c.over() {
+		return nil, ErrTooComplex
+	}
 	c.stLex = make([]lexState, v.trie.maxDepth+1)
 	c.inside = make(map[lexState]*insideEntry)
 	return c, nil
+}
+
+// ErrTooComplex is reported by Matcher.Err when a Constraint outgrew its
+// bounds (expressions, lexer states, Earley items): its masks are no longer
+// trustworthy and the output must end.
+var ErrTooComplex = &Error{Msg: "the constraint is too complex: it needs more than the engine's bounds (1Mi expressions, 16Ki lexer states, 64Ki items a set)"}
+
+// over reports whether c outgrew a bound.
+func (c *Constraint) over() bool { return c.ex.over || c.lx.over || c.p.over }
+
+// Err is ErrTooComplex once m's Constraint outgrew its bounds (its masks
+// and Accept are then wrong: stop the output), else nil.
+func (m *Matcher) Err() error {
+	m.c.mu.Lock()
+	defer m.c.mu.Unlock()
+	if m.c.over() {
+		return ErrTooComplex
+	}
+	return nil
 }
 
 // Vocab is the vocabulary c was bound to.
@@ -244,7 +266,9 @@ func (c *Constraint) insideOf(s lexState) *insideEntry {
 	}
 	e := c.walkInside(s)
 	c.keep(s, e)
-	c.publish(s, e)
+	if !c.over() {
+		c.publish(s, e)
+	}
 	return e
 }
 

@@ -217,3 +217,26 @@ func TestSharedInsideCache(t *testing.T) {
 	}
 	checkMasks(t, c2, r, 20, 40)
 }
+
+// TestTooComplex: a lexeme whose automaton is exponential ((a|b)*a(a|b){20}
+// has 2^21 states) runs into the lexer-state bound, and Err says so
+// instead of the engine growing without end.
+func TestTooComplex(t *testing.T) {
+	var b Builder
+	s := b.NewRule("s")
+	ab := Class(RuneRange{'a', 'b'})
+	b.AddAlt(s, T(Concat(Star(ab), Lit("a"), Repeat(ab, 20, 20))))
+	g, _ := b.Grammar(s)
+	c, err := NewConstraint(g, mustByteVocab(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := c.NewMatcher()
+	r := rand.New(rand.NewPCG(7, 8))
+	for i := 0; i < 1<<16 && m.Err() == nil; i++ {
+		m.AcceptBytes([]byte{"ab"[r.IntN(2)]})
+	}
+	if m.Err() != ErrTooComplex {
+		t.Fatalf("Err = %v after 64Ki bytes, want ErrTooComplex", m.Err())
+	}
+}

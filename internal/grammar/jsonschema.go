@@ -56,6 +56,12 @@ const (
 	// maxCountChain bounds minItems/maxItems/minProperties/maxProperties
 	// expanded into rule chains.
 	maxCountChain = 4096
+	// maxStringLength bounds minLength and maxLength (a counted
+	// repetition the lexer unrolls as the string grows).
+	maxStringLength = 1 << 24
+	// maxPatternOverlap bounds the patternProperties whose overlaps are
+	// enumerated (2^n sets).
+	maxPatternOverlap = 4
 	// maxJSONRules bounds the rules of the grammar.
 	maxJSONRules = 200000
 )
@@ -432,6 +438,7 @@ func nonNegInt(v *jval, kw, path string) (int, error) {
 type applicator struct {
 	n      *node
 	before bool // written before "properties"
+	oneOf  bool
 }
 
 // normalize reads the schema v at path.
@@ -455,7 +462,7 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 			return nil, err
 		}
 		if onlyAnnotations(v, "$ref") {
-			return &node{path: path, ref: t}, nil
+			return &node{path: path + "/$ref", ref: t}, nil
 		}
 	}
 	n := anyNode(path)
@@ -695,26 +702,15 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 			case "anyOf":
 				a = &node{path: kp, isUnion: true, alts: subs}
 			case "oneOf":
-				for j := range subs {
-					for k := j + 1; k < len(subs); k++ {
-						d, err := c.disjoint(subs[j], subs[k], 0)
-						if err != nil {
-							return nil, err
-						}
-						if !d {
-							return nil, unsupportedAt(kw, kp, "branches %d and %d may both match (oneOf is only taken as anyOf when its branches are disjoint)", j, k)
-						}
-					}
-				}
 				a = &node{path: kp, isUnion: true, alts: subs}
 			}
-			apps = append(apps, applicator{a, !seenProps})
+			apps = append(apps, applicator{a, !seenProps, kw == "oneOf"})
 		case "$ref":
 			t, err := c.refTarget(x, kp)
 			if err != nil {
 				return nil, err
 			}
-			apps = append(apps, applicator{&node{path: kp, ref: t}, !seenProps})
+			apps = append(apps, applicator{&node{path: kp, ref: t}, !seenProps, false})
 		case "not":
 			s, err := sub(kw, x)
 			if err != nil {
@@ -746,6 +742,32 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 	if uniqueItems && n.types&tArr != 0 && (n.maxItems < 0 || n.maxItems > 1) {
 		if !(n.hasEnum) {
 			return nil, unsupportedAt("uniqueItems", path+"/uniqueItems", "unique array items are not enforced")
+		}
+	}
+	// oneOf is a union where its branches, with the sibling keywords, are
+	// disjoint.
+	for _, a := range apps {
+		if !a.oneOf {
+			continue
+		}
+		subs := make([]*node, len(a.n.alts))
+		for j, s := range a.n.alts {
+			m, err := c.merge(n, s, 0)
+			if err != nil {
+				return nil, err
+			}
+			subs[j] = m
+		}
+		for j := range subs {
+			for k := j + 1; k < len(subs); k++ {
+				d, err := c.disjoint(subs[j], subs[k], 0)
+				if err != nil {
+					return nil, err
+				}
+				if !d {
+					return nil, unsupportedAt("oneOf", a.n.path, "branches %d and %d may both match (oneOf is only taken as anyOf when its branches are disjoint)", j, k)
+				}
+			}
 		}
 	}
 	acc := n
@@ -1410,10 +1432,14 @@ func (c *jsCompiler) quoted(content *Regex) (*Regex, error) {
 // stringLexeme is the lexeme of the strings n admits (length in code
 // points, patterns and formats over the decoded contents).
 func (c *jsCompiler) stringLexeme(n *node) (*Regex, error) {
-	if n.maxLen > MaxRepeat || n.minLen > MaxRepeat {
-		return nil, unsupportedAt("maxLength", n.path, "string lengths above %d", MaxRepeat)
+	if n.minLen > maxStringLength {
+		return nil, unsupportedAt("minLength", n.path, "string lengths above %d", maxStringLength)
 	}
-	parts := []*Regex{Repeat(c.strChar, n.minLen, n.maxLen)}
+	maxLen := n.maxLen
+	if maxLen > maxStringLength {
+		return nil, unsupportedAt("maxLength", n.path, "string lengths above %d", maxStringLength)
+	}
+	parts := []*Regex{Repeat(c.strChar, n.minLen, maxLen)}
 	for _, p := range n.patterns {
 		e, err := encodeJSONLang(p, c.encMemo)
 		if err != nil {
@@ -1510,8 +1536,8 @@ func (c *jsCompiler) keyContent(n *node) (*Regex, error) {
 		}
 		return Or(alts...), nil
 	}
-	if pn.maxLen > MaxRepeat || pn.minLen > MaxRepeat {
-		return nil, unsupportedAt("maxLength", pn.path, "name lengths above %d", MaxRepeat)
+	if pn.maxLen > maxStringLength || pn.minLen > maxStringLength {
+		return nil, unsupportedAt("maxLength", pn.path, "name lengths above %d", maxStringLength)
 	}
 	parts := []*Regex{Repeat(AnyChar(), pn.minLen, pn.maxLen)}
 	parts = append(parts, pn.patterns...)
@@ -1552,6 +1578,7 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 				}
 			}
 		}
+		names = append(names, Lit(name))
 		if !ok || s != nil && s.never() {
 			return !req, nil
 		}
@@ -1564,7 +1591,6 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 			return false, err
 		}
 		members = append(members, member{k, v, req})
-		names = append(names, Lit(name))
 		return true, nil
 	}
 	for _, p := range n.props {
@@ -1606,21 +1632,36 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 	for _, pp := range n.patProps {
 		pats = append(pats, pp.rx)
 	}
-	for i, pp := range n.patProps {
-		if pp.s != nil && pp.s.never() {
+	// A name matching the patterns of set S (a bit mask) gets all their
+	// schemas; with many patterns, names matching several are left out.
+	for set := 1; set < 1<<len(pats); set++ {
+		if len(pats) > maxPatternOverlap && set&(set-1) != 0 {
 			continue
 		}
-		parts := append(slices.Clip(base), pp.rx)
-		for j, o := range pats {
-			if j != i {
-				parts = append(parts, Not(o))
+		parts := slices.Clip(base)
+		var s *node
+		for i, pp := range n.patProps {
+			if set&(1<<i) == 0 {
+				parts = append(parts, Not(pp.rx))
+				continue
+			}
+			parts = append(parts, pp.rx)
+			if s, err = c.mergeOpt(s, pp.s, 0); err != nil {
+				return err
 			}
 		}
-		k, err := c.quoted(And(parts...))
+		if s != nil && s.never() {
+			continue
+		}
+		content := And(parts...)
+		if set&(set-1) != 0 && rxIsEmpty(content) {
+			continue
+		}
+		k, err := c.quoted(content)
 		if err != nil {
 			return errAt("patternProperties", n.path, "%v", err)
 		}
-		v, err := c.emitOpt(pp.s)
+		v, err := c.emitOpt(s)
 		if err != nil {
 			return err
 		}

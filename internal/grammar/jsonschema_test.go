@@ -1,0 +1,246 @@
+package grammar
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// jsonByteVocab has one token per byte and an EOS token (256).
+func jsonByteVocab(t *testing.T) *Vocab {
+	t.Helper()
+	toks := make([][]byte, 257)
+	for i := range 256 {
+		toks[i] = []byte{byte(i)}
+	}
+	toks[256] = []byte("<eos>")
+	v, err := NewVocab(toks, []int32{256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// jsonAccepts reports whether g accepts text whole, fed byte by byte.
+func jsonAccepts(t *testing.T, c *Constraint, text string) bool {
+	t.Helper()
+	m := c.NewMatcher()
+	for i := 0; i < len(text); i++ {
+		if !m.AcceptBytes([]byte{text[i]}) {
+			return false
+		}
+	}
+	return m.CanEnd()
+}
+
+// validates reports whether the reference validator finds text valid
+// against schema.
+func validates(t *testing.T, schema, text string) bool {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
+	if err != nil {
+		t.Fatalf("schema %s: %v", schema, err)
+	}
+	comp := jsonschema.NewCompiler()
+	comp.AssertFormat()
+	if err := comp.AddResource("schema.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	sch, err := comp.Compile("schema.json")
+	if err != nil {
+		t.Fatalf("reference compile %s: %v", schema, err)
+	}
+	inst, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+	if err != nil {
+		return false
+	}
+	return sch.Validate(inst) == nil
+}
+
+type jsonCase struct {
+	name   string
+	schema string
+	ok     []string // accepted, and valid
+	bad    []string // refused, and invalid
+	order  []string // refused though valid: not in the enforced property order
+}
+
+var jsonCases = []jsonCase{
+	{name: "any", schema: `{}`,
+		ok:  []string{`1`, `"x"`, `null`, `true`, `{"a":[1,{"b":null}]}`, `[]`, `-0.5e10`, `"\u001f\n\"\\\/é😀"`},
+		bad: []string{`nul`, `{"a"}`, `[1,]`, `01`, `"\x"`, "\"\x01\"", `tru`, `{,}`}},
+	{name: "false", schema: `{"anyOf":[false,{"type":"null"}]}`, ok: []string{`null`}, bad: []string{`1`, `{}`}},
+	{name: "types", schema: `{"type":["integer","null","boolean"]}`,
+		ok: []string{`0`, `-12`, `null`, `false`}, bad: []string{`1.5`, `"1"`, `[]`, `{}`, `00`}},
+	{name: "number", schema: `{"type":"number"}`,
+		ok: []string{`0`, `-1.25`, `1e5`, `2E-3`, `0.0`}, bad: []string{`.5`, `1.`, `+1`, `1e`, `NaN`}},
+	{name: "string lengths", schema: `{"type":"string","minLength":2,"maxLength":3}`,
+		ok:  []string{`"ab"`, `"abc"`, `"é😀"`, `"\n\t"`, `"\u0001x"`, `"a\"b"`},
+		bad: []string{`"a"`, `"abcd"`, `"\n\t\r\b"`, `""`, `"😀"`}},
+	{name: "pattern", schema: `{"type":"string","pattern":"^[a-c]+\"?$"}`,
+		ok: []string{`"abc"`, `"a\""`}, bad: []string{`"abd"`, `""`, `"a\"\""`}},
+	{name: "pattern unanchored", schema: `{"type":"string","pattern":"x/y"}`,
+		ok: []string{`"ax/yb"`, `"x\/y"`}, bad: []string{`"xy"`}},
+	{name: "pattern with newline class", schema: `{"type":"string","pattern":"^\\s*$"}`,
+		ok: []string{`"  \n\t"`, `"\u000a"`}, bad: []string{`"a"`}},
+	{name: "enum", schema: `{"enum":["a","b\"c",1,null,{"x":[1]},1.5]}`,
+		ok:  []string{`"a"`, `"b\"c"`, `1`, `1.0`, `null`, `{"x":[1]}`, `1.5`},
+		bad: []string{`"c"`, `2`, `{"x":[2]}`, `"b"`}},
+	{name: "enum with type", schema: `{"type":"string","enum":["a",1,"bb"],"maxLength":1}`,
+		ok: []string{`"a"`}, bad: []string{`1`, `"bb"`}},
+	{name: "const", schema: `{"const":"x\ny"}`, ok: []string{`"x\ny"`, `"x\u000ay"`}, bad: []string{`"xy"`}},
+	{name: "integer range", schema: `{"type":"integer","minimum":-15,"exclusiveMaximum":120}`,
+		ok:  []string{`-15`, `-9`, `0`, `7`, `99`, `119`, `100`},
+		bad: []string{`-16`, `-150`, `120`, `200`, `1000`, `1.5`}},
+	{name: "integer draft4 exclusive", schema: `{"$schema":"http://json-schema.org/draft-04/schema#","type":"integer","minimum":5,"exclusiveMinimum":true}`,
+		ok: []string{`6`, `60`}, bad: []string{`5`, `-6`, `0`}},
+	{name: "number range", schema: `{"type":"number","minimum":-1.5,"maximum":2.25}`,
+		ok:  []string{`-1.5`, `-1.49`, `0`, `-0.0`, `2`, `2.25`, `2.2500`, `1.999`, `-1`, `-1.5000`},
+		bad: []string{`-1.51`, `2.26`, `3`, `-2`, `2.2501`, `10`}},
+	{name: "number exclusive", schema: `{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1}`,
+		ok: []string{`0.5`, `0.001`, `0.999`}, bad: []string{`0`, `1`, `0.0`, `1.0`, `-0.5`, `-0`}},
+	{name: "multipleOf 1", schema: `{"type":"number","multipleOf":1}`, ok: []string{`3`}, bad: []string{`3.5`}},
+	{name: "object order and required", schema: `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["b"],"additionalProperties":false}`,
+		ok:    []string{`{"b":"x"}`, `{"a":1,"b":"x"}`},
+		bad:   []string{`{}`, `{"a":1}`, `{"b":"x","c":1}`, `{"a":"1","b":"x"}`, `{"a":1,,"b":"x"}`},
+		order: []string{`{"b":"x","a":1}`, `{"b":"x","b":"y"}`}},
+	{name: "additional properties", schema: `{"properties":{"a":{"type":"integer"}},"additionalProperties":{"type":"string"}}`,
+		ok:  []string{`{}`, `{"a":1}`, `{"a":1,"x":"y","z":"w"}`, `{"x":"y"}`},
+		bad: []string{`{"a":"s"}`, `{"x":1}`, `{"x":"y","a":"s"}`, `{"\u0061":"s"}`}},
+	{name: "required not in properties", schema: `{"required":["z"],"additionalProperties":{"type":"integer"}}`,
+		ok: []string{`{"z":1}`, `{"z":1,"y":2}`}, bad: []string{`{}`, `{"z":"a"}`, `{"y":1}`}},
+	{name: "pattern properties", schema: `{"properties":{"ab":{"type":"integer"},"ac":{"minimum":2}},"patternProperties":{"^a":{"type":"string"},"c$":{"maxLength":3}},"additionalProperties":false}`,
+		ok: []string{`{"ax":"s"}`, `{"ac":"s"}`, `{"ac":"s","abc":"sss"}`}, bad: []string{`{"ab":1}`, `{"ab":"s"}`, `{"ax":1}`, `{"b":"s"}`, `{"abc":"ssss"}`, `{"ac":"ssss"}`}},
+	{name: "property names", schema: `{"type":"object","propertyNames":{"maxLength":2}}`,
+		ok: []string{`{"ab":1}`, `{}`}, bad: []string{`{"abc":1}`}},
+	{name: "min max properties", schema: `{"type":"object","additionalProperties":{"type":"integer"},"minProperties":1,"maxProperties":2}`,
+		ok: []string{`{"a":1}`, `{"a":1,"b":2}`}, bad: []string{`{}`, `{"a":1,"b":2,"c":3}`}},
+	{name: "min properties optional", schema: `{"type":"object","properties":{"a":{},"b":{}},"additionalProperties":false,"minProperties":1}`,
+		ok: []string{`{"a":1}`, `{"b":1}`, `{"a":1,"b":2}`}, bad: []string{`{}`}},
+	{name: "array items", schema: `{"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":3}`,
+		ok: []string{`[1,2]`, `[1,2,3]`}, bad: []string{`[]`, `[1]`, `[1,2,3,4]`, `[1,"a"]`, `[1,,2]`}},
+	{name: "array unbounded", schema: `{"type":"array","items":{"type":"integer"},"minItems":1}`,
+		ok: []string{`[1]`, `[1,2,3,4,5,6]`}, bad: []string{`[]`, `[1,2,]`}},
+	{name: "prefixItems", schema: `{"prefixItems":[{"type":"string"},{"type":"integer"}],"items":false}`,
+		ok: []string{`[]`, `["a"]`, `["a",1]`}, bad: []string{`["a",1,2]`, `[1]`}},
+	{name: "tuple draft4", schema: `{"$schema":"http://json-schema.org/draft-07/schema#","type":"array","items":[{"type":"string"}],"additionalItems":{"type":"null"}}`,
+		ok: []string{`["a",null,null]`}, bad: []string{`["a",1]`}},
+	{name: "anyOf", schema: `{"anyOf":[{"type":"string","maxLength":1},{"type":"integer","minimum":10}]}`,
+		ok: []string{`"a"`, `10`, `123`}, bad: []string{`"ab"`, `9`, `null`}},
+	{name: "oneOf disjoint types", schema: `{"oneOf":[{"type":"string"},{"type":"array","items":{"type":"string"}}]}`,
+		ok: []string{`"a"`, `["a"]`}, bad: []string{`1`, `[1]`}},
+	{name: "oneOf tagged", schema: `{"type":"object","oneOf":[{"properties":{"k":{"const":"a"},"x":{"type":"integer"}},"required":["k"]},{"properties":{"k":{"const":"b"}},"required":["k"]}]}`,
+		ok: []string{`{"k":"a","x":1}`, `{"k":"b","x":"s"}`}, bad: []string{`{"k":"c"}`, `{"k":"a","x":"s"}`}},
+	{name: "allOf merge", schema: `{"allOf":[{"properties":{"a":{"type":"integer"}},"required":["a"]},{"properties":{"b":{"type":"string"}},"required":["b"]}]}`,
+		ok: []string{`{"a":1,"b":"x"}`, `{"a":1,"b":"x","c":null}`}, bad: []string{`{"a":1}`, `{"a":"1","b":"x"}`}},
+	{name: "sibling anyOf", schema: `{"type":"object","properties":{"t":{"type":"string"}},"anyOf":[{"required":["t"]},{"required":["u"]}]}`,
+		ok: []string{`{"t":"x"}`, `{"u":1}`}, bad: []string{`{}`, `{"t":1}`}},
+	{name: "recursive ref", schema: `{"$defs":{"n":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/n"}}},"additionalProperties":false}},"$ref":"#/$defs/n"}`,
+		ok: []string{`{"v":1,"kids":[{"v":2,"kids":[]},{"kids":[{"v":3}]}]}`}, bad: []string{`{"kids":[{"v":"x"}]}`, `{"kids":[{"w":1}]}`}},
+	{name: "ref with siblings", schema: `{"definitions":{"s":{"type":"string"}},"properties":{"a":{"$ref":"#/definitions/s","maxLength":2}}}`,
+		ok: []string{`{"a":"xy"}`}, bad: []string{`{"a":"xyz"}`, `{"a":1}`}},
+	{name: "not", schema: `{"not":{"type":["string","null"]}}`, ok: []string{`1`, `{}`}, bad: []string{`"a"`, `null`}},
+	{name: "format date-time", schema: `{"type":"string","format":"date-time"}`,
+		ok: []string{`"2024-02-29T12:30:00Z"`, `"2024-01-31T00:00:00.123+05:30"`}, bad: []string{`"2024-13-01T00:00:00Z"`, `"2024-04-31T00:00:00Z"`, `"2024-01-01"`}},
+	{name: "format misc", schema: `{"type":"array","prefixItems":[{"format":"uuid"},{"format":"ipv4"},{"format":"email"},{"format":"date"},{"format":"ipv6"}]}`,
+		ok:  []string{`["123e4567-e89b-12d3-a456-426614174000","192.168.0.1","a.b@example.com","2020-01-01","::1"]`},
+		bad: []string{`["123e4567","192.168.0.1"]`, `["123e4567-e89b-12d3-a456-426614174000","256.1.1.1"]`, `["123e4567-e89b-12d3-a456-426614174000","1.1.1.1","a@"]`}},
+	{name: "unknown format", schema: `{"type":"string","format":"int32"}`, ok: []string{`"x"`}, bad: []string{`1`}},
+}
+
+func TestJSONSchemaCases(t *testing.T) {
+	v := jsonByteVocab(t)
+	for _, tc := range jsonCases {
+		for _, flexible := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/flexible=%v", tc.name, flexible), func(t *testing.T) {
+				g, err := CompileJSONSchema([]byte(tc.schema), JSONOptions{FlexibleWhitespace: flexible})
+				if err != nil {
+					t.Fatalf("compile %s: %v", tc.schema, err)
+				}
+				c, err := NewConstraint(g, v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range tc.ok {
+					if !validates(t, tc.schema, s) {
+						t.Errorf("test data: %s is not valid against %s", s, tc.schema)
+					}
+					if !jsonAccepts(t, c, s) {
+						t.Errorf("refused %s", s)
+					}
+				}
+				for _, s := range tc.bad {
+					if validates(t, tc.schema, s) {
+						t.Errorf("test data: %s is valid against %s", s, tc.schema)
+					}
+					if jsonAccepts(t, c, s) {
+						t.Errorf("accepted %s", s)
+					}
+				}
+				for _, s := range tc.order {
+					if !validates(t, tc.schema, s) {
+						t.Errorf("test data: %s is not valid against %s", s, tc.schema)
+					}
+					if jsonAccepts(t, c, s) {
+						t.Errorf("accepted %s out of property order", s)
+					}
+				}
+				if flexible && len(tc.ok) > 0 {
+					spaced := strings.NewReplacer(",", ", ", ":", " : ", "{", "{ ", "[", "[\n\t").Replace(tc.ok[0])
+					if !strings.Contains(tc.ok[0], `"`) && !jsonAccepts(t, c, " "+spaced+"\r\n") {
+						t.Errorf("refused %q with whitespace", spaced)
+					}
+				} else if !flexible {
+					for _, s := range tc.ok {
+						if i := strings.IndexAny(s, "{["); i >= 0 && jsonAccepts(t, c, s[:i+1]+" "+s[i+1:]) {
+							t.Errorf("compact grammar accepted whitespace in %s", s)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestJSONSchemaErrors(t *testing.T) {
+	for _, tc := range []struct {
+		schema, keyword, path string
+		unsupported           bool
+	}{
+		{`{"type":"object","properties":{"a":{"not":{"minimum":3}}}}`, "not", "#/properties/a/not", true},
+		{`{"$ref":"http://example.com/s.json"}`, "$ref", "#/$ref", true},
+		{`{"$ref":"#/definitions/missing"}`, "$ref", "#/$ref", false},
+		{`{"oneOf":[{"type":"integer"},{"minimum":3}]}`, "oneOf", "#/oneOf", true},
+		{`{"items":{"uniqueItems":true}}`, "uniqueItems", "#/items/uniqueItems", true},
+		{`{"if":{"type":"string"},"then":{"minLength":2}}`, "if", "#/if", true},
+		{`{"dependentRequired":{"a":["b"]}}`, "dependentRequired", "#/dependentRequired", true},
+		{`{"type":"integer","multipleOf":3}`, "multipleOf", "#/multipleOf", true},
+		{`{"format":"idn-email"}`, "format", "#/format", true},
+		{`{"type":"strin"}`, "type", "#/type", false},
+		{`{"pattern":"(?<=a)b"}`, "pattern", "#/pattern", true},
+		{`{"minLength":-1}`, "minLength", "#/minLength", false},
+		{`{"type":"string","enum":[1,2]}`, "json_schema", "#", false},
+		{`{"$defs":{"a":{"allOf":[{"$ref":"#/$defs/b"},{"properties":{"x":{"$ref":"#/$defs/a"}}}]},"b":{"properties":{"x":{"$ref":"#/$defs/b"}}}},"$ref":"#/$defs/a"}`, "$ref", "", true},
+		{`{"maxItems":100000}`, "maxItems", "#", true},
+		{`[`, "json_schema", "", false},
+	} {
+		_, err := CompileJSONSchema([]byte(tc.schema), JSONOptions{})
+		var e *Error
+		if !errors.As(err, &e) {
+			t.Errorf("%s: error %v, want *Error", tc.schema, err)
+			continue
+		}
+		if e.Keyword != tc.keyword || tc.path != "" && e.Path != tc.path {
+			t.Errorf("%s: keyword %q at %q (%v), want %q at %q", tc.schema, e.Keyword, e.Path, err, tc.keyword, tc.path)
+		}
+		if errors.Is(err, ErrUnsupported) != tc.unsupported {
+			t.Errorf("%s: unsupported %v, want %v (%v)", tc.schema, errors.Is(err, ErrUnsupported), tc.unsupported, err)
+		}
+	}
+	if _, err := CompileJSONSchema([]byte(`{"format":"int32"}`), JSONOptions{StrictFormats: true}); err == nil {
+		t.Error("StrictFormats accepted an unknown format")
+	}
+}

@@ -23,6 +23,7 @@ const MaxRepeat = 10000
 // \u{X…} \cX and identity escapes of punctuation; . (any code point but
 // the line terminators \n \r U+2028 U+2029); classes with ranges,
 // negation and escapes; groups (capturing, (?:…), named); alternation;
+// the modifier groups (?i:…) (?s:…) (?-i:…) of ECMA-262 2025;
 // the quantifiers * + ? {n} {n,} {n,m} and their lazy forms (same
 // language); a { that does not start a quantifier is a literal (ECMA-262
 // Annex B); \p{…} and \P{…} for the general categories (short and long
@@ -451,7 +452,7 @@ func (p *rxParser) group(off, depth int) (rxNode, error) {
 		case p.peekAt(1) == 'P' && p.peekAt(2) == '<':
 			return rxNode{}, p.errAt(off, "(?P<name>…) is Python's syntax; ECMA-262 writes (?<name>…)")
 		default:
-			return rxNode{}, p.unsupported(off, "the group modifier (?"+string(p.peekAt(1))+"…")
+			return p.modifierGroup(off, depth)
 		}
 	}
 	n, err := p.disjunction(depth + 1)
@@ -463,6 +464,52 @@ func (p *rxParser) group(off, depth int) (rxNode, error) {
 	}
 	p.pos++
 	return n, nil
+}
+
+// modifierGroup parses (?flags:…) or (?flags-flags:…) after its (, the
+// ECMA-262 (2025) pattern modifiers, for the flags i and s.
+func (p *rxParser) modifierGroup(off, depth int) (rxNode, error) {
+	p.pos++ // ?
+	saved := p.o
+	on := true
+	seen := map[rune]bool{}
+	for {
+		c := p.peek()
+		switch {
+		case c == ':' && len(seen) > 0:
+			p.pos++
+			n, err := p.disjunction(depth + 1)
+			p.o = saved
+			if err != nil {
+				return rxNode{}, err
+			}
+			if p.peek() != ')' {
+				return rxNode{}, p.errAt(off, "unterminated group")
+			}
+			p.pos++
+			return n, nil
+		case c == '-' && on:
+			on = false
+			p.pos++
+			continue
+		case c == 'i' || c == 's':
+			if seen[c] {
+				return rxNode{}, p.errAt(p.pos, "the flag %c is repeated in a modifier group", c)
+			}
+			seen[c] = true
+			if c == 'i' {
+				p.o.fold = on
+			} else {
+				p.o.dotAll = on
+			}
+			p.pos++
+			continue
+		case c == 'm':
+			return rxNode{}, p.unsupported(off, "the modifier m (multiline)")
+		}
+		p.o = saved
+		return rxNode{}, p.unsupported(off, "the group modifier (?"+string(p.src[off+2:p.pos])+string(c)+"…")
+	}
 }
 
 // atomEscape parses the escape after a \ outside a class.

@@ -154,6 +154,10 @@ func TestParseRegexMatches(t *testing.T) {
 		{`(a|b)(?:c|d)(?<name>e)`, []string{"ace", "bde"}, []string{"abe"}},
 		{`(a(b(c)))*`, []string{"", "abcabc"}, []string{"ab"}},
 		{`()`, []string{""}, []string{"a"}},
+		{`a(?i:bC[d-e])f`, []string{"aBcdf", "abCEf"}, []string{"ABcdf", "abcdF"}},
+		{`(?s:.).`, []string{"\na"}, []string{"a\n"}},
+		{`(?i:x(?-i:y)z)`, []string{"XyZ"}, []string{"XYZ"}},
+		{`(?is:A.)`, []string{"a\n"}, nil},
 		{`\p{Lu}\p{Ll}\p{Nd}`, []string{"Aa1", "Éé٣"}, []string{"aa1", "AA1"}},
 		{`\p{L}+`, []string{"héllo", "日本"}, []string{"a1"}},
 		{`\p{Letter}\p{General_Category=Number}\p{gc=P}`, []string{"a1!"}, []string{"a1a"}},
@@ -241,6 +245,8 @@ func TestParseRegexErrors(t *testing.T) {
 		{`x(^a|b)`, "offset 2", true, "^ after the start"},
 		{`(^a)+`, "offset 4", true, "repeating a group"},
 		{`(?i)a`, "offset 0", true, "group modifier"},
+		{`(?m:a)`, "offset 0", true, "multiline"},
+		{`(?ii:a)`, "offset 3", false, "repeated"},
 		{`\p{Emoji}`, "offset 0", true, "Unicode property"},
 		{`\p{scx=Latn}`, "offset 0", true, "Unicode property"},
 		{`\01`, "offset 0", true, "octal"},
@@ -343,4 +349,36 @@ func TestParseRegexCaseFold(t *testing.T) {
 	if !rxMatches(n.m[0][0], "a\nb") {
 		t.Errorf("with the s flag, . does not match a newline")
 	}
+}
+
+// TestRegexThroughMatcher runs regexes through Compile and the matcher.
+func TestRegexThroughMatcher(t *testing.T) {
+	tests := []struct {
+		pattern string
+		yes, no []string
+	}{
+		{`^\d{3}-\d{4}$`, []string{"555-1212"}, []string{"5551212", "555-12123"}},
+		{`(cat|dog)s?`, []string{"cat", "dogs"}, []string{"cats!", "bird"}},
+		{`[\p{L}_][\p{L}\p{Nd}_]*`, []string{"été_2", "名前"}, []string{"2x", ""}},
+		{`\s*\S+\s*`, []string{"\u3000x\u2028"}, []string{" ", "a b"}},
+	}
+	for _, tt := range tests {
+		g, err := Compile(Spec{Kind: KindRegex, Source: tt.pattern})
+		if err != nil {
+			t.Fatalf("%q: %v", tt.pattern, err)
+		}
+		checkTexts(t, tt.pattern, g, tt.yes, tt.no)
+	}
+	r, err := ParsePattern(`^[a-z]+@|\.com$`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b Builder
+	s := b.NewRule("s")
+	b.AddAlt(s, T(r))
+	g, err := b.Grammar(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTexts(t, "pattern", g, []string{"ab@x", "x\n.com", "a@.com"}, []string{"1a@", "x.comx"})
 }

@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 
+	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -39,7 +41,9 @@ import (
 //	disconnect [err=TEXT]                    lose it: frames in flight are lost, both hear PeerLost
 //	arrive <node> rid=R [room=NAME] [gen=G] (prompt=N | tokens=(..)) [max_tokens=M]
 //	       [ignore_eos] [stop=(..)] [timeout=DUR] [n=N] [top_logprobs=K] [peer=ID]
-//	                                         a request over HTTP; the room defaults to the rid
+//	       [choice=(..)]                     a request over HTTP; the room defaults to the rid;
+//	                                         choice constrains it to one of the words, spelled
+//	                                         in toyVocab's tokens (constraint_test.go)
 //	abort <node> [rid=R] [room=NAME] [gen=G] [reason=client|stop|peer-leg] [detail=TEXT]
 //	      [cause=(outcome, role, stage)]     the abort API; the input text is the cause's detail
 //	tick [<node> ...]                        Tick (every node if none is named)
@@ -168,6 +172,13 @@ func (w *world) run(t *testing.T, td *datadriven.TestData) string {
 			q.InputIDs = tokens(a.int("prompt", 8))
 		}
 		q.StopTokenIDs = a.int32s("stop")
+		if arg, ok := td.Arg("choice"); ok {
+			src, err := json.Marshal(arg.Vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			constrain(t, &q, grammar.Spec{Kind: grammar.KindChoice, Source: string(src)})
+		}
 		if name := a.str("room", ""); name != "" || n.role != RoleColocated {
 			if name == "" {
 				name = q.RID

@@ -676,6 +676,11 @@ func (w *world) forward(n *node, b *RunBatch) []model.SeqOutput {
 					fmt.Fprintf(h, "/%d", seed) // the choices of an n > 1 request draw apart
 				}
 				t := model.SeqOutput{Token: int32(1 + h.Sum64()%99), Logprob: -0.5}
+				if in.Mask != nil {
+					// A grammar's mask: one of the tokens it allows.
+					ids := maskIDs(in.Mask)
+					t.Token = ids[h.Sum64()%uint64(len(ids))]
+				}
 				for k := range in.Sampling.TopLogprobs {
 					t.Top = append(t.Top, model.TokenLogprob{ID: int32(k), Logprob: -float32(k)})
 				}
@@ -825,9 +830,12 @@ func (w *world) printEffect(n *node, e Effect) {
 			if in.Forks > 1 {
 				sample += fmt.Sprintf(" forks=%d", in.Forks)
 			}
+			if in.Mask != nil {
+				sample += fmt.Sprintf(" mask=%v", maskIDs(in.Mask))
+			}
 			rid := choiceKey(s.RID, s.Choice)
 			if in.Step > 0 {
-				w.say(n, "  %s decode pos=%d step=%d pages=%v", rid, in.Pos, in.Step, in.Pages)
+				w.say(n, "  %s decode pos=%d step=%d pages=%v%s", rid, in.Pos, in.Step, in.Pages, strings.TrimPrefix(sample, " sample"))
 			} else {
 				w.say(n, "  %s prefill [%d,%d) pages=%v%s", rid, in.Pos, in.Pos+len(in.Tokens), in.Pages, sample)
 			}

@@ -240,3 +240,53 @@ func TestTooComplex(t *testing.T) {
 		t.Fatalf("Err = %v after 64Ki bytes, want ErrTooComplex", m.Err())
 	}
 }
+
+// TestConcurrentMatchers runs matchers of two Constraints over one Vocab
+// on several goroutines (the race detector checks the locking).
+func TestConcurrentMatchers(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	v := randomVocab(t, r, `{}[]":,ab1-. etrufnls\`, 2000, 6)
+	var cs []*Constraint
+	for _, skip := range []bool{false, true} {
+		c, err := NewConstraint(jsonGrammar(t, skip), v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	errs := make(chan string, 8)
+	for g := range 8 {
+		go func() {
+			r := rand.New(rand.NewPCG(uint64(g), 11))
+			m := cs[g%2].NewMatcher()
+			mask := make([]uint64, v.MaskWords())
+			for range 60 {
+				m.FillMask(mask)
+				var allowed []int32
+				for id := range int32(v.Size()) {
+					if mask[id>>6]&(1<<(id&63)) != 0 {
+						allowed = append(allowed, id)
+					}
+				}
+				if len(allowed) == 0 {
+					errs <- "no token allowed"
+					return
+				}
+				id := allowed[r.IntN(len(allowed))]
+				if !m.Clone().Accept(id) || !m.Accept(id) {
+					errs <- "an allowed token was refused"
+					return
+				}
+				if m.Done() {
+					break
+				}
+			}
+			errs <- ""
+		}()
+	}
+	for range 8 {
+		if e := <-errs; e != "" {
+			t.Error(e)
+		}
+	}
+}

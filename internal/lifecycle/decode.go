@@ -194,12 +194,13 @@ func (m *Machine) checkFirst(r *req) string {
 	}
 	if r.matcher != nil {
 		// Prefill drew them under this grammar (the binding says so): a
-		// token it refuses is not this request's.
-		if !r.matcher.Clone().Accept(d.FirstToken) {
+		// token it refuses is not this request's. (A constraint that
+		// outgrew its bounds fails the request when the token is taken.)
+		if !r.matcher.Clone().Accept(d.FirstToken) && r.matcher.Err() == nil {
 			return fmt.Sprintf("first token %d from prefill is outside the request's grammar", d.FirstToken)
 		}
 		for i, f := range d.First {
-			if !r.matcher.Clone().Accept(f.Token) {
+			if !r.matcher.Clone().Accept(f.Token) && r.matcher.Err() == nil {
 				return fmt.Sprintf("first token %d of choice %d from prefill is outside the request's grammar", f.Token, i)
 			}
 		}
@@ -281,12 +282,21 @@ func copied(partial bool) string {
 // appendOutput adds a generated token, emits it, and ends the request if it
 // hit a stop token, max_tokens or the context length.
 func (m *Machine) appendOutput(r *req, t model.SeqOutput) {
-	if r.matcher != nil && !r.matcher.Accept(t.Token) {
-		// The sampler draws only what the mask allows: a bug, never text
-		// outside the grammar.
-		m.finish(r, outcome.FailedInternal, fmt.Sprintf("output token %d (step %d) is outside the request's grammar",
-			t.Token, len(r.outputs)), "")
-		return
+	if r.matcher != nil {
+		ok := r.matcher.Accept(t.Token)
+		if err := r.matcher.Err(); err != nil {
+			// The constraint outgrew the engine's bounds: the mask this
+			// token was drawn from is not to be trusted.
+			m.finish(r, outcome.RejectedInvalid, err.Error(), "")
+			return
+		}
+		if !ok {
+			// The sampler draws only what the mask allows: a bug, never
+			// text outside the grammar.
+			m.finish(r, outcome.FailedInternal, fmt.Sprintf("output token %d (step %d) is outside the request's grammar",
+				t.Token, len(r.outputs)), "")
+			return
+		}
 	}
 	r.outputs = append(r.outputs, t.Token)
 	m.emit(Emit{RID: r.RID, Choice: r.choice, Tokens: []model.SeqOutput{t}})

@@ -56,6 +56,9 @@ type Request struct {
 	// token it refuses fails the request (FailedInternal: the sampler
 	// never draws one). EOS, which the grammar allows only where its text
 	// may end, ends the request even with IgnoreEOS. ConstraintDigest is
+	// A constraint that outgrows the grammar engine's bounds
+	// (grammar.Matcher.Err) ends the request as RejectedInvalid when the
+	// next token is taken. ConstraintDigest is
 	// its Spec's Digest: set exactly when Constraint is, and part of the KV
 	// binding (kvxfer.BindKVConstrained), so decode never continues KV
 	// whose first token was drawn under another grammar.

@@ -81,11 +81,17 @@ var errCompilePanic = errors.New("the grammar compiler failed")
 func (g *grammars) get(spec grammar.Spec, key string) (*grammar.Constraint, error) {
 	g.mu.Lock()
 	if e, ok := g.byKey[key]; ok {
-		g.lru.MoveToFront(e)
 		c := e.Value.(*grammarEntry).c
-		g.mu.Unlock()
-		g.lookup(true, 0)
-		return c, nil
+		if c.NewMatcher().Err() == nil {
+			g.lru.MoveToFront(e)
+			g.mu.Unlock()
+			g.lookup(true, 0)
+			return c, nil
+		}
+		// It outgrew the engine's bounds (grammar.ErrTooComplex) on some
+		// output: compiled afresh, a request starts from small tables.
+		g.lru.Remove(e)
+		delete(g.byKey, key)
 	}
 	g.mu.Unlock()
 	g.vocabOnce.Do(func() { g.vocab, g.vocabErr = VocabOf(g.info, g.tok) })

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -951,6 +952,54 @@ func TestMinTokensOnlyToWorkersThatHonourIt(t *testing.T) {
 		}
 		if legs, _, _ := tr.colocated[0].received(); len(legs) != 0 {
 			t.Fatalf("the older colocated worker got %d legs", len(legs))
+		}
+	})
+}
+
+// TestConstraintOnBothLegs: a request's constraint reaches both PD legs'
+// bodies unchanged (prefill draws the first token under it, decode the
+// rest) and a colocated leg's; a worker that does not list the constraint
+// feature (an older pdserve, which would ignore it) never serves one.
+func TestConstraintOnBothLegs(t *testing.T) {
+	spec := grammar.Spec{Kind: grammar.KindJSONSchema, Source: `{"type":"object","properties":{"a":{"type":"string"}}}`, FlexibleWhitespace: true}
+	send := func(r *Router, rid string) answer {
+		return generateReq(context.Background(), r, &openai.GenerateRequest{RID: rid, InputIDs: []int32{1, 2, 3},
+			MaxTokens: 3, Constraint: spec, Sampling: model.SamplingParams{TopP: 1, Seed: 7}})
+	}
+	check := func(t *testing.T, w *fakeWorker) {
+		t.Helper()
+		legs, _, _ := w.received()
+		if len(legs) != 1 || legs[0].Constraint == nil || *legs[0].Constraint != spec {
+			t.Fatalf("%s got %+v, want one leg with the constraint", w.host, legs)
+		}
+	}
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		if a := send(tr.r, "pd"); a.err != nil || a.finish == "" {
+			t.Fatalf("%+v", a)
+		}
+		synctest.Wait()
+		check(t, tr.prefill[0])
+		check(t, tr.decode[0])
+	})
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 0, 0, 1, nil)
+		defer tr.r.Close()
+		if a := send(tr.r, "co"); a.err != nil || a.finish == "" {
+			t.Fatalf("%+v", a)
+		}
+		check(t, tr.colocated[0])
+	})
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, func(cfg *Config) { fakeOf(cfg, "prefill0").setOld() })
+		defer tr.r.Close()
+		a := send(tr.r, "old")
+		if a.err == nil || a.err.Status != http.StatusServiceUnavailable || !strings.Contains(a.err.Message, "without constraint") {
+			t.Fatalf("a constraint with only an older prefill worker: %+v, want a 503 saying why", a.err)
+		}
+		if legs, _, _ := tr.prefill[0].received(); len(legs) != 0 {
+			t.Fatalf("the older prefill worker got %d legs", len(legs))
 		}
 	})
 }

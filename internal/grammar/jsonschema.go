@@ -330,7 +330,7 @@ func onlyAnnotations(v *jval, except string) bool {
 	return true
 }
 
-// refTarget is the JSON pointer (without '#') ref names.
+// refTarget is the JSON pointer ref names, as a fragment ("#", "#/…").
 func (c *jsCompiler) refTarget(r *jval, path string) (string, error) {
 	if r.k != jStr {
 		return "", errAt("$ref", path, "must be a string")
@@ -351,16 +351,16 @@ func (c *jsCompiler) refTarget(r *jval, path string) (string, error) {
 	if f != "" && f[0] != '/' {
 		return "", unsupportedAt("$ref", path, "anchor reference %q", s)
 	}
-	return f, nil
+	return "#" + f, nil
 }
 
-// lookup resolves JSON pointer ptr in the document.
+// lookup resolves fragment ptr ("#", "#/…") in the document.
 func (c *jsCompiler) lookup(ptr, path string) (*jval, error) {
 	v := c.root
-	if ptr == "" {
+	if ptr == "#" {
 		return v, nil
 	}
-	for _, tok := range strings.Split(ptr[1:], "/") {
+	for _, tok := range strings.Split(ptr[2:], "/") {
 		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
 		switch v.k {
 		case jObj:
@@ -376,7 +376,7 @@ func (c *jsCompiler) lookup(ptr, path string) (*jval, error) {
 			v = nil
 		}
 		if v == nil {
-			return nil, errAt("$ref", path, "#%s does not exist in the schema", ptr)
+			return nil, errAt("$ref", path, "%s does not exist in the schema", ptr)
 		}
 	}
 	return v, nil
@@ -388,7 +388,7 @@ func (c *jsCompiler) resolve(ptr, path string) (*node, error) {
 		return n, nil
 	}
 	if c.resolving[ptr] {
-		return nil, unsupportedAt("$ref", path, "#%s refers to itself through sibling keywords or allOf", ptr)
+		return nil, unsupportedAt("$ref", path, "%s refers to itself through sibling keywords or allOf", ptr)
 	}
 	c.expansions++
 	if c.expansions > maxRefExpansions {
@@ -399,7 +399,7 @@ func (c *jsCompiler) resolve(ptr, path string) (*node, error) {
 		return nil, err
 	}
 	c.resolving[ptr] = true
-	n, err := c.normalize(v, "#"+ptr, 0)
+	n, err := c.normalize(v, ptr, 0)
 	delete(c.resolving, ptr)
 	if err != nil {
 		return nil, err
@@ -1330,7 +1330,7 @@ func (c *jsCompiler) emit(n *node) (int, error) {
 			c.rules[n] = r
 			return r, nil
 		}
-		r, err := c.newRule("#" + n.ref)
+		r, err := c.newRule(n.ref)
 		if err != nil {
 			return 0, err
 		}

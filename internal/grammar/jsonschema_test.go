@@ -140,6 +140,8 @@ var jsonCases = []jsonCase{
 		ok: []string{`{"t":"x"}`, `{"u":1}`}, bad: []string{`{}`, `{"t":1}`}},
 	{name: "recursive ref", schema: `{"$defs":{"n":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/n"}}},"additionalProperties":false}},"$ref":"#/$defs/n"}`,
 		ok: []string{`{"v":1,"kids":[{"v":2,"kids":[]},{"kids":[{"v":3}]}]}`}, bad: []string{`{"kids":[{"v":"x"}]}`, `{"kids":[{"w":1}]}`}},
+	{name: "root ref", schema: `{"type":"object","properties":{"kids":{"type":"array","items":{"$ref":"#"}}},"additionalProperties":false}`,
+		ok: []string{`{"kids":[{},{"kids":[{}]}]}`}, bad: []string{`{"kids":[1]}`, `{"kids":[{"x":1}]}`}},
 	{name: "ref with siblings", schema: `{"definitions":{"s":{"type":"string"}},"properties":{"a":{"$ref":"#/definitions/s","maxLength":2}}}`,
 		ok: []string{`{"a":"xy"}`}, bad: []string{`{"a":"xyz"}`, `{"a":1}`}},
 	{name: "not", schema: `{"not":{"type":["string","null"]}}`, ok: []string{`1`, `{}`}, bad: []string{`"a"`, `null`}},

@@ -177,6 +177,11 @@ func TestConstraintCompileErrors(t *testing.T) {
 		{"lookbehind", `{"prompt":"hi","guided_regex":"(?<=a)b"}`, 400, "guided_regex",
 			`guided_regex cannot be applied: "regex" at offset 0 — lookbehind (?<=…) is not supported`},
 		{"unbalanced regex", `{"prompt":"hi","structured_outputs":{"regex":"(a"}}`, 400, "structured_outputs.regex", `structured_outputs.regex cannot be applied: "regex" at offset`},
+		{"GBNF undefined rule", `{"prompt":"hi","guided_grammar":"root ::= \"a\"\nitem ::= root other"}`, 400, "guided_grammar",
+			`guided_grammar cannot be applied: "gbnf" at 2:`},
+		{"llama.cpp grammar read as GBNF", `{"prompt":"hi","grammar":"start: \"a\""}`, 400, "grammar", `grammar cannot be applied: "gbnf" at 1:`},
+		{"Lark undefined rule", `{"prompt":"hi","structured_outputs":{"grammar":"start: item"}}`, 400, "structured_outputs.grammar",
+			`structured_outputs.grammar cannot be applied: "lark" at 1:8 — undefined rule item`},
 		{"huge choice", `{"prompt":"hi","guided_choice":["` + strings.Repeat("a", grammar.MaxSourceBytes) + `"]}`, 400, "guided_choice", "more than the limit"},
 	})
 	for _, tc := range []struct {
@@ -281,5 +286,29 @@ func TestIsJSONWhitespace(t *testing.T) {
 		if got := isJSONWhitespace(pat); got != want {
 			t.Errorf("isJSONWhitespace(%q) = %v, want %v", pat, got, want)
 		}
+	}
+}
+
+// TestConstraintCompiles: valid constraints of every text dialect pass the
+// real compilers, and the front end's cache holds each once.
+func TestConstraintCompiles(t *testing.T) {
+	p := testParser()
+	p.compiled = newCompileCache(DefaultCompileCacheEntries)
+	fields := []string{
+		`"guided_regex":"[0-9]{3}-[a-z]+"`,
+		`"structured_outputs":{"choice":["red","green"]}`,
+		`"guided_grammar":"root ::= item (\",\" item)*\nitem ::= [a-z]+"`,
+		`"structured_outputs":{"grammar":"start: item (\",\" item)*\nitem: /[a-z]+/"}`,
+		`"grammar":"root ::= \"yes\" | \"no\""`,
+	}
+	for range 2 {
+		for _, f := range fields {
+			if _, err := p.parseCompletion(strings.NewReader(`{"prompt":"hi",` + f + `}`)); err != nil {
+				t.Errorf("%s: %v", f, err)
+			}
+		}
+	}
+	if n := p.compiled.len(); n != len(fields) {
+		t.Fatalf("the cache holds %d outcomes, want %d", n, len(fields))
 	}
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"strings"
+
 	"github.com/spf13/pflag"
 
 	"github.com/pdserve/pdserve/internal/model"
@@ -10,9 +12,11 @@ import (
 // apiFlags are the OpenAI API's options of a front end (router, serve,
 // up), with vLLM's flag names.
 type apiFlags struct {
-	maxLogprobs   int
-	logprobsMode  string
-	trustTemplate bool
+	maxLogprobs     int
+	logprobsMode    string
+	trustTemplate   bool
+	toolCallParser  string
+	reasoningParser string
 }
 
 func (f *apiFlags) add(fs *pflag.FlagSet) {
@@ -22,6 +26,12 @@ func (f *apiFlags) add(fs *pflag.FlagSet) {
 		"the distribution logprobs are of: raw_logprobs (the model's, before penalties, bias, temperature and truncation) or processed_logprobs (the one tokens are drawn from), as vLLM's --logprobs-mode")
 	fs.BoolVar(&f.trustTemplate, "trust-request-chat-template", false,
 		"accept a chat request's chat_template (vLLM's flag): a template is a program the server runs with no bound on its time or memory, so only for trusted clients")
+	fs.StringVar(&f.toolCallParser, "tool-call-parser", "auto",
+		"how tool_choice auto finds calls in the model's text (vLLM's flag): "+strings.Join(openai.ToolCallParsers, ", ")+
+			", none (the text is content) or auto (chosen from the chat template)")
+	fs.StringVar(&f.reasoningParser, "reasoning-parser", "",
+		"split a reasoning model's <think> block into reasoning_content (vLLM's flag): "+strings.Join(openai.ReasoningParsers, ", ")+
+			"; none or empty leaves it in the content")
 }
 
 // options validates the flags.
@@ -33,5 +43,10 @@ func (f *apiFlags) options() (openai.APIOptions, error) {
 	if err != nil {
 		return openai.APIOptions{}, usagef("--logprobs-mode: %v", err)
 	}
-	return openai.APIOptions{MaxLogprobs: f.maxLogprobs, LogprobsMode: mode, TrustRequestChatTemplate: f.trustTemplate}, nil
+	o := openai.APIOptions{MaxLogprobs: f.maxLogprobs, LogprobsMode: mode, TrustRequestChatTemplate: f.trustTemplate,
+		ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser}
+	if err := o.CheckParsers(); err != nil {
+		return openai.APIOptions{}, usagef("%v", err)
+	}
+	return o, nil
 }

@@ -119,6 +119,22 @@ type Model interface {
 type Message struct {
 	Role    string
 	Content string
+	// ToolCalls are the function calls of an assistant's message.
+	ToolCalls []ToolCall
+	// ToolCallID is the call a tool message answers (role "tool").
+	ToolCallID string
+	// Name is the message's author name (a tool message's function name),
+	// given to the template when not empty.
+	Name string
+}
+
+// ToolCall is one function call of an assistant's message.
+type ToolCall struct {
+	ID   string
+	Name string
+	// Arguments is the call's arguments as the client sent them: JSON text
+	// (an object), or any other text the model wrote.
+	Arguments string
 }
 
 // ChatOptions are the choices of a chat template rendering besides the
@@ -140,6 +156,9 @@ type ChatOptions struct {
 	// e.g. enable_thinking), each a JSON value; they may not replace
 	// messages, add_generation_prompt, tools or documents.
 	Kwargs map[string]json.RawMessage
+	// Tools, if not nil, is the template's tools variable: a JSON array of
+	// {"type":"function","function":{name, description, parameters}}.
+	Tools json.RawMessage
 }
 
 // Tokenizer turns text into token ids and back.

@@ -88,6 +88,22 @@ func appendChatChunk(b []byte, r *ChatCompletionChunk) []byte {
 			}
 			b = append(b, `"content":`...)
 			b = appendJSONString(b, *c.Delta.Content)
+			sep = true
+		}
+		if c.Delta.ReasoningContent != nil {
+			if sep {
+				b = append(b, ',')
+			}
+			b = append(b, `"reasoning_content":`...)
+			b = appendJSONString(b, *c.Delta.ReasoningContent)
+			sep = true
+		}
+		if len(c.Delta.ToolCalls) > 0 {
+			if sep {
+				b = append(b, ',')
+			}
+			b = append(b, `"tool_calls":`...)
+			b = append(b, marshalJSON(c.Delta.ToolCalls)...)
 		}
 		b = append(b, '}')
 		b = append(b, `,"logprobs":`...)

@@ -68,7 +68,7 @@ var (
 		"spaces_between_special_tokens": "special tokens are never rendered",
 		"guided_decoding_backend":       "pdserve has one grammar engine",
 		"guided_whitespace_pattern":     "tunes a JSON constraint, and there is none",
-		"parallel_tool_calls":           "tunes tools, and tools are refused",
+		"parallel_tool_calls":           "tunes tools, and the request gives none",
 		// The test parser's byte tokenizer has no BOS: the field is
 		// honoured (add_special_tokens reaches Encode) but changes nothing
 		// here.

@@ -104,6 +104,15 @@ type APIOptions struct {
 	// server runs, with no bound on its time or memory: without this flag
 	// the field is refused.
 	TrustRequestChatTemplate bool
+	// ToolCallParser parses the calls of tool_choice auto out of the
+	// model's text (vLLM's --tool-call-parser): one of ToolCallParsers,
+	// "none" (the text is content), or "auto" or "" (chosen from the chat
+	// template, ToolCallParserFor).
+	ToolCallParser string
+	// ReasoningParser splits reasoning off chat answers into
+	// reasoning_content (vLLM's --reasoning-parser): one of
+	// ReasoningParsers, or "" or "none" (off).
+	ReasoningParser string
 }
 
 // ServerTimingShed is the Server-Timing metric name of a 429 answer: the
@@ -190,8 +199,8 @@ type handler struct {
 //
 // Any other path gets a 404 and a wrong method a 405, both with an OpenAI
 // error body. It panics if cfg.Engine is nil, cfg.ModelName is empty or
-// cfg.ContextLen < 1 or cfg.MaxLogprobs is out of range (programming
-// errors).
+// cfg.ContextLen < 1, cfg.MaxLogprobs is out of range or a parser unknown
+// (APIOptions.CheckParsers) (programming errors).
 func NewHandler(cfg Config) http.Handler {
 	return newHandler(cfg, randv2.Uint64)
 }
@@ -206,6 +215,8 @@ func newHandler(cfg Config, newSeed func() uint64) *handler {
 		panic("openai: Config.ContextLen < 1")
 	case cfg.MaxLogprobs < 0 || cfg.MaxLogprobs > model.MaxLogprobs:
 		panic("openai: Config.MaxLogprobs out of range")
+	case cfg.CheckParsers() != nil:
+		panic("openai: " + cfg.CheckParsers().Error())
 	}
 	if cfg.MaxLogprobs == 0 {
 		cfg.MaxLogprobs = DefaultMaxLogprobs
@@ -229,7 +240,8 @@ func newHandler(cfg Config, newSeed func() uint64) *handler {
 		cfg: cfg,
 		parser: parser{modelName: cfg.ModelName, tok: cfg.Tokenizer, contextLen: cfg.ContextLen, contextNow: cfg.ContextNow,
 			newSeed: newSeed, vocabSize: cfg.VocabSize, maxLogprobs: cfg.MaxLogprobs, logprobsMode: cfg.LogprobsMode,
-			trustTemplate: cfg.TrustRequestChatTemplate, compiled: newCompileCache(DefaultCompileCacheEntries)},
+			trustTemplate: cfg.TrustRequestChatTemplate, compiled: newCompileCache(DefaultCompileCacheEntries),
+			toolParser: cfg.ToolCallParser, reasoningParser: cfg.ReasoningParser},
 		log:     cfg.Logger,
 		created: cfg.Now().Unix(),
 	}
@@ -417,10 +429,12 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 
 	rs := &response{
 		h: h, req: req, rid: rid, created: h.cfg.Now().Unix(), received: received,
-		outs: make([]*output, max(1, req.bestOf)),
+		outs:  make([]*output, max(1, req.bestOf)),
+		posts: make([]*chatPost, max(1, req.bestOf)),
 	}
 	for i := range rs.outs {
 		rs.outs[i] = newOutput(h.cfg.Tokenizer, req, h.cfg.EOS)
+		rs.posts[i] = newChatPost(req)
 	}
 	var outcome string
 	if req.stream {
@@ -468,8 +482,10 @@ type response struct {
 	req     *request
 	rid     string
 	created int64
-	// outs holds each choice's output (req.bestOf of them).
+	// outs holds each choice's output (req.bestOf of them); posts their
+	// streams' reasoning and tool-call parsing (nil: text only).
 	outs     []*output
+	posts    []*chatPost
 	received time.Time // when the front end got the request (Server-Timing)
 	// prompt holds the prompt's logprobs (req.scorePrompt), from the
 	// engine's first chunk.
@@ -623,9 +639,9 @@ func (rs *response) collect(ctx context.Context, w http.ResponseWriter, rc *http
 		}
 		for i, o := range outs {
 			text, ids := o.all()
-			r.Choices[i] = ChatChoice{Index: i, FinishReason: o.finish, TokenIDs: rs.tokenIDs(ids),
-				Message:  ChatResponseMessage{Role: "assistant", Content: rs.req.echoText + text},
-				Logprobs: rs.chatLogprobs(o.toks)}
+			msg, finish := rs.chatMessage(text, o.finish)
+			r.Choices[i] = ChatChoice{Index: i, FinishReason: finish, TokenIDs: rs.tokenIDs(ids),
+				Message: msg, Logprobs: rs.chatLogprobs(o.toks)}
 		}
 		body = r
 	} else {
@@ -713,18 +729,24 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 			continue // a choice the front end ended: its later tokens are dropped
 		}
 		text, ids, toks := o.take()
+		// A chat choice's text may hold reasoning and tool calls (posts).
+		var reasoning string
+		var calls []ToolCall
+		if post := rs.posts[idx]; post != nil {
+			reasoning, text, calls = post.feed(text, o.finished)
+		}
 		first := !o.firstSent
 		if first {
 			text = rs.req.echoText + text
 		}
-		if text == "" && !o.finished && !(first && rs.req.echo && rs.req.logprobs) &&
+		if text == "" && reasoning == "" && len(calls) == 0 && !o.finished && !(first && rs.req.echo && rs.req.logprobs) &&
 			(len(ids) == 0 || (!rs.req.returnTokenIDs && !rs.req.logprobs)) {
 			continue
 		}
 		o.firstSent = true
 		var finish *string
 		if o.finished {
-			f := o.finish
+			f := callFinish(o.finish, calls)
 			finish = &f
 			o.finSent = true
 		}
@@ -734,9 +756,20 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 			if text != "" {
 				delta.Content = &text
 			}
+			if reasoning != "" {
+				delta.ReasoningContent = &reasoning
+			}
 			var lp *ChatLogprobs
 			if len(toks) > 0 {
 				lp = rs.chatLogprobs(toks)
+			}
+			if len(calls) > 0 {
+				// The content so far, then each call's deltas, the last
+				// with the finish reason.
+				if err := rs.sendCalls(&sse, idx, delta, lp, ids, calls, finish); err != nil {
+					return gone()
+				}
+				continue
 			}
 			ev = ChatCompletionChunk{
 				ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,

@@ -59,6 +59,10 @@ func newOutput(tok model.Tokenizer, req *request, eos []int32) *output {
 		o.dec = tok.NewDecoder()
 		if st, ok := tok.(model.SpecialTokens); ok {
 			o.special = st.IsSpecial
+			if keep := req.keepSpecial; len(keep) > 0 {
+				// The tool-call parser reads these markers in the text.
+				o.special = func(id int32) bool { return st.IsSpecial(id) && !slices.Contains(keep, id) }
+			}
 		}
 	}
 	for _, s := range req.stop {

@@ -80,6 +80,14 @@ type request struct {
 	timeout     time.Duration
 	// constraint is the output's structured-output constraint (zero: none).
 	constraint grammar.Spec
+	// tools are a chat request's tools (nil: none); reasoningParser splits
+	// reasoning off chat answers (thinkOpen: the prompt opened the block;
+	// hideReasoning: include_reasoning false). See tools.go, reasoning.go.
+	tools           *toolRequest
+	keepSpecial     []int32 // special tokens the tool parser reads: rendered
+	reasoningParser string
+	thinkOpen       bool
+	hideReasoning   bool
 }
 
 // parser converts wire requests into requests. Its methods are pure given
@@ -101,6 +109,9 @@ type parser struct {
 	trustTemplate bool
 	// compiled remembers which constraints compile (nil: compile each).
 	compiled *compileCache
+	// toolParser parses tool_choice auto's calls ("auto": from the chat
+	// template); reasoningParser splits reasoning off ("": none).
+	toolParser, reasoningParser string
 }
 
 // decodeBody decodes one JSON object from r into v, mapping every failure to
@@ -437,12 +448,8 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 		return nil, err
 	}
 	switch {
-	case !emptyJSON(w.Tools):
-		return nil, Unsupported("tools", "tools (function calling) are not supported")
 	case !emptyJSON(w.Functions):
-		return nil, Unsupported("functions", "functions (function calling) are not supported")
-	case !isNull(w.ToolChoice) && strings.TrimSpace(string(w.ToolChoice)) != `"none"`:
-		return nil, Unsupported("tool_choice", "tool_choice is not supported (only \"none\")")
+		return nil, Unsupported("functions", "functions (deprecated function calling) are not supported; use tools")
 	case !isNull(w.FunctionCall) && strings.TrimSpace(string(w.FunctionCall)) != `"none"`:
 		return nil, Unsupported("function_call", "function_call is not supported (only \"none\")")
 	case w.BestOf != nil && *w.BestOf != 1:
@@ -459,8 +466,8 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 		return nil, Unsupported("verbosity", "verbosity is not supported")
 	case !isNull(w.ReasoningEffort):
 		return nil, Unsupported("reasoning_effort", "reasoning_effort is not supported; a model's thinking can be switched with chat_template_kwargs (e.g. enable_thinking) where its template reads it")
-	case w.IncludeReasoning != nil && !*w.IncludeReasoning:
-		return nil, Unsupported("include_reasoning", "include_reasoning false is not supported: pdserve does not separate reasoning from content")
+	case w.IncludeReasoning != nil && !*w.IncludeReasoning && !reasoningOn(p.reasoningParser):
+		return nil, Unsupported("include_reasoning", "include_reasoning false needs a server started with --reasoning-parser, which separates reasoning from content")
 	case !emptyJSON(w.Documents):
 		return nil, Unsupported("documents", "documents are not supported")
 	case !isNull(w.MMProcessorKwargs):
@@ -498,6 +505,9 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 		ContinueFinalMessage: w.ContinueFinalMessage,
 		Kwargs:               w.ChatTemplateKwargs,
 	}
+	if err := p.chatTools(w, req, &opts); err != nil {
+		return nil, err
+	}
 	if w.ChatTemplate != nil {
 		if !p.trustTemplate {
 			return nil, Unsupported("chat_template", "a request's chat_template is refused: a template is a program the server runs, accepted only when the server is started with --trust-request-chat-template (vLLM's flag)")
@@ -533,6 +543,7 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 		return nil, err
 	}
 	req.promptIDs = ids
+	req.thinkOpen = promptOpensThink(text)
 	if w.Echo && msgs[len(msgs)-1].Role == "assistant" {
 		req.echo, req.echoText = true, msgs[len(msgs)-1].Content
 	}
@@ -1157,7 +1168,14 @@ func chatMessages(ws []ChatMessage) ([]model.Message, error) {
 		if err != nil {
 			return nil, err
 		}
-		msgs[i] = model.Message{Role: m.Role, Content: content}
+		calls, err := messageToolCalls(i, m)
+		if err != nil {
+			return nil, err
+		}
+		if m.Role == "tool" && m.ToolCallID == "" {
+			return nil, BadRequest("messages", "messages[%d].tool_call_id is required for role tool", i)
+		}
+		msgs[i] = model.Message{Role: m.Role, Content: content, ToolCalls: calls, ToolCallID: m.ToolCallID, Name: m.Name}
 	}
 	return msgs, nil
 }

@@ -244,7 +244,7 @@ func TestParseChatRejects(t *testing.T) {
 		{"top_logprobs 21", `{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}`, 400, "top_logprobs", "top_logprobs must be in [0, 20], got 21"},
 		{"n", `{"messages":[{"role":"user","content":"hi"}],"n":0}`, 400, "n", "n must be in [1, 128], got 0"},
 		{"best_of", `{"messages":[{"role":"user","content":"hi"}],"best_of":2}`, 400, "best_of", "not supported on chat"},
-		{"tools", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools", "not supported"},
+		{"tools", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f g"}}]}`, 400, "tools", "function.name must be"},
 		{"response_format", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"structural_tag"}}`, 400, "response_format.type", "not supported"},
 		{"structural_tag", `{"messages":[{"role":"user","content":"hi"}],"structural_tag":"{}"}`, 400, "structural_tag", "not supported"},
 		{"audio", `{"messages":[{"role":"user","content":"hi"}],"audio":{"voice":"x"}}`, 400, "audio", "not supported"},

@@ -228,16 +228,16 @@ type ChatCompletionRequest struct {
 	// (0…--max-logprobs, only with Logprobs) most likely tokens with each.
 	Logprobs    *bool `json:"logprobs"`
 	TopLogprobs *Int  `json:"top_logprobs"`
-	// Tools, ToolChoice, Functions and FunctionCall are rejected unless
-	// empty (tool_choice and function_call "none"): pdserve does not
-	// constrain output yet, and silently ignoring them would hand the
-	// client text it did not ask for.
-	Tools        json.RawMessage `json:"tools"`
-	ToolChoice   json.RawMessage `json:"tool_choice"`
-	Functions    json.RawMessage `json:"functions"`
-	FunctionCall json.RawMessage `json:"function_call"`
-	// ParallelToolCalls only matters with tools: accepted.
+	// Tools (function definitions), ToolChoice ("none", "auto",
+	// "required" or {"type":"function","function":{"name"}}) and
+	// ParallelToolCalls (false: at most one call): see tools.go.
+	// The deprecated Functions and FunctionCall are rejected unless empty
+	// (function_call "none").
+	Tools             json.RawMessage `json:"tools"`
+	ToolChoice        json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls json.RawMessage `json:"parallel_tool_calls"`
+	Functions         json.RawMessage `json:"functions"`
+	FunctionCall      json.RawMessage `json:"function_call"`
 	// Echo (vLLM): the answer's content starts with the last message's
 	// when that message is the assistant's.
 	Echo bool `json:"echo"`
@@ -273,8 +273,12 @@ type ChatMessage struct {
 	// Content is a string, null, or an array of {"type":"text","text":...}
 	// parts (joined with "\n", as vLLM does).
 	Content json.RawMessage `json:"content"`
-	// Name is accepted and ignored.
+	// Name is the author's name, given to the chat template.
 	Name string `json:"name,omitempty"`
+	// ToolCalls are an assistant message's function calls.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID is the call a tool message answers.
+	ToolCallID string `json:"tool_call_id,omitempty"`
 }
 
 // ContentPart is one element of an array-valued message content.
@@ -359,8 +363,15 @@ type ChatChoice struct {
 
 // ChatResponseMessage is the assistant's message.
 type ChatResponseMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role string `json:"role"`
+	// Content is null when the answer is only tool calls (or only
+	// reasoning).
+	Content *string `json:"content"`
+	// ReasoningContent is the model's reasoning, split off the content by
+	// --reasoning-parser (vLLM's field).
+	ReasoningContent *string `json:"reasoning_content,omitempty"`
+	// ToolCalls are the function calls of the answer.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
 }
 
 // ChatCompletionChunk is one event of a chat completion stream.
@@ -389,6 +400,11 @@ type ChatChunkChoice struct {
 type ChatDelta struct {
 	Role    string  `json:"role,omitempty"`
 	Content *string `json:"content,omitempty"`
+	// ReasoningContent is new reasoning (--reasoning-parser).
+	ReasoningContent *string `json:"reasoning_content,omitempty"`
+	// ToolCalls are new parts of function calls: a call's first carries
+	// its id, type and name, the next ones pieces of its arguments.
+	ToolCalls []ToolCallDelta `json:"tool_calls,omitempty"`
 }
 
 // ModelList is the answer of GET /v1/models.

@@ -28,7 +28,9 @@ var _ model.Tokenizer = byteTokenizer{}
 
 // chatFormat is the simulated model's own chat template (see
 // ApplyChatTemplate).
-const chatFormat = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}" +
+const chatFormat = "{% if tools %}<|tools|>\n{{ tools | tojson }}\n{% endif %}" +
+	"{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n" +
+	"{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>\n{% endfor %}{% endfor %}" +
 	"{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 
 func newByteTokenizer() byteTokenizer {
@@ -48,20 +50,22 @@ func (byteTokenizer) Encode(text string, _ bool) ([]int32, error) {
 // knownRole reports whether ApplyChatTemplate accepts role.
 func knownRole(role string) bool {
 	switch role {
-	case "system", "developer", "user", "assistant":
+	case "system", "developer", "user", "assistant", "tool":
 		return true
 	}
 	return false
 }
 
-// ApplyChatTemplate renders "<|role|>\ncontent\n" per message and then
+// ApplyChatTemplate renders "<|role|>\ncontent\n" per message (an
+// assistant's tool calls follow as "<tool_call>{name, arguments}</tool_call>"
+// lines; opts.Tools, when set, come first as "<|tools|>\n[…]\n") and then
 // "<|assistant|>\n" (not with opts.NoGenerationPrompt or
 // opts.ContinueFinalMessage, which also ends the text right after the last
 // message's content), or renders opts.Template instead; both go through
 // tokenizer.RenderChat, so opts.Kwargs are template variables, refused
 // under the reserved names, as for a real model. It rejects an empty
 // conversation and, with its own format, roles other than system,
-// developer, user and assistant.
+// developer, user, assistant and tool.
 func (t byteTokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOptions) (string, error) {
 	if len(msgs) == 0 {
 		return "", fmt.Errorf("chat template: no messages")
@@ -71,11 +75,11 @@ func (t byteTokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOp
 		src = chatFormat
 		for i, m := range msgs {
 			if !knownRole(m.Role) {
-				return "", fmt.Errorf("chat template: message %d has unknown role %q (want system, developer, user or assistant)", i, m.Role)
+				return "", fmt.Errorf("chat template: message %d has unknown role %q (want system, developer, user, assistant or tool)", i, m.Role)
 			}
 		}
 	}
-	if opts.Template == "" && len(opts.Kwargs) == 0 {
+	if opts.Template == "" && len(opts.Kwargs) == 0 && opts.Tools == nil && !hasToolCalls(msgs) {
 		return renderOwn(msgs, opts)
 	}
 	cache := t.templates
@@ -89,8 +93,18 @@ func (t byteTokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOp
 	return tokenizer.RenderChat(tmpl, msgs, opts, nil)
 }
 
+// hasToolCalls reports whether an assistant's message of msgs made calls.
+func hasToolCalls(msgs []model.Message) bool {
+	for _, m := range msgs {
+		if len(m.ToolCalls) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // renderOwn is chatFormat rendered without the template engine (a chat
-// request without a template or kwargs: the common case, 20 times
+// request without a template, kwargs, tools or tool calls: the common case, 20 times
 // faster), with the same result as tokenizer.RenderChat gives.
 func renderOwn(msgs []model.Message, opts model.ChatOptions) (string, error) {
 	cont := opts.ContinueFinalMessage

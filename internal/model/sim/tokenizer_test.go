@@ -53,8 +53,8 @@ func TestApplyChatTemplate(t *testing.T) {
 				{Role: "assistant", Content: "a"}, {Role: "user", Content: ""}},
 			want: "<|developer|>\nd\n<|user|>\nq\n<|assistant|>\na\n<|user|>\n\n<|assistant|>\n",
 		},
-		{name: "unknown role", msgs: []model.Message{{Role: "user", Content: "x"}, {Role: "tool", Content: "y"}},
-			wantErr: `message 1 has unknown role "tool"`},
+		{name: "unknown role", msgs: []model.Message{{Role: "user", Content: "x"}, {Role: "robot", Content: "y"}},
+			wantErr: `message 1 has unknown role "robot"`},
 		{name: "no messages", wantErr: "no messages"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -31,9 +31,11 @@ var reservedVars = []string{"messages", "add_generation_prompt", "tools", "docum
 // values as jinja values: objects as dicts in their key order, arrays as
 // lists, strings, integers (numbers without fraction or exponent that fit
 // int64), other numbers as floats, booleans, null as none), messages (a
-// list of {role, content} dicts, in that key order), add_generation_prompt
-// (true unless opts.NoGenerationPrompt or opts.ContinueFinalMessage), and
-// tools and documents (none). A kwarg named like one of those, or like a
+// list of {role, content} dicts, in that key order, with tool_calls,
+// tool_call_id and name where messages have them: see messageValue),
+// add_generation_prompt (true unless opts.NoGenerationPrompt or
+// opts.ContinueFinalMessage), tools (opts.Tools as a list of dicts, or none)
+// and documents (none). A kwarg named like one of those, or like a
 // special token (bos_token, eos_token, unk_token, sep_token, pad_token,
 // cls_token, mask_token), is an error.
 //
@@ -64,14 +66,18 @@ func RenderChat(tmpl *jinja.Template, msgs []model.Message, opts model.ChatOptio
 	}
 	list := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {
-		d := jinja.NewDict()
-		d.AsDict().Set("role", jinja.NewString(m.Role))
-		d.AsDict().Set("content", jinja.NewString(m.Content))
-		list[i] = d
+		list[i] = messageValue(m)
 	}
 	data["messages"] = jinja.NewList(list)
 	data["add_generation_prompt"] = jinja.NewBool(!opts.NoGenerationPrompt && !cont)
 	data["tools"] = jinja.None()
+	if opts.Tools != nil {
+		tools, err := jinjaValue(opts.Tools)
+		if err != nil {
+			return "", fmt.Errorf("chat template: tools: %w", err)
+		}
+		data["tools"] = tools
+	}
 	data["documents"] = jinja.None()
 	out, err := tmpl.RenderValues(data)
 	if err != nil {
@@ -81,6 +87,53 @@ func RenderChat(tmpl *jinja.Template, msgs []model.Message, opts model.ChatOptio
 		return ContinueFinal(out, msgs[len(msgs)-1].Content)
 	}
 	return out, nil
+}
+
+// messageValue is m as the template sees it: a dict of role and content,
+// then, when set, tool_calls (a list of {id, type "function", function
+// {name, arguments}}, the arguments a dict when they are a JSON object, as
+// vLLM gives them to templates, else the text), tool_call_id and name.
+func messageValue(m model.Message) jinja.Value {
+	d := jinja.NewDict()
+	d.AsDict().Set("role", jinja.NewString(m.Role))
+	d.AsDict().Set("content", jinja.NewString(m.Content))
+	if len(m.ToolCalls) > 0 {
+		calls := make([]jinja.Value, len(m.ToolCalls))
+		for i, c := range m.ToolCalls {
+			args := jinja.NewString(c.Arguments)
+			if t := strings.TrimSpace(c.Arguments); strings.HasPrefix(t, "{") {
+				if v, err := jinjaValue(json.RawMessage(t)); err == nil {
+					args = v
+				}
+			}
+			fn := jinja.NewDict()
+			fn.AsDict().Set("name", jinja.NewString(c.Name))
+			fn.AsDict().Set("arguments", args)
+			call := jinja.NewDict()
+			call.AsDict().Set("id", jinja.NewString(c.ID))
+			call.AsDict().Set("type", jinja.NewString("function"))
+			call.AsDict().Set("function", fn)
+			calls[i] = call
+		}
+		d.AsDict().Set("tool_calls", jinja.NewList(calls))
+	}
+	if m.ToolCallID != "" {
+		d.AsDict().Set("tool_call_id", jinja.NewString(m.ToolCallID))
+	}
+	if m.Name != "" {
+		d.AsDict().Set("name", jinja.NewString(m.Name))
+	}
+	return d
+}
+
+// ChatTemplateSource returns the text of the model's chat template ("" if
+// it has none): the front end reads it to tell which tool-call and
+// reasoning markup the model writes.
+func (t *Tokenizer) ChatTemplateSource() string {
+	if t.chat == nil {
+		return ""
+	}
+	return t.chat.src
 }
 
 // ContinueFinal cuts a chat rendered without a generation prompt right

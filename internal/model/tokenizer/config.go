@@ -159,7 +159,7 @@ func (t *Tokenizer) configure(cfg *tokenizerConfig) error {
 			t.suffix = append(t.suffix, eos)
 		}
 	}
-	c := &chatTemplate{err: cfg.templateErr, vars: map[string]jinja.Value{}}
+	c := &chatTemplate{err: cfg.templateErr, vars: map[string]jinja.Value{}, src: cfg.template}
 	for k, v := range cfg.special {
 		c.vars[k] = jinja.NewString(v)
 	}
@@ -180,6 +180,7 @@ type chatTemplate struct {
 	tmpl *jinja.Template // nil: err says why
 	err  error
 	vars map[string]jinja.Value
+	src  string // the template's text
 }
 
 // ApplyChatTemplate renders msgs with the model's chat template, or with

@@ -1,0 +1,373 @@
+package openai
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/pdserve/pdserve/internal/grammar"
+	"github.com/pdserve/pdserve/internal/model"
+)
+
+// This file implements function calling on chat completions, after
+// OpenAI's API and vLLM's implementation of it:
+//
+//   - tools are validated and given to the chat template as its tools
+//     variable (a list of {"type":"function","function":{…}} dicts);
+//   - tool_choice "none" renders the tools too (vLLM's default) and returns
+//     the model's text as content;
+//   - tool_choice "auto" parses calls out of the model's text with the
+//     family's parser (toolparse.go; --tool-call-parser);
+//   - tool_choice "required" and a named function constrain the output with
+//     a JSON Schema (toolSchema), so the answer is a valid call of a declared
+//     tool whatever the model, and turn that JSON into tool_calls.
+
+// Tool is one entry of a chat request's tools.
+type Tool struct {
+	// Type is "function", the only kind.
+	Type     string       `json:"type"`
+	Function ToolFunction `json:"function"`
+}
+
+// ToolFunction is a function the model may call.
+type ToolFunction struct {
+	// Name is 1 to 64 of [a-zA-Z0-9_-] (OpenAI's rule).
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	// Parameters is the JSON Schema of the arguments: an object schema
+	// (absent: no arguments).
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+	// Strict is accepted: the constrained calls are always exact.
+	Strict *bool `json:"strict,omitempty"`
+}
+
+// ToolCall is a function call of an assistant message, in a request's
+// messages or in an answer.
+type ToolCall struct {
+	// ID is unique per call ("call_" and 24 random hex digits in answers).
+	ID string `json:"id"`
+	// Type is "function".
+	Type     string       `json:"type"`
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall names the function called and its arguments.
+type FunctionCall struct {
+	Name string `json:"name"`
+	// Arguments is a JSON object as a string.
+	Arguments string `json:"arguments"`
+}
+
+// ToolCallDelta is a piece of a streamed call: the first of a call carries
+// its ID, Type and Function.Name (with empty arguments), the next ones
+// pieces of Function.Arguments, all with the call's Index.
+type ToolCallDelta struct {
+	Index    int               `json:"index"`
+	ID       string            `json:"id,omitempty"`
+	Type     string            `json:"type,omitempty"`
+	Function FunctionCallDelta `json:"function"`
+}
+
+// FunctionCallDelta is the function part of a ToolCallDelta.
+type FunctionCallDelta struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
+}
+
+// MaxTools bounds the tools of a request (OpenAI's limit, 128).
+const MaxTools = 128
+
+// toolName is what OpenAI allows as a function name.
+var toolName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+// toolMode is a request's tool_choice.
+type toolMode uint8
+
+const (
+	toolNone toolMode = iota
+	toolAuto
+	toolRequired
+	toolNamed
+)
+
+// toolRequest is a chat request's validated tools.
+type toolRequest struct {
+	tools []Tool
+	// list is the tools as the template gets them (the client's JSON).
+	list json.RawMessage
+	mode toolMode
+	// name is the function a named tool_choice calls.
+	name string
+	// parallel: more than one call per answer (parallel_tool_calls,
+	// default true).
+	parallel bool
+	// parser parses calls out of text (toolAuto; nil: the model's family
+	// is not known, so its text is content).
+	parser toolParser
+	// spec constrains the output to calls (toolRequired and toolNamed).
+	spec grammar.Spec
+}
+
+// constrained reports whether the output is grammar-constrained to calls.
+func (t *toolRequest) constrained() bool {
+	return t != nil && (t.mode == toolRequired || t.mode == toolNamed)
+}
+
+// emptyParameters is the schema of a function that declares no
+// parameters.
+const emptyParameters = `{"type":"object","properties":{}}`
+
+// tools validates w's tools, tool_choice and parallel_tool_calls; nil when
+// the request offers none. Errors are 400s naming the field.
+func (p *parser) tools(w *ChatCompletionRequest) (*toolRequest, error) {
+	choice := strings.TrimSpace(string(w.ToolChoice))
+	parallel := true
+	if !isNull(w.ParallelToolCalls) {
+		if err := json.Unmarshal(w.ParallelToolCalls, &parallel); err != nil {
+			return nil, BadRequest("parallel_tool_calls", "parallel_tool_calls must be a boolean")
+		}
+	}
+	if emptyJSON(w.Tools) {
+		if isNull(w.ToolChoice) || choice == `"none"` {
+			return nil, nil
+		}
+		return nil, BadRequest("tool_choice", "tool_choice is only allowed when tools are given")
+	}
+	var raws []json.RawMessage
+	if firstByte(w.Tools) != '[' || json.Unmarshal(w.Tools, &raws) != nil {
+		return nil, BadRequest("tools", "tools must be an array of {\"type\": \"function\", \"function\": {…}}")
+	}
+	if len(raws) > MaxTools {
+		return nil, BadRequest("tools", "at most %d tools are allowed, got %d", MaxTools, len(raws))
+	}
+	tr := &toolRequest{list: w.Tools, parallel: parallel, mode: toolAuto}
+	for i, raw := range raws {
+		var t Tool
+		if firstByte(raw) != '{' || json.Unmarshal(raw, &t) != nil {
+			return nil, BadRequest("tools", "tools[%d] must be {\"type\": \"function\", \"function\": {name, description, parameters}}", i)
+		}
+		if t.Type != "function" {
+			return nil, BadRequest("tools", "tools[%d].type must be \"function\", got %q", i, t.Type)
+		}
+		if !toolName.MatchString(t.Function.Name) {
+			return nil, BadRequest("tools", "tools[%d].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -, got %q", i, t.Function.Name)
+		}
+		if slices.ContainsFunc(tr.tools, func(o Tool) bool { return o.Function.Name == t.Function.Name }) {
+			return nil, BadRequest("tools", "tools[%d]: function %q is declared twice", i, t.Function.Name)
+		}
+		if err := checkParameters(t.Function.Parameters); err != nil {
+			return nil, BadRequest("tools", "tools[%d].function.parameters %s", i, err)
+		}
+		tr.tools = append(tr.tools, t)
+	}
+	switch {
+	case isNull(w.ToolChoice) || choice == `"auto"`:
+	case choice == `"none"`:
+		tr.mode = toolNone
+	case choice == `"required"`:
+		tr.mode = toolRequired
+	case firstByte(w.ToolChoice) == '{':
+		var named struct {
+			Type     string `json:"type"`
+			Function struct {
+				Name string `json:"name"`
+			} `json:"function"`
+		}
+		if json.Unmarshal(w.ToolChoice, &named) != nil || named.Type != "function" {
+			return nil, BadRequest("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")
+		}
+		if !slices.ContainsFunc(tr.tools, func(t Tool) bool { return t.Function.Name == named.Function.Name }) {
+			return nil, BadRequest("tool_choice", "tool_choice names function %q, which is not among the tools", named.Function.Name)
+		}
+		tr.mode, tr.name = toolNamed, named.Function.Name
+	default:
+		return nil, BadRequest("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")
+	}
+	if tr.constrained() {
+		tr.spec = grammar.Spec{Kind: grammar.KindJSONSchema, Source: tr.schema()}
+	}
+	return tr, nil
+}
+
+// checkParameters refuses parameters that are not an object schema.
+func checkParameters(raw json.RawMessage) error {
+	if isNull(raw) {
+		return nil
+	}
+	var schema map[string]json.RawMessage
+	if firstByte(raw) != '{' || json.Unmarshal(raw, &schema) != nil {
+		return fmt.Errorf("must be a JSON Schema object")
+	}
+	t, ok := schema["type"]
+	if !ok {
+		return nil
+	}
+	var one string
+	if json.Unmarshal(t, &one) == nil && one == "object" {
+		return nil
+	}
+	var many []string
+	if json.Unmarshal(t, &many) == nil && slices.Contains(many, "object") {
+		return nil
+	}
+	return fmt.Errorf("must be the schema of an object (type \"object\"), got type %s", t)
+}
+
+// parameters is the schema of t's arguments.
+func (t Tool) parameters() json.RawMessage {
+	if isNull(t.Function.Parameters) {
+		return json.RawMessage(emptyParameters)
+	}
+	return t.Function.Parameters
+}
+
+// schema is the JSON Schema the output of a constrained tool_choice
+// follows, as vLLM constrains it: for a named function, that function's
+// parameters (the output is the arguments); for "required", an array of at
+// least one (at most one without parallel_tool_calls) {"name": one of the
+// tools, "parameters": its parameters}.
+func (t *toolRequest) schema() string {
+	if t.mode == toolNamed {
+		for _, tool := range t.tools {
+			if tool.Function.Name == t.name {
+				return string(tool.parameters())
+			}
+		}
+	}
+	var b bytes.Buffer
+	b.WriteString(`{"type":"array","minItems":1,`)
+	if !t.parallel {
+		b.WriteString(`"maxItems":1,`)
+	}
+	b.WriteString(`"items":{"anyOf":[`)
+	for i, tool := range t.tools {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		name, _ := json.Marshal(tool.Function.Name)
+		fmt.Fprintf(&b, `{"type":"object","properties":{"name":{"const":%s},"parameters":%s},"required":["name","parameters"],"additionalProperties":false}`,
+			name, tool.parameters())
+	}
+	b.WriteString(`]}}`)
+	return b.String()
+}
+
+// calls turns the output of a constrained tool_choice into calls; false if
+// it is not a complete one (the output was cut short).
+func (t *toolRequest) calls(text string) ([]ToolCall, bool) {
+	if t.mode == toolNamed {
+		if !json.Valid([]byte(text)) || firstByte(json.RawMessage(text)) != '{' {
+			return nil, false
+		}
+		return []ToolCall{newCall(t.name, strings.TrimSpace(text))}, true
+	}
+	var list []struct {
+		Name       string          `json:"name"`
+		Parameters json.RawMessage `json:"parameters"`
+	}
+	if json.Unmarshal([]byte(text), &list) != nil || len(list) == 0 {
+		return nil, false
+	}
+	out := make([]ToolCall, len(list))
+	for i, c := range list {
+		if c.Name == "" || firstByte(c.Parameters) != '{' {
+			return nil, false
+		}
+		out[i] = newCall(c.Name, string(c.Parameters))
+	}
+	return out, true
+}
+
+// newCall is a call of name with args, under a new id.
+func newCall(name, args string) ToolCall {
+	return ToolCall{ID: newCallID(), Type: "function", Function: FunctionCall{Name: name, Arguments: args}}
+}
+
+// newCallID returns "call_" and 24 random hex digits (96 bits: unique).
+func newCallID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return fmt.Sprintf("call_%x", b)
+}
+
+// messageToolCalls converts an assistant message's tool_calls for the
+// template; i is the message's index.
+func messageToolCalls(i int, m ChatMessage) ([]model.ToolCall, error) {
+	if len(m.ToolCalls) == 0 {
+		return nil, nil
+	}
+	if m.Role != "assistant" {
+		return nil, BadRequest("messages", "messages[%d]: only an assistant's message may have tool_calls, not one of role %s", i, m.Role)
+	}
+	out := make([]model.ToolCall, len(m.ToolCalls))
+	for j, c := range m.ToolCalls {
+		if c.Type != "" && c.Type != "function" {
+			return nil, BadRequest("messages", "messages[%d].tool_calls[%d].type must be \"function\", got %q", i, j, c.Type)
+		}
+		if c.Function.Name == "" {
+			return nil, BadRequest("messages", "messages[%d].tool_calls[%d].function.name is required", i, j)
+		}
+		out[j] = model.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments}
+	}
+	return out, nil
+}
+
+// chatTools sets up w's tools and reasoning on req, and the tools of the
+// template's rendering on opts.
+func (p *parser) chatTools(w *ChatCompletionRequest, req *request, opts *model.ChatOptions) error {
+	if reasoningOn(p.reasoningParser) {
+		req.reasoningParser = p.reasoningParser
+		req.hideReasoning = w.IncludeReasoning != nil && !*w.IncludeReasoning
+	}
+	tr, err := p.tools(w)
+	if err != nil || tr == nil {
+		return err
+	}
+	opts.Tools, req.tools = tr.list, tr
+	switch {
+	case tr.constrained():
+		if !req.constraint.IsZero() {
+			return BadRequest("tool_choice", "tool_choice %s makes the answer a function call, and a structured-output field (response_format or the like) constrains it too: send one",
+				strings.TrimSpace(string(w.ToolChoice)))
+		}
+		if err := p.compiled.check(tr.spec); err != nil {
+			return compileError("tools", err)
+		}
+		req.constraint = tr.spec
+	case tr.mode == toolAuto:
+		name := p.toolParser
+		if name == "" || name == "auto" {
+			tmpl := opts.Template
+			if src, ok := p.tok.(interface{ ChatTemplateSource() string }); ok && tmpl == "" {
+				tmpl = src.ChatTemplateSource()
+			}
+			name = ToolCallParserFor(tmpl)
+		}
+		if tr.parser, err = newToolParser(name); err != nil {
+			return Internal("%v", err)
+		}
+		req.keepSpecial = markerIDs(tr.parser, p.tok.Encode)
+	}
+	return nil
+}
+
+// reasoningOn reports whether --reasoning-parser names a parser.
+func reasoningOn(name string) bool { return name != "" && name != "none" }
+
+// CheckParsers checks the --tool-call-parser and --reasoning-parser names
+// of o: an error names the flag and the names it takes.
+func (o APIOptions) CheckParsers() error {
+	if o.ToolCallParser != "auto" {
+		if _, err := newToolParser(o.ToolCallParser); err != nil {
+			return fmt.Errorf("--tool-call-parser: %w", err)
+		}
+	}
+	if err := checkReasoningParser(o.ReasoningParser); err != nil {
+		return fmt.Errorf("--reasoning-parser: %w", err)
+	}
+	return nil
+}

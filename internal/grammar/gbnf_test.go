@@ -223,3 +223,28 @@ func TestRepeatSymsCounts(t *testing.T) {
 		}
 	}
 }
+
+// FuzzCompileGBNF: any text gives a Grammar or an *Error, never a panic.
+func FuzzCompileGBNF(f *testing.F) {
+	for _, name := range []string{"json.gbnf", "chess.gbnf", "arithmetic.gbnf"} {
+		src, err := os.ReadFile("testdata/gbnf/" + name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(string(src))
+	}
+	f.Add("root ::= (\"a\" | [^b-c]){2,5} x\nx ::= .*")
+	f.Fuzz(func(t *testing.T, src string) {
+		g, err := CompileGBNF(src)
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("error %v is not an *Error", err)
+			}
+			return
+		}
+		if g == nil || g.Rules[g.Start].Name != "root" {
+			t.Fatalf("grammar without its root rule")
+		}
+	})
+}

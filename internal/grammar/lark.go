@@ -32,8 +32,8 @@ import (
 //   - // and # comments; a newline ends a definition unless inside brackets
 //     or before a |.
 //
-// /regex/ bodies use ParseRegex's ECMA-262 dialect, anchored to the
-// lexeme, with the flags i (case-insensitive), s (. matches newlines), m
+// /regex/ bodies use ParseRegex's ECMA-262 dialect (and Python's
+// (?P<name>…) groups), anchored to the lexeme, with the flags i (case-insensitive), s (. matches newlines), m
 // and u (no effect on an anchored lexeme).
 //
 // Errors are *Error with Keyword "lark" and Path "line:col". Features the
@@ -41,7 +41,8 @@ import (
 // %regex, %declare, %override, %extend, imports other than common,
 // priorities (name.N), templates, lexeme options (name[lazy]: …), special
 // tokens <…>, grammar references @name, the & and ~ regex operators, the
-// regex flag x.
+// regex flag x, lazy quantifiers (*? +? ?? {n,m}?) in regexes (a lexeme
+// matches longest-first, so /".*?"/ would not stop at the first quote).
 func CompileLark(src string) (*Grammar, error) {
 	toks, err := larkLex(src)
 	if err != nil {
@@ -295,7 +296,7 @@ func larkRegex(src string, i int) (*Regex, int, error) {
 	}
 	body := src[start+1 : i]
 	i++
-	o := rxOptions{keyword: "lark"}
+	o := rxOptions{keyword: "lark", python: true, noLazy: true}
 	for i < len(src) && src[i] >= 'a' && src[i] <= 'z' {
 		switch src[i] {
 		case 'i':

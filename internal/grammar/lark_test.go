@@ -91,6 +91,8 @@ func TestCompileLarkSyntax(t *testing.T) {
 		{"start: name\nname: LETTER+\n%import common.LETTER\n%ignore \" \"", []string{"abc", "a b c"}, []string{""}},
 		// String escapes (Lark's: unknown ones keep their backslash), i suffix.
 		{`start: "a\tb\x41\u00e9\d" "select"i`, []string{"a\tbAé\\dSeLeCt", "a\tbAé\\dselect"}, []string{"a\tbAé\\dselec"}},
+		// Python's named groups.
+		{`start: /(?P<x>a|b)+/`, []string{"abba"}, []string{"c"}},
 		// Regex flags.
 		{`start: /ab[c-d]/i /x.y/s /^m$/`, []string{"ABdx\nym", "abCx.ym"}, []string{"abex.ym"}},
 		// Repetitions: ~ n, ~ n..m, {n}, {n,}, {,m}, [ ].
@@ -152,6 +154,7 @@ func TestCompileLarkErrors(t *testing.T) {
 		{"start: /a(?=b)/", "1:10", "lookahead", true},
 		{"start: \"a\"\nX: /a{3,2}/", "2:6", "out of order", false},
 		{"start: /a/x", "1:11", "flag x", true},
+		{`start: /"a*?"/`, "1:12", "lazy quantifier", true},
 		{"start.2: \"a\"", "1:6", "priority", true},
 		{"start: A\nA.2: \"a\"", "2:2", "priority", true},
 		{"start{x}: \"a\"", "1:6", "template", true},
@@ -215,4 +218,24 @@ func TestCompileLarkCommon(t *testing.T) {
 			checkTexts(t, name, g, tt.yes, tt.no)
 		}
 	}
+}
+
+// FuzzCompileLark: any text gives a Grammar or an *Error, never a panic.
+func FuzzCompileLark(f *testing.F) {
+	f.Add(larkCalc)
+	f.Add(larkJSON)
+	f.Add("start: A ~ 2..3 [b]\nb: /x+/i | \"y\"{,2}\nA: \"a\"..\"c\"\n%ignore \" \"")
+	f.Fuzz(func(t *testing.T, src string) {
+		g, err := CompileLark(src)
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("error %v is not an *Error", err)
+			}
+			return
+		}
+		if g == nil || g.Rules[g.Start].Name != "start" {
+			t.Fatalf("grammar without its start rule")
+		}
+	})
 }

@@ -68,6 +68,10 @@ type rxOptions struct {
 	keyword string // the Error keyword
 	fold    bool   // i: case-insensitive
 	dotAll  bool   // s: . matches line terminators too
+	python  bool   // also accept Python's (?P<name>…) (Lark's regexes)
+	// noLazy refuses lazy quantifiers: in a greedily lexed terminal they
+	// would not stop where the author meant.
+	noLazy bool
 }
 
 // rxNode is a parsed sub-pattern, split by the anchors its matches use:
@@ -333,6 +337,9 @@ func (p *rxParser) quantifier() (min, max int, ok bool, err error) {
 		return 0, 0, false, nil
 	}
 	if p.peek() == '?' {
+		if p.o.noLazy {
+			return 0, 0, false, p.unsupported(p.pos, "a lazy quantifier in a lexeme (lexemes match longest-first)")
+		}
 		p.pos++ // lazy: the same language
 	}
 	return min, max, true, nil
@@ -435,7 +442,10 @@ func (p *rxParser) group(off, depth int) (rxNode, error) {
 			return rxNode{}, p.unsupported(off, "lookbehind (?<=…)")
 		case p.peekAt(1) == '<' && p.peekAt(2) == '!':
 			return rxNode{}, p.unsupported(off, "negative lookbehind (?<!…)")
-		case p.peekAt(1) == '<':
+		case p.peekAt(1) == '<', p.peekAt(1) == 'P' && p.peekAt(2) == '<' && p.o.python:
+			if p.peekAt(1) == 'P' {
+				p.pos++ // Python's (?P<name>…)
+			}
 			p.pos += 2
 			start := p.pos
 			for !p.eof() && p.peek() != '>' {

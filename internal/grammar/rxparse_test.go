@@ -382,3 +382,25 @@ func TestRegexThroughMatcher(t *testing.T) {
 	}
 	checkTexts(t, "pattern", g, []string{"ab@x", "x\n.com", "a@.com"}, []string{"1a@", "x.comx"})
 }
+
+// FuzzParseRegex: any pattern gives a Regex or an *Error, never a panic.
+func FuzzParseRegex(f *testing.F) {
+	for _, s := range []string{`^a(b|c)*$`, `[\d-z]{2,3}?`, `\p{Lu}+(?i:x)`, `a{`, `(?<n>.)\u{1F600}`, `[^\s\S]`, `\cJ\x41`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for _, parse := range []func(string) (*Regex, error){ParseRegex, ParsePattern} {
+			r, err := parse(s)
+			if err != nil {
+				var e *Error
+				if !errors.As(err, &e) {
+					t.Fatalf("%q: error %v is not an *Error", s, err)
+				}
+				continue
+			}
+			if r == nil {
+				t.Fatalf("%q: nil Regex without an error", s)
+			}
+		}
+	})
+}

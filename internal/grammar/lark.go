@@ -152,7 +152,7 @@ func larkLex(src string) ([]larkTok, error) {
 			}
 			toks = append(toks, larkTok{kind: ltNum, pos: start, num: n, text: src[start:i]})
 		case c == '_' || c < utf8.RuneSelf && unicode.IsLetter(rune(c)):
-			for i < len(src) && isLarkNameChar(src[i]) {
+			for i < len(src) && isLarkNameChar(src[i]) && !strings.HasPrefix(src[i:], "->") {
 				i++
 			}
 			toks = append(toks, larkTok{kind: ltName, pos: start, text: src[start:i]})

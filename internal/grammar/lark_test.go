@@ -104,7 +104,7 @@ func TestCompileLarkSyntax(t *testing.T) {
 		{"start: _item+\n_item: \"x\" | \n%ignore WS\n%ignore /#[^\\n]*/\n%import common (WS)", []string{"x x # c\n x", "", "#only"}, []string{"y"}},
 		{"start: my-rule\nmy-rule: \"z\"", []string{"z"}, nil},
 		// !rule and aliases are accepted.
-		{"!start: \"a\" -> foo\n  | \"b\"", []string{"a", "b"}, nil},
+		{"!start: \"a\" -> foo\n  | b->bar\nb: \"b\"", []string{"a", "b"}, nil},
 		// Left and right recursion.
 		{"start: start \"a\" | \"b\"", []string{"b", "baaa"}, []string{"ab"}},
 	}

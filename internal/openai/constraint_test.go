@@ -3,7 +3,9 @@ package openai
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/pdserve/pdserve/internal/grammar"
@@ -310,5 +312,42 @@ func TestConstraintCompiles(t *testing.T) {
 	}
 	if n := p.compiled.len(); n != len(fields) {
 		t.Fatalf("the cache holds %d outcomes, want %d", n, len(fields))
+	}
+}
+
+// TestCompileCacheConcurrent: requests check constraints at once (run with
+// -race); each gets its own spec's outcome, and the cache stays bounded.
+func TestCompileCacheConcurrent(t *testing.T) {
+	c := newCompileCache(4)
+	bad := errors.New("bad")
+	c.compile = func(s grammar.Spec) (*grammar.Grammar, error) {
+		if strings.HasPrefix(s.Source, "bad") {
+			return nil, bad
+		}
+		return nil, nil
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 200 {
+				src := fmt.Sprintf("ok%d", (g+i)%6)
+				if i%3 == 0 {
+					src = fmt.Sprintf("bad%d", (g+i)%6)
+				}
+				if err := c.check(grammar.Spec{Kind: grammar.KindRegex, Source: src}); (err == bad) != strings.HasPrefix(src, "bad") {
+					errs <- fmt.Sprintf("%s: %v", src, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	if n := c.len(); n > 4 {
+		t.Fatalf("%d outcomes held, bound 4", n)
 	}
 }

@@ -49,6 +49,9 @@ func TestCompileGBNFExamples(t *testing.T) {
 		{"list.gbnf",
 			[]string{"- milk\n", "- eggs\n- bread and butter\n"},
 			[]string{"", "-\n", "- a\r\n", "- a\u2028b\n", "* a\n"}},
+		{"name_age.gbnf", // llama.cpp's README: a JSON schema converted to GBNF
+			[]string{nameAgeList(10, "Ann", "42"), nameAgeList(100, "B\\u00e9\\n", "150"), "[\n  " + nameAgeList(10, "x", "0")[1:]},
+			[]string{nameAgeList(9, "Ann", "42"), nameAgeList(101, "Ann", "42"), nameAgeList(10, "Ann", "151"), nameAgeList(10, "", "1"), nameAgeList(10, strings.Repeat("n", 101), "1")}},
 		{"japanese.gbnf",
 			[]string{"こんにちは", "カタカナ 日本語\n漢字、"},
 			[]string{"", "abc", "こんにちは ", "日本  語"}},
@@ -247,4 +250,13 @@ func FuzzCompileGBNF(f *testing.F) {
 			t.Fatalf("grammar without its root rule")
 		}
 	})
+}
+
+// nameAgeList is a JSON array of n {"name": name, "age": age} objects.
+func nameAgeList(n int, name, age string) string {
+	items := make([]string, n)
+	for i := range items {
+		items[i] = `{"name": "` + name + `", "age": ` + age + `}`
+	}
+	return "[" + strings.Join(items, ", ") + "]"
 }

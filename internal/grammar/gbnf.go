@@ -54,6 +54,7 @@ type gbnfParser struct {
 	defAt, refAt []int
 	refOrder     []int
 	chars        map[rune]*Regex // one Regex per distinct literal code point
+	depth        int             // parentheses open
 }
 
 // errAt is a syntax error at byte offset off.
@@ -262,10 +263,16 @@ func (p *gbnfParser) sequence(owner int, nested bool) ([]Sym, error) {
 			last = len(syms)
 			syms = append(syms, N(p.ruleIndex(name, off)))
 		case c == '(':
+			if p.depth >= MaxNesting {
+				return nil, p.errAt(off, "parentheses nested more than %d deep", MaxNesting)
+			}
 			p.pos++
 			p.space(true)
 			sub := p.helper(owner)
-			if err := p.alternates(sub, true); err != nil {
+			p.depth++
+			err := p.alternates(sub, true)
+			p.depth--
+			if err != nil {
 				return nil, err
 			}
 			if p.peek() != ')' {

@@ -137,6 +137,7 @@ func TestCompileGBNFErrors(t *testing.T) {
 		{"root ::= \"a\"{3,2}", "1:13", "below the minimum", false},
 		{"root ::= \"a\"{0,10001}", "1:13", "above 10000", false},
 		{"root ::= <think> \"a\"", "1:10", "token matches", true},
+		{"root ::= " + strings.Repeat("(", 1001) + strings.Repeat(")", 1001), "1:1010", "nested more than 1000", false},
 		{"root ::= !<[12]>*", "1:10", "token matches", true},
 		{"root ::= \"日本\" ?? b", "1:18", `undefined rule "b"`, false},
 	}

@@ -372,6 +372,7 @@ type larkParser struct {
 	ignores []*larkExpr
 	b       Builder
 	lits    map[string]*Regex // inline string lexemes, shared
+	depth   int               // brackets open
 }
 
 func (p *larkParser) tok() *larkTok { return &p.toks[p.i] }
@@ -748,8 +749,13 @@ func (p *larkParser) atom() (*larkExpr, error) {
 	}
 	switch t.text {
 	case "(", "[":
+		if p.depth >= MaxNesting {
+			return nil, p.errAt(t.pos, "brackets nested more than %d deep", MaxNesting)
+		}
 		p.i++
+		p.depth++
 		e, err := p.expansions()
+		p.depth--
 		if err != nil {
 			return nil, err
 		}

@@ -173,6 +173,7 @@ func TestCompileLarkErrors(t *testing.T) {
 		{"start: (\"a\"", "1:12", "expected ), found the end of the line", false},
 		{"start: \"a\" $", "1:12", "unexpected character", false},
 		{"start: \"ab\"..\"z\"", "1:8", "single characters", false},
+		{"start: " + strings.Repeat("[", 1001) + strings.Repeat("]", 1001), "1:1008", "nested more than 1000", false},
 	}
 	for _, tt := range tests {
 		_, err := CompileLark(tt.src)

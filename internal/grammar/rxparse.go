@@ -8,6 +8,9 @@ import (
 	"unicode/utf8"
 )
 
+// MaxNesting bounds how deep groups nest in a regex, GBNF or Lark source.
+const MaxNesting = 1000
+
 // MaxRepeat bounds the counts of a regex quantifier {n,m} and of GBNF's
 // and Lark's counted repetitions: a larger count is an error.
 const MaxRepeat = 10000
@@ -430,6 +433,9 @@ func (p *rxParser) char(c rune) *Regex {
 }
 
 func (p *rxParser) group(off, depth int) (rxNode, error) {
+	if depth >= MaxNesting {
+		return rxNode{}, p.errAt(off, "groups nested more than %d deep", MaxNesting)
+	}
 	if p.peek() == '?' {
 		switch {
 		case p.peekAt(1) == ':':

@@ -270,6 +270,7 @@ func TestParseRegexErrors(t *testing.T) {
 		{`\c1`, "offset 0", false, "\\c must be followed by a letter"},
 		{`(?P<n>a)`, "offset 0", false, "Python"},
 		{`日本(`, "offset 2", false, "unterminated group"},
+		{strings.Repeat("(", 1001) + strings.Repeat(")", 1001), "offset 1000", false, "nested more than 1000"},
 	}
 	for _, tt := range tests {
 		_, err := ParseRegex(tt.pattern)

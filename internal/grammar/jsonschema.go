@@ -99,6 +99,13 @@ func CompileJSONSchema(schema []byte, o JSONOptions) (*Grammar, error) {
 		strChar:   jsonStrChar(),
 		anyRule:   -1,
 	}
+	if sv := root.get("$schema"); sv != nil && sv.k == jStr {
+		for _, d := range []string{"draft-03", "draft-04", "draft-05", "draft-06", "draft-07"} {
+			if strings.Contains(sv.s, d) {
+				c.legacyRef = true
+			}
+		}
+	}
 	if id := root.get("$id"); id != nil && id.k == jStr {
 		c.baseID = strings.TrimSuffix(id.s, "#")
 	} else if id := root.get("id"); id != nil && id.k == jStr {
@@ -257,6 +264,7 @@ type jsCompiler struct {
 	root       *jval
 	o          JSONOptions
 	baseID     string
+	legacyRef  bool // drafts 4–7: keywords beside $ref are ignored
 	defs       map[string]*node
 	resolving  map[string]bool
 	expansions int
@@ -461,7 +469,7 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 		if err != nil {
 			return nil, err
 		}
-		if onlyAnnotations(v, "$ref") {
+		if c.legacyRef || onlyAnnotations(v, "$ref") {
 			return &node{path: path + "/$ref", ref: t}, nil
 		}
 	}
@@ -712,15 +720,11 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 			}
 			apps = append(apps, applicator{&node{path: kp, ref: t}, !seenProps, false})
 		case "not":
-			s, err := sub(kw, x)
+			s, err := c.negate(x, kp, depth+1)
 			if err != nil {
 				return nil, err
 			}
-			t, ok := c.negatable(s)
-			if !ok {
-				return nil, unsupportedAt(kw, kp, "only the negation of {} or of a type-only schema is enforced")
-			}
-			n.types = n.types.and(t)
+			apps = append(apps, applicator{s, !seenProps, false})
 		case "if":
 			if v.get("then") != nil || v.get("else") != nil {
 				return nil, unsupportedAt(kw, kp, "conditional schemas are not enforced")

@@ -144,7 +144,19 @@ var jsonCases = []jsonCase{
 		ok: []string{`{"kids":[{},{"kids":[{}]}]}`}, bad: []string{`{"kids":[1]}`, `{"kids":[{"x":1}]}`}},
 	{name: "ref with siblings", schema: `{"definitions":{"s":{"type":"string"}},"properties":{"a":{"$ref":"#/definitions/s","maxLength":2}}}`,
 		ok: []string{`{"a":"xy"}`}, bad: []string{`{"a":"xyz"}`, `{"a":1}`}},
+	{name: "draft 7 ref siblings ignored", schema: `{"$schema":"http://json-schema.org/draft-07/schema#","definitions":{"s":{"type":"string"}},"properties":{"a":{"$ref":"#/definitions/s","maxLength":2}}}`,
+		ok: []string{`{"a":"xyz"}`}, bad: []string{`{"a":1}`}},
 	{name: "not", schema: `{"not":{"type":["string","null"]}}`, ok: []string{`1`, `{}`}, bad: []string{`"a"`, `null`}},
+	{name: "not required", schema: `{"properties":{"a":{}},"not":{"required":["a","b"]}}`,
+		ok: []string{`{}`, `{"a":1}`, `{"b":1}`}, bad: []string{`{"a":1,"b":2}`, `1`}},
+	{name: "not enum pattern", schema: `{"not":{"anyOf":[{"enum":["x",null]},{"pattern":"^a"}]}}`,
+		ok: []string{`"y"`, `"ba"`}, bad: []string{`"x"`, `null`, `"ab"`, `1`, `true`}},
+	{name: "not bounds", schema: `{"not":{"type":"number","minimum":3,"maxLength":2}}`,
+		ok: []string{`2`, `2.5`, `"abc"`, `{}`, `"ab"`}, bad: []string{`3`, `40`}},
+	{name: "not not", schema: `{"not":{"not":{"type":"string","minLength":2}}}`,
+		ok: []string{`"ab"`}, bad: []string{`"a"`, `1`}},
+	{name: "not properties", schema: `{"type":"object","not":{"properties":{"a":{"const":"x"}}}}`,
+		ok: []string{`{"a":2}`}, bad: []string{`{}`, `{"a":"x"}`}},
 	{name: "format date-time", schema: `{"type":"string","format":"date-time"}`,
 		ok: []string{`"2024-02-29T12:30:00Z"`, `"2024-01-31T00:00:00.123+05:30"`}, bad: []string{`"2024-13-01T00:00:00Z"`, `"2024-04-31T00:00:00Z"`, `"2024-01-01"`}},
 	{name: "format misc", schema: `{"type":"array","prefixItems":[{"format":"uuid"},{"format":"ipv4"},{"format":"email"},{"format":"date"},{"format":"ipv6"}]}`,
@@ -212,7 +224,7 @@ func TestJSONSchemaErrors(t *testing.T) {
 		schema, keyword, path string
 		unsupported           bool
 	}{
-		{`{"type":"object","properties":{"a":{"not":{"minimum":3}}}}`, "not", "#/properties/a/not", true},
+		{`{"type":"object","properties":{"a":{"not":{"multipleOf":3}}}}`, "not", "#/properties/a/not/multipleOf", true},
 		{`{"$ref":"http://example.com/s.json"}`, "$ref", "#/$ref", true},
 		{`{"$ref":"#/definitions/missing"}`, "$ref", "#/$ref", false},
 		{`{"oneOf":[{"type":"integer"},{"minimum":3}]}`, "oneOf", "#/oneOf", true},

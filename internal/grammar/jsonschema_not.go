@@ -1,0 +1,238 @@
+package grammar
+
+import "strconv"
+
+// negate is the node of the values schema v does not admit ("not"). A
+// schema is the conjunction of its keywords, so its negation is the union
+// of the negations of each keyword (De Morgan). A keyword that constrains
+// one type (pattern, minimum …) is satisfied by the other types, so its
+// negation holds values of that type only. Keywords whose negation is not
+// built exactly are refused.
+func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
+	if depth > maxSchemaNesting {
+		return nil, errAt("not", path, "subschemas nested more than %d deep", maxSchemaNesting)
+	}
+	switch v.k {
+	case jBool:
+		if v.b {
+			return neverNode(path), nil
+		}
+		return anyNode(path), nil
+	case jObj:
+	default:
+		return nil, errAt("not", path, "a schema must be an object or a boolean")
+	}
+	u := &node{path: path, isUnion: true}
+	add := func(n *node) {
+		if !n.never() {
+			u.alts = append(u.alts, n)
+		}
+	}
+	only := func(t tset) *node {
+		n := anyNode(path)
+		n.types = t
+		return n
+	}
+	for i, kw := range v.keys {
+		x := v.vals[i]
+		kp := path + "/" + jsonPtrEscape(kw)
+		if v.get("$ref") != nil && kw != "$ref" && c.legacyRef {
+			continue
+		}
+		switch kw {
+		case "not":
+			n, err := c.normalize(x, kp, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			add(n)
+		case "type":
+			n, err := c.normalize(&jval{k: jObj, keys: []string{"type"}, vals: []*jval{x}}, path, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			t, ok := c.negatable(n)
+			if !ok {
+				return nil, unsupportedAt("not", kp, "the negation of type integer (numbers with a fraction) is not enforced")
+			}
+			add(only(t))
+		case "required":
+			if x.k != jArr {
+				return nil, errAt(kw, kp, "must be an array of strings")
+			}
+			for _, e := range x.arr {
+				if e.k != jStr {
+					return nil, errAt(kw, kp, "must be an array of strings")
+				}
+				n := only(tObj)
+				n.props = []prop{{e.s, neverNode(kp)}}
+				add(n)
+			}
+		case "properties":
+			if x.k != jObj {
+				return nil, errAt(kw, kp, "must be an object")
+			}
+			for j, name := range x.keys {
+				s, err := c.negate(x.vals[j], kp+"/"+jsonPtrEscape(name), depth+1)
+				if err != nil {
+					return nil, err
+				}
+				n := only(tObj)
+				n.props = []prop{{name, s}}
+				n.required = []string{name}
+				add(n)
+			}
+		case "enum", "const":
+			vals := []*jval{x}
+			if kw == "enum" {
+				if x.k != jArr {
+					return nil, errAt(kw, kp, "must be an array")
+				}
+				vals = x.arr
+			}
+			n := anyNode(path)
+			var strs []*Regex
+			bools := 0
+			for _, e := range vals {
+				switch e.k {
+				case jStr:
+					strs = append(strs, Lit(e.s))
+				case jNull:
+					n.types &^= tNull
+				case jBool:
+					if e.b {
+						bools |= 1
+					} else {
+						bools |= 2
+					}
+				default:
+					return nil, unsupportedAt("not", kp, "the negation of a list holding %s is not enforced", e)
+				}
+			}
+			if bools == 3 {
+				n.types &^= tBool
+			} else if bools != 0 {
+				return nil, unsupportedAt("not", kp, "the negation of one boolean is not enforced")
+			}
+			if len(strs) > 0 {
+				n.patterns = []*Regex{Not(Or(strs...))}
+			}
+			add(n)
+		case "pattern":
+			if x.k != jStr {
+				return nil, errAt(kw, kp, "must be a string")
+			}
+			rx, err := ParsePattern(x.s)
+			if err != nil {
+				return nil, wrapRxErr(err, kw, kp)
+			}
+			n := only(tStr)
+			n.patterns = []*Regex{Not(rx)}
+			add(n)
+		case "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
+			if x.k == jBool {
+				continue
+			}
+			r := x.rat()
+			if r == nil {
+				return nil, errAt(kw, kp, "must be a number")
+			}
+			exc := kw == "exclusiveMinimum" || kw == "exclusiveMaximum"
+			if kw == "minimum" || kw == "maximum" {
+				if e := v.get("exclusiveM" + kw[1:]); e != nil && e.k == jBool && e.b {
+					exc = true
+				}
+			}
+			n := only(tInt | tNum)
+			if kw == "minimum" || kw == "exclusiveMinimum" {
+				n.hi = &numBound{r, !exc}
+			} else {
+				n.lo = &numBound{r, !exc}
+			}
+			add(n)
+		case "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties":
+			k, err := nonNegInt(x, kw, kp)
+			if err != nil {
+				return nil, err
+			}
+			var t tset
+			switch kw {
+			case "minLength", "maxLength":
+				t = tStr
+			case "minItems", "maxItems":
+				t = tArr
+			default:
+				t = tObj
+			}
+			if kw[:3] == "min" && k == 0 {
+				continue
+			}
+			n := only(t)
+			switch kw {
+			case "minLength":
+				n.maxLen = k - 1
+			case "maxLength":
+				n.minLen = k + 1
+			case "minItems":
+				n.maxItems = k - 1
+			case "maxItems":
+				n.minItems = k + 1
+			case "minProperties":
+				n.maxProps = k - 1
+			case "maxProperties":
+				n.minProps = k + 1
+			}
+			add(n)
+		case "anyOf":
+			if x.k != jArr || len(x.arr) == 0 {
+				return nil, errAt(kw, kp, "must be a non-empty array")
+			}
+			var acc *node
+			for j, e := range x.arr {
+				s, err := c.negate(e, kp+"/"+strconv.Itoa(j), depth+1)
+				if err != nil {
+					return nil, err
+				}
+				if acc == nil {
+					acc = s
+				} else if acc, err = c.merge(acc, s, 0); err != nil {
+					return nil, err
+				}
+			}
+			add(acc)
+		case "allOf":
+			if x.k != jArr || len(x.arr) == 0 {
+				return nil, errAt(kw, kp, "must be a non-empty array")
+			}
+			for j, e := range x.arr {
+				s, err := c.negate(e, kp+"/"+strconv.Itoa(j), depth+1)
+				if err != nil {
+					return nil, err
+				}
+				add(s)
+			}
+		case "$ref":
+			t, err := c.refTarget(x, kp)
+			if err != nil {
+				return nil, err
+			}
+			tv, err := c.lookup(t, kp)
+			if err != nil {
+				return nil, err
+			}
+			s, err := c.negate(tv, t, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			add(s)
+		default:
+			if knownKeywords[kw] || refusedKeywords[kw] {
+				return nil, unsupportedAt("not", kp, "the negation of %s is not enforced", kw)
+			}
+		}
+	}
+	if len(u.alts) == 1 {
+		return u.alts[0], nil
+	}
+	return u, nil
+}

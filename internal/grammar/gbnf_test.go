@@ -261,3 +261,15 @@ func nameAgeList(n int, name, age string) string {
 	}
 	return "[" + strings.Join(items, ", ") + "]"
 }
+
+func BenchmarkCompileGBNFJSON(b *testing.B) {
+	src, err := os.ReadFile("testdata/gbnf/json.gbnf")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := CompileGBNF(string(src)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -240,3 +240,11 @@ func FuzzCompileLark(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkCompileLarkJSON(b *testing.B) {
+	for b.Loop() {
+		if _, err := CompileLark(larkJSON); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

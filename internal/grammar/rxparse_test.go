@@ -405,3 +405,12 @@ func FuzzParseRegex(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkParsePattern(b *testing.B) {
+	const email = `^[a-zA-Z0-9._%+-]+@[a-zA-Z0-9.-]+\.[a-zA-Z]{2,}$`
+	for b.Loop() {
+		if _, err := ParsePattern(email); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -310,7 +310,7 @@ var annotationKeywords = map[string]bool{
 
 // refusedKeywords are assertions that are not enforced.
 var refusedKeywords = map[string]bool{
-	"dependencies": true, "dependentRequired": true, "dependentSchemas": true, "contains": true,
+	"contains": true,
 	"minContains": true, "maxContains": true, "unevaluatedProperties": true, "unevaluatedItems": true,
 	"$dynamicRef": true, "$recursiveRef": true,
 }
@@ -324,7 +324,8 @@ var knownKeywords = map[string]bool{
 	"minLength": true, "maxLength": true, "pattern": true, "format": true,
 	"minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
 	"multipleOf": true, "allOf": true, "anyOf": true, "oneOf": true, "not": true, "$ref": true,
-	"if": true, "then": true, "else": true,
+	"if": true, "then": true, "else": true, "dependencies": true, "dependentRequired": true,
+	"dependentSchemas": true,
 }
 
 // onlyAnnotations reports whether v's keywords other than except have no
@@ -726,11 +727,80 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 			}
 			apps = append(apps, applicator{s, !seenProps, false})
 		case "if":
-			if v.get("then") != nil || v.get("else") != nil {
-				return nil, unsupportedAt(kw, kp, "conditional schemas are not enforced")
+			// if I then T else E: (I and T) or (not I and E).
+			th, el := v.get("then"), v.get("else")
+			if th == nil && el == nil {
+				continue
 			}
+			in, err := sub(kw, x)
+			if err != nil {
+				return nil, err
+			}
+			ni, err := c.negate(x, kp, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			u := &node{path: kp, isUnion: true}
+			for _, br := range []struct {
+				cond *node
+				kw   string
+				s    *jval
+			}{{in, "then", th}, {ni, "else", el}} {
+				b := br.cond
+				if br.s != nil {
+					s, err := sub(br.kw, br.s)
+					if err != nil {
+						return nil, err
+					}
+					if b, err = c.merge(b, s, 0); err != nil {
+						return nil, err
+					}
+				}
+				if !b.never() {
+					u.alts = append(u.alts, b)
+				}
+			}
+			apps = append(apps, applicator{u, false, false})
 		case "then", "else":
-			// No effect without if.
+			// Read with if.
+		case "dependencies", "dependentRequired", "dependentSchemas":
+			// Name a present: (a absent) or (the dependency holds).
+			if x.k != jObj {
+				return nil, errAt(kw, kp, "must be an object")
+			}
+			for j, a := range x.keys {
+				d := x.vals[j]
+				dp := kp + "/" + jsonPtrEscape(a)
+				absent := anyNode(dp)
+				absent.props = []prop{{a, neverNode(dp)}}
+				present := anyNode(dp)
+				present.required = []string{a}
+				if d.k == jArr && kw != "dependentSchemas" {
+					for _, e := range d.arr {
+						if e.k != jStr {
+							return nil, errAt(kw, dp, "must list property names")
+						}
+						if !slices.Contains(present.required, e.s) {
+							present.required = append(present.required, e.s)
+						}
+					}
+				} else if kw != "dependentRequired" {
+					s, err := c.normalize(d, dp, depth+1)
+					if err != nil {
+						return nil, err
+					}
+					if present, err = c.merge(present, s, 0); err != nil {
+						return nil, err
+					}
+				} else {
+					return nil, errAt(kw, dp, "must list property names")
+				}
+				u := &node{path: dp, isUnion: true, alts: []*node{absent}}
+				if !present.never() {
+					u.alts = append(u.alts, present)
+				}
+				apps = append(apps, applicator{u, false, false})
+			}
 		default:
 			if refusedKeywords[kw] {
 				return nil, unsupportedAt(kw, kp, "keyword is not enforced")

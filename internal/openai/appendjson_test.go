@@ -71,9 +71,13 @@ func randEvent(r *rand.Rand) any {
 		e.Choices = []ChatChunkChoice{}
 	}
 	for i := range n {
-		d := ChatDelta{Content: randOpt(r)}
+		d := ChatDelta{Content: randOpt(r), ReasoningContent: randOpt(r)}
 		if r.IntN(2) == 0 {
 			d.Role = randString(r)
+		}
+		if r.IntN(4) == 0 {
+			d.ToolCalls = []ToolCallDelta{{Index: r.IntN(3), ID: randString(r), Type: randString(r),
+				Function: FunctionCallDelta{Name: randString(r), Arguments: randString(r)}}}
 		}
 		e.Choices = append(e.Choices, ChatChunkChoice{Index: i, Delta: d, Logprobs: randChatLogprobs(r),
 			FinishReason: randOpt(r), TokenIDs: randIDs(r)})

@@ -7,10 +7,11 @@ import (
 
 // Numeric lexemes. Integers are written canonically (no leading zeros, no
 // "-0", no fraction or exponent); a range of integers is a regex built
-// digit by digit. A bounded number is written without an exponent (an
-// integer part and an optional fraction) and its bounds are the
-// intersection of a "≥ lo" and a "≤ hi" regex over its digits; an
-// unbounded number may have an exponent.
+// digit by digit. A bounded number without exponent is the intersection
+// of a "≥ lo" and a "≤ hi" regex over its digits; one with an exponent is
+// admitted only where its sign alone (or, for Python's d.ddde-XX, its
+// being below 1) puts it in the range; an unbounded number may have an
+// exponent.
 
 var (
 	digit    = Class(RuneRange{'0', '9'})
@@ -275,7 +276,39 @@ func numberRange(lo, hi *numBound) (*Regex, bool) {
 	if !ok {
 		return nil, false
 	}
-	return Or(pos, Concat(Lit("-"), ng)), true
+	return Or(pos, expForms(lo, hi), Concat(Lit("-"), Or(ng, expForms(neg(hi), neg(lo))))), true
+}
+
+var (
+	// expAny is an unsigned number with an exponent (value ≥ 0).
+	expAny = Concat(jsonNat, Opt(jsonFrac), jsonExp)
+	// expSmall is an unsigned number with one integer digit and a negative
+	// exponent (0 ≤ value < 1), as Python's repr writes 1e-05.
+	expSmall = Concat(digit, Opt(jsonFrac), Class(RuneRange{'e', 'e'}, RuneRange{'E', 'E'}), Lit("-"), Star(digit), digit19, Star(digit))
+	// zeroMantissa is a mantissa of value 0.
+	zeroMantissa = Concat(Lit("0"), Opt(Concat(Lit("."), Plus(Lit("0")))))
+)
+
+// expForms is the unsigned numbers with an exponent that are certainly in
+// lo…hi (value ≥ 0): all of them when the range is [0, ∞) or wider, those
+// below 1 when it is [0, 1] or wider; none otherwise.
+func expForms(lo, hi *numBound) *Regex {
+	if lo != nil && lo.v.Sign() > 0 {
+		return None()
+	}
+	var r *Regex
+	switch {
+	case hi == nil:
+		r = expAny
+	case hi.v.Cmp(big.NewRat(1, 1)) >= 0:
+		r = expSmall
+	default:
+		return None()
+	}
+	if lo != nil && lo.v.Sign() == 0 && lo.exc {
+		r = And(r, Not(Concat(zeroMantissa, jsonExp)))
+	}
+	return r
 }
 
 // integerRange matches the canonical integers in lo…hi.

@@ -159,3 +159,32 @@ func TestSampleSeqMaskLogprobs(t *testing.T) {
 }
 
 func near(a float32, b float64) bool { return math.Abs(float64(a)-b) < 1e-5 }
+
+// BenchmarkSampleSeqMask: a seeded draw over a Llama 3 sized vocabulary,
+// with no mask, a mask allowing a few tokens (inside a JSON structure) and
+// one allowing most (inside a string).
+func BenchmarkSampleSeqMask(b *testing.B) {
+	const V = 128256
+	rng := rand.New(rand.NewPCG(1, 2))
+	logits := make([]float32, V)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64() * 3)
+	}
+	few := maskOf(V, 1, 2, 3, 500, 70000)
+	most := make([]uint64, (V+63)/64)
+	for i := range most {
+		most[i] = ^uint64(0) &^ (1 << (i % 64))
+	}
+	var sc SampleScratch
+	for _, c := range []struct {
+		name string
+		mask []uint64
+	}{{"none", nil}, {"few", few}, {"most", most}} {
+		b.Run(c.name, func(b *testing.B) {
+			in := SeqInput{Sampling: SamplingParams{Temperature: 1, Seed: 3}, Mask: c.mask}
+			for b.Loop() {
+				SampleSeq(logits, &in, &sc)
+			}
+		})
+	}
+}

@@ -40,6 +40,12 @@ type JSONOptions struct {
 	// StrictFormats refuses a "format" that is not enforced instead of
 	// taking it as an annotation.
 	StrictFormats bool
+	// AnyPropertyOrder admits an object's members in any order (JSON
+	// Schema's own semantics) instead of the fixed order, for objects
+	// without minProperties/maxProperties and with at most
+	// maxAnyOrderRequired required properties (others keep the fixed
+	// order). Named members may then repeat.
+	AnyPropertyOrder bool
 }
 
 // Limits of CompileJSONSchema; exceeding one is an *Error.
@@ -62,6 +68,9 @@ const (
 	// maxPatternOverlap bounds the patternProperties whose overlaps are
 	// enumerated (2^n sets).
 	maxPatternOverlap = 4
+	// maxAnyOrderRequired bounds the required properties of an object
+	// emitted in any order (2^n rules).
+	maxAnyOrderRequired = 8
 	// maxJSONRules bounds the rules of the grammar.
 	maxJSONRules = 200000
 )
@@ -1770,6 +1779,17 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		}
 	}
 	minP, maxP := n.minProps, n.maxProps
+	if c.o.AnyPropertyOrder && minP == 0 && maxP < 0 {
+		nreq := 0
+		for _, m := range members {
+			if m.req {
+				nreq++
+			}
+		}
+		if nreq <= maxAnyOrderRequired {
+			return c.emitObjectAnyOrder(r, n.path, members, extraRule)
+		}
+	}
 	hasMax := maxP >= 0
 	capK := max(minP, 1)
 	if hasMax {
@@ -1861,6 +1881,66 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		return err
 	}
 	c.b.AddAlt(r, T(Lit("{")), N(body), T(Lit("}")))
+	return nil
+}
+
+// emitObjectAnyOrder adds to rule r an object whose members come in any
+// order: L(S) is a non-empty member list in which the required members of
+// set S (a bit mask) appear, L(S) ::= member | L(S') "," member, and the
+// object is "{" L(all required) "}" (or "{}" when nothing is required).
+// Named members may repeat.
+func (c *jsCompiler) emitObjectAnyOrder(r int, path string, members []member, extraRule int) error {
+	type mem struct {
+		syms []Sym
+		bit  int // required member's bit, or 0
+	}
+	var mems []mem
+	nreq := 0
+	for _, m := range members {
+		b := 0
+		if m.req {
+			b = 1 << nreq
+			nreq++
+		}
+		mems = append(mems, mem{[]Sym{T(m.key), T(Lit(":")), N(m.val)}, b})
+	}
+	if extraRule >= 0 {
+		mems = append(mems, mem{[]Sym{N(extraRule)}, 0})
+	}
+	full := 1<<nreq - 1
+	if len(mems) == 0 {
+		if full == 0 {
+			c.b.AddAlt(r, T(Lit("{")), T(Lit("}")))
+		}
+		return nil
+	}
+	rules := make([]int, full+1)
+	for set := 0; set <= full; set++ {
+		x, err := c.newRule(fmt.Sprintf("%s members with required set %#x", ptrOr(path), set))
+		if err != nil {
+			return err
+		}
+		rules[set] = x
+	}
+	comma := T(Lit(","))
+	for set := 0; set <= full; set++ {
+		for _, m := range mems {
+			if m.bit&set != m.bit {
+				continue
+			}
+			if m.bit == set {
+				c.b.AddAlt(rules[set], m.syms...)
+			}
+			c.b.AddAlt(rules[set], append([]Sym{N(rules[set]), comma}, m.syms...)...)
+			if m.bit != 0 {
+				c.b.AddAlt(rules[set], append([]Sym{N(rules[set^m.bit]), comma}, m.syms...)...)
+			}
+		}
+	}
+	if full == 0 {
+		c.b.AddAlt(r, T(Lit("{")), T(Lit("}")))
+	}
+	c.b.AddAlt(r, T(Lit("{")), N(rules[full]), T(Lit("}")))
 	return nil
 }
 

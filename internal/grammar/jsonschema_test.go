@@ -227,6 +227,29 @@ func TestJSONSchemaCases(t *testing.T) {
 	}
 }
 
+func TestJSONSchemaAnyPropertyOrder(t *testing.T) {
+	v := jsonByteVocab(t)
+	schema := `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{}},"required":["a","b"],"additionalProperties":{"type":"null"}}`
+	g, err := CompileJSONSchema([]byte(schema), JSONOptions{AnyPropertyOrder: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewConstraint(g, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{`{"a":1,"b":"x"}`, `{"b":"x","a":1}`, `{"c":[],"b":"x","z":null,"a":1}`, `{"z":null,"a":1,"c":1,"b":""}`} {
+		if !validates(t, schema, s) || !jsonAccepts(t, c, s) {
+			t.Errorf("refused %s", s)
+		}
+	}
+	for _, s := range []string{`{}`, `{"a":1}`, `{"b":"x","c":1}`, `{"b":"x","a":"1"}`, `{"a":1,"b":"x","z":1}`, `{"a":1,"b":"x",}`, `{,"a":1,"b":"x"}`} {
+		if validates(t, schema, s) || jsonAccepts(t, c, s) {
+			t.Errorf("accepted %s", s)
+		}
+	}
+}
+
 func TestJSONSchemaErrors(t *testing.T) {
 	for _, tc := range []struct {
 		schema, keyword, path string

@@ -319,7 +319,7 @@ var annotationKeywords = map[string]bool{
 
 // refusedKeywords are assertions that are not enforced.
 var refusedKeywords = map[string]bool{
-	"contains": true,
+	"contains":    true,
 	"minContains": true, "maxContains": true, "unevaluatedProperties": true, "unevaluatedItems": true,
 	"$dynamicRef": true, "$recursiveRef": true,
 }

@@ -1,14 +1,21 @@
 package worker
 
 import (
+	"compress/gzip"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/model/tokenizer"
 )
 
 func simModel(t *testing.T) *sim.Model {
@@ -99,5 +106,81 @@ func TestGrammarCache(t *testing.T) {
 	mt.FillMask(mask)
 	if mask[0]|mask[2]|mask[3]|mask[4] != 0 || mask[1] != 1<<('a'-64)|1<<('b'-64) {
 		t.Fatalf("first mask %x, want only 'a' and 'b'", mask)
+	}
+}
+
+// TestVocabOfLlama3: with a byte-level BPE tokenizer (Llama 3's, from the
+// tokenizer's test fixtures), the vocabulary holds each token's decoded
+// bytes, special tokens none, and a JSON Schema constraint follows a valid
+// instance token by token to where only EOS may come.
+func TestVocabOfLlama3(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		f, err := os.Open(filepath.Join("..", "model", "tokenizer", "testdata", "llama3", name+".gz"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(zr)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := model.Info{VocabSize: tok.VocabSize(), EOS: tok.EOS()}
+	v, err := VocabOf(info, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := tok.Encode(`{"name":"Ada Lovelace","born":1815}`, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if string(v.Token(id)) != string(tok.TokenBytes(id)) || len(v.Token(id)) == 0 {
+			t.Fatalf("token %d: %q, the tokenizer's %q", id, v.Token(id), tok.TokenBytes(id))
+		}
+	}
+	for _, id := range info.EOS {
+		if len(v.Token(id)) != 0 || !v.IsEOS(id) {
+			t.Fatalf("EOS %d: %q", id, v.Token(id))
+		}
+	}
+	spec := grammar.Spec{Kind: grammar.KindJSONSchema, Source: `{"type":"object","properties":{"name":{"type":"string"},"born":{"type":"integer"}},"required":["name","born"],"additionalProperties":false}`}
+	g := newGrammars(info, tok, 4, func(bool, time.Duration) {}, time.Now)
+	c, err := g.get(spec, spec.Digest())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := c.NewMatcher()
+	mask := make([]uint64, v.MaskWords())
+	for i, id := range ids {
+		m.FillMask(mask)
+		if mask[id/64]>>(id%64)&1 == 0 {
+			t.Fatalf("token %d (%q) of the instance is not in the mask", i, v.Token(id))
+		}
+		if !m.Accept(id) {
+			t.Fatalf("token %d (%q) refused", i, v.Token(id))
+		}
+	}
+	m.FillMask(mask)
+	var allowed []int32
+	for id := range int32(v.Size()) {
+		if mask[id/64]>>(id%64)&1 != 0 {
+			allowed = append(allowed, id)
+		}
+	}
+	if !slices.Equal(allowed, slices.Sorted(slices.Values(info.EOS))) {
+		t.Fatalf("after the instance the mask allows %v, want only EOS %v", allowed, info.EOS)
 	}
 }

@@ -2,9 +2,11 @@ package worker
 
 import (
 	"compress/gzip"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,9 +15,11 @@ import (
 
 	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/model/tokenizer"
+	"github.com/pdserve/pdserve/internal/openai"
 )
 
 func simModel(t *testing.T) *sim.Model {
@@ -182,5 +186,49 @@ func TestVocabOfLlama3(t *testing.T) {
 	}
 	if !slices.Equal(allowed, slices.Sorted(slices.Values(info.EOS))) {
 		t.Fatalf("after the instance the mask allows %v, want only EOS %v", allowed, info.EOS)
+	}
+}
+
+// TestGenerateConstrained: a colocated worker's engine draws within the
+// request's constraint (the sim's answer is one of the choices, then EOS),
+// and refuses one that does not compile with a 400 naming "constraint".
+func TestGenerateConstrained(t *testing.T) {
+	w, err := New(Config{Model: simModel(t), Machine: lifecycle.DefaultConfig(lifecycle.RoleColocated), KVCacheMemory: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Shutdown(context.Background())
+	words := []string{"yes", "no", "Maybe So"}
+	for seed := range uint64(6) {
+		s, err := w.Generate(context.Background(), &openai.GenerateRequest{RID: fmt.Sprint("r", seed), InputIDs: []int32{'h', 'i'},
+			MaxTokens: 20, Sampling: model.SamplingParams{Temperature: 1, TopP: 1, Seed: seed},
+			Constraint: grammar.Spec{Kind: grammar.KindChoice, Source: `["yes","no","Maybe So"]`}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var text []byte
+		finish := ""
+		for finish == "" {
+			c, err := s.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tk := range c.Tokens {
+				if tk.ID != sim.EOS {
+					text = append(text, byte(tk.ID))
+				}
+			}
+			finish = c.FinishReason
+		}
+		if finish != "stop" || !slices.Contains(words, string(text)) {
+			t.Fatalf("seed %d: %q %s, want one of %q and stop", seed, text, finish, words)
+		}
+	}
+	_, err = w.Generate(context.Background(), &openai.GenerateRequest{RID: "bad", InputIDs: []int32{'h'}, MaxTokens: 4,
+		Sampling: model.SamplingParams{TopP: 1}, Constraint: grammar.Spec{Kind: grammar.KindRegex, Source: "(unclosed"}})
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.Status != http.StatusBadRequest || oe.Param != "constraint" {
+		t.Fatalf("bad constraint: %v", err)
 	}
 }

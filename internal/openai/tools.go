@@ -117,9 +117,9 @@ func (t *toolRequest) constrained() bool {
 	return t != nil && (t.mode == toolRequired || t.mode == toolNamed)
 }
 
-// emptyParameters is the schema of a function that declares no
-// parameters.
-const emptyParameters = `{"type":"object","properties":{}}`
+// emptyParameters is the schema of the arguments of a function that
+// declares no parameters: {} only.
+const emptyParameters = `{"type":"object","properties":{},"additionalProperties":false}`
 
 // tools validates w's tools, tool_choice and parallel_tool_calls; nil when
 // the request offers none. Errors are 400s naming the field.

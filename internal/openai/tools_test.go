@@ -174,7 +174,7 @@ func TestToolChoiceConstrained(t *testing.T) {
 		{"required", `"required"`, "", `[{"name":"get_weather","parameters":{"city":"Oslo"}},{"name":"get_time","parameters":{}}]`,
 			`{"type":"array","minItems":1,"items":{"anyOf":[` +
 				`{"type":"object","properties":{"name":{"const":"get_weather"},"parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}},"required":["name","parameters"],"additionalProperties":false},` +
-				`{"type":"object","properties":{"name":{"const":"get_time"},"parameters":{"type":"object","properties":{}}},"required":["name","parameters"],"additionalProperties":false}]}}`,
+				`{"type":"object","properties":{"name":{"const":"get_time"},"parameters":{"type":"object","properties":{},"additionalProperties":false}},"required":["name","parameters"],"additionalProperties":false}]}}`,
 			[]ToolCall{{Type: "function", Function: FunctionCall{Name: "get_weather", Arguments: `{"city":"Oslo"}`}},
 				{Type: "function", Function: FunctionCall{Name: "get_time", Arguments: `{}`}}}},
 		{"required, one call", `"required"`, `,"parallel_tool_calls":false`, `[{"name":"get_time","parameters":{}}]`,

@@ -710,10 +710,14 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 				// vLLM stream it), before any content.
 				for i := range rs.outs {
 					empty := ""
+					open := ChatDelta{Role: "assistant", Content: &empty}
+					if rs.req.tools.constrained() {
+						open.Content = nil // the answer is calls: its content stays null
+					}
 					first := ChatCompletionChunk{
 						ID: "chatcmpl-" + rs.rid, Object: "chat.completion.chunk", Created: rs.created,
 						Model:   rs.h.cfg.ModelName,
-						Choices: []ChatChunkChoice{{Index: i, Delta: ChatDelta{Role: "assistant", Content: &empty}}},
+						Choices: []ChatChunkChoice{{Index: i, Delta: open}},
 					}
 					if i == 0 {
 						first.PromptTokenIDs = rs.tokenIDs(rs.req.promptIDs)

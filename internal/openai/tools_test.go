@@ -207,6 +207,9 @@ func TestToolChoiceConstrained(t *testing.T) {
 				t.Fatalf("calls (-want +got):\n%s", d)
 			}
 			_, sbody := post(t, srv, "/v1/chat/completions", body+`,"stream":true}`)
+			if !strings.Contains(sbody, `"delta":{"role":"assistant"},`) {
+				t.Fatalf("the stream's opening delta has content (a call's stays null):\n%s", sbody)
+			}
 			content, _, calls, finish := streamedAnswer(t, sbody)
 			if d := cmp.Diff(tc.want, calls, ignoreIDs); d != "" || content != "" || finish != "tool_calls" {
 				t.Fatalf("streamed: content %q, finish %q, calls (-want +got):\n%s", content, finish, d)

@@ -827,9 +827,11 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 			return nil, unsupportedAt("uniqueItems", path+"/uniqueItems", "unique array items are not enforced")
 		}
 	}
-	// oneOf is a union where its branches, with the sibling keywords, are
-	// disjoint.
-	for _, a := range apps {
+	// oneOf is the union of its branches, each with the negation of the
+	// branches it is not provably disjoint from (with the sibling
+	// keywords): oneOf [A, B] is (A and not B) or (B and not A).
+	for ai := range apps {
+		a := &apps[ai]
 		if !a.oneOf {
 			continue
 		}
@@ -841,17 +843,34 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 			}
 			subs[j] = m
 		}
+		raw := v.get("oneOf").arr
+		u := &node{path: a.n.path, isUnion: true}
 		for j := range subs {
-			for k := j + 1; k < len(subs); k++ {
+			b := a.n.alts[j]
+			for k := range subs {
+				if k == j {
+					continue
+				}
 				d, err := c.disjoint(subs[j], subs[k], 0)
 				if err != nil {
 					return nil, err
 				}
-				if !d {
-					return nil, unsupportedAt("oneOf", a.n.path, "branches %d and %d may both match (oneOf is only taken as anyOf when its branches are disjoint)", j, k)
+				if d {
+					continue
+				}
+				ng, err := c.negate(raw[k], a.n.path+"/"+strconv.Itoa(k), depth+1)
+				if err != nil {
+					return nil, unsupportedAt("oneOf", a.n.path, "branches %d and %d may both match, and the negation of branch %d is not enforced (%v)", j, k, k, err)
+				}
+				if b, err = c.merge(b, ng, 0); err != nil {
+					return nil, err
 				}
 			}
+			if !b.never() {
+				u.alts = append(u.alts, b)
+			}
 		}
+		a.n = u
 	}
 	acc := n
 	for _, a := range apps {

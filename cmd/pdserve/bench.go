@@ -24,6 +24,7 @@ func newBenchCmd(stdout, stderr io.Writer) *cobra.Command {
 		plotDir    string
 		progress   bool
 		apiKey     string
+		rfPath     string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -64,6 +65,11 @@ sends the history (earlier prompts and the server's answers) and a new
 message; conversations start at the Poisson arrivals and interleave; TTFT and
 cache hits are also shown per turn.
 
+--response-format FILE adds the response_format object in FILE to every
+request: a run with it and one without, with the same --seed, measure what
+constrained decoding costs (compare output tokens/s: a grammar may end an
+output with EOS before max_tokens, whatever --ignore-eos says).
+
 Exits 1 when every measured request failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -80,6 +86,13 @@ Exits 1 when every measured request failed.`,
 			}
 			if !fs.Changed("min-tokens") {
 				cfg.MinTokens = cfg.MultiTurn > 1
+			}
+			if rfPath != "" {
+				rf, err := os.ReadFile(rfPath)
+				if err != nil {
+					return usagef("--response-format: %v", err)
+				}
+				cfg.ResponseFormat = rf
 			}
 			if !fs.Changed("seed") {
 				// A fresh seed each run: a second run does not resend the
@@ -146,6 +159,7 @@ Exits 1 when every measured request failed.`,
 	fs.StringVar(&plotDir, "plot", "", "write PNG plots (latency CDFs with p50/p90/p99 marked; throughput, goodput and TTFT percentiles vs rate for a sweep, inf at the right edge) into this directory")
 	fs.BoolVar(&cfg.IgnoreEOS, "ignore-eos", true, "send ignore_eos so outputs have the requested length (off with --dataset jsonl unless given)")
 	fs.BoolVar(&cfg.MinTokens, "min-tokens", false, "send min_tokens = max_tokens so no EOS is drawn inside an output and a resent history is what the model produced (vLLM/SGLang/pdserve extension; default true with --multi-turn)")
+	fs.StringVar(&rfPath, "response-format", "", `JSON file holding a response_format object (e.g. {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}) added to every request, to measure constrained decoding`)
 	fs.BoolVar(&cfg.ReturnTokenIDs, "return-token-ids", true, "send return_token_ids so streamed tokens are counted exactly (vLLM/pdserve extension)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "per-request timeout, from sending to the end of the stream")
 	fs.BoolVar(&cfg.HonorRetryAfter, "honor-retry-after", false, "resend a request the server sheds (429 with Retry-After) after that delay, within --timeout; off, a 429 counts as shed at once (reported next to goodput)")

@@ -32,6 +32,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"no prefixes", nil, []string{"bench", "--dataset", "shared-prefix", "--num-prefixes", "0"}, "number of prefixes"},
 		{"empty suffix", nil, []string{"bench", "--dataset", "shared-prefix", "--gsp-question-len", "0"}, "shared-prefix lengths"},
 		{"negative turns", nil, []string{"bench", "--multi-turn", "-2"}, "multi-turn"},
+		{"missing response format file", nil, []string{"bench", "--response-format", "/nonexistent/rf.json"}, "--response-format"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -152,7 +152,8 @@ type requester struct {
 }
 
 // body returns the JSON request body for p: always streamed with usage,
-// greedy, n = 1, max_tokens = p.OutputLen. It is built from pdserve's own
+// greedy, n = 1, max_tokens = p.OutputLen, and Config.ResponseFormat as
+// response_format when set. It is built from pdserve's own
 // wire types, and the fields they leave null are then dropped, so that
 // servers that reject null for a field they type strictly (vLLM's "n") or
 // do not know a field get only what the benchmark sets.
@@ -164,7 +165,7 @@ func (q *requester) body(p Prompt) ([]byte, error) {
 	}
 	sf := openai.SamplingFields{Model: q.cfg.Model, Temperature: &temp, TopP: &topP, N: &n,
 		IgnoreEOS: q.cfg.IgnoreEOS, Stream: true, StreamOptions: &openai.StreamOptions{IncludeUsage: true},
-		ReturnTokenIDs: q.cfg.ReturnTokenIDs}
+		ReturnTokenIDs: q.cfg.ReturnTokenIDs, ResponseFormat: q.cfg.ResponseFormat}
 	if q.cfg.MinTokens {
 		sf.MinTokens = &maxTokens
 	}

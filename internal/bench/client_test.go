@@ -289,6 +289,60 @@ func TestRequestBody(t *testing.T) {
 	}
 }
 
+// TestRequestBodyResponseFormat: Config.ResponseFormat is sent as every
+// request's response_format, as given, on both endpoints, beside the
+// fields the benchmark always sets.
+func TestRequestBodyResponseFormat(t *testing.T) {
+	const rf = `{"type":"json_schema","json_schema":{"name":"p","schema":{"type":"object","properties":{"a":{"type":"integer"}}}}}`
+	for _, ep := range []Endpoint{EndpointCompletions, EndpointChat} {
+		cfg := testConfig("http://x")
+		cfg.Endpoint, cfg.ResponseFormat = ep, json.RawMessage(rf)
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		q := &requester{cfg: &cfg}
+		b, err := q.body(Prompt{Text: "hi", OutputLen: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(b, &fields); err != nil {
+			t.Fatal(err)
+		}
+		var got, want any
+		if err := json.Unmarshal(fields["response_format"], &got); err != nil {
+			t.Fatalf("%s: response_format %s: %v", ep, fields["response_format"], err)
+		}
+		if err := json.Unmarshal([]byte(rf), &want); err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("%s: response_format (-want +got):\n%s", ep, d)
+		}
+		if string(fields["ignore_eos"]) != "true" || string(fields["stream"]) != "true" {
+			t.Errorf("%s: ignore_eos %s, stream %s", ep, fields["ignore_eos"], fields["stream"])
+		}
+		// The report's config records it.
+		cj, err := json.Marshal(cfg.toJSON())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(cj), `"response_format":`+rf) {
+			t.Errorf("%s: report config %s lacks response_format", ep, cj)
+		}
+	}
+	// Without it, no response_format is sent.
+	cfg := testConfig("http://x")
+	q := &requester{cfg: &cfg}
+	b, err := q.body(Prompt{Text: "hi", OutputLen: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "response_format") {
+		t.Errorf("body without a response format: %s", b)
+	}
+}
+
 // TestStreamParsing feeds the client hand-written streams.
 func TestStreamParsing(t *testing.T) {
 	tok := `{"choices":[{"index":0,"text":"ab","token_ids":[1,2]}]}`

@@ -211,6 +211,11 @@ type Config struct {
 	// ReturnTokenIDs sends return_token_ids (vLLM extension), so output
 	// tokens are counted exactly even without usage.
 	ReturnTokenIDs bool
+	// ResponseFormat, when not empty, is a JSON object sent as every
+	// request's response_format (OpenAI's {"type": "json_schema", …} or
+	// {"type": "json_object"}; pdserve takes it on both endpoints), to
+	// measure constrained decoding against the same prompts without it.
+	ResponseFormat json.RawMessage
 	// Timeout bounds each request from sending to the end of its stream.
 	Timeout time.Duration
 	// HonorRetryAfter resends a request the server shed (429 with
@@ -308,6 +313,12 @@ func (c *Config) Validate() error {
 	if c.Timeout <= 0 {
 		bad("request timeout must be positive, got %v", c.Timeout)
 	}
+	if len(c.ResponseFormat) > 0 {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(c.ResponseFormat, &obj); err != nil || obj == nil {
+			bad("response_format must be a JSON object, got %.40q", c.ResponseFormat)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -322,31 +333,32 @@ func (c *Config) baseURL() string {
 // configJSON is the config as written to the JSON report, durations in
 // milliseconds.
 type configJSON struct {
-	BaseURL          string      `json:"base_url"`
-	Endpoint         Endpoint    `json:"endpoint"`
-	Model            string      `json:"model"`
-	NumPrompts       int         `json:"num_prompts"`
-	RequestRates     []Rate      `json:"request_rates"`
-	MaxConcurrency   int         `json:"max_concurrency"`
-	Seed             uint64      `json:"seed"`
-	ReusePrompts     bool        `json:"reuse_prompts,omitempty"`
-	Warmup           int         `json:"warmup"`
-	Dataset          DatasetKind `json:"dataset"`
-	RandomInputLen   int         `json:"random_input_len,omitempty"`
-	RandomOutputLen  int         `json:"random_output_len,omitempty"`
-	RandomRangeRatio float64     `json:"random_range_ratio"`
-	DatasetPath      string      `json:"dataset_path,omitempty"`
-	SharedPrefixLen  int         `json:"shared_prefix_len,omitempty"`
-	NumPrefixes      int         `json:"num_prefixes,omitempty"`
-	SuffixLen        int         `json:"suffix_len,omitempty"`
-	MultiTurn        int         `json:"multi_turn,omitempty"`
-	SLOTTFTMS        float64     `json:"slo_ttft_ms,omitempty"`
-	SLOTPOTMS        float64     `json:"slo_tpot_ms,omitempty"`
-	IgnoreEOS        bool        `json:"ignore_eos"`
-	MinTokens        bool        `json:"min_tokens,omitempty"`
-	ReturnTokenIDs   bool        `json:"return_token_ids"`
-	HonorRetryAfter  bool        `json:"honor_retry_after"`
-	TimeoutS         float64     `json:"timeout_s"`
+	BaseURL          string          `json:"base_url"`
+	Endpoint         Endpoint        `json:"endpoint"`
+	Model            string          `json:"model"`
+	NumPrompts       int             `json:"num_prompts"`
+	RequestRates     []Rate          `json:"request_rates"`
+	MaxConcurrency   int             `json:"max_concurrency"`
+	Seed             uint64          `json:"seed"`
+	ReusePrompts     bool            `json:"reuse_prompts,omitempty"`
+	Warmup           int             `json:"warmup"`
+	Dataset          DatasetKind     `json:"dataset"`
+	RandomInputLen   int             `json:"random_input_len,omitempty"`
+	RandomOutputLen  int             `json:"random_output_len,omitempty"`
+	RandomRangeRatio float64         `json:"random_range_ratio"`
+	DatasetPath      string          `json:"dataset_path,omitempty"`
+	SharedPrefixLen  int             `json:"shared_prefix_len,omitempty"`
+	NumPrefixes      int             `json:"num_prefixes,omitempty"`
+	SuffixLen        int             `json:"suffix_len,omitempty"`
+	MultiTurn        int             `json:"multi_turn,omitempty"`
+	SLOTTFTMS        float64         `json:"slo_ttft_ms,omitempty"`
+	SLOTPOTMS        float64         `json:"slo_tpot_ms,omitempty"`
+	IgnoreEOS        bool            `json:"ignore_eos"`
+	MinTokens        bool            `json:"min_tokens,omitempty"`
+	ReturnTokenIDs   bool            `json:"return_token_ids"`
+	ResponseFormat   json.RawMessage `json:"response_format,omitempty"`
+	HonorRetryAfter  bool            `json:"honor_retry_after"`
+	TimeoutS         float64         `json:"timeout_s"`
 }
 
 func (c *Config) toJSON() configJSON {
@@ -356,7 +368,7 @@ func (c *Config) toJSON() configJSON {
 		RandomRangeRatio: c.RandomRangeRatio, DatasetPath: c.DatasetPath,
 		SharedPrefixLen: c.SharedPrefixLen, NumPrefixes: c.NumPrefixes, SuffixLen: c.SuffixLen, MultiTurn: c.MultiTurn,
 		SLOTTFTMS: ms(c.SLOTTFT), SLOTPOTMS: ms(c.SLOTPOT), IgnoreEOS: c.IgnoreEOS,
-		MinTokens: c.MinTokens, ReturnTokenIDs: c.ReturnTokenIDs, HonorRetryAfter: c.HonorRetryAfter, TimeoutS: c.Timeout.Seconds()}
+		MinTokens: c.MinTokens, ReturnTokenIDs: c.ReturnTokenIDs, ResponseFormat: c.ResponseFormat, HonorRetryAfter: c.HonorRetryAfter, TimeoutS: c.Timeout.Seconds()}
 }
 
 // ms converts d to milliseconds.

@@ -167,6 +167,9 @@ func TestValidate(t *testing.T) {
 		{"output", func(c *Config) { c.RandomOutputLen = 0 }, "output length"},
 		{"timeout", func(c *Config) { c.Timeout = 0 }, "timeout"},
 		{"slo", func(c *Config) { c.SLOTTFT = -time.Second }, "SLO"},
+		{"response_format array", func(c *Config) { c.ResponseFormat = json.RawMessage(`[{"type":"json_object"}]`) }, "response_format"},
+		{"response_format null", func(c *Config) { c.ResponseFormat = json.RawMessage(`null`) }, "response_format"},
+		{"response_format not JSON", func(c *Config) { c.ResponseFormat = json.RawMessage(`{"type":`) }, "response_format"},
 	}
 	for _, c := range cases {
 		cfg := ok

@@ -2,25 +2,31 @@ package grammar
 
 // JSON Schema to Grammar.
 //
-// Design (informed by llguidance's converter and MaskBench's runner):
-//  1. A schema is normalized to a node: a type set and the constraints of
-//     each type; allOf and sibling keywords are merged into one node
-//     (intersection), anyOf is a union of merged nodes, oneOf is a union
-//     only where its branches are provably disjoint (else refused).
-//  2. Property order is fixed, as llguidance documents it: "properties" in
-//     schema order, then "required" names not among them, then additional
-//     and patternProperties keys in any order; merging keeps the left
-//     schema's order first, and a keyword group written before
-//     "properties" comes first. Keys are unique for named properties only.
-//  3. Lexemes: { } [ ] , : each; a whole string (key or value) is one
-//     lexeme carrying its length, pattern and format (And of regexes over
-//     the JSON encoding); numbers and true/false/null are lexemes.
-//  4. Whitespace: compact by default; FlexibleWhitespace makes JSON's
-//     whitespace the Skip lexeme (llguidance's default, so MaskBench runs
-//     flexible; its instances are compact serde_json text, raw UTF-8).
-//  5. Lists and counted members are left-recursive or bounded rule chains.
-//  6. Unknown keywords and formats are annotations (2020-12); known
-//     assertions not enforced (not, if, uniqueItems …) are refused by name.
+// What shaped the design (llguidance's converter and docs, MaskBench's data
+// and runners):
+//   - llguidance fixes property order: "properties" in schema order, then
+//     "required" names not among them, then additional/patternProperties
+//     keys in any order; allOf merges left schema first. We do the same by
+//     default. MaskBench reordered instances only for schemas llguidance
+//     compiles, so on the others a fixed order refuses valid instances:
+//     AnyPropertyOrder (JSON Schema's own semantics) is for such runs.
+//   - Its runner (json_stats) feeds serde_json's compact text; MaskBench's
+//     Python runner json.dumps (", " and ": ", ensure_ascii=False, floats
+//     in repr: 1e-05). Strings are raw UTF-8 with \n-style and \u00XX
+//     escapes of controls only, so that is the string lexemes' universe.
+//   - llguidance's whitespace is flexible by default (we: compact unless
+//     FlexibleWhitespace); it refuses unknown formats (we: annotations,
+//     as 2020-12 and the reference validators have it), takes oneOf as
+//     anyOf only when provably equivalent (we: exact, each branch with the
+//     negation of the branches it may overlap), and merges sibling keywords
+//     with $ref (we: also, except drafts 4–7, which ignore them).
+//
+// A schema is normalized to a node (a type set and per-type constraints;
+// unions for anyOf/oneOf/if/dependencies), nodes are merged for allOf and
+// sibling keywords, and each node becomes a rule. Lexemes: { } [ ] , :
+// each; a whole string is one lexeme carrying its length, pattern and
+// format; numbers (with their bounds) and true/false/null. Lists are
+// left-recursive; counted items and members are bounded rule chains.
 
 import (
 	"errors"

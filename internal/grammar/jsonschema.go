@@ -92,7 +92,8 @@ const (
 // (code points), pattern, format (date-time, date, time, duration, email,
 // hostname, ipv4, ipv6, uuid, uri, uri-reference, json-pointer,
 // relative-json-pointer), minimum/maximum/exclusiveMinimum/
-// exclusiveMaximum, multipleOf 1, allOf, anyOf, oneOf (disjoint
+// exclusiveMaximum, multipleOf (integers dividing a power of 10, and
+// 10^-m), allOf, anyOf, oneOf (disjoint
 // branches), $ref to JSON pointers in the document (recursion allowed),
 // not of a type-only schema or of {}. Annotations and unknown keywords are
 // ignored. Errors are *Error with Keyword the JSON Schema keyword and Path
@@ -221,7 +222,8 @@ type node struct {
 	minLen, maxLen int
 	patterns       []*Regex
 
-	lo, hi *numBound
+	lo, hi      *numBound
+	numPatterns []*Regex // more constraints on a number's text (multipleOf)
 
 	props     []prop
 	required  []string
@@ -259,7 +261,7 @@ func neverNode(path string) *node {
 // trivial reports whether n admits every value.
 func (n *node) trivial() bool {
 	return n.ref == "" && !n.isUnion && n.types == tAll && !n.hasEnum && n.minLen == 0 && n.maxLen < 0 &&
-		len(n.patterns) == 0 && n.lo == nil && n.hi == nil && len(n.props) == 0 && len(n.required) == 0 &&
+		len(n.patterns) == 0 && len(n.numPatterns) == 0 && n.lo == nil && n.hi == nil && len(n.props) == 0 && len(n.required) == 0 &&
 		n.addl == nil && len(n.patProps) == 0 && n.propNames == nil && n.minProps == 0 && n.maxProps < 0 &&
 		len(n.prefix) == 0 && n.items == nil && n.minItems == 0 && n.maxItems < 0
 }
@@ -823,10 +825,16 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 		}
 	}
 	if multipleOf != nil && n.types&(tInt|tNum) != 0 {
-		if multipleOf.Cmp(big.NewRat(1, 1)) != 0 {
-			return nil, unsupportedAt("multipleOf", path+"/multipleOf", "only multipleOf 1 is enforced")
+		rx, intOnly, ok := multipleOfRegex(multipleOf)
+		if !ok {
+			return nil, unsupportedAt("multipleOf", path+"/multipleOf", "only multipleOf of an integer dividing a power of 10, or of 10^-m, is enforced")
 		}
-		n.types &^= tNum
+		if intOnly {
+			n.types &^= tNum
+		}
+		if rx != nil {
+			n.numPatterns = append(n.numPatterns, rx)
+		}
 	}
 	if uniqueItems && n.types&tArr != 0 && (n.maxItems < 0 || n.maxItems > 1) {
 		if !(n.hasEnum) {
@@ -1057,6 +1065,7 @@ func (c *jsCompiler) merge(a, b *node, depth int) (*node, error) {
 	r.minLen = max(a.minLen, b.minLen)
 	r.maxLen = minMax(a.maxLen, b.maxLen)
 	r.patterns = append(slices.Clip(a.patterns), b.patterns...)
+	r.numPatterns = append(slices.Clip(a.numPatterns), b.numPatterns...)
 	r.lo = tighterLo(a.lo, b.lo)
 	r.hi = tighterHi(a.hi, b.hi)
 	// Objects.
@@ -1337,6 +1346,11 @@ func (c *jsCompiler) validate(n *node, v *jval, depth int) (bool, error) {
 		if n.hi != nil && (r.Cmp(n.hi.v) > 0 || n.hi.exc && r.Cmp(n.hi.v) == 0) {
 			return false, nil
 		}
+		for _, p := range n.numPatterns {
+			if !rxMatchString(p, v.s) {
+				return false, nil
+			}
+		}
 		return true, nil
 	case jArr:
 		if n.types&tArr == 0 || len(v.arr) < n.minItems || n.maxItems >= 0 && len(v.arr) > n.maxItems {
@@ -1510,6 +1524,9 @@ func (c *jsCompiler) emit(n *node) (int, error) {
 			}
 		} else {
 			lx = integerRange(n.lo, n.hi)
+		}
+		if len(n.numPatterns) > 0 {
+			lx = And(append([]*Regex{lx}, n.numPatterns...)...)
 		}
 		if lx.Op != OpNone {
 			c.b.AddAlt(r, T(lx))

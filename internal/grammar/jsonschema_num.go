@@ -339,3 +339,63 @@ func ratFloor(r *big.Rat) *big.Int {
 	_ = m
 	return q
 }
+
+// maxMultipleSuffixes bounds the m-digit suffixes listed for a multipleOf.
+const maxMultipleSuffixes = 2000
+
+// multipleOfRegex is a regex of the numbers that are multiples of k, for
+// the k it handles (ok false otherwise): an integer k dividing a power of
+// ten (the last digits decide: intOnly, over canonical integers) and k =
+// 10^-m (at most m fraction digits, then zeros; no exponent). rx nil: every
+// integer (k = 1).
+func multipleOfRegex(k *big.Rat) (rx *Regex, intOnly, ok bool) {
+	ten := big.NewInt(10)
+	if k.IsInt() {
+		K := k.Num()
+		if K.Cmp(big.NewInt(1)) == 0 {
+			return nil, true, true
+		}
+		p := big.NewInt(1)
+		for m := 1; m <= 6; m++ {
+			p.Mul(p, ten)
+			if new(big.Int).Mod(p, K).Sign() != 0 {
+				continue
+			}
+			count := new(big.Int).Quo(p, K)
+			if count.Cmp(big.NewInt(maxMultipleSuffixes)) > 0 {
+				return nil, false, false
+			}
+			// The numbers of m digits or more end with an m-digit multiple;
+			// shorter ones are multiples themselves.
+			var suffixes, small []*Regex
+			small10 := new(big.Int).Quo(p, ten)
+			for x := new(big.Int); x.Cmp(p) < 0; x.Add(x, K) {
+				s := x.String()
+				suffixes = append(suffixes, Lit(strings.Repeat("0", m-len(s))+s))
+				if x.Cmp(small10) < 0 {
+					small = append(small, Lit(s))
+				}
+			}
+			r := Or(Concat(Star(digit), Or(suffixes...)), Or(small...))
+			return Concat(Opt(Lit("-")), r), true, true
+		}
+		return nil, false, false
+	}
+	if k.Num().Cmp(big.NewInt(1)) != 0 {
+		return nil, false, false
+	}
+	d := new(big.Int).Set(k.Denom())
+	m := 0
+	for d.Cmp(big.NewInt(1)) > 0 && m <= 9 {
+		q, r := new(big.Int).QuoRem(d, ten, new(big.Int))
+		if r.Sign() != 0 {
+			return nil, false, false
+		}
+		d = q
+		m++
+	}
+	if d.Cmp(big.NewInt(1)) != 0 {
+		return nil, false, false
+	}
+	return Concat(Opt(Lit("-")), jsonNat, Opt(Concat(Lit("."), Repeat(digit, 1, m), Star(Lit("0"))))), false, true
+}

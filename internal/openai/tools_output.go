@@ -117,14 +117,16 @@ func (c *chatPost) callDeltas(calls []ToolCall) []ChatDelta {
 
 // sendCalls streams the last step of choice idx, which made calls: delta
 // (the content or reasoning left, if any) with the step's logprobs lp and
-// ids, then each call's deltas, the last with finish. An error means the
-// client is gone.
+// ids, then each call's deltas, then an empty delta with finish (as OpenAI
+// ends a stream of calls; clients take a call as complete once a chunk
+// without its deltas arrives). An error means the client is gone.
 func (rs *response) sendCalls(sse *sseWriter, idx int, delta ChatDelta, lp *ChatLogprobs, ids []int32,
 	calls []ToolCall, finish *string) error {
 	deltas := rs.posts[idx].callDeltas(calls)
 	if delta.Content != nil || delta.ReasoningContent != nil {
 		deltas = append([]ChatDelta{delta}, deltas...)
 	}
+	deltas = append(deltas, ChatDelta{})
 	for i, d := range deltas {
 		c := ChatChunkChoice{Index: idx, Delta: d}
 		if i == 0 {

@@ -250,7 +250,11 @@ func (m *Machine) arrive(q Request) {
 	if q.ScorePrompt {
 		r.scores = make([]model.PositionLogprobs, len(q.InputIDs))
 	}
-	m.record(r, "arrive: %d prompt tokens, max_tokens %d", len(q.InputIDs), q.MaxTokens)
+	if q.Constraint != nil {
+		m.record(r, "arrive: %d prompt tokens, max_tokens %d, constraint %.12s", len(q.InputIDs), q.MaxTokens, q.ConstraintDigest)
+	} else {
+		m.record(r, "arrive: %d prompt tokens, max_tokens %d", len(q.InputIDs), q.MaxTokens)
+	}
 	switch m.cfg.Role {
 	case RolePrefill:
 		m.queue = append(m.queue, r)

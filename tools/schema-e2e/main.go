@@ -71,8 +71,8 @@ func main() {
 // report counts the outcomes of a run.
 type report struct {
 	Sent, Refused, Finished, Valid, Invalid, Length, Differ, Failed, ValidatorSkipped int
-	RefusedBy                                                                          map[string]int
-	Examples                                                                           []string
+	RefusedBy                                                                         map[string]int
+	Examples                                                                          []string
 }
 
 func (r *report) print(w io.Writer) {

@@ -212,6 +212,7 @@ var typeNames = map[string]tset{
 type node struct {
 	path    string
 	ref     string
+	lazy    *lazyMerge // a merge deferred until emission
 	alts    []*node
 	isUnion bool
 
@@ -239,6 +240,12 @@ type node struct {
 	maxItems int
 }
 
+// lazyMerge is the intersection of a and b, computed (done) once the
+// schemas they refer to are normalized.
+type lazyMerge struct {
+	a, b, done *node
+}
+
 type prop struct {
 	name string
 	s    *node
@@ -260,7 +267,7 @@ func neverNode(path string) *node {
 
 // trivial reports whether n admits every value.
 func (n *node) trivial() bool {
-	return n.ref == "" && !n.isUnion && n.types == tAll && !n.hasEnum && n.minLen == 0 && n.maxLen < 0 &&
+	return n.ref == "" && n.lazy == nil && !n.isUnion && n.types == tAll && !n.hasEnum && n.minLen == 0 && n.maxLen < 0 &&
 		len(n.patterns) == 0 && len(n.numPatterns) == 0 && n.lo == nil && n.hi == nil && len(n.props) == 0 && len(n.required) == 0 &&
 		n.addl == nil && len(n.patProps) == 0 && n.propNames == nil && n.minProps == 0 && n.maxProps < 0 &&
 		len(n.prefix) == 0 && n.items == nil && n.minItems == 0 && n.maxItems < 0
@@ -268,7 +275,7 @@ func (n *node) trivial() bool {
 
 // never reports whether n certainly admits nothing.
 func (n *node) never() bool {
-	if n.ref != "" {
+	if n.ref != "" || n.lazy != nil {
 		return false
 	}
 	if n.isUnion {
@@ -285,6 +292,7 @@ type jsCompiler struct {
 	defs       map[string]*node
 	resolving  map[string]bool
 	expansions int
+	lazyMerges int
 	b          Builder
 	rules      map[*node]int
 	refRules   map[string]int
@@ -436,9 +444,23 @@ func (c *jsCompiler) resolve(ptr, path string) (*node, error) {
 
 // deref follows pure references to a node with content.
 func (c *jsCompiler) deref(n *node) (*node, error) {
-	for i := 0; n.ref != ""; i++ {
+	for i := 0; n.ref != "" || n.lazy != nil; i++ {
 		if i > 100 {
 			return nil, errAt("$ref", n.path, "a cycle of references")
+		}
+		if l := n.lazy; l != nil {
+			if l.done == nil {
+				if c.lazyMerges++; c.lazyMerges > maxRefExpansions {
+					return nil, unsupportedAt("allOf", n.path, "more than %d deferred merges of recursive schemas", maxRefExpansions)
+				}
+				m, err := c.merge(l.a, l.b, 0)
+				if err != nil {
+					return nil, err
+				}
+				l.done = m
+			}
+			n = l.done
+			continue
 		}
 		var err error
 		if n, err = c.resolve(n.ref, n.path); err != nil {
@@ -446,6 +468,12 @@ func (c *jsCompiler) deref(n *node) (*node, error) {
 		}
 	}
 	return n, nil
+}
+
+// pending reports whether n cannot be expanded yet: a reference to a
+// schema being normalized, or a merge deferred for that reason.
+func (c *jsCompiler) pending(n *node) bool {
+	return n.ref != "" && c.resolving[n.ref] || n.lazy != nil && n.lazy.done == nil
 }
 
 func nonNegInt(v *jval, kw, path string) (int, error) {
@@ -1017,6 +1045,10 @@ func (c *jsCompiler) merge(a, b *node, depth int) (*node, error) {
 	if b.trivial() {
 		return a, nil
 	}
+	if c.pending(a) || c.pending(b) {
+		// A recursive schema merged inside itself: merged when emitted.
+		return &node{path: a.path, lazy: &lazyMerge{a: a, b: b}}, nil
+	}
 	var err error
 	if a, err = c.deref(a); err != nil {
 		return nil, err
@@ -1188,7 +1220,7 @@ func (c *jsCompiler) keySchema(n *node, name string) (*node, error) {
 // disjoint reports whether no value is admitted by both a and b (false
 // when that cannot be shown).
 func (c *jsCompiler) disjoint(a, b *node, depth int) (bool, error) {
-	if depth > 8 {
+	if depth > 8 || c.pending(a) || c.pending(b) {
 		return false, nil
 	}
 	var err error
@@ -1467,6 +1499,23 @@ func (c *jsCompiler) emit(n *node) (int, error) {
 			return 0, err
 		}
 		c.b.AddAlt(r, N(tr))
+		return r, nil
+	}
+	if n.lazy != nil {
+		r, err := c.newRule(ptrOr(n.path) + " merged")
+		if err != nil {
+			return 0, err
+		}
+		c.rules[n] = r
+		m, err := c.deref(n)
+		if err != nil {
+			return 0, err
+		}
+		mr, err := c.emit(m)
+		if err != nil {
+			return 0, err
+		}
+		c.b.AddAlt(r, N(mr))
 		return r, nil
 	}
 	r, err := c.newRule(ptrOr(n.path))

@@ -152,6 +152,8 @@ var jsonCases = []jsonCase{
 		ok: []string{`{"t":"x"}`, `{"u":1}`}, bad: []string{`{}`, `{"t":1}`}},
 	{name: "recursive ref", schema: `{"$defs":{"n":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/n"}}},"additionalProperties":false}},"$ref":"#/$defs/n"}`,
 		ok: []string{`{"v":1,"kids":[{"v":2,"kids":[]},{"kids":[{"v":3}]}]}`}, bad: []string{`{"kids":[{"v":"x"}]}`, `{"kids":[{"w":1}]}`}},
+	{name: "recursive ref under allOf", schema: `{"definitions":{"C":{"type":"object","maxProperties":1},"F":{"type":"object","properties":{"k":{"allOf":[{"$ref":"#/definitions/F"},{"$ref":"#/definitions/C"}]}},"additionalProperties":false}},"$ref":"#/definitions/F"}`,
+		ok: []string{`{}`, `{"k":{}}`, `{"k":{"k":{"k":{}}}}`}, bad: []string{`{"k":1}`, `{"k":{"x":1}}`, `{"x":{}}`}},
 	{name: "root ref", schema: `{"type":"object","properties":{"kids":{"type":"array","items":{"$ref":"#"}}},"additionalProperties":false}`,
 		ok: []string{`{"kids":[{},{"kids":[{}]}]}`}, bad: []string{`{"kids":[1]}`, `{"kids":[{"x":1}]}`}},
 	{name: "ref with siblings", schema: `{"definitions":{"s":{"type":"string"}},"properties":{"a":{"$ref":"#/definitions/s","maxLength":2}}}`,
@@ -277,7 +279,7 @@ func TestJSONSchemaErrors(t *testing.T) {
 		{`{"pattern":"(?<=a)b"}`, "pattern", "#/pattern", true},
 		{`{"minLength":-1}`, "minLength", "#/minLength", false},
 		{`{"type":"string","enum":[1,2]}`, "json_schema", "#", false},
-		{`{"$defs":{"a":{"allOf":[{"$ref":"#/$defs/b"},{"properties":{"x":{"$ref":"#/$defs/a"}}}]},"b":{"properties":{"x":{"$ref":"#/$defs/b"}}}},"$ref":"#/$defs/a"}`, "$ref", "", true},
+		{`{"$defs":{"a":{"allOf":[{"$ref":"#/$defs/a"},{"properties":{"x":{"$ref":"#/$defs/a"}}}]}},"$ref":"#/$defs/a"}`, "allOf", "", true},
 		{`{"maxItems":100000}`, "maxItems", "#", true},
 		{`[`, "json_schema", "", false},
 	} {

@@ -289,6 +289,7 @@ type jsCompiler struct {
 	o          JSONOptions
 	baseID     string
 	legacyRef  bool // drafts 4–7: keywords beside $ref are ignored
+	anchors    map[string]string
 	defs       map[string]*node
 	resolving  map[string]bool
 	expansions int
@@ -383,9 +384,49 @@ func (c *jsCompiler) refTarget(r *jval, path string) (string, error) {
 		return "", errAt("$ref", path, "bad fragment in %q", s)
 	}
 	if f != "" && f[0] != '/' {
-		return "", unsupportedAt("$ref", path, "anchor reference %q", s)
+		if c.anchors == nil {
+			c.anchors = map[string]string{}
+			indexAnchors(c.root, "#", c.anchors, 0)
+		}
+		if t, ok := c.anchors[f]; ok {
+			return t, nil
+		}
+		return "", errAt("$ref", path, "no schema has the anchor of %q", s)
 	}
 	return "#" + f, nil
+}
+
+// indexAnchors maps the anchors of the subschemas of v ("$anchor": "a",
+// or "$id"/"id": "#a" as drafts 4–7 write it) to their JSON pointers.
+func indexAnchors(v *jval, ptr string, out map[string]string, depth int) {
+	if depth > maxJSONDepth {
+		return
+	}
+	switch v.k {
+	case jObj:
+		for _, k := range []string{"$anchor", "$id", "id"} {
+			if a := v.get(k); a != nil && a.k == jStr {
+				name := a.s
+				if k != "$anchor" {
+					i := strings.IndexByte(name, '#')
+					if i < 0 || i == len(name)-1 {
+						continue
+					}
+					name = name[i+1:]
+				}
+				if _, dup := out[name]; !dup {
+					out[name] = ptr
+				}
+			}
+		}
+		for i, k := range v.keys {
+			indexAnchors(v.vals[i], ptr+"/"+jsonPtrEscape(k), out, depth+1)
+		}
+	case jArr:
+		for i, e := range v.arr {
+			indexAnchors(e, ptr+"/"+strconv.Itoa(i), out, depth+1)
+		}
+	}
 }
 
 // lookup resolves fragment ptr ("#", "#/…") in the document.

@@ -154,6 +154,8 @@ var jsonCases = []jsonCase{
 		ok: []string{`{"v":1,"kids":[{"v":2,"kids":[]},{"kids":[{"v":3}]}]}`}, bad: []string{`{"kids":[{"v":"x"}]}`, `{"kids":[{"w":1}]}`}},
 	{name: "recursive ref under allOf", schema: `{"definitions":{"C":{"type":"object","maxProperties":1},"F":{"type":"object","properties":{"k":{"allOf":[{"$ref":"#/definitions/F"},{"$ref":"#/definitions/C"}]}},"additionalProperties":false}},"$ref":"#/definitions/F"}`,
 		ok: []string{`{}`, `{"k":{}}`, `{"k":{"k":{"k":{}}}}`}, bad: []string{`{"k":1}`, `{"k":{"x":1}}`, `{"x":{}}`}},
+	{name: "anchor ref", schema: `{"$defs":{"a":{"$anchor":"num","type":"integer"}},"properties":{"x":{"$ref":"#num"}}}`,
+		ok: []string{`{"x":1}`}, bad: []string{`{"x":"1"}`}},
 	{name: "root ref", schema: `{"type":"object","properties":{"kids":{"type":"array","items":{"$ref":"#"}}},"additionalProperties":false}`,
 		ok: []string{`{"kids":[{},{"kids":[{}]}]}`}, bad: []string{`{"kids":[1]}`, `{"kids":[{"x":1}]}`}},
 	{name: "ref with siblings", schema: `{"definitions":{"s":{"type":"string"}},"properties":{"a":{"$ref":"#/definitions/s","maxLength":2}}}`,

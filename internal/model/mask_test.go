@@ -3,6 +3,7 @@ package model
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -186,5 +187,42 @@ func BenchmarkSampleSeqMask(b *testing.B) {
 				SampleSeq(logits, &in, &sc)
 			}
 		})
+	}
+}
+
+// TestSortByLogitFinite: leaving −∞ out of the sort gives the full order
+// without its −∞ tail; with every logit −∞, the full order.
+func TestSortByLogitFinite(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	var sc SampleScratch
+	for trial := range 50 {
+		V := 1 + rng.IntN(3000)
+		logits := make([]float32, V)
+		for i := range logits {
+			switch rng.IntN(4) {
+			case 0:
+				logits[i] = negInf
+			case 1:
+				logits[i] = float32(rng.IntN(3)) // ties
+			default:
+				logits[i] = float32(rng.NormFloat64())
+			}
+		}
+		if trial%10 == 0 {
+			for i := range logits {
+				logits[i] = negInf
+			}
+		}
+		full := slices.Clone(sortByLogit(logits, &sc, false))
+		want := full
+		for len(want) > 0 && math.IsInf(float64(logits[want[len(want)-1]]), -1) {
+			want = want[:len(want)-1]
+		}
+		if len(want) == 0 {
+			want = full
+		}
+		if got := sortByLogit(logits, &sc, true); !slices.Equal(got, want) {
+			t.Fatalf("trial %d (V %d): %d ids, want %d", trial, V, len(got), len(want))
+		}
 	}
 }

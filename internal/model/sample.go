@@ -199,8 +199,11 @@ func descKey(l float32) uint32 {
 // sortByLogit returns all ids ordered by logit descending, ties by id
 // ascending, in sc.ids: an LSD radix sort of descKey<<32|id
 // over the key's bits (three stable passes of 11, 11 and 10 bits; the ids
-// start in ascending order, so ties keep it).
-func sortByLogit(logits []float32, sc *SampleScratch) []int32 {
+// start in ascending order, so ties keep it). With finite, the ids whose
+// logit is −∞ are left out (the order's tail, which a draw never takes:
+// a grammar's mask leaves most of a vocabulary there), unless every logit
+// is −∞.
+func sortByLogit(logits []float32, sc *SampleScratch, finite bool) []int32 {
 	n := len(logits)
 	bufs := &sc.keys
 	for i := range bufs {
@@ -209,9 +212,17 @@ func sortByLogit(logits []float32, sc *SampleScratch) []int32 {
 		}
 	}
 	a, b := bufs[0][:n], bufs[1][:n]
+	k := 0
 	for i, l := range logits {
-		a[i] = uint64(descKey(l))<<32 | uint64(i)
+		if !finite || !math.IsInf(float64(l), -1) {
+			a[k] = uint64(descKey(l))<<32 | uint64(i)
+			k++
+		}
 	}
+	if k == 0 {
+		return sortByLogit(logits, sc, false)
+	}
+	n, a, b = k, a[:k], b[:k]
 	var count [1 << 11]int
 	for _, shift := range [...]uint{32, 43, 54} {
 		clear(count[:])

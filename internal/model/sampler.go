@@ -173,9 +173,12 @@ func SampleSeq(logits []float32, in *SeqInput, sc *SampleScratch) SeqOutput {
 	case p.TopK > 0 && p.TopK <= V/16:
 		ord = topK(proc, p.TopK, sc.ids)
 	case p.TopK > 0 && p.TopK < V:
-		ord = sortByLogit(proc, sc)[:p.TopK]
+		ord = sortByLogit(proc, sc, !plain)
+		ord = ord[:min(p.TopK, len(ord))]
 	default:
-		ord = sortByLogit(proc, sc)
+		// Processors may set logits to −∞ (bans, a grammar's mask):
+		// those are left out of the sort.
+		ord = sortByLogit(proc, sc, !plain)
 	}
 	idx := ord
 	for len(idx) > 1 && math.IsInf(float64(proc[idx[len(idx)-1]]), -1) {

@@ -1,6 +1,9 @@
 package grammar
 
-import "strconv"
+import (
+	"math/big"
+	"strconv"
+)
 
 // negate is the node of the values schema v does not admit ("not"). A
 // schema is the conjunction of its keywords, so its negation is the union
@@ -91,7 +94,7 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 				vals = x.arr
 			}
 			n := anyNode(path)
-			var strs []*Regex
+			var strs, nums []*Regex
 			bools := 0
 			for _, e := range vals {
 				switch e.k {
@@ -105,9 +108,20 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 					} else {
 						bools |= 2
 					}
+				case jNum:
+					sp, ok := numberSpellings(e)
+					if !ok {
+						return nil, unsupportedAt("not", kp, "the negation of %s is not enforced", e)
+					}
+					nums = append(nums, sp)
 				default:
 					return nil, unsupportedAt("not", kp, "the negation of a list holding %s is not enforced", e)
 				}
+			}
+			if len(nums) > 0 {
+				// Numbers without exponent, so that every spelling of an
+				// excluded value is known.
+				n.numPatterns = []*Regex{And(Concat(Opt(Lit("-")), decNonNeg), Not(Or(nums...)))}
 			}
 			if bools == 3 {
 				n.types &^= tBool
@@ -235,4 +249,28 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 		return u.alts[0], nil
 	}
 	return u, nil
+}
+
+// numberSpellings matches every exponent-free JSON spelling of number v
+// (trailing fraction zeros, and -0 for 0).
+func numberSpellings(v *jval) (*Regex, bool) {
+	r := v.rat()
+	if r == nil {
+		return nil, false
+	}
+	sign := Empty()
+	if r.Sign() < 0 {
+		sign = Lit("-")
+	} else if r.Sign() == 0 {
+		sign = Opt(Lit("-"))
+	}
+	ip, f, ok := decParts(new(big.Rat).Abs(r))
+	if !ok {
+		return nil, false
+	}
+	zeros := Star(Lit("0"))
+	if f == "" {
+		return Concat(sign, Lit(ip.String()), Opt(Concat(Lit("."), Plus(Lit("0"))))), true
+	}
+	return Concat(sign, Lit(ip.String()+"."+f), zeros), true
 }

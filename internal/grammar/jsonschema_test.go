@@ -173,6 +173,8 @@ var jsonCases = []jsonCase{
 		ok: []string{`"y"`, `"ba"`}, bad: []string{`"x"`, `null`, `"ab"`, `1`, `true`}},
 	{name: "not bounds", schema: `{"not":{"type":"number","minimum":3,"maxLength":2}}`,
 		ok: []string{`2`, `2.5`, `"abc"`, `{}`, `"ab"`}, bad: []string{`3`, `40`}},
+	{name: "not numbers", schema: `{"type":"number","not":{"enum":[1,0,-2.5]}}`,
+		ok: []string{`2`, `1.5`, `-2.25`}, bad: []string{`1`, `1.00`, `0`, `-0.0`, `-2.50`, `1e0`}},
 	{name: "not not", schema: `{"not":{"not":{"type":"string","minLength":2}}}`,
 		ok: []string{`"ab"`}, bad: []string{`"a"`, `1`}},
 	{name: "not properties", schema: `{"type":"object","not":{"properties":{"a":{"const":"x"}}}}`,

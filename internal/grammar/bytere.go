@@ -75,6 +75,8 @@ type exprSet struct {
 	index map[string]eid
 	deriv map[uint64]eid // id<<8 | byte
 	live  map[eid]bool
+	parts map[eid]*bytePartition
+	conv  map[*Regex]eid // fromRegex's results: grammars share subtrees
 	key   []byte
 }
 
@@ -86,7 +88,7 @@ func newExprSet() *exprSet {
 // newExprSetSeeded is an exprSet whose shapes are keyed by seeds (a
 // Vocab's, so that its Constraints' shapes agree).
 func newExprSetSeeded(seeds *[2]maphash.Seed) *exprSet {
-	s := &exprSet{seeds: seeds, index: make(map[string]eid), deriv: make(map[uint64]eid), live: make(map[eid]bool)}
+	s := &exprSet{seeds: seeds, index: make(map[string]eid), deriv: make(map[uint64]eid), live: make(map[eid]bool), parts: make(map[eid]*bytePartition), conv: make(map[*Regex]eid)}
 	s.intern(enode{kind: kNone})
 	s.intern(enode{kind: kEmpty, nullable: true})
 	return s
@@ -182,8 +184,17 @@ func (s *exprSet) bytes(set byteSet) eid {
 
 func (s *exprSet) byteRange(lo, hi byte) eid {
 	var set byteSet
-	for c := int(lo); c <= int(hi); c++ {
-		set.add(byte(c))
+	for w := range set {
+		// bits lo…hi of word w (bytes 64w…64w+63)
+		a, b := max(int(lo), 64*w), min(int(hi), 64*w+63)
+		if a <= b {
+			n := uint(b - a + 1)
+			m := ^uint64(0)
+			if n < 64 {
+				m = (1<<n - 1)
+			}
+			set[w] = m << uint(a-64*w)
+		}
 	}
 	return s.bytes(set)
 }
@@ -403,6 +414,7 @@ func (s *exprSet) isLive(id eid) bool {
 		return v
 	}
 	// Breadth-first over derivatives by every byte, until a nullable one.
+	reps := s.partition(id).reps
 	seen := map[eid]bool{id: true}
 	queue := []eid{id}
 	res := false
@@ -413,8 +425,8 @@ func (s *exprSet) isLive(id eid) bool {
 		}
 		x := queue[0]
 		queue = queue[1:]
-		for c := 0; c < 256; c++ {
-			d := s.derive(x, byte(c))
+		for _, c := range reps {
+			d := s.derive(x, c)
 			if d == eNone || seen[d] {
 				continue
 			}
@@ -444,6 +456,15 @@ func (s *exprSet) isLive(id eid) bool {
 
 // fromRegex converts a code-point Regex to bytes (UTF-8).
 func (s *exprSet) fromRegex(r *Regex) eid {
+	if id, ok := s.conv[r]; ok {
+		return id
+	}
+	id := s.convert(r)
+	s.conv[r] = id
+	return id
+}
+
+func (s *exprSet) convert(r *Regex) eid {
 	switch r.Op {
 	case OpNone:
 		return eNone

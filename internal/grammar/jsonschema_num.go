@@ -34,6 +34,11 @@ func sameLenRange(a, b string) *Regex {
 	if len(a) == 1 {
 		return Class(RuneRange{rune(a[0]), rune(b[0])})
 	}
+	if strings.Trim(a, "0") == "" && strings.Trim(b, "9") == "" {
+		// Every string of the length: without this, the two halves
+		// below would each recurse into a full range again (2^n calls).
+		return Repeat(digit, len(a), len(a))
+	}
 	if a[0] == b[0] {
 		return Concat(Lit(a[:1]), sameLenRange(a[1:], b[1:]))
 	}

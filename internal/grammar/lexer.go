@@ -32,6 +32,9 @@ type lexInfo struct {
 	// shape identifies the set of the entries' expressions across
 	// Constraints (what the tokens inside a lexeme depend on).
 	shape shape
+	// part is the byte classes of the entries' lexemes: bytes of a class
+	// lead to the same state.
+	part *bytePartition
 }
 
 // lexSet is a set of lexeme indices; its key is its bytes.
@@ -57,6 +60,7 @@ type lexer struct {
 	trans  []lexState // [state*256 + byte]
 	index  map[string]lexState
 	sets   map[string]*lexSet
+	parts  []*bytePartition // per lexeme, its root's classes (lazily)
 	key    []byte
 }
 
@@ -128,6 +132,10 @@ func (l *lexer) addState(entries []lexEntry) lexState {
 		kb = binary.LittleEndian.AppendUint64(kb, x[1])
 	}
 	info.shape = hashShape(l.ex.seeds, kb)
+	info.part = wholePartition
+	for _, e := range entries {
+		info.part = info.part.join(l.rootPart(e.lex))
+	}
 	l.states = append(l.states, info)
 	for range 256 {
 		l.trans = append(l.trans, unknown)
@@ -167,6 +175,24 @@ func (l *lexer) next(s lexState, c byte) lexState {
 		}
 	}
 	t = l.addState(entries)
-	l.trans[int(s)<<8|int(c)] = t
+	part := l.states[s].part
+	cls := part.class[c]
+	row := l.trans[int(s)<<8 : int(s)<<8+256]
+	for b := range row {
+		if part.class[b] == cls {
+			row[b] = t
+		}
+	}
 	return t
+}
+
+// rootPart is the byte classes of lexeme i's expression.
+func (l *lexer) rootPart(i int32) *bytePartition {
+	if l.parts == nil {
+		l.parts = make([]*bytePartition, len(l.roots))
+	}
+	if l.parts[i] == nil {
+		l.parts[i] = l.ex.partition(l.roots[i])
+	}
+	return l.parts[i]
 }

@@ -236,6 +236,7 @@ type node struct {
 
 	prefix   []*node
 	items    *node // nil: any value
+	contains *node // nil: no constraint; else some element matches it
 	minItems int
 	maxItems int
 }
@@ -270,7 +271,7 @@ func (n *node) trivial() bool {
 	return n.ref == "" && n.lazy == nil && !n.isUnion && n.types == tAll && !n.hasEnum && n.minLen == 0 && n.maxLen < 0 &&
 		len(n.patterns) == 0 && len(n.numPatterns) == 0 && n.lo == nil && n.hi == nil && len(n.props) == 0 && len(n.required) == 0 &&
 		n.addl == nil && len(n.patProps) == 0 && n.propNames == nil && n.minProps == 0 && n.maxProps < 0 &&
-		len(n.prefix) == 0 && n.items == nil && n.minItems == 0 && n.maxItems < 0
+		len(n.prefix) == 0 && n.items == nil && n.contains == nil && n.minItems == 0 && n.maxItems < 0
 }
 
 // never reports whether n certainly admits nothing.
@@ -336,8 +337,7 @@ var annotationKeywords = map[string]bool{
 
 // refusedKeywords are assertions that are not enforced.
 var refusedKeywords = map[string]bool{
-	"contains":    true,
-	"minContains": true, "maxContains": true, "unevaluatedProperties": true, "unevaluatedItems": true,
+	"maxContains": true, "unevaluatedProperties": true, "unevaluatedItems": true,
 	"$dynamicRef": true, "$recursiveRef": true,
 }
 
@@ -351,7 +351,7 @@ var knownKeywords = map[string]bool{
 	"minimum": true, "maximum": true, "exclusiveMinimum": true, "exclusiveMaximum": true,
 	"multipleOf": true, "allOf": true, "anyOf": true, "oneOf": true, "not": true, "$ref": true,
 	"if": true, "then": true, "else": true, "dependencies": true, "dependentRequired": true,
-	"dependentSchemas": true,
+	"dependentSchemas": true, "contains": true, "minContains": true,
 }
 
 // onlyAnnotations reports whether v's keywords other than except have no
@@ -715,6 +715,26 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 			}
 		case "additionalItems":
 			// Read with an array-valued items; otherwise it has no effect.
+		case "contains":
+			if mc := v.get("minContains"); mc != nil {
+				k, err := nonNegInt(mc, "minContains", path+"/minContains")
+				if err != nil {
+					return nil, err
+				}
+				if k == 0 {
+					continue
+				}
+				if k > 1 {
+					return nil, unsupportedAt("minContains", path+"/minContains", "only minContains 0 and 1 are enforced")
+				}
+			}
+			s, err := sub(kw, x)
+			if err != nil {
+				return nil, err
+			}
+			n.contains = s
+		case "minContains":
+			// Read with contains.
 		case "pattern":
 			if x.k != jStr {
 				return nil, errAt(kw, kp, "must be a string")
@@ -983,29 +1003,6 @@ func wrapRxErr(err error, kw, path string) error {
 	return &Error{Keyword: kw, Path: path, Msg: err.Error()}
 }
 
-// negatable is the type set of the values s does not admit, when s
-// constrains the type alone.
-func (c *jsCompiler) negatable(s *node) (tset, bool) {
-	if s.ref != "" || s.isUnion {
-		return 0, false
-	}
-	t := s.types
-	s2 := *s
-	s2.types = tAll
-	if !s2.trivial() {
-		return 0, false
-	}
-	out := tAll &^ t
-	if t&tNum == 0 && t&tInt != 0 {
-		// Not an integer: a number with a fraction is not expressible.
-		return 0, false
-	}
-	if t&tNum != 0 {
-		out &^= tInt | tNum
-	}
-	return out, true
-}
-
 func intersectValues(a, b []*jval) []*jval {
 	var out []*jval
 	for _, x := range a {
@@ -1211,6 +1208,13 @@ func (c *jsCompiler) merge(a, b *node, depth int) (*node, error) {
 	}
 	if r.items, err = c.mergeOpt(a.items, b.items, depth+1); err != nil {
 		return nil, err
+	}
+	if a.contains != nil && b.contains != nil {
+		return nil, unsupportedAt("contains", b.path, "two contains constraints on one array")
+	}
+	r.contains = a.contains
+	if b.contains != nil {
+		r.contains = b.contains
 	}
 	r.minItems = max(a.minItems, b.minItems)
 	r.maxItems = minMax(a.maxItems, b.maxItems)
@@ -1436,6 +1440,15 @@ func (c *jsCompiler) validate(n *node, v *jval, depth int) (bool, error) {
 					return ok, err
 				}
 			}
+		}
+		if n.contains != nil {
+			for _, e := range v.arr {
+				ok, err := c.validate(n.contains, e, depth+1)
+				if err != nil || ok {
+					return ok, err
+				}
+			}
+			return false, nil
 		}
 		return true, nil
 	case jObj:
@@ -2078,6 +2091,9 @@ func (c *jsCompiler) emitObjectAnyOrder(r int, path string, members []member, ex
 
 // emitArray adds n's array alternative to rule r.
 func (c *jsCompiler) emitArray(n *node, r int) error {
+	if n.contains != nil {
+		return c.emitArrayContains(n, r)
+	}
 	minI, maxI := n.minItems, n.maxItems
 	hasMax := maxI >= 0
 	capK := max(minI, len(n.prefix), 1)
@@ -2136,6 +2152,109 @@ func (c *jsCompiler) emitArray(n *node, r int) error {
 		return x, nil
 	}
 	body, err := ruleE(0)
+	if err != nil {
+		return err
+	}
+	c.b.AddAlt(r, T(Lit("[")), N(body), T(Lit("]")))
+	return nil
+}
+
+// emitArrayContains adds n's array alternative to rule r when some element
+// must match n.contains: E(k, seen) is the elements from k on, seen telling
+// whether one before matched; past the counted part, R1 = ("," el)* and
+// R0 = R1 "," elC R1, elC being an element that matches.
+func (c *jsCompiler) emitArrayContains(n *node, r int) error {
+	minI, maxI := n.minItems, n.maxItems
+	hasMax := maxI >= 0
+	capK := max(minI, len(n.prefix), 1)
+	if hasMax {
+		capK = maxI
+	}
+	if capK > maxCountChain {
+		return unsupportedAt("maxItems", n.path, "item counts above %d", maxCountChain)
+	}
+	comma := T(Lit(","))
+	// elem returns the rules of element k (any) and of element k matching
+	// contains, -1 for none.
+	elem := func(k int) (int, int, error) {
+		el := n.itemAt(k)
+		ar, cr := -1, -1
+		if el == nil || !el.never() {
+			x, err := c.emitOpt(el)
+			if err != nil {
+				return 0, 0, err
+			}
+			ar = x
+		}
+		m, err := c.mergeOpt(el, n.contains, 0)
+		if err != nil {
+			return 0, 0, err
+		}
+		if !m.never() {
+			if cr, err = c.emit(m); err != nil {
+				return 0, 0, err
+			}
+		}
+		return ar, cr, nil
+	}
+	memo := map[[2]int]int{}
+	var ruleE func(k, seen int) (int, error)
+	ruleE = func(k, seen int) (int, error) {
+		if x, ok := memo[[2]int{k, seen}]; ok {
+			return x, nil
+		}
+		x, err := c.newRule(fmt.Sprintf("%s items>=%d seen=%d", ptrOr(n.path), k, seen))
+		if err != nil {
+			return 0, err
+		}
+		memo[[2]int{k, seen}] = x
+		ar, cr, err := elem(k)
+		if err != nil {
+			return 0, err
+		}
+		if !hasMax && k == capK {
+			// x is R(seen); R1 is the seen rule at capK.
+			r1, err := ruleE(k, 1)
+			if err != nil {
+				return 0, err
+			}
+			if seen == 1 {
+				c.b.AddAlt(x)
+				if ar >= 0 {
+					c.b.AddAlt(x, N(x), comma, N(ar))
+				}
+			} else if cr >= 0 {
+				c.b.AddAlt(x, N(r1), comma, N(cr), N(r1))
+			}
+			return x, nil
+		}
+		if k >= minI && seen == 1 {
+			c.b.AddAlt(x)
+		}
+		if hasMax && k >= maxI {
+			return x, nil
+		}
+		var sep []Sym
+		if k > 0 {
+			sep = []Sym{comma}
+		}
+		if ar >= 0 {
+			next, err := ruleE(k+1, seen)
+			if err != nil {
+				return 0, err
+			}
+			c.b.AddAlt(x, append(slices.Clip(sep), N(ar), N(next))...)
+		}
+		if cr >= 0 && seen == 0 {
+			next, err := ruleE(k+1, 1)
+			if err != nil {
+				return 0, err
+			}
+			c.b.AddAlt(x, append(slices.Clip(sep), N(cr), N(next))...)
+		}
+		return x, nil
+	}
+	body, err := ruleE(0, 0)
 	if err != nil {
 		return err
 	}

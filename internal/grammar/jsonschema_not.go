@@ -54,11 +54,16 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 			if err != nil {
 				return nil, err
 			}
-			t, ok := c.negatable(n)
-			if !ok {
-				return nil, unsupportedAt("not", kp, "the negation of type integer (numbers with a fraction) is not enforced")
+			t := n.types
+			if t&tNum == 0 && t&tInt != 0 {
+				// Not an integer: the other types, and numbers with a
+				// non-zero fraction (written without exponent).
+				frac := only(tInt | tNum)
+				frac.numPatterns = []*Regex{Concat(Opt(Lit("-")), jsonNat, Lit("."), Star(digit), digit19, Star(digit))}
+				add(frac)
+				t |= tInt | tNum
 			}
-			add(only(t))
+			add(only(tAll &^ t))
 		case "required":
 			if x.k != jArr {
 				return nil, errAt(kw, kp, "must be an array of strings")
@@ -225,6 +230,24 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 				}
 				add(s)
 			}
+		case "items", "contains":
+			if kw == "items" && (x.k == jArr || v.get("prefixItems") != nil) {
+				return nil, unsupportedAt("not", kp, "the negation of tuple items is not enforced")
+			}
+			if kw == "contains" && (v.get("minContains") != nil || v.get("maxContains") != nil) {
+				return nil, unsupportedAt("not", kp, "the negation of minContains/maxContains is not enforced")
+			}
+			s, err := c.negate(x, kp, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			n := only(tArr)
+			if kw == "items" {
+				n.contains = s // some element fails items
+			} else {
+				n.items = s // no element matches contains
+			}
+			add(n)
 		case "$ref":
 			t, err := c.refTarget(x, kp)
 			if err != nil {

@@ -459,11 +459,15 @@ func (w *Worker) handleInfo(rw http.ResponseWriter, _ *http.Request) {
 // features is what this worker lists in Info: every feature of this build,
 // but priority only when it schedules by priority (--scheduling-policy
 // priority), so that a router never sends a priority to a worker that
-// would ignore it.
+// would ignore it, and constraints only when its model has a tokenizer
+// (a grammar needs the tokens' bytes).
 func (w *Worker) features() []string {
 	var out []string
 	for _, f := range workerapi.Features() {
-		if f != workerapi.FeaturePriority || w.cfg.Machine.PriorityScheduling {
+		switch {
+		case f == workerapi.FeaturePriority && !w.cfg.Machine.PriorityScheduling:
+		case f == workerapi.FeatureConstraint && w.model.Tokenizer() == nil:
+		default:
 			out = append(out, f)
 		}
 	}

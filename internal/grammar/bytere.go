@@ -414,23 +414,26 @@ func (s *exprSet) isLive(id eid) bool {
 		return v
 	}
 	// Breadth-first over derivatives by every byte, until a nullable one.
+	// Depth first (a witness of a string-like language is found in about
+	// as many steps as its shortest text is long), one byte per class,
+	// looking one derivative ahead for a nullable one.
 	reps := s.partition(id).reps
 	seen := map[eid]bool{id: true}
-	queue := []eid{id}
+	stack := []eid{id}
 	res := false
-	for len(queue) > 0 && !res {
+	for len(stack) > 0 && !res {
 		if len(seen) > liveBudget {
 			res = true
 			break
 		}
-		x := queue[0]
-		queue = queue[1:]
+		x := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
 		for _, c := range reps {
 			d := s.derive(x, c)
 			if d == eNone || seen[d] {
 				continue
 			}
-			if s.node(d).nullable || !s.node(d).hasBool {
+			if n := s.node(d); n.nullable || !n.hasBool {
 				res = true
 				break
 			}
@@ -442,7 +445,7 @@ func (s *exprSet) isLive(id eid) bool {
 				continue
 			}
 			seen[d] = true
-			queue = append(queue, d)
+			stack = append(stack, d)
 		}
 	}
 	if !res {

@@ -735,22 +735,23 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 		text, ids, toks := o.take()
 		// A chat choice's text may hold reasoning and tool calls (posts).
 		var reasoning string
-		var calls []ToolCall
-		if post := rs.posts[idx]; post != nil {
-			reasoning, text, calls = post.feed(text, o.finished)
+		var pieces []ToolCallDelta
+		post := rs.posts[idx]
+		if post != nil {
+			reasoning, text, pieces = post.feed(text, o.finished)
 		}
 		first := !o.firstSent
 		if first {
 			text = rs.req.echoText + text
 		}
-		if text == "" && reasoning == "" && len(calls) == 0 && !o.finished && !(first && rs.req.echo && rs.req.logprobs) &&
+		if text == "" && reasoning == "" && len(pieces) == 0 && !o.finished && !(first && rs.req.echo && rs.req.logprobs) &&
 			(len(ids) == 0 || (!rs.req.returnTokenIDs && !rs.req.logprobs)) {
 			continue
 		}
 		o.firstSent = true
 		var finish *string
 		if o.finished {
-			f := callFinish(o.finish, calls)
+			f := post.finish(o.finish)
 			finish = &f
 			o.finSent = true
 		}
@@ -767,10 +768,10 @@ func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.
 			if len(toks) > 0 {
 				lp = rs.chatLogprobs(toks)
 			}
-			if len(calls) > 0 {
-				// The content so far, then each call's deltas, the last
-				// with the finish reason.
-				if err := rs.sendCalls(&sse, idx, delta, lp, ids, calls, finish); err != nil {
+			if len(pieces) > 0 {
+				// The content so far, then the calls' pieces, then the
+				// finish reason.
+				if err := rs.sendPieces(&sse, idx, delta, lp, ids, pieces, finish); err != nil {
 					return gone()
 				}
 				continue

@@ -216,7 +216,15 @@ func TestToolChoiceConstrained(t *testing.T) {
 			}
 		})
 	}
-	// Cut short by max_tokens: no call, the text as content.
+	// Cut short by max_tokens inside a call: the call so far (as OpenAI
+	// answers), finish length.
+	eng0 := newFakeEngine(chunksOf(`[{"name":"get_weather","parameters":{"city":"Os`, 5, "length")...)
+	srv0 := newServer(t, eng0)
+	_, got0 := post(t, srv0, "/v1/chat/completions", `{"messages":[`+userHi+`],`+toolsBody+`,"tool_choice":"required"}`)
+	if !strings.Contains(got0, `"content":null`) || !strings.Contains(got0, `"arguments":"{\"city\":\"Os"`) || !strings.Contains(got0, `"finish_reason":"length"`) {
+		t.Fatalf("a call cut short: %s", got0)
+	}
+	// Cut short before a call began: the text as content.
 	eng := newFakeEngine(chunksOf(`[{"name":"get_ti`, 5, "length")...)
 	srv := newServer(t, eng)
 	_, got := post(t, srv, "/v1/chat/completions", `{"messages":[`+userHi+`],`+toolsBody+`,"tool_choice":"required"}`)

@@ -1,7 +1,9 @@
 // Package npmclient drives a PD pair (router, prefill and decode workers,
 // in-process) with the official openai npm client under Node.js: client.mjs
 // sends completions and chat requests with n, logprobs, top_logprobs and
-// echo, streamed and not, and the test judges what the client parsed.
+// echo, streamed and not; tools.mjs makes a tool round trip (a required
+// call, streamed too, a named strict function read by parse, and the
+// answer to the call's result); the tests judge what the client parsed.
 //
 // It needs node on PATH and the client installed next to this file
 // (npm install --no-save --prefix test/npmclient); without them it skips,

@@ -77,6 +77,9 @@ const (
 	// maxAnyOrderRequired bounds the required properties of an object
 	// emitted in any order (2^n rules).
 	maxAnyOrderRequired = 8
+	// maxNegatedPatterns bounds the negated unbounded patterns (from oneOf
+	// and not) on one string: the lexer's states multiply with each.
+	maxNegatedPatterns = 2
 	// maxJSONRules bounds the rules of the grammar.
 	maxJSONRules = 200000
 )
@@ -1667,6 +1670,15 @@ func (c *jsCompiler) stringLexeme(n *node) (*Regex, error) {
 	if maxLen > maxStringLength {
 		return nil, unsupportedAt("maxLength", n.path, "string lengths above %d", maxStringLength)
 	}
+	negated := 0
+	for _, p := range n.patterns {
+		if p.Op == OpNot && hasUnboundedRepeat(p) {
+			negated++
+		}
+	}
+	if negated > maxNegatedPatterns {
+		return nil, unsupportedAt("pattern", n.path, "%d negated patterns on one string (from oneOf or not): more than %d make the lexer too large", negated, maxNegatedPatterns)
+	}
 	parts := []*Regex{Repeat(c.strChar, n.minLen, maxLen)}
 	for _, p := range n.patterns {
 		e, err := encodeJSONLang(p, c.encMemo)
@@ -1676,6 +1688,20 @@ func (c *jsCompiler) stringLexeme(n *node) (*Regex, error) {
 		parts = append(parts, e)
 	}
 	return Concat(Lit(`"`), And(parts...), Lit(`"`)), nil
+}
+
+// hasUnboundedRepeat reports whether r contains a repetition without an
+// upper bound (an unanchored pattern does).
+func hasUnboundedRepeat(r *Regex) bool {
+	if r.Op == OpRepeat && r.Max < 0 {
+		return true
+	}
+	for _, s := range r.Subs {
+		if hasUnboundedRepeat(s) {
+			return true
+		}
+	}
+	return false
 }
 
 // literal is the symbols of the JSON text of v.

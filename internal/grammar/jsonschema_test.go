@@ -1,10 +1,13 @@
 package grammar
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
@@ -310,5 +313,54 @@ func TestJSONSchemaErrors(t *testing.T) {
 	}
 	if _, err := CompileJSONSchema([]byte(`{"format":"int32"}`), JSONOptions{StrictFormats: true}); err == nil {
 		t.Error("StrictFormats accepted an unknown format")
+	}
+}
+
+// TestJSONSchemaFile compiles the schema of the MaskBench file named by
+// $JSONSCHEMA_FILE and runs its instances through the matcher (a byte per
+// token), reporting compile time and each instance's outcome.
+func TestJSONSchemaFile(t *testing.T) {
+	path := os.Getenv("JSONSCHEMA_FILE")
+	if path == "" {
+		t.Skip("JSONSCHEMA_FILE not set")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Schema json.RawMessage `json:"schema"`
+		Tests  []struct {
+			Valid bool            `json:"valid"`
+			Data  json.RawMessage `json:"data"`
+		} `json:"tests"`
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	g, err := CompileJSONSchema(f.Schema, JSONOptions{FlexibleWhitespace: true, AnyPropertyOrder: os.Getenv("JSONSCHEMA_ANYORDER") != ""})
+	if err != nil {
+		t.Logf("compile %v: %v", time.Since(t0), err)
+		return
+	}
+	t.Logf("compile %v: %d rules", time.Since(t0), len(g.Rules))
+	c, err := NewConstraint(g, jsonByteVocab(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range f.Tests {
+		t0 := time.Now()
+		m := c.NewMatcher()
+		got := true
+		for j := 0; j < len(tc.Data) && got; j++ {
+			t1 := time.Now()
+			got = m.AcceptBytes(tc.Data[j : j+1])
+			if d := time.Since(t1); d > 100*time.Millisecond {
+				t.Logf("instance %d: byte %d %q took %v after %q", i, j, tc.Data[j], d, tc.Data[max(0, j-60):j])
+			}
+		}
+		got = got && m.CanEnd()
+		t.Logf("instance %d valid=%v accepted=%v in %v", i, tc.Valid, got, time.Since(t0))
 	}
 }

@@ -160,25 +160,49 @@ func (hermesParser) markers() []string { return nil }
 
 func (hermesParser) start(text string) (int, startState) { return markerStart(text, "<tool_call>") }
 
-// parse reads <tool_call>…</tool_call> blocks (the last may be unclosed),
-// white space between them; what follows the last is dropped, as vLLM
-// does.
-func (hermesParser) parse(text string) ([]FunctionCall, bool) {
+// parse reads <tool_call>…</tool_call> blocks (see blocks).
+func (h hermesParser) parse(text string) ([]FunctionCall, bool) {
+	calls, _, failed := h.blocks(text, true)
+	return calls, !failed && len(calls) > 0
+}
+
+// blockParser is a toolParser whose calls are delimited blocks, each
+// complete before the next begins: callStream hands out each call as soon
+// as its block closes.
+type blockParser interface {
+	// blocks reads the complete blocks at the start of text (which
+	// begins where a call does, or after a block): their calls and the
+	// text left (an incomplete block, or, once final, nothing: text after
+	// the last block is dropped). failed: text holds something that is
+	// not a valid block, left in rest.
+	blocks(text string, final bool) (calls []FunctionCall, rest string, failed bool)
+}
+
+// blocks reads <tool_call>…</tool_call> blocks; once final, the last may be
+// unclosed.
+func (hermesParser) blocks(text string, final bool) ([]FunctionCall, string, bool) {
 	var calls []FunctionCall
 	for {
-		rest, ok := strings.CutPrefix(strings.TrimLeftFunc(text, unicode.IsSpace), "<tool_call>")
+		t := strings.TrimLeftFunc(text, unicode.IsSpace)
+		body, ok := strings.CutPrefix(t, "<tool_call>")
 		if !ok {
-			return calls, len(calls) > 0
+			if t == "" || strings.HasPrefix("<tool_call>", t) && !final {
+				return calls, text, false // more may come
+			}
+			if final {
+				return calls, "", false // text after the calls is dropped, as vLLM does
+			}
+			return calls, text, false
 		}
-		body, after, closed := strings.Cut(rest, "</tool_call>")
-		fc, tail, ok := decodeCall(body)
+		inner, after, closed := strings.Cut(body, "</tool_call>")
+		if !closed && !final {
+			return calls, text, false
+		}
+		fc, tail, ok := decodeCall(inner)
 		if !ok || strings.TrimSpace(tail) != "" {
-			return nil, false
+			return calls, text, true
 		}
 		calls = append(calls, fc)
-		if !closed {
-			return calls, true
-		}
 		text = after
 	}
 }
@@ -296,6 +320,17 @@ func (s *callStream) feed(text string, final bool) (string, []FunctionCall) {
 	} else if s.never {
 		content.WriteString(s.pending)
 		s.pending = ""
+	}
+	if bp, ok := s.p.(blockParser); ok && s.calling && !s.never {
+		calls, rest, failed := bp.blocks(s.pending, final)
+		s.pending = rest
+		if failed {
+			// The rest is not a call: content, as is all that follows.
+			s.never = true
+			content.WriteString(s.pending)
+			s.pending = ""
+		}
+		return content.String(), calls
 	}
 	if !final {
 		return content.String(), nil

@@ -59,6 +59,10 @@ func TestToolParsers(t *testing.T) {
 		{hermesParser{}, "<tool_call>{\"name\": oops}</tool_call>", "<tool_call>{\"name\": oops}</tool_call>", nil},
 		{hermesParser{}, "<tool_call>{\"arguments\":{}}</tool_call>", "<tool_call>{\"arguments\":{}}</tool_call>", nil}, // no name
 		{hermesParser{}, "ends with <tool_ca", "ends with <tool_ca", nil},
+		// A block that is not a call ends the calls: it and what follows
+		// are content (the calls before it were sent already).
+		{hermesParser{}, "<tool_call>{\"name\":\"get_time\"}</tool_call>\n<tool_call>{bad}</tool_call> tail", "\n<tool_call>{bad}</tool_call> tail", []FunctionCall{time}},
+		{hermesParser{}, "<tool_call>{\"name\":\"get_time\"}</tool_call> trailing words", "", []FunctionCall{time}}, // dropped, as vLLM does
 		// Llama 3 JSON: the whole answer.
 		{llama3Parser{}, `{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}`, "", []FunctionCall{weather}},
 		{llama3Parser{}, "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"c\"}}; {\"name\": \"get_time\", \"parameters\": {}}",
@@ -109,6 +113,14 @@ func TestToolCallStreamHoldsMarkers(t *testing.T) {
 	got, calls := s.feed("\"arguments\":{\"a\":1}}</tool_call>", true)
 	if got != "" || len(calls) != 1 || calls[0] != (FunctionCall{Name: "f", Arguments: `{"a":1}`}) {
 		t.Fatalf("final: %q, %v", got, calls)
+	}
+	// A call is handed out as soon as its block closes.
+	s = callStream{p: hermesParser{}}
+	if got, calls := s.feed("<tool_call>{\"name\":\"f\"}</tool_call>\n<tool_", false); got != "" || len(calls) != 1 || calls[0].Name != "f" {
+		t.Fatalf("a closed block: content %q, calls %v", got, calls)
+	}
+	if got, calls := s.feed("call>{\"name\":\"g\"}", true); got != "" || len(calls) != 1 || calls[0].Name != "g" {
+		t.Fatalf("an unclosed last block: content %q, calls %v", got, calls)
 	}
 	s = callStream{p: hermesParser{}}
 	if got, _ := s.feed("<tool", false); got != "" {

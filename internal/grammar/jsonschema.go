@@ -118,13 +118,18 @@ func CompileJSONSchema(schema []byte, o JSONOptions) (*Grammar, error) {
 		strChar:   jsonStrChar(),
 		anyRule:   -1,
 	}
+	c.draft = 2020
 	if sv := root.get("$schema"); sv != nil && sv.k == jStr {
-		for _, d := range []string{"draft-03", "draft-04", "draft-05", "draft-06", "draft-07"} {
-			if strings.Contains(sv.s, d) {
-				c.legacyRef = true
+		for _, d := range []struct {
+			s string
+			n int
+		}{{"draft-03", 3}, {"draft-04", 4}, {"draft-05", 5}, {"draft-06", 6}, {"draft-07", 7}, {"2019-09", 2019}} {
+			if strings.Contains(sv.s, d.s) {
+				c.draft = d.n
 			}
 		}
 	}
+	c.legacyRef = c.draft <= 7
 	if id := root.get("$id"); id != nil && id.k == jStr {
 		c.baseID = strings.TrimSuffix(id.s, "#")
 	} else if id := root.get("id"); id != nil && id.k == jStr {
@@ -293,6 +298,7 @@ type jsCompiler struct {
 	o          JSONOptions
 	baseID     string
 	legacyRef  bool // drafts 4–7: keywords beside $ref are ignored
+	draft      int  // the $schema's draft: 4, 6, 7, 2019 or 2020 (default)
 	anchors    map[string]string
 	defs       map[string]*node
 	resolving  map[string]bool
@@ -342,6 +348,22 @@ var annotationKeywords = map[string]bool{
 var refusedKeywords = map[string]bool{
 	"maxContains": true, "unevaluatedProperties": true, "unevaluatedItems": true,
 	"$dynamicRef": true, "$recursiveRef": true,
+}
+
+// keywordSince is the draft that introduced a keyword; under an older
+// declared $schema it is an unknown keyword, an annotation, as validators
+// of that draft treat it.
+var keywordSince = map[string]int{
+	"const": 6, "contains": 6, "propertyNames": 6, "if": 7, "then": 7, "else": 7,
+	"dependentRequired": 2019, "dependentSchemas": 2019, "minContains": 2019, "maxContains": 2019,
+	"unevaluatedProperties": 2019, "unevaluatedItems": 2019, "$anchor": 2019, "$recursiveRef": 2019,
+	"prefixItems": 2020, "$dynamicRef": 2020,
+}
+
+// ignored reports whether keyword kw has no meaning in the declared draft.
+func (c *jsCompiler) ignored(kw string) bool {
+	d, ok := keywordSince[kw]
+	return ok && c.draft < d
 }
 
 // knownKeywords are the keywords normalize reads.
@@ -574,6 +596,9 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 	for i, kw := range v.keys {
 		x := v.vals[i]
 		kp := path + "/" + jsonPtrEscape(kw)
+		if c.ignored(kw) {
+			continue
+		}
 		switch kw {
 		case "type":
 			var names []*jval
@@ -719,7 +744,7 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 		case "additionalItems":
 			// Read with an array-valued items; otherwise it has no effect.
 		case "contains":
-			if mc := v.get("minContains"); mc != nil {
+			if mc := v.get("minContains"); mc != nil && !c.ignored("minContains") {
 				k, err := nonNegInt(mc, "minContains", path+"/minContains")
 				if err != nil {
 					return nil, err

@@ -39,7 +39,7 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 	for i, kw := range v.keys {
 		x := v.vals[i]
 		kp := path + "/" + jsonPtrEscape(kw)
-		if v.get("$ref") != nil && kw != "$ref" && c.legacyRef {
+		if v.get("$ref") != nil && kw != "$ref" && c.legacyRef || c.ignored(kw) {
 			continue
 		}
 		switch kw {

@@ -177,6 +177,8 @@ var jsonCases = []jsonCase{
 		ok: []string{`{"k":"a","v":1}`, `{"k":"b","v":"s"}`, `{"v":1}`}, bad: []string{`{"k":"a","v":"s"}`, `{"k":"b","v":1}`, `{"v":"s"}`}},
 	{name: "dependencies", schema: `{"properties":{"a":{},"b":{},"c":{"type":"integer"}},"dependencies":{"a":["b"],"b":{"required":["c"]}}}`,
 		ok: []string{`{}`, `{"a":1,"b":2,"c":3}`, `{"c":1}`, `{"b":1,"c":2}`}, bad: []string{`{"a":1}`, `{"a":1,"b":2}`, `{"b":1}`}},
+	{name: "draft 4 ignores if and const", schema: `{"$schema":"http://json-schema.org/draft-04/schema#","properties":{"a":{"const":1}},"if":{"type":"object"},"then":{"required":["b"]}}`,
+		ok: []string{`{"a":2}`, `{}`}, bad: []string{`{"a":"x"`}},
 	{name: "not", schema: `{"not":{"type":["string","null"]}}`, ok: []string{`1`, `{}`}, bad: []string{`"a"`, `null`}},
 	{name: "not required", schema: `{"properties":{"a":{}},"not":{"required":["a","b"]}}`,
 		ok: []string{`{}`, `{"a":1}`, `{"b":1}`}, bad: []string{`{"a":1,"b":2}`, `1`}},

@@ -14,6 +14,9 @@ type chatPost struct {
 	// scan reads a constrained call as it is drawn.
 	scan   *callScanner
 	noShow bool // include_reasoning false: reasoning is dropped
+	// single: parallel_tool_calls false, so calls after the first are
+	// dropped (a constrained output has one only).
+	single bool
 	// n counts the calls begun (the index of the next).
 	n int
 }
@@ -36,6 +39,7 @@ func newChatPost(req *request) *chatPost {
 		return c
 	case req.tools != nil && req.tools.mode == toolAuto && req.tools.parser != nil:
 		c.calls = &callStream{p: req.tools.parser}
+		c.single = !req.tools.parallel
 	}
 	c.think = newThinkStream(req.reasoningParser, req.thinkOpen)
 	if c.think == nil && c.calls == nil {
@@ -62,6 +66,9 @@ func (c *chatPost) feed(text string, final bool) (reasoning, content string, pie
 		var fcs []FunctionCall
 		content, fcs = c.calls.feed(content, final)
 		for _, fc := range fcs {
+			if c.single && c.n > 0 {
+				break
+			}
 			pieces = append(pieces, c.begin(fc.Name))
 			pieces = append(pieces, ToolCallDelta{Index: c.n - 1, Function: FunctionCallDelta{Arguments: fc.Arguments}})
 		}

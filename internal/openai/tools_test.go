@@ -146,6 +146,13 @@ func TestToolChoiceAuto(t *testing.T) {
 		t.Fatalf("streamed calls (-want +got):\n%s", d)
 	}
 
+	// parallel_tool_calls false: the first call only.
+	_, got = post(t, srv, "/v1/chat/completions", `{"parallel_tool_calls":false,"messages":[`+userHi+`],`+toolsBody+`}`)
+	a = chatAnswer{}
+	if err := json.Unmarshal([]byte(got), &a); err != nil || !cmp.Equal(wantCalls[:1], a.Choices[0].Message.ToolCalls, ignoreIDs) {
+		t.Fatalf("parallel_tool_calls false: %s (%v)", got, err)
+	}
+
 	// tool_choice none: the text is content, the tools still rendered
 	// (as vLLM does).
 	_, got = post(t, srv, "/v1/chat/completions", `{"messages":[`+userHi+`],`+toolsBody+`,"tool_choice":"none"}`)

@@ -339,3 +339,130 @@ func pyFloatRepr(f float64) string {
 	b.WriteString(strconv.Itoa(exp))
 	return b.String()
 }
+
+// jsonPosition describes the byte at offset off of the JSON text text: the
+// JSON pointer of the value it is in (for an object key, of the member it
+// names) and what it is part of ("object key", "string", "number",
+// "literal", or the punctuation: "',' (next item)", "'}' (end of object)",
+// "']' (end of array)", "':'", "'{'", "'['"); "end of text" at len(text).
+func jsonPosition(text string, off int) (pointer, what string) {
+	type frame struct {
+		obj  bool
+		key  string
+		idx  int
+		want bool // an object's next string is a key
+	}
+	var stack []frame
+	ptr := func(extra ...string) string {
+		var b strings.Builder
+		for _, f := range stack {
+			b.WriteByte('/')
+			if f.obj {
+				b.WriteString(strings.NewReplacer("~", "~0", "/", "~1").Replace(f.key))
+			} else {
+				b.WriteString(strconv.Itoa(f.idx))
+			}
+		}
+		for _, e := range extra {
+			b.WriteByte('/')
+			b.WriteString(e)
+		}
+		return b.String()
+	}
+	if off >= len(text) {
+		return ptr(), "end of text"
+	}
+	for i := 0; i < len(text); {
+		c := text[i]
+		start := i
+		switch {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			i++
+			if off < i {
+				return ptr(), "whitespace"
+			}
+			continue
+		case c == '"':
+			i++
+			for i < len(text) && text[i] != '"' {
+				if text[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			i = min(i+1, len(text))
+			isKey := len(stack) > 0 && stack[len(stack)-1].obj && stack[len(stack)-1].want
+			if isKey {
+				k, err := strconv.Unquote(text[start:i])
+				if err != nil {
+					k = text[start+1 : max(start+1, i-1)]
+				}
+				stack[len(stack)-1].key = k
+				stack[len(stack)-1].want = false
+				if off < i {
+					return ptr(), "object key"
+				}
+				continue
+			}
+			if off < i {
+				return ptr(), "string"
+			}
+			continue
+		case c == '{' || c == '[':
+			i++
+			if off < i {
+				return ptr(), fmt.Sprintf("'%c'", c)
+			}
+			stack = append(stack, frame{obj: c == '{', want: true})
+			continue
+		case c == '}' || c == ']':
+			i++
+			if off < i {
+				if len(stack) > 0 {
+					stack = stack[:len(stack)-1] // the container's own pointer
+				}
+				if c == '}' {
+					return ptr(), "'}' (end of object)"
+				}
+				return ptr(), "']' (end of array)"
+			}
+			if len(stack) > 0 {
+				stack = stack[:len(stack)-1]
+			}
+			continue
+		case c == ',':
+			i++
+			if off < i {
+				return ptr(), "',' (next item)"
+			}
+			if len(stack) > 0 {
+				f := &stack[len(stack)-1]
+				if f.obj {
+					f.want = true
+				} else {
+					f.idx++
+				}
+			}
+			continue
+		case c == ':':
+			i++
+			if off < i {
+				return ptr(), "':'"
+			}
+			continue
+		}
+		for i < len(text) && strings.IndexByte(" \t\n\r,:]}[{\"", text[i]) < 0 {
+			i++
+		}
+		if i == start {
+			i++
+		}
+		if off < i {
+			if c == '-' || c >= '0' && c <= '9' {
+				return ptr(), "number"
+			}
+			return ptr(), "literal"
+		}
+	}
+	return ptr(), "end of text"
+}

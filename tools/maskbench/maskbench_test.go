@@ -179,20 +179,20 @@ func TestRunFileClassifies(t *testing.T) {
 	for _, tc := range []struct {
 		file, class string
 		// kind, token, before and at of the one failure, if any
-		kind          string
+		kind, where   string
 		token         int
 		before, at    string
 		valid, failed bool
 	}{
 		{file: "pass.json", class: classPass},
-		{file: "invalidation.json", class: classInvalidation, failed: true, kind: "accepted", token: 8, before: `{"a": 2}`},
-		{file: "refused.json", class: classValidation, failed: true, valid: true, kind: "refused", token: 2, before: `{"`, at: "b"},
-		{file: "notatend.json", class: classValidation, failed: true, valid: true, kind: "not-at-end", token: 1, before: "1"},
+		{file: "invalidation.json", class: classInvalidation, failed: true, kind: "accepted", token: 8, before: `{"a": 2}`, where: "end of text"},
+		{file: "refused.json", class: classValidation, failed: true, valid: true, kind: "refused", token: 2, before: `{"`, at: "b", where: "object key"},
+		{file: "notatend.json", class: classValidation, failed: true, valid: true, kind: "not-at-end", token: 1, before: "1", where: "end of text"},
 		{file: "prefix-rejected.json", class: classPass},
 		{file: "notests.json", class: classPass},
 		{file: "refuse.json", class: classCompile},
 		{file: "panic.json", class: classPanic},
-		{file: "lie.json", class: classInconsistent, failed: true, valid: true, kind: "mask-accept", token: 0, at: "1"},
+		{file: "lie.json", class: classInconsistent, failed: true, valid: true, kind: "mask-accept", token: 0, at: "1", where: "number"},
 		{file: "bad.json", class: classBadFile},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
@@ -210,8 +210,8 @@ func TestRunFileClassifies(t *testing.T) {
 				t.Fatalf("failures %+v, want one", res.Failures)
 			}
 			f := res.Failures[0]
-			if f.Kind != tc.kind || f.Token != tc.token || f.Before != tc.before || f.At != tc.at || f.Valid != tc.valid {
-				t.Errorf("failure %+v, want kind %q token %d before %q at %q valid %v", f, tc.kind, tc.token, tc.before, tc.at, tc.valid)
+			if f.Kind != tc.kind || f.Token != tc.token || f.Before != tc.before || f.At != tc.at || f.Valid != tc.valid || f.Where != tc.where {
+				t.Errorf("failure %+v, want kind %q token %d before %q at %q valid %v where %q", f, tc.kind, tc.token, tc.before, tc.at, tc.valid, tc.where)
 			}
 		})
 	}
@@ -312,7 +312,7 @@ func TestBenchReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{`     2  compile-refused keyword="not": not supported`, `     1  invalidation-error: accepted`, `BFCL_simple_1.json test #1 (invalid) token 1/1`} {
+	for _, w := range []string{`     2  compile-refused keyword="not": not supported`, `     1  invalidation-error: accepted at end of text`, `BFCL_simple_1.json test #1 (invalid) token 1/1 at : "2" «» ""`} {
 		if !strings.Contains(string(s), w) {
 			t.Errorf("summary lacks %q:\n%s", w, s)
 		}
@@ -351,5 +351,35 @@ func TestWorkerProcesses(t *testing.T) {
 		if tc.class == classPass && len(res.MaskNS) != 2 {
 			t.Errorf("%s: %d mask times came back, want 2", tc.file, len(res.MaskNS))
 		}
+	}
+}
+
+func TestJSONPosition(t *testing.T) {
+	text := `{"a": [1, {"b/c": "x y"}, true], "d": -2.5}`
+	for _, tc := range []struct {
+		at            string // the first occurrence of at in text
+		pointer, what string
+	}{
+		{`{"a"`, "", "'{'"},
+		{`"a"`, "/a", "object key"},
+		{`: [`, "/a", "':'"},
+		{`[1`, "/a", "'['"},
+		{`1,`, "/a/0", "number"},
+		{`, {`, "/a/0", "',' (next item)"},
+		{`"b/c"`, "/a/1/b~1c", "object key"},
+		{`y"`, "/a/1/b~1c", "string"},
+		{`}, true`, "/a/1", "'}' (end of object)"},
+		{`rue`, "/a/2", "literal"},
+		{`], "d"`, "/a", "']' (end of array)"},
+		{`"d"`, "/d", "object key"},
+		{`2.5`, "/d", "number"},
+	} {
+		off := strings.Index(text, tc.at)
+		if p, w := jsonPosition(text, off); p != tc.pointer || w != tc.what {
+			t.Errorf("at %q (%d): %q %q, want %q %q", tc.at, off, p, w, tc.pointer, tc.what)
+		}
+	}
+	if _, w := jsonPosition(text, len(text)); w != "end of text" {
+		t.Errorf("at the end: %q", w)
 	}
 }

@@ -263,7 +263,7 @@ func shortClass(c string) string {
 
 // quoted matches what varies between messages of one kind: quoted text
 // and numbers.
-var quoted = regexp.MustCompile(`"[^"]*"|'[^']*'|` + "`[^`]*`" + `|\b\d+\b`)
+var quoted = regexp.MustCompile(`"[^"]*"|'[^']*'|` + "`[^`]*`" + `|#/[^\s:]*|\b\d+\b`)
 
 // writeSummary writes the failure reasons of results, most frequent
 // first, with an example each: compile refusals by keyword and message
@@ -302,8 +302,8 @@ func writeSummary(w io.Writer, results []schemaResult, llg map[string]bool) {
 				fmt.Sprintf("%s at %s: %s", base, res.ErrPath, firstLine(res.Msg)), base)
 		case classValidation, classInvalidation, classInconsistent:
 			for _, f := range res.Failures {
-				add(fmt.Sprintf("%s: %s", res.Class, f.Kind),
-					fmt.Sprintf("%s test #%d (%s) token %d/%d: %q «%s» %q", base, f.Index, validity(f.Valid), f.Token, f.Tokens, clip(f.Before, -80), f.At, clip(f.After, 40)), base)
+				add(fmt.Sprintf("%s: %s at %s", res.Class, f.Kind, f.Where),
+					fmt.Sprintf("%s test #%d (%s) token %d/%d at %s: %q «%s» %q", base, f.Index, validity(f.Valid), f.Token, f.Tokens, f.Pointer, clip(f.Before, -80), f.At, clip(f.After, 40)), base)
 			}
 			if features[res.Class] == nil {
 				features[res.Class] = map[string]int{}

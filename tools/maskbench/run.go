@@ -94,6 +94,10 @@ type instanceFailure struct {
 	Before string `json:"before"`
 	At     string `json:"at"`
 	After  string `json:"after"`
+	// Where is what the token's first byte is part of in the instance
+	// (see jsonPosition), Pointer the JSON pointer of the value there.
+	Where   string `json:"where"`
+	Pointer string `json:"pointer"`
 }
 
 // runOptions are a run's settings.
@@ -163,6 +167,7 @@ func runFile(e engine, path string, o runOptions) (res schemaResult) {
 		if fail != nil {
 			fail.Index, fail.Valid, fail.Tokens = i, tc.Valid, len(toks)
 			fail.Before, fail.At, fail.After = context(e, toks, fail.Token)
+			fail.Pointer, fail.Where = jsonPosition(text, offsetBefore(e, toks, fail.Token))
 			res.Failures = append(res.Failures, *fail)
 			continue
 		}
@@ -246,6 +251,15 @@ func runInstance(e engine, m matcher, toks []int32, valid bool, mask []uint64, e
 		return &instanceFailure{Kind: "accepted", Token: len(toks)}, false
 	}
 	return nil, false
+}
+
+// offsetBefore is the byte length of toks[:n] (0 for n <= 0).
+func offsetBefore(e engine, toks []int32, n int) int {
+	off := 0
+	for _, t := range toks[:max(0, min(n, len(toks)))] {
+		off += len(e.tokenBytes(t))
+	}
+	return off
 }
 
 func bitSet(mask []uint64, id int32) bool {

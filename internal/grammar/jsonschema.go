@@ -47,10 +47,10 @@ type JSONOptions struct {
 	// taking it as an annotation.
 	StrictFormats bool
 	// AnyPropertyOrder admits an object's members in any order (JSON
-	// Schema's own semantics) instead of the fixed order, for objects
-	// without minProperties/maxProperties and with at most
-	// maxAnyOrderRequired required properties (others keep the fixed
-	// order). Named members may then repeat.
+	// Schema's own semantics) instead of the fixed order, for objects with
+	// at most maxAnyOrderRequired required properties (and, under
+	// minProperties/maxProperties, at most maxAnyOrderStates counted
+	// states); others keep the fixed order. Named members may then repeat.
 	AnyPropertyOrder bool
 }
 
@@ -80,6 +80,9 @@ const (
 	// maxNegatedPatterns bounds the negated unbounded patterns (from oneOf
 	// and not) on one string: the lexer's states multiply with each.
 	maxNegatedPatterns = 2
+	// maxAnyOrderStates bounds the rules of one object emitted in any
+	// order under minProperties/maxProperties (required sets × counts).
+	maxAnyOrderStates = 4096
 	// maxJSONRules bounds the rules of the grammar.
 	maxJSONRules = 200000
 )
@@ -1975,15 +1978,20 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		}
 	}
 	minP, maxP := n.minProps, n.maxProps
-	if c.o.AnyPropertyOrder && minP == 0 && maxP < 0 {
+	if c.o.AnyPropertyOrder {
 		nreq := 0
 		for _, m := range members {
 			if m.req {
 				nreq++
 			}
 		}
-		if nreq <= maxAnyOrderRequired {
-			return c.emitObjectAnyOrder(r, n.path, members, extraRule)
+		counted := minP > 0 || maxP >= 0
+		capK := max(minP, 1)
+		if maxP >= 0 {
+			capK = maxP
+		}
+		if nreq <= maxAnyOrderRequired && (!counted || (1<<nreq)*(capK+1) <= maxAnyOrderStates) {
+			return c.emitObjectAnyOrder(r, n.path, members, extraRule, minP, maxP)
 		}
 	}
 	hasMax := maxP >= 0
@@ -2081,11 +2089,12 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 }
 
 // emitObjectAnyOrder adds to rule r an object whose members come in any
-// order: L(S) is a non-empty member list in which the required members of
-// set S (a bit mask) appear, L(S) ::= member | L(S') "," member, and the
-// object is "{" L(all required) "}" (or "{}" when nothing is required).
-// Named members may repeat.
-func (c *jsCompiler) emitObjectAnyOrder(r int, path string, members []member, extraRule int) error {
+// order: L(S, k) is a non-empty member list in which the required members
+// of set S (a bit mask) appear, k members long (k only tracked, up to a
+// cap, under minProperties/maxProperties), L(S, k) ::= member |
+// L(S', k-1) "," member, and the object is "{" L(all required, k) "}" for
+// the admitted k (or "{}"). Named members may repeat.
+func (c *jsCompiler) emitObjectAnyOrder(r int, path string, members []member, extraRule int, minP, maxP int) error {
 	type mem struct {
 		syms []Sym
 		bit  int // required member's bit, or 0
@@ -2104,19 +2113,32 @@ func (c *jsCompiler) emitObjectAnyOrder(r int, path string, members []member, ex
 		mems = append(mems, mem{[]Sym{N(extraRule)}, 0})
 	}
 	full := 1<<nreq - 1
-	if len(mems) == 0 {
-		if full == 0 {
-			c.b.AddAlt(r, T(Lit("{")), T(Lit("}")))
+	// Counts: 1…capK; without maxProperties, capK stands for "capK or
+	// more".
+	hasMax := maxP >= 0
+	capK := 1
+	if minP > 0 || hasMax {
+		capK = max(minP, 1)
+		if hasMax {
+			capK = maxP
 		}
+	}
+	if full == 0 && minP == 0 {
+		c.b.AddAlt(r, T(Lit("{")), T(Lit("}")))
+	}
+	if len(mems) == 0 || capK == 0 {
 		return nil
 	}
-	rules := make([]int, full+1)
+	rules := make([][]int, full+1)
 	for set := 0; set <= full; set++ {
-		x, err := c.newRule(fmt.Sprintf("%s members with required set %#x", ptrOr(path), set))
-		if err != nil {
-			return err
+		rules[set] = make([]int, capK+1)
+		for k := 1; k <= capK; k++ {
+			x, err := c.newRule(fmt.Sprintf("%s members with required set %#x, count %d", ptrOr(path), set, k))
+			if err != nil {
+				return err
+			}
+			rules[set][k] = x
 		}
-		rules[set] = x
 	}
 	comma := T(Lit(","))
 	for set := 0; set <= full; set++ {
@@ -2125,18 +2147,26 @@ func (c *jsCompiler) emitObjectAnyOrder(r int, path string, members []member, ex
 				continue
 			}
 			if m.bit == set {
-				c.b.AddAlt(rules[set], m.syms...)
+				c.b.AddAlt(rules[set][1], m.syms...)
 			}
-			c.b.AddAlt(rules[set], append([]Sym{N(rules[set]), comma}, m.syms...)...)
-			if m.bit != 0 {
-				c.b.AddAlt(rules[set], append([]Sym{N(rules[set^m.bit]), comma}, m.syms...)...)
+			for k := 2; k <= capK; k++ {
+				c.b.AddAlt(rules[set][k], append([]Sym{N(rules[set][k-1]), comma}, m.syms...)...)
+				if m.bit != 0 {
+					c.b.AddAlt(rules[set][k], append([]Sym{N(rules[set^m.bit][k-1]), comma}, m.syms...)...)
+				}
+			}
+			if !hasMax {
+				// The last count also stands for more.
+				c.b.AddAlt(rules[set][capK], append([]Sym{N(rules[set][capK]), comma}, m.syms...)...)
+				if m.bit != 0 {
+					c.b.AddAlt(rules[set][capK], append([]Sym{N(rules[set^m.bit][capK]), comma}, m.syms...)...)
+				}
 			}
 		}
 	}
-	if full == 0 {
-		c.b.AddAlt(r, T(Lit("{")), T(Lit("}")))
+	for k := max(minP, 1); k <= capK; k++ {
+		c.b.AddAlt(r, T(Lit("{")), N(rules[full][k]), T(Lit("}")))
 	}
-	c.b.AddAlt(r, T(Lit("{")), N(rules[full]), T(Lit("}")))
 	return nil
 }
 

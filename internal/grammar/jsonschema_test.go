@@ -203,9 +203,10 @@ var jsonCases = []jsonCase{
 func TestJSONSchemaCases(t *testing.T) {
 	v := jsonByteVocab(t)
 	for _, tc := range jsonCases {
-		for _, flexible := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/flexible=%v", tc.name, flexible), func(t *testing.T) {
-				g, err := CompileJSONSchema([]byte(tc.schema), JSONOptions{FlexibleWhitespace: flexible})
+		for _, o := range []JSONOptions{{}, {FlexibleWhitespace: true}, {AnyPropertyOrder: true}} {
+			flexible := o.FlexibleWhitespace
+			t.Run(fmt.Sprintf("%s/%+v", tc.name, o), func(t *testing.T) {
+				g, err := CompileJSONSchema([]byte(tc.schema), o)
 				if err != nil {
 					t.Fatalf("compile %s: %v", tc.schema, err)
 				}
@@ -233,8 +234,8 @@ func TestJSONSchemaCases(t *testing.T) {
 					if !validates(t, tc.schema, s) {
 						t.Errorf("test data: %s is not valid against %s", s, tc.schema)
 					}
-					if jsonAccepts(t, c, s) {
-						t.Errorf("accepted %s out of property order", s)
+					if jsonAccepts(t, c, s) != o.AnyPropertyOrder {
+						t.Errorf("accepted %s out of property order: %v", s, !o.AnyPropertyOrder)
 					}
 				}
 				if flexible && len(tc.ok) > 0 {
@@ -271,6 +272,29 @@ func TestJSONSchemaAnyPropertyOrder(t *testing.T) {
 		}
 	}
 	for _, s := range []string{`{}`, `{"a":1}`, `{"b":"x","c":1}`, `{"b":"x","a":"1"}`, `{"a":1,"b":"x","z":1}`, `{"a":1,"b":"x",}`, `{,"a":1,"b":"x"}`} {
+		if validates(t, schema, s) || jsonAccepts(t, c, s) {
+			t.Errorf("accepted %s", s)
+		}
+	}
+}
+
+func TestJSONSchemaAnyPropertyOrderCounted(t *testing.T) {
+	v := jsonByteVocab(t)
+	schema := `{"type":"object","properties":{"a":{},"b":{}},"required":["a"],"minProperties":2,"maxProperties":3}`
+	g, err := CompileJSONSchema([]byte(schema), JSONOptions{AnyPropertyOrder: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewConstraint(g, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{`{"b":1,"a":1}`, `{"x":1,"a":1}`, `{"x":1,"a":1,"y":2}`} {
+		if !validates(t, schema, s) || !jsonAccepts(t, c, s) {
+			t.Errorf("refused %s", s)
+		}
+	}
+	for _, s := range []string{`{}`, `{"a":1}`, `{"b":1,"x":2}`, `{"a":1,"b":1,"x":1,"y":2}`} {
 		if validates(t, schema, s) || jsonAccepts(t, c, s) {
 			t.Errorf("accepted %s", s)
 		}
@@ -358,6 +382,9 @@ func TestJSONSchemaFile(t *testing.T) {
 		for j := 0; j < len(tc.Data) && got; j++ {
 			t1 := time.Now()
 			got = m.AcceptBytes(tc.Data[j : j+1])
+			if !got {
+				t.Logf("instance %d: refused byte %d after %q", i, j, tc.Data[max(0, j-80):j+1])
+			}
 			if d := time.Since(t1); d > 100*time.Millisecond {
 				t.Logf("instance %d: byte %d %q took %v after %q", i, j, tc.Data[j], d, tc.Data[max(0, j-60):j])
 			}

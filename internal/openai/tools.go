@@ -256,37 +256,6 @@ func (t *toolRequest) schema() string {
 	return b.String()
 }
 
-// calls turns the output of a constrained tool_choice into calls; false if
-// it is not a complete one (the output was cut short).
-func (t *toolRequest) calls(text string) ([]ToolCall, bool) {
-	if t.mode == toolNamed {
-		if !json.Valid([]byte(text)) || firstByte(json.RawMessage(text)) != '{' {
-			return nil, false
-		}
-		return []ToolCall{newCall(t.name, strings.TrimSpace(text))}, true
-	}
-	var list []struct {
-		Name       string          `json:"name"`
-		Parameters json.RawMessage `json:"parameters"`
-	}
-	if json.Unmarshal([]byte(text), &list) != nil || len(list) == 0 {
-		return nil, false
-	}
-	out := make([]ToolCall, len(list))
-	for i, c := range list {
-		if c.Name == "" || firstByte(c.Parameters) != '{' {
-			return nil, false
-		}
-		out[i] = newCall(c.Name, string(c.Parameters))
-	}
-	return out, true
-}
-
-// newCall is a call of name with args, under a new id.
-func newCall(name, args string) ToolCall {
-	return ToolCall{ID: newCallID(), Type: "function", Function: FunctionCall{Name: name, Arguments: args}}
-}
-
 // newCallID returns "call_" and 24 random hex digits (96 bits: unique).
 func newCallID() string {
 	var b [12]byte

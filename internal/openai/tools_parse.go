@@ -346,12 +346,6 @@ func (s *callStream) feed(text string, final bool) (string, []FunctionCall) {
 	return content.String(), nil
 }
 
-// parseToolCalls parses a whole output with p: the content and the calls.
-func parseToolCalls(p toolParser, text string) (string, []FunctionCall) {
-	s := callStream{p: p}
-	return s.feed(text, true)
-}
-
 // markerIDs returns the ids of p's markers that are single special tokens
 // of tok (encode is its Encode), which the output must keep in its text.
 func markerIDs(p toolParser, encode func(string, bool) ([]int32, error)) []int32 {

@@ -24,6 +24,12 @@ func streamCalls(p toolParser, text string, cuts []int) (string, []FunctionCall)
 	return content.String(), calls
 }
 
+// parseToolCalls parses a whole output with p: the content and the calls.
+func parseToolCalls(p toolParser, text string) (string, []FunctionCall) {
+	s := callStream{p: p}
+	return s.feed(text, true)
+}
+
 // randomCuts returns up to n ascending cut points inside text.
 func randomCuts(rng *rand.Rand, text string, n int) []int {
 	var cuts []int

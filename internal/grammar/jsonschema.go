@@ -76,7 +76,7 @@ const (
 	maxPatternOverlap = 4
 	// maxAnyOrderRequired bounds the required properties of an object
 	// emitted in any order (2^n rules).
-	maxAnyOrderRequired = 8
+	maxAnyOrderRequired = 10
 	// maxNegatedPatterns bounds the negated unbounded patterns (from oneOf
 	// and not) on one string: the lexer's states multiply with each.
 	maxNegatedPatterns = 2

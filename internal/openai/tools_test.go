@@ -353,3 +353,54 @@ func TestReasoningThenToolCall(t *testing.T) {
 		}
 	}
 }
+
+// markerTokenizer is byteTokenizer with a special token, id 300, for
+// Mistral's [TOOL_CALLS].
+type markerTokenizer struct{ byteTokenizer }
+
+const toolCallsID = 300
+
+func (markerTokenizer) Encode(text string, add bool) ([]int32, error) {
+	if text == "[TOOL_CALLS]" {
+		return []int32{toolCallsID}, nil
+	}
+	return byteTokenizer{}.Encode(text, add)
+}
+
+func (markerTokenizer) IsSpecial(id int32) bool { return id == toolCallsID }
+
+func (markerTokenizer) NewDecoder() model.Decoder { return markerDecoder{&byteDecoder{}} }
+
+type markerDecoder struct{ *byteDecoder }
+
+func (d markerDecoder) Add(id int32) string {
+	if id == toolCallsID {
+		return "[TOOL_CALLS]"
+	}
+	return d.byteDecoder.Add(id)
+}
+
+// TestToolMarkerSpecialToken: the special token a parser reads
+// (Mistral's [TOOL_CALLS]) is kept in the text it parses, and left out of
+// the text as always when the request has no tools.
+func TestToolMarkerSpecialToken(t *testing.T) {
+	script := append(toks("Sure. "), Token{ID: toolCallsID})
+	script = append(script, toks(`[{"name":"get_time","arguments":{}}]`)...)
+	eng := newFakeEngine(Chunk{Tokens: script, FinishReason: "stop"})
+	srv := newServer(t, eng, func(c *Config) {
+		c.Tokenizer, c.ToolCallParser, c.ContextLen = markerTokenizer{}, "mistral", 4096
+	})
+	_, got := post(t, srv, "/v1/chat/completions", `{"messages":[`+userHi+`],`+toolsBody+`}`)
+	var a chatAnswer
+	if err := json.Unmarshal([]byte(got), &a); err != nil {
+		t.Fatal(err)
+	}
+	want := []ToolCall{{Type: "function", Function: FunctionCall{Name: "get_time", Arguments: `{}`}}}
+	if m := a.Choices[0].Message; m.Content == nil || *m.Content != "Sure. " || !cmp.Equal(want, m.ToolCalls, ignoreIDs) {
+		t.Fatalf("with tools: %s", got)
+	}
+	_, got = post(t, srv, "/v1/chat/completions", `{"messages":[`+userHi+`]}`)
+	if !strings.Contains(got, `"content":"Sure. [{\"name\":\"get_time\",\"arguments\":{}}]"`) {
+		t.Fatalf("without tools the special token is not rendered: %s", got)
+	}
+}

@@ -59,6 +59,12 @@ type enode struct {
 	// expressions, so caches shared by the Constraints of a Vocab can be
 	// keyed by it.
 	shape shape
+	// wshape is shape with the counts of repeats that hold no And or Not
+	// saturated at the exprSet's sat (beyond it no token can tell them
+	// apart: each repetition takes a byte, and no token is longer), and
+	// exact within And and Not (whose liveness may depend on far counts).
+	// Two lexer states of equal wshapes walk the vocabulary alike.
+	wshape shape
 }
 
 // shape is a 128-bit keyed structural hash.
@@ -67,6 +73,9 @@ type shape [2]uint64
 // exprSet interns expressions and memoizes their derivatives. Not safe for
 // concurrent use (the Constraint holding it serializes access).
 type exprSet struct {
+	// sat is where wshape saturates repeat counts (the longest token plus
+	// one); 0: never.
+	sat int32
 	// over is set once the set holds maxExprNodes expressions: new ones
 	// are then ∅, and the Constraint reports ErrTooComplex.
 	over  bool
@@ -82,13 +91,13 @@ type exprSet struct {
 
 // newExprSet is an exprSet whose shapes are keyed by fresh seeds.
 func newExprSet() *exprSet {
-	return newExprSetSeeded(&[2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()})
+	return newExprSetSeeded(&[2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, 0)
 }
 
 // newExprSetSeeded is an exprSet whose shapes are keyed by seeds (a
 // Vocab's, so that its Constraints' shapes agree).
-func newExprSetSeeded(seeds *[2]maphash.Seed) *exprSet {
-	s := &exprSet{seeds: seeds, index: make(map[string]eid), deriv: make(map[uint64]eid), live: make(map[eid]bool), parts: make(map[eid]*bytePartition), conv: make(map[*Regex]eid)}
+func newExprSetSeeded(seeds *[2]maphash.Seed, sat int32) *exprSet {
+	s := &exprSet{seeds: seeds, sat: sat, index: make(map[string]eid), deriv: make(map[uint64]eid), live: make(map[eid]bool), parts: make(map[eid]*bytePartition), conv: make(map[*Regex]eid)}
 	s.intern(enode{kind: kNone})
 	s.intern(enode{kind: kEmpty, nullable: true})
 	return s
@@ -125,41 +134,65 @@ func (s *exprSet) intern(n enode) eid {
 		return eNone
 	}
 	id := eid(len(s.nodes))
-	n.shape = s.shapeOf(&n)
+	n.shape, n.wshape = s.shapeOf(&n)
 	s.nodes = append(s.nodes, n)
 	s.index[string(k)] = id
 	return id
 }
 
-// shapeOf hashes n's kind, payload and children's shapes.
-func (s *exprSet) shapeOf(n *enode) shape {
+// shapeOf hashes n's kind, payload and children's shapes: exactly, and
+// with saturated counts (see enode.wshape).
+func (s *exprSet) shapeOf(n *enode) (shape, shape) {
 	b := make([]byte, 0, 64)
 	b = append(b, byte(n.kind))
-	var kids []shape
+	var kids []eid
 	switch n.kind {
 	case kBytes:
 		for _, w := range n.set {
 			b = binary.LittleEndian.AppendUint64(b, w)
 		}
 	case kConcat:
-		kids = []shape{s.nodes[n.a].shape, s.nodes[n.b].shape}
-	case kNot:
-		kids = []shape{s.nodes[n.a].shape}
-	case kRepeat:
-		kids = []shape{s.nodes[n.a].shape}
-		b = binary.LittleEndian.AppendUint32(b, uint32(n.min))
-		b = binary.LittleEndian.AppendUint32(b, uint32(n.max))
+		kids = []eid{n.a, n.b}
+	case kNot, kRepeat:
+		kids = []eid{n.a}
 	case kOr, kAnd:
-		for _, x := range n.subs {
-			kids = append(kids, s.nodes[x].shape)
+		kids = n.subs
+	}
+	one := func(sat bool) shape {
+		b := b
+		if n.kind == kRepeat {
+			lo, hi := n.min, n.max
+			if sat {
+				lo = min(lo, s.sat)
+				if hi > s.sat {
+					hi = -1
+				}
+			}
+			b = binary.LittleEndian.AppendUint32(b, uint32(lo))
+			b = binary.LittleEndian.AppendUint32(b, uint32(hi))
 		}
-		slices.SortFunc(kids, cmpShape)
+		ks := make([]shape, len(kids))
+		for i, k := range kids {
+			if sat {
+				ks[i] = s.nodes[k].wshape
+			} else {
+				ks[i] = s.nodes[k].shape
+			}
+		}
+		if n.kind == kOr || n.kind == kAnd {
+			slices.SortFunc(ks, cmpShape)
+		}
+		for _, k := range ks {
+			b = binary.LittleEndian.AppendUint64(b, k[0])
+			b = binary.LittleEndian.AppendUint64(b, k[1])
+		}
+		return hashShape(s.seeds, b)
 	}
-	for _, k := range kids {
-		b = binary.LittleEndian.AppendUint64(b, k[0])
-		b = binary.LittleEndian.AppendUint64(b, k[1])
+	exact := one(false)
+	if s.sat <= 0 || n.hasBool {
+		return exact, exact
 	}
-	return hashShape(s.seeds, b)
+	return exact, one(true)
 }
 
 func hashShape(seeds *[2]maphash.Seed, b []byte) shape {
@@ -402,7 +435,11 @@ const maxExprNodes = 1 << 20
 const liveBudget = 4096
 
 // isLive reports whether id matches at least one byte string.
-func (s *exprSet) isLive(id eid) bool {
+func (s *exprSet) isLive(id eid) bool { return s.isLiveIn(id, nil) }
+
+// isLiveIn is isLive for a derivative of an expression whose byte classes
+// are part (nil: id's own, computed).
+func (s *exprSet) isLiveIn(id eid, part *bytePartition) bool {
 	if id == eNone {
 		return false
 	}
@@ -417,7 +454,10 @@ func (s *exprSet) isLive(id eid) bool {
 	// Depth first (a witness of a string-like language is found in about
 	// as many steps as its shortest text is long), one byte per class,
 	// looking one derivative ahead for a nullable one.
-	reps := s.partition(id).reps
+	if part == nil {
+		part = s.partition(id)
+	}
+	reps := part.reps
 	seen := map[eid]bool{id: true}
 	stack := []eid{id}
 	res := false

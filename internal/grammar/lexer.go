@@ -29,8 +29,8 @@ type lexInfo struct {
 	accepts *lexSet
 	// skipDone: the skip lexeme's match is complete here.
 	skipDone bool
-	// shape identifies the set of the entries' expressions across
-	// Constraints (what the tokens inside a lexeme depend on).
+	// shape identifies the set of the entries' expressions (by wshape)
+	// across Constraints: what the tokens inside a lexeme depend on.
 	shape shape
 	// part is the byte classes of the entries' lexemes: bytes of a class
 	// lead to the same state.
@@ -61,7 +61,9 @@ type lexer struct {
 	index  map[string]lexState
 	sets   map[string]*lexSet
 	parts  []*bytePartition // per lexeme, its root's classes (lazily)
-	key    []byte
+	// partsBySet caches partOf by the lexemes of a state.
+	partsBySet map[string]*bytePartition
+	key        []byte
 }
 
 func newLexer(ex *exprSet, roots []eid, skip int32) *lexer {
@@ -122,7 +124,7 @@ func (l *lexer) addState(entries []lexEntry) lexState {
 	}
 	shapes := make([]shape, len(entries))
 	for i, e := range entries {
-		shapes[i] = l.ex.node(e.expr).shape
+		shapes[i] = l.ex.node(e.expr).wshape
 	}
 	slices.SortFunc(shapes, cmpShape)
 	shapes = slices.Compact(shapes)
@@ -132,10 +134,7 @@ func (l *lexer) addState(entries []lexEntry) lexState {
 		kb = binary.LittleEndian.AppendUint64(kb, x[1])
 	}
 	info.shape = hashShape(l.ex.seeds, kb)
-	info.part = wholePartition
-	for _, e := range entries {
-		info.part = info.part.join(l.rootPart(e.lex))
-	}
+	info.part = l.partOf(entries)
 	l.states = append(l.states, info)
 	for range 256 {
 		l.trans = append(l.trans, unknown)
@@ -170,7 +169,7 @@ func (l *lexer) next(s lexState, c byte) lexState {
 	var entries []lexEntry
 	for _, e := range l.states[s].entries {
 		d := l.ex.derive(e.expr, c)
-		if d != eNone && l.ex.isLive(d) {
+		if d != eNone && l.ex.isLiveIn(d, l.rootPart(e.lex)) {
 			entries = append(entries, lexEntry{e.lex, d})
 		}
 	}
@@ -184,6 +183,27 @@ func (l *lexer) next(s lexState, c byte) lexState {
 		}
 	}
 	return t
+}
+
+// partOf is the byte classes of the lexemes of entries: the join of their
+// roots' classes, cached by the set of lexemes.
+func (l *lexer) partOf(entries []lexEntry) *bytePartition {
+	k := make([]byte, 0, 4*len(entries))
+	for _, e := range entries {
+		k = binary.AppendUvarint(k, uint64(e.lex))
+	}
+	if p, ok := l.partsBySet[string(k)]; ok {
+		return p
+	}
+	p := wholePartition
+	for _, e := range entries {
+		p = p.join(l.rootPart(e.lex))
+	}
+	if l.partsBySet == nil {
+		l.partsBySet = make(map[string]*bytePartition)
+	}
+	l.partsBySet[string(k)] = p
+	return p
 }
 
 // rootPart is the byte classes of lexeme i's expression.

@@ -21,12 +21,12 @@ type Constraint struct {
 	inside map[lexState]*insideEntry
 
 	// walk buffers, per depth of the trie
-	stLex []lexState
+	stLex *[256]lexState
 }
 
 // NewConstraint binds g to v. It reports a grammar that can match no text.
 func NewConstraint(g *Grammar, v *Vocab) (*Constraint, error) {
-	c := &Constraint{g: g, v: v, ex: newExprSetSeeded(&v.seeds)}
+	c := &Constraint{g: g, v: v, ex: newExprSetSeeded(&v.seeds, int32(v.trie.maxDepth)+1)}
 	var roots []eid
 	byExpr := map[eid]int32{}
 	nonEmpty := c.ex.concat(c.ex.byteRange(0, 0xFF), c.ex.repeat(c.ex.byteRange(0, 0xFF), 0, -1))
@@ -72,7 +72,7 @@ func NewConstraint(g *Grammar, v *Vocab) (*Constraint, error) {
 	if c.over() {
 		return nil, ErrTooComplex
 	}
-	c.stLex = make([]lexState, v.trie.maxDepth+1)
+	c.stLex = new([256]lexState)
 	c.inside = make(map[lexState]*insideEntry)
 	return c, nil
 }
@@ -332,38 +332,37 @@ func (c *Constraint) walkInside(s lexState) *insideEntry {
 	st := c.stLex
 	st[0] = s
 	lx := c.lx
-	packed, end, tok1 := tr.packed, tr.end, tr.tok1
+	nodes := tr.nodes
 	inside := e.inside
 	trans := lx.trans
-	n := int32(len(packed))
-	for i := int32(1); i < n; {
-		p := packed[i]
-		d := p >> 8
+	for i := 1; i < len(nodes); {
+		nd := &nodes[i]
+		d := uint8(nd.p >> 8)
 		t := st[d-1]
-		nt := trans[uint(t)<<8|uint(p&0xFF)]
+		nt := trans[uint(t)<<8|uint(nd.p&0xFF)]
 		if nt == unknown {
-			nt = lx.next(t, byte(p))
+			nt = lx.next(t, byte(nd.p))
 			trans = lx.trans
 		}
 		if nt == deadState {
 			if info := &lx.states[t]; info.accepts != nil || info.skipDone {
-				k := [2]uint32{uint32(t), p & 0xFF}
+				k := [2]uint32{uint32(t), nd.p & 0xFF}
 				g := groups[k]
 				if g == nil {
-					g = &frontGroup{t: t, b: byte(p), results: map[lexState]*frontResult{}}
+					g = &frontGroup{t: t, b: byte(nd.p), results: map[lexState]*frontResult{}}
 					groups[k] = g
 					e.groups = append(e.groups, g)
 				}
-				g.nodes = append(g.nodes, i)
+				g.nodes = append(g.nodes, int32(i))
 			}
-			i = end[i]
+			i = int(nd.end)
 			continue
 		}
 		st[d] = nt
-		if id := tok1[i]; id >= 0 {
-			inside[id>>6] |= 1 << (id & 63)
+		if id := nd.tok; id >= 0 {
+			inside[uint32(id)>>6] |= 1 << (id & 63)
 		} else if id == -2 {
-			tr.setToks(inside, i)
+			tr.setToks(inside, int32(i))
 		}
 		i++
 	}

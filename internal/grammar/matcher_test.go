@@ -290,3 +290,16 @@ func TestConcurrentMatchers(t *testing.T) {
 		}
 	}
 }
+
+// TestAndOfClasses: an intersection of character classes is a class (no
+// And node, so no liveness search and shared masks).
+func TestAndOfClasses(t *testing.T) {
+	r := And(Class(RuneRange{'a', 'z'}, RuneRange{'0', '9'}), NotClass(RuneRange{'x', 'x'}), Class(RuneRange{'5', 'y'}))
+	want := Class(RuneRange{'5', '9'}, RuneRange{'a', 'w'}, RuneRange{'y', 'y'})
+	if r.Op != OpClass || r.String() != want.String() {
+		t.Fatalf("And of classes = %v, want %v", r, want)
+	}
+	if And(Class(RuneRange{'a', 'b'}), Class(RuneRange{'c', 'd'})).Op != OpNone {
+		t.Fatal("disjoint classes do not intersect to nothing")
+	}
+}

@@ -238,7 +238,37 @@ func And(subs ...*Regex) *Regex {
 	case 1:
 		return flat[0]
 	}
+	// One character of every class is one character of their
+	// intersection: no And is needed (nor its liveness search).
+	allClass := true
+	for _, s := range flat {
+		allClass = allClass && s.Op == OpClass
+	}
+	if allClass {
+		ranges := flat[0].Ranges
+		for _, s := range flat[1:] {
+			ranges = intersectRanges(ranges, s.Ranges)
+		}
+		return Class(ranges...)
+	}
 	return &Regex{Op: OpAnd, Subs: flat}
+}
+
+// intersectRanges is the intersection of two sorted, disjoint range lists.
+func intersectRanges(a, b []RuneRange) []RuneRange {
+	var out []RuneRange
+	for i, j := 0, 0; i < len(a) && j < len(b); {
+		lo, hi := maxRune(a[i].Lo, b[j].Lo), minRune(a[i].Hi, b[j].Hi)
+		if lo <= hi {
+			out = append(out, RuneRange{lo, hi})
+		}
+		if a[i].Hi < b[j].Hi {
+			i++
+		} else {
+			j++
+		}
+	}
+	return out
 }
 
 // Not matches every byte string r does not match.

@@ -21,6 +21,15 @@ type trie struct {
 	// node i (−1 none, −2 several: see toks), for the walks' inner loops.
 	packed []uint32
 	tok1   []int32
+	// nodes holds packed, end and tok1 side by side for the full walk.
+	nodes []tnode
+}
+
+// tnode is a trie node as the full walk reads it: one load for the three.
+type tnode struct {
+	p   uint32 // byte | depth<<8
+	end int32
+	tok int32
 }
 
 // buildTrie builds the trie of tokens, leaving out empty strings and the
@@ -28,7 +37,7 @@ type trie struct {
 func buildTrie(tokens [][]byte, isEOS []bool) *trie {
 	ids := make([]int32, 0, len(tokens))
 	for i, t := range tokens {
-		if len(t) > 0 && !isEOS[i] && len(t) < 1<<16 {
+		if len(t) > 0 && !isEOS[i] && len(t) <= maxTokenBytes {
 			ids = append(ids, int32(i))
 		}
 	}
@@ -75,6 +84,7 @@ func buildTrie(tokens [][]byte, isEOS []bool) *trie {
 	// were appended while it was the newest node, so the run of node i is
 	// toks[tokLo[i]:tokLo[i+1]].
 	t.tokLo = append(t.tokLo, int32(len(t.toks)))
+	t.nodes = make([]tnode, len(t.b))
 	t.packed = make([]uint32, len(t.b))
 	t.tok1 = make([]int32, len(t.b))
 	for i := range t.b {
@@ -87,9 +97,15 @@ func buildTrie(tokens [][]byte, isEOS []bool) *trie {
 		default:
 			t.tok1[i] = -2
 		}
+		t.nodes[i] = tnode{t.packed[i], t.end[i], t.tok1[i]}
 	}
 	return t
 }
+
+// maxTokenBytes is the longest token a grammar may allow (longer ones,
+// which no common vocabulary has, are never allowed): the walks keep
+// their states in a [256] array indexed by depth.
+const maxTokenBytes = 255
 
 // setToks sets in mask the bits of the tokens ending at node i.
 func (t *trie) setToks(mask []uint64, i int32) {

@@ -303,3 +303,36 @@ func TestAndOfClasses(t *testing.T) {
 		t.Fatal("disjoint classes do not intersect to nothing")
 	}
 }
+
+// TestSaturatedCounts: lexer states that differ only in repeat counts
+// beyond the longest token share their cached walks, and the masks stay
+// exact (FillMask agrees with Accept) as the counts run down below it.
+func TestSaturatedCounts(t *testing.T) {
+	r := rand.New(rand.NewPCG(14, 15))
+	v := randomVocab(t, r, `ab"`, 400, 5) // longest token 5 bytes: saturation at 6
+	var b Builder
+	s := b.NewRule("s")
+	item := b.NewRule("item")
+	b.AddAlt(item, T(Concat(Lit(`"`), Repeat(Class(RuneRange{'a', 'b'}), 0, 17), Lit(`"`))))
+	b.AddAlt(s, N(item))
+	b.AddAlt(s, N(s), N(item))
+	g, _ := b.Grammar(s)
+	c, err := NewConstraint(g, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMasks(t, c, r, 40, 40)
+	m := c.NewMatcher()
+	m.AcceptBytes([]byte(`"`))
+	first := m.lex
+	m.AcceptBytes([]byte(`a`))
+	if c.lx.states[first].shape != c.lx.states[m.lex].shape {
+		t.Fatal("{0,17} and {0,16} remaining have different walk shapes")
+	}
+	for range 12 {
+		m.AcceptBytes([]byte(`b`))
+	}
+	if c.lx.states[first].shape == c.lx.states[m.lex].shape {
+		t.Fatal("4 left to go shares the walk shape of 17")
+	}
+}

@@ -80,3 +80,49 @@ func TestCallScanner(t *testing.T) {
 		t.Fatalf("%d calls, %d pieces of arguments; want 1 call in 5 pieces (the arguments start at byte 26)", len(calls), args)
 	}
 }
+
+// FuzzChatPostChunking: for any output text, the tool-call parsers, the
+// reasoning split and the constrained-call scanner give the same content,
+// reasoning and calls fed whole or in pieces cut anywhere.
+func FuzzChatPostChunking(f *testing.F) {
+	for _, s := range []string{
+		"<think>a</think>b<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>",
+		"[TOOL_CALLS][{\"name\":\"f\",\"arguments\":{\"x\":1}}]",
+		"<|python_tag|>{\"name\":\"f\",\"parameters\":{}}; {\"name\":\"g\",\"parameters\":{}}",
+		"[{\"name\":\"f\",\"parameters\":{\"a\":\"}\\\"\"}},{\"name\":\"g\",\"parameters\":{}}]",
+		"plain <tool_ca </thi [TOOL",
+	} {
+		f.Add(s, uint64(1))
+	}
+	f.Fuzz(func(t *testing.T, text string, seed uint64) {
+		rng := rand.New(rand.NewPCG(seed, 9))
+		cuts := randomCuts(rng, text, 1+int(seed%8))
+		for _, mk := range []func() *chatPost{
+			func() *chatPost { return &chatPost{calls: &callStream{p: hermesParser{}}, think: newThinkStream("qwen3", false)} },
+			func() *chatPost { return &chatPost{calls: &callStream{p: llama3Parser{}}} },
+			func() *chatPost { return &chatPost{calls: &callStream{p: mistralParser{}}, think: newThinkStream("deepseek_r1", false)} },
+			func() *chatPost { return &chatPost{scan: &callScanner{}} },
+			func() *chatPost { return &chatPost{scan: &callScanner{named: "f"}} },
+		} {
+			run := func(cuts []int) (string, string, []ToolCall) {
+				c := mk()
+				var r, ct strings.Builder
+				var pieces []ToolCallDelta
+				prev := 0
+				for _, cut := range append(cuts, len(text)) {
+					a, b, ps := c.feed(text[prev:cut], cut == len(text))
+					r.WriteString(a)
+					ct.WriteString(b)
+					pieces = append(pieces, ps...)
+					prev = cut
+				}
+				return r.String(), ct.String(), assemble(pieces)
+			}
+			r1, c1, k1 := run(nil)
+			r2, c2, k2 := run(cuts)
+			if r1 != r2 || c1 != c2 || !cmp.Equal(k1, k2, ignoreIDs) {
+				t.Fatalf("%q cut at %v: reasoning %q, content %q, calls %+v; whole: %q, %q, %+v", text, cuts, r2, c2, k2, r1, c1, k1)
+			}
+		}
+	})
+}

@@ -98,9 +98,13 @@ func FuzzChatPostChunking(f *testing.F) {
 		rng := rand.New(rand.NewPCG(seed, 9))
 		cuts := randomCuts(rng, text, 1+int(seed%8))
 		for _, mk := range []func() *chatPost{
-			func() *chatPost { return &chatPost{calls: &callStream{p: hermesParser{}}, think: newThinkStream("qwen3", false)} },
+			func() *chatPost {
+				return &chatPost{calls: &callStream{p: hermesParser{}}, think: newThinkStream("qwen3", false)}
+			},
 			func() *chatPost { return &chatPost{calls: &callStream{p: llama3Parser{}}} },
-			func() *chatPost { return &chatPost{calls: &callStream{p: mistralParser{}}, think: newThinkStream("deepseek_r1", false)} },
+			func() *chatPost {
+				return &chatPost{calls: &callStream{p: mistralParser{}}, think: newThinkStream("deepseek_r1", false)}
+			},
 			func() *chatPost { return &chatPost{scan: &callScanner{}} },
 			func() *chatPost { return &chatPost{scan: &callScanner{named: "f"}} },
 		} {

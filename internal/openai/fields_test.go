@@ -49,8 +49,10 @@ var (
 	}
 	chatFields = []fieldCase{
 		{"logprobs", `true`, ""}, {"top_logprobs", `2`, `"logprobs":true`}, {"max_completion_tokens", `3`, ""},
-		{"tools", `[{"type":"function","function":{"name":"f"}}]`, ""}, {"tool_choice", `"auto"`, ""},
-		{"functions", `[{"name":"f"}]`, ""}, {"function_call", `"auto"`, ""}, {"parallel_tool_calls", `false`, ""},
+		{"tools", `[{"type":"function","function":{"name":"f"}}]`, ""},
+		{"tool_choice", `"required"`, `"tools":[{"type":"function","function":{"name":"f"}}]`},
+		{"functions", `[{"name":"f"}]`, ""}, {"function_call", `"auto"`, ""},
+		{"parallel_tool_calls", `false`, `"tools":[{"type":"function","function":{"name":"f"}}]`},
 		{"audio", `{"voice":"v","format":"mp3"}`, ""}, {"modalities", `["audio"]`, ""}, {"prediction", `{"type":"content"}`, ""},
 		{"web_search_options", `{}`, ""}, {"verbosity", `"low"`, ""}, {"reasoning_effort", `"low"`, ""},
 		{"include_reasoning", `false`, ""}, {"documents", `[{"text":"d"}]`, ""}, {"mm_processor_kwargs", `{}`, ""},
@@ -68,7 +70,6 @@ var (
 		"spaces_between_special_tokens": "special tokens are never rendered",
 		"guided_decoding_backend":       "pdserve has one grammar engine",
 		"guided_whitespace_pattern":     "tunes a JSON constraint, and there is none",
-		"parallel_tool_calls":           "tunes tools, and the request gives none",
 		// The test parser's byte tokenizer has no BOS: the field is
 		// honoured (add_special_tokens reaches Encode) but changes nothing
 		// here.

@@ -272,7 +272,7 @@ func TestParseTrustedChatTemplate(t *testing.T) {
 
 // cmpRequest compares requests field by field; whether max_tokens was
 // defaulted is TestCompletionMaxTokensDefault's to check.
-var cmpRequest = cmp.Options{cmp.AllowUnexported(request{}), cmpopts.IgnoreFields(request{}, "maxTokensDefault")}
+var cmpRequest = cmp.Options{cmp.AllowUnexported(request{}, toolRequest{}), cmpopts.IgnoreFields(request{}, "maxTokensDefault")}
 
 // defaultCompletion is the request a completion of the prompt "hi" parses
 // to with every default (the test parser's seed, 42), changed by mod.

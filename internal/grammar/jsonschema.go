@@ -64,7 +64,7 @@ const (
 	maxMergeDepth = 48
 	// maxUnionAlts bounds the branches of an anyOf after distributing
 	// sibling keywords and allOf over it.
-	maxUnionAlts = 512
+	maxUnionAlts = 2048
 	// maxCountChain bounds minItems/maxItems/minProperties/maxProperties
 	// expanded into rule chains.
 	maxCountChain = 4096

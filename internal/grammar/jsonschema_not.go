@@ -128,10 +128,12 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 				// excluded value is known.
 				n.numPatterns = []*Regex{And(Concat(Opt(Lit("-")), decNonNeg), Not(Or(nums...)))}
 			}
-			if bools == 3 {
+			if bools != 0 {
+				// The other boolean stays as an enumerated value.
 				n.types &^= tBool
-			} else if bools != 0 {
-				return nil, unsupportedAt("not", kp, "the negation of one boolean is not enforced")
+				if bools != 3 {
+					add(&node{path: path, types: tBool, hasEnum: true, enum: []*jval{{k: jBool, b: bools == 2}}, maxLen: -1, maxProps: -1, maxItems: -1})
+				}
 			}
 			if len(strs) > 0 {
 				n.patterns = []*Regex{Not(Or(strs...))}
@@ -229,6 +231,76 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 					return nil, err
 				}
 				add(s)
+			}
+		case "format":
+			if x.k != jStr {
+				return nil, errAt(kw, kp, "must be a string")
+			}
+			rx, ok, err := formatRegex(x.s)
+			if err != nil || !ok && c.o.StrictFormats {
+				return nil, unsupportedAt("not", kp, "the negation of format %q is not enforced", x.s)
+			}
+			if ok {
+				n := only(tStr)
+				n.patterns = []*Regex{Not(rx)}
+				add(n)
+			}
+		case "multipleOf":
+			r := x.rat()
+			if r == nil || r.Sign() <= 0 {
+				return nil, errAt(kw, kp, "must be a positive number")
+			}
+			rx, intOnly, ok := multipleOfRegex(r)
+			if !ok {
+				return nil, unsupportedAt("not", kp, "the negation of multipleOf %s is not enforced", x)
+			}
+			// Numbers written without exponent that are not multiples.
+			plain := Concat(Opt(Lit("-")), decNonNeg)
+			n := only(tInt | tNum)
+			if rx == nil {
+				rx = jsonInteger
+			}
+			if intOnly {
+				// Integers that are not multiples, and non-integers.
+				frac := Concat(Opt(Lit("-")), jsonNat, Lit("."), Star(digit), digit19, Star(digit))
+				n.numPatterns = []*Regex{Or(And(jsonInteger, Not(rx)), frac)}
+			} else {
+				n.numPatterns = []*Regex{And(plain, Not(rx))}
+			}
+			add(n)
+		case "oneOf":
+			// Not exactly one: none, or two at least.
+			if x.k != jArr || len(x.arr) == 0 {
+				return nil, errAt(kw, kp, "must be a non-empty array")
+			}
+			var none *node
+			var pos []*node
+			for j, e := range x.arr {
+				bp := kp + "/" + strconv.Itoa(j)
+				ng, err := c.negate(e, bp, depth+1)
+				if err != nil {
+					return nil, err
+				}
+				if none == nil {
+					none = ng
+				} else if none, err = c.merge(none, ng, 0); err != nil {
+					return nil, err
+				}
+				p, err := c.normalize(e, bp, depth+1)
+				if err != nil {
+					return nil, err
+				}
+				pos = append(pos, p)
+			}
+			add(none)
+			for j := range pos {
+				for k := j + 1; k < len(pos); k++ {
+					m, err := c.merge(pos[j], pos[k], 0)
+					if err != nil {
+						return nil, err
+					}
+					add(m)
+				}
 			}
 		case "items", "contains":
 			if kw == "items" && (x.k == jArr || v.get("prefixItems") != nil) {

@@ -188,6 +188,11 @@ var jsonCases = []jsonCase{
 		ok: []string{`2`, `2.5`, `"abc"`, `{}`, `"ab"`}, bad: []string{`3`, `40`}},
 	{name: "not numbers", schema: `{"type":"number","not":{"enum":[1,0,-2.5]}}`,
 		ok: []string{`2`, `1.5`, `-2.25`}, bad: []string{`1`, `1.00`, `0`, `-0.0`, `-2.50`, `1e0`}},
+	{name: "not true", schema: `{"not":{"const":true}}`, ok: []string{`false`, `1`, `"true"`}, bad: []string{`true`}},
+	{name: "not format", schema: `{"type":"string","not":{"format":"date"}}`, ok: []string{`"x"`, `"2020-13-01"`}, bad: []string{`"2020-01-01"`}},
+	{name: "not multipleOf", schema: `{"type":"number","not":{"multipleOf":5}}`, ok: []string{`3`, `12`, `5.5`}, bad: []string{`5`, `10`, `-15`, `0`}},
+	{name: "not multipleOf 0.1", schema: `{"type":"number","not":{"multipleOf":0.1}}`, ok: []string{`0.05`, `1.01`}, bad: []string{`1`, `0.1`, `2.30`}},
+	{name: "not oneOf", schema: `{"type":"integer","not":{"oneOf":[{"minimum":5},{"maximum":10}]}}`, ok: []string{`5`, `7`, `10`}, bad: []string{`4`, `11`}},
 	{name: "not not", schema: `{"not":{"not":{"type":"string","minLength":2}}}`,
 		ok: []string{`"ab"`}, bad: []string{`"a"`, `1`}},
 	{name: "not properties", schema: `{"type":"object","not":{"properties":{"a":{"const":"x"}}}}`,
@@ -311,7 +316,7 @@ func TestJSONSchemaErrors(t *testing.T) {
 		{`{"$ref":"#/definitions/missing"}`, "$ref", "#/$ref", false},
 		{`{"oneOf":[{"type":"array"},{"items":[{"type":"string"}]}]}`, "oneOf", "#/oneOf", true},
 		{`{"items":{"uniqueItems":true}}`, "uniqueItems", "#/items/uniqueItems", true},
-		{`{"if":{"multipleOf":2},"then":{"minimum":2}}`, "not", "#/if/multipleOf", true},
+		{`{"if":{"multipleOf":3},"then":{"minimum":2}}`, "multipleOf", "#/if/multipleOf", true},
 		{`{"contains":{"type":"string"},"maxContains":2}`, "maxContains", "#/maxContains", true},
 		{`{"type":"integer","multipleOf":3}`, "multipleOf", "#/multipleOf", true},
 		{`{"type":"number","multipleOf":0.25}`, "multipleOf", "#/multipleOf", true},
@@ -391,5 +396,58 @@ func TestJSONSchemaFile(t *testing.T) {
 		}
 		got = got && m.CanEnd()
 		t.Logf("instance %d valid=%v accepted=%v in %v", i, tc.Valid, got, time.Since(t0))
+	}
+}
+
+// TestJSONSchemaCompileDir compiles the schema of every MaskBench file in
+// $JSONSCHEMA_DIR and reports the refusals by keyword, with examples.
+func TestJSONSchemaCompileDir(t *testing.T) {
+	dir := os.Getenv("JSONSCHEMA_DIR")
+	if dir == "" {
+		t.Skip("JSONSCHEMA_DIR not set")
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKw := map[string][]string{}
+	ok := 0
+	for _, e := range ents {
+		b, err := os.ReadFile(dir + "/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var f struct {
+			Schema json.RawMessage `json:"schema"`
+		}
+		if json.Unmarshal(b, &f) != nil {
+			continue
+		}
+		_, err = CompileJSONSchema(f.Schema, JSONOptions{FlexibleWhitespace: true, AnyPropertyOrder: true})
+		var ge *Error
+		switch {
+		case err == nil:
+			ok++
+		case errors.As(err, &ge):
+			byKw[ge.Keyword] = append(byKw[ge.Keyword], e.Name()+": "+err.Error())
+		default:
+			byKw["?"] = append(byKw["?"], e.Name()+": "+err.Error())
+		}
+	}
+	t.Logf("%d of %d compiled", ok, len(ents))
+	if out := os.Getenv("JSONSCHEMA_ERRORS"); out != "" {
+		var all []string
+		for _, l := range byKw {
+			all = append(all, l...)
+		}
+		if err := os.WriteFile(out, []byte(strings.Join(all, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for kw, l := range byKw {
+		t.Logf("%4d %s", len(l), kw)
+		for _, x := range l[:min(len(l), 4)] {
+			t.Logf("       %.300s", x)
+		}
 	}
 }

@@ -1170,8 +1170,10 @@ func (c *jsCompiler) merge(a, b *node, depth int) (*node, error) {
 	r.lo = tighterLo(a.lo, b.lo)
 	r.hi = tighterHi(a.hi, b.hi)
 	// Objects.
-	if len(a.patProps) > 0 && len(b.patProps) > 0 {
-		return nil, unsupportedAt("patternProperties", b.path, "merging two schemas that both have patternProperties")
+	if len(a.patProps) > 0 && len(b.patProps) > 0 && (a.addl != nil || b.addl != nil) {
+		// A name matching a pattern of one side only would need the other
+		// side's additionalProperties, which a pattern list cannot say.
+		return nil, unsupportedAt("patternProperties", b.path, "merging two schemas that both have patternProperties, with additionalProperties")
 	}
 	for _, p := range a.props {
 		other, err := c.keySchema(b, p.name)

@@ -125,6 +125,8 @@ var jsonCases = []jsonCase{
 		ok: []string{`{"z":1}`, `{"z":1,"y":2}`}, bad: []string{`{}`, `{"z":"a"}`, `{"y":1}`}},
 	{name: "pattern properties", schema: `{"properties":{"ab":{"type":"integer"},"ac":{"minimum":2}},"patternProperties":{"^a":{"type":"string"},"c$":{"maxLength":3}},"additionalProperties":false}`,
 		ok: []string{`{"ax":"s"}`, `{"ac":"s"}`, `{"ac":"s","abc":"sss"}`}, bad: []string{`{"ab":1}`, `{"ab":"s"}`, `{"ax":1}`, `{"b":"s"}`, `{"abc":"ssss"}`, `{"ac":"ssss"}`}},
+	{name: "pattern properties merged", schema: `{"allOf":[{"patternProperties":{"^a":{"type":"integer"}}},{"patternProperties":{"b$":{"minimum":3}}}]}`,
+		ok: []string{`{"ax":1}`, `{"ab":3}`, `{"xb":"s"}`, `{"x":null}`}, bad: []string{`{"ab":2}`, `{"ab":"s"}`, `{"ax":"s"}`, `{"xb":1}`}},
 	{name: "property names", schema: `{"type":"object","propertyNames":{"maxLength":2}}`,
 		ok: []string{`{"ab":1}`, `{}`}, bad: []string{`{"abc":1}`}},
 	{name: "min max properties", schema: `{"type":"object","additionalProperties":{"type":"integer"},"minProperties":1,"maxProperties":2}`,

@@ -505,7 +505,7 @@ func (p *parser) chatCompletion(w *ChatCompletionRequest) (*request, error) {
 		ContinueFinalMessage: w.ContinueFinalMessage,
 		Kwargs:               w.ChatTemplateKwargs,
 	}
-	if err := p.chatTools(w, req, &opts); err != nil {
+	if err := p.chatTools(w, req, &opts, msgs); err != nil {
 		return nil, err
 	}
 	if w.ChatTemplate != nil {

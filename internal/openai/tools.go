@@ -110,6 +110,9 @@ type toolRequest struct {
 	parser toolParser
 	// spec constrains the output to calls (toolRequired and toolNamed).
 	spec grammar.Spec
+	// shortIDs: the model is Mistral's, whose templates take only call
+	// ids of 9 letters and digits (newShortCallID).
+	shortIDs bool
 }
 
 // constrained reports whether the output is grammar-constrained to calls.
@@ -263,6 +266,38 @@ func newCallID() string {
 	return fmt.Sprintf("call_%x", b)
 }
 
+// newShortCallID returns 9 random letters and digits, the call ids
+// Mistral's templates accept (vLLM's mistral parser mints them too).
+func newShortCallID() string {
+	const alnum = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	var b [9]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	for i := range b {
+		b[i] = alnum[int(b[i])%len(alnum)]
+	}
+	return string(b[:])
+}
+
+// mistralIDs cuts the call ids of msgs (assistants' tool_calls, tool
+// messages' tool_call_id) to their last 9 bytes, as vLLM does for Mistral's
+// templates, which refuse any other length: the ids this server mints for
+// other families end with 9 hex digits, and a call and its answer keep the
+// same id.
+func mistralIDs(msgs []model.Message) {
+	cut := func(id string) string {
+		if len(id) > 9 {
+			return id[len(id)-9:]
+		}
+		return id
+	}
+	for i := range msgs {
+		for j := range msgs[i].ToolCalls {
+			msgs[i].ToolCalls[j].ID = cut(msgs[i].ToolCalls[j].ID)
+		}
+		msgs[i].ToolCallID = cut(msgs[i].ToolCallID)
+	}
+}
+
 // messageToolCalls converts an assistant message's tool_calls for the
 // template; i is the message's index.
 func messageToolCalls(i int, m ChatMessage) ([]model.ToolCall, error) {
@@ -286,17 +321,30 @@ func messageToolCalls(i int, m ChatMessage) ([]model.ToolCall, error) {
 }
 
 // chatTools sets up w's tools and reasoning on req, and the tools of the
-// template's rendering on opts.
-func (p *parser) chatTools(w *ChatCompletionRequest, req *request, opts *model.ChatOptions) error {
+// template's rendering on opts; msgs are the messages to render, whose call
+// ids it shortens for Mistral's templates (mistralIDs).
+func (p *parser) chatTools(w *ChatCompletionRequest, req *request, opts *model.ChatOptions, msgs []model.Message) error {
 	if reasoningOn(p.reasoningParser) {
 		req.reasoningParser = p.reasoningParser
 		req.hideReasoning = w.IncludeReasoning != nil && !*w.IncludeReasoning
+	}
+	family := p.toolParser
+	if family == "" || family == "auto" {
+		tmpl := opts.Template
+		if src, ok := p.tok.(interface{ ChatTemplateSource() string }); ok && tmpl == "" {
+			tmpl = src.ChatTemplateSource()
+		}
+		family = ToolCallParserFor(tmpl)
+	}
+	if family == "mistral" {
+		mistralIDs(msgs)
 	}
 	tr, err := p.tools(w)
 	if err != nil || tr == nil {
 		return err
 	}
 	opts.Tools, req.tools = tr.list, tr
+	tr.shortIDs = family == "mistral"
 	switch {
 	case tr.constrained():
 		if !req.constraint.IsZero() {
@@ -308,15 +356,7 @@ func (p *parser) chatTools(w *ChatCompletionRequest, req *request, opts *model.C
 		}
 		req.constraint = tr.spec
 	case tr.mode == toolAuto:
-		name := p.toolParser
-		if name == "" || name == "auto" {
-			tmpl := opts.Template
-			if src, ok := p.tok.(interface{ ChatTemplateSource() string }); ok && tmpl == "" {
-				tmpl = src.ChatTemplateSource()
-			}
-			name = ToolCallParserFor(tmpl)
-		}
-		if tr.parser, err = newToolParser(name); err != nil {
+		if tr.parser, err = newToolParser(family); err != nil {
 			return Internal("%v", err)
 		}
 		req.keepSpecial = markerIDs(tr.parser, p.tok.Encode)

@@ -17,6 +17,8 @@ type chatPost struct {
 	// single: parallel_tool_calls false, so calls after the first are
 	// dropped (a constrained output has one only).
 	single bool
+	// shortIDs: call ids are newShortCallID's (Mistral's models).
+	shortIDs bool
 	// n counts the calls begun (the index of the next).
 	n int
 }
@@ -27,7 +29,7 @@ func newChatPost(req *request) *chatPost {
 	if !req.chat {
 		return nil
 	}
-	c := &chatPost{noShow: req.hideReasoning}
+	c := &chatPost{noShow: req.hideReasoning, shortIDs: req.tools != nil && req.tools.shortIDs}
 	switch {
 	case req.tools.constrained():
 		// The grammar makes the output a call from its first token: no
@@ -79,7 +81,11 @@ func (c *chatPost) feed(text string, final bool) (reasoning, content string, pie
 // begin starts a call of name: its first piece.
 func (c *chatPost) begin(name string) ToolCallDelta {
 	c.n++
-	return ToolCallDelta{Index: c.n - 1, ID: newCallID(), Type: "function", Function: FunctionCallDelta{Name: name}}
+	id := newCallID()
+	if c.shortIDs {
+		id = newShortCallID()
+	}
+	return ToolCallDelta{Index: c.n - 1, ID: id, Type: "function", Function: FunctionCallDelta{Name: name}}
 }
 
 // finish is the finish reason of a choice that finished with finish:

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -354,9 +355,9 @@ func TestReasoningThenToolCall(t *testing.T) {
 	}
 }
 
-// markerTokenizer is byteTokenizer with a special token, id 300, for
+// markerTokenizer is toolsTokenizer with a special token, id 300, for
 // Mistral's [TOOL_CALLS].
-type markerTokenizer struct{ byteTokenizer }
+type markerTokenizer struct{ toolsTokenizer }
 
 const toolCallsID = 300
 
@@ -396,8 +397,20 @@ func TestToolMarkerSpecialToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []ToolCall{{Type: "function", Function: FunctionCall{Name: "get_time", Arguments: `{}`}}}
-	if m := a.Choices[0].Message; m.Content == nil || *m.Content != "Sure. " || !cmp.Equal(want, m.ToolCalls, ignoreIDs) {
+	m := a.Choices[0].Message
+	if m.Content == nil || *m.Content != "Sure. " || !cmp.Equal(want, m.ToolCalls, ignoreIDs) {
 		t.Fatalf("with tools: %s", got)
+	}
+	// Mistral's templates take call ids of 9 letters and digits only.
+	if id := m.ToolCalls[0].ID; !regexp.MustCompile(`^[a-zA-Z0-9]{9}$`).MatchString(id) {
+		t.Fatalf("call id %q for a Mistral model, want 9 letters and digits", id)
+	}
+	// Ids of other lengths sent back are cut to their last 9, call and
+	// answer alike, as vLLM does.
+	_, got = post(t, srv, "/v1/chat/completions", `{"messages":[`+userHi+`,{"role":"assistant","tool_calls":[{"id":"call_0123456789abcdef01234567",`+
+		`"type":"function","function":{"name":"get_time","arguments":"{}"}}]},{"role":"tool","tool_call_id":"call_0123456789abcdef01234567","content":"noon"}],`+toolsBody+`}`)
+	if prompt := string(idsBytes(eng.lastReq(t).InputIDs)); !strings.Contains(prompt, "<call f01234567 get_time {}>\n<tool>noon<re f01234567>") {
+		t.Fatalf("prompt %q: %s", prompt, got)
 	}
 	_, got = post(t, srv, "/v1/chat/completions", `{"messages":[`+userHi+`]}`)
 	if !strings.Contains(got, `"content":"Sure. [{\"name\":\"get_time\",\"arguments\":{}}]"`) {

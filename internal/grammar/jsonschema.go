@@ -248,6 +248,10 @@ type node struct {
 	prefix   []*node
 	items    *node // nil: any value
 	contains *node // nil: no constraint; else some element matches it
+	// someExtra, if not nil: some member's name is not among its names
+	// nor matches its patterns, and its value matches val (the negation
+	// of additionalProperties).
+	someExtra *extraWitness
 	minItems int
 	maxItems int
 }
@@ -256,6 +260,28 @@ type node struct {
 // schemas they refer to are normalized.
 type lazyMerge struct {
 	a, b, done *node
+}
+
+// extraWitness is a member an object must have: a name outside names and
+// pats, a value matching val.
+type extraWitness struct {
+	names []string
+	pats  []*Regex
+	match *Regex // if not nil, the name matches it
+	val   *node
+}
+
+// admits reports whether name may be the witness's name.
+func (w *extraWitness) admits(name string) bool {
+	if slices.Contains(w.names, name) || w.match != nil && !rxMatchString(w.match, name) {
+		return false
+	}
+	for _, p := range w.pats {
+		if rxMatchString(p, name) {
+			return false
+		}
+	}
+	return true
 }
 
 type prop struct {
@@ -282,7 +308,7 @@ func (n *node) trivial() bool {
 	return n.ref == "" && n.lazy == nil && !n.isUnion && n.types == tAll && !n.hasEnum && n.minLen == 0 && n.maxLen < 0 &&
 		len(n.patterns) == 0 && len(n.numPatterns) == 0 && n.lo == nil && n.hi == nil && len(n.props) == 0 && len(n.required) == 0 &&
 		n.addl == nil && len(n.patProps) == 0 && n.propNames == nil && n.minProps == 0 && n.maxProps < 0 &&
-		len(n.prefix) == 0 && n.items == nil && n.contains == nil && n.minItems == 0 && n.maxItems < 0
+		len(n.prefix) == 0 && n.items == nil && n.contains == nil && n.someExtra == nil && n.minItems == 0 && n.maxItems < 0
 }
 
 // never reports whether n certainly admits nothing.
@@ -1245,6 +1271,13 @@ func (c *jsCompiler) merge(a, b *node, depth int) (*node, error) {
 	if a.contains != nil && b.contains != nil {
 		return nil, unsupportedAt("contains", b.path, "two contains constraints on one array")
 	}
+	if a.someExtra != nil && b.someExtra != nil {
+		return nil, unsupportedAt("not", b.path, "two negated additionalProperties on one object")
+	}
+	r.someExtra = a.someExtra
+	if b.someExtra != nil {
+		r.someExtra = b.someExtra
+	}
 	r.contains = a.contains
 	if b.contains != nil {
 		r.contains = b.contains
@@ -1490,6 +1523,24 @@ func (c *jsCompiler) validate(n *node, v *jval, depth int) (bool, error) {
 		}
 		for _, q := range n.required {
 			if v.get(q) == nil {
+				return false, nil
+			}
+		}
+		if w := n.someExtra; w != nil {
+			found := false
+			for i, k := range v.keys {
+				if w.admits(k) {
+					ok, err := c.validate(w.val, v.vals[i], depth+1)
+					if err != nil {
+						return false, err
+					}
+					if ok {
+						found = true
+						break
+					}
+				}
+			}
+			if !found {
 				return false, nil
 			}
 		}
@@ -1833,6 +1884,7 @@ type member struct {
 	key *Regex
 	val int
 	req bool
+	wit int // the value rule when this member is the witness of someExtra, or -1
 }
 
 // emitObject adds n's object alternative to rule r.
@@ -1874,7 +1926,19 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		if err != nil {
 			return false, err
 		}
-		members = append(members, member{k, v, req})
+		wit := -1
+		if w := n.someExtra; w != nil && w.admits(name) {
+			ws, err := c.mergeOpt(s, w.val, 0)
+			if err != nil {
+				return false, err
+			}
+			if !ws.never() {
+				if wit, err = c.emit(ws); err != nil {
+					return false, err
+				}
+			}
+		}
+		members = append(members, member{k, v, req, wit})
 		return true, nil
 	}
 	for _, p := range n.props {
@@ -1905,6 +1969,8 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 	// Other names: patternProperties (a name matching one pattern only)
 	// and additionalProperties (a name matching none).
 	var extra []member
+	var extraContent []*Regex
+	var extraSchema []*node
 	base := []*Regex{}
 	if keyRx != nil {
 		base = append(base, keyRx)
@@ -1950,6 +2016,8 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 			return err
 		}
 		extra = append(extra, member{key: k, val: v})
+		extraContent = append(extraContent, content)
+		extraSchema = append(extraSchema, s)
 	}
 	if n.addl == nil || !n.addl.never() {
 		parts := slices.Clip(base)
@@ -1969,6 +2037,47 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 			return err
 		}
 		extra = append(extra, member{key: k, val: v})
+		extraContent = append(extraContent, content)
+		extraSchema = append(extraSchema, n.addl)
+	}
+	// The witness of someExtra among the other names.
+	witRule := -1
+	if w := n.someExtra; w != nil {
+		var ex []*Regex
+		for _, nm := range w.names {
+			ex = append(ex, Lit(nm))
+		}
+		ex = append(ex, w.pats...)
+		for i, content := range extraContent {
+			vs, err := c.mergeOpt(extraSchema[i], w.val, 0)
+			if err != nil {
+				return err
+			}
+			if vs.never() {
+				continue
+			}
+			kc := content
+			if len(ex) > 0 {
+				kc = And(kc, Not(Or(ex...)))
+			}
+			if w.match != nil {
+				kc = And(kc, w.match)
+			}
+			k, err := c.quoted(kc)
+			if err != nil {
+				return err
+			}
+			v, err := c.emit(vs)
+			if err != nil {
+				return err
+			}
+			if witRule < 0 {
+				if witRule, err = c.newRule(ptrOr(n.path) + " witness member"); err != nil {
+					return err
+				}
+			}
+			c.b.AddAlt(witRule, T(k), T(Lit(":")), N(v))
+		}
 	}
 	var extraRule = -1
 	if len(extra) > 0 {
@@ -1980,11 +2089,33 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		}
 	}
 	minP, maxP := n.minProps, n.maxProps
+	needW := n.someExtra != nil
 	if c.o.AnyPropertyOrder {
-		nreq := 0
+		// Required members and the witness are bits of the tracked set.
+		var mems []orderMem
+		nbits := 0
 		for _, m := range members {
+			b := 0
 			if m.req {
-				nreq++
+				b = 1 << nbits
+				nbits++
+			}
+			mems = append(mems, orderMem{[]Sym{T(m.key), T(Lit(":")), N(m.val)}, b})
+		}
+		if extraRule >= 0 {
+			mems = append(mems, orderMem{[]Sym{N(extraRule)}, 0})
+		}
+		if needW {
+			w := 1 << nbits
+			nbits++
+			for i, m := range members {
+				// A required member as the witness sets both bits.
+				if m.wit >= 0 {
+					mems = append(mems, orderMem{[]Sym{T(m.key), T(Lit(":")), N(m.wit)}, w | mems[i].bit})
+				}
+			}
+			if witRule >= 0 {
+				mems = append(mems, orderMem{[]Sym{N(witRule)}, w})
 			}
 		}
 		counted := minP > 0 || maxP >= 0
@@ -1992,8 +2123,8 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		if maxP >= 0 {
 			capK = maxP
 		}
-		if nreq <= maxAnyOrderRequired && (!counted || (1<<nreq)*(capK+1) <= maxAnyOrderStates) {
-			return c.emitObjectAnyOrder(r, n.path, members, extraRule, minP, maxP)
+		if nbits <= maxAnyOrderRequired && (!counted || (1<<nbits)*(capK+1) <= maxAnyOrderStates) {
+			return c.emitObjectAnyOrder(r, n.path, mems, nbits, minP, maxP)
 		}
 	}
 	hasMax := maxP >= 0
@@ -2012,82 +2143,122 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 	}
 	canEmit := func(k int) bool { return !hasMax || k < maxP }
 	comma := T(Lit(","))
-	// A(k): the additional members after k members.
-	aMemo := map[int]int{}
-	var ruleA func(k int) (int, error)
-	ruleA = func(k int) (int, error) {
-		if x, ok := aMemo[k]; ok {
+	// A(k, seen): the additional members after k members, seen telling
+	// whether the witness of someExtra came already (1 when none is
+	// needed). Past the counted part: T1 = ("," extra)*, and
+	// T0 = T1 "," witness T1.
+	aMemo := map[[2]int]int{}
+	var ruleA func(k, seen int) (int, error)
+	ruleA = func(k, seen int) (int, error) {
+		if x, ok := aMemo[[2]int{k, seen}]; ok {
 			return x, nil
 		}
-		x, err := c.newRule(fmt.Sprintf("%s members>=%d", ptrOr(n.path), k))
+		x, err := c.newRule(fmt.Sprintf("%s members>=%d seen=%d", ptrOr(n.path), k, seen))
 		if err != nil {
 			return 0, err
 		}
-		aMemo[k] = x
-		if k >= minP {
+		aMemo[[2]int{k, seen}] = x
+		if k >= minP && seen == 1 {
 			c.b.AddAlt(x)
 		}
-		if extraRule < 0 || !canEmit(k) {
+		if !canEmit(k) {
 			return x, nil
 		}
 		if !hasMax && k == capK {
-			c.b.AddAlt(x, N(x), comma, N(extraRule)) // k ≥ 1
+			// k ≥ 1: every member here follows a comma.
+			if seen == 1 {
+				if extraRule >= 0 {
+					c.b.AddAlt(x, N(x), comma, N(extraRule))
+				}
+			} else if witRule >= 0 {
+				t1, err := ruleA(k, 1)
+				if err != nil {
+					return 0, err
+				}
+				c.b.AddAlt(x, N(t1), comma, N(witRule), N(t1))
+			}
 			return x, nil
 		}
-		next, err := ruleA(step(k))
-		if err != nil {
-			return 0, err
-		}
+		var sep []Sym
 		if k > 0 {
-			c.b.AddAlt(x, comma, N(extraRule), N(next))
-		} else {
-			c.b.AddAlt(x, N(extraRule), N(next))
+			sep = []Sym{comma}
+		}
+		if extraRule >= 0 {
+			next, err := ruleA(step(k), seen)
+			if err != nil {
+				return 0, err
+			}
+			c.b.AddAlt(x, append(slices.Clip(sep), N(extraRule), N(next))...)
+		}
+		if seen == 0 && witRule >= 0 {
+			next, err := ruleA(step(k), 1)
+			if err != nil {
+				return 0, err
+			}
+			c.b.AddAlt(x, append(slices.Clip(sep), N(witRule), N(next))...)
 		}
 		return x, nil
 	}
-	// R(i, k): members i… after k members.
-	rMemo := map[[2]int]int{}
-	var ruleR func(i, k int) (int, error)
-	ruleR = func(i, k int) (int, error) {
+	// R(i, k, seen): members i… after k members.
+	rMemo := map[[3]int]int{}
+	var ruleR func(i, k, seen int) (int, error)
+	ruleR = func(i, k, seen int) (int, error) {
 		if i == len(members) {
-			return ruleA(k)
+			return ruleA(k, seen)
 		}
-		if x, ok := rMemo[[2]int{i, k}]; ok {
+		if x, ok := rMemo[[3]int{i, k, seen}]; ok {
 			return x, nil
 		}
-		x, err := c.newRule(fmt.Sprintf("%s member %d after %d", ptrOr(n.path), i, k))
+		x, err := c.newRule(fmt.Sprintf("%s member %d after %d seen=%d", ptrOr(n.path), i, k, seen))
 		if err != nil {
 			return 0, err
 		}
-		rMemo[[2]int{i, k}] = x
+		rMemo[[3]int{i, k, seen}] = x
 		m := members[i]
 		if !m.req {
-			skip, err := ruleR(i+1, k)
+			skip, err := ruleR(i+1, k, seen)
 			if err != nil {
 				return 0, err
 			}
 			c.b.AddAlt(x, N(skip))
 		}
 		if canEmit(k) {
-			next, err := ruleR(i+1, step(k))
+			var sep []Sym
+			if k > 0 {
+				sep = []Sym{comma}
+			}
+			next, err := ruleR(i+1, step(k), seen)
 			if err != nil {
 				return 0, err
 			}
-			syms := []Sym{}
-			if k > 0 {
-				syms = append(syms, comma)
+			c.b.AddAlt(x, append(slices.Clip(sep), T(m.key), T(Lit(":")), N(m.val), N(next))...)
+			if seen == 0 && m.wit >= 0 {
+				next, err := ruleR(i+1, step(k), 1)
+				if err != nil {
+					return 0, err
+				}
+				c.b.AddAlt(x, append(slices.Clip(sep), T(m.key), T(Lit(":")), N(m.wit), N(next))...)
 			}
-			syms = append(syms, T(m.key), T(Lit(":")), N(m.val), N(next))
-			c.b.AddAlt(x, syms...)
 		}
 		return x, nil
 	}
-	body, err := ruleR(0, 0)
+	start := 1
+	if needW {
+		start = 0
+	}
+	body, err := ruleR(0, 0, start)
 	if err != nil {
 		return err
 	}
 	c.b.AddAlt(r, T(Lit("{")), N(body), T(Lit("}")))
 	return nil
+}
+
+// orderMem is a member of an object emitted in any order: its symbols and
+// the bits of the tracked set it sets (a required member, the witness).
+type orderMem struct {
+	syms []Sym
+	bit  int
 }
 
 // emitObjectAnyOrder adds to rule r an object whose members come in any
@@ -2096,25 +2267,8 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 // cap, under minProperties/maxProperties), L(S, k) ::= member |
 // L(S', k-1) "," member, and the object is "{" L(all required, k) "}" for
 // the admitted k (or "{}"). Named members may repeat.
-func (c *jsCompiler) emitObjectAnyOrder(r int, path string, members []member, extraRule int, minP, maxP int) error {
-	type mem struct {
-		syms []Sym
-		bit  int // required member's bit, or 0
-	}
-	var mems []mem
-	nreq := 0
-	for _, m := range members {
-		b := 0
-		if m.req {
-			b = 1 << nreq
-			nreq++
-		}
-		mems = append(mems, mem{[]Sym{T(m.key), T(Lit(":")), N(m.val)}, b})
-	}
-	if extraRule >= 0 {
-		mems = append(mems, mem{[]Sym{N(extraRule)}, 0})
-	}
-	full := 1<<nreq - 1
+func (c *jsCompiler) emitObjectAnyOrder(r int, path string, mems []orderMem, nbits int, minP, maxP int) error {
+	full := 1<<nbits - 1
 	// Counts: 1…capK; without maxProperties, capK stands for "capK or
 	// more".
 	hasMax := maxP >= 0
@@ -2151,17 +2305,18 @@ func (c *jsCompiler) emitObjectAnyOrder(r int, path string, members []member, ex
 			if m.bit == set {
 				c.b.AddAlt(rules[set][1], m.syms...)
 			}
-			for k := 2; k <= capK; k++ {
-				c.b.AddAlt(rules[set][k], append([]Sym{N(rules[set][k-1]), comma}, m.syms...)...)
-				if m.bit != 0 {
-					c.b.AddAlt(rules[set][k], append([]Sym{N(rules[set^m.bit][k-1]), comma}, m.syms...)...)
+			// The sets before m: set less any part of m's bits.
+			for sub := m.bit; ; sub = (sub - 1) & m.bit {
+				prev := set ^ sub
+				for k := 2; k <= capK; k++ {
+					c.b.AddAlt(rules[set][k], append([]Sym{N(rules[prev][k-1]), comma}, m.syms...)...)
 				}
-			}
-			if !hasMax {
-				// The last count also stands for more.
-				c.b.AddAlt(rules[set][capK], append([]Sym{N(rules[set][capK]), comma}, m.syms...)...)
-				if m.bit != 0 {
-					c.b.AddAlt(rules[set][capK], append([]Sym{N(rules[set^m.bit][capK]), comma}, m.syms...)...)
+				if !hasMax {
+					// The last count also stands for more.
+					c.b.AddAlt(rules[set][capK], append([]Sym{N(rules[prev][capK]), comma}, m.syms...)...)
+				}
+				if sub == 0 {
+					break
 				}
 			}
 		}

@@ -302,6 +302,53 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 					add(m)
 				}
 			}
+		case "additionalProperties":
+			// Some member named outside properties and patternProperties
+			// whose value fails the schema.
+			w := &extraWitness{}
+			if ps := v.get("properties"); ps != nil && ps.k == jObj && !c.ignored("properties") {
+				w.names = ps.keys
+			}
+			if pp := v.get("patternProperties"); pp != nil && pp.k == jObj {
+				for _, src := range pp.keys {
+					rx, err := ParsePattern(src)
+					if err != nil {
+						return nil, wrapRxErr(err, "patternProperties", path+"/patternProperties/"+jsonPtrEscape(src))
+					}
+					w.pats = append(w.pats, rx)
+				}
+			}
+			val, err := c.negate(x, kp, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			if !val.never() {
+				n := only(tObj)
+				n.someExtra = w
+				w.val = val
+				add(n)
+			}
+		case "patternProperties":
+			// Some member whose name matches a pattern and whose value
+			// fails its schema.
+			if x.k != jObj {
+				return nil, errAt(kw, kp, "must be an object")
+			}
+			for j, src := range x.keys {
+				rx, err := ParsePattern(src)
+				if err != nil {
+					return nil, wrapRxErr(err, kw, kp+"/"+jsonPtrEscape(src))
+				}
+				val, err := c.negate(x.vals[j], kp+"/"+jsonPtrEscape(src), depth+1)
+				if err != nil {
+					return nil, err
+				}
+				if !val.never() {
+					n := only(tObj)
+					n.someExtra = &extraWitness{match: rx, val: val}
+					add(n)
+				}
+			}
 		case "items", "contains":
 			if kw == "items" && (x.k == jArr || v.get("prefixItems") != nil) {
 				return nil, unsupportedAt("not", kp, "the negation of tuple items is not enforced")

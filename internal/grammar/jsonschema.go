@@ -252,8 +252,8 @@ type node struct {
 	// nor matches its patterns, and its value matches val (the negation
 	// of additionalProperties).
 	someExtra *extraWitness
-	minItems int
-	maxItems int
+	minItems  int
+	maxItems  int
 }
 
 // lazyMerge is the intersection of a and b, computed (done) once the

@@ -179,12 +179,12 @@ func TestMaskAgreesWithAccept(t *testing.T) {
 func TestMaskAgreesWithAcceptJSON(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, skip := range []bool{false, true} {
-		v := randomVocab(t, r, `{}[]":,ab1-. etrufnls\`, 3000, 6)
+		v := randomVocab(t, r, `{}[]":,ab1-. etrufnls\`, 1200, 6)
 		c, err := NewConstraint(jsonGrammar(t, skip), v)
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkMasks(t, c, r, 30, 40)
+		checkMasks(t, c, r, 12, 40)
 	}
 }
 
@@ -192,12 +192,12 @@ func TestMaskAgreesWithAcceptJSON(t *testing.T) {
 // per-state masks from the Vocab's shared cache, and they are right.
 func TestSharedInsideCache(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	v := randomVocab(t, r, `{}[]":,ab1-. etrufnls\`, 3000, 6)
+	v := randomVocab(t, r, `{}[]":,ab1-. etrufnls\`, 1200, 6)
 	c1, err := NewConstraint(jsonGrammar(t, true), v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMasks(t, c1, r, 10, 40)
+	checkMasks(t, c1, r, 6, 40)
 	if len(v.shared.m) == 0 {
 		t.Fatal("nothing published to the shared cache")
 	}
@@ -215,7 +215,7 @@ func TestSharedInsideCache(t *testing.T) {
 	if e == nil {
 		t.Fatal("the string state of a second constraint missed the shared cache")
 	}
-	checkMasks(t, c2, r, 20, 40)
+	checkMasks(t, c2, r, 8, 40)
 }
 
 // TestTooComplex: a lexeme whose automaton is exponential ((a|b)*a(a|b){20}

@@ -1760,7 +1760,14 @@ func (c *jsCompiler) stringLexeme(n *node) (*Regex, error) {
 	if negated > maxNegatedPatterns {
 		return nil, unsupportedAt("pattern", n.path, "%d negated patterns on one string (from oneOf or not): more than %d make the lexer too large", negated, maxNegatedPatterns)
 	}
-	parts := []*Regex{Repeat(c.strChar, n.minLen, maxLen)}
+	var parts []*Regex
+	if n.minLen > 0 || maxLen >= 0 || len(n.patterns) == 0 {
+		parts = append(parts, Repeat(c.strChar, n.minLen, maxLen))
+	}
+	// Without a length bound, the encoded patterns alone are the lexeme:
+	// each is made of encoded characters only (a subset of strChar*), so
+	// intersecting with strChar* would add an And (and its liveness
+	// searches and exact cache keys) for nothing.
 	for _, p := range n.patterns {
 		e, err := encodeJSONLang(p, c.encMemo)
 		if err != nil {

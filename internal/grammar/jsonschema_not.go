@@ -328,6 +328,24 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 				w.val = val
 				add(n)
 			}
+		case "propertyNames":
+			// Some member whose name fails the schema.
+			pn, err := c.normalize(x, kp, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			holder := anyNode(path)
+			holder.propNames = pn
+			names, err := c.keyContent(holder)
+			if err != nil {
+				return nil, err
+			}
+			if names == nil {
+				continue // every name passes: the negation is empty
+			}
+			n := only(tObj)
+			n.someExtra = &extraWitness{match: Not(names), val: anyNode(kp)}
+			add(n)
 		case "patternProperties":
 			// Some member whose name matches a pattern and whose value
 			// fails its schema.

@@ -201,6 +201,8 @@ var jsonCases = []jsonCase{
 		ok: []string{`{"a":1}`, `{"b":1}`}, bad: []string{`{}`, `{"a":1,"b":2}`, `{"c":1}`}},
 	{name: "not patternProperties", schema: `{"type":"object","properties":{"ax":{"type":"integer"}},"not":{"patternProperties":{"^a":{"type":"string"}}}}`,
 		ok: []string{`{"ab":1}`, `{"ax":2}`, `{"b":"s","ab":null}`}, bad: []string{`{}`, `{"ab":"s"}`, `{"b":1}`, `{"ax":"s"}`}},
+	{name: "not propertyNames", schema: `{"type":"object","properties":{"abc":{}},"not":{"propertyNames":{"maxLength":2}}}`,
+		ok: []string{`{"abc":1}`, `{"a":1,"xyz":2}`}, bad: []string{`{}`, `{"ab":1}`}},
 	{name: "not not", schema: `{"not":{"not":{"type":"string","minLength":2}}}`,
 		ok: []string{`"ab"`}, bad: []string{`"a"`, `1`}},
 	{name: "not properties", schema: `{"type":"object","not":{"properties":{"a":{"const":"x"}}}}`,

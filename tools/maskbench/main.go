@@ -158,7 +158,7 @@ func bench(c *config, e engine, spawn func() *exec.Cmd, stdout, stderr io.Writer
 		failures = bufio.NewWriter(f)
 	}
 
-	start, loadStart := time.Now(), loadAvg()
+	start, loadStart, rev := time.Now(), loadAvg(), commit()
 	agg := newAggregator(llg, c.expected)
 	results := make(chan schemaResult)
 	go runAll(files, c.parallel, newWorker, results)
@@ -180,7 +180,7 @@ func bench(c *config, e engine, spawn func() *exec.Cmd, stdout, stderr io.Writer
 		format = "compact"
 	}
 	r.Env = envInfo{CPU: cpuModel(), GOMAXPROCS: runtime.GOMAXPROCS(0), Parallel: c.parallel, Isolated: spawn != nil,
-		GoVersion: runtime.Version(), Commit: commit(), Data: c.data, Tokenizer: c.tokenizer, VocabSize: e.vocabSize(),
+		GoVersion: runtime.Version(), Commit: rev, Data: c.data, Tokenizer: c.tokenizer, VocabSize: e.vocabSize(),
 		Format: format, Flexible: c.flexible, BudgetS: int(c.budget.Seconds()),
 		Started: start.UTC().Format(time.RFC3339), WallS: int(time.Since(start).Seconds()),
 		LoadStart: loadStart, LoadEnd: loadAvg()}

@@ -221,6 +221,10 @@ func TestRunFileClassifies(t *testing.T) {
 		if res.Keyword != "not" || res.ErrPath != "/not" || res.Msg != "not supported" {
 			t.Errorf("compile error %q %q %q, want the *grammar.Error's fields", res.Keyword, res.ErrPath, res.Msg)
 		}
+		res = runFile(fakeEngine{}, filepath.Join(dir, "lie.json"), testRunOptions())
+		if d := res.Failures[0].Detail; d != "FillMask allows the token, Accept refuses it" {
+			t.Errorf("inconsistency detail %q", d)
+		}
 		res = runFile(fakeEngine{}, filepath.Join(dir, "worst.json"), testRunOptions())
 		if res.Class != classInvalidation || len(res.Failures) != 2 {
 			t.Errorf("a refused valid and an accepted invalid instance: %q with %d failures, want %q with 2", res.Class, len(res.Failures), classInvalidation)

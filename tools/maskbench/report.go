@@ -303,7 +303,7 @@ func writeSummary(w io.Writer, results []schemaResult, llg map[string]bool) {
 		case classValidation, classInvalidation, classInconsistent:
 			for _, f := range res.Failures {
 				add(fmt.Sprintf("%s: %s at %s", res.Class, f.Kind, f.Where),
-					fmt.Sprintf("%s test #%d (%s) token %d/%d at %s: %q «%s» %q", base, f.Index, validity(f.Valid), f.Token, f.Tokens, f.Pointer, clip(f.Before, -80), f.At, clip(f.After, 40)), base)
+					fmt.Sprintf("%s test #%d (%s) token %d/%d at %s: %q «%s» %q%s", base, f.Index, validity(f.Valid), f.Token, f.Tokens, f.Pointer, clip(f.Before, -80), f.At, clip(f.After, 40), dashed(f.Detail)), base)
 			}
 			if features[res.Class] == nil {
 				features[res.Class] = map[string]int{}
@@ -344,6 +344,14 @@ func writeSummary(w io.Writer, results []schemaResult, llg map[string]bool) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// dashed is " — s", or "" for an empty s.
+func dashed(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " — " + s
 }
 
 func validity(valid bool) string {

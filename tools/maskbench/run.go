@@ -98,6 +98,8 @@ type instanceFailure struct {
 	// (see jsonPosition), Pointer the JSON pointer of the value there.
 	Where   string `json:"where"`
 	Pointer string `json:"pointer"`
+	// Detail says which way an inconsistency goes.
+	Detail string `json:"detail,omitempty"`
 }
 
 // runOptions are a run's settings.
@@ -224,12 +226,12 @@ func runInstance(e engine, m matcher, toks []int32, valid bool, mask []uint64, e
 		res.MaskNS = append(res.MaskNS, t1.Sub(t0).Nanoseconds())
 		res.StepNS = append(res.StepNS, t2.Sub(t0).Nanoseconds())
 		if allowed != accepted {
-			return &instanceFailure{Kind: "mask-accept", Token: i}, false
+			return &instanceFailure{Kind: "mask-accept", Token: i, Detail: "FillMask allows the token, Accept refuses it"}, false
 		}
 		if !allowed {
 			// A masked-out token must be refused by Accept too.
 			if m.Accept(tok) {
-				return &instanceFailure{Kind: "mask-accept", Token: i}, false
+				return &instanceFailure{Kind: "mask-accept", Token: i, Detail: "FillMask masks the token out, Accept takes it"}, false
 			}
 			if valid {
 				return &instanceFailure{Kind: "refused", Token: i}, false
@@ -241,7 +243,7 @@ func runInstance(e engine, m matcher, toks []int32, valid bool, mask []uint64, e
 	m.FillMask(mask)
 	for _, id := range eos {
 		if bitSet(mask, id) != end {
-			return &instanceFailure{Kind: "mask-canend", Token: len(toks)}, false
+			return &instanceFailure{Kind: "mask-canend", Token: len(toks), Detail: fmt.Sprintf("EOS %d in the mask: %v, CanEnd: %v", id, !end, end)}, false
 		}
 	}
 	switch {

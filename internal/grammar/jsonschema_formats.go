@@ -6,7 +6,8 @@ package grammar
 // RFC 2673/3986 §3.2.2 (ipv4 dotted quad), RFC 4291 §2.2 (ipv6 text
 // forms), RFC 1123 §2.1 (hostname labels), RFC 5321 §4.1.2 simplified
 // (email: dot-atom local part @ hostname), RFC 3986 (uri: scheme ":"
-// then URI characters; uri-reference: URI characters), RFC 6901
+// then URI characters, no IP-literal brackets; uri-reference: a URI, or a
+// relative reference whose first segment has no ":"), RFC 6901
 // (json-pointer) and draft-handrews-relative-json-pointer.
 // Day-of-month is checked per month (February up to 29, leap years not
 // distinguished).
@@ -21,7 +22,8 @@ const (
 	fmtLS32     = `(?:` + fmtH16 + `:` + fmtH16 + `|` + fmtIPv4 + `)`
 	fmtLabel    = `[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?`
 	fmtHostname = fmtLabel + `(?:\.` + fmtLabel + `)*`
-	fmtURIChar  = `(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9a-fA-F]{2})`
+	fmtURIChar  = `(?:[A-Za-z0-9\-._~:/?#@!$&'()*+,;=]|%[0-9a-fA-F]{2})`
+	fmtURINC    = `(?:[A-Za-z0-9\-._~@!$&'()*+,;=]|%[0-9a-fA-F]{2})`
 	fmtAtom     = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 )
 
@@ -45,7 +47,7 @@ var jsonFormats = map[string]string{
 	"hostname":              `(?=.{1,253}$)` + fmtHostname,
 	"email":                 fmtAtom + `(?:\.` + fmtAtom + `)*@` + fmtHostname,
 	"uri":                   `[A-Za-z][A-Za-z0-9+.\-]*:` + fmtURIChar + `*`,
-	"uri-reference":         fmtURIChar + `*`,
+	"uri-reference":         `(?:[A-Za-z][A-Za-z0-9+.\-]*:` + fmtURIChar + `*|` + fmtURINC + `*(?:[/?#]` + fmtURIChar + `*)?)`,
 	"json-pointer":          `(?:/(?:[^~/]|~[01])*)*`,
 	"relative-json-pointer": `(?:0|[1-9][0-9]*)(?:#|(?:/(?:[^~/]|~[01])*)*)`,
 }

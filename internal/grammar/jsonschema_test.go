@@ -212,6 +212,8 @@ var jsonCases = []jsonCase{
 	{name: "format misc", schema: `{"type":"array","prefixItems":[{"format":"uuid"},{"format":"ipv4"},{"format":"email"},{"format":"date"},{"format":"ipv6"}]}`,
 		ok:  []string{`["123e4567-e89b-12d3-a456-426614174000","192.168.0.1","a.b@example.com","2020-01-01","::1"]`},
 		bad: []string{`["123e4567","192.168.0.1"]`, `["123e4567-e89b-12d3-a456-426614174000","256.1.1.1"]`, `["123e4567-e89b-12d3-a456-426614174000","1.1.1.1","a@"]`}},
+	{name: "format uri-reference", schema: `{"type":"string","format":"uri-reference"}`,
+		ok: []string{`"Web"`, `"../a/b?x=1#f"`, `"http://x.org/a"`, `""`, `"//host/p"`}, bad: []string{`"://"`}},
 	{name: "unknown format", schema: `{"type":"string","format":"int32"}`, ok: []string{`"x"`}, bad: []string{`1`}},
 }
 

@@ -1710,7 +1710,9 @@ func (c *jsCompiler) emit(n *node) (int, error) {
 				return 0, unsupportedAt("minimum", n.path, "a bound without a finite decimal expansion")
 			}
 		} else {
-			lx = integerRange(n.lo, n.hi)
+			// An integral value may be written with a zero fraction
+			// (6000.0, as Python writes a float): it is an integer.
+			lx = Concat(integerRange(n.lo, n.hi), Opt(Concat(Lit("."), Plus(Lit("0")))))
 		}
 		if len(n.numPatterns) > 0 {
 			lx = And(append([]*Regex{lx}, n.numPatterns...)...)

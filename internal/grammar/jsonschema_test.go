@@ -77,7 +77,7 @@ var jsonCases = []jsonCase{
 		bad: []string{`nul`, `{"a"}`, `[1,]`, `01`, `"\x"`, "\"\x01\"", `tru`, `{,}`}},
 	{name: "false", schema: `{"anyOf":[false,{"type":"null"}]}`, ok: []string{`null`}, bad: []string{`1`, `{}`}},
 	{name: "types", schema: `{"type":["integer","null","boolean"]}`,
-		ok: []string{`0`, `-12`, `null`, `false`}, bad: []string{`1.5`, `"1"`, `[]`, `{}`, `00`}},
+		ok: []string{`0`, `-12`, `null`, `false`, `6000.0`}, bad: []string{`1.5`, `"1"`, `[]`, `{}`, `00`, `1.`}},
 	{name: "number", schema: `{"type":"number"}`,
 		ok: []string{`0`, `-1.25`, `1e5`, `2E-3`, `0.0`}, bad: []string{`.5`, `1.`, `+1`, `1e`, `NaN`}},
 	{name: "string lengths", schema: `{"type":"string","minLength":2,"maxLength":3}`,

@@ -83,6 +83,9 @@ const (
 	// maxAnyOrderStates bounds the rules of one object emitted in any
 	// order under minProperties/maxProperties (required sets × counts).
 	maxAnyOrderStates = 4096
+	// maxWitnesses bounds the negated member constraints (someExtras) on
+	// one object.
+	maxWitnesses = 3
 	// maxJSONRules bounds the rules of the grammar.
 	maxJSONRules = 200000
 )
@@ -248,12 +251,13 @@ type node struct {
 	prefix   []*node
 	items    *node // nil: any value
 	contains *node // nil: no constraint; else some element matches it
-	// someExtra, if not nil: some member's name is not among its names
-	// nor matches its patterns, and its value matches val (the negation
-	// of additionalProperties).
-	someExtra *extraWitness
-	minItems  int
-	maxItems  int
+	// someExtras: for each, some member's name is not among its names
+	// nor matches its patterns (and matches match), and its value matches
+	// val (negations of additionalProperties, patternProperties,
+	// propertyNames).
+	someExtras []*extraWitness
+	minItems   int
+	maxItems   int
 }
 
 // lazyMerge is the intersection of a and b, computed (done) once the
@@ -308,7 +312,7 @@ func (n *node) trivial() bool {
 	return n.ref == "" && n.lazy == nil && !n.isUnion && n.types == tAll && !n.hasEnum && n.minLen == 0 && n.maxLen < 0 &&
 		len(n.patterns) == 0 && len(n.numPatterns) == 0 && n.lo == nil && n.hi == nil && len(n.props) == 0 && len(n.required) == 0 &&
 		n.addl == nil && len(n.patProps) == 0 && n.propNames == nil && n.minProps == 0 && n.maxProps < 0 &&
-		len(n.prefix) == 0 && n.items == nil && n.contains == nil && n.someExtra == nil && n.minItems == 0 && n.maxItems < 0
+		len(n.prefix) == 0 && n.items == nil && n.contains == nil && len(n.someExtras) == 0 && n.minItems == 0 && n.maxItems < 0
 }
 
 // never reports whether n certainly admits nothing.
@@ -1271,12 +1275,9 @@ func (c *jsCompiler) merge(a, b *node, depth int) (*node, error) {
 	if a.contains != nil && b.contains != nil {
 		return nil, unsupportedAt("contains", b.path, "two contains constraints on one array")
 	}
-	if a.someExtra != nil && b.someExtra != nil {
-		return nil, unsupportedAt("not", b.path, "two negated additionalProperties on one object")
-	}
-	r.someExtra = a.someExtra
-	if b.someExtra != nil {
-		r.someExtra = b.someExtra
+	r.someExtras = append(slices.Clip(a.someExtras), b.someExtras...)
+	if len(r.someExtras) > maxWitnesses {
+		return nil, unsupportedAt("not", b.path, "more than %d negated member constraints on one object", maxWitnesses)
 	}
 	r.contains = a.contains
 	if b.contains != nil {
@@ -1526,7 +1527,7 @@ func (c *jsCompiler) validate(n *node, v *jval, depth int) (bool, error) {
 				return false, nil
 			}
 		}
-		if w := n.someExtra; w != nil {
+		for _, w := range n.someExtras {
 			found := false
 			for i, k := range v.keys {
 				if w.admits(k) {
@@ -1888,12 +1889,20 @@ func (c *jsCompiler) keyContent(n *node) (*Regex, error) {
 	return And(parts...), nil
 }
 
+// witVariant is a member (or an additional member) that is the witness of
+// the someExtras of set mask at once: rule is its value (or whole member)
+// rule.
+type witVariant struct {
+	mask int
+	rule int
+}
+
 // member is a named property as the object grammar emits it.
 type member struct {
-	key *Regex
-	val int
-	req bool
-	wit int // the value rule when this member is the witness of someExtra, or -1
+	key  *Regex
+	val  int
+	req  bool
+	wits []witVariant // the member as witness of sets of someExtras
 }
 
 // emitObject adds n's object alternative to rule r.
@@ -1935,19 +1944,32 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		if err != nil {
 			return false, err
 		}
-		wit := -1
-		if w := n.someExtra; w != nil && w.admits(name) {
-			ws, err := c.mergeOpt(s, w.val, 0)
-			if err != nil {
-				return false, err
-			}
-			if !ws.never() {
-				if wit, err = c.emit(ws); err != nil {
+		var wits []witVariant
+		for mask := 1; mask < 1<<len(n.someExtras); mask++ {
+			ws := s
+			ok := true
+			for wi, w := range n.someExtras {
+				if mask&(1<<wi) == 0 {
+					continue
+				}
+				if !w.admits(name) {
+					ok = false
+					break
+				}
+				if ws, err = c.mergeOpt(ws, w.val, 0); err != nil {
 					return false, err
 				}
 			}
+			if !ok || ws != nil && ws.never() {
+				continue
+			}
+			rule, err := c.emitOpt(ws)
+			if err != nil {
+				return false, err
+			}
+			wits = append(wits, witVariant{mask, rule})
 		}
-		members = append(members, member{k, v, req, wit})
+		members = append(members, member{k, v, req, wits})
 		return true, nil
 	}
 	for _, p := range n.props {
@@ -2049,43 +2071,52 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		extraContent = append(extraContent, content)
 		extraSchema = append(extraSchema, n.addl)
 	}
-	// The witness of someExtra among the other names.
-	witRule := -1
-	if w := n.someExtra; w != nil {
-		var ex []*Regex
-		for _, nm := range w.names {
-			ex = append(ex, Lit(nm))
-		}
-		ex = append(ex, w.pats...)
+	// The witnesses of sets of someExtras among the other names.
+	var witRules []witVariant
+	for mask := 1; mask < 1<<len(n.someExtras); mask++ {
+		rule := -1
 		for i, content := range extraContent {
-			vs, err := c.mergeOpt(extraSchema[i], w.val, 0)
-			if err != nil {
-				return err
-			}
-			if vs.never() {
-				continue
-			}
+			vs := extraSchema[i]
 			kc := content
-			if len(ex) > 0 {
-				kc = And(kc, Not(Or(ex...)))
+			for wi, w := range n.someExtras {
+				if mask&(1<<wi) == 0 {
+					continue
+				}
+				if vs, err = c.mergeOpt(vs, w.val, 0); err != nil {
+					return err
+				}
+				var ex []*Regex
+				for _, nm := range w.names {
+					ex = append(ex, Lit(nm))
+				}
+				ex = append(ex, w.pats...)
+				if len(ex) > 0 {
+					kc = And(kc, Not(Or(ex...)))
+				}
+				if w.match != nil {
+					kc = And(kc, w.match)
+				}
 			}
-			if w.match != nil {
-				kc = And(kc, w.match)
+			if vs != nil && vs.never() {
+				continue
 			}
 			k, err := c.quoted(kc)
 			if err != nil {
 				return err
 			}
-			v, err := c.emit(vs)
+			v, err := c.emitOpt(vs)
 			if err != nil {
 				return err
 			}
-			if witRule < 0 {
-				if witRule, err = c.newRule(ptrOr(n.path) + " witness member"); err != nil {
+			if rule < 0 {
+				if rule, err = c.newRule(fmt.Sprintf("%s witness member %#x", ptrOr(n.path), mask)); err != nil {
 					return err
 				}
 			}
-			c.b.AddAlt(witRule, T(k), T(Lit(":")), N(v))
+			c.b.AddAlt(rule, T(k), T(Lit(":")), N(v))
+		}
+		if rule >= 0 {
+			witRules = append(witRules, witVariant{mask, rule})
 		}
 	}
 	var extraRule = -1
@@ -2098,7 +2129,8 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		}
 	}
 	minP, maxP := n.minProps, n.maxProps
-	needW := n.someExtra != nil
+	nW := len(n.someExtras)
+	fullW := 1<<nW - 1
 	if c.o.AnyPropertyOrder {
 		// Required members and the witness are bits of the tracked set.
 		var mems []orderMem
@@ -2114,18 +2146,16 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 		if extraRule >= 0 {
 			mems = append(mems, orderMem{[]Sym{N(extraRule)}, 0})
 		}
-		if needW {
-			w := 1 << nbits
-			nbits++
-			for i, m := range members {
-				// A required member as the witness sets both bits.
-				if m.wit >= 0 {
-					mems = append(mems, orderMem{[]Sym{T(m.key), T(Lit(":")), N(m.wit)}, w | mems[i].bit})
-				}
+		wshift := nbits
+		nbits += len(n.someExtras)
+		for i, m := range members {
+			// A required member as a witness sets both bits.
+			for _, wv := range m.wits {
+				mems = append(mems, orderMem{[]Sym{T(m.key), T(Lit(":")), N(wv.rule)}, wv.mask<<wshift | mems[i].bit})
 			}
-			if witRule >= 0 {
-				mems = append(mems, orderMem{[]Sym{N(witRule)}, w})
-			}
+		}
+		for _, wv := range witRules {
+			mems = append(mems, orderMem{[]Sym{N(wv.rule)}, wv.mask << wshift})
 		}
 		counted := minP > 0 || maxP >= 0
 		capK := max(minP, 1)
@@ -2152,40 +2182,57 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 	}
 	canEmit := func(k int) bool { return !hasMax || k < maxP }
 	comma := T(Lit(","))
-	// A(k, seen): the additional members after k members, seen telling
-	// whether the witness of someExtra came already (1 when none is
-	// needed). Past the counted part: T1 = ("," extra)*, and
-	// T0 = T1 "," witness T1.
+	// A(k, seen): the additional members after k members, seen the set of
+	// someExtras witnesses met already. Past the counted part, Tail(need)
+	// is the members that still bring the witnesses of need:
+	// Tail(need) ::= ε (need empty) | Tail(need) "," extra |
+	// Tail(need - j) "," witness j.
+	tMemo := map[int]int{}
+	var ruleTail func(need int) (int, error)
+	ruleTail = func(need int) (int, error) {
+		if x, ok := tMemo[need]; ok {
+			return x, nil
+		}
+		x, err := c.newRule(fmt.Sprintf("%s more members needing %#x", ptrOr(n.path), need))
+		if err != nil {
+			return 0, err
+		}
+		tMemo[need] = x
+		if need == 0 {
+			c.b.AddAlt(x)
+		}
+		if extraRule >= 0 {
+			c.b.AddAlt(x, N(x), comma, N(extraRule))
+		}
+		for _, wv := range witRules {
+			if need&wv.mask == wv.mask {
+				prev, err := ruleTail(need &^ wv.mask)
+				if err != nil {
+					return 0, err
+				}
+				c.b.AddAlt(x, N(prev), comma, N(wv.rule))
+			}
+		}
+		return x, nil
+	}
 	aMemo := map[[2]int]int{}
 	var ruleA func(k, seen int) (int, error)
 	ruleA = func(k, seen int) (int, error) {
+		if !hasMax && k == capK && canEmit(k) {
+			return ruleTail(fullW &^ seen) // k ≥ 1: members here follow a comma
+		}
 		if x, ok := aMemo[[2]int{k, seen}]; ok {
 			return x, nil
 		}
-		x, err := c.newRule(fmt.Sprintf("%s members>=%d seen=%d", ptrOr(n.path), k, seen))
+		x, err := c.newRule(fmt.Sprintf("%s members>=%d seen=%#x", ptrOr(n.path), k, seen))
 		if err != nil {
 			return 0, err
 		}
 		aMemo[[2]int{k, seen}] = x
-		if k >= minP && seen == 1 {
+		if k >= minP && seen == fullW {
 			c.b.AddAlt(x)
 		}
 		if !canEmit(k) {
-			return x, nil
-		}
-		if !hasMax && k == capK {
-			// k ≥ 1: every member here follows a comma.
-			if seen == 1 {
-				if extraRule >= 0 {
-					c.b.AddAlt(x, N(x), comma, N(extraRule))
-				}
-			} else if witRule >= 0 {
-				t1, err := ruleA(k, 1)
-				if err != nil {
-					return 0, err
-				}
-				c.b.AddAlt(x, N(t1), comma, N(witRule), N(t1))
-			}
 			return x, nil
 		}
 		var sep []Sym
@@ -2199,12 +2246,14 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 			}
 			c.b.AddAlt(x, append(slices.Clip(sep), N(extraRule), N(next))...)
 		}
-		if seen == 0 && witRule >= 0 {
-			next, err := ruleA(step(k), 1)
-			if err != nil {
-				return 0, err
+		for _, wv := range witRules {
+			if seen&wv.mask == 0 {
+				next, err := ruleA(step(k), seen|wv.mask)
+				if err != nil {
+					return 0, err
+				}
+				c.b.AddAlt(x, append(slices.Clip(sep), N(wv.rule), N(next))...)
 			}
-			c.b.AddAlt(x, append(slices.Clip(sep), N(witRule), N(next))...)
 		}
 		return x, nil
 	}
@@ -2241,21 +2290,19 @@ func (c *jsCompiler) emitObject(n *node, r int) error {
 				return 0, err
 			}
 			c.b.AddAlt(x, append(slices.Clip(sep), T(m.key), T(Lit(":")), N(m.val), N(next))...)
-			if seen == 0 && m.wit >= 0 {
-				next, err := ruleR(i+1, step(k), 1)
-				if err != nil {
-					return 0, err
+			for _, wv := range m.wits {
+				if seen&wv.mask == 0 {
+					next, err := ruleR(i+1, step(k), seen|wv.mask)
+					if err != nil {
+						return 0, err
+					}
+					c.b.AddAlt(x, append(slices.Clip(sep), T(m.key), T(Lit(":")), N(wv.rule), N(next))...)
 				}
-				c.b.AddAlt(x, append(slices.Clip(sep), T(m.key), T(Lit(":")), N(m.wit), N(next))...)
 			}
 		}
 		return x, nil
 	}
-	start := 1
-	if needW {
-		start = 0
-	}
-	body, err := ruleR(0, 0, start)
+	body, err := ruleR(0, 0, 0)
 	if err != nil {
 		return err
 	}

@@ -324,7 +324,7 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 			}
 			if !val.never() {
 				n := only(tObj)
-				n.someExtra = w
+				n.someExtras = []*extraWitness{w}
 				w.val = val
 				add(n)
 			}
@@ -344,7 +344,7 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 				continue // every name passes: the negation is empty
 			}
 			n := only(tObj)
-			n.someExtra = &extraWitness{match: Not(names), val: anyNode(kp)}
+			n.someExtras = []*extraWitness{{match: Not(names), val: anyNode(kp)}}
 			add(n)
 		case "patternProperties":
 			// Some member whose name matches a pattern and whose value
@@ -363,7 +363,7 @@ func (c *jsCompiler) negate(v *jval, path string, depth int) (*node, error) {
 				}
 				if !val.never() {
 					n := only(tObj)
-					n.someExtra = &extraWitness{match: rx, val: val}
+					n.someExtras = []*extraWitness{{match: rx, val: val}}
 					add(n)
 				}
 			}

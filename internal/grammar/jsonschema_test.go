@@ -203,6 +203,8 @@ var jsonCases = []jsonCase{
 		ok: []string{`{"ab":1}`, `{"ax":2}`, `{"b":"s","ab":null}`}, bad: []string{`{}`, `{"ab":"s"}`, `{"b":1}`, `{"ax":"s"}`}},
 	{name: "not propertyNames", schema: `{"type":"object","properties":{"abc":{}},"not":{"propertyNames":{"maxLength":2}}}`,
 		ok: []string{`{"abc":1}`, `{"a":1,"xyz":2}`}, bad: []string{`{}`, `{"ab":1}`}},
+	{name: "oneOf three closed objects", schema: `{"type":"object","oneOf":[{"properties":{"a":{}},"additionalProperties":false},{"properties":{"b":{}},"additionalProperties":false},{"properties":{"c":{}},"additionalProperties":false}]}`,
+		ok: []string{`{"a":1}`, `{"b":1}`, `{"c":[]}`}, bad: []string{`{}`, `{"a":1,"b":1}`, `{"d":1}`}},
 	{name: "not not", schema: `{"not":{"not":{"type":"string","minLength":2}}}`,
 		ok: []string{`"ab"`}, bad: []string{`"a"`, `1`}},
 	{name: "not properties", schema: `{"type":"object","not":{"properties":{"a":{"const":"x"}}}}`,

@@ -1711,9 +1711,13 @@ func (c *jsCompiler) emit(n *node) (int, error) {
 				return 0, unsupportedAt("minimum", n.path, "a bound without a finite decimal expansion")
 			}
 		} else {
-			// An integral value may be written with a zero fraction
-			// (6000.0, as Python writes a float): it is an integer.
-			lx = Concat(integerRange(n.lo, n.hi), Opt(Concat(Lit("."), Plus(Lit("0")))))
+			// From draft 6 on, an integral value written with a zero
+			// fraction (6000.0, as Python writes a float) is an integer;
+			// draft 4 says it is not.
+			lx = integerRange(n.lo, n.hi)
+			if c.draft >= 6 {
+				lx = Concat(lx, Opt(Concat(Lit("."), Plus(Lit("0")))))
+			}
 		}
 		if len(n.numPatterns) > 0 {
 			lx = And(append([]*Regex{lx}, n.numPatterns...)...)

@@ -91,23 +91,36 @@ const (
 )
 
 // CompileJSONSchema compiles a JSON Schema (draft 2020-12 keywords, with
-// draft 4–2019 forms of items, additionalItems, definitions and boolean
-// exclusiveMinimum/Maximum) to a Grammar of the JSON texts it validates.
+// draft 4–2019 forms of items, additionalItems, definitions, dependencies
+// and boolean exclusiveMinimum/Maximum; a keyword newer than the declared
+// $schema draft is an unknown keyword there) to a Grammar of the JSON
+// texts it validates.
 //
 // Enforced: type (single and lists), enum, const, properties, required,
-// additionalProperties (default true), patternProperties,
-// propertyNames (string constraints), minProperties/maxProperties, items,
-// prefixItems, additionalItems, minItems/maxItems, minLength/maxLength
-// (code points), pattern, format (date-time, date, time, duration, email,
-// hostname, ipv4, ipv6, uuid, uri, uri-reference, json-pointer,
-// relative-json-pointer), minimum/maximum/exclusiveMinimum/
+// additionalProperties (default true), patternProperties, propertyNames
+// (string constraints), minProperties/maxProperties, items, prefixItems,
+// additionalItems, contains (minContains 0 or 1), minItems/maxItems,
+// minLength/maxLength (code points), pattern, format (date-time, date,
+// time, duration, email, hostname, ipv4, ipv6, uuid, uri, uri-reference,
+// json-pointer, relative-json-pointer; other formats are annotations
+// unless StrictFormats), minimum/maximum/exclusiveMinimum/
 // exclusiveMaximum, multipleOf (integers dividing a power of 10, and
-// 10^-m), allOf, anyOf, oneOf (disjoint
-// branches), $ref to JSON pointers in the document (recursion allowed),
-// not of a type-only schema or of {}. Annotations and unknown keywords are
-// ignored. Errors are *Error with Keyword the JSON Schema keyword and Path
-// a JSON pointer into the schema; unsupported features wrap
-// ErrUnsupported.
+// 10^-m), allOf, anyOf, oneOf (exact: each branch with the negation of the
+// branches it may overlap), not (of type, required, properties,
+// additionalProperties, patternProperties, propertyNames, enum/const of
+// scalars, pattern, format, bounds, lengths, counts, multipleOf, items,
+// contains, anyOf, allOf, oneOf, not, $ref), if/then/else,
+// dependencies/dependentRequired/dependentSchemas, $ref to JSON pointers
+// and anchors in the document (recursion allowed). Refused: uniqueItems
+// (unless at most one item), minContains above 1, maxContains,
+// unevaluated*, $dynamicRef, remote references, the formats regex, iri,
+// iri-reference, idn-email, idn-hostname and uri-template, and the
+// negations not listed. Annotations and unknown keywords are ignored.
+//
+// Errors are *Error with Keyword the JSON Schema keyword and Path a JSON
+// pointer into the schema; unsupported features wrap ErrUnsupported; the
+// limits (nesting, $ref expansions, union branches, counted repetitions,
+// rules) are errors too.
 func CompileJSONSchema(schema []byte, o JSONOptions) (*Grammar, error) {
 	root, err := parseJSONValue(schema)
 	if err != nil {

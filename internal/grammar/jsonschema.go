@@ -264,6 +264,7 @@ type node struct {
 	prefix   []*node
 	items    *node // nil: any value
 	contains *node // nil: no constraint; else some element matches it
+	unique   bool  // uniqueItems
 	// someExtras: for each, some member's name is not among its names
 	// nor matches its patterns (and matches match), and its value matches
 	// val (negations of additionalProperties, patternProperties,
@@ -325,7 +326,7 @@ func (n *node) trivial() bool {
 	return n.ref == "" && n.lazy == nil && !n.isUnion && n.types == tAll && !n.hasEnum && n.minLen == 0 && n.maxLen < 0 &&
 		len(n.patterns) == 0 && len(n.numPatterns) == 0 && n.lo == nil && n.hi == nil && len(n.props) == 0 && len(n.required) == 0 &&
 		n.addl == nil && len(n.patProps) == 0 && n.propNames == nil && n.minProps == 0 && n.maxProps < 0 &&
-		len(n.prefix) == 0 && n.items == nil && n.contains == nil && len(n.someExtras) == 0 && n.minItems == 0 && n.maxItems < 0
+		len(n.prefix) == 0 && n.items == nil && n.contains == nil && len(n.someExtras) == 0 && !n.unique && n.minItems == 0 && n.maxItems < 0
 }
 
 // never reports whether n certainly admits nothing.
@@ -1000,9 +1001,7 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 		}
 	}
 	if uniqueItems && n.types&tArr != 0 && (n.maxItems < 0 || n.maxItems > 1) {
-		if !(n.hasEnum) {
-			return nil, unsupportedAt("uniqueItems", path+"/uniqueItems", "unique array items are not enforced")
-		}
+		n.unique = true
 	}
 	// oneOf is the union of its branches, each with the negation of the
 	// branches it is not provably disjoint from (with the sibling
@@ -1296,6 +1295,7 @@ func (c *jsCompiler) merge(a, b *node, depth int) (*node, error) {
 	if b.contains != nil {
 		r.contains = b.contains
 	}
+	r.unique = a.unique || b.unique
 	r.minItems = max(a.minItems, b.minItems)
 	r.maxItems = minMax(a.maxItems, b.maxItems)
 	return r, nil
@@ -1518,6 +1518,15 @@ func (c *jsCompiler) validate(n *node, v *jval, depth int) (bool, error) {
 				ok, err := c.validate(s, e, depth+1)
 				if err != nil || !ok {
 					return ok, err
+				}
+			}
+		}
+		if n.unique {
+			for i := range v.arr {
+				for j := i + 1; j < len(v.arr); j++ {
+					if jsonEqual(v.arr[i], v.arr[j]) {
+						return false, nil
+					}
 				}
 			}
 		}
@@ -2402,6 +2411,9 @@ func (c *jsCompiler) emitObjectAnyOrder(r int, path string, mems []orderMem, nbi
 
 // emitArray adds n's array alternative to rule r.
 func (c *jsCompiler) emitArray(n *node, r int) error {
+	if n.unique {
+		return c.emitArrayUnique(n, r)
+	}
 	if n.contains != nil {
 		return c.emitArrayContains(n, r)
 	}
@@ -2571,4 +2583,88 @@ func (c *jsCompiler) emitArrayContains(n *node, r int) error {
 	}
 	c.b.AddAlt(r, T(Lit("[")), N(body), T(Lit("]")))
 	return nil
+}
+
+// maxUniqueValues bounds the values of an enumerated item type whose
+// arrays are emitted with unique items (2^n rules).
+const maxUniqueValues = 8
+
+// emitArrayUnique adds n's array alternative to rule r when items are
+// unique: only for items from an enumeration of at most maxUniqueValues
+// values. L(S) is a list of the distinct values of set S (a bit mask),
+// L({v}) ::= v and L(S) ::= L(S - v) "," v.
+func (c *jsCompiler) emitArrayUnique(n *node, r int) error {
+	refuse := func() error {
+		return unsupportedAt("uniqueItems", n.path, "unique items are enforced only for items from an enumeration of at most %d values", maxUniqueValues)
+	}
+	if len(n.prefix) > 0 || n.contains != nil || n.items == nil {
+		return refuse()
+	}
+	it, err := c.deref(n.items)
+	if err != nil {
+		return err
+	}
+	var vals []*jval
+	switch {
+	case it.isUnion || !it.hasEnum:
+		if it.isUnion || it.types != tBool || it.trivial() {
+			return refuse()
+		}
+		vals = []*jval{{k: jBool, b: false}, {k: jBool, b: true}}
+	default:
+		for _, v := range it.enum {
+			ok, err := c.validate(it, v, 0)
+			if err != nil {
+				return err
+			}
+			if ok && !slices.ContainsFunc(vals, func(x *jval) bool { return jsonEqual(x, v) }) {
+				vals = append(vals, v)
+			}
+		}
+	}
+	if len(vals) > maxUniqueValues {
+		return refuse()
+	}
+	maxI := n.maxItems
+	if maxI < 0 || maxI > len(vals) {
+		maxI = len(vals)
+	}
+	if n.minItems == 0 {
+		c.b.AddAlt(r, T(Lit("[")), T(Lit("]")))
+	}
+	full := 1<<len(vals) - 1
+	rules := make([]int, full+1)
+	for set := 1; set <= full; set++ {
+		x, err := c.newRule(fmt.Sprintf("%s unique items %#x", ptrOr(n.path), set))
+		if err != nil {
+			return err
+		}
+		rules[set] = x
+	}
+	for set := 1; set <= full; set++ {
+		for i, v := range vals {
+			b := 1 << i
+			if set&b == 0 {
+				continue
+			}
+			if set == b {
+				c.b.AddAlt(rules[set], c.literal(v)...)
+			} else {
+				c.b.AddAlt(rules[set], append([]Sym{N(rules[set^b]), T(Lit(","))}, c.literal(v)...)...)
+			}
+		}
+		if k := bitsCount(set); k >= max(n.minItems, 1) && k <= maxI {
+			c.b.AddAlt(r, T(Lit("[")), N(rules[set]), T(Lit("]")))
+		}
+	}
+	return nil
+}
+
+// bitsCount is the number of bits set in x.
+func bitsCount(x int) int {
+	k := 0
+	for ; x != 0; x &= x - 1 {
+		k++
+	}
+	return k
 }

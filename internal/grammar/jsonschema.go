@@ -111,8 +111,9 @@ const (
 // scalars, pattern, format, bounds, lengths, counts, multipleOf, items,
 // contains, anyOf, allOf, oneOf, not, $ref), if/then/else,
 // dependencies/dependentRequired/dependentSchemas, $ref to JSON pointers
-// and anchors in the document (recursion allowed). Refused: uniqueItems
-// (unless at most one item), minContains above 1, maxContains,
+// and anchors in the document (recursion allowed), uniqueItems (items
+// from an enumeration of at most 8 values, or at most one item). Refused:
+// other uniqueItems, minContains above 1, maxContains,
 // unevaluated*, $dynamicRef, remote references, the formats regex, iri,
 // iri-reference, idn-email, idn-hostname and uri-template, and the
 // negations not listed. Annotations and unknown keywords are ignored.

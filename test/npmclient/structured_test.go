@@ -53,12 +53,14 @@ func requireZod(t *testing.T) {
 }
 
 // event is the zod type structured.mjs declares, as Go reads it; unknown
-// fields are an error when decoding (the schema forbids them).
+// fields are an error when decoding (the schema forbids them). Numbers are
+// float64, as JavaScript reads them: 7.0 is the integer 7 there (and in
+// JSON Schema from draft 6 on), and zod's int() in the script judges it.
 type event struct {
 	Name   string   `json:"name"`
 	Kind   string   `json:"kind"`
-	Day    int      `json:"day"`
-	Hours  int      `json:"hours"`
+	Day    float64  `json:"day"`
+	Hours  float64  `json:"hours"`
 	Remote bool     `json:"remote"`
 	Tags   []string `json:"tags"`
 }

@@ -994,10 +994,15 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 		if !ok {
 			return nil, unsupportedAt("multipleOf", path+"/multipleOf", "only multipleOf of an integer dividing a power of 10, or of 10^-m, is enforced")
 		}
-		if intOnly {
-			n.types &^= tNum
-		}
-		if rx != nil {
+		switch {
+		case intOnly && n.types&tNum != 0:
+			// Integral numbers, also written with a zero fraction (6000.0
+			// is a number and a multiple of 1).
+			if rx == nil {
+				rx = jsonInteger
+			}
+			n.numPatterns = append(n.numPatterns, Concat(rx, Opt(Concat(Lit("."), Plus(Lit("0"))))))
+		case rx != nil:
 			n.numPatterns = append(n.numPatterns, rx)
 		}
 	}

@@ -118,7 +118,7 @@ var jsonCases = []jsonCase{
 		ok: []string{`0`, `4`, `-8`, `100`, `116`, `200`}, bad: []string{`2`, `6`, `102`, `-10`, `204`}},
 	{name: "multipleOf 0.01", schema: `{"type":"number","multipleOf":0.01}`,
 		ok: []string{`1`, `1.5`, `-2.25`, `3.10`, `0.070`}, bad: []string{`1.005`, `0.001`}},
-	{name: "multipleOf 1", schema: `{"type":"number","multipleOf":1}`, ok: []string{`3`}, bad: []string{`3.5`}},
+	{name: "multipleOf 1", schema: `{"$schema":"http://json-schema.org/draft-04/schema#","type":"number","multipleOf":1,"minimum":0}`, ok: []string{`3`, `6000.0`}, bad: []string{`3.5`, `-1`}},
 	{name: "object order and required", schema: `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["b"],"additionalProperties":false}`,
 		ok:    []string{`{"b":"x"}`, `{"a":1,"b":"x"}`},
 		bad:   []string{`{}`, `{"a":1}`, `{"b":"x","c":1}`, `{"a":"1","b":"x"}`, `{"a":1,,"b":"x"}`},

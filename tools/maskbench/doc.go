@@ -72,11 +72,12 @@
 // is compile-refused, tallied by the *grammar.Error's Keyword. A compiled
 // schema passes iff every valid instance is accepted and every invalid one
 // refused. Otherwise it is an invalidation error if some invalid instance
-// was accepted, else a validation error (a valid instance refused). The
-// runners take the class from the first failing instance; taking the worst
-// can only move schemas from validation to invalidation errors. Beyond the
-// runners: a disagreement between FillMask and Accept (or between the EOS
-// bit and CanEnd) is "inconsistent"; a panic, a schema over its time budget
+// was accepted, else "inconsistent" if FillMask and Accept disagreed on a
+// token (or the EOS bit and CanEnd at the end: an engine bug, which the
+// runners cannot see), else a validation error (a valid instance refused).
+// The runners take the class from the first failing instance; taking the
+// worst can only move schemas from validation to invalidation errors. A
+// panic, a schema over its time budget
 // (-timeout, 1 minute; runner.py gives 15) and a child process that dies
 // (stack overflow, out of memory) are counted as panic, timeout and crash,
 // and never end the run (-isolate, on by default, runs schemas in child

@@ -225,6 +225,12 @@ func TestRunFileClassifies(t *testing.T) {
 		if d := res.Failures[0].Detail; d != "FillMask allows the token, Accept refuses it" {
 			t.Errorf("inconsistency detail %q", d)
 		}
+		if c := classify([]instanceFailure{{Kind: "refused"}, {Kind: "mask-accept"}, {Kind: "not-at-end"}}); c != classInconsistent {
+			t.Errorf("a refused valid instance and an inconsistency: %q, want %q", c, classInconsistent)
+		}
+		if c := classify([]instanceFailure{{Kind: "mask-canend"}, {Kind: "accepted"}}); c != classInvalidation {
+			t.Errorf("an inconsistency and an accepted invalid instance: %q, want %q", c, classInvalidation)
+		}
 		res = runFile(fakeEngine{}, filepath.Join(dir, "worst.json"), testRunOptions())
 		if res.Class != classInvalidation || len(res.Failures) != 2 {
 			t.Errorf("a refused valid and an accepted invalid instance: %q with %d failures, want %q with 2", res.Class, len(res.Failures), classInvalidation)
@@ -385,5 +391,20 @@ func TestJSONPosition(t *testing.T) {
 	}
 	if _, w := jsonPosition(text, len(text)); w != "end of text" {
 		t.Errorf("at the end: %q", w)
+	}
+}
+
+func TestSlowSchemas(t *testing.T) {
+	a := newAggregator(nil, "")
+	a.add(schemaResult{File: "d/x.json", Class: classPass, MaskNS: []int64{5, slowMaskNS, 3 * slowMaskNS}})
+	a.add(schemaResult{File: "d/y.json", Class: classPass, MaskNS: []int64{5, 6}})
+	a.add(schemaResult{File: "d/z.json", Class: classValidation, MaskNS: []int64{2 * slowMaskNS, slowMaskNS, slowMaskNS}})
+	r := a.finish()
+	want := []slowSchema{{"z.json", 3, 3, 2000, classValidation}, {"x.json", 2, 3, 3000, classPass}}
+	if fmt.Sprint(r.Slowest) != fmt.Sprint(want) {
+		t.Errorf("slowest %v, want %v", r.Slowest, want)
+	}
+	if r.Mask.N != 8 || r.Mask.Max != 3000 || r.Mask.P50 != 1000 {
+		t.Errorf("mask percentiles %+v: want n 8, max 3000 µs, p50 (element 4 of 8) 1000 µs", r.Mask)
 	}
 }

@@ -39,6 +39,10 @@ type report struct {
 	// TimingComparable is false when schemas ran in parallel: their
 	// masks competed for cores and caches.
 	TimingComparable bool `json:"timing_comparable"`
+	// Slowest are the schemas with the most masks over SlowMaskUS, most
+	// first (at most 20): where the tail of the mask time comes from.
+	SlowMaskUS int          `json:"slow_mask_us"`
+	Slowest    []slowSchema `json:"slowest,omitempty"`
 	// VsLLGuidance compares with llguidance's expected results, when
 	// given (-expected).
 	VsLLGuidance *comparison `json:"vs_llguidance,omitempty"`
@@ -97,6 +101,18 @@ func percentilesOf(ns []int64) percentiles {
 		P50: at(50), P90: at(90), P95: at(95), P99: at(99), P999: at(99.9), Max: at(100)}
 }
 
+// slowMaskNS is the mask time from which a mask counts as slow.
+const slowMaskNS = 1_000_000
+
+// slowSchema is a schema's share of the slow masks.
+type slowSchema struct {
+	File  string  `json:"file"`
+	Slow  int     `json:"slow"`
+	Masks int     `json:"masks"`
+	MaxUS float64 `json:"max_us"`
+	Class string  `json:"class"`
+}
+
 // comparison is a run against llguidance's per-schema results.
 type comparison struct {
 	// Source is the expected-results file.
@@ -119,6 +135,7 @@ type aggregator struct {
 	mask    []int64
 	step    []int64
 	results []schemaResult // without timings, for the summary
+	slow    []slowSchema
 	llg     map[string]bool
 }
 
@@ -153,6 +170,9 @@ func (a *aggregator) add(res schemaResult) {
 		r.FailureKind[f.Kind]++
 	}
 	r.Tokens += len(res.MaskNS)
+	if slow, maxNS := countSlow(res.MaskNS); slow > 0 {
+		a.slow = append(a.slow, slowSchema{File: filepath.Base(res.File), Slow: slow, Masks: len(res.MaskNS), MaxUS: float64(maxNS) / 1e3, Class: res.Class})
+	}
 	a.mask = append(a.mask, res.MaskNS...)
 	a.step = append(a.step, res.StepNS...)
 	if c := r.VsLLGuidance; c != nil {
@@ -181,7 +201,24 @@ func (a *aggregator) finish() *report {
 	a.r.Compile = percentilesOf(a.compile)
 	a.r.Mask = percentilesOf(a.mask)
 	a.r.Step = percentilesOf(a.step)
+	slices.SortFunc(a.slow, func(x, y slowSchema) int {
+		return cmp.Or(cmp.Compare(y.Slow, x.Slow), cmp.Compare(y.MaxUS, x.MaxUS), cmp.Compare(x.File, y.File))
+	})
+	a.r.SlowMaskUS = slowMaskNS / 1000
+	a.r.Slowest = a.slow[:min(len(a.slow), 20)]
 	return &a.r
+}
+
+// countSlow is the number of masks of ns at or over slowMaskNS, and the
+// largest.
+func countSlow(ns []int64) (slow int, maxNS int64) {
+	for _, v := range ns {
+		if v >= slowMaskNS {
+			slow++
+		}
+		maxNS = max(maxNS, v)
+	}
+	return slow, maxNS
 }
 
 // writeText prints r as tables.
@@ -242,6 +279,13 @@ func (r *report) writeText(w io.Writer) {
 	p("mask+accept", r.Step)
 	if !r.TimingComparable {
 		fmt.Fprintf(w, "(timings NOT comparable: %d schemas ran at a time on GOMAXPROCS=%d)\n", e.Parallel, e.GOMAXPROCS)
+	}
+	if len(r.Slowest) > 0 {
+		fmt.Fprintf(w, "\nschemas with the most masks over %d µs:", r.SlowMaskUS)
+		for _, s := range r.Slowest[:min(len(r.Slowest), 10)] {
+			fmt.Fprintf(w, " %s %d/%d (max %.0f µs),", s.File, s.Slow, s.Masks, s.MaxUS)
+		}
+		fmt.Fprintln(w)
 	}
 	if c := r.VsLLGuidance; c != nil {
 		fmt.Fprintf(w, "\nvs llguidance (%s): it passes %d of these, we pass %d of those; we pass %d it does not; it passes and we do not: %v\n",

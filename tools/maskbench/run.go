@@ -188,11 +188,11 @@ func runFile(e engine, path string, o runOptions) (res schemaResult) {
 }
 
 // classify is a schema's class from its failed instances: an invalid
-// instance accepted outweighs a valid one refused, which outweighs an
-// engine inconsistency.
+// instance accepted outweighs an engine inconsistency, which outweighs a
+// valid instance refused.
 func classify(fails []instanceFailure) string {
 	class := classPass
-	rank := map[string]int{classPass: 0, classInconsistent: 1, classValidation: 2, classInvalidation: 3}
+	rank := map[string]int{classPass: 0, classValidation: 1, classInconsistent: 2, classInvalidation: 3}
 	for _, f := range fails {
 		c := classInconsistent
 		switch f.Kind {

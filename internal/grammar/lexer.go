@@ -46,8 +46,10 @@ type lexSet struct {
 func (s *lexSet) has(i int32) bool { return s.bits[i>>6]&(1<<(i&63)) != 0 }
 
 // maxLexStates bounds the lexer states of one Constraint (each costs 1 KiB
-// of transitions).
-const maxLexStates = 1 << 14
+// of transitions, so at most 32 MiB). Long outputs of strings with length
+// bounds make a state per position: MaskBench's largest documents (1,600
+// tokens, three in a row through one Constraint) reach 16Ki.
+const maxLexStates = 1 << 15
 
 // lexer is the lazily built automaton over every lexeme of a grammar. Not
 // safe for concurrent use.

@@ -42,8 +42,8 @@
 //     versions).
 //
 // A file is a JSON object with "schema", "meta" and "tests"; each test has
-// "data" (the instance) and "valid". About a quarter of the schemas have no
-// tests: they pass if they compile.
+// "data" (the instance) and "valid". 1,510 of the schemas have no tests:
+// they pass if they compile.
 //
 // Serialization. runner.py tokenizes json.dumps(data, indent=None,
 // ensure_ascii=False) after json.loads: keys in the file's order, ", "

@@ -512,3 +512,16 @@ func byteVocab() (*Vocab, error) {
 	toks[256] = nil
 	return NewVocab(toks, []int32{256})
 }
+
+// Validate reports whether g can be bound to a vocabulary: that some text
+// matches it (its start rule derives a string of live lexemes) and that it
+// stays within the engine's bounds at its start. It is what NewConstraint
+// checks, without a vocabulary; errors are *Error.
+func (g *Grammar) Validate() error {
+	v, err := NewVocab([][]byte{nil}, []int32{0})
+	if err != nil {
+		return err
+	}
+	_, err = NewConstraint(g, v)
+	return err
+}

@@ -336,3 +336,22 @@ func TestSaturatedCounts(t *testing.T) {
 		t.Fatal("4 left to go shares the walk shape of 17")
 	}
 }
+
+func TestValidate(t *testing.T) {
+	for src, ok := range map[string]bool{`a|b`: true, `[^\s\S]`: false, `(?:)x{0}`: true} {
+		g, err := Compile(Spec{Kind: KindRegex, Source: src})
+		if err != nil {
+			t.Fatalf("Compile(%q): %v", src, err)
+		}
+		if err := g.Validate(); (err == nil) != ok {
+			t.Errorf("Validate(%q) = %v, want ok %v", src, err, ok)
+		}
+	}
+	g, err := Compile(Spec{Kind: KindGBNF, Source: `root ::= root "a"`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Validate(); err == nil {
+		t.Error("a grammar with no finite text validated")
+	}
+}

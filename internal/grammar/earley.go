@@ -20,7 +20,8 @@ type prod struct {
 const maxSetItems = 1 << 16
 
 type parser struct {
-	over     bool // an Earley set reached maxSetItems: see Constraint.Err
+	over     bool // an Earley set reached maxSetItems or maxWork: see Constraint.Err
+	maxWork  int  // maxSetWork (tests lower it)
 	prods    []prod
 	byLHS    [][]int32 // nonterminal → its productions
 	nullable []bool    // per nonterminal
@@ -51,7 +52,7 @@ type eset struct {
 // lexOf) into productions, dropping those that cannot derive any text. It
 // reports a grammar whose start symbol derives no text.
 func newParser(g *Grammar, lexOf func(*Regex) (int32, bool), nLex int) (*parser, error) {
-	p := &parser{nLex: nLex}
+	p := &parser{nLex: nLex, maxWork: maxSetWork}
 	nRules := len(g.Rules)
 	for _, r := range g.Rules {
 		p.names = append(p.names, r.Name)
@@ -194,8 +195,15 @@ func (v chartView) push(s *eset) chartView {
 	return chartView{v.base, append(v.extra[:len(v.extra):len(v.extra)], s)}
 }
 
+// maxSetWork bounds the completions one Earley set may take (items
+// advanced over a completed nonterminal, summed): a few milliseconds a
+// lexeme. JSON Schema grammars stay in the hundreds; a highly ambiguous
+// grammar reaches it after about a thousand lexemes.
+const maxSetWork = 1 << 18
+
 // closer builds one Earley set.
 type closer struct {
+	work  int // completions so far (see maxSetWork)
 	p     *parser
 	chart chartView
 	set   *eset
@@ -230,7 +238,15 @@ func (c *closer) close(l *lexer) *eset {
 				continue // nullable: moved past at prediction
 			}
 			o := c.chart.at(it.origin)
-			for _, j := range o.waiting[pr.lhs] {
+			ws := o.waiting[pr.lhs]
+			if c.work += len(ws); c.work > c.p.maxWork {
+				// An ambiguous grammar can make each set cost time in the
+				// length of the text (and the text cubic time): stop, and
+				// let the matcher report ErrTooComplex.
+				c.p.over = true
+				break
+			}
+			for _, j := range ws {
 				w := o.items[j]
 				c.add(item{w.prod, w.dot + 1, w.origin})
 			}

@@ -80,7 +80,7 @@ func NewConstraint(g *Grammar, v *Vocab) (*Constraint, error) {
 // ErrTooComplex is reported by Matcher.Err when a Constraint outgrew its
 // bounds (expressions, lexer states, Earley items): its masks are no longer
 // trustworthy and the output must end.
-var ErrTooComplex = &Error{Msg: "the constraint is too complex: it needs more than the engine's bounds (1Mi expressions, 32Ki lexer states, 64Ki items a set)"}
+var ErrTooComplex = &Error{Msg: "the constraint is too complex: it needs more than the engine's bounds (1Mi expressions, 32Ki lexer states, 64Ki items or 256Ki completions an Earley set)"}
 
 // over reports whether c outgrew a bound.
 func (c *Constraint) over() bool { return c.ex.over || c.lx.over || c.p.over }

@@ -355,3 +355,30 @@ func TestValidate(t *testing.T) {
 		t.Error("a grammar with no finite text validated")
 	}
 }
+
+// TestAmbiguousBounded: a highly ambiguous grammar (S → S S S | S S | a |
+// ε) costs Earley time growing with the text at every lexeme; the
+// completions bound stops it with ErrTooComplex instead of the worker
+// spending minutes a token (the bound is lowered here to keep the test
+// short).
+func TestAmbiguousBounded(t *testing.T) {
+	g, err := Compile(Spec{Kind: KindGBNF, Source: "root ::= s\ns ::= s s s | s s | \"a\" | \"\""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewConstraint(g, mustByteVocab(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.p.maxWork = 1 << 12
+	m := c.NewMatcher()
+	n := 0
+	for ; n < 2000 && m.Err() == nil; n++ {
+		if !m.AcceptBytes([]byte("a")) && m.Err() == nil {
+			t.Fatalf("byte %d refused", n)
+		}
+	}
+	if m.Err() != ErrTooComplex {
+		t.Fatalf("Err = %v after %d bytes, want ErrTooComplex", m.Err(), n)
+	}
+}

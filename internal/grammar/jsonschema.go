@@ -997,15 +997,11 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 		if !ok {
 			return nil, unsupportedAt("multipleOf", path+"/multipleOf", "only multipleOf of an integer dividing a power of 10, or of 10^-m, is enforced")
 		}
-		switch {
-		case intOnly && n.types&tNum != 0:
-			// Integral numbers, also written with a zero fraction (6000.0
-			// is a number and a multiple of 1).
-			if rx == nil {
-				rx = jsonInteger
-			}
-			n.numPatterns = append(n.numPatterns, Concat(rx, Opt(Concat(Lit("."), Plus(Lit("0"))))))
-		case rx != nil:
+		if intOnly {
+			// Integral numbers, written as integers (see emit).
+			n.types &^= tNum
+		}
+		if rx != nil {
 			n.numPatterns = append(n.numPatterns, rx)
 		}
 	}
@@ -1742,13 +1738,11 @@ func (c *jsCompiler) emit(n *node) (int, error) {
 				return 0, unsupportedAt("minimum", n.path, "a bound without a finite decimal expansion")
 			}
 		} else {
-			// From draft 6 on, an integral value written with a zero
-			// fraction (6000.0, as Python writes a float) is an integer;
-			// draft 4 says it is not.
+			// Integers are written canonically, without a fraction: from
+			// draft 6 on 6000.0 is an integer too, but clients parse an
+			// integer field into an integer type (Go's encoding/json
+			// refuses 6000.0 for an int), so the grammar never writes it.
 			lx = integerRange(n.lo, n.hi)
-			if c.draft >= 6 {
-				lx = Concat(lx, Opt(Concat(Lit("."), Plus(Lit("0")))))
-			}
 		}
 		if len(n.numPatterns) > 0 {
 			lx = And(append([]*Regex{lx}, n.numPatterns...)...)
@@ -1866,8 +1860,9 @@ func (c *jsCompiler) literal(v *jval) []Sym {
 	return nil
 }
 
-// numberLiteral matches the usual spellings of number v: as written, and
-// for an integral value N also "N.0"; otherwise its plain decimal form.
+// numberLiteral matches the spellings of number v a client expects: as
+// written, and its canonical form (an integral value without fraction,
+// another in plain decimal).
 func numberLiteral(v *jval) *Regex {
 	alts := []*Regex{Lit(v.s)}
 	r := v.rat()
@@ -1875,8 +1870,7 @@ func numberLiteral(v *jval) *Regex {
 		return alts[0]
 	}
 	if r.IsInt() {
-		s := r.Num().String()
-		alts = append(alts, Lit(s), Lit(s+".0"))
+		alts = append(alts, Lit(r.Num().String()))
 	} else {
 		neg := r.Sign() < 0
 		ip, f, ok := decParts(new(big.Rat).Abs(r))

@@ -10,10 +10,13 @@ package grammar
 // relative reference whose first segment has no ":"), RFC 6901
 // (json-pointer) and draft-handrews-relative-json-pointer.
 // Day-of-month is checked per month (February up to 29, leap years not
-// distinguished).
+// distinguished). A leap second (:60) is not admitted: RFC 3339 allows it
+// only at 23:59:60 UTC, which a regex of local times cannot tell, and
+// validators refuse the others. An email's local part is at most 64
+// characters and the address at most 254 (RFC 5321 §4.5.3.1).
 const (
 	fmtDate     = `[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-9]))`
-	fmtTime     = `(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\.[0-9]+)?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])`
+	fmtTime     = `(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])`
 	fmtDurDate  = `(?:[0-9]+Y(?:[0-9]+M)?(?:[0-9]+D)?|[0-9]+M(?:[0-9]+D)?|[0-9]+D)`
 	fmtDurTime  = `T(?:[0-9]+H(?:[0-9]+M)?(?:[0-9]+S)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)`
 	fmtOctet    = `(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])`
@@ -69,6 +72,17 @@ func formatRegex(f string) (*Regex, bool, error) {
 	p, ok := jsonFormats[f]
 	if !ok {
 		return nil, false, nil
+	}
+	if f == "email" {
+		local, err := ParseRegex(fmtAtom + `(?:\.` + fmtAtom + `)*`)
+		if err != nil {
+			return nil, false, err
+		}
+		host, err := ParseRegex(fmtHostname)
+		if err != nil {
+			return nil, false, err
+		}
+		return And(Concat(And(local, Repeat(AnyChar(), 1, 64)), Lit("@"), host), Repeat(AnyChar(), 3, 254)), true, nil
 	}
 	if f == "hostname" {
 		// Lookahead is not in the pattern dialect: bound the length apart.

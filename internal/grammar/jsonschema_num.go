@@ -18,7 +18,11 @@ var (
 	digit19  = Class(RuneRange{'1', '9'})
 	jsonNat  = Or(Lit("0"), Concat(digit19, Star(digit)))
 	jsonFrac = Concat(Lit("."), Plus(digit))
-	jsonExp  = Concat(Class(RuneRange{'e', 'e'}, RuneRange{'E', 'E'}), Opt(Class(RuneRange{'+', '+'}, RuneRange{'-', '-'})), Plus(digit))
+	// jsonExp's exponent is at most 308 (with up to two leading zeros):
+	// every number written then parses to a finite float64, and none
+	// above 0 reads as 0 (1e-308 is above the smallest normal double).
+	jsonExp = Concat(Class(RuneRange{'e', 'e'}, RuneRange{'E', 'E'}), Opt(Class(RuneRange{'+', '+'}, RuneRange{'-', '-'})),
+		Repeat(Lit("0"), 0, 2), natRange(big.NewInt(0), big.NewInt(308)))
 	// jsonNumber is any JSON number.
 	jsonNumber = Concat(Opt(Lit("-")), jsonNat, Opt(jsonFrac), Opt(jsonExp))
 	// jsonInteger is an integer written canonically.
@@ -289,7 +293,8 @@ var (
 	expAny = Concat(jsonNat, Opt(jsonFrac), jsonExp)
 	// expSmall is an unsigned number with one integer digit and a negative
 	// exponent (0 ≤ value < 1), as Python's repr writes 1e-05.
-	expSmall = Concat(digit, Opt(jsonFrac), Class(RuneRange{'e', 'e'}, RuneRange{'E', 'E'}), Lit("-"), Star(digit), digit19, Star(digit))
+	// Its exponent is at most 308, as jsonExp's.
+	expSmall = Concat(digit, Opt(jsonFrac), Class(RuneRange{'e', 'e'}, RuneRange{'E', 'E'}), Lit("-"), Repeat(Lit("0"), 0, 2), natRange(big.NewInt(1), big.NewInt(308)))
 	// zeroMantissa is a mantissa of value 0.
 	zeroMantissa = Concat(Lit("0"), Opt(Concat(Lit("."), Plus(Lit("0")))))
 )

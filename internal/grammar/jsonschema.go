@@ -1016,6 +1016,11 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 		if !a.oneOf {
 			continue
 		}
+		if len(a.n.alts) > maxOneOfBranches {
+			// Each pair of branches is compared: beyond this the compile
+			// alone would cost seconds (1,000 branches: 5 s).
+			return nil, unsupportedAt("oneOf", a.n.path, "%d branches, more than %d", len(a.n.alts), maxOneOfBranches)
+		}
 		subs := make([]*node, len(a.n.alts))
 		for j, s := range a.n.alts {
 			m, err := c.merge(n, s, 0)
@@ -1346,6 +1351,10 @@ func (c *jsCompiler) keySchema(n *node, name string) (*node, error) {
 	}
 	return n.addl, nil
 }
+
+// maxOneOfBranches bounds the branches of a oneOf, whose pairs are all
+// compared for disjointness.
+const maxOneOfBranches = 128
 
 // disjoint reports whether no value is admitted by both a and b (false
 // when that cannot be shown).

@@ -40,3 +40,21 @@ func TestJSONSchemaWritesWhatClientsRead(t *testing.T) {
 		}
 	}
 }
+
+// TestOneOfBranchBound: a oneOf of more than maxOneOfBranches branches is
+// refused naming oneOf (its pairwise comparison would take seconds).
+func TestOneOfBranchBound(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"oneOf":[`)
+	for i := range maxOneOfBranches + 1 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"const":` + strings.Repeat("1", 1+i%5) + `}`)
+	}
+	b.WriteString(`]}`)
+	_, err := Compile(Spec{Kind: KindJSONSchema, Source: b.String()})
+	if e, ok := err.(*Error); !ok || e.Keyword != "oneOf" {
+		t.Fatalf("error %v, want one naming oneOf", err)
+	}
+}

@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
@@ -97,6 +96,8 @@ const (
 // toolRequest is a chat request's validated tools.
 type toolRequest struct {
 	tools []Tool
+	// params are the schemas of the tools' arguments (toolParameters).
+	params []json.RawMessage
 	// list is the tools as the template gets them (the client's JSON).
 	list json.RawMessage
 	mode toolMode
@@ -162,10 +163,12 @@ func (p *parser) tools(w *ChatCompletionRequest) (*toolRequest, error) {
 		if slices.ContainsFunc(tr.tools, func(o Tool) bool { return o.Function.Name == t.Function.Name }) {
 			return nil, BadRequest("tools", "tools[%d]: function %q is declared twice", i, t.Function.Name)
 		}
-		if err := checkParameters(t.Function.Parameters); err != nil {
-			return nil, BadRequest("tools", "tools[%d].function.parameters %s", i, err)
+		params, err := toolParameters(t.Function.Parameters)
+		if err != nil {
+			return nil, BadRequest(parametersField(i), "%s %s", parametersField(i), err)
 		}
 		tr.tools = append(tr.tools, t)
+		tr.params = append(tr.params, params)
 	}
 	switch {
 	case isNull(w.ToolChoice) || choice == `"auto"`:
@@ -191,72 +194,49 @@ func (p *parser) tools(w *ChatCompletionRequest) (*toolRequest, error) {
 		return nil, BadRequest("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}")
 	}
 	if tr.constrained() {
-		tr.spec = grammar.Spec{Kind: grammar.KindJSONSchema, Source: tr.schema()}
+		src, err := tr.schema()
+		if err != nil {
+			return nil, err
+		}
+		tr.spec = grammar.Spec{Kind: grammar.KindJSONSchema, Source: src}
 	}
 	return tr, nil
 }
 
-// checkParameters refuses parameters that are not an object schema.
-func checkParameters(raw json.RawMessage) error {
-	if isNull(raw) {
-		return nil
-	}
-	var schema map[string]json.RawMessage
-	if firstByte(raw) != '{' || json.Unmarshal(raw, &schema) != nil {
-		return fmt.Errorf("must be a JSON Schema object")
-	}
-	t, ok := schema["type"]
-	if !ok {
-		return nil
-	}
-	var one string
-	if json.Unmarshal(t, &one) == nil && one == "object" {
-		return nil
-	}
-	var many []string
-	if json.Unmarshal(t, &many) == nil && slices.Contains(many, "object") {
-		return nil
-	}
-	return fmt.Errorf("must be the schema of an object (type \"object\"), got type %s", t)
-}
-
-// parameters is the schema of t's arguments.
-func (t Tool) parameters() json.RawMessage {
-	if isNull(t.Function.Parameters) {
-		return json.RawMessage(emptyParameters)
-	}
-	return t.Function.Parameters
-}
+// parametersField names the parameters of tools[i].
+func parametersField(i int) string { return fmt.Sprintf("tools[%d].function.parameters", i) }
 
 // schema is the JSON Schema the output of a constrained tool_choice
 // follows, as vLLM constrains it: for a named function, that function's
 // parameters (the output is the arguments); for "required", an array of at
 // least one (at most one without parallel_tool_calls) {"name": one of the
 // tools, "parameters": its parameters}.
-func (t *toolRequest) schema() string {
+func (t *toolRequest) schema() (string, error) {
 	if t.mode == toolNamed {
-		for _, tool := range t.tools {
+		for i, tool := range t.tools {
 			if tool.Function.Name == t.name {
-				return string(tool.parameters())
+				return string(t.params[i]), nil
 			}
 		}
 	}
-	var b bytes.Buffer
-	b.WriteString(`{"type":"array","minItems":1,`)
+	var b []byte
+	b = append(b, `{"type":"array","minItems":1,`...)
 	if !t.parallel {
-		b.WriteString(`"maxItems":1,`)
+		b = append(b, `"maxItems":1,`...)
 	}
-	b.WriteString(`"items":{"anyOf":[`)
+	b = append(b, `"items":{"anyOf":[`...)
 	for i, tool := range t.tools {
 		if i > 0 {
-			b.WriteByte(',')
+			b = append(b, ',')
 		}
-		name, _ := json.Marshal(tool.Function.Name)
-		fmt.Fprintf(&b, `{"type":"object","properties":{"name":{"const":%s},"parameters":%s},"required":["name","parameters"],"additionalProperties":false}`,
-			name, tool.parameters())
+		b = append(b, `{"type":"object","properties":{"name":{"const":`...)
+		b = AppendJSONString(b, tool.Function.Name, false)
+		b = append(b, `},"parameters":`...)
+		b = append(b, t.params[i]...)
+		b = append(b, `},"required":["name","parameters"],"additionalProperties":false}`...)
 	}
-	b.WriteString(`]}}`)
-	return b.String()
+	b = append(b, `]}}`...)
+	return string(b), nil
 }
 
 // newCallID returns "call_" and 24 random hex digits (96 bits: unique).

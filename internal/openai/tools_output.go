@@ -207,8 +207,9 @@ func (s *callScanner) feed(text string, final bool, c *chatPost) (string, []Tool
 				s.state, s.pending = scanName, ""
 				s.name.Reset()
 			case !prefix:
+				// pending holds b already.
 				flushArgs()
-				return s.fail(text[i:], pieces, c)
+				return s.fail(text[i+1:], pieces, c)
 			}
 		case scanName:
 			if b == '"' {

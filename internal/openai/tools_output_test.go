@@ -52,6 +52,8 @@ func TestCallScanner(t *testing.T) {
 		// Not the constrained shape: content from there on.
 		{"", `{"a":1}`, "stop", `{"a":1}`, nil, "stop"},
 		{"", `[{"name":"f","parameters":{}}]tail`, "stop", "tail", []ToolCall{call("f", `{}`)}, "tool_calls"},
+		{"", `[{"name":"f","parameters":{}}X`, "stop", "}X", []ToolCall{call("f", `{}`)}, "tool_calls"},
+		{"", `[{"name":"f","parameters":{}},Q`, "stop", "},Q", []ToolCall{call("f", `{}`)}, "tool_calls"},
 		// Named: the output is the arguments.
 		{"f", `{"a":[1,2]}`, "stop", "", []ToolCall{call("f", `{"a":[1,2]}`)}, "tool_calls"},
 		{"f", `{"a":[1`, "length", "", []ToolCall{call("f", `{"a":[1`)}, "length"},

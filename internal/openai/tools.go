@@ -3,9 +3,11 @@ package openai
 import (
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/pdserve/pdserve/internal/grammar"
@@ -203,6 +205,30 @@ func (p *parser) tools(w *ChatCompletionRequest) (*toolRequest, error) {
 	return tr, nil
 }
 
+// compileError is the 400 for the schema of a constrained tool_choice
+// that does not compile: it names the parameters of the tool at fault and
+// the path inside them when the error has one, else "tools".
+func (t *toolRequest) compileError(err error) *Error {
+	var ge *grammar.Error
+	if !errors.As(err, &ge) {
+		return compileError("tools", err)
+	}
+	for i, tool := range t.tools {
+		if t.mode == toolNamed {
+			if tool.Function.Name == t.name {
+				return compileError(parametersField(i), err)
+			}
+			continue
+		}
+		if rest, ok := strings.CutPrefix(ge.Path, "#"+paramsAt(i)); ok && (rest == "" || rest[0] == '/') {
+			e := *ge
+			e.Path = "#" + rest
+			return compileError(parametersField(i), &e)
+		}
+	}
+	return compileError("tools", err)
+}
+
 // parametersField names the parameters of tools[i].
 func parametersField(i int) string { return fmt.Sprintf("tools[%d].function.parameters", i) }
 
@@ -210,7 +236,9 @@ func parametersField(i int) string { return fmt.Sprintf("tools[%d].function.para
 // follows, as vLLM constrains it: for a named function, that function's
 // parameters (the output is the arguments); for "required", an array of at
 // least one (at most one without parallel_tool_calls) {"name": one of the
-// tools, "parameters": its parameters}.
+// tools, "parameters": its parameters}, each tool's local $refs moved to
+// where its parameters sit in that array's schema (paramsAt). The error is
+// a 400 naming the parameters whose reference cannot be moved.
 func (t *toolRequest) schema() (string, error) {
 	if t.mode == toolNamed {
 		for i, tool := range t.tools {
@@ -229,15 +257,23 @@ func (t *toolRequest) schema() (string, error) {
 		if i > 0 {
 			b = append(b, ',')
 		}
+		params, err := rebaseRefs(t.params[i], paramsAt(i))
+		if err != nil {
+			return "", BadRequest(parametersField(i), "%s: %v", parametersField(i), err)
+		}
 		b = append(b, `{"type":"object","properties":{"name":{"const":`...)
 		b = AppendJSONString(b, tool.Function.Name, false)
 		b = append(b, `},"parameters":`...)
-		b = append(b, t.params[i]...)
+		b = append(b, params...)
 		b = append(b, `},"required":["name","parameters"],"additionalProperties":false}`...)
 	}
 	b = append(b, `]}}`...)
 	return string(b), nil
 }
+
+// paramsAt is the JSON pointer of the parameters of tools[i] in the schema
+// of a "required" tool_choice.
+func paramsAt(i int) string { return "/items/anyOf/" + strconv.Itoa(i) + "/properties/parameters" }
 
 // newCallID returns "call_" and 24 random hex digits (96 bits: unique).
 func newCallID() string {
@@ -332,7 +368,7 @@ func (p *parser) chatTools(w *ChatCompletionRequest, req *request, opts *model.C
 				strings.TrimSpace(string(w.ToolChoice)))
 		}
 		if err := p.compiled.check(tr.spec); err != nil {
-			return compileError("tools", err)
+			return tr.compileError(err)
 		}
 		req.constraint = tr.spec
 	case tr.mode == toolAuto:

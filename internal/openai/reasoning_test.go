@@ -1,9 +1,12 @@
 package openai
 
 import (
+	"encoding/json"
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/pdserve/pdserve/internal/model"
 )
 
 // splitThink runs a thinkStream over text cut at cuts.
@@ -70,6 +73,60 @@ func TestPromptOpensThink(t *testing.T) {
 	} {
 		if got := promptOpensThink(prompt); got != want {
 			t.Errorf("promptOpensThink(%q) = %v, want %v", prompt, got, want)
+		}
+	}
+}
+
+// thinkTokenizer renders like byteTokenizer and opens a <think> block
+// for the model, as Qwen3's thinking templates do.
+type thinkTokenizer struct{ byteTokenizer }
+
+func (t thinkTokenizer) ApplyChatTemplate(msgs []model.Message, opts model.ChatOptions) (string, error) {
+	s, err := t.byteTokenizer.ApplyChatTemplate(msgs, opts)
+	return s + "<think>\n", err
+}
+
+// TestConstrainedOutputNoReasoning: an output under a structured-output
+// constraint has no think block, so all of it is content whatever the
+// reasoning parser, whole and streamed; the same text without the
+// constraint is reasoning.
+func TestConstrainedOutputNoReasoning(t *testing.T) {
+	const out = `{"answer":"<think>"}`
+	for _, parser := range []string{"deepseek_r1", "qwen3"} {
+		srv := newServer(t, newFakeEngine(chunksOf(out, 3, "stop")...), func(c *Config) {
+			c.ReasoningParser, c.Tokenizer, c.ContextLen = parser, thinkTokenizer{}, 4096
+		})
+		for _, constraint := range []string{
+			`"response_format":{"type":"json_object"},`,
+			`"structured_outputs":{"json":{"type":"object"}},`,
+			`"guided_regex":".*",`,
+			`"",`, // none: the output is reasoning (the prompt opened the block)
+		} {
+			constraint = strings.TrimPrefix(constraint, `"",`)
+			wantContent, wantReasoning := out, ""
+			if constraint == "" {
+				wantContent, wantReasoning = "", out
+			}
+			_, got := post(t, srv, "/v1/chat/completions", `{`+constraint+`"messages":[`+userHi+`]}`)
+			var a chatAnswer
+			if err := json.Unmarshal([]byte(got), &a); err != nil {
+				t.Fatal(err)
+			}
+			m := a.Choices[0].Message
+			content, reasoning := "", ""
+			if m.Content != nil {
+				content = *m.Content
+			}
+			if m.ReasoningContent != nil {
+				reasoning = *m.ReasoningContent
+			}
+			if content != wantContent || reasoning != wantReasoning {
+				t.Errorf("%s, %s: content %q, reasoning %q; want %q, %q", parser, constraint, content, reasoning, wantContent, wantReasoning)
+			}
+			_, sbody := post(t, srv, "/v1/chat/completions", `{"stream":true,`+constraint+`"messages":[`+userHi+`]}`)
+			if content, reasoning, _, _ := streamedAnswer(t, sbody); content != wantContent || reasoning != wantReasoning {
+				t.Errorf("%s, %s streamed: content %q, reasoning %q; want %q, %q", parser, constraint, content, reasoning, wantContent, wantReasoning)
+			}
 		}
 	}
 }

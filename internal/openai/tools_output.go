@@ -43,7 +43,11 @@ func newChatPost(req *request) *chatPost {
 		c.calls = &callStream{p: req.tools.parser}
 		c.single = !req.tools.parallel
 	}
-	c.think = newThinkStream(req.reasoningParser, req.thinkOpen)
+	if req.constraint.IsZero() {
+		// A structured output (response_format and the like) is the
+		// grammar's text from its first token: no think block.
+		c.think = newThinkStream(req.reasoningParser, req.thinkOpen)
+	}
 	if c.think == nil && c.calls == nil {
 		return nil
 	}

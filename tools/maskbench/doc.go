@@ -25,6 +25,15 @@
 //	git -C jsonschemabench archive HEAD maskbench/data | tar -x -C /tmp/jsb
 //	go run ./tools/maskbench -data /tmp/jsb/maskbench/data
 //
+// A partial snapshot that lacks some blobs (one fetched in December 2026
+// lacked JsonSchemaStore---cloudformation.schema.json) makes git archive
+// fail; take the files one by one instead, skipping the missing ones:
+//
+//	mkdir -p /tmp/jsb/maskbench/data
+//	git -C jsonschemabench ls-tree -r HEAD maskbench/data | while read -r _ _ h p; do
+//	    git -C jsonschemabench cat-file blob "$h" > "/tmp/jsb/$p" || rm -f "/tmp/jsb/$p"
+//	done
+//
 // llguidance's per-schema results (-expected) are
 // json_stats/expected_maskbench.json of github.com/guidance-ai/llguidance
 // (git show HEAD:json_stats/expected_maskbench.json in a clone).

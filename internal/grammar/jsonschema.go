@@ -895,10 +895,7 @@ func (c *jsCompiler) normalize(v *jval, path string, depth int) (*node, error) {
 			case "oneOf":
 				a = &node{path: kp, isUnion: true, alts: subs}
 			}
-			// allOf keeps its place in the property order; anyOf and oneOf
-			// branches come after the sibling keywords' properties, as
-			// llguidance orders them (MaskBench's instances follow it).
-			apps = append(apps, applicator{a, kw == "allOf" && !seenProps, kw == "oneOf"})
+			apps = append(apps, applicator{a, !seenProps, kw == "oneOf"})
 		case "$ref":
 			t, err := c.refTarget(x, kp)
 			if err != nil {

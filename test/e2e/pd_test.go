@@ -307,8 +307,9 @@ func TestBadInput(t *testing.T) {
 		{"unknown role", "/v1/chat/completions", `{"messages":[{"role":"wizard","content":"hi"}]}`, 400, "wizard"},
 		{"body too large", "/v1/completions", `{"prompt":"` + strings.Repeat("a", 5<<20) + `"}`, 413, "limit"},
 		{"unknown path", "/v1/embeddings", `{}`, 404, "embeddings"},
-		{"tools", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, 400, "tools"},
-		{"json response format", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}`, 400, "response_format"},
+		{"tool with a bad name", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"no spaces"}}]}`, 400, "tools"},
+		{"unsupported schema keyword", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"(?<=a)b"}}}}`, 400, "lookbehind"},
+		{"two constraints", "/v1/completions", `{"prompt":"hi","guided_regex":"a","guided_choice":["a"]}`, 400, "guided_choice"},
 		{"path without slash", "/v1", `{}`, 404, "/v1"},
 		{"double slash", "//v1/completions", `{"prompt":"hi"}`, 400, "use \"/v1/completions\""},
 	}

@@ -458,9 +458,10 @@ func gbnfSpec(name string, raw json.RawMessage) (grammar.Spec, error) {
 // outcomes (entries, each a digest and an error: a few hundred bytes).
 const DefaultCompileCacheEntries = 1024
 
-// compileCache remembers whether each recent constraint compiled, keyed
-// by grammar.Spec.Digest, so that a client sending the same schema with
-// every request pays for its compilation once. It keeps the outcome only,
+// compileCache remembers whether each recent constraint compiled (and
+// validated: compileSpec), keyed by grammar.Spec.Digest, so that a client
+// sending the same schema with every request pays for its compilation
+// once. It keeps the outcome only,
 // not the grammar (workers compile their own). Least recently used
 // entries go first. Safe for concurrent use; a nil cache compiles every
 // time.
@@ -477,15 +478,33 @@ type compiled struct {
 	err    error
 }
 
-// newCompileCache returns a cache of up to max outcomes of grammar.Compile.
+// newCompileCache returns a cache of up to max outcomes of compileSpec.
 func newCompileCache(max int) *compileCache {
-	return &compileCache{max: max, entries: map[string]*list.Element{}, compile: grammar.Compile}
+	return &compileCache{max: max, entries: map[string]*list.Element{}, compile: compileSpec}
 }
 
-// check compiles s, or recalls how it compiled, and returns its error.
+// compileSpec compiles s and checks what a worker checks when it binds the
+// grammar to its vocabulary (grammar.Grammar.Validate: some text matches,
+// the engine's bounds hold at the start), so that a constraint no text
+// satisfies (a regex of an empty class, a rule that never ends, a number
+// whose minimum exceeds its maximum) is refused by the front end, naming
+// the request's field, not by the worker. Errors are grammar's *Error.
+func compileSpec(s grammar.Spec) (*grammar.Grammar, error) {
+	g, err := grammar.Compile(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// check compiles s (compileSpec), or recalls how it compiled, and returns
+// its error.
 func (c *compileCache) check(s grammar.Spec) error {
 	if c == nil {
-		_, err := grammar.Compile(s)
+		_, err := compileSpec(s)
 		return err
 	}
 	d := s.Digest()

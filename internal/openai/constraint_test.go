@@ -185,6 +185,13 @@ func TestConstraintCompileErrors(t *testing.T) {
 		{"Lark undefined rule", `{"prompt":"hi","structured_outputs":{"grammar":"start: item"}}`, 400, "structured_outputs.grammar",
 			`structured_outputs.grammar cannot be applied: "lark" at 1:8 — undefined rule item`},
 		{"huge choice", `{"prompt":"hi","guided_choice":["` + strings.Repeat("a", grammar.MaxSourceBytes) + `"]}`, 400, "guided_choice", "more than the limit"},
+		// Constraints that compile but match no text (grammar.Grammar.Validate).
+		{"empty class", `{"prompt":"hi","guided_regex":"[^\\s\\S]"}`, 400, "guided_regex", "guided_regex cannot be applied: the grammar matches no text"},
+		{"endless rule", `{"prompt":"hi","guided_grammar":"root ::= root \"a\""}`, 400, "guided_grammar", "guided_grammar cannot be applied: the grammar matches no text"},
+		{"minimum above maximum", `{"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"number","minimum":5,"maximum":1}}}}`,
+			400, "response_format.json_schema.schema", "response_format.json_schema.schema cannot be applied: the grammar matches no text"},
+		{"uuid in 10 characters", `{"prompt":"hi","structured_outputs":{"json":{"type":"string","format":"uuid","maxLength":10}}}`,
+			400, "structured_outputs.json", "structured_outputs.json cannot be applied: the grammar matches no text"},
 	})
 	for _, tc := range []struct {
 		body        string

@@ -361,19 +361,27 @@ func TestConstrainedSimValid(t *testing.T) {
 	t.Logf("%d of %d outputs finished, all valid", stops, total)
 }
 
-// TestConstraintRefusedOnWorkers: a constraint that does not compile is
-// refused with a 400 naming the field before any worker computes anything
-// (the router checks it), and the workers' compiled-constraint caches count
-// one miss per distinct constraint on each worker, then hits.
+// TestConstraintRefusedOnWorkers: a constraint that does not compile, or
+// that no text satisfies, is refused with a 400 naming the field before
+// any worker computes anything (the router checks it), and the workers'
+// compiled-constraint caches count one miss per distinct constraint on
+// each worker, then hits.
 func TestConstraintRefusedOnWorkers(t *testing.T) {
 	pd := startPD(t, pdOptions{})
-	for _, body := range []map[string]any{
-		{"prompt": "x", "guided_regex": "(unclosed"},
-		{"prompt": "x", "guided_choice": []string{}},
+	for _, tc := range []struct {
+		body  map[string]any
+		param string
+	}{
+		{map[string]any{"prompt": "x", "guided_regex": "(unclosed"}, "guided_regex"},
+		{map[string]any{"prompt": "x", "guided_choice": []string{}}, "guided_choice"},
+		{map[string]any{"prompt": "x", "guided_regex": `[^\s\S]`}, "guided_regex"},
+		{map[string]any{"prompt": "x", "guided_grammar": `root ::= root "a"`}, "guided_grammar"},
+		{map[string]any{"prompt": "x", "guided_json": map[string]any{"type": "number", "minimum": 5, "maximum": 1}}, "guided_json"},
 	} {
-		s, b := postJSON(t, pd.URL()+"/v1/completions", body)
-		if s != http.StatusBadRequest {
-			t.Fatalf("%v: %d %s, want 400", body, s, b)
+		s, b := postJSON(t, pd.URL()+"/v1/completions", tc.body)
+		var e struct{ Error struct{ Param string } }
+		if err := json.Unmarshal(b, &e); s != http.StatusBadRequest || err != nil || e.Error.Param != tc.param {
+			t.Fatalf("%v: %d %s, want a 400 naming %s", tc.body, s, b, tc.param)
 		}
 	}
 	for i := range 3 {

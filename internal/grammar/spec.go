@@ -69,6 +69,10 @@ type Spec struct {
 	// (JSON kinds only). The default is compact JSON, as OpenAI's strict
 	// mode emits: no whitespace outside strings.
 	FlexibleWhitespace bool `json:"flexible_whitespace,omitempty"`
+	// AnyPropertyOrder lets a JSON object's members come in any order
+	// (JSON kinds only; see JSONOptions.AnyPropertyOrder). The default
+	// writes them in the schema's order, as llguidance documents it.
+	AnyPropertyOrder bool `json:"any_property_order,omitempty"`
 }
 
 // MaxSourceBytes bounds a Spec's Source (a schema, a grammar).
@@ -85,11 +89,14 @@ func (s Spec) Digest() string {
 		return ""
 	}
 	h := sha256.New()
-	ws := byte(0)
+	opts := byte(0)
 	if s.FlexibleWhitespace {
-		ws = 1
+		opts |= 1
 	}
-	h.Write([]byte{byte(s.Kind), ws})
+	if s.AnyPropertyOrder {
+		opts |= 2
+	}
+	h.Write([]byte{byte(s.Kind), opts})
 	h.Write([]byte(s.Source))
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -133,9 +140,9 @@ func Compile(s Spec) (*Grammar, error) {
 	}
 	switch s.Kind {
 	case KindJSONSchema:
-		return CompileJSONSchema([]byte(s.Source), JSONOptions{FlexibleWhitespace: s.FlexibleWhitespace})
+		return CompileJSONSchema([]byte(s.Source), JSONOptions{FlexibleWhitespace: s.FlexibleWhitespace, AnyPropertyOrder: s.AnyPropertyOrder})
 	case KindJSONObject:
-		return CompileJSONSchema([]byte(`{"type":"object"}`), JSONOptions{FlexibleWhitespace: s.FlexibleWhitespace})
+		return CompileJSONSchema([]byte(`{"type":"object"}`), JSONOptions{FlexibleWhitespace: s.FlexibleWhitespace, AnyPropertyOrder: s.AnyPropertyOrder})
 	case KindRegex:
 		r, err := ParseRegex(s.Source)
 		if err != nil {

@@ -107,8 +107,8 @@ func (g *grammarEngine) tokenBytes(id int32) []byte { return g.tok.TokenBytes(id
 
 func (g *grammarEngine) encode(text string) ([]int32, error) { return g.tok.Encode(text, false) }
 
-func (g *grammarEngine) compile(schema []byte, flexible bool) (func() matcher, error) {
-	gr, err := grammar.Compile(grammar.Spec{Kind: grammar.KindJSONSchema, Source: string(schema), FlexibleWhitespace: flexible})
+func (g *grammarEngine) compile(schema []byte, o compileOptions) (func() matcher, error) {
+	gr, err := grammar.Compile(grammar.Spec{Kind: grammar.KindJSONSchema, Source: string(schema), FlexibleWhitespace: o.flexible, AnyPropertyOrder: o.anyOrder})
 	if err != nil {
 		return nil, err
 	}

@@ -26,15 +26,15 @@ func main() {
 
 // config is the command line.
 type config struct {
-	data, tokenizer            string
-	jsonOut, failures, summary string
-	expected                   string
-	schemas                    string
-	limit, sample, parallel    int
-	compact, flexible, isolate bool
-	budget                     time.Duration
-	worker                     bool
-	progress                   int
+	data, tokenizer                      string
+	jsonOut, failures, summary           string
+	expected                             string
+	schemas                              string
+	limit, sample, parallel              int
+	compact, flexible, anyOrder, isolate bool
+	budget                               time.Duration
+	worker                               bool
+	progress                             int
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -57,6 +57,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.parallel, "parallel", 1, "schemas run at a time; mask times are comparable only with 1")
 	fs.BoolVar(&c.compact, "compact", false, "serialize instances with no whitespace (llguidance's json_stats) instead of json.dumps's \", \" and \": \"")
 	fs.BoolVar(&c.flexible, "flexible", true, "compile schemas with FlexibleWhitespace (MaskBench's instances need it unless -compact)")
+	fs.BoolVar(&c.anyOrder, "any-order", false, "compile schemas with AnyPropertyOrder (object members in any order; the default is the schema's order)")
 	fs.BoolVar(&c.isolate, "isolate", true, "run schemas in child processes, so that a crash or a hang costs one schema")
 	fs.DurationVar(&c.budget, "timeout", time.Minute, "time budget of one schema (compile and all its instances)")
 	fs.IntVar(&c.progress, "progress", 500, "report progress on stderr every N schemas (0: never)")
@@ -143,7 +144,7 @@ func bench(c *config, e engine, spawn func() *exec.Cmd, stdout, stderr io.Writer
 			return err
 		}
 	}
-	o := runOptions{ser: serializer{compact: c.compact}, flexible: c.flexible, budget: c.budget}
+	o := runOptions{ser: serializer{compact: c.compact}, compileOptions: compileOptions{flexible: c.flexible, anyOrder: c.anyOrder}, budget: c.budget}
 	newWorker := func() worker { return inProcess{e: e, o: o} }
 	if spawn != nil {
 		newWorker = func() worker { return newProcWorker(spawn, o, 30*time.Second) }
@@ -181,7 +182,7 @@ func bench(c *config, e engine, spawn func() *exec.Cmd, stdout, stderr io.Writer
 	}
 	r.Env = envInfo{CPU: cpuModel(), GOMAXPROCS: runtime.GOMAXPROCS(0), Parallel: c.parallel, Isolated: spawn != nil,
 		GoVersion: runtime.Version(), Commit: rev, Data: c.data, Tokenizer: c.tokenizer, VocabSize: e.vocabSize(),
-		Format: format, Flexible: c.flexible, BudgetS: int(c.budget.Seconds()),
+		Format: format, Flexible: c.flexible, AnyOrder: c.anyOrder, BudgetS: int(c.budget.Seconds()),
 		Started: start.UTC().Format(time.RFC3339), WallS: int(time.Since(start).Seconds()),
 		LoadStart: loadStart, LoadEnd: loadAvg()}
 	if failures != nil {

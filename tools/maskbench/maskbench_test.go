@@ -52,7 +52,7 @@ func (fakeEngine) encode(text string) ([]int32, error) {
 	return ids, nil
 }
 
-func (fakeEngine) compile(schema []byte, flexible bool) (func() matcher, error) {
+func (fakeEngine) compile(schema []byte, o compileOptions) (func() matcher, error) {
 	var s struct {
 		Accept     []string
 		Refuse     string
@@ -156,7 +156,9 @@ func accept(texts ...string) map[string]any { return map[string]any{"accept": te
 // obj is {"a": v} in file order.
 func obj(v any) any { return map[string]any{"a": v} }
 
-func testRunOptions() runOptions { return runOptions{budget: time.Minute, flexible: true} }
+func testRunOptions() runOptions {
+	return runOptions{budget: time.Minute, compileOptions: compileOptions{flexible: true}}
+}
 
 func TestRunFileClassifies(t *testing.T) {
 	dir := t.TempDir()

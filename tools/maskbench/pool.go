@@ -33,6 +33,7 @@ func (w inProcess) close()                       {}
 type wireOptions struct {
 	Compact  bool  `json:"compact"`
 	Flexible bool  `json:"flexible"`
+	AnyOrder bool  `json:"any_order"`
 	BudgetNS int64 `json:"budget_ns"`
 }
 
@@ -70,7 +71,7 @@ func (w *procWorker) start() error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	hdr, _ := json.Marshal(wireOptions{Compact: w.o.ser.compact, Flexible: w.o.flexible, BudgetNS: int64(w.o.budget)})
+	hdr, _ := json.Marshal(wireOptions{Compact: w.o.ser.compact, Flexible: w.o.flexible, AnyOrder: w.o.anyOrder, BudgetNS: int64(w.o.budget)})
 	if _, err := fmt.Fprintf(in, "%s\n", hdr); err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
@@ -159,7 +160,7 @@ func serveWorker(in io.Reader, out io.Writer, e engine) error {
 	if err := json.Unmarshal(hdr, &wo); err != nil {
 		return fmt.Errorf("reading options: %v", err)
 	}
-	o := runOptions{ser: serializer{compact: wo.Compact}, flexible: wo.Flexible, budget: time.Duration(wo.BudgetNS)}
+	o := runOptions{ser: serializer{compact: wo.Compact}, compileOptions: compileOptions{flexible: wo.Flexible, anyOrder: wo.AnyOrder}, budget: time.Duration(wo.BudgetNS)}
 	bw := bufio.NewWriter(out)
 	enc := json.NewEncoder(bw)
 	for {

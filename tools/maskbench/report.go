@@ -61,6 +61,7 @@ type envInfo struct {
 	VocabSize  int    `json:"vocab_size"`
 	Format     string `json:"format"`
 	Flexible   bool   `json:"flexible_whitespace"`
+	AnyOrder   bool   `json:"any_property_order"`
 	BudgetS    int    `json:"budget_s"`
 	Started    string `json:"started"`
 	WallS      int    `json:"wall_s"`
@@ -224,8 +225,8 @@ func countSlow(ns []int64) (slow int, maxNS int64) {
 // writeText prints r as tables.
 func (r *report) writeText(w io.Writer) {
 	e := r.Env
-	fmt.Fprintf(w, "MaskBench: %d schemas from %s; tokenizer %s (%d tokens); %s instances, flexible whitespace %v\n",
-		r.Schemas, e.Data, e.Tokenizer, e.VocabSize, e.Format, e.Flexible)
+	fmt.Fprintf(w, "MaskBench: %d schemas from %s; tokenizer %s (%d tokens); %s instances, flexible whitespace %v, any property order %v\n",
+		r.Schemas, e.Data, e.Tokenizer, e.VocabSize, e.Format, e.Flexible, e.AnyOrder)
 	fmt.Fprintf(w, "%s, GOMAXPROCS=%d, %d schema(s) at a time, %s, commit %s, %ds wall, load average %s at the start, %s at the end\n\n",
 		e.CPU, e.GOMAXPROCS, e.Parallel, e.GoVersion, e.Commit, e.WallS, e.LoadStart, e.LoadEnd)
 	splits := slices.Sorted(maps.Keys(r.BySplit))

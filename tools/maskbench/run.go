@@ -23,7 +23,7 @@ type engine interface {
 	tokenBytes(id int32) []byte
 	// compile compiles and binds a schema; the function it returns
 	// starts a matcher at the start of the output.
-	compile(schema []byte, flexible bool) (func() matcher, error)
+	compile(schema []byte, o compileOptions) (func() matcher, error)
 }
 
 // matcher is the part of *grammar.Matcher a run drives.
@@ -103,10 +103,16 @@ type instanceFailure struct {
 }
 
 // runOptions are a run's settings.
+// compileOptions are the grammar.Spec options schemas are compiled with.
+type compileOptions struct {
+	// flexible: grammar.Spec.FlexibleWhitespace; anyOrder:
+	// grammar.Spec.AnyPropertyOrder.
+	flexible, anyOrder bool
+}
+
 type runOptions struct {
 	ser serializer
-	// flexible compiles schemas with grammar.Spec.FlexibleWhitespace.
-	flexible bool
+	compileOptions
 	// budget bounds a schema's run (compile and every instance); a run
 	// over it stops at the next token and is a timeout.
 	budget time.Duration
@@ -130,7 +136,7 @@ func runFile(e engine, path string, o runOptions) (res schemaResult) {
 	res.Features = f.Meta.Features
 	start := time.Now()
 	deadline := start.Add(o.budget)
-	newMatcher, err := e.compile(f.Schema, o.flexible)
+	newMatcher, err := e.compile(f.Schema, o.compileOptions)
 	res.CompileNS = time.Since(start).Nanoseconds()
 	if err != nil {
 		res.Class = classCompile

@@ -407,7 +407,14 @@ func regexSpec(name string, raw json.RawMessage) (grammar.Spec, error) {
 	return grammar.Spec{Kind: grammar.KindRegex, Source: re}, nil
 }
 
-// choiceSpec converts a list of choices: a non-empty array of strings.
+// MaxChoiceList bounds the entries of a list of choices (guided_choice,
+// structured_outputs.choice). Each entry costs a worker about 3.4 KB of
+// heap once compiled and bound to a vocabulary (measured: 60,000 entries
+// took 200 MB), so 4,096 stay under 15 MB per distinct list.
+const MaxChoiceList = 4096
+
+// choiceSpec converts a list of choices: an array of 1 to MaxChoiceList
+// strings.
 func choiceSpec(name string, raw json.RawMessage) (grammar.Spec, error) {
 	var list []*string
 	if firstByte(raw) != '[' || json.Unmarshal(raw, &list) != nil {
@@ -415,6 +422,9 @@ func choiceSpec(name string, raw json.RawMessage) (grammar.Spec, error) {
 	}
 	if len(list) == 0 {
 		return grammar.Spec{}, BadRequest(name, "%s must list at least one string", name)
+	}
+	if len(list) > MaxChoiceList {
+		return grammar.Spec{}, BadRequest(name, "%s may list at most %d choices, got %d", name, MaxChoiceList, len(list))
 	}
 	out := make([]string, len(list))
 	for i, s := range list {

@@ -104,14 +104,38 @@ func TestConstraintDialects(t *testing.T) {
 	}
 }
 
+// choiceList is a JSON array of n distinct strings.
+func choiceList(n int) string {
+	list := make([]string, n)
+	for i := range list {
+		list[i] = fmt.Sprint("c", i)
+	}
+	b, _ := json.Marshal(list)
+	return string(b)
+}
+
+// TestChoiceLimit: a list of MaxChoiceList choices is taken.
+func TestChoiceLimit(t *testing.T) {
+	p, cc := dialectParser()
+	if _, err := p.parseCompletion(strings.NewReader(`{"prompt":"hi","guided_choice":` + choiceList(MaxChoiceList) + `}`)); err != nil {
+		t.Fatal(err)
+	}
+	if len(cc.seen) != 1 || cc.seen[0].Source != choiceList(MaxChoiceList) {
+		t.Fatalf("compiled %d specs", len(cc.seen))
+	}
+}
+
 // TestConstraintRejects: conflicting constraints, malformed dialects and
 // unsupported options are 400s naming the field.
 func TestConstraintRejects(t *testing.T) {
 	const so = `{"prompt":"hi","structured_outputs":`
 	const rf = `{"prompt":"hi","response_format":`
 	long := strings.Repeat("x", MaxSchemaNameBytes+1)
+	tooMany := choiceList(MaxChoiceList + 1)
 	p, _ := dialectParser()
 	checkBad(t, parseCompletionString(p), []badCase{
+		{"guided_choice too long", `{"prompt":"hi","guided_choice":` + tooMany + `}`, 400, "guided_choice", "at most 4096 choices, got 4097"},
+		{"structured_outputs.choice too long", so + `{"choice":` + tooMany + `}}`, 400, "structured_outputs.choice", "at most 4096 choices, got 4097"},
 		{"two dialects", `{"prompt":"hi","response_format":{"type":"json_object"},"guided_regex":"a"}`, 400, "guided_regex",
 			"response_format and guided_regex both constrain the output: send one"},
 		{"vLLM and llama.cpp", `{"prompt":"hi","guided_json":{},"json_schema":{}}`, 400, "json_schema", "guided_json and json_schema both"},

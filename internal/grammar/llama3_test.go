@@ -1,10 +1,6 @@
 package grammar
 
 import (
-	"bytes"
-	"compress/gzip"
-	"io"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -17,29 +13,7 @@ import (
 // llama3 loads the Llama 3 tokenizer fixture (128,256 tokens) once per test
 // binary and its Vocab (special tokens left out, EOS from its config).
 var llama3 = sync.OnceValues(func() (*tokenizer.Tokenizer, error) {
-	dir, err := os.MkdirTemp("", "grammar-llama3-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		gz, err := os.ReadFile(filepath.Join("..", "model", "tokenizer", "testdata", "llama3", f+".gz"))
-		if err != nil {
-			return nil, err
-		}
-		r, err := gzip.NewReader(bytes.NewReader(gz))
-		if err != nil {
-			return nil, err
-		}
-		data, err := io.ReadAll(r)
-		if err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
-			return nil, err
-		}
-	}
-	return tokenizer.Load(dir)
+	return tokenizer.LoadMaybeGzipped(filepath.Join("..", "model", "tokenizer", "testdata", "llama3"))
 })
 
 func llama3Vocab(t testing.TB) (*tokenizer.Tokenizer, *Vocab) {

@@ -1,12 +1,8 @@
 package openai
 
 import (
-	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,29 +17,7 @@ import (
 // tool calls and tool messages, and opens <think> blocks) once per test
 // binary.
 var qwen3 = sync.OnceValues(func() (*tokenizer.Tokenizer, error) {
-	dir, err := os.MkdirTemp("", "openai-qwen3-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		gz, err := os.ReadFile(filepath.Join("..", "model", "tokenizer", "testdata", "qwen3", f+".gz"))
-		if err != nil {
-			return nil, err
-		}
-		r, err := gzip.NewReader(bytes.NewReader(gz))
-		if err != nil {
-			return nil, err
-		}
-		data, err := io.ReadAll(r)
-		if err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
-			return nil, err
-		}
-	}
-	return tokenizer.Load(dir)
+	return tokenizer.LoadMaybeGzipped(filepath.Join("..", "model", "tokenizer", "testdata", "qwen3"))
 })
 
 // TestQwen3ThinkThenCall runs a Qwen3 conversation through the front end

@@ -1,13 +1,7 @@
 package main
 
 import (
-	"compress/gzip"
 	"errors"
-	"fmt"
-	"io"
-	"io/fs"
-	"os"
-	"path/filepath"
 
 	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/model/tokenizer"
@@ -51,55 +45,8 @@ func newVocab(tok *tokenizer.Tokenizer) (*grammar.Vocab, error) {
 	return grammar.NewVocab(tokens, eos)
 }
 
-// loadTokenizer loads the tokenizer of dir. A directory holding only
-// gzipped files (tokenizer.json.gz, as the repository's test fixtures do)
-// is decompressed into a temporary directory first.
-func loadTokenizer(dir string) (*tokenizer.Tokenizer, error) {
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err == nil {
-		return tokenizer.Load(dir)
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "maskbench-tokenizer-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	gz, err := filepath.Glob(filepath.Join(dir, "*.json.gz"))
-	if err != nil {
-		return nil, err
-	}
-	if len(gz) == 0 {
-		return nil, fmt.Errorf("%s: no tokenizer.json or tokenizer.json.gz", dir)
-	}
-	for _, p := range gz {
-		if err := gunzipTo(p, filepath.Join(tmp, filepath.Base(p[:len(p)-len(".gz")]))); err != nil {
-			return nil, err
-		}
-	}
-	return tokenizer.Load(tmp)
-}
-
-func gunzipTo(src, dst string) error {
-	f, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		return fmt.Errorf("%s: %v", src, err)
-	}
-	out, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, zr); err != nil {
-		out.Close()
-		return fmt.Errorf("%s: %v", src, err)
-	}
-	return out.Close()
-}
+// loadTokenizer loads the tokenizer of dir (gzipped files too).
+func loadTokenizer(dir string) (*tokenizer.Tokenizer, error) { return tokenizer.LoadMaybeGzipped(dir) }
 
 func (g *grammarEngine) vocabSize() int             { return g.vocab.Size() }
 func (g *grammarEngine) eos() []int32               { return g.tok.EOS() }

@@ -78,15 +78,17 @@ type exprSet struct {
 	sat int32
 	// over is set once the set holds maxExprNodes expressions: new ones
 	// are then ∅, and the Constraint reports ErrTooComplex.
-	over  bool
-	seeds *[2]maphash.Seed
-	nodes []enode
-	index map[string]eid
-	deriv map[uint64]eid // id<<8 | byte
-	live  map[eid]bool
-	parts map[eid]*bytePartition
-	conv  map[*Regex]eid // fromRegex's results: grammars share subtrees
-	key   []byte
+	over   bool
+	seeds  *[2]maphash.Seed
+	nodes  []enode
+	index  map[string]eid
+	deriv  map[uint64]eid // id<<8 | byte
+	live   map[eid]bool
+	parts  map[eid]*bytePartition
+	conv   map[*Regex]eid // fromRegex's results: grammars share subtrees
+	fin    map[eid]bool   // finite's results
+	erased map[eid]eid    // erase's results
+	key    []byte
 }
 
 // newExprSet is an exprSet whose shapes are keyed by fresh seeds.
@@ -97,7 +99,7 @@ func newExprSet() *exprSet {
 // newExprSetSeeded is an exprSet whose shapes are keyed by seeds (a
 // Vocab's, so that its Constraints' shapes agree).
 func newExprSetSeeded(seeds *[2]maphash.Seed, sat int32) *exprSet {
-	s := &exprSet{seeds: seeds, sat: sat, index: make(map[string]eid), deriv: make(map[uint64]eid), live: make(map[eid]bool), parts: make(map[eid]*bytePartition), conv: make(map[*Regex]eid)}
+	s := &exprSet{seeds: seeds, sat: sat, index: make(map[string]eid), deriv: make(map[uint64]eid), live: make(map[eid]bool), parts: make(map[eid]*bytePartition), conv: make(map[*Regex]eid), fin: make(map[eid]bool), erased: make(map[eid]eid)}
 	s.intern(enode{kind: kNone})
 	s.intern(enode{kind: kEmpty, nullable: true})
 	return s
@@ -317,6 +319,11 @@ func (s *exprSet) and(ids ...eid) eid {
 			return eNone
 		case kAnd:
 			subs = append(subs, n.subs...)
+		case kNot:
+			if n.a == eNone {
+				continue // r ∩ everything = r
+			}
+			subs = append(subs, id)
 		default:
 			subs = append(subs, id)
 		}
@@ -374,6 +381,76 @@ func (s *exprSet) repeat(a eid, min, max int32) eid {
 		return a
 	}
 	return s.intern(enode{kind: kRepeat, a: a, min: min, max: max, nullable: min == 0, hasBool: n.hasBool})
+}
+
+// finite reports whether id's language is finite (no unbounded repeat, no
+// complement), memoized.
+func (s *exprSet) finite(id eid) bool {
+	if v, ok := s.fin[id]; ok {
+		return v
+	}
+	n := s.nodes[id]
+	v := true
+	switch n.kind {
+	case kNot:
+		v = false
+	case kRepeat:
+		v = n.max >= 0 && s.finite(n.a)
+	case kConcat:
+		v = s.finite(n.a) && s.finite(n.b)
+	case kOr, kAnd:
+		for _, x := range n.subs {
+			v = v && s.finite(x)
+		}
+	}
+	s.fin[id] = v
+	return v
+}
+
+// erase is id with every complement of a finite language replaced by the
+// universal language (a superset of id's language, memoized): the
+// expression a mask walk of id's state mostly agrees with, since a
+// derivative of such a complement is universal as soon as the text leaves
+// the finite language's prefixes (a JSON key that is none of an object's
+// known names, once it is none of their prefixes).
+func (s *exprSet) erase(id eid) eid {
+	if !s.nodes[id].hasBool {
+		return id
+	}
+	if v, ok := s.erased[id]; ok {
+		return v
+	}
+	n := s.nodes[id]
+	var r eid
+	switch n.kind {
+	case kNot:
+		if s.finite(n.a) {
+			r = s.not(eNone)
+		} else {
+			r = s.not(s.erase(n.a))
+			if s.erase(n.a) != n.a {
+				r = id // complement of a superset is a subset: keep it exact
+			}
+		}
+	case kConcat:
+		r = s.concat(s.erase(n.a), s.erase(n.b))
+	case kRepeat:
+		r = s.repeat(s.erase(n.a), n.min, n.max)
+	case kOr, kAnd:
+		subs := make([]eid, len(n.subs))
+		for i, x := range n.subs {
+			subs[i] = s.erase(x)
+		}
+		if n.kind == kOr {
+			r = s.or(subs...)
+		} else {
+			r = s.and(subs...)
+		}
+	default:
+		r = id
+	}
+	s.erased[id] = r
+	return r
 }
 
 // derive is the Brzozowski derivative of id by byte c: the expression

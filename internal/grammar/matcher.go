@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"slices"
 	"sync"
 )
 
@@ -264,12 +265,120 @@ func (c *Constraint) insideOf(s lexState) *insideEntry {
 		c.keep(s, e)
 		return e
 	}
-	e := c.walkInside(s)
+	e := c.viaErased(s)
+	if e == nil {
+		e = c.walkInside(s)
+	}
 	c.keep(s, e)
 	if !c.over() {
 		c.publish(s, e)
 	}
 	return e
+}
+
+// viaErased is s's entry made from the entry of s' — s with every
+// complement of a finite language made universal (exprSet.erase) and its
+// entries of finite languages left out — and a walk of the trie nodes
+// where the two states differ, or nil if s has neither. A JSON key that must be none of an object's known names
+// is the common case: s' is a plain string state, cached once for every
+// object, and the two differ only along the known names' prefixes.
+func (c *Constraint) viaErased(s lexState) *insideEntry {
+	lx := c.lx
+	info := &lx.states[s]
+	// Entries of finite languages (known keys, partly typed) are left
+	// out of s' as well, when an infinite one remains: they too differ
+	// from s' only along their own prefixes.
+	infinite := false
+	for _, en := range info.entries {
+		infinite = infinite || !c.ex.finite(en.expr)
+	}
+	entries := make([]lexEntry, 0, len(info.entries))
+	changed := false
+	for _, en := range info.entries {
+		if infinite && c.ex.finite(en.expr) {
+			changed = true
+			continue
+		}
+		x := c.ex.erase(en.expr)
+		entries = append(entries, lexEntry{en.lex, x})
+		changed = changed || x != en.expr
+	}
+	if !changed || len(entries) == 0 {
+		return nil
+	}
+	s2 := lx.addState(entries)
+	if s2 == deadState || s2 == s {
+		return nil
+	}
+	base := c.insideOf(s2)
+	e := &insideEntry{inside: slices.Clone(base.inside)}
+	tr := c.v.trie
+	accepting := func(t lexState) bool { i := &lx.states[t]; return i.accepts != nil || i.skipDone }
+	removed := map[int32]bool{} // nodes of base's groups that are not s's
+	var cut [][2]int32          // subtrees base walked and s does not: their group nodes go
+	groups := map[[2]uint32]*frontGroup{}
+	var st, st2 [256]lexState
+	st[0], st2[0] = s, s2
+	for i := int32(1); i < int32(len(tr.nodes)); {
+		nd := &tr.nodes[i]
+		d := uint8(nd.p >> 8)
+		pt, pt2 := st[d-1], st2[d-1]
+		if pt == pt2 {
+			i = nd.end // the same state: the subtree is as base has it
+			continue
+		}
+		b := byte(nd.p)
+		nt, nt2 := lx.next(pt, b), lx.next(pt2, b)
+		if nt2 == deadState && accepting(pt2) {
+			removed[i] = true
+		}
+		if nt == deadState {
+			if accepting(pt) {
+				k := [2]uint32{uint32(pt), uint32(b)}
+				g := groups[k]
+				if g == nil {
+					g = &frontGroup{t: pt, b: b, results: map[lexState]*frontResult{}}
+					groups[k] = g
+					e.groups = append(e.groups, g)
+				}
+				g.nodes = append(g.nodes, i)
+			}
+			if nt2 != deadState {
+				for _, id := range tr.toks[tr.tokLo[i]:tr.tokLo[nd.end]] {
+					e.inside[id>>6] &^= 1 << (id & 63)
+				}
+				cut = append(cut, [2]int32{i + 1, nd.end})
+			}
+			i = nd.end
+			continue
+		}
+		tr.setToks(e.inside, i)
+		st[d], st2[d] = nt, nt2
+		i++
+	}
+	for _, g := range base.groups {
+		var nodes []int32
+		for _, n := range g.nodes {
+			if removed[n] || inCut(cut, n) {
+				continue
+			}
+			nodes = append(nodes, n)
+		}
+		if len(nodes) > 0 {
+			e.groups = append(e.groups, &frontGroup{t: g.t, b: g.b, nodes: nodes, results: map[lexState]*frontResult{}})
+		}
+	}
+	return e
+}
+
+// inCut reports whether node n lies in one of the ranges of cut.
+func inCut(cut [][2]int32, n int32) bool {
+	for _, r := range cut {
+		if n >= r[0] && n < r[1] {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Constraint) keep(s lexState, e *insideEntry) {

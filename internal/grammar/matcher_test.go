@@ -382,3 +382,64 @@ func TestAmbiguousBounded(t *testing.T) {
 		t.Fatalf("Err = %v after %d bytes, want ErrTooComplex", m.Err(), n)
 	}
 }
+
+// TestErasedComplements: a key lexeme that must be none of some known
+// names (And(name, Not(names)), as JSON Schema's additional properties
+// compile) takes its masks from the plain name state plus a walk of the
+// names' prefixes (viaErased), and they agree with Accept.
+func TestErasedComplements(t *testing.T) {
+	for _, bare := range []bool{false, true} {
+		testErasedComplements(t, bare)
+	}
+}
+
+func testErasedComplements(t *testing.T, bare bool) {
+	r := rand.New(rand.NewPCG(16, 17))
+	v := randomVocab(t, r, `{}:1abc",`, 2500, 6)
+	var b Builder
+	obj := b.NewRule("obj")
+	members := b.NewRule("members")
+	names := Or(Lit("ab"), Lit("abc"), Lit("b"), Lit("ca"))
+	name := Plus(Class(RuneRange{'a', 'c'}))
+	other := Concat(Lit(`"`), And(name, Not(names)), Lit(`"`))
+	if bare {
+		other = And(name, Not(names)) // the complement ends the lexeme
+	}
+	known := Concat(Lit(`"`), Or(Lit("ab"), Lit("abc")), Lit(`"`))
+	b.AddAlt(obj, T(Lit("{")), N(members), T(Lit("}")))
+	b.AddAlt(members, T(known), T(Lit(":")), T(Lit("1")))
+	b.AddAlt(members, T(other), T(Lit(":")), T(Lit("11")))
+	b.AddAlt(members, N(members), T(Lit(",")), T(other), T(Lit(":")), T(Lit("11")))
+	g, err := b.Grammar(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewConstraint(g, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMasks(t, c, r, 40, 30)
+	if bare {
+		return
+	}
+	m := c.NewMatcher()
+	if !m.AcceptBytes([]byte(`{"`)) {
+		t.Fatal("refused")
+	}
+	c.mu.Lock()
+	e := c.viaErased(m.lex)
+	c.mu.Unlock()
+	if e == nil {
+		t.Fatal("the key state was not taken from its erased state")
+	}
+	for _, bad := range []string{`{"b":11}`, `{"ab":11}`, `{"ca":11}`} {
+		if ok, _ := MatchString(g, bad); ok {
+			t.Errorf("%s matched: a known name as another key", bad)
+		}
+	}
+	for _, good := range []string{`{"ab":1}`, `{"bb":11}`, `{"cab":11}`, `{"a":11}`} {
+		if ok, _ := MatchString(g, good); !ok {
+			t.Errorf("%s refused", good)
+		}
+	}
+}

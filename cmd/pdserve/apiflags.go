@@ -17,6 +17,7 @@ type apiFlags struct {
 	trustTemplate   bool
 	toolCallParser  string
 	reasoningParser string
+	anyOrder        bool
 }
 
 func (f *apiFlags) add(fs *pflag.FlagSet) {
@@ -32,6 +33,8 @@ func (f *apiFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.reasoningParser, "reasoning-parser", "",
 		"split a reasoning model's <think> block into reasoning_content (vLLM's flag): "+strings.Join(openai.ReasoningParsers, ", ")+
 			"; none or empty leaves it in the content")
+	fs.BoolVar(&f.anyOrder, "json-any-property-order", false,
+		"let the members of JSON objects a request's JSON Schema constrains come in any order (default: the schema's order, as OpenAI's strict mode writes them)")
 }
 
 // options validates the flags.
@@ -44,7 +47,7 @@ func (f *apiFlags) options() (openai.APIOptions, error) {
 		return openai.APIOptions{}, usagef("--logprobs-mode: %v", err)
 	}
 	o := openai.APIOptions{MaxLogprobs: f.maxLogprobs, LogprobsMode: mode, TrustRequestChatTemplate: f.trustTemplate,
-		ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser}
+		ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser, AnyPropertyOrder: f.anyOrder}
 	if err := o.CheckParsers(); err != nil {
 		return openai.APIOptions{}, usagef("%v", err)
 	}

@@ -112,6 +112,9 @@ func (p *parser) constraint(w *SamplingFields) (grammar.Spec, error) {
 	if err := ws.apply(&c.spec); err != nil {
 		return grammar.Spec{}, err
 	}
+	if p.anyOrder && (c.spec.Kind == grammar.KindJSONSchema || c.spec.Kind == grammar.KindJSONObject) {
+		c.spec.AnyPropertyOrder = true
+	}
 	if p.tok == nil {
 		return grammar.Spec{}, BadRequest(c.field, "this model has no tokenizer, so %s (structured output) is not available", c.field)
 	}

@@ -382,3 +382,28 @@ func TestCompileCacheConcurrent(t *testing.T) {
 		t.Fatalf("%d outcomes held, bound 4", n)
 	}
 }
+
+// TestAnyPropertyOrderOption: with APIOptions.AnyPropertyOrder the JSON
+// dialects compile with members in any order; the others are unchanged.
+func TestAnyPropertyOrderOption(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want bool
+	}{
+		{`{"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}}`, true},
+		{`{"prompt":"hi","response_format":{"type":"json_object"}}`, true},
+		{`{"prompt":"hi","guided_regex":"a+"}`, false},
+	} {
+		for _, anyOrder := range []bool{false, true} {
+			p, _ := dialectParser()
+			p.anyOrder = anyOrder
+			req, err := p.parseCompletion(strings.NewReader(c.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := req.constraint.AnyPropertyOrder; got != (anyOrder && c.want) {
+				t.Errorf("%s with the option %v: AnyPropertyOrder %v", c.body, anyOrder, got)
+			}
+		}
+	}
+}

@@ -113,6 +113,11 @@ type APIOptions struct {
 	// reasoning_content (vLLM's --reasoning-parser): one of
 	// ReasoningParsers, or "" or "none" (off).
 	ReasoningParser string
+	// AnyPropertyOrder lets the members of JSON objects constrained by a
+	// JSON Schema come in any order (grammar.Spec.AnyPropertyOrder);
+	// by default they come in the schema's order, as llguidance documents
+	// and OpenAI's strict mode writes them.
+	AnyPropertyOrder bool
 }
 
 // ServerTimingShed is the Server-Timing metric name of a 429 answer: the
@@ -241,7 +246,7 @@ func newHandler(cfg Config, newSeed func() uint64) *handler {
 		parser: parser{modelName: cfg.ModelName, tok: cfg.Tokenizer, contextLen: cfg.ContextLen, contextNow: cfg.ContextNow,
 			newSeed: newSeed, vocabSize: cfg.VocabSize, maxLogprobs: cfg.MaxLogprobs, logprobsMode: cfg.LogprobsMode,
 			trustTemplate: cfg.TrustRequestChatTemplate, compiled: newCompileCache(DefaultCompileCacheEntries),
-			toolParser: cfg.ToolCallParser, reasoningParser: cfg.ReasoningParser},
+			toolParser: cfg.ToolCallParser, reasoningParser: cfg.ReasoningParser, anyOrder: cfg.AnyPropertyOrder},
 		log:     cfg.Logger,
 		created: cfg.Now().Unix(),
 	}

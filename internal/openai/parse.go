@@ -112,6 +112,8 @@ type parser struct {
 	// toolParser parses tool_choice auto's calls ("auto": from the chat
 	// template); reasoningParser splits reasoning off ("": none).
 	toolParser, reasoningParser string
+	// anyOrder compiles JSON constraints with AnyPropertyOrder.
+	anyOrder bool
 }
 
 // decodeBody decodes one JSON object from r into v, mapping every failure to

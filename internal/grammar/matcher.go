@@ -9,7 +9,6 @@ import (
 // parser tables every Matcher of it shares. It is safe for concurrent use
 // (its matchers take a lock around each call).
 type Constraint struct {
-	g *Grammar
 	v *Vocab
 
 	mu      sync.Mutex
@@ -17,7 +16,6 @@ type Constraint struct {
 	lx      *lexer
 	p       *parser
 	hasSkip bool
-	init    *eset
 
 	inside map[lexState]*insideEntry
 
@@ -27,7 +25,7 @@ type Constraint struct {
 
 // NewConstraint binds g to v. It reports a grammar that can match no text.
 func NewConstraint(g *Grammar, v *Vocab) (*Constraint, error) {
-	c := &Constraint{g: g, v: v, ex: newExprSetSeeded(&v.seeds, int32(v.trie.maxDepth)+1)}
+	c := &Constraint{v: v, ex: newExprSetSeeded(&v.seeds, int32(v.trie.maxDepth)+1)}
 	var roots []eid
 	byExpr := map[eid]int32{}
 	nonEmpty := c.ex.concat(c.ex.byteRange(0, 0xFF), c.ex.repeat(c.ex.byteRange(0, 0xFF), 0, -1))
@@ -69,7 +67,9 @@ func NewConstraint(g *Grammar, v *Vocab) (*Constraint, error) {
 	p.nLex = len(roots)
 	c.p = p
 	c.lx = newLexer(c.ex, roots, skip)
-	c.init = p.initial(c.lx)
+	// Each matcher closes its own initial set (NewMatcher); this one shows
+	// whether the start alone outgrows the bounds.
+	p.initial(c.lx)
 	if c.over() {
 		return nil, ErrTooComplex
 	}
@@ -404,7 +404,7 @@ func (c *Constraint) fromShared(s lexState) *insideEntry {
 		// the parent of one of its nodes (all share it).
 		path = path[:0]
 		for n := tr.parent[g.nodes[0]]; n > 0; n = tr.parent[n] {
-			path = append(path, tr.b[n])
+			path = append(path, tr.nodes[n].byte())
 		}
 		t := s
 		for j := len(path) - 1; j >= 0 && t != deadState; j-- {
@@ -487,31 +487,31 @@ func (c *Constraint) frontierResult(g *frontGroup, n lexState) *frontResult {
 	st := c.stLex
 	groups := map[[2]uint32]*frontGroup{}
 	for _, root := range g.nodes {
-		d0 := tr.depth[root]
-		st[d0] = n
-		if tr.tok1[root] != -1 {
+		st[tr.nodes[root].depth()] = n
+		if tr.nodes[root].tok != -1 {
 			r.nodes = append(r.nodes, root)
 		}
-		for i := root + 1; i < tr.end[root]; {
-			d := tr.depth[i]
+		for i := root + 1; i < tr.nodes[root].end; {
+			nd := &tr.nodes[i]
+			d := nd.depth()
 			t := st[d-1]
-			nt := lx.next(t, tr.b[i])
+			nt := lx.next(t, nd.byte())
 			if nt == deadState {
 				if info := &lx.states[t]; info.accepts != nil || info.skipDone {
-					k := [2]uint32{uint32(t), uint32(tr.b[i])}
+					k := [2]uint32{uint32(t), uint32(nd.byte())}
 					sg := groups[k]
 					if sg == nil {
-						sg = &frontGroup{t: t, b: tr.b[i], results: map[lexState]*frontResult{}}
+						sg = &frontGroup{t: t, b: nd.byte(), results: map[lexState]*frontResult{}}
 						groups[k] = sg
 						r.groups = append(r.groups, sg)
 					}
 					sg.nodes = append(sg.nodes, i)
 				}
-				i = tr.end[i]
+				i = nd.end
 				continue
 			}
 			st[d] = nt
-			if tr.tok1[i] != -1 {
+			if nd.tok != -1 {
 				r.nodes = append(r.nodes, i)
 			}
 			i++

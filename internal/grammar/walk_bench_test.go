@@ -19,5 +19,5 @@ func BenchmarkInsideWalkLlama3(b *testing.B) {
 	for b.Loop() {
 		c.walkInside(m.lex)
 	}
-	b.ReportMetric(float64(len(v.trie.b)), "nodes")
+	b.ReportMetric(float64(len(v.trie.nodes)), "nodes")
 }

@@ -502,15 +502,18 @@ func newCompileCache(max int) *compileCache {
 // satisfies (a regex of an empty class, a rule that never ends, a number
 // whose minimum exceeds its maximum) is refused by the front end, naming
 // the request's field, not by the worker. Errors are grammar's *Error.
+// It is bounded by grammar.CompileLimit (grammar.ErrCompileTime past it).
 func compileSpec(s grammar.Spec) (*grammar.Grammar, error) {
-	g, err := grammar.Compile(s)
-	if err != nil {
-		return nil, err
-	}
-	if err := g.Validate(); err != nil {
-		return nil, err
-	}
-	return g, nil
+	return grammar.Within(grammar.CompileLimit, func() (*grammar.Grammar, error) {
+		g, err := grammar.Compile(s)
+		if err != nil {
+			return nil, err
+		}
+		if err := g.Validate(); err != nil {
+			return nil, err
+		}
+		return g, nil
+	})
 }
 
 // check compiles s (compileSpec), or recalls how it compiled, and returns

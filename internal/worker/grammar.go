@@ -126,19 +126,23 @@ func (g *grammars) len() int {
 	return g.lru.Len()
 }
 
-// compile compiles spec and binds it to v. A panic of the compiler (a bug)
-// is returned as an error, so a constraint can never take the worker down.
-func compile(spec grammar.Spec, v *grammar.Vocab) (c *grammar.Constraint, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			c, err = nil, fmt.Errorf("%w: %v", errCompilePanic, p)
+// compile compiles spec and binds it to v, within grammar.CompileLimit
+// (grammar.ErrCompileTime past it: no request waits on a compile without a
+// deadline). A panic of the compiler (a bug) is returned as an error, so a
+// constraint can never take the worker down.
+func compile(spec grammar.Spec, v *grammar.Vocab) (*grammar.Constraint, error) {
+	return grammar.Within(grammar.CompileLimit, func() (c *grammar.Constraint, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				c, err = nil, fmt.Errorf("%w: %v", errCompilePanic, p)
+			}
+		}()
+		gr, err := grammar.Compile(spec)
+		if err != nil {
+			return nil, err
 		}
-	}()
-	gr, err := grammar.Compile(spec)
-	if err != nil {
-		return nil, err
-	}
-	return grammar.NewConstraint(gr, v)
+		return grammar.NewConstraint(gr, v)
+	})
 }
 
 // constrain gives q the compiled constraint of spec (nothing for the zero

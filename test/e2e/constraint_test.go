@@ -16,6 +16,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/openai"
 )
 
 // This file drives structured outputs (issue 26) over HTTP on the
@@ -222,46 +223,64 @@ func TestConstrainedPDEqualsColocated(t *testing.T) {
 			pd := startPD(t, pdOptions{machine: &mc})
 			co := startServeWith(t, sim.Config{}, func(o *cluster.WorkerOptions) { o.Machine.PrefixCache = cache })
 			for ki, kind := range []string{"choice", "regex", "json_schema", "json_object"} {
-				t.Run(kind, func(t *testing.T) {
-					rng := rand.New(rand.NewPCG(26, uint64(ki)))
-					cases := constraintCases(t, kind)
-					stops, total := 0, 0
-					for i := range max(12, 3*len(cases)) {
-						c := cases[i%len(cases)]
-						r := randomConstrained(rng, c)
-						what := fmt.Sprintf("%s request %d", kind, i)
-						body := exchange(t, what, pd.URL(), co.URL, r)
-						if cache && i%3 == 0 {
-							again := exchange(t, what+" again", pd.URL(), co.URL, r)
-							if !r.stream() && !bytes.Equal(normalize(body), normalize(again)) {
-								t.Fatalf("%s %v: the warm answer differs\ncold: %s\nwarm: %s", what, r.body, body, again)
-							}
-						}
-						for ci, ch := range answerOf(t, r, body).Choices {
-							total++
-							switch ch.Finish {
-							case "stop":
-								stops++
-								if err := c.valid(ch.Text); err != nil {
-									t.Fatalf("%s %v choice %d: %v", what, r.body, ci, err)
-								}
-								if testing.Verbose() && i < 4 {
-									t.Logf("%s choice %d: %s", what, ci, ch.Text)
-								}
-							case "length":
-							default:
-								t.Fatalf("%s choice %d: finish reason %q", what, ci, ch.Finish)
-							}
-						}
-					}
-					if stops*10 < total*7 {
-						t.Fatalf("%d of %d choices stopped; want most (the rest ran into max_tokens)", stops, total)
-					}
-					t.Logf("%d of %d choices stopped, all valid", stops, total)
-				})
+				t.Run(kind, func(t *testing.T) { checkConstrained(t, pd.URL(), co.URL, kind, ki, cache) })
 			}
 		})
 	}
+}
+
+// TestConstrainedAnyOrderPDEqualsColocated: with --json-any-property-order
+// on both, the JSON constraints (their Spec's AnyPropertyOrder travels in
+// both legs) give PD the colocated worker's answers, all valid.
+func TestConstrainedAnyOrderPDEqualsColocated(t *testing.T) {
+	mc := testMachine()
+	pd := startPD(t, pdOptions{machine: &mc, api: openai.APIOptions{AnyPropertyOrder: true}})
+	co := startServeWith(t, sim.Config{}, func(o *cluster.WorkerOptions) { o.API.AnyPropertyOrder = true })
+	for ki, kind := range []string{"json_schema", "json_object"} {
+		t.Run(kind, func(t *testing.T) { checkConstrained(t, pd.URL(), co.URL, kind, ki, true) })
+	}
+}
+
+// checkConstrained sends random requests under kind's constraints to PD and
+// to the colocated server: the answers must be equal (exchange checks) and
+// every finished one valid; with the cache, some requests go twice and the
+// warm answer must equal the cold one.
+func checkConstrained(t *testing.T, pdURL, coURL, kind string, ki int, cache bool) {
+	rng := rand.New(rand.NewPCG(26, uint64(ki)))
+	cases := constraintCases(t, kind)
+	stops, total := 0, 0
+	for i := range max(12, 3*len(cases)) {
+		c := cases[i%len(cases)]
+		r := randomConstrained(rng, c)
+		what := fmt.Sprintf("%s request %d", kind, i)
+		body := exchange(t, what, pdURL, coURL, r)
+		if cache && i%3 == 0 {
+			again := exchange(t, what+" again", pdURL, coURL, r)
+			if !r.stream() && !bytes.Equal(normalize(body), normalize(again)) {
+				t.Fatalf("%s %v: the warm answer differs\ncold: %s\nwarm: %s", what, r.body, body, again)
+			}
+		}
+		for ci, ch := range answerOf(t, r, body).Choices {
+			total++
+			switch ch.Finish {
+			case "stop":
+				stops++
+				if err := c.valid(ch.Text); err != nil {
+					t.Fatalf("%s %v choice %d: %v", what, r.body, ci, err)
+				}
+				if testing.Verbose() && i < 4 {
+					t.Logf("%s choice %d: %s", what, ci, ch.Text)
+				}
+			case "length":
+			default:
+				t.Fatalf("%s choice %d: finish reason %q", what, ci, ch.Finish)
+			}
+		}
+	}
+	if stops*10 < total*7 {
+		t.Fatalf("%d of %d choices stopped; want most (the rest ran into max_tokens)", stops, total)
+	}
+	t.Logf("%d of %d choices stopped, all valid", stops, total)
 }
 
 // TestConstrainedPreempted: concurrent constrained requests of every kind

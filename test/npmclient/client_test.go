@@ -52,9 +52,20 @@ func nodeAndClient(t *testing.T) string {
 	if err != nil {
 		missing("node not on PATH", "install Node.js 20 or later and run `"+install+"`")
 	}
-	raw, err := os.ReadFile(filepath.Join("node_modules", "openai", "package.json"))
-	if errors.Is(err, os.ErrNotExist) {
+	if !installedAsPinned(t, "openai", install) {
 		missing("test/npmclient/node_modules/openai not installed", "run `"+install+"`")
+	}
+	return node
+}
+
+// installedAsPinned reports whether npm package name is installed in
+// node_modules, and fails the test if it is at another version than
+// package.json pins (install is the command that fixes it).
+func installedAsPinned(t *testing.T, name, install string) bool {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("node_modules", name, "package.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return false
 	} else if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +73,7 @@ func nodeAndClient(t *testing.T) string {
 		Version string `json:"version"`
 	}
 	if err := json.Unmarshal(raw, &installed); err != nil {
-		t.Fatalf("node_modules/openai/package.json: %v", err)
+		t.Fatalf("node_modules/%s/package.json: %v", name, err)
 	}
 	raw, err = os.ReadFile("package.json")
 	if err != nil {
@@ -74,10 +85,10 @@ func nodeAndClient(t *testing.T) string {
 	if err := json.Unmarshal(raw, &pkg); err != nil {
 		t.Fatalf("package.json: %v", err)
 	}
-	if want := pkg.Dependencies["openai"]; installed.Version != want {
-		t.Fatalf("node_modules has openai %s, package.json pins %s: run `%s` again", installed.Version, want, install)
+	if want := pkg.Dependencies[name]; installed.Version != want {
+		t.Fatalf("node_modules has %s %s, package.json pins %q: run `%s` again", name, installed.Version, want, install)
 	}
-	return node
+	return true
 }
 
 // startPD starts a router with one prefill and one decode worker of the

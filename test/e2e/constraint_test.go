@@ -293,48 +293,28 @@ func TestConstrainedPreempted(t *testing.T) {
 	co := startServe(t, sim.Config{})
 	t.Cleanup(http.DefaultClient.CloseIdleConnections)
 	rng := rand.New(rand.NewPCG(26, 99))
-	type result struct {
-		r          samplingReq
-		c          constraintCase
-		sp, sc     int
-		bp, bc     []byte
-		errP, errC error
-	}
 	var cases []constraintCase
 	for _, kind := range []string{"choice", "regex", "json_schema", "json_object"} {
 		cases = append(cases, constraintCases(t, kind)...)
 	}
 	const n = 24
-	results := make([]result, n)
-	done := make(chan int, n)
-	for i := range n {
+	reqs := make([]samplingReq, n)
+	of := make([]constraintCase, n)
+	for i := range reqs {
 		c := cases[rng.IntN(len(cases))]
 		r := randomConstrained(rng, c)
 		r.body["max_tokens"] = 60 + rng.IntN(60)
-		go func() {
-			res := result{r: r, c: c}
-			res.sp, res.bp, res.errP = post(pd.URL()+r.path, r.body)
-			res.sc, res.bc, res.errC = post(co.URL+r.path, r.body)
-			results[i] = res
-			done <- i
-		}()
+		reqs[i], of[i] = r, c
 	}
-	for range n {
-		<-done
-	}
-	for i, res := range results {
+	for i, res := range sendBoth(t, pd.URL(), co.URL, reqs) {
 		r := res.r
-		if res.errP != nil || res.errC != nil || res.sp != http.StatusOK || res.sc != http.StatusOK {
-			t.Fatalf("request %d %s %v: PD %d %s %v; colocated %d %s %v", i, r.path, r.body, res.sp, res.bp, res.errP,
-				res.sc, res.bc, res.errC)
-		}
 		a, b := answerOf(t, r, res.bp), answerOf(t, r, res.bc)
 		if d := cmp.Diff(b, a, sumsEqual); d != "" {
 			t.Fatalf("request %d %s %v: PD differs from colocated (-colocated +PD):\n%s", i, r.path, r.body, d)
 		}
 		for ci, ch := range a.Choices {
 			if ch.Finish == "stop" {
-				if err := res.c.valid(ch.Text); err != nil {
+				if err := of[i].valid(ch.Text); err != nil {
 					t.Fatalf("request %d %v choice %d: %v", i, r.body, ci, err)
 				}
 			}

@@ -465,6 +465,47 @@ func promptTokensOf(t *testing.T, body []byte) int {
 	return w.Usage.PromptTokens
 }
 
+// pairResult is one request's answer bodies from PD (bp) and colocated (bc).
+type pairResult struct {
+	r      samplingReq
+	bp, bc []byte
+}
+
+// sendBoth sends every request of reqs to PD and then to colocated, all
+// requests at once, and fails the test unless every answer is a 200.
+func sendBoth(t *testing.T, pdURL, coURL string, reqs []samplingReq) []pairResult {
+	t.Helper()
+	type result struct {
+		pairResult
+		sp, sc     int
+		errP, errC error
+	}
+	results := make([]result, len(reqs))
+	done := make(chan int, len(reqs))
+	for i, r := range reqs {
+		go func() {
+			res := result{pairResult: pairResult{r: r}}
+			res.sp, res.bp, res.errP = post(pdURL+r.path, r.body)
+			res.sc, res.bc, res.errC = post(coURL+r.path, r.body)
+			results[i] = res
+			done <- i
+		}()
+	}
+	for range reqs {
+		<-done
+	}
+	out := make([]pairResult, len(reqs))
+	for i, res := range results {
+		r := res.r
+		if res.errP != nil || res.errC != nil || res.sp != http.StatusOK || res.sc != http.StatusOK {
+			t.Fatalf("request %d %s %v: PD %d %s %v; colocated %d %s %v", i, r.path, r.body, res.sp, res.bp, res.errP,
+				res.sc, res.bc, res.errC)
+		}
+		out[i] = res.pairResult
+	}
+	return out
+}
+
 // post is postJSON for any goroutine: it returns errors instead of
 // failing the test.
 func post(url string, body any) (int, []byte, error) {
@@ -586,38 +627,18 @@ func TestPDEqualsColocatedSampling(t *testing.T) {
 		// Connections the client dialed and never used would hold the
 		// servers' shutdown 5 s (net/http waits that long for them).
 		t.Cleanup(http.DefaultClient.CloseIdleConnections)
-		type result struct {
-			r          samplingReq
-			sp, sc     int
-			bp, bc     []byte
-			errP, errC error
-		}
 		const n = 24
-		results := make([]result, n)
-		done := make(chan int, n)
-		for i := range n {
+		reqs := make([]samplingReq, n)
+		for i := range reqs {
 			r := randomSamplingRequest(rng)
 			if r.body["max_tokens"] != 0 {
 				delete(r.body, "max_completion_tokens")
 				r.body["max_tokens"] = 30 + rng.IntN(40)
 			}
-			go func() {
-				res := result{r: r}
-				res.sp, res.bp, res.errP = post(pd.URL()+r.path, r.body)
-				res.sc, res.bc, res.errC = post(co.URL+r.path, r.body)
-				results[i] = res
-				done <- i
-			}()
+			reqs[i] = r
 		}
-		for range n {
-			<-done
-		}
-		for i, res := range results {
+		for i, res := range sendBoth(t, pd.URL(), co.URL, reqs) {
 			r := res.r
-			if res.errP != nil || res.errC != nil || res.sp != http.StatusOK || res.sc != http.StatusOK {
-				t.Fatalf("request %d %s %v: PD %d %s %v; colocated %d %s %v", i, r.path, r.body, res.sp, res.bp, res.errP,
-					res.sc, res.bc, res.errC)
-			}
 			if r.stream() {
 				if d := cmp.Diff(summarizeStream(t, res.bc), summarizeStream(t, res.bp), sumsEqual); d != "" {
 					t.Fatalf("request %d %s %v: PD's stream differs from colocated's (-colocated +PD):\n%s", i, r.path, r.body, d)

@@ -34,7 +34,7 @@ func (f *apiFlags) add(fs *pflag.FlagSet) {
 		"split a reasoning model's <think> block into reasoning_content (vLLM's flag): "+strings.Join(openai.ReasoningParsers, ", ")+
 			"; none or empty leaves it in the content")
 	fs.BoolVar(&f.anyOrder, "json-any-property-order", false,
-		"let the members of JSON objects a request's JSON Schema constrains come in any order (default: the schema's order, as OpenAI's strict mode writes them)")
+		"let the members of JSON objects a request's JSON Schema constrains come in any order (default: the schema's order, as OpenAI's strict mode writes them); a key may then repeat, so it suits checking client-written JSON more than generating it")
 }
 
 // options validates the flags.

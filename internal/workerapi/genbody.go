@@ -78,6 +78,10 @@ func (b *GenerateBody) AppendJSON(dst []byte) ([]byte, error) {
 	if b.Buffered {
 		dst = append(dst, `,"buffered":true`...)
 	}
+	if b.ContinuedTokens != 0 {
+		dst = append(dst, `,"continued_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(b.ContinuedTokens), 10)
+	}
 	return append(dst, '}'), nil
 }
 

@@ -272,6 +272,8 @@ func (p *bodyParser) field(key string, b *GenerateBody) bool {
 		ok = p.intInto(&b.TopK)
 	case "min_tokens":
 		ok = p.intInto(&b.MinTokens)
+	case "continued_tokens":
+		ok = p.intInto(&b.ContinuedTokens)
 	case "seed":
 		b.Seed, ok = p.unsigned(64)
 	case "temperature":

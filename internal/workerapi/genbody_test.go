@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -37,6 +38,8 @@ func TestGenerateBodyAppendJSON(t *testing.T) {
 		{RID: "r-g2", Room: "00ff", Gen: 2, InputIDs: []int32{}, MaxTokens: 1, StopTokenIDs: []int32{-5, 1 << 30},
 			IgnoreEOS: true, MinTokens: 1, PrefillKVAddr: "127.0.0.1:30001", Buffered: true,
 			SamplingParams: model.SamplingParams{Temperature: 0.7, TopP: 0.95, TopK: -1, Seed: math.MaxUint64}},
+		{RID: "cont", InputIDs: []int32{1, 2, 3}, MaxTokens: 5, MinTokens: 2, ContinuedTokens: 2, Buffered: true,
+			SamplingParams: model.SamplingParams{Temperature: 0.8, TopP: 1, Seed: 11}},
 		{RID: "q\"\\\n\r\t\b\f\x01<>&\u2028\u2029é\xff", SamplingParams: model.SamplingParams{Temperature: 1e-7, TopP: 3e21}},
 		{SamplingParams: model.SamplingParams{Temperature: 1e-6, TopP: 123456789}},
 		{SamplingParams: model.SamplingParams{Temperature: float32(math.NaN())}},
@@ -47,13 +50,14 @@ func TestGenerateBodyAppendJSON(t *testing.T) {
 }
 
 func FuzzGenerateBodyAppendJSON(f *testing.F) {
-	f.Add("rid", "room", uint32(1), int32(5), 16, float32(0.5), float32(1), 3, uint64(9), true, "a:1", false, 4, uint8(0), "", false)
-	f.Add("\x00\xff<", "", uint32(0), int32(-1), 0, float32(1e-9), float32(1e22), -2, uint64(0), false, "", true, -3, uint8(1), `{"type":"object"}`, true)
+	f.Add("rid", "room", uint32(1), int32(5), 16, float32(0.5), float32(1), 3, uint64(9), true, "a:1", false, 4, uint8(0), "", false, 0)
+	f.Add("\x00\xff<", "", uint32(0), int32(-1), 0, float32(1e-9), float32(1e22), -2, uint64(0), false, "", true, -3, uint8(1), `{"type":"object"}`, true, 1)
 	f.Fuzz(func(t *testing.T, rid, room string, gen uint32, id int32, maxTokens int, temp, topP float32, topK int,
-		seed uint64, ignore bool, kv string, buffered bool, minTokens int, kind uint8, src string, flex bool) {
+		seed uint64, ignore bool, kv string, buffered bool, minTokens int, kind uint8, src string, flex bool, continued int) {
 		b := GenerateBody{RID: rid, Room: room, Gen: gen, InputIDs: []int32{id, id / 2}, MaxTokens: maxTokens,
 			SamplingParams: model.SamplingParams{Temperature: temp, TopP: topP, TopK: topK, Seed: seed},
-			StopTokenIDs:   []int32{id}, IgnoreEOS: ignore, MinTokens: minTokens, PrefillKVAddr: kv, Buffered: buffered}
+			StopTokenIDs:   []int32{id}, IgnoreEOS: ignore, MinTokens: minTokens, PrefillKVAddr: kv, Buffered: buffered,
+			ContinuedTokens: continued}
 		if kind > 0 {
 			// (Kind 7 is none: written "kind(7)", as json.Marshal does.)
 			b.Constraint = &grammar.Spec{Kind: grammar.Kind(kind % 8), Source: src, FlexibleWhitespace: flex}
@@ -82,6 +86,8 @@ func TestParseGenerateBody(t *testing.T) {
 			SamplingParams: model.SamplingParams{Temperature: 0.7, TopP: 0.95, TopK: -1, Seed: math.MaxUint64}},
 		{SamplingParams: model.SamplingParams{Temperature: 1e-7, TopP: 3e21}},
 		{InputIDs: nil},
+		{RID: "c", InputIDs: []int32{4, 5, 6, 7}, MaxTokens: 3, MinTokens: 1, ContinuedTokens: 3,
+			SamplingParams: model.SamplingParams{Temperature: 0.9, TopP: 1, Seed: 5}},
 	} {
 		data, err := b.AppendJSON(nil)
 		if err != nil {
@@ -124,6 +130,10 @@ func TestParseGenerateBody(t *testing.T) {
 		{`{"stop_token_ids":[1,]}`, false},       // malformed
 		{`{"seed":18446744073709551615}`, true},  // the largest seed
 		{`{"temperature":1E-3,"top_p":0}`, true}, // exponent, and top_p 0
+		{`{"continued_tokens":3}`, true},
+		{`{"continued_tokens":-1}`, true},   // read; the worker refuses it
+		{`{"continued_tokens":2.0}`, false}, // an error
+		{`{"continued_tokens":"2"}`, false}, // an error
 	} {
 		var got GenerateBody
 		if fast := parseGenerateBody([]byte(tc.data), &got); fast != tc.fast {
@@ -151,7 +161,8 @@ func TestParseGenerateBody(t *testing.T) {
 // too, with the same result.
 func FuzzParseGenerateBody(f *testing.F) {
 	for _, s := range []string{`{"rid":"r","room":"00","gen":2,"input_ids":[1,2],"max_tokens":4,"temperature":0.5,` +
-		`"top_p":0.9,"top_k":3,"seed":7,"stop_token_ids":[9],"ignore_eos":true,"min_tokens":1,"prefill_kv_addr":"a:1","buffered":true}`,
+		`"top_p":0.9,"top_k":3,"seed":7,"stop_token_ids":[9],"ignore_eos":true,"min_tokens":1,"prefill_kv_addr":"a:1","buffered":true,` +
+		`"continued_tokens":1}`,
 		`{}`, ` {"input_ids" : [ ] } `, `{"max_tokens":-0,"temperature":1e-3}`, `{"seed":18446744073709551616}`} {
 		f.Add([]byte(s))
 	}
@@ -265,5 +276,64 @@ func TestConstraintBody(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(`{"rid":"r","constraint":{"kind":"xml","source":"a"}}`), &GenerateBody{}); err == nil {
 		t.Fatal("an unknown constraint kind was read")
+	}
+}
+
+// TestContinuedBody: a continuation leg is written by AppendJSON as
+// json.Marshal writes it (continued_tokens last), taken by the fast path
+// and read back whole by UnmarshalJSON and by encoding/json; with the later
+// fields it goes through encoding/json and still reads back. It needs the
+// continue feature, which this build's workers list; a body without it
+// has no continued_tokens key.
+func TestContinuedBody(t *testing.T) {
+	b := GenerateBody{RID: "r", InputIDs: []int32{1, 2, 3, 9}, MaxTokens: 4, MinTokens: 1, ContinuedTokens: 2,
+		SamplingParams: model.SamplingParams{Temperature: 0.7, TopP: 1, Seed: 42}}
+	checkAppendJSON(t, b)
+	data, err := b.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(string(data), `,"continued_tokens":2}`) {
+		t.Fatalf("%s: continued_tokens not written last", data)
+	}
+	var fast GenerateBody
+	if !parseGenerateBody(data, &fast) || !reflect.DeepEqual(fast, b) {
+		t.Fatalf("fast path: %+v, want %+v", fast, b)
+	}
+	var viaMethod GenerateBody
+	if err := json.Unmarshal(data, &viaMethod); err != nil || !reflect.DeepEqual(viaMethod, b) {
+		t.Fatalf("UnmarshalJSON: %+v (%v), want %+v", viaMethod, err, b)
+	}
+	plain, err := decodePlain(data)
+	if err != nil || plain.ContinuedTokens != 2 {
+		t.Fatalf("encoding/json: %+v (%v)", plain, err)
+	}
+	if f := FeaturesOf(&b); !reflect.DeepEqual(f, []string{FeatureMinTokens, FeatureContinue}) {
+		t.Fatalf("FeaturesOf = %v", f)
+	}
+	if !slices.Contains(Features(), FeatureContinue) {
+		t.Fatalf("Features() = %v lacks %q", Features(), FeatureContinue)
+	}
+
+	ext := b
+	ext.SamplingParams.PresencePenalty = 0.5
+	ext.Constraint = &grammar.Spec{Kind: grammar.KindJSONObject}
+	checkAppendJSON(t, ext)
+	data, err = ext.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got GenerateBody
+	if err := json.Unmarshal(data, &got); err != nil || !reflect.DeepEqual(got, ext) {
+		t.Fatalf("extended round trip: %+v (%v), want %+v", got, err, ext)
+	}
+
+	b.ContinuedTokens = 0
+	data, err = b.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(data), "continued_tokens") || slices.Contains(FeaturesOf(&b), FeatureContinue) {
+		t.Fatalf("%s: a fresh leg marked as a continuation (%v)", data, FeaturesOf(&b))
 	}
 }

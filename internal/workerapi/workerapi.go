@@ -147,11 +147,22 @@ type GenerateBody struct {
 	// masks the first token with it, decode continues under it. Each worker
 	// compiles it itself (grammar.Compile, cached by Spec.Digest).
 	Constraint *grammar.Spec `json:"constraint,omitempty"`
+	// ContinuedTokens, if positive, makes the leg a continuation of a
+	// request that an earlier attempt began: the last ContinuedTokens ids
+	// of InputIDs are output tokens that attempt already produced (0 ≤
+	// ContinuedTokens < len(InputIDs)). MaxTokens and MinTokens are what is
+	// left to generate; the leg's first sampled token is output step
+	// ContinuedTokens (its seeded draw, model.Uniform), the logit
+	// processors count the continued tokens as output, a constraint is
+	// advanced over them, and only new tokens are sent. N must be at most 1
+	// and PromptLogprobs unset. Both PD legs carry the same value.
+	ContinuedTokens int `json:"continued_tokens,omitempty"`
 }
 
 // extended reports whether b uses a field that came after the first
 // version of the leg body (which AppendJSON and the fast parser write and
-// read; bodies that use more go through encoding/json).
+// read, with MinTokens and ContinuedTokens; bodies that use more go
+// through encoding/json).
 func (b *GenerateBody) extended() bool {
 	p := &b.SamplingParams
 	return b.N != 0 || b.PromptLogprobs != nil || b.Priority != 0 || b.TimeoutMS != 0 || b.Constraint != nil ||
@@ -324,13 +335,16 @@ const (
 	FeatureTimeout = "timeout"
 	// FeatureConstraint: Constraint (structured outputs).
 	FeatureConstraint = "constraint"
+	// FeatureContinue: ContinuedTokens (a leg that continues a request
+	// from output an earlier attempt produced).
+	FeatureContinue = "continue"
 )
 
 // Features returns the features this build's workers list in Info (a fresh
 // slice).
 func Features() []string {
 	return []string{FeatureMinTokens, FeatureLogprobs, FeatureChoices, FeaturePromptLogprobs, FeatureLogitProcessors,
-		FeaturePriority, FeatureTimeout, FeatureConstraint}
+		FeaturePriority, FeatureTimeout, FeatureConstraint, FeatureContinue}
 }
 
 // FeaturesOf lists the features a worker must have to serve leg b (nil for
@@ -362,6 +376,9 @@ func FeaturesOf(b *GenerateBody) []string {
 	}
 	if b.Constraint != nil && !b.Constraint.IsZero() {
 		out = append(out, FeatureConstraint)
+	}
+	if b.ContinuedTokens > 0 {
+		out = append(out, FeatureContinue)
 	}
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/pdserve/pdserve/internal/grammar"
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
@@ -39,6 +40,14 @@ func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 		return outcome.RejectedInvalid, "room is missing"
 	case m.cfg.Role == RolePrefill && q.promptOnly() && !q.Room.IsZero():
 		return outcome.RejectedInvalid, "a prompt-only request (max_tokens 0) has no decode and so no room"
+	case q.Continued < 0 || q.Continued >= n:
+		return outcome.RejectedInvalid, fmt.Sprintf("continued_tokens must be in [0, %d) (the input's tokens, at least one of them prompt), got %d", n, q.Continued)
+	case q.Continued > 0 && q.N > 1:
+		return outcome.RejectedInvalid, fmt.Sprintf("a continuation (continued_tokens %d) has one choice, n is %d", q.Continued, q.N)
+	case q.Continued > 0 && q.ScorePrompt:
+		return outcome.RejectedInvalid, "a continuation (continued_tokens) does not score its prompt: prompt_logprobs must be unset"
+	case q.Continued > 0 && q.promptOnly():
+		return outcome.RejectedInvalid, "a continuation (continued_tokens) has tokens left to generate: max_tokens must be at least 1"
 	}
 	var badID int32 = -1
 	q.Sampling.TokenIDs(func(id int32) bool {
@@ -59,6 +68,12 @@ func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 	if err := q.Sampling.Validate(); err != nil {
 		return outcome.RejectedInvalid, err.Error()
 	}
+	eosEnds := !q.IgnoreEOS || q.Constraint != nil
+	for i, id := range q.InputIDs[n-q.Continued:] {
+		if (eosEnds && slices.Contains(m.cfg.EOS, id)) || slices.Contains(q.StopTokenIDs, id) {
+			return outcome.RejectedInvalid, fmt.Sprintf("continued token %d (output step %d) ends the request: there is nothing to continue", id, i)
+		}
+	}
 	switch c := q.Constraint; {
 	case (c == nil) != (q.ConstraintDigest == ""):
 		return outcome.RejectedInvalid, "a constraint needs its digest, and a digest its constraint"
@@ -69,6 +84,23 @@ func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 		return outcome.RejectedCapacity, fmt.Sprintf("request needs %d KV pages; this worker's pool has %d", need, m.cache.Total())
 	}
 	return outcome.None, ""
+}
+
+// continuedMatcher returns a matcher of q's constraint advanced over its
+// continued tokens, or nil and why one of them is outside the grammar (or
+// the constraint outgrew the engine's bounds on the way).
+func continuedMatcher(q Request) (*grammar.Matcher, string) {
+	mt := q.Constraint.NewMatcher()
+	for i, id := range q.InputIDs[len(q.InputIDs)-q.Continued:] {
+		ok := mt.Accept(id)
+		if err := mt.Err(); err != nil {
+			return nil, err.Error()
+		}
+		if !ok {
+			return nil, fmt.Sprintf("continued token %d (output step %d) is outside the request's grammar", id, i)
+		}
+	}
+	return mt, ""
 }
 
 // mayBePromptOnly reports whether this worker can serve q with MaxTokens
@@ -186,7 +218,15 @@ func (m *Machine) arrive(q Request) {
 		m.dropPendingWithAbort(q.Room, q.Gen, t.cause)
 		return
 	}
-	if o, msg := m.validate(q); o != outcome.None {
+	o, msg := m.validate(q)
+	var matcher *grammar.Matcher
+	if o == outcome.None && q.Constraint != nil {
+		matcher, msg = continuedMatcher(q)
+		if matcher == nil {
+			o = outcome.RejectedInvalid
+		}
+	}
+	if o != outcome.None {
 		cause := m.cause(o, StageNone, msg)
 		m.rejectEarlyCause(q, o, msg, cause)
 		if m.cfg.Role == RolePrefill {
@@ -232,8 +272,12 @@ func (m *Machine) arrive(q Request) {
 		r.ban = append(slices.Clone(m.cfg.EOS), q.StopTokenIDs...)
 	}
 	if q.Constraint != nil {
-		r.matcher = q.Constraint.NewMatcher()
+		r.matcher = matcher
 		r.mask = make([]uint64, q.Constraint.Vocab().MaskWords())
+	}
+	if q.Continued > 0 && q.Sampling.NeedsHistory() {
+		r.contOut = make([]int32, 0, q.Continued+q.MaxTokens)
+		r.contOut = append(r.contOut, q.InputIDs[len(q.InputIDs)-q.Continued:]...)
 	}
 	limit := m.cfg.MaxRequestTime
 	if q.Timeout > 0 && q.Timeout < limit {
@@ -250,10 +294,14 @@ func (m *Machine) arrive(q Request) {
 	if q.ScorePrompt {
 		r.scores = make([]model.PositionLogprobs, len(q.InputIDs))
 	}
+	var cont string
+	if q.Continued > 0 {
+		cont = fmt.Sprintf(", continues %d output tokens", q.Continued)
+	}
 	if q.Constraint != nil {
-		m.record(r, "arrive: %d prompt tokens, max_tokens %d, constraint %.12s", len(q.InputIDs), q.MaxTokens, q.ConstraintDigest)
+		m.record(r, "arrive: %d prompt tokens, max_tokens %d, constraint %.12s%s", len(q.InputIDs), q.MaxTokens, q.ConstraintDigest, cont)
 	} else {
-		m.record(r, "arrive: %d prompt tokens, max_tokens %d", len(q.InputIDs), q.MaxTokens)
+		m.record(r, "arrive: %d prompt tokens, max_tokens %d%s", len(q.InputIDs), q.MaxTokens, cont)
 	}
 	switch m.cfg.Role {
 	case RolePrefill:

@@ -294,11 +294,14 @@ func (m *Machine) appendOutput(r *req, t model.SeqOutput) {
 			// The sampler draws only what the mask allows: a bug, never
 			// text outside the grammar.
 			m.finish(r, outcome.FailedInternal, fmt.Sprintf("output token %d (step %d) is outside the request's grammar",
-				t.Token, len(r.outputs)), "")
+				t.Token, r.sampleStep()), "")
 			return
 		}
 	}
 	r.outputs = append(r.outputs, t.Token)
+	if r.contOut != nil {
+		r.contOut = append(r.contOut, t.Token)
+	}
 	m.emit(Emit{RID: r.RID, Choice: r.choice, Tokens: []model.SeqOutput{t}})
 	if why := m.endsWith(r, t.Token, len(r.outputs)); why != "" {
 		m.finish(r, outcome.OK, "", why)

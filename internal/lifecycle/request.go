@@ -64,6 +64,18 @@ type Request struct {
 	// whose first token was drawn under another grammar.
 	Constraint       *grammar.Constraint
 	ConstraintDigest string
+	// Continued, if positive, makes the request a continuation of one an
+	// earlier attempt began (workerapi.GenerateBody.ContinuedTokens): the
+	// last Continued ids of InputIDs are output tokens that attempt
+	// produced, and MaxTokens and MinTokens are what is left of the
+	// request's. Its first sampled token is output step Continued (the
+	// sampler's Step is Continued plus the outputs so far), the penalties
+	// and bad words count the continued tokens as output, and Constraint's
+	// matcher is advanced over them at arrival; everything else (KV, the
+	// prefix cache, preemption) treats InputIDs as the prompt, and only
+	// new tokens are emitted. 0 ≤ Continued < len(InputIDs), with N ≤ 1
+	// and without ScorePrompt.
+	Continued int
 }
 
 // choices is q's number of choices (N, at least 1).
@@ -203,6 +215,11 @@ type req struct {
 	// own (cloned at the fork).
 	matcher *grammar.Matcher
 	mask    []uint64
+	// contOut, for a continuation whose sampling reads the history
+	// (penalties, bad words), is its output as the sampler sees it: the
+	// continued tokens, then outputs (appended as they come, its capacity
+	// allocated at arrival). nil otherwise.
+	contOut []int32
 
 	stageTime [numStages]time.Duration
 	history   []HistoryEntry
@@ -314,11 +331,28 @@ func (r *req) prefillTokens() []int32 {
 }
 
 // banAt is what may not be drawn at output step (the index of the token
-// drawn): min_tokens bans EOS and the stop tokens while step < MinTokens.
-// The same on every role, so PD samples as colocated does.
+// drawn among this leg's outputs): min_tokens bans EOS and the stop tokens
+// while step < MinTokens. The same on every role, so PD samples as
+// colocated does. A continuation counts from its own first token: its
+// MinTokens is what is left of the request's.
 func (r *req) banAt(step int) []int32 {
 	if step < r.MinTokens {
 		return r.ban
 	}
 	return nil
+}
+
+// sampleStep is the sampler's step (model.SeqInput.Step) of r's next
+// token: its index among the request's outputs, the continued ones
+// included.
+func (r *req) sampleStep() int { return r.Continued + len(r.outputs) }
+
+// samplerHistory is the prompt and output the sampler's penalties and bad words
+// read for r: for a continuation, InputIDs without the continued tokens,
+// and those tokens followed by outputs.
+func (r *req) samplerHistory() (prompt, output []int32) {
+	if r.Continued > 0 {
+		return r.InputIDs[:len(r.InputIDs)-r.Continued], r.contOut
+	}
+	return r.InputIDs, r.outputs
 }

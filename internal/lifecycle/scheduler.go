@@ -190,7 +190,7 @@ func (m *Machine) schedule() {
 
 // input is the forward input of r computing toks at positions pos…, and
 // sampling after the last of them if sample is set: the output token
-// len(r.outputs), with what the request's sampling needs (its history for
+// len(r.outputs) (sampler step r.sampleStep()), with what the request's sampling needs (its history for
 // penalties, its choices on the first step of an n > 1 request, its
 // grammar's mask of the tokens allowed next).
 func (m *Machine) input(r *req, pos int, toks []int32, sample bool) model.SeqInput {
@@ -199,13 +199,13 @@ func (m *Machine) input(r *req, pos int, toks []int32, sample bool) model.SeqInp
 		return in
 	}
 	step := len(r.outputs)
-	in.Step, in.Ban = step, r.banAt(step)
+	in.Step, in.Ban = r.sampleStep(), r.banAt(step)
 	if r.matcher != nil {
 		r.matcher.FillMask(r.mask)
 		in.Mask = r.mask
 	}
 	if r.Sampling.NeedsHistory() {
-		in.Prompt, in.Output = r.InputIDs, r.outputs
+		in.Prompt, in.Output = r.samplerHistory()
 	}
 	if step == 0 && r.group == nil && r.choices() > 1 {
 		in.Forks = r.choices()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/lifecycle"
@@ -236,7 +237,12 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 	q := lifecycle.Request{
 		RID: b.RID, Gen: b.Gen, InputIDs: b.InputIDs, MaxTokens: b.MaxTokens, Sampling: b.SamplingParams,
 		StopTokenIDs: b.StopTokenIDs, IgnoreEOS: b.IgnoreEOS, MinTokens: b.MinTokens,
-		N: b.N, Priority: b.Priority,
+		N: b.N, Priority: b.Priority, Continued: b.ContinuedTokens,
+	}
+	if b.ContinuedTokens != 0 && b.PromptLogprobs != nil {
+		// (Checked here for every role: a decode leg ignores
+		// prompt_logprobs, and the machine never sees them.)
+		return q, openai.BadRequest("prompt_logprobs", "a continuation (continued_tokens %d) does not score its prompt: prompt_logprobs must be unset", b.ContinuedTokens)
 	}
 	if b.Constraint != nil {
 		// Both PD legs compile it (each its own cache): prefill masks the
@@ -256,8 +262,9 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 	promptOnly := b.MaxTokens == 0 && b.Room == "" && w.role == lifecycle.RolePrefill
 	if w.role == lifecycle.RolePrefill && !promptOnly {
 		// Prefill draws the first token only: min_tokens matters to it
-		// only as "not EOS at step 0". An invalid value passes unchanged,
-		// to be refused.
+		// only as "not EOS at step 0" (of this leg: a continuation's
+		// MinTokens is what is left, so any left bans EOS there). An
+		// invalid value passes unchanged, to be refused.
 		q.MaxTokens = 1
 		if q.MinTokens > 0 && q.MinTokens <= b.MaxTokens {
 			q.MinTokens = 1
@@ -341,6 +348,14 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 		PromptLogprobs: wirePrompt(fin.PromptLogprobs), CachedTokens: fin.CachedTokens})
 }
 
+// BufferedFlushInterval is the most often a buffered leg (GenerateBody.Buffered)
+// sends the output it holds before its end, on the worker's clock: once
+// this long has passed since its start or its last line, what it holds
+// goes out (at once, or with the next output if it holds none), so that
+// a router can continue the request from the tokens it has if the worker
+// fails. The last line, with the end, still goes out at the end.
+const BufferedFlushInterval = time.Second
+
 // handleStream serves a decode or colocated leg as NDJSON. The status line
 // waits for the first token or the end, so an early rejection is an
 // ordinary error answer.
@@ -349,24 +364,43 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ctx := r.Context()
+	w.streamLeg(r.Context(), rw, q.RID, wt, buffered)
+}
+
+// streamLeg writes request rid's output, as wt brings it, as NDJSON lines
+// to rw: as it comes, or for a buffered leg merged per choice and sent at
+// most once per BufferedFlushInterval and at the end.
+func (w *Worker) streamLeg(ctx context.Context, rw http.ResponseWriter, rid string, wt *waiter, buffered bool) {
 	rc := http.NewResponseController(rw)
 	enc := json.NewEncoder(rw)
 	started := false
 	var lw lineWriter
-	var held []piece // a buffered leg's output, until the end
+	var held []piece // a buffered leg's output, until its next line
+	var flush clock.Timer
+	var flushC <-chan time.Time
+	due := false // a buffered leg's interval passed: what it holds goes out
+	if buffered {
+		flush = w.clock.NewTimer(BufferedFlushInterval)
+		defer flush.Stop()
+		flushC = flush.C()
+	}
 	for {
-		ps, fin, err := wt.next(ctx)
+		ps, fin, fired, err := wt.nextOr(ctx, flushC)
 		if err != nil {
-			w.abortClient(q.RID)
+			w.abortClient(rid)
 			return
 		}
 		if buffered {
 			held = append(held, ps...)
+			due = due || fired
 			if fin == nil {
-				continue
+				if !due || len(held) == 0 {
+					continue
+				}
+				due = false
+				flush.Reset(BufferedFlushInterval)
 			}
-			ps = held
+			ps, held = held, nil
 		}
 		if !started {
 			if fin != nil && len(ps) == 0 && fin.Outcome != outcome.OK {
@@ -379,7 +413,7 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 		}
 		for _, line := range lw.lines(ps, fin, buffered) {
 			if err := enc.Encode(line); err != nil {
-				w.abortClient(q.RID)
+				w.abortClient(rid)
 				return
 			}
 		}

@@ -69,18 +69,27 @@ func (w *waiter) finish(f lifecycle.Finalize) {
 // accumulated. final is non-nil once the request ended (pieces then holds
 // everything that came before it). It returns ctx.Err() if ctx ends first.
 func (w *waiter) next(ctx context.Context) ([]piece, *lifecycle.Finalize, error) {
+	ps, fin, _, err := w.nextOr(ctx, nil)
+	return ps, fin, err
+}
+
+// nextOr is next that also returns, with fired true and nothing else,
+// when a value comes on fire first (nil: never).
+func (w *waiter) nextOr(ctx context.Context, fire <-chan time.Time) (ps []piece, fin *lifecycle.Finalize, fired bool, err error) {
 	for {
 		w.mu.Lock()
 		ps, fin := w.pieces, w.final
 		w.pieces = nil
 		w.mu.Unlock()
 		if len(ps) > 0 || fin != nil {
-			return ps, fin, nil
+			return ps, fin, false, nil
 		}
 		select {
 		case <-w.notify:
+		case <-fire:
+			return nil, nil, true, nil
 		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+			return nil, nil, false, ctx.Err()
 		}
 	}
 }

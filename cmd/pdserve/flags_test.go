@@ -113,7 +113,17 @@ func TestPairingFlags(t *testing.T) {
 	if rt, err = parse([]string{"--leg-timeout", "45m"}, nil); err != nil || rt.LegTimeout != 45*time.Minute {
 		t.Fatalf("--leg-timeout 45m: %v %v", rt.LegTimeout, err)
 	}
+	if rt.MaxMigrations != router.DefaultMaxMigrations {
+		t.Fatalf("--max-migrations default: %d", rt.MaxMigrations)
+	}
+	if rt, err = parse([]string{"--max-migrations", "5"}, nil); err != nil || rt.MaxMigrations != 5 {
+		t.Fatalf("--max-migrations 5: %d %v", rt.MaxMigrations, err)
+	}
+	if rt, err = parse([]string{"--max-migrations", "0"}, nil); err != nil || rt.MaxMigrations >= 0 {
+		t.Fatalf("--max-migrations 0 must turn continuations off: %d %v", rt.MaxMigrations, err)
+	}
 	for _, bad := range [][]string{
+		{"--max-migrations", "-1"},
 		{"--prefill-policy", "random"},
 		{"--decode-policy", "prefix"},
 		{"--cache-aware-weight", "0"},

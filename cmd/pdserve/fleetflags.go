@@ -191,6 +191,7 @@ type pairingFlags struct {
 	breakerFailures             int
 	breakerCooldown             time.Duration
 	legTimeout                  time.Duration
+	maxMigrations               int
 }
 
 func (f *pairingFlags) add(fs *pflag.FlagSet) {
@@ -214,6 +215,7 @@ func (f *pairingFlags) add(fs *pflag.FlagSet) {
 	fs.IntVar(&f.breakerFailures, "pair-breaker-failures", router.DefaultBreakerFailures, "consecutive KV handshake or transfer failures of a (prefill, decode) pair that open its breaker")
 	fs.DurationVar(&f.legTimeout, "leg-timeout", router.DefaultLegTimeout, "the router's cap on each exchange with a worker; must exceed the workers' --max-request-time (up raises it to that plus a minute)")
 	fs.DurationVar(&f.breakerCooldown, "pair-breaker-cooldown", router.DefaultBreakerCooldown, "how long an open pair is skipped before one request probes it")
+	fs.IntVar(&f.maxMigrations, "max-migrations", router.DefaultMaxMigrations, "how often one request whose output began reaching the client is continued on another pair (or colocated worker) when its worker fails under it — killed, unreachable, shut down, or its drain timed out; the continuation gives exactly the tokens an uninterrupted run would (0: never; the request then fails)")
 }
 
 func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
@@ -233,6 +235,8 @@ func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
 		return usagef("--leg-timeout must be positive")
 	case f.adm.RetryAfter <= 0:
 		return usagef("--overload-retry-after must be positive")
+	case f.maxMigrations < 0:
+		return usagef("--max-migrations must not be negative, got %d (0: never)", f.maxMigrations)
 	case !(f.cacheAware.Weight > 0) || math.IsInf(f.cacheAware.Weight, 0):
 		return usagef("--cache-aware-weight %v: want a positive number", f.cacheAware.Weight)
 	case f.cacheAware.MaxPages < 1 || f.cacheAware.TTL <= 0:
@@ -243,6 +247,10 @@ func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
 	}
 	adm := f.adm
 	*t = cluster.RouterTuning{PrefillPolicy: f.prefillPolicy, DecodePolicy: f.decodePolicy, CacheAware: f.cacheAware, LoadInterval: f.loadInterval,
-		LoadStaleness: f.loadStaleness, Admission: &adm, BreakerFailures: f.breakerFailures, BreakerCooldown: f.breakerCooldown, LegTimeout: f.legTimeout}
+		LoadStaleness: f.loadStaleness, Admission: &adm, BreakerFailures: f.breakerFailures, BreakerCooldown: f.breakerCooldown, LegTimeout: f.legTimeout,
+		MaxMigrations: f.maxMigrations}
+	if f.maxMigrations == 0 {
+		t.MaxMigrations = -1 // router: never
+	}
 	return nil
 }

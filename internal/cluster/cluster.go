@@ -464,6 +464,9 @@ type RouterTuning struct {
 	BreakerCooldown time.Duration
 	// LegTimeout bounds a leg's exchange with a worker (0: the default).
 	LegTimeout time.Duration
+	// MaxMigrations bounds the continuations of one request on a new pair
+	// (router.Config.MaxMigrations: 0 the default, negative none).
+	MaxMigrations int
 }
 
 // WorkerClient returns the HTTP client a router with secret and
@@ -522,7 +525,7 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
 		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
 		CacheAware: o.CacheAware, LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
-		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown, LegTimeout: o.LegTimeout,
+		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown, LegTimeout: o.LegTimeout, MaxMigrations: o.MaxMigrations,
 		Logger: o.Logger, Registerer: reg, Gatherer: reg,
 		Guard: func(h http.Handler, answer func(string, int, string)) http.Handler {
 			return guardFrontDoor(h, o.FrontDoor, answer)

@@ -22,6 +22,15 @@ import (
 //   - pdserve_router_retries_total{cause}: attempts retried on a new pair
 //     (before any token reached the client), by the outcome that caused
 //     the retry (every retryable outcome).
+//   - pdserve_router_migrations_total{cause}: requests moved to a new pair
+//     because a worker failed under them (outcome.Migratable: cause is
+//     worker_unreachable, worker_stream_broken, shutdown, draining,
+//     peer_lost or lease_expired): a decode or colocated leg that broke
+//     after output reached the client, continued from there on another
+//     pair, or a prefill leg whose worker was lost, retried.
+//   - pdserve_router_migration_delay_seconds (histogram, seconds): from a
+//     leg breaking after output reached the client to the first token of
+//     its continuation (vLLM's TTFT buckets).
 //   - pdserve_router_worker_failures_total{worker}: failed calls and health
 //     checks, by worker URL (a worker's series appears when it joins the
 //     fleet and goes when it leaves).
@@ -76,6 +85,8 @@ type Router struct {
 	requests       *prometheus.CounterVec
 	legFailures    *prometheus.CounterVec
 	retries        *prometheus.CounterVec
+	migrations     *prometheus.CounterVec
+	migrationDelay prometheus.Histogram
 	workerFailures *prometheus.CounterVec
 	selections     *prometheus.CounterVec
 	shed           *prometheus.CounterVec
@@ -256,6 +267,12 @@ func NewRouter(reg prometheus.Registerer, cfg RouterConfig) (*Router, error) {
 			Name: "pdserve_router_retries_total",
 			Help: "Attempts retried on a new pair (before any token reached the client), by the outcome that caused it.",
 		}, []string{"cause"}),
+		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdserve_router_migrations_total",
+			Help: "Requests moved to a new pair because a worker failed under them, by the outcome that caused it: a decode or colocated leg that broke after output reached the client (continued from there), or a prefill leg whose worker was lost (retried).",
+		}, []string{"cause"}),
+		migrationDelay: hist("pdserve_router_migration_delay_seconds",
+			"Time from a leg breaking after output reached the client to the continuation's first token.", vllmTTFTBuckets),
 		workerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdserve_router_worker_failures_total",
 			Help: "Failed calls and health checks, by worker URL.",
@@ -288,6 +305,9 @@ func NewRouter(reg prometheus.Registerer, cfg RouterConfig) (*Router, error) {
 		if o.Retryable() {
 			m.retries.WithLabelValues(o.String())
 		}
+		if o.Migratable() {
+			m.migrations.WithLabelValues(o.String())
+		}
 		if o == outcome.OK || o == outcome.NoWorker {
 			continue
 		}
@@ -305,7 +325,7 @@ func NewRouter(reg prometheus.Registerer, cfg RouterConfig) (*Router, error) {
 	for url, role := range cfg.Workers {
 		m.WorkerSeen(url, role)
 	}
-	cs := []prometheus.Collector{m.requests, m.legFailures, m.retries, m.workerFailures, m.selections, m.shed,
+	cs := []prometheus.Collector{m.requests, m.legFailures, m.retries, m.migrations, m.migrationDelay, m.workerFailures, m.selections, m.shed,
 		m.prefixQueried, m.prefixMatched, m.promptTokens, m.genTokens, ttft, itl, e2e, queue}
 	if cfg.State != nil {
 		cs = append(cs, stateGauges{cfg.State})
@@ -328,6 +348,14 @@ func (m *Router) LegFailed(role workerapi.Role, o outcome.Outcome) {
 
 // Retried counts an attempt retried on a new pair because of cause.
 func (m *Router) Retried(cause outcome.Outcome) { m.retries.WithLabelValues(cause.String()).Inc() }
+
+// Migrated counts a request moved to a new pair because a worker failed
+// with cause under it.
+func (m *Router) Migrated(cause outcome.Outcome) { m.migrations.WithLabelValues(cause.String()).Inc() }
+
+// MigrationDelay observes the time from a leg breaking to the first token
+// of the request's continuation.
+func (m *Router) MigrationDelay(d time.Duration) { m.migrationDelay.Observe(seconds(d)) }
 
 // Shed counts a request answered 429 for reason.
 func (m *Router) Shed(reason string) { m.shed.WithLabelValues(reason).Inc() }

@@ -185,6 +185,22 @@ func (o Outcome) Retryable() bool {
 	return false
 }
 
+// Migratable reports a failure of the worker, not of the request: it
+// could not be reached or broke off its answer (killed, its node lost), it
+// is shutting down or draining (a drain that ran out of time), or its KV
+// connection was lost or went silent. A request whose output had begun
+// reaching the client when one of these ended its leg is continued on
+// another pair from where it stopped (the router's --max-migrations).
+// Rejections, timeouts of the request itself, a corrupted transfer and the
+// model's own failures are not: they would follow the request.
+func (o Outcome) Migratable() bool {
+	switch o {
+	case WorkerUnreachable, WorkerStreamBroken, Shutdown, Draining, PeerLost, LeaseExpired:
+		return true
+	}
+	return false
+}
+
 // Leaving reports an answer that says the worker is going away (shutting
 // down or draining): it is taken out of new pairs at once, and a retry never
 // goes back to it.

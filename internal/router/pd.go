@@ -125,6 +125,11 @@ type pdStream struct {
 	// logprobs go first); promptSent: they went out.
 	held       []openai.Chunk
 	promptSent bool
+	// cont is what the request's output so far is, for a continuation;
+	// last, when set, is the request's last chunk, made by the router (a
+	// leg broke after the output was complete).
+	cont continuation
+	last *openai.Chunk
 }
 
 // maxDrainRetries bounds the extra attempts of a request whose legs were
@@ -252,7 +257,7 @@ func (r *Router) shed(e *openai.Error) *openai.Error {
 
 func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req PickRequest) (openai.Stream, *openai.Error) {
 	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String(), req: req,
-		exclude: map[*fleet.Worker]bool{}, avoid: map[*fleet.Worker]bool{}}
+		exclude: map[*fleet.Worker]bool{}, avoid: map[*fleet.Worker]bool{}, cont: r.newContinuation(g)}
 	s.live = r.track(g.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)
@@ -264,7 +269,7 @@ func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req 
 // start launches attempt gen on a freshly picked pair.
 func (s *pdStream) start(gen uint32) *openai.Error {
 	r, g := s.r, s.g
-	pw, dw, kv, probe, e := r.pickPair(pickOpts{exclude: s.exclude, avoid: s.avoid, req: &s.req})
+	pw, dw, kv, probe, e := r.pickPair(pickOpts{exclude: s.exclude, avoid: s.avoid, req: &s.req, continuing: s.cont.migrations > 0})
 	if e != nil {
 		return e
 	}
@@ -272,10 +277,12 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	if gen > 1 {
 		rid = fmt.Sprintf("%s-g%d", g.RID, gen)
 	}
-	body := legBody(g)
+	body := s.cont.body(r, g, pw, dw)
 	body.RID, body.Room, body.Gen, body.PrefillKVAddr = rid, s.room, gen, kv
-	body.MaxTokens = legMaxTokens(g, pw, dw)
 	s.req.MaxTokens = body.MaxTokens
+	if s.cont.budget == 0 {
+		s.cont.budget = body.MaxTokens
+	}
 	payload, err := body.AppendJSON(nil)
 	if err != nil {
 		if probe {
@@ -307,7 +314,10 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	s.held = nil
 	s.dispatched = r.clock.Now()
 	why := "legs sent"
-	if gen > 1 {
+	switch {
+	case len(s.cont.out) > 0:
+		why = fmt.Sprintf("continued on a new pair after %d output tokens (migration %d)", len(s.cont.out), s.cont.migrations)
+	case gen > 1:
 		why = "retried on a new pair"
 	}
 	if probe {
@@ -795,7 +805,38 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 		limit++
 		s.drainRetries++
 	}
-	if !s.sent && e.Outcome.Retryable() && int(a.gen) < limit && s.ctx.Err() == nil {
+	switch {
+	case s.sent:
+		// Output reached the client: continue it on another pair from
+		// where it stopped, if the worker (not the request) failed.
+		var down map[*fleet.Worker]bool
+		if e.Outcome.Suspect() {
+			down = s.r.probe(a.pw, a.dw)
+			for w := range down {
+				s.exclude[w] = true
+			}
+		}
+		if last, ok := s.cont.ended(s.g, s.r.cfg.EOS, s.r.cfg.ContextLen); ok && e.Outcome.Migratable() {
+			// Its output was complete: only the line saying so was lost.
+			s.last = &last
+			s.live.event("its output was complete: finished at the router")
+			return true, nil
+		}
+		if why := s.cont.refuse(s.r, f.role, e.Outcome, down[failedW], s.ctx); why == "" {
+			s.cont.migrating(&s.req, s.g, f.role, e.Outcome, s.r.clock.Now())
+			se := s.start(a.gen + 1)
+			if se == nil {
+				s.r.metrics.Migrated(e.Outcome)
+				s.r.log.Info("continuing request on a new pair", "rid", s.rid, "room", s.room, "gen", a.gen+1,
+					"output_tokens", len(s.cont.out), "failed_leg", f.role.String(), "outcome", e.Outcome.String(), "err", e.Message)
+				return true, nil
+			}
+			s.live.event("could not continue on a new pair: " + se.Message)
+			s.r.log.Warn("request could not be continued", "rid", s.rid, "room", s.room, "err", se.Message)
+		} else if s.cont.on() {
+			s.live.event("not continued: " + why)
+		}
+	case e.Outcome.Retryable() && int(a.gen) < limit && s.ctx.Err() == nil:
 		if e.Outcome.Suspect() {
 			// One of the pair may be frozen or cut off; find out before
 			// the retry can pick it again.
@@ -805,6 +846,9 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 		}
 		if se := s.start(a.gen + 1); se == nil {
 			s.r.metrics.Retried(e.Outcome)
+			if f.role == workerapi.RolePrefill && e.Outcome.Migratable() {
+				s.r.metrics.Migrated(e.Outcome)
+			}
 			s.r.log.Info("retrying request on a new pair", "rid", s.rid, "room", s.room, "gen", a.gen+1,
 				"failed_leg", f.role.String(), "outcome", e.Outcome.String(), "err", e.Message)
 			return true, nil
@@ -828,6 +872,9 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 	for {
 		a := s.a
 		var f failure
+		if s.last != nil {
+			return s.token(a, *s.last), nil
+		}
 		if len(s.held) > 0 && !s.waitsForPrompt(a) {
 			c := s.held[0]
 			s.held = s.held[1:]
@@ -931,8 +978,10 @@ func (s *pdStream) token(a *attempt, c openai.Chunk) openai.Chunk {
 		s.sent = true
 		s.live.tokens(len(c.Tokens))
 		s.pathWorked(a)
+		s.cont.returned(s.r, &c)
 	}
 	if c.Done {
+		c.CachedTokens = min(c.CachedTokens, len(s.g.InputIDs))
 		s.finished, s.ended = true, true
 		s.r.metrics.Answered(outcome.OK)
 	}

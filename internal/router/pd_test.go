@@ -447,10 +447,11 @@ func TestStreamBrokenRetried(t *testing.T) {
 }
 
 // TestNoRetryAfterFirstToken: once a token reached the client, a retryable
-// failure is the answer (the tokens came first).
+// failure is not retried from the start: without continuations
+// (--max-migrations 0) it is the answer (the tokens came first).
 func TestNoRetryAfterFirstToken(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr := newTestRouter(t, 1, 1, 0, nil)
+		tr := newTestRouter(t, 1, 1, 0, func(c *Config) { c.MaxMigrations = -1 })
 		defer tr.r.Close()
 		tr.decode[0].setLeg(func(_ context.Context, _ workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
 			w.line(workerapi.StreamLine{TokenIDs: []int32{10}, Logprobs: []float32{-1}})

@@ -3,6 +3,7 @@ package router
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -24,9 +25,12 @@ import (
 type plainStream struct {
 	r       *Router
 	ctx     context.Context
+	g       *openai.GenerateRequest
+	req     PickRequest
 	w       *fleet.Worker
 	legDone func() // uncounts the leg on the worker
-	rid     string
+	rid     string // the current leg's: g.RID, then "-g<gen>" for continuations
+	gen     uint32
 	payload []byte
 	limit   int64           // of a line: the first may carry the prompt's logprobs
 	lctx    context.Context // the leg's
@@ -44,32 +48,61 @@ type plainStream struct {
 	shutdown bool // the router stopped the request: its answer was a 503
 	// dispatched is when the request was sent to its worker.
 	dispatched time.Time
+	// cont is the output so far, for a continuation on another worker
+	// when the leg breaks after output reached the client; exclude holds
+	// the workers it must not go to; last is a last chunk the router made
+	// (the leg broke after the output was complete).
+	cont    continuation
+	exclude map[*fleet.Worker]bool
+	last    *openai.Chunk
 }
 
-// generatePlain sends a whole request to the next healthy colocated worker.
-// It is not retried: the worker's failure, or its going down, is the
-// answer (plain mode is the baseline that disaggregation is compared with).
-// The leg is posted on the first Recv.
+// generatePlain sends a whole request to a colocated worker chosen by the
+// decode policy. A failure before any output reached the client is the
+// answer (plain mode is the baseline that disaggregation is compared
+// with); one after, of the worker (outcome.Migratable), is continued on
+// another colocated worker as a PD request is on another pair. The leg is
+// posted on the first Recv.
 func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, req *PickRequest) (openai.Stream, *openai.Error) {
 	w, e := r.pickPlain(req)
 	if e != nil {
 		return nil, e
 	}
-	body := legBody(g)
-	body.MaxTokens = legMaxTokens(g, w)
-	req.MaxTokens = body.MaxTokens
-	payload, err := body.AppendJSON(nil)
-	if err != nil {
-		return nil, openai.Internal("encode request: %v", err)
+	s := &plainStream{r: r, ctx: ctx, g: g, req: *req, rid: g.RID, gen: 1, limit: prefillLimit(g),
+		cont: r.newContinuation(g), exclude: map[*fleet.Worker]bool{}}
+	s.live = r.track(g.RID, "", len(g.InputIDs))
+	if e := s.send(w); e != nil {
+		r.untrack(s.live)
+		s.stopWatching()
+		s.cancel()
+		s.legDone()
+		return nil, e
 	}
+	s.live.attempt(1, w.URL(), "sent to a colocated worker")
+	return s, nil
+}
+
+// send readies the request's next leg on w (posted by Recv).
+func (s *plainStream) send(w *fleet.Worker) *openai.Error {
+	r := s.r
+	body := s.cont.body(r, s.g, w)
+	body.RID = s.rid
+	s.req.MaxTokens = body.MaxTokens
+	if s.cont.budget == 0 {
+		s.cont.budget = body.MaxTokens
+	}
+	payload, err := body.AppendJSON(nil)
 	lctx, cancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
 	downCtx := w.DownContext()
-	s := &plainStream{r: r, ctx: ctx, w: w, rid: g.RID, payload: payload, limit: prefillLimit(g), lctx: lctx, cancel: cancel, down: downCtx.Done(),
-		legDone: r.legStarted(w, legTokens(workerapi.RoleColocated, req)), dispatched: r.clock.Now()}
-	s.live = r.track(g.RID, "", len(g.InputIDs))
-	s.live.attempt(1, w.URL(), "sent to a colocated worker")
-	s.watch = r.watchLeg(ctx, downCtx, cancel)
-	return s, nil
+	s.w, s.payload, s.lctx, s.cancel, s.down = w, payload, lctx, cancel, downCtx.Done()
+	s.legDone = r.legStarted(w, legTokens(workerapi.RoleColocated, &s.req))
+	s.dispatched = r.clock.Now()
+	s.resp, s.br, s.posted = nil, nil, false
+	s.watch = r.watchLeg(s.ctx, downCtx, cancel)
+	if err != nil {
+		return openai.Internal("encode request: %v", err)
+	}
+	return nil
 }
 
 // stopWatching stops the leg's watch.
@@ -79,6 +112,9 @@ func (s *plainStream) stopWatching() { s.watch.stop() }
 func (s *plainStream) Recv() (openai.Chunk, error) {
 	if s.finished {
 		return openai.Chunk{}, io.EOF
+	}
+	if s.last != nil {
+		return s.token(*s.last), nil
 	}
 	if s.ended {
 		return openai.Chunk{}, malformed("worker stream closed")
@@ -102,6 +138,9 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 		return s.interrupted()
 	}
 	if e != nil {
+		if s.continued(e) {
+			return s.Recv()
+		}
 		s.ended = true
 		s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
 		s.r.metrics.Answered(e.Outcome)
@@ -111,12 +150,89 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 		}
 		return openai.Chunk{}, e
 	}
+	return s.token(c), nil
+}
+
+// token accounts for a chunk returned to the client.
+func (s *plainStream) token(c openai.Chunk) openai.Chunk {
 	s.live.tokens(len(c.Tokens))
+	if len(c.Tokens) > 0 {
+		s.cont.returned(s.r, &c)
+	}
 	if c.Done {
 		s.finished, s.ended = true, true
+		c.CachedTokens = min(c.CachedTokens, len(s.g.InputIDs))
 		s.r.metrics.Answered(outcome.OK)
 	}
-	return c, nil
+	return c
+}
+
+// continued handles the leg's failure e after output reached the client:
+// when the worker failed (outcome.Migratable) and --max-migrations allows,
+// the old leg is released (and aborted on its worker) and the request
+// continued on another colocated worker, or finished at the router if its
+// output was complete; it reports whether Recv goes on.
+func (s *plainStream) continued(e *workerapi.Error) bool {
+	r := s.r
+	if len(s.cont.out) == 0 {
+		return false
+	}
+	o := e.Outcome
+	var down bool
+	if o.Suspect() {
+		down = r.probe(s.w)[s.w]
+	}
+	last, complete := s.cont.ended(s.g, r.cfg.EOS, r.cfg.ContextLen)
+	why := ""
+	if !complete {
+		why = s.cont.refuse(r, workerapi.RoleColocated, o, down, s.ctx)
+	}
+	if !complete && why != "" {
+		if s.cont.on() {
+			s.live.event("not continued: " + why)
+		}
+		return false
+	}
+	r.metrics.LegFailed(workerapi.RoleColocated, o)
+	s.live.event(fmt.Sprintf("colocated leg failed (gen %d): %s", s.gen, e.Message))
+	// The old leg: its worker ends the request (it may be gone already).
+	s.stopWatching()
+	r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "continued on another worker", outcome.Cause{}, nil)
+	s.cancel()
+	if s.resp != nil {
+		r.releaseStream(s.resp, s.br)
+	}
+	s.legDone()
+	s.legDone = func() {}
+	s.resp, s.br = nil, nil
+	if o.Leaving() {
+		r.set.MarkDraining(s.w, e.Message)
+	}
+	s.exclude[s.w] = true
+	if complete {
+		s.last = &last
+		s.live.event("its output was complete: finished at the router")
+		return true
+	}
+	s.cont.migrating(&s.req, s.g, workerapi.RoleColocated, o, r.clock.Now())
+	w, pe := r.pickPlainExcept(&s.req, s.exclude)
+	if pe != nil {
+		s.live.event("could not continue on another worker: " + pe.Message)
+		r.log.Warn("request could not be continued", "rid", s.g.RID, "err", pe.Message)
+		return false
+	}
+	s.gen++
+	s.rid = fmt.Sprintf("%s-g%d", s.g.RID, s.gen)
+	if se := s.send(w); se != nil {
+		s.live.event("could not continue on another worker: " + se.Message)
+		return false
+	}
+	r.metrics.Migrated(o)
+	r.log.Info("continuing request on another worker", "rid", s.g.RID, "gen", s.gen, "output_tokens", len(s.cont.out),
+		"outcome", o.String(), "err", e.Message)
+	s.live.attempt(s.gen, w.URL(), fmt.Sprintf("continued on another colocated worker after %d output tokens (migration %d)",
+		len(s.cont.out), s.cont.migrations))
+	return true
 }
 
 // interrupted answers a read that ended because the leg's context did:
@@ -130,14 +246,17 @@ func (s *plainStream) interrupted() (openai.Chunk, error) {
 		s.shutdown = true
 		return openai.Chunk{}, openai.Unavailable("the router is shutting down")
 	}
-	s.ended = true
 	var e *workerapi.Error
 	if closed(s.down) {
 		e = downError(workerapi.RoleColocated)
+		if s.continued(e) {
+			return s.Recv()
+		}
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "the router found the worker down", outcome.Cause{}, nil)
 	} else {
 		e = malformed("worker stream closed")
 	}
+	s.ended = true
 	s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
 	s.r.metrics.Answered(e.Outcome)
 	return openai.Chunk{}, e

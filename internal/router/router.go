@@ -123,6 +123,14 @@ type Config struct {
 	// shutting down, a lost KV connection, a corrupted transfer); it aborts
 	// the old attempt on both workers and reuses the room with gen+1.
 	MaxAttempts int
+	// MaxMigrations bounds how often one request is continued on a new
+	// pair after its output began reaching the client (0:
+	// DefaultMaxMigrations; negative: never). Only a failure of the worker
+	// (outcome.Migratable) is continued: the new legs get the prompt with
+	// the output so far appended and continue it exactly (see
+	// continuation). A request that fails again with the same cause on
+	// the new pair before any new token, its worker still up, is not.
+	MaxMigrations int
 	// PeerFailureGrace is how long, when decode fails because its peer
 	// did, the router waits for prefill's own answer so the client gets the
 	// root cause (default 1 s).
@@ -226,6 +234,12 @@ func New(cfg Config) (*Router, error) {
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 2
+	}
+	switch {
+	case cfg.MaxMigrations == 0:
+		cfg.MaxMigrations = DefaultMaxMigrations
+	case cfg.MaxMigrations < 0:
+		cfg.MaxMigrations = 0
 	}
 	if cfg.PeerFailureGrace <= 0 {
 		cfg.PeerFailureGrace = time.Second

@@ -444,6 +444,22 @@ func (r *Router) pickPlain(req *PickRequest) (*fleet.Worker, *openai.Error) {
 	return r.choose(workerapi.RoleColocated, req, cands, nil), nil
 }
 
+// pickPlainExcept chooses a colocated worker for a continuation of req (a
+// request whose output began reaching the client): any usable worker not
+// in exclude that fits req, with no admission (the request is already
+// being served: shedding it now would lose its output).
+func (r *Router) pickPlainExcept(req *PickRequest, exclude map[*fleet.Worker]bool) (*fleet.Worker, *openai.Error) {
+	cands, _, _ := r.candidates(workerapi.RoleColocated, r.clock.Now(), false, func(w *fleet.Worker) bool {
+		return exclude[w] || req.unfit(w)
+	})
+	if len(cands) == 0 {
+		e := openai.Unavailable("no other healthy colocated worker%s (see /debug/workers)", r.whyNone(workerapi.RoleColocated, exclude, req))
+		e.Code = outcome.NoWorker.String()
+		return nil, e
+	}
+	return r.choose(workerapi.RoleColocated, req, cands, nil), nil
+}
+
 // candidates returns the usable workers of role that skip (if set) does
 // not rule out, as candidates with their load: ready counts them, cands
 // holds those admission lets through (all of them unless admit), and why
@@ -474,6 +490,9 @@ type pickOpts struct {
 	req *PickRequest
 	// check only checks that a pair could form for req, as for a nil req.
 	check bool
+	// continuing places a continuation (output already reached the
+	// client): no admission, since shedding it now would lose its output.
+	continuing bool
 }
 
 // pickPair chooses a decode worker, then a prefill worker whose KV
@@ -485,7 +504,7 @@ type pickOpts struct {
 // no pair can form, a 429 (overloaded) when the workers that could are all
 // saturated.
 func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bool, err *openai.Error) {
-	admit := o.req != nil && !o.check
+	admit := o.req != nil && !o.check && !o.continuing
 	if !r.set.Synced() {
 		return nil, nil, "", false, noWorker("the %s registry has not listed the fleet yet (see /workers: registry_status)", r.set.Registry().Name())
 	}

@@ -1,0 +1,359 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/workerapi"
+)
+
+// stepToken is the scripted model of these tests: output step s is token
+// 100+s, on every worker, as the real sampler's draw is a function of the
+// step.
+func stepToken(s int) int32 { return int32(100 + s) }
+
+// scripted serves a decode or colocated leg with the scripted model from
+// output step ContinuedTokens on, one token a line, up to its max_tokens;
+// with breakAfter ≥ 0 it breaks off its stream (EOF, no last line) after
+// that many tokens.
+func scripted(breakAfter int) legFunc {
+	return func(_ context.Context, b workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
+		for i := range b.MaxTokens {
+			if i == breakAfter {
+				if i == 0 {
+					w.line(workerapi.StreamLine{}) // status 200, then EOF
+				}
+				return
+			}
+			l := workerapi.StreamLine{TokenIDs: []int32{stepToken(b.ContinuedTokens + i)}, Logprobs: []float32{-float32(b.ContinuedTokens + i)}}
+			if i == b.MaxTokens-1 {
+				l.FinishReason, l.OutputTokens = "length", b.MaxTokens
+			}
+			w.line(l)
+		}
+	}
+}
+
+// uninterrupted is the scripted model's output of n tokens.
+func uninterrupted(n int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = stepToken(i)
+	}
+	return out
+}
+
+// migrationRequest is the request of these tests: 6 output tokens, at
+// least 4, a 10 s timeout.
+func migrationRequest(rid string) *openai.GenerateRequest {
+	return &openai.GenerateRequest{RID: rid, InputIDs: []int32{1, 2, 3}, MaxTokens: 6, MinTokens: 4, Timeout: 10 * time.Second,
+		Sampling: model.SamplingParams{TopP: 1, Temperature: 1, Seed: 7}}
+}
+
+// TestContinuedAfterDecodeBreaks: a decode worker that breaks off its
+// stream after 2 tokens reached the client: the request is continued on
+// the other decode worker with the prompt and those 2 tokens as input,
+// continued_tokens 2 and what is left of max_tokens, min_tokens and the
+// timeout; the client gets the uninterrupted output, one migration is
+// counted with its delay, and the request's history says so.
+func TestContinuedAfterDecodeBreaks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, nil)
+		defer tr.r.Close()
+		for _, d := range tr.decode {
+			d.setLeg(byGen(scripted(2), scripted(-1)))
+		}
+		a := generateReq(t.Context(), tr.r, migrationRequest("rid"))
+		if a.err != nil || a.finish != "length" || !cmp.Equal(a.tokens, uninterrupted(6)) {
+			t.Fatalf("got %+v, want the uninterrupted %v", a, uninterrupted(6))
+		}
+		var first, cont []workerapi.GenerateBody
+		for _, d := range tr.decode {
+			legs, _, _ := d.received()
+			for _, l := range legs {
+				if l.Gen == 1 {
+					first = append(first, l)
+				} else {
+					cont = append(cont, l)
+				}
+			}
+			if len(legs) > 1 {
+				t.Errorf("%s got %d legs: the continuation went back to the worker that broke", d.host, len(legs))
+			}
+		}
+		if len(first) != 1 || len(cont) != 1 {
+			t.Fatalf("decode legs: %d first, %d continuations", len(first), len(cont))
+		}
+		c := cont[0]
+		if want := []int32{1, 2, 3, 100, 101}; !cmp.Equal(c.InputIDs, want) || c.ContinuedTokens != 2 || c.MaxTokens != 4 ||
+			c.MinTokens != 2 || c.Gen != 2 || c.RID != "rid-g2" || c.Room != first[0].Room {
+			t.Errorf("continuation leg: input %v continued %d max %d min %d gen %d rid %q room %q", c.InputIDs, c.ContinuedTokens,
+				c.MaxTokens, c.MinTokens, c.Gen, c.RID, c.Room)
+		}
+		if c.TimeoutMS <= 0 || c.TimeoutMS > 10_000 {
+			t.Errorf("continuation timeout %d ms, want what is left of 10 s", c.TimeoutMS)
+		}
+		if c.SamplingParams.Seed != 7 || c.SamplingParams.Temperature != 1 {
+			t.Errorf("continuation sampling %+v", c.SamplingParams)
+		}
+		plegs, _, _ := tr.prefill[0].received()
+		// (The first prefill leg may have been cancelled before the fake
+		// worker read it: the fake decode does not wait for the KV.)
+		if n := len(plegs); n == 0 || plegs[n-1].Gen != 2 || !cmp.Equal(plegs[n-1].InputIDs, c.InputIDs) || plegs[n-1].ContinuedTokens != 2 {
+			t.Errorf("prefill legs %+v: the continuation's prefill must carry the same body", plegs)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_migrations_total", "cause", "worker_stream_broken"); n != 1 {
+			t.Errorf("migrations %v, want 1", n)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_retries_total", "cause", "worker_stream_broken"); n != 0 {
+			t.Errorf("retries %v: a continuation is no retry", n)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_requests_total", "outcome", "ok"); n != 1 {
+			t.Errorf("requests ok %v", n)
+		}
+		if h := series(t, tr.reg, "pdserve_router_migration_delay_seconds").GetHistogram(); h.GetSampleCount() != 1 {
+			t.Errorf("migration delay observations %d, want 1", h.GetSampleCount())
+		}
+	})
+}
+
+// TestContinuedInPlainMode: a colocated worker that breaks off after 3
+// tokens, or is found down by its health checks after 3, has its request
+// continued on the other colocated worker.
+func TestContinuedInPlainMode(t *testing.T) {
+	for _, how := range []string{"broken", "found down"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, 0, 0, 2, nil)
+				defer tr.r.Close()
+				for _, w := range tr.colocated {
+					first := scripted(3)
+					if how == "found down" {
+						first = func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, lw *legWriter) {
+							for i := range 3 {
+								lw.line(workerapi.StreamLine{TokenIDs: []int32{stepToken(i)}, Logprobs: []float32{0}})
+							}
+							w.setHealth(func(context.Context) int { return http.StatusServiceUnavailable })
+							<-ctx.Done()
+						}
+					}
+					w.setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, lw *legWriter) {
+						if b.ContinuedTokens == 0 {
+							first(ctx, b, ab, lw)
+							return
+						}
+						scripted(-1)(ctx, b, ab, lw)
+					})
+				}
+				a := generateReq(t.Context(), tr.r, migrationRequest("rid"))
+				if a.err != nil || a.finish != "length" || !cmp.Equal(a.tokens, uninterrupted(6)) {
+					t.Fatalf("got %+v, want the uninterrupted %v", a, uninterrupted(6))
+				}
+				var conts []workerapi.GenerateBody
+				for _, w := range tr.colocated {
+					legs, _, _ := w.received()
+					for _, l := range legs {
+						if l.ContinuedTokens > 0 {
+							conts = append(conts, l)
+						}
+					}
+				}
+				if len(conts) != 1 || !cmp.Equal(conts[0].InputIDs, []int32{1, 2, 3, 100, 101, 102}) || conts[0].MaxTokens != 3 ||
+					conts[0].MinTokens != 1 || conts[0].RID != "rid-g2" {
+					t.Fatalf("continuations %+v", conts)
+				}
+				cause := "worker_stream_broken"
+				if how == "found down" {
+					cause = "worker_unreachable"
+				}
+				if n := counter(t, tr.reg, "pdserve_router_migrations_total", "cause", cause); n != 1 {
+					t.Errorf("migrations{%s} %v", cause, n)
+				}
+			})
+		})
+	}
+}
+
+// TestContinuationBounds: --max-migrations bounds the continuations (and 0
+// turns them off); a failure of the request (not of its worker) is not
+// continued; n > 1 is not; a second failure with the same cause before any
+// new token, the worker still answering, ends the request.
+func TestContinuationBounds(t *testing.T) {
+	run := func(t *testing.T, maxMig int, leg legFunc, g *openai.GenerateRequest) (answer, *testRouter) {
+		tr := newTestRouter(t, 1, 3, 0, func(c *Config) { c.MaxMigrations = maxMig })
+		t.Cleanup(func() { tr.r.Close() })
+		for _, d := range tr.decode {
+			d.setLeg(leg)
+		}
+		return generateReq(t.Context(), tr.r, g), tr
+	}
+	breakEach := func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+		scripted(1)(ctx, b, ab, w) // one token, then EOF
+	}
+	t.Run("max", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			a, tr := run(t, 2, breakEach, migrationRequest("rid"))
+			if a.err == nil || a.err.Code != "worker_stream_broken" || !cmp.Equal(a.tokens, uninterrupted(3)) {
+				t.Fatalf("got %+v, want 3 tokens (two continuations), then worker_stream_broken", a)
+			}
+			if n := counter(t, tr.reg, "pdserve_router_migrations_total", "cause", "worker_stream_broken"); n != 2 {
+				t.Errorf("migrations %v, want 2", n)
+			}
+		})
+	})
+	t.Run("off", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			a, _ := run(t, -1, breakEach, migrationRequest("rid"))
+			if a.err == nil || a.err.Code != "worker_stream_broken" || !cmp.Equal(a.tokens, uninterrupted(1)) {
+				t.Fatalf("got %+v, want 1 token then worker_stream_broken", a)
+			}
+		})
+	})
+	t.Run("request failure", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			a, tr := run(t, 0, func(_ context.Context, _ workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
+				w.line(workerapi.StreamLine{TokenIDs: []int32{100}, Logprobs: []float32{0}})
+				w.fail(workerapi.NewError(outcome.TimeoutRequest, "the request ran out of time", outcome.Cause{}))
+			}, migrationRequest("rid"))
+			if a.err == nil || a.err.Code != "timeout_request" {
+				t.Fatalf("got %+v, want timeout_request", a)
+			}
+			if n := counter(t, tr.reg, "pdserve_router_migrations_total", "cause", "worker_stream_broken"); n != 0 {
+				t.Errorf("migrations %v", n)
+			}
+		})
+	})
+	t.Run("n>1", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := migrationRequest("rid")
+			g.N = 2
+			a, _ := run(t, 0, breakEach, g)
+			if a.err == nil || a.err.Code != "worker_stream_broken" {
+				t.Fatalf("got %+v, want worker_stream_broken (n > 1 is not continued)", a)
+			}
+		})
+	})
+	t.Run("same failure twice", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			a, tr := run(t, 0, byGen(scripted(2), scripted(0)), migrationRequest("rid"))
+			if a.err == nil || a.err.Code != "worker_stream_broken" || !cmp.Equal(a.tokens, uninterrupted(2)) {
+				t.Fatalf("got %+v, want 2 tokens then worker_stream_broken", a)
+			}
+			if n := counter(t, tr.reg, "pdserve_router_migrations_total", "cause", "worker_stream_broken"); n != 1 {
+				t.Errorf("migrations %v, want 1", n)
+			}
+		})
+	})
+}
+
+// TestCompleteOutputFinishedAtTheRouter: a leg that breaks after its last
+// token (max_tokens reached, or EOS) but before its last line is finished
+// by the router, with no new leg.
+func TestCompleteOutputFinishedAtTheRouter(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		tokens []int32
+		finish string
+	}{{"length", uninterrupted(6), "length"}, {"eos", []int32{100, 101, 2}, "stop"}} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, 1, 2, 0, func(cfg *Config) { cfg.EOS = []int32{2} })
+				defer tr.r.Close()
+				for _, d := range tr.decode {
+					d.setLeg(func(_ context.Context, _ workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
+						for _, tok := range c.tokens {
+							w.line(workerapi.StreamLine{TokenIDs: []int32{tok}, Logprobs: []float32{0}})
+						}
+					})
+				}
+				g := migrationRequest("rid")
+				g.MinTokens = 0
+				a := generateReq(t.Context(), tr.r, g)
+				if a.err != nil || a.finish != c.finish || !cmp.Equal(a.tokens, c.tokens) {
+					t.Fatalf("got %+v, want %v and %q", a, c.tokens, c.finish)
+				}
+				n := 0
+				for _, d := range tr.decode {
+					legs, _, _ := d.received()
+					n += len(legs)
+				}
+				if n != 1 {
+					t.Fatalf("%d decode legs, want 1", n)
+				}
+			})
+		})
+	}
+}
+
+// TestContinuationOnlyToWorkersThatCan: a continuation goes only to a pair
+// whose workers list the "continue" feature; requests that need no feature
+// still use an older worker for their first legs.
+func TestContinuationOnlyToWorkersThatCan(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 3, 0, func(c *Config) { c.DecodePolicy = PolicyRoundRobin })
+		defer tr.r.Close()
+		for _, d := range tr.decode {
+			d.setLeg(byGen(scripted(2), scripted(-1)))
+		}
+		tr.decode[0].setOld()
+		advance(3 * time.Second) // the next health check reads its info
+		for i := range 6 {
+			g := &openai.GenerateRequest{RID: fmt.Sprintf("r%d", i), InputIDs: []int32{1, 2, 3}, MaxTokens: 6,
+				Sampling: model.SamplingParams{TopP: 1, Seed: 7}}
+			if a := generateReq(t.Context(), tr.r, g); a.err != nil || !cmp.Equal(a.tokens, uninterrupted(6)) {
+				t.Fatalf("request %d: %+v", i, a)
+			}
+		}
+		legs, _, _ := tr.decode[0].received()
+		if len(legs) == 0 {
+			t.Fatal("the older worker got no leg at all")
+		}
+		if slices.ContainsFunc(legs, func(b workerapi.GenerateBody) bool { return b.ContinuedTokens > 0 }) {
+			t.Fatal("a continuation went to a worker without the continue feature")
+		}
+	})
+}
+
+// TestContinuationInHistory: /debug/requests/{rid} shows the migration
+// while the continuation runs.
+func TestContinuationInHistory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, nil)
+		defer tr.r.Close()
+		release := make(chan struct{})
+		for _, d := range tr.decode {
+			d.setLeg(byGen(scripted(2), func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+				<-release
+				scripted(-1)(ctx, b, ab, w)
+			}))
+		}
+		done := make(chan answer, 1)
+		go func() { done <- generateReq(t.Context(), tr.r, migrationRequest("rid")) }()
+		synctest.Wait()
+		info, ok := tr.r.Request("rid")
+		if !ok {
+			t.Fatal("request not tracked")
+		}
+		found := slices.ContainsFunc(info.History, func(h workerapi.HistoryEntry) bool {
+			return strings.Contains(h.What, "continued on a new pair after 2 output tokens (migration 1)")
+		})
+		if !found || info.Gen != 2 {
+			t.Errorf("history %+v (gen %d), want the continuation", info.History, info.Gen)
+		}
+		close(release)
+		if a := <-done; a.err != nil || !cmp.Equal(a.tokens, uninterrupted(6)) {
+			t.Fatalf("got %+v", a)
+		}
+	})
+}

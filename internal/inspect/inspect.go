@@ -241,7 +241,11 @@ func Print(w io.Writer, rep Report) error {
 			// Renewed by the peer: it keeps moving out.
 			deadline = "lease " + deadline
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, r.Worker, r.Role, r.RID, r.Stage,
+		stage := r.Stage
+		if r.Migrations > 0 {
+			stage = fmt.Sprintf("%s (migrated %d×)", stage, r.Migrations)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mark, r.Worker, r.Role, r.RID, stage,
 			secs(r.AgeSeconds), secs(r.InStageSecs), deadline, peer, r.LastEvent)
 	}
 	if err := tw.Flush(); err != nil {

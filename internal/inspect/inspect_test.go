@@ -80,7 +80,7 @@ func TestSummaryFilterAndDecodeProgress(t *testing.T) {
 		if r.URL.Path == "/debug/requests" {
 			w.Write([]byte(`{"role":"router","requests":[
 				{"rid":"a","stage":"legs","age_s":5.1,"in_stage_s":5.1,"last_event":"legs sent (gen 1)"},
-				{"rid":"b","gen":2,"stage":"legs","age_s":3.1,"in_stage_s":1}]}`))
+				{"rid":"b","gen":2,"stage":"legs","age_s":3.1,"in_stage_s":1,"migrations":1}]}`))
 			return
 		}
 		json.NewEncoder(w).Encode(map[string]any{"workers": []router.WorkerStatus{{URL: dec.URL, Role: "decode"}}})
@@ -120,7 +120,7 @@ func TestSummaryFilterAndDecodeProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !strings.Contains(b.String(), "lease 2s") || !strings.Contains(b.String(), "PAST HALF DEADLINE") ||
-		!strings.Contains(b.String(), "live requests: router 2, decode 3;") {
+		!strings.Contains(b.String(), "live requests: router 2, decode 3;") || !strings.Contains(b.String(), "legs (migrated 1×)") {
 		t.Errorf("printed (want the live count per role, not summed over the router and its workers):\n%s", b.String())
 	}
 	j, _ := json.Marshal(rep.Filter("nope", 0, 0))

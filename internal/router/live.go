@@ -35,6 +35,7 @@ type liveRequest struct {
 	peers        string // the workers of the current attempt
 	promptTokens int
 	outputTokens int
+	migrations   int
 	last         string
 	// history is the request's last maxHistory events at the router
 	// (attempts, failed legs, retries, the first token), oldest first.
@@ -102,6 +103,15 @@ func (lr *liveRequest) attempt(gen uint32, peers, why string) {
 	lr.eventLocked(fmt.Sprintf("%s (gen %d): %s", why, gen, peers))
 }
 
+// migrated records a continuation of the request on new workers peers
+// (gen), after k output tokens: its migration m.
+func (lr *liveRequest) migrated(gen uint32, peers string, k, m int) {
+	lr.mu.Lock()
+	lr.migrations = m
+	lr.mu.Unlock()
+	lr.attempt(gen, peers, fmt.Sprintf("continued on a new pair after %d output tokens (migration %d)", k, m))
+}
+
 // tokens records n more tokens sent to the client.
 func (lr *liveRequest) tokens(n int) {
 	lr.mu.Lock()
@@ -109,7 +119,11 @@ func (lr *liveRequest) tokens(n int) {
 	lr.outputTokens += n
 	if lr.stage != stageStreaming && n > 0 {
 		lr.stage, lr.stageSince = stageStreaming, lr.clock.Now()
-		lr.eventLocked("first token sent")
+		if lr.migrations > 0 {
+			lr.eventLocked(fmt.Sprintf("first token of migration %d sent", lr.migrations))
+		} else {
+			lr.eventLocked("first token sent")
+		}
 	}
 }
 
@@ -119,7 +133,7 @@ func (lr *liveRequest) info(now time.Time, history bool) workerapi.RequestInfo {
 	ri := workerapi.RequestInfo{RID: lr.rid, Room: lr.room, Gen: lr.gen, Stage: lr.stage,
 		AgeSeconds: now.Sub(lr.arrived).Seconds(), InStageSecs: now.Sub(lr.stageSince).Seconds(),
 		DeadlineLeft: (lr.legTimeout - now.Sub(lr.attemptStart)).Seconds(), DeadlineKind: "request", PeerAddr: lr.peers,
-		PromptTokens: lr.promptTokens, OutputTokens: lr.outputTokens, LastEvent: lr.last}
+		PromptTokens: lr.promptTokens, OutputTokens: lr.outputTokens, LastEvent: lr.last, Migrations: lr.migrations}
 	if lr.gen > 1 {
 		ri.Retries = int(lr.gen) - 1
 	}

@@ -348,7 +348,7 @@ func TestContinuationInHistory(t *testing.T) {
 		found := slices.ContainsFunc(info.History, func(h workerapi.HistoryEntry) bool {
 			return strings.Contains(h.What, "continued on a new pair after 2 output tokens (migration 1)")
 		})
-		if !found || info.Gen != 2 {
+		if !found || info.Gen != 2 || info.Migrations != 1 {
 			t.Errorf("history %+v (gen %d), want the continuation", info.History, info.Gen)
 		}
 		close(release)

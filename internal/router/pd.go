@@ -314,16 +314,17 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	s.held = nil
 	s.dispatched = r.clock.Now()
 	why := "legs sent"
-	switch {
-	case len(s.cont.out) > 0:
-		why = fmt.Sprintf("continued on a new pair after %d output tokens (migration %d)", len(s.cont.out), s.cont.migrations)
-	case gen > 1:
+	if gen > 1 {
 		why = "retried on a new pair"
 	}
 	if probe {
 		why += " (probing a half-open KV path)"
 	}
-	s.live.attempt(gen, pw.URL()+" → "+dw.URL(), why)
+	if s.cont.migrations > 0 && len(s.cont.out) > 0 {
+		s.live.migrated(gen, pw.URL()+" → "+dw.URL(), len(s.cont.out), s.cont.migrations)
+	} else {
+		s.live.attempt(gen, pw.URL()+" → "+dw.URL(), why)
+	}
 	return nil
 }
 

@@ -230,8 +230,7 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 	r.metrics.Migrated(o)
 	r.log.Info("continuing request on another worker", "rid", s.g.RID, "gen", s.gen, "output_tokens", len(s.cont.out),
 		"outcome", o.String(), "err", e.Message)
-	s.live.attempt(s.gen, w.URL(), fmt.Sprintf("continued on another colocated worker after %d output tokens (migration %d)",
-		len(s.cont.out), s.cont.migrations))
+	s.live.migrated(s.gen, w.URL(), len(s.cont.out), s.cont.migrations)
 	return true
 }
 

@@ -33,6 +33,9 @@ type RequestInfo struct {
 	History      []HistoryEntry `json:"history,omitempty"`
 	// Retries (router) is the number of attempts after the first.
 	Retries int `json:"retries,omitempty"`
+	// Migrations (router) is how many of those continued the request's
+	// output on a new pair after a worker failed under it mid-stream.
+	Migrations int `json:"migrations,omitempty"`
 }
 
 // HistoryEntry is one lifecycle event of a request, for

@@ -2,11 +2,16 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"slices"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
@@ -29,8 +34,9 @@ const DefaultMaxMigrations = 3
 // uninterrupted run gives. The stop strings are the front end's, which
 // sees one stream throughout.
 //
-// A request with n > 1 choices is not continued (its choices diverge after
-// the first token, and a leg continues one sequence).
+// A request with n > 1 choices is continued choice by choice (choiceFan):
+// its choices diverge after the first token, and a leg continues one
+// sequence.
 type continuation struct {
 	// max is Config.MaxMigrations (≤ 0: none); one says the request has
 	// one choice.
@@ -42,6 +48,10 @@ type continuation struct {
 	out     []int32
 	budget  int
 	started time.Time
+	// outs and fin are, for a request with n > 1 choices, each choice's
+	// output so far and whether it finished.
+	outs [][]int32
+	fin  []bool
 	// migrations counts continuations; last is the failure that caused the
 	// last one (its leg's role and outcome, and len(out) then).
 	migrations int
@@ -61,15 +71,25 @@ func (r *Router) newContinuation(g *openai.GenerateRequest) continuation {
 }
 
 // on reports whether the request may be continued at all.
-func (c *continuation) on() bool { return c.max > 0 && c.one }
+func (c *continuation) on() bool { return c.max > 0 }
 
 // returned records the tokens of chunk ch, returned to the client.
 func (c *continuation) returned(r *Router, ch *openai.Chunk) {
 	if !c.on() {
 		return
 	}
-	for _, t := range ch.Tokens {
-		c.out = append(c.out, t.ID)
+	if c.one {
+		for _, t := range ch.Tokens {
+			c.out = append(c.out, t.ID)
+		}
+	} else if i := ch.Index; i >= 0 && i < model.MaxForks {
+		for len(c.outs) <= i {
+			c.outs, c.fin = append(c.outs, nil), append(c.fin, false)
+		}
+		for _, t := range ch.Tokens {
+			c.outs[i] = append(c.outs[i], t.ID)
+		}
+		c.fin[i] = c.fin[i] || ch.FinishReason != ""
 	}
 	if !c.brokeAt.IsZero() {
 		r.metrics.MigrationDelay(r.clock.Now().Sub(c.brokeAt))
@@ -82,8 +102,6 @@ func (c *continuation) returned(r *Router, ch *openai.Chunk) {
 // failed worker did not answer a probe after the failure.
 func (c *continuation) refuse(r *Router, role workerapi.Role, o outcome.Outcome, workerDown bool, ctx context.Context) string {
 	switch {
-	case !c.one:
-		return "a request with n > 1 choices is not continued"
 	case c.max <= 0:
 		return "--max-migrations is 0"
 	case !o.Migratable():
@@ -94,7 +112,7 @@ func (c *continuation) refuse(r *Router, role workerapi.Role, o outcome.Outcome,
 		return "the client is gone"
 	case closed(r.stopping):
 		return "the router is shutting down"
-	case c.migrations > 0 && c.last.role == role && c.last.o == o && c.last.at == len(c.out) && !workerDown:
+	case c.migrations > 0 && c.last.role == role && c.last.o == o && c.last.at == c.progress() && !workerDown:
 		// The same failure again, on a second pair, before any new token,
 		// and the worker still answers: the request, not a worker, is
 		// what fails (no storm of continuations).
@@ -108,8 +126,25 @@ func (c *continuation) refuse(r *Router, role workerapi.Role, o outcome.Outcome,
 // appended to the request's, its budget what is left.
 func (c *continuation) migrating(req *PickRequest, g *openai.GenerateRequest, role workerapi.Role, o outcome.Outcome, now time.Time) {
 	c.migrations++
-	c.last.role, c.last.o, c.last.at = role, o, len(c.out)
+	c.last.role, c.last.o, c.last.at = role, o, c.progress()
 	c.brokeAt = now
+	if c.one {
+		c.place(req, g)
+	}
+}
+
+// progress is how many output tokens reached the client, over every choice.
+func (c *continuation) progress() int {
+	n := len(c.out)
+	for _, o := range c.outs {
+		n += len(o)
+	}
+	return n
+}
+
+// place sets req to place the continuation of the output so far: its
+// prompt is the output appended to the request's, its budget what is left.
+func (c *continuation) place(req *PickRequest, g *openai.GenerateRequest) {
 	req.InputIDs = c.prompt(g)
 	req.MaxTokens = max(c.budget-len(c.out), 1)
 	req.MinTokens = max(g.MinTokens-len(c.out), 0)
@@ -165,4 +200,183 @@ func (c *continuation) ended(g *openai.GenerateRequest, eos []int32, contextLen 
 		return openai.Chunk{FinishReason: "length", Done: true}, true
 	}
 	return openai.Chunk{}, false
+}
+
+// choiceFan continues a request with n > 1 choices whose leg broke after
+// output reached the client: each choice not finished yet goes on as a
+// request of its own with one choice (its seed model.ForkSeed(seed, i), as
+// the worker draws choice i; its output so far continued as a one-choice
+// request's is), and their chunks are merged back under their indexes.
+// Each sub-stream is read by its own goroutine.
+type choiceFan struct {
+	subs   map[int]*fanSub
+	events chan fanEvent
+	live   int          // choices not finished
+	ended  map[int]bool // choices finished or stopped
+	ctx    context.Context
+}
+
+// fanSub is one choice's continuation.
+type fanSub struct {
+	st     openai.Stream
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{} // closed when its reader returned
+}
+
+// fanEvent is a chunk, or the end, of one choice's continuation.
+type fanEvent struct {
+	index int
+	c     openai.Chunk
+	err   error
+}
+
+// fanOut starts the continuations of request g's unfinished choices on
+// new workers (colocated ones when plain), avoiding exclude. cont is the
+// parent's state: each choice's output so far, and the migrations so far.
+func (r *Router) fanOut(ctx context.Context, g *openai.GenerateRequest, cont *continuation, plain bool,
+	exclude map[*fleet.Worker]bool) (*choiceFan, *openai.Error) {
+	f := &choiceFan{subs: map[int]*fanSub{}, events: make(chan fanEvent, 16), ended: map[int]bool{}, ctx: ctx}
+	for i := range max(g.N, 1) {
+		if i < len(cont.fin) && cont.fin[i] {
+			continue
+		}
+		var out []int32
+		if i < len(cont.outs) {
+			out = cont.outs[i]
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		st, e := r.choiceStream(sctx, g, i, out, cont, plain, exclude)
+		cont.brokeAt = time.Time{} // the first choice's continuation observes the delay
+		if e != nil {
+			cancel()
+			f.close()
+			return nil, e
+		}
+		sub := &fanSub{st: st, ctx: sctx, cancel: cancel, done: make(chan struct{})}
+		f.subs[i] = sub
+		f.live++
+		go f.read(i, sub)
+	}
+	return f, nil
+}
+
+// choiceStream starts choice i of request g, whose output so far is out,
+// as a request of its own.
+func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i int, out []int32, parent *continuation, plain bool,
+	exclude map[*fleet.Worker]bool) (openai.Stream, *openai.Error) {
+	gi := *g
+	gi.RID = fmt.Sprintf("%s-c%d", g.RID, i)
+	gi.N = 1
+	gi.Sampling.Seed = model.ForkSeed(g.Sampling.Seed, i)
+	gi.ScorePrompt, gi.PromptTopLogprobs = false, 0
+	cont := continuation{max: parent.max, one: true, out: slices.Clone(out), budget: parent.budget, started: parent.started,
+		migrations: parent.migrations, brokeAt: parent.brokeAt}
+	tmpl := legBody(&gi)
+	req := PickRequest{RID: gi.RID, InputIDs: gi.InputIDs, MaxTokens: gi.MaxTokens, MaxTokensDefault: gi.MaxTokensDefault,
+		MinTokens: gi.MinTokens, Needs: workerapi.FeaturesOf(&tmpl)}
+	if len(out) > 0 {
+		cont.place(&req, &gi)
+	}
+	excl := maps.Clone(exclude)
+	if plain {
+		s := &plainStream{r: r, ctx: ctx, g: &gi, req: req, rid: gi.RID, gen: 1, limit: prefillLimit(&gi), cont: cont,
+			exclude: excl, quiet: true}
+		w, e := r.pickPlainExcept(&s.req, excl)
+		if e != nil {
+			return nil, e
+		}
+		s.live = r.track(gi.RID, "", len(g.InputIDs))
+		if e := s.send(w); e != nil {
+			r.untrack(s.live)
+			s.stopWatching()
+			s.cancel()
+			s.legDone()
+			return nil, e
+		}
+		s.live.migrated(1, w.URL(), len(out), cont.migrations)
+		return s, nil
+	}
+	s := &pdStream{r: r, ctx: ctx, g: &gi, rid: gi.RID, room: kvxfer.NewRoom().String(), req: req,
+		exclude: excl, avoid: map[*fleet.Worker]bool{}, cont: cont, quiet: true}
+	s.live = r.track(gi.RID, s.room, len(g.InputIDs))
+	if e := s.start(1); e != nil {
+		r.untrack(s.live)
+		return nil, e
+	}
+	return s, nil
+}
+
+// read relays choice i's continuation to the fan's events until it ends.
+func (f *choiceFan) read(i int, sub *fanSub) {
+	defer close(sub.done)
+	for {
+		c, err := sub.st.Recv()
+		if err != nil && sub.ctx.Err() != nil {
+			return // stopped (a stop string ended the choice), or the request ended
+		}
+		if err == nil {
+			c.Index = i
+		}
+		select {
+		case f.events <- fanEvent{index: i, c: c, err: err}:
+		case <-f.ctx.Done():
+			return
+		}
+		if err != nil || c.FinishReason != "" {
+			return
+		}
+	}
+}
+
+// recv returns the next chunk of any choice; the last choice's last chunk
+// is Done. A choice's failure is the request's.
+func (f *choiceFan) recv(stopping <-chan struct{}) (openai.Chunk, error) {
+	for {
+		select {
+		case ev := <-f.events:
+			if ev.err != nil {
+				if errors.Is(ev.err, io.EOF) {
+					continue
+				}
+				return openai.Chunk{}, ev.err
+			}
+			if f.ended[ev.index] {
+				continue // stopped meanwhile
+			}
+			c := ev.c
+			c.Done = false
+			if c.FinishReason != "" {
+				f.ended[ev.index] = true
+				f.live--
+				c.Done = f.live == 0
+			}
+			return c, nil
+		case <-f.ctx.Done():
+			return openai.Chunk{}, f.ctx.Err()
+		case <-stopping:
+			return openai.Chunk{}, openai.Unavailable("the router is shutting down")
+		}
+	}
+}
+
+// stopChoice ends choice i's continuation (a stop string ended it).
+func (f *choiceFan) stopChoice(i int) {
+	if sub := f.subs[i]; sub != nil && !f.ended[i] {
+		f.ended[i] = true
+		f.live--
+		sub.cancel()
+	}
+}
+
+// close ends every continuation still running and releases them.
+func (f *choiceFan) close() {
+	for _, sub := range f.subs {
+		sub.cancel()
+	}
+	for _, sub := range f.subs {
+		<-sub.done
+		sub.st.Close()
+	}
+	f.subs = nil
 }

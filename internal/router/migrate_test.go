@@ -14,6 +14,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/openai/openaitest"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
@@ -187,7 +188,7 @@ func TestContinuedInPlainMode(t *testing.T) {
 
 // TestContinuationBounds: --max-migrations bounds the continuations (and 0
 // turns them off); a failure of the request (not of its worker) is not
-// continued; n > 1 is not; a second failure with the same cause before any
+// continued; a second failure with the same cause before any
 // new token, the worker still answering, ends the request.
 func TestContinuationBounds(t *testing.T) {
 	run := func(t *testing.T, maxMig int, leg legFunc, g *openai.GenerateRequest) (answer, *testRouter) {
@@ -231,16 +232,6 @@ func TestContinuationBounds(t *testing.T) {
 			}
 			if n := counter(t, tr.reg, "pdserve_router_migrations_total", "cause", "worker_stream_broken"); n != 0 {
 				t.Errorf("migrations %v", n)
-			}
-		})
-	})
-	t.Run("n>1", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			g := migrationRequest("rid")
-			g.N = 2
-			a, _ := run(t, 0, breakEach, g)
-			if a.err == nil || a.err.Code != "worker_stream_broken" {
-				t.Fatalf("got %+v, want worker_stream_broken (n > 1 is not continued)", a)
 			}
 		})
 	})
@@ -356,4 +347,97 @@ func TestContinuationInHistory(t *testing.T) {
 			t.Fatalf("got %+v", a)
 		}
 	})
+}
+
+// seededToken is the scripted model of choices: output step s of a
+// sequence drawn with seed is a token that depends on both.
+func seededToken(seed uint64, s int) int32 { return int32(seed%1000) + int32(s) }
+
+// choicesLeg serves a leg with n choices as the worker draws them (choice
+// i with model.ForkSeed(seed, i)), from output step ContinuedTokens on;
+// with breakAfter ≥ 0 it breaks off after that many tokens of each choice.
+func choicesLeg(breakAfter int) legFunc {
+	return func(_ context.Context, b workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
+		n := max(b.N, 1)
+		for s := range b.MaxTokens {
+			if s == breakAfter {
+				return
+			}
+			for i := range n {
+				l := workerapi.StreamLine{Index: i, TokenIDs: []int32{seededToken(model.ForkSeed(b.Seed, i), b.ContinuedTokens+s)},
+					Logprobs: []float32{-1}}
+				if s == b.MaxTokens-1 {
+					l.FinishReason, l.More = "length", i < n-1
+				}
+				w.line(l)
+			}
+		}
+	}
+}
+
+// TestChoicesContinuedOneByOne: a request with n = 3 whose decode (or
+// colocated) worker breaks off after 2 tokens of each choice is continued
+// choice by choice, each with its fork's seed and its own output so far;
+// the client gets every choice's uninterrupted output.
+func TestChoicesContinuedOneByOne(t *testing.T) {
+	for _, plain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("plain=%v", plain), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				np, nd, nc := 1, 2, 0
+				if plain {
+					np, nd, nc = 0, 0, 2
+				}
+				tr := newTestRouter(t, np, nd, nc, nil)
+				defer tr.r.Close()
+				ws := append(tr.decode, tr.colocated...)
+				for _, w := range ws {
+					w.setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, lw *legWriter) {
+						if b.N == 3 {
+							choicesLeg(2)(ctx, b, ab, lw)
+							return
+						}
+						choicesLeg(-1)(ctx, b, ab, lw)
+					})
+				}
+				g := migrationRequest("rid")
+				g.N = 3
+				a, err := openaitest.Run(t.Context(), tr.r, *g)
+				if err != nil {
+					t.Fatalf("got %v", err)
+				}
+				for i := range 3 {
+					want := make([]int32, g.MaxTokens)
+					for s := range want {
+						want[s] = seededToken(model.ForkSeed(7, i), s)
+					}
+					if got := a.IDs(i); !cmp.Equal(got, want) || a.Finish[i] != "length" {
+						t.Errorf("choice %d: %v (%s), want %v", i, got, a.Finish[i], want)
+					}
+				}
+				var conts []workerapi.GenerateBody
+				for _, w := range ws {
+					legs, _, _ := w.received()
+					for _, l := range legs {
+						if l.N != 3 {
+							conts = append(conts, l)
+						}
+					}
+				}
+				if len(conts) != 3 {
+					t.Fatalf("%d continuation legs, want one a choice", len(conts))
+				}
+				for _, c := range conts {
+					if c.ContinuedTokens != 2 || c.MaxTokens != 4 || c.MinTokens != 2 || !strings.HasPrefix(c.RID, "rid-c") {
+						t.Errorf("continuation %+v", c)
+					}
+				}
+				if n := counter(t, tr.reg, "pdserve_router_migrations_total", "cause", "worker_stream_broken"); n != 1 {
+					t.Errorf("migrations %v, want 1", n)
+				}
+				if n := counter(t, tr.reg, "pdserve_router_requests_total", "outcome", "ok"); n != 1 {
+					t.Errorf("requests ok %v, want 1 (the choices' continuations are not requests)", n)
+				}
+			})
+		})
+	}
 }

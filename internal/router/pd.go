@@ -130,6 +130,19 @@ type pdStream struct {
 	// leg broke after the output was complete).
 	cont continuation
 	last *openai.Chunk
+	// fan, once set, continues a request with n > 1 choices choice by
+	// choice (the attempt a is over); quiet marks a stream that is one
+	// such choice's (the request is counted once, by its parent).
+	fan   *choiceFan
+	quiet bool
+}
+
+// answered counts the request's answer, unless it is a choice's
+// continuation.
+func (s *pdStream) answered(o outcome.Outcome) {
+	if !s.quiet {
+		s.r.metrics.Answered(o)
+	}
 }
 
 // maxDrainRetries bounds the extra attempts of a request whose legs were
@@ -823,7 +836,20 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			s.live.event("its output was complete: finished at the router")
 			return true, nil
 		}
-		if why := s.cont.refuse(s.r, f.role, e.Outcome, down[failedW], s.ctx); why == "" {
+		if why := s.cont.refuse(s.r, f.role, e.Outcome, down[failedW], s.ctx); why == "" && !s.cont.one {
+			s.cont.migrating(&s.req, s.g, f.role, e.Outcome, s.r.clock.Now())
+			fan, fe := s.r.fanOut(s.ctx, s.g, &s.cont, false, s.exclude)
+			if fe == nil {
+				s.fan = fan
+				s.r.metrics.Migrated(e.Outcome)
+				s.live.event(fmt.Sprintf("continued choice by choice after %d output tokens (migration %d)", s.cont.progress(), s.cont.migrations))
+				s.r.log.Info("continuing request's choices on new pairs", "rid", s.rid, "output_tokens", s.cont.progress(),
+					"failed_leg", f.role.String(), "outcome", e.Outcome.String(), "err", e.Message)
+				return true, nil
+			}
+			s.live.event("could not continue on new pairs: " + fe.Message)
+			s.r.log.Warn("request could not be continued", "rid", s.rid, "room", s.room, "err", fe.Message)
+		} else if why == "" {
 			s.cont.migrating(&s.req, s.g, f.role, e.Outcome, s.r.clock.Now())
 			se := s.start(a.gen + 1)
 			if se == nil {
@@ -856,7 +882,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 		}
 	}
 	s.ended = true
-	s.r.metrics.Answered(e.Outcome)
+	s.answered(e.Outcome)
 	if e.Outcome == outcome.Overloaded {
 		s.r.metrics.Shed(ShedWorkerOverloaded.String())
 	}
@@ -873,6 +899,9 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 	for {
 		a := s.a
 		var f failure
+		if s.fan != nil {
+			return s.fanRecv()
+		}
 		if s.last != nil {
 			return s.token(a, *s.last), nil
 		}
@@ -964,6 +993,41 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 	}
 }
 
+// fanRecv returns the next chunk of the choices' continuations.
+func (s *pdStream) fanRecv() (openai.Chunk, error) {
+	c, err := s.fan.recv(s.r.stopping)
+	switch {
+	case err != nil:
+		if closed(s.r.stopping) {
+			s.closeWhy = "the router is shutting down"
+			return openai.Chunk{}, err
+		}
+		if s.ctx.Err() == nil {
+			s.ended = true
+			s.answered(errOutcome(err))
+		}
+		return openai.Chunk{}, err
+	case c.Done:
+		s.finished, s.ended = true, true
+		s.answered(outcome.OK)
+	}
+	s.live.tokens(len(c.Tokens))
+	return c, nil
+}
+
+// errOutcome is the outcome err answers with (failed_internal if it names
+// none).
+func errOutcome(err error) outcome.Outcome {
+	var we *workerapi.Error
+	if errors.As(err, &we) && we.Outcome != outcome.None {
+		return we.Outcome
+	}
+	if o, ok := outcome.Parse(openai.ToError(err).Code); ok {
+		return o
+	}
+	return outcome.FailedInternal
+}
+
 // waitsForPrompt reports whether decode's tokens must wait for prefill's
 // answer: the request asks for the prompt's logprobs, which come first.
 func (s *pdStream) waitsForPrompt(a *attempt) bool {
@@ -984,7 +1048,7 @@ func (s *pdStream) token(a *attempt, c openai.Chunk) openai.Chunk {
 	if c.Done {
 		c.CachedTokens = min(c.CachedTokens, len(s.g.InputIDs))
 		s.finished, s.ended = true, true
-		s.r.metrics.Answered(outcome.OK)
+		s.answered(outcome.OK)
 	}
 	return c
 }
@@ -1046,7 +1110,12 @@ func (s *pdStream) Stop() {
 	}
 	s.ended, s.stopped = true, true
 	s.a.stopWatching() // the client's context ends with the answer: it must not hang up the leg
-	s.r.metrics.Answered(outcome.OK)
+	s.answered(outcome.OK)
+	if s.fan != nil {
+		s.fan.close()
+		s.fan = nil
+		return // the attempt was over already
+	}
 	s.r.abortLeg(s.a.dw, s.a.rid, s.room, s.a.gen, workerapi.AbortStop, "", outcome.Cause{}, s.a.dCancel)
 }
 
@@ -1054,6 +1123,10 @@ func (s *pdStream) Stop() {
 // index of several; decode ends that choice alone (the leg goes on).
 func (s *pdStream) StopChoice(index int) {
 	if s.ended {
+		return
+	}
+	if s.fan != nil {
+		s.fan.stopChoice(index)
 		return
 	}
 	s.r.abortChoice(s.a.dw, s.a.rid, index)
@@ -1065,6 +1138,17 @@ func (s *pdStream) StopChoice(index int) {
 func (s *pdStream) Close() {
 	s.r.untrack(s.live)
 	a := s.a
+	if s.fan != nil {
+		s.fan.close()
+		if !s.ended {
+			s.ended = true
+			o := outcome.AbortedClient
+			if s.closeWhy != "" {
+				o = outcome.Shutdown
+			}
+			s.answered(o)
+		}
+	}
 	s.pathEnded(a, outcome.None, "")
 	if !s.ended {
 		s.ended = true
@@ -1072,7 +1156,7 @@ func (s *pdStream) Close() {
 		if why == "" {
 			why, o = "client disconnected", outcome.AbortedClient
 		}
-		s.r.metrics.Answered(o)
+		s.answered(o)
 		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, nil)
 		if !a.pDone {
 			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, a.pCancel)

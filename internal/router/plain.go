@@ -55,6 +55,19 @@ type plainStream struct {
 	cont    continuation
 	exclude map[*fleet.Worker]bool
 	last    *openai.Chunk
+	// fan, once set, continues a request with n > 1 choices choice by
+	// choice (the leg is over); quiet marks a stream that is one such
+	// choice's (the request is counted once, by its parent).
+	fan   *choiceFan
+	quiet bool
+}
+
+// answered counts the request's answer, unless it is a choice's
+// continuation.
+func (s *plainStream) answered(o outcome.Outcome) {
+	if !s.quiet {
+		s.r.metrics.Answered(o)
+	}
 }
 
 // generatePlain sends a whole request to a colocated worker chosen by the
@@ -113,6 +126,9 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 	if s.finished {
 		return openai.Chunk{}, io.EOF
 	}
+	if s.fan != nil {
+		return s.fanRecv()
+	}
 	if s.last != nil {
 		return s.token(*s.last), nil
 	}
@@ -143,7 +159,7 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 		}
 		s.ended = true
 		s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
-		s.r.metrics.Answered(e.Outcome)
+		s.answered(e.Outcome)
 		if e.Outcome == outcome.Overloaded {
 			s.r.markOverloaded(s.w)
 			s.r.metrics.Shed(ShedWorkerOverloaded.String())
@@ -162,9 +178,31 @@ func (s *plainStream) token(c openai.Chunk) openai.Chunk {
 	if c.Done {
 		s.finished, s.ended = true, true
 		c.CachedTokens = min(c.CachedTokens, len(s.g.InputIDs))
-		s.r.metrics.Answered(outcome.OK)
+		s.answered(outcome.OK)
 	}
 	return c
+}
+
+// fanRecv returns the next chunk of the choices' continuations.
+func (s *plainStream) fanRecv() (openai.Chunk, error) {
+	c, err := s.fan.recv(s.r.stopping)
+	switch {
+	case err != nil:
+		if closed(s.r.stopping) {
+			s.shutdown = true
+			return openai.Chunk{}, err
+		}
+		if s.ctx.Err() == nil {
+			s.ended = true
+			s.answered(errOutcome(err))
+		}
+		return openai.Chunk{}, err
+	case c.Done:
+		s.finished, s.ended = true, true
+		s.answered(outcome.OK)
+	}
+	s.live.tokens(len(c.Tokens))
+	return c, nil
 }
 
 // continued handles the leg's failure e after output reached the client:
@@ -174,7 +212,7 @@ func (s *plainStream) token(c openai.Chunk) openai.Chunk {
 // output was complete; it reports whether Recv goes on.
 func (s *plainStream) continued(e *workerapi.Error) bool {
 	r := s.r
-	if len(s.cont.out) == 0 {
+	if s.cont.progress() == 0 {
 		return false
 	}
 	o := e.Outcome
@@ -215,6 +253,18 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 		return true
 	}
 	s.cont.migrating(&s.req, s.g, workerapi.RoleColocated, o, r.clock.Now())
+	if !s.cont.one {
+		fan, fe := r.fanOut(s.ctx, s.g, &s.cont, true, s.exclude)
+		if fe != nil {
+			s.live.event("could not continue on other workers: " + fe.Message)
+			r.log.Warn("request could not be continued", "rid", s.g.RID, "err", fe.Message)
+			return false
+		}
+		s.fan = fan
+		r.metrics.Migrated(o)
+		s.live.event(fmt.Sprintf("continued choice by choice after %d output tokens (migration %d)", s.cont.progress(), s.cont.migrations))
+		return true
+	}
 	w, pe := r.pickPlainExcept(&s.req, s.exclude)
 	if pe != nil {
 		s.live.event("could not continue on another worker: " + pe.Message)
@@ -257,7 +307,7 @@ func (s *plainStream) interrupted() (openai.Chunk, error) {
 	}
 	s.ended = true
 	s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
-	s.r.metrics.Answered(e.Outcome)
+	s.answered(e.Outcome)
 	return openai.Chunk{}, e
 }
 
@@ -275,10 +325,19 @@ func closed(ch <-chan struct{}) bool {
 // hung up only after the worker has the stop abort (abortLeg cancels it
 // then), so the worker ends the request ok, not as its client going away.
 func (s *plainStream) Stop() {
+	if s.fan != nil {
+		if !s.ended {
+			s.ended, s.stopped = true, true
+			s.answered(outcome.OK)
+		}
+		s.fan.close()
+		s.fan = nil
+		return
+	}
 	if !s.ended {
 		s.ended, s.stopped = true, true
 		s.stopWatching() // the client's context ends with the answer: it must not hang up the leg
-		s.r.metrics.Answered(outcome.OK)
+		s.answered(outcome.OK)
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", outcome.Cause{}, s.cancel)
 	}
 }
@@ -286,6 +345,12 @@ func (s *plainStream) Stop() {
 // StopChoice implements openai.ChoiceStopper: the worker ends choice
 // index alone.
 func (s *plainStream) StopChoice(index int) {
+	if s.fan != nil {
+		if !s.ended {
+			s.fan.stopChoice(index)
+		}
+		return
+	}
 	if !s.ended && s.posted {
 		s.r.abortChoice(s.w, s.rid, index)
 	}
@@ -297,12 +362,16 @@ func (s *plainStream) StopChoice(index int) {
 func (s *plainStream) Close() {
 	s.stopWatching()
 	s.r.untrack(s.live)
+	if s.fan != nil {
+		s.fan.close()
+		s.fan = nil
+	}
 	if !s.ended {
 		s.ended = true
 		if s.shutdown {
-			s.r.metrics.Answered(outcome.Shutdown)
+			s.answered(outcome.Shutdown)
 		} else {
-			s.r.metrics.Answered(outcome.AbortedClient)
+			s.answered(outcome.AbortedClient)
 		}
 		if s.posted {
 			// Both the abort and the hang-up read as the client leaving.

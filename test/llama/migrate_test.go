@@ -123,7 +123,8 @@ func migrations(t *testing.T, c *cluster.Cluster) float64 {
 // down after some of its output reached the client is continued on the
 // other one, and its whole output — token ids, logprobs and top logprobs —
 // equals a colocated worker's uninterrupted run, bit for bit: greedy and
-// seeded sampling, with penalties and min_tokens, prefix cache on and off.
+// seeded sampling, with penalties and min_tokens, n = 3 (continued choice
+// by choice), prefix cache on and off.
 // The continuation's prefill recomputes the output so far in one chunked
 // forward where the first run decoded it a token at a time: exactness
 // rests on the kernels giving the same bits for any chunking and batch.
@@ -139,6 +140,7 @@ func TestMigrationExactOnStories260K(t *testing.T) {
 		{MinTokens: maxTokens - 2, Sampling: model.SamplingParams{Temperature: 0.9, TopP: 0.95, Seed: 11, TopLogprobs: 3,
 			FrequencyPenalty: 0.5, PresencePenalty: 0.3, RepetitionPenalty: 1.1}},
 		{Sampling: model.SamplingParams{Temperature: 1.2, TopP: 1, TopK: 20, Seed: 12345}},
+		{N: 3, Sampling: model.SamplingParams{Temperature: 0.8, TopP: 1, Seed: 99, TopLogprobs: 1, PresencePenalty: 0.4}},
 	}
 	for _, mode := range []string{"pd", "plain"} {
 		for _, prefix := range []bool{false, true} {

@@ -202,6 +202,49 @@ func (c *continuation) ended(g *openai.GenerateRequest, eos []int32, contextLen 
 	return openai.Chunk{}, false
 }
 
+// midStream is what a request's stream (PD or plain) keeps to go on when
+// its worker fails after output reached the client.
+type midStream struct {
+	// cont is the output so far; last, when set, is the request's last
+	// chunk, made by the router (a leg broke after the output was
+	// complete).
+	cont continuation
+	last *openai.Chunk
+	// fan, once set, continues a request with n > 1 choices choice by
+	// choice; quiet marks a stream that is one such choice's (the request
+	// is counted once, by its parent).
+	fan   *choiceFan
+	quiet bool
+}
+
+// answered counts the request's answer with o, unless it is a choice's
+// continuation.
+func (m *midStream) answered(r *Router, o outcome.Outcome) {
+	if !m.quiet {
+		r.metrics.Answered(o)
+	}
+}
+
+// fanRecv returns the next chunk of the fan's continuations (live counts
+// its tokens); ended says the request ended with it: its last chunk, or
+// its failure (counted; not when the client left or the router stops).
+func (m *midStream) fanRecv(r *Router, ctx context.Context, live *liveRequest) (c openai.Chunk, ended bool, err error) {
+	c, err = m.fan.recv(r.stopping)
+	switch {
+	case err != nil:
+		if closed(r.stopping) || ctx.Err() != nil {
+			return c, false, err
+		}
+		m.answered(r, errOutcome(err))
+		return c, true, err
+	case c.Done:
+		m.answered(r, outcome.OK)
+		ended = true
+	}
+	live.tokens(len(c.Tokens))
+	return c, ended, nil
+}
+
 // choiceFan continues a request with n > 1 choices whose leg broke after
 // output reached the client: each choice not finished yet goes on as a
 // request of its own with one choice (its seed model.ForkSeed(seed, i), as
@@ -280,8 +323,8 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 	}
 	excl := maps.Clone(exclude)
 	if plain {
-		s := &plainStream{r: r, ctx: ctx, g: &gi, req: req, rid: gi.RID, gen: 1, limit: prefillLimit(&gi), cont: cont,
-			exclude: excl, quiet: true}
+		s := &plainStream{r: r, ctx: ctx, g: &gi, req: req, rid: gi.RID, gen: 1, limit: prefillLimit(&gi),
+			midStream: midStream{cont: cont, quiet: true}, exclude: excl}
 		w, e := r.pickPlainExcept(&s.req, excl)
 		if e != nil {
 			return nil, e
@@ -298,7 +341,7 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 		return s, nil
 	}
 	s := &pdStream{r: r, ctx: ctx, g: &gi, rid: gi.RID, room: kvxfer.NewRoom().String(), req: req,
-		exclude: excl, avoid: map[*fleet.Worker]bool{}, cont: cont, quiet: true}
+		exclude: excl, avoid: map[*fleet.Worker]bool{}, midStream: midStream{cont: cont, quiet: true}}
 	s.live = r.track(gi.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)

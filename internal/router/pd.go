@@ -125,24 +125,9 @@ type pdStream struct {
 	// logprobs go first); promptSent: they went out.
 	held       []openai.Chunk
 	promptSent bool
-	// cont is what the request's output so far is, for a continuation;
-	// last, when set, is the request's last chunk, made by the router (a
-	// leg broke after the output was complete).
-	cont continuation
-	last *openai.Chunk
-	// fan, once set, continues a request with n > 1 choices choice by
-	// choice (the attempt a is over); quiet marks a stream that is one
-	// such choice's (the request is counted once, by its parent).
-	fan   *choiceFan
-	quiet bool
-}
-
-// answered counts the request's answer, unless it is a choice's
-// continuation.
-func (s *pdStream) answered(o outcome.Outcome) {
-	if !s.quiet {
-		s.r.metrics.Answered(o)
-	}
+	// midStream goes on when a worker fails after output reached the
+	// client (once fan is set, the attempt a is over).
+	midStream
 }
 
 // maxDrainRetries bounds the extra attempts of a request whose legs were
@@ -270,7 +255,7 @@ func (r *Router) shed(e *openai.Error) *openai.Error {
 
 func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req PickRequest) (openai.Stream, *openai.Error) {
 	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String(), req: req,
-		exclude: map[*fleet.Worker]bool{}, avoid: map[*fleet.Worker]bool{}, cont: r.newContinuation(g)}
+		exclude: map[*fleet.Worker]bool{}, avoid: map[*fleet.Worker]bool{}, midStream: midStream{cont: r.newContinuation(g)}}
 	s.live = r.track(g.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)
@@ -882,7 +867,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 		}
 	}
 	s.ended = true
-	s.answered(e.Outcome)
+	s.answered(s.r, e.Outcome)
 	if e.Outcome == outcome.Overloaded {
 		s.r.metrics.Shed(ShedWorkerOverloaded.String())
 	}
@@ -995,24 +980,14 @@ func (s *pdStream) Recv() (openai.Chunk, error) {
 
 // fanRecv returns the next chunk of the choices' continuations.
 func (s *pdStream) fanRecv() (openai.Chunk, error) {
-	c, err := s.fan.recv(s.r.stopping)
-	switch {
-	case err != nil:
-		if closed(s.r.stopping) {
-			s.closeWhy = "the router is shutting down"
-			return openai.Chunk{}, err
-		}
-		if s.ctx.Err() == nil {
-			s.ended = true
-			s.answered(errOutcome(err))
-		}
-		return openai.Chunk{}, err
-	case c.Done:
-		s.finished, s.ended = true, true
-		s.answered(outcome.OK)
+	c, ended, err := s.midStream.fanRecv(s.r, s.ctx, s.live)
+	if ended {
+		s.ended, s.finished = true, err == nil
 	}
-	s.live.tokens(len(c.Tokens))
-	return c, nil
+	if err != nil && closed(s.r.stopping) {
+		s.closeWhy = "the router is shutting down"
+	}
+	return c, err
 }
 
 // errOutcome is the outcome err answers with (failed_internal if it names
@@ -1048,7 +1023,7 @@ func (s *pdStream) token(a *attempt, c openai.Chunk) openai.Chunk {
 	if c.Done {
 		c.CachedTokens = min(c.CachedTokens, len(s.g.InputIDs))
 		s.finished, s.ended = true, true
-		s.answered(outcome.OK)
+		s.answered(s.r, outcome.OK)
 	}
 	return c
 }
@@ -1110,7 +1085,7 @@ func (s *pdStream) Stop() {
 	}
 	s.ended, s.stopped = true, true
 	s.a.stopWatching() // the client's context ends with the answer: it must not hang up the leg
-	s.answered(outcome.OK)
+	s.answered(s.r, outcome.OK)
 	if s.fan != nil {
 		s.fan.close()
 		s.fan = nil
@@ -1146,7 +1121,7 @@ func (s *pdStream) Close() {
 			if s.closeWhy != "" {
 				o = outcome.Shutdown
 			}
-			s.answered(o)
+			s.answered(s.r, o)
 		}
 	}
 	s.pathEnded(a, outcome.None, "")
@@ -1156,7 +1131,7 @@ func (s *pdStream) Close() {
 		if why == "" {
 			why, o = "client disconnected", outcome.AbortedClient
 		}
-		s.answered(o)
+		s.answered(s.r, o)
 		s.r.abortLeg(a.dw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, nil)
 		if !a.pDone {
 			s.r.abortLeg(a.pw, a.rid, s.room, a.gen, workerapi.AbortClient, why, outcome.Cause{}, a.pCancel)

@@ -48,26 +48,11 @@ type plainStream struct {
 	shutdown bool // the router stopped the request: its answer was a 503
 	// dispatched is when the request was sent to its worker.
 	dispatched time.Time
-	// cont is the output so far, for a continuation on another worker
-	// when the leg breaks after output reached the client; exclude holds
-	// the workers it must not go to; last is a last chunk the router made
-	// (the leg broke after the output was complete).
-	cont    continuation
+	// midStream goes on on another worker when the leg breaks after output
+	// reached the client (once fan is set, the leg is over); exclude holds
+	// the workers it must not go to.
+	midStream
 	exclude map[*fleet.Worker]bool
-	last    *openai.Chunk
-	// fan, once set, continues a request with n > 1 choices choice by
-	// choice (the leg is over); quiet marks a stream that is one such
-	// choice's (the request is counted once, by its parent).
-	fan   *choiceFan
-	quiet bool
-}
-
-// answered counts the request's answer, unless it is a choice's
-// continuation.
-func (s *plainStream) answered(o outcome.Outcome) {
-	if !s.quiet {
-		s.r.metrics.Answered(o)
-	}
 }
 
 // generatePlain sends a whole request to a colocated worker chosen by the
@@ -82,7 +67,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 		return nil, e
 	}
 	s := &plainStream{r: r, ctx: ctx, g: g, req: *req, rid: g.RID, gen: 1, limit: prefillLimit(g),
-		cont: r.newContinuation(g), exclude: map[*fleet.Worker]bool{}}
+		midStream: midStream{cont: r.newContinuation(g)}, exclude: map[*fleet.Worker]bool{}}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	if e := s.send(w); e != nil {
 		r.untrack(s.live)
@@ -159,7 +144,7 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 		}
 		s.ended = true
 		s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
-		s.answered(e.Outcome)
+		s.answered(s.r, e.Outcome)
 		if e.Outcome == outcome.Overloaded {
 			s.r.markOverloaded(s.w)
 			s.r.metrics.Shed(ShedWorkerOverloaded.String())
@@ -178,31 +163,19 @@ func (s *plainStream) token(c openai.Chunk) openai.Chunk {
 	if c.Done {
 		s.finished, s.ended = true, true
 		c.CachedTokens = min(c.CachedTokens, len(s.g.InputIDs))
-		s.answered(outcome.OK)
+		s.answered(s.r, outcome.OK)
 	}
 	return c
 }
 
 // fanRecv returns the next chunk of the choices' continuations.
 func (s *plainStream) fanRecv() (openai.Chunk, error) {
-	c, err := s.fan.recv(s.r.stopping)
-	switch {
-	case err != nil:
-		if closed(s.r.stopping) {
-			s.shutdown = true
-			return openai.Chunk{}, err
-		}
-		if s.ctx.Err() == nil {
-			s.ended = true
-			s.answered(errOutcome(err))
-		}
-		return openai.Chunk{}, err
-	case c.Done:
-		s.finished, s.ended = true, true
-		s.answered(outcome.OK)
+	c, ended, err := s.midStream.fanRecv(s.r, s.ctx, s.live)
+	if ended {
+		s.ended, s.finished = true, err == nil
 	}
-	s.live.tokens(len(c.Tokens))
-	return c, nil
+	s.shutdown = s.shutdown || (err != nil && closed(s.r.stopping))
+	return c, err
 }
 
 // continued handles the leg's failure e after output reached the client:
@@ -307,7 +280,7 @@ func (s *plainStream) interrupted() (openai.Chunk, error) {
 	}
 	s.ended = true
 	s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
-	s.answered(e.Outcome)
+	s.answered(s.r, e.Outcome)
 	return openai.Chunk{}, e
 }
 
@@ -328,7 +301,7 @@ func (s *plainStream) Stop() {
 	if s.fan != nil {
 		if !s.ended {
 			s.ended, s.stopped = true, true
-			s.answered(outcome.OK)
+			s.answered(s.r, outcome.OK)
 		}
 		s.fan.close()
 		s.fan = nil
@@ -337,7 +310,7 @@ func (s *plainStream) Stop() {
 	if !s.ended {
 		s.ended, s.stopped = true, true
 		s.stopWatching() // the client's context ends with the answer: it must not hang up the leg
-		s.answered(outcome.OK)
+		s.answered(s.r, outcome.OK)
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortStop, "", outcome.Cause{}, s.cancel)
 	}
 }
@@ -369,9 +342,9 @@ func (s *plainStream) Close() {
 	if !s.ended {
 		s.ended = true
 		if s.shutdown {
-			s.answered(outcome.Shutdown)
+			s.answered(s.r, outcome.Shutdown)
 		} else {
-			s.answered(outcome.AbortedClient)
+			s.answered(s.r, outcome.AbortedClient)
 		}
 		if s.posted {
 			// Both the abort and the hang-up read as the client leaving.

@@ -69,6 +69,12 @@ type procDeployment struct {
 // serve` reference.
 func startDeployment(t *testing.T, nP, nD int, decodeMS float64, prefillArgs, decodeArgs []string) *procDeployment {
 	t.Helper()
+	return startDeploymentWith(t, nP, nD, decodeMS, prefillArgs, decodeArgs, nil)
+}
+
+// startDeploymentWith is startDeployment with extra router flags.
+func startDeploymentWith(t *testing.T, nP, nD int, decodeMS float64, prefillArgs, decodeArgs, routerArgs []string) *procDeployment {
+	t.Helper()
 	ps := newProcSet(t)
 	d := &procDeployment{ps: ps}
 	common := slices.Concat(simFlags(decodeMS), chaosDeadlines.flags())
@@ -84,7 +90,7 @@ func startDeployment(t *testing.T, nP, nD int, decodeMS float64, prefillArgs, de
 		dURLs = append(dURLs, w.url())
 	}
 	d.router = ps.worker("router", "router", slices.Concat(simFlags(decodeMS),
-		[]string{"--prefill", strings.Join(pURLs, ","), "--decode", strings.Join(dURLs, ",")})...)
+		[]string{"--prefill", strings.Join(pURLs, ","), "--decode", strings.Join(dURLs, ",")}, routerArgs)...)
 	d.ref = ps.worker("reference", "serve", slices.Concat(simFlags(0), []string{"--kv-cache-memory", "64MiB"})...)
 	var wg sync.WaitGroup
 	errs := make([]error, len(d.workers)+2)

@@ -363,7 +363,7 @@ func (f *choiceFan) read(i int, sub *fanSub) {
 		}
 		select {
 		case f.events <- fanEvent{index: i, c: c, err: err}:
-		case <-f.ctx.Done():
+		case <-sub.ctx.Done(): // ends with the parent's, or by close
 			return
 		}
 		if err != nil || c.FinishReason != "" {

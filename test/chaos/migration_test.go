@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -33,6 +34,8 @@ type migSpec struct {
 	TopP        float64
 	Seed        int64
 	Stream      bool
+	// Choices is the request's n (0: not sent, one choice).
+	Choices int
 }
 
 // body is the request's JSON body; stream overrides s.Stream (the
@@ -40,7 +43,7 @@ type migSpec struct {
 func (s *migSpec) body(stream bool) []byte {
 	b, err := json.Marshal(map[string]any{
 		"prompt": s.Prompt, "max_tokens": s.MaxTokens, "temperature": s.Temperature, "top_p": s.TopP, "seed": s.Seed,
-		"ignore_eos": true, "return_token_ids": true, "logprobs": 2, "stream": stream,
+		"ignore_eos": true, "return_token_ids": true, "logprobs": 2, "stream": stream, "n": max(1, s.Choices),
 	})
 	if err != nil {
 		panic(err) // plain maps of strings and numbers always encode
@@ -50,13 +53,13 @@ func (s *migSpec) body(stream bool) []byte {
 
 // String describes the request for failure messages.
 func (s *migSpec) String() string {
-	return fmt.Sprintf("request #%d (stream=%v, prompt %d bytes, max_tokens %d, temperature %v, top_p %v, seed %d)",
-		s.N, s.Stream, len(s.Prompt), s.MaxTokens, s.Temperature, s.TopP, s.Seed)
+	return fmt.Sprintf("request #%d (stream=%v, prompt %d bytes, max_tokens %d, n %d, temperature %v, top_p %v, seed %d)",
+		s.N, s.Stream, len(s.Prompt), s.MaxTokens, max(1, s.Choices), s.Temperature, s.TopP, s.Seed)
 }
 
 // genMigSpecs draws n requests: prompts of a few fixed lengths (so that
-// TTFTs compare within a length), half greedy and half seeded, max_tokens
-// in [minTok, maxTok].
+// TTFTs compare within a length), half greedy and half seeded, one in
+// eight with two choices, max_tokens in [minTok, maxTok].
 func genMigSpecs(rng *rand.Rand, n int, lengths []int, minTok, maxTok int) []*migSpec {
 	out := make([]*migSpec, n)
 	for i := range out {
@@ -67,6 +70,9 @@ func genMigSpecs(rng *rand.Rand, n int, lengths []int, minTok, maxTok int) []*mi
 		}
 		s := &migSpec{N: i, Prompt: b.String(), MaxTokens: minTok + rng.IntN(maxTok-minTok+1), TopP: 1, Seed: rng.Int64N(1 << 40),
 			Stream: rng.IntN(8) != 0}
+		if rng.IntN(8) == 0 {
+			s.Choices = 2
+		}
 		if rng.IntN(2) == 0 {
 			s.Temperature = []float64{0.7, 1, 1.3}[rng.IntN(3)]
 			s.TopP = []float64{1, 0.9}[rng.IntN(2)]
@@ -143,9 +149,10 @@ func (o *migOutput) diff(want *migOutput) string {
 type migResult struct {
 	Spec *migSpec
 	// Err is "" for a complete answer, else what went wrong.
-	Err  string
-	ID   string
-	Out  migOutput
+	Err string
+	ID  string
+	// Out are the choices' outputs, by index.
+	Out  []migOutput
 	Sent time.Time
 	// Events are the arrival times of the events with tokens.
 	Events []time.Time
@@ -169,6 +176,7 @@ func (r *migResult) maxGap() time.Duration {
 // allowed for it.
 func doMig(hc *http.Client, base string, s *migSpec, stream bool, bound time.Duration) (res migResult) {
 	res.Spec, res.Sent = s, time.Now()
+	res.Out = make([]migOutput, max(1, s.Choices))
 	defer func() { res.End = time.Now() }()
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
@@ -199,11 +207,17 @@ func doMig(hc *http.Client, base string, s *migSpec, stream bool, bound time.Dur
 		switch err := json.Unmarshal(body, &a); {
 		case err != nil:
 			res.Err = fmt.Sprintf("status %d, bad JSON %q: %v", resp.StatusCode, body, err)
-		case resp.StatusCode != http.StatusOK || a.Error != nil || len(a.Choices) != 1:
+		case resp.StatusCode != http.StatusOK || a.Error != nil || len(a.Choices) != len(res.Out):
 			res.Err = fmt.Sprintf("status %d: %s", resp.StatusCode, body)
 		default:
 			res.ID = a.ID
-			res.Out.add(a.Choices[0])
+			for _, c := range a.Choices {
+				if c.Index < 0 || c.Index >= len(res.Out) {
+					res.Err = fmt.Sprintf("choice %d: %s", c.Index, body)
+					return res
+				}
+				res.Out[c.Index].add(c)
+			}
 			res.Events = append(res.Events, time.Now())
 		}
 		return res
@@ -226,33 +240,42 @@ func doMig(hc *http.Client, base string, s *migSpec, stream bool, bound time.Dur
 			return res
 		}
 		if a.Error != nil {
-			res.Err = fmt.Sprintf("error event after %d tokens: %s %s", len(res.Out.TokenIDs), a.Error.code(), a.Error.Message)
+			res.Err = fmt.Sprintf("error event after %d tokens: %s %s", res.tokens(), a.Error.code(), a.Error.Message)
 			continue
 		}
 		if res.ID == "" {
 			res.ID = a.ID
 		}
 		for _, c := range a.Choices {
-			if c.Index != 0 {
+			if c.Index < 0 || c.Index >= len(res.Out) {
 				res.Err = fmt.Sprintf("stream event of choice %d: %q", c.Index, data)
 				return res
 			}
 			if len(c.TokenIDs) > 0 {
 				res.Events = append(res.Events, time.Now())
 			}
-			res.Out.add(c)
+			res.Out[c.Index].add(c)
 		}
 	}
 	switch {
 	case res.Err != "":
 	case sc.Err() != nil:
-		res.Err = fmt.Sprintf("after %d tokens: %v", len(res.Out.TokenIDs), sc.Err())
+		res.Err = fmt.Sprintf("after %d tokens: %v", res.tokens(), sc.Err())
 	case !done:
-		res.Err = fmt.Sprintf("event stream ended without [DONE] after %d tokens", len(res.Out.TokenIDs))
-	case res.Out.Finish == "":
-		res.Err = "event stream ended without a finish reason"
+		res.Err = fmt.Sprintf("event stream ended without [DONE] after %d tokens", res.tokens())
+	case slices.ContainsFunc(res.Out, func(o migOutput) bool { return o.Finish == "" }):
+		res.Err = "event stream ended with a choice without a finish reason"
 	}
 	return res
+}
+
+// tokens counts the output tokens received, of every choice.
+func (r *migResult) tokens() int {
+	n := 0
+	for _, o := range r.Out {
+		n += len(o.TokenIDs)
+	}
+	return n
 }
 
 // checkAgainstReference asks the colocated reference for every request
@@ -273,8 +296,10 @@ func checkAgainstReference(hc *http.Client, ref string, results []migResult) []s
 				case want.Err != "":
 					d = fmt.Sprintf("%s: the reference answered %s", r.Spec, want.Err)
 				default:
-					if x := r.Out.diff(&want.Out); x != "" {
-						d = fmt.Sprintf("%s (id %s) differs from the reference: %s", r.Spec, r.ID, x)
+					for c := range r.Out {
+						if x := r.Out[c].diff(&want.Out[c]); x != "" {
+							d += fmt.Sprintf("%s (id %s) choice %d differs from the reference: %s\n", r.Spec, r.ID, c, x)
+						}
 					}
 				}
 				if d != "" {
@@ -295,8 +320,9 @@ func checkAgainstReference(hc *http.Client, ref string, results []migResult) []s
 	return out
 }
 
-// migrationWatch polls the router's /debug/requests and remembers, by rid,
-// the most migrations each request showed, and one migrated request's
+// migrationWatch polls the router's /debug/requests and remembers, by rid
+// (a choice's continuation under its request's), the most migrations each
+// request showed, and one migrated request's
 // history (/debug/requests/{rid}).
 type migrationWatch struct {
 	mu      sync.Mutex
@@ -319,8 +345,11 @@ func watchMigrations(hc *http.Client, base string) *migrationWatch {
 					if r.Migrations == 0 {
 						continue
 					}
+					// A choice of a request with n > 1 continues as
+					// request <rid>-c<index>.
+					rid := choiceRID.ReplaceAllString(r.RID, "")
 					w.mu.Lock()
-					w.seen[r.RID] = max(w.seen[r.RID], r.Migrations)
+					w.seen[rid] = max(w.seen[rid], r.Migrations)
 					need := w.history == ""
 					w.mu.Unlock()
 					if need {
@@ -352,6 +381,9 @@ func watchMigrations(hc *http.Client, base string) *migrationWatch {
 	})
 	return w
 }
+
+// choiceRID matches the suffix of a choice's continuation's rid.
+var choiceRID = regexp.MustCompile(`-c[0-9]+$`)
 
 // close stops polling and returns the migrations seen by rid and one
 // migrated request's history.
@@ -419,8 +451,8 @@ var phaseNames = [...]string{"before", "during", "after"}
 
 // TestMigrationUnderKills runs router + 2 prefill + 3 decode worker
 // processes under a steady rate of streamed (and some non-streamed)
-// requests, greedy and seeded with logprobs, long enough to last a few
-// seconds; in the middle of the run it SIGKILLs a worker (two decode
+// requests, greedy and seeded with logprobs, some with n = 2, long enough
+// to last a few seconds; in the middle of the run it SIGKILLs a worker (two decode
 // workers, then a prefill worker, and again; one with requests on it if
 // there is one), restarts it, waits for the router to use it again and
 // 0.5–1.5 s more, so that a worker of each role is always up.
@@ -599,7 +631,7 @@ func TestMigrationUnderKills(t *testing.T) {
 	var ttft, itl [3][]time.Duration
 	var gaps []string
 	var gapDs []time.Duration
-	migratedStreams := 0
+	migratedStreams, migratedN := 0, 0
 	cmu.Lock()
 	first, last := firstKill, ready
 	cmu.Unlock()
@@ -608,10 +640,13 @@ func TestMigrationUnderKills(t *testing.T) {
 		if r.Err != "" || len(r.Events) == 0 {
 			continue
 		}
+		m := migrated[r.rid()]
+		if m > 0 && r.Spec.Choices > 1 {
+			migratedN++
+		}
 		if !r.Spec.Stream {
 			continue
 		}
-		m := migrated[r.rid()]
 		if m == 0 {
 			ttftByLen[len(r.Spec.Prompt)] = append(ttftByLen[len(r.Spec.Prompt)], r.Events[0].Sub(r.Sent))
 		}
@@ -643,7 +678,7 @@ func TestMigrationUnderKills(t *testing.T) {
 %d requests (one every %s) in %s; total %s
 kills:
 %sclient errors: %d; outputs compared with the reference: %d, mismatches %d
-migrations (router): %s (total %v); requests seen migrated at the router: %d (%d streamed)
+migrations (router): %s (total %v); requests seen migrated at the router: %d (%d streamed, %d with n = 2)
 migration delay (router, break to next token): %d observed, mean %.0f ms
 largest inter-chunk gap of the migrated streams: %s
 TTFT of the requests not migrated, by prompt bytes: %s
@@ -652,7 +687,7 @@ kill phase: from +%.3fs to +%.3fs
 %s`,
 		seed, nReq, interval, trafficDone.Round(time.Millisecond), time.Since(start).Round(time.Millisecond),
 		kills, errs.get("error"), nReq-errs.get("error"), len(mismatches),
-		byCause, total, len(migrated), migratedStreams, delayCount, meanDelay, percentiles(gapDs), strings.Join(gaps, "; "),
+		byCause, total, len(migrated), migratedStreams, migratedN, delayCount, meanDelay, percentiles(gapDs), strings.Join(gaps, "; "),
 		first.Sub(start).Seconds(), last.Sub(start).Seconds(), phases.String(), history)
 }
 

@@ -174,6 +174,15 @@ type fakeWorker struct {
 	// ctxLen is the context length in its info (0: 8192, the simulated
 	// model's, more than any test's prompt and max_tokens).
 	ctxLen int
+	// instance is the process id in its info ("": none).
+	instance string
+}
+
+// setInstance makes the worker report a new process: it restarted.
+func (f *fakeWorker) setInstance(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.instance = id
 }
 
 // setContextLen makes the worker serve a context of n tokens.
@@ -273,8 +282,9 @@ func (f *fakeWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		}
 		old := f.old
 		ctxLen := cmp.Or(f.ctxLen, 8192)
+		instance := f.instance
 		f.mu.Unlock()
-		info := workerapi.Info{Role: f.role, Model: "m", Fingerprint: fp, ContextLen: ctxLen, VocabSize: 300}
+		info := workerapi.Info{Role: f.role, Model: "m", Fingerprint: fp, ContextLen: ctxLen, VocabSize: 300, Instance: instance}
 		if !old {
 			info.Features = workerapi.Features()
 		}

@@ -202,6 +202,27 @@ func (c *continuation) ended(g *openai.GenerateRequest, eos []int32, contextLen 
 	return openai.Chunk{}, false
 }
 
+// forgetRestarted drops from set, the workers a request must not go back
+// to, those that run another process (fleet.Info.Instance) than the one
+// that failed the request, and records in inst the process of those added
+// since the last call (the failure just handled). A worker restarted since
+// (ready again) is a new process and may serve the request: in a rolling
+// restart, the worker a request left first is often the only one back
+// when the next one drains.
+func forgetRestarted(set map[*fleet.Worker]bool, inst map[*fleet.Worker]string) {
+	for w := range set {
+		now := w.Info().Instance
+		was, seen := inst[w]
+		switch {
+		case !seen:
+			inst[w] = now
+		case now != "" && now != was:
+			delete(set, w)
+			delete(inst, w)
+		}
+	}
+}
+
 // midStream is what a request's stream (PD or plain) keeps to go on when
 // its worker fails after output reached the client.
 type midStream struct {
@@ -324,8 +345,8 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 	excl := maps.Clone(exclude)
 	if plain {
 		s := &plainStream{r: r, ctx: ctx, g: &gi, req: req, rid: gi.RID, gen: 1, limit: prefillLimit(&gi),
-			midStream: midStream{cont: cont, quiet: true}, exclude: excl}
-		w, e := r.pickPlainExcept(&s.req, excl)
+			midStream: midStream{cont: cont, quiet: true}, exclude: excl, excludedInst: map[*fleet.Worker]string{}}
+		w, e := r.pickPlainExcept(&s.req, excl, s.excludedInst)
 		if e != nil {
 			return nil, e
 		}
@@ -341,7 +362,7 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 		return s, nil
 	}
 	s := &pdStream{r: r, ctx: ctx, g: &gi, rid: gi.RID, room: kvxfer.NewRoom().String(), req: req,
-		exclude: excl, avoid: map[*fleet.Worker]bool{}, midStream: midStream{cont: cont, quiet: true}}
+		exclude: excl, excludedInst: map[*fleet.Worker]string{}, avoid: map[*fleet.Worker]bool{}, midStream: midStream{cont: cont, quiet: true}}
 	s.live = r.track(gi.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)

@@ -441,3 +441,57 @@ func TestChoicesContinuedOneByOne(t *testing.T) {
 		})
 	}
 }
+
+// TestContinuedOnRestartedWorker: a worker that failed a request (its
+// drain timed out) is out of that request's continuations only while it
+// runs the same process: once it restarted, the request's next
+// continuation may go back to it (in a rolling restart it is often the
+// only one back when the next worker drains).
+func TestContinuedOnRestartedWorker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, nil)
+		defer tr.r.Close()
+		for i, d := range tr.decode {
+			d.setInstance(fmt.Sprintf("d%d-a", i))
+		}
+		advance(3 * time.Second) // the next health check reads the instances
+		restarted := make(chan struct{})
+		shutdownAfter := func(n int, wait <-chan struct{}) legFunc {
+			return func(_ context.Context, b workerapi.GenerateBody, _ <-chan workerapi.AbortBody, w *legWriter) {
+				for i := range n {
+					w.line(workerapi.StreamLine{TokenIDs: []int32{stepToken(b.ContinuedTokens + i)}, Logprobs: []float32{-float32(b.ContinuedTokens + i)}})
+				}
+				if wait != nil {
+					<-wait
+				}
+				w.fail(workerapi.NewError(outcome.Shutdown, "worker is shutting down", outcome.Cause{}))
+			}
+		}
+		for _, d := range tr.decode {
+			d.setLeg(byGen(shutdownAfter(2, nil), shutdownAfter(2, restarted), scripted(-1)))
+		}
+		done := make(chan answer, 1)
+		go func() { done <- generateReq(t.Context(), tr.r, migrationRequest("rid")) }()
+		synctest.Wait() // gen 1 failed on one worker; gen 2 holds on the other
+		var first *fakeWorker
+		for _, d := range tr.decode {
+			if legs, _, _ := d.received(); len(legs) == 1 && legs[0].Gen == 1 {
+				first = d
+			}
+		}
+		if first == nil {
+			t.Fatal("no worker served gen 1 alone")
+		}
+		first.setInstance("restarted")
+		advance(5 * time.Second) // two passing checks of the new process
+		close(restarted)
+		a := <-done
+		if a.err != nil || !cmp.Equal(a.tokens, uninterrupted(6)) {
+			t.Fatalf("got %+v, want the uninterrupted output continued on the restarted worker", a)
+		}
+		legs, _, _ := first.received()
+		if len(legs) != 2 || legs[1].Gen != 3 || legs[1].ContinuedTokens != 4 {
+			t.Fatalf("the restarted worker got %+v, want gen 3 continuing 4 tokens", legs)
+		}
+	})
+}

@@ -113,6 +113,9 @@ type pdStream struct {
 	// unreachable, refused the KV handshake or failed a probe); avoid the
 	// workers of failed pairs, used again only if no other pair can form.
 	exclude, avoid map[*fleet.Worker]bool
+	// excludedInst is the process of each excluded worker that failed the
+	// request (forgetRestarted: a restarted one may serve it again).
+	excludedInst map[*fleet.Worker]string
 	// drainRetries counts attempts that a draining worker refused: they
 	// are retried without counting against MaxAttempts (up to
 	// maxDrainRetries).
@@ -255,7 +258,8 @@ func (r *Router) shed(e *openai.Error) *openai.Error {
 
 func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req PickRequest) (openai.Stream, *openai.Error) {
 	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String(), req: req,
-		exclude: map[*fleet.Worker]bool{}, avoid: map[*fleet.Worker]bool{}, midStream: midStream{cont: r.newContinuation(g)}}
+		exclude: map[*fleet.Worker]bool{}, excludedInst: map[*fleet.Worker]string{}, avoid: map[*fleet.Worker]bool{},
+		midStream: midStream{cont: r.newContinuation(g)}}
 	s.live = r.track(g.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)
@@ -267,6 +271,7 @@ func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req 
 // start launches attempt gen on a freshly picked pair.
 func (s *pdStream) start(gen uint32) *openai.Error {
 	r, g := s.r, s.g
+	forgetRestarted(s.exclude, s.excludedInst)
 	pw, dw, kv, probe, e := r.pickPair(pickOpts{exclude: s.exclude, avoid: s.avoid, req: &s.req, continuing: s.cont.migrations > 0})
 	if e != nil {
 		return e

@@ -52,7 +52,8 @@ type plainStream struct {
 	// reached the client (once fan is set, the leg is over); exclude holds
 	// the workers it must not go to.
 	midStream
-	exclude map[*fleet.Worker]bool
+	exclude      map[*fleet.Worker]bool
+	excludedInst map[*fleet.Worker]string // see pdStream
 }
 
 // generatePlain sends a whole request to a colocated worker chosen by the
@@ -67,7 +68,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 		return nil, e
 	}
 	s := &plainStream{r: r, ctx: ctx, g: g, req: *req, rid: g.RID, gen: 1, limit: prefillLimit(g),
-		midStream: midStream{cont: r.newContinuation(g)}, exclude: map[*fleet.Worker]bool{}}
+		midStream: midStream{cont: r.newContinuation(g)}, exclude: map[*fleet.Worker]bool{}, excludedInst: map[*fleet.Worker]string{}}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	if e := s.send(w); e != nil {
 		r.untrack(s.live)
@@ -238,7 +239,7 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 		s.live.event(fmt.Sprintf("continued choice by choice after %d output tokens (migration %d)", s.cont.progress(), s.cont.migrations))
 		return true
 	}
-	w, pe := r.pickPlainExcept(&s.req, s.exclude)
+	w, pe := r.pickPlainExcept(&s.req, s.exclude, s.excludedInst)
 	if pe != nil {
 		s.live.event("could not continue on another worker: " + pe.Message)
 		r.log.Warn("request could not be continued", "rid", s.g.RID, "err", pe.Message)

@@ -447,8 +447,11 @@ func (r *Router) pickPlain(req *PickRequest) (*fleet.Worker, *openai.Error) {
 // pickPlainExcept chooses a colocated worker for a continuation of req (a
 // request whose output began reaching the client): any usable worker not
 // in exclude that fits req, with no admission (the request is already
-// being served: shedding it now would lose its output).
-func (r *Router) pickPlainExcept(req *PickRequest, exclude map[*fleet.Worker]bool) (*fleet.Worker, *openai.Error) {
+// being served: shedding it now would lose its output). A worker restarted
+// since it was excluded is not excluded any more (forgetRestarted, with
+// inst).
+func (r *Router) pickPlainExcept(req *PickRequest, exclude map[*fleet.Worker]bool, inst map[*fleet.Worker]string) (*fleet.Worker, *openai.Error) {
+	forgetRestarted(exclude, inst)
 	cands, _, _ := r.candidates(workerapi.RoleColocated, r.clock.Now(), false, func(w *fleet.Worker) bool {
 		return exclude[w] || req.unfit(w)
 	})

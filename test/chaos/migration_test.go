@@ -631,6 +631,7 @@ func TestMigrationUnderKills(t *testing.T) {
 	var ttft, itl [3][]time.Duration
 	var gaps []string
 	var gapDs []time.Duration
+	gapByLen := map[int][]time.Duration{}
 	migratedStreams, migratedN := 0, 0
 	cmu.Lock()
 	first, last := firstKill, ready
@@ -658,10 +659,12 @@ func TestMigrationUnderKills(t *testing.T) {
 		if m > 0 {
 			migratedStreams++
 			gapDs = append(gapDs, r.maxGap())
+			gapByLen[len(r.Spec.Prompt)] = append(gapByLen[len(r.Spec.Prompt)], r.maxGap())
 		}
 	}
 	for _, n := range slices.Sorted(maps.Keys(ttftByLen)) {
-		gaps = append(gaps, fmt.Sprintf("prompt %d: %s", n, percentiles(ttftByLen[n])))
+		gaps = append(gaps, fmt.Sprintf("\n  prompt %d bytes: TTFT (not migrated) %s\n                    largest gap (migrated) %s",
+			n, percentiles(ttftByLen[n]), percentiles(gapByLen[n])))
 	}
 	meanDelay := 0.0
 	if delayCount > 0 {
@@ -680,14 +683,13 @@ kills:
 %sclient errors: %d; outputs compared with the reference: %d, mismatches %d
 migrations (router): %s (total %v); requests seen migrated at the router: %d (%d streamed, %d with n = 2)
 migration delay (router, break to next token): %d observed, mean %.0f ms
-largest inter-chunk gap of the migrated streams: %s
-TTFT of the requests not migrated, by prompt bytes: %s
+largest inter-chunk gap of the migrated streams: %s; by prompt length:%s
 kill phase: from +%.3fs to +%.3fs
 %sone migrated request's history at the router:
 %s`,
 		seed, nReq, interval, trafficDone.Round(time.Millisecond), time.Since(start).Round(time.Millisecond),
 		kills, errs.get("error"), nReq-errs.get("error"), len(mismatches),
-		byCause, total, len(migrated), migratedStreams, migratedN, delayCount, meanDelay, percentiles(gapDs), strings.Join(gaps, "; "),
+		byCause, total, len(migrated), migratedStreams, migratedN, delayCount, meanDelay, percentiles(gapDs), strings.Join(gaps, ""),
 		first.Sub(start).Seconds(), last.Sub(start).Seconds(), phases.String(), history)
 }
 

@@ -622,6 +622,15 @@ func TestMigrationUnderKills(t *testing.T) {
 		fail("router metrics: %v", err)
 	}
 	byCause, total := describeCauses(causes)
+	legFailures := map[string]float64{}
+	if mfs, err := scrape(hc, d.router.url()); err == nil {
+		for _, m := range mfs["pdserve_router_leg_failures_total"].GetMetric() {
+			if l := labelsOf(m); valueOf(m) > 0 {
+				legFailures[l["role"]+" "+l["outcome"]] += valueOf(m)
+			}
+		}
+	}
+	byLeg, _ := describeCauses(legFailures)
 	if total == 0 {
 		fail("pdserve_router_migrations_total is 0 after %s", kills)
 	}
@@ -682,7 +691,7 @@ func TestMigrationUnderKills(t *testing.T) {
 %d requests (one every %s) in %s; total %s
 kills:
 %sclient errors: %d; outputs compared with the reference: %d, mismatches %d
-migrations (router): %s (total %v); requests seen migrated at the router: %d (%d streamed, %d with n = 2)
+migrations (router): %s (total %v); failed legs by role and outcome: %s; requests seen migrated at the router: %d (%d streamed, %d with n = 2)
 migration delay (router, break to next token): %d observed, mean %.0f ms
 largest inter-chunk gap of the migrated streams: %s; by prompt length:%s
 kill phase: from +%.3fs to +%.3fs
@@ -690,7 +699,7 @@ kill phase: from +%.3fs to +%.3fs
 %s`,
 		seed, nReq, interval, trafficDone.Round(time.Millisecond), time.Since(start).Round(time.Millisecond),
 		kills, errs.get("error"), nReq-errs.get("error"), len(mismatches),
-		byCause, total, len(migrated), migratedStreams, migratedN, delayCount, meanDelay, percentiles(gapDs), strings.Join(gaps, ""),
+		byCause, total, byLeg, len(migrated), migratedStreams, migratedN, delayCount, meanDelay, percentiles(gapDs), strings.Join(gaps, ""),
 		first.Sub(start).Seconds(), last.Sub(start).Seconds(), phases.String(), history)
 }
 

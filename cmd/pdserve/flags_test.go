@@ -122,8 +122,15 @@ func TestPairingFlags(t *testing.T) {
 	if rt, err = parse([]string{"--max-migrations", "0"}, nil); err != nil || rt.MaxMigrations >= 0 {
 		t.Fatalf("--max-migrations 0 must turn continuations off: %d %v", rt.MaxMigrations, err)
 	}
+	if rt.MigrationWait != router.DefaultMigrationWait {
+		t.Fatalf("--migration-wait default: %v", rt.MigrationWait)
+	}
+	if rt, err = parse([]string{"--migration-wait", "0s"}, nil); err != nil || rt.MigrationWait >= 0 {
+		t.Fatalf("--migration-wait 0 must turn the wait off: %v %v", rt.MigrationWait, err)
+	}
 	for _, bad := range [][]string{
 		{"--max-migrations", "-1"},
+		{"--migration-wait", "-1s"},
 		{"--prefill-policy", "random"},
 		{"--decode-policy", "prefix"},
 		{"--cache-aware-weight", "0"},

@@ -192,6 +192,7 @@ type pairingFlags struct {
 	breakerCooldown             time.Duration
 	legTimeout                  time.Duration
 	maxMigrations               int
+	migrationWait               time.Duration
 }
 
 func (f *pairingFlags) add(fs *pflag.FlagSet) {
@@ -216,6 +217,7 @@ func (f *pairingFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.legTimeout, "leg-timeout", router.DefaultLegTimeout, "the router's cap on each exchange with a worker; must exceed the workers' --max-request-time (up raises it to that plus a minute)")
 	fs.DurationVar(&f.breakerCooldown, "pair-breaker-cooldown", router.DefaultBreakerCooldown, "how long an open pair is skipped before one request probes it")
 	fs.IntVar(&f.maxMigrations, "max-migrations", router.DefaultMaxMigrations, "how often one request whose output began reaching the client is continued on another pair (or colocated worker) when its worker fails under it — killed, unreachable, shut down, or its drain timed out; the continuation gives exactly the tokens an uninterrupted run would (0: never; the request then fails)")
+	fs.DurationVar(&f.migrationWait, "migration-wait", router.DefaultMigrationWait, "how long a request being continued waits for a ready worker of a role when none is (the others may be restarting) before it fails (0: no wait)")
 }
 
 func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
@@ -237,6 +239,8 @@ func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
 		return usagef("--overload-retry-after must be positive")
 	case f.maxMigrations < 0:
 		return usagef("--max-migrations must not be negative, got %d (0: never)", f.maxMigrations)
+	case f.migrationWait < 0:
+		return usagef("--migration-wait must not be negative, got %s (0: no wait)", f.migrationWait)
 	case !(f.cacheAware.Weight > 0) || math.IsInf(f.cacheAware.Weight, 0):
 		return usagef("--cache-aware-weight %v: want a positive number", f.cacheAware.Weight)
 	case f.cacheAware.MaxPages < 1 || f.cacheAware.TTL <= 0:
@@ -248,9 +252,12 @@ func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
 	adm := f.adm
 	*t = cluster.RouterTuning{PrefillPolicy: f.prefillPolicy, DecodePolicy: f.decodePolicy, CacheAware: f.cacheAware, LoadInterval: f.loadInterval,
 		LoadStaleness: f.loadStaleness, Admission: &adm, BreakerFailures: f.breakerFailures, BreakerCooldown: f.breakerCooldown, LegTimeout: f.legTimeout,
-		MaxMigrations: f.maxMigrations}
+		MaxMigrations: f.maxMigrations, MigrationWait: f.migrationWait}
 	if f.maxMigrations == 0 {
 		t.MaxMigrations = -1 // router: never
+	}
+	if f.migrationWait == 0 {
+		t.MigrationWait = -1 // router: no wait
 	}
 	return nil
 }

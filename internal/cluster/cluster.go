@@ -467,6 +467,9 @@ type RouterTuning struct {
 	// MaxMigrations bounds the continuations of one request on a new pair
 	// (router.Config.MaxMigrations: 0 the default, negative none).
 	MaxMigrations int
+	// MigrationWait bounds a continuation's wait for a ready worker
+	// (router.Config.MigrationWait: 0 the default, negative none).
+	MigrationWait time.Duration
 }
 
 // WorkerClient returns the HTTP client a router with secret and
@@ -525,7 +528,7 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
 		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
 		CacheAware: o.CacheAware, LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
-		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown, LegTimeout: o.LegTimeout, MaxMigrations: o.MaxMigrations,
+		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown, LegTimeout: o.LegTimeout, MaxMigrations: o.MaxMigrations, MigrationWait: o.MigrationWait,
 		Logger: o.Logger, Registerer: reg, Gatherer: reg,
 		Guard: func(h http.Handler, answer func(string, int, string)) http.Handler {
 			return guardFrontDoor(h, o.FrontDoor, answer)

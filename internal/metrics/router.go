@@ -272,7 +272,7 @@ func NewRouter(reg prometheus.Registerer, cfg RouterConfig) (*Router, error) {
 			Help: "Requests moved to a new pair because a worker failed under them, by the outcome that caused it: a decode or colocated leg that broke after output reached the client (continued from there), or a prefill leg whose worker was lost (retried).",
 		}, []string{"cause"}),
 		migrationDelay: hist("pdserve_router_migration_delay_seconds",
-			"Time from a leg breaking after output reached the client to the continuation's first token.", vllmTTFTBuckets),
+			"Time from a leg breaking after output reached the client to the continuation's first token, for streamed requests.", vllmTTFTBuckets),
 		workerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdserve_router_worker_failures_total",
 			Help: "Failed calls and health checks, by worker URL.",

@@ -17,6 +17,42 @@ import (
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
+// DefaultMigrationWait is Config.MigrationWait's default: about the time a
+// restarted worker takes to be ready again (two passing health checks at
+// the default 2 s interval, and its start).
+const DefaultMigrationWait = 10 * time.Second
+
+// awaitWorker calls place until it finds workers for a continuation: while
+// it answers no_worker (no worker of a role is ready: the other one may be
+// restarting) it tries again every poll, up to Config.MigrationWait; the
+// client's stream just pauses longer. It returns place's last error, or the
+// reason it stopped waiting.
+func (r *Router) awaitWorker(ctx context.Context, place func() *openai.Error) *openai.Error {
+	e := place()
+	if e == nil || e.Code != outcome.NoWorker.String() || r.cfg.MigrationWait <= 0 {
+		return e
+	}
+	poll := min(r.cfg.HealthInterval/4, 250*time.Millisecond)
+	deadline := r.clock.Now().Add(r.cfg.MigrationWait)
+	for r.clock.Now().Before(deadline) {
+		t := r.clock.NewTimer(poll)
+		select {
+		case <-t.C():
+		case <-ctx.Done():
+			t.Stop()
+			return e
+		case <-r.stopping:
+			t.Stop()
+			return e
+		}
+		if e = place(); e == nil || e.Code != outcome.NoWorker.String() {
+			return e
+		}
+	}
+	e.Message += fmt.Sprintf(" (waited %s for one)", r.cfg.MigrationWait)
+	return e
+}
+
 // DefaultMaxMigrations is Config.MaxMigrations' default (Dynamo's
 // migration_limit is the same idea): a request is continued on a new pair
 // at most this many times.
@@ -61,13 +97,16 @@ type continuation struct {
 		at   int
 	}
 	// brokeAt is when the leg that the next token continues broke (zero:
-	// no continuation waits for its first token).
-	brokeAt time.Time
+	// no continuation waits for its first token); buffered says the
+	// request's legs send their tokens at most once a second (its client
+	// waits for the whole answer): the delay is not observed then.
+	brokeAt  time.Time
+	buffered bool
 }
 
 // newContinuation returns the continuation state of request g.
 func (r *Router) newContinuation(g *openai.GenerateRequest) continuation {
-	return continuation{max: r.cfg.MaxMigrations, one: g.N <= 1, started: r.clock.Now()}
+	return continuation{max: r.cfg.MaxMigrations, one: g.N <= 1, started: r.clock.Now(), buffered: g.Buffered}
 }
 
 // on reports whether the request may be continued at all.
@@ -92,7 +131,9 @@ func (c *continuation) returned(r *Router, ch *openai.Chunk) {
 		c.fin[i] = c.fin[i] || ch.FinishReason != ""
 	}
 	if !c.brokeAt.IsZero() {
-		r.metrics.MigrationDelay(r.clock.Now().Sub(c.brokeAt))
+		if !c.buffered {
+			r.metrics.MigrationDelay(r.clock.Now().Sub(c.brokeAt))
+		}
 		c.brokeAt = time.Time{}
 	}
 }
@@ -335,7 +376,7 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 	gi.Sampling.Seed = model.ForkSeed(g.Sampling.Seed, i)
 	gi.ScorePrompt, gi.PromptTopLogprobs = false, 0
 	cont := continuation{max: parent.max, one: true, out: slices.Clone(out), budget: parent.budget, started: parent.started,
-		migrations: parent.migrations, brokeAt: parent.brokeAt}
+		migrations: parent.migrations, brokeAt: parent.brokeAt, buffered: parent.buffered}
 	tmpl := legBody(&gi)
 	req := PickRequest{RID: gi.RID, InputIDs: gi.InputIDs, MaxTokens: gi.MaxTokens, MaxTokensDefault: gi.MaxTokensDefault,
 		MinTokens: gi.MinTokens, Needs: workerapi.FeaturesOf(&tmpl)}
@@ -346,8 +387,11 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 	if plain {
 		s := &plainStream{r: r, ctx: ctx, g: &gi, req: req, rid: gi.RID, gen: 1, limit: prefillLimit(&gi),
 			midStream: midStream{cont: cont, quiet: true}, exclude: excl, excludedInst: map[*fleet.Worker]string{}}
-		w, e := r.pickPlainExcept(&s.req, excl, s.excludedInst)
-		if e != nil {
+		var w *fleet.Worker
+		if e := r.awaitWorker(ctx, func() (e *openai.Error) {
+			w, e = r.pickPlainExcept(&s.req, excl, s.excludedInst)
+			return e
+		}); e != nil {
 			return nil, e
 		}
 		s.live = r.track(gi.RID, "", len(g.InputIDs))
@@ -364,7 +408,7 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 	s := &pdStream{r: r, ctx: ctx, g: &gi, rid: gi.RID, room: kvxfer.NewRoom().String(), req: req,
 		exclude: excl, excludedInst: map[*fleet.Worker]string{}, avoid: map[*fleet.Worker]bool{}, midStream: midStream{cont: cont, quiet: true}}
 	s.live = r.track(gi.RID, s.room, len(g.InputIDs))
-	if e := s.start(1); e != nil {
+	if e := r.awaitWorker(ctx, func() *openai.Error { return s.start(1) }); e != nil {
 		r.untrack(s.live)
 		return nil, e
 	}

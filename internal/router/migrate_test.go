@@ -495,3 +495,44 @@ func TestContinuedOnRestartedWorker(t *testing.T) {
 		}
 	})
 }
+
+// TestContinuationWaitsForAWorker: when no other worker of the role is
+// ready (the only decode worker broke off, and restarts), the continuation
+// waits for one up to MigrationWait instead of failing the request; with
+// no wait it fails at once. A buffered (non-streamed) request's delay is
+// not observed: its legs send tokens only once a second.
+func TestContinuationWaitsForAWorker(t *testing.T) {
+	for _, wait := range []time.Duration{0, -1} {
+		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := newTestRouter(t, 1, 1, 0, func(c *Config) { c.MigrationWait = wait })
+				defer tr.r.Close()
+				d := tr.decode[0]
+				d.setInstance("a")
+				advance(3 * time.Second)
+				d.setLeg(byGen(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+					d.setInstance("b") // it breaks off and comes back as a new process
+					scripted(2)(ctx, b, ab, w)
+				}, scripted(-1)))
+				g := migrationRequest("rid")
+				g.Buffered = true
+				a := generateReq(t.Context(), tr.r, g)
+				if wait < 0 {
+					if a.err == nil || a.err.Code != "worker_stream_broken" {
+						t.Fatalf("got %+v, want worker_stream_broken at once", a)
+					}
+					return
+				}
+				if a.err != nil || !cmp.Equal(a.tokens, uninterrupted(6)) {
+					t.Fatalf("got %+v, want the uninterrupted output once the worker is back", a)
+				}
+				if a.after < 2*time.Second || a.after > DefaultMigrationWait {
+					t.Errorf("answered after %s: want the wait for the restarted worker's passing checks", a.after)
+				}
+				if h := series(t, tr.reg, "pdserve_router_migration_delay_seconds").GetHistogram(); h.GetSampleCount() != 0 {
+					t.Errorf("a buffered request's delay observed %d times", h.GetSampleCount())
+				}
+			})
+		})
+	}
+}

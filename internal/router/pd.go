@@ -841,7 +841,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			s.r.log.Warn("request could not be continued", "rid", s.rid, "room", s.room, "err", fe.Message)
 		} else if why == "" {
 			s.cont.migrating(&s.req, s.g, f.role, e.Outcome, s.r.clock.Now())
-			se := s.start(a.gen + 1)
+			se := s.r.awaitWorker(s.ctx, func() *openai.Error { return s.start(a.gen + 1) })
 			if se == nil {
 				s.r.metrics.Migrated(e.Outcome)
 				s.r.log.Info("continuing request on a new pair", "rid", s.rid, "room", s.room, "gen", a.gen+1,

@@ -239,7 +239,11 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 		s.live.event(fmt.Sprintf("continued choice by choice after %d output tokens (migration %d)", s.cont.progress(), s.cont.migrations))
 		return true
 	}
-	w, pe := r.pickPlainExcept(&s.req, s.exclude, s.excludedInst)
+	var w *fleet.Worker
+	pe := r.awaitWorker(s.ctx, func() (e *openai.Error) {
+		w, e = r.pickPlainExcept(&s.req, s.exclude, s.excludedInst)
+		return e
+	})
 	if pe != nil {
 		s.live.event("could not continue on another worker: " + pe.Message)
 		r.log.Warn("request could not be continued", "rid", s.g.RID, "err", pe.Message)

@@ -131,6 +131,10 @@ type Config struct {
 	// continuation). A request that fails again with the same cause on
 	// the new pair before any new token, its worker still up, is not.
 	MaxMigrations int
+	// MigrationWait is how long a continuation waits for a worker of a
+	// role to be ready when none is (the others may be restarting; 0:
+	// DefaultMigrationWait, negative: no wait).
+	MigrationWait time.Duration
 	// PeerFailureGrace is how long, when decode fails because its peer
 	// did, the router waits for prefill's own answer so the client gets the
 	// root cause (default 1 s).
@@ -240,6 +244,12 @@ func New(cfg Config) (*Router, error) {
 		cfg.MaxMigrations = DefaultMaxMigrations
 	case cfg.MaxMigrations < 0:
 		cfg.MaxMigrations = 0
+	}
+	switch {
+	case cfg.MigrationWait == 0:
+		cfg.MigrationWait = DefaultMigrationWait
+	case cfg.MigrationWait < 0:
+		cfg.MigrationWait = 0
 	}
 	if cfg.PeerFailureGrace <= 0 {
 		cfg.PeerFailureGrace = time.Second

@@ -239,10 +239,23 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 		StopTokenIDs: b.StopTokenIDs, IgnoreEOS: b.IgnoreEOS, MinTokens: b.MinTokens,
 		N: b.N, Priority: b.Priority, Continued: b.ContinuedTokens,
 	}
-	if b.ContinuedTokens != 0 && b.PromptLogprobs != nil {
+	if b.ContinuedTokens != 0 {
 		// (Checked here for every role: a decode leg ignores
-		// prompt_logprobs, and the machine never sees them.)
-		return q, openai.BadRequest("prompt_logprobs", "a continuation (continued_tokens %d) does not score its prompt: prompt_logprobs must be unset", b.ContinuedTokens)
+		// prompt_logprobs, and the machine never sees them; a prefill
+		// leg's max_tokens becomes 1 below.)
+		var e *openai.Error
+		switch {
+		case b.PromptLogprobs != nil:
+			e = openai.BadRequest("prompt_logprobs", "%s: a continuation (continued_tokens %d) does not score its prompt: prompt_logprobs must be unset",
+				outcome.RejectedInvalid, b.ContinuedTokens)
+		case b.MaxTokens < 1:
+			e = openai.BadRequest("max_tokens", "%s: a continuation (continued_tokens %d) generates: max_tokens must be at least 1, got %d",
+				outcome.RejectedInvalid, b.ContinuedTokens, b.MaxTokens)
+		}
+		if e != nil {
+			e.Code = outcome.RejectedInvalid.String()
+			return q, e
+		}
 	}
 	if b.Constraint != nil {
 		// Both PD legs compile it (each its own cache): prefill masks the

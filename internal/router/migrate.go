@@ -112,7 +112,8 @@ func (r *Router) newContinuation(g *openai.GenerateRequest) continuation {
 // on reports whether the request may be continued at all.
 func (c *continuation) on() bool { return c.max > 0 }
 
-// returned records the tokens of chunk ch, returned to the client.
+// returned records chunk ch, returned to the client: its tokens, and the
+// end of its choice.
 func (c *continuation) returned(r *Router, ch *openai.Chunk) {
 	if !c.on() {
 		return
@@ -130,11 +131,19 @@ func (c *continuation) returned(r *Router, ch *openai.Chunk) {
 		}
 		c.fin[i] = c.fin[i] || ch.FinishReason != ""
 	}
-	if !c.brokeAt.IsZero() {
+	if !c.brokeAt.IsZero() && len(ch.Tokens) > 0 {
 		if !c.buffered {
 			r.metrics.MigrationDelay(r.clock.Now().Sub(c.brokeAt))
 		}
 		c.brokeAt = time.Time{}
+	}
+}
+
+// stopped records that a stop string ended choice i (n > 1): it is not
+// continued.
+func (c *continuation) stopped(i int) {
+	if !c.one && i >= 0 && i < len(c.fin) {
+		c.fin[i] = true
 	}
 }
 
@@ -314,11 +323,14 @@ func (m *midStream) fanRecv(r *Router, ctx context.Context, live *liveRequest) (
 // request's is), and their chunks are merged back under their indexes.
 // Each sub-stream is read by its own goroutine.
 type choiceFan struct {
-	subs   map[int]*fanSub
-	events chan fanEvent
-	live   int          // choices not finished
-	ended  map[int]bool // choices finished or stopped
-	ctx    context.Context
+	subs map[int]*fanSub
+	// pending are the last chunks of choices whose output was complete
+	// (made by the router), returned first; events the sub-streams'.
+	pending []fanEvent
+	events  chan fanEvent
+	live    int          // choices not finished
+	ended   map[int]bool // choices finished or stopped
+	ctx     context.Context
 }
 
 // fanSub is one choice's continuation.
@@ -349,6 +361,14 @@ func (r *Router) fanOut(ctx context.Context, g *openai.GenerateRequest, cont *co
 		var out []int32
 		if i < len(cont.outs) {
 			out = cont.outs[i]
+		}
+		one := continuation{max: cont.max, one: true, out: out, budget: cont.budget}
+		if last, ok := one.ended(g, r.cfg.EOS, r.cfg.ContextLen); ok {
+			// Its output was complete: only the line saying so was lost.
+			last.Index = i
+			f.pending = append(f.pending, fanEvent{index: i, c: last})
+			f.live++
+			continue
 		}
 		sctx, cancel := context.WithCancel(ctx)
 		st, e := r.choiceStream(sctx, g, i, out, cont, plain, exclude)
@@ -441,30 +461,35 @@ func (f *choiceFan) read(i int, sub *fanSub) {
 // is Done. A choice's failure is the request's.
 func (f *choiceFan) recv(stopping <-chan struct{}) (openai.Chunk, error) {
 	for {
-		select {
-		case ev := <-f.events:
-			if ev.err != nil {
-				if errors.Is(ev.err, io.EOF) {
-					continue
-				}
-				return openai.Chunk{}, ev.err
+		var ev fanEvent
+		if len(f.pending) > 0 {
+			ev, f.pending = f.pending[0], f.pending[1:]
+		} else {
+			select {
+			case ev = <-f.events:
+			case <-f.ctx.Done():
+				return openai.Chunk{}, f.ctx.Err()
+			case <-stopping:
+				return openai.Chunk{}, openai.Unavailable("the router is shutting down")
 			}
-			if f.ended[ev.index] {
-				continue // stopped meanwhile
-			}
-			c := ev.c
-			c.Done = false
-			if c.FinishReason != "" {
-				f.ended[ev.index] = true
-				f.live--
-				c.Done = f.live == 0
-			}
-			return c, nil
-		case <-f.ctx.Done():
-			return openai.Chunk{}, f.ctx.Err()
-		case <-stopping:
-			return openai.Chunk{}, openai.Unavailable("the router is shutting down")
 		}
+		if ev.err != nil {
+			if errors.Is(ev.err, io.EOF) {
+				continue
+			}
+			return openai.Chunk{}, ev.err
+		}
+		if f.ended[ev.index] {
+			continue // stopped meanwhile
+		}
+		c := ev.c
+		c.Done = false
+		if c.FinishReason != "" {
+			f.ended[ev.index] = true
+			f.live--
+			c.Done = f.live == 0
+		}
+		return c, nil
 	}
 }
 

@@ -536,3 +536,54 @@ func TestContinuationWaitsForAWorker(t *testing.T) {
 		})
 	}
 }
+
+// TestChoiceCompleteBeforeTheBreak: of a request with n = 2, choice 0 had
+// all its tokens out (its finish line lost with the leg) and choice 1 two:
+// the router finishes choice 0 itself and continues choice 1 alone.
+func TestChoiceCompleteBeforeTheBreak(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, nil)
+		defer tr.r.Close()
+		for _, d := range tr.decode {
+			d.setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+				if b.N != 2 {
+					choicesLeg(-1)(ctx, b, ab, w)
+					return
+				}
+				for s := range b.MaxTokens {
+					w.line(workerapi.StreamLine{TokenIDs: []int32{seededToken(model.ForkSeed(b.Seed, 0), s)}, Logprobs: []float32{-1}})
+					if s < 2 {
+						w.line(workerapi.StreamLine{Index: 1, TokenIDs: []int32{seededToken(model.ForkSeed(b.Seed, 1), s)}, Logprobs: []float32{-1}})
+					}
+				}
+			})
+		}
+		g := migrationRequest("rid")
+		g.N, g.MinTokens = 2, 0
+		a, err := openaitest.Run(t.Context(), tr.r, *g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			want := make([]int32, g.MaxTokens)
+			for s := range want {
+				want[s] = seededToken(model.ForkSeed(7, i), s)
+			}
+			if got := a.IDs(i); !cmp.Equal(got, want) || a.Finish[i] != "length" {
+				t.Errorf("choice %d: %v (%s), want %v", i, got, a.Finish[i], want)
+			}
+		}
+		var conts []string
+		for _, d := range tr.decode {
+			legs, _, _ := d.received()
+			for _, l := range legs {
+				if l.N != 2 {
+					conts = append(conts, l.RID)
+				}
+			}
+		}
+		if !cmp.Equal(conts, []string{"rid-c1"}) {
+			t.Fatalf("continuations %v, want choice 1's alone", conts)
+		}
+	})
+}

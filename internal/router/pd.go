@@ -1023,8 +1023,8 @@ func (s *pdStream) token(a *attempt, c openai.Chunk) openai.Chunk {
 		s.sent = true
 		s.live.tokens(len(c.Tokens))
 		s.pathWorked(a)
-		s.cont.returned(s.r, &c)
 	}
+	s.cont.returned(s.r, &c)
 	if c.Done {
 		c.CachedTokens = min(c.CachedTokens, len(s.g.InputIDs))
 		s.finished, s.ended = true, true
@@ -1109,6 +1109,7 @@ func (s *pdStream) StopChoice(index int) {
 		s.fan.stopChoice(index)
 		return
 	}
+	s.cont.stopped(index)
 	s.r.abortChoice(s.a.dw, s.a.rid, index)
 }
 

@@ -158,9 +158,7 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 // token accounts for a chunk returned to the client.
 func (s *plainStream) token(c openai.Chunk) openai.Chunk {
 	s.live.tokens(len(c.Tokens))
-	if len(c.Tokens) > 0 {
-		s.cont.returned(s.r, &c)
-	}
+	s.cont.returned(s.r, &c)
 	if c.Done {
 		s.finished, s.ended = true, true
 		c.CachedTokens = min(c.CachedTokens, len(s.g.InputIDs))
@@ -330,6 +328,7 @@ func (s *plainStream) StopChoice(index int) {
 		return
 	}
 	if !s.ended && s.posted {
+		s.cont.stopped(index)
 		s.r.abortChoice(s.w, s.rid, index)
 	}
 }

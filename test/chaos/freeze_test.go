@@ -22,6 +22,8 @@ const (
 	routerHealthInterval   = 250 * time.Millisecond
 	routerCheckTimeout     = time.Second
 	routerFailureThreshold = 3
+	// routerMigrationWait is the router's --migration-wait.
+	routerMigrationWait = 2 * time.Second
 )
 
 // TestFrozenWorkerFailsItsRequests: a worker that stops without closing
@@ -42,8 +44,10 @@ func TestFrozenWorkerFailsItsRequests(t *testing.T) {
 		// Only the router can notice: prefill's part is over, and the
 		// stream just stops. The worker is not ready after
 		// routerFailureThreshold checks in a row time out (a check does
-		// not overlap the one before), which ends it.
-		{"decode frozen while decoding", "decode", "decoding", routerFailureThreshold * (routerHealthInterval + routerCheckTimeout)},
+		// not overlap the one before), which ends the leg; the request,
+		// whose output had begun, would be continued on another decode
+		// worker, and waits --migration-wait for one before it fails.
+		{"decode frozen while decoding", "decode", "decoding", routerFailureThreshold*(routerHealthInterval+routerCheckTimeout) + routerMigrationWait},
 		// Prefill loses the KV connection within a lease and fails its
 		// leg; the router probes the pair before retrying, finds decode
 		// down, and has no other pair.
@@ -59,7 +63,8 @@ func TestFrozenWorkerFailsItsRequests(t *testing.T) {
 			pw := ps.worker("prefill", "prefill", slices.Concat(common, slow)...)
 			dw := ps.worker("decode", "decode", common...)
 			rw := ps.worker("router", "router", slices.Concat(simFlags(20), []string{"--prefill", pw.url(), "--decode", dw.url(),
-				"--health-interval", routerHealthInterval.String(), "--health-check-timeout", routerCheckTimeout.String()})...)
+				"--health-interval", routerHealthInterval.String(), "--health-check-timeout", routerCheckTimeout.String(),
+				"--migration-wait", routerMigrationWait.String()})...)
 			for _, w := range []*procWorker{pw, dw, rw} {
 				ps.mustStart(w)
 			}

@@ -120,6 +120,68 @@ type APIOptions struct {
 	AnyPropertyOrder bool
 }
 
+// HeaderRequestID is the header that carries a request's id: a client's
+// X-Request-Id is the request's id end to end (the router's and workers'
+// logs and /debug/requests, the response's id "cmpl-<id>"), and every answer
+// carries the id back in it, the one minted when the client sent none.
+const HeaderRequestID = "X-Request-Id"
+
+// MaxRequestIDBytes bounds a client's X-Request-Id: the router appends up to
+// 16 bytes ("-g<gen>", "-c<choice>") within workerapi's 256-byte rid bound.
+const MaxRequestIDBytes = 128
+
+// requestID validates a client's X-Request-Id: 1 to MaxRequestIDBytes of
+// letters, digits and ._:@+=~- (no space, no slash: it names a path of
+// /debug/requests).
+func requestID(id string) error {
+	if id == "" || len(id) > MaxRequestIDBytes {
+		return fmt.Errorf("X-Request-Id must be 1 to %d bytes, got %d", MaxRequestIDBytes, len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._:@+=~-", c) >= 0) {
+			return fmt.Errorf("X-Request-Id may hold letters, digits and ._:@+=~- only, got %q at byte %d", c, i)
+		}
+	}
+	return nil
+}
+
+// Server-Timing metric names of an answer (W3C Server Timing, durations in
+// milliseconds), the server's share of the request's latency as the front
+// end saw it, so a client sees a router's overhead without a tracer:
+//
+//   - admit: the early admission check, before the body is read;
+//   - parse: reading, validating and tokenizing the body;
+//   - pick: the engine taking the request (a router's admission and pair
+//     pick, its legs sent; a worker's queueing of it);
+//   - legs: from then to the answer's first byte (streamed: the first
+//     output; otherwise the whole answer): the workers' time.
+const (
+	ServerTimingAdmit = "admit"
+	ServerTimingParse = "parse"
+	ServerTimingPick  = "pick"
+	ServerTimingLegs  = "legs"
+)
+
+// serverTiming is when the front end reached each step of a request, for
+// its Server-Timing header.
+type serverTiming struct {
+	received, admitted, parsed, picked time.Time
+}
+
+// header is the Server-Timing value of an answer whose first byte goes
+// out at now.
+func (st *serverTiming) header(now time.Time) string {
+	ms := func(from, to time.Time) string {
+		if from.IsZero() || to.IsZero() {
+			return "0.000"
+		}
+		return strconv.FormatFloat(float64(to.Sub(from).Microseconds())/1000, 'f', 3, 64)
+	}
+	return ServerTimingAdmit + ";dur=" + ms(st.received, st.admitted) + ", " + ServerTimingParse + ";dur=" + ms(st.admitted, st.parsed) +
+		", " + ServerTimingPick + ";dur=" + ms(st.parsed, st.picked) + ", " + ServerTimingLegs + ";dur=" + ms(st.picked, now)
+}
+
 // ServerTimingShed is the Server-Timing metric name of a 429 answer: the
 // time from the front end receiving the request to writing the 429, in
 // milliseconds (W3C Server Timing), e.g. `shed;dur=0.153`.
@@ -365,12 +427,21 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 			Message: fmt.Sprintf("Content-Type %q is not supported: send the request body as application/json", ct)})
 		return
 	}
+	rid := r.Header.Get(HeaderRequestID)
+	if rid == "" {
+		rid = h.cfg.NewRID()
+	} else if err := requestID(rid); err != nil {
+		h.fail(w, endpoint, "", BadRequest(HeaderRequestID, "%v", err))
+		return
+	}
+	w.Header().Set(HeaderRequestID, rid)
 	if h.cfg.Admit != nil {
 		if err := h.cfg.Admit(); err != nil {
-			h.failTimed(w, endpoint, "", err, received)
+			h.failTimed(w, endpoint, rid, err, received)
 			return
 		}
 	}
+	timing := serverTiming{received: received, admitted: time.Now()}
 	body := http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
 	var (
 		req *request
@@ -398,7 +469,7 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 
-	rid := h.cfg.NewRID()
+	timing.parsed = time.Now()
 	gr := &GenerateRequest{
 		RID:               rid,
 		InputIDs:          req.promptIDs,
@@ -431,9 +502,10 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	defer stream.Close()
+	timing.picked = time.Now()
 
 	rs := &response{
-		h: h, req: req, rid: rid, created: h.cfg.Now().Unix(), received: received,
+		h: h, req: req, rid: rid, created: h.cfg.Now().Unix(), received: received, timing: &timing,
 		outs:  make([]*output, max(1, req.bestOf)),
 		posts: make([]*chatPost, max(1, req.bestOf)),
 	}
@@ -492,6 +564,7 @@ type response struct {
 	outs     []*output
 	posts    []*chatPost
 	received time.Time // when the front end got the request (Server-Timing)
+	timing   *serverTiming
 	// prompt holds the prompt's logprobs (req.scorePrompt), from the
 	// engine's first chunk.
 	prompt []model.PositionLogprobs
@@ -665,6 +738,7 @@ func (rs *response) collect(ctx context.Context, w http.ResponseWriter, rc *http
 		body = r
 	}
 	rs.h.setWriteDeadline(rc)
+	w.Header().Set("Server-Timing", rs.timing.header(time.Now()))
 	writeJSON(w, http.StatusOK, body)
 	return outs[0].finish
 }
@@ -679,7 +753,7 @@ func (h *handler) setWriteDeadline(rc *http.ResponseController) {
 // sent with the first chunk of output, so an error before any output is an
 // ordinary error answer. It returns the outcome for the log.
 func (rs *response) stream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, stream Stream) string {
-	sse := sseWriter{w: w, rc: rc, h: rs.h}
+	sse := sseWriter{w: w, rc: rc, h: rs.h, timing: rs.timing}
 	pending, _ := stream.(Pender)
 	// gone is the outcome when the client went away; after the 200 the
 	// answer is counted with the code aborted_client (before it, as a 499).
@@ -942,6 +1016,7 @@ type sseWriter struct {
 	started bool
 	buf     []byte    // the event being written, reused
 	armed   time.Time // when the write deadline was last set
+	timing  *serverTiming
 }
 
 // start sends the status and headers of the event stream.
@@ -950,6 +1025,9 @@ func (s *sseWriter) start() {
 	hd.Set("Content-Type", "text/event-stream")
 	hd.Set("Cache-Control", "no-cache")
 	hd.Set("X-Accel-Buffering", "no") // ask proxies (nginx) not to buffer
+	if s.timing != nil {
+		hd.Set("Server-Timing", s.timing.header(time.Now()))
+	}
 	s.w.WriteHeader(http.StatusOK)
 	s.started = true
 }

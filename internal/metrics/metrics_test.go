@@ -179,6 +179,7 @@ func TestRouterExposition(t *testing.T) {
 			return RouterState{
 				Workers:  map[[2]string]int{{"prefill", "ready"}: 1, {"decode", "ready"}: 1, {"decode", "draining"}: 0},
 				Inflight: map[string]int{"streaming": 2},
+				Oldest:   map[string]time.Duration{"streaming": 1500 * time.Millisecond}, LegTimeout: 15 * time.Minute,
 				Legs: []WorkerLegs{{Role: "prefill", URL: "http://p0:30000", Legs: 1},
 					{Role: "decode", URL: "http://d0:30001", Legs: 3, Saturated: true}},
 				Pairs:    []PairBreaker{{Prefill: "http://p0:30000", Decode: "http://d0:30001", State: 2}},

@@ -71,6 +71,12 @@ import (
 //   - pdserve_router_workers{role,state}: workers by role and state.
 //   - pdserve_router_requests_inflight{stage}: requests the router serves,
 //     by its stage: legs (sent, no token yet) or streaming.
+//   - pdserve_router_oldest_request_age_seconds{stage} (seconds): how long
+//     the request that entered each router stage earliest has been in it
+//     (0 if none is).
+//   - pdserve_router_leg_timeout_seconds (seconds): the router's
+//     --leg-timeout, the bound of every attempt (alert
+//     PdserveRouterRequestPastLegTimeout).
 //   - pdserve_router_worker_inflight_legs{role,worker}: legs in flight.
 //   - pdserve_router_worker_saturated{role,worker}: 1 while admission
 //     sends the worker no new request.
@@ -124,8 +130,13 @@ type WorkerCounts func() map[[2]string]int
 type RouterState struct {
 	// Workers counts workers per (role, state), every series included.
 	Workers map[[2]string]int
-	// Inflight counts the requests served, by router stage.
-	Inflight map[string]int
+	// Inflight counts the requests served, by router stage; Oldest is how
+	// long the request that entered each stage earliest has been in it;
+	// LegTimeout is the router's --leg-timeout, which bounds an attempt
+	// (each stage of it).
+	Inflight   map[string]int
+	Oldest     map[string]time.Duration
+	LegTimeout time.Duration
 	// Legs lists every worker with its legs in flight and admission state.
 	Legs []WorkerLegs
 	// Pairs lists every compatible pair's breaker state.
@@ -181,6 +192,10 @@ var (
 		"Workers the router knows, by role and state, read from its fleet at scrape time.", []string{"role", "state"}, nil)
 	inflightDesc = prometheus.NewDesc("pdserve_router_requests_inflight",
 		"Requests the router serves, by stage: legs (sent, no token yet) or streaming.", []string{"stage"}, nil)
+	routerOldestDesc = prometheus.NewDesc("pdserve_router_oldest_request_age_seconds",
+		"How long the request that entered each router stage earliest has been in it (0 if none is).", []string{"stage"}, nil)
+	legTimeoutDesc = prometheus.NewDesc("pdserve_router_leg_timeout_seconds",
+		"The router's --leg-timeout: no attempt of a request (and so no router stage) outlives it.", nil, nil)
 	legsDesc = prometheus.NewDesc("pdserve_router_worker_inflight_legs",
 		"Legs the router has in flight on each worker.", []string{"role", "worker"}, nil)
 	saturatedDesc = prometheus.NewDesc("pdserve_router_worker_saturated",
@@ -198,7 +213,7 @@ var (
 type stateGauges struct{ state func() RouterState }
 
 func (c stateGauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{workersDesc, inflightDesc, legsDesc, saturatedDesc, breakerDesc, registryUpDesc, registrySyncDesc} {
+	for _, d := range []*prometheus.Desc{workersDesc, inflightDesc, routerOldestDesc, legTimeoutDesc, legsDesc, saturatedDesc, breakerDesc, registryUpDesc, registrySyncDesc} {
 		ch <- d
 	}
 }
@@ -210,6 +225,10 @@ func (c stateGauges) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range RouterStages {
 		ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(st.Inflight[s]), s)
+		ch <- prometheus.MustNewConstMetric(routerOldestDesc, prometheus.GaugeValue, st.Oldest[s].Seconds(), s)
+	}
+	if st.LegTimeout > 0 {
+		ch <- prometheus.MustNewConstMetric(legTimeoutDesc, prometheus.GaugeValue, st.LegTimeout.Seconds())
 	}
 	for _, w := range st.Legs {
 		ch <- prometheus.MustNewConstMetric(legsDesc, prometheus.GaugeValue, float64(w.Legs), w.Role, w.URL)

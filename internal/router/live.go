@@ -86,11 +86,11 @@ func (r *Router) untrack(lr *liveRequest) {
 	}
 }
 
-// currentStage is the request's router stage.
-func (lr *liveRequest) currentStage() string {
+// stageSinceNow is the request's router stage and when it entered it.
+func (lr *liveRequest) stageSinceNow() (string, time.Time) {
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
-	return lr.stage
+	return lr.stage, lr.stageSince
 }
 
 // attempt records a new attempt of the request on peers.

@@ -342,6 +342,15 @@ func TestContinuationInHistory(t *testing.T) {
 		if !found || info.Gen != 2 || info.Migrations != 1 {
 			t.Errorf("history %+v (gen %d), want the continuation", info.History, info.Gen)
 		}
+		// The continuation waits in stage legs: the router's oldest age
+		// of that stage grows with it.
+		advance(2 * time.Second)
+		if g := series(t, tr.reg, "pdserve_router_oldest_request_age_seconds", "stage", "legs").GetGauge().GetValue(); g < 2 {
+			t.Errorf("oldest request in legs %v s, want ≥ 2", g)
+		}
+		if g := series(t, tr.reg, "pdserve_router_leg_timeout_seconds").GetGauge().GetValue(); g != DefaultLegTimeout.Seconds() {
+			t.Errorf("leg timeout gauge %v", g)
+		}
 		close(release)
 		if a := <-done; a.err != nil || !cmp.Equal(a.tokens, uninterrupted(6)) {
 			t.Fatalf("got %+v", a)

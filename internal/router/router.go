@@ -368,10 +368,14 @@ func New(cfg Config) (*Router, error) {
 
 // metricsState is what the router's scrape-time gauges read.
 func (r *Router) metricsState() metrics.RouterState {
-	st := metrics.RouterState{Workers: r.workerCounts(), Inflight: map[string]int{}}
+	st := metrics.RouterState{Workers: r.workerCounts(), Inflight: map[string]int{}, Oldest: map[string]time.Duration{},
+		LegTimeout: r.cfg.LegTimeout}
+	now := r.clock.Now()
 	r.liveMu.Lock()
 	for lr := range r.live {
-		st.Inflight[lr.currentStage()]++
+		stage, since := lr.stageSinceNow()
+		st.Inflight[stage]++
+		st.Oldest[stage] = max(st.Oldest[stage], now.Sub(since))
 	}
 	r.liveMu.Unlock()
 	for _, w := range r.set.Workers("") {

@@ -89,6 +89,7 @@ func checkPort(name string, p int) error {
 func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		lf       logFlags
+		tf       traceFlags
 		pp       pprofFlags
 		mf       modelFlags
 		wf       workerFlags
@@ -172,9 +173,16 @@ stops at once, answering what is left with an error (exit status 1).`,
 				return err
 			}
 			watchTLS(cmd.Context(), log, frontTLS)
+			tps := tf.newProviders(cmd.Context(), log)
+			defer tps.shutdown()
 			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port, WorkerPortBase: portBase,
 				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,
-				NewModel: newModel, Worker: wo, Router: cluster.RouterOptions{FrontDoor: fd, FrontTLS: frontTLS, RouterTuning: rt, API: api}, Logger: log})
+				NewModel: newModel, Worker: wo, Router: cluster.RouterOptions{FrontDoor: fd, FrontTLS: frontTLS, RouterTuning: rt, API: api}, Logger: log,
+				TracerFor: tps.forService})
+			if err == nil && tps.err != nil {
+				_ = c.Shutdown(context.Background())
+				err = tps.err
+			}
 			if err != nil {
 				return err
 			}
@@ -199,6 +207,7 @@ stops at once, answering what is left with an error (exit status 1).`,
 	}
 	fs := cmd.Flags()
 	lf.add(fs)
+	tf.add(fs)
 	pp.add(fs)
 	mf.add(fs)
 	wf.add(fs)
@@ -219,6 +228,7 @@ stops at once, answering what is left with an error (exit status 1).`,
 func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 	var (
 		lf     logFlags
+		tf     traceFlags
 		pp     pprofFlags
 		mf     modelFlags
 		wf     workerFlags
@@ -313,6 +323,11 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 			if wo.Etcd != nil {
 				wo.Etcd.Config.Logger = log
 			}
+			tps := tf.newProviders(cmd.Context(), log)
+			defer tps.shutdown()
+			if wo.Tracer = tps.forService("pdserve-" + role); tps.err != nil {
+				return tps.err
+			}
 			s, err := cluster.StartWorker(wo)
 			if err != nil {
 				return err
@@ -335,6 +350,7 @@ func newWorkerCmd(role string, stdout, stderr io.Writer) *cobra.Command {
 	}
 	fs := cmd.Flags()
 	lf.add(fs)
+	tf.add(fs)
 	pp.add(fs)
 	mf.add(fs)
 	wf.add(fs)
@@ -414,6 +430,7 @@ func splitURLs(s []string) []string {
 func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		lf        logFlags
+		tf        traceFlags
 		pp        pprofFlags
 		mf        modelFlags
 		host      string
@@ -511,6 +528,11 @@ then SIGTERM the old one (it stops listening, and finishes its streams).`,
 					return cmd.Context().Err()
 				}
 			}
+			tps := tf.newProviders(cmd.Context(), log)
+			defer tps.shutdown()
+			if ro.Tracer = tps.forService("pdserve-router"); tps.err != nil {
+				return tps.err
+			}
 			s, err := cluster.StartRouter(ro)
 			if err != nil {
 				if ctxErr := cmd.Context().Err(); ro.TakeOver && ctxErr != nil && errors.Is(err, ctxErr) {
@@ -535,6 +557,7 @@ then SIGTERM the old one (it stops listening, and finishes its streams).`,
 	}
 	fs := cmd.Flags()
 	lf.add(fs)
+	tf.add(fs)
 	pp.add(fs)
 	mf.add(fs)
 	// The router only needs the model's identity, tokenizer and context;

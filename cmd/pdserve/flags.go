@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/kvcache"
@@ -18,6 +20,7 @@ import (
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/llama"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/tracing"
 	"github.com/pdserve/pdserve/internal/worker"
 )
 
@@ -327,4 +330,52 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 	}
 	return cluster.WorkerOptions{Machine: mc, KVCacheMemory: int64(mem), KVAuth: f.kvAuth, MetricsCompat: compat,
 		AdmissionDelay: f.admissionDelay}, nil
+}
+
+// traceFlags turn on OpenTelemetry tracing (package tracing).
+type traceFlags struct{ endpoint string }
+
+func (f *traceFlags) add(fs *pflag.FlagSet) {
+	fs.StringVar(&f.endpoint, "otlp-traces-endpoint", "", "export a trace of every request over OTLP to this endpoint: grpc://host:4317, http://host:4318 or host:port (OTEL_EXPORTER_OTLP_PROTOCOL picks grpc or http/protobuf); empty: the OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT variable, else off. Sampling: OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG")
+}
+
+// providers makes the tracer providers of one process's components and
+// flushes them all at the end.
+type providers struct {
+	ctx context.Context
+	f   *traceFlags
+	log *slog.Logger
+	all []tracing.Provider
+	err error
+}
+
+// newProviders returns the providers of a process with flags f.
+func (f *traceFlags) newProviders(ctx context.Context, log *slog.Logger) *providers {
+	return &providers{ctx: ctx, f: f, log: log}
+}
+
+// forService returns service's tracer provider, or nil when tracing is off
+// (an endpoint that cannot be used is remembered as err and is off too).
+func (p *providers) forService(service string) trace.TracerProvider {
+	tp, err := tracing.New(p.ctx, tracing.Config{Endpoint: p.f.endpoint, Service: service})
+	if err != nil {
+		p.err = usageError{err}
+		return nil
+	}
+	if !tp.On {
+		return nil
+	}
+	p.all = append(p.all, tp)
+	return tp
+}
+
+// shutdown flushes the spans not yet exported, for up to 5 s.
+func (p *providers) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, tp := range p.all {
+		if err := tp.Shutdown(ctx); err != nil {
+			p.log.Warn("traces not flushed", "err", err)
+		}
+	}
 }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdserve/pdserve/internal/auth"
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -85,7 +86,9 @@ type WorkerOptions struct {
 	KVDial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Etcd, if set, registers the worker in an etcd registry once it
 	// serves, and deletes the registration when it drains or stops.
-	Etcd   *EtcdRegistration
+	Etcd *EtcdRegistration
+	// Tracer traces the worker's legs (tracing.New; nil: off).
+	Tracer trace.TracerProvider
 	Logger *slog.Logger
 
 	// MetricsCompat adds another system's metric names ("" or "sglang",
@@ -214,7 +217,7 @@ func StartWorker(o WorkerOptions) (*WorkerServer, error) {
 	}
 	w, err := worker.New(worker.Config{Model: o.Model, Machine: mc, KVCacheMemory: o.KVCacheMemory,
 		Backend: factory, KVListen: o.KVListen, MetricsCompat: o.MetricsCompat, AdmissionDelay: o.AdmissionDelay,
-		Logger: o.Logger, Registerer: reg})
+		Logger: o.Logger, Registerer: reg, Tracer: o.Tracer})
 	if err != nil {
 		return nil, err
 	}
@@ -430,7 +433,9 @@ type RouterOptions struct {
 	FrontDoor *auth.FrontDoor
 	FrontTLS  *tlsconf.Source
 	// API are the OpenAI API's options (--max-logprobs, --logprobs-mode).
-	API    openai.APIOptions
+	API openai.APIOptions
+	// Tracer traces the router's requests (tracing.New; nil: off).
+	Tracer trace.TracerProvider
 	Logger *slog.Logger
 	// ReusePort listens with SO_REUSEPORT (Linux): a replacement router
 	// may listen on the same port at once, and this one hands the port
@@ -529,7 +534,7 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
 		CacheAware: o.CacheAware, LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
 		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown, LegTimeout: o.LegTimeout, MaxMigrations: o.MaxMigrations, MigrationWait: o.MigrationWait,
-		Logger: o.Logger, Registerer: reg, Gatherer: reg,
+		Logger: o.Logger, Registerer: reg, Gatherer: reg, Tracer: o.Tracer,
 		Guard: func(h http.Handler, answer func(string, int, string)) http.Handler {
 			return guardFrontDoor(h, o.FrontDoor, answer)
 		},
@@ -627,6 +632,10 @@ type Options struct {
 	ReadyTimeout   time.Duration
 	HealthInterval time.Duration
 	Logger         *slog.Logger
+	// TracerFor, if set, gives each component its tracer provider by
+	// service name ("pdserve-router", "pdserve-prefill-0", …); nil: no
+	// tracing.
+	TracerFor func(service string) trace.TracerProvider
 }
 
 // Cluster is a running `pdserve up`.
@@ -717,6 +726,9 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 		if o.WrapBackend != nil {
 			wo.WrapBackend = func(b kvxfer.Backend) kvxfer.Backend { return o.WrapBackend(role, i, b) }
 		}
+		if o.TracerFor != nil {
+			wo.Tracer = o.TracerFor(fmt.Sprintf("pdserve-%s-%d", role, i))
+		}
 		return StartWorker(wo)
 	}
 	type group struct {
@@ -746,6 +758,9 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 	ro.HealthInterval, ro.Logger = o.HealthInterval, o.Logger
 	ro.Secret, ro.InternalTLS = o.Worker.Secret, o.Worker.InternalTLS
 	ro.Prefill, ro.Decode, ro.Colocated = nil, nil, nil
+	if o.TracerFor != nil {
+		ro.Tracer = o.TracerFor("pdserve-router")
+	}
 	for _, w := range c.Prefill {
 		ro.Prefill = append(ro.Prefill, w.URL)
 	}

@@ -5,7 +5,11 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/outcome"
 )
 
 // measured wraps a request's stream to observe what its client sees: time
@@ -20,7 +24,15 @@ type measured struct {
 	seen    bool // a token was sent
 	ended   bool // the E2E latency is observed
 	last    time.Time
+	// span is the request's (nil: tracing off); tokens counts the output
+	// tokens sent, for it.
+	span   trace.Span
+	tokens int
 }
+
+// answerer is a stream that knows the outcome its request was counted
+// with.
+type answerer interface{ answeredWith() outcome.Outcome }
 
 // dispatcher is a stream that knows when its current legs were sent.
 type dispatcher interface{ dispatchedAt() time.Time }
@@ -32,8 +44,10 @@ func (m *measured) Recv() (openai.Chunk, error) {
 	c, err := m.Stream.Recv()
 	if err == nil && len(c.Tokens) > 0 {
 		now := m.r.clock.Now()
+		m.tokens += len(c.Tokens)
 		if !m.seen {
 			m.seen = true
+			firstTokenEvent(m.span, now.Sub(m.arrived))
 			queued := time.Duration(0)
 			if d, ok := m.Stream.(dispatcher); ok {
 				queued = d.dispatchedAt().Sub(m.arrived)
@@ -67,6 +81,15 @@ func (m *measured) end() {
 func (m *measured) Close() {
 	m.end()
 	m.Stream.Close()
+	if m.span != nil {
+		o := outcome.None
+		if a, ok := m.Stream.(answerer); ok {
+			o = a.answeredWith()
+		}
+		m.span.SetAttributes(attribute.Int("gen_ai.usage.output_tokens", m.tokens),
+			attribute.Float64("gen_ai.latency.e2e", m.r.clock.Now().Sub(m.arrived).Seconds()))
+		endSpan(m.span, o, o.String())
+	}
 }
 
 // Pending implements openai.Pender for the wrapped stream.

@@ -286,15 +286,21 @@ type midStream struct {
 	// is counted once, by its parent).
 	fan   *choiceFan
 	quiet bool
+	// outcome is the request's answer, once counted.
+	outcome outcome.Outcome
 }
 
 // answered counts the request's answer with o, unless it is a choice's
 // continuation.
 func (m *midStream) answered(r *Router, o outcome.Outcome) {
+	m.outcome = o
 	if !m.quiet {
 		r.metrics.Answered(o)
 	}
 }
+
+// answeredWith is the request's answer, once counted (None before).
+func (m *midStream) answeredWith() outcome.Outcome { return m.outcome }
 
 // fanRecv returns the next chunk of the fan's continuations (live counts
 // its tokens); ended says the request ended with it: its last chunk, or

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/model"
@@ -92,6 +94,14 @@ type attempt struct {
 	// probe; pathDone: the pair's breaker has been told how the attempt
 	// went on the KV path.
 	probe, pathDone bool
+	// span is the attempt's (nil: tracing off, or ended).
+	span trace.Span
+}
+
+// endSpan ends the attempt's span with o, once.
+func (a *attempt) endSpan(o outcome.Outcome, msg string) {
+	endSpan(a.span, o, msg)
+	a.span = nil
 }
 
 // pdStream is one request's legs, seen as an openai.Stream.
@@ -151,6 +161,7 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		st  openai.Stream
 		err *openai.Error
 	)
+	ctx, span := r.requestSpan(ctx, g, arrived)
 	tmpl := legBody(g)
 	req := PickRequest{RID: g.RID, InputIDs: g.InputIDs, MaxTokens: g.MaxTokens, MaxTokensDefault: g.MaxTokensDefault,
 		MinTokens: g.MinTokens, Needs: workerapi.FeaturesOf(&tmpl)}
@@ -170,6 +181,10 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		st, err = r.generatePD(ctx, g, req)
 	}
 	if err != nil {
+		if span != nil {
+			o, _ := outcome.Parse(err.Code)
+			endSpan(span, o, err.Message)
+		}
 		if err.Status == http.StatusTooManyRequests {
 			return nil, r.shed(err)
 		}
@@ -183,7 +198,7 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		}
 		return nil, err
 	}
-	return &measured{Stream: st, r: r, arrived: arrived, prompt: len(g.InputIDs)}, nil
+	return &measured{Stream: st, r: r, arrived: arrived, prompt: len(g.InputIDs), span: span}, nil
 }
 
 // refuse answers a request the router takes no more of: it is shutting
@@ -295,8 +310,10 @@ func (s *pdStream) start(gen uint32) *openai.Error {
 	}
 	a := &attempt{rid: rid, gen: gen, pw: pw, dw: dw, lines: make(chan decodeEvent, 16), prefill: make(chan prefillResult, 1),
 		pDown: pw.Down(), dDown: dw.DownContext(), probe: probe}
-	pctx, pcancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
-	dctx, dcancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
+	legs, span := r.attemptSpan(s.ctx, context.Background(), gen, s.room, len(s.cont.out), pw, dw)
+	a.span = span
+	pctx, pcancel := r.withTimeout(legs, r.cfg.LegTimeout)
+	dctx, dcancel := r.withTimeout(legs, r.cfg.LegTimeout)
 	a.pCancel, a.dCancel, a.dctx = pcancel, dcancel, dctx
 	r.bg.Add(2)
 	pLeg := r.legStarted(pw, legTokens(workerapi.RolePrefill, &s.req))
@@ -420,6 +437,7 @@ func (r *Router) post(ctx context.Context, w *fleet.Worker, path string, payload
 		return nil, malformed("build the request to the %s worker: %v", w.Role(), err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	injectTrace(ctx, req.Header)
 	resp, err := r.client.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -781,6 +799,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 	}
 	a.stopWatching()
 	s.drain(a)
+	a.endSpan(e.Outcome, f.role.String()+" leg failed: "+e.Message)
 	s.r.metrics.LegFailed(f.role, e.Outcome)
 	s.live.event(fmt.Sprintf("%s leg failed (gen %d): %s", f.role, a.gen, e.Message))
 	s.pathEnded(a, e.Outcome, e.Message)
@@ -1026,6 +1045,7 @@ func (s *pdStream) token(a *attempt, c openai.Chunk) openai.Chunk {
 	}
 	s.cont.returned(s.r, &c)
 	if c.Done {
+		a.endSpan(outcome.OK, "")
 		c.CachedTokens = min(c.CachedTokens, len(s.g.InputIDs))
 		s.finished, s.ended = true, true
 		s.answered(s.r, outcome.OK)
@@ -1119,6 +1139,7 @@ func (s *pdStream) StopChoice(index int) {
 func (s *pdStream) Close() {
 	s.r.untrack(s.live)
 	a := s.a
+	defer func() { a.endSpan(s.outcome, "") }()
 	if s.fan != nil {
 		s.fan.close()
 		if !s.ended {

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -54,6 +56,8 @@ type plainStream struct {
 	midStream
 	exclude      map[*fleet.Worker]bool
 	excludedInst map[*fleet.Worker]string // see pdStream
+	// span is the current attempt's (nil: tracing off).
+	span trace.Span
 }
 
 // generatePlain sends a whole request to a colocated worker chosen by the
@@ -91,7 +95,10 @@ func (s *plainStream) send(w *fleet.Worker) *openai.Error {
 		s.cont.budget = body.MaxTokens
 	}
 	payload, err := body.AppendJSON(nil)
-	lctx, cancel := r.withTimeout(context.Background(), r.cfg.LegTimeout)
+	legs, span := r.attemptSpan(s.ctx, context.Background(), s.gen, "", len(s.cont.out), w, nil)
+	endSpan(s.span, outcome.None, "") // the previous attempt's, if any
+	s.span = span
+	lctx, cancel := r.withTimeout(legs, r.cfg.LegTimeout)
 	downCtx := w.DownContext()
 	s.w, s.payload, s.lctx, s.cancel, s.down = w, payload, lctx, cancel, downCtx.Done()
 	s.legDone = r.legStarted(w, legTokens(workerapi.RoleColocated, &s.req))
@@ -205,6 +212,8 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 	}
 	r.metrics.LegFailed(workerapi.RoleColocated, o)
 	s.live.event(fmt.Sprintf("colocated leg failed (gen %d): %s", s.gen, e.Message))
+	endSpan(s.span, o, "colocated leg failed: "+e.Message)
+	s.span = nil
 	// The old leg: its worker ends the request (it may be gone already).
 	s.stopWatching()
 	r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "continued on another worker", outcome.Cause{}, nil)
@@ -339,6 +348,7 @@ func (s *plainStream) StopChoice(index int) {
 func (s *plainStream) Close() {
 	s.stopWatching()
 	s.r.untrack(s.live)
+	defer func() { endSpan(s.span, s.outcome, ""); s.span = nil }()
 	if s.fan != nil {
 		s.fan.close()
 		s.fan = nil

@@ -44,6 +44,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/fleet"
@@ -53,6 +54,7 @@ import (
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/registry"
+	"github.com/pdserve/pdserve/internal/tracing"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
@@ -159,7 +161,11 @@ type Config struct {
 	// Clock is the router's clock (default: the wall clock): request ages,
 	// the grace wait, health checks and every timeout of a worker call run
 	// on it.
-	Clock      clock.WithTickerAndDelayedExecution
+	Clock clock.WithTickerAndDelayedExecution
+	// Tracer, if set, traces every request (tracing.New): a span per
+	// request and per attempt, whose context travels to the workers in
+	// the legs' traceparent. Nil: no span.
+	Tracer     trace.TracerProvider
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -210,7 +216,9 @@ type Router struct {
 	// readers are the line readers of streaming legs (*bufio.Reader), reused.
 	readers sync.Pool
 
-	metrics  *metrics.Router
+	metrics *metrics.Router
+	// tracer traces requests (nil: tracing off).
+	tracer   trace.Tracer
 	frontend *metrics.Frontend
 	roles    []workerapi.Role // the leg roles of the metrics
 }
@@ -355,6 +363,9 @@ func New(cfg Config) (*Router, error) {
 		}
 	}
 	r.roles = roles
+	if cfg.Tracer != nil {
+		r.tracer = cfg.Tracer.Tracer(tracing.Instrumentation)
+	}
 	if r.metrics, err = metrics.NewRouter(cfg.Registerer, metrics.RouterConfig{ModelName: cfg.ModelName, Roles: roles,
 		Workers: urls, State: r.metricsState, Policies: map[workerapi.Role]string{
 			workerapi.RolePrefill: cfg.PrefillPolicy, workerapi.RoleDecode: cfg.DecodePolicy, workerapi.RoleColocated: cfg.DecodePolicy}}); err != nil {
@@ -535,6 +546,9 @@ func (r *Router) Handler() http.Handler {
 		OnAnswer: r.frontend.Answer, Admit: r.Admit, APIOptions: r.cfg.API,
 	})
 	mux := http.NewServeMux()
+	if r.tracer != nil {
+		oa = traced(oa)
+	}
 	mux.Handle("/v1/", oa)
 	mux.HandleFunc("GET "+workerapi.PathLive, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

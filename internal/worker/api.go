@@ -343,15 +343,19 @@ func (w *Worker) arriveLeg(rw http.ResponseWriter, r *http.Request) (q lifecycle
 }
 
 func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
+	start := w.clock.Now()
 	q, wt, _, ok := w.arriveLeg(rw, r)
 	if !ok {
 		return
 	}
+	span := w.legSpan(r, &q, start)
 	fin, err := wt.wait(r.Context())
 	if err != nil {
 		w.abortClient(q.RID)
+		w.endLegSpan(span, nil)
 		return
 	}
+	w.endLegSpan(span, fin)
 	if fin.Outcome != outcome.OK {
 		workerapi.WriteError(rw, finalError(fin))
 		return
@@ -373,17 +377,20 @@ const BufferedFlushInterval = time.Second
 // waits for the first token or the end, so an early rejection is an
 // ordinary error answer.
 func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
+	start := w.clock.Now()
 	q, wt, buffered, ok := w.arriveLeg(rw, r)
 	if !ok {
 		return
 	}
-	w.streamLeg(r.Context(), rw, q.RID, wt, buffered)
+	span := w.legSpan(r, &q, start)
+	w.endLegSpan(span, w.streamLeg(r.Context(), rw, q.RID, wt, buffered))
 }
 
 // streamLeg writes request rid's output, as wt brings it, as NDJSON lines
 // to rw: as it comes, or for a buffered leg merged per choice and sent at
-// most once per BufferedFlushInterval and at the end.
-func (w *Worker) streamLeg(ctx context.Context, rw http.ResponseWriter, rid string, wt *waiter, buffered bool) {
+// most once per BufferedFlushInterval and at the end. It returns the
+// request's end, or nil if the caller went away first.
+func (w *Worker) streamLeg(ctx context.Context, rw http.ResponseWriter, rid string, wt *waiter, buffered bool) *lifecycle.Finalize {
 	rc := http.NewResponseController(rw)
 	enc := json.NewEncoder(rw)
 	started := false
@@ -401,7 +408,7 @@ func (w *Worker) streamLeg(ctx context.Context, rw http.ResponseWriter, rid stri
 		ps, fin, fired, err := wt.nextOr(ctx, flushC)
 		if err != nil {
 			w.abortClient(rid)
-			return
+			return nil
 		}
 		if buffered {
 			held = append(held, ps...)
@@ -418,7 +425,7 @@ func (w *Worker) streamLeg(ctx context.Context, rw http.ResponseWriter, rid stri
 		if !started {
 			if fin != nil && len(ps) == 0 && fin.Outcome != outcome.OK {
 				workerapi.WriteError(rw, finalError(fin))
-				return
+				return fin
 			}
 			rw.Header().Set("Content-Type", "application/x-ndjson")
 			rw.WriteHeader(http.StatusOK)
@@ -427,14 +434,14 @@ func (w *Worker) streamLeg(ctx context.Context, rw http.ResponseWriter, rid stri
 		for _, line := range lw.lines(ps, fin, buffered) {
 			if err := enc.Encode(line); err != nil {
 				w.abortClient(rid)
-				return
+				return fin
 			}
 		}
 		if fin != nil {
 			// The last line goes out with the response's end (the chunked
 			// terminator) in one write when the handler returns: the router
 			// finds its leg ended with the line, without another read.
-			return
+			return fin
 		}
 		_ = rc.Flush()
 	}

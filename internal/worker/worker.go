@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
@@ -97,6 +98,10 @@ type Config struct {
 	MetricsCompat string
 	Logger        *slog.Logger
 	Registerer    prometheus.Registerer
+	// Tracer, if set, traces every leg (tracing.New): a span per leg, a
+	// child of the router's attempt (the leg's traceparent), with a child
+	// per stage. Nil: no span.
+	Tracer trace.TracerProvider
 	// Clock is the worker's clock (default: the wall clock): the loop's
 	// ticker, the times stepped into the machine and query timeouts run on
 	// it.
@@ -113,6 +118,7 @@ type Worker struct {
 	role    lifecycle.Role
 	log     *slog.Logger
 	clock   clock.WithTicker
+	tracer  trace.Tracer // nil: tracing off
 	model   model.Model
 	info    model.Info
 	pool    *kvcache.Pool
@@ -220,6 +226,7 @@ func New(cfg Config) (*Worker, error) {
 		model: cfg.Model, info: info, pool: pool, machine: m,
 		crc:      crc32.MakeTable(crc32.Castagnoli),
 		instance: newInstance(),
+		tracer:   tracerOf(cfg.Tracer),
 		stop:     make(chan struct{}),
 		stopped:  make(chan struct{}),
 		waiters:  make(map[string]*waiter),

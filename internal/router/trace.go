@@ -1,0 +1,104 @@
+package router
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/tracing"
+)
+
+// Span attributes of pdserve's own (the GenAI semantic conventions'
+// gen_ai.* names are used where one fits).
+const (
+	attrOutcome   = attribute.Key("pdserve.outcome")
+	attrRID       = attribute.Key("pdserve.rid")
+	attrRoom      = attribute.Key("pdserve.room")
+	attrGen       = attribute.Key("pdserve.gen")
+	attrPrefill   = attribute.Key("pdserve.prefill")
+	attrDecode    = attribute.Key("pdserve.decode")
+	attrWorker    = attribute.Key("pdserve.worker")
+	attrContinued = attribute.Key("pdserve.continued_tokens")
+)
+
+// requestSpan starts the router's span of request g (a child of the
+// client's traceparent, which ctx carries), or returns ctx and nil when
+// tracing is off.
+func (r *Router) requestSpan(ctx context.Context, g *openai.GenerateRequest, arrived time.Time) (context.Context, trace.Span) {
+	if r.tracer == nil {
+		return ctx, nil
+	}
+	return r.tracer.Start(ctx, "router.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(arrived),
+		trace.WithAttributes(attrRID.String(g.RID), attribute.String("gen_ai.request.model", r.cfg.ModelName),
+			attribute.Int("gen_ai.usage.input_tokens", len(g.InputIDs)), attribute.Int("gen_ai.request.max_tokens", g.MaxTokens),
+			attribute.Int("gen_ai.request.choice.count", max(g.N, 1))))
+}
+
+// attemptSpan starts the span of one attempt of the request whose context
+// is ctx on workers (prefill, decode; decode nil in plain mode), and returns
+// the context its legs carry (their traceparent): base with the span.
+func (r *Router) attemptSpan(ctx context.Context, base context.Context, gen uint32, room string, continued int,
+	pw, dw *fleet.Worker) (context.Context, trace.Span) {
+	if r.tracer == nil || !trace.SpanFromContext(ctx).SpanContext().IsValid() {
+		return base, nil
+	}
+	attrs := []attribute.KeyValue{attrGen.Int(int(gen)), attrContinued.Int(continued)}
+	if room != "" {
+		attrs = append(attrs, attrRoom.String(room))
+	}
+	if dw != nil {
+		attrs = append(attrs, attrPrefill.String(pw.URL()), attrDecode.String(dw.URL()))
+	} else {
+		attrs = append(attrs, attrWorker.String(pw.URL()))
+	}
+	_, span := r.tracer.Start(ctx, "router.attempt", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	return trace.ContextWithSpan(base, span), span
+}
+
+// endSpan ends span (nil: tracing off) with o, and err's message as its
+// status when o is not OK.
+func endSpan(span trace.Span, o outcome.Outcome, msg string) {
+	if span == nil {
+		return
+	}
+	span.SetAttributes(attrOutcome.String(o.String()))
+	if o != outcome.OK && o != outcome.None {
+		span.SetStatus(codes.Error, msg)
+	}
+	span.End()
+}
+
+// injectTrace puts the trace context of ctx (an attempt's) into a leg's
+// headers as traceparent; nothing when ctx has none.
+func injectTrace(ctx context.Context, h http.Header) {
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		tracing.Propagator().Inject(ctx, propagation.HeaderCarrier(h))
+	}
+}
+
+// traced is the router's HTTP API with an incoming traceparent honoured:
+// the request's context carries it, so the router's span is its child.
+func traced(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("Traceparent") != "" {
+			req = req.WithContext(tracing.Propagator().Extract(req.Context(), propagation.HeaderCarrier(req.Header)))
+		}
+		h.ServeHTTP(w, req)
+	})
+}
+
+// firstTokenEvent records the first token on the request's span.
+func firstTokenEvent(span trace.Span, ttft time.Duration) {
+	if span != nil {
+		span.SetAttributes(attribute.Float64("gen_ai.latency.time_to_first_token", ttft.Seconds()))
+		span.AddEvent("first token")
+	}
+}

@@ -1,0 +1,126 @@
+// Package tracing sets up pdserve's OpenTelemetry tracing: one trace per
+// request across the router, the prefill worker, the KV hop and the decode
+// worker, exported over OTLP (gRPC or HTTP) to the operator's backend
+// (Jaeger, Tempo, an OpenTelemetry collector).
+//
+// It is off unless an endpoint is given (--otlp-traces-endpoint, vLLM's flag,
+// or the standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT /
+// OTEL_EXPORTER_OTLP_ENDPOINT); off, every component gets the no-op
+// provider and creates no span. The sampler follows OTEL_TRACES_SAMPLER and
+// OTEL_TRACES_SAMPLER_ARG (default parentbased_always_on), the exporter the
+// other OTEL_EXPORTER_OTLP_* variables (headers, timeout, TLS).
+//
+// Trace context crosses the router's legs as W3C traceparent headers, and an
+// incoming request's traceparent is honoured (Propagator).
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// Instrumentation is the name of pdserve's tracers.
+const Instrumentation = "github.com/pdserve/pdserve"
+
+// Config says where spans go.
+type Config struct {
+	// Endpoint is the OTLP endpoint (--otlp-traces-endpoint): a URL
+	// ("http://collector:4318", "grpc://jaeger:4317") or host:port, whose
+	// protocol is OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or
+	// OTEL_EXPORTER_OTLP_PROTOCOL ("grpc", the default, or
+	// "http/protobuf"). Empty: the OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+	// OTEL_EXPORTER_OTLP_ENDPOINT variable, else tracing is off.
+	Endpoint string
+	// Service is the service.name of the spans ("pdserve-router",
+	// "pdserve-prefill", …).
+	Service string
+	// Getenv reads the environment (nil: os.Getenv).
+	Getenv func(string) string
+}
+
+// Provider is a component's tracer provider and how to flush it.
+type Provider struct {
+	trace.TracerProvider
+	// On says spans are recorded and exported (an endpoint was given).
+	On bool
+	// Shutdown flushes the spans not yet exported and stops the exporter
+	// (a no-op when off).
+	Shutdown func(context.Context) error
+}
+
+// Off is the provider of a component without tracing.
+func Off() Provider {
+	return Provider{TracerProvider: noop.NewTracerProvider(), Shutdown: func(context.Context) error { return nil }}
+}
+
+// New returns the provider cfg asks for: Off without an endpoint. The
+// exporter connects lazily; an endpoint that cannot be parsed is an error.
+func New(ctx context.Context, cfg Config) (Provider, error) {
+	getenv := cfg.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	endpoint := cfg.Endpoint
+	if endpoint == "" {
+		endpoint = getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+	}
+	if endpoint == "" {
+		endpoint = getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	}
+	if endpoint == "" {
+		return Off(), nil
+	}
+	proto := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if proto == "" {
+		proto = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	exp, err := exporter(ctx, endpoint, proto)
+	if err != nil {
+		return Provider{}, err
+	}
+	res := resource.NewSchemaless(semconv.ServiceName(cfg.Service))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	return Provider{TracerProvider: tp, On: true, Shutdown: tp.Shutdown}, nil
+}
+
+// exporter returns the OTLP exporter of endpoint: gRPC unless the URL's
+// scheme or proto says HTTP.
+func exporter(ctx context.Context, endpoint, proto string) (*otlptrace.Exporter, error) {
+	scheme, host := "", endpoint
+	if strings.Contains(endpoint, "://") {
+		u, err := url.Parse(endpoint)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("--otlp-traces-endpoint %q: want a URL (http://host:4318, grpc://host:4317) or host:port", endpoint)
+		}
+		scheme, host = u.Scheme, u.Host
+	}
+	switch {
+	case scheme == "grpc" || (scheme == "" && (proto == "" || proto == "grpc")):
+		return otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(host), otlptracegrpc.WithInsecure())
+	case scheme == "http" || scheme == "https" || proto == "http/protobuf":
+		opts := []otlptracehttp.Option{otlptracehttp.WithEndpoint(host)}
+		if scheme != "https" {
+			opts = append(opts, otlptracehttp.WithInsecure())
+		}
+		return otlptracehttp.New(ctx, opts...)
+	}
+	return nil, errors.New("OTEL_EXPORTER_OTLP_PROTOCOL " + proto + ": want grpc or http/protobuf")
+}
+
+// Propagator is how trace context crosses processes: W3C traceparent and
+// tracestate headers.
+func Propagator() propagation.TextMapPropagator { return propagation.TraceContext{} }

@@ -1,0 +1,56 @@
+package tracing
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestNew: no endpoint is off (the no-op provider); the flag, else the
+// standard variables, turn it on; an endpoint that is no URL is an error.
+func TestNew(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	ctx := context.Background()
+	p, err := New(ctx, Config{Service: "s", Getenv: env(nil)})
+	if err != nil || p.On {
+		t.Fatalf("no endpoint: on %v, %v", p.On, err)
+	}
+	if _, span := p.Tracer("t").Start(ctx, "x"); span.SpanContext().IsValid() {
+		t.Fatal("the off provider records spans")
+	}
+	for _, c := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"flag, grpc", Config{Endpoint: "grpc://127.0.0.1:1"}},
+		{"flag, http", Config{Endpoint: "http://127.0.0.1:1"}},
+		{"flag, host:port", Config{Endpoint: "127.0.0.1:1"}},
+		{"traces variable", Config{Getenv: env(map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "127.0.0.1:1"})}},
+		{"general variable, http", Config{Getenv: env(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:1",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})}},
+	} {
+		c.cfg.Service = "s"
+		if c.cfg.Getenv == nil {
+			c.cfg.Getenv = env(nil)
+		}
+		p, err := New(ctx, c.cfg)
+		if err != nil || !p.On {
+			t.Errorf("%s: on %v, %v", c.name, p.On, err)
+			continue
+		}
+		if _, span := p.Tracer("t").Start(ctx, "x"); !span.SpanContext().IsValid() {
+			t.Errorf("%s: no span recorded", c.name)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = p.Shutdown(sctx) // nothing listens: the export may fail, the shutdown must end
+		cancel()
+	}
+	for _, bad := range []Config{{Endpoint: "http://"}, {Endpoint: "127.0.0.1:1", Getenv: env(map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})}} {
+		if bad.Getenv == nil {
+			bad.Getenv = env(nil)
+		}
+		if _, err := New(ctx, bad); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}

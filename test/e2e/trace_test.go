@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/model/sim"
+)
+
+// TestOneTraceAcrossPD: with tracing on, a PD request is one trace: the
+// client's traceparent is the router's request span's parent, the attempt
+// is its child, and each worker's leg span is the attempt's child with a
+// child per stage (on decode, the KV hop as "kv transfer").
+func TestOneTraceAcrossPD(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	var mu sync.Mutex
+	var providers []*sdktrace.TracerProvider
+	tracerFor := func(service string) trace.TracerProvider {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		mu.Lock()
+		providers = append(providers, tp)
+		mu.Unlock()
+		return tp
+	}
+	mc := testMachine()
+	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
+		NewModel: simFactory(sim.Config{}), Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: 64 << 20},
+		HealthInterval: 100 * time.Millisecond, TracerFor: tracerFor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown(context.Background())
+	const traceID, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	req, _ := http.NewRequest(http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":5}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Traceparent", "00-"+traceID+"-"+parent+"-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	byName := map[string]tracetest.SpanStub{}
+	waitFor(t, 5*time.Second, "the router's and both legs' spans", func() (bool, string) {
+		var names []string
+		for _, s := range exp.GetSpans() {
+			byName[s.Name] = s
+			names = append(names, s.Name)
+		}
+		_, r := byName["router.request"]
+		_, p := byName["prefill.leg"]
+		_, d := byName["decode.leg"]
+		return r && p && d, strings.Join(names, ", ")
+	})
+	for name, s := range byName {
+		if s.SpanContext.TraceID().String() != traceID {
+			t.Errorf("%s is in trace %s, want the client's %s", name, s.SpanContext.TraceID(), traceID)
+		}
+	}
+	parentOf := func(child, want string) {
+		t.Helper()
+		if got, w := byName[child].Parent.SpanID(), byName[want].SpanContext.SpanID(); got != w {
+			t.Errorf("%s's parent is %s, want %s's %s", child, got, want, w)
+		}
+	}
+	if got := byName["router.request"].Parent.SpanID().String(); got != parent {
+		t.Errorf("router.request's parent %s, want the client's %s", got, parent)
+	}
+	parentOf("router.attempt", "router.request")
+	parentOf("prefill.leg", "router.attempt")
+	parentOf("decode.leg", "router.attempt")
+	parentOf("kv transfer", "decode.leg")
+	parentOf("prefill prefilling", "prefill.leg")
+	parentOf("decode decoding", "decode.leg")
+	attrs := map[string]string{}
+	for _, a := range byName["router.request"].Attributes {
+		attrs[string(a.Key)] = a.Value.Emit()
+	}
+	if attrs["pdserve.outcome"] != "ok" || attrs["gen_ai.usage.output_tokens"] != "5" || attrs["gen_ai.request.model"] == "" {
+		t.Errorf("router.request attributes %v", attrs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, tp := range providers {
+		_ = tp.Shutdown(context.Background())
+	}
+}

@@ -16,8 +16,11 @@ package tracing
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"strings"
@@ -93,7 +96,7 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 		return Provider{}, err
 	}
 	res := resource.NewSchemaless(semconv.ServiceName(cfg.Service))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithIDGenerator(IDs{}))
 	return Provider{TracerProvider: tp, On: true, Shutdown: tp.Shutdown}, nil
 }
 
@@ -124,3 +127,54 @@ func exporter(ctx context.Context, endpoint, proto string) (*otlptrace.Exporter,
 // Propagator is how trace context crosses processes: W3C traceparent and
 // tracestate headers.
 func Propagator() propagation.TextMapPropagator { return propagation.TraceContext{} }
+
+// spanIDKey carries the span id a caller asks the next span to have.
+type spanIDKey struct{}
+
+// WithSpanID returns ctx asking the provider's next span started with it
+// to take id (New's providers, or one built with IDs): so that a span's id
+// can be known in another process without sending it there (LegSpanID).
+func WithSpanID(ctx context.Context, id trace.SpanID) context.Context {
+	return context.WithValue(ctx, spanIDKey{}, id)
+}
+
+// IDs is the span and trace id generator of pdserve's providers: random
+// ids, except a span id asked for with WithSpanID.
+type IDs struct{}
+
+// NewIDs implements sdktrace.IDGenerator.
+func (IDs) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	var tid trace.TraceID
+	binary.BigEndian.PutUint64(tid[:8], rand.Uint64())
+	binary.BigEndian.PutUint64(tid[8:], rand.Uint64())
+	return tid, IDs{}.NewSpanID(ctx, tid)
+}
+
+// NewSpanID implements sdktrace.IDGenerator.
+func (IDs) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
+	if id, ok := ctx.Value(spanIDKey{}).(trace.SpanID); ok && id.IsValid() {
+		return id
+	}
+	var sid trace.SpanID
+	for !sid.IsValid() {
+		binary.BigEndian.PutUint64(sid[:], rand.Uint64())
+	}
+	return sid
+}
+
+// LegSpanID is the span id of the role leg of attempt (room, gen) in trace
+// tid: the first 8 bytes of SHA-256 over them. The prefill worker gives its
+// leg this id, and the decode worker links its KV hop to it: the two ends
+// of one transfer, found in the trace without the id crossing the KV
+// channel.
+func LegSpanID(tid trace.TraceID, room string, gen uint32, role string) trace.SpanID {
+	h := sha256.New()
+	h.Write(tid[:])
+	fmt.Fprintf(h, "%s/%d/%s", room, gen, role)
+	var sid trace.SpanID
+	copy(sid[:], h.Sum(nil))
+	if !sid.IsValid() {
+		sid[7] = 1
+	}
+	return sid
+}

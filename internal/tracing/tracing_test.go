@@ -4,6 +4,9 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // TestNew: no endpoint is off (the no-op provider); the flag, else the
@@ -52,5 +55,32 @@ func TestNew(t *testing.T) {
 		if _, err := New(ctx, bad); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
+	}
+}
+
+// TestLegSpanID: the id is a function of (trace, room, gen, role) alone,
+// different for each, and a provider with IDs gives a span the id asked
+// for with WithSpanID (and random ids otherwise).
+func TestLegSpanID(t *testing.T) {
+	var tid trace.TraceID
+	tid[0] = 7
+	a := LegSpanID(tid, "r1", 1, "prefill")
+	if a != LegSpanID(tid, "r1", 1, "prefill") || !a.IsValid() {
+		t.Fatal("not deterministic")
+	}
+	for _, b := range []trace.SpanID{LegSpanID(tid, "r2", 1, "prefill"), LegSpanID(tid, "r1", 2, "prefill"), LegSpanID(tid, "r1", 1, "decode")} {
+		if b == a {
+			t.Fatal("two legs share an id")
+		}
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithIDGenerator(IDs{}))
+	defer tp.Shutdown(context.Background())
+	_, s := tp.Tracer("t").Start(WithSpanID(context.Background(), a), "x")
+	if s.SpanContext().SpanID() != a {
+		t.Fatalf("span id %s, want %s", s.SpanContext().SpanID(), a)
+	}
+	_, s2 := tp.Tracer("t").Start(context.Background(), "y")
+	if !s2.SpanContext().IsValid() || s2.SpanContext().SpanID() == a {
+		t.Fatal("a span without WithSpanID must get a random id")
 	}
 }

@@ -352,10 +352,10 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 	fin, err := wt.wait(r.Context())
 	if err != nil {
 		w.abortClient(q.RID)
-		w.endLegSpan(span, nil)
+		w.endLegSpan(span, &q, nil)
 		return
 	}
-	w.endLegSpan(span, fin)
+	w.endLegSpan(span, &q, fin)
 	if fin.Outcome != outcome.OK {
 		workerapi.WriteError(rw, finalError(fin))
 		return
@@ -383,7 +383,7 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	span := w.legSpan(r, &q, start)
-	w.endLegSpan(span, w.streamLeg(r.Context(), rw, q.RID, wt, buffered))
+	w.endLegSpan(span, &q, w.streamLeg(r.Context(), rw, q.RID, wt, buffered))
 }
 
 // streamLeg writes request rid's output, as wt brings it, as NDJSON lines

@@ -40,6 +40,10 @@ func (w *Worker) legSpan(r *http.Request, q *lifecycle.Request, start time.Time)
 	if q.PeerAddr != "" {
 		attrs = append(attrs, attribute.String("pdserve.peer", q.PeerAddr))
 	}
+	if parent := trace.SpanContextFromContext(ctx); parent.IsValid() && !q.Room.IsZero() && w.role == lifecycle.RolePrefill {
+		// Decode links its KV hop to this leg by this id.
+		ctx = tracing.WithSpanID(ctx, tracing.LegSpanID(parent.TraceID(), q.Room.String(), q.Gen, lifecycle.RolePrefill.String()))
+	}
 	_, span := w.tracer.Start(ctx, w.role.String()+".leg", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start),
 		trace.WithAttributes(attrs...))
 	return span
@@ -51,7 +55,7 @@ func (w *Worker) legSpan(r *http.Request, q *lifecycle.Request, start time.Time)
 // visits), laid end to end in the role's stage order up to the end. On
 // decode, awaiting_kv is the KV hop: the transfer of the prompt's KV from
 // the prefill worker (pdserve.peer).
-func (w *Worker) endLegSpan(span trace.Span, fin *lifecycle.Finalize) {
+func (w *Worker) endLegSpan(span trace.Span, q *lifecycle.Request, fin *lifecycle.Finalize) {
 	if span == nil {
 		return
 	}
@@ -85,10 +89,17 @@ func (w *Worker) endLegSpan(span trace.Span, fin *lifecycle.Finalize) {
 			continue
 		}
 		name := w.role.String() + " " + st.String()
+		opts := []trace.SpanStartOption{trace.WithTimestamp(at.Add(-d)), trace.WithAttributes(attribute.String("pdserve.stage", st.String()))}
 		if w.role == lifecycle.RoleDecode && st == lifecycle.StageAwaitingKV {
+			// The KV hop, linked to the prefill leg that sent the KV.
 			name = "kv transfer"
+			tid := span.SpanContext().TraceID()
+			peer := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, Remote: true, TraceFlags: trace.FlagsSampled,
+				SpanID: tracing.LegSpanID(tid, q.Room.String(), q.Gen, lifecycle.RolePrefill.String())})
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: peer,
+				Attributes: []attribute.KeyValue{attribute.String("pdserve.link", "prefill leg that sent the KV")}}))
 		}
-		_, s := w.tracer.Start(ctx, name, trace.WithTimestamp(at.Add(-d)), trace.WithAttributes(attribute.String("pdserve.stage", st.String())))
+		_, s := w.tracer.Start(ctx, name, opts...)
 		s.End(trace.WithTimestamp(at))
 		at = at.Add(-d)
 	}

@@ -14,18 +14,20 @@ import (
 
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/model/sim"
+	"github.com/pdserve/pdserve/internal/tracing"
 )
 
 // TestOneTraceAcrossPD: with tracing on, a PD request is one trace: the
 // client's traceparent is the router's request span's parent, the attempt
 // is its child, and each worker's leg span is the attempt's child with a
-// child per stage (on decode, the KV hop as "kv transfer").
+// child per stage (on decode, the KV hop as "kv transfer", linked to the
+// prefill leg).
 func TestOneTraceAcrossPD(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	var mu sync.Mutex
 	var providers []*sdktrace.TracerProvider
 	tracerFor := func(service string) trace.TracerProvider {
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithIDGenerator(tracing.IDs{}))
 		mu.Lock()
 		providers = append(providers, tp)
 		mu.Unlock()
@@ -83,6 +85,10 @@ func TestOneTraceAcrossPD(t *testing.T) {
 	parentOf("kv transfer", "decode.leg")
 	parentOf("prefill prefilling", "prefill.leg")
 	parentOf("decode decoding", "decode.leg")
+	// The KV hop is linked to the prefill leg that sent the KV.
+	if links := byName["kv transfer"].Links; len(links) != 1 || links[0].SpanContext.SpanID() != byName["prefill.leg"].SpanContext.SpanID() {
+		t.Errorf("kv transfer links %+v, want the prefill leg %s", links, byName["prefill.leg"].SpanContext.SpanID())
+	}
 	attrs := map[string]string{}
 	for _, a := range byName["router.request"].Attributes {
 		attrs[string(a.Key)] = a.Value.Emit()

@@ -333,9 +333,13 @@ func (f *workerFlags) options() (cluster.WorkerOptions, error) {
 }
 
 // traceFlags turn on OpenTelemetry tracing (package tracing).
-type traceFlags struct{ endpoint string }
+type traceFlags struct {
+	endpoint string
+	slow     time.Duration
+}
 
 func (f *traceFlags) add(fs *pflag.FlagSet) {
+	fs.DurationVar(&f.slow, "trace-slow-threshold", 0, "with a sampling ratio below 1 (OTEL_TRACES_SAMPLER_ARG), also export every request that takes this long (0: only the sampled ones and those that failed, were retried or were continued)")
 	fs.StringVar(&f.endpoint, "otlp-traces-endpoint", "", "export a trace of every request over OTLP to this endpoint: grpc://host:4317, http://host:4318 or host:port (OTEL_EXPORTER_OTLP_PROTOCOL picks grpc or http/protobuf); empty: the OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT variable, else off. Sampling: OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG")
 }
 
@@ -357,7 +361,11 @@ func (f *traceFlags) newProviders(ctx context.Context, log *slog.Logger) *provid
 // forService returns service's tracer provider, or nil when tracing is off
 // (an endpoint that cannot be used is remembered as err and is off too).
 func (p *providers) forService(service string) trace.TracerProvider {
-	tp, err := tracing.New(p.ctx, tracing.Config{Endpoint: p.f.endpoint, Service: service})
+	if p.f.slow < 0 {
+		p.err = usagef("--trace-slow-threshold must not be negative, got %s", p.f.slow)
+		return nil
+	}
+	tp, err := tracing.New(p.ctx, tracing.Config{Endpoint: p.f.endpoint, Service: service, SlowThreshold: p.f.slow})
 	if err != nil {
 		p.err = usageError{err}
 		return nil

@@ -51,6 +51,12 @@ func (r *Router) attemptSpan(ctx context.Context, base context.Context, gen uint
 		return base, nil
 	}
 	attrs := []attribute.KeyValue{attrGen.Int(int(gen)), attrContinued.Int(continued)}
+	if gen > 1 || continued > 0 {
+		// A retry or a continuation: the trace is kept whatever the
+		// sampling ratio (tracing.AttrKeep), the request's span too.
+		attrs = append(attrs, tracing.AttrKeep.Bool(true))
+		trace.SpanFromContext(ctx).SetAttributes(tracing.AttrKeep.Bool(true))
+	}
 	if room != "" {
 		attrs = append(attrs, attrRoom.String(room))
 	}

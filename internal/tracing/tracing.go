@@ -6,9 +6,13 @@
 // It is off unless an endpoint is given (--otlp-traces-endpoint, vLLM's flag,
 // or the standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT /
 // OTEL_EXPORTER_OTLP_ENDPOINT); off, every component gets the no-op
-// provider and creates no span. The sampler follows OTEL_TRACES_SAMPLER and
-// OTEL_TRACES_SAMPLER_ARG (default parentbased_always_on), the exporter the
-// other OTEL_EXPORTER_OTLP_* variables (headers, timeout, TLS).
+// provider and creates no span. The sampling ratio follows
+// OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG (default: every trace);
+// below 1, every span is recorded and a tail sampler exports the traces
+// within the ratio (the same on every process: a function of the trace
+// id) and every one that failed, was retried or continued, or took
+// Config.SlowThreshold. The exporter follows the other
+// OTEL_EXPORTER_OTLP_* variables (headers, timeout, TLS).
 //
 // Trace context crosses the router's legs as W3C traceparent headers, and an
 // incoming request's traceparent is honoured (Propagator).
@@ -24,6 +28,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -51,6 +56,11 @@ type Config struct {
 	// Service is the service.name of the spans ("pdserve-router",
 	// "pdserve-prefill", …).
 	Service string
+	// SlowThreshold (--trace-slow-threshold): with a sampling ratio below
+	// 1, a request whose span (the router's request, a worker's leg) lasts
+	// this long is exported whatever the ratio, as one that failed or was
+	// retried or continued always is. 0: no such rule.
+	SlowThreshold time.Duration
 	// Getenv reads the environment (nil: os.Getenv).
 	Getenv func(string) string
 }
@@ -95,8 +105,21 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 	if err != nil {
 		return Provider{}, err
 	}
+	ratio, err := ratioOf(getenv)
+	if err != nil {
+		return Provider{}, err
+	}
 	res := resource.NewSchemaless(semconv.ServiceName(cfg.Service))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithIDGenerator(IDs{}))
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithIDGenerator(IDs{})}
+	if ratio >= 1 {
+		opts = append(opts, sdktrace.WithBatcher(exp), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
+	} else {
+		// Every span is recorded; the tail sampler exports the traces
+		// within the ratio and those that matter (failed, slow, retried).
+		opts = append(opts, sdktrace.WithSampler(sdktrace.AlwaysSample()),
+			sdktrace.WithSpanProcessor(newTailSampler(sdktrace.NewBatchSpanProcessor(exp), ratio, cfg.SlowThreshold)))
+	}
+	tp := sdktrace.NewTracerProvider(opts...)
 	return Provider{TracerProvider: tp, On: true, Shutdown: tp.Shutdown}, nil
 }
 

@@ -40,6 +40,9 @@ func (w *Worker) legSpan(r *http.Request, q *lifecycle.Request, start time.Time)
 	if q.PeerAddr != "" {
 		attrs = append(attrs, attribute.String("pdserve.peer", q.PeerAddr))
 	}
+	if q.Gen > 1 || q.Continued > 0 {
+		attrs = append(attrs, tracing.AttrKeep.Bool(true)) // a retry or a continuation: always exported
+	}
 	if parent := trace.SpanContextFromContext(ctx); parent.IsValid() && !q.Room.IsZero() && w.role == lifecycle.RolePrefill {
 		// Decode links its KV hop to this leg by this id.
 		ctx = tracing.WithSpanID(ctx, tracing.LegSpanID(parent.TraceID(), q.Room.String(), q.Gen, lifecycle.RolePrefill.String()))

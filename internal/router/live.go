@@ -86,6 +86,12 @@ func (r *Router) untrack(lr *liveRequest) {
 	}
 }
 
+// stageNow is the request's router stage.
+func (lr *liveRequest) stageNow() string {
+	st, _ := lr.stageSinceNow()
+	return st
+}
+
 // stageSinceNow is the request's router stage and when it entered it.
 func (lr *liveRequest) stageSinceNow() (string, time.Time) {
 	lr.mu.Lock()

@@ -72,8 +72,24 @@ func TestContinuedAfterDecodeBreaks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := newTestRouter(t, 1, 2, 0, nil)
 		defer tr.r.Close()
+		// As a real decode leg waits for its KV, each decode leg here
+		// starts once the prefill leg of its gen arrived.
+		prefilled := map[uint32]chan struct{}{1: make(chan struct{}), 2: make(chan struct{})}
+		tr.prefill[0].setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+			close(prefilled[b.Gen])
+			okLeg(workerapi.RolePrefill)(ctx, b, ab, w)
+		})
+		afterPrefill := func(leg legFunc) legFunc {
+			return func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+				select {
+				case <-prefilled[b.Gen]:
+					leg(ctx, b, ab, w)
+				case <-ctx.Done():
+				}
+			}
+		}
 		for _, d := range tr.decode {
-			d.setLeg(byGen(scripted(2), scripted(-1)))
+			d.setLeg(byGen(afterPrefill(scripted(2)), afterPrefill(scripted(-1))))
 		}
 		a := generateReq(t.Context(), tr.r, migrationRequest("rid"))
 		if a.err != nil || a.finish != "length" || !cmp.Equal(a.tokens, uninterrupted(6)) {
@@ -109,9 +125,7 @@ func TestContinuedAfterDecodeBreaks(t *testing.T) {
 			t.Errorf("continuation sampling %+v", c.SamplingParams)
 		}
 		plegs, _, _ := tr.prefill[0].received()
-		// (The first prefill leg may have been cancelled before the fake
-		// worker read it: the fake decode does not wait for the KV.)
-		if n := len(plegs); n == 0 || plegs[n-1].Gen != 2 || !cmp.Equal(plegs[n-1].InputIDs, c.InputIDs) || plegs[n-1].ContinuedTokens != 2 {
+		if n := len(plegs); n != 2 || plegs[1].Gen != 2 || !cmp.Equal(plegs[1].InputIDs, c.InputIDs) || plegs[1].ContinuedTokens != 2 {
 			t.Errorf("prefill legs %+v: the continuation's prefill must carry the same body", plegs)
 		}
 		if n := counter(t, tr.reg, "pdserve_router_migrations_total", "cause", "worker_stream_broken"); n != 1 {

@@ -183,6 +183,7 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 	if err != nil {
 		if span != nil {
 			o, _ := outcome.Parse(err.Code)
+			failedSpan(ctx, outcome.Cause{Outcome: o, Role: "router", Stage: "pick", Detail: err.Message}, "")
 			endSpan(span, o, err.Message)
 		}
 		if err.Status == http.StatusTooManyRequests {
@@ -892,6 +893,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 	}
 	s.ended = true
 	s.answered(s.r, e.Outcome)
+	failedSpan(s.ctx, cause, s.live.stageNow())
 	if e.Outcome == outcome.Overloaded {
 		s.r.metrics.Shed(ShedWorkerOverloaded.String())
 	}

@@ -108,3 +108,22 @@ func firstTokenEvent(span trace.Span, ttft time.Duration) {
 		span.AddEvent("first token")
 	}
 }
+
+// failedSpan names on the request's span (ctx's) the first failure of a
+// request that failed: its outcome, the side (role) and the stage where it
+// happened — the worker's stage when the cause names it, else the router's
+// stage of the request then ("router legs", "router streaming") — and its
+// detail as the span's status.
+func failedSpan(ctx context.Context, cause outcome.Cause, routerStage string) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() || !cause.Known() {
+		return
+	}
+	stage := cause.Stage
+	if stage == "" {
+		stage = "router " + routerStage
+	}
+	span.SetAttributes(attribute.String("pdserve.cause.outcome", cause.Outcome.String()),
+		attribute.String("pdserve.cause.role", cause.Role), attribute.String("pdserve.cause.stage", stage))
+	span.SetStatus(codes.Error, cause.Detail)
+}

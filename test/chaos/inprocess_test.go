@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
 	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -85,7 +89,9 @@ type inproc struct {
 	netEnd time.Time // end of a random-network window (zero: none)
 	router *cluster.RouterServer
 	ref    *cluster.WorkerServer
-	hc     *http.Client // for /metrics and /debug
+	// spans are the router's spans (every request traced).
+	spans *tracetest.InMemoryExporter
+	hc    *http.Client // for /metrics and /debug
 
 	mu        sync.Mutex
 	slots     []*slot
@@ -553,8 +559,11 @@ func (h *inproc) setUp() {
 	// faults open KV path breakers (as they should); their cool-down is
 	// scaled to the test's (leases of 400 ms, heartbeats of 100 ms), so that
 	// the fleet is whole again within the recovery bound below.
+	h.spans = tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(h.spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	ro := cluster.RouterOptions{Addr: "127.0.0.1:0", Info: m.Info(), Tokenizer: m.Tokenizer(), HealthInterval: 100 * time.Millisecond,
-		RouterTuning: cluster.RouterTuning{Admission: &router.Admission{}, BreakerCooldown: 2 * time.Second}}
+		RouterTuning: cluster.RouterTuning{Admission: &router.Admission{}, BreakerCooldown: 2 * time.Second}, Tracer: tp}
 	for _, s := range h.slots {
 		if s.role == lifecycle.RolePrefill {
 			ro.Prefill = append(ro.Prefill, "http://"+s.addr)
@@ -691,6 +700,30 @@ func TestChaosInProcess(t *testing.T) {
 			fail("no leak: %s kept tombstones past the TTL (%s): %s", s.label(), h.dl.TombstoneTTL, state)
 		}
 	}
+
+	// Every failed request's trace names its outcome and the side and
+	// stage that failed first, on the router's request span.
+	failedSpans, unnamed := 0, 0
+	for _, sp := range h.spans.GetSpans() {
+		if sp.Name != "router.request" {
+			continue
+		}
+		at := map[string]string{}
+		for _, a := range sp.Attributes {
+			at[string(a.Key)] = a.Value.Emit()
+		}
+		if o := at["pdserve.outcome"]; o == "ok" || o == "aborted_client" || o == "" {
+			continue
+		}
+		failedSpans++
+		if at["pdserve.cause.role"] == "" || at["pdserve.cause.stage"] == "" || at["pdserve.cause.outcome"] == "" || sp.Status.Code != codes.Error {
+			unnamed++
+			if unnamed <= 5 {
+				fail("trace %s: failed request's span without its first failure: %v (status %v)", sp.SpanContext.TraceID(), at, sp.Status)
+			}
+		}
+	}
+	t.Logf("traces: %d failed requests, each naming its first failure's outcome, side and stage", failedSpans)
 
 	// Honest signals, scraped over HTTP.
 	for s, srv := range h.live() {

@@ -279,6 +279,8 @@ func TestHelmChart(t *testing.T) {
 		{"prefill": map[string]any{"replicas": 3}, "decode": map[string]any{"replicas": 2},
 			"modelArgs": []any{"--sim-profile=h100-llama3-8b"}, "workerArgs": []any{"--kv-cache-memory=1GiB"},
 			"router": map[string]any{"args": []any{"--slow-start=5s"}}, "drainTimeout": "120s"},
+		{"tracing": map[string]any{"otlpEndpoint": "grpc://otel-collector:4317"}},
+		{"tracing": map[string]any{"jaeger": map[string]any{"enabled": true}}},
 	} {
 		rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "pd", Namespace: "llm", IsInstall: true},
 			chartutil.DefaultCapabilities)
@@ -301,9 +303,56 @@ func TestHelmChart(t *testing.T) {
 			}
 			m.decode(t, n, []byte(out[n]))
 		}
+		jaeger := m.takeComponent("jaeger")
 		if got := fmt.Sprint(len(m.deployments)); got != "3" {
 			t.Fatalf("values %v: %s Deployments", vals, got)
 		}
 		m.check(t)
+		// Tracing: every pdserve pod exports to the endpoint asked for, or
+		// to the chart's Jaeger, which is there only when enabled.
+		endpoint := ""
+		if tr, ok := vals["tracing"].(map[string]any); ok {
+			endpoint, _ = tr["otlpEndpoint"].(string)
+			if _, ok := tr["jaeger"]; ok {
+				endpoint = "grpc://pd-jaeger:4317"
+				if len(jaeger.deployments) != 1 || len(jaeger.services) != 1 || jaeger.services[0].Name != "pd-jaeger" {
+					t.Fatalf("jaeger enabled: %d Deployments, %d Services", len(jaeger.deployments), len(jaeger.services))
+				}
+			}
+		}
+		if endpoint == "" && len(jaeger.deployments)+len(jaeger.services) > 0 {
+			t.Fatalf("values %v: a Jaeger without tracing.jaeger.enabled", vals)
+		}
+		for _, d := range m.deployments {
+			_, flags := flagsOf(t, d.Name, d.Spec.Template.Spec.Containers[0].Args)
+			if flags["otlp-traces-endpoint"] != endpoint {
+				t.Errorf("values %v: %s --otlp-traces-endpoint %q, want %q", vals, d.Name, flags["otlp-traces-endpoint"], endpoint)
+			}
+		}
 	}
+}
+
+// takeComponent removes the Deployments and Services labelled
+// app.kubernetes.io/component=c from m and returns them.
+func (m *manifests) takeComponent(c string) manifests {
+	var out manifests
+	keepD := m.deployments[:0]
+	for _, d := range m.deployments {
+		if d.Labels["app.kubernetes.io/component"] == c {
+			out.deployments = append(out.deployments, d)
+		} else {
+			keepD = append(keepD, d)
+		}
+	}
+	m.deployments = keepD
+	keepS := m.services[:0]
+	for _, sv := range m.services {
+		if sv.Labels["app.kubernetes.io/component"] == c {
+			out.services = append(out.services, sv)
+		} else {
+			keepS = append(keepS, sv)
+		}
+	}
+	m.services = keepS
+	return out
 }

@@ -27,3 +27,13 @@ livenessProbe:
   periodSeconds: 10
   failureThreshold: 6
 {{- end -}}
+
+{{/* The OTLP endpoint every pdserve pod sends its spans to: the chart's
+Jaeger when tracing.jaeger.enabled, else tracing.otlpEndpoint ("": off). */}}
+{{- define "pdserve.otlpEndpoint" -}}
+{{- if .Values.tracing.jaeger.enabled -}}
+grpc://{{ .Release.Name }}-jaeger:4317
+{{- else -}}
+{{- .Values.tracing.otlpEndpoint -}}
+{{- end -}}
+{{- end -}}

@@ -42,6 +42,7 @@ import (
 	etcdreg "github.com/pdserve/pdserve/internal/registry/etcd"
 	"github.com/pdserve/pdserve/internal/router"
 	"github.com/pdserve/pdserve/internal/tlsconf"
+	"github.com/pdserve/pdserve/internal/tracing"
 	"github.com/pdserve/pdserve/internal/worker"
 )
 
@@ -370,6 +371,9 @@ func colocatedHandler(w *worker.Worker, reg *prometheus.Registry, peer *auth.Pee
 	}
 	oa := openai.NewHandler(openai.Config{ModelName: info.Name, Tokenizer: w.Model().Tokenizer(), VocabSize: info.VocabSize,
 		ContextLen: info.ContextLen, EOS: info.EOS, Engine: w, Logger: log.With("role", "colocated"), OnAnswer: fe.Answer, APIOptions: api})
+	if w.Traced() {
+		oa = tracing.Extracting(oa)
+	}
 	h := openai.Routes(oa, peer.Wrap(w.Handler(reg), nil, workerMaxBody))
 	if fd != nil {
 		p := *fd

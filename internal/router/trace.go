@@ -90,17 +90,6 @@ func injectTrace(ctx context.Context, h http.Header) {
 	}
 }
 
-// traced is the router's HTTP API with an incoming traceparent honoured:
-// the request's context carries it, so the router's span is its child.
-func traced(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Header.Get("Traceparent") != "" {
-			req = req.WithContext(tracing.Propagator().Extract(req.Context(), propagation.HeaderCarrier(req.Header)))
-		}
-		h.ServeHTTP(w, req)
-	})
-}
-
 // firstTokenEvent records the first token on the request's span.
 func firstTokenEvent(span trace.Span, ttft time.Duration) {
 	if span != nil {

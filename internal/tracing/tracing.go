@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -150,6 +151,17 @@ func exporter(ctx context.Context, endpoint, proto string) (*otlptrace.Exporter,
 // Propagator is how trace context crosses processes: W3C traceparent and
 // tracestate headers.
 func Propagator() propagation.TextMapPropagator { return propagation.TraceContext{} }
+
+// Extracting is h with an incoming traceparent honoured: the request's
+// context carries it, so the spans its handler starts are its children.
+func Extracting(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("Traceparent") != "" {
+			req = req.WithContext(Propagator().Extract(req.Context(), propagation.HeaderCarrier(req.Header)))
+		}
+		h.ServeHTTP(w, req)
+	})
+}
 
 // spanIDKey carries the span id a caller asks the next span to have.
 type spanIDKey struct{}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -695,7 +697,16 @@ func (w *Worker) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 	if err := w.constrain(&q, g.Constraint); err != nil {
 		return nil, err
 	}
-	return &localStream{w: w, rid: g.RID, ctx: ctx, wt: w.submit(q)}, nil
+	s := &localStream{w: w, rid: g.RID, ctx: ctx, wt: w.submit(q)}
+	if w.tracer != nil {
+		start := g.Arrived
+		if start.IsZero() {
+			start = w.clock.Now()
+		}
+		s.q, s.span = q, w.startSpan(ctx, "serve.request", &q, start)
+		s.span.SetAttributes(attribute.String("gen_ai.request.model", w.info.Name))
+	}
+	return s, nil
 }
 
 // localStream is a colocated request served in process. Its output goes
@@ -711,6 +722,10 @@ type localStream struct {
 	finished bool
 	stopped  bool
 	pending  *workerapi.Error // the failure to return after the tokens that came with it
+	// span is the request's (nil: tracing off); fin its end, once known.
+	span trace.Span
+	q    lifecycle.Request
+	fin  *lifecycle.Finalize
 }
 
 func (s *localStream) Recv() (openai.Chunk, error) {
@@ -726,6 +741,9 @@ func (s *localStream) Recv() (openai.Chunk, error) {
 		ps, fin, err := s.wt.next(s.ctx)
 		if err != nil {
 			return openai.Chunk{}, err
+		}
+		if fin != nil {
+			s.fin = fin
 		}
 		s.lines = s.lw.lines(ps, fin, false)
 	}
@@ -766,6 +784,7 @@ func (s *localStream) Close() {
 	if !s.finished && !s.stopped {
 		s.w.abortClient(s.rid)
 	}
+	s.w.endLegSpan(s.span, &s.q, s.fin)
 }
 
 // Ended implements openai.Ender: Close never waits.

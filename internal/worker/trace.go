@@ -24,6 +24,9 @@ func tracerOf(tp trace.TracerProvider) trace.Tracer {
 	return tp.Tracer(tracing.Instrumentation)
 }
 
+// Traced reports whether the worker traces its requests (Config.Tracer).
+func (w *Worker) Traced() bool { return w.tracer != nil }
+
 // legSpan starts the span of a leg that arrived at start (nil when tracing
 // is off): a child of the router's attempt, whose context the leg's
 // traceparent carries.
@@ -32,6 +35,12 @@ func (w *Worker) legSpan(r *http.Request, q *lifecycle.Request, start time.Time)
 		return nil
 	}
 	ctx := tracing.Propagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	return w.startSpan(ctx, w.role.String()+".leg", q, start)
+}
+
+// startSpan starts the span name of request q, which arrived at start, a
+// child of ctx's span.
+func (w *Worker) startSpan(ctx context.Context, name string, q *lifecycle.Request, start time.Time) trace.Span {
 	attrs := []attribute.KeyValue{attribute.String("pdserve.rid", q.RID), attribute.Int("gen_ai.usage.input_tokens", len(q.InputIDs)),
 		attribute.Int("pdserve.continued_tokens", q.Continued)}
 	if !q.Room.IsZero() {
@@ -47,7 +56,7 @@ func (w *Worker) legSpan(r *http.Request, q *lifecycle.Request, start time.Time)
 		// Decode links its KV hop to this leg by this id.
 		ctx = tracing.WithSpanID(ctx, tracing.LegSpanID(parent.TraceID(), q.Room.String(), q.Gen, lifecycle.RolePrefill.String()))
 	}
-	_, span := w.tracer.Start(ctx, w.role.String()+".leg", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start),
+	_, span := w.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start),
 		trace.WithAttributes(attrs...))
 	return span
 }

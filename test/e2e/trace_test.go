@@ -102,3 +102,42 @@ func TestOneTraceAcrossPD(t *testing.T) {
 		_ = tp.Shutdown(context.Background())
 	}
 }
+
+// TestServeTraced: a request to a traced `serve` worker's own OpenAI API is
+// a serve.request span, a child of the client's traceparent, with a child
+// per stage.
+func TestServeTraced(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithIDGenerator(tracing.IDs{}))
+	defer tp.Shutdown(context.Background())
+	s := startServeWith(t, sim.Config{}, func(o *cluster.WorkerOptions) { o.Tracer = tp })
+	const traceID, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+	req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":4}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Traceparent", "00-"+traceID+"-"+parent+"-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	byName := map[string]tracetest.SpanStub{}
+	waitFor(t, 5*time.Second, "serve.request and its stages", func() (bool, string) {
+		var names []string
+		for _, sp := range exp.GetSpans() {
+			byName[sp.Name] = sp
+			names = append(names, sp.Name)
+		}
+		_, ok := byName["serve.request"]
+		_, dec := byName["colocated decoding"]
+		return ok && dec, strings.Join(names, ", ")
+	})
+	root := byName["serve.request"]
+	if root.SpanContext.TraceID().String() != traceID || root.Parent.SpanID().String() != parent {
+		t.Errorf("serve.request in trace %s under %s, want %s under %s", root.SpanContext.TraceID(), root.Parent.SpanID(), traceID, parent)
+	}
+	for _, st := range []string{"colocated prefilling", "colocated decoding"} {
+		if byName[st].Parent.SpanID() != root.SpanContext.SpanID() {
+			t.Errorf("%s is not a child of serve.request", st)
+		}
+	}
+}

@@ -137,9 +137,11 @@ func requestID(id string) error {
 	if id == "" || len(id) > MaxRequestIDBytes {
 		return fmt.Errorf("X-Request-Id must be 1 to %d bytes, got %d", MaxRequestIDBytes, len(id))
 	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._:@+=~-", c) >= 0) {
+	if id == "." || id == ".." {
+		return fmt.Errorf("X-Request-Id %q would name no request in /debug/requests/{id}", id)
+	}
+	for i, c := range id {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.ContainsRune("._:@+=~-", c)) {
 			return fmt.Errorf("X-Request-Id may hold letters, digits and ._:@+=~- only, got %q at byte %d", c, i)
 		}
 	}
@@ -431,7 +433,9 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	if rid == "" {
 		rid = h.cfg.NewRID()
 	} else if err := requestID(rid); err != nil {
-		h.fail(w, endpoint, "", BadRequest(HeaderRequestID, "%v", err))
+		rid = h.cfg.NewRID() // the answer carries an id even then
+		w.Header().Set(HeaderRequestID, rid)
+		h.fail(w, endpoint, rid, BadRequest(HeaderRequestID, "%v", err))
 		return
 	}
 	w.Header().Set(HeaderRequestID, rid)

@@ -47,11 +47,15 @@ func TestRequestIDHeader(t *testing.T) {
 	}
 	eng.nextStream(t)
 	n := len(eng.reqs)
-	for _, bad := range []string{"has space", "a/b", strings.Repeat("x", MaxRequestIDBytes+1), "é"} {
+	for _, bad := range []string{"has space", "a/b", strings.Repeat("x", MaxRequestIDBytes+1), "é", ".", ".."} {
 		resp, body := send(bad, `{"prompt":"hi","max_tokens":2}`)
-		if resp.StatusCode != 400 || !strings.Contains(body, `"param":"X-Request-Id"`) || resp.Header.Get(HeaderRequestID) != "" {
+		// The answer carries a minted id, never the malformed one.
+		if resp.StatusCode != 400 || !strings.Contains(body, `"param":"X-Request-Id"`) || resp.Header.Get(HeaderRequestID) != "rid1" {
 			t.Errorf("X-Request-Id %q: %d %s (echoed %q)", bad, resp.StatusCode, body, resp.Header.Get(HeaderRequestID))
 		}
+	}
+	if _, body := send("é", `{"prompt":"hi","max_tokens":2}`); !strings.Contains(body, `'é'`) {
+		t.Errorf("a non-ASCII id's message should show the character: %s", body)
 	}
 	if len(eng.reqs) != n {
 		t.Fatal("a request with a malformed X-Request-Id reached the engine")

@@ -547,7 +547,7 @@ func (r *Router) Handler() http.Handler {
 	})
 	mux := http.NewServeMux()
 	if r.tracer != nil {
-		oa = tracing.Extracting(oa)
+		oa = tracing.Extracting(r.tracingRejections(oa))
 	}
 	mux.Handle("/v1/", oa)
 	mux.HandleFunc("GET "+workerapi.PathLive, func(w http.ResponseWriter, _ *http.Request) {

@@ -44,7 +44,7 @@ func ratioOf(getenv func(string) string) (float64, error) {
 			return 1, nil
 		}
 		r, err := strconv.ParseFloat(arg, 64)
-		if err != nil || r < 0 || r > 1 {
+		if err != nil || !(r >= 0 && r <= 1) { // NaN too
 			return 0, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG %q: want a ratio in [0, 1]", arg)
 		}
 		return r, nil

@@ -25,9 +25,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -102,11 +104,11 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 	if proto == "" {
 		proto = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
 	}
-	exp, err := exporter(ctx, endpoint, proto)
+	ratio, err := ratioOf(getenv)
 	if err != nil {
 		return Provider{}, err
 	}
-	ratio, err := ratioOf(getenv)
+	exp, err := exporter(ctx, endpoint, proto)
 	if err != nil {
 		return Provider{}, err
 	}
@@ -127,23 +129,38 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 // exporter returns the OTLP exporter of endpoint: gRPC unless the URL's
 // scheme or proto says HTTP.
 func exporter(ctx context.Context, endpoint, proto string) (*otlptrace.Exporter, error) {
-	scheme, host := "", endpoint
+	bad := func(why string) error {
+		return fmt.Errorf("OTLP traces endpoint %q: %s (want grpc://host:4317, http://host:4318 or host:port)", endpoint, why)
+	}
+	scheme, host, path := "", endpoint, ""
 	if strings.Contains(endpoint, "://") {
 		u, err := url.Parse(endpoint)
 		if err != nil || u.Host == "" {
-			return nil, fmt.Errorf("--otlp-traces-endpoint %q: want a URL (http://host:4318, grpc://host:4317) or host:port", endpoint)
+			return nil, bad("not a URL with a host")
 		}
-		scheme, host = u.Scheme, u.Host
+		scheme, host, path = u.Scheme, u.Host, u.Path
+	}
+	if h, port, err := net.SplitHostPort(host); err != nil || h == "" {
+		return nil, bad("no host:port")
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return nil, bad("port " + port + " out of range")
 	}
 	switch {
 	case scheme == "grpc" || (scheme == "" && (proto == "" || proto == "grpc")):
 		return otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(host), otlptracegrpc.WithInsecure())
-	case scheme == "http" || scheme == "https" || proto == "http/protobuf":
-		opts := []otlptracehttp.Option{otlptracehttp.WithEndpoint(host)}
+	case scheme == "http" || scheme == "https" || (scheme == "" && proto == "http/protobuf"):
+		// The standard path unless the URL names one (so the traces
+		// variable's plain http://host:4318 works as the flag does).
+		if path == "" || path == "/" {
+			path = "/v1/traces"
+		}
+		opts := []otlptracehttp.Option{otlptracehttp.WithEndpoint(host), otlptracehttp.WithURLPath(path)}
 		if scheme != "https" {
 			opts = append(opts, otlptracehttp.WithInsecure())
 		}
 		return otlptracehttp.New(ctx, opts...)
+	case scheme != "":
+		return nil, bad("scheme " + scheme)
 	}
 	return nil, errors.New("OTEL_EXPORTER_OTLP_PROTOCOL " + proto + ": want grpc or http/protobuf")
 }

@@ -48,7 +48,9 @@ func TestNew(t *testing.T) {
 		_ = p.Shutdown(sctx) // nothing listens: the export may fail, the shutdown must end
 		cancel()
 	}
-	for _, bad := range []Config{{Endpoint: "http://"}, {Endpoint: "127.0.0.1:1", Getenv: env(map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})}} {
+	for _, bad := range []Config{{Endpoint: "http://"}, {Endpoint: "127.0.0.1:1", Getenv: env(map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})},
+		{Endpoint: "ftp://x:1"}, {Endpoint: "127.0.0.1"}, {Endpoint: ":::"}, {Endpoint: "http://127.0.0.1:99999"},
+		{Endpoint: "127.0.0.1:1", Getenv: env(map[string]string{"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "NaN"})}} {
 		if bad.Getenv == nil {
 			bad.Getenv = env(nil)
 		}

@@ -87,8 +87,21 @@ func (w *Worker) endLegSpan(span trace.Span, q *lifecycle.Request, fin *lifecycl
 		span.SetAttributes(attribute.Int("pdserve.kv_pages_sent", fin.SentPages))
 	}
 	if fin.Outcome != outcome.OK {
-		span.SetAttributes(attribute.String("pdserve.cause.outcome", fin.Cause.Outcome.String()),
-			attribute.String("pdserve.cause.role", fin.Cause.Role), attribute.String("pdserve.cause.stage", fin.Cause.Stage))
+		cause := fin.Cause
+		if !cause.Known() {
+			// Refused at arrival, or ended by no named cause: its own.
+			cause = outcome.Cause{Outcome: fin.Outcome, Role: w.role.String(), Stage: "arrival"}
+			for _, st := range w.role.Stages() {
+				if fin.StageTime[st] > 0 {
+					cause.Stage = st.String()
+				}
+			}
+		}
+		span.SetAttributes(attribute.String("pdserve.cause.outcome", cause.Outcome.String()),
+			attribute.String("pdserve.cause.role", cause.Role))
+		if cause.Stage != "" {
+			span.SetAttributes(attribute.String("pdserve.cause.stage", cause.Stage))
+		}
 		span.SetStatus(codes.Error, fin.Err)
 	}
 	ctx := trace.ContextWithSpan(context.Background(), span)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -96,6 +97,30 @@ func TestOneTraceAcrossPD(t *testing.T) {
 	if attrs["pdserve.outcome"] != "ok" || attrs["gen_ai.usage.output_tokens"] != "5" || attrs["gen_ai.request.model"] == "" {
 		t.Errorf("router.request attributes %v", attrs)
 	}
+	// A request the front end refuses before the router takes it is a
+	// span too, in the client's trace, naming the router's front end.
+	const badTrace = "7bf92f3577b34da6a3ce929d0e0e4736"
+	bad, _ := http.NewRequest(http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":100000000}`))
+	bad.Header.Set("Content-Type", "application/json")
+	bad.Header.Set("Traceparent", "00-"+badTrace+"-"+parent+"-01")
+	if resp, err := http.DefaultClient.Do(bad); err != nil || resp.StatusCode != 400 {
+		t.Fatalf("want a 400: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	waitFor(t, 5*time.Second, "the refused request's span", func() (bool, string) {
+		for _, s := range exp.GetSpans() {
+			if s.Name != "router.request" || s.SpanContext.TraceID().String() != badTrace {
+				continue
+			}
+			at := map[string]string{}
+			for _, a := range s.Attributes {
+				at[string(a.Key)] = a.Value.Emit()
+			}
+			return at["pdserve.outcome"] == "rejected_invalid" && at["pdserve.cause.stage"] == "front end", fmt.Sprint(at)
+		}
+		return false, "no span in the trace"
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	for _, tp := range providers {

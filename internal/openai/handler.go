@@ -87,6 +87,12 @@ type Config struct {
 	// request that will be refused costs little. The engine must still
 	// refuse what it cannot serve; Admit only answers earlier.
 	Admit func() error
+	// OnRefuse, if set, is called for a generation request the front end
+	// answers with e before the engine took it (a malformed header or
+	// body, Admit's refusal), with its id and when it arrived, so the
+	// engine can account for it as for the requests it takes (a trace's
+	// span: ctx carries the client's trace context).
+	OnRefuse func(ctx context.Context, rid string, received time.Time, e *Error)
 }
 
 // APIOptions are a server's choices of what its OpenAI API offers
@@ -417,31 +423,43 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	// deadline) before it reads the next request, as vLLM's server keeps
 	// it. Only a body that could not be read (too large, too slow) closes
 	// it.
+	// Every answer carries the request's id: the client's, or one minted
+	// (also for a malformed one, which is refused).
+	rid := r.Header.Get(HeaderRequestID)
+	badID := error(nil)
+	if rid == "" {
+		rid = h.cfg.NewRID()
+	} else if badID = requestID(rid); badID != nil {
+		rid = h.cfg.NewRID()
+	}
+	w.Header().Set(HeaderRequestID, rid)
+	// refuse answers a request the engine never took.
+	refuse := func(err error) {
+		e := ToError(err)
+		if h.cfg.OnRefuse != nil {
+			h.cfg.OnRefuse(ctx, rid, received, e)
+		}
+		h.failTimed(w, endpoint, rid, e, received)
+	}
 	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		h.fail(w, endpoint, "", &Error{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest,
+		refuse(&Error{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest,
 			Code:    CodeUnsupportedMediaType,
 			Message: fmt.Sprintf("Content-Encoding %q is not supported: send the request body uncompressed", ce)})
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); !jsonContentType(ct) {
-		h.fail(w, endpoint, "", &Error{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest,
+		refuse(&Error{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest,
 			Code:    CodeUnsupportedMediaType,
 			Message: fmt.Sprintf("Content-Type %q is not supported: send the request body as application/json", ct)})
 		return
 	}
-	rid := r.Header.Get(HeaderRequestID)
-	if rid == "" {
-		rid = h.cfg.NewRID()
-	} else if err := requestID(rid); err != nil {
-		rid = h.cfg.NewRID() // the answer carries an id even then
-		w.Header().Set(HeaderRequestID, rid)
-		h.fail(w, endpoint, rid, BadRequest(HeaderRequestID, "%v", err))
+	if badID != nil {
+		refuse(BadRequest(HeaderRequestID, "%v", badID))
 		return
 	}
-	w.Header().Set(HeaderRequestID, rid)
 	if h.cfg.Admit != nil {
 		if err := h.cfg.Admit(); err != nil {
-			h.failTimed(w, endpoint, rid, err, received)
+			refuse(err)
 			return
 		}
 	}
@@ -464,7 +482,7 @@ func (h *handler) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		if st := ToError(err).Status; st == http.StatusRequestTimeout || st == http.StatusRequestEntityTooLarge {
 			w.Header().Set("Connection", "close")
 		}
-		h.fail(w, endpoint, "", err)
+		refuse(err)
 		return
 	}
 	if h.cfg.IOTimeout > 0 {

@@ -1,11 +1,13 @@
 package openai
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRequestIDHeader: a client's X-Request-Id is the request's id — the
@@ -80,5 +82,36 @@ func TestServerTiming(t *testing.T) {
 		if st := resp.Header.Get("Server-Timing"); resp.StatusCode != 200 || !re.MatchString(st) {
 			t.Errorf("stream %s: %d Server-Timing %q (%s)", stream, resp.StatusCode, st, body)
 		}
+	}
+}
+
+// TestOnRefuse: the front end reports every request it answers before the
+// engine takes it — a bad header, a bad body, Admit's refusal — with its
+// id and error, and no request the engine took.
+func TestOnRefuse(t *testing.T) {
+	type refusal struct {
+		rid    string
+		status int
+	}
+	var got []refusal
+	admit := error(nil)
+	eng := newFakeEngine(Chunk{Tokens: toks("ok"), FinishReason: "length"})
+	srv := newServer(t, eng, func(c *Config) {
+		c.OnRefuse = func(_ context.Context, rid string, received time.Time, e *Error) {
+			if received.IsZero() {
+				t.Error("no arrival time")
+			}
+			got = append(got, refusal{rid, e.Status})
+		}
+		c.Admit = func() error { return admit }
+	})
+	post(t, srv, "/v1/completions", `{"prompt":"hi","max_tokens":2}`) // taken
+	eng.nextStream(t)
+	post(t, srv, "/v1/completions", `{"prompt":"hi","max_tokens":-1}`)
+	admit = &Error{Status: http.StatusTooManyRequests, Type: TypeServer, Code: "overloaded", Message: "busy"}
+	post(t, srv, "/v1/completions", `{"prompt":"hi","max_tokens":2}`)
+	want := []refusal{{"rid1", http.StatusBadRequest}, {"rid1", http.StatusTooManyRequests}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("refusals %+v, want %+v", got, want)
 	}
 }

@@ -540,14 +540,18 @@ func (r *Router) getJSON(ctx context.Context, u string, v any) error {
 // Handler returns the router's HTTP API: the OpenAI endpoints, /health and
 // /metrics, behind Config.Guard.
 func (r *Router) Handler() http.Handler {
-	oa := openai.NewHandler(openai.Config{
+	oc := openai.Config{
 		ModelName: r.cfg.ModelName, Tokenizer: r.cfg.Tokenizer, ContextLen: r.cfg.ContextLen, VocabSize: r.cfg.VocabSize,
 		EOS: r.cfg.EOS, MaxBodyBytes: r.cfg.MaxBodyBytes, Engine: r, Logger: r.log, ContextNow: r.contextLen, Now: r.clock.Now,
 		OnAnswer: r.frontend.Answer, Admit: r.Admit, APIOptions: r.cfg.API,
-	})
+	}
+	if r.tracer != nil {
+		oc.OnRefuse = r.refusedSpan
+	}
+	oa := openai.NewHandler(oc)
 	mux := http.NewServeMux()
 	if r.tracer != nil {
-		oa = tracing.Extracting(r.tracingRejections(oa))
+		oa = tracing.Extracting(oa)
 	}
 	mux.Handle("/v1/", oa)
 	mux.HandleFunc("GET "+workerapi.PathLive, func(w http.ResponseWriter, _ *http.Request) {

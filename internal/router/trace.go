@@ -36,9 +36,6 @@ func (r *Router) requestSpan(ctx context.Context, g *openai.GenerateRequest, arr
 	if r.tracer == nil {
 		return ctx, nil
 	}
-	if hold, ok := ctx.Value(spanHoldKey{}).(*spanHold); ok {
-		hold.started = true
-	}
 	return r.tracer.Start(ctx, "router.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(arrived),
 		trace.WithAttributes(attrRID.String(g.RID), attribute.String("gen_ai.request.model", r.cfg.ModelName),
 			attribute.Int("gen_ai.usage.input_tokens", len(g.InputIDs)), attribute.Int("gen_ai.request.max_tokens", g.MaxTokens),
@@ -120,62 +117,22 @@ func failedSpan(ctx context.Context, cause outcome.Cause, routerStage string) {
 	span.SetStatus(codes.Error, cause.Detail)
 }
 
-// spanHoldKey carries a spanHold in a request's context.
-type spanHoldKey struct{}
-
-// spanHold says whether the router started the request's span.
-type spanHold struct{ started bool }
-
-// statusRecorder remembers an answer's status.
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
+// refusedSpan is openai.Config.OnRefuse: a request the front end refuses
+// before the router takes it (a bad header or body, an early 429) is a
+// router.request span too, in the client's trace, its outcome the answer's
+// code (rejected_invalid when it names none) and its cause the router's
+// front end.
+func (r *Router) refusedSpan(ctx context.Context, rid string, received time.Time, e *openai.Error) {
+	o, ok := outcome.Parse(e.Code)
+	if !ok {
+		o = outcome.RejectedInvalid
+		if e.Status >= 500 {
+			o = outcome.FailedInternal
+		}
 	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-// tracingRejections is the router's API with a span for every request the
-// front end refuses before the router takes it (a bad body, a 429 of the
-// early admission): router.request, its outcome named by the answer's
-// status, its cause the router's front end.
-func (r *Router) tracingRejections(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		hold := &spanHold{}
-		start := r.clock.Now()
-		rec := &statusRecorder{ResponseWriter: w}
-		ctx := context.WithValue(req.Context(), spanHoldKey{}, hold)
-		h.ServeHTTP(rec, req.WithContext(ctx))
-		if hold.started || rec.status < 400 {
-			return
-		}
-		o := outcome.RejectedInvalid
-		switch {
-		case rec.status == http.StatusTooManyRequests:
-			o = outcome.Overloaded
-		case rec.status >= 500:
-			o = outcome.NoWorker
-		}
-		ctx, span := r.tracer.Start(ctx, "router.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start),
-			trace.WithAttributes(attribute.String("gen_ai.request.model", r.cfg.ModelName), attribute.Int("http.response.status_code", rec.status)))
-		if rid := rec.Header().Get(openai.HeaderRequestID); rid != "" {
-			span.SetAttributes(attrRID.String(rid))
-		}
-		failedSpan(ctx, outcome.Cause{Outcome: o, Role: "router", Stage: "front end", Detail: http.StatusText(rec.status)}, "")
-		endSpan(span, o, http.StatusText(rec.status))
-	})
+	ctx, span := r.tracer.Start(ctx, "router.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(received),
+		trace.WithAttributes(attrRID.String(rid), attribute.String("gen_ai.request.model", r.cfg.ModelName),
+			attribute.Int("http.response.status_code", e.Status)))
+	failedSpan(ctx, outcome.Cause{Outcome: o, Role: "router", Stage: "front end", Detail: e.Message}, "")
+	endSpan(span, o, e.Message)
 }

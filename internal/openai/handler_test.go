@@ -48,11 +48,20 @@ func newServer(t *testing.T, eng Engine, mods ...func(*Config)) *httptest.Server
 
 func do(t *testing.T, srv *httptest.Server, method, path, body string) (*http.Response, string) {
 	t.Helper()
+	return doWith(t, srv, method, path, body, nil)
+}
+
+// doWith is do with extra request headers.
+func doWith(t *testing.T, srv *httptest.Server, method, path, body string, header map[string]string) (*http.Response, string) {
+	t.Helper()
 	req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
 	resp, err := srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package openai
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"regexp"
 	"strings"
@@ -19,21 +18,11 @@ func TestRequestIDHeader(t *testing.T) {
 	srv := newServer(t, eng)
 	send := func(id, body string) (*http.Response, string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
+		h := map[string]string{}
 		if id != "" {
-			req.Header.Set(HeaderRequestID, id)
+			h[HeaderRequestID] = id
 		}
-		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp, string(b)
+		return doWith(t, srv, http.MethodPost, "/v1/completions", body, h)
 	}
 	resp, body := send("client-42.a:b", `{"prompt":"hi","max_tokens":2}`)
 	if resp.StatusCode != 200 || resp.Header.Get(HeaderRequestID) != "client-42.a:b" || !strings.Contains(body, `"id":"cmpl-client-42.a:b"`) {

@@ -43,17 +43,7 @@ func TestOneTraceAcrossPD(t *testing.T) {
 	}
 	defer c.Shutdown(context.Background())
 	const traceID, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	req, _ := http.NewRequest(http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":5}`))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Traceparent", "00-"+traceID+"-"+parent+"-01")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
+	postTraced(t, c.URL(), `{"prompt":"hello","max_tokens":5}`, traceID, parent, 200)
 	byName := map[string]tracetest.SpanStub{}
 	waitFor(t, 5*time.Second, "the router's and both legs' spans", func() (bool, string) {
 		var names []string
@@ -100,14 +90,7 @@ func TestOneTraceAcrossPD(t *testing.T) {
 	// A request the front end refuses before the router takes it is a
 	// span too, in the client's trace, naming the router's front end.
 	const badTrace = "7bf92f3577b34da6a3ce929d0e0e4736"
-	bad, _ := http.NewRequest(http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":100000000}`))
-	bad.Header.Set("Content-Type", "application/json")
-	bad.Header.Set("Traceparent", "00-"+badTrace+"-"+parent+"-01")
-	if resp, err := http.DefaultClient.Do(bad); err != nil || resp.StatusCode != 400 {
-		t.Fatalf("want a 400: %v %v", resp, err)
-	} else {
-		resp.Body.Close()
-	}
+	postTraced(t, c.URL(), `{"prompt":"hello","max_tokens":100000000}`, badTrace, parent, 400)
 	waitFor(t, 5*time.Second, "the refused request's span", func() (bool, string) {
 		for _, s := range exp.GetSpans() {
 			if s.Name != "router.request" || s.SpanContext.TraceID().String() != badTrace {
@@ -137,14 +120,7 @@ func TestServeTraced(t *testing.T) {
 	defer tp.Shutdown(context.Background())
 	s := startServeWith(t, sim.Config{}, func(o *cluster.WorkerOptions) { o.Tracer = tp })
 	const traceID, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
-	req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":4}`))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Traceparent", "00-"+traceID+"-"+parent+"-01")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	postTraced(t, s.URL, `{"prompt":"hello","max_tokens":4}`, traceID, parent, 200)
 	byName := map[string]tracetest.SpanStub{}
 	waitFor(t, 5*time.Second, "serve.request and its stages", func() (bool, string) {
 		var names []string
@@ -164,5 +140,22 @@ func TestServeTraced(t *testing.T) {
 		if byName[st].Parent.SpanID() != root.SpanContext.SpanID() {
 			t.Errorf("%s is not a child of serve.request", st)
 		}
+	}
+}
+
+// postTraced posts a completion request body to base with the client's
+// traceparent (traceID, parent span) and checks its status.
+func postTraced(t *testing.T, base, body, traceID, parent string, status int) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Traceparent", "00-"+traceID+"-"+parent+"-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d", resp.StatusCode, status)
 	}
 }

@@ -252,25 +252,22 @@ func (c *continuation) ended(g *openai.GenerateRequest, eos []int32, contextLen 
 	return openai.Chunk{}, false
 }
 
-// forgetRestarted drops from set, the workers a request must not go back
-// to, those that run another process (fleet.Info.Instance) than the one
-// that failed the request, and records in inst the process of those added
-// since the last call (the failure just handled). A worker restarted since
-// (ready again) is a new process and may serve the request: in a rolling
-// restart, the worker a request left first is often the only one back
-// when the next one drains.
-func forgetRestarted(set map[*fleet.Worker]bool, inst map[*fleet.Worker]string) {
-	for w := range set {
-		now := w.Info().Instance
-		was, seen := inst[w]
-		switch {
-		case !seen:
-			inst[w] = now
-		case now != "" && now != was:
-			delete(set, w)
-			delete(inst, w)
-		}
-	}
+// exclusions are the workers a request must not go back to (they are
+// leaving, unreachable, broke its stream, refused the KV handshake or
+// failed a probe), each with the process (fleet.Info.Instance) that failed
+// it: a worker restarted since — a new instance, ready again — is a new
+// process and may serve the request. In a rolling restart, the worker a
+// request left first is often the only one back when the next one drains.
+type exclusions map[*fleet.Worker]string
+
+// add excludes w as it runs now.
+func (x exclusions) add(w *fleet.Worker) { x[w] = w.Info().Instance }
+
+// has reports whether w is excluded: it still runs the process that
+// failed the request (or that process was never known).
+func (x exclusions) has(w *fleet.Worker) bool {
+	inst, ok := x[w]
+	return ok && (inst == "" || w.Info().Instance == inst)
 }
 
 // midStream is what a request's stream (PD or plain) keeps to go on when
@@ -358,7 +355,7 @@ type fanEvent struct {
 // new workers (colocated ones when plain), avoiding exclude. cont is the
 // parent's state: each choice's output so far, and the migrations so far.
 func (r *Router) fanOut(ctx context.Context, g *openai.GenerateRequest, cont *continuation, plain bool,
-	exclude map[*fleet.Worker]bool) (*choiceFan, *openai.Error) {
+	exclude exclusions) (*choiceFan, *openai.Error) {
 	f := &choiceFan{subs: map[int]*fanSub{}, events: make(chan fanEvent, 16), ended: map[int]bool{}, ctx: ctx}
 	for i := range max(g.N, 1) {
 		if i < len(cont.fin) && cont.fin[i] {
@@ -395,7 +392,7 @@ func (r *Router) fanOut(ctx context.Context, g *openai.GenerateRequest, cont *co
 // choiceStream starts choice i of request g, whose output so far is out,
 // as a request of its own.
 func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i int, out []int32, parent *continuation, plain bool,
-	exclude map[*fleet.Worker]bool) (openai.Stream, *openai.Error) {
+	exclude exclusions) (openai.Stream, *openai.Error) {
 	gi := *g
 	gi.RID = fmt.Sprintf("%s-c%d", g.RID, i)
 	gi.N = 1
@@ -412,10 +409,10 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 	excl := maps.Clone(exclude)
 	if plain {
 		s := &plainStream{r: r, ctx: ctx, g: &gi, req: req, rid: gi.RID, gen: 1, limit: prefillLimit(&gi),
-			midStream: midStream{cont: cont, quiet: true}, exclude: excl, excludedInst: map[*fleet.Worker]string{}}
+			midStream: midStream{cont: cont, quiet: true}, exclude: excl}
 		var w *fleet.Worker
 		if e := r.awaitWorker(ctx, func() (e *openai.Error) {
-			w, e = r.pickPlainExcept(&s.req, excl, s.excludedInst)
+			w, e = r.pickPlainExcept(&s.req, excl)
 			return e
 		}); e != nil {
 			return nil, e
@@ -432,7 +429,7 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 		return s, nil
 	}
 	s := &pdStream{r: r, ctx: ctx, g: &gi, rid: gi.RID, room: kvxfer.NewRoom().String(), req: req,
-		exclude: excl, excludedInst: map[*fleet.Worker]string{}, avoid: map[*fleet.Worker]bool{}, midStream: midStream{cont: cont, quiet: true}}
+		exclude: excl, avoid: map[*fleet.Worker]bool{}, midStream: midStream{cont: cont, quiet: true}}
 	s.live = r.track(gi.RID, s.room, len(g.InputIDs))
 	if e := r.awaitWorker(ctx, func() *openai.Error { return s.start(1) }); e != nil {
 		r.untrack(s.live)

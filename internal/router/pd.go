@@ -122,10 +122,8 @@ type pdStream struct {
 	// exclude holds workers a retry must not go back to (they are leaving,
 	// unreachable, refused the KV handshake or failed a probe); avoid the
 	// workers of failed pairs, used again only if no other pair can form.
-	exclude, avoid map[*fleet.Worker]bool
-	// excludedInst is the process of each excluded worker that failed the
-	// request (forgetRestarted: a restarted one may serve it again).
-	excludedInst map[*fleet.Worker]string
+	exclude exclusions
+	avoid   map[*fleet.Worker]bool
 	// drainRetries counts attempts that a draining worker refused: they
 	// are retried without counting against MaxAttempts (up to
 	// maxDrainRetries).
@@ -274,7 +272,7 @@ func (r *Router) shed(e *openai.Error) *openai.Error {
 
 func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req PickRequest) (openai.Stream, *openai.Error) {
 	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String(), req: req,
-		exclude: map[*fleet.Worker]bool{}, excludedInst: map[*fleet.Worker]string{}, avoid: map[*fleet.Worker]bool{},
+		exclude: exclusions{}, avoid: map[*fleet.Worker]bool{},
 		midStream: midStream{cont: r.newContinuation(g)}}
 	s.live = r.track(g.RID, s.room, len(g.InputIDs))
 	if e := s.start(1); e != nil {
@@ -287,7 +285,6 @@ func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req 
 // start launches attempt gen on a freshly picked pair.
 func (s *pdStream) start(gen uint32) *openai.Error {
 	r, g := s.r, s.g
-	forgetRestarted(s.exclude, s.excludedInst)
 	pw, dw, kv, probe, e := r.pickPair(pickOpts{exclude: s.exclude, avoid: s.avoid, req: &s.req, continuing: s.cont.migrations > 0})
 	if e != nil {
 		return e
@@ -813,14 +810,14 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 		// Its queue is full: no new pair for it until it reports room, and
 		// never this request's retry.
 		s.r.markOverloaded(failedW)
-		s.exclude[failedW] = true
+		s.exclude.add(failedW)
 	case e.Outcome.Leaving():
 		// The worker said it is going away: out of new pairs at once,
 		// before its next health check, and never the retry's.
 		s.r.set.MarkDraining(failedW, e.Message)
-		s.exclude[failedW] = true
+		s.exclude.add(failedW)
 	case e.Outcome == outcome.WorkerUnreachable || e.Outcome == outcome.WorkerStreamBroken || e.Outcome == outcome.PeerRefused:
-		s.exclude[failedW] = true
+		s.exclude.add(failedW)
 	default:
 		s.avoid[a.pw], s.avoid[a.dw] = true, true
 	}
@@ -837,7 +834,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 		if e.Outcome.Suspect() {
 			down = s.r.probe(a.pw, a.dw)
 			for w := range down {
-				s.exclude[w] = true
+				s.exclude.add(w)
 			}
 		}
 		if last, ok := s.cont.ended(s.g, s.r.cfg.EOS, s.r.cfg.ContextLen); ok && e.Outcome.Migratable() {
@@ -878,7 +875,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			// One of the pair may be frozen or cut off; find out before
 			// the retry can pick it again.
 			for w := range s.r.probe(a.pw, a.dw) {
-				s.exclude[w] = true
+				s.exclude.add(w)
 			}
 		}
 		if se := s.start(a.gen + 1); se == nil {

@@ -54,8 +54,7 @@ type plainStream struct {
 	// reached the client (once fan is set, the leg is over); exclude holds
 	// the workers it must not go to.
 	midStream
-	exclude      map[*fleet.Worker]bool
-	excludedInst map[*fleet.Worker]string // see pdStream
+	exclude exclusions
 	// span is the current attempt's (nil: tracing off).
 	span trace.Span
 }
@@ -72,7 +71,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 		return nil, e
 	}
 	s := &plainStream{r: r, ctx: ctx, g: g, req: *req, rid: g.RID, gen: 1, limit: prefillLimit(g),
-		midStream: midStream{cont: r.newContinuation(g)}, exclude: map[*fleet.Worker]bool{}, excludedInst: map[*fleet.Worker]string{}}
+		midStream: midStream{cont: r.newContinuation(g)}, exclude: exclusions{}}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	if e := s.send(w); e != nil {
 		r.untrack(s.live)
@@ -228,7 +227,7 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 	if o.Leaving() {
 		r.set.MarkDraining(s.w, e.Message)
 	}
-	s.exclude[s.w] = true
+	s.exclude.add(s.w)
 	if complete {
 		s.last = &last
 		s.live.event("its output was complete: finished at the router")
@@ -249,7 +248,7 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 	}
 	var w *fleet.Worker
 	pe := r.awaitWorker(s.ctx, func() (e *openai.Error) {
-		w, e = r.pickPlainExcept(&s.req, s.exclude, s.excludedInst)
+		w, e = r.pickPlainExcept(&s.req, s.exclude)
 		return e
 	})
 	if pe != nil {

@@ -23,7 +23,7 @@ type promptStream struct {
 	g       *openai.GenerateRequest
 	req     PickRequest
 	live    *liveRequest
-	exclude map[*fleet.Worker]bool
+	exclude exclusions
 
 	// The current attempt.
 	gen    int
@@ -38,7 +38,7 @@ type promptStream struct {
 
 // generatePrompt starts a prompt-only request on a prefill worker.
 func (r *Router) generatePrompt(ctx context.Context, g *openai.GenerateRequest, req PickRequest) (openai.Stream, *openai.Error) {
-	s := &promptStream{r: r, ctx: ctx, g: g, req: req, exclude: map[*fleet.Worker]bool{}}
+	s := &promptStream{r: r, ctx: ctx, g: g, req: req, exclude: exclusions{}}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	if e := s.start(); e != nil {
 		r.untrack(s.live)
@@ -52,7 +52,7 @@ func (r *Router) generatePrompt(ctx context.Context, g *openai.GenerateRequest, 
 func (s *promptStream) start() *openai.Error {
 	r := s.r
 	cands, ready, why := r.candidates(workerapi.RolePrefill, r.clock.Now(), true, func(w *fleet.Worker) bool {
-		return s.exclude[w] || s.req.unfit(w)
+		return s.exclude.has(w) || s.req.unfit(w)
 	})
 	switch {
 	case ready == 0:
@@ -120,7 +120,7 @@ func (s *promptStream) Recv() (openai.Chunk, error) {
 		if e.Outcome.Leaving() {
 			s.r.set.MarkDraining(s.w, e.Message)
 		}
-		s.exclude[s.w] = true
+		s.exclude.add(s.w)
 		if e.Outcome.Retryable() && s.gen < s.r.cfg.MaxAttempts && s.ctx.Err() == nil {
 			if se := s.start(); se == nil {
 				s.r.metrics.Retried(e.Outcome)

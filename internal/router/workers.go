@@ -447,13 +447,10 @@ func (r *Router) pickPlain(req *PickRequest) (*fleet.Worker, *openai.Error) {
 // pickPlainExcept chooses a colocated worker for a continuation of req (a
 // request whose output began reaching the client): any usable worker not
 // in exclude that fits req, with no admission (the request is already
-// being served: shedding it now would lose its output). A worker restarted
-// since it was excluded is not excluded any more (forgetRestarted, with
-// inst).
-func (r *Router) pickPlainExcept(req *PickRequest, exclude map[*fleet.Worker]bool, inst map[*fleet.Worker]string) (*fleet.Worker, *openai.Error) {
-	forgetRestarted(exclude, inst)
+// being served: shedding it now would lose its output).
+func (r *Router) pickPlainExcept(req *PickRequest, exclude exclusions) (*fleet.Worker, *openai.Error) {
 	cands, _, _ := r.candidates(workerapi.RoleColocated, r.clock.Now(), false, func(w *fleet.Worker) bool {
-		return exclude[w] || req.unfit(w)
+		return exclude.has(w) || req.unfit(w)
 	})
 	if len(cands) == 0 {
 		e := openai.Unavailable("no other healthy colocated worker%s (see /debug/workers)", r.whyNone(workerapi.RoleColocated, exclude, req))
@@ -487,7 +484,8 @@ func (r *Router) candidates(role workerapi.Role, now time.Time, admit bool, skip
 type pickOpts struct {
 	// exclude: never these workers; avoid: these only if their role has no
 	// other candidate.
-	exclude, avoid map[*fleet.Worker]bool
+	exclude exclusions
+	avoid   map[*fleet.Worker]bool
 	// req is the request placed; nil only checks that a pair could form
 	// (no policy, no admission, no breaker claimed).
 	req *PickRequest
@@ -514,10 +512,10 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 	for range 3 { // again if another request took the probe of a half-open pair
 		now := r.clock.Now()
 		prefills, readyP, prefillWhy := r.candidates(workerapi.RolePrefill, now, admit, func(p *fleet.Worker) bool {
-			return o.exclude[p] || p.KVAddr() == "" || o.req.unfit(p)
+			return o.exclude.has(p) || p.KVAddr() == "" || o.req.unfit(p)
 		})
 		decodes, readyD, decodeWhy := r.candidates(workerapi.RoleDecode, now, admit, func(d *fleet.Worker) bool {
-			return o.exclude[d] || o.req.unfit(d)
+			return o.exclude.has(d) || o.req.unfit(d)
 		})
 		switch {
 		case readyD == 0:
@@ -604,7 +602,7 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 // error (those carry internal addresses); the operator's detail, each
 // worker's URL, state and last error, is in /debug/workers and in the
 // debug log line it writes.
-func (r *Router) whyNone(role workerapi.Role, exclude map[*fleet.Worker]bool, req *PickRequest) string {
+func (r *Router) whyNone(role workerapi.Role, exclude exclusions, req *PickRequest) string {
 	ws := r.set.Workers(role.String())
 	if len(ws) == 0 {
 		return ""
@@ -618,7 +616,7 @@ func (r *Router) whyNone(role workerapi.Role, exclude map[*fleet.Worker]bool, re
 		st := w.Status()
 		why := st.State.String()
 		switch {
-		case exclude[w]:
+		case exclude.has(w):
 			why = "failed this request already"
 		case req.missing(w) == workerapi.FeaturePriority:
 			why = "scheduling first come, first served (a request's priority needs --scheduling-policy priority)"

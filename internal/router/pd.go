@@ -890,7 +890,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 	}
 	s.ended = true
 	s.answered(s.r, e.Outcome)
-	failedSpan(s.ctx, cause, s.live.stageNow())
+	failedSpan(s.ctx, spanCause(e, f.role), s.live.stageNow())
 	if e.Outcome == outcome.Overloaded {
 		s.r.metrics.Shed(ShedWorkerOverloaded.String())
 	}

@@ -152,7 +152,7 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 		s.ended = true
 		s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
 		s.answered(s.r, e.Outcome)
-		failedSpan(s.ctx, e.FirstCause(workerapi.RoleColocated), s.live.stageNow())
+		failedSpan(s.ctx, spanCause(e, workerapi.RoleColocated), s.live.stageNow())
 		if e.Outcome == outcome.Overloaded {
 			s.r.markOverloaded(s.w)
 			s.r.metrics.Shed(ShedWorkerOverloaded.String())
@@ -293,7 +293,7 @@ func (s *plainStream) interrupted() (openai.Chunk, error) {
 	s.ended = true
 	s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
 	s.answered(s.r, e.Outcome)
-	failedSpan(s.ctx, e.FirstCause(workerapi.RoleColocated), s.live.stageNow())
+	failedSpan(s.ctx, spanCause(e, workerapi.RoleColocated), s.live.stageNow())
 	return openai.Chunk{}, e
 }
 

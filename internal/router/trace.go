@@ -14,6 +14,7 @@ import (
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/tracing"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // Span attributes of pdserve's own (the GenAI semantic conventions'
@@ -98,6 +99,16 @@ func firstTokenEvent(span trace.Span, ttft time.Duration) {
 	}
 }
 
+// spanCause is the first failure a failed request's span names: e's first
+// cause, or, when no side named one (an aborted_peer echo whose root never
+// came), e's own outcome on the side whose leg answered with it.
+func spanCause(e *workerapi.Error, role workerapi.Role) outcome.Cause {
+	if c := e.FirstCause(role); c.Known() {
+		return c
+	}
+	return outcome.Cause{Outcome: e.Outcome, Role: role.String(), Detail: e.Message}
+}
+
 // failedSpan names on the request's span (ctx's) the first failure of a
 // request that failed: its outcome, the side (role) and the stage where it
 // happened — the worker's stage when the cause names it, else the router's
@@ -105,7 +116,7 @@ func firstTokenEvent(span trace.Span, ttft time.Duration) {
 // detail as the span's status.
 func failedSpan(ctx context.Context, cause outcome.Cause, routerStage string) {
 	span := trace.SpanFromContext(ctx)
-	if !span.IsRecording() || !cause.Known() {
+	if !span.IsRecording() || cause.Outcome == outcome.None {
 		return
 	}
 	stage := cause.Stage

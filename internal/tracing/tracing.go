@@ -76,6 +76,8 @@ type Provider struct {
 	// Shutdown flushes the spans not yet exported and stops the exporter
 	// (a no-op when off).
 	Shutdown func(context.Context) error
+	// stages gives the spans ended with stages their stages (nil: off).
+	stages *stageProcessor
 }
 
 // Off is the provider of a component without tracing.
@@ -108,27 +110,33 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 	if err != nil {
 		return Provider{}, err
 	}
-	exp, err := exporter(ctx, endpoint, proto)
+	client, err := otlpClient(endpoint, proto)
+	if err != nil {
+		return Provider{}, err
+	}
+	exp, err := newExporter(ctx, client)
 	if err != nil {
 		return Provider{}, err
 	}
 	res := resource.NewSchemaless(semconv.ServiceName(cfg.Service))
 	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithIDGenerator(IDs{})}
+	next := sdktrace.NewBatchSpanProcessor(exp)
 	if ratio >= 1 {
-		opts = append(opts, sdktrace.WithBatcher(exp), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
+		opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
 	} else {
 		// Every span is recorded; the tail sampler exports the traces
 		// within the ratio and those that matter (failed, slow, retried).
-		opts = append(opts, sdktrace.WithSampler(sdktrace.AlwaysSample()),
-			sdktrace.WithSpanProcessor(newTailSampler(sdktrace.NewBatchSpanProcessor(exp), ratio, cfg.SlowThreshold)))
+		opts = append(opts, sdktrace.WithSampler(sdktrace.AlwaysSample()))
+		next = newTailSampler(next, ratio, cfg.SlowThreshold)
 	}
-	tp := sdktrace.NewTracerProvider(opts...)
-	return Provider{TracerProvider: tp, On: true, Shutdown: tp.Shutdown}, nil
+	stages := newStageProcessor(next)
+	tp := sdktrace.NewTracerProvider(append(opts, sdktrace.WithSpanProcessor(stages))...)
+	return Provider{TracerProvider: tp, On: true, Shutdown: tp.Shutdown, stages: stages}, nil
 }
 
-// exporter returns the OTLP exporter of endpoint: gRPC unless the URL's
+// otlpClient returns the OTLP client of endpoint: gRPC unless the URL's
 // scheme or proto says HTTP.
-func exporter(ctx context.Context, endpoint, proto string) (*otlptrace.Exporter, error) {
+func otlpClient(endpoint, proto string) (otlptrace.Client, error) {
 	bad := func(why string) error {
 		return fmt.Errorf("OTLP traces endpoint %q: %s (want grpc://host:4317, http://host:4318 or host:port)", endpoint, why)
 	}
@@ -147,7 +155,7 @@ func exporter(ctx context.Context, endpoint, proto string) (*otlptrace.Exporter,
 	}
 	switch {
 	case scheme == "grpc" || (scheme == "" && (proto == "" || proto == "grpc")):
-		return otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(host), otlptracegrpc.WithInsecure())
+		return otlptracegrpc.NewClient(otlptracegrpc.WithEndpoint(host), otlptracegrpc.WithInsecure()), nil
 	case scheme == "http" || scheme == "https" || (scheme == "" && proto == "http/protobuf"):
 		// The standard path unless the URL names one (so the traces
 		// variable's plain http://host:4318 works as the flag does).
@@ -158,7 +166,7 @@ func exporter(ctx context.Context, endpoint, proto string) (*otlptrace.Exporter,
 		if scheme != "https" {
 			opts = append(opts, otlptracehttp.WithInsecure())
 		}
-		return otlptracehttp.New(ctx, opts...)
+		return otlptracehttp.NewClient(opts...), nil
 	case scheme != "":
 		return nil, bad("scheme " + scheme)
 	}

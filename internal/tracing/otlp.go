@@ -1,0 +1,528 @@
+package tracing
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// exporter is an OTLP span exporter that writes the protobuf encoding of
+// the spans itself, straight from the SDK's spans into one reused buffer,
+// and hands it to the OTLP client (HTTP or gRPC, with everything the
+// OTEL_EXPORTER_OTLP_* variables configure: headers, timeout, TLS,
+// compression, retries) as the unknown fields of an otherwise empty
+// ResourceSpans, which the client's marshalling copies verbatim. The SDK's
+// own exporter builds a tree of protobuf structs per batch and marshals it
+// by reflection: on a PD request's 13 spans that was most of what tracing
+// cost (docs/performance.md, "Tracing overhead").
+type exporter struct {
+	client otlptrace.Client
+	stop   sync.Once
+
+	// The batch span processor exports from one goroutine at a time; mu
+	// guards the buffers for any other caller.
+	mu     sync.Mutex
+	groups []spanGroup
+	bufs   [][]byte
+}
+
+// spanGroup is the spans of one resource and instrumentation scope, in
+// the order they came.
+type spanGroup struct {
+	res   *resource.Resource
+	scope instrumentation.Scope
+	spans []sdktrace.ReadOnlySpan
+}
+
+// newExporter returns an exporter sending over client, started.
+func newExporter(ctx context.Context, client otlptrace.Client) (*exporter, error) {
+	if err := client.Start(ctx); err != nil {
+		return nil, err
+	}
+	return &exporter{client: client}, nil
+}
+
+// ExportSpans implements sdktrace.SpanExporter. A span ended with stages
+// (Provider.EndWithStages) is written with a child span per stage.
+func (e *exporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	if len(spans) == 0 {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.groups = groupSpans(e.groups[:0], spans)
+	var rs []*tracepb.ResourceSpans
+	for i, g := range e.groups {
+		if i > 0 && sameResource(e.groups[i-1].res, g.res) {
+			continue // in the previous resource's message
+		}
+		j := i + 1
+		for j < len(e.groups) && sameResource(e.groups[j].res, g.res) {
+			j++
+		}
+		if len(rs) == len(e.bufs) {
+			e.bufs = append(e.bufs, nil)
+		}
+		b := appendResourceSpans(e.bufs[len(rs)][:0], e.groups[i:j])
+		e.bufs[len(rs)] = b
+		m := &tracepb.ResourceSpans{}
+		m.ProtoReflect().SetUnknown(protoreflect.RawFields(b))
+		rs = append(rs, m)
+	}
+	err := e.client.UploadTraces(ctx, rs)
+	for i := range e.groups {
+		clear(e.groups[i].spans) // let the spans go
+		e.groups[i] = spanGroup{spans: e.groups[i].spans[:0]}
+	}
+	if err != nil {
+		return fmt.Errorf("traces export: %w", err)
+	}
+	return nil
+}
+
+// Shutdown implements sdktrace.SpanExporter: it stops the client, once.
+func (e *exporter) Shutdown(ctx context.Context) error {
+	err := context.Cause(ctx)
+	e.stop.Do(func() { err = e.client.Stop(ctx) })
+	return err
+}
+
+// groupSpans appends to groups (whose span slices it reuses) spans grouped
+// by resource and scope, as OTLP nests them: the groups of one resource
+// next to each other, each group's spans and the groups in the order they
+// came.
+func groupSpans(groups []spanGroup, spans []sdktrace.ReadOnlySpan) []spanGroup {
+	n := 0
+next:
+	for _, s := range spans {
+		if s == nil {
+			continue
+		}
+		res, scope := s.Resource(), s.InstrumentationScope()
+		for i := range n {
+			if g := &groups[i]; sameResource(g.res, res) && sameScope(g.scope, scope) {
+				g.spans = append(g.spans, s)
+				continue next
+			}
+		}
+		// A new group, after the last one of its resource.
+		at := n
+		for i := range n {
+			if sameResource(groups[i].res, res) {
+				at = i + 1
+			}
+		}
+		if n < cap(groups) {
+			groups = groups[:n+1] // keeps what the slot's span slice had
+		} else {
+			groups = append(groups, spanGroup{})
+		}
+		reused := groups[n].spans[:0]
+		copy(groups[at+1:n+1], groups[at:n])
+		groups[at] = spanGroup{res: res, scope: scope, spans: append(reused, s)}
+		n++
+	}
+	return groups[:n]
+}
+
+func sameResource(a, b *resource.Resource) bool {
+	return a == b || (a != nil && b != nil && a.Equivalent() == b.Equivalent())
+}
+
+func sameScope(a, b instrumentation.Scope) bool {
+	return a.Name == b.Name && a.Version == b.Version && a.SchemaURL == b.SchemaURL && a.Attributes.Equals(&b.Attributes)
+}
+
+// The field numbers of the OTLP messages written here
+// (opentelemetry/proto/trace/v1/trace.proto, common/v1/common.proto and
+// resource/v1/resource.proto of github.com/open-telemetry/opentelemetry-proto).
+const (
+	fResourceSpansResource   = 1
+	fResourceSpansScopeSpans = 2
+	fResourceSpansSchemaURL  = 3
+
+	fResourceAttributes = 1
+
+	fScopeSpansScope     = 1
+	fScopeSpansSpans     = 2
+	fScopeSpansSchemaURL = 3
+
+	fScopeName       = 1
+	fScopeVersion    = 2
+	fScopeAttributes = 3
+
+	fSpanTraceID       = 1
+	fSpanSpanID        = 2
+	fSpanTraceState    = 3
+	fSpanParentSpanID  = 4
+	fSpanName          = 5
+	fSpanKind          = 6
+	fSpanStart         = 7
+	fSpanEnd           = 8
+	fSpanAttributes    = 9
+	fSpanDroppedAttrs  = 10
+	fSpanEvents        = 11
+	fSpanDroppedEvents = 12
+	fSpanLinks         = 13
+	fSpanDroppedLinks  = 14
+	fSpanStatus        = 15
+	fSpanFlags         = 16
+	fEventTime         = 1
+	fEventName         = 2
+	fEventAttributes   = 3
+	fEventDroppedAttrs = 4
+	fLinkTraceID       = 1
+	fLinkSpanID        = 2
+	fLinkAttributes    = 4
+	fLinkDroppedAttrs  = 5
+	fLinkFlags         = 6
+	fStatusMessage     = 2
+	fStatusCode        = 3
+	fKeyValueKey       = 1
+	fKeyValueValue     = 2
+	fAnyString         = 1
+	fAnyBool           = 2
+	fAnyInt            = 3
+	fAnyDouble         = 4
+	fAnyArray          = 5
+	fAnyKvlist         = 6
+	fAnyBytes          = 7
+	fArrayValues       = 1
+	fKvlistValues      = 1
+	statusCodeOK       = 1
+	statusCodeError    = 2
+	flagsHasIsRemote   = 0x100 // SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
+	flagsIsRemote      = 0x200 // SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
+	// smallMessage is the longest message whose length takes one varint
+	// byte.
+	smallMessage = 1<<7 - 1
+)
+
+// beginField starts length-delimited field num of b: its tag and a
+// one-byte length placeholder. It returns where the placeholder is, for
+// endField.
+func beginField(b []byte, num protowire.Number) ([]byte, int) {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return append(b, 0), len(b)
+}
+
+// endField writes the length of the field beginField started at at, moving its
+// contents when the length takes more than one byte.
+func endField(b []byte, at int) []byte {
+	n := len(b) - at - 1
+	if n <= smallMessage {
+		b[at] = byte(n)
+		return b
+	}
+	k := protowire.SizeVarint(uint64(n))
+	b = append(b, make([]byte, k-1)...)
+	copy(b[at+k:], b[at+1:at+1+n])
+	protowire.AppendVarint(b[at:at], uint64(n))
+	return b
+}
+
+func appendString(b []byte, num protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, s)
+}
+
+func appendBytes(b []byte, num protowire.Number, v []byte) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+func appendUint(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+func appendFixed64(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.Fixed64Type)
+	return protowire.AppendFixed64(b, v)
+}
+
+func appendFixed32(b []byte, num protowire.Number, v uint32) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.Fixed32Type)
+	return protowire.AppendFixed32(b, v)
+}
+
+// clampCount is a dropped count as OTLP's uint32.
+func clampCount(n int) uint64 { return uint64(min(max(n, 0), math.MaxUint32)) }
+
+// unixNano is t in OTLP's fixed64 nanoseconds (0 before 1970).
+func unixNano(t time.Time) uint64 { return uint64(max(0, t.UnixNano())) }
+
+// appendResourceSpans appends the fields of a ResourceSpans holding gs,
+// groups of one resource.
+func appendResourceSpans(b []byte, gs []spanGroup) []byte {
+	res := gs[0].res
+	if res != nil {
+		var at int
+		b, at = beginField(b, fResourceSpansResource)
+		for it := res.Iter(); it.Next(); {
+			b = appendKeyValue(b, fResourceAttributes, it.Attribute())
+		}
+		b = endField(b, at)
+	}
+	for _, g := range gs {
+		b = appendScopeSpans(b, g)
+	}
+	if res != nil {
+		b = appendString(b, fResourceSpansSchemaURL, res.SchemaURL())
+	}
+	return b
+}
+
+// appendScopeSpans appends g as field ResourceSpans.scope_spans.
+func appendScopeSpans(b []byte, g spanGroup) []byte {
+	b, ss := beginField(b, fResourceSpansScopeSpans)
+	if g.scope != (instrumentation.Scope{}) {
+		var at int
+		b, at = beginField(b, fScopeSpansScope)
+		b = appendString(b, fScopeName, g.scope.Name)
+		b = appendString(b, fScopeVersion, g.scope.Version)
+		for it := g.scope.Attributes.Iter(); it.Next(); {
+			b = appendKeyValue(b, fScopeAttributes, it.Attribute())
+		}
+		b = endField(b, at)
+	}
+	for _, s := range g.spans {
+		b = appendSpan(b, s)
+		if ws, ok := s.(spanWithStages); ok {
+			for _, st := range ws.stages {
+				b = appendStage(b, ws, st)
+			}
+		}
+	}
+	b = appendString(b, fScopeSpansSchemaURL, g.scope.SchemaURL)
+	return endField(b, ss)
+}
+
+// spanFlags is OTLP's flags of a span or link: the W3C trace flags and
+// whether its parent (or the linked span) is remote.
+func spanFlags(tf trace.TraceFlags, sc trace.SpanContext) uint32 {
+	f := uint32(tf) | flagsHasIsRemote
+	if sc.IsRemote() {
+		f |= flagsIsRemote
+	}
+	return f
+}
+
+// appendSpan appends s as field ScopeSpans.spans.
+func appendSpan(b []byte, s sdktrace.ReadOnlySpan) []byte {
+	b, at := beginField(b, fScopeSpansSpans)
+	sc := s.SpanContext()
+	tid, sid := sc.TraceID(), sc.SpanID()
+	b = appendBytes(b, fSpanTraceID, tid[:])
+	b = appendBytes(b, fSpanSpanID, sid[:])
+	if ts := sc.TraceState(); ts.Len() > 0 {
+		b = appendString(b, fSpanTraceState, ts.String())
+	}
+	parent := s.Parent()
+	if psid := parent.SpanID(); psid.IsValid() {
+		b = appendBytes(b, fSpanParentSpanID, psid[:])
+	}
+	b = appendString(b, fSpanName, s.Name())
+	b = appendUint(b, fSpanKind, uint64(otlpKind(s.SpanKind())))
+	b = appendFixed64(b, fSpanStart, unixNano(s.StartTime()))
+	b = appendFixed64(b, fSpanEnd, unixNano(s.EndTime()))
+	for _, a := range s.Attributes() {
+		b = appendKeyValue(b, fSpanAttributes, a)
+	}
+	b = appendUint(b, fSpanDroppedAttrs, clampCount(s.DroppedAttributes()))
+	for _, e := range s.Events() {
+		var ea int
+		b, ea = beginField(b, fSpanEvents)
+		b = appendFixed64(b, fEventTime, unixNano(e.Time))
+		b = appendString(b, fEventName, e.Name)
+		for _, a := range e.Attributes {
+			b = appendKeyValue(b, fEventAttributes, a)
+		}
+		b = appendUint(b, fEventDroppedAttrs, clampCount(e.DroppedAttributeCount))
+		b = endField(b, ea)
+	}
+	b = appendUint(b, fSpanDroppedEvents, clampCount(s.DroppedEvents()))
+	for _, l := range s.Links() {
+		var la int
+		b, la = beginField(b, fSpanLinks)
+		ltid, lsid := l.SpanContext.TraceID(), l.SpanContext.SpanID()
+		b = appendBytes(b, fLinkTraceID, ltid[:])
+		b = appendBytes(b, fLinkSpanID, lsid[:])
+		for _, a := range l.Attributes {
+			b = appendKeyValue(b, fLinkAttributes, a)
+		}
+		b = appendUint(b, fLinkDroppedAttrs, clampCount(l.DroppedAttributeCount))
+		b = appendFixed32(b, fLinkFlags, spanFlags(l.SpanContext.TraceFlags(), l.SpanContext))
+		b = endField(b, la)
+	}
+	b = appendUint(b, fSpanDroppedLinks, clampCount(s.DroppedLinks()))
+	var st int
+	b, st = beginField(b, fSpanStatus) // present even when unset, as the SDK's exporter sends it
+	status := s.Status()
+	b = appendString(b, fStatusMessage, status.Description)
+	switch status.Code {
+	case codes.Ok:
+		b = appendUint(b, fStatusCode, statusCodeOK)
+	case codes.Error:
+		b = appendUint(b, fStatusCode, statusCodeError)
+	}
+	b = endField(b, st)
+	b = appendFixed32(b, fSpanFlags, spanFlags(sc.TraceFlags(), parent))
+	return endField(b, at)
+}
+
+// appendStage appends stage st of span s as a span of its own in
+// ScopeSpans.spans: s's child, of kind internal, with a random id.
+func appendStage(b []byte, s sdktrace.ReadOnlySpan, st Stage) []byte {
+	b, at := beginField(b, fScopeSpansSpans)
+	sc := s.SpanContext()
+	tid, parent := sc.TraceID(), sc.SpanID()
+	var sid trace.SpanID
+	for !sid.IsValid() {
+		binary.BigEndian.PutUint64(sid[:], rand.Uint64())
+	}
+	b = appendBytes(b, fSpanTraceID, tid[:])
+	b = appendBytes(b, fSpanSpanID, sid[:])
+	if ts := sc.TraceState(); ts.Len() > 0 {
+		b = appendString(b, fSpanTraceState, ts.String())
+	}
+	b = appendBytes(b, fSpanParentSpanID, parent[:])
+	b = appendString(b, fSpanName, st.Name)
+	b = appendUint(b, fSpanKind, uint64(trace.SpanKindInternal))
+	b = appendFixed64(b, fSpanStart, unixNano(st.Start))
+	b = appendFixed64(b, fSpanEnd, unixNano(st.End))
+	if st.Link.IsValid() {
+		var la int
+		b, la = beginField(b, fSpanLinks)
+		ltid, lsid := st.Link.TraceID(), st.Link.SpanID()
+		b = appendBytes(b, fLinkTraceID, ltid[:])
+		b = appendBytes(b, fLinkSpanID, lsid[:])
+		for _, a := range st.LinkAttrs {
+			b = appendKeyValue(b, fLinkAttributes, a)
+		}
+		b = appendFixed32(b, fLinkFlags, spanFlags(st.Link.TraceFlags(), st.Link))
+		b = endField(b, la)
+	}
+	var ss int
+	b, ss = beginField(b, fSpanStatus)
+	b = endField(b, ss)
+	b = appendFixed32(b, fSpanFlags, spanFlags(sc.TraceFlags(), trace.SpanContext{}))
+	return endField(b, at)
+}
+
+// otlpKind is OTLP's SpanKind of k: the same numbers, unknown ones
+// unspecified.
+func otlpKind(k trace.SpanKind) trace.SpanKind {
+	if k < trace.SpanKindInternal || k > trace.SpanKindConsumer {
+		return trace.SpanKindUnspecified
+	}
+	return k
+}
+
+// appendKeyValue appends kv as KeyValue field num.
+func appendKeyValue(b []byte, num protowire.Number, kv attribute.KeyValue) []byte {
+	b, at := beginField(b, num)
+	b = appendString(b, fKeyValueKey, string(kv.Key))
+	b, v := beginField(b, fKeyValueValue)
+	b = appendAnyValue(b, kv.Value)
+	b = endField(b, v)
+	return endField(b, at)
+}
+
+// appendAnyValue appends the fields of v's AnyValue. An empty value is an
+// AnyValue with no field set; a type this does not know is the string
+// "INVALID", as in the SDK's exporter.
+func appendAnyValue(b []byte, v attribute.Value) []byte {
+	switch v.Type() {
+	case attribute.EMPTY:
+	case attribute.BOOL:
+		b = protowire.AppendTag(b, fAnyBool, protowire.VarintType)
+		b = protowire.AppendVarint(b, protowire.EncodeBool(v.AsBool()))
+	case attribute.INT64:
+		b = protowire.AppendTag(b, fAnyInt, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(v.AsInt64()))
+	case attribute.FLOAT64:
+		b = protowire.AppendTag(b, fAnyDouble, protowire.Fixed64Type)
+		b = protowire.AppendFixed64(b, math.Float64bits(v.AsFloat64()))
+	case attribute.STRING:
+		// A oneof member: present even when empty.
+		b = protowire.AppendTag(b, fAnyString, protowire.BytesType)
+		b = protowire.AppendString(b, v.AsString())
+	case attribute.BYTESLICE:
+		b = appendBytes(b, fAnyBytes, v.AsByteSlice())
+	case attribute.BOOLSLICE, attribute.INT64SLICE, attribute.FLOAT64SLICE, attribute.STRINGSLICE, attribute.SLICE:
+		var at int
+		b, at = beginField(b, fAnyArray)
+		b = appendArray(b, v)
+		b = endField(b, at)
+	case attribute.MAP:
+		var at int
+		b, at = beginField(b, fAnyKvlist)
+		for _, kv := range v.AsMap() {
+			b = appendKeyValue(b, fKvlistValues, kv)
+		}
+		b = endField(b, at)
+	default:
+		b = appendString(b, fAnyString, "INVALID")
+	}
+	return b
+}
+
+// appendArray appends the values of slice v as ArrayValue.values.
+func appendArray(b []byte, v attribute.Value) []byte {
+	elem := func(b []byte, x attribute.Value) []byte {
+		b, at := beginField(b, fArrayValues)
+		b = appendAnyValue(b, x)
+		return endField(b, at)
+	}
+	switch v.Type() {
+	case attribute.BOOLSLICE:
+		for _, x := range v.AsBoolSlice() {
+			b = elem(b, attribute.BoolValue(x))
+		}
+	case attribute.INT64SLICE:
+		for _, x := range v.AsInt64Slice() {
+			b = elem(b, attribute.Int64Value(x))
+		}
+	case attribute.FLOAT64SLICE:
+		for _, x := range v.AsFloat64Slice() {
+			b = elem(b, attribute.Float64Value(x))
+		}
+	case attribute.STRINGSLICE:
+		for _, x := range v.AsStringSlice() {
+			b = elem(b, attribute.StringValue(x))
+		}
+	case attribute.SLICE:
+		for _, x := range v.AsSlice() {
+			b = elem(b, x)
+		}
+	}
+	return b
+}

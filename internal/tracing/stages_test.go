@@ -1,0 +1,132 @@
+package tracing
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// testStages are a leg's two stages laid end to end from t0, the second
+// linked to a span of another process.
+func testStages(t0 time.Time) ([]Stage, trace.SpanContext) {
+	peer := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{7}, SpanID: trace.SpanID{8}, Remote: true,
+		TraceFlags: trace.FlagsSampled})
+	return []Stage{{Name: "decode queued", Start: t0.Add(time.Millisecond), End: t0.Add(3 * time.Millisecond)},
+		{Name: "kv transfer", Start: t0, End: t0.Add(time.Millisecond), Link: peer,
+			LinkAttrs: []attribute.KeyValue{attribute.String("pdserve.link", "x")}}}, peer
+}
+
+// TestEndWithStages: with New's provider, a span ended with stages is
+// exported with a child span per stage (its times, the leg as parent, the
+// link), written by the exporter; a span its sampler does not record
+// leaves nothing behind.
+func TestEndWithStages(t *testing.T) {
+	var mu sync.Mutex
+	var got []*tracepb.Span
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var req coltracepb.ExportTraceServiceRequest
+		if err := proto.Unmarshal(b, &req); err != nil {
+			t.Error(err)
+		}
+		mu.Lock()
+		for _, rs := range req.ResourceSpans {
+			for _, ss := range rs.ScopeSpans {
+				got = append(got, ss.Spans...)
+			}
+		}
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	p, err := New(ctx, Config{Endpoint: srv.URL, Service: "s", Getenv: func(string) string { return "" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := p.Tracer(Instrumentation)
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	_, leg := tr.Start(ctx, "decode.leg", trace.WithTimestamp(t0))
+	stages, peer := testStages(t0)
+	EndWithStages(p, tr, leg, t0.Add(3*time.Millisecond), stages)
+	// Not sampled (a parent-based sampler under an unsampled parent).
+	unsampled := trace.ContextWithRemoteSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{9}, SpanID: trace.SpanID{9}, Remote: true}))
+	_, quiet := tr.Start(unsampled, "decode.leg")
+	EndWithStages(p, tr, quiet, t0, stages)
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(p.stages.held); n != 0 {
+		t.Errorf("%d spans' stages still held", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	byName := map[string]*tracepb.Span{}
+	for _, s := range got {
+		byName[s.Name] = s
+	}
+	if len(got) != 3 || byName["decode.leg"] == nil {
+		t.Fatalf("exported %v, want the leg and its two stages", got)
+	}
+	l := byName["decode.leg"]
+	for _, st := range stages {
+		s := byName[st.Name]
+		if s == nil {
+			t.Fatalf("no span %q", st.Name)
+		}
+		if string(s.ParentSpanId) != string(l.SpanId) || string(s.TraceId) != string(l.TraceId) || len(s.SpanId) != 8 {
+			t.Errorf("%s: trace %x parent %x, want the leg's %x, %x", st.Name, s.TraceId, s.ParentSpanId, l.TraceId, l.SpanId)
+		}
+		if s.StartTimeUnixNano != uint64(st.Start.UnixNano()) || s.EndTimeUnixNano != uint64(st.End.UnixNano()) ||
+			s.Kind != tracepb.Span_SPAN_KIND_INTERNAL {
+			t.Errorf("%s: %d–%d kind %v, want %d–%d internal", st.Name, s.StartTimeUnixNano, s.EndTimeUnixNano, s.Kind,
+				st.Start.UnixNano(), st.End.UnixNano())
+		}
+	}
+	kv := byName["kv transfer"]
+	if len(kv.Links) != 1 || trace.SpanID(kv.Links[0].SpanId) != peer.SpanID() || len(kv.Links[0].Attributes) != 1 {
+		t.Errorf("kv transfer links %v, want one to %s with its attribute", kv.Links, peer.SpanID())
+	}
+	if len(byName["decode queued"].Links) != 0 {
+		t.Error("decode queued has a link")
+	}
+}
+
+// TestEndWithStagesElsewhere: with any other provider (a test's in-memory
+// one) the stages are spans of its own, children of the span.
+func TestEndWithStagesElsewhere(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	tr := tp.Tracer(Instrumentation)
+	t0 := time.Now()
+	_, leg := tr.Start(context.Background(), "decode.leg", trace.WithTimestamp(t0))
+	stages, peer := testStages(t0)
+	EndWithStages(tp, tr, leg, t0.Add(3*time.Millisecond), stages)
+	spans := exp.GetSpans()
+	if len(spans) != 3 {
+		t.Fatalf("%d spans, want 3", len(spans))
+	}
+	for _, s := range spans[:2] {
+		if s.Parent.SpanID() != leg.SpanContext().SpanID() {
+			t.Errorf("%s is not the leg's child", s.Name)
+		}
+	}
+	if s := spans[1]; s.Name != "kv transfer" || len(s.Links) != 1 || s.Links[0].SpanContext.SpanID() != peer.SpanID() ||
+		!s.StartTime.Equal(t0) {
+		t.Errorf("kv transfer: %+v", s)
+	}
+}

@@ -14,8 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -350,14 +348,14 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	span := w.legSpan(r, &q, start)
+	lt := w.legSpan(r, start)
 	fin, err := wt.wait(r.Context())
 	if err != nil {
 		w.abortClient(q.RID)
-		w.endLegSpan(span, &q, nil)
+		w.endLegSpan(lt, "", &q, nil)
 		return
 	}
-	w.endLegSpan(span, &q, fin)
+	w.endLegSpan(lt, "", &q, fin)
 	if fin.Outcome != outcome.OK {
 		workerapi.WriteError(rw, finalError(fin))
 		return
@@ -384,8 +382,8 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	span := w.legSpan(r, &q, start)
-	w.endLegSpan(span, &q, w.streamLeg(r.Context(), rw, q.RID, wt, buffered))
+	lt := w.legSpan(r, start)
+	w.endLegSpan(lt, "", &q, w.streamLeg(r.Context(), rw, q.RID, wt, buffered))
 }
 
 // streamLeg writes request rid's output, as wt brings it, as NDJSON lines
@@ -703,8 +701,7 @@ func (w *Worker) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		if start.IsZero() {
 			start = w.clock.Now()
 		}
-		s.q, s.span = q, w.startSpan(ctx, "serve.request", &q, start)
-		s.span.SetAttributes(attribute.String("gen_ai.request.model", w.info.Name))
+		s.q, s.span = q, legTrace{ctx: ctx, start: start}
 	}
 	return s, nil
 }
@@ -722,8 +719,9 @@ type localStream struct {
 	finished bool
 	stopped  bool
 	pending  *workerapi.Error // the failure to return after the tokens that came with it
-	// span is the request's (nil: tracing off); fin its end, once known.
-	span trace.Span
+	// span is the request's serve.request span, made at its end (the
+	// zero legTrace: tracing off); fin its end, once known.
+	span legTrace
 	q    lifecycle.Request
 	fin  *lifecycle.Finalize
 }
@@ -784,7 +782,7 @@ func (s *localStream) Close() {
 	if !s.finished && !s.stopped {
 		s.w.abortClient(s.rid)
 	}
-	s.w.endLegSpan(s.span, &s.q, s.fin)
+	s.w.endLegSpan(s.span, "serve.request", &s.q, s.fin)
 }
 
 // Ended implements openai.Ender: Close never waits.

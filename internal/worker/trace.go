@@ -3,7 +3,7 @@ package worker
 import (
 	"context"
 	"net/http"
-	"slices"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -16,117 +16,209 @@ import (
 	"github.com/pdserve/pdserve/internal/tracing"
 )
 
-// tracerOf is the worker's tracer of tp (nil: tracing off).
-func tracerOf(tp trace.TracerProvider) trace.Tracer {
+// Span attributes of a worker's spans (the GenAI semantic conventions'
+// gen_ai.* names where one fits).
+const (
+	attrRID           = attribute.Key("pdserve.rid")
+	attrInputTokens   = attribute.Key("gen_ai.usage.input_tokens")
+	attrOutputTokens  = attribute.Key("gen_ai.usage.output_tokens")
+	attrFinishReasons = attribute.Key("gen_ai.response.finish_reasons")
+	attrModel         = attribute.Key("gen_ai.request.model")
+	attrContinued     = attribute.Key("pdserve.continued_tokens")
+	attrRoom          = attribute.Key("pdserve.room")
+	attrGen           = attribute.Key("pdserve.gen")
+	attrPeer          = attribute.Key("pdserve.peer")
+	attrOutcome       = attribute.Key("pdserve.outcome")
+	attrCached        = attribute.Key("pdserve.cached_tokens")
+	attrPagesSent     = attribute.Key("pdserve.kv_pages_sent")
+	attrCauseOutcome  = attribute.Key("pdserve.cause.outcome")
+	attrCauseRole     = attribute.Key("pdserve.cause.role")
+	attrCauseStage    = attribute.Key("pdserve.cause.stage")
+	// maxLegAttrs bounds the attributes of a leg's span (those above).
+	maxLegAttrs = 16
+)
+
+// legTracer is a worker's tracing: its tracer, and what its spans share,
+// made once: the leg span's name, and for each stage of its role (last
+// first, the order the stage spans are laid out from the leg's end) the
+// stage span's name.
+type legTracer struct {
+	provider trace.TracerProvider
+	tracer   trace.Tracer
+	role     lifecycle.Role
+	legName  string
+	stages   []stageSpan
+	// attrs holds the attribute slices a leg's span is given (the span
+	// copies them).
+	attrs sync.Pool
+	// linkAttrs are the KV hop's link's.
+	linkAttrs []attribute.KeyValue
+}
+
+// stageSpan is the span of one stage of a leg: "<role> <stage>", or on
+// decode "kv transfer" for awaiting_kv (the KV hop).
+type stageSpan struct {
+	stage lifecycle.Stage
+	name  string
+	kvHop bool
+}
+
+// newLegTracer is the worker's tracing with tp (nil: off).
+func newLegTracer(tp trace.TracerProvider, role lifecycle.Role) *legTracer {
 	if tp == nil {
 		return nil
 	}
-	return tp.Tracer(tracing.Instrumentation)
+	t := &legTracer{provider: tp, tracer: tp.Tracer(tracing.Instrumentation), role: role, legName: role.String() + ".leg",
+		linkAttrs: []attribute.KeyValue{attribute.String("pdserve.link", "prefill leg that sent the KV")}}
+	t.attrs.New = func() any { s := make([]attribute.KeyValue, 0, maxLegAttrs); return &s }
+	stages := role.Stages()
+	for i := len(stages) - 1; i >= 0; i-- {
+		st := stageSpan{stage: stages[i], name: role.String() + " " + stages[i].String()}
+		if role == lifecycle.RoleDecode && stages[i] == lifecycle.StageAwaitingKV {
+			st.name, st.kvHop = "kv transfer", true
+		}
+		t.stages = append(t.stages, st)
+	}
+	return t
 }
 
 // Traced reports whether the worker traces its requests (Config.Tracer).
 func (w *Worker) Traced() bool { return w.tracer != nil }
 
-// legSpan starts the span of a leg that arrived at start (nil when tracing
-// is off): a child of the router's attempt, whose context the leg's
-// traceparent carries.
-func (w *Worker) legSpan(r *http.Request, q *lifecycle.Request, start time.Time) trace.Span {
-	if w.tracer == nil {
-		return nil
-	}
-	ctx := tracing.Propagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	return w.startSpan(ctx, w.role.String()+".leg", q, start)
+// legTrace is what a leg's span is made of at the leg's end, when all of
+// it is known: its parent's context and its arrival. The zero value:
+// tracing off.
+type legTrace struct {
+	ctx   context.Context
+	start time.Time
 }
 
-// startSpan starts the span name of request q, which arrived at start, a
-// child of ctx's span.
-func (w *Worker) startSpan(ctx context.Context, name string, q *lifecycle.Request, start time.Time) trace.Span {
-	attrs := []attribute.KeyValue{attribute.String("pdserve.rid", q.RID), attribute.Int("gen_ai.usage.input_tokens", len(q.InputIDs)),
-		attribute.Int("pdserve.continued_tokens", q.Continued)}
+// legSpan notes a leg that arrived at start, a child of the router's
+// attempt, whose context the leg's traceparent carries (the zero legTrace
+// when tracing is off).
+func (w *Worker) legSpan(r *http.Request, start time.Time) legTrace {
+	if w.tracer == nil {
+		return legTrace{}
+	}
+	ctx := r.Context()
+	if r.Header.Get("Traceparent") != "" {
+		ctx = tracing.Propagator().Extract(ctx, propagation.HeaderCarrier(r.Header))
+	}
+	return legTrace{ctx: ctx, start: start}
+}
+
+// endLegSpan makes the span of leg lt of request q, whose end is fin (nil:
+// the router hung up first), named name ("" for the role's leg): a child
+// of lt's context, from its arrival to now, with a child span per stage
+// the request went through, each as long as the request spent in it
+// (summed over its visits), laid end to end in the role's stage order up
+// to the end (tracing.EndWithStages: with New's providers the stages are
+// written at export, not made as spans of the SDK). On decode, awaiting_kv
+// is the KV hop: the transfer of the prompt's KV from the prefill worker
+// (pdserve.peer), linked to the prefill leg that sent it. A span its
+// sampler does not record costs no more than its start and end.
+func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin *lifecycle.Finalize) {
+	t := w.tracer
+	if t == nil || lt.ctx == nil {
+		return
+	}
+	end := w.clock.Now()
+	if name == "" {
+		name = t.legName
+	}
+	ctx := lt.ctx
+	if parent := trace.SpanContextFromContext(ctx); parent.IsValid() && !q.Room.IsZero() && t.role == lifecycle.RolePrefill {
+		// Decode links its KV hop to this leg by this id.
+		ctx = tracing.WithSpanID(ctx, tracing.LegSpanID(parent.TraceID(), q.Room.String(), q.Gen, lifecycle.RolePrefill.String()))
+	}
+	_, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(lt.start))
+	if !span.IsRecording() {
+		span.End(trace.WithTimestamp(end))
+		return
+	}
+	ap := t.attrs.Get().(*[]attribute.KeyValue)
+	attrs := append((*ap)[:0], attrRID.String(q.RID), attrInputTokens.Int(len(q.InputIDs)))
+	if q.Continued > 0 {
+		attrs = append(attrs, attrContinued.Int(q.Continued))
+	}
 	if !q.Room.IsZero() {
-		attrs = append(attrs, attribute.String("pdserve.room", q.Room.String()), attribute.Int("pdserve.gen", int(q.Gen)))
+		attrs = append(attrs, attrRoom.String(q.Room.String()), attrGen.Int(int(q.Gen)))
 	}
 	if q.PeerAddr != "" {
-		attrs = append(attrs, attribute.String("pdserve.peer", q.PeerAddr))
+		attrs = append(attrs, attrPeer.String(q.PeerAddr))
 	}
 	if q.Gen > 1 || q.Continued > 0 {
 		attrs = append(attrs, tracing.AttrKeep.Bool(true)) // a retry or a continuation: always exported
 	}
-	if parent := trace.SpanContextFromContext(ctx); parent.IsValid() && !q.Room.IsZero() && w.role == lifecycle.RolePrefill {
-		// Decode links its KV hop to this leg by this id.
-		ctx = tracing.WithSpanID(ctx, tracing.LegSpanID(parent.TraceID(), q.Room.String(), q.Gen, lifecycle.RolePrefill.String()))
+	if name != t.legName {
+		attrs = append(attrs, attrModel.String(w.info.Name))
 	}
-	_, span := w.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start),
-		trace.WithAttributes(attrs...))
-	return span
-}
-
-// endLegSpan ends a leg's span with its request's end fin (nil: the
-// router hung up first), and gives it a child span per stage the request
-// went through, each as long as the request spent in it (summed over its
-// visits), laid end to end in the role's stage order up to the end. On
-// decode, awaiting_kv is the KV hop: the transfer of the prompt's KV from
-// the prefill worker (pdserve.peer).
-func (w *Worker) endLegSpan(span trace.Span, q *lifecycle.Request, fin *lifecycle.Finalize) {
-	if span == nil {
-		return
-	}
-	end := w.clock.Now()
 	if fin == nil {
-		span.SetAttributes(attribute.String("pdserve.outcome", outcome.AbortedClient.String()))
+		attrs = append(attrs, attrOutcome.String(outcome.AbortedClient.String()))
+		span.SetAttributes(attrs...)
+		t.putAttrs(ap, attrs)
 		span.SetStatus(codes.Error, "the router hung up the leg")
 		span.End(trace.WithTimestamp(end))
 		return
 	}
-	span.SetAttributes(attribute.String("pdserve.outcome", fin.Outcome.String()),
-		attribute.Int("gen_ai.usage.output_tokens", fin.OutputTokens), attribute.Int("pdserve.cached_tokens", fin.CachedTokens))
+	attrs = append(attrs, attrOutcome.String(fin.Outcome.String()), attrOutputTokens.Int(fin.OutputTokens),
+		attrCached.Int(fin.CachedTokens))
 	if fin.FinishReason != "" {
-		span.SetAttributes(attribute.StringSlice("gen_ai.response.finish_reasons", []string{fin.FinishReason}))
+		attrs = append(attrs, attrFinishReasons.StringSlice([]string{fin.FinishReason}))
 	}
 	if fin.SentPages > 0 {
-		span.SetAttributes(attribute.Int("pdserve.kv_pages_sent", fin.SentPages))
+		attrs = append(attrs, attrPagesSent.Int(fin.SentPages))
 	}
 	if fin.Outcome != outcome.OK {
 		cause := fin.Cause
 		if !cause.Known() {
 			// Refused at arrival, or ended by no named cause: its own.
-			cause = outcome.Cause{Outcome: fin.Outcome, Role: w.role.String(), Stage: "arrival"}
-			for _, st := range w.role.Stages() {
+			cause = outcome.Cause{Outcome: fin.Outcome, Role: t.role.String(), Stage: "arrival"}
+			for _, st := range t.role.Stages() {
 				if fin.StageTime[st] > 0 {
 					cause.Stage = st.String()
 				}
 			}
 		}
-		span.SetAttributes(attribute.String("pdserve.cause.outcome", cause.Outcome.String()),
-			attribute.String("pdserve.cause.role", cause.Role))
+		attrs = append(attrs, attrCauseOutcome.String(cause.Outcome.String()), attrCauseRole.String(cause.Role))
 		if cause.Stage != "" {
-			span.SetAttributes(attribute.String("pdserve.cause.stage", cause.Stage))
+			attrs = append(attrs, attrCauseStage.String(cause.Stage))
 		}
 		span.SetStatus(codes.Error, fin.Err)
 	}
-	ctx := trace.ContextWithSpan(context.Background(), span)
+	span.SetAttributes(attrs...)
+	t.putAttrs(ap, attrs)
+	n := 0
+	for _, st := range t.stages {
+		if fin.StageTime[st.stage] > 0 {
+			n++
+		}
+	}
+	stages := make([]tracing.Stage, 0, n)
 	at := end
-	stages := slices.Clone(w.role.Stages())
-	slices.Reverse(stages)
-	for _, st := range stages {
-		d := fin.StageTime[st]
+	for _, st := range t.stages {
+		d := fin.StageTime[st.stage]
 		if d <= 0 {
 			continue
 		}
-		name := w.role.String() + " " + st.String()
-		opts := []trace.SpanStartOption{trace.WithTimestamp(at.Add(-d)), trace.WithAttributes(attribute.String("pdserve.stage", st.String()))}
-		if w.role == lifecycle.RoleDecode && st == lifecycle.StageAwaitingKV {
+		s := tracing.Stage{Name: st.name, Start: at.Add(-d), End: at}
+		if st.kvHop {
 			// The KV hop, linked to the prefill leg that sent the KV.
-			name = "kv transfer"
 			tid := span.SpanContext().TraceID()
-			peer := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, Remote: true, TraceFlags: trace.FlagsSampled,
+			s.Link = trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, Remote: true, TraceFlags: trace.FlagsSampled,
 				SpanID: tracing.LegSpanID(tid, q.Room.String(), q.Gen, lifecycle.RolePrefill.String())})
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: peer,
-				Attributes: []attribute.KeyValue{attribute.String("pdserve.link", "prefill leg that sent the KV")}}))
+			s.LinkAttrs = t.linkAttrs
 		}
-		_, s := w.tracer.Start(ctx, name, opts...)
-		s.End(trace.WithTimestamp(at))
-		at = at.Add(-d)
+		stages = append(stages, s)
+		at = s.Start
 	}
-	span.End(trace.WithTimestamp(end))
+	tracing.EndWithStages(t.provider, t.tracer, span, end, stages)
+}
+
+// putAttrs returns a leg's attribute slice (at ap, its contents attrs,
+// which the span copied) for the next leg.
+func (t *legTracer) putAttrs(ap *[]attribute.KeyValue, attrs []attribute.KeyValue) {
+	clear(attrs) // no strings kept alive
+	*ap = attrs[:0]
+	t.attrs.Put(ap)
 }

@@ -118,7 +118,7 @@ type Worker struct {
 	role    lifecycle.Role
 	log     *slog.Logger
 	clock   clock.WithTicker
-	tracer  trace.Tracer // nil: tracing off
+	tracer  *legTracer // nil: tracing off
 	model   model.Model
 	info    model.Info
 	pool    *kvcache.Pool
@@ -226,7 +226,7 @@ func New(cfg Config) (*Worker, error) {
 		model: cfg.Model, info: info, pool: pool, machine: m,
 		crc:      crc32.MakeTable(crc32.Castagnoli),
 		instance: newInstance(),
-		tracer:   tracerOf(cfg.Tracer),
+		tracer:   newLegTracer(cfg.Tracer, mc.Role),
 		stop:     make(chan struct{}),
 		stopped:  make(chan struct{}),
 		waiters:  make(map[string]*waiter),

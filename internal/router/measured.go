@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdserve/pdserve/internal/openai"
@@ -25,9 +24,10 @@ type measured struct {
 	ended   bool // the E2E latency is observed
 	last    time.Time
 	// span is the request's (nil: tracing off); tokens counts the output
-	// tokens sent, for it.
+	// tokens sent, and first is when the first one was, for it.
 	span   trace.Span
 	tokens int
+	first  time.Time
 }
 
 // answerer is a stream that knows the outcome its request was counted
@@ -46,8 +46,7 @@ func (m *measured) Recv() (openai.Chunk, error) {
 		now := m.r.clock.Now()
 		m.tokens += len(c.Tokens)
 		if !m.seen {
-			m.seen = true
-			firstTokenEvent(m.span, now.Sub(m.arrived))
+			m.seen, m.first = true, now
 			queued := time.Duration(0)
 			if d, ok := m.Stream.(dispatcher); ok {
 				queued = d.dispatchedAt().Sub(m.arrived)
@@ -86,9 +85,13 @@ func (m *measured) Close() {
 		if a, ok := m.Stream.(answerer); ok {
 			o = a.answeredWith()
 		}
-		m.span.SetAttributes(attribute.Int("gen_ai.usage.output_tokens", m.tokens),
-			attribute.Float64("gen_ai.latency.e2e", m.r.clock.Now().Sub(m.arrived).Seconds()))
-		endSpan(m.span, o, o.String())
+		if m.seen && m.span.IsRecording() {
+			m.span.AddEvent("first token", trace.WithTimestamp(m.first))
+			endSpan(m.span, o, o.String(), attrTTFT.Float64(m.first.Sub(m.arrived).Seconds()),
+				attrOutputTokens.Int(m.tokens), attrE2E.Float64(m.r.clock.Now().Sub(m.arrived).Seconds()))
+		} else {
+			endSpan(m.span, o, o.String(), attrOutputTokens.Int(m.tokens), attrE2E.Float64(m.r.clock.Now().Sub(m.arrived).Seconds()))
+		}
 	}
 }
 

@@ -28,19 +28,29 @@ const (
 	attrDecode    = attribute.Key("pdserve.decode")
 	attrWorker    = attribute.Key("pdserve.worker")
 	attrContinued = attribute.Key("pdserve.continued_tokens")
+
+	attrModel        = attribute.Key("gen_ai.request.model")
+	attrInputTokens  = attribute.Key("gen_ai.usage.input_tokens")
+	attrOutputTokens = attribute.Key("gen_ai.usage.output_tokens")
+	attrMaxTokens    = attribute.Key("gen_ai.request.max_tokens")
+	attrChoices      = attribute.Key("gen_ai.request.choice.count")
+	attrTTFT         = attribute.Key("gen_ai.latency.time_to_first_token")
+	attrE2E          = attribute.Key("gen_ai.latency.e2e")
 )
 
 // requestSpan starts the router's span of request g (a child of the
 // client's traceparent, which ctx carries), or returns ctx and nil when
-// tracing is off.
+// tracing is off. A span the sampler does not record gets no attributes.
 func (r *Router) requestSpan(ctx context.Context, g *openai.GenerateRequest, arrived time.Time) (context.Context, trace.Span) {
 	if r.tracer == nil {
 		return ctx, nil
 	}
-	return r.tracer.Start(ctx, "router.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(arrived),
-		trace.WithAttributes(attrRID.String(g.RID), attribute.String("gen_ai.request.model", r.cfg.ModelName),
-			attribute.Int("gen_ai.usage.input_tokens", len(g.InputIDs)), attribute.Int("gen_ai.request.max_tokens", g.MaxTokens),
-			attribute.Int("gen_ai.request.choice.count", max(g.N, 1))))
+	ctx, span := r.tracer.Start(ctx, "router.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(arrived))
+	if span.IsRecording() {
+		span.SetAttributes(attrRID.String(g.RID), attrModel.String(r.cfg.ModelName), attrInputTokens.Int(len(g.InputIDs)),
+			attrMaxTokens.Int(g.MaxTokens), attrChoices.Int(max(g.N, 1)))
+	}
+	return ctx, span
 }
 
 // attemptSpan starts the span of one attempt of the request whose context
@@ -48,37 +58,47 @@ func (r *Router) requestSpan(ctx context.Context, g *openai.GenerateRequest, arr
 // the context its legs carry (their traceparent): base with the span.
 func (r *Router) attemptSpan(ctx context.Context, base context.Context, gen uint32, room string, continued int,
 	pw, dw *fleet.Worker) (context.Context, trace.Span) {
-	if r.tracer == nil || !trace.SpanFromContext(ctx).SpanContext().IsValid() {
+	parent := trace.SpanFromContext(ctx)
+	if r.tracer == nil || !parent.SpanContext().IsValid() {
 		return base, nil
 	}
-	attrs := []attribute.KeyValue{attrGen.Int(int(gen)), attrContinued.Int(continued)}
-	if gen > 1 || continued > 0 {
-		// A retry or a continuation: the trace is kept whatever the
-		// sampling ratio (tracing.AttrKeep), the request's span too.
-		attrs = append(attrs, tracing.AttrKeep.Bool(true))
-		trace.SpanFromContext(ctx).SetAttributes(tracing.AttrKeep.Bool(true))
+	_, span := r.tracer.Start(ctx, "router.attempt", trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		attrs := make([]attribute.KeyValue, 0, 6)
+		attrs = append(attrs, attrGen.Int(int(gen)))
+		if continued > 0 {
+			attrs = append(attrs, attrContinued.Int(continued))
+		}
+		if gen > 1 || continued > 0 {
+			// A retry or a continuation: the trace is kept whatever the
+			// sampling ratio (tracing.AttrKeep), the request's span too.
+			attrs = append(attrs, tracing.AttrKeep.Bool(true))
+			parent.SetAttributes(tracing.AttrKeep.Bool(true))
+		}
+		if room != "" {
+			attrs = append(attrs, attrRoom.String(room))
+		}
+		if dw != nil {
+			attrs = append(attrs, attrPrefill.String(pw.URL()), attrDecode.String(dw.URL()))
+		} else {
+			attrs = append(attrs, attrWorker.String(pw.URL()))
+		}
+		span.SetAttributes(attrs...)
 	}
-	if room != "" {
-		attrs = append(attrs, attrRoom.String(room))
-	}
-	if dw != nil {
-		attrs = append(attrs, attrPrefill.String(pw.URL()), attrDecode.String(dw.URL()))
-	} else {
-		attrs = append(attrs, attrWorker.String(pw.URL()))
-	}
-	_, span := r.tracer.Start(ctx, "router.attempt", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	return trace.ContextWithSpan(base, span), span
 }
 
-// endSpan ends span (nil: tracing off) with o, and err's message as its
-// status when o is not OK.
-func endSpan(span trace.Span, o outcome.Outcome, msg string) {
+// endSpan ends span (nil: tracing off) with o and the attributes extra,
+// and err's message as its status when o is not OK.
+func endSpan(span trace.Span, o outcome.Outcome, msg string, extra ...attribute.KeyValue) {
 	if span == nil {
 		return
 	}
-	span.SetAttributes(attrOutcome.String(o.String()))
-	if o != outcome.OK && o != outcome.None {
-		span.SetStatus(codes.Error, msg)
+	if span.IsRecording() {
+		span.SetAttributes(append(extra, attrOutcome.String(o.String()))...)
+		if o != outcome.OK && o != outcome.None {
+			span.SetStatus(codes.Error, msg)
+		}
 	}
 	span.End()
 }
@@ -88,14 +108,6 @@ func endSpan(span trace.Span, o outcome.Outcome, msg string) {
 func injectTrace(ctx context.Context, h http.Header) {
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		tracing.Propagator().Inject(ctx, propagation.HeaderCarrier(h))
-	}
-}
-
-// firstTokenEvent records the first token on the request's span.
-func firstTokenEvent(span trace.Span, ttft time.Duration) {
-	if span != nil {
-		span.SetAttributes(attribute.Float64("gen_ai.latency.time_to_first_token", ttft.Seconds()))
-		span.AddEvent("first token")
 	}
 }
 
@@ -142,7 +154,7 @@ func (r *Router) refusedSpan(ctx context.Context, rid string, received time.Time
 		}
 	}
 	ctx, span := r.tracer.Start(ctx, "router.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(received),
-		trace.WithAttributes(attrRID.String(rid), attribute.String("gen_ai.request.model", r.cfg.ModelName),
+		trace.WithAttributes(attrRID.String(rid), attrModel.String(r.cfg.ModelName),
 			attribute.Int("http.response.status_code", e.Status)))
 	failedSpan(ctx, outcome.Cause{Outcome: o, Role: "router", Stage: "front end", Detail: e.Message}, "")
 	endSpan(span, o, e.Message)

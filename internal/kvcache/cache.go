@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync/atomic"
 )
@@ -259,4 +260,59 @@ func (c *Cache) Release(ids []PageID) error {
 	}
 	c.alloc.release(free)
 	return nil
+}
+
+// Clone returns an independent deep copy of c over a copy of its
+// allocator: the same pages free (in the same order), referenced, indexed
+// and cached (in the same LRU order). Changing one never changes the
+// other. The lifecycle model checker copies machines this way to explore
+// their states.
+func (c *Cache) Clone() *Cache {
+	d := &Cache{
+		alloc:   c.alloc.clone(),
+		enabled: c.enabled,
+		refs:    append([]int32(nil), c.refs...),
+		key:     append([]Key(nil), c.key...),
+		indexed: append([]bool(nil), c.indexed...),
+		index:   make(map[Key]PageID, len(c.index)),
+		prev:    append([]PageID(nil), c.prev...),
+		next:    append([]PageID(nil), c.next...),
+		head:    c.head,
+		tail:    c.tail,
+		stamp:   make([]uint64, len(c.stamp)),
+	}
+	for k, id := range c.index {
+		d.index[k] = id
+	}
+	d.used.Store(c.used.Load())
+	d.cached.Store(c.cached.Load())
+	d.evictions.Store(c.evictions.Load())
+	return d
+}
+
+// AppendState appends to b an encoding of everything that decides what c
+// does next: each page's references and index key, the allocator's free
+// list in the order it hands pages out, and the LRU order of the cached
+// pages. Two caches with equal encodings behave the same under every
+// sequence of calls; counters (Evictions) are left out. It is the cache's
+// part of the lifecycle model checker's state hash.
+func (c *Cache) AppendState(b []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(c.refs)))
+	for id, r := range c.refs {
+		b = binary.AppendVarint(b, int64(r))
+		if c.indexed[id] {
+			b = append(b, 1)
+			b = append(b, c.key[id][:]...)
+		} else {
+			b = append(b, 0)
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(c.alloc.free)))
+	for _, id := range c.alloc.free {
+		b = binary.AppendUvarint(b, uint64(id))
+	}
+	for id := c.head; id != none; id = c.next[id] {
+		b = binary.AppendUvarint(b, uint64(id)+1)
+	}
+	return append(b, 0) // the LRU list's end
 }

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
@@ -357,5 +358,36 @@ func TestCacheShare(t *testing.T) {
 		if err := c.Share([]PageID{-1}); !errors.Is(err, ErrNotAllocated) {
 			t.Fatalf("enabled=%v: Share of page -1 = %v", enabled, err)
 		}
+	}
+}
+
+// TestCacheClone: a clone encodes as its cache does, and changing either
+// never changes the other: the same calls on both give the same pages.
+func TestCacheClone(t *testing.T) {
+	c := NewCache(NewAllocator(6), true)
+	a, _ := c.Alloc(3)
+	c.Publish(a[0], Key{1})
+	c.Publish(a[1], Key{2})
+	if err := c.Release(a[:2]); err != nil { // two cached pages in LRU order
+		t.Fatal(err)
+	}
+	d := c.Clone()
+	if !bytes.Equal(c.AppendState(nil), d.AppendState(nil)) {
+		t.Fatalf("a clone encodes differently")
+	}
+	before := d.AppendState(nil)
+	got, _ := c.Alloc(4) // evicts a cached page in c only
+	if !bytes.Equal(d.AppendState(nil), before) {
+		t.Fatalf("allocating in the cache changed its clone")
+	}
+	if d.Cached() != 2 || c.Cached() != 1 {
+		t.Fatalf("cached pages: clone %d, cache %d; want 2 and 1", d.Cached(), c.Cached())
+	}
+	again, _ := d.Alloc(4)
+	if !slices.Equal(got, again) {
+		t.Fatalf("the same allocation gave %v in the cache and %v in its clone", got, again)
+	}
+	if m := d.Match([]Key{{1}}, 1); len(m) != 0 { // evicted in the clone too, oldest first
+		t.Fatalf("the clone matched an evicted page: %v", m)
 	}
 }

@@ -284,3 +284,11 @@ func (p *Pool) MarkWritten(id PageID) { p.version[id]++ }
 
 // Version counts writes to page id (see MarkWritten).
 func (p *Pool) Version(id PageID) uint64 { return p.version[id] }
+
+// clone returns an independent copy of a.
+func (a *Allocator) clone() *Allocator {
+	d := &Allocator{total: a.total, free: append([]PageID(nil), a.free...),
+		allocated: append([]bool(nil), a.allocated...)}
+	d.used.Store(a.used.Load())
+	return d
+}

@@ -214,7 +214,11 @@ func (m *Machine) arrive(q Request) {
 	}
 	if t, ok := m.tombFor(q.RID, q.Room, q.Gen); ok {
 		m.counters.TombstoneHits++
-		m.rejectEarlyCause(q, t.outcome, "request was aborted before it arrived: "+t.cause.Detail, t.cause)
+		msg := "request was aborted before it arrived: " + t.cause.Detail
+		if t.outcome == outcome.RejectedInvalid {
+			msg = "stale leg: " + t.cause.Detail // a newer gen of its room completed
+		}
+		m.rejectEarlyCause(q, t.outcome, msg, t.cause)
 		m.dropPendingWithAbort(q.Room, q.Gen, t.cause)
 		return
 	}
@@ -250,7 +254,7 @@ func (m *Machine) arrive(q Request) {
 		return
 	}
 	if old, ok := m.rooms[q.Room]; ok && m.cfg.Role != RoleColocated {
-		if q.Gen <= old.Gen {
+		if q.Gen <= old.Gen && m.mut != mutStaleGenSupersedes {
 			m.rejectEarly(q, outcome.RejectedInvalid, "room %s is in use by request %q (gen %d)", q.Room, old.RID, old.Gen)
 			return
 		}
@@ -310,7 +314,11 @@ func (m *Machine) arrive(q Request) {
 			m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 			break
 		}
-		m.setStage(r, StageBootstrap, m.cfg.BootstrapTimeout, outcome.TimeoutBootstrap)
+		boot := m.cfg.BootstrapTimeout
+		if m.mut == mutNoBootstrapDeadline {
+			boot = 0
+		}
+		m.setStage(r, StageBootstrap, boot, outcome.TimeoutBootstrap)
 		if p, ok := m.pending[q.Room]; ok && p.open.Gen == q.Gen && !m.holdsOpen(r) {
 			delete(m.pending, q.Room)
 			m.roomOpened(r, p.peer, p.open)

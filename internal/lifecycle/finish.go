@@ -142,8 +142,18 @@ func (m *Machine) endRequest(r *req, o outcome.Outcome, reason, finishReason str
 	if cur, ok := m.rooms[r.Room]; ok && cur == r {
 		delete(m.rooms, r.Room)
 	}
-	if o != outcome.OK && m.cfg.Role != RoleColocated && !r.Room.IsZero() {
+	switch {
+	case m.cfg.Role == RoleColocated || r.Room.IsZero():
+	case o != outcome.OK:
 		m.addTomb(tombKey{room: r.Room}, r.Gen, o, cause)
+	case r.Gen > 1:
+		// A retry that succeeded: a leg of an attempt before it that is
+		// still on its way (the router aborts it, but its abort may come
+		// second) is refused at arrival instead of holding the room
+		// again until its bootstrap deadline. Found by the model checker
+		// (testdata/stale_leg_after_retry.txt).
+		m.addTomb(tombKey{room: r.Room}, r.Gen-1, outcome.RejectedInvalid, m.cause(outcome.RejectedInvalid, StageNone,
+			fmt.Sprintf("room %s completed at gen %d: gen %d and older are stale", r.Room, r.Gen, r.Gen-1)))
 	}
 	m.record(r, "end %s %s", o, reason)
 	st := make(map[Stage]time.Duration)
@@ -178,7 +188,7 @@ func (m *Machine) endRequest(r *req, o outcome.Outcome, reason, finishReason str
 // release frees the pages of an ended request once neither the forward nor
 // page I/O uses them.
 func (m *Machine) release(r *req) {
-	if r.stage != StageDone || r.inBatch || r.pins > 0 {
+	if r.stage != StageDone || r.inBatch || r.pins > 0 && m.mut != mutFreeWhilePinned {
 		return
 	}
 	delete(m.draining, r)
@@ -289,7 +299,7 @@ func (m *Machine) abort(a AbortRequest) {
 		if o == outcome.AbortedPeer && a.Cause.Known() {
 			cause = a.Cause
 		}
-		if a.RID != "" {
+		if a.RID != "" && m.mut != mutNoAbortTombstone {
 			m.addTomb(tombKey{rid: a.RID}, a.Gen, o, cause)
 		}
 		if !a.Room.IsZero() {

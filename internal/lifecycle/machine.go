@@ -66,6 +66,9 @@ type Machine struct {
 
 	effects  []Effect
 	counters Counters
+	// mut is the rule the model checker's mutation test breaks (mutation.go);
+	// mutNone in every real machine.
+	mut mutation
 }
 
 // New returns a machine over alloc, whose pages must all be free; the

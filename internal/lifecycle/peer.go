@@ -177,7 +177,7 @@ func (m *Machine) liveFor(p kvxfer.PeerID, rg kvxfer.RoomGen) *req {
 	case !ok:
 		m.drop("unknown_room")
 		return nil
-	case r.Gen != rg.Gen:
+	case r.Gen != rg.Gen && m.mut != mutNoGenCheck:
 		m.drop("stale_gen")
 		return nil
 	case r.opened && r.Peer != p:

@@ -52,6 +52,7 @@ import (
 //	io [<node>] [n=N]                        run the N oldest page I/O jobs (default: all)
 //	deliver <node> [n=N]                     deliver the N oldest frames in flight to node (default: all)
 //	drop <node> [i=K] / dup <node> [i=K]     lose / duplicate frame K in flight to node
+//	reorder <node> [i=K]                     swap frames K and K+1 in flight to node
 //	replay <node> from=ROOM [from-gen=G] to=ROOM [to-gen=G]
 //	                                         the KV frames of FROM node received so far, relabelled
 //	                                         with TO, in place of TO's KV frames in flight to node
@@ -254,7 +255,9 @@ func (w *world) run(t *testing.T, td *datadriven.TestData) string {
 	case "shutdown":
 		w.shutdown(w.node(a.first()))
 	case "drain":
-		w.step(w.node(a.first()), Drain{})
+		w.drain(w.node(a.first()))
+	case "reorder":
+		w.reorder(w.node(a.first()), a.int("i", 0))
 	case "stats":
 		w.printStats(w.node(a.first()))
 	case "requests":

@@ -53,6 +53,9 @@ type world struct {
 	// node starts (tests that follow the protocol).
 	onFrame func(to *node, msg kvxfer.Message)
 	onBatch func(n *node, b RunBatch)
+	// fail, if set, receives a failed check instead of the test (the model
+	// checker turns it into a counterexample).
+	fail func(msg string)
 }
 
 // node is one machine and its simulated shell.
@@ -73,8 +76,11 @@ type node struct {
 	inbox []frame
 	// shown is the stage of each live request as last printed.
 	shown map[string]Stage
+	// owned (model checker): m, data, emitted and finals are this copy's
+	// own, not shared with the state it was copied from.
+	owned bool
 	// kvSeen holds the KV frames (KV_CHUNK, KV_DONE) delivered to this
-	// node, by room and gen, for replays.
+	// node, by room and gen, for replays; nil keeps none.
 	kvSeen map[kvxfer.RoomGen][]kvxfer.Message
 }
 
@@ -112,7 +118,13 @@ func (w *world) say(n *node, format string, args ...any) {
 	w.out.WriteByte('\n')
 }
 
-func (w *world) fatalf(format string, args ...any) { w.t.Fatalf(format, args...) }
+func (w *world) fatalf(format string, args ...any) {
+	if w.fail != nil {
+		w.fail(fmt.Sprintf(format, args...))
+		return
+	}
+	w.t.Fatalf(format, args...)
+}
 
 func (w *world) node(name string) *node {
 	for _, n := range w.nodes {
@@ -384,9 +396,13 @@ func (w *world) deliver(n *node, k int) {
 		}
 		switch x := f.msg.(type) {
 		case kvxfer.KVChunk:
-			n.kvSeen[x.RoomGen] = append(n.kvSeen[x.RoomGen], x)
+			if n.kvSeen != nil {
+				n.kvSeen[x.RoomGen] = append(n.kvSeen[x.RoomGen], x)
+			}
 		case kvxfer.KVDone:
-			n.kvSeen[x.RoomGen] = append(n.kvSeen[x.RoomGen], x)
+			if n.kvSeen != nil {
+				n.kvSeen[x.RoomGen] = append(n.kvSeen[x.RoomGen], x)
+			}
 		}
 		w.step(n, PeerMessage{Peer: w.peerOf(n), Msg: f.msg})
 	}
@@ -468,6 +484,31 @@ func (w *world) dup(n *node, i int) {
 	n.inbox = slices.Insert(n.inbox, i+1, f)
 }
 
+// reorder swaps the i-th and (i+1)-th frames in flight to n.
+func (w *world) reorder(n *node, i int) {
+	if w.rec != nil {
+		w.rec.begin(w, "reorder %s i=%d", n.name, i)
+		defer w.rec.end(w)
+	}
+	if i+1 >= len(n.inbox) {
+		w.fatalf("%s: no frames %d and %d in flight", n.name, i, i+1)
+		return
+	}
+	if w.printing() {
+		w.say(nil, "reordered in flight to %s: %s after %s", n.name, w.fmtMsg(n.inbox[i].msg), w.fmtMsg(n.inbox[i+1].msg))
+	}
+	n.inbox[i], n.inbox[i+1] = n.inbox[i+1], n.inbox[i]
+}
+
+// drain steps Drain into n.
+func (w *world) drain(n *node) {
+	if w.rec != nil {
+		w.rec.begin(w, "drain %s", n.name)
+		defer w.rec.end(w)
+	}
+	w.step(n, Drain{})
+}
+
 // send puts msg from n to the peer it names on the wire, if that is the
 // live connection.
 func (w *world) send(n *node, peer kvxfer.PeerID, msg kvxfer.Message) {
@@ -500,6 +541,7 @@ func (w *world) step(n *node, ev Event) {
 			}
 			b := x
 			n.batch = &b
+			n.batchAt = time.Time{}
 			if w.onBatch != nil {
 				w.onBatch(n, x)
 			}
@@ -509,9 +551,9 @@ func (w *world) step(n *node, ev Event) {
 			w.checkPrivate(n, x.Dst, n.owner(x.Dst), "a fork's copy")
 			n.data[x.Dst] = append([]byte(nil), n.page(x.Src)...)
 		case SendKV, SendKVDone, WriteKV, VerifyKV:
-			due := w.now
+			var due time.Time // due at once
 			if w.ioDelay != nil {
-				due = due.Add(w.ioDelay())
+				due = w.now.Add(w.ioDelay())
 			}
 			n.io = append(n.io, ioJob{due: due, e: e})
 		case Emit:
@@ -1042,6 +1084,7 @@ var configKeys = []struct {
 	{key: "max-request", dur: func(c *Config) *time.Duration { return &c.MaxRequestTime }},
 	{key: "heartbeat", dur: func(c *Config) *time.Duration { return &c.HeartbeatInterval }},
 	{key: "tombstone-ttl", dur: func(c *Config) *time.Duration { return &c.TombstoneTTL }},
+	{key: "history", num: func(c *Config) *int { return &c.History }},
 	{key: "optimistic-attempts", num: func(c *Config) *int { return &c.OptimisticAttempts }},
 	{key: "optimistic-max-parked", frac: func(c *Config) *float64 { return &c.OptimisticMaxParked }},
 }

@@ -433,7 +433,9 @@ func (w *Worker) streamLeg(ctx context.Context, rw http.ResponseWriter, rid stri
 		}
 		for _, line := range lw.lines(ps, fin, buffered) {
 			if err := enc.Encode(line); err != nil {
-				w.abortClient(rid)
+				if fin == nil { // an ended request needs no abort
+					w.abortClient(rid)
+				}
 				return fin
 			}
 		}

@@ -89,6 +89,17 @@ func (w *waiter) nextOr(ctx context.Context, fire <-chan time.Time) (ps []piece,
 		case <-fire:
 			return nil, nil, true, nil
 		case <-ctx.Done():
+			// The request may have ended as the caller left (select picks
+			// either when both are ready): then its end is the answer, and
+			// no abort goes to a request the machine no longer knows (which
+			// would leave a tombstone for a normal end).
+			w.mu.Lock()
+			ps, fin := w.pieces, w.final
+			w.pieces = nil
+			w.mu.Unlock()
+			if fin != nil {
+				return ps, fin, false, nil
+			}
 			return nil, nil, false, ctx.Err()
 		}
 	}

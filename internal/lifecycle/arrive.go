@@ -258,6 +258,9 @@ func (m *Machine) arrive(q Request) {
 			m.rejectEarly(q, outcome.RejectedInvalid, "room %s is in use by request %q (gen %d)", q.Room, old.RID, old.Gen)
 			return
 		}
+		if m.mut == mutLeakSuperseded {
+			old.pages = nil
+		}
 		m.finish(old, outcome.AbortedPeer, fmt.Sprintf("superseded by retry gen %d", q.Gen), "")
 	}
 	if lp, lost := m.lostPeers[q.Peer]; lost && m.cfg.Role == RoleDecode {

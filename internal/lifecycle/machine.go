@@ -216,7 +216,7 @@ func (m *Machine) tick() {
 			m.finish(r, r.cause, fmt.Sprintf("%s deadline passed after %s", r.stage, now.Sub(r.stageSince).Round(time.Millisecond)), "")
 		case !now.Before(r.hardDeadline):
 			m.finish(r, outcome.TimeoutRequest, fmt.Sprintf("request exceeded its time limit of %s (in stage %s)", r.hardDeadline.Sub(r.arrived), r.stage), "")
-		case m.leased(r) && now.Sub(r.lastRenew) > m.cfg.Lease():
+		case m.leased(r) && now.Sub(r.lastRenew) > m.cfg.Lease() && m.mut != mutNoLease:
 			m.finish(r, outcome.LeaseExpired, fmt.Sprintf("peer %d stopped renewing the room (no renewal for %s)", r.Peer, now.Sub(r.lastRenew).Round(time.Millisecond)), "")
 		}
 	}

@@ -74,7 +74,7 @@ var (
 // cache aside) within mcSettle of the state's time: no state pins a
 // request or a page.
 //
-// A violation prints the shortest path to it as a transcript in the
+// A violation prints a shortest path to it as a transcript in the
 // format of testdata/*.txt (written to the temp dir too), which replays
 // with TestTranscripts once copied there.
 func TestModelCheck(t *testing.T) {
@@ -190,6 +190,12 @@ var (
 			budget: mcBudget{clientAborts: 1, drains: 1, lostCalls: 1}, minStates: 700_000, maxStates: 20_000_000},
 		{name: "duplicated, reordered and lost frames", requests: 1, horizon: 3 * time.Second,
 			budget: mcBudget{lose: 1, dup: 1, reorder: 1}, minStates: 400_000, maxStates: 20_000_000},
+		// A leg stranded with nobody to tell it: only its lease ends it.
+		{name: "a lost frame, a lost call, a drain", requests: 1, horizon: 3 * time.Second,
+			budget: mcBudget{lose: 1, lostCalls: 1, drains: 1}, minStates: 70_000, maxStates: 20_000_000},
+		// A retry that supersedes a leg holding pages.
+		{name: "a drain and a retry", requests: 1, horizon: time.Second,
+			budget: mcBudget{drains: 1, retries: 1}, minStates: 60_000, maxStates: 20_000_000},
 	}
 	// mcRaceBounds: the race detector slows every step about tenfold;
 	// `go test -race ./...` runs one small set and CI runs mcStandard
@@ -223,12 +229,11 @@ const (
 	mcPrefillPages = 3
 	mcDecodePages  = 4
 	// mcSettle bounds how long letting time run may take to end every
-	// request from any state: the longest chain of stage deadlines a
-	// request can go through with its lease (bootstrap, queue, kv-hold,
-	// transfer, a lease, and a queue on decode), well below the time
-	// limit of a request (MaxRequestTime), so a stage that lost its
-	// deadline shows.
-	mcSettle = 14 * time.Second
+	// request from any state: three deadlines of 2 s (a stage's, a
+	// lease's, a stage's after it) — a request whose peer vanished waits
+	// out one, then the one its leg is in — well below a request's time
+	// limit (MaxRequestTime), so a stage that lost its deadline shows.
+	mcSettle = 6 * time.Second
 )
 
 func mcConfig(role Role, cache bool) Config {
@@ -737,7 +742,22 @@ func (s *mcState) apply(a mcAction) {
 			}
 		}
 		w.now = at
+		// NextTimer's contract: a Tick at the time it names changes a
+		// machine (else time would stand still or skip a deadline).
+		var before [2][]byte
+		for k, n := range s.nodes {
+			before[k] = mcSkipClock(n.m.AppendState(nil, at))
+		}
+		sent := len(s.nodes[0].inbox) + len(s.nodes[1].inbox)
+		fins := len(s.nodes[0].finals) + len(s.nodes[1].finals)
 		w.tick()
+		changed := sent != len(s.nodes[0].inbox)+len(s.nodes[1].inbox) || fins != len(s.nodes[0].finals)+len(s.nodes[1].finals)
+		for k, n := range s.nodes {
+			changed = changed || !bytes.Equal(before[k], mcSkipClock(n.m.AppendState(nil, at)))
+		}
+		if !changed {
+			s.fail(fmt.Sprintf("a Tick at the next timer (%s) changed neither machine: NextTimer names a time nothing happens", at.Sub(w.start)))
+		}
 		s.early = slices.DeleteFunc(s.early, func(e mcEarly) bool {
 			return !w.now.Before(e.at.Add(s.nodes[e.node].m.cfg.TombstoneTTL))
 		})
@@ -808,6 +828,15 @@ func (s *mcState) checkGens() {
 			}
 		}
 	}
+}
+
+// mcSkipClock drops the machine's own clock, AppendState's first field.
+func mcSkipClock(b []byte) []byte {
+	if b[0] == 0 {
+		return b[1:]
+	}
+	_, n := binary.Varint(b[1:])
+	return b[1+n:]
 }
 
 // note writes a line about what the router did into the transcript being
@@ -1169,7 +1198,7 @@ func modelCheck(t testing.TB, b mcBounds, mut mutation) mcResult {
 	want := mcReference(t, b)
 	seed := maphash.MakeSeed()
 	root := newMCState(t, &b, mut, want, "")
-	visited, settledOK := newMCSet(), newMCSet()
+	visited, settledOK := newMCSet(), newMCDurations()
 	h0, _, _ := root.hash(seed, nil)
 	visited.add(h0)
 	res := mcResult{workers: runtime.GOMAXPROCS(0)}
@@ -1276,14 +1305,19 @@ func (root *mcState) materialize(tr *mcTrail, path []*mcState) (*mcState, []*mcS
 	return path[n], path
 }
 
-// settle lets time run from s (on a copy): only the transitions of
-// letting time run, in settleStep's order, until nothing is left. It fails
-// if that takes longer than mcSettle or gets stuck. A state met on the way
-// that settled before ends the walk: from there it settles.
-func (s *mcState) settle(seed maphash.Seed, ok *mcSet, buf *[]byte) *mcViolation {
+// settle lets time run from s: only the transitions of letting time run,
+// in settleStep's order, until nothing is left. It fails if that takes
+// longer than mcSettle or gets stuck. A state met on the way whose own
+// walk was measured before ends the walk, its time added: the walk from a
+// state is determined by the state, so its duration is too.
+func (s *mcState) settle(seed maphash.Seed, known *mcDurations, buf *[]byte) *mcViolation {
 	c := s
 	start := c.w.now
-	var passed []uint64
+	type point struct {
+		h  uint64
+		at time.Time
+	}
+	var passed []point
 	for steps := 0; ; steps++ {
 		var h uint64
 		if steps == 0 && s.trail != nil && s.trail.settle != 0 {
@@ -1291,14 +1325,23 @@ func (s *mcState) settle(seed maphash.Seed, ok *mcSet, buf *[]byte) *mcViolation
 		} else {
 			_, h, *buf = c.hash(seed, *buf)
 		}
-		if ok.has(h) || c.settled() {
-			for _, p := range passed {
-				ok.add(p)
+		rest, ok := known.get(h)
+		if !ok && c.settled() {
+			rest, ok = 0, true
+		}
+		if ok {
+			end := c.w.now.Add(rest)
+			if took := end.Sub(start); took > mcSettle {
+				return c.violation(s, fmt.Sprintf("letting time run from a state takes %s to end every request and free every page (%s to here, then %s from a state measured before), more than %s",
+					took, c.w.now.Sub(start), rest, mcSettle))
 			}
-			ok.add(h)
+			for _, p := range passed {
+				known.add(p.h, end.Sub(p.at))
+			}
+			known.add(h, rest)
 			return nil
 		}
-		passed = append(passed, h)
+		passed = append(passed, point{h, c.w.now})
 		if c.w.now.Sub(start) > mcSettle || steps > 10_000 {
 			return c.violation(s, fmt.Sprintf("letting time run for %s from a state did not end every request and free every page: %s",
 				c.w.now.Sub(start), c.left()))
@@ -1313,6 +1356,38 @@ func (s *mcState) settle(seed maphash.Seed, ok *mcSet, buf *[]byte) *mcViolation
 			return c.violation(s, c.err)
 		}
 	}
+}
+
+// mcDurations maps a state's fingerprint for letting time run to how
+// long letting time run from it takes; sharded like mcSet.
+type mcDurations struct {
+	shards [256]struct {
+		sync.Mutex
+		m map[uint64]time.Duration
+	}
+}
+
+func newMCDurations() *mcDurations {
+	d := &mcDurations{}
+	for i := range d.shards {
+		d.shards[i].m = make(map[uint64]time.Duration)
+	}
+	return d
+}
+
+func (d *mcDurations) add(h uint64, took time.Duration) {
+	sh := &d.shards[h&255]
+	sh.Lock()
+	sh.m[h] = took
+	sh.Unlock()
+}
+
+func (d *mcDurations) get(h uint64) (time.Duration, bool) {
+	sh := &d.shards[h&255]
+	sh.Lock()
+	defer sh.Unlock()
+	took, ok := sh.m[h]
+	return took, ok
 }
 
 // settleStep is the next step of letting time run: an HTTP call in
@@ -1410,7 +1485,13 @@ func (v *mcViolation) report(t testing.TB) string {
 		}
 	}
 	out := s.w.rec.String()
-	path := filepath.Join(os.TempDir(), "lifecycle-modelcheck-counterexample.txt")
+	name := strings.Map(func(r rune) rune {
+		if r == '/' || r == ' ' || r == ',' || r == '=' {
+			return '-'
+		}
+		return r
+	}, t.Name())
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("lifecycle-%s-%d.txt", name, os.Getpid()))
 	if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
 		t.Errorf("writing the counterexample: %v", err)
 	}

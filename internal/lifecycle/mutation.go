@@ -23,6 +23,13 @@ const (
 	// mutNoBootstrapDeadline: prefill's bootstrap stage has no deadline, so
 	// a request whose decode never opens the room waits for its time limit.
 	mutNoBootstrapDeadline
+	// mutNoLease: rooms are never released for a peer that stopped
+	// renewing them (tick and NextTimer skip the lease), so a leg whose
+	// peer vanished without a word waits for its time limit.
+	mutNoLease
+	// mutLeakSuperseded: a request a retry supersedes forgets its pages
+	// instead of freeing them.
+	mutLeakSuperseded
 	// mutFreeWhilePinned: an ended request's pages are freed while page I/O
 	// still uses them, so a KV write lands in pages another request holds.
 	mutFreeWhilePinned
@@ -30,7 +37,7 @@ const (
 	numMutations
 )
 
-var mutationNames = [numMutations]string{"none", "no-abort-tombstone", "no-gen-check", "stale-gen-supersedes", "no-bootstrap-deadline", "free-while-pinned"}
+var mutationNames = [numMutations]string{"none", "no-abort-tombstone", "no-gen-check", "stale-gen-supersedes", "no-bootstrap-deadline", "no-lease", "leak-superseded", "free-while-pinned"}
 
 func (x mutation) String() string { return mutationNames[x] }
 

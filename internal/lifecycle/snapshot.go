@@ -127,7 +127,7 @@ func (m *Machine) NextTimer() (at time.Time, ok bool) {
 	for _, r := range m.sortedLive() {
 		add(r.deadline)
 		add(r.hardDeadline)
-		if m.leased(r) {
+		if m.leased(r) && m.mut != mutNoLease {
 			add(r.lastRenew.Add(m.cfg.Lease() + 1)) // tick fires once the silence exceeds the lease
 		}
 	}
@@ -161,7 +161,11 @@ func (m *Machine) NextTimer() (at time.Time, ok bool) {
 // encoded by outcome, role and stage), the prefix hash chain each request
 // caches (a function of its tokens), and the request bodies beyond their
 // identity (rid, room, gen and choice; a router never reuses a rid for
-// another body within a gen). A checker that hashes this encoding thus
+// another body within a gen). A stage's start is encoded only where a
+// decision reads it (an optimistic request's binding), and a grammar
+// matcher's state through the outputs it was advanced over. Not encoded:
+// the top logprobs and forks' tokens of KV_DONE's tail, which only pass
+// through to the client. A checker that hashes this encoding thus
 // merges states that differ only in those, which is what makes the state
 // space finite as the clock runs.
 func (m *Machine) AppendState(b []byte, now time.Time) []byte {
@@ -181,6 +185,11 @@ func (m *Machine) AppendState(b []byte, now time.Time) []byte {
 	if len(m.draining) > 0 {
 		for _, r := range sortedReqs(slices.Collect(maps.Keys(m.draining))) {
 			e.id(r)
+			e.u(uint64(len(r.pages))) // freed when its forward and page I/O end
+			for _, p := range r.pages {
+				e.u(uint64(p))
+			}
+			e.u(uint64(len(r.forkPages)))
 		}
 	}
 	e.u(uint64(len(m.jobs)))
@@ -314,6 +323,12 @@ func (e *stateEnc) req(m *Machine, r *req) {
 	e.u(uint64(r.stage))
 	e.time(r.deadline)
 	e.u(uint64(r.cause))
+	if r.opt.unbound || r.opt.pending {
+		e.time(r.stageSince) // binding an optimistic request reads it (bindOptimistic)
+	}
+	if r.choices() > 1 {
+		e.i(int64(r.budget)) // a fork takes its stage's deadline span (fork)
+	}
 	e.time(r.hardDeadline)
 	e.time(r.bootDeadline)
 	e.u(uint64(len(r.pages)))

@@ -151,3 +151,39 @@ func TestAppendStateIgnoresTheClock(t *testing.T) {
 		t.Fatalf("the same run started at another time encodes differently")
 	}
 }
+
+// TestAppendStateTellsOptimisticParkTimesApart: binding an optimistic
+// request reads when it parked (its kv-hold deadline runs from there), so
+// two machines whose request parked at different times must encode
+// differently — they end it at different times after ROOM_OPEN.
+func TestAppendStateTellsOptimisticParkTimesApart(t *testing.T) {
+	q := request(1, 8, 1)
+	start := time.Unix(1_000_000, 0)
+	mk := func(parkAfter time.Duration) *harness {
+		cfg := testConfig(RolePrefill)
+		cfg.OptimisticAttempts, cfg.OptimisticMaxParked = 4, 1
+		cfg.LeaseMisses = 200
+		h := newHarness(t, cfg, 8)
+		h.step(Arrive{Req: q})
+		h.step(Schedule{})
+		h.now = h.now.Add(parkAfter)
+		h.done(next1)
+		h.now = start.Add(3 * time.Second)
+		h.step(Tick{})
+		return h
+	}
+	a, b := mk(time.Second), mk(2*time.Second)
+	if bytes.Equal(a.m.AppendState(nil, a.now), b.m.AppendState(nil, b.now)) {
+		t.Fatalf("requests parked at +1s and +2s encode alike")
+	}
+	for _, h := range []*harness{a, b} {
+		h.step(PeerMessage{Peer: 7, Msg: roomOpen(q)})
+		h.now = start.Add(31 * time.Second)
+		h.step(Tick{})
+	}
+	_, endedA := a.finalOf(q.RID)
+	_, endedB := b.finalOf(q.RID)
+	if endedA == endedB {
+		t.Fatalf("both ended (%v) at +31s: the park time no longer decides the deadline, and this test no longer shows why it is encoded", endedA)
+	}
+}

@@ -50,13 +50,15 @@ var (
 //
 // Transitions: an HTTP call reaches its worker; the oldest frame in flight
 // is delivered, lost or duplicated, or the two oldest swap; a page I/O job
-// runs; a forward finishes; a worker schedules; time jumps to the next
-// timer and both machines tick; the client aborts (the router aborts both
-// legs); a failed attempt is retried with gen+1 on the same room (the
-// router's rid-g<gen>); the connection dies (both sides hear PeerLost,
-// frames in flight are lost) and decode reconnects; a worker drains. The
-// router also aborts the other leg of an attempt that failed. Faults come
-// out of a budget (mcBounds).
+// runs; a forward finishes; time jumps to the next timer and both
+// machines tick; the client aborts (the router aborts both legs); a failed
+// attempt is retried with gen+1 on the same room (the router's
+// rid-g<gen>); the connection dies (both sides hear PeerLost, frames in
+// flight are lost) and decode reconnects; a worker drains; an HTTP call of
+// the router is lost. The router also aborts the other leg of an attempt
+// that failed, and a worker schedules after the events it takes. Faults
+// come out of a budget (mcBounds); what is in flight finishes within one
+// time step, and faults happen within the bounds' horizon.
 //
 // Checked in every state: every machine invariant checkLegal checks
 // (page accounting included: pages in use are exactly the pages live and
@@ -66,8 +68,10 @@ var (
 // request, no token after it), that a KV_CHUNK writes only into pages of
 // its own (room, gen), that a leg which arrives after an abort for it
 // reached its worker fails at once (the tombstone), that every token a
-// decode leg emits is the colocated answer's next one, and that no live
-// request is past a deadline once the machines ticked. And from every
+// decode leg emits is the colocated answer's next one, that a room's gen
+// never goes back on a worker, that no live request is past a deadline
+// once the machines ticked, and that a Tick at the next timer changes a
+// machine. And from every
 // state, letting time run — no new request, fault, abort or retry; frames
 // and HTTP calls delivered, forwards and page I/O finishing, timers firing
 // — ends every request on both sides and frees every page (the prefix
@@ -1172,14 +1176,6 @@ func (s *mcSet) add(h uint64) bool {
 	}
 	sh.m[h] = struct{}{}
 	return true
-}
-
-func (s *mcSet) has(h uint64) bool {
-	sh := &s.shards[h&255]
-	sh.Lock()
-	defer sh.Unlock()
-	_, ok := sh.m[h]
-	return ok
 }
 
 // modelCheck explores the states within b breadth-first with every CPU,

@@ -1189,8 +1189,13 @@ func (s *mcSet) add(h uint64) bool {
 // step, and memory is the set of 64-bit fingerprints and the paths.
 func modelCheck(t testing.TB, b mcBounds, mut mutation) mcResult {
 	start := time.Now()
-	// The search makes garbage fast and keeps little: collect less often.
-	defer debug.SetGCPercent(debug.SetGCPercent(400))
+	// The search makes garbage fast and keeps little: collect less often,
+	// unless the bounds are large enough for the heap itself to matter.
+	gc := 400
+	if b.maxStates > 20_000_000 {
+		gc = 100
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(gc))
 	want := mcReference(t, b)
 	seed := maphash.MakeSeed()
 	root := newMCState(t, &b, mut, want, "")

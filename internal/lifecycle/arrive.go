@@ -214,11 +214,7 @@ func (m *Machine) arrive(q Request) {
 	}
 	if t, ok := m.tombFor(q.RID, q.Room, q.Gen); ok {
 		m.counters.TombstoneHits++
-		msg := "request was aborted before it arrived: " + t.cause.Detail
-		if t.outcome == outcome.RejectedInvalid {
-			msg = "stale leg: " + t.cause.Detail // a newer gen of its room completed
-		}
-		m.rejectEarlyCause(q, t.outcome, msg, t.cause)
+		m.rejectEarlyCause(q, t.outcome, "its request or room ended before it arrived: "+t.cause.Detail, t.cause)
 		m.dropPendingWithAbort(q.Room, q.Gen, t.cause)
 		return
 	}

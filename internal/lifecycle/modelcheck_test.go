@@ -1149,33 +1149,42 @@ type mcResult struct {
 	violation           *mcViolation
 }
 
-// mcSet is a concurrent set of 64-bit fingerprints, sharded by their low
-// bits.
-type mcSet struct {
+// mcShards is a concurrent map from 64-bit fingerprints, sharded by
+// their low bits: the set of states seen, and how long letting time run
+// takes from each state measured.
+type mcShards[V any] struct {
 	shards [256]struct {
 		sync.Mutex
-		m map[uint64]struct{}
+		m map[uint64]V
 	}
 }
 
-func newMCSet() *mcSet {
-	s := &mcSet{}
+func newMCShards[V any]() *mcShards[V] {
+	s := &mcShards[V]{}
 	for i := range s.shards {
-		s.shards[i].m = make(map[uint64]struct{})
+		s.shards[i].m = make(map[uint64]V)
 	}
 	return s
 }
 
-// add reports whether h was new.
-func (s *mcSet) add(h uint64) bool {
+// add stores v under h unless h is there, and reports whether it was new.
+func (s *mcShards[V]) add(h uint64, v V) bool {
 	sh := &s.shards[h&255]
 	sh.Lock()
 	defer sh.Unlock()
 	if _, ok := sh.m[h]; ok {
 		return false
 	}
-	sh.m[h] = struct{}{}
+	sh.m[h] = v
 	return true
+}
+
+func (s *mcShards[V]) get(h uint64) (V, bool) {
+	sh := &s.shards[h&255]
+	sh.Lock()
+	defer sh.Unlock()
+	v, ok := sh.m[h]
+	return v, ok
 }
 
 // modelCheck explores the states within b breadth-first with every CPU,
@@ -1199,9 +1208,9 @@ func modelCheck(t testing.TB, b mcBounds, mut mutation) mcResult {
 	want := mcReference(t, b)
 	seed := maphash.MakeSeed()
 	root := newMCState(t, &b, mut, want, "")
-	visited, settledOK := newMCSet(), newMCDurations()
+	visited, settledOK := newMCShards[struct{}](), newMCShards[time.Duration]()
 	h0, _, _ := root.hash(seed, nil)
-	visited.add(h0)
+	visited.add(h0, struct{}{})
 	res := mcResult{workers: runtime.GOMAXPROCS(0)}
 	var found atomic.Pointer[mcViolation]
 	var transitions, states atomic.Uint64
@@ -1253,7 +1262,7 @@ func modelCheck(t testing.TB, b mcBounds, mut mutation) mcResult {
 							}
 							var h, hs uint64
 							h, hs, buf = c.hash(seed, buf)
-							if visited.add(h) {
+							if visited.add(h, struct{}{}) {
 								c.trail.settle = hs
 								if n := states.Add(1); n > uint64(b.maxStates) {
 									found.CompareAndSwap(nil, &mcViolation{msg: fmt.Sprintf("more than %d states: the bounds are larger than planned", b.maxStates), b: &b, mutated: mut, tooBig: true})
@@ -1311,7 +1320,7 @@ func (root *mcState) materialize(tr *mcTrail, path []*mcState) (*mcState, []*mcS
 // longer than mcSettle or gets stuck. A state met on the way whose own
 // walk was measured before ends the walk, its time added: the walk from a
 // state is determined by the state, so its duration is too.
-func (s *mcState) settle(seed maphash.Seed, known *mcDurations, buf *[]byte) *mcViolation {
+func (s *mcState) settle(seed maphash.Seed, known *mcShards[time.Duration], buf *[]byte) *mcViolation {
 	c := s
 	start := c.w.now
 	type point struct {
@@ -1357,38 +1366,6 @@ func (s *mcState) settle(seed maphash.Seed, known *mcDurations, buf *[]byte) *mc
 			return c.violation(s, c.err)
 		}
 	}
-}
-
-// mcDurations maps a state's fingerprint for letting time run to how
-// long letting time run from it takes; sharded like mcSet.
-type mcDurations struct {
-	shards [256]struct {
-		sync.Mutex
-		m map[uint64]time.Duration
-	}
-}
-
-func newMCDurations() *mcDurations {
-	d := &mcDurations{}
-	for i := range d.shards {
-		d.shards[i].m = make(map[uint64]time.Duration)
-	}
-	return d
-}
-
-func (d *mcDurations) add(h uint64, took time.Duration) {
-	sh := &d.shards[h&255]
-	sh.Lock()
-	sh.m[h] = took
-	sh.Unlock()
-}
-
-func (d *mcDurations) get(h uint64) (time.Duration, bool) {
-	sh := &d.shards[h&255]
-	sh.Lock()
-	defer sh.Unlock()
-	took, ok := sh.m[h]
-	return took, ok
 }
 
 // settleStep is the next step of letting time run: an HTTP call in
@@ -1450,24 +1427,7 @@ func (s *mcState) left() string {
 // mcReference is the colocated answer of each request on the checker's
 // page size.
 func mcReference(t testing.TB, b mcBounds) map[string][]int32 {
-	w := newWorld(t)
-	cfg := mcConfig(RoleColocated, false)
-	c := w.addNode(cfg, 16, 0)
-	for _, q := range mcRequests(b.requests) {
-		q.Room = kvxfer.Room{}
-		w.arrive(c, q)
-		for c.finals[q.RID].Outcome == outcome.None {
-			w.schedule(c)
-			if c.batch == nil {
-				t.Fatalf("reference: %s stuck", q.RID)
-			}
-			w.batchDone(c, nil)
-		}
-		if f := c.finals[q.RID]; f.Outcome != outcome.OK || len(c.emitted[q.RID]) != q.MaxTokens {
-			t.Fatalf("reference: %s ended %s with %v", q.RID, f.Outcome, c.emitted[q.RID])
-		}
-	}
-	return c.emitted
+	return referenceOn(t, mcConfig(RoleColocated, false), 16, mcRequests(b.requests))
 }
 
 // report replays the violation's path on a fresh world with the recorder

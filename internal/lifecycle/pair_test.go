@@ -35,8 +35,14 @@ func seedFaults(seed uint64) faults {
 
 // reference runs requests one at a time on a colocated machine.
 func reference(t testing.TB, reqs []Request) map[string][]int32 {
+	return referenceOn(t, testConfig(RoleColocated), 64, reqs)
+}
+
+// referenceOn is reference on a colocated machine of config cfg with a
+// pool of pages.
+func referenceOn(t testing.TB, cfg Config, pages int, reqs []Request) map[string][]int32 {
 	w := newWorld(t)
-	c := w.addNode(testConfig(RoleColocated), 64, 0)
+	c := w.addNode(cfg, pages, 0)
 	for _, q := range reqs {
 		q.Room, q.Peer, q.PeerAddr = kvxfer.Room{}, 0, ""
 		w.arrive(c, q)

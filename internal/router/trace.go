@@ -20,18 +20,18 @@ import (
 // Span attributes of pdserve's own (the GenAI semantic conventions'
 // gen_ai.* names are used where one fits).
 const (
-	attrOutcome   = attribute.Key("pdserve.outcome")
-	attrRID       = attribute.Key("pdserve.rid")
-	attrRoom      = attribute.Key("pdserve.room")
-	attrGen       = attribute.Key("pdserve.gen")
+	attrOutcome   = tracing.AttrOutcome
+	attrRID       = tracing.AttrRID
+	attrRoom      = tracing.AttrRoom
+	attrGen       = tracing.AttrGen
 	attrPrefill   = attribute.Key("pdserve.prefill")
 	attrDecode    = attribute.Key("pdserve.decode")
 	attrWorker    = attribute.Key("pdserve.worker")
-	attrContinued = attribute.Key("pdserve.continued_tokens")
+	attrContinued = tracing.AttrContinued
 
-	attrModel        = attribute.Key("gen_ai.request.model")
-	attrInputTokens  = attribute.Key("gen_ai.usage.input_tokens")
-	attrOutputTokens = attribute.Key("gen_ai.usage.output_tokens")
+	attrModel        = tracing.AttrModel
+	attrInputTokens  = tracing.AttrInputTokens
+	attrOutputTokens = tracing.AttrOutputTokens
 	attrMaxTokens    = attribute.Key("gen_ai.request.max_tokens")
 	attrChoices      = attribute.Key("gen_ai.request.choice.count")
 	attrTTFT         = attribute.Key("gen_ai.latency.time_to_first_token")
@@ -135,8 +135,8 @@ func failedSpan(ctx context.Context, cause outcome.Cause, routerStage string) {
 	if stage == "" {
 		stage = "router " + routerStage
 	}
-	span.SetAttributes(attribute.String("pdserve.cause.outcome", cause.Outcome.String()),
-		attribute.String("pdserve.cause.role", cause.Role), attribute.String("pdserve.cause.stage", stage))
+	span.SetAttributes(tracing.AttrCauseOutcome.String(cause.Outcome.String()),
+		tracing.AttrCauseRole.String(cause.Role), tracing.AttrCauseStage.String(stage))
 	span.SetStatus(codes.Error, cause.Detail)
 }
 

@@ -19,21 +19,21 @@ import (
 // Span attributes of a worker's spans (the GenAI semantic conventions'
 // gen_ai.* names where one fits).
 const (
-	attrRID           = attribute.Key("pdserve.rid")
-	attrInputTokens   = attribute.Key("gen_ai.usage.input_tokens")
-	attrOutputTokens  = attribute.Key("gen_ai.usage.output_tokens")
+	attrRID           = tracing.AttrRID
+	attrInputTokens   = tracing.AttrInputTokens
+	attrOutputTokens  = tracing.AttrOutputTokens
 	attrFinishReasons = attribute.Key("gen_ai.response.finish_reasons")
-	attrModel         = attribute.Key("gen_ai.request.model")
-	attrContinued     = attribute.Key("pdserve.continued_tokens")
-	attrRoom          = attribute.Key("pdserve.room")
-	attrGen           = attribute.Key("pdserve.gen")
+	attrModel         = tracing.AttrModel
+	attrContinued     = tracing.AttrContinued
+	attrRoom          = tracing.AttrRoom
+	attrGen           = tracing.AttrGen
 	attrPeer          = attribute.Key("pdserve.peer")
-	attrOutcome       = attribute.Key("pdserve.outcome")
+	attrOutcome       = tracing.AttrOutcome
 	attrCached        = attribute.Key("pdserve.cached_tokens")
 	attrPagesSent     = attribute.Key("pdserve.kv_pages_sent")
-	attrCauseOutcome  = attribute.Key("pdserve.cause.outcome")
-	attrCauseRole     = attribute.Key("pdserve.cause.role")
-	attrCauseStage    = attribute.Key("pdserve.cause.stage")
+	attrCauseOutcome  = tracing.AttrCauseOutcome
+	attrCauseRole     = tracing.AttrCauseRole
+	attrCauseStage    = tracing.AttrCauseStage
 	// maxLegAttrs bounds the attributes of a leg's span (those above).
 	maxLegAttrs = 16
 )

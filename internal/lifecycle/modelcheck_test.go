@@ -1473,6 +1473,12 @@ func TestModelCheckMutations(t *testing.T) {
 	b := mcMutationBounds
 	for mut := mutNone + 1; mut < numMutations; mut++ {
 		t.Run(mut.String(), func(t *testing.T) {
+			if raceEnabled && mut == mutNoGenCheck {
+				// Its counterexample lies 3·10^5 states deep: 6 s
+				// without the race detector, 70 s under it. CI runs every
+				// mutation without it (.ci/run).
+				t.Skip("found only after 3·10^5 states; CI runs it without -race")
+			}
 			res := modelCheck(t, b, mut)
 			if res.violation == nil || res.violation.tooBig {
 				t.Fatalf("explored %d distinct states and found nothing wrong with the rule broken", res.states)

@@ -17,7 +17,7 @@ import (
 )
 
 var (
-	pairSeeds = flag.Int("pair-seeds", 200, "seeded runs of TestPairRandomized")
+	pairSeeds = flag.Int("pair-seeds", 0, "seeded runs of TestPairRandomized (0: 200, or 50 under the race detector)")
 	pairSeed  = flag.Int("pair-seed", 0, "run only this seed of TestPairRandomized and write its transcript to a file")
 )
 
@@ -92,9 +92,18 @@ func TestPairRandomized(t *testing.T) {
 		t.Logf("transcript of seed %d: %s", seed, writeTranscript(t, seed, tr))
 		return
 	}
+	seeds := *pairSeeds
+	if seeds == 0 {
+		// The race detector slows every step about tenfold; CI runs the
+		// 200 seeds without it too (.ci/run).
+		seeds = 200
+		if raceEnabled {
+			seeds = 50
+		}
+	}
 	var preemptions, prefillHits, decodeHits uint64
 	var opt [numOptimisticOutcomes]uint64
-	for seed := uint64(1); seed <= uint64(*pairSeeds); seed++ {
+	for seed := uint64(1); seed <= uint64(seeds); seed++ {
 		f := seedFaults(seed)
 		if t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			c := runPair(t, seed, f, nil)
@@ -118,15 +127,15 @@ func TestPairRandomized(t *testing.T) {
 			"its transcript is in %s: copy it into internal/lifecycle/testdata/ and it replays with go test -run TestTranscripts",
 			seed, seed, path)
 	}
-	if *pairSeeds >= 20 && preemptions == 0 {
+	if seeds >= 20 && preemptions == 0 {
 		t.Errorf("no seed preempted a request: the recompute path went untested")
 	}
-	if *pairSeeds >= 20 && (prefillHits == 0 || decodeHits == 0) {
+	if seeds >= 20 && (prefillHits == 0 || decodeHits == 0) {
 		t.Errorf("prefix cache hits over every seed: prefill %d tokens, decode %d: a side went untested", prefillHits, decodeHits)
 	}
-	t.Logf("prefix cache hits over %d seeds: prefill %d tokens, decode %d", *pairSeeds, prefillHits, decodeHits)
-	t.Logf("optimistic prefill over %d seeds: %v", *pairSeeds, opt)
-	if *pairSeeds >= 20 {
+	t.Logf("prefix cache hits over %d seeds: prefill %d tokens, decode %d", seeds, prefillHits, decodeHits)
+	t.Logf("optimistic prefill over %d seeds: %v", seeds, opt)
+	if seeds >= 20 {
 		for _, o := range []OptimisticOutcome{OptimisticStarted, OptimisticParked, OptimisticSent, OptimisticFellBack} {
 			if opt[o] == 0 {
 				t.Errorf("no seed counted an optimistic prefill %s: that path went untested (%v)", o, opt)

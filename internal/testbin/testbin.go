@@ -1,11 +1,12 @@
 // Package testbin builds a command of this module once per test binary, for
-// tests that run it as processes (the processes are the system under test,
-// so the build has no race detector), and runs those processes: their
-// output kept, stopped by signal, waited for with a deadline.
+// tests that run it as processes, and runs those processes: their output
+// kept, stopped by signal, waited for with a deadline. A test binary built
+// with the race detector builds the command with it too (see raceBuild).
 package testbin
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -34,8 +35,9 @@ type Binary struct {
 // built until Path.
 func New(pkg string) *Binary { return &Binary{pkg: pkg} }
 
-// Path builds the command (once) into a temporary directory and returns the
-// executable's path. A failed build fails t, with the compiler's output.
+// Path builds the command (once) into a temporary directory, with -race
+// when the test binary has the race detector, and returns the executable's
+// path. A failed build fails t, with the compiler's output.
 func (b *Binary) Path(t testing.TB) string {
 	t.Helper()
 	b.once.Do(func() {
@@ -44,7 +46,11 @@ func (b *Binary) Path(t testing.TB) string {
 			return
 		}
 		b.path = filepath.Join(b.dir, filepath.Base(b.pkg))
-		if out, err := exec.Command("go", "build", "-o", b.path, b.pkg).CombinedOutput(); err != nil {
+		args := []string{"build", "-o", b.path}
+		if raceBuild {
+			args = append(args, "-race")
+		}
+		if out, err := exec.Command("go", append(args, b.pkg)...).CombinedOutput(); err != nil {
 			b.err = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
 		}
 	})
@@ -81,7 +87,13 @@ type Proc struct {
 // or Kill it; Cleanup does, if t is given.
 func Start(t testing.TB, bin, name string, env []string, args ...string) (*Proc, error) {
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(append(os.Environ(), "PDSERVE_LOG_LEVEL=warn"), env...)
+	cmd.Env = append(os.Environ(), "PDSERVE_LOG_LEVEL=warn")
+	if raceBuild {
+		// A data race ends the process (exit status 66, the report on
+		// stderr) instead of a line nobody reads: the test fails.
+		cmd.Env = append(cmd.Env, "GORACE=halt_on_error=1")
+	}
+	cmd.Env = append(cmd.Env, env...)
 	p := &Proc{Name: name, cmd: cmd, stderr: &tail{max: 64 << 10}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	stdout, err := cmd.StdoutPipe()
@@ -102,7 +114,12 @@ func Start(t testing.TB, bin, name string, env []string, args ...string) (*Proc,
 		close(p.exited)
 	}()
 	if t != nil {
-		t.Cleanup(p.Kill)
+		t.Cleanup(func() {
+			p.Kill()
+			if p.stderr.sawRace() {
+				t.Errorf("%s: the race detector reported a data race; stderr:\n%s", p.Name, p.Stderr())
+			}
+		})
 	}
 	return p, nil
 }
@@ -201,22 +218,38 @@ func (p *Proc) Kill() {
 	<-p.exited
 }
 
-// tail keeps the last max bytes written to it.
+// tail keeps the last max bytes written to it, and whether a race
+// detector's report went through it.
 type tail struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
+	mu   sync.Mutex
+	max  int
+	b    []byte
+	race bool
 }
+
+// raceWarning starts every report of the race detector.
+const raceWarning = "WARNING: DATA RACE"
 
 // Write keeps the end of b; it never fails.
 func (w *tail) Write(b []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.b = append(w.b, b...)
+	if !w.race {
+		// The kept tail, not b alone: a report may arrive in pieces.
+		from := max(0, len(w.b)-len(b)-len(raceWarning))
+		w.race = bytes.Contains(w.b[from:], []byte(raceWarning))
+	}
 	if over := len(w.b) - w.max; over > 0 {
 		w.b = append(w.b[:0], w.b[over:]...)
 	}
 	return len(b), nil
+}
+
+func (w *tail) sawRace() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.race
 }
 
 func (w *tail) String() string {

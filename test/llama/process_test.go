@@ -15,16 +15,6 @@ import (
 	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
 )
 
-// buildPdserve builds cmd/pdserve into dir.
-func buildPdserve(t *testing.T, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "pdserve")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/pdserve/pdserve/cmd/pdserve").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // syncBuffer collects a process's stderr.
 type syncBuffer struct {
 	mu sync.Mutex
@@ -111,7 +101,7 @@ func TestStories260KProcess(t *testing.T) {
 	}
 	refs := llamatest.References(t)
 	tmp := t.TempDir()
-	bin := buildPdserve(t, tmp)
+	bin := pdserve.Path(t)
 	out := filepath.Join(tmp, "stories260K")
 	conv, err := exec.Command(bin, "convert", "llama2c", filepath.Join(llamatest.FixtureDir(t), "stories260K.bin"), out).CombinedOutput()
 	if err != nil {

@@ -60,6 +60,7 @@ func TestDepartedWorkerConnectionsClosed(t *testing.T) {
 	if _, err := os.Stat("/proc/net/tcp"); err != nil {
 		t.Skip("needs Linux's /proc/net/tcp")
 	}
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	ps := newProcs(t)
 	reg := []string{"--etcd-endpoints", srv.Endpoint(), "--registry-ttl", "3s"}

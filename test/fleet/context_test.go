@@ -40,6 +40,7 @@ func TestSmallWorkerDoesNotCapTheFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes")
 	}
+	t.Parallel()
 	ps := newProcs(t)
 	p0 := ps.worker("prefill-0", "prefill")
 	d0 := ps.worker("decode-0", "decode")

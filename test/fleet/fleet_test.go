@@ -9,6 +9,7 @@ package fleet_test
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -30,6 +31,18 @@ import (
 var pdserve = testbin.New("github.com/pdserve/pdserve/cmd/pdserve")
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// The tests wait on processes and timers far more than they compute
+	// (the package keeps about a third of a core busy): unless -parallel
+	// says otherwise, four run at a time instead of GOMAXPROCS.
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		if err := flag.Set("test.parallel", "4"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+	}
 	code := m.Run()
 	pdserve.Remove()
 	os.Exit(code)

@@ -94,6 +94,7 @@ func TestRouterRestartRefusesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a fleet of processes")
 	}
+	t.Parallel()
 	ps := newProcs(t)
 	p0, d0 := ps.worker("prefill-0", "prefill"), ps.worker("decode-0", "decode")
 	ps.start(p0)

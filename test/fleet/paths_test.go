@@ -108,6 +108,7 @@ func TestWrongKVAuthNeverPaired(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes")
 	}
+	t.Parallel()
 	const interval = 2 * time.Second
 	ps := newProcs(t)
 	p0 := ps.worker("prefill-0", "prefill", "--kv-auth", "secret")
@@ -173,6 +174,7 @@ func TestSplitKVAuthPairsMatchingPaths(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes")
 	}
+	t.Parallel()
 	ps := newProcs(t)
 	p0, d0 := ps.worker("prefill-a", "prefill", "--kv-auth", "a"), ps.worker("decode-a", "decode", "--kv-auth", "a")
 	p1, d1 := ps.worker("prefill-b", "prefill", "--kv-auth", "b"), ps.worker("decode-b", "decode", "--kv-auth", "b")
@@ -316,6 +318,7 @@ func TestBrokenKVRouteOpensBreaker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes and an etcd")
 	}
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	ps := newProcs(t)
 	reg := []string{"--etcd-endpoints", srv.Endpoint(), "--registry-ttl", "3s"}

@@ -55,6 +55,7 @@ func TestRouterSaysEtcdIsGone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a fleet of processes and an etcd")
 	}
+	t.Parallel()
 	const verify = 500 * time.Millisecond
 	bound := 4*verify + 2*time.Second
 	srv := etcdtest.Start(t)

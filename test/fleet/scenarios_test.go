@@ -63,6 +63,7 @@ func TestRollingRestartFailsNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a fleet of processes")
 	}
+	t.Parallel()
 	ps := newProcs(t)
 	p0, p1 := ps.worker("prefill-0", "prefill"), ps.worker("prefill-1", "prefill")
 	d0, d1 := ps.worker("decode-0", "decode"), ps.worker("decode-1", "decode")
@@ -141,6 +142,7 @@ func TestEtcdFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a fleet of processes and an etcd")
 	}
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	ps := newProcs(t)
 	reg := []string{"--etcd-endpoints", srv.Endpoint(), "--registry-ttl", "3s"}
@@ -241,6 +243,7 @@ func TestScaleUpAndDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a fleet of processes and an etcd")
 	}
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	ps := newProcs(t)
 	reg := []string{"--etcd-endpoints", srv.Endpoint()}
@@ -287,6 +290,7 @@ func TestBadRegistryEntries(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes and an etcd")
 	}
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	ps := newProcs(t)
 	reg := []string{"--etcd-endpoints", srv.Endpoint()}
@@ -365,6 +369,7 @@ func TestEtcdRestartedEmpty(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a fleet of processes and an etcd")
 	}
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	ps := newProcs(t)
 	// A lease of 30 s is kept alive every 10 s: a worker notices that etcd
@@ -453,6 +458,7 @@ func TestAdvertisedKVAddr(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes and an etcd")
 	}
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	ps := newProcs(t)
 	reg := []string{"--etcd-endpoints", srv.Endpoint()}

@@ -319,6 +319,7 @@ func TestTwoRoutersOneKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a fleet of processes and an etcd")
 	}
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	ps := newProcs(t)
 	reg := []string{"--etcd-endpoints", srv.Endpoint()}

@@ -42,8 +42,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -61,9 +63,11 @@ const (
 
 // Config configures the backend.
 type Config struct {
-	// Client is the API client; nil builds one from Kubeconfig or, if that
-	// is empty, the in-cluster configuration.
-	Client     kubernetes.Interface
+	// Client is the pods API (a clientset's CoreV1()); nil builds one from
+	// Kubeconfig or, if that is empty, the in-cluster configuration. Only
+	// the core/v1 client is built: the clientset of every API group would
+	// add a third of pdserve's packages for nothing it uses.
+	Client     corev1client.PodsGetter
 	Kubeconfig string
 	// Namespace is where worker pods live ("" = every namespace).
 	Namespace string
@@ -113,7 +117,7 @@ func New(cfg Config) (*Registry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes client configuration: %w", err)
 		}
-		cfg.Client, err = kubernetes.NewForConfig(rc)
+		cfg.Client, err = corev1client.NewForConfig(rc)
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes client: %w", err)
 		}
@@ -150,12 +154,21 @@ var errDiverged = errors.New("the informer's cache disagrees with a fresh list o
 func (r *Registry) runInformer(ctx context.Context, send func(registry.Snapshot)) error {
 	ictx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	factory := informers.NewSharedInformerFactoryWithOptions(r.cfg.Client, r.cfg.Resync,
-		informers.WithNamespace(r.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = r.sel.String() }))
-	defer factory.Shutdown()
-	pods := factory.Core().V1().Pods()
-	inf := pods.Informer()
+	api := r.cfg.Client.Pods(r.cfg.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = r.sel.String()
+			return api.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = r.sel.String()
+			return api.Watch(ctx, o)
+		},
+	}
+	// As client-go's generated informers do: a client that says it cannot
+	// stream the initial list as watch events (a fake) gets list + watch.
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, r.cfg.Client), &corev1.Pod{}, r.cfg.Resync,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	changed := make(chan struct{}, 1)
 	poke := func() {
 		select {
@@ -170,11 +183,19 @@ func (r *Registry) runInformer(ctx context.Context, send func(registry.Snapshot)
 	}); err != nil {
 		return err
 	}
-	factory.Start(ictx.Done())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		inf.RunWithContext(ictx)
+	}()
+	defer func() {
+		cancel()
+		<-stopped
+	}()
 	if !cache.WaitForCacheSync(ictx.Done(), inf.HasSynced) {
 		return ctx.Err()
 	}
-	lister := pods.Lister()
+	lister := corelisters.NewPodLister(inf.GetIndexer())
 	fromCache := func() registry.Snapshot {
 		list, _ := lister.List(r.sel) // the cache's List never fails
 		return r.Snapshot(list)
@@ -190,7 +211,7 @@ func (r *Registry) runInformer(ctx context.Context, send func(registry.Snapshot)
 			send(fromCache())
 		case <-relist.C:
 			lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
-			list, err := r.cfg.Client.CoreV1().Pods(r.cfg.Namespace).List(lctx, metav1.ListOptions{LabelSelector: r.sel.String()})
+			list, err := api.List(lctx, metav1.ListOptions{LabelSelector: r.sel.String()})
 			lcancel()
 			if err != nil {
 				r.log.Warn("full re-list of worker pods failed; keeping the informer's view", "err", err)

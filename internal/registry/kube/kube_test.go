@@ -13,7 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/kubernetes/scheme"
+	corefake "k8s.io/client-go/kubernetes/typed/core/v1/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/pdserve/pdserve/internal/registry"
@@ -21,6 +22,35 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeAPI is client-go's fake core/v1 API over an object tracker holding
+// objs: what the fake clientset of every API group does, for the one group
+// the registry reads.
+type fakeAPI struct {
+	*corefake.FakeCoreV1
+	tracker k8stesting.ObjectTracker
+}
+
+func newFakeAPI(t *testing.T, objs ...runtime.Object) *fakeAPI {
+	t.Helper()
+	tracker := k8stesting.NewObjectTracker(scheme.Scheme, scheme.Codecs.UniversalDecoder())
+	for _, o := range objs {
+		if err := tracker.Add(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &k8stesting.Fake{}
+	f.AddReactor("*", "*", k8stesting.ObjectReaction(tracker))
+	f.AddWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		w, err := tracker.Watch(a.GetResource(), a.GetNamespace())
+		return true, w, err
+	})
+	return &fakeAPI{FakeCoreV1: &corefake.FakeCoreV1{Fake: f}, tracker: tracker}
+}
+
+// IsWatchListSemanticsUnSupported tells the informer, as client-go's fake
+// clientset does, that the fake cannot stream a list as watch events.
+func (*fakeAPI) IsWatchListSemanticsUnSupported() bool { return true }
 
 func pod(name, role, ip string, ready bool, ann map[string]string) *corev1.Pod {
 	status := corev1.ConditionFalse
@@ -45,7 +75,7 @@ type run struct {
 	done chan error
 }
 
-func start(t *testing.T, cs *fake.Clientset, relist time.Duration) *run {
+func start(t *testing.T, cs *fakeAPI, relist time.Duration) *run {
 	t.Helper()
 	r, err := New(Config{Client: cs, Namespace: "llm", Selector: "app=pdserve", Relist: relist})
 	if err != nil {
@@ -97,9 +127,9 @@ func (w *run) waitFor(t *testing.T, want string) {
 	}
 }
 
-func updateStatus(t *testing.T, cs *fake.Clientset, p *corev1.Pod) {
+func updateStatus(t *testing.T, cs *fakeAPI, p *corev1.Pod) {
 	t.Helper()
-	if _, err := cs.CoreV1().Pods(p.Namespace).UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+	if _, err := cs.Pods(p.Namespace).UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -112,7 +142,7 @@ func TestPodsConverge(t *testing.T) {
 	other := pod("other", "decode", "10.0.0.9", true, nil)
 	other.Labels["app"] = "something-else"
 	pending := pod("decode-1", "decode", "10.0.0.3", false, nil)
-	cs := fake.NewClientset(p1, d1, other, pending)
+	cs := newFakeAPI(t, p1, d1, other, pending)
 	w := start(t, cs, time.Hour)
 	w.waitFor(t, "llm/decode-0/uid-decode-0 decode http://10.0.0.2:30001; llm/prefill-0/uid-prefill-0 prefill http://10.0.0.1:30000 kv=10.0.0.1:8998")
 
@@ -133,7 +163,7 @@ func TestPodsConverge(t *testing.T) {
 
 	// decode-1's labels stop matching the selector: it leaves.
 	pending.Labels["app"] = "retired"
-	if _, err := cs.CoreV1().Pods("llm").Update(context.Background(), pending, metav1.UpdateOptions{}); err != nil {
+	if _, err := cs.Pods("llm").Update(context.Background(), pending, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	w.waitFor(t, "llm/prefill-0/uid-prefill-0 prefill http://10.0.0.1:30000 kv=10.0.0.1:8998")
@@ -141,11 +171,11 @@ func TestPodsConverge(t *testing.T) {
 	// prefill-0 is being deleted (terminating), then deleted.
 	now := metav1.Now()
 	p1.DeletionTimestamp = &now
-	if _, err := cs.CoreV1().Pods("llm").Update(context.Background(), p1, metav1.UpdateOptions{}); err != nil {
+	if _, err := cs.Pods("llm").Update(context.Background(), p1, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	w.waitFor(t, "")
-	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "prefill-0", metav1.DeleteOptions{}); err != nil {
+	if err := cs.Pods("llm").Delete(context.Background(), "prefill-0", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	w.waitFor(t, "")
@@ -156,12 +186,12 @@ func TestPodsConverge(t *testing.T) {
 func TestMissedDeleteCaughtByRelist(t *testing.T) {
 	p1 := pod("prefill-0", "prefill", "10.0.0.1", true, nil)
 	d1 := pod("decode-0", "decode", "10.0.0.2", true, nil)
-	cs := fake.NewClientset(p1, d1)
+	cs := newFakeAPI(t, p1, d1)
 	var dropping sync.Mutex
 	drop := false
 	cs.PrependWatchReactor("pods", func(a k8stesting.Action) (bool, watch.Interface, error) {
 		gvr, ns := a.GetResource(), a.GetNamespace()
-		wi, err := cs.Tracker().Watch(gvr, ns)
+		wi, err := cs.tracker.Watch(gvr, ns)
 		if err != nil {
 			return false, nil, err
 		}
@@ -177,7 +207,7 @@ func TestMissedDeleteCaughtByRelist(t *testing.T) {
 	dropping.Lock()
 	drop = true
 	dropping.Unlock()
-	if err := cs.CoreV1().Pods("llm").Delete(context.Background(), "decode-0", metav1.DeleteOptions{}); err != nil {
+	if err := cs.Pods("llm").Delete(context.Background(), "decode-0", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	w.waitFor(t, "llm/prefill-0/uid-prefill-0 prefill http://10.0.0.1:30000 kv=10.0.0.1:8998")
@@ -185,7 +215,7 @@ func TestMissedDeleteCaughtByRelist(t *testing.T) {
 
 // TestBadPodsListedInvalid: pods that count but cannot be used say why.
 func TestBadPodsListedInvalid(t *testing.T) {
-	r, err := New(Config{Client: fake.NewClientset(), Selector: "app=pdserve"})
+	r, err := New(Config{Client: newFakeAPI(t), Selector: "app=pdserve"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +237,7 @@ func TestBadPodsListedInvalid(t *testing.T) {
 	if got != want {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}
-	if _, err := New(Config{Client: fake.NewClientset(), Selector: "a in ("}); err == nil {
+	if _, err := New(Config{Client: newFakeAPI(t), Selector: "a in ("}); err == nil {
 		t.Fatal("a bad selector was accepted")
 	}
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // Config is the model configuration read from a Hugging Face config.json
-// (field names as in transformers' LlamaConfig, Qwen2Config and
-// MistralConfig).
+// (field names as in transformers' LlamaConfig, Qwen2Config, Qwen3Config
+// and MistralConfig).
 type Config struct {
 	// Architecture is architectures[0], e.g. "LlamaForCausalLM".
 	Architecture string
@@ -28,7 +28,8 @@ type Config struct {
 	// KV head h / (Heads/KVHeads) (grouped-query attention, Ainslie et al.
 	// 2023).
 	KVHeads int
-	// HeadDim is head_dim (defaults to HiddenSize/Heads).
+	// HeadDim is head_dim (defaults to HiddenSize/Heads; to 128 for Qwen3,
+	// as in transformers' Qwen3Config).
 	HeadDim int
 	// RMSNormEps is rms_norm_eps, the ε inside RMSNorm's square root.
 	RMSNormEps float64
@@ -55,6 +56,12 @@ type Config struct {
 	OBias bool
 	// MLPBias: gate_proj, up_proj and down_proj have a bias (Llama's mlp_bias).
 	MLPBias bool
+	// QKNorm: each head of q and of k ([heads, headDim] per token) is
+	// RMS-normalised with its own gain vector [headDim] (q_norm, k_norm;
+	// epsilon RMSNormEps) after the projection and before RoPE: Qwen3
+	// (transformers' Qwen3Attention; llama.cpp's attn_q_norm and
+	// attn_k_norm).
+	QKNorm bool
 	// BOS is bos_token_id (-1 if unset).
 	BOS int32
 	// EOS lists eos_token_id (an int or a list in config.json).
@@ -121,7 +128,11 @@ const (
 	archLlama   = "LlamaForCausalLM"
 	archQwen2   = "Qwen2ForCausalLM"
 	archMistral = "MistralForCausalLM"
+	archQwen3   = "Qwen3ForCausalLM"
 )
+
+// supportedArchs lists the supported architectures for error messages.
+const supportedArchs = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM"
 
 // ReadConfig reads dir/config.json and, if present, the eos_token_id of
 // dir/generation_config.json (merged into EOS). It returns the configuration
@@ -159,15 +170,16 @@ func ReadConfig(dir string) (cfg Config, raw []byte, err error) {
 
 // ParseConfig parses and validates the bytes of a config.json (see
 // ReadConfig). Defaults follow transformers' LlamaConfig: num_key_value_heads
-// = num_attention_heads, head_dim = hidden_size / num_attention_heads,
-// rms_norm_eps 1e-6, rope_theta 10000, tie_word_embeddings false.
+// = num_attention_heads, head_dim = hidden_size / num_attention_heads
+// (Qwen3Config: 128), rms_norm_eps 1e-6, rope_theta 10000,
+// tie_word_embeddings false.
 func ParseConfig(raw []byte) (Config, error) {
 	var r rawConfig
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return Config{}, fmt.Errorf("bad JSON: %w", err)
 	}
 	if len(r.Architectures) == 0 {
-		return Config{}, errors.New(`no "architectures"; want one of LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM`)
+		return Config{}, errors.New(`no "architectures"; want one of ` + supportedArchs)
 	}
 	c := Config{
 		Architecture:     r.Architectures[0],
@@ -194,12 +206,25 @@ func ParseConfig(raw []byte) (Config, error) {
 		if r.UseSlidingWindow != nil && *r.UseSlidingWindow && r.SlidingWindow != nil {
 			c.SlidingWindow = *r.SlidingWindow
 		}
+	case archQwen3:
+		// Qwen3Attention: q/k/v/o biases only with attention_bias, and an
+		// RMSNorm on every head of q and k; head_dim defaults to 128.
+		c.QKVBias = r.AttentionBias != nil && *r.AttentionBias
+		c.OBias = c.QKVBias
+		c.QKNorm = true
+		if r.UseSlidingWindow != nil && *r.UseSlidingWindow && r.SlidingWindow != nil {
+			c.SlidingWindow = *r.SlidingWindow
+		}
+		if r.HeadDim == nil {
+			hd := 128
+			r.HeadDim = &hd
+		}
 	case archMistral:
 		if r.SlidingWindow != nil {
 			c.SlidingWindow = *r.SlidingWindow
 		}
 	default:
-		return Config{}, fmt.Errorf("unsupported architecture %q; want one of LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM", c.Architecture)
+		return Config{}, fmt.Errorf("unsupported architecture %q; want one of %s", c.Architecture, supportedArchs)
 	}
 	if r.HiddenAct != nil && *r.HiddenAct != "silu" {
 		return Config{}, fmt.Errorf("unsupported hidden_act %q; want silu", *r.HiddenAct)

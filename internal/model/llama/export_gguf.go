@@ -10,7 +10,8 @@ import (
 )
 
 // ExportGGUF writes the checkpoint in dir as a GGUF file for llama.cpp's
-// "llama" architecture with the same weights in dtype dt: F32 (exact for
+// "llama" architecture (or "qwen3" for a Qwen3 checkpoint: see WriteGGUF)
+// with the same weights in dtype dt: F32 (exact for
 // any checkpoint) or the checkpoint's own dtype (the bytes as stored). It
 // is WriteGGUF with gguf.F32, gguf.BF16 or gguf.F16.
 func ExportGGUF(dir, path string, dt DType) error {
@@ -91,7 +92,8 @@ type GGUFReport struct {
 }
 
 // WriteGGUF writes the checkpoint in dir as a GGUF file (version 3) for
-// llama.cpp's "llama" architecture, its matrices of file type ft: F32
+// llama.cpp's "llama" architecture — or its "qwen3" architecture for a
+// Qwen3ForCausalLM checkpoint — its matrices of file type ft: F32
 // (exact), F16 or BF16 (exact when the checkpoint has that dtype; otherwise
 // an error), quantized Q8_0 or Q4_0 (QuantizeQ8_0, QuantizeQ4_0: ggml's
 // reference quantizers), or the Q4_K_M mix of Q4_K and Q6_K (QuantizeQ4K,
@@ -103,12 +105,16 @@ type GGUFReport struct {
 // always F32, as llama.cpp expects.
 //
 // Tensors get llama.cpp's names (token_embd, blk.N.attn_q, …, output_norm,
-// output when untied). The rows of wq and wk (and their biases) are permuted
+// output when untied; blk.N.attn_q_norm and attn_k_norm for qwen3) and the
+// metadata keys its architecture's prefix ("llama.block_count", …). For the
+// llama architecture the rows of wq and wk (and their biases) are permuted
 // from Hugging Face's rotate-half RoPE layout back to Meta's interleaved
 // pairs, which llama.cpp's llama architecture rotates (and Load reads back
 // the same way): within a head of dimension d, GGUF row 2i+s is checkpoint
 // row s·d/2 + i (s = 0, 1) — the inverse of the permutation transformers'
-// convert_llama_weights_to_hf applies. The vocabulary is a placeholder of
+// convert_llama_weights_to_hf applies. qwen3 rotates in the rotate-half
+// layout (LLAMA_ROPE_TYPE_NEOX), so its rows are written as stored, as
+// llama.cpp's convert_hf_to_gguf.py does for Qwen3. The vocabulary is a placeholder of
 // vocab_size tokens (SentencePiece "llama" model: <unk>, <s>, </s>, the 256
 // byte tokens, then "▁tN"): such files are for token-id prompts and
 // comparisons.
@@ -125,6 +131,14 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 	}
 	defer func() { err = errors.Join(err, m.Close()) }()
 	cfg := &m.w.cfg
+	arch, permute := "llama", true
+	if cfg.Architecture == archQwen3 {
+		arch, permute = "qwen3", false
+	}
+	heads, kvHeads := cfg.Heads, cfg.KVHeads // rows to permute, by head
+	if !permute {
+		heads, kvHeads = 0, 0
+	}
 	if cfg.RopeScaling != nil {
 		return rep, errors.New("llama: WriteGGUF does not export rope_scaling")
 	}
@@ -186,14 +200,16 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		layer = i
 		p := fmt.Sprintf("blk.%d.", i)
 		vec(p+"attn_norm.weight", ly.attnNorm, 0)
-		mat(p+"attn_q.weight", ly.q, cfg.Heads)
-		mat(p+"attn_k.weight", ly.k, cfg.KVHeads)
+		mat(p+"attn_q.weight", ly.q, heads)
+		mat(p+"attn_k.weight", ly.k, kvHeads)
 		mat(p+"attn_v.weight", ly.v, 0)
 		mat(p+"attn_output.weight", ly.o, 0)
-		vec(p+"attn_q.bias", ly.qb, cfg.Heads)
-		vec(p+"attn_k.bias", ly.kb, cfg.KVHeads)
+		vec(p+"attn_q.bias", ly.qb, heads)
+		vec(p+"attn_k.bias", ly.kb, kvHeads)
 		vec(p+"attn_v.bias", ly.vb, 0)
 		vec(p+"attn_output.bias", ly.ob, 0)
+		vec(p+"attn_q_norm.weight", ly.qNorm, 0)
+		vec(p+"attn_k_norm.weight", ly.kNorm, 0)
 		vec(p+"ffn_norm.weight", ly.mlpNorm, 0)
 		mat(p+"ffn_gate.weight", ly.gate, 0)
 		mat(p+"ffn_up.weight", ly.up, 0)
@@ -229,22 +245,22 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 	}
 	ftype := llamaFtype[ft]
 	kvs := []gguf.KV{
-		{Key: "general.architecture", Value: "llama"},
+		{Key: "general.architecture", Value: arch},
 		{Key: "general.name", Value: m.info.Name},
 		{Key: "general.file_type", Value: ftype},
 		{Key: "general.alignment", Value: uint32(gguf.Alignment)},
-		{Key: "llama.vocab_size", Value: uint32(V)},
-		{Key: "llama.context_length", Value: uint32(cfg.MaxPositions)},
-		{Key: "llama.embedding_length", Value: uint32(cfg.HiddenSize)},
-		{Key: "llama.block_count", Value: uint32(cfg.Layers)},
-		{Key: "llama.feed_forward_length", Value: uint32(cfg.IntermediateSize)},
-		{Key: "llama.attention.head_count", Value: uint32(cfg.Heads)},
-		{Key: "llama.attention.head_count_kv", Value: uint32(cfg.KVHeads)},
-		{Key: "llama.attention.key_length", Value: uint32(cfg.HeadDim)},
-		{Key: "llama.attention.value_length", Value: uint32(cfg.HeadDim)},
-		{Key: "llama.rope.dimension_count", Value: uint32(cfg.HeadDim)},
-		{Key: "llama.rope.freq_base", Value: float32(cfg.RopeTheta)},
-		{Key: "llama.attention.layer_norm_rms_epsilon", Value: float32(cfg.RMSNormEps)},
+		{Key: arch + ".vocab_size", Value: uint32(V)},
+		{Key: arch + ".context_length", Value: uint32(cfg.MaxPositions)},
+		{Key: arch + ".embedding_length", Value: uint32(cfg.HiddenSize)},
+		{Key: arch + ".block_count", Value: uint32(cfg.Layers)},
+		{Key: arch + ".feed_forward_length", Value: uint32(cfg.IntermediateSize)},
+		{Key: arch + ".attention.head_count", Value: uint32(cfg.Heads)},
+		{Key: arch + ".attention.head_count_kv", Value: uint32(cfg.KVHeads)},
+		{Key: arch + ".attention.key_length", Value: uint32(cfg.HeadDim)},
+		{Key: arch + ".attention.value_length", Value: uint32(cfg.HeadDim)},
+		{Key: arch + ".rope.dimension_count", Value: uint32(cfg.HeadDim)},
+		{Key: arch + ".rope.freq_base", Value: float32(cfg.RopeTheta)},
+		{Key: arch + ".attention.layer_norm_rms_epsilon", Value: float32(cfg.RMSNormEps)},
 		{Key: "tokenizer.ggml.model", Value: "llama"},
 		{Key: "tokenizer.ggml.tokens", Value: tokens},
 		{Key: "tokenizer.ggml.scores", Value: scores},

@@ -257,6 +257,7 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 //
 //	h = RMSNorm(x)·g₁                      [T, hidden]
 //	q, k, v = h·Wqᵀ(+b), h·Wkᵀ(+b), h·Wvᵀ(+b)   [T, heads·hd], [T, kvHeads·hd] ×2
+//	q, k = RMSNorm(q)·g_q, RMSNorm(k)·g_k  per head of hd values (Qwen3 only)
 //	q, k = RoPE(q), RoPE(k)                at each token's position
 //	KV pages ← k, v                        (then attention reads them back)
 //	a = softmax(q·Kᵀ/√hd, causal)·V        [T, heads·hd]
@@ -417,7 +418,7 @@ type tokJob struct {
 // tokJob operations.
 const (
 	tokAttnNorm = iota // h = RMSNorm(x)·input_layernorm
-	tokRopeKV          // rotate q and k, store k and v in the pages
+	tokRopeKV          // (Qwen3: RMS-normalise each head of q and k,) rotate q and k, store k and v in the pages
 	tokMLPNorm         // h = RMSNorm(x)·post_attention_layernorm
 )
 
@@ -434,6 +435,12 @@ func (j *tokJob) run(_, lo, hi int) {
 		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.mlpNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
 	case tokRopeKV:
 		qDim, kvDim, half := cfg.Heads*D, cfg.KVHeads*D, D/2
+		if cfg.QKNorm {
+			// Every head is a row of D values; normalised in place
+			// (rmsNorm reads each element before writing it).
+			rmsNorm(b.q[lo*qDim:hi*qDim], b.q[lo*qDim:hi*qDim], (hi-lo)*cfg.Heads, D, ly.qNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
+			rmsNorm(b.k[lo*kvDim:hi*kvDim], b.k[lo*kvDim:hi*kvDim], (hi-lo)*cfg.KVHeads, D, ly.kNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
+		}
 		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
 		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
 		dt := j.pool.Geometry().DType

@@ -18,8 +18,9 @@ import (
 // GGUF architectures (general.architecture) and the Hugging Face
 // architecture each stands for. llama.cpp's llama architecture (which its
 // converter also uses for Mistral) stores q and k in Meta's interleaved
-// RoPE layout; qwen2 keeps Hugging Face's rotate-half layout (llama.cpp's
-// LLAMA_ROPE_TYPE_NORM and LLAMA_ROPE_TYPE_NEOX, llama-model.cpp).
+// RoPE layout; qwen2 and qwen3 keep Hugging Face's rotate-half layout
+// (llama.cpp's LLAMA_ROPE_TYPE_NORM and LLAMA_ROPE_TYPE_NEOX,
+// llama-model.cpp).
 var ggufArchs = map[string]struct {
 	hf          string
 	interleaved bool
@@ -27,6 +28,7 @@ var ggufArchs = map[string]struct {
 	"llama":   {archLlama, true},
 	"mistral": {archMistral, true},
 	"qwen2":   {archQwen2, false},
+	"qwen3":   {archQwen3, false},
 }
 
 // ggufMatrixTypes are the tensor types a GGUF model's matrices may have.
@@ -55,9 +57,10 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	}
 	a, ok := ggufArchs[arch]
 	if !ok {
-		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral or qwen2", arch)
+		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral, qwen2 or qwen3", arch)
 	}
-	c := Config{Architecture: a.hf, RopeInterleaved: a.interleaved, GGMLNumerics: true, BOS: -1, RMSNormEps: 1e-5, RopeTheta: 10000}
+	c := Config{Architecture: a.hf, RopeInterleaved: a.interleaved, GGMLNumerics: true, BOS: -1, RMSNormEps: 1e-5, RopeTheta: 10000,
+		QKNorm: a.hf == archQwen3}
 	var errs []error
 	num := func(key string, required bool, max uint64) int {
 		v, ok, err := f.Uint(arch + "." + key)
@@ -191,7 +194,8 @@ func ggufConfig(f *gguf.File) (Config, error) {
 // names: token_embd, output_norm, output (absent: tied to token_embd),
 // rope_freqs (optional), and blk.N.{attn_norm, attn_q, attn_k, attn_v,
 // attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down} with attn_q/k/v
-// biases for qwen2 (and optionally for llama). Matrices may be F32, F16,
+// biases for qwen2 (and optionally for llama and qwen3), and attn_q_norm and
+// attn_k_norm ([head_dim]) for qwen3. Matrices may be F32, F16,
 // BF16, Q8_0, Q4_0, Q4_K or Q6_K; norms and biases F32, F16 or BF16.
 //
 // It returns an error, never panics, for a file that gguf.Parse refuses
@@ -359,6 +363,10 @@ func (w *weights) fromGGUF(f *gguf.File) error {
 		}
 		if cfg.OBias {
 			v(&ly.ob, "attn_output.bias", H)
+		}
+		if cfg.QKNorm {
+			v(&ly.qNorm, "attn_q_norm.weight", D)
+			v(&ly.kNorm, "attn_k_norm.weight", D)
 		}
 		if err != nil {
 			return err

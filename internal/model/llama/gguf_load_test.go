@@ -68,7 +68,7 @@ func snapped(t *testing.T, spec llamatest.Spec, typ gguf.Type) string {
 }
 
 // TestGGUFMatchesCheckpoint exports checkpoints to GGUF (llama.cpp's
-// interleaved RoPE layout) and checks that loading the file computes the
+// interleaved RoPE layout for llama, rotate-half for qwen3) and checks that loading the file computes the
 // checkpoint's function: F32 and BF16 exports to float rounding; Q8_0 and
 // Q4_0 exports of checkpoints already on their grid (so the weights are
 // the same) within the error of quantizing the activations to 8 bits
@@ -88,6 +88,8 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 			s.Architecture, s.QKVBias = "Qwen2ForCausalLM", true
 			return s
 		}(),
+		"qwen3-headdim":   qwen3Tiny(),
+		"qwen3-bf16-tied": func() llamatest.Spec { s := qwen3Tiny(); s.DType, s.Tied = llama.BF16, true; return s }(),
 	} {
 		t.Run(name, func(t *testing.T) {
 			spec.Vocab = 300
@@ -105,7 +107,8 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 				}
 				want := logitsOf(t, load(t, dir, llama.Options{}), toks)
 				m := load(t, writeGGUF(t, dir, c.typ), llama.Options{})
-				if m.Info().VocabSize != spec.Vocab || m.Config().RopeInterleaved != true {
+				qwen3 := spec.Architecture == "Qwen3ForCausalLM"
+				if mc := m.Config(); m.Info().VocabSize != spec.Vocab || mc.RopeInterleaved == qwen3 || mc.QKNorm != qwen3 {
 					t.Fatalf("%s: info %+v, config %+v", c.typ, m.Info(), m.Config())
 				}
 				d := maxDiff(logitsOf(t, m, toks), want)
@@ -322,5 +325,79 @@ func TestGGUFQ4KM(t *testing.T) {
 				t.Fatalf("threads %d: logit %d = %v (chunked %v), 1 thread %v", threads, i, got[i], chunked[i], whole[i])
 			}
 		}
+	}
+}
+
+// TestGGUFQwen3Errors checks that a qwen3 file without its q/k norms, or
+// with one of the wrong shape, or with a head dimension the metadata
+// contradicts, is refused with an error naming the problem.
+func TestGGUFQwen3Errors(t *testing.T) {
+	good := writeGGUF(t, qwen3Tiny().WriteT(t), gguf.F32)
+	raw, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, _, _ := f.String("general.architecture"); a != "qwen3" {
+		t.Fatalf("general.architecture %q, want qwen3", a)
+	}
+	rewrite := func(edit func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor)) string {
+		kvs := append([]gguf.KV(nil), f.KV...)
+		var ts []gguf.Tensor
+		for _, ti := range f.Tensors {
+			ts = append(ts, gguf.Tensor{Name: ti.Name, Type: ti.Type, Dims: ti.Dims, Data: ti.Data})
+		}
+		kvs, ts = edit(kvs, ts)
+		p := filepath.Join(t.TempDir(), "bad.gguf")
+		fh, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gguf.Write(fh, kvs, ts); err != nil {
+			t.Fatal(err)
+		}
+		if err := fh.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	drop := func(name string) func([]gguf.KV, []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+		return func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			var out []gguf.Tensor
+			for _, tn := range ts {
+				if tn.Name != name {
+					out = append(out, tn)
+				}
+			}
+			return kvs, out
+		}
+	}
+	for _, c := range []struct {
+		name, path string
+		want       []string
+	}{
+		{"no q norm", rewrite(drop("blk.1.attn_q_norm.weight")), []string{`tensor "blk.1.attn_q_norm.weight" not found`}},
+		{"no k norm", rewrite(drop("blk.0.attn_k_norm.weight")), []string{`tensor "blk.0.attn_k_norm.weight" not found`}},
+		{"k norm shape", rewrite(func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			for i := range ts {
+				if ts[i].Name == "blk.0.attn_k_norm.weight" {
+					ts[i].Dims, ts[i].Data = []uint64{16}, ts[i].Data[:64]
+				}
+			}
+			return kvs, ts
+		}), []string{`tensor "blk.0.attn_k_norm.weight" has shape [16]`, "implies [32]"}},
+		{"key length", rewrite(func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			for i := range kvs {
+				if kvs[i].Key == "qwen3.attention.key_length" || kvs[i].Key == "qwen3.attention.value_length" || kvs[i].Key == "qwen3.rope.dimension_count" {
+					kvs[i].Value = uint32(16)
+				}
+			}
+			return kvs, ts
+		}), []string{`tensor "blk.0.attn_q.weight" has shape [128 64]`, "implies [64 64]"}},
+	} {
+		t.Run(c.name, func(t *testing.T) { wantLoadError(t, c.path, llama.Options{}, c.want...) })
 	}
 }

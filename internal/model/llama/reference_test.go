@@ -10,6 +10,7 @@ import (
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
 )
 
@@ -17,12 +18,24 @@ import (
 // written straight from transformers' modeling_llama.py with no paging,
 // batching or tiling: the oracle for the configurations the stories260K
 // fixture does not cover (untied classifier, biases, F16/BF16 weights,
-// llama3 RoPE scaling).
+// llama3 RoPE scaling) and Qwen3 (transformers' modeling_qwen3.py: q_norm
+// and k_norm on each head before RoPE).
 type refModel struct {
 	spec llamatest.Spec
 	w    map[string][]float64
 	inv  []float64
+	// qkNorm places Qwen3's per-head q/k norm: qkNormBeforeRope (the
+	// model's), or, to show what the tests would catch,
+	// qkNormSkipped or qkNormAfterRope.
+	qkNorm int
 }
+
+// Placements of Qwen3's q/k norm in refModel.
+const (
+	qkNormBeforeRope = iota
+	qkNormSkipped
+	qkNormAfterRope
+)
 
 func newRefModel(spec llamatest.Spec) *refModel {
 	r := &refModel{spec: spec, w: map[string][]float64{}}
@@ -84,6 +97,15 @@ func (r *refModel) linear(name string, x []float64, out int, bias bool) []float6
 	return y
 }
 
+// headNorm RMS-normalises each head (D values) of x in place with the gain
+// vector name [D] (Qwen3RMSNorm over the last dimension of [heads, D]).
+func (r *refModel) headNorm(name string, x []float64) {
+	D := r.headDim()
+	for h := range len(x) / D {
+		copy(x[h*D:(h+1)*D], r.norm(name, x[h*D:(h+1)*D]))
+	}
+}
+
 func (r *refModel) norm(name string, x []float64) []float64 {
 	var ss float64
 	for _, v := range x {
@@ -119,7 +141,8 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 	s := r.spec
 	H, D := s.Hidden, r.headDim()
 	bias := s.QKVBias
-	oBias := bias && (s.Architecture == "" || s.Architecture == "LlamaForCausalLM")
+	qwen3 := s.Architecture == "Qwen3ForCausalLM"
+	oBias := bias && (s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || qwen3)
 	var keys, vals [][][]float64 // [layer][pos][kv·D]
 	keys = make([][][]float64, s.Layers)
 	vals = make([][][]float64, s.Layers)
@@ -132,8 +155,16 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 			q := r.linear(p+"self_attn.q_proj", h, s.Heads*D, bias)
 			k := r.linear(p+"self_attn.k_proj", h, s.KVHeads*D, bias)
 			v := r.linear(p+"self_attn.v_proj", h, s.KVHeads*D, bias)
+			if qwen3 && r.qkNorm == qkNormBeforeRope {
+				r.headNorm(p+"self_attn.q_norm.weight", q)
+				r.headNorm(p+"self_attn.k_norm.weight", k)
+			}
 			r.rope(q, s.Heads, pos)
 			r.rope(k, s.KVHeads, pos)
+			if qwen3 && r.qkNorm == qkNormAfterRope {
+				r.headNorm(p+"self_attn.q_norm.weight", q)
+				r.headNorm(p+"self_attn.k_norm.weight", k)
+			}
 			keys[l] = append(keys[l], k)
 			vals[l] = append(vals[l], v)
 			att := make([]float64, s.Heads*D)
@@ -215,7 +246,20 @@ func variants() map[string]llamatest.Spec {
 	s = base
 	s.Architecture = "MistralForCausalLM"
 	v["mistral"] = s
+	v["qwen3-headdim"] = qwen3Tiny()
+	s = qwen3Tiny()
+	s.QKVBias, s.DType, s.Tied = true, llama.BF16, true
+	v["qwen3-attention-bias-bf16-tied"] = s
 	return v
+}
+
+// qwen3Tiny is Tiny as a Qwen3 checkpoint whose head_dim (32) is not
+// hidden/heads (16): q is 128 wide, twice the hidden size. Its vocabulary
+// (300) is large enough for WriteGGUF's placeholder tokens.
+func qwen3Tiny() llamatest.Spec {
+	s := llamatest.Tiny()
+	s.Architecture, s.HeadDim, s.Vocab = "Qwen3ForCausalLM", 32, 300
+	return s
 }
 
 func randomTokens(rng *rand.Rand, n, vocab int) []int32 {
@@ -269,5 +313,47 @@ func TestAgainstReference(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestQwen3QKNormPlacement checks that the Qwen3 forward pass normalises
+// each head of q and k before RoPE: its logits match the float64 reference
+// that does so (to 2e-5) and are far (more than 100× that) from the same
+// reference with the norm skipped or applied after RoPE. The gains vary
+// (1 ± 0.5) so that the norm does not commute with the rotation.
+func TestQwen3QKNormPlacement(t *testing.T) {
+	spec := qwen3Tiny()
+	tokens := randomTokens(rand.New(rand.NewPCG(9, 9)), 24, spec.Vocab)
+	dir := spec.WriteT(t)
+	paths := map[string]string{"safetensors": dir, "gguf": writeGGUF(t, dir, gguf.F32)}
+	refs := map[int][][]float64{}
+	for _, pl := range []int{qkNormBeforeRope, qkNormSkipped, qkNormAfterRope} {
+		r := newRefModel(spec)
+		r.qkNorm = pl
+		refs[pl] = r.logits(tokens)
+	}
+	dist := func(got []float32, want [][]float64) float64 {
+		var worst float64
+		for p := range want {
+			for id, w := range want[p] {
+				worst = math.Max(worst, math.Abs(float64(got[p*spec.Vocab+id])-w))
+			}
+		}
+		return worst
+	}
+	for name, path := range paths {
+		m := load(t, path, llama.Options{})
+		if c := m.Config(); !c.QKNorm || c.HeadDim != 32 || c.RopeInterleaved {
+			t.Fatalf("%s: config %+v", name, c)
+		}
+		got := logitsOf(t, m, tokens)
+		right, skipped, after := dist(got, refs[qkNormBeforeRope]), dist(got, refs[qkNormSkipped]), dist(got, refs[qkNormAfterRope])
+		t.Logf("%s: max |Δ logit| vs the reference %.3g; with the q/k norm skipped %.3g, after RoPE %.3g", name, right, skipped, after)
+		if right > 2e-5 {
+			t.Errorf("%s: max |Δ logit| vs the reference = %.3g, want ≤ 2e-5", name, right)
+		}
+		if skipped < 2e-3 || after < 2e-3 {
+			t.Errorf("%s: the reference with the q/k norm skipped (%.3g) or after RoPE (%.3g) is within 2e-3: the test could not tell", name, skipped, after)
+		}
 	}
 }

@@ -28,6 +28,7 @@ type layer struct {
 
 	q, k, v, o     *tensor   // [heads·headDim, hidden], [kvHeads·headDim, hidden] ×2, [hidden, heads·headDim]
 	qb, kb, vb, ob []float32 // biases (Qwen2: q, k, v; Llama attention_bias: all four)
+	qNorm, kNorm   []float32 // per-head RMSNorm gains of q and k [headDim] (Qwen3), else nil
 
 	gate, up, down    *tensor   // [inter, hidden] ×2, [hidden, inter]
 	gateB, upB, downB []float32 // biases (Llama mlp_bias)
@@ -191,8 +192,8 @@ func equalShape(a, b []int) bool {
 }
 
 // loadWeights opens the checkpoint in dir and builds the weights of cfg
-// (tensor names of transformers' LlamaForCausalLM, which Qwen2 and Mistral
-// share). It returns an error for a missing tensor, a tensor whose dtype is
+// (tensor names of transformers' LlamaForCausalLM, which Qwen2, Qwen3 and
+// Mistral share; Qwen3 adds self_attn.q_norm and k_norm [head_dim]). It returns an error for a missing tensor, a tensor whose dtype is
 // not F32, F16 or BF16 or whose shape disagrees with cfg, and a tensor the
 // configuration has no use for (e.g. biases the configuration does not
 // declare), other than an ignored lm_head.weight of a tied model and the
@@ -256,6 +257,10 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 		}
 		if cfg.OBias {
 			vec(&ly.ob, "self_attn.o_proj.bias", H)
+		}
+		if cfg.QKNorm {
+			vec(&ly.qNorm, "self_attn.q_norm.weight", D)
+			vec(&ly.kNorm, "self_attn.k_norm.weight", D)
 		}
 		if cfg.MLPBias {
 			vec(&ly.gateB, "mlp.gate_proj.bias", cfg.IntermediateSize)

@@ -106,7 +106,11 @@ func References(t testing.TB) []Reference {
 
 // Spec describes a synthetic checkpoint.
 type Spec struct {
-	Architecture   string // default "LlamaForCausalLM"
+	// Architecture is config.json's architectures[0]: "LlamaForCausalLM"
+	// (the default), "Qwen2ForCausalLM", "Qwen3ForCausalLM" (adds the
+	// per-head q_norm and k_norm gains, uniform in 1 ± 0.5 so that their
+	// order against RoPE matters) or "MistralForCausalLM".
+	Architecture   string
 	Hidden         int
 	Intermediate   int
 	Layers         int
@@ -118,7 +122,7 @@ type Spec struct {
 	DType          llama.DType
 	RopeTheta      float64
 	RMSNormEps     float64
-	QKVBias        bool           // Llama attention_bias (q, k, v and o) or Qwen2 (q, k, v)
+	QKVBias        bool           // Llama and Qwen3 attention_bias (q, k, v and o) or Qwen2 (q, k, v)
 	RopeScaling    map[string]any // written as rope_scaling when non-nil
 	BOS            int
 	EOS            []int
@@ -137,6 +141,18 @@ func SmolLM2135M() Spec {
 	return Spec{Hidden: 576, Intermediate: 1536, Layers: 30, Heads: 9, KVHeads: 3, Vocab: 49152,
 		MaxPositions: 8192, Tied: true, DType: llama.BF16, RopeTheta: 100000, RMSNormEps: 1e-5,
 		BOS: 0, EOS: []int{0}, Seed: 135}
+}
+
+// Qwen3Shaped is a Qwen3 checkpoint with the layer shape of Qwen/Qwen3-0.6B
+// (its config.json: hidden 1024, 16 heads and 8 KV heads of head_dim 128 —
+// so q is 2048 wide, twice the hidden size —, intermediate 3072, tied
+// embeddings, bf16, rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions, EOS
+// 151645) but 8 of its 28 layers and a 32768-token vocabulary (its 151936
+// would triple the file): 160M parameters, about SmolLM2-135M's size.
+func Qwen3Shaped() Spec {
+	return Spec{Architecture: "Qwen3ForCausalLM", Hidden: 1024, Intermediate: 3072, Layers: 8, Heads: 16, KVHeads: 8,
+		HeadDim: 128, Vocab: 32768, MaxPositions: 40960, Tied: true, DType: llama.BF16, RopeTheta: 1e6,
+		RMSNormEps: 1e-6, BOS: 1, EOS: []int{2}, Seed: 3}
 }
 
 // Tiny is a small spec for fast tests: 2 layers, hidden 64, 4 heads of 16,
@@ -173,10 +189,10 @@ func (s Spec) Config() map[string]any {
 		"rope_theta": s.RopeTheta, "rms_norm_eps": s.RMSNormEps, "hidden_act": "silu",
 		"bos_token_id": s.BOS, "eos_token_id": s.EOS, "torch_dtype": map[llama.DType]string{llama.F32: "float32", llama.F16: "float16", llama.BF16: "bfloat16"}[s.DType],
 	}
-	if s.HeadDim > 0 {
-		c["head_dim"] = s.HeadDim
+	if s.HeadDim > 0 || arch == "Qwen3ForCausalLM" { // Qwen3Config's default head_dim is 128, not hidden/heads
+		c["head_dim"] = s.headDim()
 	}
-	if s.QKVBias && arch == "LlamaForCausalLM" {
+	if s.QKVBias && (arch == "LlamaForCausalLM" || arch == "Qwen3ForCausalLM") {
 		c["attention_bias"] = true
 	}
 	if s.RopeScaling != nil {
@@ -227,9 +243,13 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 			add(p+"self_attn.q_proj.bias", rnd(q, 0, 0.1), q)
 			add(p+"self_attn.k_proj.bias", rnd(kv, 0, 0.1), kv)
 			add(p+"self_attn.v_proj.bias", rnd(kv, 0, 0.1), kv)
-			if s.Architecture == "" || s.Architecture == "LlamaForCausalLM" {
+			if s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || s.Architecture == "Qwen3ForCausalLM" {
 				add(p+"self_attn.o_proj.bias", rnd(H, 0, 0.1), H)
 			}
+		}
+		if s.Architecture == "Qwen3ForCausalLM" {
+			add(p+"self_attn.q_norm.weight", rnd(D, 1, 0.5), D)
+			add(p+"self_attn.k_norm.weight", rnd(D, 1, 0.5), D)
 		}
 		add(p+"post_attention_layernorm.weight", rnd(H, 1, 0.1), H)
 		add(p+"mlp.gate_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)

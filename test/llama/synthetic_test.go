@@ -2,8 +2,10 @@ package llama_test
 
 import (
 	"math/rand/v2"
+	"path/filepath"
 	"testing"
 
+	"github.com/pdserve/pdserve/internal/cluster"
 	"github.com/pdserve/pdserve/internal/model/llama"
 	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
 )
@@ -26,12 +28,46 @@ func TestSyntheticSmolLM2PD(t *testing.T) {
 	if g := base.Info().Geometry; g.Layers != spec.Layers || g.KVHeads != 3 || g.HeadDim != 64 {
 		t.Fatalf("geometry %+v", g)
 	}
+	checkPDEqualsColocated(t, newModel, spec.Vocab, maxTokens)
+}
+
+// TestSyntheticQwen3PD does the same on a GGUF file of llama.cpp's qwen3
+// architecture: llamatest.Qwen3Shaped (Qwen3-0.6B's layers: 16 heads and 8
+// KV heads of 128, per-head q/k norms; random weights) written by WriteGGUF
+// as Q4_K_M and loaded from the file, as `pdserve up --model FILE.gguf`
+// does. Under the race detector the model has 2 layers and generates fewer
+// tokens.
+func TestSyntheticQwen3PD(t *testing.T) {
+	spec := llamatest.Qwen3Shaped()
+	spec.Layers = 4
+	maxTokens := 8
+	if raceEnabled {
+		spec.Layers, maxTokens = 2, 4
+	}
+	path := filepath.Join(t.TempDir(), "qwen3-shaped-q4_k_m.gguf")
+	if _, err := llama.WriteGGUF(spec.WriteT(t), path, llama.FileQ4_KM); err != nil {
+		t.Fatal(err)
+	}
+	newModel, base := factory(t, path, llama.Options{Name: "qwen3-shaped"})
+	if c := base.Config(); !c.QKNorm || c.HeadDim != 128 || c.Heads != 16 || c.KVHeads != 8 || c.Layers != spec.Layers {
+		t.Fatalf("config %+v", c)
+	}
+	checkPDEqualsColocated(t, newModel, spec.Vocab, maxTokens)
+}
+
+// checkPDEqualsColocated sends 20 prompts at once (4 to 43 random tokens
+// of a vocab-token vocabulary; 10 greedy, 10 sampled with seeds) to a
+// colocated worker and to a prefill/decode pair on newModel, prompts longer
+// than 32 tokens prefilled in chunks, and checks that every answer has
+// maxTokens tokens and is identical in both.
+func checkPDEqualsColocated(t *testing.T, newModel cluster.ModelFactory, vocab, maxTokens int) {
+	t.Helper()
 	rng := rand.New(rand.NewPCG(20, 20))
 	reqs := make([]completionRequest, 20)
 	for i := range reqs {
 		prompt := make([]int32, 4+rng.IntN(40))
 		for j := range prompt {
-			prompt[j] = int32(1 + rng.IntN(spec.Vocab-1))
+			prompt[j] = int32(1 + rng.IntN(vocab-1))
 		}
 		reqs[i] = completionRequest{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true}
 		if i%2 == 1 {

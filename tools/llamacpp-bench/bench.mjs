@@ -51,7 +51,9 @@ function rand() {
 
 const llama = await getLlama({gpu: false, build: "never", maxThreads: threads, logLevel: LlamaLogLevel.error});
 const model = await llama.loadModel({modelPath, gpuLayers: 0});
-const nVocab = Number(model.fileInfo.metadata.llama.vocab_size ?? 49152);
+// The vocabulary size under the file's architecture prefix (llama, qwen3, …).
+const meta = model.fileInfo.metadata;
+const nVocab = Number(meta[meta.general.architecture]?.vocab_size ?? 49152);
 const randomTokens = (n) => Array.from({length: n}, () => 259 + (rand() % (nVocab - 259)));
 
 function ctxOptions(extra) {

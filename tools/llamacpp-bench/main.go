@@ -1,19 +1,23 @@
 // Command llamacpp-bench compares pdserve's CPU model runner with llama.cpp
-// on the same GGUF files, in the same run: the synthetic SmolLM2-135M-shaped
-// BF16 checkpoint of llamatest, written by llama.WriteGGUF as F32, BF16,
-// Q8_0, Q4_0 and Q4_K_M files, each loaded by both. See docs/performance.md
-// ("The real model on CPU") for the method and results.
+// on the same GGUF files, in the same run: a synthetic BF16 checkpoint of
+// llamatest — SmolLM2-135M-shaped (llama.cpp's llama architecture, the
+// default) or, with -arch qwen3, Qwen3-shaped (llamatest.Qwen3Shaped;
+// llama.cpp's qwen3 architecture) — written by llama.WriteGGUF as F32,
+// BF16, Q8_0, Q4_0 and Q4_K_M files, each loaded by both. See
+// docs/performance.md ("The real model on CPU") for the method and results.
 //
 // From the repository root:
 //
-//	go run ./tools/llamacpp-bench [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_k_m] [-work DIR]
+//	go run ./tools/llamacpp-bench [-arch llama|qwen3] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_k_m] [-work DIR]
 //
 // It installs node-llama-cpp@3.21.1 and @node-llama-cpp/linux-x64@3.21.1
 // (npm, --omit=optional; prebuilt binaries, no build, no download at run
 // time) into the work directory, writes the checkpoint and the GGUF files
 // there (once), checks that llama.cpp and pdserve compute the same model
 // on each file (next-token probabilities and greedy tokens after a fixed
-// prompt, F32 KV cache), then runs pdserve's BenchmarkSmolLM2 -model FILE
+// prompt, F32 KV cache; the exit status is 1 if a file's top-5
+// probabilities differ by more than 1e-4 or its 8 greedy tokens differ),
+// then runs pdserve's BenchmarkSmolLM2 -model FILE
 // (A) and bench.mjs (B) interleaved A B A B … and prints the medians and
 // the ratios pdserve/llama.cpp. With -score it instead compares pdserve's
 // prompt logprobs with llama.cpp's (score.go). With -stories-refs DIR it
@@ -64,6 +68,7 @@ func main() {
 	score := flag.Bool("score", false, "instead of benchmarking, compare pdserve's prompt logprobs with llama.cpp's on each file (exit status 1 if any differs by more than 1e-4)")
 	scoreChunk := flag.Int("score-chunk", 64, "with -score, the prefill chunk (tokens per forward) on both sides")
 	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0 and Q4_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
+	arch := flag.String("arch", "llama", "synthetic checkpoint: llama (SmolLM2-135M-shaped) or qwen3 (llamatest.Qwen3Shaped: Qwen3-0.6B's layers, 8 of them, 32768-token vocabulary)")
 	flag.Parse()
 	log.SetFlags(0)
 
@@ -74,10 +79,21 @@ func main() {
 		writeStoriesRefs(root, *work, *storiesRefs, *threads)
 		return
 	}
-	ckpt := filepath.Join(*work, "smollm2-135m-synthetic")
+	specs := map[string]struct {
+		name string
+		spec llamatest.Spec
+	}{
+		"llama": {"smollm2-135m-synthetic", llamatest.SmolLM2135M()},
+		"qwen3": {"qwen3-shaped-synthetic", llamatest.Qwen3Shaped()},
+	}
+	sp, ok := specs[*arch]
+	if !ok {
+		log.Fatalf("-arch: %q is not llama or qwen3", *arch)
+	}
+	ckpt := filepath.Join(*work, sp.name)
 	if _, err := os.Stat(filepath.Join(ckpt, "model.safetensors")); err != nil {
 		log.Printf("writing the synthetic checkpoint to %s", ckpt)
-		must(llamatest.SmolLM2135M().Write(ckpt))
+		must(sp.spec.Write(ckpt))
 	}
 	var files []llama.FileType
 	for _, t := range strings.Split(*types, ",") {
@@ -89,7 +105,7 @@ func main() {
 	}
 	ggufs := map[llama.FileType]string{}
 	for _, ft := range files {
-		p := filepath.Join(*work, "smollm2-135m-synthetic-"+strings.ToLower(string(ft))+".gguf")
+		p := filepath.Join(*work, sp.name+"-"+strings.ToLower(string(ft))+".gguf")
 		if _, err := os.Stat(p); err != nil {
 			log.Printf("writing %s", p)
 			_, err := llama.WriteGGUF(ckpt, p, ft)
@@ -105,6 +121,7 @@ func main() {
 	}
 
 	if !*skipVerify {
+		failed := false
 		for _, ft := range files {
 			ref := reference(ggufs[ft], *threads)
 			refPath := filepath.Join(*work, "ref.json")
@@ -112,6 +129,15 @@ func main() {
 			out := node(*work, *threads, "verify", "--model", ggufs[ft], "--ref", refPath)
 			fmt.Printf("%s: pdserve (F32 KV) after a %d-token prompt: top %v, greedy %v\n", ft, len(ref.Prompt), ref.Top, ref.Greedy)
 			fmt.Printf("%s: llama.cpp on the same file: %s\n", ft, strings.TrimSpace(out))
+			if msg := judge(ref, lastLine(out)); msg != "" {
+				fmt.Printf("%s: MISMATCH: %s\n", ft, msg)
+				failed = true
+			} else {
+				fmt.Printf("%s: agree (top-5 probabilities within %g, %d greedy tokens identical)\n", ft, verifyTol, len(ref.Greedy))
+			}
+		}
+		if failed {
+			os.Exit(1)
 		}
 	}
 
@@ -194,6 +220,32 @@ func main() {
 		fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %.0f | %s | %s |\n", ft, fi.Size()>>20, pool/mb, (float64(fi.Size())+pool)*1.1/mb,
 			median(res[ft].rssA)/mb, median(res[ft].rssB)/mb, list(scale(res[ft].rssA, 1.0/mb)), list(scale(res[ft].rssB, 1.0/mb)))
 	}
+}
+
+// verifyTol bounds |Δp| between pdserve's and llama.cpp's probabilities of
+// pdserve's five most likely next tokens: the bound of the stories260K
+// GGUF test's tight sequences and of -score.
+const verifyTol = 1e-4
+
+// judge compares pdserve's answer with bench.mjs verify's JSON line and
+// says how they disagree ("" when they agree): a top-5 probability off by
+// more than verifyTol, or a greedy token that differs.
+func judge(r ref, line string) string {
+	var v struct {
+		MaxProbDiff float64 `json:"maxProbDiff"`
+		Greedy      []int32 `json:"greedy"`
+	}
+	if err := json.Unmarshal([]byte(line), &v); err != nil {
+		return fmt.Sprintf("bench.mjs verify printed %q: %v", line, err)
+	}
+	var msgs []string
+	if !(v.MaxProbDiff <= verifyTol) {
+		msgs = append(msgs, fmt.Sprintf("largest |Δp| of the top 5 is %.3g, want ≤ %g", v.MaxProbDiff, verifyTol))
+	}
+	if !slices.Equal(v.Greedy, r.Greedy) {
+		msgs = append(msgs, fmt.Sprintf("greedy tokens %v, pdserve's %v", v.Greedy, r.Greedy))
+	}
+	return strings.Join(msgs, "; ")
 }
 
 // loadAvg is the system's 1, 5 and 15 minute load averages (Linux), or "?".

@@ -20,9 +20,11 @@ import (
 var benchKernels = flag.String("kernels", llama.KernelsAuto, "benchmarks: matrix kernels ("+strings.Join(llama.KernelChoices, ", ")+")")
 
 // benchModel is the model BenchmarkSmolLM2 loads (go test … -args -model
-// FILE.gguf): a checkpoint directory or a GGUF file of the SmolLM2-135M
-// shape; "" means $PDSERVE_SMOLLM2_DIR or a freshly written checkpoint.
-var benchModel = flag.String("model", "", "BenchmarkSmolLM2: a checkpoint directory or GGUF file of the SmolLM2-135M shape")
+// FILE.gguf): a checkpoint directory or a GGUF file, of the SmolLM2-135M
+// shape or another (tools/llamacpp-bench -arch qwen3 passes a
+// llamatest.Qwen3Shaped file); "" means $PDSERVE_SMOLLM2_DIR or a freshly
+// written SmolLM2-135M-shaped checkpoint.
+var benchModel = flag.String("model", "", "BenchmarkSmolLM2: a checkpoint directory or GGUF file (default: a SmolLM2-135M-shaped checkpoint)")
 
 // processCPU is the CPU time the process has used so far (0 where unknown).
 var processCPU = llama.ProcessCPU
@@ -45,8 +47,9 @@ func report(b *testing.B, tokens int, wall, cpu time.Duration) {
 // (~270 MB in a temporary directory), or read from $PDSERVE_SMOLLM2_DIR if
 // set (a directory written by llamatest.SmolLM2135M().Write, as the
 // llama.cpp comparison in tools/llamacpp-bench does), or -model (a
-// directory or a GGUF file, e.g. one written by pdserve convert gguf);
-// -kernels chooses the kernels.
+// directory or a GGUF file of any shape, e.g. one written by pdserve
+// convert gguf; prompts are drawn from its vocabulary); -kernels chooses
+// the kernels.
 //
 //	go test -run '^$' -bench SmolLM2 -benchtime 20x ./internal/model/llama/ [-args -kernels avx2 -model m.gguf]
 func BenchmarkSmolLM2(b *testing.B) {
@@ -63,6 +66,7 @@ func BenchmarkSmolLM2(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer m.Close()
+	vocab := m.Info().VocabSize
 	b.Logf("weights %d MB, GOMAXPROCS threads, %s kernels", m.WeightBytes()>>20, m.Kernels())
 	const ctxLen = 128
 	rng := rand.New(rand.NewPCG(1, 1))
@@ -77,7 +81,7 @@ func BenchmarkSmolLM2(b *testing.B) {
 			if !ok {
 				b.Fatal("pool exhausted")
 			}
-			seqs[i] = model.SeqInput{Pages: pages, Tokens: randomTokens(rng, ctxLen, spec.Vocab), Sample: true, Sampling: sampling}
+			seqs[i] = model.SeqInput{Pages: pages, Tokens: randomTokens(rng, ctxLen, vocab), Sample: true, Sampling: sampling}
 		}
 		out := make([]model.SeqOutput, batch)
 		if err := m.Forward(context.Background(), pool, seqs, out); err != nil {
@@ -107,7 +111,7 @@ func BenchmarkSmolLM2(b *testing.B) {
 			b.Fatal(err)
 		}
 		pages, _ := pool.Alloc(pool.PagesFor(512))
-		in := []model.SeqInput{{Pages: pages, Tokens: randomTokens(rng, 512, spec.Vocab), Sample: true, Sampling: greedy}}
+		in := []model.SeqInput{{Pages: pages, Tokens: randomTokens(rng, 512, vocab), Sample: true, Sampling: greedy}}
 		if score { // each position's target is the next prompt token
 			in[0].Score, in[0].ScoreTop = make([]int32, 512), 1
 			copy(in[0].Score, in[0].Tokens[1:])

@@ -287,3 +287,53 @@ func TestInfoTokenizerDigest(t *testing.T) {
 		return nil, os.ErrPermission
 	}}, "tokenizer", "permission denied")
 }
+
+// TestQwen3Config checks how a Qwen3 config.json is read: head_dim
+// defaults to 128 (transformers' Qwen3Config), not hidden/heads; biases
+// only with attention_bias; the per-head q/k norms are required and must be
+// [head_dim].
+func TestQwen3Config(t *testing.T) {
+	spec := llamatest.Tiny()
+	spec.Architecture = "Qwen3ForCausalLM"
+	base := spec.Config()
+	delete(base, "head_dim")
+	raw, err := json.Marshal(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := llama.ParseConfig(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HeadDim != 128 || !c.QKNorm || c.QKVBias || c.OBias {
+		t.Errorf("Qwen3 without head_dim: head_dim %d, QKNorm %v, QKVBias %v, OBias %v; want 128, true, false, false", c.HeadDim, c.QKNorm, c.QKVBias, c.OBias)
+	}
+	base["attention_bias"], base["head_dim"] = true, 16
+	if raw, err = json.Marshal(base); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = llama.ParseConfig(raw); err != nil {
+		t.Fatal(err)
+	}
+	if c.HeadDim != 16 || !c.QKVBias || !c.OBias {
+		t.Errorf("Qwen3 with attention_bias and head_dim 16: head_dim %d, QKVBias %v, OBias %v", c.HeadDim, c.QKVBias, c.OBias)
+	}
+	ts := spec.Tensors()
+	t.Run("default head_dim against the tensors", func(t *testing.T) {
+		dir := writeCkpt(t, spec, func(c map[string]any) { delete(c, "head_dim") }, ts)
+		wantLoadError(t, dir, llama.Options{}, `tensor "model.layers.0.self_attn.q_proj.weight" has shape [64 64], but config.json implies [512 64]`)
+	})
+	t.Run("missing q_norm", func(t *testing.T) {
+		dir := writeCkpt(t, spec, nil, without(ts, "model.layers.1.self_attn.q_norm.weight"))
+		wantLoadError(t, dir, llama.Options{}, `tensor "model.layers.1.self_attn.q_norm.weight" not found`)
+	})
+	t.Run("k_norm of the hidden size", func(t *testing.T) {
+		bad := without(ts, "model.layers.0.self_attn.k_norm.weight")
+		bad = append(bad, llama.SafetensorsTensor{Name: "model.layers.0.self_attn.k_norm.weight", DType: llama.F32, Shape: []int{64}, Data: make([]byte, 4*64)})
+		wantLoadError(t, writeCkpt(t, spec, nil, bad), llama.Options{}, `tensor "model.layers.0.self_attn.k_norm.weight" has shape [64], but config.json implies [16]`)
+	})
+	t.Run("q/k norms on a Llama checkpoint", func(t *testing.T) {
+		dir := writeCkpt(t, spec, func(c map[string]any) { c["architectures"] = []string{"LlamaForCausalLM"} }, ts)
+		wantLoadError(t, dir, llama.Options{}, "does not use", "k_norm")
+	})
+}

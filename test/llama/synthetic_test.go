@@ -62,6 +62,17 @@ func TestSyntheticQwen3PD(t *testing.T) {
 // maxTokens tokens and is identical in both.
 func checkPDEqualsColocated(t *testing.T, newModel cluster.ModelFactory, vocab, maxTokens int) {
 	t.Helper()
+	reqs := mixedRequests(vocab, maxTokens)
+	mc := machine(32) // prompts longer than 32 tokens are prefilled in chunks
+	colocated := completeAll(t, startServe(t, newModel, mc).URL, reqs)
+	pd := completeAll(t, startPD(t, newModel, mc).URL(), reqs)
+	comparePD(t, reqs, colocated, pd, maxTokens)
+}
+
+// mixedRequests are 20 completion requests of 4 to 43 random tokens of a
+// vocab-token vocabulary, maxTokens each, ignoring EOS: the even ones
+// greedy, the odd ones sampled at temperature 0.9 with their index as seed.
+func mixedRequests(vocab, maxTokens int) []completionRequest {
 	rng := rand.New(rand.NewPCG(20, 20))
 	reqs := make([]completionRequest, 20)
 	for i := range reqs {
@@ -75,9 +86,13 @@ func checkPDEqualsColocated(t *testing.T, newModel cluster.ModelFactory, vocab, 
 			reqs[i].Temperature, reqs[i].Seed = 0.9, &seed
 		}
 	}
-	mc := machine(32) // prompts longer than 32 tokens are prefilled in chunks
-	colocated := completeAll(t, startServe(t, newModel, mc).URL, reqs)
-	pd := completeAll(t, startPD(t, newModel, mc).URL(), reqs)
+	return reqs
+}
+
+// comparePD checks that every colocated answer has maxTokens tokens and
+// that the PD answer is the same.
+func comparePD(t *testing.T, reqs []completionRequest, colocated, pd [][]int32, maxTokens int) {
+	t.Helper()
 	for i := range reqs {
 		if len(colocated[i]) != maxTokens || !equal(colocated[i], pd[i]) {
 			t.Errorf("prompt %d (%d tokens, temperature %v): colocated %v, PD %v",

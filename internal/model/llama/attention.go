@@ -1,7 +1,6 @@
 package llama
 
 import (
-	"math"
 	"unsafe"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
@@ -19,6 +18,7 @@ import (
 // For the token at position p of its sequence, query head h, KV head g:
 //
 //	s[j] = dot(k_j, q_h) · (1/√headDim)   j ≤ p    (canonical dot, simd.go)
+//	s[j] = c·tanh(s[j]/c)                          (Gemma2 soft-capping only)
 //	a    = softmax(s)                              (float64 sums, see softmax)
 //	out  = Σ_j a[j]·v_j                            (canonical weighted sum)
 //
@@ -38,6 +38,10 @@ type attnJob struct {
 	kvH   int
 	d     int
 	sub   int // query heads per task: a divisor of heads/kvHeads (0 means all)
+	// scale multiplies the scores (Model.attnScale); softcap, if > 0,
+	// soft-caps them (Gemma2's attn_logit_softcapping).
+	scale   float32
+	softcap float64
 }
 
 // tasks returns the number of tasks (T·heads/sub).
@@ -125,11 +129,13 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 			}
 		}
 	}
-	scale := float32(1 / math.Sqrt(float64(D)))
 	for gi := range G {
 		row := s[gi*np : gi*np+n]
 		for i := range row {
-			row[i] *= scale
+			row[i] *= j.scale
+		}
+		if j.softcap > 0 {
+			softcapRow(row, j.softcap)
 		}
 		softmax(j.ks, row)
 	}

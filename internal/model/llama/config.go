@@ -11,8 +11,8 @@ import (
 )
 
 // Config is the model configuration read from a Hugging Face config.json
-// (field names as in transformers' LlamaConfig, Qwen2Config, Qwen3Config
-// and MistralConfig).
+// (field names as in transformers' LlamaConfig, Qwen2Config, Qwen3Config,
+// MistralConfig and Gemma2Config).
 type Config struct {
 	// Architecture is architectures[0], e.g. "LlamaForCausalLM".
 	Architecture string
@@ -28,8 +28,8 @@ type Config struct {
 	// KV head h / (Heads/KVHeads) (grouped-query attention, Ainslie et al.
 	// 2023).
 	KVHeads int
-	// HeadDim is head_dim (defaults to HiddenSize/Heads; to 128 for Qwen3,
-	// as in transformers' Qwen3Config).
+	// HeadDim is head_dim (defaults to HiddenSize/Heads; to 128 for Qwen3
+	// and 256 for Gemma2, as in transformers' Qwen3Config and Gemma2Config).
 	HeadDim int
 	// RMSNormEps is rms_norm_eps, the ε inside RMSNorm's square root.
 	RMSNormEps float64
@@ -62,6 +62,25 @@ type Config struct {
 	// (transformers' Qwen3Attention; llama.cpp's attn_q_norm and
 	// attn_k_norm).
 	QKNorm bool
+	// Gemma2 (transformers' modeling_gemma2.py; llama.cpp's gemma2): the
+	// token embeddings are multiplied by √HiddenSize (EmbedScale); the MLP
+	// is GeGLU, gelu with the tanh approximation instead of SiLU
+	// (GeluTanh); the attention and MLP outputs are RMS-normalised before
+	// their residual adds (PostNorms: post_attention_layernorm and
+	// post_feedforward_layernorm); attention scores are scaled by
+	// QueryScale (query_pre_attn_scalar^−½) instead of 1/√HeadDim and
+	// soft-capped to AttnSoftcap·tanh(s/AttnSoftcap), and the logits to
+	// FinalSoftcap·tanh(l/FinalSoftcap) (attn_logit_softcapping,
+	// final_logit_softcapping; 0 means none). Gemma's RMSNorm gains are
+	// stored as w and applied as 1 + w: the loader adds 1 to the
+	// checkpoint's (a GGUF file holds 1 + w already). Its sliding window
+	// (every other layer) caps the context length like Mistral's.
+	EmbedScale   bool
+	GeluTanh     bool
+	PostNorms    bool
+	QueryScale   float64
+	AttnSoftcap  float64
+	FinalSoftcap float64
 	// BOS is bos_token_id (-1 if unset).
 	BOS int32
 	// EOS lists eos_token_id (an int or a list in config.json).
@@ -114,6 +133,10 @@ type rawConfig struct {
 	VocabSize         int             `json:"vocab_size"`
 	MaxPositions      int             `json:"max_position_embeddings"`
 	HiddenAct         *string         `json:"hidden_act"`
+	HiddenActivation  *string         `json:"hidden_activation"`
+	QueryPreAttn      *float64        `json:"query_pre_attn_scalar"`
+	AttnSoftcap       json.RawMessage `json:"attn_logit_softcapping"`
+	FinalSoftcap      json.RawMessage `json:"final_logit_softcapping"`
 	AttentionBias     *bool           `json:"attention_bias"`
 	MLPBias           *bool           `json:"mlp_bias"`
 	SlidingWindow     *int            `json:"sliding_window"`
@@ -129,10 +152,11 @@ const (
 	archQwen2   = "Qwen2ForCausalLM"
 	archMistral = "MistralForCausalLM"
 	archQwen3   = "Qwen3ForCausalLM"
+	archGemma2  = "Gemma2ForCausalLM"
 )
 
 // supportedArchs lists the supported architectures for error messages.
-const supportedArchs = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM"
+const supportedArchs = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma2ForCausalLM"
 
 // ReadConfig reads dir/config.json and, if present, the eos_token_id of
 // dir/generation_config.json (merged into EOS). It returns the configuration
@@ -223,10 +247,14 @@ func ParseConfig(raw []byte) (Config, error) {
 		if r.SlidingWindow != nil {
 			c.SlidingWindow = *r.SlidingWindow
 		}
+	case archGemma2:
+		if err := gemma2Config(&c, &r); err != nil {
+			return Config{}, err
+		}
 	default:
 		return Config{}, fmt.Errorf("unsupported architecture %q; want one of %s", c.Architecture, supportedArchs)
 	}
-	if r.HiddenAct != nil && *r.HiddenAct != "silu" {
+	if c.Architecture != archGemma2 && r.HiddenAct != nil && *r.HiddenAct != "silu" {
 		return Config{}, fmt.Errorf("unsupported hidden_act %q; want silu", *r.HiddenAct)
 	}
 	if r.NumKeyValueHeads != nil {
@@ -295,6 +323,74 @@ func ParseConfig(raw []byte) (Config, error) {
 		c.BOS = bos[0]
 	}
 	return c, nil
+}
+
+// gemma2Config fills the Gemma2 fields of c from r, with Gemma2Config's
+// defaults: head_dim 256, query_pre_attn_scalar 256, attn_logit_softcapping
+// 50, final_logit_softcapping 30 (either may be null: none),
+// sliding_window 4096, tie_word_embeddings true, attention_bias false
+// (true: q, k, v and o biases). The activation (hidden_activation, else
+// hidden_act) must be gelu_pytorch_tanh.
+func gemma2Config(c *Config, r *rawConfig) error {
+	act := "gelu_pytorch_tanh"
+	if r.HiddenActivation != nil {
+		act = *r.HiddenActivation
+	} else if r.HiddenAct != nil {
+		act = *r.HiddenAct
+	}
+	if act != "gelu_pytorch_tanh" {
+		return fmt.Errorf("unsupported hidden_activation %q for Gemma2; want gelu_pytorch_tanh", act)
+	}
+	c.EmbedScale, c.GeluTanh, c.PostNorms = true, true, true
+	c.QKVBias = r.AttentionBias != nil && *r.AttentionBias
+	c.OBias = c.QKVBias
+	if r.HeadDim == nil {
+		hd := 256
+		r.HeadDim = &hd
+	}
+	if r.TieWordEmbeddings == nil {
+		t := true
+		r.TieWordEmbeddings = &t
+	}
+	c.SlidingWindow = 4096
+	if r.SlidingWindow != nil {
+		c.SlidingWindow = *r.SlidingWindow
+	}
+	scalar := 256.0
+	if r.QueryPreAttn != nil {
+		scalar = *r.QueryPreAttn
+	}
+	if !(scalar > 0) || math.IsInf(scalar, 0) {
+		return fmt.Errorf("query_pre_attn_scalar must be positive, got %v", scalar)
+	}
+	c.QueryScale = 1 / math.Sqrt(scalar)
+	var err error
+	if c.AttnSoftcap, err = softcap("attn_logit_softcapping", r.AttnSoftcap, 50); err != nil {
+		return err
+	}
+	if c.FinalSoftcap, err = softcap("final_logit_softcapping", r.FinalSoftcap, 30); err != nil {
+		return err
+	}
+	return nil
+}
+
+// softcap reads a soft-capping value: def if absent, 0 (none) if null,
+// else a positive number.
+func softcap(name string, raw json.RawMessage, def float64) (float64, error) {
+	if len(raw) == 0 {
+		return def, nil
+	}
+	if string(raw) == "null" {
+		return 0, nil
+	}
+	var v float64
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return 0, fmt.Errorf("%s: %w", name, err)
+	}
+	if !(v > 0) || math.IsInf(v, 0) {
+		return 0, fmt.Errorf("%s must be positive or null, got %v", name, v)
+	}
+	return v, nil
 }
 
 // parseRopeScaling reads rope_scaling: null, or an object with rope_type (or

@@ -92,8 +92,9 @@ type GGUFReport struct {
 }
 
 // WriteGGUF writes the checkpoint in dir as a GGUF file (version 3) for
-// llama.cpp's "llama" architecture — or its "qwen3" architecture for a
-// Qwen3ForCausalLM checkpoint — its matrices of file type ft: F32
+// llama.cpp's "llama" architecture — or its "qwen3" or "gemma2"
+// architecture for a Qwen3ForCausalLM or Gemma2ForCausalLM checkpoint — its
+// matrices of file type ft: F32
 // (exact), F16 or BF16 (exact when the checkpoint has that dtype; otherwise
 // an error), quantized Q8_0 or Q4_0 (QuantizeQ8_0, QuantizeQ4_0: ggml's
 // reference quantizers), or the Q4_K_M mix of Q4_K and Q6_K (QuantizeQ4K,
@@ -112,9 +113,14 @@ type GGUFReport struct {
 // pairs, which llama.cpp's llama architecture rotates (and Load reads back
 // the same way): within a head of dimension d, GGUF row 2i+s is checkpoint
 // row s·d/2 + i (s = 0, 1) — the inverse of the permutation transformers'
-// convert_llama_weights_to_hf applies. qwen3 rotates in the rotate-half
-// layout (LLAMA_ROPE_TYPE_NEOX), so its rows are written as stored, as
-// llama.cpp's convert_hf_to_gguf.py does for Qwen3. The vocabulary is a placeholder of
+// convert_llama_weights_to_hf applies. qwen3 and gemma2 rotate in the
+// rotate-half layout (LLAMA_ROPE_TYPE_NEOX), so their rows are written as
+// stored, as llama.cpp's convert_hf_to_gguf.py does. A Gemma2ForCausalLM
+// checkpoint becomes a "gemma2" file: its RMSNorm gains written as the 1 + w
+// it applies (computed in float32), post_attention_norm and post_ffw_norm,
+// gemma2.attention.sliding_window, attn_logit_softcapping and
+// final_logit_softcapping; it must be tied, soft-capped and have the
+// attention scale llama.cpp derives (gemma2Exportable). The vocabulary is a placeholder of
 // vocab_size tokens (SentencePiece "llama" model: <unk>, <s>, </s>, the 256
 // byte tokens, then "▁tN"): such files are for token-id prompts and
 // comparisons.
@@ -132,8 +138,14 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 	defer func() { err = errors.Join(err, m.Close()) }()
 	cfg := &m.w.cfg
 	arch, permute := "llama", true
-	if cfg.Architecture == archQwen3 {
+	switch cfg.Architecture {
+	case archQwen3:
 		arch, permute = "qwen3", false
+	case archGemma2:
+		arch, permute = "gemma2", false
+		if err := gemma2Exportable(cfg); err != nil {
+			return rep, err
+		}
 	}
 	heads, kvHeads := cfg.Heads, cfg.KVHeads // rows to permute, by head
 	if !permute {
@@ -142,7 +154,7 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 	if cfg.RopeScaling != nil {
 		return rep, errors.New("llama: WriteGGUF does not export rope_scaling")
 	}
-	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions {
+	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions && arch != "gemma2" {
 		return rep, errors.New("llama: WriteGGUF does not export a sliding window")
 	}
 	var tensors []gguf.Tensor
@@ -210,7 +222,9 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		vec(p+"attn_output.bias", ly.ob, 0)
 		vec(p+"attn_q_norm.weight", ly.qNorm, 0)
 		vec(p+"attn_k_norm.weight", ly.kNorm, 0)
+		vec(p+"post_attention_norm.weight", ly.attnPostNorm, 0)
 		vec(p+"ffn_norm.weight", ly.mlpNorm, 0)
+		vec(p+"post_ffw_norm.weight", ly.mlpPostNorm, 0)
 		mat(p+"ffn_gate.weight", ly.gate, 0)
 		mat(p+"ffn_up.weight", ly.up, 0)
 		mat(p+"ffn_down.weight", ly.down, 0)
@@ -271,6 +285,12 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		{Key: "tokenizer.ggml.add_bos_token", Value: false},
 		{Key: "tokenizer.ggml.add_eos_token", Value: false},
 	}
+	if arch == "gemma2" {
+		kvs = append(kvs,
+			gguf.KV{Key: "gemma2.attention.sliding_window", Value: uint32(cfg.SlidingWindow)},
+			gguf.KV{Key: "gemma2.attn_logit_softcapping", Value: float32(cfg.AttnSoftcap)},
+			gguf.KV{Key: "gemma2.final_logit_softcapping", Value: float32(cfg.FinalSoftcap)})
+	}
 	if ft == FileQ8_0 || ft == FileQ4_0 || ft == FileQ4_KM {
 		kvs = append(kvs, gguf.KV{Key: "general.quantization_version", Value: uint32(2)}) // GGML_QNT_VERSION
 	}
@@ -286,6 +306,30 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		rep.Bytes = fi.Size()
 	}
 	return rep, f.Close()
+}
+
+// gemma2Exportable says why a Gemma2 configuration cannot be written for
+// llama.cpp's gemma2 (nil if it can): llama.cpp always ties the classifier
+// to the embedding, needs both soft-capping values, and derives the
+// attention scale from the shape (see ggufGemma2) rather than reading
+// query_pre_attn_scalar, so a checkpoint whose scale differs would compute
+// another model there.
+func gemma2Exportable(cfg *Config) error {
+	if !cfg.TieEmbeddings {
+		return errors.New("llama: WriteGGUF: llama.cpp's gemma2 has no separate classifier; the checkpoint's is untied")
+	}
+	if cfg.AttnSoftcap == 0 || cfg.FinalSoftcap == 0 {
+		return errors.New("llama: WriteGGUF: llama.cpp's gemma2 needs attn_logit_softcapping and final_logit_softcapping")
+	}
+	want := *cfg
+	want.GGMLNumerics = true
+	if err := ggufGemma2(nil, &want); err != nil {
+		return err
+	}
+	if float32(want.QueryScale) != float32(cfg.QueryScale) {
+		return fmt.Errorf("llama: WriteGGUF: query_pre_attn_scalar gives the attention scale %v, llama.cpp's gemma2 would use %v", cfg.QueryScale, want.QueryScale)
+	}
+	return nil
 }
 
 // permuteRope reorders the rows (rowBytes each) of a [heads·d, …] q or k

@@ -3,6 +3,7 @@ package llama
 import (
 	"context"
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
@@ -300,6 +301,14 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 			b.seqOf[t] = int32(i)
 			dst := b.x[t*H : (t+1)*H]
 			copy(dst, m.w.embed.Row(int(tok), dst)) // a no-op when Row widened into dst
+			if cfg.EmbedScale {
+				// Gemma: ×√hidden (llama.cpp's ggml_scale by sqrtf(n_embd);
+				// transformers' normalizer in the activations' dtype).
+				es := float32(math.Sqrt(float64(H)))
+				for i := range dst {
+					dst[i] *= es
+				}
+			}
 			t++
 		}
 	}
@@ -311,13 +320,26 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 
 	ks := m.ks
 	b.attn = attnJob{ks: ks, scr: b.scr, pool: pool, seqs: seqs, q: b.q, att: b.att, pos: b.pos, seqOf: b.seqOf,
-		heads: cfg.Heads, kvH: cfg.KVHeads, d: D}
+		heads: cfg.Heads, kvH: cfg.KVHeads, d: D, scale: m.attnScale, softcap: cfg.AttnSoftcap}
 	b.tok = tokJob{m: m, pool: pool, seqs: seqs, T: T}
 	defer func() { b.attn, b.tok, b.lin = attnJob{}, tokJob{}, linJob{} }() // drop references to the caller's data
-	lin := func(x []float32, resid []float32, swiglu bool, outs ...linOut) {
+	glu := gluSiLU
+	if cfg.GeluTanh {
+		glu = gluGELUTanh
+		if cfg.GGMLNumerics {
+			glu = gluGELUTanhGGML
+		}
+	}
+	lin := func(x []float32, resid []float32, gated bool, outs ...linOut) {
 		n := copy(b.outs[:], outs)
-		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: swiglu, q8: &b.q8, q8k: &b.q8k}
+		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: gated, glu: glu, q8: &b.q8, q8k: &b.q8k}
 		linear(tm, &b.lin)
+	}
+	// Gemma2 normalises each sublayer's output before its residual add:
+	// the output matrix writes b.tmp, and a per-token loop adds it.
+	var oResid []float32
+	if !cfg.PostNorms {
+		oResid = b.x
 	}
 	tokGrain := max(1, 256/max(1, H/64)) // tokens per task of the per-token loops
 
@@ -336,12 +358,20 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 		tm.parallelFor(T, tokGrain, &b.tok)
 		b.attn.li = li
 		tm.parallelFor(b.attn.tasks(T), 1, &b.attn)
-		lin(b.att, b.x, false, linOut{ly.o, ly.ob, b.tmp})
+		lin(b.att, oResid, false, linOut{ly.o, ly.ob, b.tmp})
+		if cfg.PostNorms {
+			b.tok.op = tokAttnPost
+			tm.parallelFor(T, tokGrain, &b.tok)
+		}
 
 		b.tok.op = tokMLPNorm
 		tm.parallelFor(T, tokGrain, &b.tok)
 		lin(b.h, nil, true, linOut{ly.gate, ly.gateB, b.gate}, linOut{ly.up, ly.upB, b.up})
-		lin(b.gate, b.x, false, linOut{ly.down, ly.downB, b.tmp})
+		lin(b.gate, oResid, false, linOut{ly.down, ly.downB, b.tmp})
+		if cfg.PostNorms {
+			b.tok.op = tokMLPPost
+			tm.parallelFor(T, tokGrain, &b.tok)
+		}
 	}
 	return ctx.Err()
 }
@@ -365,6 +395,9 @@ func (m *Model) logitRows(tm *team, toks []int) []float32 {
 		b.lin = linJob{ks: m.ks, scr: b.scr, x: b.sel, T: R, outs: append(b.outs[:0], linOut{w: m.w.lmHead, dst: b.lgt}), q8: &b.q8, q8k: &b.q8k}
 		linear(tm, &b.lin)
 		b.lin = linJob{}
+		if c := cfg.FinalSoftcap; c > 0 {
+			softcapRow(b.lgt, c)
+		}
 	}
 	return b.lgt
 }
@@ -420,6 +453,8 @@ const (
 	tokAttnNorm = iota // h = RMSNorm(x)·input_layernorm
 	tokRopeKV          // (Qwen3: RMS-normalise each head of q and k,) rotate q and k, store k and v in the pages
 	tokMLPNorm         // h = RMSNorm(x)·post_attention_layernorm
+	tokAttnPost        // Gemma2: x += RMSNorm(tmp)·post_attention_layernorm
+	tokMLPPost         // Gemma2: x += RMSNorm(tmp)·post_feedforward_layernorm
 )
 
 func (j *tokJob) run(_, lo, hi int) {
@@ -433,6 +468,13 @@ func (j *tokJob) run(_, lo, hi int) {
 		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.attnNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
 	case tokMLPNorm:
 		rmsNorm(b.h[lo*H:hi*H], b.x[lo*H:hi*H], hi-lo, H, ly.mlpNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
+	case tokAttnPost, tokMLPPost:
+		g := ly.attnPostNorm
+		if j.op == tokMLPPost {
+			g = ly.mlpPostNorm
+		}
+		rmsNorm(b.tmp[lo*H:hi*H], b.tmp[lo*H:hi*H], hi-lo, H, g, cfg.RMSNormEps, cfg.GGMLNumerics)
+		addInPlace(b.x[lo*H:hi*H], b.tmp[lo*H:hi*H])
 	case tokRopeKV:
 		qDim, kvDim, half := cfg.Heads*D, cfg.KVHeads*D, D/2
 		if cfg.QKNorm {
@@ -443,6 +485,13 @@ func (j *tokJob) run(_, lo, hi int) {
 		}
 		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
 		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
+		if m.qScale != 0 {
+			// llama.cpp's gemma2 scales q before q·k (ggml_scale), not the
+			// scores.
+			for i, v := range b.q[lo*qDim : hi*qDim] {
+				b.q[lo*qDim+i] = v * m.qScale
+			}
+		}
 		dt := j.pool.Geometry().DType
 		for t := lo; t < hi; t++ {
 			s := &j.seqs[b.seqOf[t]]

@@ -18,7 +18,7 @@ import (
 // GGUF architectures (general.architecture) and the Hugging Face
 // architecture each stands for. llama.cpp's llama architecture (which its
 // converter also uses for Mistral) stores q and k in Meta's interleaved
-// RoPE layout; qwen2 and qwen3 keep Hugging Face's rotate-half layout
+// RoPE layout; qwen2, qwen3 and gemma2 keep Hugging Face's rotate-half layout
 // (llama.cpp's LLAMA_ROPE_TYPE_NORM and LLAMA_ROPE_TYPE_NEOX,
 // llama-model.cpp).
 var ggufArchs = map[string]struct {
@@ -29,6 +29,7 @@ var ggufArchs = map[string]struct {
 	"mistral": {archMistral, true},
 	"qwen2":   {archQwen2, false},
 	"qwen3":   {archQwen3, false},
+	"gemma2":  {archGemma2, false},
 }
 
 // ggufMatrixTypes are the tensor types a GGUF model's matrices may have.
@@ -57,7 +58,7 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	}
 	a, ok := ggufArchs[arch]
 	if !ok {
-		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral, qwen2 or qwen3", arch)
+		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral, qwen2, qwen3 or gemma2", arch)
 	}
 	c := Config{Architecture: a.hf, RopeInterleaved: a.interleaved, GGMLNumerics: true, BOS: -1, RMSNormEps: 1e-5, RopeTheta: 10000,
 		QKNorm: a.hf == archQwen3}
@@ -85,7 +86,7 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	valLen := num("attention.value_length", false, big)
 	ropeDim := num("rope.dimension_count", false, big)
 	window := 0
-	if arch == "mistral" {
+	if arch == "mistral" || arch == "gemma2" {
 		window = num("attention.sliding_window", false, 1<<30)
 	}
 	if len(errs) > 0 {
@@ -147,6 +148,11 @@ func ggufConfig(f *gguf.File) (Config, error) {
 		c.RopeScaling = &RopeScaling{Type: "linear", Factor: factor}
 	}
 	c.SlidingWindow = window
+	if arch == "gemma2" {
+		if err := ggufGemma2(f, &c); err != nil {
+			return Config{}, err
+		}
+	}
 	if v, ok, err := f.Uint(arch + ".vocab_size"); err != nil {
 		return Config{}, err
 	} else if ok {
@@ -187,6 +193,49 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	return c, nil
 }
 
+// ggufGemma2 sets the Gemma2 fields of c as llama.cpp's gemma2 reads them
+// (src/models/gemma2.cpp): sliding window 4096 unless
+// gemma2.attention.sliding_window says otherwise, soft-capping from
+// gemma2.attn_logit_softcapping and gemma2.final_logit_softcapping (both
+// required: llama.cpp divides by them), and the attention scale
+// 1/√head_dim — 1/√(embedding_length/head_count) for the 46-layer 27B
+// model, whose query_pre_attn_scalar is not its head_dim (llama.cpp's rule,
+// from gemma_pytorch's config). The RMSNorm gains are read as stored (the
+// converter added 1).
+//
+// With f nil it only derives the attention scale (gemma2Exportable).
+func ggufGemma2(f *gguf.File, c *Config) error {
+	c.EmbedScale, c.GeluTanh, c.PostNorms = true, true, true
+	if c.SlidingWindow == 0 {
+		c.SlidingWindow = 4096
+	}
+	d := c.HeadDim
+	if c.Layers == 46 {
+		d = c.HiddenSize / c.Heads
+	}
+	c.QueryScale = float64(1 / float32(math.Sqrt(float64(float32(d)))))
+	if f == nil {
+		return nil
+	}
+	for _, k := range []struct {
+		key string
+		dst *float64
+	}{{"gemma2.attn_logit_softcapping", &c.AttnSoftcap}, {"gemma2.final_logit_softcapping", &c.FinalSoftcap}} {
+		v, ok, err := f.Float(k.key)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("no %s", k.key)
+		}
+		if !(v > 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("%s is %v, want a positive number", k.key, v)
+		}
+		*k.dst = v
+	}
+	return nil
+}
+
 // loadGGUF loads a GGUF file (version 2 or 3), memory-mapped: the
 // configuration from its metadata (ggufConfig), the tokenizer through
 // opts.LoadGGUFTokenizer (from tokenizer.ggml.*; none if that is nil or
@@ -194,8 +243,9 @@ func ggufConfig(f *gguf.File) (Config, error) {
 // names: token_embd, output_norm, output (absent: tied to token_embd),
 // rope_freqs (optional), and blk.N.{attn_norm, attn_q, attn_k, attn_v,
 // attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down} with attn_q/k/v
-// biases for qwen2 (and optionally for llama and qwen3), and attn_q_norm and
-// attn_k_norm ([head_dim]) for qwen3. Matrices may be F32, F16,
+// biases for qwen2 (and optionally for llama and qwen3), attn_q_norm and
+// attn_k_norm ([head_dim]) for qwen3, and post_attention_norm and
+// post_ffw_norm for gemma2. Matrices may be F32, F16,
 // BF16, Q8_0, Q4_0, Q4_K or Q6_K; norms and biases F32, F16 or BF16.
 //
 // It returns an error, never panics, for a file that gguf.Parse refuses
@@ -349,6 +399,10 @@ func (w *weights) fromGGUF(f *gguf.File) error {
 		}
 		v(&ly.attnNorm, "attn_norm.weight", H)
 		v(&ly.mlpNorm, "ffn_norm.weight", H)
+		if cfg.PostNorms {
+			v(&ly.attnPostNorm, "post_attention_norm.weight", H)
+			v(&ly.mlpPostNorm, "post_ffw_norm.weight", H)
+		}
 		mat(&ly.q, "attn_q", qDim, H)
 		mat(&ly.k, "attn_k", kvDim, H)
 		mat(&ly.v, "attn_v", kvDim, H)

@@ -88,3 +88,64 @@ func rmsNorm(dst, x []float32, T, n int, g []float32, eps float64, ggml bool) {
 		}
 	}
 }
+
+// tanhf is tanh of a float32: math.Tanh (pure Go, the same bits on every
+// machine) in float64, rounded once.
+func tanhf(x float32) float32 { return float32(math.Tanh(float64(x))) }
+
+// Constants of the tanh approximation of GELU (Hendrycks and Gimpel,
+// "Gaussian Error Linear Units", 2016): √(2/π) and 0.044715, as float32
+// like ggml's SQRT_2_OVER_PI and GELU_COEF_A (ggml-cpu vec.h).
+const (
+	geluSqrt2OverPi = 0.79788456080286535587989211986876
+	geluCoefA       = 0.044715
+)
+
+// geluTanh32 is ggml_gelu_f32 (ggml-cpu vec.h): 0.5·x·(1 + tanh(√(2/π)·x·
+// (1 + 0.044715·x²))), every operation in float32 from left to right (the
+// explicit conversions keep the compiler from fusing any of them).
+func geluTanh32(x float32) float32 {
+	a := float32(float32(geluCoefA) * x)
+	a = float32(a * x)
+	inner := float32(float32(float32(geluSqrt2OverPi)*x) * float32(1+a))
+	return float32(float32(0.5)*x) * float32(1+tanhf(inner))
+}
+
+// geluMul sets gate[i] = gelu(gate[i])·up[i]: the GeGLU MLP (Shazeer, "GLU
+// Variants Improve Transformer", 2020) with gelu's tanh approximation
+// (transformers' gelu_pytorch_tanh). With ggml set it is ggml_vec_geglu_f32
+// as ggml builds it (GGML_GELU_FP16): 0 for g ≤ −10, g·up for g ≥ 10, and
+// otherwise g rounded to float16, looked up in ggml's table of
+// float16(geluTanh32(h)) for every float16 h, widened and times up — here
+// computed rather than tabulated, the same values. Otherwise gelu is
+// computed in float64 from the float32 g (0.5·g·(1 + tanh(√(2/π)·(g +
+// 0.044715·g³)))) and rounded once. Pure Go: the same bits on every kernel
+// set.
+func geluMul(gate, up []float32, ggml bool) {
+	up = up[:len(gate)]
+	for i, g := range gate {
+		switch {
+		case !ggml:
+			x := float64(g)
+			gl := 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+			gate[i] = float32(gl) * up[i]
+		case g <= -10:
+			gate[i] = 0
+		case g >= 10:
+			gate[i] = g * up[i]
+		default:
+			h := F16ToF32(F32ToF16(g))
+			gate[i] = F16ToF32(F32ToF16(geluTanh32(h))) * up[i]
+		}
+	}
+}
+
+// softcapRow replaces each x by c·tanh(x·(1/c)) (logit soft-capping; Gemma
+// 2, Team et al. 2024): ggml's scale by 1/c (rounded to float32), tanhf,
+// scale by c, as llama.cpp builds it for gemma2.
+func softcapRow(x []float32, c float64) {
+	inv, cf := float32(1/float32(c)), float32(c)
+	for i, v := range x {
+		x[i] = tanhf(v*inv) * cf
+	}
+}

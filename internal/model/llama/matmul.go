@@ -129,7 +129,7 @@ type linOut struct {
 // resid set (one output), each task then adds its block to resid [T, rows]:
 // the residual connection x += sublayer(x). With swiglu set (outputs gate
 // and up of equal shape), a task computes the same block of both and sets
-// gate = silu(gate)·up there.
+// gate = act(gate)·up there, act chosen by glu (SiLU, or Gemma's gelu).
 type linJob struct {
 	ks     *kernelSet
 	scr    []scratch
@@ -138,6 +138,7 @@ type linJob struct {
 	outs   []linOut
 	resid  []float32
 	swiglu bool
+	glu    int    // the gated activation with swiglu: gluSiLU, gluGELUTanh or gluGELUTanhGGML
 	first  [4]int // first task of each output; first[len(outs)] = total
 	// q8 receives x quantized for Q8_0 and Q4_0 outputs (nil: allocated
 	// when needed); qj is the loop that fills it.
@@ -182,7 +183,12 @@ func (j *linJob) run(w, lo, hi int) {
 			j.mat(sc, up, r0, r1)
 			addBias(up.dst, rows, j.T, up.bias, r0, r1)
 			for t := range j.T {
-				siluMul(j.ks, o.dst[t*rows+r0:t*rows+r1], up.dst[t*rows+r0:t*rows+r1])
+				g, u := o.dst[t*rows+r0:t*rows+r1], up.dst[t*rows+r0:t*rows+r1]
+				if j.glu == gluSiLU {
+					siluMul(j.ks, g, u)
+				} else {
+					geluMul(g, u, j.glu == gluGELUTanhGGML)
+				}
 			}
 		case j.resid != nil:
 			for t := range j.T {
@@ -191,6 +197,13 @@ func (j *linJob) run(w, lo, hi int) {
 		}
 	}
 }
+
+// Gated activations of a linJob (glu).
+const (
+	gluSiLU         = iota // silu(gate)·up: siluMul
+	gluGELUTanh            // gelu_tanh(gate)·up in float64: geluMul
+	gluGELUTanhGGML        // … through ggml's float16 table: geluMul with ggml
+)
 
 // mat computes rows [r0, r1) of output o.
 func (j *linJob) mat(sc *scratch, o *linOut, r0, r1 int) {

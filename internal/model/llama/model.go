@@ -3,6 +3,7 @@ package llama
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -61,6 +62,10 @@ type Model struct {
 	threads int
 	ks      *kernelSet // nil: pure Go
 	invFreq []float64  // RoPE inverse frequencies [headDim/2]
+	// attnScale multiplies the attention scores (1/√headDim, or Gemma2's
+	// query_pre_attn_scalar^−½); qScale, if not 0, multiplies the queries
+	// instead (Gemma2 from GGUF, as llama.cpp does) and attnScale is 1.
+	attnScale, qScale float32
 
 	mu     sync.Mutex // serialises Forward and guards the fields below
 	closed bool
@@ -188,7 +193,7 @@ func newModel(w *weights, tok model.Tokenizer, path string, opts Options) (*Mode
 		}
 	}
 	geo := kvcache.Geometry{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, DType: opts.KVDType}
-	return &Model{
+	m := &Model{
 		w:   w,
 		tok: tok,
 		info: model.Info{Name: name, Geometry: geo, ContextLen: opts.ContextLen, VocabSize: cfg.VocabSize,
@@ -197,7 +202,21 @@ func newModel(w *weights, tok model.Tokenizer, path string, opts Options) (*Mode
 		ks:      ks,
 		invFreq: ropeInvFreq(cfg),
 		caches:  make(map[*kvcache.Pool]*poolCache),
-	}, nil
+	}
+	m.attnScale, m.qScale = attentionScales(cfg)
+	return m, nil
+}
+
+// attentionScales returns Model.attnScale and qScale for cfg.
+func attentionScales(cfg *Config) (attn, q float32) {
+	switch {
+	case cfg.QueryScale == 0:
+		return float32(1 / math.Sqrt(float64(cfg.HeadDim))), 0
+	case cfg.GGMLNumerics:
+		return 1, float32(cfg.QueryScale)
+	default:
+		return float32(cfg.QueryScale), 0
+	}
 }
 
 // Clone returns a new instance over the same weights (shared read-only,
@@ -212,7 +231,7 @@ func (m *Model) Clone() (*Model, error) {
 	}
 	m.w.refs.Add(1)
 	return &Model{w: m.w, tok: m.tok, info: m.info, threads: m.threads, ks: m.ks, invFreq: m.invFreq,
-		caches: make(map[*kvcache.Pool]*poolCache)}, nil
+		attnScale: m.attnScale, qScale: m.qScale, caches: make(map[*kvcache.Pool]*poolCache)}, nil
 }
 
 // Close releases the instance; the weights are unmapped when the last

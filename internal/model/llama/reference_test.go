@@ -18,8 +18,10 @@ import (
 // written straight from transformers' modeling_llama.py with no paging,
 // batching or tiling: the oracle for the configurations the stories260K
 // fixture does not cover (untied classifier, biases, F16/BF16 weights,
-// llama3 RoPE scaling) and Qwen3 (transformers' modeling_qwen3.py: q_norm
-// and k_norm on each head before RoPE).
+// llama3 RoPE scaling), Qwen3 (transformers' modeling_qwen3.py: q_norm
+// and k_norm on each head before RoPE) and Gemma2 (modeling_gemma2.py:
+// embeddings ×√hidden, norms with 1 + w, post-norms, GeGLU with
+// gelu_pytorch_tanh, soft-capped scores and logits).
 type refModel struct {
 	spec llamatest.Spec
 	w    map[string][]float64
@@ -28,6 +30,9 @@ type refModel struct {
 	// model's), or, to show what the tests would catch,
 	// qkNormSkipped or qkNormAfterRope.
 	qkNorm int
+	// noAttnSoftcap drops Gemma2's soft-capping of the attention scores,
+	// to show what the tests would catch.
+	noAttnSoftcap bool
 }
 
 // Placements of Qwen3's q/k norm in refModel.
@@ -113,9 +118,13 @@ func (r *refModel) norm(name string, x []float64) []float64 {
 	}
 	inv := 1 / math.Sqrt(ss/float64(len(x))+r.spec.RMSNormEps)
 	g := r.w[name]
+	one := 0.0
+	if r.spec.Architecture == "Gemma2ForCausalLM" {
+		one = 1 // Gemma2RMSNorm: x·(1 + w)
+	}
 	y := make([]float64, len(x))
 	for i := range x {
-		y[i] = g[i] * x[i] * inv
+		y[i] = (one + g[i]) * x[i] * inv
 	}
 	return y
 }
@@ -142,13 +151,29 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 	H, D := s.Hidden, r.headDim()
 	bias := s.QKVBias
 	qwen3 := s.Architecture == "Qwen3ForCausalLM"
-	oBias := bias && (s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || qwen3)
+	gemma := s.Architecture == "Gemma2ForCausalLM"
+	oBias := bias && (s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || qwen3 || gemma)
+	capped := func(v, c float64) float64 {
+		if !gemma || c == 0 {
+			return v
+		}
+		return c * math.Tanh(v/c)
+	}
+	attnCap := s.AttnSoftcap
+	if r.noAttnSoftcap {
+		attnCap = 0
+	}
 	var keys, vals [][][]float64 // [layer][pos][kv·D]
 	keys = make([][][]float64, s.Layers)
 	vals = make([][][]float64, s.Layers)
 	var out [][]float64
 	for pos, tok := range tokens {
 		x := append([]float64(nil), r.w["model.embed_tokens.weight"][int(tok)*H:(int(tok)+1)*H]...)
+		if gemma {
+			for i := range x {
+				x[i] *= math.Sqrt(float64(H))
+			}
+		}
 		for l := range s.Layers {
 			p := "model.layers." + itoa(l) + "."
 			h := r.norm(p+"input_layernorm.weight", x)
@@ -177,7 +202,7 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 					for i := range D {
 						d += q[hd*D+i] * keys[l][j][g*D+i]
 					}
-					sc[j] = d / math.Sqrt(float64(D))
+					sc[j] = capped(d/math.Sqrt(float64(D)), attnCap) // query_pre_attn_scalar = head_dim
 					m = math.Max(m, sc[j])
 				}
 				var z float64
@@ -192,16 +217,31 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 				}
 			}
 			o := r.linear(p+"self_attn.o_proj", att, H, oBias)
+			if gemma {
+				o = r.norm(p+"post_attention_layernorm.weight", o)
+			}
 			for i := range x {
 				x[i] += o[i]
 			}
-			h = r.norm(p+"post_attention_layernorm.weight", x)
+			if gemma {
+				h = r.norm(p+"pre_feedforward_layernorm.weight", x)
+			} else {
+				h = r.norm(p+"post_attention_layernorm.weight", x)
+			}
 			gt := r.linear(p+"mlp.gate_proj", h, s.Intermediate, false)
 			up := r.linear(p+"mlp.up_proj", h, s.Intermediate, false)
 			for i := range gt {
-				gt[i] = gt[i] / (1 + math.Exp(-gt[i])) * up[i]
+				if gemma { // gelu_pytorch_tanh
+					g := gt[i]
+					gt[i] = 0.5 * g * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(g+0.044715*g*g*g))) * up[i]
+				} else {
+					gt[i] = gt[i] / (1 + math.Exp(-gt[i])) * up[i]
+				}
 			}
 			d := r.linear(p+"mlp.down_proj", gt, H, false)
+			if gemma {
+				d = r.norm(p+"post_feedforward_layernorm.weight", d)
+			}
 			for i := range x {
 				x[i] += d[i]
 			}
@@ -211,7 +251,11 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 		if s.Tied {
 			head = "model.embed_tokens"
 		}
-		out = append(out, r.linear(head, h, s.Vocab, false))
+		lg := r.linear(head, h, s.Vocab, false)
+		for i := range lg {
+			lg[i] = capped(lg[i], s.FinalSoftcap)
+		}
+		out = append(out, lg)
 	}
 	return out
 }
@@ -250,7 +294,26 @@ func variants() map[string]llamatest.Spec {
 	s = qwen3Tiny()
 	s.QKVBias, s.DType, s.Tied = true, llama.BF16, true
 	v["qwen3-attention-bias-bf16-tied"] = s
+	v["gemma2-headdim-softcap"] = gemma2Tiny()
+	s = gemma2Tiny()
+	s.FinalSoftcap = 0 // null: the logits uncompressed
+	v["gemma2-no-final-softcap"] = s
+	s = gemma2Tiny()
+	s.QKVBias, s.DType = true, llama.BF16
+	v["gemma2-attention-bias-bf16"] = s
 	return v
+}
+
+// gemma2Tiny is Tiny as a Gemma2 checkpoint (tied, as Gemma2 always is)
+// whose head_dim (32) is not hidden/heads, with soft-capping at 0.5 for
+// the attention scores and 1 for the logits — far below Gemma 2's 50 and
+// 30, so that on this small random model they change the result — and a
+// 300-token vocabulary for WriteGGUF.
+func gemma2Tiny() llamatest.Spec {
+	s := llamatest.Tiny()
+	s.Architecture, s.HeadDim, s.Vocab, s.Tied = "Gemma2ForCausalLM", 32, 300, true
+	s.AttnSoftcap, s.FinalSoftcap = 0.5, 1
+	return s
 }
 
 // qwen3Tiny is Tiny as a Qwen3 checkpoint whose head_dim (32) is not
@@ -354,6 +417,49 @@ func TestQwen3QKNormPlacement(t *testing.T) {
 		}
 		if skipped < 2e-3 || after < 2e-3 {
 			t.Errorf("%s: the reference with the q/k norm skipped (%.3g) or after RoPE (%.3g) is within 2e-3: the test could not tell", name, skipped, after)
+		}
+	}
+}
+
+// TestGemma2 checks the Gemma2 forward pass against the float64 reference,
+// from the checkpoint (to 2e-5) and from its GGUF file (to 2e-3: there gelu
+// goes through ggml's float16 table, as llama.cpp computes it), and that the
+// reference without the attention scores' soft-capping is far from both
+// (more than 100× the checkpoint's tolerance), so that the comparison sees
+// it (the logits' soft-capping at 1 bounds them: it could not go unseen).
+func TestGemma2(t *testing.T) {
+	spec := gemma2Tiny()
+	tokens := randomTokens(rand.New(rand.NewPCG(11, 11)), 24, spec.Vocab)
+	dir := spec.WriteT(t)
+	want := newRefModel(spec).logits(tokens)
+	r := newRefModel(spec)
+	r.noAttnSoftcap = true
+	uncapped := r.logits(tokens)
+	dist := func(got []float32, want [][]float64) float64 {
+		var worst float64
+		for p := range want {
+			for id, w := range want[p] {
+				worst = math.Max(worst, math.Abs(float64(got[p*spec.Vocab+id])-w))
+			}
+		}
+		return worst
+	}
+	for _, c := range []struct {
+		name, path string
+		tol        float64
+	}{{"safetensors", dir, 2e-5}, {"gguf", writeGGUF(t, dir, gguf.F32), 2e-3}} {
+		m := load(t, c.path, llama.Options{})
+		if cfg := m.Config(); !cfg.PostNorms || !cfg.GeluTanh || !cfg.EmbedScale || cfg.AttnSoftcap != 0.5 || cfg.FinalSoftcap != 1 || cfg.HeadDim != 32 || cfg.RopeInterleaved {
+			t.Fatalf("%s: config %+v", c.name, cfg)
+		}
+		got := logitsOf(t, m, tokens)
+		d, du := dist(got, want), dist(got, uncapped)
+		t.Logf("%s: max |Δ logit| vs the reference %.3g; without the attention soft-capping %.3g", c.name, d, du)
+		if d > c.tol {
+			t.Errorf("%s: max |Δ logit| vs the reference = %.3g, want ≤ %g", c.name, d, c.tol)
+		}
+		if du < 2e-3 {
+			t.Errorf("%s: the reference without the attention soft-capping is within %.3g: the test could not tell", c.name, du)
 		}
 	}
 }

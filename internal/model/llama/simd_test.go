@@ -309,12 +309,12 @@ func TestAttentionPaths(t *testing.T) {
 			var ref []float32
 			for _, ks := range append([]*kernelSet{nil}, kernelSets(t)...) {
 				att := make([]float32, T*heads*D)
-				j := &attnJob{ks: ks, scr: make([]scratch, 2), pool: pool, seqs: seqs, q: q, att: att, pos: pos, seqOf: seqOf, heads: heads, kvH: kvH, d: D}
+				j := &attnJob{ks: ks, scr: make([]scratch, 2), pool: pool, seqs: seqs, q: q, att: att, pos: pos, seqOf: seqOf, heads: heads, kvH: kvH, d: D, scale: float32(1 / math.Sqrt(float64(D)))}
 				tm := startTeam(2)
 				tm.parallelFor(j.tasks(T), 1, j)
 				// Token 3 alone, at a different place.
 				alone := make([]float32, heads*D)
-				j1 := &attnJob{ks: ks, scr: make([]scratch, 2), pool: pool, seqs: seqs, q: q[3*heads*D:], att: alone, pos: pos[3:], seqOf: seqOf[3:], heads: heads, kvH: kvH, d: D, sub: 1}
+				j1 := &attnJob{ks: ks, scr: make([]scratch, 2), pool: pool, seqs: seqs, q: q[3*heads*D:], att: alone, pos: pos[3:], seqOf: seqOf[3:], heads: heads, kvH: kvH, d: D, sub: 1, scale: float32(1 / math.Sqrt(float64(D)))}
 				tm.parallelFor(j1.tasks(1), 1, j1)
 				tm.stop()
 				for i, v := range alone {
@@ -586,7 +586,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		}
 	}
 	j := &attnJob{ks: kernelSetFor(2), scr: make([]scratch, 2), pool: pool, seqs: []model.SeqInput{{Pages: pages}},
-		q: randVec(rng, heads*D), att: make([]float32, heads*D), pos: []int32{n - 1}, seqOf: []int32{0}, heads: heads, kvH: kvH, d: D}
+		q: randVec(rng, heads*D), att: make([]float32, heads*D), pos: []int32{n - 1}, seqOf: []int32{0}, heads: heads, kvH: kvH, d: D, scale: float32(1 / math.Sqrt(float64(D)))}
 	for _, th := range []int{1, 2} {
 		b.Run("threads"+itoaT(th), func(b *testing.B) {
 			tm := startTeam(th)

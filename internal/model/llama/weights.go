@@ -24,7 +24,10 @@ const (
 // Linear weights are [out, in]; biases are nil when the layer has none.
 type layer struct {
 	attnNorm []float32 // input_layernorm [hidden]
-	mlpNorm  []float32 // post_attention_layernorm [hidden]
+	mlpNorm  []float32 // post_attention_layernorm [hidden] (Gemma2: pre_feedforward_layernorm)
+	// Gemma2's norms of the attention and MLP outputs [hidden]
+	// (post_attention_layernorm, post_feedforward_layernorm), else nil.
+	attnPostNorm, mlpPostNorm []float32
 
 	q, k, v, o     *tensor   // [heads·headDim, hidden], [kvHeads·headDim, hidden] ×2, [hidden, heads·headDim]
 	qb, kb, vb, ob []float32 // biases (Qwen2: q, k, v; Llama attention_bias: all four)
@@ -219,6 +222,10 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 	if w.norm, err = l.vector("model.norm.weight", H); err != nil {
 		return nil, err
 	}
+	gemma := cfg.Architecture == archGemma2
+	if gemma {
+		addOne(w.norm)
+	}
 	if cfg.TieEmbeddings {
 		w.lmHead = w.embed
 	} else if w.lmHead, err = l.tensor("lm_head.weight", cfg.VocabSize, H); err != nil {
@@ -242,7 +249,13 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 			}
 		}
 		vec(&ly.attnNorm, "input_layernorm.weight", H)
-		vec(&ly.mlpNorm, "post_attention_layernorm.weight", H)
+		if gemma {
+			vec(&ly.attnPostNorm, "post_attention_layernorm.weight", H)
+			vec(&ly.mlpNorm, "pre_feedforward_layernorm.weight", H)
+			vec(&ly.mlpPostNorm, "post_feedforward_layernorm.weight", H)
+		} else {
+			vec(&ly.mlpNorm, "post_attention_layernorm.weight", H)
+		}
 		mat(&ly.q, "self_attn.q_proj", qDim, H)
 		mat(&ly.k, "self_attn.k_proj", kvDim, H)
 		mat(&ly.v, "self_attn.v_proj", kvDim, H)
@@ -270,6 +283,11 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 		if err != nil {
 			return nil, err
 		}
+		if gemma {
+			for _, g := range [][]float32{ly.attnNorm, ly.attnPostNorm, ly.mlpNorm, ly.mlpPostNorm} {
+				addOne(g)
+			}
+		}
 	}
 	var extra []string
 	for name := range byName {
@@ -292,6 +310,15 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 	}
 	w.digest = digestOf(rawConfig, files)
 	return w, nil
+}
+
+// addOne adds 1 to every gain of a Gemma RMSNorm, stored as w and applied
+// as 1 + w (transformers' Gemma2RMSNorm: output·(1 + weight.float())), in
+// float32. The slice is the loader's own copy (vector widens it).
+func addOne(g []float32) {
+	for i := range g {
+		g[i]++
+	}
 }
 
 // digestVersion changes whenever the KV a checkpoint produces would change

@@ -109,7 +109,10 @@ type Spec struct {
 	// Architecture is config.json's architectures[0]: "LlamaForCausalLM"
 	// (the default), "Qwen2ForCausalLM", "Qwen3ForCausalLM" (adds the
 	// per-head q_norm and k_norm gains, uniform in 1 ± 0.5 so that their
-	// order against RoPE matters) or "MistralForCausalLM".
+	// order against RoPE matters), "MistralForCausalLM" or
+	// "Gemma2ForCausalLM" (gelu_pytorch_tanh, the four norms of a layer
+	// stored as w around 0 — applied as 1 + w —, query_pre_attn_scalar =
+	// head_dim, the soft-capping below).
 	Architecture   string
 	Hidden         int
 	Intermediate   int
@@ -127,6 +130,11 @@ type Spec struct {
 	BOS            int
 	EOS            []int
 	Seed           uint64
+	// AttnSoftcap and FinalSoftcap are Gemma2's attn_logit_softcapping and
+	// final_logit_softcapping (0: written as null, none); SlidingWindow its
+	// sliding_window (0: MaxPositions).
+	AttnSoftcap, FinalSoftcap float64
+	SlidingWindow             int
 	// Scale is the half-width of the uniform distribution of matrix and
 	// embedding weights; 0 means 0.02·√3 (standard deviation 0.02, the
 	// transformers initializer_range).
@@ -153,6 +161,19 @@ func Qwen3Shaped() Spec {
 	return Spec{Architecture: "Qwen3ForCausalLM", Hidden: 1024, Intermediate: 3072, Layers: 8, Heads: 16, KVHeads: 8,
 		HeadDim: 128, Vocab: 32768, MaxPositions: 40960, Tied: true, DType: llama.BF16, RopeTheta: 1e6,
 		RMSNormEps: 1e-6, BOS: 1, EOS: []int{2}, Seed: 3}
+}
+
+// Gemma2Shaped is a Gemma2 checkpoint with the layer shape of
+// google/gemma-2-2b (its config.json: hidden 2304, 8 heads and 4 KV heads
+// of head_dim 256, intermediate 9216, tied, bf16, rope_theta 10000,
+// rms_norm_eps 1e-6, query_pre_attn_scalar 256, soft-capping 50 and 30,
+// sliding window 4096 of 8192 positions) but 2 of its 26 layers and a
+// 16384-token vocabulary (its 256000 would be 1.2 GB of embeddings): 194M
+// parameters.
+func Gemma2Shaped() Spec {
+	return Spec{Architecture: "Gemma2ForCausalLM", Hidden: 2304, Intermediate: 9216, Layers: 2, Heads: 8, KVHeads: 4,
+		HeadDim: 256, Vocab: 16384, MaxPositions: 8192, Tied: true, DType: llama.BF16, RopeTheta: 10000,
+		RMSNormEps: 1e-6, BOS: 2, EOS: []int{1}, Seed: 2, AttnSoftcap: 50, FinalSoftcap: 30, SlidingWindow: 4096}
 }
 
 // Tiny is a small spec for fast tests: 2 layers, hidden 64, 4 heads of 16,
@@ -189,16 +210,33 @@ func (s Spec) Config() map[string]any {
 		"rope_theta": s.RopeTheta, "rms_norm_eps": s.RMSNormEps, "hidden_act": "silu",
 		"bos_token_id": s.BOS, "eos_token_id": s.EOS, "torch_dtype": map[llama.DType]string{llama.F32: "float32", llama.F16: "float16", llama.BF16: "bfloat16"}[s.DType],
 	}
-	if s.HeadDim > 0 || arch == "Qwen3ForCausalLM" { // Qwen3Config's default head_dim is 128, not hidden/heads
+	if s.HeadDim > 0 || arch == "Qwen3ForCausalLM" || arch == "Gemma2ForCausalLM" { // their default head_dim is not hidden/heads
 		c["head_dim"] = s.headDim()
 	}
-	if s.QKVBias && (arch == "LlamaForCausalLM" || arch == "Qwen3ForCausalLM") {
+	if s.QKVBias && (arch == "LlamaForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "Gemma2ForCausalLM") {
 		c["attention_bias"] = true
+	}
+	if arch == "Gemma2ForCausalLM" {
+		c["hidden_act"], c["hidden_activation"] = "gelu_pytorch_tanh", "gelu_pytorch_tanh"
+		c["query_pre_attn_scalar"] = s.headDim()
+		c["attn_logit_softcapping"], c["final_logit_softcapping"] = nullIfZero(s.AttnSoftcap), nullIfZero(s.FinalSoftcap)
+		c["sliding_window"] = s.MaxPositions
+		if s.SlidingWindow > 0 {
+			c["sliding_window"] = s.SlidingWindow
+		}
 	}
 	if s.RopeScaling != nil {
 		c["rope_scaling"] = s.RopeScaling
 	}
 	return c
+}
+
+// nullIfZero is v, or nil (JSON null) for 0.
+func nullIfZero(v float64) any {
+	if v == 0 {
+		return nil
+	}
+	return v
 }
 
 // Tensors returns the spec's tensors with seeded uniform random weights
@@ -231,10 +269,15 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 	}
 	H, D := s.Hidden, s.headDim()
 	q, kv := s.Heads*D, s.KVHeads*D
+	gemma := s.Architecture == "Gemma2ForCausalLM"
+	normCenter := 1.0
+	if gemma {
+		normCenter = 0 // applied as 1 + w
+	}
 	add("model.embed_tokens.weight", rnd(s.Vocab*H, 0, scale), s.Vocab, H)
 	for i := range s.Layers {
 		p := fmt.Sprintf("model.layers.%d.", i)
-		add(p+"input_layernorm.weight", rnd(H, 1, 0.1), H)
+		add(p+"input_layernorm.weight", rnd(H, normCenter, 0.1), H)
 		add(p+"self_attn.q_proj.weight", rnd(q*H, 0, scale), q, H)
 		add(p+"self_attn.k_proj.weight", rnd(kv*H, 0, scale), kv, H)
 		add(p+"self_attn.v_proj.weight", rnd(kv*H, 0, scale), kv, H)
@@ -243,7 +286,7 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 			add(p+"self_attn.q_proj.bias", rnd(q, 0, 0.1), q)
 			add(p+"self_attn.k_proj.bias", rnd(kv, 0, 0.1), kv)
 			add(p+"self_attn.v_proj.bias", rnd(kv, 0, 0.1), kv)
-			if s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || s.Architecture == "Qwen3ForCausalLM" {
+			if s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || s.Architecture == "Qwen3ForCausalLM" || gemma {
 				add(p+"self_attn.o_proj.bias", rnd(H, 0, 0.1), H)
 			}
 		}
@@ -251,12 +294,18 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 			add(p+"self_attn.q_norm.weight", rnd(D, 1, 0.5), D)
 			add(p+"self_attn.k_norm.weight", rnd(D, 1, 0.5), D)
 		}
-		add(p+"post_attention_layernorm.weight", rnd(H, 1, 0.1), H)
+		add(p+"post_attention_layernorm.weight", rnd(H, normCenter, 0.1), H)
+		if gemma {
+			add(p+"pre_feedforward_layernorm.weight", rnd(H, 0, 0.1), H)
+		}
 		add(p+"mlp.gate_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)
 		add(p+"mlp.up_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)
 		add(p+"mlp.down_proj.weight", rnd(H*s.Intermediate, 0, scale), H, s.Intermediate)
+		if gemma {
+			add(p+"post_feedforward_layernorm.weight", rnd(H, 0, 0.1), H)
+		}
 	}
-	add("model.norm.weight", rnd(H, 1, 0.1), H)
+	add("model.norm.weight", rnd(H, normCenter, 0.1), H)
 	if !s.Tied {
 		add("lm_head.weight", rnd(s.Vocab*H, 0, scale), s.Vocab, H)
 	}

@@ -135,16 +135,23 @@ if (mode === "perf") {
     const seq = ctx.getSequence();
     const n = ref.prompt.length;
     const res = await seq.controlledEvaluate(ref.prompt.map((t, i) => i === n - 1 ? [t, {generateNext: {probabilities: true, token: true, options: greedy}}] : t));
+    // The addon normalises the probabilities in float32, adding them in
+    // descending order: after a dominant token, terms below half an ulp of
+    // the running sum are lost (on a peaked distribution every probability
+    // comes out ~Σ lost too high). Renormalise in float64, as score does;
+    // sum is the addon's Σp.
     const probs = res[n - 1].next.probabilities;
-    const top = [...probs.entries()].slice(0, ref.top.length);
+    let sum = 0;
+    for (const p of probs.values()) sum += p;
+    const top = [...probs.entries()].slice(0, ref.top.length).map(([id, p]) => [id, p / sum]);
     let maxDiff = 0;
-    for (const [id, p] of ref.top) maxDiff = Math.max(maxDiff, Math.abs((probs.get(id) ?? 0) - p));
+    for (const [id, p] of ref.top) maxDiff = Math.max(maxDiff, Math.abs((probs.get(id) ?? 0) / sum - p));
     const greedyToks = [res[n - 1].next.token];
     while (greedyToks.length < ref.greedy.length) {
         const r = await seq.controlledEvaluate([[greedyToks.at(-1), {generateNext: {token: true, options: greedy}}]]);
         greedyToks.push(r[0].next.token);
     }
-    console.log(JSON.stringify({top, maxProbDiff: maxDiff, greedy: greedyToks,
+    console.log(JSON.stringify({top, maxProbDiff: maxDiff, sum, greedy: greedyToks,
         greedyMatch: greedyToks.every((t, i) => t === ref.greedy[i]), top1Match: top[0][0] === ref.top[0][0]}));
     await ctx.dispose();
 } else if (mode === "refs") {

@@ -55,6 +55,32 @@ func TestSyntheticQwen3PD(t *testing.T) {
 	checkPDEqualsColocated(t, newModel, spec.Vocab, maxTokens)
 }
 
+// TestSyntheticGemma2PD does the same on a GGUF file of llama.cpp's gemma2
+// architecture: llamatest.Gemma2Shaped (gemma-2-2b's layers: 8 heads and
+// 4 KV heads of 256, post-norms, GeGLU, soft-capped scores; random
+// weights) written as Q4_K_M. Its final soft-capping is lowered from 30 to
+// 1, which keeps every logit within ±1: the next-token distribution is then
+// nearly flat, so a KV entry that arrived wrong would change the sampled
+// and greedy tokens rather than be drowned by the one token this random
+// model otherwise predicts with p ≈ 0.999.
+func TestSyntheticGemma2PD(t *testing.T) {
+	spec := llamatest.Gemma2Shaped()
+	spec.FinalSoftcap = 1
+	maxTokens := 8
+	if raceEnabled {
+		spec.Layers, maxTokens = 1, 4
+	}
+	path := filepath.Join(t.TempDir(), "gemma2-shaped-q4_k_m.gguf")
+	if _, err := llama.WriteGGUF(spec.WriteT(t), path, llama.FileQ4_KM); err != nil {
+		t.Fatal(err)
+	}
+	newModel, base := factory(t, path, llama.Options{Name: "gemma2-shaped"})
+	if c := base.Config(); !c.PostNorms || c.HeadDim != 256 || c.FinalSoftcap != 1 || c.AttnSoftcap != 50 || base.Info().ContextLen != 4096 {
+		t.Fatalf("config %+v, context %d", c, base.Info().ContextLen)
+	}
+	checkPDEqualsColocated(t, newModel, spec.Vocab, maxTokens)
+}
+
 // checkPDEqualsColocated sends 20 prompts at once (4 to 43 random tokens
 // of a vocab-token vocabulary; 10 greedy, 10 sampled with seeds) to a
 // colocated worker and to a prefill/decode pair on newModel, prompts longer

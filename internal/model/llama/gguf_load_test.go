@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/pdserve/pdserve/internal/model"
@@ -68,7 +69,7 @@ func snapped(t *testing.T, spec llamatest.Spec, typ gguf.Type) string {
 }
 
 // TestGGUFMatchesCheckpoint exports checkpoints to GGUF (llama.cpp's
-// interleaved RoPE layout for llama, rotate-half for qwen3) and checks that loading the file computes the
+// interleaved RoPE layout for llama, rotate-half for qwen3 and gemma2) and checks that loading the file computes the
 // checkpoint's function: F32 and BF16 exports to float rounding; Q8_0 and
 // Q4_0 exports of checkpoints already on their grid (so the weights are
 // the same) within the error of quantizing the activations to 8 bits
@@ -90,14 +91,20 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 		}(),
 		"qwen3-headdim":   qwen3Tiny(),
 		"qwen3-bf16-tied": func() llamatest.Spec { s := qwen3Tiny(); s.DType, s.Tied = llama.BF16, true; return s }(),
+		"gemma2":          gemma2Tiny(),
 	} {
 		t.Run(name, func(t *testing.T) {
 			spec.Vocab = 300
 			toks := randomTokens(rng, 30, spec.Vocab)
+			gemma := spec.Architecture == "Gemma2ForCausalLM"
+			exact := 2e-5
+			if gemma {
+				exact = 2e-3 // the file's gelu goes through ggml's float16 table
+			}
 			for _, c := range []struct {
 				typ gguf.Type
 				tol float64
-			}{{gguf.F32, 2e-5}, {map[llama.DType]gguf.Type{llama.F32: gguf.F32, llama.BF16: gguf.BF16}[spec.DType], 2e-5}, {gguf.Q8_0, 0.3}, {gguf.Q4_0, 0.3}} {
+			}{{gguf.F32, exact}, {map[llama.DType]gguf.Type{llama.F32: gguf.F32, llama.BF16: gguf.BF16}[spec.DType], exact}, {gguf.Q8_0, 0.3}, {gguf.Q4_0, 0.3}} {
 				dir := spec.WriteT(t)
 				if c.typ == gguf.Q8_0 || c.typ == gguf.Q4_0 {
 					if spec.DType != llama.F32 {
@@ -108,7 +115,7 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 				want := logitsOf(t, load(t, dir, llama.Options{}), toks)
 				m := load(t, writeGGUF(t, dir, c.typ), llama.Options{})
 				qwen3 := spec.Architecture == "Qwen3ForCausalLM"
-				if mc := m.Config(); m.Info().VocabSize != spec.Vocab || mc.RopeInterleaved == qwen3 || mc.QKNorm != qwen3 {
+				if mc := m.Config(); m.Info().VocabSize != spec.Vocab || mc.RopeInterleaved == (qwen3 || gemma) || mc.QKNorm != qwen3 || mc.PostNorms != gemma {
 					t.Fatalf("%s: info %+v, config %+v", c.typ, m.Info(), m.Config())
 				}
 				d := maxDiff(logitsOf(t, m, toks), want)
@@ -399,5 +406,69 @@ func TestGGUFQwen3Errors(t *testing.T) {
 		}), []string{`tensor "blk.0.attn_q.weight" has shape [128 64]`, "implies [64 64]"}},
 	} {
 		t.Run(c.name, func(t *testing.T) { wantLoadError(t, c.path, llama.Options{}, c.want...) })
+	}
+}
+
+// TestGGUFGemma2Errors checks that a gemma2 file without a soft-capping
+// value or a post-norm is refused with an error naming it, and that
+// WriteGGUF refuses Gemma2 checkpoints llama.cpp would compute differently.
+func TestGGUFGemma2Errors(t *testing.T) {
+	good := writeGGUF(t, gemma2Tiny().WriteT(t), gguf.F32)
+	raw, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, _, _ := f.String("general.architecture"); a != "gemma2" {
+		t.Fatalf("general.architecture %q, want gemma2", a)
+	}
+	rewrite := func(dropKey, dropTensor string) string {
+		var kvs []gguf.KV
+		for _, kv := range f.KV {
+			if kv.Key != dropKey {
+				kvs = append(kvs, kv)
+			}
+		}
+		var ts []gguf.Tensor
+		for _, ti := range f.Tensors {
+			if ti.Name != dropTensor {
+				ts = append(ts, gguf.Tensor{Name: ti.Name, Type: ti.Type, Dims: ti.Dims, Data: ti.Data})
+			}
+		}
+		p := filepath.Join(t.TempDir(), "bad.gguf")
+		fh, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gguf.Write(fh, kvs, ts); err != nil {
+			t.Fatal(err)
+		}
+		if err := fh.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	wantLoadError(t, rewrite("gemma2.final_logit_softcapping", ""), llama.Options{}, "no gemma2.final_logit_softcapping")
+	wantLoadError(t, rewrite("", "blk.1.post_ffw_norm.weight"), llama.Options{}, `tensor "blk.1.post_ffw_norm.weight" not found`)
+	for name, c := range map[string]struct {
+		edit func(c map[string]any)
+		want string
+	}{
+		"untied":          {func(c map[string]any) { c["tie_word_embeddings"] = false }, "no separate classifier"},
+		"no final cap":    {func(c map[string]any) { c["final_logit_softcapping"] = nil }, "needs attn_logit_softcapping and final_logit_softcapping"},
+		"another scaling": {func(c map[string]any) { c["query_pre_attn_scalar"] = 64 }, "attention scale 0.125, llama.cpp's gemma2 would use 0.17677"},
+	} {
+		spec := gemma2Tiny()
+		ts := spec.Tensors()
+		if name == "untied" {
+			ts = append(ts, llama.SafetensorsTensor{Name: "lm_head.weight", DType: llama.F32, Shape: []int{spec.Vocab, spec.Hidden}, Data: make([]byte, 4*spec.Vocab*spec.Hidden)})
+		}
+		dir := writeCkpt(t, spec, c.edit, ts)
+		if _, err := llama.WriteGGUF(dir, filepath.Join(t.TempDir(), "m.gguf"), llama.FileF32); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: WriteGGUF error %v, want one containing %q", name, err, c.want)
+		}
 	}
 }

@@ -337,3 +337,50 @@ func TestQwen3Config(t *testing.T) {
 		wantLoadError(t, dir, llama.Options{}, "does not use", "k_norm")
 	})
 }
+
+// TestGemma2Config checks how a Gemma2 config.json is read: Gemma2Config's
+// defaults (head_dim 256, query_pre_attn_scalar 256, soft-capping 50 and 30,
+// sliding window 4096, tied), null soft-capping, the activation, and the
+// context length capped at the sliding window.
+func TestGemma2Config(t *testing.T) {
+	parse := func(edit func(map[string]any)) (llama.Config, error) {
+		spec := gemma2Tiny()
+		c := spec.Config()
+		for _, k := range []string{"head_dim", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window", "tie_word_embeddings", "hidden_act", "hidden_activation"} {
+			delete(c, k)
+		}
+		if edit != nil {
+			edit(c)
+		}
+		raw, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return llama.ParseConfig(raw)
+	}
+	c, err := parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HeadDim != 256 || c.QueryScale != 1.0/16 || c.AttnSoftcap != 50 || c.FinalSoftcap != 30 || c.SlidingWindow != 4096 ||
+		!c.TieEmbeddings || !c.GeluTanh || !c.PostNorms || !c.EmbedScale || c.QKVBias {
+		t.Errorf("Gemma2 defaults: %+v", c)
+	}
+	if c, err = parse(func(m map[string]any) { m["final_logit_softcapping"], m["attn_logit_softcapping"] = nil, nil }); err != nil {
+		t.Fatal(err)
+	} else if c.AttnSoftcap != 0 || c.FinalSoftcap != 0 {
+		t.Errorf("null soft-capping read as %v, %v", c.AttnSoftcap, c.FinalSoftcap)
+	}
+	if _, err := parse(func(m map[string]any) { m["hidden_activation"] = "gelu" }); err == nil || !strings.Contains(err.Error(), `unsupported hidden_activation "gelu"`) {
+		t.Errorf("hidden_activation gelu: %v", err)
+	}
+	if _, err := parse(func(m map[string]any) { m["attn_logit_softcapping"] = -1 }); err == nil || !strings.Contains(err.Error(), "attn_logit_softcapping must be positive or null") {
+		t.Errorf("negative soft-capping: %v", err)
+	}
+	spec := gemma2Tiny()
+	spec.SlidingWindow = 40
+	m := load(t, spec.WriteT(t), llama.Options{})
+	if got := m.Info().ContextLen; got != 40 {
+		t.Errorf("context length %d, want the sliding window 40", got)
+	}
+}

@@ -1,8 +1,10 @@
 // Package llama runs Llama-architecture language models on the CPU: Llama 2
-// and 3, SmolLM and SmolLM2, Qwen2 and Qwen2.5, Mistral (without a sliding
-// window shorter than the context) and TinyLlama, from Hugging Face
-// checkpoints (config.json + safetensors) or from GGUF files (llama.cpp's
-// format; gguf_load.go), quantized or not.
+// and 3, SmolLM and SmolLM2, Qwen2 and Qwen2.5, Qwen3 (dense), Gemma 2,
+// Mistral and TinyLlama, from Hugging Face checkpoints (config.json +
+// safetensors) or from GGUF files (llama.cpp's format; gguf_load.go),
+// quantized or not. A sliding window (Mistral's, Gemma 2's every other
+// layer) caps the context length at the window, so it never cuts anything
+// off.
 //
 // # Overview
 //
@@ -11,7 +13,11 @@
 // RMSNorm, rotary position embeddings in the rotate-half layout (with
 // rope_theta and "linear" or "llama3" rope_scaling), grouped-query attention
 // with optional q/k/v (and o) biases, a SwiGLU MLP, and a classifier tied to
-// the token embedding or separate. Computation is float32; weights stay in
+// the token embedding or separate. Qwen3 adds an RMSNorm on each head of q
+// and k before RoPE (modeling_qwen3.py). Gemma 2 (modeling_gemma2.py)
+// scales the embeddings by √hidden, normalises each sublayer's output too
+// (post-norms, gains applied as 1 + w), uses GeGLU with gelu's tanh
+// approximation, and soft-caps attention scores and logits (c·tanh(x/c)). Computation is float32; weights stay in
 // their stored dtype (F32, F16 or BF16, memory-mapped) and are widened to
 // float32 inside the matrix kernels. Quantized GGUF weights (Q8_0, Q4_0,
 // Q4_K, Q6_K) stay in their blocks; their matrices multiply activations

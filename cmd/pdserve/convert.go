@@ -60,7 +60,8 @@ func newConvertGGUFCmd(stdout io.Writer) *cobra.Command {
 		Short: "Write a checkpoint as a GGUF file (f32, f16, bf16, or quantized q8_0, q4_0, q4_k_m) that --model and llama.cpp load",
 		Long: `Reads IN, a Hugging Face checkpoint directory (config.json + safetensors) or
 a llama2.c checkpoint (.bin), and writes OUT.gguf (GGUF v3, llama.cpp's
-"llama" architecture) with its matrices in --type: f32, f16 or bf16 (exact
+"llama" architecture, or "qwen3" or "gemma2" for a Qwen3ForCausalLM or
+Gemma2ForCausalLM checkpoint) with its matrices in --type: f32, f16 or bf16 (exact
 when the checkpoint has that dtype), quantized with ggml's reference
 quantizers, q8_0 (8 bits per weight plus a scale per 32) or q4_0 (4 bits),
 or q4_k_m, llama.cpp's mix of Q4_K and Q6_K (plain range quantizers, not

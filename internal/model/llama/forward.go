@@ -332,7 +332,7 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	}
 	lin := func(x []float32, resid []float32, gated bool, outs ...linOut) {
 		n := copy(b.outs[:], outs)
-		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: gated, glu: glu, q8: &b.q8, q8k: &b.q8k}
+		b.lin = linJob{ks: ks, scr: b.scr, x: x, T: T, outs: b.outs[:n], resid: resid, swiglu: gated, glu: glu, geluTab: m.w.geluTab, q8: &b.q8, q8k: &b.q8k}
 		linear(tm, &b.lin)
 	}
 	// Gemma2 normalises each sublayer's output before its residual add:

@@ -297,6 +297,9 @@ func loadGGUF(path string, opts Options) (_ *Model, err error) {
 	if err := w.fromGGUF(f); err != nil {
 		return nil, fmt.Errorf("llama: %s: %w", path, err)
 	}
+	if w.cfg.GeluTanh {
+		w.geluTab = geluTableGGML()
+	}
 	w.digest = ggufDigest(data, f)
 	return newModel(w, tok, path, opts)
 }

@@ -113,19 +113,17 @@ func geluTanh32(x float32) float32 {
 
 // geluMul sets gate[i] = gelu(gate[i])·up[i]: the GeGLU MLP (Shazeer, "GLU
 // Variants Improve Transformer", 2020) with gelu's tanh approximation
-// (transformers' gelu_pytorch_tanh). With ggml set it is ggml_vec_geglu_f32
-// as ggml builds it (GGML_GELU_FP16): 0 for g ≤ −10, g·up for g ≥ 10, and
-// otherwise g rounded to float16, looked up in ggml's table of
-// float16(geluTanh32(h)) for every float16 h, widened and times up — here
-// computed rather than tabulated, the same values. Otherwise gelu is
-// computed in float64 from the float32 g (0.5·g·(1 + tanh(√(2/π)·(g +
-// 0.044715·g³)))) and rounded once. Pure Go: the same bits on every kernel
-// set.
-func geluMul(gate, up []float32, ggml bool) {
+// (transformers' gelu_pytorch_tanh). With a table (geluTableGGML) it is
+// ggml_vec_geglu_f32 as ggml builds it (GGML_GELU_FP16): 0 for g ≤ −10,
+// g·up for g ≥ 10, and otherwise g rounded to float16, looked up, widened
+// and times up. Without one, gelu is computed in float64 from the float32
+// g (0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))) and rounded once. Pure
+// Go: the same bits on every kernel set.
+func geluMul(gate, up []float32, table []uint16) {
 	up = up[:len(gate)]
 	for i, g := range gate {
 		switch {
-		case !ggml:
+		case table == nil:
 			x := float64(g)
 			gl := 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
 			gate[i] = float32(gl) * up[i]
@@ -134,10 +132,20 @@ func geluMul(gate, up []float32, ggml bool) {
 		case g >= 10:
 			gate[i] = g * up[i]
 		default:
-			h := F16ToF32(F32ToF16(g))
-			gate[i] = F16ToF32(F32ToF16(geluTanh32(h))) * up[i]
+			gate[i] = F16ToF32(table[F32ToF16(g)]) * up[i]
 		}
 	}
+}
+
+// geluTableGGML returns ggml's ggml_table_gelu_f16 (ggml-cpu.c,
+// ggml_cpu_init): for every float16 bit pattern h, float16(geluTanh32(h)).
+// 128 KiB, built once per Load (2^16 tanh) and shared read-only.
+func geluTableGGML() []uint16 {
+	t := make([]uint16, 1<<16)
+	for i := range t {
+		t[i] = F32ToF16(geluTanh32(F16ToF32(uint16(i))))
+	}
+	return t
 }
 
 // softcapRow replaces each x by c·tanh(x·(1/c)) (logit soft-capping; Gemma

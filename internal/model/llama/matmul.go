@@ -138,8 +138,10 @@ type linJob struct {
 	outs   []linOut
 	resid  []float32
 	swiglu bool
-	glu    int    // the gated activation with swiglu: gluSiLU, gluGELUTanh or gluGELUTanhGGML
-	first  [4]int // first task of each output; first[len(outs)] = total
+	glu    int // the gated activation with swiglu: gluSiLU, gluGELUTanh or gluGELUTanhGGML
+	// geluTab is ggml's float16 gelu table for gluGELUTanhGGML.
+	geluTab []uint16
+	first   [4]int // first task of each output; first[len(outs)] = total
 	// q8 receives x quantized for Q8_0 and Q4_0 outputs (nil: allocated
 	// when needed); qj is the loop that fills it.
 	q8 *q8Acts
@@ -187,7 +189,7 @@ func (j *linJob) run(w, lo, hi int) {
 				if j.glu == gluSiLU {
 					siluMul(j.ks, g, u)
 				} else {
-					geluMul(g, u, j.glu == gluGELUTanhGGML)
+					geluMul(g, u, j.geluTab)
 				}
 			}
 		case j.resid != nil:
@@ -202,7 +204,7 @@ func (j *linJob) run(w, lo, hi int) {
 const (
 	gluSiLU         = iota // silu(gate)·up: siluMul
 	gluGELUTanh            // gelu_tanh(gate)·up in float64: geluMul
-	gluGELUTanhGGML        // … through ggml's float16 table: geluMul with ggml
+	gluGELUTanhGGML        // … through ggml's float16 table: geluMul with geluTab
 )
 
 // mat computes rows [r0, r1) of output o.

@@ -44,10 +44,13 @@ type weights struct {
 	embed  *tensor   // model.embed_tokens [vocab, hidden]
 	lmHead *tensor   // lm_head [vocab, hidden], or embed when tied
 	norm   []float32 // model.norm [hidden]
-	layers []layer
-	digest string
-	bytes  int64 // total tensor bytes in the checkpoint
-	files  []*stFile
+	// geluTab is ggml's float16 gelu table (geluTableGGML) for a GGUF file
+	// whose MLP is GeGLU (gemma2), else nil.
+	geluTab []uint16
+	layers  []layer
+	digest  string
+	bytes   int64 // total tensor bytes in the checkpoint
+	files   []*stFile
 	// ggufRelease unmaps a GGUF file (nil for safetensors checkpoints).
 	ggufRelease func() error
 	refs        atomic.Int64

@@ -62,24 +62,29 @@ type Config struct {
 	// (transformers' Qwen3Attention; llama.cpp's attn_q_norm and
 	// attn_k_norm).
 	QKNorm bool
-	// Gemma2 (transformers' modeling_gemma2.py; llama.cpp's gemma2): the
-	// token embeddings are multiplied by √HiddenSize (EmbedScale); the MLP
-	// is GeGLU, gelu with the tanh approximation instead of SiLU
-	// (GeluTanh); the attention and MLP outputs are RMS-normalised before
-	// their residual adds (PostNorms: post_attention_layernorm and
-	// post_feedforward_layernorm); attention scores are scaled by
-	// QueryScale (query_pre_attn_scalar^−½) instead of 1/√HeadDim and
-	// soft-capped to AttnSoftcap·tanh(s/AttnSoftcap), and the logits to
-	// FinalSoftcap·tanh(l/FinalSoftcap) (attn_logit_softcapping,
-	// final_logit_softcapping; 0 means none). Gemma's RMSNorm gains are
-	// stored as w and applied as 1 + w: the loader adds 1 to the
-	// checkpoint's (a GGUF file holds 1 + w already). Its sliding window
-	// (every other layer) caps the context length like Mistral's.
-	EmbedScale   bool
-	GeluTanh     bool
-	PostNorms    bool
-	QueryScale   float64
-	AttnSoftcap  float64
+	// The fields below are Gemma2's (transformers' modeling_gemma2.py;
+	// llama.cpp's gemma2). Its RMSNorm gains are stored as w and applied as
+	// 1 + w: the loader adds 1 to a checkpoint's (a GGUF file holds 1 + w
+	// already). Its sliding window (every other layer) caps the context
+	// length like Mistral's.
+
+	// EmbedScale: the token embeddings are multiplied by √HiddenSize.
+	EmbedScale bool
+	// GeluTanh: the MLP is GeGLU, gelu with the tanh approximation
+	// (gelu_pytorch_tanh) instead of SiLU.
+	GeluTanh bool
+	// PostNorms: the attention and MLP outputs are RMS-normalised (gains
+	// post_attention_layernorm and post_feedforward_layernorm [hidden])
+	// before their residual adds.
+	PostNorms bool
+	// QueryScale, if not 0, scales the attention scores instead of
+	// 1/√HeadDim: query_pre_attn_scalar^−½.
+	QueryScale float64
+	// AttnSoftcap, if not 0, soft-caps the attention scores (after the
+	// scale) to AttnSoftcap·tanh(s/AttnSoftcap): attn_logit_softcapping.
+	AttnSoftcap float64
+	// FinalSoftcap, if not 0, soft-caps the logits to
+	// FinalSoftcap·tanh(l/FinalSoftcap): final_logit_softcapping.
 	FinalSoftcap float64
 	// BOS is bos_token_id (-1 if unset).
 	BOS int32

@@ -43,8 +43,8 @@ var ggufMatrixTypes = []gguf.Type{gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf
 // attention.layer_norm_rms_epsilon, rope.freq_base (default 10000),
 // rope.dimension_count and attention.key_length / value_length (each, if
 // present, must be the head dimension), rope.scaling.type ("none" or
-// "linear", with rope.scaling.factor) and, for mistral,
-// attention.sliding_window. vocab_size is {arch}.vocab_size, else the
+// "linear", with rope.scaling.factor) and, for mistral and gemma2,
+// attention.sliding_window (gemma2: see ggufGemma2 for its other keys). vocab_size is {arch}.vocab_size, else the
 // length of tokenizer.ggml.tokens, else the rows of token_embd.weight. BOS
 // and EOS are tokenizer.ggml.bos_token_id and eos_token_id (with eot and
 // eom). Errors name the key.

@@ -129,10 +129,17 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 }
 
 // TestGGUFQuantizedInvariance checks that a quantized model's logits do
-// not depend on the batch, the chunking, the thread count or the kernels.
+// not depend on the batch, the chunking, the thread count or the kernels,
+// for the llama, qwen3 and gemma2 architectures.
 func TestGGUFQuantizedInvariance(t *testing.T) {
-	spec := llamatest.Tiny()
-	spec.Vocab = 300
+	tiny := llamatest.Tiny()
+	tiny.Vocab = 300
+	for _, spec := range []llamatest.Spec{tiny, qwen3Tiny(), gemma2Tiny()} {
+		t.Run(spec.Config()["architectures"].([]string)[0], func(t *testing.T) { ggufInvariance(t, spec) })
+	}
+}
+
+func ggufInvariance(t *testing.T, spec llamatest.Spec) {
 	dir := spec.WriteT(t)
 	rng := rand.New(rand.NewPCG(8, 8))
 	toks := randomTokens(rng, 25, spec.Vocab)

@@ -148,19 +148,17 @@ func TestStories260KProcess(t *testing.T) {
 
 // TestQwen3GGUFProcess runs the binary on a qwen3 GGUF file as a user
 // would: `pdserve convert gguf --type q4_k_m` of a Qwen3-shaped checkpoint
-// (llamatest.Qwen3Shaped with 4 layers), then `pdserve serve --model
-// FILE.gguf` and `pdserve up --model FILE.gguf` (a prefill and a decode
-// worker), and checks over HTTP that the disaggregated answers to 20
-// greedy and seeded sampled requests equal the colocated ones token for
-// token.
+// (qwen3Narrow), then `pdserve serve --model FILE.gguf` and `pdserve up
+// --model FILE.gguf` (a prefill and a decode worker), and checks over HTTP
+// that the disaggregated answers to 20 greedy and seeded sampled requests
+// equal the colocated ones token for token.
 func TestQwen3GGUFProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
 	tmp := t.TempDir()
 	bin := pdserve.Path(t)
-	spec := llamatest.Qwen3Shaped()
-	spec.Layers = 4
+	spec := qwen3Narrow()
 	ckpt := filepath.Join(tmp, "qwen3-shaped")
 	if err := spec.Write(ckpt); err != nil {
 		t.Fatal(err)

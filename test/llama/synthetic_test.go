@@ -32,17 +32,15 @@ func TestSyntheticSmolLM2PD(t *testing.T) {
 }
 
 // TestSyntheticQwen3PD does the same on a GGUF file of llama.cpp's qwen3
-// architecture: llamatest.Qwen3Shaped (Qwen3-0.6B's layers: 16 heads and 8
-// KV heads of 128, per-head q/k norms; random weights) written by WriteGGUF
-// as Q4_K_M and loaded from the file, as `pdserve up --model FILE.gguf`
-// does. Under the race detector the model has 2 layers and generates fewer
-// tokens.
+// architecture: qwen3Narrow (Qwen3-0.6B's heads: 16 and 8 KV of 128,
+// per-head q/k norms; random weights) written by WriteGGUF as Q4_K_M and
+// loaded from the file, as `pdserve up --model FILE.gguf` does. Under the
+// race detector it generates fewer tokens.
 func TestSyntheticQwen3PD(t *testing.T) {
-	spec := llamatest.Qwen3Shaped()
-	spec.Layers = 4
+	spec := qwen3Narrow()
 	maxTokens := 8
 	if raceEnabled {
-		spec.Layers, maxTokens = 2, 4
+		maxTokens = 4
 	}
 	path := filepath.Join(t.TempDir(), "qwen3-shaped-q4_k_m.gguf")
 	if _, err := llama.WriteGGUF(spec.WriteT(t), path, llama.FileQ4_KM); err != nil {
@@ -66,6 +64,9 @@ func TestSyntheticQwen3PD(t *testing.T) {
 func TestSyntheticGemma2PD(t *testing.T) {
 	spec := llamatest.Gemma2Shaped()
 	spec.FinalSoftcap = 1
+	// gemma-2-2b's heads (8 and 4 KV of 256) on a narrower model: whether
+	// PD answers as colocated does depends on the layout, not the width.
+	spec.Hidden, spec.Intermediate, spec.Vocab = 512, 1024, 4096
 	maxTokens := 8
 	if raceEnabled {
 		spec.Layers, maxTokens = 1, 4
@@ -79,6 +80,17 @@ func TestSyntheticGemma2PD(t *testing.T) {
 		t.Fatalf("config %+v, context %d", c, base.Info().ContextLen)
 	}
 	checkPDEqualsColocated(t, newModel, spec.Vocab, maxTokens)
+}
+
+// qwen3Narrow is llamatest.Qwen3Shaped narrowed for the PD tests: its
+// heads (16 and 8 KV of 128, q four times as wide as the hidden size here)
+// and q/k norms on a 512-wide model of 2 layers and 4096 tokens, written
+// and served in a fraction of the time (whether PD answers as colocated
+// does depends on the layout, not the width).
+func qwen3Narrow() llamatest.Spec {
+	spec := llamatest.Qwen3Shaped()
+	spec.Hidden, spec.Intermediate, spec.Vocab, spec.Layers = 512, 1024, 4096, 2
+	return spec
 }
 
 // checkPDEqualsColocated sends 20 prompts at once (4 to 43 random tokens

@@ -32,6 +32,7 @@ const (
 // probe, instead of pinning them until it comes back; once it is resumed
 // nothing stays live or allocated on any worker, and requests succeed.
 func TestFrozenWorkerFailsItsRequests(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name   string
 		freeze string // role of the frozen worker

@@ -586,7 +586,9 @@ func (h *inproc) setUp() {
 // injects KV channel faults (drop, duplicate, reorder, corrupt, delay,
 // reset, stall), freezes and resets KV connections, and kills and restarts
 // workers, each action aimed at a request phase. It then checks liveness,
-// no leak, same answer and honest signals (see the package doc).
+// no leak, same answer and honest signals (see the package doc). It runs
+// alone (not t.Parallel): it keeps the CPU busy, and the tests of
+// processes, which mostly wait, run two at a time after it.
 func TestChaosInProcess(t *testing.T) {
 	seed := seedFor(t)
 	nReq, nClients := sizes(2000, 10000, 32)

@@ -461,6 +461,7 @@ var phaseNames = [...]string{"before", "during", "after"}
 // of a colocated reference process; the router must report migrations;
 // every worker must end with no live request and no used page.
 func TestMigrationUnderKills(t *testing.T) {
+	t.Parallel()
 	seed := seedFor(t)
 	nReq, _ := sizes(110, 1500, 0)
 	const (
@@ -709,6 +710,7 @@ kill phase: from +%.3fs to +%.3fs
 // succeeds with the reference's output, and the router counts the
 // migrations.
 func TestDrainTimeoutContinues(t *testing.T) {
+	t.Parallel()
 	seed := seedFor(t)
 	const decodeMS = 20
 	hc := &http.Client{Timeout: 10 * time.Second}

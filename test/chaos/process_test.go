@@ -191,6 +191,7 @@ func (d *procDeployment) diagnose(hc *http.Client) string {
 // /debug/requests is empty, and every output equals the colocated
 // reference's (a `pdserve serve` process).
 func TestChaosProcesses(t *testing.T) {
+	t.Parallel()
 	seed := seedFor(t)
 	nReq, nClients := sizes(300, 3000, 8)
 	start := time.Now()
@@ -333,6 +334,7 @@ leaks found: %d`,
 // decode's fail), and with the legs posted directly to the workers, so
 // that prefill has only the KV channel to learn that decode is gone.
 func TestDecodeKilledWhileParked(t *testing.T) {
+	t.Parallel()
 	seed := seedFor(t)
 	t.Run("router", func(t *testing.T) { decodeKilledWhileParked(t, seed, true) })
 	t.Run("direct legs", func(t *testing.T) { decodeKilledWhileParked(t, seed, false) })

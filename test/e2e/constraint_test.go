@@ -212,6 +212,7 @@ func answerOf(t *testing.T, r samplingReq, body []byte) answerSum {
 // from a colocated worker, with the prefix cache on (cold and warm) and
 // off; every choice that ends with "stop" is valid, and most do.
 func TestConstrainedPDEqualsColocated(t *testing.T) {
+	t.Parallel()
 	for _, cache := range []bool{true, false} {
 		name := "cache"
 		if !cache {
@@ -233,6 +234,7 @@ func TestConstrainedPDEqualsColocated(t *testing.T) {
 // on both, the JSON constraints (their Spec's AnyPropertyOrder travels in
 // both legs) give PD the colocated worker's answers, all valid.
 func TestConstrainedAnyOrderPDEqualsColocated(t *testing.T) {
+	t.Parallel()
 	mc := testMachine()
 	pd := startPD(t, pdOptions{machine: &mc, api: openai.APIOptions{AnyPropertyOrder: true}})
 	co := startServeWith(t, sim.Config{}, func(o *cluster.WorkerOptions) { o.API.AnyPropertyOrder = true })
@@ -288,6 +290,7 @@ func checkConstrained(t *testing.T, pdURL, coURL, kind string, ki int, cache boo
 // of them give the colocated worker's answers; the matcher survives the
 // preemption (it follows the tokens, not the KV).
 func TestConstrainedPreempted(t *testing.T) {
+	t.Parallel()
 	pageBytes := int64(testGeometry.BytesPerToken() * 16)
 	pd := startPD(t, pdOptions{memory: 56 * pageBytes, router: noAdmission()})
 	co := startServe(t, sim.Config{})
@@ -331,6 +334,7 @@ func TestConstrainedPreempted(t *testing.T) {
 // of hundreds of seeded JSON Schema requests (four choices each) is valid
 // against its schema, and nearly all finish.
 func TestConstrainedSimValid(t *testing.T) {
+	t.Parallel()
 	co := startServe(t, sim.Config{})
 	cases := constraintCases(t, "json_schema")
 	stops, total := 0, 0
@@ -366,6 +370,7 @@ func TestConstrainedSimValid(t *testing.T) {
 // compiled-constraint caches count one miss per distinct constraint on
 // each worker, then hits.
 func TestConstraintRefusedOnWorkers(t *testing.T) {
+	t.Parallel()
 	pd := startPD(t, pdOptions{})
 	for _, tc := range []struct {
 		body  map[string]any

@@ -35,6 +35,7 @@ func runEngine(t *testing.T, e openai.Engine, g openai.GenerateRequest) openaite
 // the prompt alone (max_tokens 0); the n choices are distinct, and the
 // same seed gives the same choices.
 func TestEngineChoicesAndLogprobsPDEqualsColocated(t *testing.T) {
+	t.Parallel()
 	pd := startPD(t, pdOptions{})
 	co := startServe(t, sim.Config{})
 	rng := rand.New(rand.NewPCG(7, 25))

@@ -19,6 +19,7 @@ import (
 // pages (parked on prefill), inspect lists both stages on both workers with
 // their peers, and flags the waiting one once it used half its deadline.
 func TestInspect(t *testing.T) {
+	t.Parallel()
 	mc := testMachine()
 	mc.QueueTimeout = 4 * time.Second
 	mc.KVHoldTimeout = 4 * time.Second

@@ -29,6 +29,7 @@ import (
 // flags between health checks would. The client gets prefill's 400 within
 // a second, and decode frees its pages (the cleanup check) at once.
 func TestPrefillRejectsAfterDispatch(t *testing.T) {
+	t.Parallel()
 	pageBytes := int64(testGeometry.BytesPerToken() * 16)
 	c := startPair(t, func(o *cluster.WorkerOptions) { o.KVCacheMemory = kvcache.MinPages * pageBytes }, nil)
 	target, _ := url.Parse(c.Prefill[0].URL)
@@ -82,6 +83,7 @@ func TestPrefillRejectsAfterDispatch(t *testing.T) {
 // with outcome peer_refused (not peer_lost: the same pair would be refused
 // again), as decode counts it.
 func TestIncompatiblePairRefused(t *testing.T) {
+	t.Parallel()
 	c := startPair(t, func(o *cluster.WorkerOptions) { o.Machine.PageSize = 32 }, nil)
 	status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": "hello", "max_tokens": 4})
 	e := decodeCompletion(t, body)
@@ -123,6 +125,7 @@ func TestIncompatiblePairRefused(t *testing.T) {
 // tombstone on prefill, and pdserve_peer_abort_tombstones_total shows it
 // next to the tombstone gauge.
 func TestPeerAbortTombstoneCounted(t *testing.T) {
+	t.Parallel()
 	c := startPair(t, nil, nil)
 	p := workerGatherer{c.Prefill[0]}
 	if n := counterValue(t, p, "pdserve_peer_abort_tombstones_total", "role", "prefill"); n != 0 {
@@ -157,6 +160,7 @@ func TestPeerAbortTombstoneCounted(t *testing.T) {
 // request in flight with an error (503, or an error event in a stream) and
 // aborts its legs; the workers return to baseline.
 func TestRouterShutdownAnswersInFlight(t *testing.T) {
+	t.Parallel()
 	slowDecode := func(o *cluster.WorkerOptions) {
 		m, err := simFactory(sim.Config{DecodePerStep: 5 * time.Millisecond})()
 		if err != nil {
@@ -200,6 +204,7 @@ func TestRouterShutdownAnswersInFlight(t *testing.T) {
 // mode, for comparisons at equal worker count) spreads requests over both
 // and gives the same answers as disaggregated serving.
 func TestRouterPlainMode(t *testing.T) {
+	t.Parallel()
 	mc := testMachine()
 	plain, err := cluster.Up(context.Background(), cluster.Options{ColocatedWorkers: 2, NewModel: simFactory(sim.Config{}),
 		Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: 64 << 20}, HealthInterval: 100 * time.Millisecond})

@@ -23,6 +23,7 @@ import (
 //     so prefill computes the 200-token prompts (200 ms) before the rooms
 //     open.
 func TestOptimisticPrefill(t *testing.T) {
+	t.Parallel()
 	prompts := make([]string, 8)
 	for i := range prompts {
 		prompts[i] = fmt.Sprintf("%03d optimistic prefill computes the KV before decode opens the room ", i)

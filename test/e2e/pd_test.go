@@ -29,6 +29,7 @@ func client(base string) openai.Client {
 // completion and chat, streaming and not. A streamed answer must equal the
 // non-streamed one for the same seed.
 func TestOpenAIClient(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{})
 	ctx := context.Background()
 	cl := client(c.URL())
@@ -124,6 +125,7 @@ func TestOpenAIClient(t *testing.T) {
 // (invariant 5). With the simulated model the tokens depend on the KV bytes
 // in decode's pages, so this also checks the KV arrived intact.
 func TestPDEqualsColocated(t *testing.T) {
+	t.Parallel()
 	pd := startPD(t, pdOptions{})
 	co := startServe(t, sim.Config{})
 	rng := rand.New(rand.NewPCG(2026, 11))
@@ -195,6 +197,7 @@ func corruptPrefill(all bool) func(lifecycle.Role, int, kvxfer.Backend) kvxfer.B
 // pages. The router retries once on a new attempt; when that one is
 // corrupted too, the client gets the checksum error.
 func TestCorruptedKVChunkFails(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{wrap: corruptPrefill(true)})
 	status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": strings.Repeat("corrupt me ", 20), "max_tokens": 8})
 	e := decodeCompletion(t, body)
@@ -213,6 +216,7 @@ func TestCorruptedKVChunkFails(t *testing.T) {
 // TestCorruptedKVChunkRetried: one corrupted transfer costs one retry; the
 // client gets the right answer.
 func TestCorruptedKVChunkRetried(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{wrap: corruptPrefill(false)})
 	co := startServe(t, sim.Config{})
 	req := map[string]any{"prompt": strings.Repeat("corrupt me ", 20), "max_tokens": 8, "seed": 5, "return_token_ids": true}
@@ -240,6 +244,7 @@ func TestCorruptedKVChunkRetried(t *testing.T) {
 // the other request's text. Both workers return to baseline, and with the
 // fault off the same request gets the answer colocated serving gives.
 func TestRelabelledReplayRefused(t *testing.T) {
+	t.Parallel()
 	var fb *fault.Backend
 	c := startPD(t, pdOptions{wrap: func(role lifecycle.Role, _ int, b kvxfer.Backend) kvxfer.Backend {
 		if role != lifecycle.RolePrefill {
@@ -281,6 +286,7 @@ func TestRelabelledReplayRefused(t *testing.T) {
 // TestBadInput: every bad request gets a 4xx OpenAI error naming the
 // problem; the server keeps serving and holds no pages for them.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{})
 	long := strings.Repeat("x", testContext+10)
 	cases := []struct {
@@ -332,6 +338,7 @@ func TestBadInput(t *testing.T) {
 // aborts the request on both workers; their pages return to zero (the
 // cleanup check) promptly.
 func TestClientDisconnectAbortsBothLegs(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 5 * time.Millisecond}})
 	ctx, cancel := context.WithCancel(context.Background())
 	body := `{"prompt":"a long story","max_tokens":1500,"ignore_eos":true,"stream":true}`
@@ -362,6 +369,7 @@ func TestClientDisconnectAbortsBothLegs(t *testing.T) {
 // TestShutdownFailsInFlight: stopping the deployment answers in-flight
 // requests with an error rather than dropping them.
 func TestShutdownFailsInFlight(t *testing.T) {
+	t.Parallel()
 	mc := testMachine()
 	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 5 * time.Millisecond}, machine: &mc, selfShutdown: true})
 	type result struct {
@@ -407,6 +415,7 @@ func TestShutdownFailsInFlight(t *testing.T) {
 // KV is recomputed locally) instead of reserving worst cases up front; every
 // answer still equals the colocated one.
 func TestPreemptionKeepsAnswers(t *testing.T) {
+	t.Parallel()
 	pageBytes := int64(testGeometry.BytesPerToken() * 16)
 	c := startPD(t, pdOptions{memory: 40 * pageBytes, router: noAdmission()}) // 640 tokens; 16 requests will want ~1,900
 	co := startServe(t, sim.Config{})

@@ -89,6 +89,7 @@ func stageOf(w *cluster.WorkerServer) map[lifecycle.Stage]int {
 // prefill, after prefill committed, during the transfer, during decode —
 // leaves both workers at baseline promptly, by abort (not by a deadline).
 func TestClientDisconnectAtEachPhase(t *testing.T) {
+	t.Parallel()
 	phases := []struct {
 		name      string
 		sim       sim.Config
@@ -171,6 +172,7 @@ func decodeOf(c *cluster.Cluster) *cluster.WorkerServer  { return c.Decode[0] }
 // went to the next request, and are dropped: that request's output is
 // exactly the colocated one.
 func TestAbortMidSendNoStaleWrite(t *testing.T) {
+	t.Parallel()
 	mc := testMachine()
 	pageBytes := int64(testGeometry.BytesPerToken() * mc.PageSize)
 	prompt := 300 // 19 pages
@@ -232,6 +234,7 @@ func TestAbortMidSendNoStaleWrite(t *testing.T) {
 // aborted at random phases; once the storm stops, both workers are back at
 // baseline and the next requests succeed as fast as before.
 func TestAbortStorm(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: time.Millisecond, PrefillPerToken: 20 * time.Microsecond}})
 	measure := func(n int) time.Duration {
 		var worst time.Duration
@@ -304,6 +307,7 @@ func TestAbortStorm(t *testing.T) {
 // TestGaugesUnderChurn (scenario 11): after a burst and a mass abort, a
 // scrape over HTTP right after quiescence shows every stage gauge at 0.
 func TestGaugesUnderChurn(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 2 * time.Millisecond}})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -369,6 +373,7 @@ func TestGaugesUnderChurn(t *testing.T) {
 // silence; either way the client's answer is bounded, and once the
 // connection is gone the next request reconnects clean.
 func TestSilentPeerFailsRoomsOnBothSides(t *testing.T) {
+	t.Parallel()
 	mc := testMachine()
 	net := fault.NewNet(fault.NetConfig{}, nil)
 	g, wrap := gated(lifecycle.RolePrefill, kvxfer.TypeKVDone)

@@ -61,6 +61,7 @@ func cachedTokens(c completion) int {
 // the serving side did not compute: none without the cache, a whole number
 // of pages below the prompt with it, and some on every later turn.
 func TestPrefixCacheSameAnswer(t *testing.T) {
+	t.Parallel()
 	pageBytes := int64(testGeometry.BytesPerToken() * 16)
 	mc := testMachine()
 	mc.PrefixCache = true
@@ -176,6 +177,7 @@ func TestPrefixCacheSameAnswer(t *testing.T) {
 // last token as cached (the last token is always computed), and decode
 // received none of those pages again.
 func TestCachedTokensRepeatedPrompt(t *testing.T) {
+	t.Parallel()
 	mc := testMachine()
 	mc.PrefixCache = true
 	pd := startPD(t, pdOptions{machine: &mc})
@@ -258,6 +260,7 @@ func (p *poisonFirst) Send(peer kvxfer.PeerID, m kvxfer.Message) error {
 // from it; decode drops the pages from its cache, and the router's retry
 // receives every page and answers what colocated serving answers.
 func TestCorruptCachedPageCaughtE2E(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{wrap: func(role lifecycle.Role, _ int, b kvxfer.Backend) kvxfer.Backend {
 		if role == lifecycle.RolePrefill {
 			return &poisonFirst{Backend: b}

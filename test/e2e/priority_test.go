@@ -14,6 +14,7 @@ import (
 // it, as vLLM does), and a router whose workers all do answers 503
 // no_worker saying which flag they lack; priority 0 is everyone's.
 func TestPriorityHonouredOrRefused(t *testing.T) {
+	t.Parallel()
 	req := map[string]any{"prompt": "priority", "max_tokens": 2, "priority": 5}
 	co := startServe(t, sim.Config{})
 	status, body := postJSON(t, co.URL+"/v1/completions", req)

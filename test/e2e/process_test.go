@@ -59,6 +59,7 @@ var readyRE = regexp.MustCompile(`^ready: accepting requests at (http://\S+)/v1$
 // TestProcessUp builds the binary, runs `pdserve up` on a free port, sends a
 // request the way curl would, and stops it with SIGINT.
 func TestProcessUp(t *testing.T) {
+	t.Parallel()
 	p := startProc(t, "up", "--port", "0", "--kv-cache-memory", "128MiB", "--sim-layers", "4")
 	base := p.waitLine(t, readyRE, 60*time.Second)
 	resp, err := http.Post(base+"/v1/completions", "application/json",
@@ -78,6 +79,7 @@ func TestProcessUp(t *testing.T) {
 // TestProcessRoles runs prefill, decode and router as separate processes,
 // wired by URL as a user would, and serves one chat request through them.
 func TestProcessRoles(t *testing.T) {
+	t.Parallel()
 	common := []string{"--port", "0", "--kv-cache-memory", "64MiB", "--sim-layers", "2"}
 	workerRE := regexp.MustCompile(`worker API (http://[0-9.:]+)`)
 	pre := startProc(t, append([]string{"prefill", "--kv-port", "0"}, common...)...)

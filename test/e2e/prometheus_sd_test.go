@@ -23,6 +23,7 @@ import (
 // workers take free ports — with its role as the job, and the series keep
 // their own role label.
 func TestPrometheusFollowsUp(t *testing.T) {
+	t.Parallel()
 	promtool(t) // skips (or fails in CI) without Debian's prometheus package
 	prom, err := exec.LookPath("prometheus")
 	if err != nil {

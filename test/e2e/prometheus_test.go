@@ -73,6 +73,7 @@ func runPromtool(t *testing.T, stdin []byte, args ...string) (string, int) {
 // rules pass promtool's checks, and the rules' unit tests pass (each alert
 // fires on the series it guards against and not on the healthy ones).
 func TestPrometheusConfigAndRules(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{
 		{"check", "config", promConfig},
 		{"check", "rules", promRules},
@@ -95,6 +96,7 @@ var upWorkerRE = regexp.MustCompile(`^\s+(prefill|decode|colocated) worker\s+(ht
 // is in them, with every label value the query matches on exactly, and
 // promtool check metrics finds nothing wrong but the names SGLang chose.
 func TestScrapeOfUp(t *testing.T) {
+	t.Parallel()
 	p := startProc(t, "up", "--port", "0", "--kv-cache-memory", "64MiB", "--sim-layers", "2",
 		"--metrics-compat", "sglang")
 	router := p.waitLine(t, readyRE, 60*time.Second)

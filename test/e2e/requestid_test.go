@@ -17,6 +17,7 @@ import (
 // "cmpl-<id>" and its X-Request-Id header the same id; the answer's
 // Server-Timing gives the router's share.
 func TestRequestIDEndToEnd(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 10 * time.Millisecond}})
 	const id = "client-trace-7"
 	type answer struct {

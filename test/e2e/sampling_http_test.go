@@ -570,6 +570,7 @@ func exchange(t *testing.T, what string, pdURL, coURL string, r samplingReq) []b
 // with the prefix cache on (cold and warm: some requests are sent twice)
 // and off.
 func TestPDEqualsColocatedSampling(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(2026, 12))
 	t.Run("cache", func(t *testing.T) {
 		pd := startPD(t, pdOptions{})
@@ -680,6 +681,7 @@ func TestPDEqualsColocatedSampling(t *testing.T) {
 // more are not all the same; choices are indexed 0…n−1, and usage counts
 // the prompt once and every choice's tokens.
 func TestSeededChoicesReproducible(t *testing.T) {
+	t.Parallel()
 	pd := startPD(t, pdOptions{})
 	rng := rand.New(rand.NewPCG(9, 9))
 	for i, n := range []int{2, 4, 8, 2, 4, 8} {
@@ -771,6 +773,7 @@ func workerTotal(t *testing.T, w gatherer, metric string) float64 {
 // worker's and as the prompt logprobs of a generation; under PD prefill
 // alone answers it, so no KV moves and decode never sees it.
 func TestScoringPromptUnderPD(t *testing.T) {
+	t.Parallel()
 	pd := startPD(t, pdOptions{})
 	co := startServe(t, sim.Config{})
 	p, d := workerGatherer{pd.Prefill[0]}, workerGatherer{pd.Decode[0]}
@@ -886,6 +889,7 @@ func TestScoringPromptUnderPD(t *testing.T) {
 // of the choices the request with n = best_of gets; usage counts only the
 // choices returned. best_of with stream is refused.
 func TestBestOfRanksByLogprob(t *testing.T) {
+	t.Parallel()
 	pd := startPD(t, pdOptions{})
 	co := startServe(t, sim.Config{})
 	rng := rand.New(rand.NewPCG(4, 1))
@@ -979,6 +983,7 @@ func TestBestOfRanksByLogprob(t *testing.T) {
 // colocated worker, instead of running on; a generous one does not get in
 // the way.
 func TestRequestTimeout(t *testing.T) {
+	t.Parallel()
 	// 2 ms a decode step: 500 tokens take a second at least.
 	slow := sim.Config{DecodePerStep: 2 * time.Millisecond}
 	pd := startPD(t, pdOptions{sim: slow})

@@ -50,6 +50,7 @@ func (f *failingModel) Forward(ctx context.Context, pool *kvcache.Pool, seqs []m
 // the background after decode was started; decode learns it over the KV
 // channel and the client gets an error at once, not after a timeout.
 func TestPrefillFailsAfterDecodeStarted(t *testing.T) {
+	t.Parallel()
 	var fm *failingModel
 	c := startPair(t, func(o *cluster.WorkerOptions) {
 		fm = &failingModel{Model: o.Model}
@@ -119,6 +120,7 @@ func fakeDecode(t *testing.T, fp kvxfer.Fingerprint, info model.Info) *httptest.
 // ROOM_OPEN that will never come. The router aborts the prefill leg, so
 // prefill's room is released at once, not after --bootstrap-timeout.
 func TestDecodeLegResetWhilePrefillBootstraps(t *testing.T) {
+	t.Parallel()
 	m, _ := simFactory(sim.Config{})()
 	mc := testMachine()
 	mc.Role = lifecycle.RolePrefill
@@ -164,6 +166,7 @@ func TestDecodeLegResetWhilePrefillBootstraps(t *testing.T) {
 // request (here a rewritten rid); both workers detect it and fail the room
 // with an identity error, never hang.
 func TestIdentityMismatch(t *testing.T) {
+	t.Parallel()
 	c := startPair(t, nil, nil)
 	room := kvxfer.NewRoom().String()
 	leg := workerapi.GenerateBody{RID: "original", Room: room, Gen: 1, InputIDs: []int32{104, 105, 106}, MaxTokens: 4,
@@ -196,6 +199,7 @@ func TestIdentityMismatch(t *testing.T) {
 // retry. Alone, its path's breaker is open: a bounded 503 naming the
 // broken path.
 func TestPrefillNotReady(t *testing.T) {
+	t.Parallel()
 	m, _ := simFactory(sim.Config{})()
 	info := m.Info()
 	// A KV port nothing listens on.

@@ -84,6 +84,7 @@ func sample(t *testing.T, w *cluster.WorkerServer, metric string, want map[strin
 // scheduler log: a search for the prefill line's #new-token and
 // #inflight-req and the decode line's #running-req finds them.
 func TestSGLangCompatOfAPair(t *testing.T) {
+	t.Parallel()
 	var logs logBuffer
 	mc := testMachine()
 	mc.MaxPrefillTokens = 64 // a 200-token prompt in four forwards
@@ -176,6 +177,7 @@ func TestSGLangCompatOfAPair(t *testing.T) {
 // bootstrap failures on the prefill worker (and not as a transfer
 // failure).
 func TestSGLangBootstrapFailureCounted(t *testing.T) {
+	t.Parallel()
 	mc := testMachine()
 	mc.BootstrapTimeout = 200 * time.Millisecond
 	c := startPD(t, pdOptions{machine: &mc, metricsCompat: "sglang"})

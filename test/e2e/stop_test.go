@@ -20,6 +20,7 @@ import (
 // hangs up on it, so the worker never reads the hang-up as a client that
 // went away.
 func TestStopStringEndsOK(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"pd", "plain"} {
 		t.Run(mode, func(t *testing.T) {
 			o := cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1}

@@ -82,6 +82,7 @@ func schemaFormat(name string, schema map[string]any) openai.ChatCompletionNewPa
 // takes the same response_format; a schema with a keyword the engine does
 // not enforce is a 400 the client reports with the field and the keyword.
 func TestOpenAIGoStructured(t *testing.T) {
+	t.Parallel()
 	c := startPD(t, pdOptions{})
 	ctx := context.Background()
 	cl := client(c.URL())

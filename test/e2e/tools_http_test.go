@@ -171,6 +171,7 @@ func streamedCalls(t *testing.T, body []byte) ([][]wireCall, []string) {
 // model answer valid calls of declared tools, the same through PD as
 // colocated, streamed as not streamed.
 func TestToolChoiceConstrainedPDEqualsColocated(t *testing.T) {
+	t.Parallel()
 	validators, tools := toolValidators(t)
 	pd := startPD(t, pdOptions{})
 	co := startServe(t, sim.Config{})
@@ -261,6 +262,7 @@ func TestToolChoiceConstrainedPDEqualsColocated(t *testing.T) {
 // tool's answer is rendered and answered (tool_choice auto on a model
 // without a tool-call format: the answer is content).
 func TestToolRoundTripOnSim(t *testing.T) {
+	t.Parallel()
 	_, tools := toolValidators(t)
 	pd := startPD(t, pdOptions{})
 	co := startServe(t, sim.Config{})

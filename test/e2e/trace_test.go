@@ -24,6 +24,7 @@ import (
 // child per stage (on decode, the KV hop as "kv transfer", linked to the
 // prefill leg).
 func TestOneTraceAcrossPD(t *testing.T) {
+	t.Parallel()
 	exp := tracetest.NewInMemoryExporter()
 	var mu sync.Mutex
 	var providers []*sdktrace.TracerProvider
@@ -115,6 +116,7 @@ func TestOneTraceAcrossPD(t *testing.T) {
 // a serve.request span, a child of the client's traceparent, with a child
 // per stage.
 func TestServeTraced(t *testing.T) {
+	t.Parallel()
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithIDGenerator(tracing.IDs{}))
 	defer tp.Shutdown(context.Background())

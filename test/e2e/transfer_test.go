@@ -24,6 +24,7 @@ import (
 // chunk, or prefill renewing the room every 250 ms heartbeat), so both
 // succeed.
 func TestTransferDeadlineMeasuresProgress(t *testing.T) {
+	t.Parallel()
 	slow, err := sim.New(sim.Config{Geometry: testGeometry, ContextLen: testContext, PrefillPerToken: 4 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 // version the binary speaks (kvxfer.ProtocolVersion), in its heading and
 // in the HELLO it shows, so neither can drift from the code.
 func TestDocsKVProtocolVersion(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../../docs/security.md")
 	if err != nil {
 		t.Fatal(err)

@@ -39,6 +39,7 @@ func serial(t *testing.T, addr string, pool *x509.CertPool) *big.Int {
 // CA: completion, chat and a stream. A client that does not trust the CA,
 // and plain HTTP, get nothing.
 func TestTLSFrontDoorOpenAIClient(t *testing.T) {
+	t.Parallel()
 	ca := tlstest.NewCA(t, "front")
 	fs := ca.Issue(t, "router")
 	up := start(t, "up", "up", "--port", "0", "--ssl-certfile", fs.Cert, "--ssl-keyfile", fs.Key, "--api-key", "sk-tls")
@@ -105,6 +106,7 @@ func TestTLSFrontDoorOpenAIClient(t *testing.T) {
 // directory without a signal; a request streaming across both reloads
 // gets every token, and new connections get the new certificate.
 func TestCertReloadDuringStream(t *testing.T) {
+	t.Parallel()
 	ca := tlstest.NewCA(t, "front")
 	live, store := t.TempDir(), t.TempDir()
 	first := ca.IssueAt(t, store, "first", time.Now().Add(time.Hour))
@@ -196,6 +198,7 @@ func asAPIError(err error, target **openai.Error) bool {
 // (the CA from SSL_CERT_FILE, the key from --api-key): the command of the
 // TLS cost figure in docs/performance.md.
 func TestBenchOverTLS(t *testing.T) {
+	t.Parallel()
 	ca := tlstest.NewCA(t, "front")
 	fs := ca.Issue(t, "router")
 	up := start(t, "up", "up", "--port", "0", "--ssl-certfile", fs.Cert, "--ssl-keyfile", fs.Key, "--api-key", "sk-bench")

@@ -68,6 +68,7 @@ func isTimeout(err error) bool {
 // section 6.1); a request with a Content-Length keeps its connection for
 // the next.
 func TestFrontDoorFraming(t *testing.T) {
+	t.Parallel()
 	up := start(t, "up", "up", "--port", "0")
 	base := waitLine(t, up, readyRE)
 	defer stop(t, up)
@@ -99,6 +100,7 @@ func TestFrontDoorFraming(t *testing.T) {
 // defaults bound it (8 KiB a line, 32 KiB in all) and to 100 header
 // lines: beyond, 431 (414 for the request line) and nothing served.
 func TestFrontDoorHeaderBounds(t *testing.T) {
+	t.Parallel()
 	up := start(t, "up", "up", "--port", "0")
 	base := waitLine(t, up, readyRE)
 	defer stop(t, up)

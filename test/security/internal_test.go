@@ -96,6 +96,7 @@ const fleetSecret = "0f1e2d3c4b5a69788796a5b4c3d2e1f0-test-fleet-secret"
 // serving; a forged abort, or a forged leg, on the worker API is refused
 // (401) and counted, and does not touch the request it names.
 func TestInternalSecret(t *testing.T) {
+	t.Parallel()
 	s := []string{"--internal-secret", fleetSecret}
 	f := startFleet(t, s, s)
 	defer f.stop(t)
@@ -183,6 +184,7 @@ func TestInternalSecret(t *testing.T) {
 // another CA, and a worker API caller without one or with another CA's,
 // are refused and counted; the fleet goes on serving.
 func TestInternalMutualTLS(t *testing.T) {
+	t.Parallel()
 	ca := tlstest.NewCA(t, "fleet")
 	other := tlstest.NewCA(t, "other")
 	args := func(name string) []string {

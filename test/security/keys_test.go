@@ -15,6 +15,7 @@ import (
 // /health, /livez and /metrics open, puts the admin API behind
 // --admin-api-key, and counts the refusals.
 func TestAPIKeys(t *testing.T) {
+	t.Parallel()
 	up := start(t, "up", "up", "--port", "0", "--api-key", "sk-first,sk-second", "--admin-api-key", "adm-key")
 	base := waitLine(t, up, readyRE)
 	defer stop(t, up)
@@ -70,6 +71,7 @@ func TestAPIKeys(t *testing.T) {
 // `serve`; --metrics-require-key puts /metrics behind them; /health stays
 // open; and the worker API on the same port is no way around the key.
 func TestServeKeysFromEnvironment(t *testing.T) {
+	t.Parallel()
 	p, err := testbin.Start(t, pdserve.Path(t), "serve", []string{"PDSERVE_API_KEY=sk-env-1,sk-env-2"},
 		append([]string{"serve", "--port", "0", "--metrics-require-key"}, small...)...)
 	if err != nil {

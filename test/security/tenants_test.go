@@ -92,6 +92,7 @@ func liveStream(t *testing.T, base, key string) (done <-chan string) {
 // keys still cannot, also when the worker API is guarded by the internal
 // secret (a bearer key is then no signature).
 func TestTenantsKeepToTheirRequests(t *testing.T) {
+	t.Parallel()
 	startServe := func(t *testing.T, args ...string) string {
 		p := start(t, "serve", append([]string{"serve", "--port", "0", "--sim-decode-ms-per-step", "20", "--api-key", "sk-one,sk-two"}, args...)...)
 		base := waitLine(t, p, workerRE)
@@ -190,6 +191,7 @@ func TestTenantsKeepToTheirRequests(t *testing.T) {
 // errors to the admin key only (and /debug/workers, which names them, is
 // the admin's).
 func TestHealthHidesWorkers(t *testing.T) {
+	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -114,6 +114,7 @@ func register(t *testing.T, cli *clientv3.Client, cfg Config, rec Record, ttl ti
 // TestRegisterWatchDeregister: workers appear when they register, carry
 // their record, and leave at once when they deregister.
 func TestRegisterWatchDeregister(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli, cfg := newClient(t, srv)
 	w := startWatcher(t, NewWithClient(cli, cfg))
@@ -143,6 +144,7 @@ func TestRegisterWatchDeregister(t *testing.T) {
 // TestGarbageIsListedInvalid: a value that is not a valid record is listed
 // with the reason and is never a usable worker.
 func TestGarbageIsListedInvalid(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli, cfg := newClient(t, srv)
 	ctx := context.Background()
@@ -172,6 +174,7 @@ func TestGarbageIsListedInvalid(t *testing.T) {
 // nothing (it keeps its last snapshot); when etcd is back every worker is
 // registered and the router has re-listed.
 func TestOutageKeepsSnapshotAndReregisters(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli, cfg := newClient(t, srv)
 	w := startWatcher(t, NewWithClient(cli, cfg))
@@ -231,6 +234,7 @@ func TestOutageKeepsSnapshotAndReregisters(t *testing.T) {
 // TestLostLeaseRegistersAgain: a worker whose lease is revoked behind its
 // back (expired during a partition) writes its record again.
 func TestLostLeaseRegistersAgain(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli, cfg := newClient(t, srv)
 	w := startWatcher(t, NewWithClient(cli, cfg))
@@ -262,6 +266,7 @@ func TestLostLeaseRegistersAgain(t *testing.T) {
 // TestWatchEndsOnCompaction: a compacted watch ends so that Run lists
 // again.
 func TestWatchEndsOnCompaction(t *testing.T) {
+	t.Parallel()
 	r := NewWithClient(nil, Config{Endpoints: []string{"http://127.0.0.1:1"}})
 	wch := make(chan clientv3.WatchResponse, 1)
 	wch <- clientv3.WatchResponse{CompactRevision: 7}
@@ -274,6 +279,7 @@ func TestWatchEndsOnCompaction(t *testing.T) {
 }
 
 func TestRegisterRefusesBadRecords(t *testing.T) {
+	t.Parallel()
 	cfg := Config{Endpoints: []string{"http://127.0.0.1:1"}}
 	for _, rec := range []Record{{ID: "", Role: "decode", URL: "http://a:1"}, {ID: "x", Role: "router", URL: "http://a:1"},
 		{ID: "x", Role: "decode", URL: "a:1"}} {
@@ -297,6 +303,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // behind its back (etcdctl del, a stray write) is written again under the
 // same lease, and the router sees the worker again.
 func TestDeletedRecordWrittenAgain(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli, cfg := newClient(t, srv)
 	w := startWatcher(t, NewWithClient(cli, cfg))
@@ -321,6 +328,7 @@ func TestDeletedRecordWrittenAgain(t *testing.T) {
 // notices the revision going back, lists the empty etcd, and sees the
 // records written after.
 func TestWatchFollowsEtcdRestartedEmpty(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli, cfg := newClient(t, srv)
 	cfg.VerifyInterval = 100 * time.Millisecond

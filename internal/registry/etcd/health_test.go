@@ -84,6 +84,7 @@ func waitHealth(t *testing.T, r *Registry, up bool, what string) registry.Health
 // kept), keeps the snapshot it has, and says etcd is back (an info line)
 // once a new etcd answers on the same endpoint.
 func TestHealthFollowsEtcdStopAndRestart(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli, cfg := newClient(t, srv)
 	logs := &logRecords{}
@@ -153,6 +154,7 @@ func TestHealthFollowsEtcdStopAndRestart(t *testing.T) {
 // router's watch, so only the active check can notice: the registry says
 // etcd is down within two verify intervals, and up once it answers again.
 func TestHealthNoticesFrozenEtcd(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	var d net.Dialer
 	fnet := fault.NewNet(fault.NetConfig{}, d.DialContext)

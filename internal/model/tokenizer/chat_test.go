@@ -10,6 +10,7 @@ import (
 )
 
 func TestChatOptions(t *testing.T) {
+	t.Parallel()
 	tok := loadTiny(t, nil) // "{{ bos_token }}{% for m %}[role]content{{ eos_token }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
 	user := model.Message{Role: "user", Content: "hi"}
 	kw := func(pairs ...string) map[string]json.RawMessage {
@@ -82,6 +83,7 @@ func TestChatOptions(t *testing.T) {
 // TestChatEnableThinking renders Qwen3's own template with
 // chat_template_kwargs enable_thinking, which it reads.
 func TestChatEnableThinking(t *testing.T) {
+	t.Parallel()
 	tok := loadShared(t, "qwen3")
 	msgs := []model.Message{{Role: "user", Content: "hi"}}
 	on, err := tok.ApplyChatTemplate(msgs, model.ChatOptions{})
@@ -104,6 +106,7 @@ func TestChatEnableThinking(t *testing.T) {
 }
 
 func TestTemplateCache(t *testing.T) {
+	t.Parallel()
 	var c TemplateCache
 	src := func(i int) string { return fmt.Sprintf("t%d{{ x }}", i) }
 	first, err := c.Get(src(0))

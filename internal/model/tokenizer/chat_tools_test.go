@@ -17,6 +17,7 @@ const weatherTools = `[{"type":"function","function":{"name":"get_weather","desc
 // tool messages; the expected text is what transformers'
 // apply_chat_template gives for the same conversation.
 func TestChatToolsQwen3(t *testing.T) {
+	t.Parallel()
 	tok := loadShared(t, "qwen3")
 	msgs := []model.Message{
 		{Role: "user", Content: "What's the weather in Paris?"},
@@ -60,6 +61,7 @@ func TestChatToolsQwen3(t *testing.T) {
 // list of dicts in the client's key order, none without tools; a call's
 // id, type and function; tool_call_id and name only where set.
 func TestChatToolsVariable(t *testing.T) {
+	t.Parallel()
 	var c TemplateCache
 	tmpl, err := c.Get(`{{ tools is none }}|{% for t in tools or [] %}{{ t.function.name }}:{{ t.function.parameters.required[0] }};{% endfor %}|` +
 		`{% for m in messages %}{{ m.role }}[{% for c in m.tool_calls or [] %}{{ c.id }} {{ c.type }} {{ c.function.name }} {{ c.function.arguments.city }}{% endfor %}` +

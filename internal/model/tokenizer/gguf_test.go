@@ -103,6 +103,7 @@ func ggufFromFixture(t *testing.T, name, pre string, addBOS bool) *gguf.File {
 // fixture case against what transformers.js computes, with and without
 // special tokens, plus decoding and the chat template.
 func TestGGUFBPEMatchesTokenizerJSON(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, pre string
 		addBOS    bool
@@ -189,6 +190,7 @@ func spmFile(t *testing.T, extra ...gguf.KV) *gguf.File {
 // vocabulary: the space prefix, score-ordered merges, byte fallback,
 // special tokens in the text, BOS, and decoding back.
 func TestGGUFSentencePiece(t *testing.T) {
+	t.Parallel()
 	tok, err := FromGGUF(spmFile(t))
 	if err != nil {
 		t.Fatal(err)
@@ -263,6 +265,7 @@ func TestGGUFSentencePiece(t *testing.T) {
 // TestGGUFTokenizerErrors checks that bad tokenizer metadata is refused
 // with an error naming the key.
 func TestGGUFTokenizerErrors(t *testing.T) {
+	t.Parallel()
 	parse := func(kvs ...gguf.KV) *gguf.File {
 		var buf bytes.Buffer
 		if err := gguf.Write(&buf, kvs, nil); err != nil {

@@ -8,6 +8,7 @@ import (
 // TestLoadMaybeGzipped loads the Llama 3 fixture from its gzipped files and
 // the same files decompressed, and both encode alike.
 func TestLoadMaybeGzipped(t *testing.T) {
+	t.Parallel()
 	a, err := LoadMaybeGzipped(filepath.Join("testdata", "llama3"))
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 )
 
 func TestParseVocab(t *testing.T) {
+	t.Parallel()
 	want := map[string]int32{"\"": 0, "\\": 1, "\x00": 2, "é": 3, "😀": 4, "\u2028": 5, "<\x01>": 6, "Ġhello": 7, "": 8}
 	data, err := json.Marshal(want)
 	if err != nil {
@@ -39,6 +40,7 @@ func TestParseVocab(t *testing.T) {
 }
 
 func TestParseMergeList(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in   string
 		want [][2]string
@@ -60,6 +62,7 @@ func TestParseMergeList(t *testing.T) {
 }
 
 func TestObjectMembers(t *testing.T) {
+	t.Parallel()
 	in := `{"a": {"b": [1, -2.5e3, true, false, null, "x\"y}"]}, "c" : "v", "e": {}, "f": []}`
 	got, err := objectMembers([]byte(in))
 	if err != nil {

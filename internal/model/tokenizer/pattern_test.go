@@ -70,6 +70,7 @@ var alphabet = []string{
 }
 
 func TestGPTPatternMatchesRegexp2(t *testing.T) {
+	t.Parallel()
 	corpus := []string{
 		"", "a", " ", "  ", "   x", " \n", "\n ", "a \n\n b", "x  \t\r\n  y", "don't", "DON'T", "it'ſ",
 		"12345678", " 123", "a1b22c333d4444", "hello, world!  ", "\u00a0word", "\u3000\u3000x", "'",

@@ -121,6 +121,7 @@ func mustEncode(t *testing.T, tok *Tokenizer, s string, addSpecial bool) []int32
 }
 
 func TestTinyMergesAndPostProcessor(t *testing.T) {
+	t.Parallel()
 	tok := loadTiny(t, nil)
 	vocab, _ := tinyVocab()
 	hello, world := vocab["hello"], vocab["Ġworld"]
@@ -149,6 +150,7 @@ func TestTinyMergesAndPostProcessor(t *testing.T) {
 }
 
 func TestTinyIgnoreMerges(t *testing.T) {
+	t.Parallel()
 	tok := loadTiny(t, func(tj, _ map[string]any) {
 		tj["model"].(map[string]any)["ignore_merges"] = true
 	})
@@ -158,6 +160,7 @@ func TestTinyIgnoreMerges(t *testing.T) {
 }
 
 func TestTinyMergesAsPairs(t *testing.T) {
+	t.Parallel()
 	tok := loadTiny(t, func(tj, _ map[string]any) {
 		m := tj["model"].(map[string]any)
 		var pairs [][2]string
@@ -174,6 +177,7 @@ func TestTinyMergesAsPairs(t *testing.T) {
 }
 
 func TestTinyAddBOSToken(t *testing.T) {
+	t.Parallel()
 	noTemplate := func(tj, cfg map[string]any) {
 		tj["post_processor"] = map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true}
 	}
@@ -199,6 +203,7 @@ func TestTinyAddBOSToken(t *testing.T) {
 }
 
 func TestTinyUnknownAndByteFallback(t *testing.T) {
+	t.Parallel()
 	// A character-level BPE without ByteLevel: "a", "b", "ab", "<unk>" and
 	// the byte token of 'c'.
 	base := func(tj map[string]any, byteFallback, fuse bool) {
@@ -243,6 +248,7 @@ func TestTinyUnknownAndByteFallback(t *testing.T) {
 }
 
 func TestTinyNormalizedAddedToken(t *testing.T) {
+	t.Parallel()
 	// A normalized added token matches the normalized text: "é" written
 	// decomposed matches the NFC token.
 	tok := loadTiny(t, func(tj, _ map[string]any) {
@@ -258,6 +264,7 @@ func TestTinyNormalizedAddedToken(t *testing.T) {
 // TestAddedTokenOptions checks single_word, lstrip and rstrip on the cases
 // that tokenizers documents in its tests of AddedVocabulary.
 func TestAddedTokenOptions(t *testing.T) {
+	t.Parallel()
 	type seg struct {
 		text string
 		id   int32
@@ -312,6 +319,7 @@ func TestAddedTokenOptions(t *testing.T) {
 // TestSplitBehaviors follows the example of tokenizers' Split
 // documentation: "the-final--countdown" split on "-".
 func TestSplitBehaviors(t *testing.T) {
+	t.Parallel()
 	const text = "the-final--countdown"
 	for _, c := range []struct {
 		behavior string
@@ -340,6 +348,7 @@ func TestSplitBehaviors(t *testing.T) {
 }
 
 func TestChatTemplateVariants(t *testing.T) {
+	t.Parallel()
 	msgs := []model.Message{{Role: "user", Content: "hi"}}
 	t.Run("simple", func(t *testing.T) {
 		got, err := loadTiny(t, nil).ApplyChatTemplate(msgs, model.ChatOptions{})
@@ -401,6 +410,7 @@ func TestChatTemplateVariants(t *testing.T) {
 }
 
 func TestLoadErrors(t *testing.T) {
+	t.Parallel()
 	set := func(key string, v any) func(tj, cfg map[string]any) {
 		return func(tj, _ map[string]any) { tj[key] = v }
 	}
@@ -457,6 +467,7 @@ func TestLoadErrors(t *testing.T) {
 }
 
 func TestLoadMissingAndCorruptFiles(t *testing.T) {
+	t.Parallel()
 	t.Run("no directory", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "absent")
 		_, err := Load(dir)
@@ -503,6 +514,7 @@ func TestLoadMissingAndCorruptFiles(t *testing.T) {
 }
 
 func TestGenerationConfigEOS(t *testing.T) {
+	t.Parallel()
 	dir := writeTiny(t, tinyJSON(), tinyConfig())
 	gen := `{"bos_token_id": 300, "eos_token_id": [301, 302, 301]}`
 	if err := os.WriteFile(filepath.Join(dir, "generation_config.json"), []byte(gen), 0o644); err != nil {
@@ -521,6 +533,7 @@ func TestGenerationConfigEOS(t *testing.T) {
 // the GPT-2 family (here the GPT-2 regex wrapped in a group) gives the same
 // pieces, with byte offsets right around multi-byte characters.
 func TestRegexFallback(t *testing.T) {
+	t.Parallel()
 	re := "(?:" + gpt2Regex + ")"
 	pat, err := compilePattern(nil, &re)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 )
 
 func TestEncodeMatchesTransformers(t *testing.T) {
+	t.Parallel()
 	for _, name := range models {
 		t.Run(name, func(t *testing.T) {
 			tok := loadShared(t, name)
@@ -37,6 +38,7 @@ func TestEncodeMatchesTransformers(t *testing.T) {
 }
 
 func TestDecodeMatchesTransformers(t *testing.T) {
+	t.Parallel()
 	for _, name := range models {
 		t.Run(name, func(t *testing.T) {
 			tok := loadShared(t, name)
@@ -58,6 +60,7 @@ func TestDecodeMatchesTransformers(t *testing.T) {
 // TestRoundTrip checks decode(encode(s)) == s, after the tokenizer's
 // normalizer (Qwen's NFC) for the corpus.
 func TestRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, name := range models {
 		t.Run(name, func(t *testing.T) {
 			tok := loadShared(t, name)
@@ -103,6 +106,7 @@ func streamAll(t *testing.T, tok *Tokenizer, ids []int32) string {
 }
 
 func TestStreamingDecoder(t *testing.T) {
+	t.Parallel()
 	for _, name := range models {
 		t.Run(name, func(t *testing.T) {
 			tok := loadShared(t, name)
@@ -122,6 +126,7 @@ func TestStreamingDecoder(t *testing.T) {
 }
 
 func TestStreamingDecoderHoldsBackPartialCharacters(t *testing.T) {
+	t.Parallel()
 	tok := loadShared(t, "llama3")
 	alpha := newByteAlphabet()
 	byteID := func(b byte) int32 { return tok.model.vocab[string(alpha.toRune[b])] }
@@ -156,6 +161,7 @@ func TestStreamingDecoderHoldsBackPartialCharacters(t *testing.T) {
 }
 
 func TestChatTemplateMatchesTransformers(t *testing.T) {
+	t.Parallel()
 	for _, name := range models {
 		t.Run(name, func(t *testing.T) {
 			tok := loadShared(t, name)
@@ -188,6 +194,7 @@ func TestChatTemplateMatchesTransformers(t *testing.T) {
 // the TemplateProcessing post-processor of Meta's Llama 3 releases, which
 // adds <|begin_of_text|>).
 func TestVariants(t *testing.T) {
+	t.Parallel()
 	for _, name := range models {
 		for _, v := range readExpected(t, name).Variants {
 			t.Run(name+"/"+v.Name, func(t *testing.T) {
@@ -219,6 +226,7 @@ func TestVariants(t *testing.T) {
 }
 
 func TestAccessors(t *testing.T) {
+	t.Parallel()
 	llama := loadShared(t, "llama3")
 	if got := llama.VocabSize(); got != 128256 {
 		t.Errorf("llama3 VocabSize = %d, want 128256", got)
@@ -252,6 +260,7 @@ func TestAccessors(t *testing.T) {
 }
 
 func TestEncodeRejectsInvalidUTF8(t *testing.T) {
+	t.Parallel()
 	tok := loadShared(t, "llama3")
 	_, err := tok.Encode("ok\xffno", false)
 	if err == nil || !strings.Contains(err.Error(), "byte 2") {
@@ -260,6 +269,7 @@ func TestEncodeRejectsInvalidUTF8(t *testing.T) {
 }
 
 func TestConcurrentEncode(t *testing.T) {
+	t.Parallel()
 	for _, name := range models {
 		tok := loadShared(t, name)
 		cases := readExpected(t, name).Encode
@@ -285,6 +295,7 @@ func TestConcurrentEncode(t *testing.T) {
 // TestCacheBounded checks that the pre-token cache never holds more than
 // cacheCapacity entries.
 func TestCacheBounded(t *testing.T) {
+	t.Parallel()
 	tok := loadShared(t, "qwen3")
 	var b strings.Builder
 	for i := 0; i < cacheCapacity+500; i++ {
@@ -311,6 +322,7 @@ func TestCacheBounded(t *testing.T) {
 // (BPE merges are O(n log n) in the word length; a quadratic loop would
 // stall here) and checks they round-trip.
 func TestLongWords(t *testing.T) {
+	t.Parallel()
 	for _, name := range models {
 		tok := loadShared(t, name)
 		for _, s := range []string{

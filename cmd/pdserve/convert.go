@@ -57,22 +57,24 @@ func newConvertGGUFCmd(stdout io.Writer) *cobra.Command {
 	var typ string
 	cmd := &cobra.Command{
 		Use:   "gguf IN OUT.gguf",
-		Short: "Write a checkpoint as a GGUF file (f32, f16, bf16, or quantized q8_0, q4_0, q4_k_m) that --model and llama.cpp load",
+		Short: "Write a checkpoint as a GGUF file (f32, f16, bf16, or quantized q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m) that --model and llama.cpp load",
 		Long: `Reads IN, a Hugging Face checkpoint directory (config.json + safetensors) or
 a llama2.c checkpoint (.bin), and writes OUT.gguf (GGUF v3, llama.cpp's
 "llama" architecture, or "qwen3" or "gemma2" for a Qwen3ForCausalLM or
 Gemma2ForCausalLM checkpoint) with its matrices in --type: f32, f16 or bf16 (exact
 when the checkpoint has that dtype), quantized with ggml's reference
-quantizers, q8_0 (8 bits per weight plus a scale per 32) or q4_0 (4 bits),
-or q4_k_m, llama.cpp's mix of Q4_K and Q6_K (plain range quantizers, not
-llama.cpp's searched scales). Matrices whose rows are not a multiple of the
-block stay f32 (q8_0, q4_0) or become q8_0 (q4_k_m). Norms are f32. The
+quantizers, q8_0 (8 bits per weight plus a scale per 32), q4_0 (4 bits),
+q4_1 (4 bits, a scale and an offset per 32), q5_0 (5 bits) or q5_1 (5 bits
+and an offset), or q4_k_m, llama.cpp's mix of Q4_K and Q6_K (plain range
+quantizers, not llama.cpp's searched scales). Matrices whose rows are not a
+multiple of the block stay f32 (the 32-element types) or, as llama.cpp
+does, become q5_0 (for q4_k) or q8_0 (for q6_k). Norms are f32. The
 vocabulary written is a placeholder (token-id prompts only).`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(_ *cobra.Command, args []string) error {
 			t := llama.FileType(strings.ToUpper(typ))
 			if !slices.Contains(llama.FileTypes, t) {
-				return usagef("--type %q: want f32, f16, bf16, q8_0, q4_0 or q4_k_m", typ)
+				return usagef("--type %q: want f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or q4_k_m", typ)
 			}
 			in := args[0]
 			fi, err := os.Stat(in)
@@ -96,11 +98,11 @@ vocabulary written is a placeholder (token-id prompts only).`,
 			}
 			fmt.Fprintf(stdout, "wrote %s: %d tensors, %s, %s\n", args[1], rep.Tensors, t, humanize.IBytes(uint64(rep.Bytes)))
 			if len(rep.Fallback) > 0 {
-				fmt.Fprintf(stdout, "kept as f32 (rows not a multiple of 32): %s\n", strings.Join(rep.Fallback, ", "))
+				fmt.Fprintf(stdout, "kept in another type (rows not a multiple of the block): %s\n", strings.Join(rep.Fallback, ", "))
 			}
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&typ, "type", "q8_0", "element type of the matrices: f32, f16, bf16, q8_0, q4_0, q4_k_m")
+	cmd.Flags().StringVar(&typ, "type", "q8_0", "element type of the matrices: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m")
 	return cmd
 }

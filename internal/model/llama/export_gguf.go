@@ -31,14 +31,18 @@ const (
 	FileBF16  FileType = "BF16"
 	FileQ8_0  FileType = "Q8_0"
 	FileQ4_0  FileType = "Q4_0"
+	FileQ4_1  FileType = "Q4_1"
+	FileQ5_0  FileType = "Q5_0"
+	FileQ5_1  FileType = "Q5_1"
 	FileQ4_KM FileType = "Q4_K_M"
 )
 
 // FileTypes lists the file types WriteGGUF writes.
-var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_KM}
+var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileQ4_KM}
 
 // llamaFtype is general.file_type (llama.cpp's enum llama_ftype).
-var llamaFtype = map[FileType]uint32{FileF32: 0, FileF16: 1, FileBF16: 32, FileQ8_0: 7, FileQ4_0: 2, FileQ4_KM: 15}
+var llamaFtype = map[FileType]uint32{FileF32: 0, FileF16: 1, FileBF16: 32, FileQ8_0: 7, FileQ4_0: 2, FileQ4_1: 3,
+	FileQ5_0: 8, FileQ5_1: 9, FileQ4_KM: 15}
 
 // useMoreBits is llama.cpp's rule (llama-quant.cpp) for the layers of a
 // Q4_K_M file whose attn_v and ffn_down get Q6_K: the first and last
@@ -49,9 +53,9 @@ func useMoreBits(i, n int) bool { return i < n/8 || i >= 7*n/8 || (i-n/8)%3 == 2
 // llama_tensor_get_type chooses it for Q4_K_M: Q6_K for the classifier
 // (the token embedding when tied) and for attn_v and ffn_down of the
 // useMoreBits layers, Q4_K for the rest; and for every quantized type, a
-// fallback for rows that are not a multiple of the block: Q8_0 for the
-// K-quants (llama.cpp would write Q5_0 for Q4_K, which pdserve does not
-// compute with) and F32 for Q8_0 and Q4_0.
+// fallback for rows that are not a multiple of the block: llama.cpp's
+// (llama-quant.cpp) for the K-quants, Q5_0 for Q4_K and Q8_0 for Q6_K;
+// F32 for the 32-element types and for rows not a multiple of 32.
 func tensorType(ft FileType, name string, cols, layer, layers int, classifier bool) gguf.Type {
 	var t gguf.Type
 	switch ft {
@@ -65,6 +69,12 @@ func tensorType(ft FileType, name string, cols, layer, layers int, classifier bo
 		t = gguf.Q8_0
 	case FileQ4_0:
 		t = gguf.Q4_0
+	case FileQ4_1:
+		t = gguf.Q4_1
+	case FileQ5_0:
+		t = gguf.Q5_0
+	case FileQ5_1:
+		t = gguf.Q5_1
 	case FileQ4_KM:
 		t = gguf.Q4_K
 		if classifier || (strings.HasSuffix(name, "attn_v.weight") || strings.HasSuffix(name, "ffn_down.weight")) && useMoreBits(layer, layers) {
@@ -72,10 +82,13 @@ func tensorType(ft FileType, name string, cols, layer, layers int, classifier bo
 		}
 	}
 	if cols%t.BlockSize() != 0 {
-		if t.BlockSize() == 256 && cols%32 == 0 {
-			return gguf.Q8_0
+		switch {
+		case cols%32 != 0 || t.BlockSize() != 256:
+			return gguf.F32
+		case t == gguf.Q4_K:
+			return gguf.Q5_0
 		}
-		return gguf.F32
+		return gguf.Q8_0
 	}
 	return t
 }
@@ -96,13 +109,14 @@ type GGUFReport struct {
 // architecture for a Qwen3ForCausalLM or Gemma2ForCausalLM checkpoint — its
 // matrices of file type ft: F32
 // (exact), F16 or BF16 (exact when the checkpoint has that dtype; otherwise
-// an error), quantized Q8_0 or Q4_0 (QuantizeQ8_0, QuantizeQ4_0: ggml's
-// reference quantizers), or the Q4_K_M mix of Q4_K and Q6_K (QuantizeQ4K,
-// QuantizeQ6K; see tensorType). A matrix whose rows are not a multiple of
-// the block is written in a fallback type and listed in the report: F32
-// for Q8_0 and Q4_0 (llama.cpp's converter writes F16 there, but llama.cpp
-// then rounds that matrix's activations to F16 too, and pdserve does not:
-// with F32 both multiply the same values). Norm gains and biases are
+// an error), quantized Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (QuantizeQ8_0,
+// QuantizeQ4_0, …: ggml's reference quantizers), or the Q4_K_M mix of Q4_K
+// and Q6_K (QuantizeQ4K, QuantizeQ6K; see tensorType). A matrix whose rows
+// are not a multiple of the block is written in a fallback type and listed
+// in the report: F32 for the 32-element types (llama.cpp's converter
+// writes F16 there, but llama.cpp then rounds that matrix's activations to
+// F16 too, and pdserve does not: with F32 both multiply the same values),
+// and llama.cpp's fallbacks for Q4_K_M (tensorType). Norm gains and biases are
 // always F32, as llama.cpp expects.
 //
 // Tensors get llama.cpp's names (token_embd, blk.N.attn_q, …, output_norm,
@@ -189,6 +203,12 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 			data = QuantizeQ8_0(f)
 		case gguf.Q4_0:
 			data = QuantizeQ4_0(f)
+		case gguf.Q4_1:
+			data = QuantizeQ4_1(f)
+		case gguf.Q5_0:
+			data = QuantizeQ5_0(f)
+		case gguf.Q5_1:
+			data = QuantizeQ5_1(f)
 		case gguf.Q4_K:
 			data = QuantizeQ4K(f)
 		default: // Q6_K
@@ -291,7 +311,7 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 			gguf.KV{Key: "gemma2.attn_logit_softcapping", Value: float32(cfg.AttnSoftcap)},
 			gguf.KV{Key: "gemma2.final_logit_softcapping", Value: float32(cfg.FinalSoftcap)})
 	}
-	if ft == FileQ8_0 || ft == FileQ4_0 || ft == FileQ4_KM {
+	if ft != FileF32 && ft != FileF16 && ft != FileBF16 {
 		kvs = append(kvs, gguf.KV{Key: "general.quantization_version", Value: uint32(2)}) // GGML_QNT_VERSION
 	}
 	f, err := os.Create(path)

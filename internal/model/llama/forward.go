@@ -34,7 +34,7 @@ type buffers struct {
 	scores [][]model.PositionLogprobs // by sequence: Forward's prompt scores
 	tops   [][]model.TokenLogprob     // by sequence: room for their top alternatives
 	scr    []scratch
-	q8     q8Acts  // a linear layer's input quantized for Q8_0/Q4_0 weights
+	q8     q8Acts  // a linear layer's input quantized for the 32-element block types
 	q8k    q8KActs // … and for Q4_K/Q6_K weights
 
 	// The step's parallel loops, reused so a Forward allocates nothing

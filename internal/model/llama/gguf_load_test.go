@@ -59,10 +59,9 @@ func snapped(t *testing.T, spec llamatest.Spec, typ gguf.Type) string {
 		for j := range v {
 			v[j] = math.Float32frombits(binary.LittleEndian.Uint32(ts[i].Data[4*j:]))
 		}
-		q := llama.QuantizeQ8_0(v)
-		if typ == gguf.Q4_0 {
-			q = llama.QuantizeQ4_0(v)
-		}
+		quant := map[gguf.Type]func([]float32) []byte{gguf.Q8_0: llama.QuantizeQ8_0, gguf.Q4_0: llama.QuantizeQ4_0,
+			gguf.Q4_1: llama.QuantizeQ4_1, gguf.Q5_0: llama.QuantizeQ5_0, gguf.Q5_1: llama.QuantizeQ5_1}[typ]
+		q := quant(v)
 		ts[i].Data = llama.F32Bytes(llama.Dequantize(typ, q, len(v)))
 	}
 	return writeCkpt(t, spec, nil, ts)
@@ -70,8 +69,8 @@ func snapped(t *testing.T, spec llamatest.Spec, typ gguf.Type) string {
 
 // TestGGUFMatchesCheckpoint exports checkpoints to GGUF (llama.cpp's
 // interleaved RoPE layout for llama, rotate-half for qwen3 and gemma2) and checks that loading the file computes the
-// checkpoint's function: F32 and BF16 exports to float rounding; Q8_0 and
-// Q4_0 exports of checkpoints already on their grid (so the weights are
+// checkpoint's function: F32 and BF16 exports to float rounding; Q8_0,
+// Q4_0, Q4_1, Q5_0 and Q5_1 exports of checkpoints already on their grid (so the weights are
 // the same) within the error of quantizing the activations to 8 bits
 // (large on this random model: its dot products are small against the
 // norms of their operands).
@@ -104,9 +103,10 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 			for _, c := range []struct {
 				typ gguf.Type
 				tol float64
-			}{{gguf.F32, exact}, {map[llama.DType]gguf.Type{llama.F32: gguf.F32, llama.BF16: gguf.BF16}[spec.DType], exact}, {gguf.Q8_0, 0.3}, {gguf.Q4_0, 0.3}} {
+			}{{gguf.F32, exact}, {map[llama.DType]gguf.Type{llama.F32: gguf.F32, llama.BF16: gguf.BF16}[spec.DType], exact}, {gguf.Q8_0, 0.3}, {gguf.Q4_0, 0.3},
+				{gguf.Q4_1, 0.3}, {gguf.Q5_0, 0.3}, {gguf.Q5_1, 0.3}} {
 				dir := spec.WriteT(t)
-				if c.typ == gguf.Q8_0 || c.typ == gguf.Q4_0 {
+				if c.typ.BlockSize() == 32 {
 					if spec.DType != llama.F32 {
 						continue
 					}
@@ -143,7 +143,7 @@ func ggufInvariance(t *testing.T, spec llamatest.Spec) {
 	dir := spec.WriteT(t)
 	rng := rand.New(rand.NewPCG(8, 8))
 	toks := randomTokens(rng, 25, spec.Vocab)
-	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
+	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1} {
 		path := writeGGUF(t, dir, typ)
 		var want []float32
 		for _, k := range llama.KernelChoices {
@@ -258,10 +258,10 @@ func TestGGUFLoadErrors(t *testing.T) {
 			return true
 		})), []string{`tensor "blk.0.attn_k.weight" has shape [64 32]`, "implies [32 64]"}},
 		{"type", rewrite(editTensor("blk.0.attn_q.weight", func(tn *gguf.Tensor) bool {
-			tn.Type = gguf.Q5_0
-			tn.Data = make([]byte, 64*2*22)
+			tn.Type = gguf.Q8_1 // an activation format, never a weight's
+			tn.Data = make([]byte, 64*2*36)
 			return true
-		})), []string{`tensor "blk.0.attn_q.weight" has type Q5_0`, "want F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K"}},
+		})), []string{`tensor "blk.0.attn_q.weight" has type Q8_1`, "want F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K"}},
 		{"quantized norm", rewrite(editTensor("output_norm.weight", func(tn *gguf.Tensor) bool {
 			tn.Type = gguf.Q8_0
 			tn.Data = make([]byte, 2*34)

@@ -142,7 +142,7 @@ type linJob struct {
 	// geluTab is ggml's float16 gelu table for gluGELUTanhGGML.
 	geluTab []uint16
 	first   [4]int // first task of each output; first[len(outs)] = total
-	// q8 receives x quantized for Q8_0 and Q4_0 outputs (nil: allocated
+	// q8 receives x quantized for the 32-element block types (nil: allocated
 	// when needed); qj is the loop that fills it.
 	q8 *q8Acts
 	qj quantJob

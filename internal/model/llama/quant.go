@@ -16,6 +16,14 @@ import (
 //	Q8_0 (32 elements, 34 bytes): d f16, qs [32]int8;       w[i] = d·qs[i]
 //	Q4_0 (32 elements, 18 bytes): d f16, qs [16]uint8;      w[i] = d·((qs[i] & 15) − 8),
 //	                                                        w[i+16] = d·((qs[i] >> 4) − 8)
+//	Q4_1 (32 elements, 20 bytes): d, m f16, qs [16]uint8;   w[i] = d·(qs[i] & 15) + m,
+//	                                                        w[i+16] = d·(qs[i] >> 4) + m
+//	Q5_0 (32 elements, 22 bytes): d f16, qh [4]uint8, qs [16]uint8:
+//	     w[i] = d·(q[i] − 16), q[i] = (qs[i] & 15) | h_i<<4 and q[i+16] =
+//	     (qs[i] >> 4) | h_{i+16}<<4 for i < 16, h_k bit k of qh as a
+//	     little-endian uint32
+//	Q5_1 (32 elements, 24 bytes): d, m f16, qh [4]uint8, qs [16]uint8:
+//	     w[i] = d·q[i] + m, q[i] the 5-bit value as in Q5_0
 //	Q4_K (256 elements, 144 bytes): d, dmin f16, scales [12]uint8 (6-bit scale
 //	     and min of 8 sub-blocks of 32), qs [128]uint8:
 //	     w = d·sc_j·q − dmin·m_j, q the nibbles of sub-block j (qs[32⌊j/2⌋ …],
@@ -26,13 +34,14 @@ import (
 //
 // Dequantization is the float32 arithmetic of ggml's dequantize_row_*: the
 // scale widened from binary16, times the integer, rounded once (for Q4_K:
-// d·sc and dmin·m first, then the fused expression as ggml writes it).
+// d·sc and dmin·m first, then the fused expression as ggml writes it; for
+// Q4_1 and Q5_1 the product d·q rounded, then m added).
 
 // quantBlock returns the elements per block and bytes per block of a
 // quantized type pdserve computes with (0, 0 for any other).
 func quantBlock(t gguf.Type) (elems, bytes int) {
 	switch t {
-	case gguf.Q8_0, gguf.Q4_0, gguf.Q4_K, gguf.Q6_K:
+	case gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.Q4_K, gguf.Q6_K:
 		return t.BlockSize(), t.BlockBytes()
 	}
 	return 0, 0
@@ -59,6 +68,22 @@ func dequantRow(t gguf.Type, src []byte, dst []float32) {
 				q := blk[2+i]
 				dst[32*b+i] = d * float32(int(q&15)-8)
 				dst[32*b+16+i] = d * float32(int(q>>4)-8)
+			}
+		}
+	case gguf.Q4_1, gguf.Q5_0, gguf.Q5_1:
+		// ggml-quants.c dequantize_row_q4_1, dequantize_row_q5_0,
+		// dequantize_row_q5_1.
+		bb := t.BlockBytes()
+		var q [32]int32
+		for b := range len(dst) / 32 {
+			d, m := q32Block(t, src[bb*b:bb*b+bb], &q)
+			y := dst[32*b : 32*b+32]
+			for i, v := range q {
+				if t == gguf.Q5_0 {
+					y[i] = d * float32(v)
+				} else {
+					y[i] = float32(d*float32(v)) + m // rounded product, as ggml
+				}
 			}
 		}
 	case gguf.Q4_K:
@@ -94,7 +119,7 @@ func dequantRow(t gguf.Type, src []byte, dst []float32) {
 }
 
 // Dequantize returns the n values (a multiple of t's block) of quantized
-// data src of type t (Q8_0, Q4_0, Q4_K or Q6_K), as ggml's dequantize_row_*
+// data src of type t (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K), as ggml's dequantize_row_*
 // computes them. It panics for another type or too little data.
 func Dequantize(t gguf.Type, src []byte, n int) []float32 {
 	if e, _ := quantBlock(t); e == 0 || uint64(len(src)) < t.RowBytes(uint64(n)) {
@@ -103,6 +128,35 @@ func Dequantize(t gguf.Type, src []byte, n int) []float32 {
 	out := make([]float32, n)
 	dequantRow(t, src, out)
 	return out
+}
+
+// q32Block unpacks one block of a Q4_1, Q5_0 or Q5_1 row (blk, its
+// BlockBytes bytes) into its 32 integers q — Q5_0's already less 16, so that
+// w = d·q, the others' unsigned, w = d·q + m — and returns d and m (0 for
+// Q5_0) widened from binary16. The high bit of element k of a Q5 block is
+// bit k of qh (ggml-quants.c dequantize_row_q5_0).
+func q32Block(t gguf.Type, blk []byte, q *[32]int32) (d, m float32) {
+	d = f16At(blk, 0)
+	var qh uint32
+	var qs []byte
+	switch t {
+	case gguf.Q4_1:
+		m, qs = f16At(blk, 2), blk[4:20]
+	case gguf.Q5_0:
+		qh, qs = binary.LittleEndian.Uint32(blk[2:]), blk[6:22]
+	default: // Q5_1
+		m, qh, qs = f16At(blk, 2), binary.LittleEndian.Uint32(blk[4:]), blk[8:24]
+	}
+	var off int32
+	if t == gguf.Q5_0 {
+		off = 16
+	}
+	for i := range 16 {
+		lo := int32(qs[i]&15) | int32(qh>>i&1)<<4
+		hi := int32(qs[i]>>4) | int32(qh>>(i+16)&1)<<4
+		q[i], q[i+16] = lo-off, hi-off
+	}
+	return d, m
 }
 
 // q4kScaleMin returns the 6-bit scale and min of sub-block j of a Q4_K
@@ -192,9 +246,115 @@ func QuantizeQ4_0(x []float32) []byte {
 	return out
 }
 
+// QuantizeQ5_0 quantizes x (a multiple of 32 values) to Q5_0 blocks as
+// ggml's quantize_row_q5_0_ref does (ggml-quants.c): with m the value of
+// largest magnitude (the first, if several), d = m/−16 and q =
+// min(31, trunc(x/d + 16.5)) (x/d as x times 1/d in float32), the low four
+// bits in qs and the fifth in qh; d stored as binary16.
+func QuantizeQ5_0(x []float32) []byte {
+	out := make([]byte, len(x)/32*22)
+	for b := range len(x) / 32 {
+		blk := x[32*b : 32*b+32]
+		var amax, m float32
+		for _, v := range blk {
+			if a := float32(math.Abs(float64(v))); amax < a {
+				amax, m = a, v
+			}
+		}
+		d := m / -16
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		o := out[22*b : 22*b+22]
+		binary.LittleEndian.PutUint16(o, F32ToF16(d))
+		var q [32]int32
+		for i, v := range blk {
+			q[i] = int32(min(31, int8(float32(v*id)+16.5)))
+		}
+		putQ5(o[2:6], o[6:22], &q)
+	}
+	return out
+}
+
+// QuantizeQ5_1 quantizes x (a multiple of 32 values) to Q5_1 blocks as
+// ggml's quantize_row_q5_1_ref does: with lo and hi the block's least and
+// greatest values, d = (hi − lo)/31, m = lo, q = trunc((x − lo)·(1/d) +
+// 0.5) (clamped to 31, which ggml's rounding never exceeds); d and m stored
+// as binary16.
+func QuantizeQ5_1(x []float32) []byte {
+	out := make([]byte, len(x)/32*24)
+	for b := range len(x) / 32 {
+		blk := x[32*b : 32*b+32]
+		d, id, lo := minMaxScale(blk, 31)
+		o := out[24*b : 24*b+24]
+		binary.LittleEndian.PutUint16(o, F32ToF16(d))
+		binary.LittleEndian.PutUint16(o[2:], F32ToF16(lo))
+		var q [32]int32
+		for i, v := range blk {
+			q[i] = int32(min(31, uint8(float32((v-lo)*id)+0.5)))
+		}
+		putQ5(o[4:8], o[8:24], &q)
+	}
+	return out
+}
+
+// QuantizeQ4_1 quantizes x (a multiple of 32 values) to Q4_1 blocks as
+// ggml's quantize_row_q4_1_ref does: with lo and hi the block's least and
+// greatest values, d = (hi − lo)/15, m = lo, q = min(15, trunc((x −
+// lo)·(1/d) + 0.5)); d and m stored as binary16.
+func QuantizeQ4_1(x []float32) []byte {
+	out := make([]byte, len(x)/32*20)
+	for b := range len(x) / 32 {
+		blk := x[32*b : 32*b+32]
+		d, id, lo := minMaxScale(blk, 15)
+		o := out[20*b : 20*b+20]
+		binary.LittleEndian.PutUint16(o, F32ToF16(d))
+		binary.LittleEndian.PutUint16(o[2:], F32ToF16(lo))
+		for i := range 16 {
+			x0 := min(15, int8(float32((blk[i]-lo)*id)+0.5))
+			x1 := min(15, int8(float32((blk[16+i]-lo)*id)+0.5))
+			o[4+i] = byte(x0) | byte(x1)<<4
+		}
+	}
+	return out
+}
+
+// minMaxScale returns the scale d = (hi − lo)/levels of a block with least
+// value lo and greatest hi, its inverse (0 for d = 0) and lo, as ggml's
+// quantize_row_q4_1_ref and quantize_row_q5_1_ref compute them.
+func minMaxScale(blk []float32, levels float32) (d, id, lo float32) {
+	lo, hi := float32(math.MaxFloat32), float32(-math.MaxFloat32)
+	for _, v := range blk {
+		if v < lo {
+			lo = v
+		}
+		if v > hi {
+			hi = v
+		}
+	}
+	d = (hi - lo) / levels
+	if d != 0 {
+		id = 1 / d
+	}
+	return d, id, lo
+}
+
+// putQ5 stores 32 five-bit values (0–31) as a Q5 block's qh (bit k the
+// fifth bit of element k) and qs (element i in the low nibble of byte i,
+// element i+16 in its high nibble).
+func putQ5(qh, qs []byte, q *[32]int32) {
+	var h uint32
+	for i := range 16 {
+		qs[i] = byte(q[i]&15) | byte(q[i+16]&15)<<4
+		h |= uint32(q[i]>>4&1)<<i | uint32(q[i+16]>>4&1)<<(i+16)
+	}
+	binary.LittleEndian.PutUint32(qh, h)
+}
+
 // # Activations for the integer dot products
 //
-// Before a linear layer with Q8_0 or Q4_0 weights, each token's input row
+// Before a linear layer with Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 weights, each token's input row
 // is quantized per block of 32 as ggml's quantize_row_q8_0 does on x86
 // (ggml-cpu/arch/x86/quants.c): amax = max|x|, d = amax/127, q =
 // round-half-even(x · (127/amax)) (0 where amax is 0), and the scale used is
@@ -211,8 +371,8 @@ type q8Block struct {
 	d8 [8]float32
 }
 
-// q8Acts holds T token rows of n values quantized for the Q8_0/Q4_0 dot
-// products: block b (of nb = n/32) of token t is blk[t·nb + b].
+// q8Acts holds T token rows of n values quantized for the 32-element
+// block types' dot products: block b (of nb = n/32) of token t is blk[t·nb + b].
 type q8Acts struct {
 	n, nb int
 	blk   []q8Block
@@ -266,9 +426,10 @@ func (a *q8Acts) quantizeRows(x []float32, t0, t1 int) {
 
 // # The canonical quantized dot product
 //
-// dotQ(w, a_t) for a Q8_0 or Q4_0 weight row w and a quantized activation
-// row has one defined result, computed the same way by every
-// implementation, and the same as ggml's ggml_vec_dot_q8_0_q8_0 (the x86
+// dotQ(w, a_t) for a Q8_0, Q4_0 or Q5_0 weight row w and a quantized
+// activation row has one defined result, computed the same way by every
+// implementation, and the same as ggml's ggml_vec_dot_q8_0_q8_0 and
+// ggml_vec_dot_q5_0_q8_0 (the x86
 // AVX2/AVX-512 code, ggml-cpu/arch/x86/quants.c; also the order of its
 // llamafile tinyBLAS kernels): for block b with weight integers w_i and
 // scale dw_b, activation quants q_i and scale dx_b, the 8 lane sums
@@ -290,41 +451,85 @@ func reduce8(l *[8]float32) float32 {
 	return (s0 + s2) + (s1 + s3)
 }
 
-// dotQ8Go is the canonical dot product of Q8_0 or Q4_0 row w (type t) with
-// token row k of a (pure Go).
+// For Q4_0 and Q5_0 the weight integers w_i are the block's quants less 8
+// or 16, and the sums are those above. Q4_1 and Q5_1 (w = dw·q + m) take
+// the unsigned quants for w_i, and each block adds its offset's share
+// m_b·dx_b·Σ_{i=4j}^{4j+3} q_i to the same lanes, after the scale's step:
+//
+//	acc_j = fma(−(m_b·dx_b), float32(ls_j), acc_j)
+//
+// with ls_j = −Σ q_i the activations' negated lane sum (q8Block.ls) and
+// m_b·dx_b a float32 product. (ggml's vec_dot_q4_1_q8_1 adds m_b times the
+// activation block's binary16 d·Σq in a separate scalar sum instead; the
+// lane form keeps it inside the kernels' vector arithmetic.)
+
+// dotQ8Go is the canonical dot product of a Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1
+// row w (type t) with token row k of a (pure Go).
 func dotQ8Go(t gguf.Type, w []byte, a *q8Acts, k int) float32 {
 	var acc [8]float32
 	var wi [32]int32
+	bb := t.BlockBytes()
 	for b := range a.nb {
-		var dw float32
+		blk := w[bb*b : bb*b+bb]
+		var dw, m float32
 		switch t {
 		case gguf.Q8_0:
-			blk := w[34*b : 34*b+34]
 			dw = f16At(blk, 0)
 			for i := range 32 {
 				wi[i] = int32(int8(blk[2+i]))
 			}
-		default: // Q4_0
-			blk := w[18*b : 18*b+18]
+		case gguf.Q4_0:
 			dw = f16At(blk, 0)
 			for i := range 16 {
 				wi[i] = int32(blk[2+i]&15) - 8
 				wi[16+i] = int32(blk[2+i]>>4) - 8
 			}
+		default: // Q4_1, Q5_0, Q5_1
+			dw, m = q32Block(t, blk, &wi)
 		}
-		blk := &a.blk[k*a.nb+b]
-		d := dw * blk.d8[0]
-		x := &blk.qs
+		xb := &a.blk[k*a.nb+b]
+		d := dw * xb.d8[0]
+		x := &xb.qs
 		for j := range 8 {
 			p := wi[4*j]*int32(x[4*j]) + wi[4*j+1]*int32(x[4*j+1]) + wi[4*j+2]*int32(x[4*j+2]) + wi[4*j+3]*int32(x[4*j+3])
 			acc[j] = fma32(d, float32(p), acc[j])
+		}
+		if hasMin(t) {
+			md := m * xb.d8[0]
+			for j := range 8 {
+				acc[j] = fma32(-md, float32(xb.ls[j]), acc[j])
+			}
 		}
 	}
 	return reduce8(&acc)
 }
 
+// hasMin reports whether blocks of type t carry an offset m (w = d·q + m).
+func hasMin(t gguf.Type) bool { return t == gguf.Q4_1 || t == gguf.Q5_1 }
+
 // usesQ8 reports whether a weight of type t takes q8Acts activations.
-func usesQ8(t gguf.Type) bool { return t == gguf.Q8_0 || t == gguf.Q4_0 }
+func usesQ8(t gguf.Type) bool {
+	switch t {
+	case gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1:
+		return true
+	}
+	return false
+}
+
+// qtileKinds are the weight types of the integer tile kernels, in the
+// order of their kind argument (asmgen's qkinds).
+var qtileKinds = [...]gguf.Type{gguf.Q8_0, gguf.Q4_0, gguf.Q5_0, gguf.Q5_1, gguf.Q4_1}
+
+// qtileKind returns the kind argument of the integer tile kernels for
+// weight type t.
+func qtileKind(t gguf.Type) int {
+	for i, k := range qtileKinds {
+		if k == t {
+			return i
+		}
+	}
+	panic("llama: no integer tile kernel for " + t.String())
+}
 
 // quantJob quantizes the rows of x into a, a range of tokens per task.
 type quantJob struct {
@@ -334,7 +539,7 @@ type quantJob struct {
 
 func (j *quantJob) run(_, lo, hi int) { j.a.quantizeRows(j.x, lo, hi) }
 
-// matRowsQ is matRows for a Q8_0 or Q4_0 matrix: dst[t·ds + r] =
+// matRowsQ is matRows for a Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 matrix: dst[t·ds + r] =
 // dotQ(W[r], a_t) for t < T and r0 ≤ r < r1 (r1 − r0 ≤ blockRows), on the
 // integer tile kernels of ks if it has them, else in Go. Activations are
 // taken in token blocks small enough for L1, streamed past each group of
@@ -349,10 +554,7 @@ func matRowsQ(ks *kernelSet, sc *scratch, dst []float32, ds int, a *q8Acts, T in
 		}
 		return
 	}
-	kind := 0
-	if w.Quant == gguf.Q4_0 {
-		kind = 1
-	}
+	kind := qtileKind(w.Quant)
 	R, V := ks.qrows, ks.qvecs
 	tb := max(V, l1Budget/(a.nb*int(unsafe.Sizeof(q8Block{})))/V*V)
 	args := qtileArgs{nb: uintptr(a.nb)}

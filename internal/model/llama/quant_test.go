@@ -10,8 +10,8 @@ import (
 )
 
 // TestQuantizeRoundTrip checks ggml's reference quantizers through
-// dequantRow: Q8_0 within half a step (d/2) of each value, Q4_0 within one
-// step, and exact for values already on the grid.
+// dequantRow: Q8_0 within half a step (d/2) of each value, Q4_0, Q4_1,
+// Q5_0 and Q5_1 within one step, and exact for values already on the grid.
 func TestQuantizeRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	x := randVec(rng, 32*20)
@@ -23,7 +23,8 @@ func TestQuantizeRoundTrip(t *testing.T) {
 		typ  gguf.Type
 		q    func([]float32) []byte
 		step func(d float32) float64
-	}{{gguf.Q8_0, QuantizeQ8_0, func(d float32) float64 { return float64(d) / 2 * 1.07 }}, {gguf.Q4_0, QuantizeQ4_0, func(d float32) float64 { return math.Abs(float64(d)) }}} {
+	}{{gguf.Q8_0, QuantizeQ8_0, func(d float32) float64 { return float64(d) / 2 * 1.07 }}, {gguf.Q4_0, QuantizeQ4_0, oneStep},
+		{gguf.Q5_0, QuantizeQ5_0, oneStep}, {gguf.Q5_1, QuantizeQ5_1, oneStep}, {gguf.Q4_1, QuantizeQ4_1, oneStep}} {
 		b := c.q(x)
 		if len(b) != len(x)/32*c.typ.BlockBytes() {
 			t.Fatalf("%s: %d bytes", c.typ, len(b))
@@ -43,6 +44,56 @@ func TestQuantizeRoundTrip(t *testing.T) {
 		for i := range y {
 			if z[i] != y[i] {
 				t.Fatalf("%s: requantizing element %d: %v → %v", c.typ, i, y[i], z[i])
+			}
+		}
+	}
+}
+
+func oneStep(d float32) float64 { return math.Abs(float64(d)) }
+
+// TestDequantQ5Layout checks dequantRow on hand-made Q4_1, Q5_0 and Q5_1
+// blocks against ggml's dequantize_row_* formulas: element i < 16 from the
+// low nibble of qs[i], element i+16 from its high nibble, and for Q5 the
+// fifth bit of element k from bit k of qh (little-endian).
+func TestDequantQ5Layout(t *testing.T) {
+	const d, m = 0.5, -3.0 // exact in binary16
+	var qs [16]byte
+	for i := range qs {
+		qs[i] = byte(i) | byte(15-i)<<4
+	}
+	const qh = 0x80010003 // elements 0, 1, 16 and 31
+	hi := func(k int) int { return qh >> k & 1 }
+	q5 := func(k int) int {
+		if k < 16 {
+			return k | hi(k)<<4
+		}
+		return 15 - (k - 16) | hi(k)<<4
+	}
+	blk := func(parts ...[]byte) []byte {
+		var b []byte
+		for _, p := range parts {
+			b = append(b, p...)
+		}
+		return b
+	}
+	h16 := func(v float32) []byte { u := F32ToF16(v); return []byte{byte(u), byte(u >> 8)} }
+	qhb := []byte{qh & 255, qh >> 8 & 255, qh >> 16 & 255, qh >> 24}
+	for _, c := range []struct {
+		typ  gguf.Type
+		data []byte
+		want func(k int) float32
+	}{
+		{gguf.Q5_0, blk(h16(d), qhb, qs[:]), func(k int) float32 { return d * float32(q5(k)-16) }},
+		{gguf.Q5_1, blk(h16(d), h16(m), qhb, qs[:]), func(k int) float32 { return d*float32(q5(k)) + m }},
+		{gguf.Q4_1, blk(h16(d), h16(m), qs[:]), func(k int) float32 { return d*float32(q5(k)&15) + m }},
+	} {
+		if len(c.data) != c.typ.BlockBytes() {
+			t.Fatalf("%s: block of %d bytes", c.typ, len(c.data))
+		}
+		got := Dequantize(c.typ, c.data, 32)
+		for k := range 32 {
+			if got[k] != c.want(k) {
+				t.Fatalf("%s: element %d = %v, want %v", c.typ, k, got[k], c.want(k))
 			}
 		}
 	}
@@ -88,7 +139,7 @@ func TestQ8Activations(t *testing.T) {
 // sum over the dequantized weights and activations.
 func TestDotQ8(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
-	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
+	for _, typ := range qtileKinds {
 		for _, n := range []int{32, 64, 96, 576} {
 			w := typeQuantize(typ, randVec(rng, n))
 			wf := make([]float32, n)
@@ -115,10 +166,19 @@ func TestDotQ8(t *testing.T) {
 }
 
 func typeQuantize(t gguf.Type, x []float32) []byte {
-	if t == gguf.Q8_0 {
+	switch t {
+	case gguf.Q8_0:
 		return QuantizeQ8_0(x)
+	case gguf.Q4_0:
+		return QuantizeQ4_0(x)
+	case gguf.Q5_0:
+		return QuantizeQ5_0(x)
+	case gguf.Q5_1:
+		return QuantizeQ5_1(x)
+	case gguf.Q4_1:
+		return QuantizeQ4_1(x)
 	}
-	return QuantizeQ4_0(x)
+	panic("typeQuantize: " + t.String())
 }
 
 // TestQTileKernels checks every integer tile kernel against the pure-Go
@@ -131,7 +191,7 @@ func TestQTileKernels(t *testing.T) {
 		if ks.qisa == 0 {
 			continue
 		}
-		for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
+		for _, typ := range qtileKinds {
 			for _, tb := range []struct{ nb, T int }{{1, 9}, {2, 1}, {3, 2}, {18, 3}, {18, 4}, {18, 9}, {48, 1}, {48, 9}} {
 				nb, T := tb.nb, tb.T
 				n := 32 * nb
@@ -175,7 +235,7 @@ func BenchmarkQKernels(b *testing.B) {
 		if ks != nil {
 			name = ks.name
 		}
-		for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
+		for _, typ := range qtileKinds {
 			w, err := newQuantTensor("w", typ, []int{rows, n}, typeQuantize(typ, randVec(rng, rows*n)))
 			if err != nil {
 				b.Fatal(err)
@@ -315,4 +375,30 @@ func (j *sumJob) run(w, lo, hi int) {
 		s3 += b[i+3]
 	}
 	j.sums[8*w] += s0 + s1 + s2 + s3
+}
+
+// TestTensorTypeFallback checks the types WriteGGUF picks for rows that
+// are not a multiple of the block: llama.cpp's Q5_0 for Q4_K and Q8_0 for
+// Q6_K (rows of 576, SmolLM2's), F32 for the 32-element types and for rows
+// not a multiple of 32.
+func TestTensorTypeFallback(t *testing.T) {
+	for _, c := range []struct {
+		ft         FileType
+		name       string
+		cols       int
+		classifier bool
+		want       gguf.Type
+	}{
+		{FileQ4_KM, "blk.0.attn_q.weight", 576, false, gguf.Q5_0},
+		{FileQ4_KM, "blk.0.attn_q.weight", 512, false, gguf.Q4_K},
+		{FileQ4_KM, "output.weight", 576, true, gguf.Q8_0},
+		{FileQ4_KM, "blk.0.ffn_down.weight", 48, false, gguf.F32},
+		{FileQ5_0, "blk.0.attn_q.weight", 576, false, gguf.Q5_0},
+		{FileQ5_1, "blk.0.attn_q.weight", 48, false, gguf.F32},
+		{FileQ4_1, "blk.0.attn_q.weight", 64, false, gguf.Q4_1},
+	} {
+		if got := tensorType(c.ft, c.name, c.cols, 0, 2, c.classifier); got != c.want {
+			t.Errorf("%s %s cols %d: %s, want %s", c.ft, c.name, c.cols, got, c.want)
+		}
+	}
 }

@@ -58,7 +58,7 @@ type tileArgs struct {
 }
 
 // qtileArgs is the argument block of an integer tile kernel: the
-// canonical quantized dot products (quant.go) of up to 4 Q8_0 or Q4_0
+// canonical quantized dot products (quant.go) of up to 4 quantized
 // weight rows with up to 4 rows of quantized activations (layout fixed by
 // asmgen).
 type qtileArgs struct {
@@ -138,7 +138,7 @@ type kernelSet struct {
 	expTail   bool
 	siluWidth int
 	// qisa is the instruction set of the integer tile kernels (qtile) for
-	// Q8_0 and Q4_0 weights, 0 for none (the pure-Go dot products):
+	// the 32-element block types, 0 for none (the pure-Go dot products):
 	// isaAVX512 needs VNNI and BW besides; qrows and qvecs are the weight
 	// and activation rows per call.
 	qisa, qrows, qvecs int

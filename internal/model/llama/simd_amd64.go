@@ -8,8 +8,8 @@ import "golang.org/x/sys/cpu"
 // limit (0 pure Go, 1 AVX2, 2 AVX-512): AVX-512 (F and VL; Skylake-SP, Ice
 // Lake, Sapphire Rapids, Zen 4 and later), else AVX2 with FMA (Haswell, Zen
 // and later), else nil (pure Go). Options.Kernels sets the limit. The
-// integer kernels of Q8_0, Q4_0, Q4_K and Q6_K weights use AVX-512 VNNI
-// where the CPU has it (with AVX-512 BW), else AVX2.
+// integer kernels of the quantized weights use AVX-512 VNNI where the CPU
+// has it (with AVX-512 BW), else AVX2.
 func kernelSetFor(limit int) *kernelSet {
 	avx2 := cpu.X86.HasAVX2 && cpu.X86.HasFMA
 	switch {

@@ -514,6 +514,96 @@ func qtileQ4AVX2V1(a *qtileArgs)
 //go:noescape
 func qtileQ4AVX2V2(a *qtileArgs)
 
+// qtileQ50AVX512V1: AVX-512 VNNI, 4 Q5_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ50AVX512V1(a *qtileArgs)
+
+// qtileQ50AVX512V2: AVX-512 VNNI, 4 Q5_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ50AVX512V2(a *qtileArgs)
+
+// qtileQ50AVX512V3: AVX-512 VNNI, 4 Q5_0 rows × 3 quantized activation rows
+//
+//go:noescape
+func qtileQ50AVX512V3(a *qtileArgs)
+
+// qtileQ50AVX512V4: AVX-512 VNNI, 4 Q5_0 rows × 4 quantized activation rows
+//
+//go:noescape
+func qtileQ50AVX512V4(a *qtileArgs)
+
+// qtileQ50AVX2V1: AVX2, 2 Q5_0 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ50AVX2V1(a *qtileArgs)
+
+// qtileQ50AVX2V2: AVX2, 2 Q5_0 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ50AVX2V2(a *qtileArgs)
+
+// qtileQ51AVX512V1: AVX-512 VNNI, 4 Q5_1 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ51AVX512V1(a *qtileArgs)
+
+// qtileQ51AVX512V2: AVX-512 VNNI, 4 Q5_1 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ51AVX512V2(a *qtileArgs)
+
+// qtileQ51AVX512V3: AVX-512 VNNI, 4 Q5_1 rows × 3 quantized activation rows
+//
+//go:noescape
+func qtileQ51AVX512V3(a *qtileArgs)
+
+// qtileQ51AVX512V4: AVX-512 VNNI, 4 Q5_1 rows × 4 quantized activation rows
+//
+//go:noescape
+func qtileQ51AVX512V4(a *qtileArgs)
+
+// qtileQ51AVX2V1: AVX2, 2 Q5_1 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ51AVX2V1(a *qtileArgs)
+
+// qtileQ51AVX2V2: AVX2, 2 Q5_1 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ51AVX2V2(a *qtileArgs)
+
+// qtileQ41AVX512V1: AVX-512 VNNI, 4 Q4_1 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ41AVX512V1(a *qtileArgs)
+
+// qtileQ41AVX512V2: AVX-512 VNNI, 4 Q4_1 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ41AVX512V2(a *qtileArgs)
+
+// qtileQ41AVX512V3: AVX-512 VNNI, 4 Q4_1 rows × 3 quantized activation rows
+//
+//go:noescape
+func qtileQ41AVX512V3(a *qtileArgs)
+
+// qtileQ41AVX512V4: AVX-512 VNNI, 4 Q4_1 rows × 4 quantized activation rows
+//
+//go:noescape
+func qtileQ41AVX512V4(a *qtileArgs)
+
+// qtileQ41AVX2V1: AVX2, 2 Q4_1 rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileQ41AVX2V1(a *qtileArgs)
+
+// qtileQ41AVX2V2: AVX2, 2 Q4_1 rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileQ41AVX2V2(a *qtileArgs)
+
 // ktileQ4KAVX512V1: AVX-512 VNNI, one Q4_K row × 1 Q8_K activation rows
 //
 //go:noescape
@@ -952,7 +1042,7 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 }
 
 // qtile calls the integer tile kernel for weight format kind (0 Q8_0, 1
-// Q4_0) and nv activation rows.
+// Q4_0, 2 Q5_0, 3 Q5_1, 4 Q4_1: qtileKinds) and nv activation rows.
 func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 	switch ks.qisa {
 	case isaAVX512:
@@ -987,6 +1077,51 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 				qtileQ4AVX512V4(a)
 				return
 			}
+		case 2:
+			switch nv {
+			case 1:
+				qtileQ50AVX512V1(a)
+				return
+			case 2:
+				qtileQ50AVX512V2(a)
+				return
+			case 3:
+				qtileQ50AVX512V3(a)
+				return
+			case 4:
+				qtileQ50AVX512V4(a)
+				return
+			}
+		case 3:
+			switch nv {
+			case 1:
+				qtileQ51AVX512V1(a)
+				return
+			case 2:
+				qtileQ51AVX512V2(a)
+				return
+			case 3:
+				qtileQ51AVX512V3(a)
+				return
+			case 4:
+				qtileQ51AVX512V4(a)
+				return
+			}
+		case 4:
+			switch nv {
+			case 1:
+				qtileQ41AVX512V1(a)
+				return
+			case 2:
+				qtileQ41AVX512V2(a)
+				return
+			case 3:
+				qtileQ41AVX512V3(a)
+				return
+			case 4:
+				qtileQ41AVX512V4(a)
+				return
+			}
 		}
 	case isaAVX2:
 		switch kind {
@@ -1006,6 +1141,33 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 				return
 			case 2:
 				qtileQ4AVX2V2(a)
+				return
+			}
+		case 2:
+			switch nv {
+			case 1:
+				qtileQ50AVX2V1(a)
+				return
+			case 2:
+				qtileQ50AVX2V2(a)
+				return
+			}
+		case 3:
+			switch nv {
+			case 1:
+				qtileQ51AVX2V1(a)
+				return
+			case 2:
+				qtileQ51AVX2V2(a)
+				return
+			}
+		case 4:
+			switch nv {
+			case 1:
+				qtileQ41AVX2V1(a)
+				return
+			case 2:
+				qtileQ41AVX2V2(a)
 				return
 			}
 		}

@@ -45,7 +45,7 @@ const (
 	pvCol = 56 // masked kernels: columns (1–16) of the one chunk
 )
 
-// qtileArgs layout (simd.go): the dot products of 4 Q8_0 or Q4_0 weight
+// qtileArgs layout (simd.go): the dot products of 4 quantized weight
 // rows with up to 4 rows of quantized activations (q8Block arrays).
 const (
 	qtW   = 0  // [4]pointer: weight rows (block 0)
@@ -64,16 +64,28 @@ const (
 	qbBytes = 96
 )
 
-// qkind is a quantized weight format of the integer tile kernels.
+// qkind is a quantized weight format of the integer tile kernels, with
+// its block layout (ggml-common.h block_q8_0, block_q4_0, block_q5_0,
+// block_q5_1, block_q4_1: d at offset 0).
 type qkind struct {
-	name       string // Go-side suffix: Q8 (Q8_0) or Q4 (Q4_0)
+	name       string // Go-side suffix: Q8 (Q8_0), Q4 (Q4_0), Q50, Q51, Q41
+	typ        string // the ggml type
 	blockBytes int    // bytes per block of 32 weights
-	shift      int    // lane correction: init = ls << shift = −2^shift·Σx
+	shift      int    // lane correction: init = ls << shift = −2^shift·Σx (0: none)
+	qs         int    // offset of the quants (Q8_0) or nibbles
+	qh         int    // offset of the 32 fifth bits, −1 for none
+	m          int    // offset of the binary16 offset m (w = d·q + m), −1 for none
 }
 
 var (
-	q8_0 = qkind{"Q8", 34, 7}
-	q4_0 = qkind{"Q4", 18, 3}
+	q8_0 = qkind{"Q8", "Q8_0", 34, 7, 2, -1, -1}
+	q4_0 = qkind{"Q4", "Q4_0", 18, 3, 2, -1, -1}
+	q5_0 = qkind{"Q50", "Q5_0", 22, 4, 6, 2, -1}
+	q5_1 = qkind{"Q51", "Q5_1", 24, 0, 8, 4, 2}
+	q4_1 = qkind{"Q41", "Q4_1", 20, 0, 4, -1, 2}
+	// qkinds in the order of the kernels' kind argument (quant.go's
+	// qtileKinds).
+	qkinds = []qkind{q8_0, q4_0, q5_0, q5_1, q4_1}
 )
 
 // qtile512 writes an AVX-512 (VL, BW, VNNI) integer tile kernel: 4 weight
@@ -82,15 +94,18 @@ var (
 // 2p+1 in its low and high 256 bits, so every instruction works on two
 // weight rows' blocks of 32 while each half keeps the 8 lanes of its own
 // dot product. Per block, the 8 lane sums p_j come from VPDPBUSD of the
-// weights as unsigned bytes (Q8_0: w+128, Q4_0: the nibbles) with the
-// signed activations (broadcast to both halves), starting from the lane
-// correction −2^shift·Σx (ls << shift), so they are the exact Σ w·q; then
-// acc_j = fma(dw·dx, float(p_j), acc_j); each half's 8 lanes are added as
+// weights as unsigned bytes (Q8_0: w+128; the others: the nibbles, with
+// the fifth bits of Q5_0 and Q5_1 added as 16 under a byte mask from qh)
+// with the signed activations (broadcast to both halves), starting from
+// the lane correction −2^shift·Σx (ls << shift; zero for Q4_1 and Q5_1,
+// whose quants are unsigned), so they are the exact Σ w·q; then acc_j =
+// fma(dw·dx, float(p_j), acc_j), and for Q4_1 and Q5_1 acc_j =
+// fma(−(m·dx), float(ls_j), acc_j); each half's 8 lanes are added as
 // reduce8.
 func (g *gen) qtile512(k qkind, V int) {
 	const R, P = 4, 2 // rows, row pairs
 	name := fmt.Sprintf("qtile%sAVX512V%d", k.name, V)
-	g.text(name, fmt.Sprintf("AVX-512 VNNI, %d %s_0 rows × %d quantized activation rows", R, k.name, V))
+	g.text(name, fmt.Sprintf("AVX-512 VNNI, %d %s rows × %d quantized activation rows", R, k.typ, V))
 	g.op("MOVQ a+0(FP), AX")
 	for r := range R {
 		g.op("MOVQ %d(AX), %s", qtW+8*r, wGPR[r])
@@ -106,9 +121,11 @@ func (g *gen) qtile512(k qkind, V int) {
 	g.op("XORQ R13, R13") // weight byte offset
 	g.op("XORQ R14, R14") // activation byte offset
 	// Registers: acc Z0–Z7 (pair p, token v: Z(v·P+p)); per token v the
-	// quants Z(8+v), lane correction Z(12+v) and scale Z(16+v); the weight
-	// pair Z20–Z21, their scales Z22–Z23; Z24–Z25 products, Z26–Z27 scale
-	// products; Z31 the byte constant.
+	// quants Z(8+v), lane correction (or, with an offset m, the lane sums
+	// ls as floats) Z(12+v) and scale Z(16+v); the weight pair Z20–Z21,
+	// their scales Z22–Z23; Z24–Z25 products, Z26–Z27 scale products;
+	// Z28–Z29 the pairs' offsets m; Z30 the bytes 16 (Q5); Z31 the byte
+	// constant.
 	acc := func(p, v int) string { return fmt.Sprintf("Z%d", v*P+p) }
 	for v := range V {
 		for p := range P {
@@ -118,6 +135,10 @@ func (g *gen) qtile512(k qkind, V int) {
 	if k == q8_0 {
 		g.op("MOVL $0x80808080, AX")
 	} else {
+		if k.qh >= 0 {
+			g.op("MOVL $0x10101010, AX")
+			g.op("VPBROADCASTD AX, Z30")
+		}
 		g.op("MOVL $0x0f0f0f0f, AX")
 		// K3: the words of 128-bit lanes 1 and 3 (the high nibbles).
 		g.op("MOVL $0xff00ff00, DX")
@@ -142,35 +163,66 @@ func (g *gen) qtile512(k qkind, V int) {
 	}
 	for v := range V {
 		g.op("VBROADCASTI64X4 %d(%s)(R14*1), Z%d", qbQS, xGPR[v], 8+v)
-		g.op("VBROADCASTI64X4 %d(%s)(R14*1), Z%d", qbLS, xGPR[v], 12+v)
-		g.op("VPSLLD $%d, Z%d, Z%d", k.shift, 12+v, 12+v)
+		switch {
+		case k.shift > 0:
+			g.op("VBROADCASTI64X4 %d(%s)(R14*1), Z%d", qbLS, xGPR[v], 12+v)
+			g.op("VPSLLD $%d, Z%d, Z%d", k.shift, 12+v, 12+v)
+		case k.m >= 0:
+			g.op("VBROADCASTI64X4 %d(%s)(R14*1), Z%d", qbLS, xGPR[v], 12+v)
+			g.op("VCVTDQ2PS Z%d, Z%d", 12+v, 12+v)
+		}
 		g.op("VBROADCASTSS %d(%s)(R14*1), Z%d", qbD8, xGPR[v], 16+v)
 	}
 	for p := range P {
 		r0, r1 := wGPR[2*p], wGPR[2*p+1]
 		u, dw := fmt.Sprintf("Z%d", 20+p), fmt.Sprintf("Z%d", 22+p)
 		if k == q8_0 {
-			g.op("VMOVDQU64 2(%s)(R13*1), Y%s", r0, u[1:])
-			g.op("VINSERTI64X4 $1, 2(%s)(R13*1), %s, %s", r1, u, u)
+			g.op("VMOVDQU64 %d(%s)(R13*1), Y%s", k.qs, r0, u[1:])
+			g.op("VINSERTI64X4 $1, %d(%s)(R13*1), %s, %s", k.qs, r1, u, u)
 			g.op("VPXORD Z31, %s, %s", u, u)
 		} else {
 			// [row 2p, row 2p, row 2p+1, row 2p+1] in 128-bit lanes, the
-			// second copy of each shifted to its high nibbles.
-			g.op("VBROADCASTI32X4 2(%s)(R13*1), %s", r0, u)
-			g.op("VBROADCASTI32X4 2(%s)(R13*1), K2, %s", r1, u)
+			// second copy of each shifted to its high nibbles: byte i of
+			// each half is element i.
+			g.op("VBROADCASTI32X4 %d(%s)(R13*1), %s", k.qs, r0, u)
+			g.op("VBROADCASTI32X4 %d(%s)(R13*1), K2, %s", k.qs, r1, u)
 			g.op("VPSRLW $4, %s, K3, %s", u, u)
 			g.op("VPANDD Z31, %s, %s", u, u)
+		}
+		if k.qh >= 0 {
+			// K4: bit i of row 2p's qh and bit 32+i of row 2p+1's, one per
+			// byte of u; add 16 under it.
+			g.op("MOVL %d(%s)(R13*1), AX", k.qh, r0)
+			g.op("MOVL %d(%s)(R13*1), DX", k.qh, r1)
+			g.op("SHLQ $32, DX")
+			g.op("ORQ DX, AX")
+			g.op("KMOVQ AX, K4")
+			g.op("VPADDB Z30, %s, K4, %s", u, u)
 		}
 		g.op("VPBROADCASTW (%s)(R13*1), Y%s", r0, dw[1:])
 		g.op("VPBROADCASTW (%s)(R13*1), K1, Y%s", r1, dw[1:])
 		g.op("VCVTPH2PS Y%s, %s", dw[1:], dw)
+		mm := fmt.Sprintf("Z%d", 28+p)
+		if k.m >= 0 {
+			g.op("VPBROADCASTW %d(%s)(R13*1), Y%s", k.m, r0, mm[1:])
+			g.op("VPBROADCASTW %d(%s)(R13*1), K1, Y%s", k.m, r1, mm[1:])
+			g.op("VCVTPH2PS Y%s, %s", mm[1:], mm)
+		}
 		for v := range V {
 			t, m := fmt.Sprintf("Z%d", 24+v%2), fmt.Sprintf("Z%d", 26+v%2)
-			g.op("VMOVDQA32 Z%d, %s", 12+v, t)
+			if k.shift > 0 {
+				g.op("VMOVDQA32 Z%d, %s", 12+v, t)
+			} else {
+				g.op("VPXORD %s, %s, %s", t, t, t)
+			}
 			g.op("VPDPBUSD Z%d, %s, %s", 8+v, u, t)
 			g.op("VCVTDQ2PS %s, %s", t, t)
 			g.op("VMULPS Z%d, %s, %s", 16+v, dw, m)
 			g.op("VFMADD231PS %s, %s, %s", m, t, acc(p, v))
+			if k.m >= 0 {
+				g.op("VMULPS Z%d, %s, %s", 16+v, mm, m)
+				g.op("VFNMADD231PS Z%d, %s, %s", 12+v, m, acc(p, v))
+			}
 		}
 	}
 	g.op("ADDQ $%d, R13", k.blockBytes)
@@ -235,13 +287,16 @@ func (g *gen) qtileStore(R, V int, acc func(r, v int) string, tmp string) {
 // qtile512; for V ≤ prefetchMaxV (decode) it prefetches the next two rows
 // as it goes. Q8_0 takes ggml's sign trick (|w| as unsigned bytes times x
 // with w's sign, VPMADDUBSW then VPMADDWD with ones; no pair of products
-// exceeds 2·128·127 < 2^15, so nothing saturates); Q4_0 multiplies the
-// nibbles with x and adds the lane correction −8·Σx. The weight scale is
-// widened with F16C (which every AVX2 CPU has).
+// exceeds 2·128·127 < 2^15, so nothing saturates); the other types
+// multiply their unsigned quants (at most 31: pairs below 2·31·127) with x
+// and add the lane correction −2^shift·Σx (Q4_0, Q5_0) or, for an offset
+// m (Q4_1, Q5_1), the term −(m·dx)·ls. Q5's fifth bits are spread to
+// bytes as ggml's bytes_from_bits_32 does (a byte shuffle, a bit test per
+// byte). The weight scale is widened with F16C (which every AVX2 CPU has).
 func (g *gen) qtileAVX2(k qkind, V int) {
 	const R = 2
 	name := fmt.Sprintf("qtile%sAVX2V%d", k.name, V)
-	g.text(name, fmt.Sprintf("AVX2, %d %s_0 rows × %d quantized activation rows", R, k.name, V))
+	g.text(name, fmt.Sprintf("AVX2, %d %s rows × %d quantized activation rows", R, k.typ, V))
 	g.op("MOVQ a+0(FP), AX")
 	for r := range R {
 		g.op("MOVQ %d(AX), %s", qtW+8*r, wGPR[r])
@@ -265,7 +320,7 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 	g.op("MOVL $0x00010001, AX")
 	g.op("VMOVD AX, X14")
 	g.op("VPBROADCASTD X14, Y14") // int16 ones
-	if k == q4_0 {
+	if k != q8_0 {
 		g.op("MOVL $0x0f0f0f0f, AX")
 		g.op("VMOVD AX, X15")
 		g.op("VPBROADCASTD X15, Y15")
@@ -281,26 +336,44 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 			g.op("PREFETCHT0 %d(DX)(R13*%d)", off, R)
 		}
 	}
-	// Per token: Q8_0 the quants (Y10+v), Q4_0 the lane correction (Y10+v).
+	// Per token: Q8_0 the quants (Y10+v); Q4_0 and Q5_0 the lane
+	// correction, Q4_1 and Q5_1 the lane sums as floats (Y10+v).
 	for v := range V {
-		if k == q8_0 {
+		switch {
+		case k == q8_0:
 			g.op("VMOVDQU %d(%s)(R14*1), Y%d", qbQS, xGPR[v], 10+v)
-		} else {
+		case k.shift > 0:
 			g.op("VMOVDQU %d(%s)(R14*1), Y%d", qbLS, xGPR[v], 10+v)
 			g.op("VPSLLD $%d, Y%d, Y%d", k.shift, 10+v, 10+v)
+		default:
+			g.op("VCVTDQ2PS %d(%s)(R14*1), Y%d", qbLS, xGPR[v], 10+v)
 		}
 	}
 	for r := range R {
+		// Row r: weights Y(4+r), Q8_0's |w| or the offset m Y(6+r), scale
+		// Y(8+r).
 		w, abs, dw := fmt.Sprintf("Y%d", 4+r), fmt.Sprintf("Y%d", 6+r), fmt.Sprintf("Y%d", 8+r)
 		if k == q8_0 {
-			g.op("VMOVDQU 2(%s)(R13*1), %s", wGPR[r], w)
+			g.op("VMOVDQU %d(%s)(R13*1), %s", k.qs, wGPR[r], w)
 			g.op("VPSIGNB %s, %s, %s", w, w, abs)
 		} else {
 			x := "X" + w[1:]
-			g.op("VMOVDQU 2(%s)(R13*1), %s", wGPR[r], x)
+			g.op("VMOVDQU %d(%s)(R13*1), %s", k.qs, wGPR[r], x)
 			g.op("VPSRLW $4, %s, X12", x)
 			g.op("VINSERTI128 $1, X12, %s, %s", w, w)
 			g.op("VPAND Y15, %s, %s", w, w)
+		}
+		if k.qh >= 0 {
+			g.op("VPBROADCASTD %d(%s)(R13*1), Y13", k.qh, wGPR[r])
+			g.op("VPSHUFB q5Bits<>+0(SB), Y13, Y13") // byte i ← byte i/8 of qh
+			g.op("VPAND q5Bits<>+32(SB), Y13, Y13")  // its bit i%8
+			g.op("VPCMPEQB q5Bits<>+32(SB), Y13, Y13")
+			g.op("VPAND q5Bits<>+64(SB), Y13, Y13") // 16 where set
+			g.op("VPOR Y13, %s, %s", w, w)
+		}
+		if k.m >= 0 {
+			g.op("VPBROADCASTW %d(%s)(R13*1), X%s", k.m, wGPR[r], abs[1:])
+			g.op("VCVTPH2PS X%s, %s", abs[1:], abs)
 		}
 		g.op("VPBROADCASTW (%s)(R13*1), X%s", wGPR[r], dw[1:])
 		g.op("VCVTPH2PS X%s, %s", dw[1:], dw)
@@ -312,11 +385,17 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 			} else {
 				g.op("VPMADDUBSW %d(%s)(R14*1), %s, Y12", qbQS, xGPR[v], w)
 				g.op("VPMADDWD Y14, Y12, Y12")
-				g.op("VPADDD Y%d, Y12, Y12", 10+v)
+				if k.shift > 0 {
+					g.op("VPADDD Y%d, Y12, Y12", 10+v)
+				}
 			}
 			g.op("VCVTDQ2PS Y12, Y12")
 			g.op("VMULPS %d(%s)(R14*1), %s, Y13", qbD8, xGPR[v], dw)
 			g.op("VFMADD231PS Y13, Y12, %s", acc(r, v))
+			if k.m >= 0 {
+				g.op("VMULPS %d(%s)(R14*1), %s, Y13", qbD8, xGPR[v], abs)
+				g.op("VFNMADD231PS Y%d, Y13, %s", 10+v, acc(r, v))
+			}
 		}
 	}
 	g.op("ADDQ $%d, R13", k.blockBytes)
@@ -324,6 +403,23 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
 	g.qtileStore(R, V, acc, "X15")
+}
+
+// q5BitsTable writes q5Bits, the constants of the AVX2 kernels' spreading
+// of a Q5 block's 32 fifth bits to bytes: a VPSHUFB mask giving byte i the
+// qh byte i/8 (of the dword broadcast to every lane), the bit 1 << (i%8)
+// that byte i tests, and 16 in every byte.
+func (g *gen) q5BitsTable() {
+	for i := range 32 {
+		fmt.Fprintf(&g.s, "DATA q5Bits<>+%d(SB)/1, $%d\n", i, i/8)
+	}
+	for i := range 32 {
+		fmt.Fprintf(&g.s, "DATA q5Bits<>+%d(SB)/1, $%d\n", 32+i, 1<<(i%8))
+	}
+	for i := range 32 {
+		fmt.Fprintf(&g.s, "DATA q5Bits<>+%d(SB)/1, $16\n", 64+i)
+	}
+	fmt.Fprintf(&g.s, "GLOBL q5Bits<>(SB), RODATA|NOPTR, $96\n")
 }
 
 // ktileArgs layout (simd.go) and q8KBlock offsets (kquant.go).
@@ -1583,7 +1679,7 @@ func main() {
 		}
 	}
 
-	for _, k := range []qkind{q8_0, q4_0} {
+	for _, k := range qkinds {
 		for V := 1; V <= 4; V++ {
 			g.qtile512(k, V)
 		}
@@ -1606,6 +1702,7 @@ func main() {
 	g.expTable()
 	g.ktShufTable()
 	g.q6ShufTable()
+	g.q5BitsTable()
 	g.expSum512()
 	g.expSum256()
 	g.silu512()
@@ -1674,7 +1771,7 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 	t.WriteString("\t}\n\tpanic(\"llama: no pv kernel\")\n}\n")
 	t.WriteString(`
 // qtile calls the integer tile kernel for weight format kind (0 Q8_0, 1
-// Q4_0) and nv activation rows.
+// Q4_0, 2 Q5_0, 3 Q5_1, 4 Q4_1: qtileKinds) and nv activation rows.
 func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 	switch ks.qisa {
 `)
@@ -1683,7 +1780,7 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 		v    int
 	}{{"AVX512", 4}, {"AVX2", 2}} {
 		fmt.Fprintf(&t, "\tcase isa%s:\n\t\tswitch kind {\n", isa.name)
-		for ki, k := range []qkind{q8_0, q4_0} {
+		for ki, k := range qkinds {
 			fmt.Fprintf(&t, "\t\tcase %d:\n\t\t\tswitch nv {\n", ki)
 			for v := 1; v <= isa.v; v++ {
 				fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\tqtile%s%sV%d(a)\n\t\t\t\treturn\n", v, k.name, isa.name, v)

@@ -34,15 +34,16 @@ const (
 	FileQ4_1  FileType = "Q4_1"
 	FileQ5_0  FileType = "Q5_0"
 	FileQ5_1  FileType = "Q5_1"
+	FileIQ4NL FileType = "IQ4_NL"
 	FileQ4_KM FileType = "Q4_K_M"
 )
 
 // FileTypes lists the file types WriteGGUF writes.
-var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileQ4_KM}
+var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileIQ4NL, FileQ4_KM}
 
 // llamaFtype is general.file_type (llama.cpp's enum llama_ftype).
 var llamaFtype = map[FileType]uint32{FileF32: 0, FileF16: 1, FileBF16: 32, FileQ8_0: 7, FileQ4_0: 2, FileQ4_1: 3,
-	FileQ5_0: 8, FileQ5_1: 9, FileQ4_KM: 15}
+	FileQ5_0: 8, FileQ5_1: 9, FileIQ4NL: 25, FileQ4_KM: 15}
 
 // useMoreBits is llama.cpp's rule (llama-quant.cpp) for the layers of a
 // Q4_K_M file whose attn_v and ffn_down get Q6_K: the first and last
@@ -75,6 +76,8 @@ func tensorType(ft FileType, name string, cols, layer, layers int, classifier bo
 		t = gguf.Q5_0
 	case FileQ5_1:
 		t = gguf.Q5_1
+	case FileIQ4NL:
+		t = gguf.IQ4_NL
 	case FileQ4_KM:
 		t = gguf.Q4_K
 		if classifier || (strings.HasSuffix(name, "attn_v.weight") || strings.HasSuffix(name, "ffn_down.weight")) && useMoreBits(layer, layers) {
@@ -110,7 +113,8 @@ type GGUFReport struct {
 // matrices of file type ft: F32
 // (exact), F16 or BF16 (exact when the checkpoint has that dtype; otherwise
 // an error), quantized Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (QuantizeQ8_0,
-// QuantizeQ4_0, …: ggml's reference quantizers), or the Q4_K_M mix of Q4_K
+// QuantizeQ4_0, …: ggml's reference quantizers), IQ4_NL (QuantizeIQ4NL, a
+// plain fitted-scale quantizer), or the Q4_K_M mix of Q4_K
 // and Q6_K (QuantizeQ4K, QuantizeQ6K; see tensorType). A matrix whose rows
 // are not a multiple of the block is written in a fallback type and listed
 // in the report: F32 for the 32-element types (llama.cpp's converter
@@ -209,6 +213,8 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 			data = QuantizeQ5_0(f)
 		case gguf.Q5_1:
 			data = QuantizeQ5_1(f)
+		case gguf.IQ4_NL:
+			data = QuantizeIQ4NL(f)
 		case gguf.Q4_K:
 			data = QuantizeQ4K(f)
 		default: // Q6_K

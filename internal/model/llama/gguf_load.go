@@ -33,7 +33,7 @@ var ggufArchs = map[string]struct {
 }
 
 // ggufMatrixTypes are the tensor types a GGUF model's matrices may have.
-var ggufMatrixTypes = []gguf.Type{gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.Q4_K, gguf.Q6_K}
+var ggufMatrixTypes = []gguf.Type{gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.IQ4_NL, gguf.Q4_K, gguf.Q6_K}
 
 // ggufConfig reads the model configuration from a GGUF file's metadata,
 // with llama.cpp's key names (llama-arch.cpp, LLM_KV_*) under the
@@ -246,7 +246,8 @@ func ggufGemma2(f *gguf.File, c *Config) error {
 // biases for qwen2 (and optionally for llama and qwen3), attn_q_norm and
 // attn_k_norm ([head_dim]) for qwen3, and post_attention_norm and
 // post_ffw_norm for gemma2. Matrices may be F32, F16, BF16, Q8_0, Q4_0,
-// Q4_1, Q5_0, Q5_1, Q4_K or Q6_K; norms and biases F32, F16 or BF16.
+// Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K or Q6_K; norms and biases F32, F16 or
+// BF16.
 //
 // It returns an error, never panics, for a file that gguf.Parse refuses
 // (truncated, wrong magic or version, bad counts, types, shapes or data

@@ -143,7 +143,7 @@ func ggufInvariance(t *testing.T, spec llamatest.Spec) {
 	dir := spec.WriteT(t)
 	rng := rand.New(rand.NewPCG(8, 8))
 	toks := randomTokens(rng, 25, spec.Vocab)
-	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1} {
+	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.IQ4_NL} {
 		path := writeGGUF(t, dir, typ)
 		var want []float32
 		for _, k := range llama.KernelChoices {
@@ -261,7 +261,7 @@ func TestGGUFLoadErrors(t *testing.T) {
 			tn.Type = gguf.Q8_1 // an activation format, never a weight's
 			tn.Data = make([]byte, 64*2*36)
 			return true
-		})), []string{`tensor "blk.0.attn_q.weight" has type Q8_1`, "want F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K"}},
+		})), []string{`tensor "blk.0.attn_q.weight" has type Q8_1`, "want F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K"}},
 		{"quantized norm", rewrite(editTensor("output_norm.weight", func(tn *gguf.Tensor) bool {
 			tn.Type = gguf.Q8_0
 			tn.Data = make([]byte, 2*34)

@@ -24,6 +24,8 @@ import (
 //	     little-endian uint32
 //	Q5_1 (32 elements, 24 bytes): d, m f16, qh [4]uint8, qs [16]uint8:
 //	     w[i] = d·q[i] + m, q[i] the 5-bit value as in Q5_0
+//	IQ4_NL (32 elements, 18 bytes): d f16, qs [16]uint8, nibbles as Q4_0:
+//	     w[i] = d·kvaluesIQ4NL[nibble] (a non-uniform 4-bit grid)
 //	Q4_K (256 elements, 144 bytes): d, dmin f16, scales [12]uint8 (6-bit scale
 //	     and min of 8 sub-blocks of 32), qs [128]uint8:
 //	     w = d·sc_j·q − dmin·m_j, q the nibbles of sub-block j (qs[32⌊j/2⌋ …],
@@ -41,7 +43,7 @@ import (
 // quantized type pdserve computes with (0, 0 for any other).
 func quantBlock(t gguf.Type) (elems, bytes int) {
 	switch t {
-	case gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.Q4_K, gguf.Q6_K:
+	case gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.IQ4_NL, gguf.Q4_K, gguf.Q6_K:
 		return t.BlockSize(), t.BlockBytes()
 	}
 	return 0, 0
@@ -68,6 +70,17 @@ func dequantRow(t gguf.Type, src []byte, dst []float32) {
 				q := blk[2+i]
 				dst[32*b+i] = d * float32(int(q&15)-8)
 				dst[32*b+16+i] = d * float32(int(q>>4)-8)
+			}
+		}
+	case gguf.IQ4_NL:
+		// ggml-quants.c dequantize_row_iq4_nl.
+		for b := range len(dst) / 32 {
+			blk := src[18*b : 18*b+18]
+			d := f16At(blk, 0)
+			for i := range 16 {
+				q := blk[2+i]
+				dst[32*b+i] = d * float32(kvaluesIQ4NL[q&15])
+				dst[32*b+16+i] = d * float32(kvaluesIQ4NL[q>>4])
 			}
 		}
 	case gguf.Q4_1, gguf.Q5_0, gguf.Q5_1:
@@ -119,7 +132,7 @@ func dequantRow(t gguf.Type, src []byte, dst []float32) {
 }
 
 // Dequantize returns the n values (a multiple of t's block) of quantized
-// data src of type t (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K or Q6_K), as ggml's dequantize_row_*
+// data src of type t (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K or Q6_K), as ggml's dequantize_row_*
 // computes them. It panics for another type or too little data.
 func Dequantize(t gguf.Type, src []byte, n int) []float32 {
 	if e, _ := quantBlock(t); e == 0 || uint64(len(src)) < t.RowBytes(uint64(n)) {
@@ -129,6 +142,9 @@ func Dequantize(t gguf.Type, src []byte, n int) []float32 {
 	dequantRow(t, src, out)
 	return out
 }
+
+// kvaluesIQ4NL is IQ4_NL's grid, ggml-common.h kvalues_iq4nl (read only).
+var kvaluesIQ4NL = [16]int8{-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
 
 // q32Block unpacks one block of a Q4_1, Q5_0 or Q5_1 row (blk, its
 // BlockBytes bytes) into its 32 integers q — Q5_0's already less 16, so that
@@ -320,6 +336,73 @@ func QuantizeQ4_1(x []float32) []byte {
 	return out
 }
 
+// QuantizeIQ4NL quantizes x (a multiple of 32 values) to IQ4_NL blocks:
+// with m the value of largest magnitude, the scale starts at d = m/−127
+// (ggml's quantize_row_iq4_nl_impl's first step: m on the grid's end
+// −127), each value takes the nearest grid point of x/d, and then d is
+// refitted by least squares to those points (Σ x·k / Σ k²), the points
+// chosen again, and the better of the two fits by squared error kept; d
+// stored as binary16. Like QuantizeQ4K a plain quantizer, not ggml's
+// weighted scale search (ntry = 7); the format is the same.
+func QuantizeIQ4NL(x []float32) []byte {
+	out := make([]byte, len(x)/32*18)
+	for b := range len(x) / 32 {
+		blk := x[32*b : 32*b+32]
+		var amax, m float32
+		for _, v := range blk {
+			if a := float32(math.Abs(float64(v))); amax < a {
+				amax, m = a, v
+			}
+		}
+		o := out[18*b : 18*b+18]
+		var idx [32]uint8
+		d := float32(0)
+		if amax > 0 {
+			d = m / -127
+			best := iq4nlFit(blk, F16ToF32(F32ToF16(d)), &idx)
+			var sxk, skk float64
+			for i, v := range blk {
+				k := float64(kvaluesIQ4NL[idx[i]])
+				sxk += float64(v) * k
+				skk += k * k
+			}
+			if skk > 0 {
+				var idx2 [32]uint8
+				d2 := float32(sxk / skk)
+				if e := iq4nlFit(blk, F16ToF32(F32ToF16(d2)), &idx2); e < best {
+					d, idx = d2, idx2
+				}
+			}
+		}
+		binary.LittleEndian.PutUint16(o, F32ToF16(d))
+		for i := range 16 {
+			o[2+i] = idx[i] | idx[16+i]<<4
+		}
+	}
+	return out
+}
+
+// iq4nlFit sets idx to the grid points nearest to each x/d and returns the
+// squared error of d·kvaluesIQ4NL[idx] against x.
+func iq4nlFit(x []float32, d float32, idx *[32]uint8) float64 {
+	var e float64
+	for i, v := range x {
+		var k uint8
+		if d != 0 {
+			t := v / d
+			for j := 1; j < 16; j++ {
+				if math.Abs(float64(t-float32(kvaluesIQ4NL[j]))) < math.Abs(float64(t-float32(kvaluesIQ4NL[k]))) {
+					k = uint8(j)
+				}
+			}
+		}
+		idx[i] = k
+		r := float64(v) - float64(d)*float64(kvaluesIQ4NL[k])
+		e += r * r
+	}
+	return e
+}
+
 // minMaxScale returns the scale d = (hi − lo)/levels of a block with least
 // value lo and greatest hi, its inverse (0 for d = 0) and lo, as ggml's
 // quantize_row_q4_1_ref and quantize_row_q5_1_ref compute them.
@@ -426,10 +509,10 @@ func (a *q8Acts) quantizeRows(x []float32, t0, t1 int) {
 
 // # The canonical quantized dot product
 //
-// dotQ(w, a_t) for a Q8_0, Q4_0 or Q5_0 weight row w and a quantized
-// activation row has one defined result, computed the same way by every
-// implementation, and the same as ggml's ggml_vec_dot_q8_0_q8_0 and
-// ggml_vec_dot_q5_0_q8_0 (the x86
+// dotQ(w, a_t) for a Q8_0, Q4_0, Q5_0 or IQ4_NL weight row w and a
+// quantized activation row has one defined result, computed the same way
+// by every implementation, and the same as ggml's ggml_vec_dot_q8_0_q8_0
+// and ggml_vec_dot_q5_0_q8_0 (the x86
 // AVX2/AVX-512 code, ggml-cpu/arch/x86/quants.c; also the order of its
 // llamafile tinyBLAS kernels): for block b with weight integers w_i and
 // scale dw_b, activation quants q_i and scale dx_b, the 8 lane sums
@@ -452,7 +535,10 @@ func reduce8(l *[8]float32) float32 {
 }
 
 // For Q4_0 and Q5_0 the weight integers w_i are the block's quants less 8
-// or 16, and the sums are those above. Q4_1 and Q5_1 (w = dw·q + m) take
+// or 16, for IQ4_NL the grid values kvaluesIQ4NL[q_i], and the sums are
+// those above. (ggml's x86 ggml_vec_dot_iq4_nl_q8_0 accumulates even and
+// odd blocks in two sets of lanes and adds them before hsum_float_8; one
+// set, as here, differs from it only in float rounding.) Q4_1 and Q5_1 (w = dw·q + m) take
 // the unsigned quants for w_i, and each block adds its offset's share
 // m_b·dx_b·Σ_{i=4j}^{4j+3} q_i to the same lanes, after the scale's step:
 //
@@ -463,8 +549,8 @@ func reduce8(l *[8]float32) float32 {
 // activation block's binary16 d·Σq in a separate scalar sum instead; the
 // lane form keeps it inside the kernels' vector arithmetic.)
 
-// dotQ8Go is the canonical dot product of a Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1
-// row w (type t) with token row k of a (pure Go).
+// dotQ8Go is the canonical dot product of a Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+// or IQ4_NL row w (type t) with token row k of a (pure Go).
 func dotQ8Go(t gguf.Type, w []byte, a *q8Acts, k int) float32 {
 	var acc [8]float32
 	var wi [32]int32
@@ -483,6 +569,12 @@ func dotQ8Go(t gguf.Type, w []byte, a *q8Acts, k int) float32 {
 			for i := range 16 {
 				wi[i] = int32(blk[2+i]&15) - 8
 				wi[16+i] = int32(blk[2+i]>>4) - 8
+			}
+		case gguf.IQ4_NL:
+			dw = f16At(blk, 0)
+			for i := range 16 {
+				wi[i] = int32(kvaluesIQ4NL[blk[2+i]&15])
+				wi[16+i] = int32(kvaluesIQ4NL[blk[2+i]>>4])
 			}
 		default: // Q4_1, Q5_0, Q5_1
 			dw, m = q32Block(t, blk, &wi)
@@ -510,7 +602,7 @@ func hasMin(t gguf.Type) bool { return t == gguf.Q4_1 || t == gguf.Q5_1 }
 // usesQ8 reports whether a weight of type t takes q8Acts activations.
 func usesQ8(t gguf.Type) bool {
 	switch t {
-	case gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1:
+	case gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.IQ4_NL:
 		return true
 	}
 	return false
@@ -518,7 +610,7 @@ func usesQ8(t gguf.Type) bool {
 
 // qtileKinds are the weight types of the integer tile kernels, in the
 // order of their kind argument (asmgen's qkinds).
-var qtileKinds = [...]gguf.Type{gguf.Q8_0, gguf.Q4_0, gguf.Q5_0, gguf.Q5_1, gguf.Q4_1}
+var qtileKinds = [...]gguf.Type{gguf.Q8_0, gguf.Q4_0, gguf.Q5_0, gguf.Q5_1, gguf.Q4_1, gguf.IQ4_NL}
 
 // qtileKind returns the kind argument of the integer tile kernels for
 // weight type t.

@@ -11,7 +11,8 @@ import (
 
 // TestQuantizeRoundTrip checks ggml's reference quantizers through
 // dequantRow: Q8_0 within half a step (d/2) of each value, Q4_0, Q4_1,
-// Q5_0 and Q5_1 within one step, and exact for values already on the grid.
+// Q5_0 and Q5_1 within one step, and exact for values already on the grid;
+// and QuantizeIQ4NL within half its grid's widest gap.
 func TestQuantizeRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	x := randVec(rng, 32*20)
@@ -24,7 +25,9 @@ func TestQuantizeRoundTrip(t *testing.T) {
 		q    func([]float32) []byte
 		step func(d float32) float64
 	}{{gguf.Q8_0, QuantizeQ8_0, func(d float32) float64 { return float64(d) / 2 * 1.07 }}, {gguf.Q4_0, QuantizeQ4_0, oneStep},
-		{gguf.Q5_0, QuantizeQ5_0, oneStep}, {gguf.Q5_1, QuantizeQ5_1, oneStep}, {gguf.Q4_1, QuantizeQ4_1, oneStep}} {
+		{gguf.Q5_0, QuantizeQ5_0, oneStep}, {gguf.Q5_1, QuantizeQ5_1, oneStep}, {gguf.Q4_1, QuantizeQ4_1, oneStep},
+		// IQ4_NL's grid has gaps of up to 24 steps of d.
+		{gguf.IQ4_NL, QuantizeIQ4NL, func(d float32) float64 { return 12 * math.Abs(float64(d)) }}} {
 		b := c.q(x)
 		if len(b) != len(x)/32*c.typ.BlockBytes() {
 			t.Fatalf("%s: %d bytes", c.typ, len(b))
@@ -36,6 +39,9 @@ func TestQuantizeRoundTrip(t *testing.T) {
 			if e := math.Abs(float64(y[i] - x[i])); e > c.step(d)*1.01+1e-7 {
 				t.Fatalf("%s: element %d: %v → %v (scale %v)", c.typ, i, x[i], y[i], d)
 			}
+		}
+		if c.typ == gguf.IQ4_NL {
+			continue // its scale is fitted: values on the grid may get another
 		}
 		// Values on the grid come back exactly.
 		again := c.q(y)
@@ -51,8 +57,8 @@ func TestQuantizeRoundTrip(t *testing.T) {
 
 func oneStep(d float32) float64 { return math.Abs(float64(d)) }
 
-// TestDequantQ5Layout checks dequantRow on hand-made Q4_1, Q5_0 and Q5_1
-// blocks against ggml's dequantize_row_* formulas: element i < 16 from the
+// TestDequantQ5Layout checks dequantRow on hand-made Q4_1, Q5_0, Q5_1 and
+// IQ4_NL blocks against ggml's dequantize_row_* formulas: element i < 16 from the
 // low nibble of qs[i], element i+16 from its high nibble, and for Q5 the
 // fifth bit of element k from bit k of qh (little-endian).
 func TestDequantQ5Layout(t *testing.T) {
@@ -86,6 +92,10 @@ func TestDequantQ5Layout(t *testing.T) {
 		{gguf.Q5_0, blk(h16(d), qhb, qs[:]), func(k int) float32 { return d * float32(q5(k)-16) }},
 		{gguf.Q5_1, blk(h16(d), h16(m), qhb, qs[:]), func(k int) float32 { return d*float32(q5(k)) + m }},
 		{gguf.Q4_1, blk(h16(d), h16(m), qs[:]), func(k int) float32 { return d*float32(q5(k)&15) + m }},
+		{gguf.IQ4_NL, blk(h16(d), qs[:]), func(k int) float32 {
+			grid := [16]float32{-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113} // ggml-common.h kvalues_iq4nl
+			return d * grid[q5(k)&15]
+		}},
 	} {
 		if len(c.data) != c.typ.BlockBytes() {
 			t.Fatalf("%s: block of %d bytes", c.typ, len(c.data))
@@ -177,6 +187,8 @@ func typeQuantize(t gguf.Type, x []float32) []byte {
 		return QuantizeQ5_1(x)
 	case gguf.Q4_1:
 		return QuantizeQ4_1(x)
+	case gguf.IQ4_NL:
+		return QuantizeIQ4NL(x)
 	}
 	panic("typeQuantize: " + t.String())
 }

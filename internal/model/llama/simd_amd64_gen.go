@@ -604,6 +604,36 @@ func qtileQ41AVX2V1(a *qtileArgs)
 //go:noescape
 func qtileQ41AVX2V2(a *qtileArgs)
 
+// qtileIQ4NLAVX512V1: AVX-512 VNNI, 4 IQ4_NL rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileIQ4NLAVX512V1(a *qtileArgs)
+
+// qtileIQ4NLAVX512V2: AVX-512 VNNI, 4 IQ4_NL rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileIQ4NLAVX512V2(a *qtileArgs)
+
+// qtileIQ4NLAVX512V3: AVX-512 VNNI, 4 IQ4_NL rows × 3 quantized activation rows
+//
+//go:noescape
+func qtileIQ4NLAVX512V3(a *qtileArgs)
+
+// qtileIQ4NLAVX512V4: AVX-512 VNNI, 4 IQ4_NL rows × 4 quantized activation rows
+//
+//go:noescape
+func qtileIQ4NLAVX512V4(a *qtileArgs)
+
+// qtileIQ4NLAVX2V1: AVX2, 2 IQ4_NL rows × 1 quantized activation rows
+//
+//go:noescape
+func qtileIQ4NLAVX2V1(a *qtileArgs)
+
+// qtileIQ4NLAVX2V2: AVX2, 2 IQ4_NL rows × 2 quantized activation rows
+//
+//go:noescape
+func qtileIQ4NLAVX2V2(a *qtileArgs)
+
 // ktileQ4KAVX512V1: AVX-512 VNNI, one Q4_K row × 1 Q8_K activation rows
 //
 //go:noescape
@@ -1042,7 +1072,8 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 }
 
 // qtile calls the integer tile kernel for weight format kind (0 Q8_0, 1
-// Q4_0, 2 Q5_0, 3 Q5_1, 4 Q4_1: qtileKinds) and nv activation rows.
+// Q4_0, 2 Q5_0, 3 Q5_1, 4 Q4_1, 5 IQ4_NL: qtileKinds) and nv activation
+// rows.
 func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 	switch ks.qisa {
 	case isaAVX512:
@@ -1122,6 +1153,21 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 				qtileQ41AVX512V4(a)
 				return
 			}
+		case 5:
+			switch nv {
+			case 1:
+				qtileIQ4NLAVX512V1(a)
+				return
+			case 2:
+				qtileIQ4NLAVX512V2(a)
+				return
+			case 3:
+				qtileIQ4NLAVX512V3(a)
+				return
+			case 4:
+				qtileIQ4NLAVX512V4(a)
+				return
+			}
 		}
 	case isaAVX2:
 		switch kind {
@@ -1168,6 +1214,15 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 				return
 			case 2:
 				qtileQ41AVX2V2(a)
+				return
+			}
+		case 5:
+			switch nv {
+			case 1:
+				qtileIQ4NLAVX2V1(a)
+				return
+			case 2:
+				qtileIQ4NLAVX2V2(a)
 				return
 			}
 		}

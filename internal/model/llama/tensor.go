@@ -16,7 +16,7 @@ type tensor struct {
 	Name  string
 	DType DType // float element type, unless quantized (q != nil)
 	// Quant is the block format of a quantized tensor (Q8_0, Q4_0, Q4_1,
-	// Q5_0, Q5_1, Q4_K, Q6_K; see quant.go), when q != nil.
+	// Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K; see quant.go), when q != nil.
 	Quant gguf.Type
 	// Shape is [rows, cols] for a matrix, [n] for a vector.
 	Shape    []int

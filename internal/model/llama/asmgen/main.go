@@ -75,17 +75,19 @@ type qkind struct {
 	qs         int    // offset of the quants (Q8_0) or nibbles
 	qh         int    // offset of the 32 fifth bits, −1 for none
 	m          int    // offset of the binary16 offset m (w = d·q + m), −1 for none
+	lut        bool   // the nibbles index IQ4_NL's grid (iq4nlTable)
 }
 
 var (
-	q8_0 = qkind{"Q8", "Q8_0", 34, 7, 2, -1, -1}
-	q4_0 = qkind{"Q4", "Q4_0", 18, 3, 2, -1, -1}
-	q5_0 = qkind{"Q50", "Q5_0", 22, 4, 6, 2, -1}
-	q5_1 = qkind{"Q51", "Q5_1", 24, 0, 8, 4, 2}
-	q4_1 = qkind{"Q41", "Q4_1", 20, 0, 4, -1, 2}
+	q8_0  = qkind{"Q8", "Q8_0", 34, 7, 2, -1, -1, false}
+	q4_0  = qkind{"Q4", "Q4_0", 18, 3, 2, -1, -1, false}
+	q5_0  = qkind{"Q50", "Q5_0", 22, 4, 6, 2, -1, false}
+	q5_1  = qkind{"Q51", "Q5_1", 24, 0, 8, 4, 2, false}
+	q4_1  = qkind{"Q41", "Q4_1", 20, 0, 4, -1, 2, false}
+	iq4nl = qkind{"IQ4NL", "IQ4_NL", 18, 7, 2, -1, -1, true}
 	// qkinds in the order of the kernels' kind argument (quant.go's
 	// qtileKinds).
-	qkinds = []qkind{q8_0, q4_0, q5_0, q5_1, q4_1}
+	qkinds = []qkind{q8_0, q4_0, q5_0, q5_1, q4_1, iq4nl}
 )
 
 // qtile512 writes an AVX-512 (VL, BW, VNNI) integer tile kernel: 4 weight
@@ -94,8 +96,9 @@ var (
 // 2p+1 in its low and high 256 bits, so every instruction works on two
 // weight rows' blocks of 32 while each half keeps the 8 lanes of its own
 // dot product. Per block, the 8 lane sums p_j come from VPDPBUSD of the
-// weights as unsigned bytes (Q8_0: w+128; the others: the nibbles, with
-// the fifth bits of Q5_0 and Q5_1 added as 16 under a byte mask from qh)
+// weights as unsigned bytes (Q8_0: w+128; IQ4_NL: its grid value + 128,
+// looked up with VPSHUFB; the others: the nibbles, with the fifth bits of
+// Q5_0 and Q5_1 added as 16 under a byte mask from qh)
 // with the signed activations (broadcast to both halves), starting from
 // the lane correction −2^shift·Σx (ls << shift; zero for Q4_1 and Q5_1,
 // whose quants are unsigned), so they are the exact Σ w·q; then acc_j =
@@ -124,8 +127,8 @@ func (g *gen) qtile512(k qkind, V int) {
 	// quants Z(8+v), lane correction (or, with an offset m, the lane sums
 	// ls as floats) Z(12+v) and scale Z(16+v); the weight pair Z20–Z21,
 	// their scales Z22–Z23; Z24–Z25 products, Z26–Z27 scale products;
-	// Z28–Z29 the pairs' offsets m; Z30 the bytes 16 (Q5); Z31 the byte
-	// constant.
+	// Z28–Z29 the pairs' offsets m; Z30 the bytes 16 (Q5) or the IQ4_NL
+	// grid; Z31 the byte constant.
 	acc := func(p, v int) string { return fmt.Sprintf("Z%d", v*P+p) }
 	for v := range V {
 		for p := range P {
@@ -138,6 +141,9 @@ func (g *gen) qtile512(k qkind, V int) {
 		if k.qh >= 0 {
 			g.op("MOVL $0x10101010, AX")
 			g.op("VPBROADCASTD AX, Z30")
+		}
+		if k.lut {
+			g.op("VBROADCASTI32X4 iq4nlTable<>+32(SB), Z30") // the grid + 128
 		}
 		g.op("MOVL $0x0f0f0f0f, AX")
 		// K3: the words of 128-bit lanes 1 and 3 (the high nibbles).
@@ -188,6 +194,9 @@ func (g *gen) qtile512(k qkind, V int) {
 			g.op("VBROADCASTI32X4 %d(%s)(R13*1), K2, %s", k.qs, r1, u)
 			g.op("VPSRLW $4, %s, K3, %s", u, u)
 			g.op("VPANDD Z31, %s, %s", u, u)
+		}
+		if k.lut {
+			g.op("VPSHUFB %s, Z30, %s", u, u)
 		}
 		if k.qh >= 0 {
 			// K4: bit i of row 2p's qh and bit 32+i of row 2p+1's, one per
@@ -285,9 +294,10 @@ func (g *gen) qtileStore(R, V int, acc func(r, v int) string, tmp string) {
 // qtileAVX2 writes the AVX2 integer tile kernel: 2 weight rows × V
 // activation rows, one block at a time, the same canonical result as
 // qtile512; for V ≤ prefetchMaxV (decode) it prefetches the next two rows
-// as it goes. Q8_0 takes ggml's sign trick (|w| as unsigned bytes times x
-// with w's sign, VPMADDUBSW then VPMADDWD with ones; no pair of products
-// exceeds 2·128·127 < 2^15, so nothing saturates); the other types
+// as it goes. Q8_0 and IQ4_NL (its grid values looked up with VPSHUFB)
+// take ggml's sign trick (|w| as unsigned bytes times x with w's sign,
+// VPMADDUBSW then VPMADDWD with ones; no pair of products exceeds
+// 2·128·127 < 2^15, so nothing saturates); the other types
 // multiply their unsigned quants (at most 31: pairs below 2·31·127) with x
 // and add the lane correction −2^shift·Σx (Q4_0, Q5_0) or, for an offset
 // m (Q4_1, Q5_1), the term −(m·dx)·ls. Q5's fifth bits are spread to
@@ -340,7 +350,7 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 	// correction, Q4_1 and Q5_1 the lane sums as floats (Y10+v).
 	for v := range V {
 		switch {
-		case k == q8_0:
+		case k == q8_0 || k.lut:
 			g.op("VMOVDQU %d(%s)(R14*1), Y%d", qbQS, xGPR[v], 10+v)
 		case k.shift > 0:
 			g.op("VMOVDQU %d(%s)(R14*1), Y%d", qbLS, xGPR[v], 10+v)
@@ -350,8 +360,8 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 		}
 	}
 	for r := range R {
-		// Row r: weights Y(4+r), Q8_0's |w| or the offset m Y(6+r), scale
-		// Y(8+r).
+		// Row r: weights Y(4+r), |w| (Q8_0, IQ4_NL) or the offset m Y(6+r),
+		// scale Y(8+r).
 		w, abs, dw := fmt.Sprintf("Y%d", 4+r), fmt.Sprintf("Y%d", 6+r), fmt.Sprintf("Y%d", 8+r)
 		if k == q8_0 {
 			g.op("VMOVDQU %d(%s)(R13*1), %s", k.qs, wGPR[r], w)
@@ -362,6 +372,11 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 			g.op("VPSRLW $4, %s, X12", x)
 			g.op("VINSERTI128 $1, X12, %s, %s", w, w)
 			g.op("VPAND Y15, %s, %s", w, w)
+		}
+		if k.lut {
+			g.op("VMOVDQU iq4nlTable<>+0(SB), Y13") // the grid, in both lanes
+			g.op("VPSHUFB %s, Y13, %s", w, w)
+			g.op("VPSIGNB %s, %s, %s", w, w, abs)
 		}
 		if k.qh >= 0 {
 			g.op("VPBROADCASTD %d(%s)(R13*1), Y13", k.qh, wGPR[r])
@@ -378,7 +393,7 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 		g.op("VPBROADCASTW (%s)(R13*1), X%s", wGPR[r], dw[1:])
 		g.op("VCVTPH2PS X%s, %s", dw[1:], dw)
 		for v := range V {
-			if k == q8_0 {
+			if k == q8_0 || k.lut {
 				g.op("VPSIGNB %s, Y%d, Y12", w, 10+v)
 				g.op("VPMADDUBSW Y12, %s, Y12", abs)
 				g.op("VPMADDWD Y14, Y12, Y12")
@@ -403,6 +418,20 @@ func (g *gen) qtileAVX2(k qkind, V int) {
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
 	g.qtileStore(R, V, acc, "X15")
+}
+
+// iq4nlTable writes iq4nlTable: IQ4_NL's grid (ggml-common.h
+// kvalues_iq4nl) as int8 twice (a ymm register's two lanes, for the AVX2
+// kernels), then plus 128 as uint8 (for VPDPBUSD).
+func (g *gen) iq4nlTable() {
+	grid := []int{-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+	for i := range 32 {
+		fmt.Fprintf(&g.s, "DATA iq4nlTable<>+%d(SB)/1, $%d\n", i, uint8(int8(grid[i%16])))
+	}
+	for i := range 16 {
+		fmt.Fprintf(&g.s, "DATA iq4nlTable<>+%d(SB)/1, $%d\n", 32+i, grid[i]+128)
+	}
+	fmt.Fprintf(&g.s, "GLOBL iq4nlTable<>(SB), RODATA|NOPTR, $48\n")
 }
 
 // q5BitsTable writes q5Bits, the constants of the AVX2 kernels' spreading
@@ -1703,6 +1732,7 @@ func main() {
 	g.ktShufTable()
 	g.q6ShufTable()
 	g.q5BitsTable()
+	g.iq4nlTable()
 	g.expSum512()
 	g.expSum256()
 	g.silu512()
@@ -1771,7 +1801,8 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 	t.WriteString("\t}\n\tpanic(\"llama: no pv kernel\")\n}\n")
 	t.WriteString(`
 // qtile calls the integer tile kernel for weight format kind (0 Q8_0, 1
-// Q4_0, 2 Q5_0, 3 Q5_1, 4 Q4_1: qtileKinds) and nv activation rows.
+// Q4_0, 2 Q5_0, 3 Q5_1, 4 Q4_1, 5 IQ4_NL: qtileKinds) and nv activation
+// rows.
 func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 	switch ks.qisa {
 `)

@@ -22,7 +22,7 @@
 // (A) and bench.mjs (B) interleaved A B A B … and prints the medians and
 // the ratios pdserve/llama.cpp. With -score it instead compares pdserve's
 // prompt logprobs with llama.cpp's (score.go). With -stories-refs DIR it
-// instead writes the llama.cpp references of the stories260K Q8_0/Q4_0
+// instead writes the llama.cpp references of the stories260K quantized
 // test (refs.go).
 package main
 
@@ -68,7 +68,7 @@ func main() {
 	types := flag.String("types", "f32,bf16,q8_0,q4_0,q4_k_m", "GGUF file types to compare (comma-separated; see llama.FileTypes)")
 	score := flag.Bool("score", false, "instead of benchmarking, compare pdserve's prompt logprobs with llama.cpp's on each file (exit status 1 if any differs by more than 1e-4)")
 	scoreChunk := flag.Int("score-chunk", 64, "with -score, the prefill chunk (tokens per forward) on both sides")
-	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0 and Q4_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
+	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0, Q4_0 and Q5_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
 	arch := flag.String("arch", "llama", "synthetic checkpoint: llama (SmolLM2-135M-shaped), qwen3 (llamatest.Qwen3Shaped: Qwen3-0.6B's layers, 8 of them, 32768-token vocabulary) or gemma2 (llamatest.Gemma2Shaped: gemma-2-2b's layers, 2 of them, 16384-token vocabulary)")
 	flag.Parse()
 	log.SetFlags(0)

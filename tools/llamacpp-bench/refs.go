@@ -24,8 +24,8 @@ type StoriesRef struct {
 	Sequences  json.RawMessage `json:"sequences"`
 }
 
-// writeStoriesRefs converts the stories260K fixture, writes it as Q8_0 and
-// Q4_0 GGUF with llama.WriteGGUF, and records llama.cpp's next-token
+// writeStoriesRefs converts the stories260K fixture, writes it as Q8_0,
+// Q4_0 and Q5_0 GGUF with llama.WriteGGUF, and records llama.cpp's next-token
 // probabilities after each fixture sequence and its 32-token greedy
 // continuation (bench.mjs refs) into dir/stories260K-TYPE.json.
 func writeStoriesRefs(root, work, dir string, threads int) {
@@ -49,7 +49,7 @@ func writeStoriesRefs(root, work, dir string, threads int) {
 	seqPath := filepath.Join(work, "stories-seqs.json")
 	must(os.WriteFile(seqPath, mustJSON(seqs), 0o644))
 	must(os.MkdirAll(dir, 0o755))
-	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0} {
+	for _, typ := range []gguf.Type{gguf.Q8_0, gguf.Q4_0, gguf.Q5_0} {
 		path := filepath.Join(work, "stories260K-"+typ.String()+".gguf")
 		rep, err := llama.WriteGGUF(ckpt, path, llama.FileType(typ.String()))
 		must(err)

@@ -27,19 +27,19 @@ type storiesRef struct {
 	} `json:"sequences"`
 }
 
-// TestStories260KGGUF quantizes the stories260K fixture to Q8_0 and Q4_0
-// with WriteGGUF, loads the file, and compares with llama.cpp on the same
+// TestStories260KGGUF quantizes the stories260K fixture to Q8_0, Q4_0 and
+// Q5_0 with WriteGGUF, loads the file, and compares with llama.cpp on the same
 // file (testdata/stories260K/gguf, whose README explains the bounds): the
 // next-token probabilities after each of the eight fixture sequences, and
-// their 32-token greedy continuations. Every Q8_0 continuation is
-// identical; every sequence's probabilities are within 1e-2, and most
+// their 32-token greedy continuations. Every Q8_0 and Q5_0 continuation
+// is identical; every sequence's probabilities are within 1e-2, and most
 // within 1e-4 (tight: at least as many as when the references were made).
 func TestStories260KGGUF(t *testing.T) {
 	dir := llamatest.Stories260K(t)
 	for _, c := range []struct {
 		typ          gguf.Type
 		tight, exact int // sequences within 1e-4; identical continuations
-	}{{gguf.Q8_0, 5, 8}, {gguf.Q4_0, 7, 7}} {
+	}{{gguf.Q8_0, 5, 8}, {gguf.Q4_0, 7, 7}, {gguf.Q5_0, 5, 8}} {
 		t.Run(c.typ.String(), func(t *testing.T) {
 			raw, err := os.ReadFile(filepath.Join(llamatest.FixtureDir(t), "gguf", "stories260K-"+c.typ.String()+".json"))
 			if err != nil {

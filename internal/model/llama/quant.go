@@ -132,8 +132,9 @@ func dequantRow(t gguf.Type, src []byte, dst []float32) {
 }
 
 // Dequantize returns the n values (a multiple of t's block) of quantized
-// data src of type t (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K or Q6_K), as ggml's dequantize_row_*
-// computes them. It panics for another type or too little data.
+// data src of type t (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K or Q6_K),
+// as ggml's dequantize_row_* computes them. It panics for another type or
+// too little data.
 func Dequantize(t gguf.Type, src []byte, n int) []float32 {
 	if e, _ := quantBlock(t); e == 0 || uint64(len(src)) < t.RowBytes(uint64(n)) {
 		panic("llama: Dequantize: bad type or data")

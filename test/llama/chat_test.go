@@ -94,6 +94,7 @@ func chat(base string, body map[string]any) (chatResult, error) {
 // (it starts with <|begin_of_text|><|start_header_id|>), and both
 // deployments answer with the same tokens and text.
 func TestChatLlama3Tokenizer(t *testing.T) {
+	t.Parallel()
 	spec := llamatest.Tiny()
 	spec.Vocab, spec.Tied, spec.DType, spec.MaxPositions = 128256, true, llama.BF16, 2048
 	spec.BOS, spec.EOS = 128000, []int{128001, 128008, 128009}

@@ -96,6 +96,7 @@ func greedy(t *testing.T, m *llama.Model, pool *kvcache.Pool, tokens []int32, ch
 // and the 48-token greedy continuation (prefill whole and in chunks of 7,
 // then one token at a time).
 func TestStories260KDirect(t *testing.T) {
+	t.Parallel()
 	m, err := llama.Load(llamatest.Stories260K(t), llama.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -129,6 +129,7 @@ func migrations(t *testing.T, c *cluster.Cluster) float64 {
 // forward where the first run decoded it a token at a time: exactness
 // rests on the kernels giving the same bits for any chunking and batch.
 func TestMigrationExactOnStories260K(t *testing.T) {
+	t.Parallel()
 	refs := llamatest.References(t)
 	newModel, _ := factory(t, llamatest.Stories260K(t), llama.Options{})
 	maxTokens := 40

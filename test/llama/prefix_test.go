@@ -20,6 +20,7 @@ import (
 // from its own cache, and no transfer fails its checksum: the KV decode
 // kept is bit for bit what prefill computes.
 func TestSyntheticSmolLM2PrefixCache(t *testing.T) {
+	t.Parallel()
 	spec := llamatest.SmolLM2135M()
 	maxTokens := 8
 	if raceEnabled {

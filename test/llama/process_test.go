@@ -96,6 +96,7 @@ func runServer(t *testing.T, bin string, re *regexp.Regexp, args ...string) stri
 // llama2c`, then `pdserve serve --model DIR` and `pdserve up --model DIR`,
 // and checks the greedy continuations of the reference sequences over HTTP.
 func TestStories260KProcess(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
@@ -153,6 +154,7 @@ func TestStories260KProcess(t *testing.T) {
 // that the disaggregated answers to 20 greedy and seeded sampled requests
 // equal the colocated ones token for token.
 func TestQwen3GGUFProcess(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}

@@ -24,6 +24,7 @@ import (
 // alone; prompt logprobs under PD are those of ForwardLogits (the model's
 // distribution at each position).
 func TestSyntheticSmolLM2Sampling(t *testing.T) {
+	t.Parallel()
 	spec := llamatest.SmolLM2135M()
 	maxTokens := 6
 	if raceEnabled {

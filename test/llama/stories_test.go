@@ -32,6 +32,7 @@ func checkGreedy(t *testing.T, refs []llamatest.Reference, outs [][]int32) {
 // prefilled in chunks of at most 64 tokens, and compares the greedy
 // continuations with llama.cpp's.
 func TestStories260KServe(t *testing.T) {
+	t.Parallel()
 	refs := llamatest.References(t)
 	newModel, _ := factory(t, llamatest.Stories260K(t), llama.Options{})
 	s := startServe(t, newModel, machine(64))
@@ -42,6 +43,7 @@ func TestStories260KServe(t *testing.T) {
 // prefill and a decode worker (`pdserve up --model DIR`): prompt KV is
 // computed on the prefill worker and streamed to the decode worker's pages.
 func TestStories260KPD(t *testing.T) {
+	t.Parallel()
 	refs := llamatest.References(t)
 	newModel, _ := factory(t, llamatest.Stories260K(t), llama.Options{})
 	c := startPD(t, newModel, machine(64))

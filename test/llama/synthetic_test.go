@@ -18,6 +18,7 @@ import (
 // has 2 layers instead of 30 and 8192 tokens instead of 49152, and
 // generates fewer tokens.
 func TestSyntheticSmolLM2PD(t *testing.T) {
+	t.Parallel()
 	spec := llamatest.SmolLM2135M()
 	maxTokens := 8
 	if raceEnabled {
@@ -37,6 +38,7 @@ func TestSyntheticSmolLM2PD(t *testing.T) {
 // loaded from the file, as `pdserve up --model FILE.gguf` does. Under the
 // race detector it generates fewer tokens.
 func TestSyntheticQwen3PD(t *testing.T) {
+	t.Parallel()
 	spec := qwen3Narrow()
 	maxTokens := 8
 	if raceEnabled {
@@ -62,6 +64,7 @@ func TestSyntheticQwen3PD(t *testing.T) {
 // and greedy tokens rather than be drowned by the one token this random
 // model otherwise predicts with p ≈ 0.999.
 func TestSyntheticGemma2PD(t *testing.T) {
+	t.Parallel()
 	spec := llamatest.Gemma2Shaped()
 	spec.FinalSoftcap = 1
 	// gemma-2-2b's heads (8 and 4 KV of 256) on a narrower model: whether

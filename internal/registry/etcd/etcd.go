@@ -293,6 +293,9 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 		<-probed
 	}()
 	failures := 0
+	// seen is the revision the last watch reached, until a list shows
+	// whether etcd still has it (0: nothing to compare).
+	var seen int64
 	for {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -321,6 +324,13 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 			r.answered("etcd reachable; fleet listed", "workers", len(resp.Kvs))
 		}
 		failures = 0
+		if seen > resp.Header.Revision {
+			// The watch ended (its stream broke on the restart) before a
+			// verify saw the revision go back: the list tells it.
+			r.log.Warn("etcd lost its data; listing the fleet again (workers register again on their own)",
+				"reason", fmt.Sprintf("%s: its revision went back from %d to %d", lostData, seen, resp.Header.Revision))
+		}
+		seen = 0
 		entries := make(map[string]registry.Entry, len(resp.Kvs))
 		for _, kv := range resp.Kvs {
 			e := decode(string(kv.Key), kv.Value, prefix)
@@ -334,7 +344,7 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := r.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		timer := time.NewTimer(r.relist)
-		reason := r.watch(ctx, wch, timer.C, resp.Header.Revision, entries, prefix, update)
+		reason, rev := r.watch(ctx, wch, timer.C, resp.Header.Revision, entries, prefix, update)
 		timer.Stop()
 		wcancel()
 		if ctx.Err() != nil {
@@ -343,6 +353,7 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 		if strings.HasPrefix(reason, lostData) {
 			r.log.Warn("etcd lost its data; listing the fleet again (workers register again on their own)", "reason", reason)
 		} else {
+			seen = rev
 			r.log.Debug("etcd watch ended; listing again", "reason", reason)
 		}
 		failures++
@@ -384,18 +395,18 @@ const lostData = "etcd lost its data"
 
 // watch applies watch events to entries until the watch ends (an error, a
 // compaction, the channel closing), relist fires, or verify finds the
-// watch behind etcd (see the package doc), and says why. rev is the
-// revision entries reflect.
+// watch behind etcd (see the package doc), and says why, with the revision
+// entries reflect then. rev is the revision entries reflect at the start.
 func (r *Registry) watch(ctx context.Context, wch clientv3.WatchChan, relist <-chan time.Time, rev int64,
-	entries map[string]registry.Entry, prefix string, update func(registry.Snapshot)) string {
+	entries map[string]registry.Entry, prefix string, update func(registry.Snapshot)) (string, int64) {
 	verify := time.NewTicker(r.cfg.VerifyInterval)
 	defer verify.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return "stopped"
+			return "stopped", rev
 		case <-relist:
-			return "periodic re-list"
+			return "periodic re-list", rev
 		case <-verify.C:
 			vctx, cancel := context.WithTimeout(ctx, r.cfg.VerifyInterval)
 			resp, err := r.cli.Get(vctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -405,16 +416,16 @@ func (r *Registry) watch(ctx context.Context, wch clientv3.WatchChan, relist <-c
 				// Unreachable: the watch's own reconnect handles it (and
 				// probe reports it).
 			case resp.Header.Revision < rev:
-				return fmt.Sprintf("%s: its revision went back from %d to %d", lostData, rev, resp.Header.Revision)
+				return fmt.Sprintf("%s: its revision went back from %d to %d", lostData, rev, resp.Header.Revision), rev
 			case resp.Header.Revision == rev && resp.Count != int64(len(entries)):
-				return fmt.Sprintf("%s: %d keys at revision %d, the watch has %d", lostData, resp.Count, rev, len(entries))
+				return fmt.Sprintf("%s: %d keys at revision %d, the watch has %d", lostData, resp.Count, rev, len(entries)), rev
 			}
 		case wr, ok := <-wch:
 			if !ok {
-				return "watch channel closed"
+				return "watch channel closed", rev
 			}
 			if err := wr.Err(); err != nil {
-				return err.Error()
+				return err.Error(), rev
 			}
 			rev = max(rev, wr.Header.Revision)
 			if wr.IsProgressNotify() || len(wr.Events) == 0 {

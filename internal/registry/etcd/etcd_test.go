@@ -1,9 +1,11 @@
 package etcd
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -270,7 +272,7 @@ func TestWatchEndsOnCompaction(t *testing.T) {
 	r := NewWithClient(nil, Config{Endpoints: []string{"http://127.0.0.1:1"}})
 	wch := make(chan clientv3.WatchResponse, 1)
 	wch <- clientv3.WatchResponse{CompactRevision: 7}
-	got := r.watch(context.Background(), wch, nil, 0, map[string]registry.Entry{}, "/pdserve/workers/", func(registry.Snapshot) {
+	got, _ := r.watch(context.Background(), wch, nil, 0, map[string]registry.Entry{}, "/pdserve/workers/", func(registry.Snapshot) {
 		t.Fatal("no snapshot for a compacted watch")
 	})
 	if !strings.Contains(got, "compacted") {
@@ -325,13 +327,16 @@ func TestDeletedRecordWrittenAgain(t *testing.T) {
 // TestWatchFollowsEtcdRestartedEmpty: an etcd that comes back on an empty
 // data directory starts its revisions over; the router's watch, resumed
 // from the old revision, would hear nothing for a long time. The registry
-// notices the revision going back, lists the empty etcd, and sees the
-// records written after.
+// notices the revision going back — by a verify, or by the list after the
+// watch broke on the restart — and says so, lists the empty etcd, and sees
+// the records written after.
 func TestWatchFollowsEtcdRestartedEmpty(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli, cfg := newClient(t, srv)
 	cfg.VerifyInterval = 100 * time.Millisecond
+	var logs lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	w := startWatcher(t, NewWithClient(cli, cfg))
 	put := func(rec Record) {
 		t.Helper()
@@ -354,4 +359,25 @@ func TestWatchFollowsEtcdRestartedEmpty(t *testing.T) {
 	w.waitFor(t, "")
 	put(record("decode-2", "decode", 30020))
 	w.waitFor(t, "decode-2 decode http://127.0.0.1:30020")
+	if got := logs.String(); !strings.Contains(got, "etcd lost its data") {
+		t.Errorf("the registry did not say that etcd lost its data; it logged:\n%s", got)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

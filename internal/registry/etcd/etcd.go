@@ -395,18 +395,26 @@ const lostData = "etcd lost its data"
 
 // watch applies watch events to entries until the watch ends (an error, a
 // compaction, the channel closing), relist fires, or verify finds the
-// watch behind etcd (see the package doc), and says why, with the revision
-// entries reflect then. rev is the revision entries reflect at the start.
+// watch behind etcd (see the package doc), and says why, with the highest
+// revision etcd showed meanwhile. rev is the revision entries reflect at
+// the start.
+//
+// etcd's revision never goes back (reads are linearizable), so a verify
+// that reads a revision below one etcd showed before — to the list, the
+// watch or an earlier verify — means etcd lost its data. Events of other
+// prefixes move the revision without reaching the watch, so verifies
+// remember what they read.
 func (r *Registry) watch(ctx context.Context, wch clientv3.WatchChan, relist <-chan time.Time, rev int64,
 	entries map[string]registry.Entry, prefix string, update func(registry.Snapshot)) (string, int64) {
 	verify := time.NewTicker(r.cfg.VerifyInterval)
 	defer verify.Stop()
+	high := rev
 	for {
 		select {
 		case <-ctx.Done():
-			return "stopped", rev
+			return "stopped", high
 		case <-relist:
-			return "periodic re-list", rev
+			return "periodic re-list", high
 		case <-verify.C:
 			vctx, cancel := context.WithTimeout(ctx, r.cfg.VerifyInterval)
 			resp, err := r.cli.Get(vctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -415,19 +423,22 @@ func (r *Registry) watch(ctx context.Context, wch clientv3.WatchChan, relist <-c
 			case err != nil:
 				// Unreachable: the watch's own reconnect handles it (and
 				// probe reports it).
-			case resp.Header.Revision < rev:
-				return fmt.Sprintf("%s: its revision went back from %d to %d", lostData, rev, resp.Header.Revision), rev
+			case resp.Header.Revision < high:
+				return fmt.Sprintf("%s: its revision went back from %d to %d", lostData, high, resp.Header.Revision), high
 			case resp.Header.Revision == rev && resp.Count != int64(len(entries)):
-				return fmt.Sprintf("%s: %d keys at revision %d, the watch has %d", lostData, resp.Count, rev, len(entries)), rev
+				return fmt.Sprintf("%s: %d keys at revision %d, the watch has %d", lostData, resp.Count, rev, len(entries)), high
+			default:
+				high = resp.Header.Revision
 			}
 		case wr, ok := <-wch:
 			if !ok {
-				return "watch channel closed", rev
+				return "watch channel closed", high
 			}
 			if err := wr.Err(); err != nil {
-				return err.Error(), rev
+				return err.Error(), high
 			}
 			rev = max(rev, wr.Header.Revision)
+			high = max(high, rev)
 			if wr.IsProgressNotify() || len(wr.Events) == 0 {
 				continue
 			}

@@ -39,7 +39,7 @@ func TestOverloadBurstShedFast(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes")
 	}
-	// Not parallel: it times the router's answers to a burst.
+	t.Parallel()
 	const (
 		capacity = 8
 		burst    = 10 * capacity

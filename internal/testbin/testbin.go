@@ -60,6 +60,23 @@ func (b *Binary) Path(t testing.TB) string {
 	return b.path
 }
 
+// TestingM is the one method of testing.M that goleak.VerifyTestMain calls.
+type TestingM interface{ Run() int }
+
+// RemovingAfter wraps m so that Run, once every test has run, deletes the
+// built executable: goleak.VerifyTestMain(bin.RemovingAfter(m)) in TestMain.
+func (b *Binary) RemovingAfter(m TestingM) TestingM { return removingAfter{b, m} }
+
+type removingAfter struct {
+	b *Binary
+	m TestingM
+}
+
+func (r removingAfter) Run() int {
+	defer r.b.Remove()
+	return r.m.Run()
+}
+
 // Remove deletes the built executable, if any; call it once every test that
 // runs it has ended (from TestMain).
 func (b *Binary) Remove() {

@@ -45,16 +45,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(cleanupM{m})
-}
-
-// cleanupM runs the tests, then removes what they built.
-type cleanupM struct{ m *testing.M }
-
-// Run implements goleak.TestingM.
-func (c cleanupM) Run() int {
-	defer pdserve.Remove()
-	return c.m.Run()
+	goleak.VerifyTestMain(pdserve.RemovingAfter(m))
 }
 
 var (

@@ -31,16 +31,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(cleanupM{m})
-}
-
-// cleanupM runs the tests, then removes the binary they built.
-type cleanupM struct{ m *testing.M }
-
-// Run implements goleak.TestingM.
-func (c cleanupM) Run() int {
-	defer pdserve.Remove()
-	return c.m.Run()
+	goleak.VerifyTestMain(pdserve.RemovingAfter(m))
 }
 
 // testGeometry is a small KV shape so tests move little data: 2 layers × 2

@@ -14,12 +14,4 @@ import (
 
 var pdserve = testbin.New("github.com/pdserve/pdserve/cmd/pdserve")
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(cleanupM{m}) }
-
-// cleanupM removes the built pdserve once every test has run.
-type cleanupM struct{ m *testing.M }
-
-func (c cleanupM) Run() int {
-	defer pdserve.Remove()
-	return c.m.Run()
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pdserve.RemovingAfter(m)) }

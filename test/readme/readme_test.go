@@ -44,14 +44,7 @@ import (
 
 var pdserve = testbin.New("github.com/pdserve/pdserve/cmd/pdserve")
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(cleanupM{m}) }
-
-type cleanupM struct{ m *testing.M }
-
-func (c cleanupM) Run() int {
-	defer pdserve.Remove()
-	return c.m.Run()
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pdserve.RemovingAfter(m)) }
 
 // block is one fenced ```sh block of the README.
 type block struct {

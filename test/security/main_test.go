@@ -30,10 +30,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(cleanupM{m}) }
 type cleanupM struct{ m *testing.M }
 
 func (c cleanupM) Run() int {
-	defer pdserve.Remove()
 	// The tests' plain clients keep idle keep-alive connections.
 	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	return c.m.Run()
+	return pdserve.RemovingAfter(c.m).Run()
 }
 
 // small keeps the simulated model's KV small, so processes start fast.

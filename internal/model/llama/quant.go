@@ -234,6 +234,19 @@ func QuantizeQ8_0(x []float32) []byte {
 	return out
 }
 
+// signedAbsMax returns the value of blk with the largest magnitude, the
+// first of several (ggml's quantize_row_q4_0_ref and its kin pick it so),
+// with its sign; 0 for an all-zero block.
+func signedAbsMax(blk []float32) float32 {
+	var amax, m float32
+	for _, v := range blk {
+		if a := float32(math.Abs(float64(v))); amax < a {
+			amax, m = a, v
+		}
+	}
+	return m
+}
+
 // QuantizeQ4_0 quantizes x (a multiple of 32 values) to Q4_0 blocks as
 // ggml's quantize_row_q4_0_ref does: with m the value of largest magnitude,
 // d = m/−8 and q = min(15, trunc(x/d + 8.5)), d stored as binary16.
@@ -241,12 +254,7 @@ func QuantizeQ4_0(x []float32) []byte {
 	out := make([]byte, len(x)/32*18)
 	for b := range len(x) / 32 {
 		blk := x[32*b : 32*b+32]
-		var amax, m float32
-		for _, v := range blk {
-			if a := float32(math.Abs(float64(v))); amax < a {
-				amax, m = a, v
-			}
-		}
+		m := signedAbsMax(blk)
 		d := m / -8
 		var id float32
 		if d != 0 {
@@ -272,12 +280,7 @@ func QuantizeQ5_0(x []float32) []byte {
 	out := make([]byte, len(x)/32*22)
 	for b := range len(x) / 32 {
 		blk := x[32*b : 32*b+32]
-		var amax, m float32
-		for _, v := range blk {
-			if a := float32(math.Abs(float64(v))); amax < a {
-				amax, m = a, v
-			}
-		}
+		m := signedAbsMax(blk)
 		d := m / -16
 		var id float32
 		if d != 0 {
@@ -349,16 +352,11 @@ func QuantizeIQ4NL(x []float32) []byte {
 	out := make([]byte, len(x)/32*18)
 	for b := range len(x) / 32 {
 		blk := x[32*b : 32*b+32]
-		var amax, m float32
-		for _, v := range blk {
-			if a := float32(math.Abs(float64(v))); amax < a {
-				amax, m = a, v
-			}
-		}
+		m := signedAbsMax(blk)
 		o := out[18*b : 18*b+18]
 		var idx [32]uint8
 		d := float32(0)
-		if amax > 0 {
+		if m != 0 {
 			d = m / -127
 			best := iq4nlFit(blk, F16ToF32(F32ToF16(d)), &idx)
 			var sxk, skk float64

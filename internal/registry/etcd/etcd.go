@@ -327,8 +327,7 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 		if seen > resp.Header.Revision {
 			// The watch ended (its stream broke on the restart) before a
 			// verify saw the revision go back: the list tells it.
-			r.log.Warn("etcd lost its data; listing the fleet again (workers register again on their own)",
-				"reason", fmt.Sprintf("%s: its revision went back from %d to %d", lostData, seen, resp.Header.Revision))
+			r.warnLostData(fmt.Sprintf("%s: its revision went back from %d to %d", lostData, seen, resp.Header.Revision))
 		}
 		seen = 0
 		entries := make(map[string]registry.Entry, len(resp.Kvs))
@@ -351,7 +350,7 @@ func (r *Registry) Run(ctx context.Context, update func(registry.Snapshot)) erro
 			return ctx.Err()
 		}
 		if strings.HasPrefix(reason, lostData) {
-			r.log.Warn("etcd lost its data; listing the fleet again (workers register again on their own)", "reason", reason)
+			r.warnLostData(reason)
 		} else {
 			seen = rev
 			r.log.Debug("etcd watch ended; listing again", "reason", reason)
@@ -388,6 +387,11 @@ func (r *Registry) probe(ctx context.Context, prefix string) {
 			r.answered("")
 		}
 	}
+}
+
+// warnLostData logs that etcd lost its data, and why.
+func (r *Registry) warnLostData(reason string) {
+	r.log.Warn("etcd lost its data; listing the fleet again (workers register again on their own)", "reason", reason)
 }
 
 // lostData starts the reason of a watch ended because etcd lost its data.

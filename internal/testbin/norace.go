@@ -2,4 +2,5 @@
 
 package testbin
 
-const raceBuild = false
+// RaceEnabled reports whether the binary was built with the race detector.
+const RaceEnabled = false

@@ -1,7 +1,7 @@
 // Package testbin builds a command of this module once per test binary, for
 // tests that run it as processes, and runs those processes: their output
 // kept, stopped by signal, waited for with a deadline. A test binary built
-// with the race detector builds the command with it too (see raceBuild).
+// with the race detector builds the command with it too (see RaceEnabled).
 package testbin
 
 import (
@@ -47,7 +47,7 @@ func (b *Binary) Path(t testing.TB) string {
 		}
 		b.path = filepath.Join(b.dir, filepath.Base(b.pkg))
 		args := []string{"build", "-o", b.path}
-		if raceBuild {
+		if RaceEnabled {
 			args = append(args, "-race")
 		}
 		if out, err := exec.Command("go", append(args, b.pkg)...).CombinedOutput(); err != nil {
@@ -105,7 +105,7 @@ type Proc struct {
 func Start(t testing.TB, bin, name string, env []string, args ...string) (*Proc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "PDSERVE_LOG_LEVEL=warn")
-	if raceBuild {
+	if RaceEnabled {
 		// A data race ends the process (exit status 66, the report on
 		// stderr) instead of a line nobody reads: the test fails.
 		cmd.Env = append(cmd.Env, "GORACE=halt_on_error=1")

@@ -1,7 +1,7 @@
-//go:build race
-
 package chaos
+
+import "github.com/pdserve/pdserve/internal/testbin"
 
 // raceEnabled reports whether the tests run under the race detector, so
 // that the reproduce command does too.
-const raceEnabled = true
+const raceEnabled = testbin.RaceEnabled

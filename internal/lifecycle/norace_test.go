@@ -1,5 +1,0 @@
-//go:build !race
-
-package lifecycle
-
-const raceEnabled = false

@@ -1,5 +1,0 @@
-//go:build !race
-
-package llama_test
-
-const raceEnabled = false

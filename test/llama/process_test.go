@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,6 +93,18 @@ func runServer(t *testing.T, bin string, re *regexp.Regexp, args ...string) stri
 	}
 }
 
+// serverCommands are the two ways a user serves a model: one colocated
+// worker (`serve`), and a router with a prefill and a decode worker (`up`);
+// re matches the line that gives the URL once it is ready.
+var serverCommands = []struct {
+	name string
+	re   *regexp.Regexp
+	args []string
+}{
+	{"serve", regexp.MustCompile(`OpenAI API (http://\S+)/v1`), []string{"serve", "--port", "0"}},
+	{"up", regexp.MustCompile(`ready: accepting requests at (http://\S+)/v1`), []string{"up", "--port", "0"}},
+}
+
 // TestStories260KProcess runs the binary as a user would: `pdserve convert
 // llama2c`, then `pdserve serve --model DIR` and `pdserve up --model DIR`,
 // and checks the greedy continuations of the reference sequences over HTTP.
@@ -111,16 +124,9 @@ func TestStories260KProcess(t *testing.T) {
 	if !strings.Contains(string(conv), "dim 64, hidden 172, 5 layers, 8 heads (4 KV), vocab 512 (tied classifier)") {
 		t.Errorf("convert printed %q", conv)
 	}
-	for _, c := range []struct {
-		name string
-		re   *regexp.Regexp
-		args []string
-	}{
-		{"serve", regexp.MustCompile(`OpenAI API (http://\S+)/v1`), []string{"serve", "--port", "0"}},
-		{"up", regexp.MustCompile(`ready: accepting requests at (http://\S+)/v1`), []string{"up", "--port", "0"}},
-	} {
+	for _, c := range serverCommands {
 		t.Run(c.name, func(t *testing.T) {
-			args := append(c.args, "--model", out, "--chunked-prefill-size", "64")
+			args := append(slices.Clone(c.args), "--model", out, "--chunked-prefill-size", "64")
 			url := runServer(t, bin, c.re, args...)
 			checkGreedy(t, refs, completeAll(t, url, storiesRequests(refs)))
 		})
@@ -172,16 +178,9 @@ func TestQwen3GGUFProcess(t *testing.T) {
 	const maxTokens = 8
 	reqs := mixedRequests(spec.Vocab, maxTokens)
 	answers := map[string][][]int32{}
-	for _, c := range []struct {
-		name string
-		re   *regexp.Regexp
-		args []string
-	}{
-		{"serve", regexp.MustCompile(`OpenAI API (http://\S+)/v1`), []string{"serve", "--port", "0"}},
-		{"up", regexp.MustCompile(`ready: accepting requests at (http://\S+)/v1`), []string{"up", "--port", "0"}},
-	} {
+	for _, c := range serverCommands {
 		t.Run(c.name, func(t *testing.T) {
-			args := append(c.args, "--model", file, "--chunked-prefill-size", "32")
+			args := append(slices.Clone(c.args), "--model", file, "--chunked-prefill-size", "32")
 			answers[c.name] = completeAll(t, runServer(t, bin, c.re, args...), reqs)
 		})
 	}

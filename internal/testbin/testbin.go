@@ -235,6 +235,27 @@ func (p *Proc) Kill() {
 	<-p.exited
 }
 
+// Buffer collects what is written to it (a process's output, a logger's
+// lines), safe for concurrent writers and readers. The zero value is ready.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p; it never fails.
+func (w *Buffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// String returns everything written so far.
+func (w *Buffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
 // tail keeps the last max bytes written to it, and whether a race
 // detector's report went through it.
 type tail struct {

@@ -8,31 +8,13 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
+	"github.com/pdserve/pdserve/internal/testbin"
 )
-
-// syncBuffer collects a process's stderr.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // runServer starts bin with args, waits for the stdout line matching re and
 // returns its first submatch (the URL). At cleanup it sends SIGINT and waits
@@ -45,7 +27,7 @@ func runServer(t *testing.T, bin string, re *regexp.Regexp, args ...string) stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr syncBuffer
+	var stderr testbin.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

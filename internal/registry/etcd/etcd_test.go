@@ -1,7 +1,6 @@
 package etcd
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -335,7 +334,7 @@ func TestWatchFollowsEtcdRestartedEmpty(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli, cfg := newClient(t, srv)
 	cfg.VerifyInterval = 100 * time.Millisecond
-	var logs lockedBuffer
+	var logs testbin.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	w := startWatcher(t, NewWithClient(cli, cfg))
 	put := func(rec Record) {
@@ -362,22 +361,4 @@ func TestWatchFollowsEtcdRestartedEmpty(t *testing.T) {
 	if got := logs.String(); !strings.Contains(got, "etcd lost its data") {
 		t.Errorf("the registry did not say that etcd lost its data; it logged:\n%s", got)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

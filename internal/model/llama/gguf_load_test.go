@@ -195,22 +195,7 @@ func TestGGUFLoadErrors(t *testing.T) {
 	}
 	// rewrite writes the file's metadata and tensors after edit.
 	rewrite := func(edit func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor)) string {
-		kvs := append([]gguf.KV(nil), f.KV...)
-		var ts []gguf.Tensor
-		for _, ti := range f.Tensors {
-			ts = append(ts, gguf.Tensor{Name: ti.Name, Type: ti.Type, Dims: ti.Dims, Data: ti.Data})
-		}
-		kvs, ts = edit(kvs, ts)
-		p := filepath.Join(t.TempDir(), "bad.gguf")
-		fh, err := os.Create(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := gguf.Write(fh, kvs, ts); err != nil {
-			t.Fatal(err)
-		}
-		fh.Close()
-		return p
+		return rewriteGGUF(t, f, edit)
 	}
 	setKV := func(key string, v any) func([]gguf.KV, []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
 		return func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
@@ -359,24 +344,7 @@ func TestGGUFQwen3Errors(t *testing.T) {
 		t.Fatalf("general.architecture %q, want qwen3", a)
 	}
 	rewrite := func(edit func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor)) string {
-		kvs := append([]gguf.KV(nil), f.KV...)
-		var ts []gguf.Tensor
-		for _, ti := range f.Tensors {
-			ts = append(ts, gguf.Tensor{Name: ti.Name, Type: ti.Type, Dims: ti.Dims, Data: ti.Data})
-		}
-		kvs, ts = edit(kvs, ts)
-		p := filepath.Join(t.TempDir(), "bad.gguf")
-		fh, err := os.Create(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := gguf.Write(fh, kvs, ts); err != nil {
-			t.Fatal(err)
-		}
-		if err := fh.Close(); err != nil {
-			t.Fatal(err)
-		}
-		return p
+		return rewriteGGUF(t, f, edit)
 	}
 	drop := func(name string) func([]gguf.KV, []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
 		return func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
@@ -478,4 +446,28 @@ func TestGGUFGemma2Errors(t *testing.T) {
 			t.Errorf("%s: WriteGGUF error %v, want one containing %q", name, err, c.want)
 		}
 	}
+}
+
+// rewriteGGUF writes f's metadata and tensors, after edit, to a new file
+// in t's temporary directory and returns its path.
+func rewriteGGUF(t *testing.T, f *gguf.File, edit func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor)) string {
+	t.Helper()
+	kvs := append([]gguf.KV(nil), f.KV...)
+	var ts []gguf.Tensor
+	for _, ti := range f.Tensors {
+		ts = append(ts, gguf.Tensor{Name: ti.Name, Type: ti.Type, Dims: ti.Dims, Data: ti.Data})
+	}
+	kvs, ts = edit(kvs, ts)
+	p := filepath.Join(t.TempDir(), "bad.gguf")
+	fh, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gguf.Write(fh, kvs, ts); err != nil {
+		t.Fatal(err)
+	}
+	if err := fh.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

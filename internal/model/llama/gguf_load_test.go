@@ -185,14 +185,7 @@ func TestGGUFLoadErrors(t *testing.T) {
 	spec := llamatest.Tiny()
 	spec.Vocab = 300
 	good := writeGGUF(t, spec.WriteT(t), gguf.Q8_0)
-	raw, err := os.ReadFile(good)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := readGGUF(t, good)
 	// rewrite writes the file's metadata and tensors after edit.
 	rewrite := func(edit func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor)) string {
 		return rewriteGGUF(t, f, edit)
@@ -220,6 +213,10 @@ func TestGGUFLoadErrors(t *testing.T) {
 			}
 			return kvs, out
 		}
+	}
+	raw, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
 	}
 	trunc := filepath.Join(t.TempDir(), "trunc.gguf")
 	if err := os.WriteFile(trunc, raw[:len(raw)-100], 0o644); err != nil {
@@ -273,14 +270,7 @@ func TestGGUFQ4KM(t *testing.T) {
 	if _, err := llama.WriteGGUF(dir, out, llama.FileQ4_KM); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := readGGUF(t, out)
 	// Of 2 layers, use-more-bits picks the last (i ≥ 7n/8).
 	want := map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
 		"blk.0.attn_v.weight": gguf.Q4_K, "blk.0.ffn_down.weight": gguf.Q4_K, "blk.0.attn_q.weight": gguf.Q4_K,
@@ -332,14 +322,7 @@ func TestGGUFQ4KM(t *testing.T) {
 // contradicts, is refused with an error naming the problem.
 func TestGGUFQwen3Errors(t *testing.T) {
 	good := writeGGUF(t, qwen3Tiny().WriteT(t), gguf.F32)
-	raw, err := os.ReadFile(good)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := readGGUF(t, good)
 	if a, _, _ := f.String("general.architecture"); a != "qwen3" {
 		t.Fatalf("general.architecture %q, want qwen3", a)
 	}
@@ -389,14 +372,7 @@ func TestGGUFQwen3Errors(t *testing.T) {
 // WriteGGUF refuses Gemma2 checkpoints llama.cpp would compute differently.
 func TestGGUFGemma2Errors(t *testing.T) {
 	good := writeGGUF(t, gemma2Tiny().WriteT(t), gguf.F32)
-	raw, err := os.ReadFile(good)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := gguf.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := readGGUF(t, good)
 	if a, _, _ := f.String("general.architecture"); a != "gemma2" {
 		t.Fatalf("general.architecture %q, want gemma2", a)
 	}
@@ -470,4 +446,18 @@ func rewriteGGUF(t *testing.T, f *gguf.File, edit func(kvs []gguf.KV, ts []gguf.
 		t.Fatal(err)
 	}
 	return p
+}
+
+// readGGUF reads and parses the GGUF file at path.
+func readGGUF(t *testing.T, path string) *gguf.File {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

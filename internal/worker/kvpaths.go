@@ -77,6 +77,14 @@ func (p *kvPaths) lost(addr string, err error, now time.Time) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if kp := p.byAddr[addr]; kp != nil && kp.state == workerapi.KVPathUp {
+		// A connection that was up and is lost is dialled again at the
+		// next ask, however recent its own dial: pathRedial spaces the
+		// dials of a path that keeps failing, not the first one after a
+		// loss. Until then the path reads unreachable, and a router
+		// would hold the pair for a second while the peer is fine.
+		kp.lastDial = time.Time{}
+	}
 	if why, detail, ok := kvxfer.RefusalOf(err); ok {
 		p.setLocked(addr, workerapi.KVPathRefused, why.String(), detail, now)
 		return

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -232,21 +233,25 @@ func TestAbortMidSendNoStaleWrite(t *testing.T) {
 
 // TestAbortStorm (scenario 4): half the requests of a sustained load are
 // aborted at random phases; once the storm stops, both workers are back at
-// baseline and the next requests succeed as fast as before.
+// baseline and the next requests succeed as fast as before (the median of
+// ten probes within 3× the one before the storm, plus 50 ms).
 func TestAbortStorm(t *testing.T) {
 	t.Parallel()
 	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: time.Millisecond, PrefillPerToken: 20 * time.Microsecond}})
+	// measure returns the median of n probes' latencies: one probe
+	// descheduled on a loaded host must not decide the comparison.
 	measure := func(n int) time.Duration {
-		var worst time.Duration
+		ds := make([]time.Duration, n)
 		for i := range n {
 			start := time.Now()
 			status, body := postJSON(t, c.URL()+"/v1/completions", map[string]any{"prompt": fmt.Sprintf("probe %d", i), "max_tokens": 8})
 			if status != http.StatusOK {
 				t.Fatalf("probe: %d %s", status, body)
 			}
-			worst = max(worst, time.Since(start))
+			ds[i] = time.Since(start)
 		}
-		return worst
+		slices.Sort(ds)
+		return ds[n/2]
 	}
 	before := measure(10)
 	rng := rand.New(rand.NewPCG(4, 4))
@@ -299,9 +304,9 @@ func TestAbortStorm(t *testing.T) {
 	assertQuiescent(t, c.Workers()...)
 	after := measure(10)
 	if after > 3*before+50*time.Millisecond {
-		t.Fatalf("slowest probe %s after the storm, %s before", after, before)
+		t.Fatalf("median probe %s after the storm, %s before", after, before)
 	}
-	t.Logf("storm: %d aborted, %d completed; slowest probe %s before, %s after", aborted, ok, before, after)
+	t.Logf("storm: %d aborted, %d completed; median probe %s before, %s after", aborted, ok, before, after)
 }
 
 // TestGaugesUnderChurn (scenario 11): after a burst and a mass abort, a
@@ -370,16 +375,20 @@ func TestGaugesUnderChurn(t *testing.T) {
 // (frozen, no bytes either way), both workers fail every room on it within
 // heartbeat-interval × heartbeat-misses. The router's one retry may still
 // land on the dying connection if it starts before decode noticed the
-// silence; either way the client's answer is bounded, and once the
-// connection is gone the next request reconnects clean.
+// silence (decode redials a lost connection at the router's next health
+// check, so the path never reads unreachable and the pair is not held);
+// either way the client's answer is bounded, and once the connection is
+// gone the next request reconnects clean.
 func TestSilentPeerFailsRoomsOnBothSides(t *testing.T) {
 	t.Parallel()
 	mc := testMachine()
 	net := fault.NewNet(fault.NetConfig{}, nil)
 	g, wrap := gated(lifecycle.RolePrefill, kvxfer.TypeKVDone)
+	var logs logBuffer
 	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
 		NewModel: simFactory(sim.Config{}), WrapBackend: wrap, HealthInterval: 100 * time.Millisecond,
-		Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: 64 << 20, KVDial: net.Dial}})
+		Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: 64 << 20, KVDial: net.Dial},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,8 +410,10 @@ func TestSilentPeerFailsRoomsOnBothSides(t *testing.T) {
 	}
 	start := time.Now()
 	bound := mc.HeartbeatInterval*time.Duration(mc.LeaseMisses) + 500*time.Millisecond
+	answer := ""
 	defer func() {
 		if t.Failed() {
+			t.Logf("the request's answer: %s\nlog:\n%s", answer, strings.Join(logs.lines(), "\n"))
 			for _, w := range c.Workers() {
 				for _, o := range outcome.Worker() {
 					if n := counterValue(t, workerGatherer{w}, "pdserve_requests_finished_total", "outcome", o.String()); n > 0 {
@@ -435,6 +446,7 @@ func TestSilentPeerFailsRoomsOnBothSides(t *testing.T) {
 	g.Open()
 	select {
 	case s := <-done:
+		answer = s
 		if !strings.HasPrefix(s, "200 ") && !strings.Contains(s, "peer_lost") {
 			t.Fatalf("the request got %s", s)
 		}

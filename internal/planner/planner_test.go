@@ -1,0 +1,519 @@
+package planner
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func near(got, want, rel float64) bool { return math.Abs(got-want) <= rel*math.Abs(want) }
+
+// TestEstimate checks the arithmetic of both roles' need against values
+// worked by hand (see Estimate's formulas).
+func TestEstimate(t *testing.T) {
+	slo := SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond, Margin: 0.8}
+	in := Inputs{ArrivalRate: 2, MeanPromptTokens: 1000, MeanOutputTokens: 100,
+		PrefillTokensPerBusySecond: 10000,
+		DecodeFit:                  Fit{Intercept: 0.005, Slope: 1e-7, Samples: 10}}
+	nd, ok := Estimate(in, slo)
+	if !ok {
+		t.Fatalf("not ok: %+v", nd)
+	}
+	// Prefill: S = 1000/10000 = 0.1 s; target 0.8 s; ρmax = 1 − 0.1/0.8 =
+	// 0.875; need = 2·1000/(10000·0.875) = 0.22857.
+	if !near(nd.Prefill, 0.22857, 1e-4) {
+		t.Errorf("prefill need %v (%s)", nd.Prefill, nd.PrefillWhy)
+	}
+	// Decode: ITL target 40 ms; Kmax = (0.040−0.005)/1e-7 = 350,000 tokens;
+	// held = 2·(1000+50)·100·0.040 = 8,400 tokens; need 0.024.
+	if !near(nd.Decode, 0.024, 1e-4) {
+		t.Errorf("decode need %v (%s)", nd.Decode, nd.DecodeWhy)
+	}
+	// The KV pool caps a worker: 0.9·100,000 = 90,000 tokens → 0.09333.
+	in.DecodeKVTokens = 100000
+	if nd, _ = Estimate(in, slo); !near(nd.Decode, 8400.0/90000, 1e-4) || !strings.Contains(nd.DecodeWhy, "KV pool") {
+		t.Errorf("KV-capped decode need %v (%s)", nd.Decode, nd.DecodeWhy)
+	}
+	// So does the batch limit: 64·1050 = 67,200 tokens.
+	in.DecodeMaxRunning = 64
+	if nd, _ = Estimate(in, slo); !near(nd.Decode, 8400.0/67200, 1e-4) || !strings.Contains(nd.DecodeWhy, "batch limit") {
+		t.Errorf("batch-capped decode need %v (%s)", nd.Decode, nd.DecodeWhy)
+	}
+	// A prompt longer than the TTFT target allows: utilization floor, said.
+	in.MeanPromptTokens = 9000
+	if nd, _ = Estimate(in, slo); !strings.Contains(nd.PrefillWhy, "no split meets it") || !near(nd.Prefill, 2*9000/(10000*0.05), 1e-9) {
+		t.Errorf("unreachable TTFT: %v (%s)", nd.Prefill, nd.PrefillWhy)
+	}
+	for _, c := range []struct {
+		name string
+		in   Inputs
+	}{
+		{"no arrivals", Inputs{PrefillTokensPerBusySecond: 1, DecodeFit: Fit{Slope: 1}}},
+		{"no prefill measure", Inputs{ArrivalRate: 1, DecodeFit: Fit{Slope: 1e-7}}},
+		{"no decode measure", Inputs{ArrivalRate: 1, PrefillTokensPerBusySecond: 1}},
+		{"fixed cost over the SLO", Inputs{ArrivalRate: 1, PrefillTokensPerBusySecond: 1, DecodeFit: Fit{Intercept: 0.05, Slope: 1e-7}}},
+	} {
+		if nd, ok := Estimate(c.in, slo); ok {
+			t.Errorf("%s: ok with %+v", c.name, nd)
+		}
+	}
+}
+
+// TestFitDecode recovers a line from samples on it, weights by gap count,
+// and falls back to ITL ∝ K when the samples do not spread.
+func TestFitDecode(t *testing.T) {
+	line := func(k float64) float64 { return 0.006 + 2e-8*k }
+	var s []decodeSample
+	for _, k := range []float64{10000, 50000, 120000, 300000} {
+		s = append(s, decodeSample{kv: k, itl: line(k), n: 50})
+	}
+	f, ok := fitDecode(s)
+	if !ok || f.Proportional || !near(f.Intercept, 0.006, 1e-6) || !near(f.Slope, 2e-8, 1e-6) {
+		t.Fatalf("fit %+v ok %v", f, ok)
+	}
+	// One outlier with few gaps moves the line little.
+	s = append(s, decodeSample{kv: 200000, itl: 0.1, n: 1})
+	if f, _ = fitDecode(s); !near(f.Slope, 2e-8, 0.2) {
+		t.Errorf("a one-gap outlier moved the slope to %v", f.Slope)
+	}
+	same := []decodeSample{{kv: 100000, itl: 0.008, n: 20}, {kv: 101000, itl: 0.0081, n: 20}}
+	if f, ok = fitDecode(same); !ok || !f.Proportional || !near(f.Slope, 0.00805/100500, 1e-3) {
+		t.Errorf("unspread samples: %+v", f)
+	}
+	if _, ok = fitDecode(nil); ok {
+		t.Error("no samples fitted")
+	}
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	var h histogram
+	for i := 1; i <= 1000; i++ {
+		h.add(time.Duration(i) * time.Millisecond)
+	}
+	for _, q := range []float64{0.5, 0.9, 0.99} {
+		want := time.Duration(q*1000) * time.Millisecond
+		if got := h.quantile(q); got < want || float64(got) > 1.1*float64(want) {
+			t.Errorf("q%.2f = %v, want within 10 %% above %v", q, got, want)
+		}
+	}
+	var old histogram
+	old.add(time.Hour)
+	h.add(time.Hour)
+	if got := h.since(old).quantile(1); got > 1100*time.Millisecond {
+		t.Errorf("since did not drop the old sample: max %v", got)
+	}
+	if (histogram{}).quantile(0.9) != 0 {
+		t.Error("empty histogram has a quantile")
+	}
+}
+
+// world is a fleet whose workers behave by known laws: a prefill worker
+// prefills mu tokens per second of busy time, a decode worker's ITL is
+// a + b·K. Each second it feeds the Recorder what a router would see.
+type world struct {
+	rec     *Recorder
+	clk     *clocktesting.FakeClock
+	mu      sync.Mutex
+	workers []WorkerLoad
+	mu0, a  float64
+	b       float64
+	// the load: arrivals per second, prompt and output lengths.
+	rate           int
+	prompt, output int
+}
+
+func (w *world) fleet() []WorkerLoad {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]WorkerLoad{}, w.workers...)
+}
+
+// second feeds one second of traffic and advances the clock by it.
+func (w *world) second() {
+	now := w.clk.Now()
+	ws := w.fleet()
+	var pre, dec []WorkerLoad
+	for _, x := range ws {
+		if !x.Taking {
+			continue
+		}
+		if x.Role == rolePrefill {
+			pre = append(pre, x)
+		} else {
+			dec = append(dec, x)
+		}
+	}
+	for i := range w.rate {
+		w.rec.Arrived(w.prompt, w.output)
+		p := pre[i%len(pre)]
+		busy := time.Duration(float64(w.prompt) / w.mu0 * float64(time.Second))
+		end := w.rec.LegStarted(p.ID, rolePrefill, now.Add(time.Duration(i)*time.Second/time.Duration(w.rate+1)))
+		end(now.Add(time.Duration(i)*time.Second/time.Duration(w.rate+1)+busy), w.prompt)
+	}
+	// Decode: each worker holds its share of λ·(P+O/2)·O·ITL tokens.
+	for j := range dec {
+		itl0 := w.a + w.b*1e5
+		k := float64(w.rate) * float64(w.prompt+w.output/2) * float64(w.output) * itl0 / float64(len(dec))
+		itl := w.a + w.b*(k*(1+0.2*float64(j))) // workers hold a little different K
+		w.mu.Lock()
+		for i := range w.workers {
+			if w.workers[i].ID == dec[j].ID {
+				w.workers[i].KVTokens = int(k * (1 + 0.2*float64(j)))
+			}
+		}
+		w.mu.Unlock()
+		for range 50 {
+			w.rec.Gap(dec[j].ID, time.Duration(itl*float64(time.Second)))
+		}
+	}
+	for range w.rate {
+		w.rec.Finished(200*time.Millisecond, 10*time.Millisecond)
+	}
+	w.clk.Step(time.Second)
+}
+
+// flipper is an Actuator that flips one worker's role when asked, and
+// can be held mid-change.
+type flipper struct {
+	w       *world
+	release chan struct{}
+	mu      sync.Mutex
+	calls   []Decision
+}
+
+func (f *flipper) Name() string { return "test" }
+func (f *flipper) Flips() bool  { return true }
+func (f *flipper) Apply(ctx context.Context, d Decision) error {
+	f.mu.Lock()
+	f.calls = append(f.calls, d)
+	f.mu.Unlock()
+	if f.release != nil {
+		select {
+		case <-f.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	f.w.mu.Lock()
+	defer f.w.mu.Unlock()
+	from, to := roleDecode, rolePrefill
+	if d.DesiredPrefill < d.Prefill {
+		from, to = rolePrefill, roleDecode
+	}
+	for i := range f.w.workers {
+		if f.w.workers[i].Role == from {
+			f.w.workers[i].Role = to
+			f.w.workers[i].KVTokens = 0
+			return nil
+		}
+	}
+	return nil
+}
+
+func (f *flipper) n() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.calls)
+}
+
+func newWorld(t *testing.T, nP, nD int) *world {
+	w := &world{rec: NewRecorder(time.Second, 50*time.Millisecond), clk: clocktesting.NewFakeClock(time.Unix(1e6, 0)),
+		mu0: 20000, a: 0.006, b: 2e-8}
+	for i := range nP + nD {
+		role := rolePrefill
+		if i >= nP {
+			role = roleDecode
+		}
+		w.workers = append(w.workers, WorkerLoad{ID: string(rune('a' + i)), Role: role, Taking: true, KVCapacity: 500000})
+	}
+	return w
+}
+
+func roles(ws []WorkerLoad) (p, d int) {
+	for _, w := range ws {
+		if w.Role == rolePrefill {
+			p++
+		} else {
+			d++
+		}
+	}
+	return p, d
+}
+
+// TestSplitFollowsTheLoad: on a fixed fleet of four, a prefill-bound load
+// (long prompts, short answers) flips decode workers to prefill, one at a
+// time and only after the dwell; a decode-bound one flips them back; a
+// change under way holds every decision; and the split never moves while
+// the load stays (no flapping).
+func TestSplitFollowsTheLoad(t *testing.T) {
+	w := newWorld(t, 1, 3)
+	f := &flipper{w: w}
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
+		Window: 30 * time.Second, Dwell: 20 * time.Second, Recorder: w.rec, Fleet: w.fleet, Actuator: f, Clock: w.clk, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Prefill-bound: 12 req/s of 4,000-token prompts is 48,000 tokens/s for
+	// workers that do 20,000: about 3 prefill workers needed.
+	w.rate, w.prompt, w.output = 12, 4000, 32
+	var firstFlip time.Time
+	start := w.clk.Now()
+	for s := range 120 {
+		w.second()
+		if s%5 == 4 {
+			d := p.Tick(ctx, w.clk.Now())
+			if d.Action == ActionFlip && firstFlip.IsZero() {
+				firstFlip = d.At
+			}
+			p.wg.Wait() // the flip is made before the next second
+		}
+	}
+	if firstFlip.IsZero() || firstFlip.Sub(start) < 20*time.Second {
+		t.Fatalf("first flip at %v after the start (dwell 20 s)", firstFlip.Sub(start))
+	}
+	if gp, gd := roles(w.fleet()); gp != 3 || gd != 1 {
+		t.Fatalf("prefill-bound split %dP:%dD, want 3P:1D; last: %+v", gp, gd, p.Status().Last)
+	}
+	flips := f.n()
+	if flips != 2 {
+		t.Fatalf("%d flips to go from 1P:3D to 3P:1D", flips)
+	}
+	// Decode-bound: short prompts, long answers, many of them.
+	w.rate, w.prompt, w.output = 40, 256, 1024
+	for s := range 180 {
+		w.second()
+		if s%5 == 4 {
+			p.Tick(ctx, w.clk.Now())
+			p.wg.Wait()
+		}
+	}
+	gp, gd := roles(w.fleet())
+	if gd <= gp {
+		t.Fatalf("decode-bound split %dP:%dD; last: %+v", gp, gd, p.Status().Last)
+	}
+	settled := f.n()
+	for s := range 120 {
+		w.second()
+		if s%5 == 4 {
+			p.Tick(ctx, w.clk.Now())
+			p.wg.Wait()
+		}
+	}
+	if f.n() != settled {
+		t.Fatalf("the split moved under a steady load: %d flips, then %d", settled, f.n())
+	}
+	if v := testutil.ToFloat64(p.m.desired.WithLabelValues(roleDecode)); int(v) != gd {
+		t.Errorf("desired decode replicas %v, want %d", v, gd)
+	}
+
+	// A change under way holds every decision.
+	f.release = make(chan struct{})
+	w.rate, w.prompt, w.output = 12, 4000, 32
+	var held int
+	for s := range 200 {
+		w.second()
+		if s%5 == 4 {
+			d := p.Tick(ctx, w.clk.Now())
+			if f.n() > settled && d.Action != ActionHold {
+				if held > 0 {
+					t.Fatalf("decided %s while a change was under way", d.Action)
+				}
+			}
+			if f.n() > settled && d.Action == ActionHold && d.Reason == "a change is under way" {
+				held++
+			}
+		}
+		if held == 3 {
+			break
+		}
+	}
+	if held < 3 {
+		t.Fatalf("no change was held under way (%d flips)", f.n())
+	}
+	close(f.release)
+	p.wg.Wait()
+	if st := p.Status(); len(st.Changes) != f.n() || st.Mode != "flip" || st.Actuator != "test" {
+		t.Errorf("status: %d changes for %d flips, mode %s", len(st.Changes), f.n(), st.Mode)
+	}
+}
+
+// scaler is an Actuator that sets each role's count.
+type scaler struct {
+	w     *world
+	mu    sync.Mutex
+	calls []Decision
+}
+
+func (s *scaler) Name() string { return "scale-test" }
+func (s *scaler) Flips() bool  { return false }
+func (s *scaler) Apply(_ context.Context, d Decision) error {
+	s.mu.Lock()
+	s.calls = append(s.calls, d)
+	s.mu.Unlock()
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	var ws []WorkerLoad
+	for i := range d.DesiredPrefill + d.DesiredDecode {
+		role := rolePrefill
+		if i >= d.DesiredPrefill {
+			role = roleDecode
+		}
+		ws = append(ws, WorkerLoad{ID: role + string(rune('a'+i)), Role: role, Taking: true, KVCapacity: 500000})
+	}
+	s.w.workers = ws
+	return nil
+}
+
+// TestScaleUpAtOnceDownAfterDwell: an elastic fleet scales up at the first
+// decision that calls for it and down only after the dwell, within bounds.
+func TestScaleUpAtOnceDownAfterDwell(t *testing.T) {
+	w := newWorld(t, 1, 1)
+	s := &scaler{w: w}
+	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
+		Window: 10 * time.Second, Dwell: 30 * time.Second, MaxPrefill: 4, Recorder: w.rec, Fleet: w.fleet, Actuator: s, Clock: w.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	w.rate, w.prompt, w.output = 30, 4000, 32 // 120,000 tokens/s: over 4 prefill workers' worth
+	var up time.Duration
+	start := w.clk.Now()
+	for i := range 60 {
+		w.second()
+		if i%5 == 4 {
+			if d := p.Tick(ctx, w.clk.Now()); d.Action == ActionScale && up == 0 {
+				up = w.clk.Now().Sub(start)
+			}
+			p.wg.Wait()
+		}
+	}
+	if gp, _ := roles(w.fleet()); gp != 4 {
+		t.Fatalf("scaled to %d prefill workers, want the maximum 4", gp)
+	}
+	if up > 15*time.Second {
+		t.Errorf("scaled up %v after the load came (needs two snapshots: 10 s)", up)
+	}
+	w.rate = 3
+	var down time.Duration
+	start = w.clk.Now()
+	for i := range 120 {
+		w.second()
+		if i%5 == 4 {
+			d := p.Tick(ctx, w.clk.Now())
+			if d.Action == ActionScale && down == 0 {
+				down = w.clk.Now().Sub(start)
+			}
+			p.wg.Wait()
+		}
+	}
+	if gp, _ := roles(w.fleet()); gp != 1 {
+		t.Fatalf("%d prefill workers after the load fell", gp)
+	}
+	if down < 30*time.Second {
+		t.Errorf("scaled down %v after the load fell, before the 30 s dwell", down)
+	}
+}
+
+// TestNoActuatorPublishes: without an actuator the planner scales on
+// paper: pdserve_planner_desired_replicas and GET /planner say what it
+// would want, once.
+func TestNoActuatorPublishes(t *testing.T) {
+	w := newWorld(t, 1, 1)
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{Interval: 5 * time.Second, Window: 10 * time.Second, Recorder: w.rec, Fleet: w.fleet, Clock: w.clk, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rate, w.prompt, w.output = 30, 4000, 32
+	scales := 0
+	for i := range 30 {
+		w.second()
+		if i%5 == 4 {
+			if d := p.Tick(context.Background(), w.clk.Now()); d.Action == ActionScale {
+				scales++
+			}
+		}
+	}
+	if scales != 1 {
+		t.Errorf("%d scale decisions published, want 1", scales)
+	}
+	if v := testutil.ToFloat64(p.m.desired.WithLabelValues(rolePrefill)); v < 5 {
+		t.Errorf("desired prefill replicas %v for 120,000 prompt tokens/s at 20,000 per worker", v)
+	}
+	rr := httptest.NewRecorder()
+	p.ServeHTTP(rr, httptest.NewRequest("GET", "/planner", nil))
+	var st struct {
+		Mode string `json:"mode"`
+		Last struct {
+			Inputs struct {
+				ArrivalRate float64 `json:"arrival_rate"`
+			} `json:"inputs"`
+			Need struct {
+				PrefillWhy string `json:"prefill_why"`
+			} `json:"need"`
+		} `json:"last"`
+	}
+	if err := json.Unmarshal(rr.Body.Bytes(), &st); err != nil {
+		t.Fatalf("%v: %s", err, rr.Body.String())
+	}
+	if st.Mode != "scale" || !near(st.Last.Inputs.ArrivalRate, 30, 0.05) || !strings.Contains(st.Last.Need.PrefillWhy, "tokens/s per worker") {
+		t.Errorf("GET /planner: %s", rr.Body.String())
+	}
+}
+
+// TestRunStopsWithItsContext runs the loop on a fake clock: it decides at
+// each interval and returns when its context ends.
+func TestRunStopsWithItsContext(t *testing.T) {
+	w := newWorld(t, 1, 1)
+	p, err := New(Config{Interval: time.Second, Window: 5 * time.Second, Recorder: w.rec, Fleet: w.fleet, Clock: w.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !p.Status().Last.At.After(time.Unix(1e6, 0)) {
+		if time.Now().After(deadline) {
+			t.Fatal("no decision at the first tick")
+		}
+		if w.clk.HasWaiters() {
+			w.clk.Step(time.Second)
+		}
+		runtime.Gosched()
+	}
+	cancel()
+	<-done
+}
+
+func TestNewRejects(t *testing.T) {
+	rec := NewRecorder(0, 0)
+	fleet := func() []WorkerLoad { return nil }
+	for _, c := range []Config{
+		{},
+		{Recorder: rec, Fleet: fleet, SLOs: SLOs{TTFT: -1}},
+		{Recorder: rec, Fleet: fleet, Interval: time.Minute, Window: time.Second},
+		{Recorder: rec, Fleet: fleet, Dwell: -time.Second},
+		{Recorder: rec, Fleet: fleet, MinPrefill: 3, MaxPrefill: 2},
+	} {
+		if _, err := New(c); err == nil {
+			t.Errorf("accepted %+v", c)
+		}
+	}
+}

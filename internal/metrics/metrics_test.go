@@ -270,3 +270,16 @@ pdserve_peer_auth_failures_total{channel="worker_api",reason="replayed",role="pr
 		t.Error(err)
 	}
 }
+
+// TestPlannerExposition: the planner's gauges after one decision and its
+// counters after one change; golden file testdata/planner.txt.
+func TestPlannerExposition(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	p, err := NewPlanner(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Decided("flip", [2]int{3, 1}, [2]int{2, 2}, [2]float64{2.6, 0.4}, 12.5, 0.93)
+	p.Acted("flip", "ok")
+	golden(t, reg, "planner")
+}

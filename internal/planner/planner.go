@@ -35,6 +35,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
+
+	"github.com/pdserve/pdserve/internal/metrics"
 )
 
 // Role names as the fleet reports them.
@@ -99,7 +101,8 @@ type Config struct {
 	// MinPrefill, MaxPrefill, MinDecode and MaxDecode bound an elastic
 	// fleet's counts (0: 1 and 64).
 	MinPrefill, MaxPrefill, MinDecode, MaxDecode int
-	// Recorder holds the router's measurements.
+	// Recorder holds the router's measurements (nil: New makes one with
+	// the SLOs; Planner.Recorder returns it).
 	Recorder *Recorder
 	// Fleet returns the workers as the router sees them now.
 	Fleet func() []WorkerLoad
@@ -131,7 +134,7 @@ type Decision struct {
 // Planner runs the decisions. Create it with New; Run it.
 type Planner struct {
 	cfg Config
-	m   *plannerMetrics
+	m   *metrics.Planner
 
 	mu      sync.Mutex
 	snaps   []snapshot     // one per tick, oldest first, covering Window
@@ -161,8 +164,8 @@ const (
 
 // New returns a Planner; it errors on a Config it cannot use.
 func New(cfg Config) (*Planner, error) {
-	if cfg.Recorder == nil || cfg.Fleet == nil {
-		return nil, fmt.Errorf("planner: a Recorder and a Fleet are required")
+	if cfg.Fleet == nil {
+		return nil, fmt.Errorf("planner: a Fleet is required")
 	}
 	if cfg.SLOs.TTFT < 0 || cfg.SLOs.ITL < 0 {
 		return nil, fmt.Errorf("planner: SLOs must not be negative")
@@ -205,6 +208,9 @@ func New(cfg Config) (*Planner, error) {
 	if cfg.MaxPrefill < cfg.MinPrefill || cfg.MaxDecode < cfg.MinDecode {
 		return nil, fmt.Errorf("planner: a role's maximum is below its minimum")
 	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = NewRecorder(cfg.SLOs.TTFT, cfg.SLOs.ITL)
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -214,12 +220,15 @@ func New(cfg Config) (*Planner, error) {
 	p := &Planner{cfg: cfg}
 	if cfg.Registerer != nil {
 		var err error
-		if p.m, err = newMetrics(cfg.Registerer); err != nil {
+		if p.m, err = metrics.NewPlanner(cfg.Registerer); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
 }
+
+// Recorder returns the Recorder the planner reads.
+func (p *Planner) Recorder() *Recorder { return p.cfg.Recorder }
 
 // Run decides every Interval until ctx ends, then waits for a change under
 // way to return.
@@ -310,7 +319,7 @@ func (p *Planner) apply(ctx context.Context, d Decision) {
 		p.cfg.Logger.Info("planner: change made", "action", d.Action, "prefill", d.DesiredPrefill, "decode", d.DesiredDecode)
 	}
 	if p.m != nil {
-		p.m.actions.WithLabelValues(d.Action, result).Inc()
+		p.m.Acted(d.Action, result)
 	}
 	p.acted = append(p.acted, d)
 	if len(p.acted) > maxActed {
@@ -492,7 +501,8 @@ func (p *Planner) callFor(d *Decision, why, action string) {
 // report logs and counts d.
 func (p *Planner) report(d Decision) {
 	if p.m != nil {
-		p.m.observe(d, p.target)
+		p.m.Decided(d.Action, p.target, [2]int{d.Prefill, d.Decode}, [2]float64{d.Need.Prefill, d.Need.Decode},
+			d.Inputs.ArrivalRate, d.Inputs.WithinSLOs)
 	}
 	lvl := slog.LevelDebug
 	if d.Action != ActionHold || d.Reason != p.last.Reason {

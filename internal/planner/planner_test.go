@@ -12,12 +12,33 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// gauge returns the value of family's series with role (0 if absent).
+func gauge(t *testing.T, g prometheus.Gatherer, family, role string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != family {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "role" && l.GetValue() == role {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
 
 func near(got, want, rel float64) bool { return math.Abs(got-want) <= rel*math.Abs(want) }
 
@@ -318,7 +339,7 @@ func TestSplitFollowsTheLoad(t *testing.T) {
 	if f.n() != settled {
 		t.Fatalf("the split moved under a steady load: %d flips, then %d", settled, f.n())
 	}
-	if v := testutil.ToFloat64(p.m.desired.WithLabelValues(roleDecode)); int(v) != gd {
+	if v := gauge(t, reg, "pdserve_planner_desired_replicas", roleDecode); int(v) != gd {
 		t.Errorf("desired decode replicas %v, want %d", v, gd)
 	}
 
@@ -453,7 +474,7 @@ func TestNoActuatorPublishes(t *testing.T) {
 	if scales != 1 {
 		t.Errorf("%d scale decisions published, want 1", scales)
 	}
-	if v := testutil.ToFloat64(p.m.desired.WithLabelValues(rolePrefill)); v < 5 {
+	if v := gauge(t, reg, "pdserve_planner_desired_replicas", rolePrefill); v < 5 {
 		t.Errorf("desired prefill replicas %v for 120,000 prompt tokens/s at 20,000 per worker", v)
 	}
 	rr := httptest.NewRecorder()
@@ -503,14 +524,13 @@ func TestRunStopsWithItsContext(t *testing.T) {
 }
 
 func TestNewRejects(t *testing.T) {
-	rec := NewRecorder(0, 0)
 	fleet := func() []WorkerLoad { return nil }
 	for _, c := range []Config{
 		{},
-		{Recorder: rec, Fleet: fleet, SLOs: SLOs{TTFT: -1}},
-		{Recorder: rec, Fleet: fleet, Interval: time.Minute, Window: time.Second},
-		{Recorder: rec, Fleet: fleet, Dwell: -time.Second},
-		{Recorder: rec, Fleet: fleet, MinPrefill: 3, MaxPrefill: 2},
+		{Fleet: fleet, SLOs: SLOs{TTFT: -1}},
+		{Fleet: fleet, Interval: time.Minute, Window: time.Second},
+		{Fleet: fleet, Dwell: -time.Second},
+		{Fleet: fleet, MinPrefill: 3, MaxPrefill: 2},
 	} {
 		if _, err := New(c); err == nil {
 			t.Errorf("accepted %+v", c)

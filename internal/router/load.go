@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/planner"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
@@ -101,11 +102,18 @@ func (r *Router) legStarted(w *fleet.Worker, tokens int) (done func()) {
 	ws := r.state(w)
 	ws.tokens.Add(int64(tokens))
 	legDone := w.AddLeg()
+	var recorded func(time.Time, int)
+	if r.cfg.Recorder != nil {
+		recorded = r.cfg.Recorder.LegStarted(w.ID(), w.Role(), r.clock.Now())
+	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			ws.tokens.Add(-int64(tokens))
 			legDone()
+			if recorded != nil {
+				recorded(r.clock.Now(), tokens)
+			}
 		})
 	}
 }
@@ -389,4 +397,24 @@ func (r *Router) loadStatus(w *fleet.Worker) LoadStatus {
 		st.Saturated = ShedWorkerOverloaded.String()
 	}
 	return st
+}
+
+// PlannerFleet returns the prefill and decode workers as the planner
+// sees them: whether each takes requests (ready), and the KV tokens it
+// holds, its pool and batch limit from its last load report.
+func (r *Router) PlannerFleet() []planner.WorkerLoad {
+	var out []planner.WorkerLoad
+	for _, w := range r.set.Workers("") {
+		role := w.Role()
+		if role != workerapi.RolePrefill.String() && role != workerapi.RoleDecode.String() {
+			continue
+		}
+		ws := r.state(w)
+		ws.mu.Lock()
+		rep := ws.rep
+		ws.mu.Unlock()
+		out = append(out, planner.WorkerLoad{ID: w.ID(), Role: role, Taking: w.State() == fleet.StateReady,
+			KVTokens: rep.load.PagesUsed * rep.pageSize, KVCapacity: rep.pagesTotal * rep.pageSize, MaxRunning: rep.maxRun})
+	}
+	return out
 }

@@ -28,6 +28,8 @@ type measured struct {
 	span   trace.Span
 	tokens int
 	first  time.Time
+	// gaps counts the gaps between choice 0's token lines after the first.
+	gaps int
 }
 
 // answerer is a stream that knows the outcome its request was counted
@@ -58,7 +60,14 @@ func (m *measured) Recv() (openai.Chunk, error) {
 			// The gaps between tokens follow choice 0: the choices of an
 			// n > 1 request decode in the same steps.
 			m.r.metrics.Tokens(len(c.Tokens), now.Sub(m.last), false)
-			m.last = now
+			if rec := m.r.cfg.Recorder; rec != nil {
+				if l, ok := m.Stream.(legWorker); ok {
+					if id := l.decodeWorker(); id != "" {
+						rec.Gap(id, now.Sub(m.last))
+					}
+				}
+			}
+			m.last, m.gaps = now, m.gaps+1
 		} else {
 			m.r.metrics.Tokens(len(c.Tokens), 0, true)
 		}
@@ -74,7 +83,33 @@ func (m *measured) end() {
 	if m.seen && !m.ended {
 		m.ended = true
 		m.r.metrics.Ended(m.r.clock.Now().Sub(m.arrived))
+		if rec := m.r.cfg.Recorder; rec != nil {
+			var tpot time.Duration
+			if m.gaps > 0 {
+				tpot = m.last.Sub(m.first) / time.Duration(m.gaps)
+			}
+			rec.Finished(m.first.Sub(m.arrived), tpot)
+		}
 	}
+}
+
+// legWorker is a stream that knows the worker its tokens come from.
+type legWorker interface{ decodeWorker() string }
+
+// decodeWorker is the id of the decode worker of the current attempt.
+func (s *pdStream) decodeWorker() string {
+	if s.a == nil || s.a.dw == nil {
+		return ""
+	}
+	return s.a.dw.ID()
+}
+
+// decodeWorker is the id of the worker that serves the request.
+func (s *plainStream) decodeWorker() string {
+	if s.w == nil {
+		return ""
+	}
+	return s.w.ID()
 }
 
 func (m *measured) Close() {

@@ -148,6 +148,10 @@ const maxDrainRetries = 4
 // Generate implements openai.Engine: it admits the request, picks a pair
 // and starts both legs.
 func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (openai.Stream, error) {
+	if r.cfg.Recorder != nil {
+		// Demand is counted where it arrives, refused or not.
+		r.cfg.Recorder.Arrived(len(g.InputIDs), g.MaxTokens)
+	}
 	if e := r.refuse(); e != nil {
 		return nil, e
 	}

@@ -53,6 +53,7 @@ import (
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/planner"
 	"github.com/pdserve/pdserve/internal/registry"
 	"github.com/pdserve/pdserve/internal/tracing"
 	"github.com/pdserve/pdserve/internal/workerapi"
@@ -165,7 +166,12 @@ type Config struct {
 	// Tracer, if set, traces every request (tracing.New): a span per
 	// request and per attempt, whose context travels to the workers in
 	// the legs' traceparent. Nil: no span.
-	Tracer     trace.TracerProvider
+	Tracer trace.TracerProvider
+	// Recorder, if set, is given every arrival, leg, inter-token gap and
+	// finished request (the planner's measurements); Planner, if set,
+	// answers GET /planner.
+	Recorder   *planner.Recorder
+	Planner    http.Handler
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -600,6 +606,9 @@ func (r *Router) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/workers", r.handleWorkers)
 	mux.HandleFunc("GET /debug/pairs", r.handlePairs)
+	if r.cfg.Planner != nil {
+		mux.Handle("GET /planner", r.cfg.Planner)
+	}
 	admin := r.set.AdminHandler()
 	mux.Handle("/workers", admin)
 	mux.Handle("/workers/", admin)

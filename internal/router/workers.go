@@ -742,6 +742,9 @@ func (r *Router) workerChanged(w *fleet.Worker, from, to fleet.State) {
 		r.log.Info("worker ready", "worker", w.URL(), "worker_role", w.Role())
 	case fleet.StateRemoved:
 		r.metrics.WorkerGone(w.URL())
+		if r.cfg.Recorder != nil {
+			r.cfg.Recorder.Forget(w.ID())
+		}
 		closeIdleTo(r.client.Transport, w.URL())
 		r.wstates.Delete(w)
 		r.breakers.forget(w)

@@ -38,6 +38,7 @@ import (
 	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
+	"github.com/pdserve/pdserve/internal/planner"
 	"github.com/pdserve/pdserve/internal/registry"
 	etcdreg "github.com/pdserve/pdserve/internal/registry/etcd"
 	"github.com/pdserve/pdserve/internal/router"
@@ -438,6 +439,10 @@ type RouterOptions struct {
 	FrontTLS  *tlsconf.Source
 	// API are the OpenAI API's options (--max-logprobs, --logprobs-mode).
 	API openai.APIOptions
+	// Planner, if set, runs a planner in the router (--planner): its
+	// SLOs, timing and actuator; the Recorder, Fleet, Clock, Logger and
+	// Registerer are the router's. GET /planner shows it.
+	Planner *planner.Config
 	// Tracer traces the router's requests (tracing.New; nil: off).
 	Tracer trace.TracerProvider
 	Logger *slog.Logger
@@ -522,7 +527,15 @@ type RouterServer struct {
 	err      error
 	closer   io.Closer // the registry's resources (an etcd client)
 	handoff  handoff
+	// planner runs until stopPlanner; plannerDone closes when it returned
+	// (and a change under way with it).
+	planner     *planner.Planner
+	stopPlanner context.CancelFunc
+	plannerDone chan struct{}
 }
+
+// Planner is the router's planner, or nil.
+func (s *RouterServer) Planner() *planner.Planner { return s.planner }
 
 // StartRouter builds a router, checks its workers once, and serves.
 func StartRouter(o RouterOptions) (*RouterServer, error) {
@@ -532,7 +545,21 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 	if o.Secret != "" || o.InternalTLS != nil {
 		client = WorkerClient(o.Secret, o.InternalTLS)
 	}
-	r, err := router.New(router.Config{Registry: o.Registry, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, Client: client,
+	var rec *planner.Recorder
+	var pl *planner.Planner
+	var plHandler http.Handler
+	var rs *RouterServer
+	if o.Planner != nil {
+		pc := *o.Planner
+		pc.Recorder, pc.Registerer, pc.Logger = nil, reg, o.Logger
+		pc.Fleet = func() []planner.WorkerLoad { return rs.Router.PlannerFleet() } // run once rs is set
+		var err error
+		if pl, err = planner.New(pc); err != nil {
+			return nil, err
+		}
+		rec, plHandler = pl.Recorder(), pl
+	}
+	r, err := router.New(router.Config{Registry: o.Registry, Recorder: rec, Planner: plHandler, Prefill: o.Prefill, Decode: o.Decode, Colocated: o.Colocated, Client: client,
 		ModelName: o.Info.Name, Tokenizer: o.Tokenizer, ContextLen: o.Info.ContextLen, VocabSize: o.Info.VocabSize, EOS: o.Info.EOS, API: o.API,
 		HealthInterval: o.HealthInterval, CheckTimeout: o.CheckTimeout, SuccessThreshold: o.SuccessThreshold,
 		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
@@ -573,8 +600,17 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		r.Close()
 		return nil, err
 	}
-	rs := &RouterServer{Router: r, Registry: reg, ln: ln}
+	rs = &RouterServer{Router: r, Registry: reg, ln: ln}
 	rs.srv, rs.URL, rs.done = serveOn(ln, rs.handoff.wrap(r.Handler()), tlsCfg, o.Logger)
+	if pl != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		rs.planner, rs.stopPlanner = pl, cancel
+		rs.plannerDone = make(chan struct{})
+		go func() {
+			defer close(rs.plannerDone)
+			pl.Run(ctx)
+		}()
+	}
 	if c, ok := o.Registry.(io.Closer); ok {
 		rs.closer = c
 	}
@@ -591,6 +627,11 @@ func (s *RouterServer) Drain(ctx context.Context) error { return s.Router.Drain(
 // It is idempotent.
 func (s *RouterServer) Shutdown(ctx context.Context) error {
 	s.once.Do(func() {
+		if s.stopPlanner != nil {
+			// No change starts or goes on while the fleet shuts down.
+			s.stopPlanner()
+			<-s.plannerDone
+		}
 		s.Router.BeginShutdown()
 		err := s.srv.Shutdown(ctx)
 		if err != nil {
@@ -636,6 +677,12 @@ type Options struct {
 	ReadyTimeout   time.Duration
 	HealthInterval time.Duration
 	Logger         *slog.Logger
+	// Planner, if set, runs the router's planner with FlipRoles as its
+	// actuator (`pdserve up --planner`): the split of the workers follows
+	// the load. FlipDrainTimeout bounds a flipped worker's drain (0: one
+	// minute).
+	Planner          *planner.Config
+	FlipDrainTimeout time.Duration
 	// TracerFor, if set, gives each component its tracer provider by
 	// service name ("pdserve-router", "pdserve-prefill-0", …); nil: no
 	// tracing.
@@ -651,6 +698,15 @@ type Cluster struct {
 
 	secret      string
 	internalTLS *tlsconf.Source
+
+	// mu guards Prefill, Decode and Colocated while a role flip changes
+	// them (FlipRoles); start starts one more worker of a role, next
+	// counts each role's workers ever started (their log names).
+	mu         sync.Mutex
+	start      func(role lifecycle.Role, i int) (*WorkerServer, error)
+	next       map[lifecycle.Role]int
+	fixedPorts bool
+	log        *slog.Logger
 }
 
 // NewSecret returns a fresh internal secret: 32 random bytes as 64 hex
@@ -670,6 +726,8 @@ func (c *Cluster) URL() string { return c.Router.URL }
 
 // Workers lists every worker.
 func (c *Cluster) Workers() []*WorkerServer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	return append(append(append([]*WorkerServer{}, c.Prefill...), c.Decode...), c.Colocated...)
 }
 
@@ -753,6 +811,8 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 			*g.dst = append(*g.dst, s)
 		}
 	}
+	c.start, c.fixedPorts, c.log = start, o.WorkerPortBase > 0, o.Logger
+	c.next = map[lifecycle.Role]int{lifecycle.RolePrefill: o.PrefillWorkers, lifecycle.RoleDecode: o.DecodeWorkers}
 	m, err := o.NewModel()
 	if err != nil {
 		return c, err
@@ -773,6 +833,14 @@ func Up(ctx context.Context, o Options) (c *Cluster, err error) {
 	}
 	for _, w := range c.Colocated {
 		ro.Colocated = append(ro.Colocated, w.URL)
+	}
+	if o.Planner != nil {
+		if o.ColocatedWorkers > 0 {
+			return c, errors.New("the planner splits prefill and decode workers; colocated workers have no split")
+		}
+		pc := *o.Planner
+		pc.Actuator = &FlipRoles{C: c, DrainTimeout: o.FlipDrainTimeout}
+		ro.Planner = &pc
 	}
 	c.Router, err = StartRouter(ro)
 	if err != nil {

@@ -104,6 +104,7 @@ func newUpCmd(stdout, stderr io.Writer) *cobra.Command {
 		fdf      frontDoorFlags
 		af       apiFlags
 		inf      internalFlags
+		plf      plannerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -169,6 +170,13 @@ stops at once, answering what is left with an error (exit status 1).`,
 			if err := checkKVAuth(wf.kvAuth, wo.Secret); err != nil {
 				return err
 			}
+			plan, err := plf.config()
+			if err != nil {
+				return err
+			}
+			if plan != nil && (nServe > 0 || portBase > 0) {
+				return usagef("--planner flips prefill and decode workers on fresh ports: not with --colocated-workers or --worker-port-base")
+			}
 			if err := checkPortsFree(host, upPorts(port, portBase, nPrefill, nDecode, nServe)); err != nil {
 				return err
 			}
@@ -178,7 +186,7 @@ stops at once, answering what is left with an error (exit status 1).`,
 			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port, WorkerPortBase: portBase,
 				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,
 				NewModel: newModel, Worker: wo, Router: cluster.RouterOptions{FrontDoor: fd, FrontTLS: frontTLS, RouterTuning: rt, API: api}, Logger: log,
-				TracerFor: tps.forService})
+				TracerFor: tps.forService, Planner: plan, FlipDrainTimeout: plf.flipDrain})
 			if err == nil && tps.err != nil {
 				_ = c.Shutdown(context.Background())
 				err = tps.err
@@ -220,6 +228,7 @@ stops at once, answering what is left with an error (exit status 1).`,
 	fdf.add(fs)
 	af.add(fs)
 	inf.add(fs, false, "the shared secret of the workers' and the router's channels (default: a fresh random one, so the loopback worker API and KV channel are authenticated too)")
+	plf.add(fs, true)
 	fs.IntVar(&portBase, "worker-port-base", 0, "fixed worker ports: worker k (prefill, then decode) on base+k, prefill i's KV channel on base+64+i (0: free ports; the router's GET /discovery/prometheus lists them either way)")
 	pf.add(fs)
 	return cmd
@@ -445,6 +454,7 @@ func newRouterCmd(stdout, stderr io.Writer) *cobra.Command {
 		fdf       frontDoorFlags
 		af        apiFlags
 		inf       internalFlags
+		plf       plannerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -502,6 +512,12 @@ then SIGTERM the old one (it stops listening, and finishes its streams).`,
 			}
 			if ro.API, err = af.options(); err != nil {
 				return err
+			}
+			if ro.Planner, err = plf.config(); err != nil {
+				return err
+			}
+			if ro.Planner != nil && len(co) > 0 {
+				return usagef("--planner splits prefill and decode workers; colocated workers have no split")
 			}
 			if ro.Secret, ro.InternalTLS, err = inf.options(log); err != nil {
 				return err
@@ -571,6 +587,7 @@ then SIGTERM the old one (it stops listening, and finishes its streams).`,
 	fs.StringSliceVar(&colocated, "colocated", nil, "colocated (serve) worker URLs instead of prefill/decode: plain mode, whole requests round robin")
 	hf.add(fs)
 	pf.add(fs)
+	plf.add(fs, false)
 	df.add(fs)
 	fdf.add(fs)
 	af.add(fs)

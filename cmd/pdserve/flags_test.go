@@ -304,3 +304,53 @@ func TestSimDefaults(t *testing.T) {
 		}
 	}
 }
+
+// TestPlannerFlags: --planner gives the planner its SLOs and timing; off,
+// there is none; bad values and combinations are usage errors naming the
+// flag.
+func TestPlannerFlags(t *testing.T) {
+	parse := func(args []string, flips bool) (*plannerFlags, error) {
+		var f plannerFlags
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		f.add(fs, flips)
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		return &f, nil
+	}
+	f, err := parse(nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := f.config(); c != nil || err != nil {
+		t.Fatalf("without --planner: %+v %v", c, err)
+	}
+	f, _ = parse([]string{"--planner", "--ttft-slo", "500ms", "--itl-slo", "30ms", "--planner-dwell", "1m", "--planner-max-decode", "8"}, false)
+	c, err := f.config()
+	if err != nil || c.SLOs.TTFT != 500*time.Millisecond || c.SLOs.ITL != 30*time.Millisecond || c.Dwell != time.Minute || c.MaxDecode != 8 {
+		t.Fatalf("planner config %+v %v", c, err)
+	}
+	for _, bad := range [][]string{
+		{"--planner", "--ttft-slo", "0s"},
+		{"--planner", "--itl-slo", "-1ms"},
+		{"--planner", "--planner-window", "1s", "--planner-interval", "5s"},
+		{"--planner", "--planner-min-prefill", "3", "--planner-max-prefill", "2"},
+	} {
+		f, err := parse(bad, false)
+		if err == nil {
+			_, err = f.config()
+		}
+		if err == nil || !errors.As(err, new(usageError)) {
+			t.Errorf("%v: %v, want a usage error", bad, err)
+		}
+	}
+	for _, args := range [][]string{
+		{"up", "--planner", "--colocated-workers", "2"},
+		{"up", "--planner", "--worker-port-base", "9000"},
+		{"router", "--planner", "--colocated", "http://127.0.0.1:1"},
+	} {
+		if code, _, errOut := runArgs(t, nil, args...); code != 2 || !strings.Contains(errOut, "planner") {
+			t.Errorf("%v: exit %d, %s", args, code, errOut)
+		}
+	}
+}

@@ -544,11 +544,13 @@ func (w *Worker) Health(timeout time.Duration) workerapi.Health {
 // load is Health without the KV paths.
 func (w *Worker) load(timeout time.Duration) workerapi.Health {
 	type loopLoad struct {
-		st     lifecycle.Stats
-		tokens int
+		st       lifecycle.Stats
+		tokens   int
+		busy     time.Duration
+		computed int64
 	}
 	ll, ok := queryValue(w, timeout, func() loopLoad {
-		return loopLoad{w.machine.Stats(w.clock.Now()), w.promptTokens}
+		return loopLoad{w.machine.Stats(w.clock.Now()), w.promptTokens, w.forwardBusy, w.promptComputed}
 	})
 	h := workerapi.Health{Status: workerapi.HealthOK, Role: apiRole(w.role), Instance: w.instance}
 	if !ok {
@@ -567,6 +569,7 @@ func (w *Worker) load(timeout time.Duration) workerapi.Health {
 		h.Stages[s.String()] = n
 	}
 	h.Queued = queuedForCapacity(w.role, st.Stages, mc.MaxRunning)
+	h.ForwardSeconds, h.PromptTokensComputed = ll.busy.Seconds(), ll.computed
 	return h
 }
 

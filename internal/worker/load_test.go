@@ -55,6 +55,7 @@ func TestLoadAndQueueBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	start := time.Now()
 	w.Start()
 	defer w.Shutdown(context.Background())
 	h := w.Handler(nil)
@@ -108,6 +109,12 @@ func TestLoadAndQueueBound(t *testing.T) {
 	})
 	if load.PromptTokens != 0 || load.Queued != 0 {
 		t.Fatalf("load after the requests ended: %+v", load)
+	}
+	// Two requests of 40 tokens, one at a time (MaxRunning 1): at least 78
+	// decode forwards of the 5 ms step, every prompt token computed once.
+	if load.ForwardSeconds < 0.39 || load.ForwardSeconds > time.Since(start).Seconds() || load.PromptTokensComputed != 8 {
+		t.Fatalf("forward time %.3f s (want ≥ 0.39 s, ≤ the %s the test ran), prompt tokens computed %d (want 8)",
+			load.ForwardSeconds, time.Since(start), load.PromptTokensComputed)
 	}
 }
 

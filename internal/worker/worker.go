@@ -155,6 +155,14 @@ type Worker struct {
 	// genRate counts output tokens delivered, inputRate prompt tokens
 	// computed (sglang:gen_throughput and the batch log line).
 	genRate, inputRate metrics.Rate
+	// fwdStarted is when the running forward started (zero: none runs)
+	// and fwdPrompt its prompt tokens; forwardBusy and promptComputed
+	// sum the forwards that ended (workerapi.Load's ForwardSeconds and
+	// PromptTokensComputed).
+	fwdStarted     time.Time
+	fwdPrompt      int
+	forwardBusy    time.Duration
+	promptComputed int64
 
 	startOnce sync.Once
 	stopOnce  sync.Once
@@ -553,6 +561,11 @@ func (w *Worker) arrive(a lifecycle.Arrive, wt *waiter) {
 // mailbox (IODone, KVVerified), a forward through BatchDone.
 func (w *Worker) step(ev lifecycle.Event) {
 	now := w.clock.Now()
+	if _, ok := ev.(lifecycle.BatchDone); ok && !w.fwdStarted.IsZero() {
+		w.forwardBusy += now.Sub(w.fwdStarted)
+		w.promptComputed += int64(w.fwdPrompt)
+		w.fwdStarted = time.Time{}
+	}
 	w.machine.Step(now, ev)
 	for _, e := range w.machine.Ready() {
 		w.execute(now, e)
@@ -705,6 +718,7 @@ func (w *Worker) runBatch(now time.Time, b lifecycle.RunBatch) {
 	}
 	w.metrics.Batch(kind)
 	w.inputRate.Add(now, b.PrefillTokens)
+	w.fwdStarted, w.fwdPrompt = now, b.PrefillTokens
 	w.logBatch(now, kind, b)
 	ctx, cancel := context.WithCancel(w.fwdCtx)
 	w.batchCancel = cancel

@@ -435,6 +435,13 @@ type Load struct {
 	// (--max-queued-requests, 0: none).
 	MaxRunning int `json:"max_running,omitempty"`
 	MaxQueued  int `json:"max_queued,omitempty"`
+	// ForwardSeconds is the time the worker spent in forward passes since
+	// it started, and PromptTokensComputed the prompt tokens those
+	// forwards computed; both only grow, so a reader takes differences:
+	// tokens over seconds is the worker's prefill throughput while busy,
+	// seconds over wall time its utilization (the planner's input).
+	ForwardSeconds       float64 `json:"forward_seconds,omitempty"`
+	PromptTokensComputed int64   `json:"prompt_tokens_computed,omitempty"`
 }
 
 // HealthQueryKVPeers is the query parameter of PathHealth by which a router

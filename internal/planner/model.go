@@ -20,11 +20,16 @@ type Inputs struct {
 	MeanPromptTokens float64 `json:"mean_prompt_tokens"`
 	MeanOutputTokens float64 `json:"mean_output_tokens"`
 	// PrefillTokensPerBusySecond is one prefill worker's measured prompt
-	// throughput while it has work: the prompt tokens of its legs over the
-	// time it had at least one (0: not measured yet).
+	// throughput while it computes: the prompt tokens its forwards computed
+	// over their time (or, for workers that do not report them, the prompt
+	// tokens of its legs over the time it had at least one); 0: not
+	// measured yet.
 	PrefillTokensPerBusySecond float64 `json:"prefill_tokens_per_busy_second"`
 	// PrefillBusy is the prefill workers' mean busy fraction of the window.
 	PrefillBusy float64 `json:"prefill_busy"`
+	// PrefillMeasuredBy says where both came from: "forward time" (the
+	// workers' own counters) or "legs in flight" (the router's view).
+	PrefillMeasuredBy string `json:"prefill_measured_by,omitempty"`
 	// DecodeFit is the step time model fitted to the decode workers'
 	// measured inter-token latency against the KV tokens they held.
 	DecodeFit Fit `json:"decode_fit"`

@@ -73,6 +73,11 @@ type WorkerLoad struct {
 	// its pool in tokens, MaxRunning its batch limit (0: unknown), from its
 	// last load report.
 	KVTokens, KVCapacity, MaxRunning int
+	// ForwardSeconds and PromptTokensComputed are the worker's own
+	// cumulative counters (workerapi.Load): its time in forwards and the
+	// prompt tokens they computed (0: not reported).
+	ForwardSeconds       float64
+	PromptTokensComputed int64
 }
 
 // Actuator makes a decision real.
@@ -366,6 +371,7 @@ func (p *Planner) inputsLocked(snap snapshot, fleet []WorkerLoad) Inputs {
 			p.samples = append(p.samples[:0], p.samples[len(p.samples)-maxSamples:]...)
 		}
 	}
+	snap.fleet = kv
 	p.snaps = append(p.snaps, snap)
 	for len(p.snaps) > 1 && snap.at.Sub(p.snaps[1].at) >= p.cfg.Window {
 		p.snaps = p.snaps[1:]
@@ -389,6 +395,23 @@ func (p *Planner) inputsLocked(snap snapshot, fleet []WorkerLoad) Inputs {
 	}
 	in.TTFTp90 = Duration(c.ttft.since(o.ttft).quantile(0.9))
 	in.ITLp90 = Duration(c.tpot.since(o.tpot).quantile(0.9))
+	// Prefill throughput: from the workers' own forward time and prompt
+	// tokens computed where they report them (the time a forward took,
+	// whatever waited around it); else from the router's view, the time a
+	// worker had a prefill leg in flight (which also counts a leg waiting
+	// for its decode worker, so it underrates the worker).
+	var fwd float64
+	var computed int64
+	nFwd := 0
+	for id, w := range kv {
+		o, ok := old.fleet[id]
+		if w.Role != rolePrefill || !ok || o.Role != rolePrefill || w.ForwardSeconds <= o.ForwardSeconds {
+			continue
+		}
+		fwd += w.ForwardSeconds - o.ForwardSeconds
+		computed += w.PromptTokensComputed - o.PromptTokensComputed
+		nFwd++
+	}
 	var busy time.Duration
 	var tokens int64
 	nPrefill := 0
@@ -404,11 +427,15 @@ func (p *Planner) inputsLocked(snap snapshot, fleet []WorkerLoad) Inputs {
 		tokens += w.tokens - ow.tokens
 		nPrefill++
 	}
-	if busy > 0 && tokens > 0 {
+	switch {
+	case fwd > 0 && computed > 0:
+		in.PrefillTokensPerBusySecond = float64(computed) / fwd
+		in.PrefillBusy = fwd / (span.Seconds() * float64(nFwd))
+		in.PrefillMeasuredBy = "forward time"
+	case busy > 0 && tokens > 0:
 		in.PrefillTokensPerBusySecond = float64(tokens) / busy.Seconds()
-	}
-	if nPrefill > 0 {
 		in.PrefillBusy = busy.Seconds() / (span.Seconds() * float64(nPrefill))
+		in.PrefillMeasuredBy = "legs in flight"
 	}
 	in.DecodeFit, _ = fitDecode(p.samples)
 	return in

@@ -154,6 +154,11 @@ type world struct {
 	// the load: arrivals per second, prompt and output lengths.
 	rate           int
 	prompt, output int
+	// legWait stretches each prefill leg beyond its forward time by this
+	// factor (the leg also waits for its decode worker); forward makes the
+	// prefill workers report their forward time and prompt tokens.
+	legWait float64
+	forward bool
 }
 
 func (w *world) fleet() []WorkerLoad {
@@ -181,8 +186,22 @@ func (w *world) second() {
 		w.rec.Arrived(w.prompt, w.output)
 		p := pre[i%len(pre)]
 		busy := time.Duration(float64(w.prompt) / w.mu0 * float64(time.Second))
+		leg := busy
+		if w.legWait > 0 {
+			leg = time.Duration(float64(busy) * w.legWait)
+		}
 		end := w.rec.LegStarted(p.ID, rolePrefill, now.Add(time.Duration(i)*time.Second/time.Duration(w.rate+1)))
-		end(now.Add(time.Duration(i)*time.Second/time.Duration(w.rate+1)+busy), w.prompt)
+		end(now.Add(time.Duration(i)*time.Second/time.Duration(w.rate+1)+leg), w.prompt)
+		if w.forward {
+			w.mu.Lock()
+			for k := range w.workers {
+				if w.workers[k].ID == p.ID {
+					w.workers[k].ForwardSeconds += busy.Seconds()
+					w.workers[k].PromptTokensComputed += int64(w.prompt)
+				}
+			}
+			w.mu.Unlock()
+		}
 	}
 	// Decode: each worker holds its share of λ·(P+O/2)·O·ITL tokens.
 	for j := range dec {
@@ -211,6 +230,8 @@ func (w *world) second() {
 type flipper struct {
 	w       *world
 	release chan struct{}
+	// entered gets a value as each Apply starts (if set).
+	entered chan struct{}
 	mu      sync.Mutex
 	calls   []Decision
 }
@@ -221,6 +242,9 @@ func (f *flipper) Apply(ctx context.Context, d Decision) error {
 	f.mu.Lock()
 	f.calls = append(f.calls, d)
 	f.mu.Unlock()
+	if f.entered != nil {
+		f.entered <- struct{}{}
+	}
 	if f.release != nil {
 		select {
 		case <-f.release:
@@ -344,28 +368,30 @@ func TestSplitFollowsTheLoad(t *testing.T) {
 	}
 
 	// A change under way holds every decision.
-	f.release = make(chan struct{})
+	f.release, f.entered = make(chan struct{}), make(chan struct{}, 1)
 	w.rate, w.prompt, w.output = 12, 4000, 32
-	var held int
-	for s := range 200 {
+	flipping := false
+	for s := 0; s < 200; s++ {
 		w.second()
-		if s%5 == 4 {
-			d := p.Tick(ctx, w.clk.Now())
-			if f.n() > settled && d.Action != ActionHold {
-				if held > 0 {
-					t.Fatalf("decided %s while a change was under way", d.Action)
-				}
-			}
-			if f.n() > settled && d.Action == ActionHold && d.Reason == "a change is under way" {
-				held++
-			}
+		if s%5 != 4 {
+			continue
 		}
-		if held == 3 {
-			break
+		d := p.Tick(ctx, w.clk.Now())
+		if flipping {
+			if d.Action != ActionHold || d.Reason != "a change is under way" {
+				t.Fatalf("decided %s (%s) while a change was under way", d.Action, d.Reason)
+			}
+			if s > 100 {
+				break
+			}
+		} else if d.Action == ActionFlip {
+			<-f.entered // the flip is under way until released
+			flipping = true
+			s = 50
 		}
 	}
-	if held < 3 {
-		t.Fatalf("no change was held under way (%d flips)", f.n())
+	if !flipping {
+		t.Fatalf("no flip back to prefill (%d flips)", f.n())
 	}
 	close(f.release)
 	p.wg.Wait()
@@ -534,6 +560,39 @@ func TestNewRejects(t *testing.T) {
 	} {
 		if _, err := New(c); err == nil {
 			t.Errorf("accepted %+v", c)
+		}
+	}
+}
+
+// TestPrefillThroughputFromForwardTime: the workers' own forward time
+// measures prefill throughput even when legs wait on decode as long again
+// as they compute; without it the router's view of the legs underrates it.
+func TestPrefillThroughputFromForwardTime(t *testing.T) {
+	for _, forward := range []bool{true, false} {
+		w := newWorld(t, 2, 2)
+		w.rate, w.prompt, w.output, w.legWait, w.forward = 4, 2000, 64, 3, forward
+		p, err := New(Config{Interval: 5 * time.Second, Window: 20 * time.Second, Fleet: w.fleet, Recorder: w.rec, Clock: w.clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d Decision
+		for i := range 30 {
+			w.second()
+			if i%5 == 4 {
+				d = p.Tick(context.Background(), w.clk.Now())
+			}
+		}
+		in := d.Inputs
+		want, by := w.mu0, "forward time"
+		if !forward {
+			want, by = w.mu0/3, "legs in flight"
+		}
+		if !near(in.PrefillTokensPerBusySecond, want, 0.02) || in.PrefillMeasuredBy != by {
+			t.Errorf("forward reported %v: %.0f tokens/s by %q, want %.0f by %q", forward, in.PrefillTokensPerBusySecond, in.PrefillMeasuredBy, want, by)
+		}
+		// 4 req/s × 2,000 tokens at 20,000 tokens/s over 2 workers: 20 % busy.
+		if forward && !near(in.PrefillBusy, 0.2, 0.05) {
+			t.Errorf("prefill busy %.3f, want 0.2", in.PrefillBusy)
 		}
 	}
 }

@@ -153,6 +153,8 @@ type snapshot struct {
 	at      time.Time
 	c       counters
 	workers map[string]workerRec
+	// fleet is the workers' own view at the same tick, by id.
+	fleet map[string]WorkerLoad
 }
 
 func (r *Recorder) snapshot(at time.Time) snapshot {

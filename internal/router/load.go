@@ -414,7 +414,8 @@ func (r *Router) PlannerFleet() []planner.WorkerLoad {
 		rep := ws.rep
 		ws.mu.Unlock()
 		out = append(out, planner.WorkerLoad{ID: w.ID(), Role: role, Taking: w.State() == fleet.StateReady,
-			KVTokens: rep.load.PagesUsed * rep.pageSize, KVCapacity: rep.pagesTotal * rep.pageSize, MaxRunning: rep.maxRun})
+			KVTokens: rep.load.PagesUsed * rep.pageSize, KVCapacity: rep.pagesTotal * rep.pageSize, MaxRunning: rep.maxRun,
+			ForwardSeconds: rep.load.ForwardSeconds, PromptTokensComputed: rep.load.PromptTokensComputed})
 	}
 	return out
 }

@@ -70,22 +70,61 @@ request: a run with it and one without, with the same --seed, measure what
 constrained decoding costs (compare output tokens/s: a grammar may end an
 output with EOS before max_tokens, whatever --ignore-eos says).
 
+--trace FILE replays a Mooncake FAST'25 trace (kvcache-ai/Mooncake,
+FAST25-release/traces/*.jsonl; lines {"timestamp": ms, "input_length": N,
+"output_length": N, "hash_ids": [...]}): request i is sent at its timestamp
+minus the first one's, divided by --trace-time-scale (2 = twice as fast),
+asking for output_length tokens; its prompt is exactly input_length tokens
+of the simulated model (one per byte), block k of --trace-block-size tokens
+a text derived from hash_ids[k] and the seed, so equal ids are equal blocks
+and the server's prefix cache sees the sharing the trace has. --trace-start
+and --trace-duration select a window of the trace's time, --num-prompts caps
+the requests (default with --trace: all of the window). The summary adds the
+trace's figures (span, mean lengths, the share of prompt blocks repeated
+from an earlier request, and the tokens in them as the oracle hit rate: the
+best a prefix cache could do). Timestamps must not decrease; a malformed
+line is reported with its file and line number.
+
 Exits 1 when every measured request failed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fs := cmd.Flags()
 			cfg.Endpoint = bench.Endpoint(endpoint)
 			cfg.Dataset = bench.DatasetKind(dataset)
-			r, err := bench.ParseRates(rates)
-			if err != nil {
-				return usagef("--request-rate: %v", err)
+			if cfg.TracePath != "" {
+				if fs.Changed("dataset") && cfg.Dataset != bench.DatasetTrace {
+					return usagef("--trace replays a trace: it does not go with --dataset %s", dataset)
+				}
+				if fs.Changed("request-rate") {
+					return usagef("--trace replays the trace's timestamps: use --trace-time-scale, not --request-rate")
+				}
+				cfg.Dataset = bench.DatasetTrace
+				if !(cfg.TraceTimeScale > 0) {
+					return usagef("--trace-time-scale must be a positive number, got %v", cfg.TraceTimeScale)
+				}
+				if !fs.Changed("num-prompts") {
+					cfg.NumPrompts = 0 // the whole trace
+				}
+			} else {
+				for _, f := range []string{"trace-time-scale", "trace-start", "trace-duration", "trace-block-size"} {
+					if fs.Changed(f) {
+						return usagef("--%s needs --trace FILE", f)
+					}
+				}
+				r, err := bench.ParseRates(rates)
+				if err != nil {
+					return usagef("--request-rate: %v", err)
+				}
+				cfg.Rates = r
 			}
-			cfg.Rates = r
 			if !fs.Changed("ignore-eos") {
 				cfg.IgnoreEOS = cfg.Dataset != bench.DatasetJSONL
 			}
 			if !fs.Changed("min-tokens") {
 				cfg.MinTokens = cfg.MultiTurn > 1
+			}
+			if cfg.Dataset == bench.DatasetTrace && cfg.TracePath == "" {
+				return usagef("--dataset trace needs --trace FILE")
 			}
 			if rfPath != "" {
 				rf, err := os.ReadFile(rfPath)
@@ -139,7 +178,7 @@ Exits 1 when every measured request failed.`,
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed of the prompts and the arrival times; each rate of a sweep draws its own prompts from it (default: a fresh seed each run, shown in the summary and --output)")
 	fs.BoolVar(&cfg.ReusePrompts, "reuse-prompts", false, "send every rate of a sweep the first rate's prompts, to measure a warm prefix cache on purpose")
 	fs.IntVar(&cfg.Warmup, "warmup", 1, "requests sent before the measured runs and not counted (all failing aborts the benchmark)")
-	fs.StringVar(&dataset, "dataset", string(bench.DatasetRandom), "prompts: random, conversation, jsonl or shared-prefix")
+	fs.StringVar(&dataset, "dataset", string(bench.DatasetRandom), "prompts: random, conversation, jsonl or shared-prefix (a trace replay: --trace FILE)")
 	fs.IntVar(&cfg.RandomInputLen, "random-input-len", 1024, "random dataset: prompt length, tokens")
 	fs.IntVar(&cfg.RandomOutputLen, "random-output-len", 128, "random dataset: output length (max_tokens), tokens; also for jsonl records without output_len")
 	fs.Float64Var(&cfg.RandomRangeRatio, "random-range-ratio", 0, "random dataset: lengths uniform in [len*(1-r), len*(1+r)], r in [0, 1)")
@@ -163,6 +202,11 @@ Exits 1 when every measured request failed.`,
 	fs.BoolVar(&cfg.ReturnTokenIDs, "return-token-ids", true, "send return_token_ids so streamed tokens are counted exactly (vLLM/pdserve extension)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "per-request timeout, from sending to the end of the stream")
 	fs.BoolVar(&cfg.HonorRetryAfter, "honor-retry-after", false, "resend a request the server sheds (429 with Retry-After) after that delay, within --timeout; off, a 429 counts as shed at once (reported next to goodput)")
+	fs.StringVar(&cfg.TracePath, "trace", "", "replay this Mooncake FAST'25 trace (JSONL: timestamp ms, input_length, output_length, hash_ids) at its own timestamps instead of a dataset and a request rate")
+	fs.Float64Var(&cfg.TraceTimeScale, "trace-time-scale", 1, "--trace: divide the trace's arrival offsets by this (2 replays twice as fast, 0.5 at half speed)")
+	fs.DurationVar(&cfg.TraceStart, "trace-start", 0, "--trace: skip the requests that arrive less than this after the trace's first one (trace time, before scaling)")
+	fs.DurationVar(&cfg.TraceDuration, "trace-duration", 0, "--trace: replay only the requests arriving within this much trace time after --trace-start (0: to the end)")
+	fs.IntVar(&cfg.TraceBlockSize, "trace-block-size", bench.DefaultTraceBlockSize, "--trace: prompt tokens per hash id (the Mooncake traces use 512)")
 	fs.BoolVar(&progress, "progress", true, "show a progress bar on stderr")
 	fs.StringVar(&apiKey, "api-key", "", "API key sent as Authorization: Bearer (PDSERVE_API_KEY; an https --base-url trusts the system's CAs, or SSL_CERT_FILE)")
 	return cmd

@@ -159,7 +159,7 @@ type requester struct {
 // do not know a field get only what the benchmark sets.
 func (q *requester) body(p Prompt) ([]byte, error) {
 	maxTokens, n, temp, topP := openai.Int(p.OutputLen), openai.Int(1), 0.0, 1.0
-	prompt, err := json.Marshal(p.Text)
+	prompt, err := json.Marshal(p.message())
 	if err != nil {
 		return nil, err
 	}

@@ -50,6 +50,9 @@ const (
 	// Config.SuffixLen tokens, asking for Config.RandomOutputLen tokens
 	// (SGLang bench_serving's generated-shared-prefix dataset).
 	DatasetSharedPrefix DatasetKind = "shared-prefix"
+	// DatasetTrace: a Mooncake FAST'25 trace from Config.TracePath, replayed
+	// at its own timestamps (see ParseTrace and TracePrompt).
+	DatasetTrace DatasetKind = "trace"
 )
 
 // Rate is a request rate in requests per second; +Inf (InfRate) sends
@@ -193,6 +196,24 @@ type Config struct {
 	// and interleave. 0 or 1: single requests.
 	MultiTurn int
 
+	// TracePath is the trace file of the trace dataset (JSONL lines
+	// {"timestamp": ms, "input_length": N, "output_length": N,
+	// "hash_ids": [...]}, see ParseTrace). A trace replay is one run: the
+	// trace is the schedule, so Rates must be empty, and NumPrompts caps
+	// the requests replayed (0: every request of the window).
+	TracePath string
+	// TraceTimeScale divides the trace's arrival offsets: 2 replays it
+	// twice as fast, 0.5 at half speed; 0 means 1.
+	TraceTimeScale float64
+	// TraceStart skips the requests that arrive less than TraceStart
+	// after the trace's first one; TraceDuration, if positive, replays
+	// only those that arrive before TraceStart + TraceDuration. Both are
+	// in the trace's time, before TraceTimeScale.
+	TraceStart, TraceDuration time.Duration
+	// TraceBlockSize is the prompt tokens per hash id; 0 means
+	// DefaultTraceBlockSize.
+	TraceBlockSize int
+
 	// SLOTTFT is the time-to-first-token objective for goodput; 0 means none.
 	SLOTTFT time.Duration
 	// SLOTPOT is the time-per-output-token objective for goodput; 0 means
@@ -243,7 +264,7 @@ const (
 )
 
 // datasetNames lists the datasets for error messages.
-const datasetNames = "random, conversation, jsonl or shared-prefix"
+const datasetNames = "random, conversation, jsonl, shared-prefix or trace"
 
 // Validate reports every problem of c at once.
 func (c *Config) Validate() error {
@@ -255,10 +276,17 @@ func (c *Config) Validate() error {
 	if c.Endpoint != EndpointCompletions && c.Endpoint != EndpointChat {
 		bad("endpoint %q: want completions or chat", c.Endpoint)
 	}
-	if c.NumPrompts < 1 || c.NumPrompts > MaxPrompts {
+	trace := c.Dataset == DatasetTrace
+	switch {
+	case trace && (c.NumPrompts < 0 || c.NumPrompts > MaxPrompts):
+		bad("number of prompts of a trace replay must be between 0 (the whole trace) and %d, got %d", MaxPrompts, c.NumPrompts)
+	case !trace && (c.NumPrompts < 1 || c.NumPrompts > MaxPrompts):
 		bad("number of prompts must be between 1 and %d, got %d", MaxPrompts, c.NumPrompts)
 	}
-	if len(c.Rates) == 0 {
+	switch {
+	case trace && len(c.Rates) > 0:
+		bad("a request rate does not apply to a trace replay: the trace's timestamps are the schedule (scale them with the time scale)")
+	case !trace && len(c.Rates) == 0:
 		bad("no request rate given")
 	}
 	for _, r := range c.Rates {
@@ -296,15 +324,34 @@ func (c *Config) Validate() error {
 		if c.NumPrefixes < 1 || c.NumPrefixes > MaxPrefixes {
 			bad("number of prefixes must be between 1 and %d, got %d", MaxPrefixes, c.NumPrefixes)
 		}
+	case DatasetTrace:
+		if c.TracePath == "" {
+			bad("the trace dataset needs a trace file")
+		}
+		if !(c.TraceTimeScale >= 0) || math.IsInf(c.TraceTimeScale, 1) {
+			bad("trace time scale must be a positive number (0 means 1), got %v", c.TraceTimeScale)
+		}
+		if c.TraceStart < 0 || c.TraceDuration < 0 {
+			bad("trace start and duration must not be negative, got %v and %v", c.TraceStart, c.TraceDuration)
+		}
+		if c.TraceBlockSize < 0 || c.TraceBlockSize > MaxTokensPerRequest {
+			bad("trace block size must be between 1 and %d tokens (0: %d), got %d", MaxTokensPerRequest, DefaultTraceBlockSize, c.TraceBlockSize)
+		}
+		if c.MultiTurn > 1 {
+			bad("multi-turn does not apply to a trace replay: each trace line is one request (its shared prefixes are in hash_ids)")
+		}
 	default:
 		bad("dataset %q: want %s", c.Dataset, datasetNames)
+	}
+	if !trace && c.TracePath != "" {
+		bad("a trace file is given for the %s dataset: a trace replay is the trace dataset", c.Dataset)
 	}
 	if c.MultiTurn < 0 || c.MultiTurn > MaxTurns {
 		bad("multi-turn must be between 0 and %d turns, got %d", MaxTurns, c.MultiTurn)
 	} else if c.MultiTurn > 1 && c.NumPrompts*c.MultiTurn > MaxPrompts {
 		bad("%d conversations of %d turns are over %d requests", c.NumPrompts, c.MultiTurn, MaxPrompts)
 	}
-	if c.Dataset != DatasetConversation && (c.RandomOutputLen < 1 || c.RandomOutputLen > MaxTokensPerRequest) {
+	if c.Dataset != DatasetConversation && !trace && (c.RandomOutputLen < 1 || c.RandomOutputLen > MaxTokensPerRequest) {
 		bad("random output length must be between 1 and %d tokens, got %d", MaxTokensPerRequest, c.RandomOutputLen)
 	}
 	if c.SLOTTFT < 0 || c.SLOTPOT < 0 {
@@ -320,6 +367,22 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// traceTimeScale is TraceTimeScale, 0 meaning 1.
+func (c *Config) traceTimeScale() float64 {
+	if c.TraceTimeScale == 0 {
+		return 1
+	}
+	return c.TraceTimeScale
+}
+
+// traceBlockSize is TraceBlockSize, 0 meaning DefaultTraceBlockSize.
+func (c *Config) traceBlockSize() int {
+	if c.TraceBlockSize == 0 {
+		return DefaultTraceBlockSize
+	}
+	return c.TraceBlockSize
 }
 
 // baseURL returns BaseURL without trailing slashes and without a trailing
@@ -351,6 +414,11 @@ type configJSON struct {
 	NumPrefixes      int             `json:"num_prefixes,omitempty"`
 	SuffixLen        int             `json:"suffix_len,omitempty"`
 	MultiTurn        int             `json:"multi_turn,omitempty"`
+	TracePath        string          `json:"trace,omitempty"`
+	TraceTimeScale   float64         `json:"trace_time_scale,omitempty"`
+	TraceStartS      float64         `json:"trace_start_s,omitempty"`
+	TraceDurationS   float64         `json:"trace_duration_s,omitempty"`
+	TraceBlockSize   int             `json:"trace_block_size,omitempty"`
 	SLOTTFTMS        float64         `json:"slo_ttft_ms,omitempty"`
 	SLOTPOTMS        float64         `json:"slo_tpot_ms,omitempty"`
 	IgnoreEOS        bool            `json:"ignore_eos"`
@@ -362,13 +430,18 @@ type configJSON struct {
 }
 
 func (c *Config) toJSON() configJSON {
-	return configJSON{BaseURL: c.BaseURL, Endpoint: c.Endpoint, Model: c.Model, NumPrompts: c.NumPrompts,
+	j := configJSON{BaseURL: c.BaseURL, Endpoint: c.Endpoint, Model: c.Model, NumPrompts: c.NumPrompts,
 		RequestRates: c.Rates, MaxConcurrency: c.MaxConcurrency, Seed: c.Seed, ReusePrompts: c.ReusePrompts, Warmup: c.Warmup,
 		Dataset: c.Dataset, RandomInputLen: c.RandomInputLen, RandomOutputLen: c.RandomOutputLen,
 		RandomRangeRatio: c.RandomRangeRatio, DatasetPath: c.DatasetPath,
 		SharedPrefixLen: c.SharedPrefixLen, NumPrefixes: c.NumPrefixes, SuffixLen: c.SuffixLen, MultiTurn: c.MultiTurn,
 		SLOTTFTMS: ms(c.SLOTTFT), SLOTPOTMS: ms(c.SLOTPOT), IgnoreEOS: c.IgnoreEOS,
 		MinTokens: c.MinTokens, ReturnTokenIDs: c.ReturnTokenIDs, ResponseFormat: c.ResponseFormat, HonorRetryAfter: c.HonorRetryAfter, TimeoutS: c.Timeout.Seconds()}
+	if c.Dataset == DatasetTrace {
+		j.TracePath, j.TraceTimeScale, j.TraceBlockSize = c.TracePath, c.traceTimeScale(), c.traceBlockSize()
+		j.TraceStartS, j.TraceDurationS = c.TraceStart.Seconds(), c.TraceDuration.Seconds()
+	}
+	return j
 }
 
 // ms converts d to milliseconds.

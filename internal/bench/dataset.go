@@ -15,7 +15,9 @@ import (
 
 // Prompt is one request of a dataset.
 type Prompt struct {
-	// Text is the prompt (the user message for the chat endpoint).
+	// Text is the prompt (the user message for the chat endpoint); empty
+	// for a trace prompt, whose text is built when it is sent (see
+	// TracePrompt).
 	Text string
 	// InputLen is the planned prompt length in tokens: the byte length of
 	// Text (exact for the simulated model's byte tokenizer; real tokenizers
@@ -29,20 +31,31 @@ type Prompt struct {
 	// History is the conversation before Text, oldest first (multi-turn
 	// runs; nil otherwise).
 	History []Turn
+	// trace builds the text of a trace prompt (nil otherwise).
+	trace *traceText
+}
+
+// message returns the prompt's text without its history: Text, or the
+// text a trace prompt builds.
+func (p *Prompt) message() string {
+	if p.trace != nil {
+		return p.trace.build()
+	}
+	return p.Text
 }
 
 // FullText is the prompt as the completions endpoint sends it: the
 // history's messages and Text, concatenated.
 func (p *Prompt) FullText() string {
 	if len(p.History) == 0 {
-		return p.Text
+		return p.message()
 	}
 	var b strings.Builder
 	for _, t := range p.History {
 		b.WriteString(t.User)
 		b.WriteString(t.Assistant)
 	}
-	b.WriteString(p.Text)
+	b.WriteString(p.message())
 	return b.String()
 }
 
@@ -83,7 +96,9 @@ const MaxJSONLLineBytes = 16 << 20
 // BuildDataset returns n prompts of the config's dataset. Random and
 // conversation prompts are drawn from RNG stream `stream` of cfg.Seed; a
 // JSONL file gives its records in file order, starting over at the first
-// when it has fewer than n.
+// when it has fewer than n, and so does a trace (the window and number
+// of requests cfg selects; see LoadTrace), its blocks drawn for cfg.Seed
+// and stream.
 func BuildDataset(cfg *Config, n int, stream uint64) ([]Prompt, error) {
 	if n <= 0 {
 		return nil, nil
@@ -124,6 +139,12 @@ func BuildDataset(cfg *Config, n int, stream uint64) ([]Prompt, error) {
 		for i := range out {
 			out[i] = recs[i%len(recs)]
 		}
+	case DatasetTrace:
+		tr, err := LoadTrace(cfg)
+		if err != nil {
+			return nil, err
+		}
+		out = tr.Prompts(n, cfg.Seed, stream)
 	default:
 		return nil, fmt.Errorf("dataset %q: want %s", cfg.Dataset, datasetNames)
 	}

@@ -105,7 +105,8 @@ type CacheStats struct {
 	// OracleHitRate is the hit rate a perfect placement would get (see
 	// OracleHitRate; shared-prefix dataset; with Config.ReusePrompts the
 	// first rate only, the later ones resending its prompts to warm
-	// caches), OfOracle HitRate over it.
+	// caches; for a trace replay, TraceStats.RepeatedTokenFraction),
+	// OfOracle HitRate over it.
 	OracleHitRate *float64 `json:"oracle_hit_rate,omitempty"`
 	OfOracle      *float64 `json:"hit_rate_of_oracle,omitempty"`
 }
@@ -209,6 +210,9 @@ type Summary struct {
 	CacheWarning string `json:"cache_warning,omitempty"`
 	// Turns summarizes a multi-turn run by turn (nil otherwise).
 	Turns []TurnSummary `json:"turns,omitempty"`
+	// Trace is the replayed trace's own figures (trace replays only; set
+	// by Run).
+	Trace *TraceStats `json:"trace,omitempty"`
 	// RequestThroughput is successful requests per second.
 	RequestThroughput float64 `json:"request_throughput"`
 	// InputThroughput, OutputThroughput and TotalThroughput are tokens of

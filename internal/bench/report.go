@@ -51,11 +51,28 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 	} else {
 		row("Seed", cfg.Seed)
 	}
-	row("Request rate (req/s)", s.Rate.String())
+	if t := s.Trace; t != nil {
+		row("Request rate (req/s)", fmt.Sprintf("trace, mean %.2f (time scale %g)", t.OfferedRate, t.TimeScale))
+	} else {
+		row("Request rate (req/s)", s.Rate.String())
+	}
 	if s.MaxConcurrency > 0 {
 		row("Max request concurrency", s.MaxConcurrency)
 	} else {
 		row("Max request concurrency", "not set")
+	}
+	if t := s.Trace; t != nil {
+		fmt.Fprintln(bw, rule("Trace", '-'))
+		row("Trace file", t.File)
+		row("Trace requests", t.Requests)
+		row("Trace span (s)", t.Span)
+		row("Replay span (s)", t.ReplaySpan)
+		row("Mean input length (tokens)", t.MeanInput)
+		row("Mean output length (tokens)", t.MeanOutput)
+		row("Prompt blocks", fmt.Sprintf("%d of %d tokens", t.Blocks, t.BlockSize))
+		row("Repeated blocks (%)", 100*t.RepeatedBlockFraction)
+		row("Tokens in repeated blocks (%)", 100*t.RepeatedTokenFraction)
+		fmt.Fprintln(bw, rule("Result", '-'))
 	}
 	row("Successful requests", s.Succeeded)
 	row("Failed requests", s.Failed)

@@ -119,15 +119,36 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		cfg.Model = m
 	}
 	turns := max(cfg.MultiTurn, 1)
-	prompts, err := BuildDataset(&cfg, cfg.NumPrompts*turns, RateStream(0))
-	if err != nil {
+	var (
+		prompts []Prompt
+		trace   *Trace
+		rates   = cfg.Rates
+		err     error
+	)
+	if cfg.Dataset == DatasetTrace {
+		if trace, err = LoadTrace(&cfg); err != nil {
+			return nil, err
+		}
+		prompts = trace.Prompts(0, cfg.Seed, RateStream(0))
+	} else if prompts, err = BuildDataset(&cfg, cfg.NumPrompts*turns, RateStream(0)); err != nil {
 		return nil, err
 	}
+	var traceStats TraceStats
+	if trace != nil {
+		// One run, at the trace's own schedule; its mean arrival rate
+		// stands for the request rate in the summary.
+		traceStats = trace.Stats()
+		rates = []Rate{Rate(traceStats.OfferedRate)}
+	}
 	q := &requester{client: o.Client, clock: clock, cfg: &cfg, url: cfg.baseURL() + cfg.Endpoint.Path(), keepAnswer: turns > 1}
-	if turns > 1 {
+	switch {
+	case trace != nil:
+		fmt.Fprintf(status, "bench: %s %s, model %q, trace %s: %d requests over %.1f s of the trace, replayed in %.1f s (time scale %g)\n",
+			http.MethodPost, q.url, cfg.Model, trace.Path, len(prompts), traceStats.Span, traceStats.ReplaySpan, trace.TimeScale)
+	case turns > 1:
 		fmt.Fprintf(status, "bench: %s %s, model %q, %d conversations of %d turns (%s dataset), rates %v\n",
 			http.MethodPost, q.url, cfg.Model, cfg.NumPrompts, turns, cfg.Dataset, cfg.Rates)
-	} else {
+	default:
 		fmt.Fprintf(status, "bench: %s %s, model %q, %d prompts (%s dataset), rates %v\n",
 			http.MethodPost, q.url, cfg.Model, cfg.NumPrompts, cfg.Dataset, cfg.Rates)
 	}
@@ -163,7 +184,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 
 	rep := &Report{Config: cfg}
-	for i, rate := range cfg.Rates {
+	for i, rate := range rates {
 		if i > 0 && !cfg.ReusePrompts {
 			if prompts, err = BuildDataset(&cfg, cfg.NumPrompts*turns, RateStream(i)); err != nil {
 				return rep, err
@@ -174,9 +195,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			recs []Record
 			dur  time.Duration
 		)
-		if turns > 1 {
+		switch {
+		case trace != nil:
+			recs, dur, err = dispatch(ctx, q, clock, prompts, trace.Offsets(), cfg.MaxConcurrency, bar)
+		case turns > 1:
 			recs, dur, err = dispatchConversations(ctx, q, clock, prompts, turns, Arrivals(rate, cfg.NumPrompts, cfg.Seed), cfg.MaxConcurrency, bar)
-		} else {
+		default:
 			recs, dur, err = dispatch(ctx, q, clock, prompts, Arrivals(rate, len(prompts), cfg.Seed), cfg.MaxConcurrency, bar)
 		}
 		if bar != nil {
@@ -191,6 +215,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		// first rate's only.
 		if oracle, ok := OracleHitRate(prompts, cfg.SharedPrefixLen); ok && (i == 0 || !cfg.ReusePrompts) {
 			s.setOracle(oracle)
+		}
+		if trace != nil {
+			ts := traceStats
+			s.Trace = &ts
+			s.setOracle(ts.RepeatedTokenFraction)
 		}
 		s.CacheWarning = cacheWarning(&cfg, &s, i)
 		rep.Runs = append(rep.Runs, RunResult{Summary: s, Records: recs})

@@ -3,6 +3,8 @@ package bench
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +24,7 @@ func TestAgainstPDServe(t *testing.T) {
 	// Design defaults (1 s heartbeat): a loaded test machine must not
 	// expire leases.
 	mc := lifecycle.DefaultConfig(lifecycle.RoleColocated)
+	mc.PrefixCache = true // on, as `pdserve up` has it by default
 	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
 		NewModel: func() (model.Model, error) {
 			return sim.New(sim.Config{Geometry: geo, ContextLen: 2048})
@@ -59,6 +62,58 @@ func TestAgainstPDServe(t *testing.T) {
 			if r.Turn > 1 && r.InputTokens < recs[i-1].InputTokens+48 {
 				t.Errorf("conversation %d turn %d: %d prompt tokens after %d", r.Conversation, r.Turn, r.InputTokens, recs[i-1].InputTokens)
 			}
+		}
+	})
+	// A trace replay, one request after another in trace order: every
+	// request finds cached exactly the prompt tokens of its leading blocks
+	// that an earlier request of the trace had (whole pages: the blocks
+	// are 4 pages), and no more.
+	t.Run("trace", func(t *testing.T) {
+		const bs = 64
+		lines := []string{
+			traceLineJSON(0, 3*bs+9, 4, 1, 2, 3, 4),
+			traceLineJSON(10, 2*bs+20, 3, 1, 2, 5),
+			traceLineJSON(20, bs+30, 5, 6, 7),
+			traceLineJSON(30, 4*bs, 2, 1, 2, 3, 8),
+			traceLineJSON(40, 2*bs+1, 3, 6, 9, 10),
+			traceLineJSON(50, 3*bs, 4, 11, 2, 3),
+			traceLineJSON(60, 5*bs+3, 6, 1, 2, 3, 8, 12, 13),
+		}
+		path := writeTrace(t, lines...)
+		recs, err := ParseTrace(strings.NewReader(strings.Join(lines, "\n")), "t", bs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := repeatedTokens(recs, bs)
+		finished := make(chan struct{}, 2*len(lines))
+		tr := &http.Transport{MaxIdleConnsPerHost: 16}
+		t.Cleanup(tr.CloseIdleConnections)
+		cfg := Config{BaseURL: c.URL(), Endpoint: EndpointCompletions, Dataset: DatasetTrace, TracePath: path,
+			TraceBlockSize: bs, TraceTimeScale: 1, Seed: 5, Warmup: 1, IgnoreEOS: true, ReturnTokenIDs: true,
+			Timeout: 2 * time.Minute}
+		var out bytes.Buffer
+		rep, err := Run(context.Background(), Options{Config: cfg, Out: &out,
+			Client: &http.Client{Transport: finishTransport{RoundTripper: tr, finished: finished}},
+			// A fake clock moves only when the run sleeps, so it sleeps
+			// (and waits for the request before) at every increasing
+			// timestamp however long the requests take.
+			Clock: &inOrderClock{Clock: newFakeClock(), warmup: 1, finished: finished}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("\n%s", out.String())
+		s := rep.Runs[0].Summary
+		if s.Succeeded != len(lines) {
+			t.Fatalf("succeeded %d of %d: %v", s.Succeeded, len(lines), s.Errors)
+		}
+		for i, r := range rep.Runs[0].Records {
+			if r.InputTokens != recs[i].InputLength || r.OutputTokens != recs[i].OutputLength || !r.CachedReported || r.CachedTokens != want[i] {
+				t.Errorf("request %d: %d prompt, %d output, %d cached tokens (reported %v); want %d, %d, %d",
+					i, r.InputTokens, r.OutputTokens, r.CachedTokens, r.CachedReported, recs[i].InputLength, recs[i].OutputLength, want[i])
+			}
+		}
+		if s.Cache == nil || s.Cache.OfOracle == nil || *s.Cache.OfOracle != 1 || s.Trace == nil || s.Trace.RepeatedBlocks != 2+0+3+1+0+4 {
+			t.Errorf("cache %+v, trace %+v: want every repeated block found", s.Cache, s.Trace)
 		}
 	})
 	for _, ep := range []Endpoint{EndpointCompletions, EndpointChat} {

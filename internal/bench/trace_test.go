@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -241,12 +242,12 @@ func traceConfig(url, path string, blockSize int, scale float64) Config {
 	return cfg
 }
 
-// inOrderClock is a fakeClock whose k-th Sleep (before the measured
-// request k+1 of a trace with increasing timestamps) first waits until
-// the server finished the warmup requests and requests 0..k, so a fake
-// server sees the requests one after another, in trace order.
+// inOrderClock is a Clock whose k-th Sleep (before the measured request
+// k+1 of a trace with increasing timestamps) first waits until the server
+// finished the warmup requests and requests 0..k, so the server sees the
+// requests one after another, in trace order.
 type inOrderClock struct {
-	*fakeClock
+	Clock
 	warmup   int
 	finished chan struct{} // one value per request the server finished
 	done     int           // values received
@@ -265,7 +266,7 @@ func (c *inOrderClock) Sleep(ctx context.Context, d time.Duration) error {
 			return fmt.Errorf("the server finished %d requests, want %d (sleep %v)", c.done, want, d)
 		}
 	}
-	return c.fakeClock.Sleep(ctx, d)
+	return c.Clock.Sleep(ctx, d)
 }
 
 // TestTraceReplaySchedule replays a trace on a fake clock at time scale 2:
@@ -299,7 +300,8 @@ func TestTraceReplaySchedule(t *testing.T) {
 	)
 	cfg := traceConfig(srv.URL, path, bs, 2)
 	cfg.Warmup = 1
-	clock := &inOrderClock{fakeClock: newFakeClock(), warmup: 1, finished: finished}
+	fc := newFakeClock()
+	clock := &inOrderClock{Clock: fc, warmup: 1, finished: finished}
 	var out bytes.Buffer
 	rep, err := Run(context.Background(), Options{Config: cfg, Client: testClient(t), Clock: clock, Out: &out})
 	if err != nil {
@@ -317,7 +319,7 @@ func TestTraceReplaySchedule(t *testing.T) {
 		}
 	}
 	var slept time.Duration
-	for _, d := range clock.slept() {
+	for _, d := range fc.slept() {
 		slept += d
 	}
 	if slept != wantOff[4] {
@@ -424,4 +426,52 @@ func TestTraceConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), path+":2:") {
 		t.Errorf("run on a malformed trace: %v", err)
 	}
+}
+
+// finishTransport signals on finished when the body of a POST's answer is
+// closed: the request is over for the client.
+type finishTransport struct {
+	http.RoundTripper
+	finished chan<- struct{}
+}
+
+func (t finishTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.RoundTripper.RoundTrip(r)
+	if err != nil || r.Method != http.MethodPost {
+		return resp, err
+	}
+	resp.Body = &signalBody{ReadCloser: resp.Body, finished: t.finished}
+	return resp, nil
+}
+
+type signalBody struct {
+	io.ReadCloser
+	once     sync.Once
+	finished chan<- struct{}
+}
+
+func (b *signalBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(func() { b.finished <- struct{}{} })
+	return err
+}
+
+// repeatedTokens returns, for each record, the prompt tokens in its
+// leading blocks whose hash ids an earlier record had (what a prefix cache
+// holding everything would find).
+func repeatedTokens(recs []TraceRecord, bs int) []int {
+	seen := map[int64]bool{}
+	out := make([]int, len(recs))
+	for i, r := range recs {
+		for k, id := range r.HashIDs {
+			if !seen[id] {
+				break
+			}
+			out[i] += min(bs, r.InputLength-k*bs)
+		}
+		for _, id := range r.HashIDs {
+			seen[id] = true
+		}
+	}
+	return out
 }

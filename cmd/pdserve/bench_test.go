@@ -33,6 +33,13 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"empty suffix", nil, []string{"bench", "--dataset", "shared-prefix", "--gsp-question-len", "0"}, "shared-prefix lengths"},
 		{"negative turns", nil, []string{"bench", "--multi-turn", "-2"}, "multi-turn"},
 		{"missing response format file", nil, []string{"bench", "--response-format", "/nonexistent/rf.json"}, "--response-format"},
+		{"trace with a request rate", nil, []string{"bench", "--trace", "t.jsonl", "--request-rate", "4"}, "--trace-time-scale, not --request-rate"},
+		{"trace with another dataset", nil, []string{"bench", "--trace", "t.jsonl", "--dataset", "random"}, "--dataset random"},
+		{"zero time scale", nil, []string{"bench", "--trace", "t.jsonl", "--trace-time-scale", "0"}, "--trace-time-scale must be a positive"},
+		{"time scale without a trace", nil, []string{"bench", "--trace-time-scale", "2"}, "--trace-time-scale needs --trace"},
+		{"trace window without a trace", nil, []string{"bench", "--trace-start", "1m"}, "--trace-start needs --trace"},
+		{"trace dataset without a file", nil, []string{"bench", "--dataset", "trace"}, "--dataset trace needs --trace"},
+		{"negative trace block", nil, []string{"bench", "--trace", "t.jsonl", "--trace-block-size", "-1"}, "trace block size"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,6 +174,69 @@ func TestBenchCommand(t *testing.T) {
 	b, _ = os.ReadFile(outPath)
 	if !strings.Contains(string(b), `"ignore_eos": false`) {
 		t.Errorf("jsonl must default to ignore_eos false:\n%.400s", b)
+	}
+}
+
+// TestBenchTrace replays a trace through the command: every request of
+// the window, the trace's figures in the summary and the report; a
+// malformed line fails the command with the file and line.
+func TestBenchTrace(t *testing.T) {
+	srv := fakeOpenAI(t)
+	dir := t.TempDir()
+	path, outPath := filepath.Join(dir, "trace.jsonl"), filepath.Join(dir, "r.json")
+	trace := `{"timestamp": 0, "input_length": 20, "output_length": 3, "hash_ids": [1, 2]}
+{"timestamp": 30, "input_length": 12, "output_length": 4, "hash_ids": [1, 3]}
+{"timestamp": 50, "input_length": 5, "output_length": 2, "hash_ids": [4]}
+{"timestamp": 90000, "input_length": 5, "output_length": 2, "hash_ids": [5]}
+`
+	if err := os.WriteFile(path, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runLive(t, nil, "bench", "--base-url", srv.URL, "--trace", path, "--trace-block-size", "10",
+		"--trace-time-scale", "10", "--trace-duration", "1s", "--warmup", "0", "--output", outPath, "--progress=false")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	for _, want := range []string{`Successful requests:\s+3\n`, `Trace requests:\s+3\n`, `Dataset:\s+trace\n`,
+		`Total input tokens:\s+37\n`, `Total generated tokens:\s+9\n`, `Repeated blocks \(%\):\s+20.00\n`} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	b, err := os.ReadFile(outPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Config struct {
+			Dataset   string  `json:"dataset"`
+			Trace     string  `json:"trace"`
+			TimeScale float64 `json:"trace_time_scale"`
+			IgnoreEOS bool    `json:"ignore_eos"`
+		} `json:"config"`
+		Runs []struct {
+			Summary struct {
+				Trace struct {
+					Requests   int     `json:"requests"`
+					ReplaySpan float64 `json:"replay_span_s"`
+				} `json:"trace"`
+			} `json:"summary"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if c := rep.Config; c.Dataset != "trace" || c.Trace != path || c.TimeScale != 10 || !c.IgnoreEOS || len(rep.Runs) != 1 ||
+		rep.Runs[0].Summary.Trace.Requests != 3 || rep.Runs[0].Summary.Trace.ReplaySpan != 0.005 {
+		t.Fatalf("report %+v", rep)
+	}
+
+	if err := os.WriteFile(path, []byte(trace+`{"timestamp": 1, "input_length": 5, "output_length": 2}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = runLive(t, nil, "bench", "--base-url", srv.URL, "--trace", path, "--trace-block-size", "10", "--progress=false")
+	if code != 1 || !strings.Contains(errOut, path+":5: timestamp 1 ms is before") {
+		t.Fatalf("decreasing timestamp: exit %d (want 1)\nstdout %s\nstderr %s", code, out, errOut)
 	}
 }
 

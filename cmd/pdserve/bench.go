@@ -195,7 +195,7 @@ Exits 1 when every measured request failed.`,
 	fs.DurationVar(&cfg.SLOTTFT, "slo-ttft", 0, "goodput objective on time to first token, e.g. 500ms (0: none)")
 	fs.DurationVar(&cfg.SLOTPOT, "slo-tpot", 0, "goodput objective on time per output token, e.g. 50ms (0: none)")
 	fs.StringVar(&outputPath, "output", "", "write config, summaries and per-request records as JSON to this file")
-	fs.StringVar(&plotDir, "plot", "", "write PNG plots (latency CDFs with p50/p90/p99 marked; throughput, goodput and TTFT percentiles vs rate for a sweep, inf at the right edge) into this directory")
+	fs.StringVar(&plotDir, "plot", "", "write PNG plots (latency CDFs with p50/p90/p99 marked; throughput, goodput and TTFT percentiles vs rate for a sweep, inf at the right edge; for --trace, TTFT and the fraction within the SLO over the replay) into this directory")
 	fs.BoolVar(&cfg.IgnoreEOS, "ignore-eos", true, "send ignore_eos so outputs have the requested length (off with --dataset jsonl unless given)")
 	fs.BoolVar(&cfg.MinTokens, "min-tokens", false, "send min_tokens = max_tokens so no EOS is drawn inside an output and a resent history is what the model produced (vLLM/SGLang/pdserve extension; default true with --multi-turn)")
 	fs.StringVar(&rfPath, "response-format", "", `JSON file holding a response_format object (e.g. {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}) added to every request, to measure constrained decoding`)

@@ -58,7 +58,12 @@ var cdfMarks = []struct {
 //     ttft_p90_vs_rate.png (TTFT p50, p90 and p99 against the offered
 //     rate). Rate inf has no place on that axis: it is drawn at the right
 //     edge, past the largest finite rate, its tick labelled "inf", and not
-//     joined to the lines.
+//     joined to the lines;
+//   - for a trace replay, ttft_over_time.png (each successful request's
+//     TTFT at its arrival time, the TTFT objective as a dashed line when
+//     given) and, with an SLO, slo_over_time.png (the fraction of the
+//     requests arriving in each of overTimeWindows equal windows of the
+//     replay that met the SLO, failed and shed requests counting as not).
 func WritePlots(dir string, rep *Report) ([]string, error) {
 	return writePlots(dir, rep, plotWidth, plotHeight)
 }
@@ -188,6 +193,12 @@ func buildPlots(rep *Report, errs *[]error) []namedChart {
 			}
 		}
 		out = append(out, namedChart{c, spec.file})
+	}
+
+	for i := range rep.Runs {
+		if rep.Runs[i].Summary.Trace != nil {
+			out = append(out, overTimeCharts(&rep.Runs[i], rep.Config.SLO(), errs)...)
+		}
 	}
 
 	x, ok := rateAxis(rep)
@@ -386,4 +397,102 @@ func cdfPoints(ds []time.Duration) (plotter.XYs, plotter.XYs) {
 		marks[k] = plotter.XY{X: Percentile(v, m.p), Y: m.p / 100}
 	}
 	return xys, marks
+}
+
+// overTimeWindows is the number of windows the replay's time is cut into
+// for slo_over_time.png.
+const overTimeWindows = 40
+
+// overTimeCharts returns the over-time plots of one run (see WritePlots),
+// appending drawing errors to errs.
+func overTimeCharts(run *RunResult, slo SLO, errs *[]error) []namedChart {
+	var out []namedChart
+	c := newChart("Time to first token over the replay", "arrival (s from the start)", "TTFT (ms)")
+	c.p.Y.Min = 0
+	c.p.Legend.Top, c.p.Legend.Left = true, true
+	var pts plotter.XYs
+	var last time.Duration
+	for i := range run.Records {
+		r := &run.Records[i]
+		last = max(last, r.Arrival)
+		if r.Success {
+			pts = append(pts, plotter.XY{X: r.Arrival.Seconds(), Y: ms(r.TTFT)})
+		}
+	}
+	if len(pts) > 0 {
+		sc, err := plotter.NewScatter(pts)
+		if err != nil {
+			*errs = append(*errs, err)
+		} else {
+			sc.Color, sc.Shape, sc.Radius = plotutil.Color(0), draw.CircleGlyph{}, vg.Points(2)
+			c.p.Add(sc)
+			c.addLegend("TTFT of a request", pts, sc)
+		}
+	}
+	if slo.TTFT > 0 {
+		line := plotter.XYs{{X: 0, Y: ms(slo.TTFT)}, {X: last.Seconds(), Y: ms(slo.TTFT)}}
+		l, err := plotter.NewLine(line)
+		if err != nil {
+			*errs = append(*errs, err)
+		} else {
+			l.Color, l.Width, l.Dashes = color.Black, vg.Points(1), plotutil.Dashes(1)
+			c.p.Add(l)
+			c.addLegend("TTFT objective", line, l)
+		}
+	}
+	out = append(out, namedChart{c, "ttft_over_time.png"})
+	if !slo.Set() {
+		return out
+	}
+	c = newChart("Requests within the SLO over the replay", "arrival window (s from the start)", "fraction within the SLO")
+	c.p.Y.Min, c.p.Y.Max = 0, 1.05
+	c.p.Legend.Top, c.p.Legend.Left = false, true
+	frac := sloOverTime(run.Records, slo, overTimeWindows)
+	if len(frac) > 0 {
+		l, err := plotter.NewLine(frac)
+		if err != nil {
+			*errs = append(*errs, err)
+		} else {
+			sc, _ := plotter.NewScatter(frac)
+			l.Color, l.Width = plotutil.Color(0), vg.Points(1.5)
+			sc.Color, sc.Shape, sc.Radius = plotutil.Color(0), draw.CircleGlyph{}, vg.Points(2.5)
+			c.p.Add(l, sc)
+			c.addLegend("fraction of the window's arrivals", frac, l, sc)
+		}
+	}
+	out = append(out, namedChart{c, "slo_over_time.png"})
+	return out
+}
+
+// sloOverTime cuts the span of recs' arrivals into n equal windows and
+// returns, for each window that has arrivals, the point (its middle in
+// seconds, the fraction of its arrivals that met slo).
+func sloOverTime(recs []Record, slo SLO, n int) plotter.XYs {
+	if len(recs) == 0 || n < 1 {
+		return nil
+	}
+	var last time.Duration
+	for i := range recs {
+		last = max(last, recs[i].Arrival)
+	}
+	width := last / time.Duration(n)
+	if width <= 0 {
+		width, n = max(last, time.Nanosecond), 1
+	}
+	met, all := make([]int, n), make([]int, n)
+	for i := range recs {
+		w := min(int(recs[i].Arrival/width), n-1)
+		all[w]++
+		if slo.Meets(&recs[i]) {
+			met[w]++
+		}
+	}
+	var out plotter.XYs
+	for w := range n {
+		if all[w] > 0 {
+			mid := (time.Duration(w)*width + width/2).Seconds()
+			out = append(out, plotter.XY{X: mid, Y: float64(met[w]) / float64(all[w])})
+		}
+	}
+	return out
 }

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"gonum.org/v1/plot/plotter"
 )
 
 // traceLineJSON is one line of a test trace.
@@ -474,4 +476,64 @@ func repeatedTokens(recs []TraceRecord, bs int) []int {
 		}
 	}
 	return out
+}
+
+// TestTracePlots: a trace replay adds TTFT over time (one point per
+// successful request at its arrival, the objective as a line) and the
+// fraction within the SLO per window of arrivals.
+func TestTracePlots(t *testing.T) {
+	s := time.Second
+	ok := func(arr, ttft time.Duration) Record {
+		return Record{Arrival: arr, Success: true, TTFT: ttft, E2E: ttft}
+	}
+	recs := []Record{
+		ok(0, 100*time.Millisecond), ok(s, 3*s), // window 0 (0-2 s): 1 of 2
+		ok(5*s, 100*time.Millisecond), {Arrival: 5 * s, ErrorType: ErrHTTP}, ok(5*s, 3*s), // window 2: 1 of 3
+		ok(7*s, 100*time.Millisecond), // window 3 (the last arrival): 1 of 1
+	}
+	slo := SLO{TTFT: s}
+	got := sloOverTime(recs, slo, 4) // windows of 7/4 s
+	w := 7 * s / 4
+	want := plotter.XYs{{X: (w / 2).Seconds(), Y: 0.5}, {X: (2*w + w/2).Seconds(), Y: 1.0 / 3}, {X: (3*w + w/2).Seconds(), Y: 1}}
+	if !slices.Equal(got, want) {
+		t.Errorf("SLO over time %v, want %v", got, want)
+	}
+	if one := sloOverTime(recs[:1], slo, 4); len(one) != 1 || one[0].Y != 1 {
+		t.Errorf("one request at 0: %v", one)
+	}
+
+	run := RunResult{Records: recs, Summary: Summary{Trace: &TraceStats{Requests: len(recs)}}}
+	var errs []error
+	charts := map[string]*chart{}
+	for _, c := range buildPlots(&Report{Config: Config{SLOTTFT: s}, Runs: []RunResult{run}}, &errs) {
+		charts[c.file] = c.chart
+	}
+	if len(errs) > 0 || charts["ttft_over_time.png"] == nil || charts["slo_over_time.png"] == nil {
+		t.Fatalf("plots %v, errors %v", charts, errs)
+	}
+	if pts := charts["ttft_over_time.png"].series["TTFT of a request"]; len(pts) != 5 || pts[1] != (plotter.XY{X: 1, Y: 3000}) {
+		t.Errorf("TTFT over time %v, want the 5 successful requests", pts)
+	}
+	if obj := charts["ttft_over_time.png"].series["TTFT objective"]; len(obj) != 2 || obj[0].Y != 1000 || obj[1].X != 7 {
+		t.Errorf("TTFT objective %v", obj)
+	}
+	// 40 windows of 0.175 s: the requests at 0, 1, 5 and 7 s fall in 4.
+	if pts := charts["slo_over_time.png"].series["fraction of the window's arrivals"]; len(pts) != 4 ||
+		pts[0].Y != 1 || pts[1].Y != 0 || pts[2].Y != 1.0/3 || pts[3].Y != 1 {
+		t.Errorf("SLO over time %v", pts)
+	}
+	// No SLO: no SLO plot; not a trace: no over-time plot.
+	charts = map[string]*chart{}
+	for _, c := range buildPlots(&Report{Runs: []RunResult{run}}, &errs) {
+		charts[c.file] = c.chart
+	}
+	if charts["slo_over_time.png"] != nil || charts["ttft_over_time.png"] == nil {
+		t.Errorf("without an SLO: %v", charts)
+	}
+	run.Summary.Trace = nil
+	for _, c := range buildPlots(&Report{Runs: []RunResult{run}}, &errs) {
+		if strings.Contains(c.file, "over_time") {
+			t.Errorf("%s for a run that is not a trace replay", c.file)
+		}
+	}
 }

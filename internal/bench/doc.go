@@ -35,8 +35,21 @@
 //
 // Datasets ([BuildDataset]): "random" (prompts of a given length, lengths
 // uniform in [len·(1−r), len·(1+r)]), "conversation" (a built-in synthetic
-// ShareGPT-like length distribution, see [ConversationLengths]) and "jsonl"
-// (records {"prompt": ..., "output_len": N} from a file).
+// ShareGPT-like length distribution, see [ConversationLengths]), "jsonl"
+// (records {"prompt": ..., "output_len": N} from a file), "shared-prefix"
+// ([SharedPrefixPrompts]) and "trace".
+//
+// Trace replay ("trace", Config.TracePath): a Mooncake FAST'25 trace
+// ([ParseTrace]) is one run whose arrivals are the trace's timestamps
+// relative to the first one replayed, divided by Config.TraceTimeScale
+// ([Trace.Offsets]); no Poisson draw. Each request asks for the trace's
+// output_length tokens with a prompt of exactly input_length bytes whose
+// blocks are derived from the trace's hash ids ([TracePrompt]): equal ids
+// are equal blocks, so a server's prefix cache sees the sharing the trace
+// has. The summary adds the trace's own figures ([TraceStats]), its share
+// of prompt tokens in blocks an earlier request had standing as the oracle
+// hit rate. Prompt texts are built when each request is sent, so a long
+// trace is not held in memory as text.
 //
 // Each rate of a sweep draws its prompts from an RNG stream of its own
 // derived from Config.Seed ([RateStream]), so no rate resends the prompts

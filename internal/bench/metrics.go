@@ -181,7 +181,8 @@ func summarizeTurns(recs []Record) []TurnSummary {
 
 // Summary is the result of one run (one request rate).
 type Summary struct {
-	// Rate is the request rate, in requests/s.
+	// Rate is the request rate, in requests/s; for a trace replay, the
+	// replay's mean arrival rate (TraceStats.OfferedRate).
 	Rate Rate `json:"request_rate"`
 	// MaxConcurrency is the cap on requests in flight (0: none).
 	MaxConcurrency int `json:"max_concurrency"`

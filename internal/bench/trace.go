@@ -126,7 +126,7 @@ func parseTraceLine(b []byte, blockSize int) (TraceRecord, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	if err := dec.Decode(&l); err != nil {
-		return TraceRecord{}, fmt.Errorf("not a JSON object: %w", err)
+		return TraceRecord{}, fmt.Errorf("malformed request: %w", err)
 	}
 	if dec.More() {
 		return TraceRecord{}, errors.New("more than one JSON value on the line")
@@ -212,6 +212,9 @@ func LoadTrace(cfg *Config) (*Trace, error) {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > MaxTraceBytes {
+		return nil, fmt.Errorf("trace %s: %d bytes, more than the %d a trace may hold", cfg.TracePath, fi.Size(), int64(MaxTraceBytes))
+	}
 	bs := cfg.traceBlockSize()
 	recs, err := ParseTrace(f, cfg.TracePath, bs)
 	if err != nil {

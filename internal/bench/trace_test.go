@@ -70,8 +70,8 @@ func TestParseTrace(t *testing.T) {
 	cases := []struct {
 		name, line, want string
 	}{
-		{"not JSON", `{"timestamp": 1,`, "t.jsonl:2: not a JSON object"},
-		{"an array", `[1, 2]`, "t.jsonl:2: not a JSON object"},
+		{"not JSON", `{"timestamp": 1,`, "t.jsonl:2: malformed request"},
+		{"an array", `[1, 2]`, "t.jsonl:2: malformed request"},
 		{"two values", ok + ` {}`, "t.jsonl:2: more than one JSON value"},
 		{"no timestamp", `{"input_length": 8, "output_length": 2}`, `t.jsonl:2: missing "timestamp"`},
 		{"fractional timestamp", `{"timestamp": 100.5, "input_length": 8, "output_length": 2}`, "t.jsonl:2: timestamp 100.5"},
@@ -79,7 +79,7 @@ func TestParseTrace(t *testing.T) {
 		{"decreasing timestamp", `{"timestamp": 99, "input_length": 8, "output_length": 2}`, "t.jsonl:2: timestamp 99 ms is before the previous request's 100 ms"},
 		{"no input length", `{"timestamp": 100, "output_length": 2}`, `t.jsonl:2: "input_length" must be between 1 and 10000000 tokens, got none`},
 		{"zero input length", `{"timestamp": 100, "input_length": 0, "output_length": 2}`, `"input_length" must be between 1`},
-		{"string input length", `{"timestamp": 100, "input_length": "8", "output_length": 2}`, "t.jsonl:2: not a JSON object"},
+		{"string input length", `{"timestamp": 100, "input_length": "8", "output_length": 2}`, "t.jsonl:2: malformed request"},
 		{"huge output length", `{"timestamp": 100, "input_length": 8, "output_length": 10000001}`, `t.jsonl:2: "output_length" must be between 1`},
 		{"too few hash ids", `{"timestamp": 100, "input_length": 9, "output_length": 2, "hash_ids": [1, 2]}`, `t.jsonl:2: 2 "hash_ids" for 9 input tokens: want 3`},
 		{"too many hash ids", `{"timestamp": 100, "input_length": 4, "output_length": 2, "hash_ids": [1, 2]}`, `t.jsonl:2: 2 "hash_ids" for 4 input tokens: want 1`},

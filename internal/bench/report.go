@@ -69,7 +69,7 @@ func PrintSummary(w io.Writer, cfg *Config, s *Summary) error {
 		row("Replay span (s)", t.ReplaySpan)
 		row("Mean input length (tokens)", t.MeanInput)
 		row("Mean output length (tokens)", t.MeanOutput)
-		row("Prompt blocks", fmt.Sprintf("%d of %d tokens", t.Blocks, t.BlockSize))
+		row(fmt.Sprintf("Prompt blocks of %d tokens", t.BlockSize), t.Blocks)
 		row("Repeated blocks (%)", 100*t.RepeatedBlockFraction)
 		row("Tokens in repeated blocks (%)", 100*t.RepeatedTokenFraction)
 		fmt.Fprintln(bw, rule("Result", '-'))

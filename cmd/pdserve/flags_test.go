@@ -335,8 +335,13 @@ func TestPlannerFlags(t *testing.T) {
 		{"--planner", "--itl-slo", "-1ms"},
 		{"--planner", "--planner-window", "1s", "--planner-interval", "5s"},
 		{"--planner", "--planner-min-prefill", "3", "--planner-max-prefill", "2"},
+		{"flips", "--planner", "--planner-max-step", "-1"},
 	} {
-		f, err := parse(bad, false)
+		flips := bad[0] == "flips"
+		if flips {
+			bad = bad[1:]
+		}
+		f, err := parse(bad, flips)
 		if err == nil {
 			_, err = f.config()
 		}

@@ -15,6 +15,7 @@ type plannerFlags struct {
 	interval, window       time.Duration
 	dwell                  time.Duration
 	minP, maxP, minD, maxD int
+	maxStep                int
 	flipDrain              time.Duration
 }
 
@@ -32,6 +33,7 @@ func (f *plannerFlags) add(fs *pflag.FlagSet, flips bool) {
 	fs.DurationVar(&f.window, "planner-window", planner.DefaultWindow, "planner: the span arrival rates, lengths and throughputs are measured over")
 	fs.DurationVar(&f.dwell, "planner-dwell", planner.DefaultDwell, "planner: how long a change must be called for before it is made, and the least time between two changes")
 	if flips {
+		fs.IntVar(&f.maxStep, "planner-max-step", 0, "planner: the most workers one change flips (0: as many as the best split takes, together)")
 		fs.DurationVar(&f.flipDrain, "planner-flip-drain-timeout", time.Minute, "planner: how long a flipped worker may take to finish its requests (what is left is continued on other workers)")
 		return
 	}
@@ -55,9 +57,12 @@ func (f *plannerFlags) config() (*planner.Config, error) {
 	if f.window < f.interval {
 		return nil, usagef("--planner-window (%s) must be at least --planner-interval (%s)", f.window, f.interval)
 	}
+	if f.maxStep < 0 {
+		return nil, usagef("--planner-max-step must not be negative, got %d", f.maxStep)
+	}
 	if f.minP < 0 || f.minD < 0 || (f.maxP > 0 && f.maxP < f.minP) || (f.maxD > 0 && f.maxD < f.minD) {
 		return nil, usagef("planner bounds: need 0 ≤ --planner-min-X ≤ --planner-max-X, got prefill %d..%d, decode %d..%d", f.minP, f.maxP, f.minD, f.maxD)
 	}
 	return &planner.Config{SLOs: planner.SLOs{TTFT: f.ttft, ITL: f.itl}, Interval: f.interval, Window: f.window, Dwell: f.dwell,
-		MinPrefill: f.minP, MaxPrefill: f.maxP, MinDecode: f.minD, MaxDecode: f.maxD}, nil
+		MinPrefill: f.minP, MaxPrefill: f.maxP, MinDecode: f.minD, MaxDecode: f.maxD, MaxStep: f.maxStep}, nil
 }

@@ -707,6 +707,8 @@ type Cluster struct {
 	next       map[lifecycle.Role]int
 	fixedPorts bool
 	log        *slog.Logger
+	// flipping holds the workers a flip under way took.
+	flipping map[*WorkerServer]bool
 }
 
 // NewSecret returns a fresh internal secret: 32 random bytes as 64 hex

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
@@ -40,16 +41,23 @@ func (f *FlipRoles) Name() string { return "pdserve-up-role-flip" }
 // Flips implements planner.Actuator.
 func (f *FlipRoles) Flips() bool { return true }
 
-// Apply implements planner.Actuator: one flip toward d's split.
+// Apply implements planner.Actuator: the flips to d's split, together
+// (each drains while the others do).
 func (f *FlipRoles) Apply(ctx context.Context, d planner.Decision) error {
 	from, to := lifecycle.RoleDecode, lifecycle.RolePrefill
-	switch {
-	case d.DesiredPrefill < d.Prefill:
-		from, to = lifecycle.RolePrefill, lifecycle.RoleDecode
-	case d.DesiredPrefill == d.Prefill:
-		return nil
+	n := d.DesiredPrefill - d.Prefill
+	if n < 0 {
+		from, to, n = lifecycle.RolePrefill, lifecycle.RoleDecode, -n
 	}
-	return f.C.Flip(ctx, from, to, cmpDur(f.DrainTimeout, time.Minute), cmpDur(f.ReadyTimeout, 30*time.Second))
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			errs[i] = f.C.Flip(ctx, from, to, cmpDur(f.DrainTimeout, time.Minute), cmpDur(f.ReadyTimeout, 30*time.Second))
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func cmpDur(d, def time.Duration) time.Duration {
@@ -85,7 +93,7 @@ func (c *Cluster) Flip(ctx context.Context, from, to lifecycle.Role, drainTimeou
 	least := -1
 	for _, w := range *src {
 		id, err := workerID(w.URL)
-		if err != nil {
+		if err != nil || c.flipping[w] {
 			continue
 		}
 		fw, ok := r.Fleet().Get(id)
@@ -96,10 +104,21 @@ func (c *Cluster) Flip(ctx context.Context, from, to lifecycle.Role, drainTimeou
 			victim, victimID, least = w, id, fw.Legs()
 		}
 	}
+	if victim != nil {
+		if c.flipping == nil {
+			c.flipping = map[*WorkerServer]bool{}
+		}
+		c.flipping[victim] = true // no other flip picks it
+	}
 	c.mu.Unlock()
 	if victim == nil {
 		return fmt.Errorf("flip: no ready %s worker", from)
 	}
+	defer func() {
+		c.mu.Lock()
+		delete(c.flipping, victim)
+		c.mu.Unlock()
+	}()
 	// 1. No new legs (refused if it is the role's last ready worker).
 	if err := r.Fleet().Drain(victimID, false); err != nil {
 		return fmt.Errorf("flip: %w", err)

@@ -139,7 +139,8 @@ func fitDecode(samples []decodeSample) (Fit, bool) {
 // Decode: a request holds about P̄ + Ō/2 KV tokens for Ō·ITL seconds, so
 // the fleet holds K = λ·(P̄+Ō/2)·Ō·ITL tokens (Little's law) and each worker
 // may hold as many as keep its ITL at the SLO·margin by the fitted line,
-// capped by its KV pool (90 %) and its batch limit: N = K / Kmax.
+// capped by its KV pool (90 %) and its batch limit (then ITL is the line's
+// at the cap): N = K / Kmax.
 func Estimate(in Inputs, slo SLOs) (Need, bool) {
 	var nd Need
 	ok := true
@@ -190,10 +191,13 @@ func Estimate(in Inputs, slo SLOs) (Need, bool) {
 				f.Intercept*1000, itl*1000), false
 			break
 		}
-		held := λ * perReq * in.MeanOutputTokens * itl
+		// A worker held to kmax by its pool or batch limit steps faster
+		// than the target: a request then stays Ō steps of that time.
+		step := min(itl, f.Intercept+f.Slope*kmax)
+		held := λ * perReq * in.MeanOutputTokens * step
 		nd.Decode = held / kmax
 		nd.DecodeWhy = fmt.Sprintf("%.2f req/s × %.0f KV tokens × %.0f output tokens × %.1f ms = %.0f tokens held / %.0f per worker%s = %.2f",
-			λ, perReq, in.MeanOutputTokens, itl*1000, held, kmax, capped, nd.Decode)
+			λ, perReq, in.MeanOutputTokens, step*1000, held, kmax, capped, nd.Decode)
 	}
 	return nd, ok
 }

@@ -10,7 +10,8 @@
 //
 //   - with a fleet of fixed size (an Actuator that flips roles: `pdserve
 //     up --planner`), the split P:D that minimizes the larger of the two
-//     roles' load ratios (need / workers), one worker at a time;
+//     roles' load ratios (need / workers), the workers it takes flipped
+//     together (at most MaxStep);
 //   - with an elastic fleet (Kubernetes Deployments, counts in etcd, or no
 //     actuator: an HPA on pdserve_planner_desired_replicas), each role's
 //     ⌈need⌉ within its bounds.
@@ -103,6 +104,9 @@ type Config struct {
 	// MinGain is the least fraction by which a flip must cut the worse of
 	// the two roles' load ratios.
 	MinGain float64
+	// MaxStep is the most workers one flip moves between roles (0: as
+	// many as the best split takes, flipped together).
+	MaxStep int
 	// MinPrefill, MaxPrefill, MinDecode and MaxDecode bound an elastic
 	// fleet's counts (0: 1 and 64).
 	MinPrefill, MaxPrefill, MinDecode, MaxDecode int
@@ -201,6 +205,9 @@ func New(cfg Config) (*Planner, error) {
 	}
 	if cfg.MinGain <= 0 || cfg.MinGain >= 1 {
 		cfg.MinGain = DefaultMinGain
+	}
+	if cfg.MaxStep < 0 {
+		return nil, fmt.Errorf("planner: MaxStep must not be negative")
 	}
 	for _, b := range []*int{&cfg.MinPrefill, &cfg.MinDecode} {
 		*b = max(*b, 1)
@@ -465,11 +472,10 @@ func (p *Planner) decideSplitLocked(d *Decision) {
 		d.Reason = fmt.Sprintf("the split %dP:%dD fits best (load ratio %.2f)", d.Prefill, d.Decode, now)
 		return
 	}
-	step := 1
-	if best < d.Prefill {
-		step = -1
+	np := best
+	if m := p.cfg.MaxStep; m > 0 {
+		np = min(d.Prefill+m, max(d.Prefill-m, best))
 	}
-	np := d.Prefill + step
 	next := ratio(d.Need, np, total-np)
 	if next > now*(1-p.cfg.MinGain) {
 		p.pending = pendingChange{}
@@ -478,8 +484,9 @@ func (p *Planner) decideSplitLocked(d *Decision) {
 		return
 	}
 	d.DesiredPrefill, d.DesiredDecode = np, total-np
-	p.callFor(d, fmt.Sprintf("flip one %s worker to %s: load ratio %.2f → %.2f (%dP:%dD fits best)",
-		roleName(step < 0), roleName(step > 0), now, next, best, total-best), ActionFlip)
+	n := np - d.Prefill
+	p.callFor(d, fmt.Sprintf("flip %d %s worker(s) to %s: load ratio %.2f → %.2f (%dP:%dD fits best)",
+		max(n, -n), roleName(n < 0), roleName(n > 0), now, next, best, total-best), ActionFlip)
 }
 
 func roleName(prefill bool) string {

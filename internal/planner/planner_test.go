@@ -63,14 +63,16 @@ func TestEstimate(t *testing.T) {
 	if !near(nd.Decode, 0.024, 1e-4) {
 		t.Errorf("decode need %v (%s)", nd.Decode, nd.DecodeWhy)
 	}
-	// The KV pool caps a worker: 0.9·100,000 = 90,000 tokens → 0.09333.
+	// The KV pool caps a worker: 0.9·100,000 = 90,000 tokens, where a step
+	// takes 5 + 9 = 14 ms: held = 2·1050·100·0.014 = 2,940; need 0.032667.
 	in.DecodeKVTokens = 100000
-	if nd, _ = Estimate(in, slo); !near(nd.Decode, 8400.0/90000, 1e-4) || !strings.Contains(nd.DecodeWhy, "KV pool") {
+	if nd, _ = Estimate(in, slo); !near(nd.Decode, 0.032667, 1e-4) || !strings.Contains(nd.DecodeWhy, "KV pool") {
 		t.Errorf("KV-capped decode need %v (%s)", nd.Decode, nd.DecodeWhy)
 	}
-	// So does the batch limit: 64·1050 = 67,200 tokens.
+	// So does the batch limit: 64·1050 = 67,200 tokens, a step of 11.72 ms:
+	// held = 2·1050·100·0.01172 = 2,461.2; need 0.036625.
 	in.DecodeMaxRunning = 64
-	if nd, _ = Estimate(in, slo); !near(nd.Decode, 8400.0/67200, 1e-4) || !strings.Contains(nd.DecodeWhy, "batch limit") {
+	if nd, _ = Estimate(in, slo); !near(nd.Decode, 0.036625, 1e-4) || !strings.Contains(nd.DecodeWhy, "batch limit") {
 		t.Errorf("batch-capped decode need %v (%s)", nd.Decode, nd.DecodeWhy)
 	}
 	// A prompt longer than the TTFT target allows: utilization floor, said.
@@ -254,15 +256,15 @@ func (f *flipper) Apply(ctx context.Context, d Decision) error {
 	}
 	f.w.mu.Lock()
 	defer f.w.mu.Unlock()
-	from, to := roleDecode, rolePrefill
-	if d.DesiredPrefill < d.Prefill {
-		from, to = rolePrefill, roleDecode
+	from, to, n := roleDecode, rolePrefill, d.DesiredPrefill-d.Prefill
+	if n < 0 {
+		from, to, n = rolePrefill, roleDecode, -n
 	}
 	for i := range f.w.workers {
-		if f.w.workers[i].Role == from {
+		if n > 0 && f.w.workers[i].Role == from {
 			f.w.workers[i].Role = to
 			f.w.workers[i].KVTokens = 0
-			return nil
+			n--
 		}
 	}
 	return nil
@@ -299,10 +301,10 @@ func roles(ws []WorkerLoad) (p, d int) {
 }
 
 // TestSplitFollowsTheLoad: on a fixed fleet of four, a prefill-bound load
-// (long prompts, short answers) flips decode workers to prefill, one at a
-// time and only after the dwell; a decode-bound one flips them back; a
-// change under way holds every decision; and the split never moves while
-// the load stays (no flapping).
+// (long prompts, short answers) flips decode workers to prefill, together
+// and only after the dwell; a decode-bound one flips them back; a change
+// under way holds every decision; and the split never moves while the load
+// stays (no flapping).
 func TestSplitFollowsTheLoad(t *testing.T) {
 	w := newWorld(t, 1, 3)
 	f := &flipper{w: w}
@@ -335,12 +337,11 @@ func TestSplitFollowsTheLoad(t *testing.T) {
 	if gp, gd := roles(w.fleet()); gp != 3 || gd != 1 {
 		t.Fatalf("prefill-bound split %dP:%dD, want 3P:1D; last: %+v", gp, gd, p.Status().Last)
 	}
-	flips := f.n()
-	if flips != 2 {
-		t.Fatalf("%d flips to go from 1P:3D to 3P:1D", flips)
+	if flips := f.n(); flips != 1 || f.calls[0].DesiredPrefill != 3 {
+		t.Fatalf("%d changes to go from 1P:3D to 3P:1D (want one, both workers together)", flips)
 	}
 	// Decode-bound: short prompts, long answers, many of them.
-	w.rate, w.prompt, w.output = 40, 256, 1024
+	w.rate, w.prompt, w.output = 100, 128, 1024
 	for s := range 180 {
 		w.second()
 		if s%5 == 4 {
@@ -594,5 +595,34 @@ func TestPrefillThroughputFromForwardTime(t *testing.T) {
 		if forward && !near(in.PrefillBusy, 0.2, 0.05) {
 			t.Errorf("prefill busy %.3f, want 0.2", in.PrefillBusy)
 		}
+	}
+}
+
+// TestMaxStepFlipsOneAtATime: with MaxStep 1 the same prefill-bound load
+// takes two changes, a dwell apart.
+func TestMaxStepFlipsOneAtATime(t *testing.T) {
+	w := newWorld(t, 1, 3)
+	f := &flipper{w: w}
+	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
+		Window: 30 * time.Second, Dwell: 20 * time.Second, MaxStep: 1, Fleet: w.fleet, Recorder: w.rec, Actuator: f, Clock: w.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rate, w.prompt, w.output = 12, 4000, 32
+	var at []time.Time
+	for s := range 120 {
+		w.second()
+		if s%5 == 4 {
+			if d := p.Tick(context.Background(), w.clk.Now()); d.Action == ActionFlip {
+				at = append(at, d.At)
+				if d.DesiredPrefill-d.Prefill != 1 {
+					t.Fatalf("a change of %d workers with MaxStep 1", d.DesiredPrefill-d.Prefill)
+				}
+			}
+			p.wg.Wait()
+		}
+	}
+	if gp, _ := roles(w.fleet()); gp != 3 || len(at) != 2 || at[1].Sub(at[0]) < 20*time.Second {
+		t.Fatalf("%d prefill workers after changes at %v", gp, at)
 	}
 }

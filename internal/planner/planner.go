@@ -17,9 +17,11 @@
 //     ⌈need⌉ within its bounds.
 //
 // It never flaps: a change must be called for over Dwell in a row, at
-// least Dwell after the last one, a flip must cut the worse load ratio by
-// MinGain, scaling down waits Dwell (scaling up does not), and nothing is
-// decided while a change is under way or a worker is leaving. Every
+// least Dwell after the last one (unless a role is overloaded, its load
+// ratio over 1: then a flip relieves it at once), a flip must cut the
+// worse load ratio by MinGain, scaling down waits Dwell (scaling up does
+// not), and nothing is decided while a change is under way or a worker is
+// leaving. Every
 // decision is logged with its inputs and arithmetic, and GET /planner
 // shows the last ones.
 package planner
@@ -485,8 +487,16 @@ func (p *Planner) decideSplitLocked(d *Decision) {
 	}
 	d.DesiredPrefill, d.DesiredDecode = np, total-np
 	n := np - d.Prefill
-	p.callFor(d, fmt.Sprintf("flip %d %s worker(s) to %s: load ratio %.2f → %.2f (%dP:%dD fits best)",
-		max(n, -n), roleName(n < 0), roleName(n > 0), now, next, best, total-best), ActionFlip)
+	why := fmt.Sprintf("flip %d %s worker(s) to %s: load ratio %.2f → %.2f (%dP:%dD fits best)",
+		max(n, -n), roleName(n < 0), roleName(n > 0), now, next, best, total-best)
+	if now > 1 {
+		// A role is over its capacity: its requests miss the SLO from now
+		// on, so it is relieved at once (the gain rule still applies).
+		p.pending = pendingChange{}
+		d.Action, d.Reason = ActionFlip, why+"; a role is overloaded: at once"
+		return
+	}
+	p.callFor(d, why, ActionFlip)
 }
 
 func roleName(prefill bool) string {

@@ -567,3 +567,33 @@ func TestShedReasonsAreTheMetrics(t *testing.T) {
 		t.Fatalf("router shed reasons %v, metrics %v", names, metrics.ShedReasons)
 	}
 }
+
+// TestFleetFailureRetriedUnshed: a request whose decode leg fails because
+// its worker shuts down (a drain ran out, a role flip) is retried even when
+// every prefill worker has become saturated since it was admitted: the
+// fleet's failure is not the client's 429. A new request is shed then.
+func TestFleetFailureRetriedUnshed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, withPolicy(PolicyRoundRobin))
+		defer tr.r.Close()
+		tr.prefill[0].setLeg(byGen(untilAborted, okLeg(workerapi.RolePrefill)))
+		// Round robin starts with decode1: it sees the prefill worker
+		// saturate, then shuts down.
+		tr.decode[1].setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+			tr.prefill[0].reportLoad(workerapi.Load{Queued: 4})
+			time.Sleep(150 * time.Millisecond) // the router polls the load
+			w.fail(workerapi.OutcomeError(outcome.Shutdown, "worker is shutting down", outcome.Cause{}))
+		})
+		a := generate(t.Context(), tr.r, "r1")
+		if a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+			t.Fatalf("retried: %+v", a)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_retries_total", "cause", "shutdown"); n != 1 {
+			t.Errorf("retries for shutdown %v, want 1", n)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_shed_total", "reason", "prefill_queue"); n != 0 {
+			t.Errorf("shed %v before any new request", n)
+		}
+		isShed(t, generate(t.Context(), tr.r, "new"), "prefill_queue")
+	})
+}

@@ -124,6 +124,9 @@ type pdStream struct {
 	// workers of failed pairs, used again only if no other pair can form.
 	exclude exclusions
 	avoid   map[*fleet.Worker]bool
+	// retryUnshed: the next attempt retries a failure of the fleet (not a
+	// worker's 429), so admission does not shed it (pickOpts.retry).
+	retryUnshed bool
 	// drainRetries counts attempts that a draining worker refused: they
 	// are retried without counting against MaxAttempts (up to
 	// maxDrainRetries).
@@ -289,7 +292,8 @@ func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req 
 // start launches attempt gen on a freshly picked pair.
 func (s *pdStream) start(gen uint32) *openai.Error {
 	r, g := s.r, s.g
-	pw, dw, kv, probe, e := r.pickPair(pickOpts{exclude: s.exclude, avoid: s.avoid, req: &s.req, continuing: s.cont.migrations > 0})
+	pw, dw, kv, probe, e := r.pickPair(pickOpts{exclude: s.exclude, avoid: s.avoid, req: &s.req, continuing: s.cont.migrations > 0,
+		retry: gen > 1 && s.retryUnshed})
 	if e != nil {
 		return e
 	}
@@ -875,6 +879,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			s.live.event("not continued: " + why)
 		}
 	case e.Outcome.Retryable() && int(a.gen) < limit && s.ctx.Err() == nil:
+		s.retryUnshed = e.Outcome != outcome.Overloaded
 		if e.Outcome.Suspect() {
 			// One of the pair may be frozen or cut off; find out before
 			// the retry can pick it again.

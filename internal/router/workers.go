@@ -494,6 +494,11 @@ type pickOpts struct {
 	// continuing places a continuation (output already reached the
 	// client): no admission, since shedding it now would lose its output.
 	continuing bool
+	// retry places a retry of an admitted request whose attempt failed
+	// with the fleet's fault (a worker lost, draining, shut down): no
+	// admission either — shedding it would turn the fleet's failure into
+	// the client's 429 — but the policy and the breakers as for any pick.
+	retry bool
 }
 
 // pickPair chooses a decode worker, then a prefill worker whose KV
@@ -506,15 +511,16 @@ type pickOpts struct {
 // saturated.
 func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bool, err *openai.Error) {
 	admit := o.req != nil && !o.check && !o.continuing
+	shed := admit && !o.retry
 	if !r.set.Synced() {
 		return nil, nil, "", false, noWorker("the %s registry has not listed the fleet yet (see /workers: registry_status)", r.set.Registry().Name())
 	}
 	for range 3 { // again if another request took the probe of a half-open pair
 		now := r.clock.Now()
-		prefills, readyP, prefillWhy := r.candidates(workerapi.RolePrefill, now, admit, func(p *fleet.Worker) bool {
+		prefills, readyP, prefillWhy := r.candidates(workerapi.RolePrefill, now, shed, func(p *fleet.Worker) bool {
 			return o.exclude.has(p) || p.KVAddr() == "" || o.req.unfit(p)
 		})
-		decodes, readyD, decodeWhy := r.candidates(workerapi.RoleDecode, now, admit, func(d *fleet.Worker) bool {
+		decodes, readyD, decodeWhy := r.candidates(workerapi.RoleDecode, now, shed, func(d *fleet.Worker) bool {
 			return o.exclude.has(d) || o.req.unfit(d)
 		})
 		switch {

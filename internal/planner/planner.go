@@ -20,8 +20,10 @@
 // least Dwell after the last one (unless a role is overloaded, its load
 // ratio over 1: then a flip relieves it at once), a flip must cut the
 // worse load ratio by MinGain, scaling down waits Dwell (scaling up does
-// not), and nothing is decided while a change is under way or a worker is
-// leaving. Every
+// not), nothing is decided while a change is under way or a worker is
+// leaving, and an elastic actuator is asked for the counts it was last
+// given again only two dwell times later (the fleet follows in its own
+// time) or after it failed. Every
 // decision is logged with its inputs and arithmetic, and GET /planner
 // shows the last ones.
 package planner
@@ -153,7 +155,10 @@ type Planner struct {
 	pending pendingChange
 	lastAct time.Time
 	// target is the counts last decided (published as desired replicas).
-	target   [2]int
+	target [2]int
+	// askedAt is when the change an elastic actuator last made without
+	// error was decided (zero after a failure).
+	askedAt  time.Time
 	applying bool
 	last     Decision
 	acted    []Decision // the last maxActed decisions that changed something
@@ -294,6 +299,15 @@ func (p *Planner) Tick(ctx context.Context, now time.Time) Decision {
 		d.Action = ActionHold
 		d.Reason += " — published already (pdserve_planner_desired_replicas); no actuator here"
 	}
+	if d.Action != ActionHold && !p.flips() && p.cfg.Actuator != nil && p.target == [2]int{d.DesiredPrefill, d.DesiredDecode} &&
+		!p.askedAt.IsZero() && now.Sub(p.askedAt) < 2*p.cfg.Dwell {
+		// An elastic fleet follows the counts asked for in its own time
+		// (pods start, an operator's tooling acts): ask again only if it
+		// has not after two dwell times.
+		d.Action = ActionHold
+		d.Reason += fmt.Sprintf(" — asked of %s %s ago; waiting for the fleet to follow (asked again after %s)",
+			p.cfg.Actuator.Name(), now.Sub(p.askedAt).Round(time.Second), 2*p.cfg.Dwell)
+	}
 	if d.Action != ActionHold {
 		p.lastAct, p.pending = now, pendingChange{}
 		p.target = [2]int{d.DesiredPrefill, d.DesiredDecode}
@@ -326,7 +340,9 @@ func (p *Planner) apply(ctx context.Context, d Decision) {
 	defer p.mu.Unlock()
 	p.applying = false
 	result := "ok"
+	p.askedAt = d.At
 	if err != nil {
+		p.askedAt = time.Time{}
 		d.Error, result = err.Error(), "failed"
 		p.cfg.Logger.Warn("planner: the change failed", "action", d.Action, "actuator", p.cfg.Actuator.Name(), "err", err)
 	} else {

@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"net/http/httptest"
 	"runtime"
@@ -473,6 +474,71 @@ func TestScaleUpAtOnceDownAfterDwell(t *testing.T) {
 	}
 	if down < 30*time.Second {
 		t.Errorf("scaled down %v after the load fell, before the 30 s dwell", down)
+	}
+}
+
+// stuckScaler is an elastic Actuator whose fleet does not follow (pods
+// that cannot be scheduled, an operator's tooling that is not running).
+type stuckScaler struct {
+	mu    sync.Mutex
+	calls []Decision
+	err   error
+}
+
+func (s *stuckScaler) Name() string { return "stuck" }
+func (s *stuckScaler) Flips() bool  { return false }
+func (s *stuckScaler) Apply(_ context.Context, d Decision) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, d)
+	return s.err
+}
+
+// TestElasticAsksAgainAfterTwoDwells: counts an elastic actuator was
+// given are not asked for again at every tick while the fleet catches up,
+// but again after two dwell times if it has not, and at the next tick
+// after the actuator failed.
+func TestElasticAsksAgainAfterTwoDwells(t *testing.T) {
+	w := newWorld(t, 1, 1)
+	s := &stuckScaler{}
+	p, err := New(Config{Interval: 5 * time.Second, Window: 10 * time.Second, Dwell: 20 * time.Second,
+		Recorder: w.rec, Fleet: w.fleet, Actuator: s, Clock: w.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rate, w.prompt, w.output = 30, 4000, 32
+	var at []time.Duration
+	start := w.clk.Now()
+	run := func(seconds int) {
+		for i := range seconds {
+			w.second()
+			if i%5 == 4 {
+				if d := p.Tick(context.Background(), w.clk.Now()); d.Action == ActionScale {
+					at = append(at, w.clk.Now().Sub(start))
+				} else if len(at) > 0 && !strings.Contains(d.Reason, "asked of stuck") {
+					t.Errorf("hold at %s: %q", w.clk.Now().Sub(start), d.Reason)
+				}
+				p.wg.Wait()
+			}
+		}
+	}
+	run(60)
+	// First asked at 10 s (two snapshots), again 40 s later (two dwells).
+	if len(at) != 2 || at[0] != 10*time.Second || at[1] != 50*time.Second {
+		t.Fatalf("asked at %v, want [10s 50s]", at)
+	}
+	s.mu.Lock()
+	s.err = errors.New("refused")
+	s.mu.Unlock()
+	at = nil
+	run(35) // from 60 s: asked again at 90 s (fails), then at once at 95 s
+	if len(at) != 2 || at[0] != 90*time.Second || at[1] != 95*time.Second {
+		t.Fatalf("after a failure asked at %v, want [1m30s 1m35s]", at)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.calls) != 4 || s.calls[3].DesiredPrefill != s.calls[0].DesiredPrefill {
+		t.Fatalf("%d calls: %+v", len(s.calls), s.calls)
 	}
 }
 

@@ -519,6 +519,13 @@ then SIGTERM the old one (it stops listening, and finishes its streams).`,
 			if ro.Planner != nil && len(co) > 0 {
 				return usagef("--planner splits prefill and decode workers; colocated workers have no split")
 			}
+			act, err := plf.actuator(&df, reg, routerID(port), log)
+			if err != nil {
+				return err
+			}
+			if act != nil {
+				ro.Planner.Actuator = act
+			}
 			if ro.Secret, ro.InternalTLS, err = inf.options(log); err != nil {
 				return err
 			}

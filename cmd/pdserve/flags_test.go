@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -356,6 +359,75 @@ func TestPlannerFlags(t *testing.T) {
 	} {
 		if code, _, errOut := runArgs(t, nil, args...); code != 2 || !strings.Contains(errOut, "planner") {
 			t.Errorf("%v: exit %d, %s", args, code, errOut)
+		}
+	}
+}
+
+// TestPlannerScalerFlags: --planner-scaler picks the router's actuator
+// (kubernetes with its two Deployments in --k8s-namespace, etcd on the
+// registry's client and prefix); a scaler without --planner, an unknown
+// one, Deployments without the kubernetes scaler and etcd without
+// --discovery etcd are usage errors that say what to add.
+func TestPlannerScalerFlags(t *testing.T) {
+	workers := []string{"router", "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--planner-scaler", "kubernetes"}, "add --planner"},
+		{[]string{"--planner", "--planner-scaler", "hpa"}, "want none, kubernetes or etcd"},
+		{[]string{"--planner", "--planner-prefill-deployment", "p"}, "name what --planner-scaler kubernetes scales"},
+		{[]string{"--planner", "--planner-scaler", "etcd"}, "add --discovery etcd"},
+		{[]string{"--planner", "--planner-scaler", "kubernetes", "--planner-prefill-deployment", "p"}, "--planner-decode-deployment"},
+	} {
+		args := append(append([]string{}, workers...), c.args...)
+		if code, _, errOut := runArgs(t, nil, args...); code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, %s; want 2 and %q", c.args, code, errOut, c.want)
+		}
+	}
+
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: inference}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--planner"}, ""},
+		{[]string{"--planner", "--planner-scaler", "kubernetes", "--kubeconfig", kc, "--k8s-namespace", "llm",
+			"--planner-prefill-deployment", "pd-prefill", "--planner-decode-deployment", "pd-decode"}, "kubernetes"},
+		{[]string{"--planner", "--planner-scaler", "etcd", "--discovery", "etcd", "--etcd-endpoints", "http://127.0.0.1:1"}, "etcd"},
+	} {
+		var pf plannerFlags
+		var df discoveryFlags
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		pf.add(fs, false)
+		df.add(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		reg, err := df.registry(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := pf.actuator(&df, reg, "r:8000", slog.New(slog.DiscardHandler))
+		if closer, ok := reg.(interface{ Close() error }); ok {
+			_ = closer.Close()
+		}
+		switch {
+		case err != nil:
+			t.Errorf("%v: %v", c.args, err)
+		case c.want == "" && a != nil:
+			t.Errorf("%v: actuator %s, want none", c.args, a.Name())
+		case c.want != "" && (a == nil || a.Name() != c.want || a.Flips()):
+			t.Errorf("%v: actuator %v, want %s scaling each role", c.args, a, c.want)
 		}
 	}
 }

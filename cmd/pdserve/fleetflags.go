@@ -93,9 +93,9 @@ func (f *discoveryFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.discovery, "discovery", "static", "where workers come from: static (--prefill/--decode/--colocated and POST /workers), etcd or kubernetes")
 	f.etcd.add(fs, "--discovery etcd watches the workers registered there")
 	fs.DurationVar(&f.verify, "etcd-verify-interval", etcdreg.DefaultVerifyInterval, "--discovery etcd: how often the router reads etcd, bounded by it, so an etcd stopped or frozen is reported (registry_status, pdserve_router_registry_up) within about twice it, and one that came back without its data is listed again")
-	fs.StringVar(&f.namespace, "k8s-namespace", "", "--discovery kubernetes: namespace of the worker pods (default: every namespace the router may list)")
+	fs.StringVar(&f.namespace, "k8s-namespace", "", "--discovery kubernetes: namespace of the worker pods (default: every namespace the router may list); --planner-scaler kubernetes: namespace of the Deployments it scales (default: the kubeconfig context's, or the router pod's own)")
 	fs.StringVar(&f.selector, "k8s-selector", kube.LabelRole, "--discovery kubernetes: label selector of worker pods (role from the pdserve.io/role label, ports from the pdserve.io/port and pdserve.io/kv-port annotations)")
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "--discovery kubernetes: kubeconfig file (default: the in-cluster configuration)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "--discovery kubernetes and --planner-scaler kubernetes: kubeconfig file (default: the in-cluster configuration)")
 }
 
 // registry builds the router's registry: nil for static (the router builds

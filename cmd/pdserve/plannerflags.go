@@ -1,11 +1,19 @@
 package main
 
 import (
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/pdserve/pdserve/internal/planner"
+	"github.com/pdserve/pdserve/internal/planner/etcdscale"
+	"github.com/pdserve/pdserve/internal/planner/kubescale"
+	"github.com/pdserve/pdserve/internal/registry"
+	etcdreg "github.com/pdserve/pdserve/internal/registry/etcd"
 )
 
 // plannerFlags turn on the router's planner (package planner).
@@ -17,6 +25,10 @@ type plannerFlags struct {
 	minP, maxP, minD, maxD int
 	maxStep                int
 	flipDrain              time.Duration
+	// scaler names the router's actuator (--planner-scaler); prefillDep
+	// and decodeDep the Deployments it scales on Kubernetes.
+	scaler                string
+	prefillDep, decodeDep string
 }
 
 // add registers the flags; flips says whether the command flips roles
@@ -41,6 +53,44 @@ func (f *plannerFlags) add(fs *pflag.FlagSet, flips bool) {
 	fs.IntVar(&f.maxP, "planner-max-prefill", 64, "planner: most prefill workers to ask for")
 	fs.IntVar(&f.minD, "planner-min-decode", 1, "planner: fewest decode workers to ask for")
 	fs.IntVar(&f.maxD, "planner-max-decode", 64, "planner: most decode workers to ask for")
+	fs.StringVar(&f.scaler, "planner-scaler", "none", "planner: what makes its counts real: none (publish pdserve_planner_desired_replicas for an HPA), kubernetes (scale --planner-prefill-deployment and --planner-decode-deployment through their scale subresource, in --k8s-namespace or the router pod's own), etcd (write them as JSON at <--etcd-prefix>planner/desired of --discovery etcd for an operator's tooling)")
+	fs.StringVar(&f.prefillDep, "planner-prefill-deployment", "", "planner: --planner-scaler kubernetes: the prefill workers' Deployment")
+	fs.StringVar(&f.decodeDep, "planner-decode-deployment", "", "planner: --planner-scaler kubernetes: the decode workers' Deployment")
+}
+
+// actuator returns the router's actuator (--planner-scaler): nil for
+// none. reg is the router's registry (nil: static), routerID this
+// router's identity as the etcd actuator writes it.
+func (f *plannerFlags) actuator(df *discoveryFlags, reg registry.Registry, routerID string, log *slog.Logger) (planner.Actuator, error) {
+	if f.scaler != "none" && f.scaler != "kubernetes" && f.scaler != "etcd" {
+		return nil, usagef("--planner-scaler %q: want none, kubernetes or etcd", f.scaler)
+	}
+	if f.scaler != "none" && !f.on {
+		return nil, usagef("--planner-scaler %s acts on the planner's decisions: add --planner", f.scaler)
+	}
+	if f.scaler != "kubernetes" && (f.prefillDep != "" || f.decodeDep != "") {
+		return nil, usagef("--planner-prefill-deployment and --planner-decode-deployment name what --planner-scaler kubernetes scales (--planner-scaler is %s)", f.scaler)
+	}
+	switch f.scaler {
+	case "kubernetes":
+		s, err := kubescale.New(kubescale.Config{Kubeconfig: df.kubeconfig, Namespace: df.namespace,
+			PrefillDeployment: f.prefillDep, DecodeDeployment: f.decodeDep, Logger: log})
+		if err != nil {
+			return nil, usageError{err}
+		}
+		return s, nil
+	case "etcd":
+		er, ok := reg.(*etcdreg.Registry)
+		if !ok {
+			return nil, usagef("--planner-scaler etcd writes to the etcd the router reads its workers from: add --discovery etcd")
+		}
+		s, err := etcdscale.New(etcdscale.Config{Client: er.Client(), Prefix: er.Prefix(), Router: routerID})
+		if err != nil {
+			return nil, usageError{err}
+		}
+		return s, nil
+	}
+	return nil, nil
 }
 
 // config returns the planner's configuration, nil without --planner.
@@ -65,4 +115,14 @@ func (f *plannerFlags) config() (*planner.Config, error) {
 	}
 	return &planner.Config{SLOs: planner.SLOs{TTFT: f.ttft, ITL: f.itl}, Interval: f.interval, Window: f.window, Dwell: f.dwell,
 		MinPrefill: f.minP, MaxPrefill: f.maxP, MinDecode: f.minD, MaxDecode: f.maxD, MaxStep: f.maxStep}, nil
+}
+
+// routerID is the router's identity in what its planner writes: the host's
+// name (on Kubernetes the pod's) and the router's port.
+func routerID(port int) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	return net.JoinHostPort(host, strconv.Itoa(port))
 }

@@ -264,6 +264,14 @@ func NewWithClient(cli *clientv3.Client, cfg Config) *Registry {
 // Name implements registry.Registry.
 func (r *Registry) Name() string { return "etcd" }
 
+// Client returns the registry's etcd client, for others of the router that
+// write to the same etcd (the planner's etcd actuator). It is closed with
+// the Registry if New opened it.
+func (r *Registry) Client() *clientv3.Client { return r.cli }
+
+// Prefix returns the registry's key prefix (it ends in "/").
+func (r *Registry) Prefix() string { return r.cfg.Prefix }
+
 // Close closes the client if New opened it.
 func (r *Registry) Close() error {
 	if r.owned {

@@ -18,7 +18,9 @@ import (
 	"helm.sh/helm/v3/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
@@ -33,6 +35,7 @@ type manifests struct {
 	accounts    []corev1.ServiceAccount
 	roles       []rbacv1.Role
 	bindings    []rbacv1.RoleBinding
+	pdbs        []policyv1.PodDisruptionBudget
 }
 
 // decode splits a YAML stream into documents and decodes each strictly
@@ -68,6 +71,10 @@ func (m *manifests) decode(t *testing.T, name string, data []byte) {
 			var r rbacv1.Role
 			err = yaml.UnmarshalStrict(doc, &r)
 			m.roles = append(m.roles, r)
+		case "policy/v1 PodDisruptionBudget":
+			var p policyv1.PodDisruptionBudget
+			err = yaml.UnmarshalStrict(doc, &p)
+			m.pdbs = append(m.pdbs, p)
 		case "rbac.authorization.k8s.io/v1 RoleBinding":
 			var r rbacv1.RoleBinding
 			err = yaml.UnmarshalStrict(doc, &r)
@@ -281,6 +288,9 @@ func TestHelmChart(t *testing.T) {
 			"router": map[string]any{"args": []any{"--slow-start=5s"}}, "drainTimeout": "120s"},
 		{"tracing": map[string]any{"otlpEndpoint": "grpc://otel-collector:4317"}},
 		{"tracing": map[string]any{"jaeger": map[string]any{"enabled": true}}},
+		{"planner": map[string]any{"enabled": true, "ttftSLO": "1500ms", "itlSLO": "40ms", "args": []any{"--planner-max-decode=8"}},
+			"prefill": map[string]any{"replicas": 3}, "pdb": map[string]any{"maxUnavailable": 2}},
+		{"planner": map[string]any{"enabled": true, "scaler": "none"}, "pdb": map[string]any{"enabled": false}},
 	} {
 		rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "pd", Namespace: "llm", IsInstall: true},
 			chartutil.DefaultCapabilities)
@@ -308,6 +318,8 @@ func TestHelmChart(t *testing.T) {
 			t.Fatalf("values %v: %s Deployments", vals, got)
 		}
 		m.check(t)
+		m.checkPlanner(t, vals)
+		m.checkPDBs(t, vals)
 		// Tracing: every pdserve pod exports to the endpoint asked for, or
 		// to the chart's Jaeger, which is there only when enabled.
 		endpoint := ""
@@ -328,6 +340,163 @@ func TestHelmChart(t *testing.T) {
 			if flags["otlp-traces-endpoint"] != endpoint {
 				t.Errorf("values %v: %s --otlp-traces-endpoint %q, want %q", vals, d.Name, flags["otlp-traces-endpoint"], endpoint)
 			}
+		}
+	}
+}
+
+// TestHelmChartRefusesAnUnknownScaler: the chart's router runs on
+// Kubernetes, so planner.scaler is kubernetes or none; anything else fails
+// the render with a message naming the value.
+func TestHelmChartRefusesAnUnknownScaler(t *testing.T) {
+	ch, err := loader.Load("../../deploy/helm/pdserve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(ch, map[string]any{"planner": map[string]any{"enabled": true, "scaler": "etcd"}},
+		chartutil.ReleaseOptions{Name: "pd", Namespace: "llm", IsInstall: true}, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.Render(ch, rv); err == nil || !strings.Contains(err.Error(), `planner.scaler "etcd": want kubernetes or none`) {
+		t.Fatalf("render: %v", err)
+	}
+}
+
+// value returns vals[section][key], or def if it is not set.
+func value(vals map[string]any, section, key string, def any) any {
+	if sec, ok := vals[section].(map[string]any); ok {
+		if v, ok := sec[key]; ok {
+			return v
+		}
+	}
+	return def
+}
+
+// byRole returns the worker Deployments by their pods' role label, and the
+// router's flags and service account.
+func (m *manifests) byRole(t *testing.T) (workers map[string]appsv1.Deployment, router map[string]string, account string) {
+	t.Helper()
+	workers = map[string]appsv1.Deployment{}
+	for _, d := range m.deployments {
+		cmd, flags := flagsOf(t, d.Name, d.Spec.Template.Spec.Containers[0].Args)
+		if cmd == "router" {
+			router, account = flags, d.Spec.Template.Spec.ServiceAccountName
+		} else {
+			workers[d.Spec.Template.Labels[kube.LabelRole]] = d
+		}
+	}
+	return workers, router, account
+}
+
+// grants reports whether a Role bound to the service account allows verb
+// on resource (of apiGroup) named name.
+func (m *manifests) grants(account, apiGroup, resource, name, verb string) bool {
+	for _, r := range m.roles {
+		bound := false
+		for _, b := range m.bindings {
+			for _, s := range b.Subjects {
+				bound = bound || (b.RoleRef.Kind == "Role" && b.RoleRef.Name == r.Name && s.Kind == "ServiceAccount" && s.Name == account)
+			}
+		}
+		if !bound {
+			continue
+		}
+		for _, rule := range r.Rules {
+			if contains(rule.APIGroups, apiGroup) && contains(rule.Resources, resource) && contains(rule.Verbs, verb) &&
+				(len(rule.ResourceNames) == 0 || contains(rule.ResourceNames, name)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkPlanner checks the router's planner flags against the values, and
+// that the router's service account may scale the worker Deployments
+// exactly when the planner scales them (and their replica counts are then
+// left to it).
+func (m *manifests) checkPlanner(t *testing.T, vals map[string]any) {
+	t.Helper()
+	workers, router, account := m.byRole(t)
+	on := value(vals, "planner", "enabled", false).(bool)
+	scaler := value(vals, "planner", "scaler", "kubernetes").(string)
+	scales := on && scaler == "kubernetes"
+	want := map[string]string{"planner": "false", "planner-scaler": "none", "planner-prefill-deployment": "", "planner-decode-deployment": ""}
+	if on {
+		want = map[string]string{"planner": "true", "ttft-slo": value(vals, "planner", "ttftSLO", "2s").(string),
+			"itl-slo": value(vals, "planner", "itlSLO", "50ms").(string), "planner-scaler": scaler,
+			"planner-prefill-deployment": "", "planner-decode-deployment": ""}
+		if scales {
+			want["planner-prefill-deployment"], want["planner-decode-deployment"] = workers["prefill"].Name, workers["decode"].Name
+		}
+	}
+	for k, v := range want {
+		if k == "ttft-slo" || k == "itl-slo" {
+			got, err1 := time.ParseDuration(router[k])
+			w, err2 := time.ParseDuration(v)
+			if err1 != nil || err2 != nil || got != w {
+				t.Errorf("values %v: router --%s %q, want %s", vals, k, router[k], v)
+			}
+			continue
+		}
+		if router[k] != v {
+			t.Errorf("values %v: router --%s %q, want %q", vals, k, router[k], v)
+		}
+	}
+	for _, role := range []string{"prefill", "decode"} {
+		d := workers[role]
+		for _, verb := range []string{"get", "update", "patch"} {
+			if got := m.grants(account, "apps", "deployments/scale", d.Name, verb); got != scales {
+				t.Errorf("values %v: the router may %s deployments/scale %s: %v, want %v", vals, verb, d.Name, got, scales)
+			}
+		}
+		if got := m.grants(account, "apps", "deployments", d.Name, "get"); got != scales {
+			t.Errorf("values %v: the router may get deployments %s: %v, want %v", vals, d.Name, got, scales)
+		}
+		if m.grants(account, "apps", "deployments", d.Name, "update") || m.grants(account, "apps", "deployments/scale", "other", "update") {
+			t.Errorf("values %v: the router may update more than the workers' scale", vals)
+		}
+		switch {
+		case scales && d.Spec.Replicas != nil:
+			t.Errorf("values %v: %s sets replicas %d, which the planner owns", vals, d.Name, *d.Spec.Replicas)
+		case !scales && (d.Spec.Replicas == nil || fmt.Sprint(*d.Spec.Replicas) != fmt.Sprint(value(vals, role, "replicas", 1))):
+			t.Errorf("values %v: %s replicas %v", vals, d.Name, d.Spec.Replicas)
+		}
+	}
+}
+
+// checkPDBs checks one PodDisruptionBudget per worker role, selecting that
+// role's pods only, with the values' maxUnavailable (none when disabled).
+func (m *manifests) checkPDBs(t *testing.T, vals map[string]any) {
+	t.Helper()
+	workers, _, _ := m.byRole(t)
+	if !value(vals, "pdb", "enabled", true).(bool) {
+		if len(m.pdbs) > 0 {
+			t.Errorf("values %v: %d PodDisruptionBudgets with pdb.enabled false", vals, len(m.pdbs))
+		}
+		return
+	}
+	if len(m.pdbs) != 2 {
+		t.Fatalf("values %v: %d PodDisruptionBudgets, want one per worker role", vals, len(m.pdbs))
+	}
+	maxUnavailable := fmt.Sprint(value(vals, "pdb", "maxUnavailable", 1))
+	for role, d := range workers {
+		var match []string
+		for _, p := range m.pdbs {
+			sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)
+			if err != nil {
+				t.Fatalf("PodDisruptionBudget %s: %v", p.Name, err)
+			}
+			if sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+				match = append(match, p.Name)
+				if p.Spec.MaxUnavailable == nil || p.Spec.MaxUnavailable.String() != maxUnavailable || p.Spec.MinAvailable != nil {
+					t.Errorf("values %v: PodDisruptionBudget %s: maxUnavailable %v, minAvailable %v; want maxUnavailable %s only",
+						vals, p.Name, p.Spec.MaxUnavailable, p.Spec.MinAvailable, maxUnavailable)
+				}
+			}
+		}
+		if len(match) != 1 {
+			t.Errorf("values %v: %s pods are selected by PodDisruptionBudgets %v, want one", vals, role, match)
 		}
 	}
 }

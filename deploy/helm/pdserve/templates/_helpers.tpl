@@ -37,3 +37,14 @@ grpc://{{ .Release.Name }}-jaeger:4317
 {{- .Values.tracing.otlpEndpoint -}}
 {{- end -}}
 {{- end -}}
+
+{{/* "true" when the router's planner scales the worker Deployments (then
+the chart leaves their replica counts to it). Fails on an unknown scaler. */}}
+{{- define "pdserve.plannerScales" -}}
+{{- if .Values.planner.enabled -}}
+{{- if not (has .Values.planner.scaler (list "kubernetes" "none")) -}}
+{{- fail (printf "planner.scaler %q: want kubernetes or none" .Values.planner.scaler) -}}
+{{- end -}}
+{{- if eq .Values.planner.scaler "kubernetes" -}}true{{- end -}}
+{{- end -}}
+{{- end -}}

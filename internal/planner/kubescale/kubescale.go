@@ -56,6 +56,9 @@ const (
 	// DefaultPollInterval is the time between two reads of a Deployment's
 	// status while Apply waits for it.
 	DefaultPollInterval = 2 * time.Second
+	// CallTimeout bounds one call to the API server of a client New
+	// builds.
+	CallTimeout = 30 * time.Second
 )
 
 // serviceAccountNamespace is where a pod finds its own namespace.
@@ -123,6 +126,9 @@ func New(cfg Config) (*Scaler, error) {
 			cfg.Namespace = ns
 		}
 		if cfg.Client == nil {
+			// One call to an API server that stopped answering must not
+			// hold the planner's change under way for ever.
+			rc.Timeout = CallTimeout
 			if cfg.Client, err = appsv1client.NewForConfig(rc); err != nil {
 				return nil, fmt.Errorf("kubernetes client: %w", err)
 			}

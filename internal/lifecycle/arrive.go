@@ -28,15 +28,15 @@ func (m *Machine) validate(q Request) (outcome.Outcome, string) {
 		return outcome.RejectedInvalid, fmt.Sprintf("n is %d but max_tokens is 0: there is nothing to choose between", q.N)
 	case q.PromptTop < 0 || q.PromptTop > model.MaxLogprobs:
 		return outcome.RejectedInvalid, fmt.Sprintf("prompt logprobs must be in [0, %d], got %d", model.MaxLogprobs, q.PromptTop)
-	case q.ScorePrompt && m.cfg.Role == RoleDecode:
-		return outcome.RejectedInvalid, "a decode worker does not compute the prompt: prompt logprobs come from prefill"
+	case q.ScorePrompt && m.cfg.Role == RoleDecode && !q.Room.IsZero():
+		return outcome.RejectedInvalid, "a decode worker does not compute the prompt of a room: prompt logprobs come from prefill"
 	case q.MinTokens < 0 || q.MinTokens > q.MaxTokens:
 		return outcome.RejectedInvalid, fmt.Sprintf("min_tokens must be in [0, max_tokens = %d], got %d", q.MaxTokens, q.MinTokens)
 	case n >= m.cfg.ContextLen:
 		return outcome.RejectedInvalid, fmt.Sprintf("prompt has %d tokens; this worker's context length is %d", n, m.cfg.ContextLen)
 	case q.MaxTokens > m.cfg.ContextLen-n:
 		return outcome.RejectedInvalid, fmt.Sprintf("prompt (%d tokens) + max_tokens (%d) exceeds the context length %d", n, q.MaxTokens, m.cfg.ContextLen)
-	case m.cfg.Role != RoleColocated && q.Room.IsZero() && !(m.cfg.Role == RolePrefill && q.promptOnly()):
+	case m.cfg.Role == RolePrefill && q.Room.IsZero() && !q.promptOnly():
 		return outcome.RejectedInvalid, "room is missing"
 	case m.cfg.Role == RolePrefill && q.promptOnly() && !q.Room.IsZero():
 		return outcome.RejectedInvalid, "a prompt-only request (max_tokens 0) has no decode and so no room"
@@ -259,7 +259,7 @@ func (m *Machine) arrive(q Request) {
 		}
 		m.finish(old, outcome.AbortedPeer, fmt.Sprintf("superseded by retry gen %d", q.Gen), "")
 	}
-	if lp, lost := m.lostPeers[q.Peer]; lost && m.cfg.Role == RoleDecode {
+	if lp, lost := m.lostPeers[q.Peer]; lost && m.cfg.Role == RoleDecode && !q.Room.IsZero() {
 		if lp.outcome == outcome.PeerRefused {
 			m.rejectEarly(q, lp.outcome, "KV connection to %s was refused before the request arrived: %s", q.PeerAddr, lp.reason)
 			m.addTomb(tombKey{room: q.Room}, q.Gen, lp.outcome, m.cause(lp.outcome, StageNone, lp.reason))
@@ -326,6 +326,13 @@ func (m *Machine) arrive(q Request) {
 			}
 		}
 	case RoleDecode:
+		if q.Room.IsZero() {
+			// A local request (no room, no prefill worker): it computes
+			// its prompt here, as on a colocated worker.
+			m.setStage(r, StageWaiting, m.cfg.QueueTimeout, outcome.TimeoutQueue)
+			m.queue = append(m.queue, r)
+			break
+		}
 		m.setStage(r, StagePrealloc, m.cfg.QueueTimeout, outcome.TimeoutQueue)
 		r.peerUp = m.peersUp[q.Peer]
 		r.lastRenew = m.now

@@ -23,7 +23,9 @@
 // Decode: Prealloc → AwaitingKV → Queued → Decoding → done, and Decoding →
 // Preempted → Prefilling → Decoding when older requests need its pages.
 // Colocated: Waiting → Prefilling → Decoding → done, with the same
-// preemption loop.
+// preemption loop. A decode worker serves a request without a room (a
+// local one: the router chose not to disaggregate it) the colocated way:
+// Waiting → Prefilling → Decoding → done, with no peer and no KV channel.
 //
 // The machine is deterministic: the same events at the same times give the
 // same effects in the same order. Whatever it emits about several requests

@@ -168,7 +168,7 @@ func (m *Machine) endRequest(r *req, o outcome.Outcome, reason, finishReason str
 	}
 	f := Finalize{RID: r.RID, RoomGen: r.roomGen(), Outcome: o, PromptTokens: len(r.InputIDs),
 		OutputTokens: outputs, CachedTokens: r.cachedTokens, StageTime: st, Age: m.now.Sub(r.arrived)}
-	if m.cfg.Role == RoleDecode {
+	if m.cfg.Role == RoleDecode && !r.Room.IsZero() {
 		f.CachedTokens = int(min(r.done.CachedTokens, uint32(len(r.InputIDs))))
 	}
 	if o == outcome.OK {

@@ -274,6 +274,39 @@ func (m *Machine) legal(r *req) error {
 		bad("hard deadline %s after arrival", r.hardDeadline.Sub(r.arrived))
 	}
 
+	// colocated is the table's colocated rows: a colocated worker's
+	// requests, and a decode worker's local ones (no room).
+	colocated := func() {
+		if !(zeroLink && zeroPrefill && zeroDecode) {
+			bad("KV channel state on a request without a room")
+		}
+		if !(jobs == 0) {
+			bad("page I/O on a request without a room")
+		}
+		switch r.stage {
+		case StageWaiting:
+			if !(pages == 0 && r.computed == 0 && out == 0) {
+				bad("waiting: pages=%d computed=%d outputs=%d", pages, r.computed, out)
+			}
+		case StagePrefilling:
+			if !(pages > 0 && r.computed < K) {
+				bad("prefilling: pages=%d computed=%d/%d", pages, r.computed, K)
+			}
+		case StageDecoding:
+			if !(pages > 0 && out >= 1) {
+				bad("decoding: pages=%d outputs=%d", pages, out)
+			}
+		case StagePreempted:
+			if !(pages == 0 && r.computed == 0) {
+				bad("preempted: pages=%d computed=%d outputs=%d", pages, r.computed, out)
+			}
+		default:
+			if !(false) {
+				bad("not a stage of a request without a room")
+			}
+		}
+	}
+
 	switch m.cfg.Role {
 	case RolePrefill:
 		if !(zeroDecode && out == 0) {
@@ -343,6 +376,10 @@ func (m *Machine) legal(r *req) error {
 			}
 		}
 	case RoleDecode:
+		if r.Room.IsZero() {
+			colocated() // a local request
+			break
+		}
 		if !(zeroPrefill) {
 			bad("prefill state on decode")
 		}
@@ -409,34 +446,7 @@ func (m *Machine) legal(r *req) error {
 			}
 		}
 	case RoleColocated:
-		if !(zeroLink && zeroPrefill && zeroDecode) {
-			bad("KV channel state on colocated")
-		}
-		if !(jobs == 0) {
-			bad("page I/O on colocated")
-		}
-		switch r.stage {
-		case StageWaiting:
-			if !(pages == 0 && r.computed == 0 && out == 0) {
-				bad("waiting: pages=%d computed=%d outputs=%d", pages, r.computed, out)
-			}
-		case StagePrefilling:
-			if !(pages > 0 && r.computed < K) {
-				bad("prefilling: pages=%d computed=%d/%d", pages, r.computed, K)
-			}
-		case StageDecoding:
-			if !(pages > 0 && out >= 1) {
-				bad("decoding: pages=%d outputs=%d", pages, out)
-			}
-		case StagePreempted:
-			if !(pages == 0 && r.computed == 0) {
-				bad("preempted: pages=%d computed=%d outputs=%d", pages, r.computed, out)
-			}
-		default:
-			if !(false) {
-				bad("not a colocated stage")
-			}
-		}
+		colocated()
 	}
 	return errors.Join(errs...)
 }

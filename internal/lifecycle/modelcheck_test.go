@@ -123,6 +123,10 @@ type mcBounds struct {
 	// prefixCache turns the prefix cache on in both workers; the second
 	// request then shares the first one's first page.
 	prefixCache bool
+	// local makes the last request a local one: the router sends it to
+	// the decode worker alone, without a room, and decode computes its
+	// prompt itself (per-request disaggregation).
+	local bool
 	// horizon is how long after the start faults, aborts, retries and
 	// drains may happen; after it only time runs (as when settling).
 	horizon time.Duration
@@ -154,6 +158,8 @@ func parseMCBounds(spec string) (mcBounds, error) {
 			b.horizon, err = time.ParseDuration(v)
 		case k == "prefix-cache":
 			b.prefixCache = v == "true"
+		case k == "local":
+			b.local = v == "true"
 		case counts[k] != nil:
 			_, err = fmt.Sscan(v, counts[k])
 		default:
@@ -260,17 +266,30 @@ func mcConfig(role Role, cache bool) Config {
 }
 
 // mcRequests are the checked requests: r1, and r2 whose prompt shares r1's
-// first page (a prefix cache hit when r1's KV is cached).
-func mcRequests(n int) []Request {
+// first page (a prefix cache hit when r1's KV is cached). With local, the
+// last one has no room: it goes to decode alone.
+func mcRequests(n int, local bool) []Request {
 	out := make([]Request, n)
 	for i := range out {
 		ids := []int32{5, 6, int32(7 + i)}
 		rid := fmt.Sprintf("r%d", i+1)
 		r, _ := nameBytes(rid)
+		if local && i == n-1 {
+			r = kvxfer.Room{}
+		}
 		out[i] = Request{RID: rid, Room: r, Gen: 1, InputIDs: ids, MaxTokens: mcMaxTokens,
 			Sampling: model.SamplingParams{TopP: 1}, IgnoreEOS: true}
 	}
 	return out
+}
+
+// legNodes are the workers the router sends request i's legs (and aborts)
+// to: prefill and decode, or decode alone for a local request.
+func (s *mcState) legNodes(i int) []int {
+	if s.reqs[i].Room.IsZero() {
+		return []int{1}
+	}
+	return []int{0, 1}
 }
 
 // legRID is the rid of a request's leg at gen (the router's).
@@ -442,7 +461,7 @@ type mcViolation struct {
 // transcript (s.w.rec) under that header.
 func newMCState(t testing.TB, b *mcBounds, mut mutation, want map[string][]int32, header string) *mcState {
 	w := newWorld(t)
-	s := &mcState{w: w, b: b, want: want, reqs: mcRequests(b.requests), budget: b.budget}
+	s := &mcState{w: w, b: b, want: want, reqs: mcRequests(b.requests, b.local), budget: b.budget}
 	if header != "" {
 		newRecorder(w, header)
 	}
@@ -459,9 +478,11 @@ func newMCState(t testing.TB, b *mcBounds, mut mutation, want map[string][]int32
 	}
 	w.connect()
 	for i, q := range s.reqs {
-		w.nameRoom(q.Room, q.RID)
+		if !q.Room.IsZero() {
+			w.nameRoom(q.Room, q.RID)
+		}
 		s.rq = append(s.rq, mcReq{gen: 1})
-		for k := range s.http {
+		for _, k := range s.legNodes(i) {
 			s.http[k] = append(s.http[k], mcHTTP{req: i, gen: 1})
 		}
 	}
@@ -544,7 +565,9 @@ func (s *mcState) onFinal(n *node, f Finalize) {
 		}
 		if !r.failed {
 			r.failed = true
-			s.http[1-k] = append(s.http[1-k], mcHTTP{req: i, gen: r.gen, abort: true, why: AbortPeerLeg})
+			if !q.Room.IsZero() { // a local request has no other leg
+				s.http[1-k] = append(s.http[1-k], mcHTTP{req: i, gen: r.gen, abort: true, why: AbortPeerLeg})
+			}
 		}
 	}
 }
@@ -782,7 +805,7 @@ func (s *mcState) apply(a mcAction) {
 		s.note("the client of %s aborts: the router aborts both legs", s.reqs[a.i].RID)
 		r := &s.rq[a.i]
 		r.clientAborted = true
-		for k := range s.http {
+		for _, k := range s.legNodes(int(a.i)) {
 			s.http[k] = append(s.http[k], mcHTTP{req: int(a.i), gen: r.gen, abort: true, why: AbortClient})
 		}
 	case actRetry:
@@ -791,7 +814,7 @@ func (s *mcState) apply(a mcAction) {
 		r.gen++
 		s.note("the router retries %s as %s (gen %d)", s.reqs[a.i].RID, legRID(s.reqs[a.i].RID, r.gen), r.gen)
 		r.failed = false
-		for k := range s.http {
+		for _, k := range s.legNodes(int(a.i)) {
 			s.http[k] = append(s.http[k], mcHTTP{req: int(a.i), gen: r.gen})
 		}
 	case actDisconnect:
@@ -1427,7 +1450,7 @@ func (s *mcState) left() string {
 // mcReference is the colocated answer of each request on the checker's
 // page size.
 func mcReference(t testing.TB, b mcBounds) map[string][]int32 {
-	return referenceOn(t, mcConfig(RoleColocated, false), 16, mcRequests(b.requests))
+	return referenceOn(t, mcConfig(RoleColocated, false), 16, mcRequests(b.requests, b.local))
 }
 
 // report replays the violation's path on a fresh world with the recorder

@@ -55,7 +55,7 @@ func (m *Machine) renew() {
 func (m *Machine) peerUp(p kvxfer.PeerID) {
 	m.peersUp[p] = true
 	for _, r := range m.sortedLive() {
-		if r.Peer == p && !r.peerUp && m.cfg.Role == RoleDecode {
+		if r.Peer == p && !r.peerUp && m.cfg.Role == RoleDecode && !r.Room.IsZero() {
 			r.peerUp = true
 			r.lastRenew = m.now
 			m.record(r, "peer %d up", p)
@@ -90,7 +90,7 @@ func (m *Machine) peerLost(p kvxfer.PeerID, err error) {
 	}
 	m.lostPeers[p] = lostPeer{at: m.now, outcome: o, reason: reason}
 	for _, r := range m.sortedLive() {
-		if r.Peer != p {
+		if r.Peer != p || r.Room.IsZero() { // a request without a room has no peer
 			continue
 		}
 		if m.cfg.Role == RolePrefill && !r.opened {

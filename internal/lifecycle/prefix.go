@@ -124,10 +124,11 @@ func (m *Machine) publishPrefill(r *req, from, to int) {
 
 // validTokens is how many of r's tokens (prompt, then output) have their
 // KV complete in r's pages, on decode and colocated workers: none before
-// decode verified the transfer, what prefilling computed, and while
+// decode verified the transfer (a local request has no transfer), what
+// prefilling computed, and while
 // decoding every token but the last output (the next step writes it).
 func (m *Machine) validTokens(r *req) int {
-	if m.cfg.Role == RoleDecode && !r.ackSent {
+	if m.cfg.Role == RoleDecode && !r.ackSent && !r.Room.IsZero() {
 		return 0
 	}
 	switch r.stage {

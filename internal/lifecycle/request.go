@@ -121,6 +121,7 @@ func (q *Request) promptOnly() bool { return q.MaxTokens == 0 }
 //	prefilling     >0    <K       ✓      P     ✓           –         ✓       ≥1      *       0
 //
 //	colocated      pages computed outputs inBatch pins
+//	(and local: a decode request without a room)
 //	waiting        0     0        0       –       0
 //	prefilling     >0    <K       *⁵      *       0
 //	decoding       >0    *        ≥1      *       0

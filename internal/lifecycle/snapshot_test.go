@@ -22,7 +22,7 @@ func snapshotRun(t *testing.T, at func(n *node, now time.Time)) {
 			at(n, w.now)
 		}
 	}
-	for i, q := range mcRequests(2) {
+	for i, q := range mcRequests(2, false) {
 		q.Sampling = model.SamplingParams{TopP: 1}
 		step()
 		w.arrive(P, q)

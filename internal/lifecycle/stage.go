@@ -32,10 +32,11 @@ const (
 	StageNone Stage = iota
 	// StageBootstrap (prefill): waiting for decode's ROOM_OPEN. Holds nothing.
 	StageBootstrap
-	// StageWaiting (prefill, colocated): waiting to be batched. Holds nothing.
+	// StageWaiting (prefill, colocated; decode for a local request, one
+	// without a room): waiting to be batched. Holds nothing.
 	StageWaiting
-	// StagePrefilling (prefill, colocated; decode after a preemption): KV
-	// being computed in chunks (on prefill also before ROOM_OPEN, with
+	// StagePrefilling (prefill, colocated; decode after a preemption or for
+	// a local request): KV being computed in chunks (on prefill also before ROOM_OPEN, with
 	// optimistic prefill). Holds pages.
 	StagePrefilling
 	// StageParked (prefill): KV computed, waiting for decode's ROOM_READY
@@ -80,7 +81,7 @@ func (r Role) Queued() []Stage {
 	case RolePrefill:
 		return []Stage{StageBootstrap, StageWaiting}
 	case RoleDecode:
-		return []Stage{StagePrealloc, StageQueued, StagePreempted}
+		return []Stage{StageWaiting, StagePrealloc, StageQueued, StagePreempted}
 	case RoleColocated:
 		return []Stage{StageWaiting, StagePreempted}
 	}
@@ -93,7 +94,7 @@ func (r Role) Stages() []Stage {
 	case RolePrefill:
 		return []Stage{StageBootstrap, StageWaiting, StagePrefilling, StageParked, StageTransferring}
 	case RoleDecode:
-		return []Stage{StagePrealloc, StageAwaitingKV, StageQueued, StageDecoding, StagePreempted, StagePrefilling}
+		return []Stage{StageWaiting, StagePrealloc, StageAwaitingKV, StageQueued, StageDecoding, StagePreempted, StagePrefilling}
 	case RoleColocated:
 		return []Stage{StageWaiting, StagePrefilling, StageDecoding, StagePreempted}
 	}

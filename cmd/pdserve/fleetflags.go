@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -193,6 +194,7 @@ type pairingFlags struct {
 	legTimeout                  time.Duration
 	maxMigrations               int
 	migrationWait               time.Duration
+	disaggMinPromptTokens       int
 }
 
 func (f *pairingFlags) add(fs *pflag.FlagSet) {
@@ -217,6 +219,7 @@ func (f *pairingFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.legTimeout, "leg-timeout", router.DefaultLegTimeout, "the router's cap on each exchange with a worker; must exceed the workers' --max-request-time (up raises it to that plus a minute)")
 	fs.DurationVar(&f.breakerCooldown, "pair-breaker-cooldown", router.DefaultBreakerCooldown, "how long an open pair is skipped before one request probes it")
 	fs.IntVar(&f.maxMigrations, "max-migrations", router.DefaultMaxMigrations, "how often one request whose output began reaching the client is continued on another pair (or colocated worker) when its worker fails under it — killed, unreachable, shut down, or its drain timed out; the continuation gives exactly the tokens an uninterrupted run would (0: never; the request then fails)")
+	fs.IntVar(&f.disaggMinPromptTokens, "disagg-min-prompt-tokens", 0, "per-request disaggregation: a request whose prompt, less what its decode worker already caches (known with --decode-policy cache_aware), is shorter than this many tokens is served by the decode worker alone, which prefills it itself; the threshold rises by the prompt tokens the least loaded prefill worker has queued, up to "+strconv.Itoa(router.LocalBoostCap)+"x (Dynamo's max_local_prefill_length; 0: always disaggregate)")
 	fs.DurationVar(&f.migrationWait, "migration-wait", router.DefaultMigrationWait, "how long a request being continued waits for a ready worker of a role when none is (the others may be restarting) before it fails (0: no wait)")
 }
 
@@ -239,6 +242,8 @@ func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
 		return usagef("--overload-retry-after must be positive")
 	case f.maxMigrations < 0:
 		return usagef("--max-migrations must not be negative, got %d (0: never)", f.maxMigrations)
+	case f.disaggMinPromptTokens < 0:
+		return usagef("--disagg-min-prompt-tokens must not be negative, got %d (0: always disaggregate)", f.disaggMinPromptTokens)
 	case f.migrationWait < 0:
 		return usagef("--migration-wait must not be negative, got %s (0: no wait)", f.migrationWait)
 	case !(f.cacheAware.Weight > 0) || math.IsInf(f.cacheAware.Weight, 0):
@@ -252,7 +257,7 @@ func (f *pairingFlags) apply(t *cluster.RouterTuning) error {
 	adm := f.adm
 	*t = cluster.RouterTuning{PrefillPolicy: f.prefillPolicy, DecodePolicy: f.decodePolicy, CacheAware: f.cacheAware, LoadInterval: f.loadInterval,
 		LoadStaleness: f.loadStaleness, Admission: &adm, BreakerFailures: f.breakerFailures, BreakerCooldown: f.breakerCooldown, LegTimeout: f.legTimeout,
-		MaxMigrations: f.maxMigrations, MigrationWait: f.migrationWait}
+		MaxMigrations: f.maxMigrations, MigrationWait: f.migrationWait, DisaggMinPromptTokens: f.disaggMinPromptTokens}
 	if f.maxMigrations == 0 {
 		t.MaxMigrations = -1 // router: never
 	}

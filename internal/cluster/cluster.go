@@ -484,6 +484,9 @@ type RouterTuning struct {
 	// MigrationWait bounds a continuation's wait for a ready worker
 	// (router.Config.MigrationWait: 0 the default, negative none).
 	MigrationWait time.Duration
+	// DisaggMinPromptTokens turns on per-request disaggregation
+	// (router.Config.DisaggMinPromptTokens; 0: always disaggregate).
+	DisaggMinPromptTokens int
 }
 
 // WorkerClient returns the HTTP client a router with secret and
@@ -565,7 +568,8 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 		FailureThreshold: o.FailureThreshold, SlowStart: o.SlowStart, UnlistedGrace: o.UnlistedGrace, PrefillPolicy: o.PrefillPolicy, DecodePolicy: o.DecodePolicy,
 		CacheAware: o.CacheAware, LoadInterval: o.LoadInterval, LoadStaleness: o.LoadStaleness, Admission: o.Admission,
 		BreakerFailures: o.BreakerFailures, BreakerCooldown: o.BreakerCooldown, LegTimeout: o.LegTimeout, MaxMigrations: o.MaxMigrations, MigrationWait: o.MigrationWait,
-		Logger: o.Logger, Registerer: reg, Gatherer: reg, Tracer: o.Tracer,
+		DisaggMinPromptTokens: o.DisaggMinPromptTokens,
+		Logger:                o.Logger, Registerer: reg, Gatherer: reg, Tracer: o.Tracer,
 		Guard: func(h http.Handler, answer func(string, int, string)) http.Handler {
 			return guardFrontDoor(h, o.FrontDoor, answer)
 		},

@@ -206,6 +206,11 @@ var (
 		// A retry that supersedes a leg holding pages.
 		{name: "a drain and a retry", requests: 1, horizon: time.Second,
 			budget: mcBudget{drains: 1, retries: 1}, minStates: 60_000, maxStates: 20_000_000},
+		// A local request (decode alone, no room) beside a PD one: they
+		// share decode's pool and prefix cache, and the PD one's peer
+		// traffic must never touch the local one.
+		{name: "a local request beside a PD one", requests: 2, local: true, prefixCache: true, horizon: 2 * time.Second,
+			budget: mcBudget{clientAborts: 1}, minStates: 1_000_000, maxStates: 20_000_000},
 	}
 	// mcRaceBounds: the race detector slows every step about tenfold;
 	// `go test -race ./...` runs one small set and CI runs mcStandard
@@ -217,6 +222,8 @@ var (
 	// mcDeepBounds: by hand (-deep), hours: the faults that make too many
 	// states for CI together, and two requests with faults.
 	mcDeepBounds = []mcBounds{
+		{name: "a local request beside a PD one, a peer loss", requests: 2, local: true, prefixCache: true, horizon: 3 * time.Second,
+			budget: mcBudget{clientAborts: 1, peerLoss: 1}, minStates: 1, maxStates: 1 << 40},
 		{name: "lost frames, a peer loss, a retry", requests: 1, horizon: 6 * time.Second,
 			budget: mcBudget{lose: 2, peerLoss: 1, retries: 1}, minStates: 1, maxStates: 1 << 40},
 		{name: "every fault", requests: 1, horizon: 6 * time.Second,

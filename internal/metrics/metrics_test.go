@@ -189,9 +189,10 @@ func TestRouterExposition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Answered(outcome.OK)
-	m.Answered(outcome.OK)
-	m.Answered(outcome.FailedTransfer)
+	m.Answered(outcome.OK, PathPD)
+	m.Answered(outcome.OK, PathPD)
+	m.Answered(outcome.OK, PathLocal)
+	m.Answered(outcome.FailedTransfer, PathPD)
 	m.LegFailed(workerapi.RoleDecode, outcome.FailedTransfer)
 	m.LegFailed(workerapi.RoleDecode, outcome.FailedTransfer)
 	m.LegFailed(workerapi.RolePrefill, outcome.RejectedInvalid)

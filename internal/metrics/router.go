@@ -11,11 +11,12 @@ import (
 
 // Router is the metrics of a router. Counters:
 //
-//   - pdserve_router_requests_total{outcome}: requests the router answered,
-//     by outcome: ok; the root cause's outcome when a leg failed;
+//   - pdserve_router_requests_total{outcome,path}: requests the router
+//     answered, by outcome: ok; the root cause's outcome when a leg failed;
 //     aborted_client when the client went away; shutdown when the router
 //     stopped; no_worker when no worker or pair could be picked; overloaded
-//     when it shed the request (429).
+//     when it shed the request (429). path is how it was served (PathPD,
+//     PathLocal, PathColocated).
 //   - pdserve_router_leg_failures_total{role,outcome}: failed legs, retried
 //     or not, by the role of the side where the failure happened and its
 //     outcome.
@@ -180,6 +181,11 @@ type RouterConfig struct {
 	Workers map[string]workerapi.Role
 	// Policies names each role's pair policy.
 	Policies map[workerapi.Role]string
+	// Paths are the path labels of pdserve_router_requests_total exposed
+	// (at 0) from the start, with every outcome: the ways this router may
+	// serve a request (nil: PathPD). Another path's series appear when it
+	// is first counted.
+	Paths []string
 	// State is read at every scrape (nil: none of its gauges).
 	State func() RouterState
 }
@@ -276,8 +282,8 @@ func NewRouter(reg prometheus.Registerer, cfg RouterConfig) (*Router, error) {
 	m := &Router{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdserve_router_requests_total",
-			Help: "Requests the router answered, by outcome (ok, or the root cause of a failure).",
-		}, []string{"outcome"}),
+			Help: "Requests the router answered, by outcome (ok, or the root cause of a failure) and path (pd, local, colocated).",
+		}, []string{"outcome", "path"}),
 		legFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdserve_router_leg_failures_total",
 			Help: "Failed legs (retried or not), by the role of the side that failed and the outcome.",
@@ -319,8 +325,14 @@ func NewRouter(reg prometheus.Registerer, cfg RouterConfig) (*Router, error) {
 		ttft: ttft, itl: itl, e2e: e2e, queue: queue,
 		policies: cfg.Policies,
 	}
+	paths := cfg.Paths
+	if len(paths) == 0 {
+		paths = []string{PathPD}
+	}
 	for _, o := range outcome.All() {
-		m.requests.WithLabelValues(o.String())
+		for _, p := range paths {
+			m.requests.WithLabelValues(o.String(), p)
+		}
 		if o.Retryable() {
 			m.retries.WithLabelValues(o.String())
 		}
@@ -358,7 +370,24 @@ func NewRouter(reg prometheus.Registerer, cfg RouterConfig) (*Router, error) {
 }
 
 // Answered counts a request answered with outcome o.
-func (m *Router) Answered(o outcome.Outcome) { m.requests.WithLabelValues(o.String()).Inc() }
+func (m *Router) Answered(o outcome.Outcome, path string) {
+	m.requests.WithLabelValues(o.String(), path).Inc()
+}
+
+// The path label of pdserve_router_requests_total: how the router served a
+// request.
+const (
+	// PathPD: disaggregated, a prefill and a decode worker (a prompt-only
+	// request: a prefill worker alone); also a request answered before it
+	// was placed (shed, no worker) by a router of prefill and decode
+	// workers.
+	PathPD = "pd"
+	// PathLocal: a decode worker alone, which computed the prompt itself
+	// (per-request disaggregation: --disagg-min-prompt-tokens).
+	PathLocal = "local"
+	// PathColocated: a colocated worker (the router's plain mode).
+	PathColocated = "colocated"
+)
 
 // LegFailed counts a leg that failed with o on the side of role.
 func (m *Router) LegFailed(role workerapi.Role, o outcome.Outcome) {

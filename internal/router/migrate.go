@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -283,8 +284,10 @@ type midStream struct {
 	// is counted once, by its parent).
 	fan   *choiceFan
 	quiet bool
-	// outcome is the request's answer, once counted.
+	// outcome is the request's answer, once counted; path is how it is
+	// served (the path label: metrics.PathPD, PathLocal, PathColocated).
 	outcome outcome.Outcome
+	path    string
 }
 
 // answered counts the request's answer with o, unless it is a choice's
@@ -292,7 +295,11 @@ type midStream struct {
 func (m *midStream) answered(r *Router, o outcome.Outcome) {
 	m.outcome = o
 	if !m.quiet {
-		r.metrics.Answered(o)
+		path := m.path
+		if path == "" {
+			path = metrics.PathPD
+		}
+		r.metrics.Answered(o, path)
 	}
 }
 
@@ -408,7 +415,7 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 	}
 	excl := maps.Clone(exclude)
 	if plain {
-		s := &plainStream{r: r, ctx: ctx, g: &gi, req: req, rid: gi.RID, gen: 1, limit: prefillLimit(&gi),
+		s := &plainStream{r: r, ctx: ctx, g: &gi, req: req, role: workerapi.RoleColocated, rid: gi.RID, gen: 1, limit: prefillLimit(&gi),
 			midStream: midStream{cont: cont, quiet: true}, exclude: excl}
 		var w *fleet.Worker
 		if e := r.awaitWorker(ctx, func() (e *openai.Error) {

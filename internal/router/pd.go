@@ -17,6 +17,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
@@ -142,6 +143,9 @@ type pdStream struct {
 	// midStream goes on when a worker fails after output reached the
 	// client (once fan is set, the attempt a is over).
 	midStream
+	// first is the pair the first attempt uses, when it was picked before
+	// the stream was made (per-request disaggregation chose PD).
+	first *pairPick
 }
 
 // maxDrainRetries bounds the extra attempts of a request whose legs were
@@ -194,7 +198,11 @@ func (r *Router) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		if err.Status == http.StatusTooManyRequests {
 			return nil, r.shed(err)
 		}
-		r.metrics.Answered(outcome.NoWorker)
+		path := metrics.PathPD
+		if plain {
+			path = metrics.PathColocated
+		}
+		r.metrics.Answered(outcome.NoWorker, path)
 		if err.Code == "" {
 			err.Code = outcome.NoWorker.String()
 		}
@@ -270,18 +278,51 @@ func (r *Router) Admit() error {
 	return nil
 }
 
+// basePath is the path label of a request answered before it was placed:
+// colocated for a router of colocated workers, else pd.
+func (r *Router) basePath() string {
+	if len(r.cfg.Colocated) > 0 {
+		return metrics.PathColocated
+	}
+	return metrics.PathPD
+}
+
 // shed counts a 429 the router answers with e.
 func (r *Router) shed(e *openai.Error) *openai.Error {
-	r.metrics.Answered(outcome.Overloaded)
+	r.metrics.Answered(outcome.Overloaded, r.basePath())
 	r.metrics.Shed(shedReasonOf(e).String())
 	return e
 }
 
+// pairPick is a pair pickPair chose.
+type pairPick struct {
+	pw, dw *fleet.Worker
+	kv     string
+	probe  bool
+}
+
 func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req PickRequest) (openai.Stream, *openai.Error) {
+	var first *pairPick
+	var local localDecision
+	if r.localOn(g) {
+		// Per-request disaggregation (local.go): the decode worker is
+		// chosen first, then whether it serves the request alone.
+		pw, dw, kv, probe, e := r.pickPair(pickOpts{exclude: exclusions{}, req: &req, local: r.localHook(&req, &local)})
+		if e != nil {
+			return nil, e
+		}
+		if pw == nil {
+			return r.generateLocal(ctx, g, &req, dw, local)
+		}
+		first = &pairPick{pw: pw, dw: dw, kv: kv, probe: probe}
+	}
 	s := &pdStream{r: r, ctx: ctx, g: g, rid: g.RID, room: kvxfer.NewRoom().String(), req: req,
-		exclude: exclusions{}, avoid: map[*fleet.Worker]bool{},
-		midStream: midStream{cont: r.newContinuation(g)}}
+		exclude: exclusions{}, avoid: map[*fleet.Worker]bool{}, first: first,
+		midStream: midStream{cont: r.newContinuation(g), path: metrics.PathPD}}
 	s.live = r.track(g.RID, s.room, len(g.InputIDs))
+	if first != nil && local.threshold > 0 {
+		s.live.event("disaggregated: " + local.String())
+	}
 	if e := s.start(1); e != nil {
 		r.untrack(s.live)
 		return nil, e
@@ -292,8 +333,19 @@ func (r *Router) generatePD(ctx context.Context, g *openai.GenerateRequest, req 
 // start launches attempt gen on a freshly picked pair.
 func (s *pdStream) start(gen uint32) *openai.Error {
 	r, g := s.r, s.g
-	pw, dw, kv, probe, e := r.pickPair(pickOpts{exclude: s.exclude, avoid: s.avoid, req: &s.req, continuing: s.cont.migrations > 0,
-		retry: gen > 1 && s.retryUnshed})
+	var (
+		pw, dw *fleet.Worker
+		kv     string
+		probe  bool
+		e      *openai.Error
+	)
+	if p := s.first; p != nil {
+		s.first = nil
+		pw, dw, kv, probe = p.pw, p.dw, p.kv, p.probe
+	} else {
+		pw, dw, kv, probe, e = r.pickPair(pickOpts{exclude: s.exclude, avoid: s.avoid, req: &s.req, continuing: s.cont.migrations > 0,
+			retry: gen > 1 && s.retryUnshed})
+	}
 	if e != nil {
 		return e
 	}

@@ -11,13 +11,16 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
-// plainStream is one request on one colocated worker (the router's plain
-// mode): the worker's NDJSON stream relayed as an openai.Stream.
+// plainStream is one request on one worker alone: a colocated worker (the
+// router's plain mode), or a decode worker that computes the prompt itself
+// (a local request, per-request disaggregation: local.go). The worker's
+// NDJSON stream is relayed as an openai.Stream.
 //
 // The leg is read on the goroutine that calls Recv (the front end's, which
 // writes to the client): no goroutine and no channel hand-over per line.
@@ -25,10 +28,13 @@ import (
 // down, the router shutting down — cancels the leg's context (legWatch: no
 // goroutine unless it happens), and Recv then answers as for that cause.
 type plainStream struct {
-	r       *Router
-	ctx     context.Context
-	g       *openai.GenerateRequest
-	req     PickRequest
+	r   *Router
+	ctx context.Context
+	g   *openai.GenerateRequest
+	req PickRequest
+	// role is the workers' role: RoleColocated, or RoleDecode for a local
+	// request.
+	role    workerapi.Role
 	w       *fleet.Worker
 	legDone func() // uncounts the leg on the worker
 	rid     string // the current leg's: g.RID, then "-g<gen>" for continuations
@@ -70,8 +76,16 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 	if e != nil {
 		return nil, e
 	}
-	s := &plainStream{r: r, ctx: ctx, g: g, req: *req, rid: g.RID, gen: 1, limit: prefillLimit(g),
-		midStream: midStream{cont: r.newContinuation(g)}, exclude: exclusions{}}
+	return r.generateAlone(ctx, g, req, w, workerapi.RoleColocated, metrics.PathColocated, "sent to a colocated worker")
+}
+
+// generateAlone serves request g on worker w alone (a colocated worker, or
+// a decode worker for a local request: role), counted under path; what
+// says how it was placed (/debug/requests).
+func (r *Router) generateAlone(ctx context.Context, g *openai.GenerateRequest, req *PickRequest, w *fleet.Worker,
+	role workerapi.Role, path, what string) (openai.Stream, *openai.Error) {
+	s := &plainStream{r: r, ctx: ctx, g: g, req: *req, role: role, rid: g.RID, gen: 1, limit: prefillLimit(g),
+		midStream: midStream{cont: r.newContinuation(g), path: path}, exclude: exclusions{}}
 	s.live = r.track(g.RID, "", len(g.InputIDs))
 	if e := s.send(w); e != nil {
 		r.untrack(s.live)
@@ -80,7 +94,7 @@ func (r *Router) generatePlain(ctx context.Context, g *openai.GenerateRequest, r
 		s.legDone()
 		return nil, e
 	}
-	s.live.attempt(1, w.URL(), "sent to a colocated worker")
+	s.live.attempt(1, w.URL(), what)
 	return s, nil
 }
 
@@ -100,7 +114,7 @@ func (s *plainStream) send(w *fleet.Worker) *openai.Error {
 	lctx, cancel := r.withTimeout(legs, r.cfg.LegTimeout)
 	downCtx := w.DownContext()
 	s.w, s.payload, s.lctx, s.cancel, s.down = w, payload, lctx, cancel, downCtx.Done()
-	s.legDone = r.legStarted(w, legTokens(workerapi.RoleColocated, &s.req))
+	s.legDone = r.legStarted(w, legTokens(s.role, &s.req))
 	s.dispatched = r.clock.Now()
 	s.resp, s.br, s.posted = nil, nil, false
 	s.watch = r.watchLeg(s.ctx, downCtx, cancel)
@@ -150,9 +164,9 @@ func (s *plainStream) Recv() (openai.Chunk, error) {
 			return s.Recv()
 		}
 		s.ended = true
-		s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
+		s.r.metrics.LegFailed(s.role, e.Outcome)
 		s.answered(s.r, e.Outcome)
-		failedSpan(s.ctx, spanCause(e, workerapi.RoleColocated), s.live.stageNow())
+		failedSpan(s.ctx, spanCause(e, s.role), s.live.stageNow())
 		if e.Outcome == outcome.Overloaded {
 			s.r.markOverloaded(s.w)
 			s.r.metrics.Shed(ShedWorkerOverloaded.String())
@@ -202,7 +216,7 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 	last, complete := s.cont.ended(s.g, r.cfg.EOS, r.cfg.ContextLen)
 	why := ""
 	if !complete {
-		why = s.cont.refuse(r, workerapi.RoleColocated, o, down, s.ctx)
+		why = s.cont.refuse(r, s.role, o, down, s.ctx)
 	}
 	if !complete && why != "" {
 		if s.cont.on() {
@@ -210,9 +224,9 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 		}
 		return false
 	}
-	r.metrics.LegFailed(workerapi.RoleColocated, o)
-	s.live.event(fmt.Sprintf("colocated leg failed (gen %d): %s", s.gen, e.Message))
-	endSpan(s.span, o, "colocated leg failed: "+e.Message)
+	r.metrics.LegFailed(s.role, o)
+	s.live.event(fmt.Sprintf("%s leg failed (gen %d): %s", s.role, s.gen, e.Message))
+	endSpan(s.span, o, s.role.String()+" leg failed: "+e.Message)
 	s.span = nil
 	// The old leg: its worker ends the request (it may be gone already).
 	s.stopWatching()
@@ -233,9 +247,10 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 		s.live.event("its output was complete: finished at the router")
 		return true
 	}
-	s.cont.migrating(&s.req, s.g, workerapi.RoleColocated, o, r.clock.Now())
+	s.cont.migrating(&s.req, s.g, s.role, o, r.clock.Now())
 	if !s.cont.one {
-		fan, fe := r.fanOut(s.ctx, s.g, &s.cont, true, s.exclude)
+		// A local request's choices go on as PD requests (exact either way).
+		fan, fe := r.fanOut(s.ctx, s.g, &s.cont, s.role == workerapi.RoleColocated, s.exclude)
 		if fe != nil {
 			s.live.event("could not continue on other workers: " + fe.Message)
 			r.log.Warn("request could not be continued", "rid", s.g.RID, "err", fe.Message)
@@ -248,7 +263,11 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 	}
 	var w *fleet.Worker
 	pe := r.awaitWorker(s.ctx, func() (e *openai.Error) {
-		w, e = r.pickPlainExcept(&s.req, s.exclude)
+		if s.role == workerapi.RoleDecode {
+			w, e = r.pickLocalExcept(&s.req, s.exclude)
+		} else {
+			w, e = r.pickPlainExcept(&s.req, s.exclude)
+		}
 		return e
 	})
 	if pe != nil {
@@ -282,7 +301,7 @@ func (s *plainStream) interrupted() (openai.Chunk, error) {
 	}
 	var e *workerapi.Error
 	if closed(s.down) {
-		e = downError(workerapi.RoleColocated)
+		e = downError(s.role)
 		if s.continued(e) {
 			return s.Recv()
 		}
@@ -291,9 +310,9 @@ func (s *plainStream) interrupted() (openai.Chunk, error) {
 		e = malformed("worker stream closed")
 	}
 	s.ended = true
-	s.r.metrics.LegFailed(workerapi.RoleColocated, e.Outcome)
+	s.r.metrics.LegFailed(s.role, e.Outcome)
 	s.answered(s.r, e.Outcome)
-	failedSpan(s.ctx, spanCause(e, workerapi.RoleColocated), s.live.stageNow())
+	failedSpan(s.ctx, spanCause(e, s.role), s.live.stageNow())
 	return openai.Chunk{}, e
 }
 

@@ -65,6 +65,11 @@ type PickRequest struct {
 
 	// hashes memoizes the prompt's page hashes for the cache_aware policy.
 	hashes pageHashes
+	// cached is the prompt tokens the worker last chosen for the request is
+	// believed to hold, as the cache_aware policy saw them before it chose
+	// (0 with another policy): what per-request disaggregation counts as
+	// cached on the decode worker.
+	cached int
 }
 
 // missing returns the first of the request's needs that w does not list,

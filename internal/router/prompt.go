@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/metrics"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
@@ -102,7 +103,7 @@ func (s *promptStream) Recv() (openai.Chunk, error) {
 		case p := <-s.res:
 			if p.err == nil {
 				s.answered, s.ended = true, true
-				s.r.metrics.Answered(outcome.OK)
+				s.r.metrics.Answered(outcome.OK, metrics.PathPD)
 				return openai.Chunk{FinishReason: "length", Done: true, PromptLogprobs: p.res.PromptLogprobs,
 					CachedTokens: p.res.CachedTokens}, nil
 			}
@@ -128,7 +129,7 @@ func (s *promptStream) Recv() (openai.Chunk, error) {
 			}
 		}
 		s.ended = true
-		s.r.metrics.Answered(e.Outcome)
+		s.r.metrics.Answered(e.Outcome, metrics.PathPD)
 		return openai.Chunk{}, e
 	}
 }
@@ -142,7 +143,7 @@ func (s *promptStream) Close() {
 	s.r.untrack(s.live)
 	if !s.ended {
 		s.ended = true
-		s.r.metrics.Answered(outcome.AbortedClient)
+		s.r.metrics.Answered(outcome.AbortedClient, metrics.PathPD)
 		s.r.abortLeg(s.w, s.rid, "", 0, workerapi.AbortClient, "client disconnected", outcome.Cause{}, s.cancel)
 	}
 }

@@ -103,6 +103,13 @@ type Config struct {
 	PrefillPolicy, DecodePolicy string
 	// CacheAware tunes the cache_aware policy (zero fields: its defaults).
 	CacheAware CacheAwareConfig
+	// DisaggMinPromptTokens (--disagg-min-prompt-tokens) turns on
+	// per-request disaggregation: a request whose prompt, less what its
+	// decode worker is believed to hold, is shorter than this many tokens
+	// (raised while prefill is busy: LocalThreshold) is served by its
+	// decode worker alone (local.go). 0 (the default) always
+	// disaggregates; negative is an error.
+	DisaggMinPromptTokens int
 	// LoadInterval is how often every worker's load is polled (default
 	// 100 ms); LoadStaleness how old a report may be before only the
 	// router's own count of its legs is used (default 1 s).
@@ -244,6 +251,9 @@ func New(cfg Config) (*Router, error) {
 	if cfg.ModelName == "" || cfg.ContextLen < 1 {
 		return nil, errors.New("router needs the model name and context length")
 	}
+	if cfg.DisaggMinPromptTokens < 0 {
+		return nil, fmt.Errorf("--disagg-min-prompt-tokens must be 0 (always disaggregate) or positive, got %d", cfg.DisaggMinPromptTokens)
+	}
 	if cfg.HealthInterval <= 0 {
 		cfg.HealthInterval = 2 * time.Second
 	}
@@ -372,8 +382,15 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Tracer != nil {
 		r.tracer = cfg.Tracer.Tracer(tracing.Instrumentation)
 	}
+	paths := []string{metrics.PathPD}
+	switch {
+	case len(cfg.Colocated) > 0:
+		paths = []string{metrics.PathColocated}
+	case cfg.DisaggMinPromptTokens > 0:
+		paths = append(paths, metrics.PathLocal)
+	}
 	if r.metrics, err = metrics.NewRouter(cfg.Registerer, metrics.RouterConfig{ModelName: cfg.ModelName, Roles: roles,
-		Workers: urls, State: r.metricsState, Policies: map[workerapi.Role]string{
+		Workers: urls, State: r.metricsState, Paths: paths, Policies: map[workerapi.Role]string{
 			workerapi.RolePrefill: cfg.PrefillPolicy, workerapi.RoleDecode: cfg.DecodePolicy, workerapi.RoleColocated: cfg.DecodePolicy}}); err != nil {
 		return nil, err
 	}

@@ -400,6 +400,12 @@ func (r *Router) choose(role workerapi.Role, req *PickRequest, cands []Candidate
 	pol := r.policyFor(role)
 	w := cands[pol.Pick(req, cands)].Worker
 	r.metrics.Selected(role, pol.Name(), w.URL())
+	if req != nil {
+		req.cached = 0
+		if ca, ok := pol.(*cacheAware); ok {
+			req.cached = ca.matched(req, w, ca.now().UnixNano(), int64(ca.cfg.TTL))
+		}
+	}
 	if o, ok := pol.(PolicyObserver); ok {
 		o.Chosen(req, w)
 	}
@@ -499,6 +505,11 @@ type pickOpts struct {
 	// admission either — shedding it would turn the fleet's failure into
 	// the client's 429 — but the policy and the breakers as for any pick.
 	retry bool
+	// local, if set, is asked once the decode worker is chosen, with the
+	// prefill workers it may pair with: true serves the request on that
+	// decode worker alone (local.go), and pickPair returns no prefill
+	// worker.
+	local func(dw *fleet.Worker, prefills []Candidate) bool
 }
 
 // pickPair chooses a decode worker, then a prefill worker whose KV
@@ -588,6 +599,9 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 			return p, d, p.KVAddr(), false, nil
 		}
 		dw = r.choose(workerapi.RoleDecode, o.req, usable, o.avoid)
+		if o.local != nil && o.local(dw, partners[dw]) {
+			return nil, dw, "", false, nil
+		}
 		pw = r.choose(workerapi.RolePrefill, o.req, partners[dw], o.avoid)
 		if panicking {
 			return pw, dw, pw.KVAddr(), false, nil

@@ -163,6 +163,8 @@ func (w *Worker) Handler(gatherer prometheus.Gatherer) http.Handler {
 		mux.HandleFunc("POST "+workerapi.PathPrefill, w.handlePrefill)
 	case lifecycle.RoleDecode:
 		mux.HandleFunc("POST "+workerapi.PathDecode, w.handleStream)
+		// A local leg: the whole request, without a room (FeatureLocal).
+		mux.HandleFunc("POST "+workerapi.PathGenerate, w.handleStream)
 	case lifecycle.RoleColocated:
 		mux.HandleFunc("POST "+workerapi.PathGenerate, w.handleStream)
 	}
@@ -229,8 +231,10 @@ func (w *Worker) readBody(rw http.ResponseWriter, r *http.Request, v any, limit 
 }
 
 // request converts a leg body into a machine request; decode legs get their
-// KV connection here.
-func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
+// KV connection here. local is a decode worker's local leg (PathGenerate):
+// the whole request, without a room or a prefill worker, served as on a
+// colocated worker.
+func (w *Worker) request(b *workerapi.GenerateBody, local bool) (lifecycle.Request, error) {
 	if len(b.RID) > workerapi.MaxRIDBytes {
 		return lifecycle.Request{}, openai.BadRequest("rid", "rid is limited to %d bytes", workerapi.MaxRIDBytes)
 	}
@@ -265,8 +269,9 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 			return q, err
 		}
 	}
-	if b.PromptLogprobs != nil && w.role != lifecycle.RoleDecode {
-		// (Both PD legs carry one body; decode does not compute the prompt.)
+	if b.PromptLogprobs != nil && (w.role != lifecycle.RoleDecode || local) {
+		// (Both PD legs carry one body; decode does not compute the
+		// prompt unless the leg is local.)
 		q.ScorePrompt, q.PromptTop = true, *b.PromptLogprobs
 	}
 	if b.TimeoutMS > 0 {
@@ -282,6 +287,12 @@ func (w *Worker) request(b *workerapi.GenerateBody) (lifecycle.Request, error) {
 		if q.MinTokens > 0 && q.MinTokens <= b.MaxTokens {
 			q.MinTokens = 1
 		}
+	}
+	if local {
+		if b.Room != "" || b.PrefillKVAddr != "" {
+			return q, openai.BadRequest("room", "a local leg (%s on a decode worker) has no room and no prefill_kv_addr", workerapi.PathGenerate)
+		}
+		return q, nil
 	}
 	if w.role != lifecycle.RoleColocated && !promptOnly {
 		room, err := kvxfer.ParseRoom(b.Room)
@@ -325,12 +336,13 @@ func (w *Worker) arriveLeg(rw http.ResponseWriter, r *http.Request) (q lifecycle
 		openai.WriteError(rw, err)
 		return lifecycle.Request{}, nil, false, false
 	}
-	q, err := w.request(&b)
+	local := w.role == lifecycle.RoleDecode && r.URL.Path == workerapi.PathGenerate
+	q, err := w.request(&b, local)
 	if err != nil {
 		openai.WriteError(rw, err)
 		return lifecycle.Request{}, nil, false, false
 	}
-	if d := w.cfg.AdmissionDelay; d > 0 && w.role == lifecycle.RoleDecode {
+	if d := w.cfg.AdmissionDelay; d > 0 && w.role == lifecycle.RoleDecode && !local {
 		t := w.clock.NewTimer(d)
 		defer t.Stop()
 		select {
@@ -515,14 +527,16 @@ func (w *Worker) handleInfo(rw http.ResponseWriter, _ *http.Request) {
 // features is what this worker lists in Info: every feature of this build,
 // but priority only when it schedules by priority (--scheduling-policy
 // priority), so that a router never sends a priority to a worker that
-// would ignore it, and constraints only when its model has a tokenizer
-// (a grammar needs the tokens' bytes).
+// would ignore it, constraints only when its model has a tokenizer
+// (a grammar needs the tokens' bytes), and local legs only on a decode
+// worker.
 func (w *Worker) features() []string {
 	var out []string
 	for _, f := range workerapi.Features() {
 		switch {
 		case f == workerapi.FeaturePriority && !w.cfg.Machine.PriorityScheduling:
 		case f == workerapi.FeatureConstraint && w.model.Tokenizer() == nil:
+		case f == workerapi.FeatureLocal && w.role != lifecycle.RoleDecode:
 		default:
 			out = append(out, f)
 		}
@@ -585,8 +599,10 @@ func queuedForCapacity(role lifecycle.Role, stages map[lifecycle.Stage]int, maxR
 	case lifecycle.RolePrefill:
 		return slots(stages[lifecycle.StageWaiting], stages[lifecycle.StagePrefilling])
 	case lifecycle.RoleDecode:
+		// Local requests (no room) wait in waiting for a slot, as queued
+		// ones do.
 		return stages[lifecycle.StagePrealloc] + stages[lifecycle.StagePreempted] +
-			slots(stages[lifecycle.StageQueued], stages[lifecycle.StageDecoding])
+			slots(stages[lifecycle.StageQueued]+stages[lifecycle.StageWaiting], stages[lifecycle.StageDecoding]+stages[lifecycle.StagePrefilling])
 	}
 	return stages[lifecycle.StagePreempted] +
 		slots(stages[lifecycle.StageWaiting], stages[lifecycle.StagePrefilling]+stages[lifecycle.StageDecoding])

@@ -185,7 +185,7 @@ func TestContinuationRefused(t *testing.T) {
 	// before the machine sees it.
 	dw := &Worker{role: lifecycle.RoleDecode}
 	_, err = dw.request(&workerapi.GenerateBody{RID: "d", Room: "00000000000000000000000000000001", InputIDs: []int32{1, 2},
-		MaxTokens: 2, ContinuedTokens: 1, PromptLogprobs: &one, PrefillKVAddr: "p:1"})
+		MaxTokens: 2, ContinuedTokens: 1, PromptLogprobs: &one, PrefillKVAddr: "p:1"}, false)
 	if err == nil || !strings.Contains(err.Error(), "prompt_logprobs must be unset") {
 		t.Fatalf("decode leg with prompt_logprobs: %v", err)
 	}
@@ -195,14 +195,14 @@ func TestContinuationRefused(t *testing.T) {
 	// Prefill draws the leg's first token: min_tokens left bans EOS there.
 	pw := &Worker{role: lifecycle.RolePrefill}
 	q, err := pw.request(&workerapi.GenerateBody{RID: "p", Room: "00000000000000000000000000000001", InputIDs: []int32{1, 2, 3},
-		MaxTokens: 5, MinTokens: 2, ContinuedTokens: 2})
+		MaxTokens: 5, MinTokens: 2, ContinuedTokens: 2}, false)
 	if err != nil || q.Continued != 2 || q.MaxTokens != 1 || q.MinTokens != 1 {
 		t.Fatalf("prefill leg: %+v %v", q, err)
 	}
 	// A prefill leg's max_tokens becomes 1: a continuation with none left
 	// is refused before that, not left to time out waiting for decode.
 	if _, err := pw.request(&workerapi.GenerateBody{RID: "p0", Room: "00000000000000000000000000000001", InputIDs: []int32{1, 2, 3},
-		MaxTokens: 0, ContinuedTokens: 2}); err == nil || !strings.Contains(err.Error(), "max_tokens must be at least 1") {
+		MaxTokens: 0, ContinuedTokens: 2}, false); err == nil || !strings.Contains(err.Error(), "max_tokens must be at least 1") {
 		t.Fatalf("prefill continuation with max_tokens 0: %v", err)
 	}
 }

@@ -338,13 +338,18 @@ const (
 	// FeatureContinue: ContinuedTokens (a leg that continues a request
 	// from output an earlier attempt produced).
 	FeatureContinue = "continue"
+	// FeatureLocal: a decode worker serves [PathGenerate], a whole request
+	// without a room, computing its prompt itself as a colocated worker
+	// does (the router's per-request disaggregation). Listed by decode
+	// workers only.
+	FeatureLocal = "local"
 )
 
 // Features returns the features this build's workers list in Info (a fresh
 // slice).
 func Features() []string {
 	return []string{FeatureMinTokens, FeatureLogprobs, FeatureChoices, FeaturePromptLogprobs, FeatureLogitProcessors,
-		FeaturePriority, FeatureTimeout, FeatureConstraint, FeatureContinue}
+		FeaturePriority, FeatureTimeout, FeatureConstraint, FeatureContinue, FeatureLocal}
 }
 
 // FeaturesOf lists the features a worker must have to serve leg b (nil for

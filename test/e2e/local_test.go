@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/router"
 )
@@ -164,5 +166,87 @@ func TestLocalAbortFreesDecode(t *testing.T) {
 	}
 	if n := finishedOn(t, c.Prefill[0]); n != 0 {
 		t.Errorf("prefill finished %v requests, want 0", n)
+	}
+}
+
+// TestLocalThresholdFollowsPrefillBacklog: a prompt above
+// --disagg-min-prompt-tokens goes local while the prefill worker has a
+// longer prompt to get through first (the threshold rises by that backlog),
+// and is disaggregated again once prefill is idle.
+func TestLocalThresholdFollowsPrefillBacklog(t *testing.T) {
+	t.Parallel()
+	const minTokens = 64
+	// A PD request's prompt stays on prefill (parked) until the gate opens;
+	// its leg, in flight, is prefill's backlog.
+	g, wrap := gated(lifecycle.RoleDecode, kvxfer.TypeRoomReady)
+	c := startPD(t, pdOptions{wrap: wrap, router: cluster.RouterTuning{DisaggMinPromptTokens: minTokens}})
+	backlog := strings.Repeat("b", 300)
+	medium := fmt.Sprintf(`{"prompt":%q,"max_tokens":4,"temperature":0}`, strings.Repeat("m", 100))
+
+	held := make(chan int, 1)
+	go func() {
+		status, _ := postJSON(t, c.URL()+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":4}`, backlog))
+		held <- status
+	}()
+	waitFor(t, 5*time.Second, "a long prompt held on prefill", func() (bool, string) {
+		s := stageOf(c.Prefill[0])
+		return s[lifecycle.StageParked] == 1, fmt.Sprint(s)
+	})
+	// Threshold 64 + min(300, 3 × 64) = 256: the 100-token prompt is local.
+	if status, body := postJSON(t, c.URL()+"/v1/completions", medium); status != http.StatusOK {
+		t.Fatalf("medium prompt behind a busy prefill: %d %s", status, body)
+	}
+	if n := routerRequests(t, c, "ok", "local"); n != 1 {
+		t.Fatalf("medium prompt behind a busy prefill: %v local requests, want 1", n)
+	}
+	g.Open()
+	if status := <-held; status != http.StatusOK {
+		t.Fatalf("the long prompt: %d", status)
+	}
+	// Prefill is idle again: the threshold is back to 64.
+	if status, body := postJSON(t, c.URL()+"/v1/completions", medium); status != http.StatusOK {
+		t.Fatalf("medium prompt, prefill idle: %d %s", status, body)
+	}
+	if l, p := routerRequests(t, c, "ok", "local"), routerRequests(t, c, "ok", "pd"); l != 1 || p != 2 {
+		t.Fatalf("after prefill went idle: local %v, pd %v; want 1 and 2", l, p)
+	}
+}
+
+// TestLocalWhenDecodeCachesThePrompt: with the cache_aware decode policy,
+// a long prompt whose prefix the router already sent to a decode worker is
+// served there alone — only its uncached tail counts, and decode computes
+// only that (its prefix cache answers the rest) — with the answer an
+// always-disaggregated deployment gives.
+func TestLocalWhenDecodeCachesThePrompt(t *testing.T) {
+	t.Parallel()
+	rt := cluster.RouterTuning{DisaggMinPromptTokens: 64, DecodePolicy: router.PolicyCacheAware}
+	local := startPD(t, pdOptions{router: rt})
+	pd := startPD(t, pdOptions{})
+	prefix := strings.Repeat("A shared system prompt, long enough to disaggregate. ", 6) // 318 tokens
+	ask := func(c *cluster.Cluster, prompt string) completion {
+		t.Helper()
+		status, body := postJSON(t, c.URL()+"/v1/completions",
+			fmt.Sprintf(`{"prompt":%q,"max_tokens":8,"temperature":0,"return_token_ids":true}`, prompt))
+		if status != http.StatusOK {
+			t.Fatalf("%d %s", status, body)
+		}
+		return decodeCompletion(t, body)
+	}
+	first := ask(local, prefix+"First question?")
+	if l, p := routerRequests(t, local, "ok", "local"), routerRequests(t, local, "ok", "pd"); l != 0 || p != 1 {
+		t.Fatalf("first long prompt: local %v, pd %v; want 0 and 1", l, p)
+	}
+	if want := ask(pd, prefix+"First question?"); !slices.Equal(first.Choices[0].TokenIDs, want.Choices[0].TokenIDs) {
+		t.Errorf("first: %v, always disaggregated %v", first.Choices[0].TokenIDs, want.Choices[0].TokenIDs)
+	}
+	second := ask(local, prefix+"Second one?")
+	if l := routerRequests(t, local, "ok", "local"); l != 1 {
+		t.Fatalf("the same prefix again: %v local requests, want 1", l)
+	}
+	if cachedTokens(second) < len(prefix)-64 {
+		t.Errorf("the local request took %d prompt tokens from decode's cache, want most of the %d-token prefix", cachedTokens(second), len(prefix))
+	}
+	if want := ask(pd, prefix+"Second one?"); !slices.Equal(second.Choices[0].TokenIDs, want.Choices[0].TokenIDs) {
+		t.Errorf("second: %v, always disaggregated %v", second.Choices[0].TokenIDs, want.Choices[0].TokenIDs)
 	}
 }

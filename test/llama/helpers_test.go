@@ -85,9 +85,15 @@ func startServe(t *testing.T, newModel cluster.ModelFactory, mc lifecycle.Config
 // up`) on newModel.
 func startPD(t *testing.T, newModel cluster.ModelFactory, mc lifecycle.Config) *cluster.Cluster {
 	t.Helper()
+	return startPDWith(t, newModel, mc, cluster.RouterTuning{})
+}
+
+// startPDWith is startPD with the router tuned by rt.
+func startPDWith(t *testing.T, newModel cluster.ModelFactory, mc lifecycle.Config, rt cluster.RouterTuning) *cluster.Cluster {
+	t.Helper()
 	c, err := cluster.Up(context.Background(), cluster.Options{PrefillWorkers: 1, DecodeWorkers: 1,
 		NewModel: newModel, Worker: cluster.WorkerOptions{Machine: mc, KVCacheMemory: 256 << 20},
-		HealthInterval: 100 * time.Millisecond})
+		HealthInterval: 100 * time.Millisecond, Router: cluster.RouterOptions{RouterTuning: rt}})
 	if err != nil {
 		t.Fatal(err)
 	}

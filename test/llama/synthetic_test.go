@@ -110,6 +110,66 @@ func checkPDEqualsColocated(t *testing.T, newModel cluster.ModelFactory, vocab, 
 	comparePD(t, reqs, colocated, pd, maxTokens)
 }
 
+// TestSyntheticSmolLM2Local serves the SmolLM2-shaped checkpoint with
+// per-request disaggregation (--disagg-min-prompt-tokens 24: of the 20
+// prompts of 4 to 43 tokens, sent at once, the shorter are prefilled by the
+// decode worker itself beside the decodes it runs, the longer by the prefill
+// worker unless its backlog raised the threshold) and checks every answer
+// equals the colocated one.
+func TestSyntheticSmolLM2Local(t *testing.T) {
+	t.Parallel()
+	spec := llamatest.SmolLM2135M()
+	maxTokens := 8
+	if raceEnabled {
+		spec.Layers, spec.Vocab, maxTokens = 2, 8192, 4
+	}
+	newModel, _ := factory(t, spec.WriteT(t), llama.Options{Name: "smollm2-shaped"})
+	reqs := mixedRequests(spec.Vocab, maxTokens)
+	mc := machine(32)
+	colocated := completeAll(t, startServe(t, newModel, mc).URL, reqs)
+	c := startPDWith(t, newModel, mc, cluster.RouterTuning{DisaggMinPromptTokens: 24})
+	mixed := completeAll(t, c.URL(), reqs)
+	comparePD(t, reqs, colocated, mixed, maxTokens)
+	short := 0
+	for _, r := range reqs {
+		if len(r.Prompt) < 24 {
+			short++
+		}
+	}
+	if short == 0 || short == len(reqs) {
+		t.Fatalf("%d of %d prompts are short: both paths must be taken", short, len(reqs))
+	}
+	// Sent at once, a long prompt may find prefill busy and go local too
+	// (the threshold rises up to 4 × 24 tokens).
+	if n := routerPath(t, c, "local"); n < float64(short) {
+		t.Errorf("%v requests served locally, want at least the %d short ones", n, short)
+	}
+}
+
+// routerPath is the router's ok answers counted under path.
+func routerPath(t *testing.T, c *cluster.Cluster, path string) float64 {
+	t.Helper()
+	mfs, err := c.Router.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "pdserve_router_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			if have["outcome"] == "ok" && have["path"] == path {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
 // mixedRequests are 20 completion requests of 4 to 43 random tokens of a
 // vocab-token vocabulary, maxTokens each, ignoring EOS: the even ones
 // greedy, the odd ones sampled at temperature 0.9 with their index as seed.

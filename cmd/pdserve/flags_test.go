@@ -131,7 +131,14 @@ func TestPairingFlags(t *testing.T) {
 	if rt, err = parse([]string{"--migration-wait", "0s"}, nil); err != nil || rt.MigrationWait >= 0 {
 		t.Fatalf("--migration-wait 0 must turn the wait off: %v %v", rt.MigrationWait, err)
 	}
+	if rt.DisaggMinPromptTokens != 0 {
+		t.Fatalf("--disagg-min-prompt-tokens default: %d (want 0: always disaggregate)", rt.DisaggMinPromptTokens)
+	}
+	if rt, err = parse(nil, map[string]string{"PDSERVE_DISAGG_MIN_PROMPT_TOKENS": "256"}); err != nil || rt.DisaggMinPromptTokens != 256 {
+		t.Fatalf("PDSERVE_DISAGG_MIN_PROMPT_TOKENS=256: %d %v", rt.DisaggMinPromptTokens, err)
+	}
 	for _, bad := range [][]string{
+		{"--disagg-min-prompt-tokens", "-1"},
 		{"--max-migrations", "-1"},
 		{"--migration-wait", "-1s"},
 		{"--prefill-policy", "random"},

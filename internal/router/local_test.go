@@ -1,7 +1,13 @@
 package router
 
 import (
+	"fmt"
 	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/metrics"
+	"github.com/pdserve/pdserve/internal/workerapi"
 )
 
 // TestLocalDecision: the table of the per-request disaggregation rule —
@@ -58,4 +64,83 @@ func TestLocalThreshold(t *testing.T) {
 			t.Errorf("LocalThreshold(%d, %d) = %d, want %d", c.min, c.backlog, got, c.want)
 		}
 	}
+}
+
+// TestLocalPath: the router with --disagg-min-prompt-tokens 64 in front of
+// fake workers, the prefill worker's load report setting the backlog: each
+// request takes the path the rule gives (a local leg reaches one decode
+// worker, without a room or a prefill address; nothing reaches prefill),
+// counted under its path. While admission refuses every prefill worker, a
+// request short enough still goes local instead of being shed; a decode
+// worker of an older pdserve (no "local" feature) is never sent one.
+func TestLocalPath(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, func(c *Config) { c.DisaggMinPromptTokens = 64 })
+		defer tr.r.Close()
+		p, d := tr.prefill[0], tr.decode[0]
+		send := func(n int) answer {
+			t.Helper()
+			return generateN(t.Context(), tr.r, fmt.Sprintf("r%d", len(legsOf(d))), n)
+		}
+		steps := []struct {
+			name   string
+			load   workerapi.Load // the prefill worker's report
+			prompt int
+			path   string // "" : shed (429)
+		}{
+			{"short, prefill idle", workerapi.Load{}, 40, metrics.PathLocal},
+			{"medium, prefill idle", workerapi.Load{}, 100, metrics.PathPD},
+			{"medium, prefill backlog 500", workerapi.Load{PromptTokens: 500}, 100, metrics.PathLocal},
+			{"long, prefill backlog 500 (cap 256)", workerapi.Load{PromptTokens: 500}, 300, metrics.PathPD},
+			{"medium, prefill saturated", workerapi.Load{PromptTokens: 5000, Queued: 8}, 100, metrics.PathLocal},
+			{"long, prefill saturated", workerapi.Load{PromptTokens: 5000, Queued: 8}, 300, ""},
+		}
+		for _, s := range steps {
+			p.reportLoad(s.load)
+			advance(150 * time.Millisecond) // one load poll
+			pBefore, dBefore := len(legsOf(p)), len(legsOf(d))
+			if err := tr.r.Admit(); err != nil {
+				// The front end's early admission, before the prompt is
+				// read, leaves the decision to Generate while a decode
+				// worker may serve a prompt alone.
+				t.Fatalf("%s: Admit: %v", s.name, err)
+			}
+			a := send(s.prompt)
+			if s.path == "" {
+				isShed(t, a, "prefill_queue")
+				continue
+			}
+			if a.err != nil {
+				t.Fatalf("%s: %+v", s.name, a.err)
+			}
+			dLegs := legsOf(d)
+			if len(dLegs) != dBefore+1 {
+				t.Fatalf("%s: decode received %d legs, want 1", s.name, len(dLegs)-dBefore)
+			}
+			leg := dLegs[len(dLegs)-1]
+			local := len(legsOf(p)) == pBefore
+			if local != (s.path == metrics.PathLocal) || local != (leg.Room == "" && leg.PrefillKVAddr == "") {
+				t.Errorf("%s: prefill got %d legs, decode's leg room %q kv %q; want path %s",
+					s.name, len(legsOf(p))-pBefore, leg.Room, leg.PrefillKVAddr, s.path)
+			}
+		}
+		if l, pd := counter(t, tr.reg, "pdserve_router_requests_total", "outcome", "ok", "path", "local"),
+			counter(t, tr.reg, "pdserve_router_requests_total", "outcome", "ok", "path", "pd"); l != 3 || pd != 2 {
+			t.Errorf("requests ok: local %v, pd %v; want 3 and 2", l, pd)
+		}
+		// A decode worker without the feature takes PD legs only.
+		d.setOld()
+		p.reportLoad(workerapi.Load{})
+		advance(3 * time.Second) // the next health check reads its info
+		pBefore := len(legsOf(p))
+		if a := send(40); a.err != nil || len(legsOf(p)) != pBefore+1 {
+			t.Fatalf("short prompt, decode without the local feature: %+v, prefill legs %d", a.err, len(legsOf(p))-pBefore)
+		}
+	})
+}
+
+// legsOf is the legs w received.
+func legsOf(w *fakeWorker) []workerapi.GenerateBody {
+	legs, _, _ := w.received()
+	return legs
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -238,7 +239,9 @@ func (r *Router) refuse() *openai.Error {
 // the router's own state (refuse) and for load, from the router's view of
 // its workers alone (no worker is asked): a 429 when the workers a request
 // could go to are all saturated — every decode or every prefill worker
-// while a prefill/decode pair is ready, else every colocated worker. What
+// while a prefill/decode pair is ready (every prefill worker only if no
+// decode worker may serve a short prompt alone: per-request
+// disaggregation), else every colocated worker. What
 // it lets through, Generate decides on as before (pair compatibility and
 // breakers included).
 func (r *Router) Admit() error {
@@ -254,6 +257,12 @@ func (r *Router) Admit() error {
 		case readyP == 0 || readyD == 0:
 		case len(decodes) == 0:
 			pdShed = r.shedError(dwhy, "every decode worker is saturated")
+		case len(prefills) == 0 && r.cfg.DisaggMinPromptTokens > 0 && slices.ContainsFunc(decodes, func(c Candidate) bool {
+			return hasFeature(c.Worker, workerapi.FeatureLocal)
+		}):
+			// A short prompt may still be served by a decode worker alone:
+			// Generate decides, with the prompt (pickLocalWhenPrefillSaturated).
+			return nil
 		case len(prefills) == 0:
 			pdShed = r.shedError(pwhy, "every prefill worker is saturated")
 		default:

@@ -542,6 +542,9 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 		case len(decodes) == 0:
 			return nil, nil, "", false, r.shedError(decodeWhy, "every decode worker is saturated")
 		case len(prefills) == 0:
+			if dw := r.pickLocalWhenPrefillSaturated(o, decodes, now); dw != nil {
+				return nil, dw, "", false, nil
+			}
 			return nil, nil, "", false, r.shedError(prefillWhy, "every prefill worker is saturated")
 		}
 		// The prefill workers each decode worker may pair with: in panic
@@ -612,6 +615,37 @@ func (r *Router) pickPair(o pickOpts) (pw, dw *fleet.Worker, kv string, probe bo
 		}
 	}
 	return nil, nil, "", false, noWorker("every KV path between ready workers is being probed (see /debug/pairs)")
+}
+
+// pickLocalWhenPrefillSaturated is pickPair's way out when admission
+// refuses every prefill worker: with per-request disaggregation (o.local),
+// a decode worker that takes local requests is chosen among decodes and
+// asked whether it serves the request alone, the backlog measured over the
+// ready prefill workers (a saturated prefill's backlog is what raises the
+// threshold most). It returns that worker, or nil: the request is shed. (A
+// decode worker chosen and then not used stays in the cache_aware record:
+// an estimate off by one request's prompt.)
+func (r *Router) pickLocalWhenPrefillSaturated(o pickOpts, decodes []Candidate, now time.Time) *fleet.Worker {
+	if o.local == nil || o.req == nil || o.check || o.continuing {
+		return nil
+	}
+	var locals []Candidate
+	for _, c := range decodes {
+		if hasFeature(c.Worker, workerapi.FeatureLocal) {
+			locals = append(locals, c)
+		}
+	}
+	if len(locals) == 0 {
+		return nil
+	}
+	prefills, _, _ := r.candidates(workerapi.RolePrefill, now, false, func(p *fleet.Worker) bool {
+		return o.exclude.has(p) || p.KVAddr() == "" || o.req.unfit(p)
+	})
+	dw := r.choose(workerapi.RoleDecode, o.req, locals, o.avoid)
+	if !o.local(dw, prefills) {
+		return nil
+	}
+	return dw
 }
 
 // whyNone says why the workers of role do not take requests, for the

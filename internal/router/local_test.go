@@ -1,7 +1,9 @@
 package router
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -131,7 +133,13 @@ func TestLocalPath(t *testing.T) {
 		// A decode worker without the feature takes PD legs only.
 		d.setOld()
 		p.reportLoad(workerapi.Load{})
-		advance(3 * time.Second) // the next health check reads its info
+		dw := tr.r.set.Workers(workerapi.RoleDecode.String())[0]
+		for i := 0; hasFeature(dw, workerapi.FeatureLocal); i++ {
+			if i == 10 {
+				t.Fatal("the decode worker's info still lists the local feature after 10 s of health checks")
+			}
+			advance(time.Second) // a health check reads its info
+		}
 		pBefore := len(legsOf(p))
 		if a := send(40); a.err != nil || len(legsOf(p)) != pBefore+1 {
 			t.Fatalf("short prompt, decode without the local feature: %+v, prefill legs %d", a.err, len(legsOf(p))-pBefore)
@@ -143,4 +151,57 @@ func TestLocalPath(t *testing.T) {
 func legsOf(w *fakeWorker) []workerapi.GenerateBody {
 	legs, _, _ := w.received()
 	return legs
+}
+
+// TestLocalContinuedOnAnotherDecode: a local request whose decode worker
+// breaks off its stream after 2 tokens reached the client is continued,
+// locally again, on the other decode worker (the prompt and those tokens
+// as input, continued_tokens 2, no room); the client gets the
+// uninterrupted output and the prefill worker sees nothing.
+func TestLocalContinuedOnAnotherDecode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, func(c *Config) { c.DisaggMinPromptTokens = 64 })
+		defer tr.r.Close()
+		for _, d := range tr.decode {
+			// A local leg carries no gen: the continuation is told by its
+			// continued tokens.
+			d.setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
+				if b.ContinuedTokens == 0 {
+					scripted(2)(ctx, b, ab, w)
+					return
+				}
+				scripted(-1)(ctx, b, ab, w)
+			})
+		}
+		a := generateReq(t.Context(), tr.r, migrationRequest("rid"))
+		if a.err != nil || a.finish != "length" || !slices.Equal(a.tokens, uninterrupted(6)) {
+			t.Fatalf("got %+v, want the uninterrupted %v", a, uninterrupted(6))
+		}
+		if legs := legsOf(tr.prefill[0]); len(legs) != 0 {
+			t.Fatalf("prefill received %d legs", len(legs))
+		}
+		var cont []workerapi.GenerateBody
+		for _, d := range tr.decode {
+			if n := len(legsOf(d)); n != 1 {
+				t.Errorf("%s got %d legs, want 1: the continuation goes to the other decode worker", d.host, n)
+			}
+			for _, l := range legsOf(d) {
+				if l.Room != "" || l.PrefillKVAddr != "" {
+					t.Errorf("%s: leg %s with room %q, kv %q: not local", d.host, l.RID, l.Room, l.PrefillKVAddr)
+				}
+				if l.ContinuedTokens > 0 {
+					cont = append(cont, l)
+				}
+			}
+		}
+		if len(cont) != 1 || cont[0].ContinuedTokens != 2 || !slices.Equal(cont[0].InputIDs, []int32{1, 2, 3, 100, 101}) || cont[0].RID != "rid-g2" {
+			t.Fatalf("continuations %+v", cont)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_requests_total", "outcome", "ok", "path", "local"); n != 1 {
+			t.Errorf("requests ok on the local path: %v, want 1", n)
+		}
+		if n := counter(t, tr.reg, "pdserve_router_migrations_total", "cause", "worker_stream_broken"); n != 1 {
+			t.Errorf("migrations %v, want 1", n)
+		}
+	})
 }

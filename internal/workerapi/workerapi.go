@@ -108,7 +108,9 @@ func (r *Role) UnmarshalText(b []byte) error {
 // that is absent or 0 means 1, applied once, when the body is decoded.
 type GenerateBody struct {
 	RID string `json:"rid"`
-	// Room (32 hex digits) and Gen identify the KV rendezvous (PD legs only).
+	// Room (32 hex digits) and Gen identify the KV rendezvous (PD legs
+	// only: a colocated leg and a decode worker's local leg, on
+	// PathGenerate, have none).
 	Room      string  `json:"room,omitempty"`
 	Gen       uint32  `json:"gen,omitempty"`
 	InputIDs  []int32 `json:"input_ids"`
@@ -119,7 +121,8 @@ type GenerateBody struct {
 	// MinTokens is vLLM's min_tokens: EOS and the stop tokens are not
 	// drawn before that many output tokens (0 ≤ MinTokens ≤ MaxTokens).
 	MinTokens int `json:"min_tokens,omitempty"`
-	// PrefillKVAddr is the prefill worker's KV channel address (decode leg).
+	// PrefillKVAddr is the prefill worker's KV channel address (decode leg;
+	// none on a local leg).
 	PrefillKVAddr string `json:"prefill_kv_addr,omitempty"`
 	// Buffered asks a decode or colocated leg to send its tokens in one line
 	// at the end rather than as they come (the caller reads them only then).

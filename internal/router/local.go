@@ -29,10 +29,12 @@ import (
 // prompt is shorter than the wait; the cap bounds what a local prefill
 // may cost the decode worker's running sequences (their next tokens wait
 // for its chunks), so the threshold never exceeds LocalBoostCap × N.
-// Dynamo's disaggregated router makes the same choice with its
-// max_local_prefill_length (a prompt at most that long is prefilled on the
-// decode worker) and, optionally, prefill's queue size; llm-d's
-// pd-profile-handler decides by the uncached prompt length the same way.
+// Dynamo's conditional disaggregation makes the same choice with its
+// max_local_prefill_length (an uncached prompt at most that long is
+// prefilled on the decode worker) and sends every prompt local while
+// prefill's queue holds max_prefill_queue_size requests; here the backlog
+// raises the threshold instead, capped, so long prompts still go to
+// prefill. llm-d's pd-profile-handler has a threshold in prompt tokens.
 //
 // The tokens the decode worker holds are known only to the cache_aware
 // decode policy (its record of the prompts the router sent to the worker,

@@ -19,6 +19,11 @@ type Inputs struct {
 	// length and max_tokens.
 	MeanPromptTokens float64 `json:"mean_prompt_tokens"`
 	MeanOutputTokens float64 `json:"mean_output_tokens"`
+	// LocalRate is the arrivals per second a decode worker served alone
+	// (per-request disaggregation), MeanLocalPromptTokens their mean
+	// prompt: no prefill worker computes those.
+	LocalRate             float64 `json:"local_rate,omitempty"`
+	MeanLocalPromptTokens float64 `json:"mean_local_prompt_tokens,omitempty"`
 	// PrefillTokensPerBusySecond is one prefill worker's measured prompt
 	// throughput while it computes: the prompt tokens its forwards computed
 	// over their time (or, for workers that do not report them, the prompt
@@ -153,15 +158,27 @@ func Estimate(in Inputs, slo SLOs) (Need, bool) {
 		nd.PrefillWhy, ok = "prefill throughput not measured yet", false
 	default:
 		μ := in.PrefillTokensPerBusySecond
-		s := in.MeanPromptTokens / μ
+		// The requests prefill serves: the arrivals less those a decode
+		// worker served alone.
+		λp, p := λ, in.MeanPromptTokens
+		if in.LocalRate > 0 && in.LocalRate < λ {
+			λp = λ - in.LocalRate
+			p = (λ*in.MeanPromptTokens - in.LocalRate*in.MeanLocalPromptTokens) / λp
+		} else if in.LocalRate >= λ {
+			λp, p = 0, 0
+		}
+		s := p / μ
 		target := slo.TTFT.Seconds() * slo.Margin
 		ρ := 0.95
 		if target > 0 {
 			ρ = math.Max(0.05, math.Min(0.95, 1-s/target))
 		}
-		nd.Prefill = λ * in.MeanPromptTokens / (μ * ρ)
+		nd.Prefill = λp * p / (μ * ρ)
 		nd.PrefillWhy = fmt.Sprintf("%.2f req/s × %.0f prompt tokens / (%.0f tokens/s per worker × utilization %.2f) = %.2f",
-			λ, in.MeanPromptTokens, μ, ρ, nd.Prefill)
+			λp, p, μ, ρ, nd.Prefill)
+		if in.LocalRate > 0 {
+			nd.PrefillWhy += fmt.Sprintf(" (%.2f req/s served by decode alone left out)", in.LocalRate)
+		}
 		if target > 0 && s >= target {
 			nd.PrefillWhy += fmt.Sprintf(" (one mean prompt alone takes %.0f ms, over the TTFT target %.0f ms: no split meets it)",
 				s*1000, target*1000)

@@ -413,6 +413,10 @@ func (p *Planner) inputsLocked(snap snapshot, fleet []WorkerLoad) Inputs {
 		in.MeanPromptTokens = float64(c.promptTokens-o.promptTokens) / float64(n)
 		in.MeanOutputTokens = float64(c.outputTokens-o.outputTokens) / float64(n)
 	}
+	if n := c.local - o.local; n > 0 {
+		in.LocalRate = float64(n) / span.Seconds()
+		in.MeanLocalPromptTokens = float64(c.localPrompt-o.localPrompt) / float64(n)
+	}
 	in.Finished = c.finished - o.finished
 	in.WithinSLOs = 1
 	if in.Finished > 0 {

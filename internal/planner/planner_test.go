@@ -81,6 +81,14 @@ func TestEstimate(t *testing.T) {
 	if nd, _ = Estimate(in, slo); !strings.Contains(nd.PrefillWhy, "no split meets it") || !near(nd.Prefill, 2*9000/(10000*0.05), 1e-9) {
 		t.Errorf("unreachable TTFT: %v (%s)", nd.Prefill, nd.PrefillWhy)
 	}
+	// Half the arrivals served by decode alone, with 200-token prompts:
+	// prefill sees 1 req/s of (2·1000 − 1·200)/1 = 1,800 tokens; S = 0.18 s,
+	// ρmax = 1 − 0.18/0.8 = 0.775; need = 1800/(10000·0.775) = 0.23226.
+	local := Inputs{ArrivalRate: 2, MeanPromptTokens: 1000, MeanOutputTokens: 100, LocalRate: 1, MeanLocalPromptTokens: 200,
+		PrefillTokensPerBusySecond: 10000, DecodeFit: Fit{Intercept: 0.005, Slope: 1e-7, Samples: 10}}
+	if nd, _ := Estimate(local, slo); !near(nd.Prefill, 0.23226, 1e-4) || !strings.Contains(nd.PrefillWhy, "decode alone") {
+		t.Errorf("prefill need with local requests %v (%s)", nd.Prefill, nd.PrefillWhy)
+	}
 	for _, c := range []struct {
 		name string
 		in   Inputs

@@ -28,10 +28,13 @@ type Recorder struct {
 type counters struct {
 	arrivals     int64
 	promptTokens int64
-	outputTokens int64 // max_tokens asked for
-	finished     int64 // requests that got a first token and ended
-	withinSLOs   int64 // of those, TTFT and TPOT within both SLOs
-	ttft, tpot   histogram
+	// local and localPrompt count the arrivals a decode worker served
+	// alone (per-request disaggregation) and their prompt tokens.
+	local, localPrompt int64
+	outputTokens       int64 // max_tokens asked for
+	finished           int64 // requests that got a first token and ended
+	withinSLOs         int64 // of those, TTFT and TPOT within both SLOs
+	ttft, tpot         histogram
 	// ttftOK and tpotOK count the requests within each SLO (tpot: of those
 	// with more than one token).
 	ttftOK, tpotOK   int64
@@ -64,6 +67,15 @@ func (r *Recorder) Arrived(promptTokens, maxTokens int) {
 	r.cum.arrivals++
 	r.cum.promptTokens += int64(promptTokens)
 	r.cum.outputTokens += int64(maxTokens)
+}
+
+// ServedLocally records that an arrival's prompt is computed by its decode
+// worker (per-request disaggregation): no prefill worker serves it.
+func (r *Recorder) ServedLocally(promptTokens int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cum.local++
+	r.cum.localPrompt += int64(promptTokens)
 }
 
 // Finished records a request that got its first token and ended: its time

@@ -135,6 +135,9 @@ func (r *Router) generateLocal(ctx context.Context, g *openai.GenerateRequest, r
 	d localDecision) (openai.Stream, *openai.Error) {
 	r.log.Debug("serving request locally on a decode worker", "rid", g.RID, "decode", w.URL(), "uncached", d.uncached,
 		"threshold", d.threshold, "prefill_backlog", d.backlog)
+	if r.cfg.Recorder != nil {
+		r.cfg.Recorder.ServedLocally(len(g.InputIDs))
+	}
 	return r.generateAlone(ctx, g, req, w, workerapi.RoleDecode, metrics.PathLocal,
 		"served locally on a decode worker: "+d.String())
 }

@@ -4,6 +4,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -390,4 +391,27 @@ func debugCounters(t *testing.T, c *cluster.Cluster) string {
 		}
 	}
 	return b.String()
+}
+
+// longStream starts a streamed 1,500-token completion at url under ctx
+// and returns once its first five events arrived, the stream still open.
+func longStream(t *testing.T, ctx context.Context, url string) *http.Response {
+	t.Helper()
+	body := `{"prompt":"a long story","max_tokens":1500,"ignore_eos":true,"stream":true}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	events := 0
+	for sc.Scan() && events < 5 {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			events++
+		}
+	}
+	if events < 5 {
+		t.Fatalf("stream ended early: %v", sc.Err())
+	}
+	return resp
 }

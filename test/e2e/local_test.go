@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
@@ -125,22 +124,7 @@ func TestLocalAbortFreesDecode(t *testing.T) {
 		router: cluster.RouterTuning{DisaggMinPromptTokens: 64}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	body := `{"prompt":"a long story","max_tokens":1500,"ignore_eos":true,"stream":true}`
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(body))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	events := 0
-	for sc.Scan() && events < 5 {
-		if strings.HasPrefix(sc.Text(), "data: ") {
-			events++
-		}
-	}
-	if events < 5 {
-		t.Fatalf("stream ended early: %v", sc.Err())
-	}
+	resp := longStream(t, ctx, c.URL())
 	// While it streams, the router lists it on the decode worker alone.
 	live := c.Router.Router.Requests()
 	if len(live) != 1 {

@@ -341,22 +341,7 @@ func TestClientDisconnectAbortsBothLegs(t *testing.T) {
 	t.Parallel()
 	c := startPD(t, pdOptions{sim: sim.Config{DecodePerStep: 5 * time.Millisecond}})
 	ctx, cancel := context.WithCancel(context.Background())
-	body := `{"prompt":"a long story","max_tokens":1500,"ignore_eos":true,"stream":true}`
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL()+"/v1/completions", strings.NewReader(body))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	events := 0
-	for sc.Scan() && events < 5 {
-		if strings.HasPrefix(sc.Text(), "data: ") {
-			events++
-		}
-	}
-	if events < 5 {
-		t.Fatalf("stream ended early: %v", sc.Err())
-	}
+	resp := longStream(t, ctx, c.URL())
 	cancel()
 	resp.Body.Close()
 	d := c.Decode[0].Worker

@@ -624,7 +624,14 @@ func StartRouter(o RouterOptions) (*RouterServer, error) {
 // Drain makes the router refuse new requests (503 with Retry-After) and
 // waits until every request in flight has been answered, or ctx ends (it
 // returns ctx.Err()). Shutdown must follow.
-func (s *RouterServer) Drain(ctx context.Context) error { return s.Router.Drain(ctx) }
+func (s *RouterServer) Drain(ctx context.Context) error {
+	if s.stopPlanner != nil {
+		// A draining fleet makes no more changes; a flip under way stops
+		// before it removes or starts a worker.
+		s.stopPlanner()
+	}
+	return s.Router.Drain(ctx)
+}
 
 // Shutdown answers every request in flight with a 503 (aborting its legs),
 // stops accepting requests, and stops the router's background work.
@@ -713,6 +720,8 @@ type Cluster struct {
 	log        *slog.Logger
 	// flipping holds the workers a flip under way took.
 	flipping map[*WorkerServer]bool
+	// startMu serializes the flips' calls of start.
+	startMu sync.Mutex
 }
 
 // NewSecret returns a fresh internal secret: 32 random bytes as 64 hex

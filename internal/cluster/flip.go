@@ -129,6 +129,11 @@ func (c *Cluster) Flip(ctx context.Context, from, to lifecycle.Role, drainTimeou
 	dctx, cancel := context.WithTimeout(ctx, drainTimeout)
 	derr := victim.Drain(dctx)
 	cancel()
+	if ctx.Err() != nil {
+		// The fleet is stopping (its planner was cancelled): the victim
+		// stays drained, and nothing new starts.
+		return fmt.Errorf("flip: %w", ctx.Err())
+	}
 	if derr != nil {
 		log.Warn("planner: the flipped worker did not drain in time; the router continues what it held", "worker", victim.URL, "err", derr)
 	}
@@ -145,8 +150,14 @@ func (c *Cluster) Flip(ctx context.Context, from, to lifecycle.Role, drainTimeou
 	if serr != nil {
 		log.Warn("planner: the flipped worker's shutdown", "worker", victim.URL, "err", serr)
 	}
-	// 4. Back in the other role.
+	// 4. Back in the other role (one start at a time: the start function
+	// numbers the workers it starts).
+	if ctx.Err() != nil {
+		return fmt.Errorf("flip: %w", ctx.Err())
+	}
+	c.startMu.Lock()
 	nw, err := c.start(to, i)
+	c.startMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("flip: start a %s worker: %w", to, err)
 	}

@@ -346,6 +346,10 @@ func TestPlannerFlags(t *testing.T) {
 		{"--planner", "--planner-window", "1s", "--planner-interval", "5s"},
 		{"--planner", "--planner-min-prefill", "3", "--planner-max-prefill", "2"},
 		{"flips", "--planner", "--planner-max-step", "-1"},
+		{"flips", "--planner", "--planner-flip-drain-timeout", "0s"},
+		{"--planner", "--planner-max-prefill", "0"},
+		{"--planner", "--planner-max-decode", "-3"},
+		{"--planner", "--planner-min-decode", "0"},
 	} {
 		flips := bad[0] == "flips"
 		if flips {

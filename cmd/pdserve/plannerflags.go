@@ -25,6 +25,7 @@ type plannerFlags struct {
 	minP, maxP, minD, maxD int
 	maxStep                int
 	flipDrain              time.Duration
+	flips                  bool // `pdserve up`: the flip flags are registered
 	// scaler names the router's actuator (--planner-scaler); prefillDep
 	// and decodeDep the Deployments it scales on Kubernetes.
 	scaler                string
@@ -44,6 +45,9 @@ func (f *plannerFlags) add(fs *pflag.FlagSet, flips bool) {
 	fs.DurationVar(&f.interval, "planner-interval", planner.DefaultInterval, "planner: time between decisions")
 	fs.DurationVar(&f.window, "planner-window", planner.DefaultWindow, "planner: the span arrival rates, lengths and throughputs are measured over")
 	fs.DurationVar(&f.dwell, "planner-dwell", planner.DefaultDwell, "planner: how long a change must be called for before it is made, and the least time between two changes")
+	f.flips = flips
+	// `up` flips a fixed fleet: the bounds are the router's, for a scaler.
+	f.minP, f.maxP, f.minD, f.maxD = 1, 64, 1, 64
 	if flips {
 		fs.IntVar(&f.maxStep, "planner-max-step", 0, "planner: the most workers one change flips (0: as many as the best split takes, together)")
 		fs.DurationVar(&f.flipDrain, "planner-flip-drain-timeout", time.Minute, "planner: how long a flipped worker may take to finish its requests (what is left is continued on other workers)")
@@ -110,8 +114,11 @@ func (f *plannerFlags) config() (*planner.Config, error) {
 	if f.maxStep < 0 {
 		return nil, usagef("--planner-max-step must not be negative, got %d", f.maxStep)
 	}
-	if f.minP < 0 || f.minD < 0 || (f.maxP > 0 && f.maxP < f.minP) || (f.maxD > 0 && f.maxD < f.minD) {
-		return nil, usagef("planner bounds: need 0 ≤ --planner-min-X ≤ --planner-max-X, got prefill %d..%d, decode %d..%d", f.minP, f.maxP, f.minD, f.maxD)
+	if f.minP < 1 || f.minD < 1 || f.maxP < f.minP || f.maxD < f.minD {
+		return nil, usagef("planner bounds: need 1 ≤ --planner-min-X ≤ --planner-max-X, got prefill %d..%d, decode %d..%d", f.minP, f.maxP, f.minD, f.maxD)
+	}
+	if f.flipDrain < 0 || (f.flips && f.flipDrain == 0) {
+		return nil, usagef("--planner-flip-drain-timeout must be positive, got %s", f.flipDrain)
 	}
 	return &planner.Config{SLOs: planner.SLOs{TTFT: f.ttft, ITL: f.itl}, Interval: f.interval, Window: f.window, Dwell: f.dwell,
 		MinPrefill: f.minP, MaxPrefill: f.maxP, MinDecode: f.minD, MaxDecode: f.maxD, MaxStep: f.maxStep}, nil

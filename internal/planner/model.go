@@ -42,6 +42,9 @@ type Inputs struct {
 	// smallest reported), DecodeMaxRunning its batch limit (0: unknown).
 	DecodeKVTokens   int `json:"decode_kv_tokens"`
 	DecodeMaxRunning int `json:"decode_max_running"`
+	// DecodeKVHeld is the KV tokens the decode workers taking requests
+	// hold now, by their last load reports.
+	DecodeKVHeld int `json:"decode_kv_held"`
 	// TTFTp90 and ITLp90 are the 90th percentiles of the time to first
 	// token and of the mean inter-token latency (TPOT) of the requests that
 	// ended in the window; Finished counts them, WithinSLOs is the fraction
@@ -145,28 +148,35 @@ func fitDecode(samples []decodeSample) (Fit, bool) {
 // the fleet holds K = λ·(P̄+Ō/2)·Ō·ITL tokens (Little's law) and each worker
 // may hold as many as keep its ITL at the SLO·margin by the fitted line,
 // capped by its KV pool (90 %) and its batch limit (then ITL is the line's
-// at the cap): N = K / Kmax.
+// at the cap): N = K / Kmax, K at least what the decode workers report
+// holding now (requests that arrived before the window). A role with
+// nothing to do (no prompt tokens for prefill; nothing arriving or held
+// for decode) needs 0 workers.
 func Estimate(in Inputs, slo SLOs) (Need, bool) {
 	var nd Need
 	ok := true
-	λ := in.ArrivalRate
+	λ := max(in.ArrivalRate, 0)
+	// The requests prefill serves: the arrivals less those a decode worker
+	// served alone.
+	λp, p := λ, in.MeanPromptTokens
+	if in.LocalRate > 0 && in.LocalRate < λ {
+		λp = λ - in.LocalRate
+		p = (λ*in.MeanPromptTokens - in.LocalRate*in.MeanLocalPromptTokens) / λp
+	} else if in.LocalRate >= λ {
+		λp, p = 0, 0
+	}
 	switch {
-	case λ <= 0:
-		nd.PrefillWhy, nd.DecodeWhy = "no arrivals in the window", "no arrivals in the window"
-		return nd, false
+	case λp*p <= 0:
+		// Nothing for prefill to compute: no worker needed, whatever its
+		// throughput (it may never have been measured).
+		nd.PrefillWhy = "no prompt tokens for prefill in the window"
+		if in.LocalRate > 0 {
+			nd.PrefillWhy += fmt.Sprintf(" (%.2f req/s served by decode alone)", in.LocalRate)
+		}
 	case in.PrefillTokensPerBusySecond <= 0:
 		nd.PrefillWhy, ok = "prefill throughput not measured yet", false
 	default:
 		μ := in.PrefillTokensPerBusySecond
-		// The requests prefill serves: the arrivals less those a decode
-		// worker served alone.
-		λp, p := λ, in.MeanPromptTokens
-		if in.LocalRate > 0 && in.LocalRate < λ {
-			λp = λ - in.LocalRate
-			p = (λ*in.MeanPromptTokens - in.LocalRate*in.MeanLocalPromptTokens) / λp
-		} else if in.LocalRate >= λ {
-			λp, p = 0, 0
-		}
 		s := p / μ
 		target := slo.TTFT.Seconds() * slo.Margin
 		ρ := 0.95
@@ -187,6 +197,8 @@ func Estimate(in Inputs, slo SLOs) (Need, bool) {
 	f := in.DecodeFit
 	itl := slo.ITL.Seconds() * slo.Margin
 	switch {
+	case λ == 0 && in.DecodeKVHeld == 0:
+		nd.DecodeWhy = "nothing arriving or held"
 	case f.Slope <= 0:
 		nd.DecodeWhy, ok = "decode step time not measured yet", false
 	case itl <= 0:
@@ -198,7 +210,7 @@ func Estimate(in Inputs, slo SLOs) (Need, bool) {
 		if c := 0.9 * float64(in.DecodeKVTokens); c > 0 && c < kmax {
 			kmax, capped = c, " (its KV pool)"
 		}
-		if in.DecodeMaxRunning > 0 {
+		if in.DecodeMaxRunning > 0 && perReq > 0 {
 			if c := float64(in.DecodeMaxRunning) * perReq; c < kmax {
 				kmax, capped = c, " (its batch limit)"
 			}
@@ -212,9 +224,16 @@ func Estimate(in Inputs, slo SLOs) (Need, bool) {
 		// than the target: a request then stays Ō steps of that time.
 		step := min(itl, f.Intercept+f.Slope*kmax)
 		held := λ * perReq * in.MeanOutputTokens * step
+		nd.DecodeWhy = fmt.Sprintf("%.2f req/s × %.0f KV tokens × %.0f output tokens × %.1f ms = %.0f tokens held",
+			λ, perReq, in.MeanOutputTokens, step*1000, held)
+		if k := float64(in.DecodeKVHeld); k > held {
+			// Requests that arrived before the window still hold their KV:
+			// the workers' reports are a floor.
+			held = k
+			nd.DecodeWhy = fmt.Sprintf("%.0f tokens held now (the decode workers' reports; the window's arrivals alone: less)", k)
+		}
 		nd.Decode = held / kmax
-		nd.DecodeWhy = fmt.Sprintf("%.2f req/s × %.0f KV tokens × %.0f output tokens × %.1f ms = %.0f tokens held / %.0f per worker%s = %.2f",
-			λ, perReq, in.MeanOutputTokens, step*1000, held, kmax, capped, nd.Decode)
+		nd.DecodeWhy += fmt.Sprintf(" / %.0f per worker%s = %.2f", kmax, capped, nd.Decode)
 	}
 	return nd, ok
 }

@@ -154,6 +154,9 @@ type Planner struct {
 	samples []decodeSample // the last maxSamples decode samples
 	pending pendingChange
 	lastAct time.Time
+	// lastPrefillRate is the last prefill throughput measured (tokens
+	// per busy second), for a window with no prefill work.
+	lastPrefillRate float64
 	// target is the counts last decided (published as desired replicas).
 	target [2]int
 	// askedAt is when the change an elastic actuator last made without
@@ -172,6 +175,9 @@ type pendingChange struct {
 }
 
 const (
+	// lightLoad is the load ratio below which a fixed fleet is not
+	// re-split: every role has room, and a flip drains a worker.
+	lightLoad  = 0.5
 	maxSamples = 240
 	maxActed   = 20
 	// minGaps is the fewest inter-token gaps a decode sample averages.
@@ -371,6 +377,7 @@ func (p *Planner) inputsLocked(snap snapshot, fleet []WorkerLoad) Inputs {
 			in.Prefill++
 		case w.Role == roleDecode:
 			in.Decode++
+			in.DecodeKVHeld += w.KVTokens
 			if w.KVCapacity > 0 && (in.DecodeKVTokens == 0 || w.KVCapacity < in.DecodeKVTokens) {
 				in.DecodeKVTokens = w.KVCapacity
 			}
@@ -465,6 +472,14 @@ func (p *Planner) inputsLocked(snap snapshot, fleet []WorkerLoad) Inputs {
 		in.PrefillTokensPerBusySecond = float64(tokens) / busy.Seconds()
 		in.PrefillBusy = busy.Seconds() / (span.Seconds() * float64(nPrefill))
 		in.PrefillMeasuredBy = "legs in flight"
+	case p.lastPrefillRate > 0:
+		// Nothing prefilled in the window: the throughput measured last.
+		in.PrefillTokensPerBusySecond, in.PrefillMeasuredBy = p.lastPrefillRate, "an earlier window"
+	}
+	if in.PrefillMeasuredBy != "an earlier window" {
+		if in.PrefillTokensPerBusySecond > 0 {
+			p.lastPrefillRate = in.PrefillTokensPerBusySecond
+		}
 	}
 	in.DecodeFit, _ = fitDecode(p.samples)
 	return in
@@ -489,6 +504,12 @@ func (p *Planner) decideSplitLocked(d *Decision) {
 		}
 	}
 	now := ratio(d.Need, d.Prefill, d.Decode)
+	if now < lightLoad {
+		p.pending = pendingChange{}
+		d.Reason = fmt.Sprintf("the split %dP:%dD is lightly loaded (load ratio %.2f < %.1f): a flip would cost more than it gains",
+			d.Prefill, d.Decode, now, lightLoad)
+		return
+	}
 	if best == d.Prefill {
 		p.pending = pendingChange{}
 		d.Reason = fmt.Sprintf("the split %dP:%dD fits best (load ratio %.2f)", d.Prefill, d.Decode, now)

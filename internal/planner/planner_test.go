@@ -81,6 +81,23 @@ func TestEstimate(t *testing.T) {
 	if nd, _ = Estimate(in, slo); !strings.Contains(nd.PrefillWhy, "no split meets it") || !near(nd.Prefill, 2*9000/(10000*0.05), 1e-9) {
 		t.Errorf("unreachable TTFT: %v (%s)", nd.Prefill, nd.PrefillWhy)
 	}
+	// Nothing arriving or held: no worker needed, measured or not.
+	if nd, ok := Estimate(Inputs{}, slo); !ok || nd.Prefill != 0 || nd.Decode != 0 {
+		t.Errorf("no arrivals: %+v ok %v, want a need of 0", nd, ok)
+	}
+	// Every arrival served by decode alone: prefill needs nothing though
+	// its throughput was never measured.
+	if nd, ok := Estimate(Inputs{ArrivalRate: 3, MeanPromptTokens: 64, MeanOutputTokens: 500, LocalRate: 3, MeanLocalPromptTokens: 64,
+		DecodeFit: Fit{Intercept: 0.005, Slope: 1e-7}}, slo); !ok || nd.Prefill != 0 || nd.Decode <= 0 {
+		t.Errorf("all local: %+v ok %v", nd, ok)
+	}
+	// Long requests from before the window hold more KV than its arrivals
+	// account for: the reports are the floor (175,000 / 350,000 = 0.5).
+	held := in
+	held.DecodeKVTokens, held.DecodeMaxRunning, held.DecodeKVHeld = 0, 0, 175000
+	if nd, _ := Estimate(held, slo); !near(nd.Decode, 0.5, 1e-6) || !strings.Contains(nd.DecodeWhy, "held now") {
+		t.Errorf("decode need with 175,000 tokens held: %v (%s)", nd.Decode, nd.DecodeWhy)
+	}
 	// Half the arrivals served by decode alone, with 200-token prompts:
 	// prefill sees 1 req/s of (2·1000 − 1·200)/1 = 1,800 tokens; S = 0.18 s,
 	// ρmax = 1 − 0.18/0.8 = 0.775; need = 1800/(10000·0.775) = 0.23226.
@@ -93,10 +110,9 @@ func TestEstimate(t *testing.T) {
 		name string
 		in   Inputs
 	}{
-		{"no arrivals", Inputs{PrefillTokensPerBusySecond: 1, DecodeFit: Fit{Slope: 1}}},
-		{"no prefill measure", Inputs{ArrivalRate: 1, DecodeFit: Fit{Slope: 1e-7}}},
-		{"no decode measure", Inputs{ArrivalRate: 1, PrefillTokensPerBusySecond: 1}},
-		{"fixed cost over the SLO", Inputs{ArrivalRate: 1, PrefillTokensPerBusySecond: 1, DecodeFit: Fit{Intercept: 0.05, Slope: 1e-7}}},
+		{"no prefill measure", Inputs{ArrivalRate: 1, MeanPromptTokens: 100, DecodeFit: Fit{Slope: 1e-7}}},
+		{"no decode measure", Inputs{ArrivalRate: 1, MeanPromptTokens: 100, PrefillTokensPerBusySecond: 1}},
+		{"fixed cost over the SLO", Inputs{ArrivalRate: 1, MeanPromptTokens: 100, PrefillTokensPerBusySecond: 1, DecodeFit: Fit{Intercept: 0.05, Slope: 1e-7}}},
 	} {
 		if nd, ok := Estimate(c.in, slo); ok {
 			t.Errorf("%s: ok with %+v", c.name, nd)
@@ -732,5 +748,67 @@ func TestDwellWithoutOverload(t *testing.T) {
 	}
 	if first.IsZero() || flip.Sub(first) < 20*time.Second {
 		t.Fatalf("3P:1D first called for at %v, made at %v: want the 20 s dwell between; last: %s %+v", first, flip, p.Status().Last.Reason, p.Status().Last.Need)
+	}
+}
+
+// TestIdleFleetScalesDown: once traffic stops, an elastic fleet's counts
+// fall to the minimums after the dwell, and the published desired
+// replicas with them.
+func TestIdleFleetScalesDown(t *testing.T) {
+	w := newWorld(t, 1, 1)
+	s := &scaler{w: w}
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{Interval: 5 * time.Second, Window: 10 * time.Second, Dwell: 20 * time.Second, MaxPrefill: 4,
+		Fleet: w.fleet, Recorder: w.rec, Actuator: s, Clock: w.clk, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rate, w.prompt, w.output = 30, 4000, 32
+	tick := func(seconds int) {
+		for i := range seconds {
+			w.second()
+			if i%5 == 4 {
+				p.Tick(context.Background(), w.clk.Now())
+				p.wg.Wait()
+			}
+		}
+	}
+	tick(30)
+	if gp, _ := roles(w.fleet()); gp != 4 {
+		t.Fatalf("%d prefill workers under load", gp)
+	}
+	w.rate = 0
+	for i := range w.workers {
+		w.workers[i].KVTokens = 0
+	}
+	tick(60)
+	if gp, gd := roles(w.fleet()); gp != 1 || gd != 1 {
+		t.Fatalf("%dP:%dD a minute after traffic stopped, want the minimums 1P:1D; last: %s", gp, gd, p.Status().Last.Reason)
+	}
+	if v := gauge(t, reg, "pdserve_planner_desired_replicas", rolePrefill); v != 1 {
+		t.Errorf("desired prefill replicas %v after traffic stopped", v)
+	}
+}
+
+// TestLightLoadNoFlip: a fixed fleet well within its capacity is not
+// re-split, though another split would balance it better.
+func TestLightLoadNoFlip(t *testing.T) {
+	w := newWorld(t, 2, 2)
+	f := &flipper{w: w}
+	p, err := New(Config{Interval: 5 * time.Second, Window: 10 * time.Second, Dwell: 10 * time.Second,
+		Fleet: w.fleet, Recorder: w.rec, Actuator: f, Clock: w.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rate, w.prompt, w.output = 3, 2000, 32 // 0.34 prefill workers' worth, decode idle
+	var d Decision
+	for i := range 60 {
+		w.second()
+		if i%5 == 4 {
+			d = p.Tick(context.Background(), w.clk.Now())
+		}
+	}
+	if f.n() != 0 || !strings.Contains(d.Reason, "lightly loaded") {
+		t.Fatalf("%d flips at light load; last: %s", f.n(), d.Reason)
 	}
 }

@@ -84,6 +84,7 @@ func TestFrontDoorPolicy(t *testing.T) {
 			{"GET", "/workers", "sk-api", 401}, {"GET", "/workers", "sk-admin", 200},
 			{"POST", "/workers/p-0/drain", "sk-admin", 200}, {"DELETE", "/workers/p-0", "", 401},
 			{"GET", "/debug/requests", "sk-api", 401}, {"GET", "/debug/requests", "sk-admin", 200},
+			{"GET", "/planner", "sk-api", 401}, {"GET", "/planner", "", 401}, {"GET", "/planner", "sk-admin", 200},
 			{"POST", "/internal/v1/abort", "sk-api", 401}, {"POST", "/internal/v1/abort", "sk-admin", 200},
 		}},
 		{"admin key only", FrontDoor{AdminKeys: admin}, []req{

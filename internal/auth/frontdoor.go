@@ -20,8 +20,8 @@ const (
 	ClassAPI
 	// ClassMetrics: /metrics and /discovery/prometheus.
 	ClassMetrics
-	// ClassAdmin: the router's admin API (/workers, /workers/...) and
-	// /debug/*.
+	// ClassAdmin: the router's admin API (/workers, /workers/...),
+	// /debug/* and /planner (the fleet's workers, rates and throughputs).
 	ClassAdmin
 	// ClassInternal: a colocated worker's worker API (/internal/*).
 	ClassInternal
@@ -39,7 +39,7 @@ func ClassOf(p string) Class {
 		return ClassOpen
 	case path == "/metrics" || path == "/discovery/prometheus":
 		return ClassMetrics
-	case under(path, "/workers") || under(path, "/debug"):
+	case under(path, "/workers") || under(path, "/debug") || under(path, "/planner"):
 		return ClassAdmin
 	case under(path, "/internal"):
 		return ClassInternal
@@ -59,7 +59,7 @@ func under(path, dir string) bool {
 //   - /v1/* (and unknown paths): an API key when APIKeys has any.
 //   - /metrics, /discovery/prometheus: open, unless MetricsRequireKey
 //     (then an API or admin key).
-//   - the admin API (/workers...) and /debug/*: an admin key for every
+//   - the admin API (/workers...), /debug/* and /planner: an admin key for every
 //     method. Without AdminKeys but with APIKeys they are closed (401
 //     without a key, 403 with one): /debug/requests lists every client's
 //     requests, so no API key reads it. With no key at all, open.

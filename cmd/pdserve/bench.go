@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -99,7 +100,7 @@ Exits 1 when every measured request failed.`,
 					return usagef("--trace replays the trace's timestamps: use --trace-time-scale, not --request-rate")
 				}
 				cfg.Dataset = bench.DatasetTrace
-				if !(cfg.TraceTimeScale > 0) {
+				if !(cfg.TraceTimeScale > 0) || math.IsInf(cfg.TraceTimeScale, 1) {
 					return usagef("--trace-time-scale must be a positive number, got %v", cfg.TraceTimeScale)
 				}
 				if !fs.Changed("num-prompts") {

@@ -224,8 +224,20 @@ func LoadTrace(cfg *Config) (*Trace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trace %s: %w", cfg.TracePath, err)
 	}
-	return &Trace{Path: cfg.TracePath, Records: sel, BlockSize: bs, TimeScale: cfg.traceTimeScale()}, nil
+	t := &Trace{Path: cfg.TracePath, Records: sel, BlockSize: bs, TimeScale: cfg.traceTimeScale()}
+	if n := len(sel); n > 1 {
+		span := float64(sel[n-1].Timestamp-sel[0].Timestamp) * float64(time.Millisecond) / t.TimeScale
+		if span > float64(MaxReplay) {
+			return nil, fmt.Errorf("trace %s: replayed at time scale %g it would last %.3g s, more than the %s a replay may take",
+				cfg.TracePath, t.TimeScale, span/float64(time.Second), MaxReplay)
+		}
+	}
+	return t, nil
 }
+
+// MaxReplay bounds how long a trace replay may take (its span divided by
+// the time scale): a scale far below 1 is a mistake, not a plan.
+const MaxReplay = 7 * 24 * time.Hour
 
 // Offsets returns the arrival offsets of the records from the run's
 // start: each record's timestamp minus the first one's, divided by the

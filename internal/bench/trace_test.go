@@ -428,6 +428,15 @@ func TestTraceConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), path+":2:") {
 		t.Errorf("run on a malformed trace: %v", err)
 	}
+	// A time scale that stretches a minute of trace past a week is refused
+	// before anything is sent.
+	path = writeTrace(t, traceLineJSON(0, 4, 1, 1), traceLineJSON(60000, 4, 1, 2))
+	c = traceConfig("http://127.0.0.1:1", path, 4, 1)
+	c.TraceTimeScale = 1e-300
+	_, err = Run(context.Background(), Options{Config: c, Client: testClient(t), Clock: newFakeClock()})
+	if err == nil || !strings.Contains(err.Error(), "more than the 168h0m0s a replay may take") {
+		t.Errorf("run at time scale 1e-300: %v", err)
+	}
 }
 
 // finishTransport signals on finished when the body of a POST's answer is

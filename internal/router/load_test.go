@@ -581,7 +581,7 @@ func TestFleetFailureRetriedUnshed(t *testing.T) {
 		// saturate, then shuts down.
 		tr.decode[1].setLeg(func(ctx context.Context, b workerapi.GenerateBody, ab <-chan workerapi.AbortBody, w *legWriter) {
 			tr.prefill[0].reportLoad(workerapi.Load{Queued: 4})
-			time.Sleep(150 * time.Millisecond) // the router polls the load
+			advance(150 * time.Millisecond) // the router polls the load
 			w.fail(workerapi.OutcomeError(outcome.Shutdown, "worker is shutting down", outcome.Cause{}))
 		})
 		a := generate(t.Context(), tr.r, "r1")

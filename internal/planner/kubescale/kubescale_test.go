@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -344,7 +345,9 @@ func TestForbidden(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds or 10 s pass.
+// waitFor yields to Apply's goroutine until cond holds, failing t after
+// 10 s (cond reads the fake API's counters and the fake clock's waiters,
+// which have no notification to wait on).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -352,7 +355,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(time.Millisecond)
+		goruntime.Gosched()
 	}
 }
 

@@ -35,10 +35,7 @@ type counters struct {
 	finished           int64 // requests that got a first token and ended
 	withinSLOs         int64 // of those, TTFT and TPOT within both SLOs
 	ttft, tpot         histogram
-	// ttftOK and tpotOK count the requests within each SLO (tpot: of those
-	// with more than one token).
-	ttftOK, tpotOK   int64
-	ttftSLO, tpotSLO time.Duration
+	ttftSLO, tpotSLO   time.Duration
 }
 
 // workerRec is one worker's cumulative counters.
@@ -88,16 +85,10 @@ func (r *Recorder) Finished(ttft, tpot time.Duration) {
 	c.finished++
 	c.ttft.add(ttft)
 	okT := c.ttftSLO == 0 || ttft <= c.ttftSLO
-	if okT {
-		c.ttftOK++
-	}
 	okP := true
 	if tpot > 0 {
 		c.tpot.add(tpot)
 		okP = c.tpotSLO == 0 || tpot <= c.tpotSLO
-		if okP {
-			c.tpotOK++
-		}
 	}
 	if okT && okP {
 		c.withinSLOs++

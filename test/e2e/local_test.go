@@ -187,7 +187,17 @@ func TestLocalThresholdFollowsPrefillBacklog(t *testing.T) {
 	if status := <-held; status != http.StatusOK {
 		t.Fatalf("the long prompt: %d", status)
 	}
-	// Prefill is idle again: the threshold is back to 64.
+	// Prefill is idle again: the threshold is back to 64 once the router
+	// sees it so (a load report asked for while the long prompt was still
+	// counted there stands until the next one).
+	waitFor(t, 5*time.Second, "the router sees prefill idle", func() (bool, string) {
+		for _, w := range c.Router.Router.Workers() {
+			if p, ok := w.Pairing.(router.Pairing); ok && w.Role == "prefill" {
+				return p.Load.Tokens == 0, fmt.Sprintf("prefill load %+v", p.Load)
+			}
+		}
+		return false, "no prefill worker listed"
+	})
 	if status, body := postJSON(t, c.URL()+"/v1/completions", medium); status != http.StatusOK {
 		t.Fatalf("medium prompt, prefill idle: %d %s", status, body)
 	}

@@ -1,5 +1,5 @@
-// Package testbin builds a command of this module once per test binary, for
-// tests that run it as processes, and runs those processes: their output
+// Package testbin builds a command of this module once per test binary (and
+// links it once per build cache), for tests that run it as processes, and runs those processes: their output
 // kept, stopped by signal, waited for with a deadline. A test binary built
 // with the race detector builds the command with it too (see RaceEnabled).
 package testbin
@@ -35,12 +35,20 @@ type Binary struct {
 // built until Path.
 func New(pkg string) *Binary { return &Binary{pkg: pkg} }
 
-// Path builds the command (once) into a temporary directory, with -race
-// when the test binary has the race detector, and returns the executable's
-// path. A failed build fails t, with the compiler's output.
+// Path builds the command (once), with -race when the test binary has the
+// race detector, and returns the executable's path. The executable is the
+// one `go run` keeps in the build cache (Go 1.24 and later cache what it
+// links), so the test packages of one `go test ./...` link it once between
+// them instead of once each (a race-instrumented pdserve takes seconds of
+// CPU to link); without a usable build cache it is built with `go build -o`
+// into a temporary directory. A failed build fails t, with the compiler's
+// output.
 func (b *Binary) Path(t testing.TB) string {
 	t.Helper()
 	b.once.Do(func() {
+		if b.path = cachedExecutable(b.pkg); b.path != "" {
+			return
+		}
 		b.dir, b.err = os.MkdirTemp("", "pdserve-test-")
 		if b.err != nil {
 			return
@@ -58,6 +66,31 @@ func (b *Binary) Path(t testing.TB) string {
 		t.Fatal(b.err)
 	}
 	return b.path
+}
+
+// cachedExecutable returns the path of pkg's executable in the build cache,
+// or "" when there is none to be had (a build error is left for `go build`
+// to report). `go run -exec echo` prints the path it would run instead of
+// running it: a freshly linked executable is printed from a temporary
+// directory that is gone once `go run` exits (and is in the cache from
+// then on), so a second call prints the cached one.
+func cachedExecutable(pkg string) string {
+	args := []string{"run"}
+	if RaceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, "-exec", "echo", pkg)
+	for range 2 {
+		out, err := exec.Command("go", args...).Output()
+		if err != nil {
+			return ""
+		}
+		path := strings.TrimSpace(string(out))
+		if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() && filepath.IsAbs(path) {
+			return path
+		}
+	}
+	return ""
 }
 
 // TestingM is the one method of testing.M that goleak.VerifyTestMain calls.

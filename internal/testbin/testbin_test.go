@@ -1,6 +1,7 @@
 package testbin
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -24,5 +25,26 @@ func TestTailKeepsTheEndAndSeesARaceReport(t *testing.T) {
 	}
 	if quiet.sawRace() {
 		t.Error("saw a race report in output without one")
+	}
+}
+
+// TestPathSharesTheCachedExecutable: two Binaries of one package (as two
+// test packages would have) get one executable, from the build cache, and
+// it runs.
+func TestPathSharesTheCachedExecutable(t *testing.T) {
+	const pkg = "github.com/pdserve/pdserve/internal/testbin/testdata/hello"
+	a, b := New(pkg), New(pkg)
+	pa, pb := a.Path(t), b.Path(t)
+	defer a.Remove()
+	defer b.Remove()
+	if pa != pb {
+		t.Errorf("two builds of one package: %s and %s, want one cached executable", pa, pb)
+	}
+	if a.dir != "" {
+		t.Errorf("built into %s, not taken from the build cache", a.dir)
+	}
+	out, err := exec.Command(pa, "x", "y").Output()
+	if err != nil || strings.TrimSpace(string(out)) != "[x y]" {
+		t.Errorf("running %s: %q, %v", pa, out, err)
 	}
 }

@@ -98,7 +98,7 @@ func TestPairRandomized(t *testing.T) {
 		// 200 seeds without it too (.ci/run).
 		seeds = 200
 		if raceEnabled {
-			seeds = 50
+			seeds = 25
 		}
 	}
 	var preemptions, prefillHits, decodeHits uint64

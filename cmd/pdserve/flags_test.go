@@ -350,6 +350,9 @@ func TestPlannerFlags(t *testing.T) {
 		{"--planner", "--planner-max-prefill", "0"},
 		{"--planner", "--planner-max-decode", "-3"},
 		{"--planner", "--planner-min-decode", "0"},
+		{"--ttft-slo", "500ms"},
+		{"flips", "--planner-flip-drain-timeout", "5s"},
+		{"--planner-max-decode", "8"},
 	} {
 		flips := bad[0] == "flips"
 		if flips {

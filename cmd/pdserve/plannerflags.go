@@ -30,6 +30,7 @@ type plannerFlags struct {
 	// and decodeDep the Deployments it scales on Kubernetes.
 	scaler                string
 	prefillDep, decodeDep string
+	fs                    *pflag.FlagSet // to tell a tuning flag given without --planner
 }
 
 // add registers the flags; flips says whether the command flips roles
@@ -39,6 +40,7 @@ func (f *plannerFlags) add(fs *pflag.FlagSet, flips bool) {
 	if flips {
 		what = "flip workers between prefill and decode as the load calls for it, against --ttft-slo and --itl-slo (drain, restart in the other role, rejoin; GET /planner explains every decision)"
 	}
+	f.fs = fs
 	fs.BoolVar(&f.on, "planner", false, what)
 	fs.DurationVar(&f.ttft, "ttft-slo", planner.DefaultTTFTSLO, "planner: time-to-first-token target, met by 90 % of requests")
 	fs.DurationVar(&f.itl, "itl-slo", planner.DefaultITLSLO, "planner: mean inter-token latency target of a request (its TPOT), met by 90 % of requests")
@@ -100,6 +102,14 @@ func (f *plannerFlags) actuator(df *discoveryFlags, reg registry.Registry, route
 // config returns the planner's configuration, nil without --planner.
 func (f *plannerFlags) config() (*planner.Config, error) {
 	if !f.on {
+		// A planner flag without the planner would be silently ignored.
+		for _, name := range []string{"ttft-slo", "itl-slo", "planner-interval", "planner-window", "planner-dwell",
+			"planner-max-step", "planner-flip-drain-timeout", "planner-min-prefill", "planner-max-prefill",
+			"planner-min-decode", "planner-max-decode"} {
+			if f.fs != nil && f.fs.Changed(name) {
+				return nil, usagef("--%s tunes the planner, which is off: add --planner", name)
+			}
+		}
 		return nil, nil
 	}
 	for name, d := range map[string]time.Duration{"ttft-slo": f.ttft, "itl-slo": f.itl, "planner-interval": f.interval,

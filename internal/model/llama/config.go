@@ -12,7 +12,7 @@ import (
 
 // Config is the model configuration read from a Hugging Face config.json
 // (field names as in transformers' LlamaConfig, Qwen2Config, Qwen3Config,
-// MistralConfig and Gemma2Config).
+// Qwen3MoeConfig, MistralConfig and Gemma2Config).
 type Config struct {
 	// Architecture is architectures[0], e.g. "LlamaForCausalLM".
 	Architecture string
@@ -100,6 +100,25 @@ type Config struct {
 	// RopeFactors, if set, divide the RoPE frequencies (headDim/2 values: a
 	// GGUF file's rope_freqs tensor, llama.cpp's form of llama3 scaling).
 	RopeFactors []float64
+	// The fields below are a mixture-of-experts MLP's (Qwen3-MoE:
+	// transformers' Qwen3MoeSparseMoeBlock; llama.cpp's qwen3moe, and its
+	// llama architecture with ffn_*_exps tensors): every layer's MLP is
+	// Experts SwiGLU experts of width ExpertIntermediate and a router
+	// [Experts, hidden]; each token goes through the ExpertsUsed experts of
+	// largest softmax router probability, their outputs weighted by those
+	// probabilities (see moe.go). Experts is 0 for a dense model.
+
+	// Experts is num_experts (GGUF: expert_count).
+	Experts int
+	// ExpertsUsed is num_experts_per_tok, the experts per token (GGUF:
+	// expert_used_count).
+	ExpertsUsed int
+	// ExpertIntermediate is moe_intermediate_size, each expert's MLP width
+	// (GGUF: expert_feed_forward_length).
+	ExpertIntermediate int
+	// NormTopK is norm_topk_prob: the chosen experts' probabilities are
+	// divided by their sum (always, in llama.cpp's qwen3moe and Mixtral).
+	NormTopK bool
 	// GGMLNumerics: RMSNorm's scale and the RoPE angles are computed in
 	// float32 the way ggml computes them (see rmsNorm and ropeTableGGML), so
 	// that a GGUF file's activations match llama.cpp's to the last bit more
@@ -149,19 +168,27 @@ type rawConfig struct {
 	BOSTokenID        json.RawMessage `json:"bos_token_id"`
 	EOSTokenID        json.RawMessage `json:"eos_token_id"`
 	TorchDType        string          `json:"torch_dtype"`
+	// Qwen3MoeConfig's.
+	NumExperts          *int  `json:"num_experts"`
+	NumExpertsPerTok    *int  `json:"num_experts_per_tok"`
+	MoeIntermediateSize *int  `json:"moe_intermediate_size"`
+	NormTopKProb        *bool `json:"norm_topk_prob"`
+	DecoderSparseStep   *int  `json:"decoder_sparse_step"`
+	MLPOnlyLayers       []int `json:"mlp_only_layers"`
 }
 
 // Supported architectures (config.json "architectures").
 const (
-	archLlama   = "LlamaForCausalLM"
-	archQwen2   = "Qwen2ForCausalLM"
-	archMistral = "MistralForCausalLM"
-	archQwen3   = "Qwen3ForCausalLM"
-	archGemma2  = "Gemma2ForCausalLM"
+	archLlama    = "LlamaForCausalLM"
+	archQwen2    = "Qwen2ForCausalLM"
+	archMistral  = "MistralForCausalLM"
+	archQwen3    = "Qwen3ForCausalLM"
+	archGemma2   = "Gemma2ForCausalLM"
+	archQwen3MoE = "Qwen3MoeForCausalLM"
 )
 
 // supportedArchs lists the supported architectures for error messages.
-const supportedArchs = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma2ForCausalLM"
+const supportedArchs = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MistralForCausalLM, Gemma2ForCausalLM"
 
 // ReadConfig reads dir/config.json and, if present, the eos_token_id of
 // dir/generation_config.json (merged into EOS). It returns the configuration
@@ -235,7 +262,7 @@ func ParseConfig(raw []byte) (Config, error) {
 		if r.UseSlidingWindow != nil && *r.UseSlidingWindow && r.SlidingWindow != nil {
 			c.SlidingWindow = *r.SlidingWindow
 		}
-	case archQwen3:
+	case archQwen3, archQwen3MoE:
 		// Qwen3Attention: q/k/v/o biases only with attention_bias, and an
 		// RMSNorm on every head of q and k; head_dim defaults to 128.
 		c.QKVBias = r.AttentionBias != nil && *r.AttentionBias
@@ -247,6 +274,11 @@ func ParseConfig(raw []byte) (Config, error) {
 		if r.HeadDim == nil {
 			hd := 128
 			r.HeadDim = &hd
+		}
+		if c.Architecture == archQwen3MoE {
+			if err := qwen3MoEConfig(&c, &r); err != nil {
+				return Config{}, err
+			}
 		}
 	case archMistral:
 		if r.SlidingWindow != nil {
@@ -328,6 +360,49 @@ func ParseConfig(raw []byte) (Config, error) {
 		c.BOS = bos[0]
 	}
 	return c, nil
+}
+
+// qwen3MoEConfig fills the mixture-of-experts fields of c from r, with
+// Qwen3MoeConfig's defaults: num_experts 128, num_experts_per_tok 8,
+// moe_intermediate_size 768, norm_topk_prob false; intermediate_size (the
+// width of dense layers, which pdserve does not support here) defaults to
+// moe_intermediate_size. Every layer must be sparse: decoder_sparse_step 1
+// (or absent) and no mlp_only_layers.
+func qwen3MoEConfig(c *Config, r *rawConfig) error {
+	c.Experts, c.ExpertsUsed, c.ExpertIntermediate = 128, 8, 768
+	for _, f := range []struct {
+		src *int
+		dst *int
+	}{{r.NumExperts, &c.Experts}, {r.NumExpertsPerTok, &c.ExpertsUsed}, {r.MoeIntermediateSize, &c.ExpertIntermediate}} {
+		if f.src != nil {
+			*f.dst = *f.src
+		}
+	}
+	c.NormTopK = r.NormTopKProb != nil && *r.NormTopKProb
+	if c.IntermediateSize == 0 {
+		c.IntermediateSize = c.ExpertIntermediate
+	}
+	if r.DecoderSparseStep != nil && *r.DecoderSparseStep != 1 || len(r.MLPOnlyLayers) > 0 {
+		return errors.New("dense layers among the experts' (decoder_sparse_step other than 1, or mlp_only_layers) are not supported")
+	}
+	return checkExperts(c)
+}
+
+// maxExperts bounds Experts (llama.cpp's LLAMA_MAX_EXPERTS is 512).
+const maxExperts = 512
+
+// checkExperts checks the mixture-of-experts sizes of c: 1 ≤ ExpertsUsed ≤
+// Experts ≤ maxExperts and a positive ExpertIntermediate.
+func checkExperts(c *Config) error {
+	switch {
+	case c.Experts < 1 || c.Experts > maxExperts:
+		return fmt.Errorf("the expert count must be 1 to %d, got %d", maxExperts, c.Experts)
+	case c.ExpertsUsed < 1 || c.ExpertsUsed > c.Experts:
+		return fmt.Errorf("the experts used per token must be 1 to the expert count %d, got %d", c.Experts, c.ExpertsUsed)
+	case c.ExpertIntermediate < 1:
+		return fmt.Errorf("the expert MLP width must be positive, got %d", c.ExpertIntermediate)
+	}
+	return nil
 }
 
 // gemma2Config fills the Gemma2 fields of c from r, with Gemma2Config's

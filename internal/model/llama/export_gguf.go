@@ -80,7 +80,7 @@ func tensorType(ft FileType, name string, cols, layer, layers int, classifier bo
 		t = gguf.IQ4_NL
 	case FileQ4_KM:
 		t = gguf.Q4_K
-		if classifier || (strings.HasSuffix(name, "attn_v.weight") || strings.HasSuffix(name, "ffn_down.weight")) && useMoreBits(layer, layers) {
+		if classifier || (strings.HasSuffix(name, "attn_v.weight") || strings.HasSuffix(name, "ffn_down.weight") || strings.HasSuffix(name, "ffn_down_exps.weight")) && useMoreBits(layer, layers) {
 			t = gguf.Q6_K
 		}
 	}
@@ -159,6 +159,11 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 	switch cfg.Architecture {
 	case archQwen3:
 		arch, permute = "qwen3", false
+	case archQwen3MoE:
+		arch, permute = "qwen3moe", false
+		if !cfg.NormTopK {
+			return rep, errors.New("llama: WriteGGUF: llama.cpp's qwen3moe always renormalises the chosen experts' weights; the checkpoint's norm_topk_prob is false")
+		}
 	case archGemma2:
 		arch, permute = "gemma2", false
 		if err := gemma2Exportable(cfg); err != nil {
@@ -251,6 +256,12 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		vec(p+"post_attention_norm.weight", ly.attnPostNorm, 0)
 		vec(p+"ffn_norm.weight", ly.mlpNorm, 0)
 		vec(p+"post_ffw_norm.weight", ly.mlpPostNorm, 0)
+		if ly.router != nil {
+			if err := writeExperts(ly, p, mat, &tensors); err != nil {
+				return rep, err
+			}
+			continue
+		}
 		mat(p+"ffn_gate.weight", ly.gate, 0)
 		mat(p+"ffn_up.weight", ly.up, 0)
 		mat(p+"ffn_down.weight", ly.down, 0)
@@ -310,6 +321,12 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(2)},
 		{Key: "tokenizer.ggml.add_bos_token", Value: false},
 		{Key: "tokenizer.ggml.add_eos_token", Value: false},
+	}
+	if cfg.Experts > 0 {
+		kvs = append(kvs,
+			gguf.KV{Key: arch + ".expert_count", Value: uint32(cfg.Experts)},
+			gguf.KV{Key: arch + ".expert_used_count", Value: uint32(cfg.ExpertsUsed)},
+			gguf.KV{Key: arch + ".expert_feed_forward_length", Value: uint32(cfg.ExpertIntermediate)})
 	}
 	if arch == "gemma2" {
 		kvs = append(kvs,

@@ -34,8 +34,9 @@ type buffers struct {
 	scores [][]model.PositionLogprobs // by sequence: Forward's prompt scores
 	tops   [][]model.TokenLogprob     // by sequence: room for their top alternatives
 	scr    []scratch
-	q8     q8Acts  // a linear layer's input quantized for the 32-element block types
-	q8k    q8KActs // … and for Q4_K/Q6_K weights
+	q8     q8Acts     // a linear layer's input quantized for the 32-element block types
+	q8k    q8KActs    // … and for Q4_K/Q6_K weights
+	moe    moeBuffers // a mixture-of-experts MLP's (moe.go)
 
 	// The step's parallel loops, reused so a Forward allocates nothing
 	// once its buffers have grown.
@@ -264,7 +265,7 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 //	a = softmax(q·Kᵀ/√hd, causal)·V        [T, heads·hd]
 //	x += a·Woᵀ(+b)
 //	h = RMSNorm(x)·g₂
-//	x += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ
+//	x += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ        (a mixture of experts: moe.go)
 //
 // then (logitRows) logits = RMSNorm(x)·g_final·W_lmᵀ for the requested rows. Each line
 // is one parallel loop over the team (q, k and v together; the norms, RoPE
@@ -273,6 +274,9 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []model.SeqInput) error {
 	cfg := &m.w.cfg
 	H, D, I := cfg.HiddenSize, cfg.HeadDim, cfg.IntermediateSize
+	if cfg.Experts > 0 {
+		I = 0 // no dense MLP (moeMLP has its own buffers)
+	}
 	qDim, kvDim := cfg.Heads*D, cfg.KVHeads*D
 	T := 0
 	for i := range seqs {
@@ -366,6 +370,10 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 
 		b.tok.op = tokMLPNorm
 		tm.parallelFor(T, tokGrain, &b.tok)
+		if cfg.Experts > 0 {
+			m.moeMLP(tm, ly, T) // x += MoE(h)
+			continue
+		}
 		lin(b.h, nil, true, linOut{ly.gate, ly.gateB, b.gate}, linOut{ly.up, ly.upB, b.up})
 		lin(b.gate, oResid, false, linOut{ly.down, ly.downB, b.tmp})
 		if cfg.PostNorms {

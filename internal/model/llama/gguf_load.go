@@ -25,11 +25,12 @@ var ggufArchs = map[string]struct {
 	hf          string
 	interleaved bool
 }{
-	"llama":   {archLlama, true},
-	"mistral": {archMistral, true},
-	"qwen2":   {archQwen2, false},
-	"qwen3":   {archQwen3, false},
-	"gemma2":  {archGemma2, false},
+	"llama":    {archLlama, true},
+	"mistral":  {archMistral, true},
+	"qwen2":    {archQwen2, false},
+	"qwen3":    {archQwen3, false},
+	"qwen3moe": {archQwen3MoE, false},
+	"gemma2":   {archGemma2, false},
 }
 
 // ggufMatrixTypes are the tensor types a GGUF model's matrices may have.
@@ -58,10 +59,10 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	}
 	a, ok := ggufArchs[arch]
 	if !ok {
-		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral, qwen2, qwen3 or gemma2", arch)
+		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral, qwen2, qwen3, qwen3moe or gemma2", arch)
 	}
 	c := Config{Architecture: a.hf, RopeInterleaved: a.interleaved, GGMLNumerics: true, BOS: -1, RMSNormEps: 1e-5, RopeTheta: 10000,
-		QKNorm: a.hf == archQwen3}
+		QKNorm: a.hf == archQwen3 || a.hf == archQwen3MoE}
 	var errs []error
 	num := func(key string, required bool, max uint64) int {
 		v, ok, err := f.Uint(arch + "." + key)
@@ -78,13 +79,19 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	const big = 1 << 24
 	c.Layers = num("block_count", true, 4096)
 	c.HiddenSize = num("embedding_length", true, big)
-	c.IntermediateSize = num("feed_forward_length", true, big)
+	c.IntermediateSize = num("feed_forward_length", arch != "qwen3moe", big)
 	c.MaxPositions = num("context_length", true, 1<<30)
 	c.Heads = num("attention.head_count", true, 4096)
 	c.KVHeads = num("attention.head_count_kv", false, 4096)
 	keyLen := num("attention.key_length", false, big)
 	valLen := num("attention.value_length", false, big)
 	ropeDim := num("rope.dimension_count", false, big)
+	var experts, expertsUsed, expertFF int
+	if arch == "qwen3moe" || arch == "llama" {
+		experts = num("expert_count", arch == "qwen3moe", maxExperts)
+		expertsUsed = num("expert_used_count", arch == "qwen3moe", maxExperts)
+		expertFF = num("expert_feed_forward_length", false, big)
+	}
 	window := 0
 	if arch == "mistral" || arch == "gemma2" {
 		window = num("attention.sliding_window", false, 1<<30)
@@ -148,6 +155,11 @@ func ggufConfig(f *gguf.File) (Config, error) {
 		c.RopeScaling = &RopeScaling{Type: "linear", Factor: factor}
 	}
 	c.SlidingWindow = window
+	if experts > 0 {
+		if err := ggufExperts(&c, arch, experts, expertsUsed, expertFF); err != nil {
+			return Config{}, err
+		}
+	}
 	if arch == "gemma2" {
 		if err := ggufGemma2(f, &c); err != nil {
 			return Config{}, err
@@ -191,6 +203,32 @@ func ggufConfig(f *gguf.File) (Config, error) {
 		return Config{}, fmt.Errorf("tokenizer.ggml.bos_token_id %d is outside the vocabulary [0, %d)", c.BOS, c.VocabSize)
 	}
 	return c, nil
+}
+
+// ggufExperts sets the mixture-of-experts fields of c from a GGUF file's
+// {arch}.expert_count, expert_used_count and expert_feed_forward_length
+// (absent: feed_forward_length / expert_used_count, llama.cpp's default for
+// qwen3moe; a llama file's experts are as wide as feed_forward_length, as
+// llama.cpp's llama architecture reads Mixtral's). llama.cpp's qwen3moe and
+// llama always renormalise the chosen experts' weights (build_moe_ffn with
+// norm_w).
+func ggufExperts(c *Config, arch string, experts, used, ff int) error {
+	c.Experts, c.ExpertsUsed, c.NormTopK = experts, used, true
+	switch {
+	case arch == "llama":
+		c.ExpertIntermediate = c.IntermediateSize
+	case ff != 0:
+		c.ExpertIntermediate = ff
+	case used > 0:
+		c.ExpertIntermediate = c.IntermediateSize / used
+	}
+	if c.IntermediateSize == 0 {
+		c.IntermediateSize = c.ExpertIntermediate
+	}
+	if err := checkExperts(c); err != nil {
+		return fmt.Errorf("%s: %w", arch, err)
+	}
+	return nil
 }
 
 // ggufGemma2 sets the Gemma2 fields of c as llama.cpp's gemma2 reads them
@@ -411,9 +449,15 @@ func (w *weights) fromGGUF(f *gguf.File) error {
 		mat(&ly.k, "attn_k", kvDim, H)
 		mat(&ly.v, "attn_v", kvDim, H)
 		mat(&ly.o, "attn_output", H, qDim)
-		mat(&ly.gate, "ffn_gate", I, H)
-		mat(&ly.up, "ffn_up", I, H)
-		mat(&ly.down, "ffn_down", H, I)
+		if cfg.Experts > 0 {
+			if err == nil {
+				err = w.ggufExperts(ly, p, get)
+			}
+		} else {
+			mat(&ly.gate, "ffn_gate", I, H)
+			mat(&ly.up, "ffn_up", I, H)
+			mat(&ly.down, "ffn_down", H, I)
+		}
 		if cfg.QKVBias {
 			v(&ly.qb, "attn_q.bias", qDim)
 			v(&ly.kb, "attn_k.bias", kvDim)
@@ -445,6 +489,42 @@ func (w *weights) fromGGUF(f *gguf.File) error {
 			extra = extra[:3]
 		}
 		return fmt.Errorf("the file has tensors the %s architecture does not use: %q%s", cfg.Architecture, extra, more)
+	}
+	return nil
+}
+
+// ggufExperts reads the router and experts of layer ly (tensor name prefix
+// p, "blk.N."): ffn_gate_inp [experts, hidden] and the stacked
+// ffn_gate_exps, ffn_up_exps [experts, F, hidden] and ffn_down_exps
+// [experts, hidden, F], split into one matrix per expert.
+func (w *weights) ggufExperts(ly *layer, p string, get func(name string, matrix bool, shape ...int) (*tensor, error)) error {
+	cfg := &w.cfg
+	H, E, F := cfg.HiddenSize, cfg.Experts, cfg.ExpertIntermediate
+	var err error
+	if ly.router, err = get(p+"ffn_gate_inp.weight", true, E, H); err != nil {
+		return err
+	}
+	ly.experts = make([]expert, E)
+	for _, s := range []struct {
+		name       string
+		rows, cols int
+		dst        func(ex *expert) **tensor
+	}{
+		{"ffn_gate_exps", F, H, func(ex *expert) **tensor { return &ex.gate }},
+		{"ffn_up_exps", F, H, func(ex *expert) **tensor { return &ex.up }},
+		{"ffn_down_exps", H, F, func(ex *expert) **tensor { return &ex.down }},
+	} {
+		t, err := get(p+s.name+".weight", true, E, s.rows, s.cols)
+		if err != nil {
+			return err
+		}
+		views, err := expertViews(t)
+		if err != nil {
+			return err
+		}
+		for e, v := range views {
+			*s.dst(&ly.experts[e]) = v
+		}
 	}
 	return nil
 }

@@ -19,7 +19,8 @@ import (
 // batching or tiling: the oracle for the configurations the stories260K
 // fixture does not cover (untied classifier, biases, F16/BF16 weights,
 // llama3 RoPE scaling), Qwen3 (transformers' modeling_qwen3.py: q_norm
-// and k_norm on each head before RoPE) and Gemma2 (modeling_gemma2.py:
+// and k_norm on each head before RoPE), Qwen3-MoE (modeling_qwen3_moe.py's
+// Qwen3MoeSparseMoeBlock: refModel.moe) and Gemma2 (modeling_gemma2.py:
 // embeddings ×√hidden, norms with 1 + w, post-norms, GeGLU with
 // gelu_pytorch_tanh, soft-capped scores and logits).
 type refModel struct {
@@ -150,7 +151,7 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 	s := r.spec
 	H, D := s.Hidden, r.headDim()
 	bias := s.QKVBias
-	qwen3 := s.Architecture == "Qwen3ForCausalLM"
+	qwen3 := s.Architecture == "Qwen3ForCausalLM" || s.Architecture == "Qwen3MoeForCausalLM"
 	gemma := s.Architecture == "Gemma2ForCausalLM"
 	oBias := bias && (s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || qwen3 || gemma)
 	capped := func(v, c float64) float64 {
@@ -228,6 +229,12 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 			} else {
 				h = r.norm(p+"post_attention_layernorm.weight", x)
 			}
+			if s.Experts > 0 {
+				for i, v := range r.moe(p, h) {
+					x[i] += v
+				}
+				continue
+			}
 			gt := r.linear(p+"mlp.gate_proj", h, s.Intermediate, false)
 			up := r.linear(p+"mlp.up_proj", h, s.Intermediate, false)
 			for i := range gt {
@@ -294,6 +301,10 @@ func variants() map[string]llamatest.Spec {
 	s = qwen3Tiny()
 	s.QKVBias, s.DType, s.Tied = true, llama.BF16, true
 	v["qwen3-attention-bias-bf16-tied"] = s
+	v["qwen3moe"] = llamatest.TinyMoE()
+	s = llamatest.TinyMoE()
+	s.NormTopK, s.ExpertsUsed, s.DType, s.Tied = false, 3, llama.BF16, true
+	v["qwen3moe-top3-unnormalised-bf16-tied"] = s
 	v["gemma2-headdim-softcap"] = gemma2Tiny()
 	s = gemma2Tiny()
 	s.FinalSoftcap = 0 // null: the logits uncompressed

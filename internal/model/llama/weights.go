@@ -35,6 +35,12 @@ type layer struct {
 
 	gate, up, down    *tensor   // [inter, hidden] ×2, [hidden, inter]
 	gateB, upB, downB []float32 // biases (Llama mlp_bias)
+
+	// A mixture-of-experts layer's router [experts, hidden] (Qwen3-MoE's
+	// mlp.gate, GGUF ffn_gate_inp) and experts (moe.go); gate, up and down
+	// are then nil.
+	router  *tensor
+	experts []expert
 }
 
 // weights is a loaded checkpoint, shared read-only by every Model instance
@@ -199,7 +205,10 @@ func equalShape(a, b []int) bool {
 
 // loadWeights opens the checkpoint in dir and builds the weights of cfg
 // (tensor names of transformers' LlamaForCausalLM, which Qwen2, Qwen3 and
-// Mistral share; Qwen3 adds self_attn.q_norm and k_norm [head_dim]). It returns an error for a missing tensor, a tensor whose dtype is
+// Mistral share; Qwen3 adds self_attn.q_norm and k_norm [head_dim];
+// Qwen3-MoE replaces the MLP by mlp.gate [experts, hidden] and
+// mlp.experts.E.gate_proj, up_proj [moe_intermediate, hidden] and down_proj
+// [hidden, moe_intermediate]). It returns an error for a missing tensor, a tensor whose dtype is
 // not F32, F16 or BF16 or whose shape disagrees with cfg, and a tensor the
 // configuration has no use for (e.g. biases the configuration does not
 // declare), other than an ignored lm_head.weight of a tied model and the
@@ -263,9 +272,23 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 		mat(&ly.k, "self_attn.k_proj", kvDim, H)
 		mat(&ly.v, "self_attn.v_proj", kvDim, H)
 		mat(&ly.o, "self_attn.o_proj", H, qDim)
-		mat(&ly.gate, "mlp.gate_proj", cfg.IntermediateSize, H)
-		mat(&ly.up, "mlp.up_proj", cfg.IntermediateSize, H)
-		mat(&ly.down, "mlp.down_proj", H, cfg.IntermediateSize)
+		if cfg.Experts > 0 {
+			// Qwen3MoeSparseMoeBlock: mlp.gate [experts, hidden], and
+			// mlp.experts.E.{gate,up,down}_proj.
+			mat(&ly.router, "mlp.gate", cfg.Experts, H)
+			ly.experts = make([]expert, cfg.Experts)
+			for e := range ly.experts {
+				ex := &ly.experts[e]
+				ep := fmt.Sprintf("mlp.experts.%d.", e)
+				mat(&ex.gate, ep+"gate_proj", cfg.ExpertIntermediate, H)
+				mat(&ex.up, ep+"up_proj", cfg.ExpertIntermediate, H)
+				mat(&ex.down, ep+"down_proj", H, cfg.ExpertIntermediate)
+			}
+		} else {
+			mat(&ly.gate, "mlp.gate_proj", cfg.IntermediateSize, H)
+			mat(&ly.up, "mlp.up_proj", cfg.IntermediateSize, H)
+			mat(&ly.down, "mlp.down_proj", H, cfg.IntermediateSize)
+		}
 		if cfg.QKVBias {
 			vec(&ly.qb, "self_attn.q_proj.bias", qDim)
 			vec(&ly.kb, "self_attn.k_proj.bias", kvDim)

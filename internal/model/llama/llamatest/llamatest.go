@@ -110,6 +110,10 @@ type Spec struct {
 	// (the default), "Qwen2ForCausalLM", "Qwen3ForCausalLM" (adds the
 	// per-head q_norm and k_norm gains, uniform in 1 ± 0.5 so that their
 	// order against RoPE matters), "MistralForCausalLM" or
+	// "Qwen3MoeForCausalLM" (Qwen3's attention; every layer's MLP a mixture
+	// of Experts experts of width ExpertIntermediate, ExpertsUsed per token,
+	// norm_topk_prob NormTopK; the router's weights uniform in ±RouterScale
+	// or, if that is 0, the matrices' Scale),
 	// "Gemma2ForCausalLM" (gelu_pytorch_tanh, the four norms of a layer
 	// stored as w around 0 — applied as 1 + w —, query_pre_attn_scalar =
 	// head_dim, the soft-capping below).
@@ -135,6 +139,12 @@ type Spec struct {
 	// sliding_window (0: MaxPositions).
 	AttnSoftcap, FinalSoftcap float64
 	SlidingWindow             int
+	// Experts, ExpertsUsed, ExpertIntermediate and NormTopK are a
+	// Qwen3MoeForCausalLM's num_experts, num_experts_per_tok,
+	// moe_intermediate_size and norm_topk_prob.
+	Experts, ExpertsUsed, ExpertIntermediate int
+	NormTopK                                 bool
+	RouterScale                              float64
 	// Scale is the half-width of the uniform distribution of matrix and
 	// embedding weights; 0 means 0.02·√3 (standard deviation 0.02, the
 	// transformers initializer_range).
@@ -176,6 +186,31 @@ func Gemma2Shaped() Spec {
 		RMSNormEps: 1e-6, BOS: 2, EOS: []int{1}, Seed: 2, AttnSoftcap: 50, FinalSoftcap: 30, SlidingWindow: 4096}
 }
 
+// Qwen3MoEShaped is a Qwen3-MoE checkpoint with the attention of
+// Qwen/Qwen3-30B-A3B's layers but half as wide (its config.json: hidden
+// 2048, 32 heads and 4 KV heads of head_dim 128, 128 experts of width 768,
+// 8 per token, norm_topk_prob true, rope_theta 1e6, rms_norm_eps 1e-6, EOS
+// 151645; here hidden 1024 and 16 heads), 16 experts of width 768 with 2
+// per token, 4 of its 48 layers, a 32768-token vocabulary, tied, bf16: 206M
+// parameters, of which a token's step reads 40M in the layers (attention
+// and 2 experts) and the 34M of the classifier. The router's weights are uniform in ±0.1, so that a token's
+// experts are chosen by clear margins.
+func Qwen3MoEShaped() Spec {
+	return Spec{Architecture: "Qwen3MoeForCausalLM", Hidden: 1024, Intermediate: 6144, Layers: 4, Heads: 16, KVHeads: 4,
+		HeadDim: 128, Vocab: 32768, MaxPositions: 40960, Tied: true, DType: llama.BF16, RopeTheta: 1e6,
+		RMSNormEps: 1e-6, BOS: 1, EOS: []int{2}, Seed: 30, Experts: 16, ExpertsUsed: 2, ExpertIntermediate: 768,
+		NormTopK: true, RouterScale: 0.1}
+}
+
+// TinyMoE is Tiny with Qwen3-MoE's layers: 8 experts of width 64, 2 per
+// token, norm_topk_prob true, the router's weights uniform in ±1 (the
+// experts of a token differ from its neighbours').
+func TinyMoE() Spec {
+	s := Tiny()
+	s.Architecture, s.Experts, s.ExpertsUsed, s.ExpertIntermediate, s.NormTopK, s.RouterScale = "Qwen3MoeForCausalLM", 8, 2, 64, true, 1
+	return s
+}
+
 // Tiny is a small spec for fast tests: 2 layers, hidden 64, 4 heads of 16,
 // 2 KV heads, vocab 97, untied, F32. Its weights are large enough (uniform
 // in ±0.25) that attention is far from uniform, so a wrong rotation, mask or
@@ -210,10 +245,14 @@ func (s Spec) Config() map[string]any {
 		"rope_theta": s.RopeTheta, "rms_norm_eps": s.RMSNormEps, "hidden_act": "silu",
 		"bos_token_id": s.BOS, "eos_token_id": s.EOS, "torch_dtype": map[llama.DType]string{llama.F32: "float32", llama.F16: "float16", llama.BF16: "bfloat16"}[s.DType],
 	}
-	if s.HeadDim > 0 || arch == "Qwen3ForCausalLM" || arch == "Gemma2ForCausalLM" { // their default head_dim is not hidden/heads
+	if arch == "Qwen3MoeForCausalLM" {
+		c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"], c["norm_topk_prob"] = s.Experts, s.ExpertsUsed, s.ExpertIntermediate, s.NormTopK
+		c["decoder_sparse_step"], c["mlp_only_layers"] = 1, []int{}
+	}
+	if s.HeadDim > 0 || arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Gemma2ForCausalLM" { // their default head_dim is not hidden/heads
 		c["head_dim"] = s.headDim()
 	}
-	if s.QKVBias && (arch == "LlamaForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "Gemma2ForCausalLM") {
+	if s.QKVBias && (arch == "LlamaForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Gemma2ForCausalLM") {
 		c["attention_bias"] = true
 	}
 	if arch == "Gemma2ForCausalLM" {
@@ -270,6 +309,8 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 	H, D := s.Hidden, s.headDim()
 	q, kv := s.Heads*D, s.KVHeads*D
 	gemma := s.Architecture == "Gemma2ForCausalLM"
+	moe := s.Architecture == "Qwen3MoeForCausalLM"
+	qwen3 := s.Architecture == "Qwen3ForCausalLM" || moe
 	normCenter := 1.0
 	if gemma {
 		normCenter = 0 // applied as 1 + w
@@ -286,11 +327,11 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 			add(p+"self_attn.q_proj.bias", rnd(q, 0, 0.1), q)
 			add(p+"self_attn.k_proj.bias", rnd(kv, 0, 0.1), kv)
 			add(p+"self_attn.v_proj.bias", rnd(kv, 0, 0.1), kv)
-			if s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || s.Architecture == "Qwen3ForCausalLM" || gemma {
+			if s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || qwen3 || gemma {
 				add(p+"self_attn.o_proj.bias", rnd(H, 0, 0.1), H)
 			}
 		}
-		if s.Architecture == "Qwen3ForCausalLM" {
+		if qwen3 {
 			add(p+"self_attn.q_norm.weight", rnd(D, 1, 0.5), D)
 			add(p+"self_attn.k_norm.weight", rnd(D, 1, 0.5), D)
 		}
@@ -298,9 +339,24 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 		if gemma {
 			add(p+"pre_feedforward_layernorm.weight", rnd(H, 0, 0.1), H)
 		}
-		add(p+"mlp.gate_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)
-		add(p+"mlp.up_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)
-		add(p+"mlp.down_proj.weight", rnd(H*s.Intermediate, 0, scale), H, s.Intermediate)
+		if moe {
+			rs := s.RouterScale
+			if rs == 0 {
+				rs = scale
+			}
+			F := s.ExpertIntermediate
+			add(p+"mlp.gate.weight", rnd(s.Experts*H, 0, rs), s.Experts, H)
+			for e := range s.Experts {
+				ep := fmt.Sprintf("%smlp.experts.%d.", p, e)
+				add(ep+"gate_proj.weight", rnd(F*H, 0, scale), F, H)
+				add(ep+"up_proj.weight", rnd(F*H, 0, scale), F, H)
+				add(ep+"down_proj.weight", rnd(H*F, 0, scale), H, F)
+			}
+		} else {
+			add(p+"mlp.gate_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)
+			add(p+"mlp.up_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)
+			add(p+"mlp.down_proj.weight", rnd(H*s.Intermediate, 0, scale), H, s.Intermediate)
+		}
 		if gemma {
 			add(p+"post_feedforward_layernorm.weight", rnd(H, 0, 0.1), H)
 		}

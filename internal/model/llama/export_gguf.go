@@ -108,8 +108,9 @@ type GGUFReport struct {
 }
 
 // WriteGGUF writes the checkpoint in dir as a GGUF file (version 3) for
-// llama.cpp's "llama" architecture — or its "qwen3" or "gemma2"
-// architecture for a Qwen3ForCausalLM or Gemma2ForCausalLM checkpoint — its
+// llama.cpp's "llama" architecture — or its "qwen3", "qwen3moe" or "gemma2"
+// architecture for a Qwen3ForCausalLM, Qwen3MoeForCausalLM or
+// Gemma2ForCausalLM checkpoint — its
 // matrices of file type ft: F32
 // (exact), F16 or BF16 (exact when the checkpoint has that dtype; otherwise
 // an error), quantized Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (QuantizeQ8_0,
@@ -141,7 +142,11 @@ type GGUFReport struct {
 // attention scale llama.cpp derives (gemma2Exportable). The vocabulary is a placeholder of
 // vocab_size tokens (SentencePiece "llama" model: <unk>, <s>, </s>, the 256
 // byte tokens, then "▁tN"): such files are for token-id prompts and
-// comparisons.
+// comparisons. A Qwen3MoeForCausalLM checkpoint becomes a "qwen3moe" file
+// (writeExperts: ffn_gate_inp in F32, the experts stacked into
+// ffn_gate_exps, ffn_up_exps and ffn_down_exps; qwen3moe.expert_count,
+// expert_used_count and expert_feed_forward_length); its norm_topk_prob
+// must be true, as llama.cpp's qwen3moe assumes.
 //
 // It returns an error for rope_scaling, a sliding window and MLP biases,
 // which it does not export, and for an unsupported type.

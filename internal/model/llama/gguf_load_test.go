@@ -91,6 +91,8 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 		"qwen3-headdim":   qwen3Tiny(),
 		"qwen3-bf16-tied": func() llamatest.Spec { s := qwen3Tiny(); s.DType, s.Tied = llama.BF16, true; return s }(),
 		"gemma2":          gemma2Tiny(),
+		"qwen3moe":        llamatest.TinyMoE(),
+		"qwen3moe-bf16":   func() llamatest.Spec { s := llamatest.TinyMoE(); s.DType = llama.BF16; return s }(),
 	} {
 		t.Run(name, func(t *testing.T) {
 			spec.Vocab = 300
@@ -114,8 +116,9 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 				}
 				want := logitsOf(t, load(t, dir, llama.Options{}), toks)
 				m := load(t, writeGGUF(t, dir, c.typ), llama.Options{})
-				qwen3 := spec.Architecture == "Qwen3ForCausalLM"
-				if mc := m.Config(); m.Info().VocabSize != spec.Vocab || mc.RopeInterleaved == (qwen3 || gemma) || mc.QKNorm != qwen3 || mc.PostNorms != gemma {
+				qwen3 := spec.Architecture == "Qwen3ForCausalLM" || spec.Architecture == "Qwen3MoeForCausalLM"
+				if mc := m.Config(); m.Info().VocabSize != spec.Vocab || mc.RopeInterleaved == (qwen3 || gemma) || mc.QKNorm != qwen3 || mc.PostNorms != gemma ||
+					mc.Experts != spec.Experts || mc.ExpertsUsed != spec.ExpertsUsed || mc.ExpertIntermediate != spec.ExpertIntermediate {
 					t.Fatalf("%s: info %+v, config %+v", c.typ, m.Info(), m.Config())
 				}
 				d := maxDiff(logitsOf(t, m, toks), want)
@@ -130,11 +133,13 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 
 // TestGGUFQuantizedInvariance checks that a quantized model's logits do
 // not depend on the batch, the chunking, the thread count or the kernels,
-// for the llama, qwen3 and gemma2 architectures.
+// for the llama, qwen3, gemma2 and qwen3moe architectures.
 func TestGGUFQuantizedInvariance(t *testing.T) {
 	tiny := llamatest.Tiny()
 	tiny.Vocab = 300
-	for _, spec := range []llamatest.Spec{tiny, qwen3Tiny(), gemma2Tiny()} {
+	moe := llamatest.TinyMoE()
+	moe.Vocab = 300
+	for _, spec := range []llamatest.Spec{tiny, qwen3Tiny(), gemma2Tiny(), moe} {
 		t.Run(spec.Config()["architectures"].([]string)[0], func(t *testing.T) { ggufInvariance(t, spec) })
 	}
 }

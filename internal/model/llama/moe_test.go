@@ -1,9 +1,20 @@
 package llama_test
 
 import (
+	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"path/filepath"
 	"sort"
+	"strings"
+	"testing"
+
+	"github.com/pdserve/pdserve/internal/kvcache"
+	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama"
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
+	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
 )
 
 // moe is transformers' Qwen3MoeSparseMoeBlock in float64 for one token's
@@ -49,6 +60,177 @@ func (r *refModel) moe(p string, h []float64) []float64 {
 		for i, v := range r.linear(ep+"down_proj", gt, s.Hidden, false) {
 			out[i] += w * v
 		}
+	}
+	return out
+}
+
+// moeWide is TinyMoE 256 wide (hidden and experts), so that its GGUF files
+// can hold K-quants, with a 300-token vocabulary for WriteGGUF.
+func moeWide() llamatest.Spec {
+	s := llamatest.TinyMoE()
+	s.Hidden, s.ExpertIntermediate, s.Vocab, s.Scale = 256, 256, 300, 0.15
+	return s
+}
+
+// TestMoEBatchInvariance runs three sequences of a mixture-of-experts model
+// through a schedule that mixes prefill chunks, one-token decode steps and
+// sequences of different lengths in the same batches — so that each
+// expert's rows change from batch to batch — on every kernel set and on 1
+// and 3 threads, for the checkpoint and its F32, BF16, Q8_0, Q4_1, IQ4_NL
+// and Q4_K_M GGUF files, and checks every logit is bit-identical to the
+// sequence prefilled alone and whole on the pure-Go kernels.
+func TestMoEBatchInvariance(t *testing.T) {
+	spec := moeWide()
+	dir := spec.WriteT(t)
+	bspec := spec
+	bspec.DType = llama.BF16
+	bdir := bspec.WriteT(t)
+	rng := rand.New(rand.NewPCG(30, 1))
+	seqs := [][]int32{randomTokens(rng, 23, spec.Vocab), randomTokens(rng, 9, spec.Vocab), randomTokens(rng, 31, spec.Vocab)}
+	schedule := [][]step{
+		{{0, 0, 5}, {1, 0, 8}},
+		{{0, 5, 6}, {1, 8, 9}, {2, 0, 13}},
+		{{2, 13, 14}, {0, 6, 23}},
+		{{2, 14, 30}},
+		{{2, 30, 31}},
+	}
+	files := map[string]string{"checkpoint": dir}
+	for _, ft := range []llama.FileType{llama.FileF32, llama.FileQ8_0, llama.FileQ4_1, llama.FileIQ4NL, llama.FileQ4_KM} {
+		files[string(ft)] = writeFileType(t, dir, ft)
+	}
+	files["BF16"] = writeFileType(t, bdir, llama.FileBF16)
+	for name, path := range files {
+		t.Run(name, func(t *testing.T) {
+			solo := load(t, path, llama.Options{Threads: 1, Kernels: llama.KernelsGo})
+			if c := solo.Config(); c.Experts != 8 || c.ExpertsUsed != 2 || !c.NormTopK {
+				t.Fatalf("config %+v", c)
+			}
+			sp := newPool(t, solo, 4, 64)
+			want := make([][]float32, len(seqs))
+			for i, s := range seqs {
+				lg, err := solo.ForwardLogits(context.Background(), sp, []model.SeqInput{{Pages: alloc(t, sp, sp.PagesFor(len(s))), Tokens: s}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want[i] = lg[0]
+			}
+			V := spec.Vocab
+			for _, k := range llama.KernelChoices {
+				for _, threads := range []int{1, 3} {
+					m, err := llama.Load(path, llama.Options{Kernels: k, Threads: threads})
+					if err != nil {
+						t.Logf("%s: %v", k, err) // a kernel set this CPU lacks
+						continue
+					}
+					t.Cleanup(func() { _ = m.Close() })
+					p := newPool(t, m, 4, 64)
+					pages := make([][]kvcache.PageID, len(seqs))
+					for i, s := range seqs {
+						pages[i] = alloc(t, p, p.PagesFor(len(s)))
+					}
+					for bi, batch := range schedule {
+						var in []model.SeqInput
+						for _, st := range batch {
+							in = append(in, model.SeqInput{Pages: pages[st.seq], Pos: st.from, Tokens: seqs[st.seq][st.from:st.to]})
+						}
+						lg, err := m.ForwardLogits(context.Background(), p, in)
+						if err != nil {
+							t.Fatal(err)
+						}
+						for j, st := range batch {
+							for i, v := range lg[j] {
+								if w := want[st.seq][st.from*V+i]; math.Float32bits(v) != math.Float32bits(w) {
+									t.Fatalf("kernels %s threads %d batch %d seq %d: logit %d at position %d = %v, alone %v",
+										k, threads, bi, st.seq, i%V, st.from+i/V, v, w)
+								}
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestGGUFQwen3MoEErrors checks that a qwen3moe file without its expert
+// counts, with counts that contradict each other or the tensors, or with a
+// missing or truncated expert tensor is refused with an error naming the
+// problem, and that WriteGGUF refuses a checkpoint whose chosen experts'
+// weights are not renormalised (llama.cpp's qwen3moe always renormalises).
+func TestGGUFQwen3MoEErrors(t *testing.T) {
+	spec := llamatest.TinyMoE()
+	spec.Vocab = 300
+	good := writeGGUF(t, spec.WriteT(t), gguf.F32)
+	f := readGGUF(t, good)
+	if a, _, _ := f.String("general.architecture"); a != "qwen3moe" {
+		t.Fatalf("general.architecture %q, want qwen3moe", a)
+	}
+	if ti, ok := f.Tensor("blk.1.ffn_down_exps.weight"); !ok || len(ti.Dims) != 3 || ti.Dims[0] != 64 || ti.Dims[1] != 64 || ti.Dims[2] != 8 {
+		t.Fatalf("blk.1.ffn_down_exps.weight: %+v", ti)
+	}
+	setKV := func(key string, v any) func([]gguf.KV, []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+		return func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			var out []gguf.KV
+			for _, kv := range kvs {
+				if kv.Key == key {
+					if v == nil {
+						continue
+					}
+					kv.Value = v
+				}
+				out = append(out, kv)
+			}
+			return out, ts
+		}
+	}
+	editTensor := func(name string, edit func(tn *gguf.Tensor) bool) func([]gguf.KV, []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+		return func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			var out []gguf.Tensor
+			for _, tn := range ts {
+				if tn.Name != name || edit(&tn) {
+					out = append(out, tn)
+				}
+			}
+			return kvs, out
+		}
+	}
+	for _, c := range []struct {
+		name string
+		edit func([]gguf.KV, []gguf.Tensor) ([]gguf.KV, []gguf.Tensor)
+		want []string
+	}{
+		{"no expert count", setKV("qwen3moe.expert_count", nil), []string{"no qwen3moe.expert_count"}},
+		{"no experts used", setKV("qwen3moe.expert_used_count", nil), []string{"no qwen3moe.expert_used_count"}},
+		{"more used than experts", setKV("qwen3moe.expert_used_count", uint32(9)), []string{"experts used per token must be 1 to the expert count 8, got 9"}},
+		{"too many experts", setKV("qwen3moe.expert_count", uint32(100000)), []string{"qwen3moe.expert_count is 100000, want 1 to 512"}},
+		{"fewer experts than tensors", setKV("qwen3moe.expert_count", uint32(4)), []string{`tensor "blk.0.ffn_gate_inp.weight" has shape [8 64]`, "implies [4 64]"}},
+		{"expert width", setKV("qwen3moe.expert_feed_forward_length", uint32(32)), []string{`tensor "blk.0.ffn_gate_exps.weight" has shape [8 64 64]`, "implies [8 32 64]"}},
+		{"no router", editTensor("blk.1.ffn_gate_inp.weight", func(*gguf.Tensor) bool { return false }), []string{`tensor "blk.1.ffn_gate_inp.weight" not found`}},
+		{"no down", editTensor("blk.0.ffn_down_exps.weight", func(*gguf.Tensor) bool { return false }), []string{`tensor "blk.0.ffn_down_exps.weight" not found`}},
+		{"2-D experts", editTensor("blk.0.ffn_up_exps.weight", func(tn *gguf.Tensor) bool {
+			tn.Dims = []uint64{64, 512}
+			return true
+		}), []string{`tensor "blk.0.ffn_up_exps.weight" has shape [512 64]`, "implies [8 64 64]"}},
+	} {
+		t.Run(c.name, func(t *testing.T) { wantLoadError(t, rewriteGGUF(t, f, c.edit), llama.Options{}, c.want...) })
+	}
+
+	t.Run("unnormalised", func(t *testing.T) {
+		s := llamatest.TinyMoE()
+		s.NormTopK = false
+		_, err := llama.WriteGGUF(s.WriteT(t), filepath.Join(t.TempDir(), "m.gguf"), llama.FileF32)
+		if err == nil || !strings.Contains(err.Error(), "norm_topk_prob is false") {
+			t.Fatalf("WriteGGUF: %v, want an error about norm_topk_prob", err)
+		}
+	})
+}
+
+// writeFileType writes the checkpoint dir as a GGUF file of type ft.
+func writeFileType(t *testing.T, dir string, ft llama.FileType) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "m-"+string(ft)+".gguf")
+	if _, err := llama.WriteGGUF(dir, out, ft); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

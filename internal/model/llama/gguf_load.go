@@ -283,7 +283,10 @@ func ggufGemma2(f *gguf.File, c *Config) error {
 // attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down} with attn_q/k/v
 // biases for qwen2 (and optionally for llama and qwen3), attn_q_norm and
 // attn_k_norm ([head_dim]) for qwen3, and post_attention_norm and
-// post_ffw_norm for gemma2. Matrices may be F32, F16, BF16, Q8_0, Q4_0,
+// post_ffw_norm for gemma2; for a mixture of experts (qwen3moe, or llama
+// with llama.expert_count) ffn_gate_inp and the stacked ffn_gate_exps,
+// ffn_up_exps and ffn_down_exps instead of ffn_gate, ffn_up and ffn_down
+// (ggufExperts). Matrices may be F32, F16, BF16, Q8_0, Q4_0,
 // Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K or Q6_K; norms and biases F32, F16 or
 // BF16.
 //

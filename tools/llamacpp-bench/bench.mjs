@@ -8,7 +8,10 @@
 //   node bench.mjs refs   --model m.gguf --threads 2 --seqs seqs.json [--greedy 32]
 //   node bench.mjs score  --model m.gguf --threads 2 --seqs seqs.json [--chunk 64] [--top 5]
 //
-// perf measures, with an F32 KV cache and flash attention off:
+// perf measures, with an F32 KV cache and flash attention off (each also as
+// CPU milliseconds per token, *_cpu_ms_tok: the process's user + system
+// time over the timed part, which counts llama.cpp's threads spinning at
+// its barriers too):
 //   prefill: a 512-token prompt evaluated from position 0 (one batch), tokens/s;
 //   decode1: one sequence with 128 tokens of context, greedy steps, tokens/s;
 //   decode16: 16 sequences with 128 tokens each, stepped in lockstep (every
@@ -68,6 +71,12 @@ function ctxOptions(extra) {
 
 const greedy = {temperature: 0};
 const now = () => Number(process.hrtime.bigint()) / 1e9;
+// CPU milliseconds (user + system, all threads of the process) since c0, a
+// process.cpuUsage() reading.
+const cpuMs = (c0) => {
+    const c = process.cpuUsage(c0);
+    return (c.user + c.system) / 1000;
+};
 
 if (mode === "perf") {
     const decodeSteps = Number(opt("decode", "64"));
@@ -84,13 +93,17 @@ if (mode === "perf") {
         const prompt = randomTokens(prefillLen);
         await seq.evaluateWithoutGeneratingNewTokens(prompt); // warm-up
         const times = [];
+        let cpu = 0;
         for (let i = 0; i < prefillRuns; i++) {
             await seq.clearHistory();
+            const c0 = process.cpuUsage();
             const t0 = now();
             await seq.evaluateWithoutGeneratingNewTokens(prompt);
             times.push(now() - t0);
+            cpu += cpuMs(c0);
         }
         out.prefill_tok_s = prefillLen * prefillRuns / times.reduce((a, b) => a + b, 0);
+        out.prefill_cpu_ms_tok = cpu / (prefillLen * prefillRuns);
         await ctx.dispose();
     }
 
@@ -102,11 +115,13 @@ if (mode === "perf") {
         let tok = res[ctxLen - 1].next.token;
         // one warm-up step
         tok = (await seq.controlledEvaluate([[tok, {generateNext: {token: true, options: greedy}}]]))[0].next.token;
+        const c0 = process.cpuUsage();
         const t0 = now();
         for (let i = 0; i < decodeSteps; i++) {
             tok = (await seq.controlledEvaluate([[tok, {generateNext: {token: true, options: greedy}}]]))[0].next.token;
         }
         out.decode1_tok_s = decodeSteps / (now() - t0);
+        out.decode1_cpu_ms_tok = cpuMs(c0) / decodeSteps;
         await ctx.dispose();
     }
 
@@ -121,9 +136,11 @@ if (mode === "perf") {
             return s.controlledEvaluate(p.map((t, i) => i === ctxLen - 1 ? [t, {generateNext: {token: true, options: greedy}}] : t));
         }))).map((r) => r[ctxLen - 1].next.token);
         toks = await step(toks); // warm-up
+        const c0 = process.cpuUsage();
         const t0 = now();
         for (let i = 0; i < decodeSteps; i++) toks = await step(toks);
         out.decode16_tok_s = batch * decodeSteps / (now() - t0);
+        out.decode16_cpu_ms_tok = cpuMs(c0) / (batch * decodeSteps);
         await ctx.dispose();
     }
     console.log(JSON.stringify(out));

@@ -20,7 +20,8 @@
 // probabilities differ by more than 1e-4 or its 8 greedy tokens differ),
 // then runs pdserve's BenchmarkSmolLM2 -model FILE
 // (A) and bench.mjs (B) interleaved A B A B … and prints the medians and
-// the ratios pdserve/llama.cpp. With -score it instead compares pdserve's
+// the ratios pdserve/llama.cpp, of tokens per second and of CPU time per
+// token. With -score it instead compares pdserve's
 // prompt logprobs with llama.cpp's (score.go). With -stories-refs DIR it
 // instead writes the llama.cpp references of the stories260K quantized
 // test (refs.go).
@@ -156,13 +157,16 @@ func main() {
 	}
 	type series struct {
 		a, b       [][]float64
-		rssA, rssB []float64 // peak RSS (bytes): pdserve's batch-1 decode process, llama.cpp's perf process
+		ca, cb     [][]float64 // CPU ms per token (all threads), pdserve and llama.cpp
+		rssA, rssB []float64   // peak RSS (bytes): pdserve's batch-1 decode process, llama.cpp's perf process
 	}
 	res := map[llama.FileType]*series{}
 	for _, ft := range files {
-		res[ft] = &series{a: make([][]float64, len(metrics)), b: make([][]float64, len(metrics))}
+		n := len(metrics)
+		res[ft] = &series{a: make([][]float64, n), b: make([][]float64, n), ca: make([][]float64, n), cb: make([][]float64, n)}
 	}
 	tokS := regexp.MustCompile(`([0-9.]+) tok/s`)
+	cpuMS := regexp.MustCompile(`([0-9.]+) cpu-ms/tok`)
 	for r := range *rounds {
 		log.Printf("round %d: load average %s", r+1, loadAvg())
 		for _, ft := range files {
@@ -179,7 +183,12 @@ func main() {
 				}
 				v, _ := strconv.ParseFloat(mm[1], 64)
 				sr.a[i] = append(sr.a[i], v)
-				log.Printf("round %d %-6s A pdserve   %-34s %8.1f", r+1, ft, m.name, v)
+				var c float64
+				if mc := cpuMS.FindStringSubmatch(out); mc != nil {
+					c, _ = strconv.ParseFloat(mc[1], 64)
+				}
+				sr.ca[i] = append(sr.ca[i], c)
+				log.Printf("round %d %-6s A pdserve   %-34s %8.1f  (%.3f cpu-ms/tok)", r+1, ft, m.name, v, c)
 			}
 			out, rss := nodeRSS(*work, *threads, "perf", "--model", ggufs[ft], "--decode", strconv.Itoa(*decode),
 				"--prefill-runs", strconv.Itoa(*prefillRuns))
@@ -188,7 +197,9 @@ func main() {
 			must(json.Unmarshal([]byte(lastLine(out)), &js))
 			for i, m := range metrics {
 				sr.b[i] = append(sr.b[i], js[m.jsKey])
-				log.Printf("round %d %-6s B llama.cpp %-34s %8.1f", r+1, ft, m.name, js[m.jsKey])
+				c := js[strings.TrimSuffix(m.jsKey, "_tok_s")+"_cpu_ms_tok"]
+				sr.cb[i] = append(sr.cb[i], c)
+				log.Printf("round %d %-6s B llama.cpp %-34s %8.1f  (%.3f cpu-ms/tok)", r+1, ft, m.name, js[m.jsKey], c)
 			}
 		}
 	}
@@ -205,6 +216,19 @@ func main() {
 		for i, m := range metrics {
 			ma, mb := median(res[ft].a[i]), median(res[ft].b[i])
 			fmt.Printf("| %s | %d MB | %s | %.1f | %.1f | %.2f× | %s | %s |\n", ft, fi.Size()>>20, m.name, ma, mb, ma/mb, list(res[ft].a[i]), list(res[ft].b[i]))
+		}
+	}
+	// CPU time per token: on a loaded machine, where wall time depends on
+	// what else runs. llama.cpp's includes its threads spinning at barriers
+	// while another thread is descheduled; with -threads 1 neither side
+	// waits for another thread.
+	fmt.Printf("\nCPU milliseconds per token (user + system, all threads), medians; llama.cpp/pdserve above 1 means pdserve uses less CPU per token\n\n")
+	fmt.Println("| weights | measure | pdserve | llama.cpp | llama.cpp/pdserve | pdserve runs | llama.cpp runs |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	for _, ft := range files {
+		for i, m := range metrics {
+			ma, mb := median(res[ft].ca[i]), median(res[ft].cb[i])
+			fmt.Printf("| %s | %s | %.3f | %.3f | %.2f× | %s | %s |\n", ft, m.name, ma, mb, mb/ma, list3(res[ft].ca[i]), list3(res[ft].cb[i]))
 		}
 	}
 	// Resident memory: BenchmarkSmolLM2's batch-1 decode pool holds 640
@@ -451,6 +475,14 @@ func list(v []float64) string {
 	var parts []string
 	for _, x := range v {
 		parts = append(parts, fmt.Sprintf("%.1f", x))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func list3(v []float64) string {
+	var parts []string
+	for _, x := range v {
+		parts = append(parts, fmt.Sprintf("%.3f", x))
 	}
 	return strings.Join(parts, ", ")
 }

@@ -12,7 +12,7 @@ import (
 
 // Config is the model configuration read from a Hugging Face config.json
 // (field names as in transformers' LlamaConfig, Qwen2Config, Qwen3Config,
-// Qwen3MoeConfig, MistralConfig and Gemma2Config).
+// Qwen3MoeConfig, MistralConfig, MixtralConfig and Gemma2Config).
 type Config struct {
 	// Architecture is architectures[0], e.g. "LlamaForCausalLM".
 	Architecture string
@@ -170,6 +170,7 @@ type rawConfig struct {
 	TorchDType        string          `json:"torch_dtype"`
 	// Qwen3MoeConfig's.
 	NumExperts          *int  `json:"num_experts"`
+	NumLocalExperts     *int  `json:"num_local_experts"` // MixtralConfig's
 	NumExpertsPerTok    *int  `json:"num_experts_per_tok"`
 	MoeIntermediateSize *int  `json:"moe_intermediate_size"`
 	NormTopKProb        *bool `json:"norm_topk_prob"`
@@ -185,10 +186,11 @@ const (
 	archQwen3    = "Qwen3ForCausalLM"
 	archGemma2   = "Gemma2ForCausalLM"
 	archQwen3MoE = "Qwen3MoeForCausalLM"
+	archMixtral  = "MixtralForCausalLM"
 )
 
 // supportedArchs lists the supported architectures for error messages.
-const supportedArchs = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MistralForCausalLM, Gemma2ForCausalLM"
+const supportedArchs = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MistralForCausalLM, MixtralForCausalLM, Gemma2ForCausalLM"
 
 // ReadConfig reads dir/config.json and, if present, the eos_token_id of
 // dir/generation_config.json (merged into EOS). It returns the configuration
@@ -280,9 +282,14 @@ func ParseConfig(raw []byte) (Config, error) {
 				return Config{}, err
 			}
 		}
-	case archMistral:
+	case archMistral, archMixtral:
 		if r.SlidingWindow != nil {
 			c.SlidingWindow = *r.SlidingWindow
+		}
+		if c.Architecture == archMixtral {
+			if err := mixtralConfig(&c, &r); err != nil {
+				return Config{}, err
+			}
 		}
 	case archGemma2:
 		if err := gemma2Config(&c, &r); err != nil {
@@ -385,6 +392,23 @@ func qwen3MoEConfig(c *Config, r *rawConfig) error {
 	if r.DecoderSparseStep != nil && *r.DecoderSparseStep != 1 || len(r.MLPOnlyLayers) > 0 {
 		return errors.New("dense layers among the experts' (decoder_sparse_step other than 1, or mlp_only_layers) are not supported")
 	}
+	return checkExperts(c)
+}
+
+// mixtralConfig fills the mixture-of-experts fields of c from r as
+// transformers' MixtralConfig reads them: num_local_experts (default 8),
+// num_experts_per_tok (default 2), each expert intermediate_size wide; the
+// chosen experts' softmax over their own logits (MixtralSparseMoeBlock),
+// which is the renormalised top of the softmax over all: NormTopK.
+func mixtralConfig(c *Config, r *rawConfig) error {
+	c.Experts, c.ExpertsUsed, c.NormTopK = 8, 2, true
+	if r.NumLocalExperts != nil {
+		c.Experts = *r.NumLocalExperts
+	}
+	if r.NumExpertsPerTok != nil {
+		c.ExpertsUsed = *r.NumExpertsPerTok
+	}
+	c.ExpertIntermediate = c.IntermediateSize
 	return checkExperts(c)
 }
 

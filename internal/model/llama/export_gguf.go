@@ -110,7 +110,8 @@ type GGUFReport struct {
 // WriteGGUF writes the checkpoint in dir as a GGUF file (version 3) for
 // llama.cpp's "llama" architecture — or its "qwen3", "qwen3moe" or "gemma2"
 // architecture for a Qwen3ForCausalLM, Qwen3MoeForCausalLM or
-// Gemma2ForCausalLM checkpoint — its
+// Gemma2ForCausalLM checkpoint; a MixtralForCausalLM becomes a "llama"
+// file with experts, as llama.cpp's converter writes it — its
 // matrices of file type ft: F32
 // (exact), F16 or BF16 (exact when the checkpoint has that dtype; otherwise
 // an error), quantized Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (QuantizeQ8_0,

@@ -93,6 +93,7 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 		"gemma2":          gemma2Tiny(),
 		"qwen3moe":        llamatest.TinyMoE(),
 		"qwen3moe-bf16":   func() llamatest.Spec { s := llamatest.TinyMoE(); s.DType = llama.BF16; return s }(),
+		"mixtral":         llamatest.TinyMixtral(),
 	} {
 		t.Run(name, func(t *testing.T) {
 			spec.Vocab = 300
@@ -109,7 +110,13 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 				{gguf.Q4_1, 0.3}, {gguf.Q5_0, 0.3}, {gguf.Q5_1, 0.3}} {
 				dir := spec.WriteT(t)
 				if c.typ.BlockSize() == 32 {
-					if spec.DType != llama.F32 {
+					// A mixture of experts routes some tokens elsewhere
+					// once its activations are quantized to 8 bits (see
+					// routingFlips): too many to compare position by
+					// position. Its quantized files are checked bit for bit
+					// across paths (TestMoEBatchInvariance) and against
+					// llama.cpp (tools/llamacpp-bench) instead.
+					if spec.DType != llama.F32 || spec.Experts > 0 {
 						continue
 					}
 					dir = snapped(t, spec, c.typ)
@@ -118,7 +125,7 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 				m := load(t, writeGGUF(t, dir, c.typ), llama.Options{})
 				qwen3 := spec.Architecture == "Qwen3ForCausalLM" || spec.Architecture == "Qwen3MoeForCausalLM"
 				if mc := m.Config(); m.Info().VocabSize != spec.Vocab || mc.RopeInterleaved == (qwen3 || gemma) || mc.QKNorm != qwen3 || mc.PostNorms != gemma ||
-					mc.Experts != spec.Experts || mc.ExpertsUsed != spec.ExpertsUsed || mc.ExpertIntermediate != spec.ExpertIntermediate {
+					mc.Experts != spec.Experts || mc.ExpertsUsed != spec.ExpertsUsed || mc.ExpertIntermediate != expertWidth(spec) {
 					t.Fatalf("%s: info %+v, config %+v", c.typ, m.Info(), m.Config())
 				}
 				d := maxDiff(logitsOf(t, m, toks), want)

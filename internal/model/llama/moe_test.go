@@ -17,13 +17,18 @@ import (
 	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
 )
 
-// moe is transformers' Qwen3MoeSparseMoeBlock in float64 for one token's
+// moe is transformers' Qwen3MoeSparseMoeBlock (or MixtralSparseMoeBlock) in float64 for one token's
 // normalised input h (layer prefix p): the softmax of the router logits,
 // the top ExpertsUsed experts (divided by their sum with norm_topk_prob),
 // and the weighted sum of their SwiGLU outputs.
 func (r *refModel) moe(p string, h []float64) []float64 {
 	s := r.spec
-	logits := r.linear(p+"mlp.gate", h, s.Experts, false)
+	block, gate, up, down, F := "mlp.", "gate_proj", "up_proj", "down_proj", s.ExpertIntermediate
+	if s.Architecture == "MixtralForCausalLM" { // MixtralSparseMoeBlock: softmax, top k, renormalised
+		block, gate, up, down, F = "block_sparse_moe.", "w1", "w3", "w2", s.Intermediate
+	}
+	norm := s.NormTopK || s.Architecture == "MixtralForCausalLM"
+	logits := r.linear(p+block+"gate", h, s.Experts, false)
 	m := math.Inf(-1)
 	for _, l := range logits {
 		m = math.Max(m, l)
@@ -48,16 +53,16 @@ func (r *refModel) moe(p string, h []float64) []float64 {
 	out := make([]float64, s.Hidden)
 	for _, e := range top {
 		w := prob[e]
-		if s.NormTopK {
+		if norm {
 			w /= sum
 		}
-		ep := fmt.Sprintf("%smlp.experts.%d.", p, e)
-		gt := r.linear(ep+"gate_proj", h, s.ExpertIntermediate, false)
-		up := r.linear(ep+"up_proj", h, s.ExpertIntermediate, false)
+		ep := fmt.Sprintf("%s%sexperts.%d.", p, block, e)
+		gt := r.linear(ep+gate, h, F, false)
+		u := r.linear(ep+up, h, F, false)
 		for i := range gt {
-			gt[i] = gt[i] / (1 + math.Exp(-gt[i])) * up[i]
+			gt[i] = gt[i] / (1 + math.Exp(-gt[i])) * u[i]
 		}
-		for i, v := range r.linear(ep+"down_proj", gt, s.Hidden, false) {
+		for i, v := range r.linear(ep+down, gt, s.Hidden, false) {
 			out[i] += w * v
 		}
 	}
@@ -233,4 +238,35 @@ func writeFileType(t *testing.T, dir string, ft llama.FileType) string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// expertWidth is the width of spec's experts (0 for a dense model).
+func expertWidth(s llamatest.Spec) int {
+	if s.Architecture == "MixtralForCausalLM" {
+		return s.Intermediate
+	}
+	return s.ExpertIntermediate
+}
+
+// routingFlips is the fraction of a sequence's positions a lossy
+// comparison (a rounded KV cache) may leave out for
+// spec: none for a dense model; for a mixture of experts, one in ten. A
+// token whose second and third most likely experts are nearly tied may be
+// routed to the other one when its activations move by a rounding, which
+// changes its logits by far more than the rounding itself: a legitimate
+// discontinuity of the model, not an error. (The exact comparisons leave
+// out nothing.)
+func routingFlips(spec llamatest.Spec, lossy bool) float64 {
+	if spec.Experts == 0 || !lossy {
+		return 0
+	}
+	return 0.1
+}
+
+// worstBut returns the largest of perPos after leaving out the largest
+// fraction frac of them.
+func worstBut(perPos []float64, frac float64) float64 {
+	s := append([]float64(nil), perPos...)
+	sort.Float64s(s)
+	return s[len(s)-1-int(frac*float64(len(s)))]
 }

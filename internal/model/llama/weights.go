@@ -208,7 +208,8 @@ func equalShape(a, b []int) bool {
 // Mistral share; Qwen3 adds self_attn.q_norm and k_norm [head_dim];
 // Qwen3-MoE replaces the MLP by mlp.gate [experts, hidden] and
 // mlp.experts.E.gate_proj, up_proj [moe_intermediate, hidden] and down_proj
-// [hidden, moe_intermediate]). It returns an error for a missing tensor, a tensor whose dtype is
+// [hidden, moe_intermediate]; Mixtral the same as block_sparse_moe.gate and
+// block_sparse_moe.experts.E.w1, w3 and w2). It returns an error for a missing tensor, a tensor whose dtype is
 // not F32, F16 or BF16 or whose shape disagrees with cfg, and a tensor the
 // configuration has no use for (e.g. biases the configuration does not
 // declare), other than an ignored lm_head.weight of a tied model and the
@@ -274,15 +275,21 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 		mat(&ly.o, "self_attn.o_proj", H, qDim)
 		if cfg.Experts > 0 {
 			// Qwen3MoeSparseMoeBlock: mlp.gate [experts, hidden], and
-			// mlp.experts.E.{gate,up,down}_proj.
-			mat(&ly.router, "mlp.gate", cfg.Experts, H)
+			// mlp.experts.E.{gate,up,down}_proj; MixtralSparseMoeBlock:
+			// block_sparse_moe.gate and block_sparse_moe.experts.E.w1
+			// (gate), w3 (up) and w2 (down).
+			block, gate, up, down := "mlp.", "gate_proj", "up_proj", "down_proj"
+			if cfg.Architecture == archMixtral {
+				block, gate, up, down = "block_sparse_moe.", "w1", "w3", "w2"
+			}
+			mat(&ly.router, block+"gate", cfg.Experts, H)
 			ly.experts = make([]expert, cfg.Experts)
 			for e := range ly.experts {
 				ex := &ly.experts[e]
-				ep := fmt.Sprintf("mlp.experts.%d.", e)
-				mat(&ex.gate, ep+"gate_proj", cfg.ExpertIntermediate, H)
-				mat(&ex.up, ep+"up_proj", cfg.ExpertIntermediate, H)
-				mat(&ex.down, ep+"down_proj", H, cfg.ExpertIntermediate)
+				ep := fmt.Sprintf("%sexperts.%d.", block, e)
+				mat(&ex.gate, ep+gate, cfg.ExpertIntermediate, H)
+				mat(&ex.up, ep+up, cfg.ExpertIntermediate, H)
+				mat(&ex.down, ep+down, H, cfg.ExpertIntermediate)
 			}
 		} else {
 			mat(&ly.gate, "mlp.gate_proj", cfg.IntermediateSize, H)

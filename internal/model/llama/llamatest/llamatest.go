@@ -114,6 +114,8 @@ type Spec struct {
 	// of Experts experts of width ExpertIntermediate, ExpertsUsed per token,
 	// norm_topk_prob NormTopK; the router's weights uniform in ±RouterScale
 	// or, if that is 0, the matrices' Scale),
+	// "MixtralForCausalLM" (Llama's attention; Experts experts of width
+	// Intermediate, ExpertsUsed per token, always renormalised),
 	// "Gemma2ForCausalLM" (gelu_pytorch_tanh, the four norms of a layer
 	// stored as w around 0 — applied as 1 + w —, query_pre_attn_scalar =
 	// head_dim, the soft-capping below).
@@ -211,6 +213,14 @@ func TinyMoE() Spec {
 	return s
 }
 
+// TinyMixtral is Tiny as a Mixtral checkpoint: 8 experts of width 96
+// (intermediate_size), 2 per token, the router's weights uniform in ±1.
+func TinyMixtral() Spec {
+	s := Tiny()
+	s.Architecture, s.Experts, s.ExpertsUsed, s.RouterScale = "MixtralForCausalLM", 8, 2, 1
+	return s
+}
+
 // Tiny is a small spec for fast tests: 2 layers, hidden 64, 4 heads of 16,
 // 2 KV heads, vocab 97, untied, F32. Its weights are large enough (uniform
 // in ±0.25) that attention is far from uniform, so a wrong rotation, mask or
@@ -244,6 +254,9 @@ func (s Spec) Config() map[string]any {
 		"vocab_size": s.Vocab, "max_position_embeddings": s.MaxPositions, "tie_word_embeddings": s.Tied,
 		"rope_theta": s.RopeTheta, "rms_norm_eps": s.RMSNormEps, "hidden_act": "silu",
 		"bos_token_id": s.BOS, "eos_token_id": s.EOS, "torch_dtype": map[llama.DType]string{llama.F32: "float32", llama.F16: "float16", llama.BF16: "bfloat16"}[s.DType],
+	}
+	if arch == "MixtralForCausalLM" {
+		c["num_local_experts"], c["num_experts_per_tok"] = s.Experts, s.ExpertsUsed
 	}
 	if arch == "Qwen3MoeForCausalLM" {
 		c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"], c["norm_topk_prob"] = s.Experts, s.ExpertsUsed, s.ExpertIntermediate, s.NormTopK
@@ -309,8 +322,9 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 	H, D := s.Hidden, s.headDim()
 	q, kv := s.Heads*D, s.KVHeads*D
 	gemma := s.Architecture == "Gemma2ForCausalLM"
-	moe := s.Architecture == "Qwen3MoeForCausalLM"
-	qwen3 := s.Architecture == "Qwen3ForCausalLM" || moe
+	mixtral := s.Architecture == "MixtralForCausalLM"
+	moe := s.Architecture == "Qwen3MoeForCausalLM" || mixtral
+	qwen3 := s.Architecture == "Qwen3ForCausalLM" || s.Architecture == "Qwen3MoeForCausalLM"
 	normCenter := 1.0
 	if gemma {
 		normCenter = 0 // applied as 1 + w
@@ -344,13 +358,16 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 			if rs == 0 {
 				rs = scale
 			}
-			F := s.ExpertIntermediate
-			add(p+"mlp.gate.weight", rnd(s.Experts*H, 0, rs), s.Experts, H)
+			F, block, gate, up, down := s.ExpertIntermediate, "mlp.", "gate_proj", "up_proj", "down_proj"
+			if mixtral {
+				F, block, gate, up, down = s.Intermediate, "block_sparse_moe.", "w1", "w3", "w2"
+			}
+			add(p+block+"gate.weight", rnd(s.Experts*H, 0, rs), s.Experts, H)
 			for e := range s.Experts {
-				ep := fmt.Sprintf("%smlp.experts.%d.", p, e)
-				add(ep+"gate_proj.weight", rnd(F*H, 0, scale), F, H)
-				add(ep+"up_proj.weight", rnd(F*H, 0, scale), F, H)
-				add(ep+"down_proj.weight", rnd(H*F, 0, scale), H, F)
+				ep := fmt.Sprintf("%s%sexperts.%d.", p, block, e)
+				add(ep+gate+".weight", rnd(F*H, 0, scale), F, H)
+				add(ep+up+".weight", rnd(F*H, 0, scale), F, H)
+				add(ep+down+".weight", rnd(H*F, 0, scale), H, F)
 			}
 		} else {
 			add(p+"mlp.gate_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)

@@ -9,7 +9,7 @@
 //
 // From the repository root:
 //
-//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|qwen3moe] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m] [-work DIR]
+//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|qwen3moe|mixtral] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m] [-work DIR]
 //
 // It installs node-llama-cpp@3.21.1 and @node-llama-cpp/linux-x64@3.21.1
 // (npm, --omit=optional; prebuilt binaries, no build, no download at run
@@ -70,7 +70,7 @@ func main() {
 	score := flag.Bool("score", false, "instead of benchmarking, compare pdserve's prompt logprobs with llama.cpp's on each file (exit status 1 if any differs by more than 1e-4)")
 	scoreChunk := flag.Int("score-chunk", 64, "with -score, the prefill chunk (tokens per forward) on both sides")
 	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0, Q4_0 and Q5_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
-	arch := flag.String("arch", "llama", "synthetic checkpoint: llama (SmolLM2-135M-shaped), qwen3 (llamatest.Qwen3Shaped: Qwen3-0.6B's layers, 8 of them, 32768-token vocabulary) gemma2 (llamatest.Gemma2Shaped: gemma-2-2b's layers, 2 of them, 16384-token vocabulary) or qwen3moe (llamatest.Qwen3MoEShaped: Qwen3-30B-A3B's attention at half width, 4 layers of 16 experts, 2 per token)")
+	arch := flag.String("arch", "llama", "synthetic checkpoint: llama (SmolLM2-135M-shaped), qwen3 (llamatest.Qwen3Shaped: Qwen3-0.6B's layers, 8 of them, 32768-token vocabulary) gemma2 (llamatest.Gemma2Shaped: gemma-2-2b's layers, 2 of them, 16384-token vocabulary) qwen3moe (llamatest.Qwen3MoEShaped: Qwen3-30B-A3B's attention at half width, 4 layers of 16 experts, 2 per token) or mixtral (llamatest.MixtralShaped: 4 layers of 8 experts, 2 per token, llama.cpp's llama architecture with experts)")
 	flag.Parse()
 	log.SetFlags(0)
 
@@ -89,10 +89,11 @@ func main() {
 		"qwen3":    {"qwen3-shaped-synthetic", llamatest.Qwen3Shaped()},
 		"gemma2":   {"gemma2-shaped-synthetic", llamatest.Gemma2Shaped()},
 		"qwen3moe": {"qwen3moe-shaped-synthetic", llamatest.Qwen3MoEShaped()},
+		"mixtral":  {"mixtral-shaped-synthetic", llamatest.MixtralShaped()},
 	}
 	sp, ok := specs[*arch]
 	if !ok {
-		log.Fatalf("-arch: %q is not llama, qwen3, gemma2 or qwen3moe", *arch)
+		log.Fatalf("-arch: %q is not llama, qwen3, gemma2, qwen3moe or mixtral", *arch)
 	}
 	ckpt := filepath.Join(*work, sp.name)
 	if _, err := os.Stat(filepath.Join(ckpt, "model.safetensors")); err != nil {

@@ -213,6 +213,17 @@ func TinyMoE() Spec {
 	return s
 }
 
+// MixtralShaped is a small Mixtral checkpoint: Mixtral-8x7B's 8 experts
+// with 2 per token, untied classifier, rope_theta 1e6, rms_norm_eps 1e-5
+// (its config.json), at hidden 1024 with 16 heads and 4 KV heads of 64,
+// experts 1024 wide, 4 layers, a 32000-token vocabulary, bf16: 176M
+// parameters, the router's weights uniform in ±0.1.
+func MixtralShaped() Spec {
+	return Spec{Architecture: "MixtralForCausalLM", Hidden: 1024, Intermediate: 1024, Layers: 4, Heads: 16, KVHeads: 4,
+		Vocab: 32000, MaxPositions: 32768, DType: llama.BF16, RopeTheta: 1e6, RMSNormEps: 1e-5, BOS: 1, EOS: []int{2},
+		Seed: 87, Experts: 8, ExpertsUsed: 2, RouterScale: 0.1}
+}
+
 // TinyMixtral is Tiny as a Mixtral checkpoint: 8 experts of width 96
 // (intermediate_size), 2 per token, the router's weights uniform in ±1.
 func TinyMixtral() Spec {

@@ -229,7 +229,7 @@ func main() {
 	for _, ft := range files {
 		for i, m := range metrics {
 			ma, mb := median(res[ft].ca[i]), median(res[ft].cb[i])
-			fmt.Printf("| %s | %s | %.3f | %.3f | %.2f× | %s | %s |\n", ft, m.name, ma, mb, mb/ma, list3(res[ft].ca[i]), list3(res[ft].cb[i]))
+			fmt.Printf("| %s | %s | %.3f | %.3f | %.2f× | %s | %s |\n", ft, strings.TrimSuffix(m.name, " (tok/s)"), ma, mb, mb/ma, list3(res[ft].ca[i]), list3(res[ft].cb[i]))
 		}
 	}
 	// Resident memory: BenchmarkSmolLM2's batch-1 decode pool holds 640

@@ -297,11 +297,11 @@ func (m *Model) runExperts(tm *team, ly *layer, x []float32, N, in int, outs fun
 	mb := &b.moe
 	// Quantize every row once for the experts' weight types.
 	var q8, q8k bool
-	for e, ex := range ly.experts {
+	for e := range ly.experts {
 		if mb.off[e+1] == mb.off[e] {
 			continue
 		}
-		w := outs(&ex, 0, 0, mb.lins[0].outs[:0])[0].w
+		w := outs(&ly.experts[e], 0, 0, mb.lins[0].outs[:0])[0].w
 		q8 = q8 || w.quantized() && usesQ8(w.Quant)
 		q8k = q8k || w.quantized() && usesQ8K(w.Quant)
 	}

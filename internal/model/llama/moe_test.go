@@ -300,3 +300,38 @@ func TestMoEForwardAllocs(t *testing.T) {
 	}
 	t.Logf("%v allocations per decode step", allocs)
 }
+
+// TestMoECheckpointErrors checks that a Qwen3-MoE or Mixtral checkpoint
+// whose configuration pdserve does not compute (dense layers among the
+// sparse ones, more experts per token than experts) or whose experts do
+// not match it is refused with an error naming the problem.
+func TestMoECheckpointErrors(t *testing.T) {
+	spec := llamatest.TinyMoE()
+	ts := spec.Tensors()
+	set := func(kv ...any) func(map[string]any) {
+		return func(c map[string]any) {
+			for i := 0; i < len(kv); i += 2 {
+				c[kv[i].(string)] = kv[i+1]
+			}
+		}
+	}
+	mix := llamatest.TinyMixtral()
+	for _, c := range []struct {
+		name string
+		dir  string
+		want []string
+	}{
+		{"dense layers", writeCkpt(t, spec, set("mlp_only_layers", []int{1}), ts), []string{"dense layers among the experts'"}},
+		{"sparse step", writeCkpt(t, spec, set("decoder_sparse_step", 2), ts), []string{"decoder_sparse_step"}},
+		{"too many per token", writeCkpt(t, spec, set("num_experts_per_tok", 9), ts), []string{"experts used per token must be 1 to the expert count 8, got 9"}},
+		{"fewer experts", writeCkpt(t, spec, set("num_experts", 4), ts), []string{`tensor "model.layers.0.mlp.gate.weight" has shape [8 64]`, "implies [4 64]"}},
+		{"expert width", writeCkpt(t, spec, set("moe_intermediate_size", 32), ts), []string{`tensor "model.layers.0.mlp.experts.0.gate_proj.weight" has shape [64 64]`, "implies [32 64]"}},
+		{"missing expert", writeCkpt(t, spec, nil, without(ts, "model.layers.1.mlp.experts.7.down_proj.weight")),
+			[]string{`tensor "model.layers.1.mlp.experts.7.down_proj.weight" not found`}},
+		{"mixtral missing w3", writeCkpt(t, mix, nil, without(mix.Tensors(), "model.layers.0.block_sparse_moe.experts.3.w3.weight")),
+			[]string{`tensor "model.layers.0.block_sparse_moe.experts.3.w3.weight" not found`}},
+		{"mixtral experts", writeCkpt(t, mix, set("num_local_experts", 0), mix.Tensors()), []string{"the expert count must be 1 to 512, got 0"}},
+	} {
+		t.Run(c.name, func(t *testing.T) { wantLoadError(t, c.dir, llama.Options{}, c.want...) })
+	}
+}

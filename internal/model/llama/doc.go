@@ -1,6 +1,6 @@
 // Package llama runs Llama-architecture language models on the CPU: Llama 2
-// and 3, SmolLM and SmolLM2, Qwen2 and Qwen2.5, Qwen3 (dense), Gemma 2,
-// Mistral and TinyLlama, from Hugging Face checkpoints (config.json +
+// and 3, SmolLM and SmolLM2, Qwen2 and Qwen2.5, Qwen3, Qwen3-MoE, Mixtral,
+// Gemma 2, Mistral and TinyLlama, from Hugging Face checkpoints (config.json +
 // safetensors) or from GGUF files (llama.cpp's format; gguf_load.go),
 // quantized or not. A sliding window (Mistral's, Gemma 2's every other
 // layer) caps the context length at the window, so it never cuts anything
@@ -17,7 +17,10 @@
 // and k before RoPE (modeling_qwen3.py). Gemma 2 (modeling_gemma2.py)
 // scales the embeddings by √hidden, normalises each sublayer's output too
 // (post-norms, gains applied as 1 + w), uses GeGLU with gelu's tanh
-// approximation, and soft-caps attention scores and logits (c·tanh(x/c)). Computation is float32; weights stay in
+// approximation, and soft-caps attention scores and logits (c·tanh(x/c)).
+// Qwen3-MoE and Mixtral replace the MLP by a mixture of SwiGLU experts, a
+// router choosing a few per token; each expert runs only on the tokens
+// routed to it (moe.go). Computation is float32; weights stay in
 // their stored dtype (F32, F16 or BF16, memory-mapped) and are widened to
 // float32 inside the matrix kernels. Quantized GGUF weights (Q8_0, Q4_0,
 // Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K) stay in their blocks; their

@@ -26,8 +26,9 @@ import (
 // w_i·y_i rounded to float32 first, and their sum then added to x, as
 // llama.cpp's graph does (ggml_mul, then ggml_add over the ranks, then the
 // residual add). Softmax-then-top-k with renormalisation (Qwen3-MoE with
-// norm_topk_prob, llama.cpp's qwen3moe) is the same function as Mixtral's
-// top-k-then-softmax up to rounding: p[s_i]/Σp[s_j] = e^{l_i}/Σe^{l_j}.
+// norm_topk_prob, llama.cpp's qwen3moe and llama) is the same function as
+// the top-k-then-softmax of Mistral's reference Mixtral code up to
+// rounding: p[s_i]/Σp[s_j] = e^{l_i}/Σe^{l_j} over the chosen logits l.
 //
 // Each expert is computed only for the tokens routed to it, batched by
 // expert: the batch's (token, rank) pairs are sorted by expert (a counting

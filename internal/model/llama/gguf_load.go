@@ -86,11 +86,27 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	keyLen := num("attention.key_length", false, big)
 	valLen := num("attention.value_length", false, big)
 	ropeDim := num("rope.dimension_count", false, big)
+	// Expert counts: required for qwen3moe; a llama file has experts only if
+	// llama.expert_count is there and not 0 (some converters write 0 for a
+	// dense model).
 	var experts, expertsUsed, expertFF int
 	if arch == "qwen3moe" || arch == "llama" {
-		experts = num("expert_count", arch == "qwen3moe", maxExperts)
-		expertsUsed = num("expert_used_count", arch == "qwen3moe", maxExperts)
-		expertFF = num("expert_feed_forward_length", false, big)
+		count := func(key string) int {
+			v, ok, err := f.Uint(arch + "." + key)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case !ok && arch == "qwen3moe":
+				errs = append(errs, fmt.Errorf("no %s.%s", arch, key))
+			case v > maxExperts:
+				errs = append(errs, fmt.Errorf("%s.%s is %d, want at most %d", arch, key, v, maxExperts))
+			}
+			return int(min(v, maxExperts+1))
+		}
+		experts, expertsUsed = count("expert_count"), count("expert_used_count")
+		if arch == "qwen3moe" || experts > 0 {
+			expertFF = num("expert_feed_forward_length", false, big)
+		}
 	}
 	window := 0
 	if arch == "mistral" || arch == "gemma2" {
@@ -155,7 +171,7 @@ func ggufConfig(f *gguf.File) (Config, error) {
 		c.RopeScaling = &RopeScaling{Type: "linear", Factor: factor}
 	}
 	c.SlidingWindow = window
-	if experts > 0 {
+	if experts > 0 || arch == "qwen3moe" {
 		if err := ggufExperts(&c, arch, experts, expertsUsed, expertFF); err != nil {
 			return Config{}, err
 		}

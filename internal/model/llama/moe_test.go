@@ -207,7 +207,8 @@ func TestGGUFQwen3MoEErrors(t *testing.T) {
 		{"no expert count", setKV("qwen3moe.expert_count", nil), []string{"no qwen3moe.expert_count"}},
 		{"no experts used", setKV("qwen3moe.expert_used_count", nil), []string{"no qwen3moe.expert_used_count"}},
 		{"more used than experts", setKV("qwen3moe.expert_used_count", uint32(9)), []string{"experts used per token must be 1 to the expert count 8, got 9"}},
-		{"too many experts", setKV("qwen3moe.expert_count", uint32(100000)), []string{"qwen3moe.expert_count is 100000, want 1 to 512"}},
+		{"too many experts", setKV("qwen3moe.expert_count", uint32(100000)), []string{"qwen3moe.expert_count is 100000, want at most 512"}},
+		{"no experts", setKV("qwen3moe.expert_count", uint32(0)), []string{"qwen3moe: the expert count must be 1 to 512, got 0"}},
 		{"fewer experts than tensors", setKV("qwen3moe.expert_count", uint32(4)), []string{`tensor "blk.0.ffn_gate_inp.weight" has shape [8 64]`, "implies [4 64]"}},
 		{"expert width", setKV("qwen3moe.expert_feed_forward_length", uint32(32)), []string{`tensor "blk.0.ffn_gate_exps.weight" has shape [8 64 64]`, "implies [8 32 64]"}},
 		{"no router", editTensor("blk.1.ffn_gate_inp.weight", func(*gguf.Tensor) bool { return false }), []string{`tensor "blk.1.ffn_gate_inp.weight" not found`}},
@@ -333,5 +334,25 @@ func TestMoECheckpointErrors(t *testing.T) {
 		{"mixtral experts", writeCkpt(t, mix, set("num_local_experts", 0), mix.Tensors()), []string{"the expert count must be 1 to 512, got 0"}},
 	} {
 		t.Run(c.name, func(t *testing.T) { wantLoadError(t, c.dir, llama.Options{}, c.want...) })
+	}
+}
+
+// TestGGUFLlamaZeroExperts checks that a dense llama file whose metadata
+// says llama.expert_count = 0 (as some converters write) loads as the
+// dense model it is.
+func TestGGUFLlamaZeroExperts(t *testing.T) {
+	spec := llamatest.Tiny()
+	spec.Vocab = 300
+	good := writeGGUF(t, spec.WriteT(t), gguf.F32)
+	path := rewriteGGUF(t, readGGUF(t, good), func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+		return append(kvs, gguf.KV{Key: "llama.expert_count", Value: uint32(0)}, gguf.KV{Key: "llama.expert_used_count", Value: uint32(0)}), ts
+	})
+	toks := []int32{1, 300 - 1, 17, 42, 256}
+	m := load(t, path, llama.Options{})
+	if c := m.Config(); c.Experts != 0 {
+		t.Fatalf("config %+v, want a dense model", c)
+	}
+	if d := maxDiff(logitsOf(t, m, toks), logitsOf(t, load(t, good, llama.Options{}), toks)); d != 0 {
+		t.Fatalf("logits differ from the file without the keys by %g", d)
 	}
 }

@@ -356,3 +356,49 @@ func TestGGUFLlamaZeroExperts(t *testing.T) {
 		t.Fatalf("logits differ from the file without the keys by %g", d)
 	}
 }
+
+// TestQwen3MoEFusedExperts checks that a Qwen3-MoE checkpoint in
+// transformers' fused layout (mlp.experts.gate_up_proj [experts, 2·F,
+// hidden], each expert's gate rows before its up rows, and
+// mlp.experts.down_proj [experts, hidden, F]) computes bit for bit what the
+// same weights as mlp.experts.E.{gate,up,down}_proj do.
+func TestQwen3MoEFusedExperts(t *testing.T) {
+	spec := llamatest.TinyMoE()
+	spec.DType = llama.BF16
+	ts := spec.Tensors()
+	byName := map[string]llama.SafetensorsTensor{}
+	for _, x := range ts {
+		byName[x.Name] = x
+	}
+	var fused []llama.SafetensorsTensor
+	for _, x := range ts {
+		if !strings.Contains(x.Name, ".mlp.experts.") {
+			fused = append(fused, x)
+		}
+	}
+	E, F, H := spec.Experts, spec.ExpertIntermediate, spec.Hidden
+	for l := range spec.Layers {
+		p := fmt.Sprintf("model.layers.%d.mlp.experts.", l)
+		var gu, dn []byte
+		for e := range E {
+			ep := fmt.Sprintf("%s%d.", p, e)
+			gu = append(gu, byName[ep+"gate_proj.weight"].Data...)
+			gu = append(gu, byName[ep+"up_proj.weight"].Data...)
+			dn = append(dn, byName[ep+"down_proj.weight"].Data...)
+		}
+		fused = append(fused,
+			llama.SafetensorsTensor{Name: p + "gate_up_proj", DType: spec.DType, Shape: []int{E, 2 * F, H}, Data: gu},
+			llama.SafetensorsTensor{Name: p + "down_proj", DType: spec.DType, Shape: []int{E, H, F}, Data: dn})
+	}
+	toks := []int32{1, 5, 77, 3, 96, 40, 12}
+	want := logitsOf(t, load(t, spec.WriteT(t), llama.Options{}), toks)
+	got := logitsOf(t, load(t, writeCkpt(t, spec, nil, fused), llama.Options{}), toks)
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("logit %d: fused %v, per expert %v", i, got[i], want[i])
+		}
+	}
+	// Fused experts of another width than config.json's are refused.
+	bad := writeCkpt(t, spec, func(c map[string]any) { c["moe_intermediate_size"] = F / 2 }, fused)
+	wantLoadError(t, bad, llama.Options{}, `tensor "model.layers.0.mlp.experts.gate_up_proj" has shape [8 128 64]`, "implies [8 64 64]")
+}

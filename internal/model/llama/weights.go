@@ -208,7 +208,9 @@ func equalShape(a, b []int) bool {
 // Mistral share; Qwen3 adds self_attn.q_norm and k_norm [head_dim];
 // Qwen3-MoE replaces the MLP by mlp.gate [experts, hidden] and
 // mlp.experts.E.gate_proj, up_proj [moe_intermediate, hidden] and down_proj
-// [hidden, moe_intermediate]; Mixtral the same as block_sparse_moe.gate and
+// [hidden, moe_intermediate], or transformers' fused
+// mlp.experts.gate_up_proj and down_proj (fusedExperts); Mixtral the same
+// as block_sparse_moe.gate and
 // block_sparse_moe.experts.E.w1, w3 and w2). It returns an error for a missing tensor, a tensor whose dtype is
 // not F32, F16 or BF16 or whose shape disagrees with cfg, and a tensor the
 // configuration has no use for (e.g. biases the configuration does not
@@ -283,13 +285,19 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 				block, gate, up, down = "block_sparse_moe.", "w1", "w3", "w2"
 			}
 			mat(&ly.router, block+"gate", cfg.Experts, H)
-			ly.experts = make([]expert, cfg.Experts)
-			for e := range ly.experts {
-				ex := &ly.experts[e]
-				ep := fmt.Sprintf("%sexperts.%d.", block, e)
-				mat(&ex.gate, ep+gate, cfg.ExpertIntermediate, H)
-				mat(&ex.up, ep+up, cfg.ExpertIntermediate, H)
-				mat(&ex.down, ep+down, H, cfg.ExpertIntermediate)
+			if _, fused := l.byName[p+"mlp.experts.gate_up_proj"]; fused && cfg.Architecture == archQwen3MoE {
+				if err == nil {
+					ly.experts, err = l.fusedExperts(p+"mlp.experts.", cfg.Experts, cfg.ExpertIntermediate, H)
+				}
+			} else {
+				ly.experts = make([]expert, cfg.Experts)
+				for e := range ly.experts {
+					ex := &ly.experts[e]
+					ep := fmt.Sprintf("%sexperts.%d.", block, e)
+					mat(&ex.gate, ep+gate, cfg.ExpertIntermediate, H)
+					mat(&ex.up, ep+up, cfg.ExpertIntermediate, H)
+					mat(&ex.down, ep+down, H, cfg.ExpertIntermediate)
+				}
 			}
 		} else {
 			mat(&ly.gate, "mlp.gate_proj", cfg.IntermediateSize, H)
@@ -343,6 +351,48 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 	}
 	w.digest = digestOf(rawConfig, files)
 	return w, nil
+}
+
+// fusedExperts reads the experts of a checkpoint saved with
+// transformers' fused layout (Qwen3MoeExperts: prefix+"gate_up_proj"
+// [experts, 2·F, hidden], gate the first F rows of each expert and up the
+// last F, and prefix+"down_proj" [experts, hidden, F]) as views of those
+// two tensors.
+func (l *loader) fusedExperts(prefix string, E, F, H int) ([]expert, error) {
+	gu, err := l.tensor(prefix+"gate_up_proj", E, 2*F, H)
+	if err != nil {
+		return nil, err
+	}
+	dn, err := l.tensor(prefix+"down_proj", E, H, F)
+	if err != nil {
+		return nil, err
+	}
+	guv, err := expertViews(gu)
+	if err != nil {
+		return nil, err
+	}
+	dnv, err := expertViews(dn)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]expert, E)
+	for e := range out {
+		out[e] = expert{gate: rowsView(guv[e], 0, F), up: rowsView(guv[e], F, 2*F), down: dnv[e]}
+	}
+	return out, nil
+}
+
+// rowsView returns rows [r0, r1) of a float matrix (F32, F16 or BF16) as a
+// matrix of its own, a view of the same data.
+func rowsView(t *tensor, r0, r1 int) *tensor {
+	c := t.Cols()
+	v := &tensor{Name: fmt.Sprintf("%s[%d:%d]", t.Name, r0, r1), DType: t.DType, Shape: []int{r1 - r0, c}}
+	if t.DType == F32 {
+		v.f32 = t.f32[r0*c : r1*c]
+	} else {
+		v.u16 = t.u16[r0*c : r1*c]
+	}
+	return v
 }
 
 // addOne adds 1 to every gain of a Gemma RMSNorm, stored as w and applied

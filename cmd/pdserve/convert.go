@@ -62,8 +62,9 @@ func newConvertGGUFCmd(stdout io.Writer) *cobra.Command {
 a llama2.c checkpoint (.bin), and writes OUT.gguf (GGUF v3, llama.cpp's
 "llama" architecture, or "qwen3", "qwen3moe" or "gemma2" for a
 Qwen3ForCausalLM, Qwen3MoeForCausalLM or Gemma2ForCausalLM checkpoint; a
-Qwen3-MoE checkpoint's experts, mlp.experts.E.*, are stacked into
-ffn_*_exps, its router kept f32) with its matrices in --type: f32, f16 or bf16 (exact
+Qwen3-MoE checkpoint's experts, mlp.experts.E.* or the fused
+mlp.experts.gate_up_proj and down_proj, are stacked into ffn_*_exps, its
+router kept f32; a MixtralForCausalLM becomes "llama" with experts) with its matrices in --type: f32, f16 or bf16 (exact
 when the checkpoint has that dtype), quantized with ggml's reference
 quantizers, q8_0 (8 bits per weight plus a scale per 32), q4_0 (4 bits),
 q4_1 (4 bits, a scale and an offset per 32), q5_0 (5 bits) or q5_1 (5 bits

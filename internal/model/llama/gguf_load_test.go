@@ -111,9 +111,9 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 				dir := spec.WriteT(t)
 				if c.typ.BlockSize() == 32 {
 					// A mixture of experts routes some tokens elsewhere
-					// once its activations are quantized to 8 bits (see
-					// routingFlips): too many to compare position by
-					// position. Its quantized files are checked bit for bit
+					// once its activations are quantized to 8 bits (a
+					// token whose k-th and next experts are nearly tied):
+					// too many to compare position by position. Its quantized files are checked bit for bit
 					// across paths (TestMoEBatchInvariance) and against
 					// llama.cpp (tools/llamacpp-bench) instead.
 					if spec.DType != llama.F32 || spec.Experts > 0 {

@@ -257,29 +257,6 @@ func expertWidth(s llamatest.Spec) int {
 	return s.ExpertIntermediate
 }
 
-// routingFlips is the fraction of a sequence's positions a lossy
-// comparison (a rounded KV cache) may leave out for
-// spec: none for a dense model; for a mixture of experts, one in ten. A
-// token whose second and third most likely experts are nearly tied may be
-// routed to the other one when its activations move by a rounding, which
-// changes its logits by far more than the rounding itself: a legitimate
-// discontinuity of the model, not an error. (The exact comparisons leave
-// out nothing.)
-func routingFlips(spec llamatest.Spec, lossy bool) float64 {
-	if spec.Experts == 0 || !lossy {
-		return 0
-	}
-	return 0.1
-}
-
-// worstBut returns the largest of perPos after leaving out the largest
-// fraction frac of them.
-func worstBut(perPos []float64, frac float64) float64 {
-	s := append([]float64(nil), perPos...)
-	sort.Float64s(s)
-	return s[len(s)-1-int(frac*float64(len(s)))]
-}
-
 // TestMoEForwardAllocs checks that a mixture-of-experts decode step
 // allocates little once the buffers have grown: the parallel loops'
 // descriptors only (up to five more loops per layer than a dense layer's:

@@ -80,7 +80,13 @@ func (a *q8KActs) quantizeRows(x []float32, t0, t1 int) {
 }
 
 // usesQ8K reports whether a weight of type t takes q8KActs activations.
-func usesQ8K(t gguf.Type) bool { return t == gguf.Q4_K || t == gguf.Q6_K }
+func usesQ8K(t gguf.Type) bool {
+	switch t {
+	case gguf.Q4_K, gguf.Q6_K, gguf.Q5_K, gguf.Q3_K, gguf.Q2_K:
+		return true
+	}
+	return false
+}
 
 // quantKJob quantizes the rows of x into a, a range of tokens per task.
 type quantKJob struct {
@@ -184,14 +190,37 @@ func dotQ6KGo(w []byte, a *q8KActs, k int) float32 {
 	return reduce8(&acc)
 }
 
-// matRowsK is matRows for a Q4_K or Q6_K matrix: on the K-quant kernels of
-// ks if it has them (one weight row by up to ks.kvecs tokens per call),
-// else in Go.
+// ktileKinds are the weight types of the K-quant kernels, in the order of
+// their kind argument (asmgen's ktile dispatch).
+var ktileKinds = [...]gguf.Type{gguf.Q4_K, gguf.Q6_K, gguf.Q5_K, gguf.Q3_K, gguf.Q2_K}
+
+// dotKGo returns the canonical pure-Go dot product of K-quant type t.
+func dotKGo(t gguf.Type) func([]byte, *q8KActs, int) float32 {
+	switch t {
+	case gguf.Q4_K:
+		return dotQ4KGo
+	case gguf.Q6_K:
+		return dotQ6KGo
+	case gguf.Q5_K:
+		return dotQ5KGo
+	case gguf.Q3_K:
+		return dotQ3KGo
+	case gguf.Q2_K:
+		return dotQ2KGo
+	}
+	panic("llama: no K-quant dot product for " + t.String())
+}
+
+// matRowsK is matRows for a Q4_K, Q6_K, Q5_K, Q3_K or Q2_K matrix: on the
+// K-quant kernels of ks if it has them (one weight row by up to ks.kvecs
+// tokens per call), else in Go.
 func matRowsK(ks *kernelSet, dst []float32, ds int, a *q8KActs, T int, w *tensor, r0, r1 int) {
 	if ks != nil && ks.kisa != 0 {
-		kind := 0
-		if w.Quant == gguf.Q6_K {
-			kind = 1
+		kind := -1
+		for i, k := range ktileKinds {
+			if k == w.Quant {
+				kind = i
+			}
 		}
 		args := ktileArgs{nb: uintptr(a.nb), os: uintptr(4 * ds)}
 		for r := r0; r < r1; r++ {
@@ -207,10 +236,7 @@ func matRowsK(ks *kernelSet, dst []float32, ds int, a *q8KActs, T int, w *tensor
 		}
 		return
 	}
-	dot := dotQ4KGo
-	if w.Quant == gguf.Q6_K {
-		dot = dotQ6KGo
-	}
+	dot := dotKGo(w.Quant)
 	for r := r0; r < r1; r++ {
 		row := w.q[r*w.rowBytes : (r+1)*w.rowBytes]
 		for t := range T {

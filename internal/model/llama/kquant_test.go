@@ -9,8 +9,9 @@ import (
 	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
 
-// TestKQuantizeRoundTrip checks the Q4_K and Q6_K quantizers through
-// dequantRow: every value within (about) one step of its quantization grid.
+// TestKQuantizeRoundTrip checks the K-quant quantizers through dequantRow:
+// every value within (about) one step of its quantization grid, and the
+// root-mean-square error bounded.
 func TestKQuantizeRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 6))
 	x := randVec(rng, 256*4)
@@ -24,13 +25,24 @@ func TestKQuantizeRoundTrip(t *testing.T) {
 		typ gguf.Type
 		q   func([]float32) []byte
 		tol float64 // relative to the block's largest magnitude
-	}{{gguf.Q4_K, QuantizeQ4K, 0.16}, {gguf.Q6_K, QuantizeQ6K, 0.04}} {
+		rms float64 // root-mean-square error relative to the input's
+	}{{gguf.Q4_K, QuantizeQ4K, 0.16, 0.1}, {gguf.Q6_K, QuantizeQ6K, 0.04, 0.025},
+		{gguf.Q5_K, QuantizeQ5K, 0.07, 0.04}, {gguf.Q3_K, QuantizeQ3K, 0.3, 0.2}, {gguf.Q2_K, QuantizeQ2K, 0.5, 0.35}} {
 		b := c.q(x)
 		if len(b) != len(x)/256*c.typ.BlockBytes() {
 			t.Fatalf("%s: %d bytes", c.typ, len(b))
 		}
 		y := make([]float32, len(x))
 		dequantRow(c.typ, b, y)
+		var se, sx float64
+		for i := range x {
+			se += float64(y[i]-x[i]) * float64(y[i]-x[i])
+			sx += float64(x[i]) * float64(x[i])
+		}
+		t.Logf("%s: rms error %.4f of rms", c.typ, math.Sqrt(se/sx))
+		if math.Sqrt(se/sx) > c.rms {
+			t.Errorf("%s: rms error %.4f of the input's, want ≤ %v", c.typ, math.Sqrt(se/sx), c.rms)
+		}
 		for blk := range len(x) / 256 {
 			var amax float64
 			for _, v := range x[256*blk : 256*blk+256] {
@@ -81,7 +93,7 @@ func TestQ8KActivations(t *testing.T) {
 	}
 }
 
-// TestDotK checks the canonical Q4_K and Q6_K dot products against a
+// TestDotK checks the canonical K-quant dot products against a
 // float64 sum over the dequantized weights and activations.
 func TestDotK(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 8))
@@ -89,7 +101,8 @@ func TestDotK(t *testing.T) {
 		typ gguf.Type
 		q   func([]float32) []byte
 		dot func([]byte, *q8KActs, int) float32
-	}{{gguf.Q4_K, QuantizeQ4K, dotQ4KGo}, {gguf.Q6_K, QuantizeQ6K, dotQ6KGo}} {
+	}{{gguf.Q4_K, QuantizeQ4K, dotQ4KGo}, {gguf.Q6_K, QuantizeQ6K, dotQ6KGo},
+		{gguf.Q5_K, QuantizeQ5K, dotQ5KGo}, {gguf.Q3_K, QuantizeQ3K, dotQ3KGo}, {gguf.Q2_K, QuantizeQ2K, dotQ2KGo}} {
 		for _, n := range []int{256, 1536} {
 			w := c.q(randVec(rng, n))
 			wf := make([]float32, n)
@@ -114,7 +127,7 @@ func TestDotK(t *testing.T) {
 	}
 }
 
-// TestKTileKernel checks the Q4_K and Q6_K kernels of every kernel set
+// TestKTileKernel checks the K-quant kernels of every kernel set
 // against the pure-Go canonical dot product bit for bit, for 7 activation
 // rows (calls of 4 and 3 rows on AVX-512; 2, 2, 2 and 1 on AVX2) and 1 to
 // 6 blocks; and the layouts the assembly assumes.
@@ -142,7 +155,7 @@ func TestKTileKernel(t *testing.T) {
 		for _, c := range []struct {
 			typ gguf.Type
 			q   func([]float32) []byte
-		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}} {
+		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}, {gguf.Q5_K, QuantizeQ5K}, {gguf.Q3_K, QuantizeQ3K}, {gguf.Q2_K, QuantizeQ2K}} {
 			for _, nb := range []int{1, 2, 6} {
 				n := 256 * nb
 				const rows, T = 3, 7
@@ -172,7 +185,7 @@ func TestKTileKernel(t *testing.T) {
 	}
 }
 
-// BenchmarkKKernels measures the Q4_K and Q6_K dot products alone on one
+// BenchmarkKKernels measures the K-quant dot products alone on one
 // thread: GB/s of weight bytes for a 576 × 1536 matrix (SmolLM2's
 // ffn_down, ~0.5–0.7 MB: from L2/L3, as in decode), 1 or 16 activation
 // rows, on each kernel set and in pure Go.
@@ -187,7 +200,7 @@ func BenchmarkKKernels(b *testing.B) {
 		for _, c := range []struct {
 			typ gguf.Type
 			q   func([]float32) []byte
-		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}} {
+		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}, {gguf.Q5_K, QuantizeQ5K}, {gguf.Q3_K, QuantizeQ3K}, {gguf.Q2_K, QuantizeQ2K}} {
 			w, err := newQuantTensor("w", c.typ, []int{rows, n}, c.q(randVec(rng, rows*n)))
 			if err != nil {
 				b.Fatal(err)

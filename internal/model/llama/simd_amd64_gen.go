@@ -694,6 +694,96 @@ func ktileQ4KAVX2V2(a *ktileArgs)
 //go:noescape
 func ktileQ6KAVX2V2(a *ktileArgs)
 
+// ktileQ5KAVX512V1: AVX-512 VNNI, one Q5_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ5KAVX512V1(a *ktileArgs)
+
+// ktileQ3KAVX512V1: AVX-512 VNNI, one Q3_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ3KAVX512V1(a *ktileArgs)
+
+// ktileQ2KAVX512V1: AVX-512 VNNI, one Q2_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ2KAVX512V1(a *ktileArgs)
+
+// ktileQ5KAVX512V2: AVX-512 VNNI, one Q5_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ5KAVX512V2(a *ktileArgs)
+
+// ktileQ3KAVX512V2: AVX-512 VNNI, one Q3_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ3KAVX512V2(a *ktileArgs)
+
+// ktileQ2KAVX512V2: AVX-512 VNNI, one Q2_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ2KAVX512V2(a *ktileArgs)
+
+// ktileQ5KAVX512V3: AVX-512 VNNI, one Q5_K row × 3 Q8_K activation rows
+//
+//go:noescape
+func ktileQ5KAVX512V3(a *ktileArgs)
+
+// ktileQ3KAVX512V3: AVX-512 VNNI, one Q3_K row × 3 Q8_K activation rows
+//
+//go:noescape
+func ktileQ3KAVX512V3(a *ktileArgs)
+
+// ktileQ2KAVX512V3: AVX-512 VNNI, one Q2_K row × 3 Q8_K activation rows
+//
+//go:noescape
+func ktileQ2KAVX512V3(a *ktileArgs)
+
+// ktileQ5KAVX512V4: AVX-512 VNNI, one Q5_K row × 4 Q8_K activation rows
+//
+//go:noescape
+func ktileQ5KAVX512V4(a *ktileArgs)
+
+// ktileQ3KAVX512V4: AVX-512 VNNI, one Q3_K row × 4 Q8_K activation rows
+//
+//go:noescape
+func ktileQ3KAVX512V4(a *ktileArgs)
+
+// ktileQ2KAVX512V4: AVX-512 VNNI, one Q2_K row × 4 Q8_K activation rows
+//
+//go:noescape
+func ktileQ2KAVX512V4(a *ktileArgs)
+
+// ktileQ5KAVX2V1: AVX2, one Q5_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ5KAVX2V1(a *ktileArgs)
+
+// ktileQ3KAVX2V1: AVX2, one Q3_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ3KAVX2V1(a *ktileArgs)
+
+// ktileQ2KAVX2V1: AVX2, one Q2_K row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileQ2KAVX2V1(a *ktileArgs)
+
+// ktileQ5KAVX2V2: AVX2, one Q5_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ5KAVX2V2(a *ktileArgs)
+
+// ktileQ3KAVX2V2: AVX2, one Q3_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ3KAVX2V2(a *ktileArgs)
+
+// ktileQ2KAVX2V2: AVX2, one Q2_K row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileQ2KAVX2V2(a *ktileArgs)
+
 // expSumAVX512: AVX-512: x[i] = expf(x[i] − m), partial sums by lane
 //
 //go:noescape
@@ -1230,8 +1320,8 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 	panic("llama: no qtile kernel")
 }
 
-// ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K)
-// and nv activation rows.
+// ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K,
+// 2 Q5_K, 3 Q3_K, 4 Q2_K: ktileKinds) and nv activation rows.
 func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 	switch ks.kisa {
 	case isaAVX512:
@@ -1266,6 +1356,51 @@ func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 				ktileQ6KAVX512V4(a)
 				return
 			}
+		case 2:
+			switch nv {
+			case 1:
+				ktileQ5KAVX512V1(a)
+				return
+			case 2:
+				ktileQ5KAVX512V2(a)
+				return
+			case 3:
+				ktileQ5KAVX512V3(a)
+				return
+			case 4:
+				ktileQ5KAVX512V4(a)
+				return
+			}
+		case 3:
+			switch nv {
+			case 1:
+				ktileQ3KAVX512V1(a)
+				return
+			case 2:
+				ktileQ3KAVX512V2(a)
+				return
+			case 3:
+				ktileQ3KAVX512V3(a)
+				return
+			case 4:
+				ktileQ3KAVX512V4(a)
+				return
+			}
+		case 4:
+			switch nv {
+			case 1:
+				ktileQ2KAVX512V1(a)
+				return
+			case 2:
+				ktileQ2KAVX512V2(a)
+				return
+			case 3:
+				ktileQ2KAVX512V3(a)
+				return
+			case 4:
+				ktileQ2KAVX512V4(a)
+				return
+			}
 		}
 	case isaAVX2:
 		switch kind {
@@ -1285,6 +1420,33 @@ func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 				return
 			case 2:
 				ktileQ6KAVX2V2(a)
+				return
+			}
+		case 2:
+			switch nv {
+			case 1:
+				ktileQ5KAVX2V1(a)
+				return
+			case 2:
+				ktileQ5KAVX2V2(a)
+				return
+			}
+		case 3:
+			switch nv {
+			case 1:
+				ktileQ3KAVX2V1(a)
+				return
+			case 2:
+				ktileQ3KAVX2V2(a)
+				return
+			}
+		case 4:
+			switch nv {
+			case 1:
+				ktileQ2KAVX2V1(a)
+				return
+			case 2:
+				ktileQ2KAVX2V2(a)
 				return
 			}
 		}

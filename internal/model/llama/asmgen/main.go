@@ -465,18 +465,21 @@ const (
 	kbSize = 340
 )
 
-// ktile512 writes the AVX-512 VNNI Q4_K kernel: one weight row × V Q8_K
-// activation rows, in the canonical order of dotQ4KGo. Per block of 256 it
-// unpacks the 6-bit scales and mins as ggml's utmp code does (in general
-// registers, into the argument block's scratch); per 32 values the 8 lane
-// sums come from VPMADDUBSW (nibbles × quants, pairs in int16: at most
-// 2·15·127) and VPDPWSSD with the scale as int16 pairs, which adds
+// ktile512 writes the AVX-512 VNNI Q4_K kernel (Q5_K with q5): one weight
+// row × V Q8_K activation rows, in the canonical order of dotQ4KGo
+// (dotQ5KGo). Per block of 256 it unpacks the 6-bit scales and mins as
+// ggml's utmp code does; per 32 values the 8 lane sums come from
+// VPMADDUBSW (quants × activation quants, pairs in int16: at most
+// 2·31·127) and VPDPWSSD with the scale as int16 pairs, which adds
 // sc·(4 products) to each int32 lane, exactly; then acc = fma(dx·d,
-// float(isum), acc) and, for the mins, accm = fma(−(dx·dmin),
-// float(m·s pairs), accm) through VPMADDWD and VFNMADD231PS.
-func (g *gen) ktile512(V int) {
-	name := fmt.Sprintf("ktileQ4KAVX512V%d", V)
-	g.text(name, fmt.Sprintf("AVX-512 VNNI, one Q4_K row × %d Q8_K activation rows", V))
+// float(isum), acc) and, for the mins, accm = fma(−(dx·dmin), float(m·s
+// pairs), accm) through VPMADDWD and VFNMADD231PS. Q5_K's fifth bits
+// (bit j of qh[l] for sub-block j) are shifted to bit 4 and merged into
+// the nibbles with VPTERNLOGD.
+func (g *gen) ktile512(V int, q5 bool) {
+	kb := kBlock(q5)
+	name := fmt.Sprintf("ktile%sAVX512V%d", kb.name, V)
+	g.text(name, fmt.Sprintf("AVX-512 VNNI, one %s row × %d Q8_K activation rows", kb.typ, V))
 	g.op("MOVQ a+0(FP), AX")
 	g.op("MOVQ %d(AX), R8", ktW)
 	for v := range V {
@@ -485,7 +488,7 @@ func (g *gen) ktile512(V int) {
 	g.op("MOVQ %d(AX), R12", ktNB)
 	pf := V <= prefetchMaxV
 	if pf {
-		g.ktilePrefetchSetup(144)
+		g.ktilePrefetchSetup(kb.bytes)
 	}
 	g.op("XORQ R13, R13")
 	g.op("XORQ R14, R14")
@@ -502,16 +505,23 @@ func (g *gen) ktile512(V int) {
 	}
 	g.op("MOVL $0x0f0f0f0f, R9")
 	g.op("VPBROADCASTD R9, Y31")
+	if q5 {
+		g.op("MOVL $0x10101010, R9")
+		g.op("VPBROADCASTD R9, Y22")
+	}
 	loop := name + "_loop"
 	g.label(loop)
 	if pf {
-		g.ktilePrefetch(144)
+		g.ktilePrefetch(kb.bytes)
 	}
 	g.ktileScalesVec()
 	g.op("VPBROADCASTW (R8)(R13*1), X13")
 	g.op("VCVTPH2PS X13, Y13") // d
 	g.op("VPBROADCASTW 2(R8)(R13*1), X14")
 	g.op("VCVTPH2PS X14, X14") // dmin
+	if q5 {
+		g.op("VMOVDQU64 16(R8)(R13*1), Y24") // qh
+	}
 	for v := range V {
 		g.op("VPXORD %s, %s, %s", isum(v), isum(v), isum(v))
 		g.op("VPXORD %s, %s, %s", isum2(v), isum2(v), isum2(v))
@@ -521,10 +531,16 @@ func (g *gen) ktile512(V int) {
 		if jj%2 == 1 {
 			is = isum2
 		}
-		g.op("VMOVDQU64 %d(R8)(R13*1), Y16", 16+32*jj)
+		g.op("VMOVDQU64 %d(R8)(R13*1), Y16", kb.qs+32*jj)
 		g.op("VPSRLW $4, Y16, Y17")
-		g.op("VPANDD Y31, Y16, Y16")                     // sub-block 2jj
-		g.op("VPANDD Y31, Y17, Y17")                     // sub-block 2jj+1
+		g.op("VPANDD Y31, Y16, Y16") // sub-block 2jj
+		g.op("VPANDD Y31, Y17, Y17") // sub-block 2jj+1
+		if q5 {
+			for h, y := range []string{"Y16", "Y17"} {
+				b := g.shiftBit("Y24", "Y23", 2*jj+h, 4)
+				g.op("VPTERNLOGD $0xf8, Y22, %s, %s", b, y) // y |= bit & 0x10
+			}
+		}
 		g.op("VPSHUFB ktShuf<>+%d(SB), Y30, Y18", 64*jj) // sc(2jj) as int16 pairs
 		g.op("VPSHUFB ktShuf<>+%d(SB), Y30, Y19", 64*jj+32)
 		for v := range V {
@@ -537,15 +553,15 @@ func (g *gen) ktile512(V int) {
 	for v := range V {
 		g.op("VPADDD %s, %s, %s", isum2(v), isum(v), isum(v))
 		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
-		g.op("VBROADCASTSS %d(%s)(R14*1), Y22", kbD, xGPR[v])
-		g.op("VMULPS Y13, Y22, Y23") // dx·d
+		g.op("VBROADCASTSS %d(%s)(R14*1), Y15", kbD, xGPR[v])
+		g.op("VMULPS Y13, Y15, Y23") // dx·d
 		g.op("VFMADD231PS Y23, %s, %s", isum(v), acc(v))
 		g.op("VPMADDWD %d(%s)(R14*1), X12, X24", kbSSum, xGPR[v])
 		g.op("VCVTDQ2PS X24, X24")
-		g.op("VMULPS X14, X22, X25") // dx·dmin
+		g.op("VMULPS X14, X15, X25") // dx·dmin
 		g.op("VFNMADD231PS X25, X24, %s", accm(v))
 	}
-	g.op("ADDQ $144, R13")
+	g.op("ADDQ $%d, R13", kb.bytes)
 	g.op("ADDQ $%d, R14", kbSize)
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
@@ -757,24 +773,26 @@ func (g *gen) ktilePrefetch(blockBytes int) {
 	}
 }
 
-// ktileAVX2 writes the AVX2 Q4_K kernel: one weight row × V (≤ 2) Q8_K
-// activation rows, the canonical result of dotQ4KGo as ktile512 computes
-// it, in ggml's AVX2 order (ggml_vec_dot_q4_K_q8_K): per 32 values
-// VPMADDUBSW (nibbles × quants, int16 pairs of at most 2·15·128) and
-// VPMADDWD with the 6-bit scale as int16, which gives sc·(4 products) per
-// int32 lane exactly, added into the block's lane sums with VPADDD; the
-// mins as in ktile512. AVX2 has 16 vector registers, hence V ≤ 2. It
-// prefetches the next row as it goes.
-func (g *gen) ktileAVX2(V int) {
-	name := fmt.Sprintf("ktileQ4KAVX2V%d", V)
-	g.text(name, fmt.Sprintf("AVX2, one Q4_K row × %d Q8_K activation rows", V))
+// ktileAVX2 writes the AVX2 Q4_K kernel (Q5_K with q5): one weight row ×
+// V (≤ 2) Q8_K activation rows, the canonical result of dotQ4KGo
+// (dotQ5KGo) as ktile512 computes it, in ggml's AVX2 order
+// (ggml_vec_dot_q4_K_q8_K, ggml_vec_dot_q5_K_q8_K): per 32 values
+// VPMADDUBSW (quants × activation quants, int16 pairs of at most
+// 2·31·128) and VPMADDWD with the 6-bit scale as int16, which gives sc·(4
+// products) per int32 lane exactly, added into the block's lane sums with
+// VPADDD; the mins as in ktile512. AVX2 has 16 vector registers, hence V
+// ≤ 2. It prefetches the next row as it goes.
+func (g *gen) ktileAVX2(V int, q5 bool) {
+	kb := kBlock(q5)
+	name := fmt.Sprintf("ktile%sAVX2V%d", kb.name, V)
+	g.text(name, fmt.Sprintf("AVX2, one %s row × %d Q8_K activation rows", kb.typ, V))
 	g.op("MOVQ a+0(FP), AX")
 	g.op("MOVQ %d(AX), R8", ktW)
 	for v := range V {
 		g.op("MOVQ %d(AX), %s", ktX+8*v, xGPR[v])
 	}
 	g.op("MOVQ %d(AX), R12", ktNB)
-	g.ktilePrefetchSetup(144)
+	g.ktilePrefetchSetup(kb.bytes)
 	g.op("XORQ R13, R13")
 	g.op("XORQ R14, R14")
 	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }    // Y0–Y1
@@ -789,22 +807,30 @@ func (g *gen) ktileAVX2(V int) {
 	g.op("VPBROADCASTD X6, Y6")
 	loop := name + "_loop"
 	g.label(loop)
-	g.ktilePrefetch(144)
+	g.ktilePrefetch(kb.bytes)
 	g.ktileScales()
 	g.op("VPMOVZXBW %d(AX), X9", ktScr+8) // mins as int16
 	g.op("VPBROADCASTW (R8)(R13*1), X7")
 	g.op("VCVTPH2PS X7, Y7") // d
 	g.op("VPBROADCASTW 2(R8)(R13*1), X8")
 	g.op("VCVTPH2PS X8, X8") // dmin
+	if q5 {
+		g.op("VMOVDQU 16(R8)(R13*1), Y14") // qh
+	}
 	for v := range V {
 		g.op("VPXOR %s, %s, %s", isum(v), isum(v), isum(v))
 	}
 	for jj := range 4 {
-		g.op("VMOVDQU %d(R8)(R13*1), Y10", 16+32*jj)
+		g.op("VMOVDQU %d(R8)(R13*1), Y10", kb.qs+32*jj)
 		g.op("VPSRLW $4, Y10, Y11")
 		g.op("VPAND Y6, Y10, Y10") // sub-block 2jj
 		g.op("VPAND Y6, Y11, Y11") // sub-block 2jj+1
 		for h, wq := range []string{"Y10", "Y11"} {
+			if q5 {
+				b := g.shiftBit("Y14", "Y15", 2*jj+h, 4)
+				g.op("VPAND q5Bits<>+64(SB), %s, Y15", b) // 16 in every byte
+				g.op("VPOR Y15, %s, %s", wq, wq)
+			}
 			g.op("MOVBLZX %d(AX), R9", ktScr+2*jj+h)
 			g.op("VMOVD R9, X12")
 			g.op("VPBROADCASTW X12, Y12")
@@ -825,7 +851,7 @@ func (g *gen) ktileAVX2(V int) {
 		g.op("VMULPS X8, X14, X15") // dx·dmin
 		g.op("VFNMADD231PS X15, X13, %s", accm(v))
 	}
-	g.op("ADDQ $144, R13")
+	g.op("ADDQ $%d, R13", kb.bytes)
 	g.op("ADDQ $%d, R14", kbSize)
 	g.op("DECQ R12")
 	g.op("JNZ %s", loop)
@@ -1718,19 +1744,21 @@ func main() {
 	}
 
 	for V := 1; V <= 4; V++ {
-		g.ktile512(V)
+		g.ktile512(V, false)
 	}
 	for V := 1; V <= 4; V++ {
 		g.ktile6512(V)
 	}
 	for V := 1; V <= 2; V++ {
-		g.ktileAVX2(V)
+		g.ktileAVX2(V, false)
 		g.ktile6AVX2(V)
 	}
+	g.kquant2Kernels()
 
 	g.expTable()
 	g.ktShufTable()
 	g.q6ShufTable()
+	g.q3BiasTable()
 	g.q5BitsTable()
 	g.iq4nlTable()
 	g.expSum512()
@@ -1822,8 +1850,8 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 	}
 	t.WriteString("\t}\n\tpanic(\"llama: no qtile kernel\")\n}\n")
 	t.WriteString(`
-// ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K)
-// and nv activation rows.
+// ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K,
+// 2 Q5_K, 3 Q3_K, 4 Q2_K: ktileKinds) and nv activation rows.
 func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 	switch ks.kisa {
 `)
@@ -1832,7 +1860,7 @@ func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 		v    int
 	}{{"AVX512", 4}, {"AVX2", 2}} {
 		fmt.Fprintf(&t, "\tcase isa%s:\n\t\tswitch kind {\n", isa.name)
-		for ki, k := range []string{"Q4K", "Q6K"} {
+		for ki, k := range ktileNames {
 			fmt.Fprintf(&t, "\t\tcase %d:\n\t\t\tswitch nv {\n", ki)
 			for v := 1; v <= isa.v; v++ {
 				fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\tktile%s%sV%d(a)\n\t\t\t\treturn\n", v, k, isa.name, v)

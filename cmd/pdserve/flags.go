@@ -110,7 +110,7 @@ func (f *modelFlags) add(fs *pflag.FlagSet) {
 	g := sim.DefaultGeometry()
 	g.Layers = defaultSimLayers
 	f.fs = fs
-	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights), a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Mistral) or a GGUF file (llama, qwen2, mistral; F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K)`)
+	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights), a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Mistral) or a GGUF file (llama, qwen2, mistral; F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)`)
 	fs.StringVar(&f.kvDType, "kv-cache-dtype", "f32", "checkpoint model: KV cache element type (f32, bf16, f16)")
 	fs.IntVar(&f.threads, "threads", 0, "checkpoint model: goroutines per forward step (0: GOMAXPROCS)")
 	fs.StringVar(&f.kernels, "llama-kernels", llama.KernelsAuto, "checkpoint model: matrix kernels ("+strings.Join(llama.KernelChoices, ", ")+"; every choice computes the same bits)")

@@ -36,27 +36,34 @@ const (
 	FileQ5_1  FileType = "Q5_1"
 	FileIQ4NL FileType = "IQ4_NL"
 	FileQ4_KM FileType = "Q4_K_M"
+	FileQ5_KM FileType = "Q5_K_M"
+	FileQ3_KM FileType = "Q3_K_M"
 )
 
 // FileTypes lists the file types WriteGGUF writes.
-var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileIQ4NL, FileQ4_KM}
+var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileIQ4NL, FileQ4_KM, FileQ5_KM, FileQ3_KM}
 
 // llamaFtype is general.file_type (llama.cpp's enum llama_ftype).
 var llamaFtype = map[FileType]uint32{FileF32: 0, FileF16: 1, FileBF16: 32, FileQ8_0: 7, FileQ4_0: 2, FileQ4_1: 3,
-	FileQ5_0: 8, FileQ5_1: 9, FileIQ4NL: 25, FileQ4_KM: 15}
+	FileQ5_0: 8, FileQ5_1: 9, FileIQ4NL: 25, FileQ4_KM: 15, FileQ5_KM: 17, FileQ3_KM: 12}
 
 // useMoreBits is llama.cpp's rule (llama-quant.cpp) for the layers of a
-// Q4_K_M file whose attn_v and ffn_down get Q6_K: the first and last
-// eighth, and every third between.
+// Q4_K_M or Q5_K_M file whose attn_v and ffn_down get Q6_K: the first and
+// last eighth, and every third between.
 func useMoreBits(i, n int) bool { return i < n/8 || i >= 7*n/8 || (i-n/8)%3 == 2 }
 
 // tensorType is the type of one matrix in a file of type ft, as llama.cpp's
-// llama_tensor_get_type chooses it for Q4_K_M: Q6_K for the classifier
-// (the token embedding when tied) and for attn_v and ffn_down of the
-// useMoreBits layers, Q4_K for the rest; and for every quantized type, a
-// fallback for rows that are not a multiple of the block: llama.cpp's
-// (llama-quant.cpp) for the K-quants, Q5_0 for Q4_K and Q8_0 for Q6_K;
-// F32 for the 32-element types and for rows not a multiple of 32.
+// llama_tensor_get_type (llama-quant.cpp) chooses it for a dense model
+// (no experts, not Falcon, not 70B): the classifier (the token embedding
+// when tied) is Q6_K in every K-quant mix; Q4_K_M and Q5_K_M give attn_v
+// and ffn_down of the useMoreBits layers Q6_K and the rest Q4_K or Q5_K;
+// Q3_K_M gives attn_v Q5_K in layers 0 and 1 and Q4_K after, ffn_down Q5_K
+// in the first sixteenth of the layers and Q4_K after, attn_output Q4_K,
+// and the rest Q3_K. For every quantized type rows that are not a
+// multiple of the block fall back as llama.cpp's tensor_type_fallback
+// does for the K-quants — Q5_0 for Q4_K, Q5_1 for Q5_K, Q4_0 for Q3_K,
+// Q8_0 for Q6_K — and to F32 for the 32-element types and for rows not a
+// multiple of 32.
 func tensorType(ft FileType, name string, cols, layer, layers int, classifier bool) gguf.Type {
 	var t gguf.Type
 	switch ft {
@@ -78,22 +85,55 @@ func tensorType(ft FileType, name string, cols, layer, layers int, classifier bo
 		t = gguf.Q5_1
 	case FileIQ4NL:
 		t = gguf.IQ4_NL
-	case FileQ4_KM:
+	case FileQ4_KM, FileQ5_KM:
 		t = gguf.Q4_K
-		if classifier || (strings.HasSuffix(name, "attn_v.weight") || strings.HasSuffix(name, "ffn_down.weight") || strings.HasSuffix(name, "ffn_down_exps.weight")) && useMoreBits(layer, layers) {
+		if ft == FileQ5_KM {
+			t = gguf.Q5_K
+		}
+		if classifier || (strings.HasSuffix(name, "attn_v.weight") || isFFNDown(name)) && useMoreBits(layer, layers) {
 			t = gguf.Q6_K
+		}
+	case FileQ3_KM:
+		switch {
+		case classifier:
+			t = gguf.Q6_K
+		case strings.HasSuffix(name, "attn_v.weight"):
+			t = gguf.Q4_K
+			if layer < 2 {
+				t = gguf.Q5_K
+			}
+		case isFFNDown(name):
+			t = gguf.Q4_K
+			if layer < layers/16 {
+				t = gguf.Q5_K
+			}
+		case strings.HasSuffix(name, "attn_output.weight"):
+			t = gguf.Q4_K
+		default:
+			t = gguf.Q3_K
 		}
 	}
 	if cols%t.BlockSize() != 0 {
-		switch {
-		case cols%32 != 0 || t.BlockSize() != 256:
+		if cols%32 != 0 || t.BlockSize() != 256 {
 			return gguf.F32
-		case t == gguf.Q4_K:
+		}
+		switch t {
+		case gguf.Q4_K:
 			return gguf.Q5_0
+		case gguf.Q5_K:
+			return gguf.Q5_1
+		case gguf.Q3_K, gguf.Q2_K:
+			return gguf.Q4_0
 		}
 		return gguf.Q8_0
 	}
 	return t
+}
+
+// isFFNDown reports whether name is a layer's ffn_down matrix or its
+// experts' stacked ffn_down_exps (llama.cpp's FFN_DOWN category).
+func isFFNDown(name string) bool {
+	return strings.HasSuffix(name, "ffn_down.weight") || strings.HasSuffix(name, "ffn_down_exps.weight")
 }
 
 // GGUFReport says what WriteGGUF wrote.
@@ -116,13 +156,15 @@ type GGUFReport struct {
 // (exact), F16 or BF16 (exact when the checkpoint has that dtype; otherwise
 // an error), quantized Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (QuantizeQ8_0,
 // QuantizeQ4_0, …: ggml's reference quantizers), IQ4_NL (QuantizeIQ4NL, a
-// plain fitted-scale quantizer), or the Q4_K_M mix of Q4_K
-// and Q6_K (QuantizeQ4K, QuantizeQ6K; see tensorType). A matrix whose rows
+// plain fitted-scale quantizer), or llama.cpp's K-quant mixes Q4_K_M (Q4_K
+// and Q6_K: QuantizeQ4K, QuantizeQ6K, plain range quantizers), Q5_K_M (Q5_K
+// and Q6_K) and Q3_K_M (Q3_K, Q4_K, Q5_K and Q6_K; QuantizeQ5K and
+// QuantizeQ3K are ggml's reference quantizers; see tensorType). A matrix whose rows
 // are not a multiple of the block is written in a fallback type and listed
 // in the report: F32 for the 32-element types (llama.cpp's converter
 // writes F16 there, but llama.cpp then rounds that matrix's activations to
 // F16 too, and pdserve does not: with F32 both multiply the same values),
-// and llama.cpp's fallbacks for Q4_K_M (tensorType). Norm gains and biases are
+// and llama.cpp's fallbacks for the K-quants (tensorType). Norm gains and biases are
 // always F32, as llama.cpp expects.
 //
 // Tensors get llama.cpp's names (token_embd, blk.N.attn_q, …, output_norm,
@@ -228,6 +270,12 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 			data = QuantizeIQ4NL(f)
 		case gguf.Q4_K:
 			data = QuantizeQ4K(f)
+		case gguf.Q5_K:
+			data = QuantizeQ5K(f)
+		case gguf.Q3_K:
+			data = QuantizeQ3K(f)
+		case gguf.Q2_K:
+			data = QuantizeQ2K(f)
 		default: // Q6_K
 			data = QuantizeQ6K(f)
 		}

@@ -255,7 +255,7 @@ func TestGGUFLoadErrors(t *testing.T) {
 			tn.Type = gguf.Q8_1 // an activation format, never a weight's
 			tn.Data = make([]byte, 64*2*36)
 			return true
-		})), []string{`tensor "blk.0.attn_q.weight" has type Q8_1`, "want F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K"}},
+		})), []string{`tensor "blk.0.attn_q.weight" has type Q8_1`, "want F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"}},
 		{"quantized norm", rewrite(editTensor("output_norm.weight", func(tn *gguf.Tensor) bool {
 			tn.Type = gguf.Q8_0
 			tn.Data = make([]byte, 2*34)
@@ -269,28 +269,62 @@ func TestGGUFLoadErrors(t *testing.T) {
 	}
 }
 
-// TestGGUFQ4KM writes a checkpoint 256 wide as Q4_K_M (Q4_K matrices, Q6_K
-// for the tied classifier and for attn_v and ffn_down of llama.cpp's
-// use-more-bits layers) and checks the types, that the model computes
-// the checkpoint's function within 4-bit quantization error, and that its
-// logits do not depend on chunking or threads.
-func TestGGUFQ4KM(t *testing.T) {
+// TestGGUFKMixes writes a checkpoint 256 wide as each of llama.cpp's
+// K-quant mixes — Q4_K_M (Q4_K matrices, Q6_K for the tied classifier and
+// for attn_v and ffn_down of llama.cpp's use-more-bits layers), Q5_K_M
+// (the same with Q5_K) and Q3_K_M (Q3_K, with Q5_K for attn_v of layers 0
+// and 1, Q4_K for ffn_down and attn_output, Q6_K for the classifier) — and
+// checks the types, that the model computes the checkpoint's function
+// within the quantization error, and that its logits do not depend on
+// chunking or threads.
+func TestGGUFKMixes(t *testing.T) {
+	for _, c := range []struct {
+		ft   llama.FileType
+		tol  float64 // max |Δ logit| relative to the largest logit
+		want map[string]gguf.Type
+	}{
+		// Of 2 layers, use-more-bits picks the last (i ≥ 7n/8).
+		{llama.FileQ4_KM, 0.25, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
+			"blk.0.attn_v.weight": gguf.Q4_K, "blk.0.ffn_down.weight": gguf.Q4_K, "blk.0.attn_q.weight": gguf.Q4_K,
+			"blk.1.ffn_up.weight": gguf.Q4_K, "blk.1.attn_output.weight": gguf.Q4_K, "blk.0.attn_norm.weight": gguf.F32}},
+		{llama.FileQ5_KM, 0.15, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
+			"blk.0.attn_v.weight": gguf.Q5_K, "blk.0.ffn_down.weight": gguf.Q5_K, "blk.0.attn_q.weight": gguf.Q5_K,
+			"blk.1.ffn_up.weight": gguf.Q5_K, "blk.1.attn_output.weight": gguf.Q5_K, "blk.0.attn_norm.weight": gguf.F32}},
+		{llama.FileQ3_KM, 0.3, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.0.attn_v.weight": gguf.Q5_K, "blk.1.attn_v.weight": gguf.Q5_K,
+			"blk.0.ffn_down.weight": gguf.Q4_K, "blk.1.attn_output.weight": gguf.Q4_K, "blk.0.attn_q.weight": gguf.Q3_K,
+			"blk.1.attn_k.weight": gguf.Q3_K, "blk.1.ffn_up.weight": gguf.Q3_K, "blk.0.ffn_gate.weight": gguf.Q3_K, "blk.0.attn_norm.weight": gguf.F32}},
+	} {
+		t.Run(string(c.ft), func(t *testing.T) { testGGUFKMix(t, c.ft, c.tol, c.want) })
+	}
+}
+
+func testGGUFKMix(t *testing.T, ft llama.FileType, tol float64, want map[string]gguf.Type) {
 	spec := llamatest.Tiny()
 	spec.Hidden, spec.Intermediate, spec.Vocab, spec.Tied, spec.Scale = 256, 512, 300, true, 0.05
 	dir := spec.WriteT(t)
-	out := filepath.Join(t.TempDir(), "q4km.gguf")
-	if _, err := llama.WriteGGUF(dir, out, llama.FileQ4_KM); err != nil {
+	out := filepath.Join(t.TempDir(), "kmix.gguf")
+	if _, err := llama.WriteGGUF(dir, out, ft); err != nil {
 		t.Fatal(err)
 	}
 	f := readGGUF(t, out)
-	// Of 2 layers, use-more-bits picks the last (i ≥ 7n/8).
-	want := map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
-		"blk.0.attn_v.weight": gguf.Q4_K, "blk.0.ffn_down.weight": gguf.Q4_K, "blk.0.attn_q.weight": gguf.Q4_K,
-		"blk.1.ffn_up.weight": gguf.Q4_K, "blk.1.attn_output.weight": gguf.Q4_K, "blk.0.attn_norm.weight": gguf.F32}
 	for name, typ := range want {
 		if ti, ok := f.Tensor(name); !ok || ti.Type != typ {
 			t.Errorf("%s: type %v (found %v), want %s", name, ti.Type, ok, typ)
 		}
+	}
+	// A file cut inside a quantized matrix is refused.
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"blk.0.attn_q.weight", "blk.0.attn_v.weight"} {
+		ti, _ := f.Tensor(name)
+		end := int(ti.Offset) + len(ti.Data)
+		cut := filepath.Join(t.TempDir(), "cut.gguf")
+		if err := os.WriteFile(cut, raw[:end-ti.Type.BlockBytes()/2], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		wantLoadError(t, cut, llama.Options{}, name, "truncated")
 	}
 	rng := rand.New(rand.NewPCG(9, 9))
 	toks := randomTokens(rng, 20, spec.Vocab)
@@ -303,7 +337,7 @@ func TestGGUFQ4KM(t *testing.T) {
 	for _, threads := range []int{1, 2} {
 		m := load(t, out, llama.Options{Threads: threads})
 		got := logitsOf(t, m, toks)
-		if d := maxDiff(got, ref); d > 0.25*scale {
+		if d := maxDiff(got, ref); d > tol*scale {
 			t.Errorf("max |Δ logit| vs the checkpoint = %.3g (largest logit %.3g)", d, scale)
 		} else {
 			t.Logf("max |Δ logit| vs the checkpoint %.3g (largest logit %.3g)", d, scale)

@@ -225,3 +225,22 @@ func BenchmarkKKernels(b *testing.B) {
 		}
 	}
 }
+
+// TestKQuantTensorSize checks that a Q5_K, Q3_K or Q2_K matrix is built
+// only over exactly its rows' bytes, and only for rows a multiple of 256.
+func TestKQuantTensorSize(t *testing.T) {
+	for _, typ := range []gguf.Type{gguf.Q5_K, gguf.Q3_K, gguf.Q2_K} {
+		raw := make([]byte, 2*2*typ.BlockBytes())
+		if _, err := newQuantTensor("w", typ, []int{2, 512}, raw); err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+		for _, c := range []struct {
+			shape []int
+			n     int
+		}{{[]int{2, 512}, len(raw) - 1}, {[]int{2, 512}, len(raw) - typ.BlockBytes()}, {[]int{2, 512}, len(raw) + 1}, {[]int{2, 288}, len(raw)}} {
+			if _, err := newQuantTensor("w", typ, c.shape, make([]byte, c.n)); err == nil {
+				t.Errorf("%s %v over %d bytes: no error", typ, c.shape, c.n)
+			}
+		}
+	}
+}

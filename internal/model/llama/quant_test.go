@@ -390,9 +390,9 @@ func (j *sumJob) run(w, lo, hi int) {
 }
 
 // TestTensorTypeFallback checks the types WriteGGUF picks for rows that
-// are not a multiple of the block: llama.cpp's Q5_0 for Q4_K and Q8_0 for
-// Q6_K (rows of 576, SmolLM2's), F32 for the 32-element types and for rows
-// not a multiple of 32.
+// are not a multiple of the block: llama.cpp's Q5_0 for Q4_K, Q5_1 for
+// Q5_K, Q4_0 for Q3_K and Q8_0 for Q6_K (rows of 576, SmolLM2's), F32 for
+// the 32-element types and for rows not a multiple of 32.
 func TestTensorTypeFallback(t *testing.T) {
 	for _, c := range []struct {
 		ft         FileType
@@ -408,6 +408,14 @@ func TestTensorTypeFallback(t *testing.T) {
 		{FileQ5_0, "blk.0.attn_q.weight", 576, false, gguf.Q5_0},
 		{FileQ5_1, "blk.0.attn_q.weight", 48, false, gguf.F32},
 		{FileQ4_1, "blk.0.attn_q.weight", 64, false, gguf.Q4_1},
+		{FileQ5_KM, "blk.0.attn_q.weight", 576, false, gguf.Q5_1},
+		{FileQ5_KM, "blk.0.attn_q.weight", 512, false, gguf.Q5_K},
+		{FileQ5_KM, "output.weight", 576, true, gguf.Q8_0},
+		{FileQ3_KM, "blk.0.attn_q.weight", 576, false, gguf.Q4_0},
+		{FileQ3_KM, "blk.0.attn_q.weight", 512, false, gguf.Q3_K},
+		{FileQ3_KM, "blk.0.attn_v.weight", 576, false, gguf.Q5_1},
+		{FileQ3_KM, "blk.0.ffn_down.weight", 48, false, gguf.F32},
+		{FileQ3_KM, "token_embd.weight", 512, true, gguf.Q6_K},
 	} {
 		if got := tensorType(c.ft, c.name, c.cols, 0, 2, c.classifier); got != c.want {
 			t.Errorf("%s %s cols %d: %s, want %s", c.ft, c.name, c.cols, got, c.want)

@@ -10,7 +10,8 @@ import (
 
 // # K-quants
 //
-// Q4_K and Q6_K weights (quant.go has their layouts) multiply activations
+// K-quant weights (Q4_K and Q6_K: quant.go has their layouts; Q5_K, Q3_K
+// and Q2_K: kquant2.go) multiply activations
 // quantized per block of 256 as ggml's quantize_row_q8_K_ref does (ggml's
 // Q8_K, which its K-quant dot products take): with m the value of largest
 // magnitude (the first, if several), iscale = −127/m, q =

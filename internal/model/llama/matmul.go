@@ -146,7 +146,7 @@ type linJob struct {
 	// when needed); qj is the loop that fills it.
 	q8 *q8Acts
 	qj quantJob
-	// q8k and qkj are the same for Q4_K and Q6_K outputs (Q8_K).
+	// q8k and qkj are the same for all K-quant outputs (Q8_K).
 	q8k *q8KActs
 	qkj quantKJob
 }

@@ -70,9 +70,10 @@ type qtileArgs struct {
 	pf  uintptr           // the rows after the call's, prefetched by the AVX2 kernels (any address: never dereferenced)
 }
 
-// ktileArgs is the argument block of a K-quant kernel: the canonical Q4_K
-// or Q6_K dot products (kquant.go) of one weight row with up to 4 rows of Q8_K
-// activations (layout fixed by asmgen).
+// ktileArgs is the argument block of a K-quant kernel: the canonical Q4_K,
+// Q6_K, Q5_K, Q3_K or Q2_K dot products (kquant.go, kquant2.go) of one
+// weight row with up to 4 rows of Q8_K activations (layout fixed by
+// asmgen).
 type ktileArgs struct {
 	w   unsafe.Pointer    // the weight row, at its first block
 	x   [4]unsafe.Pointer // activation rows: q8KBlock arrays
@@ -142,7 +143,7 @@ type kernelSet struct {
 	// isaAVX512 needs VNNI and BW besides; qrows and qvecs are the weight
 	// and activation rows per call.
 	qisa, qrows, qvecs int
-	// kisa is the instruction set of the Q4_K and Q6_K kernels (ktile), 0
+	// kisa is the instruction set of the K-quant kernels (ktile), 0
 	// for none (pure Go); kvecs the activation rows per call.
 	kisa, kvecs int
 }

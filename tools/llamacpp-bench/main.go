@@ -4,13 +4,13 @@
 // default) or, with -arch qwen3, gemma2 or qwen3moe, Qwen3-, Gemma-2- or
 // Qwen3-MoE-shaped (llamatest.Qwen3Shaped, Gemma2Shaped, Qwen3MoEShaped;
 // llama.cpp's qwen3, gemma2 and qwen3moe architectures) — written by llama.WriteGGUF as F32, BF16, Q8_0, Q4_0,
-// Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K_M, Q5_K_M and Q3_K_M files, each loaded
-// by both. See
+// Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K_M, Q5_K_M, Q3_K_M and Q2_K files, each
+// loaded by both. See
 // docs/performance.md ("The real model on CPU") for the method and results.
 //
 // From the repository root:
 //
-//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|qwen3moe|mixtral] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m] [-work DIR]
+//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|qwen3moe|mixtral] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m,q2_k] [-work DIR]
 //
 // It installs node-llama-cpp@3.21.1 and @node-llama-cpp/linux-x64@3.21.1
 // (npm, --omit=optional; prebuilt binaries, no build, no download at run

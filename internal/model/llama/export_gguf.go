@@ -38,14 +38,15 @@ const (
 	FileQ4_KM FileType = "Q4_K_M"
 	FileQ5_KM FileType = "Q5_K_M"
 	FileQ3_KM FileType = "Q3_K_M"
+	FileQ2_K  FileType = "Q2_K"
 )
 
 // FileTypes lists the file types WriteGGUF writes.
-var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileIQ4NL, FileQ4_KM, FileQ5_KM, FileQ3_KM}
+var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileIQ4NL, FileQ4_KM, FileQ5_KM, FileQ3_KM, FileQ2_K}
 
 // llamaFtype is general.file_type (llama.cpp's enum llama_ftype).
 var llamaFtype = map[FileType]uint32{FileF32: 0, FileF16: 1, FileBF16: 32, FileQ8_0: 7, FileQ4_0: 2, FileQ4_1: 3,
-	FileQ5_0: 8, FileQ5_1: 9, FileIQ4NL: 25, FileQ4_KM: 15, FileQ5_KM: 17, FileQ3_KM: 12}
+	FileQ5_0: 8, FileQ5_1: 9, FileIQ4NL: 25, FileQ4_KM: 15, FileQ5_KM: 17, FileQ3_KM: 12, FileQ2_K: 10}
 
 // useMoreBits is llama.cpp's rule (llama-quant.cpp) for the layers of a
 // Q4_K_M or Q5_K_M file whose attn_v and ffn_down get Q6_K: the first and
@@ -59,12 +60,14 @@ func useMoreBits(i, n int) bool { return i < n/8 || i >= 7*n/8 || (i-n/8)%3 == 2
 // and ffn_down of the useMoreBits layers Q6_K and the rest Q4_K or Q5_K;
 // Q3_K_M gives attn_v Q5_K in layers 0 and 1 and Q4_K after, ffn_down Q5_K
 // in the first sixteenth of the layers and Q4_K after, attn_output Q4_K,
-// and the rest Q3_K. For every quantized type rows that are not a
+// and the rest Q3_K; Q2_K gives attn_v Q4_K if gqa (query heads per KV
+// head) is at least 4, else Q3_K, ffn_down and attn_output Q3_K, and the
+// rest Q2_K. For every quantized type rows that are not a
 // multiple of the block fall back as llama.cpp's tensor_type_fallback
-// does for the K-quants — Q5_0 for Q4_K, Q5_1 for Q5_K, Q4_0 for Q3_K,
-// Q8_0 for Q6_K — and to F32 for the 32-element types and for rows not a
+// does for the K-quants — Q5_0 for Q4_K, Q5_1 for Q5_K, Q4_0 for Q3_K and
+// Q2_K, Q8_0 for Q6_K — and to F32 for the 32-element types and for rows not a
 // multiple of 32.
-func tensorType(ft FileType, name string, cols, layer, layers int, classifier bool) gguf.Type {
+func tensorType(ft FileType, name string, cols, layer, layers, gqa int, classifier bool) gguf.Type {
 	var t gguf.Type
 	switch ft {
 	case FileF32:
@@ -112,6 +115,20 @@ func tensorType(ft FileType, name string, cols, layer, layers int, classifier bo
 		default:
 			t = gguf.Q3_K
 		}
+	case FileQ2_K:
+		switch {
+		case classifier:
+			t = gguf.Q6_K
+		case strings.HasSuffix(name, "attn_v.weight"):
+			t = gguf.Q3_K
+			if gqa >= 4 {
+				t = gguf.Q4_K
+			}
+		case isFFNDown(name), strings.HasSuffix(name, "attn_output.weight"):
+			t = gguf.Q3_K
+		default:
+			t = gguf.Q2_K
+		}
 	}
 	if cols%t.BlockSize() != 0 {
 		if cols%32 != 0 || t.BlockSize() != 256 {
@@ -158,8 +175,9 @@ type GGUFReport struct {
 // QuantizeQ4_0, …: ggml's reference quantizers), IQ4_NL (QuantizeIQ4NL, a
 // plain fitted-scale quantizer), or llama.cpp's K-quant mixes Q4_K_M (Q4_K
 // and Q6_K: QuantizeQ4K, QuantizeQ6K, plain range quantizers), Q5_K_M (Q5_K
-// and Q6_K) and Q3_K_M (Q3_K, Q4_K, Q5_K and Q6_K; QuantizeQ5K and
-// QuantizeQ3K are ggml's reference quantizers; see tensorType). A matrix whose rows
+// and Q6_K), Q3_K_M (Q3_K, Q4_K, Q5_K and Q6_K) and Q2_K (Q2_K, Q3_K, Q4_K
+// and Q6_K; QuantizeQ5K, QuantizeQ3K and QuantizeQ2K are ggml's reference
+// quantizers; see tensorType). A matrix whose rows
 // are not a multiple of the block is written in a fallback type and listed
 // in the report: F32 for the 32-element types (llama.cpp's converter
 // writes F16 there, but llama.cpp then rounds that matrix's activations to
@@ -239,8 +257,9 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		}
 		f := f32View(vals)
 		classifier := name == "output.weight" || name == "token_embd.weight" && cfg.TieEmbeddings
-		tt := tensorType(ft, name, cols, layer, cfg.Layers, classifier)
-		if want := tensorType(ft, name, 256*32, layer, cfg.Layers, classifier); tt != want {
+		gqa := cfg.Heads / cfg.KVHeads
+		tt := tensorType(ft, name, cols, layer, cfg.Layers, gqa, classifier)
+		if want := tensorType(ft, name, 256*32, layer, cfg.Layers, gqa, classifier); tt != want {
 			rep.Fallback = append(rep.Fallback, name+" ("+tt.String()+")")
 		}
 		var data []byte

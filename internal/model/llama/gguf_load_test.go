@@ -273,7 +273,8 @@ func TestGGUFLoadErrors(t *testing.T) {
 // K-quant mixes — Q4_K_M (Q4_K matrices, Q6_K for the tied classifier and
 // for attn_v and ffn_down of llama.cpp's use-more-bits layers), Q5_K_M
 // (the same with Q5_K) and Q3_K_M (Q3_K, with Q5_K for attn_v of layers 0
-// and 1, Q4_K for ffn_down and attn_output, Q6_K for the classifier) — and
+// and 1, Q4_K for ffn_down and attn_output, Q6_K for the classifier) and
+// Q2_K (Q2_K, with Q3_K for attn_v, ffn_down and attn_output) — and
 // checks the types, that the model computes the checkpoint's function
 // within the quantization error, and that its logits do not depend on
 // chunking or threads.
@@ -293,6 +294,9 @@ func TestGGUFKMixes(t *testing.T) {
 		{llama.FileQ3_KM, 0.3, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.0.attn_v.weight": gguf.Q5_K, "blk.1.attn_v.weight": gguf.Q5_K,
 			"blk.0.ffn_down.weight": gguf.Q4_K, "blk.1.attn_output.weight": gguf.Q4_K, "blk.0.attn_q.weight": gguf.Q3_K,
 			"blk.1.attn_k.weight": gguf.Q3_K, "blk.1.ffn_up.weight": gguf.Q3_K, "blk.0.ffn_gate.weight": gguf.Q3_K, "blk.0.attn_norm.weight": gguf.F32}},
+		// 4 query heads per 2 KV heads: attn_v Q3_K.
+		{llama.FileQ2_K, 0.45, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.0.attn_v.weight": gguf.Q3_K, "blk.1.ffn_down.weight": gguf.Q3_K,
+			"blk.0.attn_output.weight": gguf.Q3_K, "blk.0.attn_q.weight": gguf.Q2_K, "blk.1.ffn_gate.weight": gguf.Q2_K, "blk.0.attn_norm.weight": gguf.F32}},
 	} {
 		t.Run(string(c.ft), func(t *testing.T) { testGGUFKMix(t, c.ft, c.tol, c.want) })
 	}

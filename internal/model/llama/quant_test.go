@@ -389,9 +389,10 @@ func (j *sumJob) run(w, lo, hi int) {
 	j.sums[8*w] += s0 + s1 + s2 + s3
 }
 
-// TestTensorTypeFallback checks the types WriteGGUF picks for rows that
-// are not a multiple of the block: llama.cpp's Q5_0 for Q4_K, Q5_1 for
-// Q5_K, Q4_0 for Q3_K and Q8_0 for Q6_K (rows of 576, SmolLM2's), F32 for
+// TestTensorTypeFallback checks some of the types WriteGGUF picks in
+// llama.cpp's K-quant mixes, and those for rows that are not a multiple of
+// the block: llama.cpp's Q5_0 for Q4_K, Q5_1 for
+// Q5_K, Q4_0 for Q3_K and Q2_K and Q8_0 for Q6_K (rows of 576, SmolLM2's), F32 for
 // the 32-element types and for rows not a multiple of 32.
 func TestTensorTypeFallback(t *testing.T) {
 	for _, c := range []struct {
@@ -400,24 +401,30 @@ func TestTensorTypeFallback(t *testing.T) {
 		cols       int
 		classifier bool
 		want       gguf.Type
+		gqa        int
 	}{
-		{FileQ4_KM, "blk.0.attn_q.weight", 576, false, gguf.Q5_0},
-		{FileQ4_KM, "blk.0.attn_q.weight", 512, false, gguf.Q4_K},
-		{FileQ4_KM, "output.weight", 576, true, gguf.Q8_0},
-		{FileQ4_KM, "blk.0.ffn_down.weight", 48, false, gguf.F32},
-		{FileQ5_0, "blk.0.attn_q.weight", 576, false, gguf.Q5_0},
-		{FileQ5_1, "blk.0.attn_q.weight", 48, false, gguf.F32},
-		{FileQ4_1, "blk.0.attn_q.weight", 64, false, gguf.Q4_1},
-		{FileQ5_KM, "blk.0.attn_q.weight", 576, false, gguf.Q5_1},
-		{FileQ5_KM, "blk.0.attn_q.weight", 512, false, gguf.Q5_K},
-		{FileQ5_KM, "output.weight", 576, true, gguf.Q8_0},
-		{FileQ3_KM, "blk.0.attn_q.weight", 576, false, gguf.Q4_0},
-		{FileQ3_KM, "blk.0.attn_q.weight", 512, false, gguf.Q3_K},
-		{FileQ3_KM, "blk.0.attn_v.weight", 576, false, gguf.Q5_1},
-		{FileQ3_KM, "blk.0.ffn_down.weight", 48, false, gguf.F32},
-		{FileQ3_KM, "token_embd.weight", 512, true, gguf.Q6_K},
+		{FileQ4_KM, "blk.0.attn_q.weight", 576, false, gguf.Q5_0, 1},
+		{FileQ4_KM, "blk.0.attn_q.weight", 512, false, gguf.Q4_K, 1},
+		{FileQ4_KM, "output.weight", 576, true, gguf.Q8_0, 1},
+		{FileQ4_KM, "blk.0.ffn_down.weight", 48, false, gguf.F32, 1},
+		{FileQ5_0, "blk.0.attn_q.weight", 576, false, gguf.Q5_0, 1},
+		{FileQ5_1, "blk.0.attn_q.weight", 48, false, gguf.F32, 1},
+		{FileQ4_1, "blk.0.attn_q.weight", 64, false, gguf.Q4_1, 1},
+		{FileQ5_KM, "blk.0.attn_q.weight", 576, false, gguf.Q5_1, 1},
+		{FileQ5_KM, "blk.0.attn_q.weight", 512, false, gguf.Q5_K, 1},
+		{FileQ5_KM, "output.weight", 576, true, gguf.Q8_0, 1},
+		{FileQ3_KM, "blk.0.attn_q.weight", 576, false, gguf.Q4_0, 1},
+		{FileQ3_KM, "blk.0.attn_q.weight", 512, false, gguf.Q3_K, 1},
+		{FileQ3_KM, "blk.0.attn_v.weight", 576, false, gguf.Q5_1, 1},
+		{FileQ3_KM, "blk.0.ffn_down.weight", 48, false, gguf.F32, 1},
+		{FileQ3_KM, "token_embd.weight", 512, true, gguf.Q6_K, 1},
+		{FileQ2_K, "blk.0.attn_q.weight", 576, false, gguf.Q4_0, 1},
+		{FileQ2_K, "blk.0.attn_q.weight", 512, false, gguf.Q2_K, 1},
+		{FileQ2_K, "blk.0.attn_v.weight", 512, false, gguf.Q3_K, 3},
+		{FileQ2_K, "blk.0.attn_v.weight", 512, false, gguf.Q4_K, 4},
+		{FileQ2_K, "blk.0.ffn_down.weight", 512, false, gguf.Q3_K, 1},
 	} {
-		if got := tensorType(c.ft, c.name, c.cols, 0, 2, c.classifier); got != c.want {
+		if got := tensorType(c.ft, c.name, c.cols, 0, 2, c.gqa, c.classifier); got != c.want {
 			t.Errorf("%s %s cols %d: %s, want %s", c.ft, c.name, c.cols, got, c.want)
 		}
 	}

@@ -44,30 +44,45 @@ func q3kScales(s []byte) (sc [16]int8) {
 	return sc
 }
 
-// q5kValue returns the 5-bit quant (0–31) of element i of a Q5_K block.
-func q5kValue(blk []byte, i int) int {
-	j, l := i/32, i%32
-	q := blk[48+32*(j/2)+l]
-	if j%2 == 1 {
-		q >>= 4
+// q5kQuants sets q to the 5-bit quants (0–31) of a Q5_K block.
+func q5kQuants(blk []byte, q *[256]int8) {
+	qh := blk[16:48]
+	for j := range 8 {
+		qs := blk[48+32*(j/2) : 48+32*(j/2)+32]
+		sh := 4 * uint(j%2)
+		for l := range 32 {
+			q[32*j+l] = int8(qs[l]>>sh&15 | (qh[l]>>j&1)<<4)
+		}
 	}
-	return int(q&15) | int(blk[16+l]>>j&1)<<4
 }
 
-// q3kValue returns the quant (−4…3) of element i of a Q3_K block.
-func q3kValue(blk []byte, i int) int {
-	n, j, l := i/128, i%128/32, i%32
-	q := int(blk[32+32*n+l] >> (2 * j) & 3)
-	if blk[l]>>(4*n+j)&1 == 0 {
-		q -= 4
+// q3kQuants sets q to the quants (−4…3) of a Q3_K block.
+func q3kQuants(blk []byte, q *[256]int8) {
+	hm := blk[0:32]
+	for n := range 2 {
+		qs := blk[32+32*n : 64+32*n]
+		for j := range 4 {
+			for l := range 32 {
+				v := int8(qs[l] >> (2 * j) & 3)
+				if hm[l]>>(4*n+j)&1 == 0 {
+					v -= 4
+				}
+				q[128*n+32*j+l] = v
+			}
+		}
 	}
-	return q
 }
 
-// q2kValue returns the quant (0–3) of element i of a Q2_K block.
-func q2kValue(blk []byte, i int) int {
-	n, j, l := i/128, i%128/32, i%32
-	return int(blk[16+32*n+l] >> (2 * j) & 3)
+// q2kQuants sets q to the quants (0–3) of a Q2_K block.
+func q2kQuants(blk []byte, q *[256]int8) {
+	for n := range 2 {
+		qs := blk[16+32*n : 48+32*n]
+		for j := range 4 {
+			for l := range 32 {
+				q[128*n+32*j+l] = int8(qs[l] >> (2 * j) & 3)
+			}
+		}
+	}
 }
 
 // dequantRowK2 is dequantRow for Q5_K, Q3_K and Q2_K: ggml-quants.c's
@@ -75,17 +90,19 @@ func q2kValue(blk []byte, i int) int {
 // float32 (the scale products d·sc and dmin·m first, then each value's
 // product rounded before the min is subtracted, no fused multiply-add).
 func dequantRowK2(t gguf.Type, src []byte, dst []float32) {
+	var q [256]int8
 	switch t {
 	case gguf.Q5_K:
 		for b := range len(dst) / 256 {
 			blk := src[176*b : 176*b+176]
 			d, dmin := f16At(blk, 0), f16At(blk, 2)
 			y := dst[256*b : 256*b+256]
+			q5kQuants(blk, &q)
 			for j := range 8 {
 				sc, m := q4kScaleMin(blk[4:16], j)
 				d1, m1 := d*float32(sc), dmin*float32(m)
 				for l := range 32 {
-					y[32*j+l] = float32(d1*float32(q5kValue(blk, 32*j+l))) - m1
+					y[32*j+l] = float32(d1*float32(q[32*j+l])) - m1
 				}
 			}
 		}
@@ -95,9 +112,10 @@ func dequantRowK2(t gguf.Type, src []byte, dst []float32) {
 			d := f16At(blk, 108)
 			sc := q3kScales(blk[96:108])
 			y := dst[256*b : 256*b+256]
+			q3kQuants(blk, &q)
 			for i := range 256 {
-				dl := d * float32(sc[i/128*8+i%128/16])
-				y[i] = dl * float32(q3kValue(blk, i))
+				dl := d * float32(sc[i/16])
+				y[i] = dl * float32(q[i])
 			}
 		}
 	case gguf.Q2_K:
@@ -105,10 +123,11 @@ func dequantRowK2(t gguf.Type, src []byte, dst []float32) {
 			blk := src[84*b : 84*b+84]
 			d, dmin := f16At(blk, 80), f16At(blk, 82)
 			y := dst[256*b : 256*b+256]
+			q2kQuants(blk, &q)
 			for i := range 256 {
-				s := blk[i/128*8+i%128/16]
+				s := blk[i/16]
 				dl, ml := d*float32(s&15), dmin*float32(s>>4)
-				y[i] = float32(dl*float32(q2kValue(blk, i))) - ml
+				y[i] = float32(dl*float32(q[i])) - ml
 			}
 		}
 	default:
@@ -140,10 +159,26 @@ func dequantRowK2(t gguf.Type, src []byte, dst []float32) {
 // the k-th 16 activation quants, then acc_L = fma(dx·d, float32(isum_L),
 // acc_L).
 
+// isum8 adds to each lane L of isum the products of the 4 quants and
+// activation quants 4L … 4L+3 of a chunk of 32 (q, x), times s0 for lanes
+// 0–3 and s1 for lanes 4–7.
+func isum8(isum *[8]int32, q, x []int8, s0, s1 int32) {
+	for l := range 8 {
+		q, x := q[4*l:4*l+4], x[4*l:4*l+4]
+		p := int32(q[0])*int32(x[0]) + int32(q[1])*int32(x[1]) + int32(q[2])*int32(x[2]) + int32(q[3])*int32(x[3])
+		if l < 4 {
+			isum[l] += s0 * p
+		} else {
+			isum[l] += s1 * p
+		}
+	}
+}
+
 // dotQ5KGo is the canonical dot product of Q5_K row w with token row k of
 // a.
 func dotQ5KGo(w []byte, a *q8KActs, k int) float32 {
 	var acc [8]float32
+	var q [256]int8
 	var accm [4]float32
 	for b := range a.nb {
 		blk := w[176*b : 176*b+176]
@@ -152,17 +187,11 @@ func dotQ5KGo(w []byte, a *q8KActs, k int) float32 {
 		dmin := -x.d * f16At(blk, 2)
 		var isum [8]int32
 		var mn [8]int32
+		q5kQuants(blk, &q)
 		for j := range 8 {
 			sc, m := q4kScaleMin(blk[4:16], j)
 			mn[j] = int32(m)
-			xs := x.qs[32*j : 32*j+32]
-			for l := range 8 {
-				var p int32
-				for i := 4 * l; i < 4*l+4; i++ {
-					p += int32(q5kValue(blk, 32*j+i)) * int32(xs[i])
-				}
-				isum[l] += int32(sc) * p
-			}
+			isum8(&isum, q[32*j:32*j+32], x.qs[32*j:32*j+32], int32(sc), int32(sc))
 		}
 		for l := range 8 {
 			acc[l] = fma32(d, float32(isum[l]), acc[l])
@@ -180,21 +209,16 @@ func dotQ5KGo(w []byte, a *q8KActs, k int) float32 {
 // a.
 func dotQ3KGo(w []byte, a *q8KActs, k int) float32 {
 	var acc [8]float32
+	var q [256]int8
 	for b := range a.nb {
 		blk := w[110*b : 110*b+110]
 		x := &a.blk[k*a.nb+b]
 		d := x.d * f16At(blk, 108)
 		sc := q3kScales(blk[96:108])
 		var isum [8]int32
+		q3kQuants(blk, &q)
 		for c := range 8 {
-			xs := x.qs[32*c : 32*c+32]
-			for l := range 8 {
-				var p int32
-				for i := 4 * l; i < 4*l+4; i++ {
-					p += int32(q3kValue(blk, 32*c+i)) * int32(xs[i])
-				}
-				isum[l] += int32(sc[2*c+l/4]) * p
-			}
+			isum8(&isum, q[32*c:32*c+32], x.qs[32*c:32*c+32], int32(sc[2*c]), int32(sc[2*c+1]))
 		}
 		for l := range 8 {
 			acc[l] = fma32(d, float32(isum[l]), acc[l])
@@ -207,6 +231,7 @@ func dotQ3KGo(w []byte, a *q8KActs, k int) float32 {
 // a.
 func dotQ2KGo(w []byte, a *q8KActs, k int) float32 {
 	var acc [8]float32
+	var q [256]int8
 	for b := range a.nb {
 		blk := w[84*b : 84*b+84]
 		x := &a.blk[k*a.nb+b]
@@ -217,15 +242,9 @@ func dotQ2KGo(w []byte, a *q8KActs, k int) float32 {
 			acc[l] = fma32(dmin, float32(m0*x.bsums[2*l]+m1*x.bsums[2*l+1]), acc[l])
 		}
 		var isum [8]int32
+		q2kQuants(blk, &q)
 		for c := range 8 {
-			xs := x.qs[32*c : 32*c+32]
-			for l := range 8 {
-				var p int32
-				for i := 4 * l; i < 4*l+4; i++ {
-					p += int32(q2kValue(blk, 32*c+i)) * int32(xs[i])
-				}
-				isum[l] += int32(blk[2*c+l/4]&15) * p
-			}
+			isum8(&isum, q[32*c:32*c+32], x.qs[32*c:32*c+32], int32(blk[2*c]&15), int32(blk[2*c+1]&15))
 		}
 		for l := range 8 {
 			acc[l] = fma32(d, float32(isum[l]), acc[l])

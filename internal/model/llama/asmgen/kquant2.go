@@ -150,6 +150,9 @@ func (g *gen) ktile3512(V int) {
 	g.ktilePrologue(V, 110, pf)
 	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }
 	isum := func(v int) string { return fmt.Sprintf("Y%d", 4+v) }
+	// isum2: the odd chunks' lane sums, added to isum at the block's end
+	// (exact in int32), so that a block's VPDPWSSD form two chains of four.
+	isum2 := func(v int) string { return fmt.Sprintf("Y%d", 8+v) }
 	for v := range V {
 		g.op("VXORPS %s, %s, %s", acc(v), acc(v), acc(v))
 	}
@@ -174,6 +177,7 @@ func (g *gen) ktile3512(V int) {
 	g.op("VMOVDQU64 (R8)(R13*1), Y18") // hmask
 	for v := range V {
 		g.op("VPXORD %s, %s, %s", isum(v), isum(v), isum(v))
+		g.op("VPXORD %s, %s, %s", isum2(v), isum2(v), isum2(v))
 	}
 	for n := range 2 {
 		g.op("VMOVDQU64 %d(R8)(R13*1), Y16", 32+32*n) // qs
@@ -192,11 +196,12 @@ func (g *gen) ktile3512(V int) {
 				g.op("VPMADDUBSW %d(%s)(R14*1), Y19, Y23", off, xGPR[v])
 				g.op("VPMADDUBSW %d(%s)(R14*1), Y30, Y24", off, xGPR[v])
 				g.op("VPSUBW Y24, Y23, Y23")
-				g.op("VPDPWSSD Y23, Y21, %s", isum(v))
+				g.op("VPDPWSSD Y23, Y21, %s", []func(int) string{isum, isum2}[j%2](v))
 			}
 		}
 	}
 	for v := range V {
+		g.op("VPADDD %s, %s, %s", isum2(v), isum(v), isum(v))
 		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
 		g.op("VBROADCASTSS %d(%s)(R14*1), Y25", kbD, xGPR[v])
 		g.op("VMULPS Y13, Y25, Y26")
@@ -292,6 +297,7 @@ func (g *gen) ktile2512(V int) {
 	g.ktilePrologue(V, 84, pf)
 	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }
 	isum := func(v int) string { return fmt.Sprintf("Y%d", 4+v) }
+	isum2 := func(v int) string { return fmt.Sprintf("Y%d", 8+v) } // as ktile3512's
 	for v := range V {
 		g.op("VXORPS %s, %s, %s", acc(v), acc(v), acc(v))
 	}
@@ -327,6 +333,7 @@ func (g *gen) ktile2512(V int) {
 		g.op("VMULPS Y28, Y25, Y26") // dx·dmin
 		g.op("VFNMADD231PS Y26, Y24, %s", acc(v))
 		g.op("VPXORD %s, %s, %s", isum(v), isum(v), isum(v))
+		g.op("VPXORD %s, %s, %s", isum2(v), isum2(v), isum2(v))
 	}
 	for n := range 2 {
 		g.op("VMOVDQU64 %d(R8)(R13*1), Y16", 16+32*n) // qs
@@ -340,11 +347,12 @@ func (g *gen) ktile2512(V int) {
 			g.op("VPSHUFB q6Shuf<>+%d(SB), %s, Y21", 32*j, []string{"Y14", "Y15"}[n])
 			for v := range V {
 				g.op("VPMADDUBSW %d(%s)(R14*1), Y19, Y23", kbQS+128*n+32*j, xGPR[v])
-				g.op("VPDPWSSD Y23, Y21, %s", isum(v))
+				g.op("VPDPWSSD Y23, Y21, %s", []func(int) string{isum, isum2}[j%2](v))
 			}
 		}
 	}
 	for v := range V {
+		g.op("VPADDD %s, %s, %s", isum2(v), isum(v), isum(v))
 		g.op("VCVTDQ2PS %s, %s", isum(v), isum(v))
 		g.op("VBROADCASTSS %d(%s)(R14*1), Y25", kbD, xGPR[v])
 		g.op("VMULPS Y13, Y25, Y26")

@@ -280,31 +280,38 @@ func TestGGUFLoadErrors(t *testing.T) {
 // chunking or threads.
 func TestGGUFKMixes(t *testing.T) {
 	for _, c := range []struct {
-		ft   llama.FileType
-		tol  float64 // max |Δ logit| relative to the largest logit
-		want map[string]gguf.Type
+		ft     llama.FileType
+		untied bool
+		tol    float64 // max |Δ logit| relative to the largest logit
+		want   map[string]gguf.Type
 	}{
 		// Of 2 layers, use-more-bits picks the last (i ≥ 7n/8).
-		{llama.FileQ4_KM, 0.25, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
+		{llama.FileQ4_KM, false, 0.25, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
 			"blk.0.attn_v.weight": gguf.Q4_K, "blk.0.ffn_down.weight": gguf.Q4_K, "blk.0.attn_q.weight": gguf.Q4_K,
 			"blk.1.ffn_up.weight": gguf.Q4_K, "blk.1.attn_output.weight": gguf.Q4_K, "blk.0.attn_norm.weight": gguf.F32}},
-		{llama.FileQ5_KM, 0.15, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
+		{llama.FileQ5_KM, false, 0.15, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.1.attn_v.weight": gguf.Q6_K, "blk.1.ffn_down.weight": gguf.Q6_K,
 			"blk.0.attn_v.weight": gguf.Q5_K, "blk.0.ffn_down.weight": gguf.Q5_K, "blk.0.attn_q.weight": gguf.Q5_K,
 			"blk.1.ffn_up.weight": gguf.Q5_K, "blk.1.attn_output.weight": gguf.Q5_K, "blk.0.attn_norm.weight": gguf.F32}},
-		{llama.FileQ3_KM, 0.3, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.0.attn_v.weight": gguf.Q5_K, "blk.1.attn_v.weight": gguf.Q5_K,
+		{llama.FileQ3_KM, false, 0.3, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.0.attn_v.weight": gguf.Q5_K, "blk.1.attn_v.weight": gguf.Q5_K,
 			"blk.0.ffn_down.weight": gguf.Q4_K, "blk.1.attn_output.weight": gguf.Q4_K, "blk.0.attn_q.weight": gguf.Q3_K,
 			"blk.1.attn_k.weight": gguf.Q3_K, "blk.1.ffn_up.weight": gguf.Q3_K, "blk.0.ffn_gate.weight": gguf.Q3_K, "blk.0.attn_norm.weight": gguf.F32}},
 		// 4 query heads per 2 KV heads: attn_v Q3_K.
-		{llama.FileQ2_K, 0.45, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.0.attn_v.weight": gguf.Q3_K, "blk.1.ffn_down.weight": gguf.Q3_K,
+		{llama.FileQ2_K, false, 0.45, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.0.attn_v.weight": gguf.Q3_K, "blk.1.ffn_down.weight": gguf.Q3_K,
 			"blk.0.attn_output.weight": gguf.Q3_K, "blk.0.attn_q.weight": gguf.Q2_K, "blk.1.ffn_gate.weight": gguf.Q2_K, "blk.0.attn_norm.weight": gguf.F32}},
+		// Untied: the token embedding (rows read dequantized) is Q3_K, the classifier Q6_K.
+		{llama.FileQ3_KM, true, 0.3, map[string]gguf.Type{"token_embd.weight": gguf.Q3_K, "output.weight": gguf.Q6_K, "blk.0.attn_q.weight": gguf.Q3_K}},
 	} {
-		t.Run(string(c.ft), func(t *testing.T) { testGGUFKMix(t, c.ft, c.tol, c.want) })
+		name := string(c.ft)
+		if c.untied {
+			name += "/untied"
+		}
+		t.Run(name, func(t *testing.T) { testGGUFKMix(t, c.ft, !c.untied, c.tol, c.want) })
 	}
 }
 
-func testGGUFKMix(t *testing.T, ft llama.FileType, tol float64, want map[string]gguf.Type) {
+func testGGUFKMix(t *testing.T, ft llama.FileType, tied bool, tol float64, want map[string]gguf.Type) {
 	spec := llamatest.Tiny()
-	spec.Hidden, spec.Intermediate, spec.Vocab, spec.Tied, spec.Scale = 256, 512, 300, true, 0.05
+	spec.Hidden, spec.Intermediate, spec.Vocab, spec.Tied, spec.Scale = 256, 512, 300, tied, 0.05
 	dir := spec.WriteT(t)
 	out := filepath.Join(t.TempDir(), "kmix.gguf")
 	if _, err := llama.WriteGGUF(dir, out, ft); err != nil {

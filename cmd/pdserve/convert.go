@@ -70,7 +70,8 @@ quantizers, q8_0 (8 bits per weight plus a scale per 32), q4_0 (4 bits),
 q4_1 (4 bits, a scale and an offset per 32), q5_0 (5 bits) or q5_1 (5 bits
 and an offset); iq4_nl (4-bit indices into a non-uniform grid; a plain
 fitted-scale quantizer, not llama.cpp's search); or llama.cpp's K-quant
-mixes (its choice of type per tensor, for a dense model): q4_k_m, Q4_K and
+mixes (its choice of type per tensor for a dense model; experts' ffn_down_exps
+count as ffn_down, llama.cpp's rules for 8 experts are not applied): q4_k_m, Q4_K and
 Q6_K (plain range quantizers, not llama.cpp's searched scales); q5_k_m,
 Q5_K and Q6_K; q3_k_m, Q3_K, Q4_K, Q5_K and Q6_K; q2_k, Q2_K, Q3_K, Q4_K and
 Q6_K (Q5_K, Q3_K and Q2_K with ggml's reference quantizers). Matrices whose

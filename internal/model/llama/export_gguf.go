@@ -55,7 +55,8 @@ func useMoreBits(i, n int) bool { return i < n/8 || i >= 7*n/8 || (i-n/8)%3 == 2
 
 // tensorType is the type of one matrix in a file of type ft, as llama.cpp's
 // llama_tensor_get_type (llama-quant.cpp) chooses it for a dense model
-// (no experts, not Falcon, not 70B): the classifier (the token embedding
+// (not Falcon, not 70B; experts' ffn_down_exps count as ffn_down, and
+// llama.cpp's other rules for 8-expert models are not applied): the classifier (the token embedding
 // when tied) is Q6_K in every K-quant mix; Q4_K_M and Q5_K_M give attn_v
 // and ffn_down of the useMoreBits layers Q6_K and the rest Q4_K or Q5_K;
 // Q3_K_M gives attn_v Q5_K in layers 0 and 1 and Q4_K after, ffn_down Q5_K

@@ -17,13 +17,16 @@ import (
 //
 // For the token at position p of its sequence, query head h, KV head g:
 //
-//	s[j] = dot(k_j, q_h) · (1/√headDim)   j ≤ p    (canonical dot, simd.go)
+//	s[j] = dot(k_j, q_h) · (1/√headDim)   lo ≤ j ≤ p  (canonical dot, simd.go)
 //	s[j] = c·tanh(s[j]/c)                          (Gemma2 soft-capping only)
 //	a    = softmax(s)                              (float64 sums, see softmax)
 //	out  = Σ_j a[j]·v_j                            (canonical weighted sum)
 //
-// reading K and V rows in place in the pages (F32, BF16 or F16). Nothing
-// depends on the other tokens of the batch or on the task split.
+// where lo = 0, or lo = max(0, p−W+1) in a layer with a sliding window of
+// W positions (window: the position sees itself and the W−1 before it,
+// llama.cpp's LLAMA_SWA_TYPE_STANDARD mask), reading K and V rows in place
+// in the pages (F32, BF16 or F16). Nothing depends on the other tokens of
+// the batch or on the task split.
 type attnJob struct {
 	ks    *kernelSet
 	scr   []scratch
@@ -42,6 +45,8 @@ type attnJob struct {
 	// soft-caps them (Gemma2's attn_logit_softcapping).
 	scale   float32
 	softcap float64
+	// window, if > 0, is the sliding window of layer li (see Config.SlidingLayers).
+	window int
 }
 
 // tasks returns the number of tasks (T·heads/sub).
@@ -77,6 +82,10 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 	qDim := j.heads * D
 	pages := j.seqs[j.seqOf[t]].Pages
 	n := int(j.pos[t]) + 1
+	lo := 0 // the first position the token sees
+	if j.window > 0 {
+		lo = max(0, n-j.window)
+	}
 	np := (n+3)&^3 + 4 // scores row stride, with room for a tile's padding
 	sc.scores = grow(sc.scores, G*np)
 	s := sc.scores
@@ -98,7 +107,7 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 	// Scores, page by page.
 	if ks == nil {
 		sc.kv = grow(sc.kv, D)
-		for jj := range n {
+		for jj := lo; jj < n; jj++ {
 			k := kvRow(dt, unsafe.Add(base(jj/ps, 0), (jj%ps)*rowStride), D, sc.kv)
 			for gi := range G {
 				h := h0 + gi
@@ -113,13 +122,13 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 			for v := range nv {
 				a.x[v] = unsafe.Pointer(&q[(h0+g0+v)*D])
 			}
-			for p0 := 0; p0 < n; p0 += ps {
+			for p0 := lo / ps * ps; p0 < n; p0 += ps {
 				b := base(p0/ps, 0)
 				m := min(ps, n-p0) // rows in this page
 				// A group cut short by the end of the page repeats its last
 				// row; its extra scores land in the next page's slots (then
 				// overwritten) or in the padding.
-				for i := 0; i < m; i += R {
+				for i := max(0, lo-p0); i < m; i += R {
 					for r := range R {
 						a.w[r] = unsafe.Add(b, min(i+r, m-1)*rowStride)
 					}
@@ -130,7 +139,7 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 		}
 	}
 	for gi := range G {
-		row := s[gi*np : gi*np+n]
+		row := s[gi*np+lo : gi*np+n]
 		for i := range row {
 			row[i] *= j.scale
 		}
@@ -145,30 +154,32 @@ func (j *attnJob) one(sc *scratch, t, h0, h1 int) {
 	if ks == nil {
 		sc.kv = grow(sc.kv, D)
 		for gi := range G {
-			weightedGo(out[gi*D:(gi+1)*D], s[gi*np:gi*np+n], func(jj int) []float32 {
+			weightedGo(out[gi*D:(gi+1)*D], s[gi*np+lo:gi*np+n], func(jj int) []float32 {
+				jj += lo
 				return kvRow(dt, unsafe.Add(base(jj/ps, 1), (jj%ps)*rowStride), D, sc.kv)
 			})
 		}
 		return
 	}
 	const maxHeads = 6 // of a pv kernel
-	for p0 := 0; p0 < n; p0 += ps {
-		a := pvArgs{vs: uintptr(rowStride), n: uintptr(min(ps, n-p0)), ps: uintptr(4 * np), os: uintptr(4 * D)}
-		v0 := base(p0/ps, 1)
+	for p0 := lo / ps * ps; p0 < n; p0 += ps {
+		skip := max(0, lo-p0) // rows of the page before the window
+		a := pvArgs{vs: uintptr(rowStride), n: uintptr(min(ps, n-p0) - skip), ps: uintptr(4 * np), os: uintptr(4 * D)}
+		v0 := unsafe.Add(base(p0/ps, 1), skip*rowStride)
 		for g0 := 0; g0 < G; g0 += maxHeads {
 			nh := min(maxHeads, G-g0)
 			d := 0
 			for _, c := range ks.pvChunks {
 				for ; d+16*c <= D; d += 16 * c {
 					a.v = unsafe.Add(v0, d*eb)
-					a.p = unsafe.Pointer(&s[g0*np+p0])
+					a.p = unsafe.Pointer(&s[g0*np+p0+skip])
 					a.out = unsafe.Pointer(&out[g0*D+d])
 					ks.pv(dt, c, nh, &a)
 				}
 			}
 			if d < D { // the last 1–15 columns, masked
 				a.v = unsafe.Add(v0, d*eb)
-				a.p = unsafe.Pointer(&s[g0*np+p0])
+				a.p = unsafe.Pointer(&s[g0*np+p0+skip])
 				a.out = unsafe.Pointer(&out[g0*D+d])
 				a.cols = uintptr(D - d)
 				ks.pv(dt, 0, nh, &a)

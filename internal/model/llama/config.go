@@ -47,8 +47,23 @@ type Config struct {
 	// SlidingWindow is the attention window when the configuration enables
 	// one (Mistral's sliding_window, Qwen2's with use_sliding_window), else 0.
 	// The model then caps its context length at the window, so the window
-	// never cuts anything off.
+	// never cuts anything off — unless SlidingLayers is set.
 	SlidingWindow int
+	// SlidingLayers, if not nil, says for each layer ([Layers]) whether it
+	// attends through the sliding window: the token at position p sees
+	// positions max(0, p−SlidingWindow+1) … p (llama.cpp's
+	// LLAMA_SWA_TYPE_STANDARD mask; transformers' sliding_window mask),
+	// and the other layers see the whole context, which is then not capped.
+	// Gemma2 slides in every other layer, the first included (llama.cpp's
+	// sliding_window_pattern 2); Gemma3 in five of every six (pattern 6):
+	// see swaPattern.
+	SlidingLayers []bool
+	// RopeThetaLocal, if not 0, is the RoPE base of the sliding layers
+	// (Gemma3's rope_local_base_freq, llama.cpp's rope.freq_base_swa),
+	// which also take no rope_scaling (llama.cpp's rope_freq_scale_train_swa
+	// is 1; transformers builds their rotary embedding with the default
+	// rope type). RopeTheta and RopeScaling are then the global layers'.
+	RopeThetaLocal float64
 	// QKVBias: q_proj, k_proj and v_proj have a bias (always for Qwen2;
 	// attention_bias for Llama).
 	QKVBias bool
@@ -165,6 +180,11 @@ type rawConfig struct {
 	MLPBias           *bool           `json:"mlp_bias"`
 	SlidingWindow     *int            `json:"sliding_window"`
 	UseSlidingWindow  *bool           `json:"use_sliding_window"`
+	SlidingPattern    *int            `json:"sliding_window_pattern"`
+	LayerTypes        []string        `json:"layer_types"`
+	RopeLocalBase     *float64        `json:"rope_local_base_freq"`
+	OrigMaxPositions  *int            `json:"original_max_position_embeddings"`
+	PartialRotary     *float64        `json:"partial_rotary_factor"`
 	BOSTokenID        json.RawMessage `json:"bos_token_id"`
 	EOSTokenID        json.RawMessage `json:"eos_token_id"`
 	TorchDType        string          `json:"torch_dtype"`
@@ -187,10 +207,12 @@ const (
 	archGemma2   = "Gemma2ForCausalLM"
 	archQwen3MoE = "Qwen3MoeForCausalLM"
 	archMixtral  = "MixtralForCausalLM"
+	archGemma3   = "Gemma3ForCausalLM"
+	archPhi3     = "Phi3ForCausalLM"
 )
 
 // supportedArchs lists the supported architectures for error messages.
-const supportedArchs = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MistralForCausalLM, MixtralForCausalLM, Gemma2ForCausalLM"
+const supportedArchs = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MistralForCausalLM, MixtralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM"
 
 // ReadConfig reads dir/config.json and, if present, the eos_token_id of
 // dir/generation_config.json (merged into EOS). It returns the configuration
@@ -295,10 +317,18 @@ func ParseConfig(raw []byte) (Config, error) {
 		if err := gemma2Config(&c, &r); err != nil {
 			return Config{}, err
 		}
+	case archGemma3:
+		if err := gemma3Config(&c, &r); err != nil {
+			return Config{}, err
+		}
+	case archPhi3:
+		if err := phi3Config(&c, &r); err != nil {
+			return Config{}, err
+		}
 	default:
 		return Config{}, fmt.Errorf("unsupported architecture %q; want one of %s", c.Architecture, supportedArchs)
 	}
-	if c.Architecture != archGemma2 && r.HiddenAct != nil && *r.HiddenAct != "silu" {
+	if c.Architecture != archGemma2 && c.Architecture != archGemma3 && r.HiddenAct != nil && *r.HiddenAct != "silu" {
 		return Config{}, fmt.Errorf("unsupported hidden_act %q; want silu", *r.HiddenAct)
 	}
 	if r.NumKeyValueHeads != nil {
@@ -351,6 +381,12 @@ func ParseConfig(raw []byte) (Config, error) {
 	}
 	if c.SlidingWindow < 0 {
 		return Config{}, fmt.Errorf("sliding_window must not be negative, got %d", c.SlidingWindow)
+	}
+	if c.SlidingLayers != nil && c.SlidingWindow == 0 {
+		return Config{}, errors.New("sliding_window must be positive for a model with sliding-window layers")
+	}
+	if !(c.RopeThetaLocal >= 0) || math.IsInf(c.RopeThetaLocal, 0) {
+		return Config{}, fmt.Errorf("rope_local_base_freq must be positive, got %v", c.RopeThetaLocal)
 	}
 	var err error
 	if c.RopeScaling, err = parseRopeScaling(r.RopeScaling); err != nil {
@@ -460,6 +496,11 @@ func gemma2Config(c *Config, r *rawConfig) error {
 	if r.SlidingWindow != nil {
 		c.SlidingWindow = *r.SlidingWindow
 	}
+	// Gemma2DecoderLayer: is_sliding = not layer_idx % 2.
+	var err error
+	if c.SlidingLayers, err = hfSlidingLayers(r, 2); err != nil {
+		return err
+	}
 	scalar := 256.0
 	if r.QueryPreAttn != nil {
 		scalar = *r.QueryPreAttn
@@ -468,7 +509,6 @@ func gemma2Config(c *Config, r *rawConfig) error {
 		return fmt.Errorf("query_pre_attn_scalar must be positive, got %v", scalar)
 	}
 	c.QueryScale = 1 / math.Sqrt(scalar)
-	var err error
 	if c.AttnSoftcap, err = softcap("attn_logit_softcapping", r.AttnSoftcap, 50); err != nil {
 		return err
 	}

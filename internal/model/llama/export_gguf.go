@@ -223,6 +223,7 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 	defer func() { err = errors.Join(err, m.Close()) }()
 	cfg := &m.w.cfg
 	arch, permute := "llama", true
+	swaPeriod := 0 // gemma2 and gemma3: sliding_window_pattern
 	switch cfg.Architecture {
 	case archQwen3:
 		arch, permute = "qwen3", false
@@ -236,15 +237,25 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		if err := gemma2Exportable(cfg); err != nil {
 			return rep, err
 		}
+		if swaPeriod, err = slidingPeriod(cfg); err != nil {
+			return rep, err
+		}
+	case archGemma3:
+		arch, permute = "gemma3", false
+		if swaPeriod, err = gemma3Exportable(cfg); err != nil {
+			return rep, err
+		}
+	case archPhi3:
+		arch, permute = "phi3", false
 	}
 	heads, kvHeads := cfg.Heads, cfg.KVHeads // rows to permute, by head
 	if !permute {
 		heads, kvHeads = 0, 0
 	}
-	if cfg.RopeScaling != nil {
-		return rep, errors.New("llama: WriteGGUF does not export rope_scaling")
+	if s := cfg.RopeScaling; s != nil && (arch != "gemma3" || s.Type != "linear") {
+		return rep, errors.New("llama: WriteGGUF does not export rope_scaling (other than gemma3's linear scaling)")
 	}
-	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions && arch != "gemma2" {
+	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < cfg.MaxPositions && arch != "gemma2" && arch != "gemma3" {
 		return rep, errors.New("llama: WriteGGUF does not export a sliding window")
 	}
 	var tensors []gguf.Tensor
@@ -317,9 +328,14 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		layer = i
 		p := fmt.Sprintf("blk.%d.", i)
 		vec(p+"attn_norm.weight", ly.attnNorm, 0)
-		mat(p+"attn_q.weight", ly.q, heads)
-		mat(p+"attn_k.weight", ly.k, kvHeads)
-		mat(p+"attn_v.weight", ly.v, 0)
+		if arch == "phi3" {
+			// llama.cpp's phi3 converter keeps the fused [q; k; v].
+			mat(p+"attn_qkv.weight", concatRows(ly.q, ly.k, ly.v), 0)
+		} else {
+			mat(p+"attn_q.weight", ly.q, heads)
+			mat(p+"attn_k.weight", ly.k, kvHeads)
+			mat(p+"attn_v.weight", ly.v, 0)
+		}
 		mat(p+"attn_output.weight", ly.o, 0)
 		vec(p+"attn_q.bias", ly.qb, heads)
 		vec(p+"attn_k.bias", ly.kb, kvHeads)
@@ -336,8 +352,12 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 			}
 			continue
 		}
-		mat(p+"ffn_gate.weight", ly.gate, 0)
-		mat(p+"ffn_up.weight", ly.up, 0)
+		if arch == "phi3" {
+			mat(p+"ffn_up.weight", concatRows(ly.gate, ly.up), 0) // [gate; up]
+		} else {
+			mat(p+"ffn_gate.weight", ly.gate, 0)
+			mat(p+"ffn_up.weight", ly.up, 0)
+		}
 		mat(p+"ffn_down.weight", ly.down, 0)
 		if ly.gateB != nil || ly.upB != nil || ly.downB != nil {
 			return rep, errors.New("llama: WriteGGUF does not export MLP biases")
@@ -402,11 +422,29 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 			gguf.KV{Key: arch + ".expert_used_count", Value: uint32(cfg.ExpertsUsed)},
 			gguf.KV{Key: arch + ".expert_feed_forward_length", Value: uint32(cfg.ExpertIntermediate)})
 	}
-	if arch == "gemma2" {
+	switch arch {
+	case "gemma2":
 		kvs = append(kvs,
 			gguf.KV{Key: "gemma2.attention.sliding_window", Value: uint32(cfg.SlidingWindow)},
 			gguf.KV{Key: "gemma2.attn_logit_softcapping", Value: float32(cfg.AttnSoftcap)},
 			gguf.KV{Key: "gemma2.final_logit_softcapping", Value: float32(cfg.FinalSoftcap)})
+		if swaPeriod != 2 {
+			kvs = append(kvs, gguf.KV{Key: "gemma2.attention.sliding_window_pattern", Value: uint32(swaPeriod)})
+		}
+	case "gemma3":
+		if swaPeriod > 0 {
+			kvs = append(kvs,
+				gguf.KV{Key: "gemma3.attention.sliding_window", Value: uint32(cfg.SlidingWindow)},
+				gguf.KV{Key: "gemma3.attention.sliding_window_pattern", Value: uint32(swaPeriod)},
+				gguf.KV{Key: "gemma3.rope.freq_base_swa", Value: float32(cfg.RopeThetaLocal)})
+		}
+		if cfg.FinalSoftcap != 0 {
+			kvs = append(kvs, gguf.KV{Key: "gemma3.final_logit_softcapping", Value: float32(cfg.FinalSoftcap)})
+		}
+		if s := cfg.RopeScaling; s != nil {
+			kvs = append(kvs, gguf.KV{Key: "gemma3.rope.scaling.type", Value: "linear"},
+				gguf.KV{Key: "gemma3.rope.scaling.factor", Value: float32(s.Factor)})
+		}
 	}
 	if ft != FileF32 && ft != FileF16 && ft != FileBF16 {
 		kvs = append(kvs, gguf.KV{Key: "general.quantization_version", Value: uint32(2)}) // GGML_QNT_VERSION

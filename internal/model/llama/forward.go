@@ -24,6 +24,9 @@ type buffers struct {
 	up   []float32 // [T, inter]
 	cos  []float32 // RoPE [T, headDim/2]
 	sin  []float32
+	// cosL and sinL are the sliding layers' RoPE [T, headDim/2] when their
+	// base differs (Model.ropeLocal).
+	cosL, sinL []float32
 	sel  []float32 // final-normalised rows that need logits [R, hidden]
 	lgt  []float32 // logits [R, vocab]
 
@@ -262,7 +265,7 @@ func (m *Model) ForwardLogits(ctx context.Context, pool *kvcache.Pool, seqs []mo
 //	q, k = RMSNorm(q)·g_q, RMSNorm(k)·g_k  per head of hd values (Qwen3 only)
 //	q, k = RoPE(q), RoPE(k)                at each token's position
 //	KV pages ← k, v                        (then attention reads them back)
-//	a = softmax(q·Kᵀ/√hd, causal)·V        [T, heads·hd]
+//	a = softmax(q·Kᵀ/√hd, causal)·V        [T, heads·hd]  (sliding layers: the last W positions)
 //	x += a·Woᵀ(+b)
 //	h = RMSNorm(x)·g₂
 //	x += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ        (a mixture of experts: moe.go)
@@ -321,6 +324,14 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	} else {
 		ropeTable(b.cos, b.sin, b.pos, m.invFreq)
 	}
+	if m.ropeLocal != nil {
+		b.cosL, b.sinL = grow(b.cosL, T*D/2), grow(b.sinL, T*D/2)
+		if cfg.GGMLNumerics {
+			ropeTableGGML(b.cosL, b.sinL, b.pos, m.ropeLocal)
+		} else {
+			ropeTable(b.cosL, b.sinL, b.pos, m.invFreqLocal)
+		}
+	}
 
 	ks := m.ks
 	b.attn = attnJob{ks: ks, scr: b.scr, pool: pool, seqs: seqs, q: b.q, att: b.att, pos: b.pos, seqOf: b.seqOf,
@@ -360,7 +371,10 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 		lin(b.h, nil, false, linOut{ly.q, ly.qb, b.q}, linOut{ly.k, ly.kb, b.k}, linOut{ly.v, ly.vb, b.v})
 		b.tok.op = tokRopeKV
 		tm.parallelFor(T, tokGrain, &b.tok)
-		b.attn.li = li
+		b.attn.li, b.attn.window = li, 0
+		if cfg.SlidingLayers != nil && cfg.SlidingLayers[li] {
+			b.attn.window = cfg.SlidingWindow
+		}
 		tm.parallelFor(b.attn.tasks(T), 1, &b.attn)
 		lin(b.att, oResid, false, linOut{ly.o, ly.ob, b.tmp})
 		if cfg.PostNorms {
@@ -491,11 +505,15 @@ func (j *tokJob) run(_, lo, hi int) {
 			rmsNorm(b.q[lo*qDim:hi*qDim], b.q[lo*qDim:hi*qDim], (hi-lo)*cfg.Heads, D, ly.qNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
 			rmsNorm(b.k[lo*kvDim:hi*kvDim], b.k[lo*kvDim:hi*kvDim], (hi-lo)*cfg.KVHeads, D, ly.kNorm, cfg.RMSNormEps, cfg.GGMLNumerics)
 		}
-		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
-		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, b.cos[lo*half:hi*half], b.sin[lo*half:hi*half], cfg.RopeInterleaved)
+		cos, sin := b.cos, b.sin
+		if m.ropeLocal != nil && cfg.SlidingLayers[j.li] {
+			cos, sin = b.cosL, b.sinL
+		}
+		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, cos[lo*half:hi*half], sin[lo*half:hi*half], cfg.RopeInterleaved)
+		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, cos[lo*half:hi*half], sin[lo*half:hi*half], cfg.RopeInterleaved)
 		if m.qScale != 0 {
-			// llama.cpp's gemma2 scales q before q·k (ggml_scale), not the
-			// scores.
+			// llama.cpp's gemma2, gemma3 and phi3 scale q before q·k
+			// (ggml_scale), not the scores.
 			for i, v := range b.q[lo*qDim : hi*qDim] {
 				b.q[lo*qDim+i] = v * m.qScale
 			}

@@ -31,6 +31,8 @@ var ggufArchs = map[string]struct {
 	"qwen3":    {archQwen3, false},
 	"qwen3moe": {archQwen3MoE, false},
 	"gemma2":   {archGemma2, false},
+	"gemma3":   {archGemma3, false},
+	"phi3":     {archPhi3, false},
 }
 
 // ggufMatrixTypes are the tensor types a GGUF model's matrices may have.
@@ -59,7 +61,7 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	}
 	a, ok := ggufArchs[arch]
 	if !ok {
-		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral, qwen2, qwen3, qwen3moe or gemma2", arch)
+		return Config{}, fmt.Errorf("general.architecture %q is not supported; want llama, mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3 or phi3", arch)
 	}
 	c := Config{Architecture: a.hf, RopeInterleaved: a.interleaved, GGMLNumerics: true, BOS: -1, RMSNormEps: 1e-5, RopeTheta: 10000,
 		QKNorm: a.hf == archQwen3 || a.hf == archQwen3MoE}
@@ -111,6 +113,12 @@ func ggufConfig(f *gguf.File) (Config, error) {
 	window := 0
 	if arch == "mistral" || arch == "gemma2" {
 		window = num("attention.sliding_window", false, 1<<30)
+	}
+	swaPeriod := 2 // gemma2's default sliding_window_pattern
+	if arch == "gemma2" {
+		if _, ok := f.Value("gemma2.attention.sliding_window_pattern"); ok {
+			swaPeriod = num("attention.sliding_window_pattern", false, 4096)
+		}
 	}
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -176,8 +184,18 @@ func ggufConfig(f *gguf.File) (Config, error) {
 			return Config{}, err
 		}
 	}
-	if arch == "gemma2" {
+	switch arch {
+	case "gemma2":
 		if err := ggufGemma2(f, &c); err != nil {
+			return Config{}, err
+		}
+		c.SlidingLayers = swaPattern(c.Layers, swaPeriod)
+	case "gemma3":
+		if err := ggufGemma3(f, &c); err != nil {
+			return Config{}, err
+		}
+	case "phi3":
+		if err := ggufPhi3(f, &c); err != nil {
 			return Config{}, err
 		}
 	}
@@ -464,14 +482,35 @@ func (w *weights) fromGGUF(f *gguf.File) error {
 			v(&ly.attnPostNorm, "post_attention_norm.weight", H)
 			v(&ly.mlpPostNorm, "post_ffw_norm.weight", H)
 		}
-		mat(&ly.q, "attn_q", qDim, H)
-		mat(&ly.k, "attn_k", kvDim, H)
-		mat(&ly.v, "attn_v", kvDim, H)
+		if _, fused := f.Tensor(p + "attn_qkv.weight"); fused {
+			// One [q; k; v] matrix (llama.cpp's create_tensor_qkv accepts
+			// it for every architecture; phi3's converter writes it).
+			var qkv *tensor
+			mat(&qkv, "attn_qkv", qDim+2*kvDim, H)
+			if err == nil {
+				s := splitRows(qkv, []int{qDim, kvDim, kvDim}, []string{"[q]", "[k]", "[v]"})
+				ly.q, ly.k, ly.v = s[0], s[1], s[2]
+			}
+		} else {
+			mat(&ly.q, "attn_q", qDim, H)
+			mat(&ly.k, "attn_k", kvDim, H)
+			mat(&ly.v, "attn_v", kvDim, H)
+		}
 		mat(&ly.o, "attn_output", H, qDim)
 		if cfg.Experts > 0 {
 			if err == nil {
 				err = w.ggufExperts(ly, p, get)
 			}
+		} else if cfg.Architecture == archPhi3 {
+			// phi3's ffn_up is [gate; up] (LLM_FFN_SWIGLU: silu of the
+			// first half times the second).
+			var gateUp *tensor
+			mat(&gateUp, "ffn_up", 2*I, H)
+			if err == nil {
+				s := splitRows(gateUp, []int{I, I}, []string{"[gate]", "[up]"})
+				ly.gate, ly.up = s[0], s[1]
+			}
+			mat(&ly.down, "ffn_down", H, I)
 		} else {
 			mat(&ly.gate, "ffn_gate", I, H)
 			mat(&ly.up, "ffn_up", I, H)

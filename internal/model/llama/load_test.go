@@ -340,8 +340,9 @@ func TestQwen3Config(t *testing.T) {
 
 // TestGemma2Config checks how a Gemma2 config.json is read: Gemma2Config's
 // defaults (head_dim 256, query_pre_attn_scalar 256, soft-capping 50 and 30,
-// sliding window 4096, tied), null soft-capping, the activation, and the
-// context length capped at the sliding window.
+// sliding window 4096 in the even layers, tied), null soft-capping, the
+// activation, and the context length, which the window (in some layers
+// only) does not cap.
 func TestGemma2Config(t *testing.T) {
 	parse := func(edit func(map[string]any)) (llama.Config, error) {
 		spec := gemma2Tiny()
@@ -377,10 +378,13 @@ func TestGemma2Config(t *testing.T) {
 	if _, err := parse(func(m map[string]any) { m["attn_logit_softcapping"] = -1 }); err == nil || !strings.Contains(err.Error(), "attn_logit_softcapping must be positive or null") {
 		t.Errorf("negative soft-capping: %v", err)
 	}
+	if want := []bool{true, false}; !slices.Equal(c.SlidingLayers, want) {
+		t.Errorf("sliding layers %v, want %v", c.SlidingLayers, want)
+	}
 	spec := gemma2Tiny()
 	spec.SlidingWindow = 40
 	m := load(t, spec.WriteT(t), llama.Options{})
-	if got := m.Info().ContextLen; got != 40 {
-		t.Errorf("context length %d, want the sliding window 40", got)
+	if got := m.Info().ContextLen; got != spec.MaxPositions {
+		t.Errorf("context length %d, want max_position_embeddings %d", got, spec.MaxPositions)
 	}
 }

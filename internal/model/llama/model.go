@@ -25,7 +25,8 @@ type Options struct {
 	// pool's bytes per token at the cost of rounding K and V.
 	KVDType kvcache.DType
 	// ContextLen is the maximum positions of a sequence, in tokens; 0 means
-	// max_position_embeddings (or the sliding window, if smaller). It may
+	// max_position_embeddings (or the sliding window, if smaller, for a
+	// model whose every layer slides: see Config.SlidingLayers). It may
 	// not exceed that.
 	ContextLen int
 	// Threads is the number of goroutines a Forward computes on; 0 means
@@ -62,6 +63,11 @@ type Model struct {
 	threads int
 	ks      *kernelSet // nil: pure Go
 	invFreq []float64  // RoPE inverse frequencies [headDim/2]
+	// ropeLocal is the RoPE configuration of the sliding layers when it
+	// differs from the others' (localRope; Gemma3), with its inverse
+	// frequencies invFreqLocal; else nil.
+	ropeLocal    *Config
+	invFreqLocal []float64
 	// attnScale multiplies the attention scores (1/√headDim, or Gemma2's
 	// query_pre_attn_scalar^−½); qScale, if not 0, multiplies the queries
 	// instead (Gemma2 from GGUF, as llama.cpp does) and attnScale is 1.
@@ -139,7 +145,7 @@ func checkOptions(cfg *Config, opts *Options) error {
 		return fmt.Errorf("llama: %w", err)
 	}
 	ctxLen := cfg.MaxPositions
-	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < ctxLen {
+	if cfg.SlidingWindow > 0 && cfg.SlidingWindow < ctxLen && cfg.SlidingLayers == nil {
 		ctxLen = cfg.SlidingWindow
 	}
 	switch {
@@ -203,6 +209,9 @@ func newModel(w *weights, tok model.Tokenizer, path string, opts Options) (*Mode
 		invFreq: ropeInvFreq(cfg),
 		caches:  make(map[*kvcache.Pool]*poolCache),
 	}
+	if m.ropeLocal = localRope(cfg); m.ropeLocal != nil {
+		m.invFreqLocal = ropeInvFreq(m.ropeLocal)
+	}
 	m.attnScale, m.qScale = attentionScales(cfg)
 	return m, nil
 }
@@ -231,6 +240,7 @@ func (m *Model) Clone() (*Model, error) {
 	}
 	m.w.refs.Add(1)
 	return &Model{w: m.w, tok: m.tok, info: m.info, threads: m.threads, ks: m.ks, invFreq: m.invFreq,
+		ropeLocal: m.ropeLocal, invFreqLocal: m.invFreqLocal,
 		attnScale: m.attnScale, qScale: m.qScale, caches: make(map[*kvcache.Pool]*poolCache)}, nil
 }
 

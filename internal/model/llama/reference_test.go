@@ -22,11 +22,20 @@ import (
 // and k_norm on each head before RoPE), Qwen3-MoE (modeling_qwen3_moe.py's
 // Qwen3MoeSparseMoeBlock: refModel.moe) and Gemma2 (modeling_gemma2.py:
 // embeddings ×√hidden, norms with 1 + w, post-norms, GeGLU with
-// gelu_pytorch_tanh, soft-capped scores and logits).
+// gelu_pytorch_tanh, soft-capped scores and logits, sliding window in the
+// even layers), Gemma3 (modeling_gemma3.py: as Gemma2 without the
+// soft-capping, with q_norm and k_norm applied as 1 + w, the window in five
+// of every six layers, whose RoPE base is rope_local_base_freq) and Phi3
+// (modeling_phi3.py: fused qkv_proj and gate_up_proj).
 type refModel struct {
 	spec llamatest.Spec
 	w    map[string][]float64
 	inv  []float64
+	// invLocal are the sliding layers' inverse frequencies (Gemma3).
+	invLocal []float64
+	// noWindow drops the sliding window, to show what the tests would
+	// catch.
+	noWindow bool
 	// qkNorm places Qwen3's per-head q/k norm: qkNormBeforeRope (the
 	// model's), or, to show what the tests would catch,
 	// qkNormSkipped or qkNormAfterRope.
@@ -75,8 +84,37 @@ func newRefModel(spec llamatest.Spec) *refModel {
 			}
 		}
 		r.inv = append(r.inv, f)
+		local := spec.RopeThetaLocal
+		if local == 0 {
+			local = 10000
+		}
+		r.invLocal = append(r.invLocal, 1/math.Pow(local, float64(i)/float64(D)))
 	}
 	return r
+}
+
+// window returns the number of positions layer l sees back from a token
+// (itself included), 0 for all.
+func (r *refModel) window(l int) int {
+	s := r.spec
+	if r.noWindow || s.SlidingWindow == 0 {
+		return 0
+	}
+	switch s.Architecture {
+	case "Gemma2ForCausalLM":
+		if l%2 == 0 {
+			return s.SlidingWindow
+		}
+	case "Gemma3ForCausalLM":
+		period := s.SlidingPattern
+		if period == 0 {
+			period = 6
+		}
+		if (l+1)%period != 0 {
+			return s.SlidingWindow
+		}
+	}
+	return 0
 }
 
 func (r *refModel) headDim() int {
@@ -120,8 +158,8 @@ func (r *refModel) norm(name string, x []float64) []float64 {
 	inv := 1 / math.Sqrt(ss/float64(len(x))+r.spec.RMSNormEps)
 	g := r.w[name]
 	one := 0.0
-	if r.spec.Architecture == "Gemma2ForCausalLM" {
-		one = 1 // Gemma2RMSNorm: x·(1 + w)
+	if r.spec.Architecture == "Gemma2ForCausalLM" || r.spec.Architecture == "Gemma3ForCausalLM" {
+		one = 1 // Gemma2RMSNorm, Gemma3RMSNorm: x·(1 + w)
 	}
 	y := make([]float64, len(x))
 	for i := range x {
@@ -130,7 +168,7 @@ func (r *refModel) norm(name string, x []float64) []float64 {
 	return y
 }
 
-func (r *refModel) rope(x []float64, heads, pos int) {
+func (r *refModel) rope(x []float64, heads, pos int, inv []float64) {
 	D := r.headDim()
 	for h := range heads {
 		v := x[h*D : (h+1)*D]
@@ -140,7 +178,7 @@ func (r *refModel) rope(x []float64, heads, pos int) {
 			rot[i+D/2] = v[i]
 		}
 		for i := range D {
-			ang := float64(pos) * r.inv[i%(D/2)]
+			ang := float64(pos) * inv[i%(D/2)]
 			v[i] = v[i]*math.Cos(ang) + rot[i]*math.Sin(ang)
 		}
 	}
@@ -152,7 +190,9 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 	H, D := s.Hidden, r.headDim()
 	bias := s.QKVBias
 	qwen3 := s.Architecture == "Qwen3ForCausalLM" || s.Architecture == "Qwen3MoeForCausalLM"
-	gemma := s.Architecture == "Gemma2ForCausalLM"
+	gemma3 := s.Architecture == "Gemma3ForCausalLM"
+	gemma := s.Architecture == "Gemma2ForCausalLM" || gemma3
+	phi3 := s.Architecture == "Phi3ForCausalLM"
 	oBias := bias && (s.Architecture == "" || s.Architecture == "LlamaForCausalLM" || qwen3 || gemma)
 	capped := func(v, c float64) float64 {
 		if !gemma || c == 0 {
@@ -178,15 +218,26 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 		for l := range s.Layers {
 			p := "model.layers." + itoa(l) + "."
 			h := r.norm(p+"input_layernorm.weight", x)
-			q := r.linear(p+"self_attn.q_proj", h, s.Heads*D, bias)
-			k := r.linear(p+"self_attn.k_proj", h, s.KVHeads*D, bias)
-			v := r.linear(p+"self_attn.v_proj", h, s.KVHeads*D, bias)
-			if qwen3 && r.qkNorm == qkNormBeforeRope {
+			var q, k, v []float64
+			if phi3 {
+				qkv := r.linear(p+"self_attn.qkv_proj", h, (s.Heads+2*s.KVHeads)*D, false)
+				q, k, v = qkv[:s.Heads*D], qkv[s.Heads*D:(s.Heads+s.KVHeads)*D], qkv[(s.Heads+s.KVHeads)*D:]
+			} else {
+				q = r.linear(p+"self_attn.q_proj", h, s.Heads*D, bias)
+				k = r.linear(p+"self_attn.k_proj", h, s.KVHeads*D, bias)
+				v = r.linear(p+"self_attn.v_proj", h, s.KVHeads*D, bias)
+			}
+			if (qwen3 && r.qkNorm == qkNormBeforeRope) || gemma3 {
 				r.headNorm(p+"self_attn.q_norm.weight", q)
 				r.headNorm(p+"self_attn.k_norm.weight", k)
 			}
-			r.rope(q, s.Heads, pos)
-			r.rope(k, s.KVHeads, pos)
+			win := r.window(l)
+			inv := r.inv
+			if gemma3 && win > 0 {
+				inv = r.invLocal
+			}
+			r.rope(q, s.Heads, pos, inv)
+			r.rope(k, s.KVHeads, pos, inv)
 			if qwen3 && r.qkNorm == qkNormAfterRope {
 				r.headNorm(p+"self_attn.q_norm.weight", q)
 				r.headNorm(p+"self_attn.k_norm.weight", k)
@@ -196,15 +247,20 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 			att := make([]float64, s.Heads*D)
 			for hd := range s.Heads {
 				g := hd / (s.Heads / s.KVHeads)
-				sc := make([]float64, pos+1)
+				lo := 0
+				if win > 0 {
+					lo = max(0, pos-win+1)
+				}
+				sc := make([]float64, pos+1-lo)
 				m := math.Inf(-1)
-				for j := range pos + 1 {
+				for j := range pos + 1 - lo {
+					j := j + lo
 					var d float64
 					for i := range D {
 						d += q[hd*D+i] * keys[l][j][g*D+i]
 					}
-					sc[j] = capped(d/math.Sqrt(float64(D)), attnCap) // query_pre_attn_scalar = head_dim
-					m = math.Max(m, sc[j])
+					sc[j-lo] = capped(d/math.Sqrt(float64(D)), attnCap) // query_pre_attn_scalar = head_dim
+					m = math.Max(m, sc[j-lo])
 				}
 				var z float64
 				for j := range sc {
@@ -213,7 +269,7 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 				}
 				for j := range sc {
 					for i := range D {
-						att[hd*D+i] += sc[j] / z * vals[l][j][g*D+i]
+						att[hd*D+i] += sc[j] / z * vals[l][j+lo][g*D+i]
 					}
 				}
 			}
@@ -235,8 +291,14 @@ func (r *refModel) logits(tokens []int32) [][]float64 {
 				}
 				continue
 			}
-			gt := r.linear(p+"mlp.gate_proj", h, s.Intermediate, false)
-			up := r.linear(p+"mlp.up_proj", h, s.Intermediate, false)
+			var gt, up []float64
+			if phi3 {
+				gu := r.linear(p+"mlp.gate_up_proj", h, 2*s.Intermediate, false)
+				gt, up = gu[:s.Intermediate], gu[s.Intermediate:]
+			} else {
+				gt = r.linear(p+"mlp.gate_proj", h, s.Intermediate, false)
+				up = r.linear(p+"mlp.up_proj", h, s.Intermediate, false)
+			}
 			for i := range gt {
 				if gemma { // gelu_pytorch_tanh
 					g := gt[i]
@@ -316,7 +378,35 @@ func variants() map[string]llamatest.Spec {
 	s = gemma2Tiny()
 	s.QKVBias, s.DType = true, llama.BF16
 	v["gemma2-attention-bias-bf16"] = s
+	s = gemma2Tiny()
+	s.SlidingWindow = 7
+	v["gemma2-window"] = s
+	v["gemma3-window"] = gemma3Tiny()
+	s = gemma3Tiny()
+	s.SlidingPattern, s.FinalSoftcap, s.DType = 2, 1, llama.BF16
+	v["gemma3-pattern2-softcap-bf16"] = s
+	v["phi3"] = phi3Tiny()
 	return v
+}
+
+// gemma3Tiny is Tiny as a Gemma3 checkpoint: head_dim 32, a 300-token
+// vocabulary, 6 layers (five sliding, one global) with a window of 7
+// positions — so that a 24-token sequence crosses it — and RoPE bases
+// 10000 (global) and 100 (sliding), far enough apart that mixing them up
+// shows.
+func gemma3Tiny() llamatest.Spec {
+	s := llamatest.Tiny()
+	s.Architecture, s.HeadDim, s.Vocab, s.Tied, s.Layers = "Gemma3ForCausalLM", 32, 300, true, 6
+	s.SlidingWindow, s.RopeThetaLocal = 7, 100
+	return s
+}
+
+// phi3Tiny is Tiny as a Phi3 checkpoint (fused projections) with a
+// 300-token vocabulary.
+func phi3Tiny() llamatest.Spec {
+	s := llamatest.Tiny()
+	s.Architecture, s.Vocab = "Phi3ForCausalLM", 300
+	return s
 }
 
 // gemma2Tiny is Tiny as a Gemma2 checkpoint (tied, as Gemma2 always is)

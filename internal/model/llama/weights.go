@@ -205,10 +205,13 @@ func equalShape(a, b []int) bool {
 
 // loadWeights opens the checkpoint in dir and builds the weights of cfg
 // (tensor names of transformers' LlamaForCausalLM, which Qwen2, Qwen3 and
-// Mistral share; Qwen3 adds self_attn.q_norm and k_norm [head_dim];
-// Qwen3-MoE replaces the MLP by mlp.gate [experts, hidden] and
-// mlp.experts.E.gate_proj, up_proj [moe_intermediate, hidden] and down_proj
-// [hidden, moe_intermediate], or transformers' fused
+// Mistral share; Qwen3 and Gemma3 add self_attn.q_norm and k_norm
+// [head_dim]; Gemma2 and Gemma3 pre_feedforward_layernorm and
+// post_feedforward_layernorm; Phi3 fuses q, k and v into
+// self_attn.qkv_proj and gate and up into mlp.gate_up_proj, which are
+// split into row views; Qwen3-MoE replaces the MLP by mlp.gate [experts,
+// hidden] and mlp.experts.E.gate_proj, up_proj [moe_intermediate, hidden]
+// and down_proj [hidden, moe_intermediate], or transformers' fused
 // mlp.experts.gate_up_proj and down_proj (fusedExperts); Mixtral the same
 // as block_sparse_moe.gate and
 // block_sparse_moe.experts.E.w1, w3 and w2). It returns an error for a missing tensor, a tensor whose dtype is
@@ -237,7 +240,8 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 	if w.norm, err = l.vector("model.norm.weight", H); err != nil {
 		return nil, err
 	}
-	gemma := cfg.Architecture == archGemma2
+	gemma := cfg.Architecture == archGemma2 || cfg.Architecture == archGemma3
+	phi3 := cfg.Architecture == archPhi3
 	if gemma {
 		addOne(w.norm)
 	}
@@ -271,9 +275,22 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 		} else {
 			vec(&ly.mlpNorm, "post_attention_layernorm.weight", H)
 		}
-		mat(&ly.q, "self_attn.q_proj", qDim, H)
-		mat(&ly.k, "self_attn.k_proj", kvDim, H)
-		mat(&ly.v, "self_attn.v_proj", kvDim, H)
+		if phi3 {
+			// Phi3's fused projections, split into views.
+			var qkv, gateUp *tensor
+			mat(&qkv, "self_attn.qkv_proj", qDim+2*kvDim, H)
+			mat(&gateUp, "mlp.gate_up_proj", 2*cfg.IntermediateSize, H)
+			if err == nil {
+				p := splitRows(qkv, []int{qDim, kvDim, kvDim}, []string{"[q]", "[k]", "[v]"})
+				ly.q, ly.k, ly.v = p[0], p[1], p[2]
+				p = splitRows(gateUp, []int{cfg.IntermediateSize, cfg.IntermediateSize}, []string{"[gate]", "[up]"})
+				ly.gate, ly.up = p[0], p[1]
+			}
+		} else {
+			mat(&ly.q, "self_attn.q_proj", qDim, H)
+			mat(&ly.k, "self_attn.k_proj", kvDim, H)
+			mat(&ly.v, "self_attn.v_proj", kvDim, H)
+		}
 		mat(&ly.o, "self_attn.o_proj", H, qDim)
 		if cfg.Experts > 0 {
 			// Qwen3MoeSparseMoeBlock: mlp.gate [experts, hidden], and
@@ -299,6 +316,8 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 					mat(&ex.down, ep+down, H, cfg.ExpertIntermediate)
 				}
 			}
+		} else if phi3 {
+			mat(&ly.down, "mlp.down_proj", H, cfg.IntermediateSize)
 		} else {
 			mat(&ly.gate, "mlp.gate_proj", cfg.IntermediateSize, H)
 			mat(&ly.up, "mlp.up_proj", cfg.IntermediateSize, H)
@@ -325,7 +344,9 @@ func loadWeights(dir string, cfg Config, rawConfig []byte) (_ *weights, err erro
 			return nil, err
 		}
 		if gemma {
-			for _, g := range [][]float32{ly.attnNorm, ly.attnPostNorm, ly.mlpNorm, ly.mlpPostNorm} {
+			// Gemma3's q_norm and k_norm are Gemma3RMSNorm too (nil for
+			// Gemma2).
+			for _, g := range [][]float32{ly.attnNorm, ly.attnPostNorm, ly.mlpNorm, ly.mlpPostNorm, ly.qNorm, ly.kNorm} {
 				addOne(g)
 			}
 		}

@@ -118,7 +118,11 @@ type Spec struct {
 	// Intermediate, ExpertsUsed per token, always renormalised),
 	// "Gemma2ForCausalLM" (gelu_pytorch_tanh, the four norms of a layer
 	// stored as w around 0 — applied as 1 + w —, query_pre_attn_scalar =
-	// head_dim, the soft-capping below).
+	// head_dim, the soft-capping below), "Gemma3ForCausalLM" (as Gemma2 plus
+	// per-head q_norm and k_norm stored as w uniform in ±0.5, the sliding
+	// window in five of every six layers — SlidingPattern —, the local RoPE
+	// base RopeThetaLocal) or "Phi3ForCausalLM" (fused qkv_proj and
+	// gate_up_proj).
 	Architecture   string
 	Hidden         int
 	Intermediate   int
@@ -147,6 +151,10 @@ type Spec struct {
 	Experts, ExpertsUsed, ExpertIntermediate int
 	NormTopK                                 bool
 	RouterScale                              float64
+	// SlidingPattern is Gemma3's sliding_window_pattern (0: its default,
+	// 6); RopeThetaLocal its rope_local_base_freq (0: its default, 10000).
+	SlidingPattern int
+	RopeThetaLocal float64
 	// Scale is the half-width of the uniform distribution of matrix and
 	// embedding weights; 0 means 0.02·√3 (standard deviation 0.02, the
 	// transformers initializer_range).
@@ -232,6 +240,31 @@ func TinyMixtral() Spec {
 	return s
 }
 
+// Gemma3Shaped is a Gemma3 checkpoint with the layer shape of
+// google/gemma-3-1b-pt (its config.json: hidden 1152, 4 heads and 1 KV head
+// of head_dim 256, intermediate 6912, tied, bf16, rope_theta 1e6 and
+// rope_local_base_freq 10000, rms_norm_eps 1e-6, query_pre_attn_scalar
+// 256, sliding window 512 in five of every six layers, 32768 positions, no
+// soft-capping) but 6 of its 26 layers (one period: five sliding, one
+// global) and a 16384-token vocabulary (its 262144 would be 600 MB of
+// embeddings): 180M parameters.
+func Gemma3Shaped() Spec {
+	return Spec{Architecture: "Gemma3ForCausalLM", Hidden: 1152, Intermediate: 6912, Layers: 6, Heads: 4, KVHeads: 1,
+		HeadDim: 256, Vocab: 16384, MaxPositions: 32768, Tied: true, DType: llama.BF16, RopeTheta: 1e6,
+		RMSNormEps: 1e-6, BOS: 2, EOS: []int{1}, Seed: 33, SlidingWindow: 512, SlidingPattern: 6, RopeThetaLocal: 10000}
+}
+
+// Phi3Shaped is a Phi3 checkpoint with the layer shape of
+// microsoft/Phi-3-mini-4k-instruct (its config.json: hidden 3072, 32 heads
+// of 96, no grouped KV, intermediate 8192, untied, bf16, rope_theta 10000,
+// rms_norm_eps 1e-5, 4096 positions, no rope_scaling) but 2 of its 32
+// layers, a 8192-token vocabulary (its 32064 would add 300 MB) and no
+// sliding window (llama.cpp ignores Phi3's): 277M parameters.
+func Phi3Shaped() Spec {
+	return Spec{Architecture: "Phi3ForCausalLM", Hidden: 3072, Intermediate: 8192, Layers: 2, Heads: 32, KVHeads: 32,
+		Vocab: 8192, MaxPositions: 4096, DType: llama.BF16, RopeTheta: 10000, RMSNormEps: 1e-5, BOS: 1, EOS: []int{2}, Seed: 34}
+}
+
 // Tiny is a small spec for fast tests: 2 layers, hidden 64, 4 heads of 16,
 // 2 KV heads, vocab 97, untied, F32. Its weights are large enough (uniform
 // in ±0.25) that attention is far from uniform, so a wrong rotation, mask or
@@ -273,19 +306,28 @@ func (s Spec) Config() map[string]any {
 		c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"], c["norm_topk_prob"] = s.Experts, s.ExpertsUsed, s.ExpertIntermediate, s.NormTopK
 		c["decoder_sparse_step"], c["mlp_only_layers"] = 1, []int{}
 	}
-	if s.HeadDim > 0 || arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Gemma2ForCausalLM" { // their default head_dim is not hidden/heads
+	gemma := arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM"
+	if s.HeadDim > 0 || arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || gemma { // their default head_dim is not hidden/heads
 		c["head_dim"] = s.headDim()
 	}
-	if s.QKVBias && (arch == "LlamaForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "Gemma2ForCausalLM") {
+	if s.QKVBias && (arch == "LlamaForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM" || gemma) {
 		c["attention_bias"] = true
 	}
-	if arch == "Gemma2ForCausalLM" {
+	if gemma {
 		c["hidden_act"], c["hidden_activation"] = "gelu_pytorch_tanh", "gelu_pytorch_tanh"
 		c["query_pre_attn_scalar"] = s.headDim()
 		c["attn_logit_softcapping"], c["final_logit_softcapping"] = nullIfZero(s.AttnSoftcap), nullIfZero(s.FinalSoftcap)
 		c["sliding_window"] = s.MaxPositions
 		if s.SlidingWindow > 0 {
 			c["sliding_window"] = s.SlidingWindow
+		}
+	}
+	if arch == "Gemma3ForCausalLM" {
+		if s.SlidingPattern > 0 {
+			c["sliding_window_pattern"] = s.SlidingPattern
+		}
+		if s.RopeThetaLocal > 0 {
+			c["rope_local_base_freq"] = s.RopeThetaLocal
 		}
 	}
 	if s.RopeScaling != nil {
@@ -332,7 +374,8 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 	}
 	H, D := s.Hidden, s.headDim()
 	q, kv := s.Heads*D, s.KVHeads*D
-	gemma := s.Architecture == "Gemma2ForCausalLM"
+	gemma := s.Architecture == "Gemma2ForCausalLM" || s.Architecture == "Gemma3ForCausalLM"
+	phi3 := s.Architecture == "Phi3ForCausalLM"
 	mixtral := s.Architecture == "MixtralForCausalLM"
 	moe := s.Architecture == "Qwen3MoeForCausalLM" || mixtral
 	qwen3 := s.Architecture == "Qwen3ForCausalLM" || s.Architecture == "Qwen3MoeForCausalLM"
@@ -344,9 +387,13 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 	for i := range s.Layers {
 		p := fmt.Sprintf("model.layers.%d.", i)
 		add(p+"input_layernorm.weight", rnd(H, normCenter, 0.1), H)
-		add(p+"self_attn.q_proj.weight", rnd(q*H, 0, scale), q, H)
-		add(p+"self_attn.k_proj.weight", rnd(kv*H, 0, scale), kv, H)
-		add(p+"self_attn.v_proj.weight", rnd(kv*H, 0, scale), kv, H)
+		if phi3 {
+			add(p+"self_attn.qkv_proj.weight", rnd((q+2*kv)*H, 0, scale), q+2*kv, H)
+		} else {
+			add(p+"self_attn.q_proj.weight", rnd(q*H, 0, scale), q, H)
+			add(p+"self_attn.k_proj.weight", rnd(kv*H, 0, scale), kv, H)
+			add(p+"self_attn.v_proj.weight", rnd(kv*H, 0, scale), kv, H)
+		}
 		add(p+"self_attn.o_proj.weight", rnd(H*q, 0, scale), H, q)
 		if s.QKVBias {
 			add(p+"self_attn.q_proj.bias", rnd(q, 0, 0.1), q)
@@ -356,9 +403,9 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 				add(p+"self_attn.o_proj.bias", rnd(H, 0, 0.1), H)
 			}
 		}
-		if qwen3 {
-			add(p+"self_attn.q_norm.weight", rnd(D, 1, 0.5), D)
-			add(p+"self_attn.k_norm.weight", rnd(D, 1, 0.5), D)
+		if qwen3 || s.Architecture == "Gemma3ForCausalLM" {
+			add(p+"self_attn.q_norm.weight", rnd(D, normCenter, 0.5), D)
+			add(p+"self_attn.k_norm.weight", rnd(D, normCenter, 0.5), D)
 		}
 		add(p+"post_attention_layernorm.weight", rnd(H, normCenter, 0.1), H)
 		if gemma {
@@ -380,6 +427,9 @@ func (s Spec) Tensors() []llama.SafetensorsTensor {
 				add(ep+up+".weight", rnd(F*H, 0, scale), F, H)
 				add(ep+down+".weight", rnd(H*F, 0, scale), H, F)
 			}
+		} else if phi3 {
+			add(p+"mlp.gate_up_proj.weight", rnd(2*s.Intermediate*H, 0, scale), 2*s.Intermediate, H)
+			add(p+"mlp.down_proj.weight", rnd(H*s.Intermediate, 0, scale), H, s.Intermediate)
 		} else {
 			add(p+"mlp.gate_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)
 			add(p+"mlp.up_proj.weight", rnd(s.Intermediate*H, 0, scale), s.Intermediate, H)

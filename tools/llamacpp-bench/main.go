@@ -1,16 +1,18 @@
 // Command llamacpp-bench compares pdserve's CPU model runner with llama.cpp
 // on the same GGUF files, in the same run: a synthetic BF16 checkpoint of
 // llamatest — SmolLM2-135M-shaped (llama.cpp's llama architecture, the
-// default) or, with -arch qwen3, gemma2 or qwen3moe, Qwen3-, Gemma-2- or
-// Qwen3-MoE-shaped (llamatest.Qwen3Shaped, Gemma2Shaped, Qwen3MoEShaped;
-// llama.cpp's qwen3, gemma2 and qwen3moe architectures) — written by llama.WriteGGUF as F32, BF16, Q8_0, Q4_0,
-// Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K_M, Q5_K_M, Q3_K_M and Q2_K files, each
-// loaded by both. See
+// default) or, with -arch qwen3, gemma2, gemma3, phi3, qwen3moe or mixtral,
+// Qwen3-, Gemma-2-, Gemma-3-, Phi-3-, Qwen3-MoE- or Mixtral-shaped
+// (llamatest.Qwen3Shaped, Gemma2Shaped, Gemma3Shaped, Phi3Shaped,
+// Qwen3MoEShaped, MixtralShaped; llama.cpp's architectures of those names,
+// Mixtral as llama with experts; the Gemmas with a sliding window of
+// -window positions) — written by llama.WriteGGUF as F32, BF16, Q8_0, Q4_0,
+// Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K_M, Q5_K_M, Q3_K_M and Q2_K files, each loaded by both. See
 // docs/performance.md ("The real model on CPU") for the method and results.
 //
 // From the repository root:
 //
-//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|qwen3moe|mixtral] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m,q2_k] [-work DIR]
+//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|gemma3|phi3|qwen3moe|mixtral] [-window 16] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m,q2_k] [-work DIR]
 //
 // It installs node-llama-cpp@3.21.1 and @node-llama-cpp/linux-x64@3.21.1
 // (npm, --omit=optional; prebuilt binaries, no build, no download at run
@@ -71,7 +73,8 @@ func main() {
 	score := flag.Bool("score", false, "instead of benchmarking, compare pdserve's prompt logprobs with llama.cpp's on each file (exit status 1 if any differs by more than 1e-4)")
 	scoreChunk := flag.Int("score-chunk", 64, "with -score, the prefill chunk (tokens per forward) on both sides")
 	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0, Q4_0 and Q5_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
-	arch := flag.String("arch", "llama", "synthetic checkpoint: llama (SmolLM2-135M-shaped), qwen3 (llamatest.Qwen3Shaped: Qwen3-0.6B's layers, 8 of them, 32768-token vocabulary) gemma2 (llamatest.Gemma2Shaped: gemma-2-2b's layers, 2 of them, 16384-token vocabulary) qwen3moe (llamatest.Qwen3MoEShaped: Qwen3-30B-A3B's attention at half width, 4 layers of 16 experts, 2 per token) or mixtral (llamatest.MixtralShaped: 4 layers of 8 experts, 2 per token, llama.cpp's llama architecture with experts)")
+	arch := flag.String("arch", "llama", "synthetic checkpoint: llama (SmolLM2-135M-shaped), qwen3 (llamatest.Qwen3Shaped: Qwen3-0.6B's layers, 8 of them, 32768-token vocabulary), gemma2 (llamatest.Gemma2Shaped: gemma-2-2b's layers, 2 of them, 16384-token vocabulary), gemma3 (llamatest.Gemma3Shaped: gemma-3-1b's layers, 6 of them, 16384-token vocabulary), phi3 (llamatest.Phi3Shaped: Phi-3-mini's layers, 2 of them, 8192-token vocabulary), qwen3moe (llamatest.Qwen3MoEShaped: Qwen3-30B-A3B's attention at half width, 4 layers of 16 experts, 2 per token) or mixtral (llamatest.MixtralShaped: 4 layers of 8 experts, 2 per token, llama.cpp's llama architecture with experts)")
+	window := flag.Int("window", 16, "gemma2 and gemma3: the sliding window written into the checkpoint, so that the check's 24-token prompt and 8 greedy tokens cross it (0: the shape's own, 4096 and 512)")
 	flag.Parse()
 	log.SetFlags(0)
 
@@ -89,12 +92,18 @@ func main() {
 		"llama":    {"smollm2-135m-synthetic", llamatest.SmolLM2135M()},
 		"qwen3":    {"qwen3-shaped-synthetic", llamatest.Qwen3Shaped()},
 		"gemma2":   {"gemma2-shaped-synthetic", llamatest.Gemma2Shaped()},
+		"gemma3":   {"gemma3-shaped-synthetic", llamatest.Gemma3Shaped()},
+		"phi3":     {"phi3-shaped-synthetic", llamatest.Phi3Shaped()},
 		"qwen3moe": {"qwen3moe-shaped-synthetic", llamatest.Qwen3MoEShaped()},
 		"mixtral":  {"mixtral-shaped-synthetic", llamatest.MixtralShaped()},
 	}
 	sp, ok := specs[*arch]
 	if !ok {
-		log.Fatalf("-arch: %q is not llama, qwen3, gemma2, qwen3moe or mixtral", *arch)
+		log.Fatalf("-arch: %q is not llama, qwen3, gemma2, gemma3, phi3, qwen3moe or mixtral", *arch)
+	}
+	if (*arch == "gemma2" || *arch == "gemma3") && *window > 0 {
+		sp.spec.SlidingWindow = *window
+		sp.name += fmt.Sprintf("-w%d", *window)
 	}
 	ckpt := filepath.Join(*work, sp.name)
 	if _, err := os.Stat(filepath.Join(ckpt, "model.safetensors")); err != nil {

@@ -208,7 +208,8 @@ type GGUFReport struct {
 // (writeExperts: ffn_gate_inp in F32, the experts stacked into
 // ffn_gate_exps, ffn_up_exps and ffn_down_exps; qwen3moe.expert_count,
 // expert_used_count and expert_feed_forward_length); its norm_topk_prob
-// must be true, as llama.cpp's qwen3moe assumes.
+// must be true, as llama.cpp's qwen3moe assumes. A phi3 file's last token
+// is <|endoftext|>, which llama.cpp requires of Phi-3 models.
 //
 // It returns an error for rope_scaling, a sliding window and MLP biases,
 // which it does not export, and for an unsupported type.
@@ -387,6 +388,12 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 	}
 	for i := 259; i < V; i++ {
 		tokens[i], types[i], scores[i] = fmt.Sprintf("▁t%d", i), 1, float32(-i)
+	}
+	if arch == "phi3" {
+		// llama.cpp looks up <|endoftext|> in the vocabulary of a model
+		// whose general.name contains "phi3" (llama-vocab.cpp, the token
+		// attributes it sets for Phi-3), and fails to load one without it.
+		tokens[V-1], types[V-1], scores[V-1] = "<|endoftext|>", 3, 0
 	}
 	ftype := llamaFtype[ft]
 	kvs := []gguf.KV{

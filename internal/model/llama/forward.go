@@ -27,8 +27,8 @@ type buffers struct {
 	// cosL and sinL are the sliding layers' RoPE [T, headDim/2] when their
 	// base differs (Model.ropeLocal).
 	cosL, sinL []float32
-	sel  []float32 // final-normalised rows that need logits [R, hidden]
-	lgt  []float32 // logits [R, vocab]
+	sel        []float32 // final-normalised rows that need logits [R, hidden]
+	lgt        []float32 // logits [R, vocab]
 
 	pos    []int32 // position of each token [T]
 	seqOf  []int32 // sequence of each token [T]

@@ -62,11 +62,13 @@ func TestSyntheticQwen3PD(t *testing.T) {
 // 1, which keeps every logit within ±1: the next-token distribution is then
 // nearly flat, so a KV entry that arrived wrong would change the sampled
 // and greedy tokens rather than be drowned by the one token this random
-// model otherwise predicts with p ≈ 0.999.
+// model otherwise predicts with p ≈ 0.999. Its sliding window is 16
+// positions (in the even layers), so that most prompts and answers cross
+// it.
 func TestSyntheticGemma2PD(t *testing.T) {
 	t.Parallel()
 	spec := llamatest.Gemma2Shaped()
-	spec.FinalSoftcap = 1
+	spec.FinalSoftcap, spec.SlidingWindow = 1, 16
 	// gemma-2-2b's heads (8 and 4 KV of 256) on a narrower model: whether
 	// PD answers as colocated does depends on the layout, not the width.
 	spec.Hidden, spec.Intermediate, spec.Vocab = 512, 1024, 4096
@@ -79,7 +81,8 @@ func TestSyntheticGemma2PD(t *testing.T) {
 		t.Fatal(err)
 	}
 	newModel, base := factory(t, path, llama.Options{Name: "gemma2-shaped"})
-	if c := base.Config(); !c.PostNorms || c.HeadDim != 256 || c.FinalSoftcap != 1 || c.AttnSoftcap != 50 || base.Info().ContextLen != 4096 {
+	if c := base.Config(); !c.PostNorms || c.HeadDim != 256 || c.FinalSoftcap != 1 || c.AttnSoftcap != 50 || c.SlidingWindow != 16 ||
+		len(c.SlidingLayers) != spec.Layers || !c.SlidingLayers[0] || base.Info().ContextLen != spec.MaxPositions {
 		t.Fatalf("config %+v, context %d", c, base.Info().ContextLen)
 	}
 	checkPDEqualsColocated(t, newModel, spec.Vocab, maxTokens)

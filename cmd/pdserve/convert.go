@@ -60,11 +60,12 @@ func newConvertGGUFCmd(stdout io.Writer) *cobra.Command {
 		Short: "Write a checkpoint as a GGUF file (f32, f16, bf16, or quantized q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q4_k_m, q5_k_m, q3_k_m, q2_k) that --model and llama.cpp load",
 		Long: `Reads IN, a Hugging Face checkpoint directory (config.json + safetensors) or
 a llama2.c checkpoint (.bin), and writes OUT.gguf (GGUF v3, llama.cpp's
-"llama" architecture, or "qwen3", "qwen3moe" or "gemma2" for a
-Qwen3ForCausalLM, Qwen3MoeForCausalLM or Gemma2ForCausalLM checkpoint; a
-Qwen3-MoE checkpoint's experts, mlp.experts.E.* or the fused
-mlp.experts.gate_up_proj and down_proj, are stacked into ffn_*_exps, its
-router kept f32; a MixtralForCausalLM becomes "llama" with experts) with its matrices in --type: f32, f16 or bf16 (exact
+"llama" architecture, or "qwen3", "qwen3moe", "gemma2", "gemma3" or "phi3"
+for a Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM,
+Gemma3ForCausalLM or Phi3ForCausalLM checkpoint; a Qwen3-MoE checkpoint's
+experts, mlp.experts.E.* or the fused mlp.experts.gate_up_proj and
+down_proj, are stacked into ffn_*_exps, its router kept f32; a
+MixtralForCausalLM becomes "llama" with experts) with its matrices in --type: f32, f16 or bf16 (exact
 when the checkpoint has that dtype), quantized with ggml's reference
 quantizers, q8_0 (8 bits per weight plus a scale per 32), q4_0 (4 bits),
 q4_1 (4 bits, a scale and an offset per 32), q5_0 (5 bits) or q5_1 (5 bits

@@ -12,7 +12,8 @@ import (
 
 // Config is the model configuration read from a Hugging Face config.json
 // (field names as in transformers' LlamaConfig, Qwen2Config, Qwen3Config,
-// Qwen3MoeConfig, MistralConfig, MixtralConfig and Gemma2Config).
+// Qwen3MoeConfig, MistralConfig, MixtralConfig, Gemma2Config,
+// Gemma3TextConfig and Phi3Config).
 type Config struct {
 	// Architecture is architectures[0], e.g. "LlamaForCausalLM".
 	Architecture string
@@ -80,8 +81,8 @@ type Config struct {
 	// The fields below are Gemma2's (transformers' modeling_gemma2.py;
 	// llama.cpp's gemma2). Its RMSNorm gains are stored as w and applied as
 	// 1 + w: the loader adds 1 to a checkpoint's (a GGUF file holds 1 + w
-	// already). Its sliding window (every other layer) caps the context
-	// length like Mistral's.
+	// already). Gemma3 sets them too (without the soft-capping), with
+	// QKNorm, SlidingLayers and RopeThetaLocal.
 
 	// EmbedScale: the token embeddings are multiplied by √HiddenSize.
 	EmbedScale bool
@@ -468,7 +469,8 @@ func checkExperts(c *Config) error {
 // gemma2Config fills the Gemma2 fields of c from r, with Gemma2Config's
 // defaults: head_dim 256, query_pre_attn_scalar 256, attn_logit_softcapping
 // 50, final_logit_softcapping 30 (either may be null: none),
-// sliding_window 4096, tie_word_embeddings true, attention_bias false
+// sliding_window 4096 (in the even layers, or as layer_types says),
+// tie_word_embeddings true, attention_bias false
 // (true: q, k, v and o biases). The activation (hidden_activation, else
 // hidden_act) must be gelu_pytorch_tanh.
 func gemma2Config(c *Config, r *rawConfig) error {

@@ -1,10 +1,12 @@
 // Package llama runs Llama-architecture language models on the CPU: Llama 2
 // and 3, SmolLM and SmolLM2, Qwen2 and Qwen2.5, Qwen3, Qwen3-MoE, Mixtral,
-// Gemma 2, Mistral and TinyLlama, from Hugging Face checkpoints (config.json +
-// safetensors) or from GGUF files (llama.cpp's format; gguf_load.go),
-// quantized or not. A sliding window (Mistral's, Gemma 2's every other
-// layer) caps the context length at the window, so it never cuts anything
-// off.
+// Gemma 2, Gemma 3 (text), Phi-3, Mistral and TinyLlama, from Hugging Face
+// checkpoints (config.json + safetensors) or from GGUF files (llama.cpp's
+// format; gguf_load.go), quantized or not. Gemma 2's and Gemma 3's
+// interleaved sliding windows are computed per layer (a sliding layer's
+// token sees the last W positions; Config.SlidingLayers); a window in every
+// layer (Mistral's) caps the context length at the window instead, so it
+// never cuts anything off.
 //
 // # Overview
 //
@@ -18,9 +20,13 @@
 // scales the embeddings by √hidden, normalises each sublayer's output too
 // (post-norms, gains applied as 1 + w), uses GeGLU with gelu's tanh
 // approximation, and soft-caps attention scores and logits (c·tanh(x/c)).
-// Qwen3-MoE and Mixtral replace the MLP by a mixture of SwiGLU experts, a
-// router choosing a few per token; each expert runs only on the tokens
-// routed to it (moe.go). Computation is float32; weights stay in
+// Gemma 3 (modeling_gemma3.py) is Gemma 2 without the soft-capping, with
+// per-head q/k RMSNorm, and with its own RoPE base in the sliding layers.
+// Phi-3 (modeling_phi3.py) fuses q, k and v, and gate and up, into one
+// matrix each, split here into row views. Qwen3-MoE and Mixtral replace
+// the MLP by a mixture of SwiGLU experts, a router choosing a few per
+// token; each expert runs only on the tokens routed to it (moe.go).
+// Computation is float32; weights stay in
 // their stored dtype (F32, F16 or BF16, memory-mapped) and are widened to
 // float32 inside the matrix kernels. Quantized GGUF weights (Q8_0, Q4_0,
 // Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) stay in their

@@ -166,10 +166,11 @@ type GGUFReport struct {
 }
 
 // WriteGGUF writes the checkpoint in dir as a GGUF file (version 3) for
-// llama.cpp's "llama" architecture — or its "qwen3", "qwen3moe" or "gemma2"
-// architecture for a Qwen3ForCausalLM, Qwen3MoeForCausalLM or
-// Gemma2ForCausalLM checkpoint; a MixtralForCausalLM becomes a "llama"
-// file with experts, as llama.cpp's converter writes it — its
+// llama.cpp's "llama" architecture — or its "qwen3", "qwen3moe", "gemma2",
+// "gemma3" or "phi3" architecture for a Qwen3ForCausalLM,
+// Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM or
+// Phi3ForCausalLM checkpoint; a MixtralForCausalLM becomes a "llama" file
+// with experts, as llama.cpp's converter writes it — its
 // matrices of file type ft: F32
 // (exact), F16 or BF16 (exact when the checkpoint has that dtype; otherwise
 // an error), quantized Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (QuantizeQ8_0,
@@ -201,7 +202,16 @@ type GGUFReport struct {
 // it applies (computed in float32), post_attention_norm and post_ffw_norm,
 // gemma2.attention.sliding_window, attn_logit_softcapping and
 // final_logit_softcapping; it must be tied, soft-capped and have the
-// attention scale llama.cpp derives (gemma2Exportable). The vocabulary is a placeholder of
+// attention scale llama.cpp derives (gemma2Exportable); sliding layers other
+// than the even ones are written as gemma2.attention.sliding_window_pattern.
+// A Gemma3ForCausalLM checkpoint becomes a "gemma3" file the same way, plus
+// attn_q_norm and attn_k_norm (1 + w), gemma3.attention.sliding_window,
+// sliding_window_pattern and rope.freq_base_swa (when it has sliding
+// layers), final_logit_softcapping if set, and a linear rope_scaling as
+// gemma3.rope.scaling.*; it must have no attention soft-capping and the
+// attention scale llama.cpp derives (gemma3Exportable). A Phi3ForCausalLM
+// checkpoint becomes a "phi3" file with blk.N.attn_qkv ([q; k; v]) and an
+// ffn_up of [gate; up] rows, as llama.cpp's converter writes them. The vocabulary is a placeholder of
 // vocab_size tokens (SentencePiece "llama" model: <unk>, <s>, </s>, the 256
 // byte tokens, then "▁tN"): such files are for token-id prompts and
 // comparisons. A Qwen3MoeForCausalLM checkpoint becomes a "qwen3moe" file

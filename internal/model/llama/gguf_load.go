@@ -47,7 +47,9 @@ var ggufMatrixTypes = []gguf.Type{gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf
 // rope.dimension_count and attention.key_length / value_length (each, if
 // present, must be the head dimension), rope.scaling.type ("none" or
 // "linear", with rope.scaling.factor) and, for mistral and gemma2,
-// attention.sliding_window (gemma2: see ggufGemma2 for its other keys). vocab_size is {arch}.vocab_size, else the
+// attention.sliding_window (gemma2: see ggufGemma2 for its other keys, and
+// attention.sliding_window_pattern, default 2: the sliding layers of
+// swaPattern; gemma3: ggufGemma3; phi3: ggufPhi3). vocab_size is {arch}.vocab_size, else the
 // length of tokenizer.ggml.tokens, else the rows of token_embd.weight. BOS
 // and EOS are tokenizer.ggml.bos_token_id and eos_token_id (with eot and
 // eom). Errors name the key.
@@ -267,7 +269,8 @@ func ggufExperts(c *Config, arch string, experts, used, ff int) error {
 
 // ggufGemma2 sets the Gemma2 fields of c as llama.cpp's gemma2 reads them
 // (src/models/gemma2.cpp): sliding window 4096 unless
-// gemma2.attention.sliding_window says otherwise, soft-capping from
+// gemma2.attention.sliding_window says otherwise (in the layers ggufConfig
+// sets from the sliding_window_pattern), soft-capping from
 // gemma2.attn_logit_softcapping and gemma2.final_logit_softcapping (both
 // required: llama.cpp divides by them), and the attention scale
 // 1/√head_dim — 1/√(embedding_length/head_count) for the 46-layer 27B
@@ -316,9 +319,12 @@ func ggufGemma2(f *gguf.File, c *Config) error {
 // rope_freqs (optional), and blk.N.{attn_norm, attn_q, attn_k, attn_v,
 // attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down} with attn_q/k/v
 // biases for qwen2 (and optionally for llama and qwen3), attn_q_norm and
-// attn_k_norm ([head_dim]) for qwen3, and post_attention_norm and
-// post_ffw_norm for gemma2; for a mixture of experts (qwen3moe, or llama
-// with llama.expert_count) ffn_gate_inp and the stacked ffn_gate_exps,
+// attn_k_norm ([head_dim]) for qwen3 and gemma3, post_attention_norm and
+// post_ffw_norm for gemma2 and gemma3, a fused blk.N.attn_qkv ([q; k; v]
+// rows) in place of attn_q, attn_k and attn_v for any architecture (phi3's
+// converter writes it), for phi3 an ffn_up of [gate; up] rows without
+// ffn_gate, and for a mixture of experts (qwen3moe, or llama with
+// llama.expert_count) ffn_gate_inp and the stacked ffn_gate_exps,
 // ffn_up_exps and ffn_down_exps instead of ffn_gate, ffn_up and ffn_down
 // (ggufExperts). Matrices may be F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 // Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K; norms and biases F32, F16

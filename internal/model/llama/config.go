@@ -116,6 +116,24 @@ type Config struct {
 	// RopeFactors, if set, divide the RoPE frequencies (headDim/2 values: a
 	// GGUF file's rope_freqs tensor, llama.cpp's form of llama3 scaling).
 	RopeFactors []float64
+	// RopeLongFactors and RopeShortFactors, if set, are Phi-3's LongRoPE
+	// (rope_scaling "longrope" or "su": long_factor and short_factor; a
+	// GGUF file's rope_factors_long and rope_factors_short), headDim/2
+	// values each: the model divides the RoPE frequencies by the long
+	// ones when its context length (Options.ContextLen) exceeds
+	// RopeOrigPositions, else by the short ones — llama.cpp's choice
+	// (llama_model::get_rope_factors), fixed for the model, where
+	// transformers switches with each sequence's length — and multiplies
+	// cos and sin by RopeAttnFactor.
+	RopeLongFactors, RopeShortFactors []float64
+	// RopeOrigPositions is original_max_position_embeddings (a GGUF file's
+	// rope.scaling.original_context_length).
+	RopeOrigPositions int
+	// RopeAttnFactor is LongRoPE's scale of cos and sin: transformers'
+	// √(1 + ln(s)/ln(RopeOrigPositions)) with s = MaxPositions /
+	// RopeOrigPositions (1 if s ≤ 1); a GGUF file's rope.scaling.attn_factor
+	// (default 1). 0 means 1.
+	RopeAttnFactor float64
 	// The fields below are a mixture-of-experts MLP's (Qwen3-MoE:
 	// transformers' Qwen3MoeSparseMoeBlock; llama.cpp's qwen3moe, and its
 	// llama architecture with ffn_*_exps tensors): every layer's MLP is
@@ -154,6 +172,9 @@ type RopeScaling struct {
 	// original_max_position_embeddings).
 	LowFreqFactor, HighFreqFactor float64
 	OriginalMaxPositions          int
+	// LongFactor and ShortFactor are the "longrope" parameters (long_factor,
+	// short_factor); ParseConfig moves them into Config.
+	LongFactor, ShortFactor []float64
 }
 
 // rawConfig is config.json as written; pointers tell absent from zero.
@@ -393,6 +414,11 @@ func ParseConfig(raw []byte) (Config, error) {
 	if c.RopeScaling, err = parseRopeScaling(r.RopeScaling); err != nil {
 		return Config{}, err
 	}
+	if s := c.RopeScaling; s != nil && s.Type == "longrope" {
+		if err := hfLongRope(&c, &r); err != nil {
+			return Config{}, err
+		}
+	}
 	if c.EOS, err = tokenIDs(r.EOSTokenID); err != nil {
 		return Config{}, fmt.Errorf("eos_token_id: %w", err)
 	}
@@ -546,12 +572,14 @@ func parseRopeScaling(raw json.RawMessage) (*RopeScaling, error) {
 		return nil, nil
 	}
 	var r struct {
-		RopeType             string   `json:"rope_type"`
-		Type                 string   `json:"type"`
-		Factor               *float64 `json:"factor"`
-		LowFreqFactor        *float64 `json:"low_freq_factor"`
-		HighFreqFactor       *float64 `json:"high_freq_factor"`
-		OriginalMaxPositions *int     `json:"original_max_position_embeddings"`
+		RopeType             string    `json:"rope_type"`
+		Type                 string    `json:"type"`
+		Factor               *float64  `json:"factor"`
+		LowFreqFactor        *float64  `json:"low_freq_factor"`
+		HighFreqFactor       *float64  `json:"high_freq_factor"`
+		OriginalMaxPositions *int      `json:"original_max_position_embeddings"`
+		LongFactor           []float64 `json:"long_factor"`
+		ShortFactor          []float64 `json:"short_factor"`
 	}
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return nil, fmt.Errorf("rope_scaling: %w", err)
@@ -577,8 +605,14 @@ func parseRopeScaling(raw json.RawMessage) (*RopeScaling, error) {
 			return nil, fmt.Errorf("rope_scaling: llama3 parameters out of range: factor %v, low_freq_factor %v, high_freq_factor %v, original_max_position_embeddings %d",
 				s.Factor, s.LowFreqFactor, s.HighFreqFactor, s.OriginalMaxPositions)
 		}
+	case "longrope", "su":
+		s.Type = "longrope"
+		if r.LongFactor == nil || r.ShortFactor == nil {
+			return nil, errors.New("rope_scaling: longrope needs long_factor and short_factor")
+		}
+		s.LongFactor, s.ShortFactor = r.LongFactor, r.ShortFactor
 	default:
-		return nil, fmt.Errorf("rope_scaling: unsupported type %q; want default, linear or llama3", s.Type)
+		return nil, fmt.Errorf("rope_scaling: unsupported type %q; want default, linear, llama3 or (Phi3) longrope", s.Type)
 	}
 	return s, nil
 }

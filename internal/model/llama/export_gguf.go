@@ -211,7 +211,9 @@ type GGUFReport struct {
 // gemma3.rope.scaling.*; it must have no attention soft-capping and the
 // attention scale llama.cpp derives (gemma3Exportable). A Phi3ForCausalLM
 // checkpoint becomes a "phi3" file with blk.N.attn_qkv ([q; k; v]) and an
-// ffn_up of [gate; up] rows, as llama.cpp's converter writes them. The vocabulary is a placeholder of
+// ffn_up of [gate; up] rows, as llama.cpp's converter writes them, and its
+// LongRoPE as rope_factors_long, rope_factors_short,
+// phi3.rope.scaling.attn_factor and original_context_length. The vocabulary is a placeholder of
 // vocab_size tokens (SentencePiece "llama" model: <unk>, <s>, </s>, the 256
 // byte tokens, then "▁tN"): such files are for token-id prompts and
 // comparisons. A Qwen3MoeForCausalLM checkpoint becomes a "qwen3moe" file
@@ -375,6 +377,10 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		}
 	}
 	vec("output_norm.weight", m.w.norm, 0)
+	if cfg.RopeLongFactors != nil {
+		vec("rope_factors_long.weight", f32s(cfg.RopeLongFactors), 0)
+		vec("rope_factors_short.weight", f32s(cfg.RopeShortFactors), 0)
+	}
 	if !cfg.TieEmbeddings {
 		mat("output.weight", m.w.lmHead, 0)
 	}
@@ -447,6 +453,12 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 			gguf.KV{Key: "gemma2.final_logit_softcapping", Value: float32(cfg.FinalSoftcap)})
 		if swaPeriod != 2 {
 			kvs = append(kvs, gguf.KV{Key: "gemma2.attention.sliding_window_pattern", Value: uint32(swaPeriod)})
+		}
+	case "phi3":
+		if cfg.RopeLongFactors != nil {
+			kvs = append(kvs,
+				gguf.KV{Key: "phi3.rope.scaling.attn_factor", Value: float32(cfg.RopeAttnFactor)},
+				gguf.KV{Key: "phi3.rope.scaling.original_context_length", Value: uint32(cfg.RopeOrigPositions)})
 		}
 	case "gemma3":
 		if swaPeriod > 0 {

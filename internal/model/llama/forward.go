@@ -320,9 +320,16 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 		}
 	}
 	if cfg.GGMLNumerics {
-		ropeTableGGML(b.cos, b.sin, b.pos, cfg)
+		ropeTableGGML(b.cos, b.sin, b.pos, m.ropeGlobal)
 	} else {
 		ropeTable(b.cos, b.sin, b.pos, m.invFreq)
+	}
+	if s := m.ropeScale; s != 1 {
+		// LongRoPE's attention factor (ggml's mscale: cosf(θ)·mscale).
+		for i := range b.cos {
+			b.cos[i] *= s
+			b.sin[i] *= s
+		}
 	}
 	if m.ropeLocal != nil {
 		b.cosL, b.sinL = grow(b.cosL, T*D/2), grow(b.sinL, T*D/2)

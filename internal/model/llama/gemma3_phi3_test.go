@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -211,7 +210,7 @@ func TestGemma3Config(t *testing.T) {
 // Tiny's ±0.25 weights moves the logits by ~0.15, the logits themselves
 // span several units), that the
 // file holds the fused attn_qkv and the [gate; up] ffn_up as llama.cpp's
-// converter writes them, and the errors for what is not supported.
+// converter writes them, and the error for partial rotary embeddings.
 func TestPhi3(t *testing.T) {
 	spec := phi3Tiny()
 	tokens := randomTokens(rand.New(rand.NewPCG(19, 19)), 24, spec.Vocab)
@@ -254,26 +253,7 @@ func TestPhi3(t *testing.T) {
 		}
 	}
 
-	// Not supported: LongRoPE factors, partial rotary embeddings.
-	kvs := make([]gguf.KV, len(f.KV))
-	copy(kvs, f.KV)
-	var ts []gguf.Tensor
-	for _, ti := range f.Tensors {
-		ts = append(ts, gguf.Tensor{Name: ti.Name, Type: ti.Type, Dims: ti.Dims, Data: ti.Data})
-	}
-	ts = append(ts, gguf.Tensor{Name: "rope_factors_long.weight", Type: gguf.F32, Dims: []uint64{uint64(D / 2)}, Data: llama.F32Bytes(make([]float32, D/2))})
-	long := filepath.Join(t.TempDir(), "long.gguf")
-	fh, err := os.Create(long)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := gguf.Write(fh, kvs, ts); err != nil {
-		t.Fatal(err)
-	}
-	if err := fh.Close(); err != nil {
-		t.Fatal(err)
-	}
-	wantLoadError(t, long, llama.Options{}, "rope_factors_long.weight", "LongRoPE")
+	// Not supported: partial rotary embeddings.
 	c := spec.Config()
 	c["partial_rotary_factor"] = 0.75
 	cj, err := json.Marshal(c)
@@ -323,4 +303,68 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestPhi3LongRope checks Phi-3's LongRoPE (phi3Tiny with
+// original_max_position_embeddings 32 of 256 positions: attention factor
+// √(1 + ln 8 / ln 32) ≈ 1.26) against the float64 reference, from the
+// checkpoint and from its GGUF file (rope_factors_long and _short,
+// phi3.rope.scaling.*): a context of at most 32 positions rotates with the
+// short factors, a longer one with the long factors, as llama.cpp chooses;
+// the other choice is far from the reference (so the test tells them
+// apart), and the two choices get different digests (their KV differs, so
+// a prefill and a decode worker that chose differently are never paired).
+func TestPhi3LongRope(t *testing.T) {
+	spec := phi3Tiny()
+	spec.LongRopeOrig = 32
+	tokens := randomTokens(rand.New(rand.NewPCG(23, 23)), 24, spec.Vocab)
+	dir := spec.WriteT(t)
+	refs := map[bool][][]float64{}
+	for _, long := range []bool{false, true} {
+		r := newRefModel(spec)
+		r.useLongRope(long)
+		refs[long] = r.logits(tokens)
+	}
+	for _, c := range []struct{ name, path string }{{"safetensors", dir}, {"gguf", writeGGUF(t, dir, gguf.F32)}} {
+		digests := map[bool]string{}
+		for _, long := range []bool{false, true} {
+			ctxLen := 32
+			if long {
+				ctxLen = 0 // max_position_embeddings, 256
+			}
+			m := load(t, c.path, llama.Options{ContextLen: ctxLen})
+			cfg := m.Config()
+			if len(cfg.RopeLongFactors) != 8 || cfg.RopeOrigPositions != 32 || math.Abs(cfg.RopeAttnFactor-math.Sqrt(1+math.Log(8)/math.Log(32))) > 1e-6 {
+				t.Fatalf("%s: config %+v", c.name, cfg)
+			}
+			digests[long] = m.Info().Digest
+			got := logitsOf(t, m, tokens)
+			d, other := refDist(got, refs[long]), refDist(got, refs[!long])
+			t.Logf("%s, long factors %v: max |Δ logit| vs the reference %.3g, vs the other factors' %.3g", c.name, long, d, other)
+			if d > 2e-5 {
+				t.Errorf("%s, long factors %v: max |Δ logit| vs the reference = %.3g, want ≤ 2e-5", c.name, long, d)
+			}
+			if other < 2e-3 {
+				t.Errorf("%s, long factors %v: the reference with the other factors is within %.3g: the test could not tell", c.name, long, other)
+			}
+		}
+		if digests[false] == digests[true] {
+			t.Errorf("%s: the short and long LongRoPE choices share the digest %s", c.name, digests[false])
+		}
+	}
+	for _, e := range []struct {
+		edit func(map[string]any)
+		msg  string
+	}{
+		{func(m map[string]any) { m["architectures"] = []string{"LlamaForCausalLM"} }, "longrope is supported for Phi3ForCausalLM only"},
+		{func(m map[string]any) { delete(m, "original_max_position_embeddings") }, "original_max_position_embeddings"},
+		{func(m map[string]any) { m["rope_scaling"].(map[string]any)["long_factor"] = []float64{1, 2} }, "long_factor has 2 values, want head_dim/2 = 8"},
+		{func(m map[string]any) { m["rope_scaling"].(map[string]any)["short_factor"] = make([]float64, 8) }, "short_factor holds 0"},
+	} {
+		c := spec.Config()
+		e.edit(c)
+		if _, err := llama.ParseConfig(mustJSON(t, c)); err == nil || !strings.Contains(err.Error(), e.msg) {
+			t.Errorf("want an error with %q, got %v", e.msg, err)
+		}
+	}
 }

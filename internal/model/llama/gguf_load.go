@@ -465,6 +465,11 @@ func (w *weights) fromGGUF(f *gguf.File) error {
 			cfg.RopeFactors[i] = float64(v)
 		}
 	}
+	if cfg.Architecture == archPhi3 {
+		if err := w.phi3LongRope(f, vec); err != nil {
+			return err
+		}
+	}
 	_, qb := f.Tensor("blk.0.attn_q.bias")
 	cfg.QKVBias = cfg.Architecture == archQwen2 || qb
 	_, cfg.OBias = f.Tensor("blk.0.attn_output.bias")

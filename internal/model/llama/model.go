@@ -62,7 +62,12 @@ type Model struct {
 	tok     model.Tokenizer
 	threads int
 	ks      *kernelSet // nil: pure Go
-	invFreq []float64  // RoPE inverse frequencies [headDim/2]
+	invFreq []float64  // RoPE inverse frequencies [headDim/2] (of ropeGlobal)
+	// ropeGlobal is the RoPE configuration of the (global) layers and
+	// ropeScale the factor of their cos and sin (globalRope: the
+	// configuration itself and 1, except for LongRoPE).
+	ropeGlobal *Config
+	ropeScale  float32
 	// ropeLocal is the RoPE configuration of the sliding layers when it
 	// differs from the others' (localRope; Gemma3), with its inverse
 	// frequencies invFreqLocal; else nil.
@@ -199,15 +204,22 @@ func newModel(w *weights, tok model.Tokenizer, path string, opts Options) (*Mode
 		}
 	}
 	geo := kvcache.Geometry{Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, DType: opts.KVDType}
+	rope, ropeScale, long := globalRope(cfg, opts.ContextLen)
+	digest := w.digest
+	if long {
+		digest += "+rope-long" // other RoPE factors, other KV: never paired with the short ones
+	}
 	m := &Model{
 		w:   w,
 		tok: tok,
 		info: model.Info{Name: name, Geometry: geo, ContextLen: opts.ContextLen, VocabSize: cfg.VocabSize,
-			EOS: eos, Digest: w.digest},
-		threads: opts.Threads,
-		ks:      ks,
-		invFreq: ropeInvFreq(cfg),
-		caches:  make(map[*kvcache.Pool]*poolCache),
+			EOS: eos, Digest: digest},
+		threads:    opts.Threads,
+		ks:         ks,
+		invFreq:    ropeInvFreq(rope),
+		ropeGlobal: rope,
+		ropeScale:  ropeScale,
+		caches:     make(map[*kvcache.Pool]*poolCache),
 	}
 	if m.ropeLocal = localRope(cfg); m.ropeLocal != nil {
 		m.invFreqLocal = ropeInvFreq(m.ropeLocal)
@@ -240,7 +252,7 @@ func (m *Model) Clone() (*Model, error) {
 	}
 	m.w.refs.Add(1)
 	return &Model{w: m.w, tok: m.tok, info: m.info, threads: m.threads, ks: m.ks, invFreq: m.invFreq,
-		ropeLocal: m.ropeLocal, invFreqLocal: m.invFreqLocal,
+		ropeLocal: m.ropeLocal, invFreqLocal: m.invFreqLocal, ropeGlobal: m.ropeGlobal, ropeScale: m.ropeScale,
 		attnScale: m.attnScale, qScale: m.qScale, caches: make(map[*kvcache.Pool]*poolCache)}, nil
 }
 

@@ -36,6 +36,8 @@ type refModel struct {
 	// noWindow drops the sliding window, to show what the tests would
 	// catch.
 	noWindow bool
+	// mscale multiplies cos and sin (LongRoPE's attention factor; 0: 1).
+	mscale float64
 	// qkNorm places Qwen3's per-head q/k norm: qkNormBeforeRope (the
 	// model's), or, to show what the tests would catch,
 	// qkNormSkipped or qkNormAfterRope.
@@ -177,9 +179,13 @@ func (r *refModel) rope(x []float64, heads, pos int, inv []float64) {
 			rot[i] = -v[i+D/2]
 			rot[i+D/2] = v[i]
 		}
+		ms := r.mscale
+		if ms == 0 {
+			ms = 1
+		}
 		for i := range D {
 			ang := float64(pos) * inv[i%(D/2)]
-			v[i] = v[i]*math.Cos(ang) + rot[i]*math.Sin(ang)
+			v[i] = v[i]*math.Cos(ang)*ms + rot[i]*math.Sin(ang)*ms
 		}
 	}
 }
@@ -576,5 +582,25 @@ func TestGemma2(t *testing.T) {
 		if du < 2e-3 {
 			t.Errorf("%s: the reference without the attention soft-capping is within %.3g: the test could not tell", c.name, du)
 		}
+	}
+}
+
+// useLongRope sets the reference's RoPE to the spec's LongRoPE
+// (transformers' _compute_longrope_parameters): the frequencies divided by
+// the long factors (long) or the short ones, cos and sin scaled by
+// √(1 + ln(s)/ln(original)), s = max_position_embeddings/original.
+func (r *refModel) useLongRope(long bool) {
+	lf, sf := r.spec.LongRopeFactors()
+	f := sf
+	if long {
+		f = lf
+	}
+	D := r.headDim()
+	for i := range r.inv {
+		r.inv[i] = 1 / (f[i] * math.Pow(r.spec.RopeTheta, float64(2*i)/float64(D)))
+	}
+	r.mscale = 1
+	if s := float64(r.spec.MaxPositions) / float64(r.spec.LongRopeOrig); s > 1 {
+		r.mscale = math.Sqrt(1 + math.Log(s)/math.Log(float64(r.spec.LongRopeOrig)))
 	}
 }

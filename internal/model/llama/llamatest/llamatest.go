@@ -155,6 +155,10 @@ type Spec struct {
 	// 6); RopeThetaLocal its rope_local_base_freq (0: its default, 10000).
 	SlidingPattern int
 	RopeThetaLocal float64
+	// LongRopeOrig, if > 0 (Phi3), writes a LongRoPE rope_scaling
+	// ("longrope", LongRopeFactors) with original_max_position_embeddings
+	// LongRopeOrig.
+	LongRopeOrig int
 	// Scale is the half-width of the uniform distribution of matrix and
 	// embedding weights; 0 means 0.02·√3 (standard deviation 0.02, the
 	// transformers initializer_range).
@@ -333,7 +337,26 @@ func (s Spec) Config() map[string]any {
 	if s.RopeScaling != nil {
 		c["rope_scaling"] = s.RopeScaling
 	}
+	if s.LongRopeOrig > 0 {
+		long, short := s.LongRopeFactors()
+		c["rope_scaling"] = map[string]any{"type": "longrope", "long_factor": long, "short_factor": short}
+		c["original_max_position_embeddings"] = s.LongRopeOrig
+	}
 	return c
+}
+
+// LongRopeFactors are the long and short LongRoPE factors the spec writes
+// (head_dim/2 each), rising smoothly as Phi-3-mini-128k's do: from 1 to 8
+// (long) and from 1 to 1.5 (short) across the pairs, the low frequencies
+// divided most.
+func (s Spec) LongRopeFactors() (long, short []float64) {
+	n := s.headDim() / 2
+	for i := range n {
+		x := float64(i) / float64(max(1, n-1))
+		long = append(long, 1+7*x*x)
+		short = append(short, 1+0.5*x)
+	}
+	return long, short
 }
 
 // nullIfZero is v, or nil (JSON null) for 0.

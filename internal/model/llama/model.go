@@ -27,7 +27,9 @@ type Options struct {
 	// ContextLen is the maximum positions of a sequence, in tokens; 0 means
 	// max_position_embeddings (or the sliding window, if smaller, for a
 	// model whose every layer slides: see Config.SlidingLayers). It may
-	// not exceed that.
+	// not exceed that. For Phi-3's LongRoPE it also chooses the factors
+	// (the long ones above original_max_position_embeddings, as llama.cpp
+	// does), and with them the KV the model writes and its Info.Digest.
 	ContextLen int
 	// Threads is the number of goroutines a Forward computes on; 0 means
 	// runtime.GOMAXPROCS(0) at the time of the call.

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -365,6 +366,83 @@ func TestPhi3LongRope(t *testing.T) {
 		e.edit(c)
 		if _, err := llama.ParseConfig(mustJSON(t, c)); err == nil || !strings.Contains(err.Error(), e.msg) {
 			t.Errorf("want an error with %q, got %v", e.msg, err)
+		}
+	}
+}
+
+// TestGGUFGemma3Phi3Errors checks that bad gemma3 and phi3 files and
+// checkpoints WriteGGUF cannot express for llama.cpp are refused with an
+// error naming the problem.
+func TestGGUFGemma3Phi3Errors(t *testing.T) {
+	g3 := readGGUF(t, writeGGUF(t, gemma3Tiny().WriteT(t), gguf.F32))
+	setKV := func(f *gguf.File, key string, v any) string {
+		return rewriteGGUF(t, f, func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			for i := range kvs {
+				if kvs[i].Key == key {
+					kvs[i].Value = v
+					return kvs, ts
+				}
+			}
+			return append(kvs, gguf.KV{Key: key, Value: v}), ts
+		})
+	}
+	drop := func(f *gguf.File, name string) string {
+		return rewriteGGUF(t, f, func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			return kvs, slices.DeleteFunc(ts, func(x gguf.Tensor) bool { return x.Name == name })
+		})
+	}
+	wantLoadError(t, setKV(g3, "gemma3.rope.freq_base_swa", float32(-1)), llama.Options{}, "gemma3.rope.freq_base_swa is -1")
+	wantLoadError(t, setKV(g3, "gemma3.attention.sliding_window_pattern", "six"), llama.Options{}, "gemma3.attention.sliding_window_pattern", "unsigned integer")
+	wantLoadError(t, setKV(g3, "gemma3.final_logit_softcapping", float32(-2)), llama.Options{}, "gemma3.final_logit_softcapping is -2")
+	wantLoadError(t, drop(g3, "blk.2.attn_k_norm.weight"), llama.Options{}, `tensor "blk.2.attn_k_norm.weight" not found`)
+	m := load(t, setKV(g3, "gemma3.attention.sliding_window", uint32(0)), llama.Options{})
+	if c := m.Config(); c.SlidingLayers != nil || c.SlidingWindow != 0 {
+		t.Errorf("gemma3 without a window: sliding layers %v, window %d", c.SlidingLayers, c.SlidingWindow)
+	}
+
+	p3 := readGGUF(t, writeGGUF(t, phi3Tiny().WriteT(t), gguf.F32))
+	D := 16
+	factors := func(name string, v float32) gguf.Tensor {
+		f := make([]float32, D/2)
+		for i := range f {
+			f[i] = v
+		}
+		return gguf.Tensor{Name: name, Type: gguf.F32, Dims: []uint64{uint64(D / 2)}, Data: llama.F32Bytes(f)}
+	}
+	withTensors := func(extra ...gguf.Tensor) string {
+		return rewriteGGUF(t, p3, func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+			return kvs, append(ts, extra...)
+		})
+	}
+	wantLoadError(t, withTensors(factors("rope_factors_long.weight", 2)), llama.Options{}, "only one of rope_factors_long and rope_factors_short")
+	wantLoadError(t, withTensors(factors("rope_factors_long.weight", 2), factors("rope_factors_short.weight", 0)), llama.Options{},
+		`"rope_factors_short.weight" holds 0`)
+	wantLoadError(t, setKV(p3, "phi3.rope.scaling.attn_factor", float32(-1)), llama.Options{}, "phi3.rope.scaling.attn_factor is -1")
+	wantLoadError(t, drop(p3, "blk.0.attn_qkv.weight"), llama.Options{}, `tensor "blk.0.attn_q.weight" not found`)
+	wantLoadError(t, rewriteGGUF(t, p3, func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+		for i := range ts {
+			if ts[i].Name == "blk.1.ffn_up.weight" { // [gate; up] cut to the up half's rows
+				ts[i].Dims = []uint64{ts[i].Dims[0], ts[i].Dims[1] / 2}
+				ts[i].Data = ts[i].Data[:len(ts[i].Data)/2]
+			}
+		}
+		return kvs, ts
+	}), llama.Options{}, `tensor "blk.1.ffn_up.weight" has shape [96 64], but the metadata implies [192 64]`)
+
+	for name, c := range map[string]struct {
+		spec llamatest.Spec
+		edit func(c map[string]any)
+		want string
+	}{
+		"gemma3 attention soft-capping": {gemma3Tiny(), func(c map[string]any) { c["attn_logit_softcapping"] = 50.0 }, "llama.cpp's gemma3 has no attention soft-capping"},
+		"gemma3 another scaling":        {gemma3Tiny(), func(c map[string]any) { c["query_pre_attn_scalar"] = 64 }, "llama.cpp's gemma3 would use"},
+		"gemma3 irregular layers": {gemma3Tiny(), func(c map[string]any) {
+			c["layer_types"] = []string{"sliding_attention", "full_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"}
+		}, "no period llama.cpp's sliding_window_pattern can express"},
+	} {
+		dir := writeCkpt(t, c.spec, c.edit, c.spec.Tensors())
+		if _, err := llama.WriteGGUF(dir, filepath.Join(t.TempDir(), "m.gguf"), llama.FileF32); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: WriteGGUF error %v, want one containing %q", name, err, c.want)
 		}
 	}
 }

@@ -140,13 +140,15 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 
 // TestGGUFQuantizedInvariance checks that a quantized model's logits do
 // not depend on the batch, the chunking, the thread count or the kernels,
-// for the llama, qwen3, gemma2 and qwen3moe architectures.
+// for the llama, qwen3, gemma2, qwen3moe, gemma3 (its 7-position window
+// crossed by the 25 tokens, mid-page) and phi3 (fused matrices as views)
+// architectures.
 func TestGGUFQuantizedInvariance(t *testing.T) {
 	tiny := llamatest.Tiny()
 	tiny.Vocab = 300
 	moe := llamatest.TinyMoE()
 	moe.Vocab = 300
-	for _, spec := range []llamatest.Spec{tiny, qwen3Tiny(), gemma2Tiny(), moe} {
+	for _, spec := range []llamatest.Spec{tiny, qwen3Tiny(), gemma2Tiny(), moe, gemma3Tiny(), phi3Tiny()} {
 		t.Run(spec.Config()["architectures"].([]string)[0], func(t *testing.T) { ggufInvariance(t, spec) })
 	}
 }

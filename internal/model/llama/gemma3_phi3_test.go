@@ -446,3 +446,40 @@ func TestGGUFGemma3Phi3Errors(t *testing.T) {
 		}
 	}
 }
+
+// TestGemma3LinearRope checks gemma-3-4b's linear rope_scaling (factor 8)
+// through a GGUF file: written as gemma3.rope.scaling.*, read back for the
+// global layers only (the sliding ones rotate unscaled, as llama.cpp's
+// rope_freq_scale_train_swa = 1 and transformers' local rotary embedding
+// do), and within 5e-3 of the float64 reference (ggml's float16 gelu
+// table moves a GGUF file's logits by a few 1e-3: TestGemma3), which
+// would be units away if the sliding layers were scaled too.
+func TestGemma3LinearRope(t *testing.T) {
+	spec := gemma3Tiny()
+	spec.RopeScaling = map[string]any{"rope_type": "linear", "factor": 8.0}
+	tokens := randomTokens(rand.New(rand.NewPCG(29, 29)), 24, spec.Vocab)
+	path := writeGGUF(t, spec.WriteT(t), gguf.F32)
+	f := readGGUF(t, path)
+	if typ, _, _ := f.String("gemma3.rope.scaling.type"); typ != "linear" {
+		t.Errorf("gemma3.rope.scaling.type %q, want linear", typ)
+	}
+	m := load(t, path, llama.Options{})
+	if s := m.Config().RopeScaling; s == nil || s.Type != "linear" || s.Factor != 8 {
+		t.Fatalf("rope scaling %+v", s)
+	}
+	got := logitsOf(t, m, tokens)
+	r := newRefModel(spec)
+	want := r.logits(tokens)
+	for i := range r.invLocal {
+		r.invLocal[i] /= 8 // the sliding layers scaled too: wrong
+	}
+	allScaled := r.logits(tokens)
+	d, dw := refDist(got, want), refDist(got, allScaled)
+	t.Logf("max |Δ logit| vs the reference %.3g; with the sliding layers scaled too %.3g", d, dw)
+	if d > 5e-3 {
+		t.Errorf("max |Δ logit| vs the reference = %.3g, want ≤ 5e-3", d)
+	}
+	if dw < 0.5 {
+		t.Errorf("the reference with every layer scaled is within %.3g: the test could not tell", dw)
+	}
+}

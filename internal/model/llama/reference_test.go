@@ -74,6 +74,9 @@ func newRefModel(spec llamatest.Spec) *refModel {
 	D := r.headDim()
 	for i := 0; i < D; i += 2 {
 		f := 1 / math.Pow(spec.RopeTheta, float64(i)/float64(D))
+		if sc := spec.RopeScaling; sc != nil && sc["rope_type"] == "linear" {
+			f /= sc["factor"].(float64)
+		}
 		if sc := spec.RopeScaling; sc != nil && sc["rope_type"] == "llama3" {
 			factor, lo, hi := sc["factor"].(float64), sc["low_freq_factor"].(float64), sc["high_freq_factor"].(float64)
 			orig := float64(sc["original_max_position_embeddings"].(int))
@@ -391,6 +394,9 @@ func variants() map[string]llamatest.Spec {
 	s = gemma3Tiny()
 	s.SlidingPattern, s.FinalSoftcap, s.DType = 2, 1, llama.BF16
 	v["gemma3-pattern2-softcap-bf16"] = s
+	s = gemma3Tiny()
+	s.RopeScaling = map[string]any{"rope_type": "linear", "factor": 8.0} // the global layers' only (gemma-3-4b's)
+	v["gemma3-linear-rope"] = s
 	v["phi3"] = phi3Tiny()
 	return v
 }

@@ -46,9 +46,10 @@ type Config struct {
 	// MaxPositions is max_position_embeddings.
 	MaxPositions int
 	// SlidingWindow is the attention window when the configuration enables
-	// one (Mistral's sliding_window, Qwen2's with use_sliding_window), else 0.
-	// The model then caps its context length at the window, so the window
-	// never cuts anything off — unless SlidingLayers is set.
+	// one (Mistral's sliding_window, Qwen2's with use_sliding_window,
+	// Gemma2's and Gemma3's), else 0. With SlidingLayers nil (a window in
+	// every layer) the model caps its context length at the window, so the
+	// window never cuts anything off.
 	SlidingWindow int
 	// SlidingLayers, if not nil, says for each layer ([Layers]) whether it
 	// attends through the sliding window: the token at position p sees

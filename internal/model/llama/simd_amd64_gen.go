@@ -124,6 +124,21 @@ func tileBF16AVX2V2(a *tileArgs)
 //go:noescape
 func tileBF16AVX2V3(a *tileArgs)
 
+// tileF16AVX2V1: AVX2, 2 F16 rows × 1 float32 vectors
+//
+//go:noescape
+func tileF16AVX2V1(a *tileArgs)
+
+// tileF16AVX2V2: AVX2, 2 F16 rows × 2 float32 vectors
+//
+//go:noescape
+func tileF16AVX2V2(a *tileArgs)
+
+// tileF16AVX2V3: AVX2, 2 F16 rows × 3 float32 vectors
+//
+//go:noescape
+func tileF16AVX2V3(a *tileArgs)
+
 // pvF32AVX512C1G1: AVX-512, 16 columns of F32 rows, 1 heads
 //
 //go:noescape
@@ -453,6 +468,36 @@ func pvBF16AVX2C1G5(a *pvArgs)
 //
 //go:noescape
 func pvBF16AVX2C1G6(a *pvArgs)
+
+// pvF16AVX2C1G1: AVX2, 16 columns of F16 rows, 1 heads
+//
+//go:noescape
+func pvF16AVX2C1G1(a *pvArgs)
+
+// pvF16AVX2C1G2: AVX2, 16 columns of F16 rows, 2 heads
+//
+//go:noescape
+func pvF16AVX2C1G2(a *pvArgs)
+
+// pvF16AVX2C1G3: AVX2, 16 columns of F16 rows, 3 heads
+//
+//go:noescape
+func pvF16AVX2C1G3(a *pvArgs)
+
+// pvF16AVX2C1G4: AVX2, 16 columns of F16 rows, 4 heads
+//
+//go:noescape
+func pvF16AVX2C1G4(a *pvArgs)
+
+// pvF16AVX2C1G5: AVX2, 16 columns of F16 rows, 5 heads
+//
+//go:noescape
+func pvF16AVX2C1G5(a *pvArgs)
+
+// pvF16AVX2C1G6: AVX2, 16 columns of F16 rows, 6 heads
+//
+//go:noescape
+func pvF16AVX2C1G6(a *pvArgs)
 
 // qtileQ8AVX512V1: AVX-512 VNNI, 4 Q8_0 rows × 1 quantized activation rows
 //
@@ -905,6 +950,18 @@ func (ks *kernelSet) tile(dt DType, nv int, a *tileArgs) {
 				tileBF16AVX2V3(a)
 				return
 			}
+		case F16:
+			switch nv {
+			case 1:
+				tileF16AVX2V1(a)
+				return
+			case 2:
+				tileF16AVX2V2(a)
+				return
+			case 3:
+				tileF16AVX2V3(a)
+				return
+			}
 		}
 	}
 	panic("llama: no tile kernel")
@@ -1154,6 +1211,27 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 				return
 			case 6:
 				pvBF16AVX2C1G6(a)
+				return
+			}
+		case F16:
+			switch nv {
+			case 1:
+				pvF16AVX2C1G1(a)
+				return
+			case 2:
+				pvF16AVX2C1G2(a)
+				return
+			case 3:
+				pvF16AVX2C1G3(a)
+				return
+			case 4:
+				pvF16AVX2C1G4(a)
+				return
+			case 5:
+				pvF16AVX2C1G5(a)
+				return
+			case 6:
+				pvF16AVX2C1G6(a)
 				return
 			}
 		}

@@ -1711,7 +1711,7 @@ func main() {
 			g.tile512(dt, V)
 		}
 	}
-	for _, dt := range []dtype{f32, bf16} {
+	for _, dt := range dts {
 		for V := 1; V <= 3; V++ {
 			g.tileAVX2(dt, V)
 		}
@@ -1728,7 +1728,7 @@ func main() {
 			g.pv512Masked(dt, G)
 		}
 	}
-	for _, dt := range []dtype{f32, bf16} {
+	for _, dt := range dts {
 		for G := 1; G <= 6; G++ {
 			g.pvAVX2(dt, G)
 		}
@@ -1792,7 +1792,7 @@ func (ks *kernelSet) tile(dt DType, nv int, a *tileArgs) {
 		t.WriteString("\t\t}\n")
 	}
 	sw("isaAVX512", dts, 6, "tile%sAVX512V%d")
-	sw("isaAVX2", []dtype{f32, bf16}, 3, "tile%sAVX2V%d")
+	sw("isaAVX2", dts, 3, "tile%sAVX2V%d")
 	t.WriteString("\t}\n\tpanic(\"llama: no tile kernel\")\n}\n")
 
 	t.WriteString(`
@@ -1825,7 +1825,7 @@ func (ks *kernelSet) pv(dt DType, c, nv int, a *pvArgs) {
 		t.WriteString("\t\t\t}\n")
 	}
 	t.WriteString("\t\t}\n")
-	pvsw("isaAVX2", 1, []dtype{f32, bf16}, "pv%sAVX2C%dG%d")
+	pvsw("isaAVX2", 1, dts, "pv%sAVX2C%dG%d")
 	t.WriteString("\t}\n\tpanic(\"llama: no pv kernel\")\n}\n")
 	t.WriteString(`
 // qtile calls the integer tile kernel for weight format kind (0 Q8_0, 1

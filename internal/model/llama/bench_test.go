@@ -26,6 +26,10 @@ var benchKernels = flag.String("kernels", llama.KernelsAuto, "benchmarks: matrix
 // written SmolLM2-135M-shaped checkpoint.
 var benchModel = flag.String("model", "", "BenchmarkSmolLM2: a checkpoint directory or GGUF file (default: a SmolLM2-135M-shaped checkpoint)")
 
+// benchKVDType is the KV cache dtype of BenchmarkSmolLM2 (go test … -args
+// -kv-dtype bf16).
+var benchKVDType = flag.String("kv-dtype", "f32", "BenchmarkSmolLM2: KV cache element type (f32, bf16, f16)")
+
 // processCPU is the CPU time the process has used so far (0 where unknown).
 var processCPU = llama.ProcessCPU
 
@@ -38,7 +42,8 @@ func report(b *testing.B, tokens int, wall, cpu time.Duration) {
 	}
 }
 
-// BenchmarkSmolLM2 measures the SmolLM2-135M shape (bf16 weights, F32 KV)
+// BenchmarkSmolLM2 measures the SmolLM2-135M shape (bf16 weights; F32 KV,
+// or -kv-dtype's)
 // with random weights: decode at batch 1 and 16 with 128 tokens of context
 // (at batch 16 also with 20 top logprobs per token, decode-batch16-top20),
 // and prefill of a 512-token prompt (prefill-512-score also scores every
@@ -49,9 +54,9 @@ func report(b *testing.B, tokens int, wall, cpu time.Duration) {
 // llama.cpp comparison in tools/llamacpp-bench does), or -model (a
 // directory or a GGUF file of any shape, e.g. one written by pdserve
 // convert gguf; prompts are drawn from its vocabulary); -kernels chooses
-// the kernels.
+// the kernels, -kv-dtype the KV cache's element type.
 //
-//	go test -run '^$' -bench SmolLM2 -benchtime 20x ./internal/model/llama/ [-args -kernels avx2 -model m.gguf]
+//	go test -run '^$' -bench SmolLM2 -benchtime 20x ./internal/model/llama/ [-args -kernels avx2 -model m.gguf -kv-dtype bf16]
 func BenchmarkSmolLM2(b *testing.B) {
 	spec := llamatest.SmolLM2135M()
 	dir := *benchModel
@@ -61,13 +66,17 @@ func BenchmarkSmolLM2(b *testing.B) {
 	if dir == "" {
 		dir = spec.WriteT(b)
 	}
-	m, err := llama.Load(dir, llama.Options{Kernels: *benchKernels})
+	kvdt, err := kvcache.ParseDType(*benchKVDType)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := llama.Load(dir, llama.Options{Kernels: *benchKernels, KVDType: kvdt})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer m.Close()
 	vocab := m.Info().VocabSize
-	b.Logf("weights %d MB, GOMAXPROCS threads, %s kernels", m.WeightBytes()>>20, m.Kernels())
+	b.Logf("weights %d MB, GOMAXPROCS threads, %s kernels, %s KV", m.WeightBytes()>>20, m.Kernels(), kvdt)
 	const ctxLen = 128
 	rng := rand.New(rand.NewPCG(1, 1))
 	decode := func(b *testing.B, batch int, sampling model.SamplingParams) {

@@ -103,6 +103,11 @@ const (
 	noSimProfile = "none"
 )
 
+// kvDTypeAuto is --kv-cache-dtype's default: the model's own choice
+// (llama.DefaultKVDType for a checkpoint, --sim-dtype for the simulated
+// model).
+const kvDTypeAuto = "auto"
+
 // SimModel is the --model value that selects the simulated model.
 const SimModel = "sim"
 
@@ -110,8 +115,9 @@ func (f *modelFlags) add(fs *pflag.FlagSet) {
 	g := sim.DefaultGeometry()
 	g.Layers = defaultSimLayers
 	f.fs = fs
-	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights), a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Mistral) or a GGUF file (llama, qwen2, mistral; F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)`)
-	fs.StringVar(&f.kvDType, "kv-cache-dtype", "f32", "checkpoint model: KV cache element type (f32, bf16, f16)")
+	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights), a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Mistral, Gemma 2 and 3, Phi-3) or a GGUF file (llama, qwen2, qwen3, qwen3moe, mistral, gemma2, gemma3, phi3; F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)`)
+	fs.StringVar(&f.kvDType, "kv-cache-dtype", kvDTypeAuto, `KV cache element type: f32, bf16, f16, or "auto" (a checkpoint model: `+
+		llama.DefaultKVDType.String()+`; the simulated model: --sim-dtype). Prefill and decode workers pair only if they agree`)
 	fs.IntVar(&f.threads, "threads", 0, "checkpoint model: goroutines per forward step (0: GOMAXPROCS)")
 	fs.StringVar(&f.kernels, "llama-kernels", llama.KernelsAuto, "checkpoint model: matrix kernels ("+strings.Join(llama.KernelChoices, ", ")+"; every choice computes the same bits)")
 	fs.StringVar(&f.servedName, "served-model-name", "", "model name in the API (default: the model's own)")
@@ -141,6 +147,16 @@ func (f *modelFlags) factory() (cluster.ModelFactory, error) {
 	dt, err := kvcache.ParseDType(f.simDType)
 	if err != nil {
 		return nil, usagef("--sim-dtype: %v", err)
+	}
+	if f.kvDType != kvDTypeAuto {
+		kv, err := kvcache.ParseDType(f.kvDType)
+		if err != nil {
+			return nil, usagef("--kv-cache-dtype %q: want auto, f32, bf16 or f16", f.kvDType)
+		}
+		if f.fs != nil && f.fs.Changed("sim-dtype") && kv != dt {
+			return nil, usagef("--kv-cache-dtype %s and --sim-dtype %s disagree; give one of them", kv, dt)
+		}
+		dt = kv
 	}
 	pre, err := msDuration("sim-prefill-ms-per-token", f.simPrefillMS)
 	if err != nil {
@@ -237,7 +253,7 @@ const optimisticAlias = "optimistic-prefill-retries"
 func (f *workerFlags) add(fs *pflag.FlagSet) {
 	d := lifecycle.DefaultConfig(lifecycle.RoleColocated)
 	fs.IntVar(&f.pageSize, "page-size", d.PageSize, "tokens per KV cache page")
-	fs.StringVar(&f.kvCacheMemory, "kv-cache-memory", "2GiB", "KV cache pool size (e.g. 2GiB, 512MiB)")
+	fs.StringVar(&f.kvCacheMemory, "kv-cache-memory", "2GiB", "KV cache pool size in bytes (e.g. 2GiB, 512MiB): with a 2-byte --kv-cache-dtype (bf16, f16) it holds twice the tokens it holds in f32")
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", d.MaxPrefillTokens, "prompt tokens per prefill forward")
 	fs.IntVar(&f.maxRunning, "max-running-requests", d.MaxRunning, "sequences in one forward: decoded per step (decode, serve), prompts computed together (prefill)")
 	fs.IntVar(&f.maxQueued, "max-queued-requests", 0, "requests that may wait to start (not yet computing, or waiting for KV pages); one more is refused with 429 overloaded and Retry-After, and the router places it on another worker (0: no bound)")

@@ -21,9 +21,12 @@ func (f *modelFlags) llamaFactory() (cluster.ModelFactory, error) {
 	if fi, err := os.Stat(f.model); err != nil || !(fi.IsDir() || fi.Mode().IsRegular()) {
 		return nil, usagef("--model %q: want %q, a checkpoint directory (config.json + model.safetensors) or a GGUF file", f.model, SimModel)
 	}
-	dt, err := kvcache.ParseDType(f.kvDType)
-	if err != nil {
-		return nil, usagef("--kv-cache-dtype: %v", err)
+	dt := llama.DefaultKVDType
+	if f.kvDType != kvDTypeAuto {
+		var err error
+		if dt, err = kvcache.ParseDType(f.kvDType); err != nil {
+			return nil, usagef("--kv-cache-dtype %q: want auto, f32, bf16 or f16", f.kvDType)
+		}
 	}
 	if f.threads < 0 {
 		return nil, usagef("--threads must not be negative, got %d", f.threads)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model/llama"
 	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
 )
@@ -82,5 +84,62 @@ func TestConvertAndServeGGUF(t *testing.T) {
 	}
 	if code, _, stderr := runArgs(t, nil, "serve", "--model", bad, "--port", "0"); code != 1 || !strings.Contains(stderr, "truncated") {
 		t.Fatalf("serve a truncated file: exit %d, %q", code, stderr)
+	}
+}
+
+// TestKVCacheDTypeFlag: --kv-cache-dtype reaches the model's KV geometry
+// (auto, the default: llama.DefaultKVDType for a checkpoint, --sim-dtype
+// for the simulated model), an explicit value sets the simulated model's
+// dtype too unless --sim-dtype disagrees, and a bad value is a usage error
+// naming the flag.
+func TestKVCacheDTypeFlag(t *testing.T) {
+	dir := llamatest.Tiny().WriteT(t)
+	for _, tc := range []struct {
+		args    []string
+		want    kvcache.DType
+		errWant string
+	}{
+		{args: []string{"--model", dir}, want: llama.DefaultKVDType},
+		{args: []string{"--model", dir, "--kv-cache-dtype", "auto"}, want: llama.DefaultKVDType},
+		{args: []string{"--model", dir, "--kv-cache-dtype", "f32"}, want: kvcache.F32},
+		{args: []string{"--model", dir, "--kv-cache-dtype", "bf16"}, want: kvcache.BF16},
+		{args: []string{"--model", dir, "--kv-cache-dtype", "f16"}, want: kvcache.F16},
+		{args: []string{"--model", dir, "--kv-cache-dtype", "q8_0"}, errWant: `--kv-cache-dtype "q8_0"`},
+		{args: nil, want: kvcache.BF16},
+		{args: []string{"--sim-dtype", "f16"}, want: kvcache.F16},
+		{args: []string{"--kv-cache-dtype", "f32"}, want: kvcache.F32},
+		{args: []string{"--kv-cache-dtype", "f16", "--sim-dtype", "f16"}, want: kvcache.F16},
+		{args: []string{"--kv-cache-dtype", "f16", "--sim-dtype", "bf16"}, errWant: "disagree"},
+		{args: []string{"--kv-cache-dtype", "int4"}, errWant: `--kv-cache-dtype "int4"`},
+	} {
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		var mf modelFlags
+		mf.add(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		newModel, err := mf.factory()
+		if tc.errWant != "" {
+			var ue usageError
+			if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.errWant) {
+				t.Errorf("%v: error %v, want a usage error containing %q", tc.args, err, tc.errWant)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		m, err := newModel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Info().Geometry.DType; got != tc.want {
+			t.Errorf("%v: KV dtype %v, want %v", tc.args, got, tc.want)
+		}
+		if c, ok := m.(interface{ Close() error }); ok {
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

@@ -26,8 +26,14 @@ func TestSyntheticSmolLM2PrefixCache(t *testing.T) {
 	if raceEnabled {
 		spec.Layers, spec.Vocab, maxTokens = 2, 8192, 4
 	}
-	dir := spec.WriteT(t)
-	newModel, _ := factory(t, dir, llama.Options{Name: "smollm2-shaped"})
+	checkPrefixCache(t, spec.WriteT(t), llama.Options{Name: "smollm2-shaped"}, spec.Vocab, maxTokens)
+}
+
+// checkPrefixCache runs the conversations of TestSyntheticSmolLM2PrefixCache
+// on the model at path (loaded with opts; vocab tokens).
+func checkPrefixCache(t *testing.T, path string, opts llama.Options, vocab, maxTokens int) {
+	t.Helper()
+	newModel, _ := factory(t, path, opts)
 	mc := machine(32)
 	plain := startServe(t, newModel, mc)
 	mc.PrefixCache = true
@@ -37,7 +43,7 @@ func TestSyntheticSmolLM2PrefixCache(t *testing.T) {
 	toks := func(n int) []int32 {
 		out := make([]int32, n)
 		for i := range out {
-			out[i] = int32(1 + rng.IntN(spec.Vocab-1))
+			out[i] = int32(1 + rng.IntN(vocab-1))
 		}
 		return out
 	}

@@ -8,7 +8,7 @@
 //   node bench.mjs refs   --model m.gguf --threads 2 --seqs seqs.json [--greedy 32]
 //   node bench.mjs score  --model m.gguf --threads 2 --seqs seqs.json [--chunk 64] [--top 5]
 //
-// perf measures, with an F32 KV cache and flash attention off (each also as
+// perf measures, with a --kv KV cache (F32 unless given) and flash attention off (each also as
 // CPU milliseconds per token, *_cpu_ms_tok: the process's user + system
 // time over the timed part, which counts llama.cpp's threads spinning at
 // its barriers too):
@@ -41,6 +41,8 @@ const opt = (name, def) => {
 };
 const modelPath = opt("model");
 const threads = Number(opt("threads", "2"));
+// The KV cache's element type, K and V (ggml's names: F32, F16, BF16).
+const kvType = opt("kv", "F32");
 
 // Deterministic token ids (xorshift32), avoiding the placeholder vocabulary's
 // first 259 ids (special and byte tokens).
@@ -72,8 +74,8 @@ function ctxOptions(extra) {
         threads: {ideal: threads, min: threads},
         flashAttention: false,
         swaFullCache: true,
-        experimentalKvCacheKeyType: "F32",
-        experimentalKvCacheValueType: "F32",
+        experimentalKvCacheKeyType: kvType,
+        experimentalKvCacheValueType: kvType,
         ...extra,
     };
 }
@@ -154,7 +156,7 @@ if (mode === "perf") {
     }
     console.log(JSON.stringify(out));
 } else if (mode === "verify") {
-    // ref.json (written by the Go driver from pdserve with an F32 KV cache):
+    // ref.json (written by the Go driver from pdserve with a KV cache of the same dtype):
     // {prompt: [ids], top: [[id, prob], ...] after the prompt, greedy: [ids]}.
     const ref = JSON.parse(readFileSync(opt("ref"), "utf8"));
     const ctx = await model.createContext(ctxOptions({contextSize: 256, batchSize: 256, sequences: 1}));

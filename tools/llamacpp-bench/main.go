@@ -12,14 +12,14 @@
 //
 // From the repository root:
 //
-//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|gemma3|phi3|qwen3moe|mixtral] [-window 16] [-longrope 0] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m,q2_k] [-work DIR]
+//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|gemma3|phi3|qwen3moe|mixtral] [-window 16] [-longrope 0] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m,q2_k] [-kv f32|bf16|f16] [-work DIR]
 //
 // It installs node-llama-cpp@3.21.1 and @node-llama-cpp/linux-x64@3.21.1
 // (npm, --omit=optional; prebuilt binaries, no build, no download at run
 // time) into the work directory, writes the checkpoint and the GGUF files
 // there (once), checks that llama.cpp and pdserve compute the same model
 // on each file (next-token probabilities and greedy tokens after a fixed
-// prompt, F32 KV cache; the exit status is 1 if a file's top-5
+// prompt, KV cache of -kv's dtype on both, F32 unless given; the exit status is 1 if a file's top-5
 // probabilities differ by more than 1e-4 or its 8 greedy tokens differ),
 // then runs pdserve's BenchmarkSmolLM2 -model FILE
 // (A) and bench.mjs (B) interleaved A B A B … and prints the medians and
@@ -73,12 +73,18 @@ func main() {
 	score := flag.Bool("score", false, "instead of benchmarking, compare pdserve's prompt logprobs with llama.cpp's on each file (exit status 1 if any differs by more than 1e-4)")
 	scoreChunk := flag.Int("score-chunk", 64, "with -score, the prefill chunk (tokens per forward) on both sides")
 	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0, Q4_0 and Q5_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
+	kv := flag.String("kv", "f32", "KV cache element type on both sides, for the numerical check and the timing (f32, bf16, f16; -score and -stories-refs use f32)")
 	arch := flag.String("arch", "llama", "synthetic checkpoint: llama (SmolLM2-135M-shaped), qwen3 (llamatest.Qwen3Shaped: Qwen3-0.6B's layers, 8 of them, 32768-token vocabulary), gemma2 (llamatest.Gemma2Shaped: gemma-2-2b's layers, 2 of them, 16384-token vocabulary), gemma3 (llamatest.Gemma3Shaped: gemma-3-1b's layers, 6 of them, 16384-token vocabulary), phi3 (llamatest.Phi3Shaped: Phi-3-mini's layers, 2 of them, 8192-token vocabulary), qwen3moe (llamatest.Qwen3MoEShaped: Qwen3-30B-A3B's attention at half width, 4 layers of 16 experts, 2 per token) or mixtral (llamatest.MixtralShaped: 4 layers of 8 experts, 2 per token, llama.cpp's llama architecture with experts)")
 	longRope := flag.Int("longrope", 0, "phi3: write LongRoPE factors (llamatest's LongRopeFactors) with this original_max_position_embeddings (0: none; 128 makes every context both sides use, 256 to 4096 positions, take the long factors)")
 	window := flag.Int("window", 16, "gemma2 and gemma3: the sliding window written into the checkpoint, so that the check's 24-token prompt and 8 greedy tokens cross it (0: the shape's own, 4096 and 512)")
 	flag.Parse()
 	log.SetFlags(0)
 
+	kvdt, err := kvcache.ParseDType(*kv)
+	if err != nil {
+		log.Fatalf("-kv: %v", err)
+	}
+	kvName := strings.ToUpper(kvdt.String()) // ggml's name: F32, BF16, F16
 	must(os.MkdirAll(*work, 0o755))
 	root := moduleRoot()
 	setup(*work)
@@ -143,12 +149,12 @@ func main() {
 	if !*skipVerify {
 		failed := false
 		for _, ft := range files {
-			ref := reference(ggufs[ft], *threads)
+			ref := reference(ggufs[ft], *threads, kvdt)
 			refPath := filepath.Join(*work, "ref.json")
 			must(os.WriteFile(refPath, mustJSON(ref), 0o644))
-			out := node(*work, *threads, "verify", "--model", ggufs[ft], "--ref", refPath)
-			fmt.Printf("%s: pdserve (F32 KV) after a %d-token prompt: top %v, greedy %v\n", ft, len(ref.Prompt), ref.Top, ref.Greedy)
-			fmt.Printf("%s: llama.cpp on the same file: %s\n", ft, strings.TrimSpace(out))
+			out := node(*work, *threads, "verify", "--model", ggufs[ft], "--ref", refPath, "--kv", kvName)
+			fmt.Printf("%s: pdserve (%s KV) after a %d-token prompt: top %v, greedy %v\n", ft, kvName, len(ref.Prompt), ref.Top, ref.Greedy)
+			fmt.Printf("%s: llama.cpp (%s KV) on the same file: %s\n", ft, kvName, strings.TrimSpace(out))
 			if msg := judge(ref, lastLine(out)); msg != "" {
 				fmt.Printf("%s: MISMATCH: %s\n", ft, msg)
 				failed = true
@@ -189,7 +195,7 @@ func main() {
 			sr := res[ft]
 			for i, m := range metrics {
 				out, rss := runRSS(*work, []string{"GOMAXPROCS=" + strconv.Itoa(*threads)},
-					testBin, "-test.run", "^$", "-test.bench", m.goBench, "-test.benchtime", m.benchtime, "-model", ggufs[ft])
+					testBin, "-test.run", "^$", "-test.bench", m.goBench, "-test.benchtime", m.benchtime, "-model", ggufs[ft], "-kv-dtype", kvdt.String())
 				if i == 0 {
 					sr.rssA = append(sr.rssA, float64(rss))
 				}
@@ -207,7 +213,7 @@ func main() {
 				log.Printf("round %d %-6s A pdserve   %-34s %8.1f  (%.3f cpu-ms/tok)", r+1, ft, m.name, v, c)
 			}
 			out, rss := nodeRSS(*work, *threads, "perf", "--model", ggufs[ft], "--decode", strconv.Itoa(*decode),
-				"--prefill-runs", strconv.Itoa(*prefillRuns))
+				"--prefill-runs", strconv.Itoa(*prefillRuns), "--kv", kvName)
 			sr.rssB = append(sr.rssB, float64(rss))
 			var js map[string]float64
 			must(json.Unmarshal([]byte(lastLine(out)), &js))
@@ -223,7 +229,7 @@ func main() {
 	if *rounds == 0 {
 		return
 	}
-	fmt.Printf("\n%d rounds interleaved, %d threads, medians; both load the same GGUF file, both with an F32 KV cache\n\n", *rounds, *threads)
+	fmt.Printf("\n%d rounds interleaved, %d threads, medians; both load the same GGUF file, both with an %s KV cache\n\n", *rounds, *threads, kvName)
 	fmt.Println("| weights | file | measure | pdserve | llama.cpp | pdserve/llama.cpp | pdserve runs | llama.cpp runs |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, ft := range files {
@@ -249,13 +255,13 @@ func main() {
 	}
 	// Resident memory: BenchmarkSmolLM2's batch-1 decode pool holds 640
 	// tokens (kvcache.NewPool sizes it up front).
-	fmt.Printf("\npeak RSS (MB, median of %d): pdserve's batch-1 decode process against the file + its KV pool (640 tokens, F32) + 10%%; llama.cpp's perf process (node, all three measures)\n\n", *rounds)
+	fmt.Printf("\npeak RSS (MB, median of %d): pdserve's batch-1 decode process against the file + its KV pool (640 tokens, %s) + 10%%; llama.cpp's perf process (node, all three measures)\n\n", *rounds, kvName)
 	fmt.Println("| weights | file | KV pool | file + pool + 10% | pdserve peak RSS | llama.cpp peak RSS | pdserve runs | llama.cpp runs |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, ft := range files {
 		fi, err := os.Stat(ggufs[ft])
 		must(err)
-		m, err := llama.Load(ggufs[ft], llama.Options{})
+		m, err := llama.Load(ggufs[ft], llama.Options{KVDType: kvdt})
 		must(err)
 		pool := float64(640 * m.Info().Geometry.BytesPerToken())
 		must(m.Close())
@@ -317,10 +323,11 @@ type ref struct {
 	Probs  [][]float64 `json:"-"`
 }
 
-// reference runs pdserve on a fixed prompt with an F32 KV cache: the five
-// most likely next tokens with their probabilities, and 8 greedy tokens.
-func reference(path string, threads int) ref {
-	m, err := llama.Load(path, llama.Options{Threads: threads})
+// reference runs pdserve on a fixed prompt with a KV cache of dtype kvdt:
+// the five most likely next tokens with their probabilities, and 8 greedy
+// tokens.
+func reference(path string, threads int, kvdt kvcache.DType) ref {
+	m, err := llama.Load(path, llama.Options{Threads: threads, KVDType: kvdt})
 	must(err)
 	defer m.Close()
 	geo := m.Info().Geometry

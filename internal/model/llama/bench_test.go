@@ -2,7 +2,9 @@ package llama_test
 
 import (
 	"context"
+	"encoding/binary"
 	"flag"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -43,10 +45,10 @@ func report(b *testing.B, tokens int, wall, cpu time.Duration) {
 }
 
 // BenchmarkSmolLM2 measures the SmolLM2-135M shape (bf16 weights; F32 KV,
-// or -kv-dtype's)
-// with random weights: decode at batch 1 and 16 with 128 tokens of context
-// (at batch 16 also with 20 top logprobs per token, decode-batch16-top20),
-// and prefill of a 512-token prompt (prefill-512-score also scores every
+// or -kv-dtype's) with random weights: decode at batch 1 and 16 with 128
+// tokens of context (at batch 16 also with 20 top logprobs per token,
+// decode-batch16-top20, and with 1024 tokens of context,
+// decode-batch16-ctx1024: see decodeLong), and prefill of a 512-token prompt (prefill-512-score also scores every
 // prompt position with one alternative: prompt_logprobs 1). Each reports
 // tok/s (generated or prompt tokens per second of Forward time). The checkpoint is written once
 // (~270 MB in a temporary directory), or read from $PDSERVE_SMOLLM2_DIR if
@@ -114,6 +116,7 @@ func BenchmarkSmolLM2(b *testing.B) {
 	b.Run("decode-batch1", func(b *testing.B) { decode(b, 1, greedy) })
 	b.Run("decode-batch16", func(b *testing.B) { decode(b, 16, greedy) })
 	b.Run("decode-batch16-top20", func(b *testing.B) { decode(b, 16, top20) })
+	b.Run("decode-batch16-ctx1024", func(b *testing.B) { decodeLong(b, m, 16, 1024) })
 	prefill := func(b *testing.B, score bool) {
 		pool, err := kvcache.NewPool(m.Info().Geometry, 16, 640*int64(m.Info().Geometry.BytesPerToken()))
 		if err != nil {
@@ -138,4 +141,66 @@ func BenchmarkSmolLM2(b *testing.B) {
 	}
 	b.Run("prefill-512", func(b *testing.B) { prefill(b, false) })
 	b.Run("prefill-512-score", func(b *testing.B) { prefill(b, true) })
+}
+
+// decodeLong times decode steps of batch sequences with ctxLen tokens of
+// context each: the regime where reading the KV cache costs as much as
+// reading the weights (SmolLM2-135M's KV is 45 KiB per token in F32, so
+// 16 × 1024 tokens are 720 MiB against 270 MB of weights). The context is
+// not prefilled: every page holds random K and V (normal, σ 0.5, rounded
+// to the pool's dtype), which costs attention what computed KV does.
+func decodeLong(b *testing.B, m *llama.Model, batch, ctxLen int) {
+	const steps = 64 // positions ctxLen … ctxLen+steps-1, then again
+	geo := m.Info().Geometry
+	pool, err := kvcache.NewPool(geo, 16, int64(batch)*int64(ctxLen+steps)*int64(geo.BytesPerToken()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(2, 2))
+	seqs := make([]model.SeqInput, batch)
+	for i := range seqs {
+		pages, ok := pool.Alloc(pool.PagesFor(ctxLen + steps))
+		if !ok {
+			b.Fatal("pool exhausted")
+		}
+		for _, pg := range pages {
+			for li := range geo.Layers {
+				for kv := range 2 {
+					fillKV(rng, geo.DType, pool.Segment(pg, li, kv))
+				}
+			}
+		}
+		seqs[i] = model.SeqInput{Pages: pages, Pos: ctxLen, Tokens: randomTokens(rng, 1, m.Info().VocabSize), Sample: true, Sampling: greedy}
+	}
+	out := make([]model.SeqOutput, batch)
+	if err := m.Forward(context.Background(), pool, seqs, out); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	start, cpu0 := time.Now(), processCPU()
+	for n := range b.N {
+		for i := range seqs {
+			seqs[i].Pos = ctxLen + n%steps
+			seqs[i].Tokens = []int32{out[i].Token}
+		}
+		if err := m.Forward(context.Background(), pool, seqs, out); err != nil {
+			b.Fatal(err)
+		}
+	}
+	report(b, b.N*batch, time.Since(start), processCPU()-cpu0)
+}
+
+// fillKV writes normal values (σ 0.5) in dtype dt over seg.
+func fillKV(rng *rand.Rand, dt kvcache.DType, seg []byte) {
+	for i := 0; i+dt.Size() <= len(seg); i += dt.Size() {
+		v := float32(rng.NormFloat64() * 0.5)
+		switch dt {
+		case kvcache.F32:
+			binary.LittleEndian.PutUint32(seg[i:], math.Float32bits(v))
+		case kvcache.BF16:
+			binary.LittleEndian.PutUint16(seg[i:], llama.F32ToBF16(v))
+		case kvcache.F16:
+			binary.LittleEndian.PutUint16(seg[i:], llama.F32ToF16(v))
+		}
+	}
 }

@@ -22,7 +22,8 @@ type Options struct {
 	Name string
 	// KVDType is the element type of the KV cache pages; 0 means F32, which
 	// stores keys and values exactly as computed. BF16 and F16 halve the
-	// pool's bytes per token at the cost of rounding K and V.
+	// pool's bytes per token at the cost of rounding K and V (to nearest,
+	// ties to even, as they are written); pdserve gives DefaultKVDType.
 	KVDType kvcache.DType
 	// ContextLen is the maximum positions of a sequence, in tokens; 0 means
 	// max_position_embeddings (or the sliding window, if smaller, for a

@@ -568,31 +568,47 @@ func BenchmarkStream(b *testing.B) {
 }
 
 // BenchmarkAttentionDecode measures one layer's attention for one token at
-// 256 positions of context (SmolLM2's 9 query and 3 KV heads of 64, F32
-// KV), on 1 and 2 workers.
+// 256 positions of context (SmolLM2's 9 query and 3 KV heads of 64) with
+// each KV dtype, on 1 and 2 workers, with the widest kernels.
 func BenchmarkAttentionDecode(b *testing.B) {
-	rng := rand.New(rand.NewPCG(9, 9))
 	heads, kvH, D := 9, 3, 64
-	geo := kvcache.Geometry{Layers: 1, KVHeads: kvH, HeadDim: D, DType: kvcache.F32}
-	pool, err := kvcache.NewPool(geo, 16, int64(600*geo.BytesPerToken()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	pages, _ := pool.Alloc(32)
-	const n = 256
-	for p := range n {
-		for kv := range 2 {
-			encodeKV(kvcache.F32, kvSlot(pool, pages, p, 0, kv), randVec(rng, kvH*D))
+	for _, dt := range []kvcache.DType{kvcache.F32, kvcache.BF16, kvcache.F16} {
+		rng := rand.New(rand.NewPCG(9, 9))
+		geo := kvcache.Geometry{Layers: 1, KVHeads: kvH, HeadDim: D, DType: dt}
+		pool, err := kvcache.NewPool(geo, 16, int64(600*geo.BytesPerToken()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		pages, _ := pool.Alloc(32)
+		const n = 256
+		for p := range n {
+			for kv := range 2 {
+				encodeKV(dt, kvSlot(pool, pages, p, 0, kv), randVec(rng, kvH*D))
+			}
+		}
+		j := &attnJob{ks: kernelSetFor(2), scr: make([]scratch, 2), pool: pool, seqs: []model.SeqInput{{Pages: pages}},
+			q: randVec(rng, heads*D), att: make([]float32, heads*D), pos: []int32{n - 1}, seqOf: []int32{0}, heads: heads, kvH: kvH, d: D, scale: float32(1 / math.Sqrt(float64(D)))}
+		for _, th := range []int{1, 2} {
+			b.Run(dt.String()+"/threads"+itoaT(th), func(b *testing.B) {
+				tm := startTeam(th)
+				defer tm.stop()
+				for range b.N {
+					tm.parallelFor(j.tasks(1), 1, j)
+				}
+			})
 		}
 	}
-	j := &attnJob{ks: kernelSetFor(2), scr: make([]scratch, 2), pool: pool, seqs: []model.SeqInput{{Pages: pages}},
-		q: randVec(rng, heads*D), att: make([]float32, heads*D), pos: []int32{n - 1}, seqOf: []int32{0}, heads: heads, kvH: kvH, d: D, scale: float32(1 / math.Sqrt(float64(D)))}
-	for _, th := range []int{1, 2} {
-		b.Run("threads"+itoaT(th), func(b *testing.B) {
-			tm := startTeam(th)
-			defer tm.stop()
+}
+
+// BenchmarkEncodeKV measures writing one token's K or V for SmolLM2's 3
+// KV heads of 64 into a slot of each dtype (ns per 192 values).
+func BenchmarkEncodeKV(b *testing.B) {
+	src := randVec(rand.New(rand.NewPCG(10, 10)), 192)
+	for _, dt := range []kvcache.DType{kvcache.F32, kvcache.BF16, kvcache.F16} {
+		dst := make([]byte, len(src)*dt.Size())
+		b.Run(dt.String(), func(b *testing.B) {
 			for range b.N {
-				tm.parallelFor(j.tasks(1), 1, j)
+				encodeKV(dt, dst, src)
 			}
 		})
 	}

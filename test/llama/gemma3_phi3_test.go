@@ -1,7 +1,6 @@
 package llama_test
 
 import (
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -19,8 +18,7 @@ import (
 // (sliding_window_pattern 2: one of each) and generates fewer tokens.
 func TestSyntheticGemma3PD(t *testing.T) {
 	t.Parallel()
-	spec := llamatest.Gemma3Shaped()
-	spec.Hidden, spec.Intermediate, spec.Vocab, spec.SlidingWindow = 512, 1024, 4096, 16
+	spec := gemma3Narrow()
 	wantSliding := []bool{true, true, true, true, true, false}
 	maxTokens := 8
 	if raceEnabled {
@@ -46,8 +44,7 @@ func TestSyntheticGemma3PD(t *testing.T) {
 // tokens.
 func TestSyntheticPhi3PD(t *testing.T) {
 	t.Parallel()
-	spec := llamatest.Phi3Shaped()
-	spec.Hidden, spec.Heads, spec.KVHeads, spec.Intermediate, spec.Vocab = 768, 8, 8, 1024, 4096
+	spec := phi3Narrow()
 	maxTokens := 8
 	if raceEnabled {
 		maxTokens = 4
@@ -63,44 +60,18 @@ func TestSyntheticPhi3PD(t *testing.T) {
 	checkPDEqualsColocated(t, newModel, spec.Vocab, maxTokens)
 }
 
-// TestGemma3Phi3GGUFProcess does what TestQwen3GGUFProcess does on gemma3
-// and phi3 files: `pdserve convert gguf --type q4_k_m` of the checkpoints
-// of TestSyntheticGemma3PD and TestSyntheticPhi3PD, then `pdserve serve` and
-// `pdserve up --model FILE.gguf`, and the disaggregated answers to 20
-// greedy and seeded sampled requests equal the colocated ones.
-func TestGemma3Phi3GGUFProcess(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	bin := pdserve.Path(t)
-	gemma3 := llamatest.Gemma3Shaped()
-	gemma3.Hidden, gemma3.Intermediate, gemma3.Vocab, gemma3.SlidingWindow = 512, 1024, 4096, 16
-	phi3 := llamatest.Phi3Shaped()
-	phi3.Hidden, phi3.Heads, phi3.KVHeads, phi3.Intermediate, phi3.Vocab = 768, 8, 8, 1024, 4096
-	for name, spec := range map[string]llamatest.Spec{"gemma3": gemma3, "phi3": phi3} {
-		t.Run(name, func(t *testing.T) {
-			tmp := t.TempDir()
-			ckpt := filepath.Join(tmp, name+"-shaped")
-			if err := spec.Write(ckpt); err != nil {
-				t.Fatal(err)
-			}
-			file := filepath.Join(tmp, name+"-shaped-q4_k_m.gguf")
-			if conv, err := exec.Command(bin, "convert", "gguf", ckpt, file, "--type", "q4_k_m").CombinedOutput(); err != nil {
-				t.Fatalf("convert: %v\n%s", err, conv)
-			}
-			const maxTokens = 8
-			reqs := mixedRequests(spec.Vocab, maxTokens)
-			answers := map[string][][]int32{}
-			for _, c := range serverCommands {
-				t.Run(c.name, func(t *testing.T) {
-					args := append(slices.Clone(c.args), "--model", file, "--chunked-prefill-size", "32")
-					answers[c.name] = completeAll(t, runServer(t, bin, c.re, args...), reqs)
-				})
-			}
-			if len(answers) == 2 {
-				comparePD(t, reqs, answers["serve"], answers["up"], maxTokens)
-			}
-		})
-	}
+// gemma3Narrow is llamatest.Gemma3Shaped at a width the process test serves
+// quickly, with a 16-position sliding window its requests cross.
+func gemma3Narrow() llamatest.Spec {
+	s := llamatest.Gemma3Shaped()
+	s.Hidden, s.Intermediate, s.Vocab, s.SlidingWindow = 512, 1024, 4096, 16
+	return s
+}
+
+// phi3Narrow is llamatest.Phi3Shaped at a width the process test serves
+// quickly.
+func phi3Narrow() llamatest.Spec {
+	s := llamatest.Phi3Shaped()
+	s.Hidden, s.Heads, s.KVHeads, s.Intermediate, s.Vocab = 768, 8, 8, 1024, 4096
+	return s
 }

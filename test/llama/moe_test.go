@@ -1,9 +1,7 @@
 package llama_test
 
 import (
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"testing"
 
 	"github.com/pdserve/pdserve/internal/model/llama"
@@ -44,41 +42,4 @@ func TestSyntheticQwen3MoEPD(t *testing.T) {
 		t.Fatalf("config %+v", c)
 	}
 	checkPDEqualsColocated(t, newModel, spec.Vocab, maxTokens)
-}
-
-// TestQwen3MoEGGUFProcess runs the binary on a qwen3moe file as a user
-// would: `pdserve convert gguf --type q4_k_m` of a Qwen3-MoE checkpoint in
-// Hugging Face's layout (qwen3MoENarrow: mlp.gate and
-// mlp.experts.E.{gate,up,down}_proj), then `pdserve serve` and `pdserve up`
-// on the file, and checks over HTTP that the disaggregated answers to 20
-// greedy and seeded sampled requests equal the colocated ones token for
-// token.
-func TestQwen3MoEGGUFProcess(t *testing.T) {
-	t.Parallel()
-	if testing.Short() {
-		t.Skip("builds and runs the binary")
-	}
-	tmp := t.TempDir()
-	bin := pdserve.Path(t)
-	spec := qwen3MoENarrow()
-	ckpt := filepath.Join(tmp, "qwen3moe-shaped")
-	if err := spec.Write(ckpt); err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(tmp, "qwen3moe-shaped-q4_k_m.gguf")
-	if conv, err := exec.Command(bin, "convert", "gguf", ckpt, file, "--type", "q4_k_m").CombinedOutput(); err != nil {
-		t.Fatalf("convert: %v\n%s", err, conv)
-	}
-	const maxTokens = 8
-	reqs := mixedRequests(spec.Vocab, maxTokens)
-	answers := map[string][][]int32{}
-	for _, c := range serverCommands {
-		t.Run(c.name, func(t *testing.T) {
-			args := append(slices.Clone(c.args), "--model", file, "--chunked-prefill-size", "32")
-			answers[c.name] = completeAll(t, runServer(t, bin, c.re, args...), reqs)
-		})
-	}
-	if len(answers) == 2 {
-		comparePD(t, reqs, answers["serve"], answers["up"], maxTokens)
-	}
 }

@@ -135,25 +135,49 @@ func TestStories260KProcess(t *testing.T) {
 	}
 }
 
-// TestQwen3GGUFProcess runs the binary on a qwen3 GGUF file as a user
-// would: `pdserve convert gguf --type q4_k_m` of a Qwen3-shaped checkpoint
-// (qwen3Narrow), then `pdserve serve --model FILE.gguf` and `pdserve up
-// --model FILE.gguf` (a prefill and a decode worker), and checks over HTTP
-// that the disaggregated answers to 20 greedy and seeded sampled requests
-// equal the colocated ones token for token.
-func TestQwen3GGUFProcess(t *testing.T) {
+// TestGGUFProcess runs the binary on a file of each architecture beyond
+// llama as a user would: `pdserve convert gguf --type q4_k_m` of a
+// checkpoint in Hugging Face's layout — Qwen3-shaped (qwen3Narrow),
+// Qwen3-MoE-shaped (qwen3MoENarrow: mlp.gate and
+// mlp.experts.E.{gate,up,down}_proj), Gemma-3- and Phi-3-shaped (those of
+// TestSyntheticGemma3PD and TestSyntheticPhi3PD) — then `pdserve serve
+// --model FILE.gguf` and `pdserve up --model FILE.gguf` (a prefill and a
+// decode worker), and checks over HTTP that the disaggregated answers to 20
+// greedy and seeded sampled requests equal the colocated ones token for
+// token.
+func TestGGUFProcess(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	tmp := t.TempDir()
 	bin := pdserve.Path(t)
-	spec := qwen3Narrow()
-	ckpt := filepath.Join(tmp, "qwen3-shaped")
+	for _, c := range []struct {
+		name string
+		spec llamatest.Spec
+	}{{"qwen3", qwen3Narrow()}, {"qwen3moe", qwen3MoENarrow()}, {"gemma3", gemma3Narrow()}, {"phi3", phi3Narrow()}} {
+		t.Run(c.name, func(t *testing.T) {
+			if raceEnabled && c.name != "qwen3" {
+				// The processes are the same code on every architecture;
+				// CI runs them all without the race detector (.ci/run).
+				t.Skip("one architecture under the race detector")
+			}
+			t.Parallel()
+			convertServeCompare(t, bin, c.name, c.spec)
+		})
+	}
+}
+
+// convertServeCompare converts spec's checkpoint to a Q4_K_M GGUF file with
+// the binary bin, serves it colocated (serve) and disaggregated (up), and
+// compares their answers to mixedRequests token for token.
+func convertServeCompare(t *testing.T, bin, name string, spec llamatest.Spec) {
+	t.Helper()
+	tmp := t.TempDir()
+	ckpt := filepath.Join(tmp, name+"-shaped")
 	if err := spec.Write(ckpt); err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(tmp, "qwen3-shaped-q4_k_m.gguf")
+	file := filepath.Join(tmp, name+"-shaped-q4_k_m.gguf")
 	if conv, err := exec.Command(bin, "convert", "gguf", ckpt, file, "--type", "q4_k_m").CombinedOutput(); err != nil {
 		t.Fatalf("convert: %v\n%s", err, conv)
 	}

@@ -521,13 +521,24 @@ func gemma2Config(c *Config, r *rawConfig) error {
 		t := true
 		r.TieWordEmbeddings = &t
 	}
+	// Gemma2DecoderLayer: is_sliding = not layer_idx % 2; Gemma2Config's
+	// soft-capping defaults 50 (attention) and 30 (final).
+	return gemmaAttention(c, r, 2, 50, 30)
+}
+
+// gemmaAttention sets the attention fields Gemma 2 and Gemma 3 read alike
+// from a config.json: the sliding window (4096 if absent), which layers
+// slide (hfSlidingLayers with the architecture's default period), the query
+// scale 1/√query_pre_attn_scalar (256 if absent) and the attention and final
+// logit soft-capping (attnCap and finalCap if absent, none if null). It
+// returns an error naming a key whose value is out of range.
+func gemmaAttention(c *Config, r *rawConfig, period int, attnCap, finalCap float64) error {
 	c.SlidingWindow = 4096
 	if r.SlidingWindow != nil {
 		c.SlidingWindow = *r.SlidingWindow
 	}
-	// Gemma2DecoderLayer: is_sliding = not layer_idx % 2.
 	var err error
-	if c.SlidingLayers, err = hfSlidingLayers(r, 2); err != nil {
+	if c.SlidingLayers, err = hfSlidingLayers(r, period); err != nil {
 		return err
 	}
 	scalar := 256.0
@@ -538,10 +549,10 @@ func gemma2Config(c *Config, r *rawConfig) error {
 		return fmt.Errorf("query_pre_attn_scalar must be positive, got %v", scalar)
 	}
 	c.QueryScale = 1 / math.Sqrt(scalar)
-	if c.AttnSoftcap, err = softcap("attn_logit_softcapping", r.AttnSoftcap, 50); err != nil {
+	if c.AttnSoftcap, err = softcap("attn_logit_softcapping", r.AttnSoftcap, attnCap); err != nil {
 		return err
 	}
-	if c.FinalSoftcap, err = softcap("final_logit_softcapping", r.FinalSoftcap, 30); err != nil {
+	if c.FinalSoftcap, err = softcap("final_logit_softcapping", r.FinalSoftcap, finalCap); err != nil {
 		return err
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
@@ -106,29 +107,8 @@ func gemma3Config(c *Config, r *rawConfig) error {
 			return fmt.Errorf("rope_local_base_freq must be positive, got %v", c.RopeThetaLocal)
 		}
 	}
-	c.SlidingWindow = 4096
-	if r.SlidingWindow != nil {
-		c.SlidingWindow = *r.SlidingWindow
-	}
-	var err error
-	if c.SlidingLayers, err = hfSlidingLayers(r, 6); err != nil {
-		return err
-	}
-	scalar := 256.0
-	if r.QueryPreAttn != nil {
-		scalar = *r.QueryPreAttn
-	}
-	if !(scalar > 0) || math.IsInf(scalar, 0) {
-		return fmt.Errorf("query_pre_attn_scalar must be positive, got %v", scalar)
-	}
-	c.QueryScale = 1 / math.Sqrt(scalar)
-	if c.AttnSoftcap, err = softcap("attn_logit_softcapping", r.AttnSoftcap, 0); err != nil {
-		return err
-	}
-	if c.FinalSoftcap, err = softcap("final_logit_softcapping", r.FinalSoftcap, 0); err != nil {
-		return err
-	}
-	return nil
+	// Gemma3TextConfig: sliding_window_pattern 6, no soft-capping by default.
+	return gemmaAttention(c, r, 6, 0, 0)
 }
 
 // ggufGemma3 sets the Gemma3 fields of c as llama.cpp's gemma3 reads them
@@ -219,18 +199,6 @@ func gemma3Exportable(cfg *Config) (period int, err error) {
 	return slidingPeriod(cfg)
 }
 
-func equalBools(a, b []bool) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // localRope returns the RoPE configuration of cfg's sliding layers when it
 // differs from the global layers' (RopeThetaLocal set): cfg with that base
 // and without rope scaling or factors (llama.cpp's gemma3 rotates them with
@@ -253,7 +221,7 @@ func slidingPeriod(cfg *Config) (int, error) {
 		return 0, nil
 	}
 	for p := 1; p <= cfg.Layers+1; p++ {
-		if equalBools(swaPattern(cfg.Layers, p), cfg.SlidingLayers) {
+		if slices.Equal(swaPattern(cfg.Layers, p), cfg.SlidingLayers) {
 			return p, nil
 		}
 	}

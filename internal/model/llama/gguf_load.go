@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -401,7 +402,7 @@ func (w *weights) fromGGUF(f *gguf.File) error {
 		for i, d := range ti.Dims {
 			dims[len(dims)-1-i] = int(d)
 		}
-		if !equalShape(dims, shape) {
+		if !slices.Equal(dims, shape) {
 			return nil, fmt.Errorf("tensor %q has shape %v, but the metadata implies %v", name, dims, shape)
 		}
 		switch ti.Type {

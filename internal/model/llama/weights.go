@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -172,7 +173,7 @@ func (l *loader) tensor(name string, shape ...int) (*tensor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("llama: %s: tensor %q: %w", r.file.path, name, err)
 	}
-	if !equalShape(r.e.shape, shape) {
+	if !slices.Equal(r.e.shape, shape) {
 		return nil, fmt.Errorf("llama: %s: tensor %q has shape %v, but config.json implies %v", r.file.path, name, r.e.shape, shape)
 	}
 	t, err := newTensor(name, dt, shape, r.file.data[r.e.begin:r.e.end])
@@ -189,18 +190,6 @@ func (l *loader) vector(name string, n int) ([]float32, error) {
 		return nil, err
 	}
 	return t.Float32(), nil
-}
-
-func equalShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // loadWeights opens the checkpoint in dir and builds the weights of cfg

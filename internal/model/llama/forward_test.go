@@ -299,31 +299,40 @@ func TestForwardCancelledMidway(t *testing.T) {
 
 // TestForwardAllocs checks that a decode step allocates little once the
 // buffers have grown: the parallel loops' descriptors only (a few hundred
-// bytes per layer), no activations.
+// bytes per layer), no activations — per layer 5 parallel loops of one job
+// each, and a mixture-of-experts layer up to five more (the router's, the
+// gather, the experts' two, the combine); plus the team.
 func TestForwardAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
-	m := load(t, llamatest.Tiny().WriteT(t), llama.Options{Threads: 2})
-	p := newPool(t, m, 16, 8)
-	pages := alloc(t, p, 4)
-	in := []model.SeqInput{{Pages: pages, Tokens: []int32{1, 2, 3}, Sample: true, Sampling: greedy}}
-	out := make([]model.SeqOutput, 1)
-	ctx := context.Background()
-	if err := m.Forward(ctx, p, in, out); err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name     string
+		spec     llamatest.Spec
+		perLayer int
+	}{{"dense", llamatest.Tiny(), 12}, {"moe", llamatest.TinyMoE(), 17}} {
+		t.Run(c.name, func(t *testing.T) {
+			m := load(t, c.spec.WriteT(t), llama.Options{Threads: 2})
+			p := newPool(t, m, 16, 8)
+			pages := alloc(t, p, 4)
+			in := []model.SeqInput{{Pages: pages, Tokens: []int32{1, 2, 3}, Sample: true, Sampling: greedy}}
+			out := make([]model.SeqOutput, 1)
+			ctx := context.Background()
+			if err := m.Forward(ctx, p, in, out); err != nil {
+				t.Fatal(err)
+			}
+			in[0].Pos, in[0].Tokens = 3, []int32{out[0].Token}
+			allocs := testing.AllocsPerRun(20, func() {
+				if err := m.Forward(ctx, p, in, out); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if limit := float64(c.perLayer*m.Config().Layers + 20); allocs > limit {
+				t.Errorf("a decode step allocates %v times, want at most %v", allocs, limit)
+			}
+			t.Logf("%v allocations per decode step", allocs)
+		})
 	}
-	in[0].Pos, in[0].Tokens = 3, []int32{out[0].Token}
-	allocs := testing.AllocsPerRun(20, func() {
-		if err := m.Forward(ctx, p, in, out); err != nil {
-			t.Fatal(err)
-		}
-	})
-	// Per layer: 5 parallel loops of one job each; plus the team.
-	if limit := float64(12*m.Config().Layers + 20); allocs > limit {
-		t.Errorf("a decode step allocates %v times, want at most %v", allocs, limit)
-	}
-	t.Logf("%v allocations per decode step", allocs)
 }
 
 // TestKernelsOption loads the same checkpoint with every kernel choice the

@@ -257,36 +257,6 @@ func expertWidth(s llamatest.Spec) int {
 	return s.ExpertIntermediate
 }
 
-// TestMoEForwardAllocs checks that a mixture-of-experts decode step
-// allocates little once the buffers have grown: the parallel loops'
-// descriptors only (up to five more loops per layer than a dense layer's:
-// the router's, the gather, the experts' two, the combine), no
-// activations.
-func TestMoEForwardAllocs(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
-	}
-	m := load(t, llamatest.TinyMoE().WriteT(t), llama.Options{Threads: 2})
-	p := newPool(t, m, 16, 8)
-	pages := alloc(t, p, 4)
-	in := []model.SeqInput{{Pages: pages, Tokens: []int32{1, 2, 3}, Sample: true, Sampling: greedy}}
-	out := make([]model.SeqOutput, 1)
-	ctx := context.Background()
-	if err := m.Forward(ctx, p, in, out); err != nil {
-		t.Fatal(err)
-	}
-	in[0].Pos, in[0].Tokens = 3, []int32{out[0].Token}
-	allocs := testing.AllocsPerRun(20, func() {
-		if err := m.Forward(ctx, p, in, out); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if limit := float64(17*m.Config().Layers + 20); allocs > limit {
-		t.Errorf("a decode step allocates %v times, want at most %v", allocs, limit)
-	}
-	t.Logf("%v allocations per decode step", allocs)
-}
-
 // TestMoECheckpointErrors checks that a Qwen3-MoE or Mixtral checkpoint
 // whose configuration pdserve does not compute (dense layers among the
 // sparse ones, more experts per token than experts) or whose experts do

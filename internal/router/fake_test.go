@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -268,6 +269,14 @@ func (f *fakeWorker) received() (legs []workerapi.GenerateBody, aborts []workera
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]workerapi.GenerateBody(nil), f.legs...), append([]workerapi.AbortBody(nil), f.aborts...), f.health
+}
+
+// legsOf returns the legs of request rid (any gen) the worker received.
+func (f *fakeWorker) legsOf(rid string) []workerapi.GenerateBody {
+	legs, _, _ := f.received()
+	return slices.DeleteFunc(legs, func(l workerapi.GenerateBody) bool {
+		return l.RID != rid && !strings.HasPrefix(l.RID, rid+"-g")
+	})
 }
 
 var testFingerprint = kvxfer.Fingerprint{Model: "m", Layers: 1, KVHeads: 1, HeadDim: 8, DType: "f32", PageSize: 16}

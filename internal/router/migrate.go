@@ -103,6 +103,10 @@ type continuation struct {
 	// waits for the whole answer): the delay is not observed then.
 	brokeAt  time.Time
 	buffered bool
+	// numerics is the KV fingerprint of the workers that computed the
+	// output so far (set at the first migration): every continuation
+	// stays on workers that compute the same (PickRequest.Numerics).
+	numerics kvxfer.Fingerprint
 }
 
 // newContinuation returns the continuation state of request g.
@@ -175,7 +179,12 @@ func (c *continuation) refuse(r *Router, role workerapi.Role, o outcome.Outcome,
 // migrating records a continuation about to start because the role leg
 // failed with o, and sets req to place it: its prompt is the output so far
 // appended to the request's, its budget what is left.
-func (c *continuation) migrating(req *PickRequest, g *openai.GenerateRequest, role workerapi.Role, o outcome.Outcome, now time.Time) {
+// from is the worker whose leg failed (its KV fingerprint is the output's
+// numerics, if the first migration).
+func (c *continuation) migrating(req *PickRequest, g *openai.GenerateRequest, from *fleet.Worker, role workerapi.Role, o outcome.Outcome, now time.Time) {
+	if c.numerics == (kvxfer.Fingerprint{}) {
+		c.numerics = from.Info().Fingerprint
+	}
 	c.migrations++
 	c.last.role, c.last.o, c.last.at = role, o, c.progress()
 	c.brokeAt = now
@@ -197,6 +206,7 @@ func (c *continuation) progress() int {
 // prompt is the output appended to the request's, its budget what is left.
 func (c *continuation) place(req *PickRequest, g *openai.GenerateRequest) {
 	req.InputIDs = c.prompt(g)
+	req.Numerics = c.numerics
 	req.MaxTokens = max(c.budget-len(c.out), 1)
 	req.MinTokens = max(g.MinTokens-len(c.out), 0)
 	if !slices.Contains(req.Needs, workerapi.FeatureContinue) {
@@ -406,7 +416,7 @@ func (r *Router) choiceStream(ctx context.Context, g *openai.GenerateRequest, i 
 	gi.Sampling.Seed = model.ForkSeed(g.Sampling.Seed, i)
 	gi.ScorePrompt, gi.PromptTopLogprobs = false, 0
 	cont := continuation{max: parent.max, one: true, out: slices.Clone(out), budget: parent.budget, started: parent.started,
-		migrations: parent.migrations, brokeAt: parent.brokeAt, buffered: parent.buffered}
+		migrations: parent.migrations, brokeAt: parent.brokeAt, buffered: parent.buffered, numerics: parent.numerics}
 	tmpl := legBody(&gi)
 	req := PickRequest{RID: gi.RID, InputIDs: gi.InputIDs, MaxTokens: gi.MaxTokens, MaxTokensDefault: gi.MaxTokensDefault,
 		MinTokens: gi.MinTokens, Needs: workerapi.FeaturesOf(&tmpl)}

@@ -610,3 +610,95 @@ func TestChoiceCompleteBeforeTheBreak(t *testing.T) {
 		}
 	})
 }
+
+// TestContinuationKeepsItsKVDType: in a fleet that mixes KV dtypes (f16 and
+// f32 pairs), a request whose decode worker breaks off is continued only on
+// a pair of the dtype its output so far was computed with — another rounds
+// K and V otherwise, and the output would not be the uninterrupted one —
+// and, when no such pair is left, it fails naming the dtypes instead of
+// moving to the other.
+func TestContinuationKeepsItsKVDType(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 2, 4, 0, func(c *Config) { c.MigrationWait = time.Second; c.DecodePolicy = PolicyRoundRobin })
+		defer tr.r.Close()
+		dtype := map[string]string{}
+		set := func(w *fakeWorker, dt string) {
+			fp := testFingerprint
+			fp.DType = dt
+			w.setFingerprint(fp)
+			dtype[w.url()] = dt
+		}
+		set(tr.prefill[0], "f16")
+		set(tr.prefill[1], "f32")
+		for i, d := range tr.decode {
+			set(d, []string{"f16", "f32"}[i%2])
+			d.setLeg(byGen(scripted(2), scripted(-1)))
+		}
+		advance(3 * time.Second) // the next health check reads the fingerprints
+		for i := range 4 {
+			if a := generateReq(t.Context(), tr.r, migrationRequest(fmt.Sprintf("r%d", i))); a.err != nil || !cmp.Equal(a.tokens, uninterrupted(6)) {
+				t.Fatalf("request %d: %+v", i, a)
+			}
+		}
+		first, cont := map[string]string{}, map[string]string{} // rid → dtype of its decode leg
+		for _, w := range append(slices.Clone(tr.decode), tr.prefill...) {
+			legs, _, _ := w.received()
+			for _, l := range legs {
+				rid := strings.TrimSuffix(l.RID, "-g2")
+				if l.Gen == 1 {
+					first[rid] = dtype[w.url()]
+				} else if prev, ok := cont[rid]; ok && prev != dtype[w.url()] {
+					t.Errorf("%s: its continuation's legs on %s and %s workers", rid, prev, dtype[w.url()])
+				} else {
+					cont[rid] = dtype[w.url()]
+				}
+			}
+		}
+		if len(first) != 4 || len(cont) != 4 {
+			t.Fatalf("first legs %v, continuations %v", first, cont)
+		}
+		for rid, dt := range first {
+			if cont[rid] != dt {
+				t.Errorf("%s: computed with %s KV, continued with %s", rid, dt, cont[rid])
+			}
+		}
+		// One f16 decode worker is left, and it breaks: a request it took
+		// has no f16 pair to go on with, and is not moved to an f32 one.
+		set(tr.decode[2], "bf16") // pairs with no prefill worker
+		tr.decode[0].setLeg(scripted(2))
+		advance(3 * time.Second)
+		sawF16 := false
+		for i := range 4 {
+			rid := fmt.Sprintf("late%d", i)
+			a := generateReq(t.Context(), tr.r, migrationRequest(rid))
+			var legs []string
+			for _, w := range append(slices.Clone(tr.decode), tr.prefill...) {
+				got, _, _ := w.received()
+				for _, l := range got {
+					if strings.TrimSuffix(l.RID, "-g2") == rid {
+						legs = append(legs, fmt.Sprintf("gen %d on %s", l.Gen, dtype[w.url()]))
+					}
+				}
+			}
+			started := ""
+			for _, l := range tr.decode[0].legsOf(rid) {
+				if l.Gen == 1 {
+					started = "f16"
+				}
+			}
+			if started != "f16" {
+				if a.err != nil || !cmp.Equal(a.tokens, uninterrupted(6)) {
+					t.Errorf("%s on an f32 pair: %+v", rid, a)
+				}
+				continue
+			}
+			sawF16 = true
+			if a.err == nil || slices.ContainsFunc(legs, func(l string) bool { return strings.HasSuffix(l, "f32") }) {
+				t.Errorf("%s, started on the only f16 decode worker, which broke: %+v, legs %v; want an error and no f32 leg", rid, a, legs)
+			}
+		}
+		if !sawF16 {
+			t.Error("no request was placed on the f16 decode worker")
+		}
+	})
+}

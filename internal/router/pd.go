@@ -913,7 +913,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			return true, nil
 		}
 		if why := s.cont.refuse(s.r, f.role, e.Outcome, down[failedW], s.ctx); why == "" && !s.cont.one {
-			s.cont.migrating(&s.req, s.g, f.role, e.Outcome, s.r.clock.Now())
+			s.cont.migrating(&s.req, s.g, failedW, f.role, e.Outcome, s.r.clock.Now())
 			fan, fe := s.r.fanOut(s.ctx, s.g, &s.cont, false, s.exclude)
 			if fe == nil {
 				s.fan = fan
@@ -926,7 +926,7 @@ func (s *pdStream) failed(f failure) (retried bool, err error) {
 			s.live.event("could not continue on new pairs: " + fe.Message)
 			s.r.log.Warn("request could not be continued", "rid", s.rid, "room", s.room, "err", fe.Message)
 		} else if why == "" {
-			s.cont.migrating(&s.req, s.g, f.role, e.Outcome, s.r.clock.Now())
+			s.cont.migrating(&s.req, s.g, failedW, f.role, e.Outcome, s.r.clock.Now())
 			se := s.r.awaitWorker(s.ctx, func() *openai.Error { return s.start(a.gen + 1) })
 			if se == nil {
 				s.r.metrics.Migrated(e.Outcome)

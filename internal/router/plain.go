@@ -247,7 +247,7 @@ func (s *plainStream) continued(e *workerapi.Error) bool {
 		s.live.event("its output was complete: finished at the router")
 		return true
 	}
-	s.cont.migrating(&s.req, s.g, s.role, o, r.clock.Now())
+	s.cont.migrating(&s.req, s.g, s.w, s.role, o, r.clock.Now())
 	if !s.cont.one {
 		// A local request's choices go on as PD requests (exact either way).
 		fan, fe := r.fanOut(s.ctx, s.g, &s.cont, s.role == workerapi.RoleColocated, s.exclude)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/fleet"
+	"github.com/pdserve/pdserve/internal/kvxfer"
 )
 
 // Policy chooses the worker of one role for a request, among candidates the
@@ -62,6 +63,12 @@ type PickRequest struct {
 	// Needs lists the worker features (workerapi.Feature…) the request
 	// uses: a worker that does not list one of them is not a candidate.
 	Needs []string
+	// Numerics, set on a continuation (its output so far was computed by
+	// workers with this KV fingerprint), keeps it on workers with the same
+	// weights (Digest) and KV cache element type (DType): another dtype
+	// rounds K and V differently, and the continued output would not be
+	// the uninterrupted one. Zero: any worker.
+	Numerics kvxfer.Fingerprint
 
 	// hashes memoizes the prompt's page hashes for the cache_aware policy.
 	hashes pageHashes
@@ -85,6 +92,27 @@ func (q *PickRequest) missing(w *fleet.Worker) string {
 		}
 	}
 	return ""
+}
+
+// computesOtherwise returns what in w's KV fingerprint differs from the
+// request's Numerics (e.g. "dtype f32 vs f16"), or "" when it computes the
+// same (or either is not known).
+func (q *PickRequest) computesOtherwise(w *fleet.Worker) string {
+	if q == nil || q.Numerics == (kvxfer.Fingerprint{}) {
+		return ""
+	}
+	fp := w.Info().Fingerprint
+	if fp == (kvxfer.Fingerprint{}) {
+		return ""
+	}
+	var diffs []string
+	if fp.Digest != q.Numerics.Digest {
+		diffs = append(diffs, fmt.Sprintf("digest %s vs %s", fp.Digest, q.Numerics.Digest))
+	}
+	if fp.DType != q.Numerics.DType {
+		diffs = append(diffs, fmt.Sprintf("dtype %s vs %s", fp.DType, q.Numerics.DType))
+	}
+	return strings.Join(diffs, ", ")
 }
 
 // need is the context (in tokens) a worker must serve to take the
@@ -116,9 +144,10 @@ func (q *PickRequest) short(w *fleet.Worker) int {
 }
 
 // unfit reports that w may not take the request: it lacks a feature the
-// request uses, or its context cannot hold it.
+// request uses, its context cannot hold it, or (a continuation) it computes
+// with other weights or another KV dtype than the output so far.
 func (q *PickRequest) unfit(w *fleet.Worker) bool {
-	return q.missing(w) != "" || q.short(w) != 0
+	return q.missing(w) != "" || q.short(w) != 0 || q.computesOtherwise(w) != ""
 }
 
 // Candidate is one worker a policy may choose, with the router's estimate

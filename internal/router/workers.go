@@ -678,6 +678,8 @@ func (r *Router) whyNone(role workerapi.Role, exclude exclusions, req *PickReque
 			why = "without " + req.missing(w) + " (an older pdserve)"
 		case req.short(w) != 0:
 			why = fmt.Sprintf("serving a context of %d tokens (this request needs %d)", req.short(w), req.need())
+		case req.computesOtherwise(w) != "":
+			why = "computing otherwise than the workers of this request's output so far (" + req.computesOtherwise(w) + ")"
 		}
 		if counts[why] == 0 {
 			order = append(order, why)

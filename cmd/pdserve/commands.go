@@ -530,6 +530,9 @@ then SIGTERM the old one (it stops listening, and finishes its streams).`,
 				return err
 			}
 			watchTLS(cmd.Context(), log, ro.FrontTLS, ro.InternalTLS)
+			if cmd.Flags().Changed("kv-cache-dtype") {
+				return usagef("--kv-cache-dtype is the workers' flag: the router pairs a prefill and a decode worker whose KV dtypes agree, whatever they are (see /workers)")
+			}
 			newModel, err := mf.factory()
 			if err != nil {
 				return err

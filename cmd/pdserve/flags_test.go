@@ -445,3 +445,12 @@ current-context: x
 		}
 	}
 }
+
+// TestRouterRefusesKVCacheDType: --kv-cache-dtype on the router, which has
+// no KV cache, is a usage error rather than a flag that does nothing.
+func TestRouterRefusesKVCacheDType(t *testing.T) {
+	code, _, errOut := runArgs(t, nil, "router", "--kv-cache-dtype", "f16", "--colocated", "http://127.0.0.1:1")
+	if code != 2 || !strings.Contains(errOut, "--kv-cache-dtype is the workers' flag") {
+		t.Errorf("exit %d, %s", code, errOut)
+	}
+}

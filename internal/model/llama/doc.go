@@ -29,10 +29,10 @@
 // Computation is float32; weights stay in
 // their stored dtype (F32, F16 or BF16, memory-mapped) and are widened to
 // float32 inside the matrix kernels. Quantized GGUF weights (Q8_0, Q4_0,
-// Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) stay in their
-// blocks; their matrices multiply activations quantized to 8 bits per
-// block as ggml does, in exact integer dot products (quant.go, kquant.go,
-// kquant2.go). A GGUF file of llama.cpp's llama architecture keeps
+// Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) stay in
+// their blocks; their matrices multiply activations quantized to 8 bits
+// per block as ggml does, in exact integer dot products (quant.go,
+// kquant.go, kquant2.go, iq4xs.go). A GGUF file of llama.cpp's llama architecture keeps
 // its interleaved RoPE layout, and its RMSNorm and RoPE angles are computed
 // the way ggml computes them.
 //

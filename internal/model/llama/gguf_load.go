@@ -37,7 +37,7 @@ var ggufArchs = map[string]struct {
 }
 
 // ggufMatrixTypes are the tensor types a GGUF model's matrices may have.
-var ggufMatrixTypes = []gguf.Type{gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.IQ4_NL, gguf.Q2_K, gguf.Q3_K, gguf.Q4_K, gguf.Q5_K, gguf.Q6_K}
+var ggufMatrixTypes = []gguf.Type{gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.IQ4_NL, gguf.IQ4_XS, gguf.Q2_K, gguf.Q3_K, gguf.Q4_K, gguf.Q5_K, gguf.Q6_K}
 
 // ggufConfig reads the model configuration from a GGUF file's metadata,
 // with llama.cpp's key names (llama-arch.cpp, LLM_KV_*) under the
@@ -328,7 +328,7 @@ func ggufGemma2(f *gguf.File, c *Config) error {
 // llama.expert_count) ffn_gate_inp and the stacked ffn_gate_exps,
 // ffn_up_exps and ffn_down_exps instead of ffn_gate, ffn_up and ffn_down
 // (ggufExperts). Matrices may be F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-// Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K; norms and biases F32, F16
+// Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K; norms and biases F32, F16
 // or BF16.
 //
 // It returns an error, never panics, for a file that gguf.Parse refuses

@@ -267,7 +267,7 @@ func TestGGUFLoadErrors(t *testing.T) {
 			tn.Type = gguf.Q8_1 // an activation format, never a weight's
 			tn.Data = make([]byte, 64*2*36)
 			return true
-		})), []string{`tensor "blk.0.attn_q.weight" has type Q8_1`, "want F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"}},
+		})), []string{`tensor "blk.0.attn_q.weight" has type Q8_1`, "want F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"}},
 		{"quantized norm", rewrite(editTensor("output_norm.weight", func(tn *gguf.Tensor) bool {
 			tn.Type = gguf.Q8_0
 			tn.Data = make([]byte, 2*34)

@@ -11,7 +11,7 @@ import (
 // # K-quants
 //
 // K-quant weights (Q4_K and Q6_K: quant.go has their layouts; Q5_K, Q3_K
-// and Q2_K: kquant2.go) multiply activations
+// and Q2_K: kquant2.go; and IQ4_XS, iq4xs.go) multiply activations
 // quantized per block of 256 as ggml's quantize_row_q8_K_ref does (ggml's
 // Q8_K, which its K-quant dot products take): with m the value of largest
 // magnitude (the first, if several), iscale = −127/m, q =
@@ -83,7 +83,7 @@ func (a *q8KActs) quantizeRows(x []float32, t0, t1 int) {
 // usesQ8K reports whether a weight of type t takes q8KActs activations.
 func usesQ8K(t gguf.Type) bool {
 	switch t {
-	case gguf.Q4_K, gguf.Q6_K, gguf.Q5_K, gguf.Q3_K, gguf.Q2_K:
+	case gguf.Q4_K, gguf.Q6_K, gguf.Q5_K, gguf.Q3_K, gguf.Q2_K, gguf.IQ4_XS:
 		return true
 	}
 	return false
@@ -193,7 +193,7 @@ func dotQ6KGo(w []byte, a *q8KActs, k int) float32 {
 
 // ktileKinds are the weight types of the K-quant kernels, in the order of
 // their kind argument (asmgen's ktile dispatch).
-var ktileKinds = [...]gguf.Type{gguf.Q4_K, gguf.Q6_K, gguf.Q5_K, gguf.Q3_K, gguf.Q2_K}
+var ktileKinds = [...]gguf.Type{gguf.Q4_K, gguf.Q6_K, gguf.Q5_K, gguf.Q3_K, gguf.Q2_K, gguf.IQ4_XS}
 
 // dotKGo returns the canonical pure-Go dot product of K-quant type t.
 func dotKGo(t gguf.Type) func([]byte, *q8KActs, int) float32 {
@@ -208,11 +208,13 @@ func dotKGo(t gguf.Type) func([]byte, *q8KActs, int) float32 {
 		return dotQ3KGo
 	case gguf.Q2_K:
 		return dotQ2KGo
+	case gguf.IQ4_XS:
+		return dotIQ4XSGo
 	}
 	panic("llama: no K-quant dot product for " + t.String())
 }
 
-// matRowsK is matRows for a Q4_K, Q6_K, Q5_K, Q3_K or Q2_K matrix: on the
+// matRowsK is matRows for a Q4_K, Q6_K, Q5_K, Q3_K, Q2_K or IQ4_XS matrix: on the
 // K-quant kernels of ks if it has them (one weight row by up to ks.kvecs
 // tokens per call), else in Go.
 func matRowsK(ks *kernelSet, dst []float32, ds int, a *q8KActs, T int, w *tensor, r0, r1 int) {

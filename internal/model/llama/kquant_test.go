@@ -27,7 +27,8 @@ func TestKQuantizeRoundTrip(t *testing.T) {
 		tol float64 // relative to the block's largest magnitude
 		rms float64 // root-mean-square error relative to the input's
 	}{{gguf.Q4_K, QuantizeQ4K, 0.16, 0.1}, {gguf.Q6_K, QuantizeQ6K, 0.04, 0.025},
-		{gguf.Q5_K, QuantizeQ5K, 0.07, 0.04}, {gguf.Q3_K, QuantizeQ3K, 0.3, 0.2}, {gguf.Q2_K, QuantizeQ2K, 0.5, 0.35}} {
+		{gguf.Q5_K, QuantizeQ5K, 0.07, 0.04}, {gguf.Q3_K, QuantizeQ3K, 0.3, 0.2}, {gguf.Q2_K, QuantizeQ2K, 0.5, 0.35},
+		{gguf.IQ4_XS, QuantizeIQ4XS, 0.2, 0.1}} {
 		b := c.q(x)
 		if len(b) != len(x)/256*c.typ.BlockBytes() {
 			t.Fatalf("%s: %d bytes", c.typ, len(b))
@@ -102,7 +103,8 @@ func TestDotK(t *testing.T) {
 		q   func([]float32) []byte
 		dot func([]byte, *q8KActs, int) float32
 	}{{gguf.Q4_K, QuantizeQ4K, dotQ4KGo}, {gguf.Q6_K, QuantizeQ6K, dotQ6KGo},
-		{gguf.Q5_K, QuantizeQ5K, dotQ5KGo}, {gguf.Q3_K, QuantizeQ3K, dotQ3KGo}, {gguf.Q2_K, QuantizeQ2K, dotQ2KGo}} {
+		{gguf.Q5_K, QuantizeQ5K, dotQ5KGo}, {gguf.Q3_K, QuantizeQ3K, dotQ3KGo}, {gguf.Q2_K, QuantizeQ2K, dotQ2KGo},
+		{gguf.IQ4_XS, QuantizeIQ4XS, dotIQ4XSGo}} {
 		for _, n := range []int{256, 1536} {
 			w := c.q(randVec(rng, n))
 			wf := make([]float32, n)
@@ -155,7 +157,8 @@ func TestKTileKernel(t *testing.T) {
 		for _, c := range []struct {
 			typ gguf.Type
 			q   func([]float32) []byte
-		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}, {gguf.Q5_K, QuantizeQ5K}, {gguf.Q3_K, QuantizeQ3K}, {gguf.Q2_K, QuantizeQ2K}} {
+		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}, {gguf.Q5_K, QuantizeQ5K}, {gguf.Q3_K, QuantizeQ3K}, {gguf.Q2_K, QuantizeQ2K},
+			{gguf.IQ4_XS, QuantizeIQ4XS}} {
 			for _, nb := range []int{1, 2, 6} {
 				n := 256 * nb
 				const rows, T = 3, 7
@@ -200,7 +203,8 @@ func BenchmarkKKernels(b *testing.B) {
 		for _, c := range []struct {
 			typ gguf.Type
 			q   func([]float32) []byte
-		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}, {gguf.Q5_K, QuantizeQ5K}, {gguf.Q3_K, QuantizeQ3K}, {gguf.Q2_K, QuantizeQ2K}} {
+		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}, {gguf.Q5_K, QuantizeQ5K}, {gguf.Q3_K, QuantizeQ3K}, {gguf.Q2_K, QuantizeQ2K},
+			{gguf.IQ4_XS, QuantizeIQ4XS}} {
 			w, err := newQuantTensor("w", c.typ, []int{rows, n}, c.q(randVec(rng, rows*n)))
 			if err != nil {
 				b.Fatal(err)
@@ -226,10 +230,10 @@ func BenchmarkKKernels(b *testing.B) {
 	}
 }
 
-// TestKQuantTensorSize checks that a Q5_K, Q3_K or Q2_K matrix is built
+// TestKQuantTensorSize checks that a Q5_K, Q3_K, Q2_K or IQ4_XS matrix is built
 // only over exactly its rows' bytes, and only for rows a multiple of 256.
 func TestKQuantTensorSize(t *testing.T) {
-	for _, typ := range []gguf.Type{gguf.Q5_K, gguf.Q3_K, gguf.Q2_K} {
+	for _, typ := range []gguf.Type{gguf.Q5_K, gguf.Q3_K, gguf.Q2_K, gguf.IQ4_XS} {
 		raw := make([]byte, 2*2*typ.BlockBytes())
 		if _, err := newQuantTensor("w", typ, []int{2, 512}, raw); err != nil {
 			t.Fatalf("%s: %v", typ, err)

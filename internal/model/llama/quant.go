@@ -34,6 +34,7 @@ import (
 //	     (high 2 bits), scales [16]int8 (one per 16 elements), d f16:
 //	     w = d·scales[k]·(q − 32), q a 6-bit value
 //	Q5_K, Q3_K, Q2_K: see kquant2.go
+//	IQ4_XS: see iq4xs.go
 //
 // Dequantization is the float32 arithmetic of ggml's dequantize_row_*: the
 // scale widened from binary16, times the integer, rounded once (for Q4_K:
@@ -45,7 +46,7 @@ import (
 func quantBlock(t gguf.Type) (elems, bytes int) {
 	switch t {
 	case gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.IQ4_NL, gguf.Q4_K, gguf.Q6_K,
-		gguf.Q5_K, gguf.Q3_K, gguf.Q2_K:
+		gguf.Q5_K, gguf.Q3_K, gguf.Q2_K, gguf.IQ4_XS:
 		return t.BlockSize(), t.BlockBytes()
 	}
 	return 0, 0
@@ -128,14 +129,16 @@ func dequantRow(t gguf.Type, src []byte, dst []float32) {
 				y[i] = d * float32(int8(blk[192+i/16])) * float32(q6kValue(blk, i)-32)
 			}
 		}
+	case gguf.IQ4_XS:
+		dequantRowIQ4XS(src, dst) // iq4xs.go
 	default:
 		dequantRowK2(t, src, dst) // Q5_K, Q3_K, Q2_K (kquant2.go)
 	}
 }
 
 // Dequantize returns the n values (a multiple of t's block) of quantized
-// data src of type t (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K,
-// Q4_K, Q5_K or Q6_K),
+// data src of type t (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K,
+// Q3_K, Q4_K, Q5_K or Q6_K),
 // as ggml's dequantize_row_* computes them. It panics for another type or
 // too little data.
 func Dequantize(t gguf.Type, src []byte, n int) []float32 {

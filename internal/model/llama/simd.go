@@ -71,9 +71,9 @@ type qtileArgs struct {
 }
 
 // ktileArgs is the argument block of a K-quant kernel: the canonical Q4_K,
-// Q6_K, Q5_K, Q3_K or Q2_K dot products (kquant.go, kquant2.go) of one
-// weight row with up to 4 rows of Q8_K activations (layout fixed by
-// asmgen).
+// Q6_K, Q5_K, Q3_K, Q2_K or IQ4_XS dot products (kquant.go, kquant2.go,
+// iq4xs.go) of one weight row with up to 4 rows of Q8_K activations
+// (layout fixed by asmgen).
 type ktileArgs struct {
 	w   unsafe.Pointer    // the weight row, at its first block
 	x   [4]unsafe.Pointer // activation rows: q8KBlock arrays

@@ -829,6 +829,36 @@ func ktileQ3KAVX2V2(a *ktileArgs)
 //go:noescape
 func ktileQ2KAVX2V2(a *ktileArgs)
 
+// ktileIQ4XSAVX512V1: AVX-512 VNNI, one IQ4_XS row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX512V1(a *ktileArgs)
+
+// ktileIQ4XSAVX512V2: AVX-512 VNNI, one IQ4_XS row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX512V2(a *ktileArgs)
+
+// ktileIQ4XSAVX512V3: AVX-512 VNNI, one IQ4_XS row × 3 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX512V3(a *ktileArgs)
+
+// ktileIQ4XSAVX512V4: AVX-512 VNNI, one IQ4_XS row × 4 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX512V4(a *ktileArgs)
+
+// ktileIQ4XSAVX2V1: AVX2, one IQ4_XS row × 1 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX2V1(a *ktileArgs)
+
+// ktileIQ4XSAVX2V2: AVX2, one IQ4_XS row × 2 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX2V2(a *ktileArgs)
+
 // expSumAVX512: AVX-512: x[i] = expf(x[i] − m), partial sums by lane
 //
 //go:noescape
@@ -1399,7 +1429,7 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 }
 
 // ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K,
-// 2 Q5_K, 3 Q3_K, 4 Q2_K: ktileKinds) and nv activation rows.
+// 2 Q5_K, 3 Q3_K, 4 Q2_K, 5 IQ4_XS: ktileKinds) and nv activation rows.
 func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 	switch ks.kisa {
 	case isaAVX512:
@@ -1479,6 +1509,21 @@ func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 				ktileQ2KAVX512V4(a)
 				return
 			}
+		case 5:
+			switch nv {
+			case 1:
+				ktileIQ4XSAVX512V1(a)
+				return
+			case 2:
+				ktileIQ4XSAVX512V2(a)
+				return
+			case 3:
+				ktileIQ4XSAVX512V3(a)
+				return
+			case 4:
+				ktileIQ4XSAVX512V4(a)
+				return
+			}
 		}
 	case isaAVX2:
 		switch kind {
@@ -1525,6 +1570,15 @@ func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 				return
 			case 2:
 				ktileQ2KAVX2V2(a)
+				return
+			}
+		case 5:
+			switch nv {
+			case 1:
+				ktileIQ4XSAVX2V1(a)
+				return
+			case 2:
+				ktileIQ4XSAVX2V2(a)
 				return
 			}
 		}

@@ -4,7 +4,7 @@ import "fmt"
 
 // ktileNames are the Go-side names of the K-quant kernels' weight formats,
 // in the order of their kind argument (package llama's ktileKinds).
-var ktileNames = []string{"Q4K", "Q6K", "Q5K", "Q3K", "Q2K"}
+var ktileNames = []string{"Q4K", "Q6K", "Q5K", "Q3K", "Q2K", "IQ4XS"}
 
 // kbBsums is the offset of q8KBlock.bsums ([16]int32, kquant.go).
 const kbBsums = 260

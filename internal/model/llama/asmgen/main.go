@@ -1754,6 +1754,7 @@ func main() {
 		g.ktile6AVX2(V)
 	}
 	g.kquant2Kernels()
+	g.iq4xsKernels()
 
 	g.expTable()
 	g.ktShufTable()
@@ -1851,7 +1852,7 @@ func (ks *kernelSet) qtile(kind, nv int, a *qtileArgs) {
 	t.WriteString("\t}\n\tpanic(\"llama: no qtile kernel\")\n}\n")
 	t.WriteString(`
 // ktile calls the K-quant kernel for weight format kind (0 Q4_K, 1 Q6_K,
-// 2 Q5_K, 3 Q3_K, 4 Q2_K: ktileKinds) and nv activation rows.
+// 2 Q5_K, 3 Q3_K, 4 Q2_K, 5 IQ4_XS: ktileKinds) and nv activation rows.
 func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 	switch ks.kisa {
 `)

@@ -57,7 +57,7 @@ func newConvertGGUFCmd(stdout io.Writer) *cobra.Command {
 	var typ string
 	cmd := &cobra.Command{
 		Use:   "gguf IN OUT.gguf",
-		Short: "Write a checkpoint as a GGUF file (f32, f16, bf16, or quantized q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q4_k_m, q5_k_m, q3_k_m, q2_k) that --model and llama.cpp load",
+		Short: "Write a checkpoint as a GGUF file (f32, f16, bf16, or quantized q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q4_k_m, q5_k_m, q3_k_m, q2_k, iq4_xs) that --model and llama.cpp load",
 		Long: `Reads IN, a Hugging Face checkpoint directory (config.json + safetensors) or
 a llama2.c checkpoint (.bin), and writes OUT.gguf (GGUF v3, llama.cpp's
 "llama" architecture, or "qwen3", "qwen3moe", "gemma2", "gemma3" or "phi3"
@@ -75,16 +75,19 @@ mixes (its choice of type per tensor for a dense model; experts' ffn_down_exps
 count as ffn_down, llama.cpp's rules for 8 experts are not applied): q4_k_m, Q4_K and
 Q6_K (plain range quantizers, not llama.cpp's searched scales); q5_k_m,
 Q5_K and Q6_K; q3_k_m, Q3_K, Q4_K, Q5_K and Q6_K; q2_k, Q2_K, Q3_K, Q4_K and
-Q6_K (Q5_K, Q3_K and Q2_K with ggml's reference quantizers). Matrices whose
-rows are not a multiple of the block stay f32 (the 32-element types) or, as
-llama.cpp does, become q5_0 (for q4_k), q5_1 (for q5_k), q4_0 (for q3_k and
-q2_k) or q8_0 (for q6_k). Norms are f32. The
+Q6_K (Q5_K, Q3_K and Q2_K with ggml's reference quantizers); iq4_xs,
+llama.cpp's IQ4_XS mix without an importance matrix (IQ4_XS, ggml's
+reference quantizer; Q5_K for attn_v with 4 or more query heads per KV head
+and for ffn_down in the first eighth of the layers; Q6_K classifier).
+Matrices whose rows are not a multiple of the block stay f32 (the 32-element
+types) or, as llama.cpp does, become q5_0 (for q4_k), q5_1 (for q5_k), q4_0
+(for q3_k and q2_k), q8_0 (for q6_k) or iq4_nl (for iq4_xs). Norms are f32. The
 vocabulary written is a placeholder (token-id prompts only).`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(_ *cobra.Command, args []string) error {
 			t := llama.FileType(strings.ToUpper(typ))
 			if !slices.Contains(llama.FileTypes, t) {
-				return usagef("--type %q: want f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q4_k_m, q5_k_m, q3_k_m or q2_k", typ)
+				return usagef("--type %q: want f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q4_k_m, q5_k_m, q3_k_m, q2_k or iq4_xs", typ)
 			}
 			in := args[0]
 			fi, err := os.Stat(in)
@@ -113,6 +116,6 @@ vocabulary written is a placeholder (token-id prompts only).`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&typ, "type", "q8_0", "element type of the matrices: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q4_k_m, q5_k_m, q3_k_m, q2_k")
+	cmd.Flags().StringVar(&typ, "type", "q8_0", "element type of the matrices: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q4_k_m, q5_k_m, q3_k_m, q2_k, iq4_xs")
 	return cmd
 }

@@ -65,7 +65,7 @@ func TestConvertAndServeGGUF(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "Q4_0") {
 		t.Fatalf("convert: exit %d, %q %q", code, stdout, stderr)
 	}
-	for _, typ := range []string{"q4_1", "q5_0", "q5_1", "iq4_nl", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k"} {
+	for _, typ := range []string{"q4_1", "q5_0", "q5_1", "iq4_nl", "q4_k_m", "q5_k_m", "q3_k_m", "q2_k", "iq4_xs"} {
 		o := filepath.Join(t.TempDir(), "tiny-"+typ+".gguf")
 		if code, stdout, stderr := runArgs(t, nil, "convert", "gguf", dir, o, "--type", typ); code != 0 || !strings.Contains(stdout, strings.ToUpper(typ)) {
 			t.Fatalf("convert --type %s: exit %d, %q %q", typ, code, stdout, stderr)

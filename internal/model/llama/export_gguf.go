@@ -39,14 +39,15 @@ const (
 	FileQ5_KM FileType = "Q5_K_M"
 	FileQ3_KM FileType = "Q3_K_M"
 	FileQ2_K  FileType = "Q2_K"
+	FileIQ4XS FileType = "IQ4_XS"
 )
 
 // FileTypes lists the file types WriteGGUF writes.
-var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileIQ4NL, FileQ4_KM, FileQ5_KM, FileQ3_KM, FileQ2_K}
+var FileTypes = []FileType{FileF32, FileF16, FileBF16, FileQ8_0, FileQ4_0, FileQ4_1, FileQ5_0, FileQ5_1, FileIQ4NL, FileQ4_KM, FileQ5_KM, FileQ3_KM, FileQ2_K, FileIQ4XS}
 
 // llamaFtype is general.file_type (llama.cpp's enum llama_ftype).
 var llamaFtype = map[FileType]uint32{FileF32: 0, FileF16: 1, FileBF16: 32, FileQ8_0: 7, FileQ4_0: 2, FileQ4_1: 3,
-	FileQ5_0: 8, FileQ5_1: 9, FileIQ4NL: 25, FileQ4_KM: 15, FileQ5_KM: 17, FileQ3_KM: 12, FileQ2_K: 10}
+	FileQ5_0: 8, FileQ5_1: 9, FileIQ4NL: 25, FileQ4_KM: 15, FileQ5_KM: 17, FileQ3_KM: 12, FileQ2_K: 10, FileIQ4XS: 30}
 
 // useMoreBits is llama.cpp's rule (llama-quant.cpp) for the layers of a
 // Q4_K_M or Q5_K_M file whose attn_v and ffn_down get Q6_K: the first and
@@ -63,10 +64,13 @@ func useMoreBits(i, n int) bool { return i < n/8 || i >= 7*n/8 || (i-n/8)%3 == 2
 // in the first sixteenth of the layers and Q4_K after, attn_output Q4_K,
 // and the rest Q3_K; Q2_K gives attn_v Q4_K if gqa (query heads per KV
 // head) is at least 4, else Q3_K, ffn_down and attn_output Q3_K, and the
-// rest Q2_K. For every quantized type rows that are not a
-// multiple of the block fall back as llama.cpp's tensor_type_fallback
-// does for the K-quants — Q5_0 for Q4_K, Q5_1 for Q5_K, Q4_0 for Q3_K and
-// Q2_K, Q8_0 for Q6_K — and to F32 for the 32-element types and for rows not a
+// rest Q2_K; IQ4_XS (without an importance matrix) gives attn_v Q5_K if
+// gqa is at least 4, ffn_down Q5_K in the first eighth of the layers, the
+// classifier Q6_K, and the rest IQ4_XS. For every quantized type rows that
+// are not a multiple of the block fall back as llama.cpp's
+// tensor_type_fallback does for the K-quants — Q5_0 for Q4_K, Q5_1 for
+// Q5_K, Q4_0 for Q3_K and Q2_K, Q8_0 for Q6_K, IQ4_NL for IQ4_XS — and to
+// F32 for the 32-element types and for rows not a
 // multiple of 32.
 func tensorType(ft FileType, name string, cols, layer, layers, gqa int, classifier bool) gguf.Type {
 	var t gguf.Type
@@ -130,6 +134,16 @@ func tensorType(ft FileType, name string, cols, layer, layers, gqa int, classifi
 		default:
 			t = gguf.Q2_K
 		}
+	case FileIQ4XS:
+		switch {
+		case classifier:
+			t = gguf.Q6_K
+		case strings.HasSuffix(name, "attn_v.weight") && gqa >= 4,
+			isFFNDown(name) && layer < layers/8:
+			t = gguf.Q5_K
+		default:
+			t = gguf.IQ4_XS
+		}
 	}
 	if cols%t.BlockSize() != 0 {
 		if cols%32 != 0 || t.BlockSize() != 256 {
@@ -142,6 +156,8 @@ func tensorType(ft FileType, name string, cols, layer, layers, gqa int, classifi
 			return gguf.Q5_1
 		case gguf.Q3_K, gguf.Q2_K:
 			return gguf.Q4_0
+		case gguf.IQ4_XS:
+			return gguf.IQ4_NL
 		}
 		return gguf.Q8_0
 	}
@@ -179,7 +195,8 @@ type GGUFReport struct {
 // and Q6_K: QuantizeQ4K, QuantizeQ6K, plain range quantizers), Q5_K_M (Q5_K
 // and Q6_K), Q3_K_M (Q3_K, Q4_K, Q5_K and Q6_K) and Q2_K (Q2_K, Q3_K, Q4_K
 // and Q6_K; QuantizeQ5K, QuantizeQ3K and QuantizeQ2K are ggml's reference
-// quantizers; see tensorType). A matrix whose rows
+// quantizers), and llama.cpp's IQ4_XS mix (IQ4_XS, QuantizeIQ4XS after
+// ggml's reference quantizer, with Q5_K and Q6_K; see tensorType). A matrix whose rows
 // are not a multiple of the block is written in a fallback type and listed
 // in the report: F32 for the 32-element types (llama.cpp's converter
 // writes F16 there, but llama.cpp then rounds that matrix's activations to
@@ -320,6 +337,8 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 			data = QuantizeQ3K(f)
 		case gguf.Q2_K:
 			data = QuantizeQ2K(f)
+		case gguf.IQ4_XS:
+			data = QuantizeIQ4XS(f)
 		default: // Q6_K
 			data = QuantizeQ6K(f)
 		}

@@ -286,7 +286,8 @@ func TestGGUFLoadErrors(t *testing.T) {
 // for attn_v and ffn_down of llama.cpp's use-more-bits layers), Q5_K_M
 // (the same with Q5_K) and Q3_K_M (Q3_K, with Q5_K for attn_v of layers 0
 // and 1, Q4_K for ffn_down and attn_output, Q6_K for the classifier) and
-// Q2_K (Q2_K, with Q3_K for attn_v, ffn_down and attn_output) — and
+// Q2_K (Q2_K, with Q3_K for attn_v, ffn_down and attn_output) and IQ4_XS
+// (IQ4_XS, Q6_K for the classifier; tied and untied) — and
 // checks the types, that the model computes the checkpoint's function
 // within the quantization error, and that its logits do not depend on
 // chunking or threads.
@@ -310,6 +311,9 @@ func TestGGUFKMixes(t *testing.T) {
 		// 4 query heads per 2 KV heads: attn_v Q3_K.
 		{llama.FileQ2_K, false, 0.45, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.0.attn_v.weight": gguf.Q3_K, "blk.1.ffn_down.weight": gguf.Q3_K,
 			"blk.0.attn_output.weight": gguf.Q3_K, "blk.0.attn_q.weight": gguf.Q2_K, "blk.1.ffn_gate.weight": gguf.Q2_K, "blk.0.attn_norm.weight": gguf.F32}},
+		{llama.FileIQ4XS, false, 0.25, map[string]gguf.Type{"token_embd.weight": gguf.Q6_K, "blk.0.attn_v.weight": gguf.IQ4_XS, "blk.0.ffn_down.weight": gguf.IQ4_XS,
+			"blk.1.attn_output.weight": gguf.IQ4_XS, "blk.0.attn_q.weight": gguf.IQ4_XS, "blk.1.ffn_up.weight": gguf.IQ4_XS, "blk.0.attn_norm.weight": gguf.F32}},
+		{llama.FileIQ4XS, true, 0.25, map[string]gguf.Type{"token_embd.weight": gguf.IQ4_XS, "output.weight": gguf.Q6_K}},
 		// Untied: the token embedding (rows read dequantized) is Q3_K, the classifier Q6_K.
 		{llama.FileQ3_KM, true, 0.3, map[string]gguf.Type{"token_embd.weight": gguf.Q3_K, "output.weight": gguf.Q6_K, "blk.0.attn_q.weight": gguf.Q3_K}},
 	} {

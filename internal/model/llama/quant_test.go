@@ -392,7 +392,8 @@ func (j *sumJob) run(w, lo, hi int) {
 // TestTensorTypeFallback checks some of the types WriteGGUF picks in
 // llama.cpp's K-quant mixes, and those for rows that are not a multiple of
 // the block: llama.cpp's Q5_0 for Q4_K, Q5_1 for
-// Q5_K, Q4_0 for Q3_K and Q2_K and Q8_0 for Q6_K (rows of 576, SmolLM2's), F32 for
+// Q5_K, Q4_0 for Q3_K and Q2_K, Q8_0 for Q6_K and IQ4_NL for IQ4_XS (rows
+// of 576, SmolLM2's), F32 for
 // the 32-element types and for rows not a multiple of 32.
 func TestTensorTypeFallback(t *testing.T) {
 	for _, c := range []struct {
@@ -423,9 +424,23 @@ func TestTensorTypeFallback(t *testing.T) {
 		{FileQ2_K, "blk.0.attn_v.weight", 512, false, gguf.Q3_K, 3},
 		{FileQ2_K, "blk.0.attn_v.weight", 512, false, gguf.Q4_K, 4},
 		{FileQ2_K, "blk.0.ffn_down.weight", 512, false, gguf.Q3_K, 1},
+		{FileIQ4XS, "blk.0.attn_q.weight", 576, false, gguf.IQ4_NL, 1},
+		{FileIQ4XS, "blk.0.attn_q.weight", 512, false, gguf.IQ4_XS, 1},
+		{FileIQ4XS, "blk.0.attn_q.weight", 48, false, gguf.F32, 1},
+		{FileIQ4XS, "blk.0.attn_v.weight", 512, false, gguf.IQ4_XS, 3},
+		{FileIQ4XS, "blk.0.attn_v.weight", 512, false, gguf.Q5_K, 4},
+		{FileIQ4XS, "blk.0.attn_v.weight", 576, false, gguf.Q5_1, 4},
+		{FileIQ4XS, "blk.0.ffn_down.weight", 512, false, gguf.IQ4_XS, 1},
+		{FileIQ4XS, "output.weight", 512, true, gguf.Q6_K, 1},
 	} {
 		if got := tensorType(c.ft, c.name, c.cols, 0, 2, c.gqa, c.classifier); got != c.want {
 			t.Errorf("%s %s cols %d: %s, want %s", c.ft, c.name, c.cols, got, c.want)
+		}
+	}
+	// IQ4_XS: ffn_down is Q5_K in the first eighth of the layers only.
+	for layer, want := range []gguf.Type{gguf.Q5_K, gguf.Q5_K, gguf.IQ4_XS, gguf.IQ4_XS} {
+		if got := tensorType(FileIQ4XS, "blk.N.ffn_down.weight", 512, layer, 16, 1, false); got != want {
+			t.Errorf("IQ4_XS ffn_down of layer %d of 16: %s, want %s", layer, got, want)
 		}
 	}
 }

@@ -12,7 +12,7 @@
 //
 // From the repository root:
 //
-//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|gemma3|phi3|qwen3moe|mixtral] [-window 16] [-longrope 0] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m,q2_k] [-kv f32|bf16|f16] [-work DIR]
+//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|gemma3|phi3|qwen3moe|mixtral] [-window 16] [-longrope 0] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m,q2_k,iq4_xs] [-kv f32|bf16|f16] [-work DIR]
 //
 // It installs node-llama-cpp@3.21.1 and @node-llama-cpp/linux-x64@3.21.1
 // (npm, --omit=optional; prebuilt binaries, no build, no download at run

@@ -136,6 +136,39 @@ func TestForwardRejects(t *testing.T) {
 // step is one sequence's part of a scheduled batch: tokens [from, to).
 type step struct{ seq, from, to int }
 
+// runSchedule runs the batches of schedule (chunks of seqs, each batch one
+// ForwardLogits) through m on a fresh pool of 4-token pages and checks every
+// logit, bit for bit, against want (each sequence's logits [len, vocab]
+// computed alone and whole); what names m's configuration in a failure. It
+// returns the pool and each sequence's pages.
+func runSchedule(t *testing.T, m *llama.Model, seqs [][]int32, schedule [][]step, want [][]float32, what string) (*kvcache.Pool, [][]kvcache.PageID) {
+	t.Helper()
+	p := newPool(t, m, 4, 64)
+	pages := make([][]kvcache.PageID, len(seqs))
+	for i, s := range seqs {
+		pages[i] = alloc(t, p, p.PagesFor(len(s)))
+	}
+	for bi, batch := range schedule {
+		var in []model.SeqInput
+		for _, st := range batch {
+			in = append(in, model.SeqInput{Pages: pages[st.seq], Pos: st.from, Tokens: seqs[st.seq][st.from:st.to]})
+		}
+		lg, err := m.ForwardLogits(context.Background(), p, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, st := range batch {
+			V := len(want[st.seq]) / len(seqs[st.seq])
+			for k, v := range lg[j] {
+				if w := want[st.seq][st.from*V+k]; math.Float32bits(v) != math.Float32bits(w) {
+					t.Fatalf("%s, batch %d seq %d: logit %d at position %d = %v, alone %v", what, bi, st.seq, k%V, st.from+k/V, v, w)
+				}
+			}
+		}
+	}
+	return p, pages
+}
+
 // TestBatchInvariance runs three sequences through a schedule that mixes
 // prefill chunks, one-token decode steps and sequences of different
 // lengths in the same batches, on 1 and 3 threads, and checks every logit is
@@ -162,31 +195,7 @@ func TestBatchInvariance(t *testing.T) {
 		{{2, 30, 31}},
 	}
 	for _, threads := range []int{1, 3} {
-		m := load(t, dir, llama.Options{Threads: threads})
-		p := newPool(t, m, 4, 64)
-		pages := make([][]kvcache.PageID, len(seqs))
-		for i, s := range seqs {
-			pages[i] = alloc(t, p, p.PagesFor(len(s)))
-		}
-		for bi, batch := range schedule {
-			var in []model.SeqInput
-			for _, st := range batch {
-				in = append(in, model.SeqInput{Pages: pages[st.seq], Pos: st.from, Tokens: seqs[st.seq][st.from:st.to]})
-			}
-			lg, err := m.ForwardLogits(context.Background(), p, in)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for j, st := range batch {
-				V := 97
-				for k, v := range lg[j] {
-					if w := want[st.seq][st.from*V+k]; v != w {
-						t.Fatalf("threads %d batch %d seq %d: logit %d at position %d = %v, alone %v",
-							threads, bi, st.seq, k%V, st.from+k/V, v, w)
-					}
-				}
-			}
-		}
+		runSchedule(t, load(t, dir, llama.Options{Threads: threads}), seqs, schedule, want, fmt.Sprintf("threads %d", threads))
 	}
 }
 

@@ -3,7 +3,7 @@ package llama_test
 import (
 	"bytes"
 	"context"
-	"math"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -59,29 +59,7 @@ func TestKVDTypeInvariance(t *testing.T) {
 					break
 				}
 				t.Cleanup(func() { _ = m.Close() })
-				p := newPool(t, m, 4, 64)
-				pages := make([][]kvcache.PageID, len(seqs))
-				for i, s := range seqs {
-					pages[i] = alloc(t, p, p.PagesFor(len(s)))
-				}
-				for bi, batch := range schedule {
-					var in []model.SeqInput
-					for _, st := range batch {
-						in = append(in, model.SeqInput{Pages: pages[st.seq], Pos: st.from, Tokens: seqs[st.seq][st.from:st.to]})
-					}
-					lg, err := m.ForwardLogits(context.Background(), p, in)
-					if err != nil {
-						t.Fatal(err)
-					}
-					for j, st := range batch {
-						for i, v := range lg[j] {
-							if w := want[st.seq][st.from*97+i]; math.Float32bits(v) != math.Float32bits(w) {
-								t.Fatalf("%v KV, %s kernels, %d threads, batch %d seq %d: logit %d at position %d = %v, alone %v",
-									dt, k, threads, bi, st.seq, i%97, st.from+i/97, v, w)
-							}
-						}
-					}
-				}
+				p, pages := runSchedule(t, m, seqs, schedule, want, fmt.Sprintf("%v KV, %s kernels, %d threads", dt, k, threads))
 				for i := range seqs {
 					if !bytes.Equal(pageBytes(p, pages[i]), wantKV[i]) {
 						t.Fatalf("%v KV, %s kernels, %d threads: seq %d's pages differ from those it wrote alone", dt, k, threads, i)

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/llama"
 	"github.com/pdserve/pdserve/internal/model/llama/gguf"
@@ -129,7 +128,6 @@ func TestMoEBatchInvariance(t *testing.T) {
 				}
 				want[i] = lg[0]
 			}
-			V := spec.Vocab
 			for _, k := range llama.KernelChoices {
 				for _, threads := range []int{1, 3} {
 					m, err := llama.Load(path, llama.Options{Kernels: k, Threads: threads})
@@ -138,29 +136,7 @@ func TestMoEBatchInvariance(t *testing.T) {
 						continue
 					}
 					t.Cleanup(func() { _ = m.Close() })
-					p := newPool(t, m, 4, 64)
-					pages := make([][]kvcache.PageID, len(seqs))
-					for i, s := range seqs {
-						pages[i] = alloc(t, p, p.PagesFor(len(s)))
-					}
-					for bi, batch := range schedule {
-						var in []model.SeqInput
-						for _, st := range batch {
-							in = append(in, model.SeqInput{Pages: pages[st.seq], Pos: st.from, Tokens: seqs[st.seq][st.from:st.to]})
-						}
-						lg, err := m.ForwardLogits(context.Background(), p, in)
-						if err != nil {
-							t.Fatal(err)
-						}
-						for j, st := range batch {
-							for i, v := range lg[j] {
-								if w := want[st.seq][st.from*V+i]; math.Float32bits(v) != math.Float32bits(w) {
-									t.Fatalf("kernels %s threads %d batch %d seq %d: logit %d at position %d = %v, alone %v",
-										k, threads, bi, st.seq, i%V, st.from+i/V, v, w)
-								}
-							}
-						}
-					}
+					runSchedule(t, m, seqs, schedule, want, fmt.Sprintf("kernels %s threads %d", k, threads))
 				}
 			}
 		})

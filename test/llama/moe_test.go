@@ -19,6 +19,15 @@ func qwen3MoENarrow() llamatest.Spec {
 	return spec
 }
 
+// mixtralNarrow is llamatest.MixtralShaped narrowed as qwen3MoENarrow: its
+// heads (16 and 4 KV of 64) and experts (8, 2 per token, each 512 wide) on
+// a 512-wide model of 2 layers with a 4096-token vocabulary.
+func mixtralNarrow() llamatest.Spec {
+	spec := llamatest.MixtralShaped()
+	spec.Hidden, spec.Intermediate, spec.Vocab, spec.Layers = 512, 512, 4096, 2
+	return spec
+}
+
 // TestSyntheticQwen3MoEPD serves a GGUF file of llama.cpp's qwen3moe
 // architecture (qwen3MoENarrow written by WriteGGUF as Q4_K_M, loaded from
 // the file as `pdserve up --model FILE.gguf` does) colocated and

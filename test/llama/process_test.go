@@ -139,7 +139,9 @@ func TestStories260KProcess(t *testing.T) {
 // llama as a user would: `pdserve convert gguf --type q4_k_m` of a
 // checkpoint in Hugging Face's layout — Qwen3-shaped (qwen3Narrow),
 // Qwen3-MoE-shaped (qwen3MoENarrow: mlp.gate and
-// mlp.experts.E.{gate,up,down}_proj), Gemma-3- and Phi-3-shaped (those of
+// mlp.experts.E.{gate,up,down}_proj), Mixtral-shaped (mixtralNarrow:
+// block_sparse_moe.gate and block_sparse_moe.experts.E.w1/w2/w3, written as
+// llama.cpp's llama with experts), Gemma-3- and Phi-3-shaped (those of
 // TestSyntheticGemma3PD and TestSyntheticPhi3PD) — then `pdserve serve
 // --model FILE.gguf` and `pdserve up --model FILE.gguf` (a prefill and a
 // decode worker), and checks over HTTP that the disaggregated answers to 20
@@ -154,7 +156,7 @@ func TestGGUFProcess(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		spec llamatest.Spec
-	}{{"qwen3", qwen3Narrow()}, {"qwen3moe", qwen3MoENarrow()}, {"gemma3", gemma3Narrow()}, {"phi3", phi3Narrow()}} {
+	}{{"qwen3", qwen3Narrow()}, {"qwen3moe", qwen3MoENarrow()}, {"mixtral", mixtralNarrow()}, {"gemma3", gemma3Narrow()}, {"phi3", phi3Narrow()}} {
 		t.Run(c.name, func(t *testing.T) {
 			if raceEnabled && c.name != "qwen3" {
 				// The processes are the same code on every architecture;

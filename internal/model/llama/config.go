@@ -501,6 +501,21 @@ func checkExperts(c *Config) error {
 // (true: q, k, v and o biases). The activation (hidden_activation, else
 // hidden_act) must be gelu_pytorch_tanh.
 func gemma2Config(c *Config, r *rawConfig) error {
+	if err := gemmaBase(c, r, "Gemma2"); err != nil {
+		return err
+	}
+	// Gemma2DecoderLayer: is_sliding = not layer_idx % 2; Gemma2Config's
+	// soft-capping defaults 50 (attention) and 30 (final).
+	return gemmaAttention(c, r, 2, 50, 30)
+}
+
+// gemmaBase sets what Gemma 2 and Gemma 3 share from a config.json: the
+// √hidden embedding scale, GeGLU with gelu-tanh, the post-norms,
+// attention_bias (false if absent; true: q, k, v and o biases), and the
+// defaults head_dim 256 and tie_word_embeddings true. The activation
+// (hidden_activation, else hidden_act) must be gelu_pytorch_tanh: an error
+// naming arch otherwise.
+func gemmaBase(c *Config, r *rawConfig, arch string) error {
 	act := "gelu_pytorch_tanh"
 	if r.HiddenActivation != nil {
 		act = *r.HiddenActivation
@@ -508,7 +523,7 @@ func gemma2Config(c *Config, r *rawConfig) error {
 		act = *r.HiddenAct
 	}
 	if act != "gelu_pytorch_tanh" {
-		return fmt.Errorf("unsupported hidden_activation %q for Gemma2; want gelu_pytorch_tanh", act)
+		return fmt.Errorf("unsupported hidden_activation %q for %s; want gelu_pytorch_tanh", act, arch)
 	}
 	c.EmbedScale, c.GeluTanh, c.PostNorms = true, true, true
 	c.QKVBias = r.AttentionBias != nil && *r.AttentionBias
@@ -521,9 +536,7 @@ func gemma2Config(c *Config, r *rawConfig) error {
 		t := true
 		r.TieWordEmbeddings = &t
 	}
-	// Gemma2DecoderLayer: is_sliding = not layer_idx % 2; Gemma2Config's
-	// soft-capping defaults 50 (attention) and 30 (final).
-	return gemmaAttention(c, r, 2, 50, 30)
+	return nil
 }
 
 // gemmaAttention sets the attention fields Gemma 2 and Gemma 3 read alike

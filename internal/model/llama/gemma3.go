@@ -76,26 +76,10 @@ func hfSlidingLayers(r *rawConfig, def int) ([]bool, error) {
 // attn_logit_softcapping or final_logit_softcapping is set, tied
 // embeddings.
 func gemma3Config(c *Config, r *rawConfig) error {
-	act := "gelu_pytorch_tanh"
-	if r.HiddenActivation != nil {
-		act = *r.HiddenActivation
-	} else if r.HiddenAct != nil {
-		act = *r.HiddenAct
+	if err := gemmaBase(c, r, "Gemma3"); err != nil {
+		return err
 	}
-	if act != "gelu_pytorch_tanh" {
-		return fmt.Errorf("unsupported hidden_activation %q for Gemma3; want gelu_pytorch_tanh", act)
-	}
-	c.EmbedScale, c.GeluTanh, c.PostNorms, c.QKNorm = true, true, true, true
-	c.QKVBias = r.AttentionBias != nil && *r.AttentionBias
-	c.OBias = c.QKVBias
-	if r.HeadDim == nil {
-		hd := 256
-		r.HeadDim = &hd
-	}
-	if r.TieWordEmbeddings == nil {
-		t := true
-		r.TieWordEmbeddings = &t
-	}
+	c.QKNorm = true
 	if r.RopeTheta == nil {
 		th := 1e6
 		r.RopeTheta = &th

@@ -530,9 +530,6 @@ then SIGTERM the old one (it stops listening, and finishes its streams).`,
 				return err
 			}
 			watchTLS(cmd.Context(), log, ro.FrontTLS, ro.InternalTLS)
-			if cmd.Flags().Changed("kv-cache-dtype") {
-				return usagef("--kv-cache-dtype is the workers' flag: the router pairs a prefill and a decode worker whose KV dtypes agree, whatever they are (see /workers)")
-			}
 			newModel, err := mf.factory()
 			if err != nil {
 				return err
@@ -585,6 +582,7 @@ then SIGTERM the old one (it stops listening, and finishes its streams).`,
 	lf.add(fs)
 	tf.add(fs)
 	pp.add(fs)
+	mf.router = true // no KV cache: --kv-cache-dtype is the workers'
 	mf.add(fs)
 	// The router only needs the model's identity, tokenizer and context;
 	// latencies are the workers' business.

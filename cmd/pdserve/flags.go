@@ -82,9 +82,12 @@ type modelFlags struct {
 	simDecodeMS  float64
 	simProfile   string
 	kvDType      string
-	threads      int
-	kernels      string
-	fs           *pflag.FlagSet // to tell the flags given from the defaults
+	// router says the flags are the router's, which has no KV cache: no
+	// --kv-cache-dtype (nor its environment variable) to set.
+	router  bool
+	threads int
+	kernels string
+	fs      *pflag.FlagSet // to tell the flags given from the defaults
 }
 
 // The simulated model's defaults on the command line: what a GPU serving
@@ -115,9 +118,12 @@ func (f *modelFlags) add(fs *pflag.FlagSet) {
 	g := sim.DefaultGeometry()
 	g.Layers = defaultSimLayers
 	f.fs = fs
-	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights), a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Mistral, Gemma 2 and 3, Phi-3) or a GGUF file (llama, qwen2, qwen3, qwen3moe, mistral, gemma2, gemma3, phi3; F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)`)
-	fs.StringVar(&f.kvDType, "kv-cache-dtype", kvDTypeAuto, `KV cache element type: f32, bf16, f16, or "auto" (a checkpoint model: `+
-		llama.DefaultKVDType.String()+`; the simulated model: --sim-dtype). Prefill and decode workers pair only if they agree`)
+	fs.StringVar(&f.model, "model", SimModel, `model to serve: "sim" (the simulated model, no weights), a Hugging Face checkpoint directory (config.json + safetensors; Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Mistral, Gemma 2 and 3, Phi-3) or a GGUF file (llama, qwen2, qwen3, qwen3moe, mistral, gemma2, gemma3, phi3; F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)`)
+	f.kvDType = kvDTypeAuto
+	if !f.router {
+		fs.StringVar(&f.kvDType, "kv-cache-dtype", kvDTypeAuto, `KV cache element type: f32, bf16, f16, or "auto" (a checkpoint model: `+
+			llama.DefaultKVDType.String()+`; the simulated model: --sim-dtype). Prefill and decode workers pair only if they agree`)
+	}
 	fs.IntVar(&f.threads, "threads", 0, "checkpoint model: goroutines per forward step (0: GOMAXPROCS)")
 	fs.StringVar(&f.kernels, "llama-kernels", llama.KernelsAuto, "checkpoint model: matrix kernels ("+strings.Join(llama.KernelChoices, ", ")+"; every choice computes the same bits)")
 	fs.StringVar(&f.servedName, "served-model-name", "", "model name in the API (default: the model's own)")

@@ -446,11 +446,26 @@ current-context: x
 	}
 }
 
-// TestRouterRefusesKVCacheDType: --kv-cache-dtype on the router, which has
-// no KV cache, is a usage error rather than a flag that does nothing.
-func TestRouterRefusesKVCacheDType(t *testing.T) {
+// TestRouterHasNoKVCacheDType: the router, which has no KV cache, has no
+// --kv-cache-dtype (an unknown flag, not one it would ignore), and
+// PDSERVE_KV_CACHE_DTYPE exported for the workers of one shell does not
+// stop it.
+func TestRouterHasNoKVCacheDType(t *testing.T) {
 	code, _, errOut := runArgs(t, nil, "router", "--kv-cache-dtype", "f16", "--colocated", "http://127.0.0.1:1")
-	if code != 2 || !strings.Contains(errOut, "--kv-cache-dtype is the workers' flag") {
+	if code != 2 || !strings.Contains(errOut, "unknown flag: --kv-cache-dtype") {
 		t.Errorf("exit %d, %s", code, errOut)
+	}
+	env := func(k string) (string, bool) {
+		if k == "PDSERVE_KV_CACHE_DTYPE" {
+			return "f16", true
+		}
+		return "", false
+	}
+	var f modelFlags
+	f.router = true
+	fs := pflag.NewFlagSet("router", pflag.ContinueOnError)
+	f.add(fs)
+	if err := applyEnv(fs, env); err != nil || fs.Lookup("kv-cache-dtype") != nil || f.kvDType != kvDTypeAuto {
+		t.Errorf("router flags with PDSERVE_KV_CACHE_DTYPE set: %v, kv dtype %q", err, f.kvDType)
 	}
 }

@@ -7,6 +7,7 @@ package testbin
 import (
 	"bufio"
 	"bytes"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -116,6 +117,19 @@ func (b *Binary) Remove() {
 	if b.dir != "" {
 		_ = os.RemoveAll(b.dir)
 	}
+}
+
+// DefaultParallel sets -test.parallel to n unless the command line set it:
+// for a package whose tests wait on processes and timers far more than they
+// compute, so that more of them overlap than GOMAXPROCS allows. Call it from
+// TestMain after flag.Parse.
+func DefaultParallel(n int) error {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if set {
+		return nil
+	}
+	return flag.Set("test.parallel", strconv.Itoa(n))
 }
 
 // Proc is a running process of a built command: its stdout lines are kept

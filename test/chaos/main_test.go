@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/testbin"
 	"go.uber.org/goleak"
 )
 
@@ -45,6 +46,14 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// TestChaosInProcess runs alone first; the process tests after it
+	// mostly wait on processes and timers, so four overlap instead of
+	// GOMAXPROCS (unless -parallel says otherwise).
+	if err := testbin.DefaultParallel(4); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	goleak.VerifyTestMain(pdserve.RemovingAfter(m))
 }
 

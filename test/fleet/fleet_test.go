@@ -35,13 +35,9 @@ func TestMain(m *testing.M) {
 	// The tests wait on processes and timers far more than they compute
 	// (the package keeps about a third of a core busy): unless -parallel
 	// says otherwise, four run at a time instead of GOMAXPROCS.
-	parallelSet := false
-	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
-	if !parallelSet {
-		if err := flag.Set("test.parallel", "4"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(2)
-		}
+	if err := testbin.DefaultParallel(4); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
 	}
 	code := m.Run()
 	pdserve.Remove()

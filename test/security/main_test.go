@@ -9,9 +9,11 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"syscall"
@@ -25,7 +27,17 @@ import (
 
 var pdserve = testbin.New("github.com/pdserve/pdserve/cmd/pdserve")
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(cleanupM{m}) }
+func TestMain(m *testing.M) {
+	flag.Parse()
+	// The tests mostly wait on servers, certificate reloads and deadlines:
+	// four run at a time instead of GOMAXPROCS (unless -parallel says
+	// otherwise).
+	if err := testbin.DefaultParallel(4); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	goleak.VerifyTestMain(cleanupM{m})
+}
 
 type cleanupM struct{ m *testing.M }
 

@@ -3,8 +3,10 @@ package etcd
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -298,7 +300,16 @@ func TestRegisterRefusesBadRecords(t *testing.T) {
 	}
 }
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	flag.Parse()
+	// The tests mostly wait on leases, watches and a stopped etcd: four run
+	// at a time instead of GOMAXPROCS (unless -parallel says otherwise).
+	if err := testbin.DefaultParallel(4); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // TestDeletedRecordWrittenAgain: a worker's record deleted or overwritten
 // behind its back (etcdctl del, a stray write) is written again under the

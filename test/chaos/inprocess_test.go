@@ -46,8 +46,18 @@ const (
 )
 
 // minCoverageRequests is the smallest run that must strike every phase
-// (requiredPhases); the CI run has 2,000 requests.
+// (requiredPhases); the CI run has 2,000 requests (inProcessRequests).
 const minCoverageRequests = 1000
+
+// inProcessRequests is TestChaosInProcess's CI size: 2,000 requests, or
+// minCoverageRequests under the race detector, where the suite's time goal
+// needs the cut (.ci/run also runs the test whole without it).
+func inProcessRequests() int {
+	if raceEnabled {
+		return minCoverageRequests
+	}
+	return 2000
+}
 
 // decodeMaxRunning bounds a decode worker's running batch, so that
 // requests also wait in decode's queued stage.
@@ -591,7 +601,7 @@ func (h *inproc) setUp() {
 // processes, which mostly wait, run two at a time after it.
 func TestChaosInProcess(t *testing.T) {
 	seed := seedFor(t)
-	nReq, nClients := sizes(2000, 10000, 32)
+	nReq, nClients := sizes(inProcessRequests(), 10000, 32)
 	start := time.Now()
 	h := &inproc{t: t, seed: seed, began: start, dl: chaosDeadlines, hc: &http.Client{Timeout: 10 * time.Second},
 		net:   fault.NewNet(fault.NetConfig{Seed: derive(seed, 4)}, nil),

@@ -22,13 +22,14 @@ import (
 // that the decode worker received exactly half the KV bytes in a 2-byte
 // dtype that it received in f32 for the same prompts
 // (pdserve_kv_transfer_bytes_total counts page bytes: the pages travel in
-// the stored dtype).
+// the stored dtype). Under the race detector the model has 1 layer and
+// generates fewer tokens.
 func TestSyntheticKVDTypePD(t *testing.T) {
 	t.Parallel()
 	spec := qwen3Narrow()
 	maxTokens := 8
 	if raceEnabled {
-		maxTokens = 4
+		spec.Layers, maxTokens = 1, 4
 	}
 	dir := spec.WriteT(t)
 	reqs := mixedRequests(spec.Vocab, maxTokens)
@@ -86,13 +87,14 @@ func kvBytesReceived(t *testing.T, s *cluster.WorkerServer) float64 {
 // TestSyntheticKVDTypePrefixCache runs the prefix-cache conversations of
 // TestSyntheticSmolLM2PrefixCache on qwen3Narrow with an f16 KV cache:
 // pages kept by the cache, and taken from it by decode after a transfer,
-// hold the same f16 bits prefill computed.
+// hold the same f16 bits prefill computed. Under the race detector the
+// model has 1 layer and generates fewer tokens.
 func TestSyntheticKVDTypePrefixCache(t *testing.T) {
 	t.Parallel()
 	spec := qwen3Narrow()
 	maxTokens := 8
 	if raceEnabled {
-		maxTokens = 4
+		spec.Layers, maxTokens = 1, 4
 	}
 	checkPrefixCache(t, spec.WriteT(t), llama.Options{Name: "qwen3-shaped", KVDType: kvcache.F16}, spec.Vocab, maxTokens)
 }

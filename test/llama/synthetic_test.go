@@ -36,13 +36,13 @@ func TestSyntheticSmolLM2PD(t *testing.T) {
 // architecture: qwen3Narrow (Qwen3-0.6B's heads: 16 and 8 KV of 128,
 // per-head q/k norms; random weights) written by WriteGGUF as Q4_K_M and
 // loaded from the file, as `pdserve up --model FILE.gguf` does. Under the
-// race detector it generates fewer tokens.
+// race detector it has 1 layer and generates fewer tokens.
 func TestSyntheticQwen3PD(t *testing.T) {
 	t.Parallel()
 	spec := qwen3Narrow()
 	maxTokens := 8
 	if raceEnabled {
-		maxTokens = 4
+		spec.Layers, maxTokens = 1, 4
 	}
 	path := filepath.Join(t.TempDir(), "qwen3-shaped-q4_k_m.gguf")
 	if _, err := llama.WriteGGUF(spec.WriteT(t), path, llama.FileQ4_KM); err != nil {

@@ -130,8 +130,13 @@ func TestRegisterWatchDeregister(t *testing.T) {
 		e.Fingerprint.PageSize != 16 || e.Source != "etcd" {
 		t.Fatalf("prefill entry %+v", e)
 	}
-	if st, n, _ := p.Status(); st != "registered" || n != 1 {
-		t.Fatalf("status %s after %d registrations", st, n)
+	// The watcher can see the record before Register's goroutine, whose
+	// put wrote it, records the status.
+	if state, ok := testbin.WaitUntil(10*time.Second, func() (bool, string) {
+		st, n, _ := p.Status()
+		return st == "registered" && n == 1, fmt.Sprintf("status %s after %d registrations", st, n)
+	}); !ok {
+		t.Fatal(state)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -22,8 +22,8 @@ import (
 )
 
 // exporter is an OTLP span exporter that writes the protobuf encoding of
-// the spans itself, straight from the SDK's spans into one reused buffer,
-// and hands it to the OTLP client (HTTP or gRPC, with everything the
+// the spans itself, straight from the spans into one reused buffer, and
+// hands it to the OTLP client (HTTP or gRPC, with everything the
 // OTEL_EXPORTER_OTLP_* variables configure: headers, timeout, TLS,
 // compression, retries) as the unknown fields of an otherwise empty
 // ResourceSpans, which the client's marshalling copies verbatim. The SDK's
@@ -34,19 +34,44 @@ type exporter struct {
 	client otlptrace.Client
 	stop   sync.Once
 
-	// The batch span processor exports from one goroutine at a time; mu
-	// guards the buffers for any other caller.
+	// The queue exports from one goroutine at a time; mu guards the
+	// buffers for any other caller.
 	mu     sync.Mutex
 	groups []spanGroup
 	bufs   [][]byte
 }
+
+// encodable is what the exporter reads of an ended span: the methods of
+// the SDK's sdktrace.ReadOnlySpan it uses, which New's spans have too. A
+// span that also has stageList() (New's spans ended with stages) is
+// written with a child span per stage.
+type encodable interface {
+	SpanContext() trace.SpanContext
+	Parent() trace.SpanContext
+	Name() string
+	SpanKind() trace.SpanKind
+	StartTime() time.Time
+	EndTime() time.Time
+	Attributes() []attribute.KeyValue
+	DroppedAttributes() int
+	Events() []sdktrace.Event
+	DroppedEvents() int
+	Links() []sdktrace.Link
+	DroppedLinks() int
+	Status() sdktrace.Status
+	Resource() *resource.Resource
+	InstrumentationScope() instrumentation.Scope
+}
+
+// staged is a span ended with stages.
+type staged interface{ stageList() []Stage }
 
 // spanGroup is the spans of one resource and instrumentation scope, in
 // the order they came.
 type spanGroup struct {
 	res   *resource.Resource
 	scope instrumentation.Scope
-	spans []sdktrace.ReadOnlySpan
+	spans []encodable
 }
 
 // newExporter returns an exporter sending over client, started.
@@ -57,9 +82,8 @@ func newExporter(ctx context.Context, client otlptrace.Client) (*exporter, error
 	return &exporter{client: client}, nil
 }
 
-// ExportSpans implements sdktrace.SpanExporter. A span ended with stages
-// (Provider.EndWithStages) is written with a child span per stage.
-func (e *exporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+// export sends spans as one OTLP request.
+func (e *exporter) export(ctx context.Context, spans []encodable) error {
 	if len(spans) == 0 {
 		return nil
 	}
@@ -95,7 +119,7 @@ func (e *exporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpa
 	return nil
 }
 
-// Shutdown implements sdktrace.SpanExporter: it stops the client, once.
+// Shutdown stops the client, once.
 func (e *exporter) Shutdown(ctx context.Context) error {
 	err := context.Cause(ctx)
 	e.stop.Do(func() { err = e.client.Stop(ctx) })
@@ -106,7 +130,7 @@ func (e *exporter) Shutdown(ctx context.Context) error {
 // by resource and scope, as OTLP nests them: the groups of one resource
 // next to each other, each group's spans and the groups in the order they
 // came.
-func groupSpans(groups []spanGroup, spans []sdktrace.ReadOnlySpan) []spanGroup {
+func groupSpans(groups []spanGroup, spans []encodable) []spanGroup {
 	n := 0
 next:
 	for _, s := range spans {
@@ -315,9 +339,9 @@ func appendScopeSpans(b []byte, g spanGroup) []byte {
 	}
 	for _, s := range g.spans {
 		b = appendSpan(b, s)
-		if ws, ok := s.(spanWithStages); ok {
-			for _, st := range ws.stages {
-				b = appendStage(b, ws, st)
+		if ws, ok := s.(staged); ok {
+			for _, st := range ws.stageList() {
+				b = appendStage(b, s, st)
 			}
 		}
 	}
@@ -336,7 +360,7 @@ func spanFlags(tf trace.TraceFlags, sc trace.SpanContext) uint32 {
 }
 
 // appendSpan appends s as field ScopeSpans.spans.
-func appendSpan(b []byte, s sdktrace.ReadOnlySpan) []byte {
+func appendSpan(b []byte, s encodable) []byte {
 	b, at := beginField(b, fScopeSpansSpans)
 	sc := s.SpanContext()
 	tid, sid := sc.TraceID(), sc.SpanID()
@@ -400,7 +424,7 @@ func appendSpan(b []byte, s sdktrace.ReadOnlySpan) []byte {
 
 // appendStage appends stage st of span s as a span of its own in
 // ScopeSpans.spans: s's child, of kind internal, with a random id.
-func appendStage(b []byte, s sdktrace.ReadOnlySpan, st Stage) []byte {
+func appendStage(b []byte, s encodable, st Stage) []byte {
 	b, at := beginField(b, fScopeSpansSpans)
 	sc := s.SpanContext()
 	tid, parent := sc.TraceID(), sc.SpanID()

@@ -101,6 +101,15 @@ func spansOfEveryShape() []sdktrace.ReadOnlySpan {
 	return tracetest.SpanStubs(stubs).Snapshots()
 }
 
+// encodables is spans as the exporter takes them.
+func encodables(spans []sdktrace.ReadOnlySpan) []encodable {
+	out := make([]encodable, len(spans))
+	for i, s := range spans {
+		out[i] = s
+	}
+	return out
+}
+
 // TestExporterEncoding: the exporter's own encoding decodes to exactly
 // what the SDK's OTLP exporter would send for the same spans, and a
 // second batch through the same (reused) buffers too.
@@ -118,7 +127,7 @@ func TestExporterEncoding(t *testing.T) {
 	}
 	for range 2 {
 		got.sent = nil
-		if err := e.ExportSpans(ctx, spans); err != nil {
+		if err := e.export(ctx, encodables(spans)); err != nil {
 			t.Fatal(err)
 		}
 		w, g := want.decoded(t), got.decoded(t)
@@ -131,7 +140,7 @@ func TestExporterEncoding(t *testing.T) {
 			}
 		}
 	}
-	if err := e.ExportSpans(ctx, nil); err != nil || len(got.sent) != 2 {
+	if err := e.export(ctx, nil); err != nil || len(got.sent) != 2 {
 		t.Errorf("no spans: %v, sent %d (want nothing more)", err, len(got.sent))
 	}
 	if err := e.Shutdown(ctx); err != nil {
@@ -143,8 +152,8 @@ func TestExporterEncoding(t *testing.T) {
 // default batch) shaped like a PD request's.
 func BenchmarkExporter(b *testing.B) {
 	ctx := context.Background()
-	one := spansOfEveryShape()[:2]
-	var spans []sdktrace.ReadOnlySpan
+	one := encodables(spansOfEveryShape()[:2])
+	var spans []encodable
 	for len(spans) < 512 {
 		spans = append(spans, one...)
 	}
@@ -154,7 +163,7 @@ func BenchmarkExporter(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := e.ExportSpans(ctx, spans); err != nil {
+		if err := e.export(ctx, spans); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,7 +1,6 @@
 package tracing
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"strconv"
@@ -11,7 +10,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -62,39 +60,33 @@ func inRatio(tid trace.TraceID, r float64) bool {
 	return binary.BigEndian.Uint64(tid[8:16])>>1 < uint64(r*(1<<63))
 }
 
-// tailSampler is a span processor that decides which traces to export
-// once each trace's local root span (one whose parent is remote or
-// absent: the router's request, a worker's leg) ends: a trace within the
-// ratio, or one that failed (an error status on any of its spans), took
-// SlowThreshold or longer, or was retried or continued (AttrKeep), goes to
-// next; the others are dropped. Every span is recorded meanwhile.
+// tailSampler decides which traces to export once each trace's local
+// root span (one whose parent is remote or absent: the router's request, a
+// worker's leg) ends: a trace within the ratio, or one that failed (an
+// error status on any of its spans), took SlowThreshold or longer, or was
+// retried or continued (AttrKeep), goes to the queue; the others are
+// dropped. Every span is recorded meanwhile.
 type tailSampler struct {
-	next  sdktrace.SpanProcessor
+	q     *queue
 	ratio float64
 	slow  time.Duration
 
 	mu       sync.Mutex
-	held     map[trace.TraceID][]sdktrace.ReadOnlySpan
+	held     map[trace.TraceID][]*span
 	keep     map[trace.TraceID]bool // traces whose spans are known to be kept
 	buffered int
 }
 
-func newTailSampler(next sdktrace.SpanProcessor, ratio float64, slow time.Duration) *tailSampler {
-	return &tailSampler{next: next, ratio: ratio, slow: slow, held: map[trace.TraceID][]sdktrace.ReadOnlySpan{},
-		keep: map[trace.TraceID]bool{}}
-}
-
-// OnStart implements sdktrace.SpanProcessor.
-func (t *tailSampler) OnStart(parent context.Context, s sdktrace.ReadWriteSpan) {
-	t.next.OnStart(parent, s)
+func newTailSampler(q *queue, ratio float64, slow time.Duration) *tailSampler {
+	return &tailSampler{q: q, ratio: ratio, slow: slow, held: map[trace.TraceID][]*span{}, keep: map[trace.TraceID]bool{}}
 }
 
 // interesting reports a span that keeps its trace.
-func (t *tailSampler) interesting(s sdktrace.ReadOnlySpan) bool {
-	if s.Status().Code == codes.Error {
+func interesting(s *span) bool {
+	if s.status.Code == codes.Error {
 		return true
 	}
-	for _, a := range s.Attributes() {
+	for _, a := range s.attrs {
 		if a.Key == AttrKeep && a.Value.AsBool() {
 			return true
 		}
@@ -102,15 +94,15 @@ func (t *tailSampler) interesting(s sdktrace.ReadOnlySpan) bool {
 	return false
 }
 
-// OnEnd implements sdktrace.SpanProcessor.
-func (t *tailSampler) OnEnd(s sdktrace.ReadOnlySpan) {
-	tid := s.SpanContext().TraceID()
-	root := !s.Parent().IsValid() || s.Parent().IsRemote()
+// onEnd takes span s once it ended.
+func (t *tailSampler) onEnd(s *span) {
+	tid := s.sc.TraceID()
+	root := !s.parent.IsValid() || s.parent.IsRemote()
 	t.mu.Lock()
 	held := t.held[tid]
-	keep := t.keep[tid] || inRatio(tid, t.ratio) || t.interesting(s) || (root && t.slow > 0 && s.EndTime().Sub(s.StartTime()) >= t.slow)
+	keep := t.keep[tid] || inRatio(tid, t.ratio) || interesting(s) || (root && t.slow > 0 && s.end.Sub(s.start) >= t.slow)
 	for _, h := range held {
-		keep = keep || t.interesting(h)
+		keep = keep || interesting(h)
 	}
 	switch {
 	case root:
@@ -137,13 +129,7 @@ func (t *tailSampler) OnEnd(s sdktrace.ReadOnlySpan) {
 		return
 	}
 	for _, h := range held {
-		t.next.OnEnd(h)
+		t.q.add(h)
 	}
-	t.next.OnEnd(s)
+	t.q.add(s)
 }
-
-// Shutdown implements sdktrace.SpanProcessor.
-func (t *tailSampler) Shutdown(ctx context.Context) error { return t.next.Shutdown(ctx) }
-
-// ForceFlush implements sdktrace.SpanProcessor.
-func (t *tailSampler) ForceFlush(ctx context.Context) error { return t.next.ForceFlush(ctx) }

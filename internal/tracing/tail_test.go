@@ -7,7 +7,6 @@ import (
 
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -16,10 +15,7 @@ import (
 // SlowThreshold or longer is exported whole; a remote parent makes a local
 // root (a worker's leg).
 func TestTailSampler(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()),
-		sdktrace.WithSpanProcessor(newTailSampler(sdktrace.NewSimpleSpanProcessor(exp), 0, time.Second)))
-	defer tp.Shutdown(context.Background())
+	tp, sent := testProvider(t, 0, time.Second)
 	tr := tp.Tracer("t")
 	t0 := time.Unix(1000, 0)
 	run := func(name string, mod func(root, child trace.Span), rootDur time.Duration, remote bool) {
@@ -42,8 +38,11 @@ func TestTailSampler(t *testing.T) {
 	run("child-error", func(_, c trace.Span) { c.SetStatus(codes.Error, "broken") }, 10*time.Millisecond, false)
 	run("keep", func(r, _ trace.Span) { r.SetAttributes(AttrKeep.Bool(true)) }, 10*time.Millisecond, true)
 	run("slow", none, 2*time.Second, true)
+	if err := tp.q.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	got := map[string]bool{}
-	for _, s := range exp.GetSpans() {
+	for _, s := range exportedSpans(t, sent) {
 		got[s.Name] = true
 	}
 	for _, name := range []string{"child-error", "keep", "slow"} {

@@ -37,8 +37,8 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -76,8 +76,6 @@ type Provider struct {
 	// Shutdown flushes the spans not yet exported and stops the exporter
 	// (a no-op when off).
 	Shutdown func(context.Context) error
-	// stages gives the spans ended with stages their stages (nil: off).
-	stages *stageProcessor
 }
 
 // Off is the provider of a component without tracing.
@@ -110,6 +108,10 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 	if err != nil {
 		return Provider{}, err
 	}
+	qc, err := queueConfigOf(getenv)
+	if err != nil {
+		return Provider{}, err
+	}
 	client, err := otlpClient(endpoint, proto)
 	if err != nil {
 		return Provider{}, err
@@ -118,20 +120,20 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 	if err != nil {
 		return Provider{}, err
 	}
-	res := resource.NewSchemaless(semconv.ServiceName(cfg.Service))
-	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithIDGenerator(IDs{})}
-	next := sdktrace.NewBatchSpanProcessor(exp)
-	if ratio >= 1 {
-		opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
-	} else {
+	// As the SDK's provider with WithResource: OTEL_RESOURCE_ATTRIBUTES and
+	// OTEL_SERVICE_NAME, then the service name.
+	res, err := resource.Merge(resource.Environment(), resource.NewSchemaless(semconv.ServiceName(cfg.Service)))
+	if err != nil {
+		return Provider{}, fmt.Errorf("tracing resource: %w", err)
+	}
+	p := &provider{res: res, ratio: ratio, slow: cfg.SlowThreshold, q: newQueue(qc, exp),
+		tracers: map[instrumentation.Scope]*tracer{}}
+	if ratio < 1 {
 		// Every span is recorded; the tail sampler exports the traces
 		// within the ratio and those that matter (failed, slow, retried).
-		opts = append(opts, sdktrace.WithSampler(sdktrace.AlwaysSample()))
-		next = newTailSampler(next, ratio, cfg.SlowThreshold)
+		p.tail = newTailSampler(p.q, ratio, cfg.SlowThreshold)
 	}
-	stages := newStageProcessor(next)
-	tp := sdktrace.NewTracerProvider(append(opts, sdktrace.WithSpanProcessor(stages))...)
-	return Provider{TracerProvider: tp, On: true, Shutdown: tp.Shutdown, stages: stages}, nil
+	return Provider{TracerProvider: p, On: true, Shutdown: p.q.shutdown}, nil
 }
 
 // otlpClient returns the OTLP client of endpoint: gRPC unless the URL's

@@ -1,0 +1,521 @@
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/embedded"
+)
+
+// The span limits of New's providers: the OpenTelemetry SDK's defaults
+// (sdktrace.SpanLimits, OTEL_SPAN_*_COUNT_LIMIT unset). Past them an
+// attribute, event or link is dropped and counted.
+const (
+	maxSpanAttributes = 128
+	maxSpanEvents     = 128
+	maxSpanLinks      = 128
+)
+
+// provider is the tracer provider New returns: the OpenTelemetry trace
+// API over spans of its own, handed at their end straight to the OTLP
+// exporter's queue. The SDK's provider keeps a span object of ~2 KB, a
+// snapshot copied at its end and a chain of span processors per span:
+// with a PD request's spans on three components that was most of what
+// tracing still cost (docs/performance.md, "Tracing overhead"). It samples
+// as New documents: parent-based at ratio 1 (a span under an unsampled
+// parent is not recorded), else every span recorded and the tail sampler
+// deciding per trace.
+type provider struct {
+	embedded.TracerProvider
+	res   *resource.Resource
+	ratio float64
+	slow  time.Duration
+	tail  *tailSampler // nil at ratio 1
+	q     *queue
+
+	mu      sync.Mutex
+	tracers map[instrumentation.Scope]*tracer
+}
+
+// Tracer implements trace.TracerProvider.
+func (p *provider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	c := trace.NewTracerConfig(opts...)
+	scope := instrumentation.Scope{Name: name, Version: c.InstrumentationVersion(), SchemaURL: c.SchemaURL(),
+		Attributes: c.InstrumentationAttributes()}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.tracers[scope]
+	if t == nil {
+		t = &tracer{p: p, scope: scope}
+		p.tracers[scope] = t
+	}
+	return t
+}
+
+// ended takes span s once it ended: to the tail sampler below ratio 1,
+// else to the exporter's queue.
+func (p *provider) ended(s *span) {
+	if p.tail != nil {
+		p.tail.onEnd(s)
+		return
+	}
+	p.q.add(s)
+}
+
+// tracer is a provider's tracer of one instrumentation scope.
+type tracer struct {
+	embedded.Tracer
+	p     *provider
+	scope instrumentation.Scope
+}
+
+// Start implements trace.Tracer.
+func (t *tracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	c := trace.NewSpanStartConfig(opts...)
+	var parent trace.SpanContext
+	if !c.NewRoot() {
+		parent = trace.SpanContextFromContext(ctx)
+	}
+	var tid trace.TraceID
+	var sid trace.SpanID
+	if parent.TraceID().IsValid() {
+		tid, sid = parent.TraceID(), IDs{}.NewSpanID(ctx, parent.TraceID())
+	} else {
+		tid, sid = IDs{}.NewIDs(ctx)
+	}
+	// At ratio 1 the sampler is parent-based: no parent or a sampled one.
+	sampled := t.p.ratio < 1 || !parent.IsValid() || parent.IsSampled()
+	flags := parent.TraceFlags() &^ trace.FlagsSampled
+	if sampled {
+		flags |= trace.FlagsSampled
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags,
+		TraceState: parent.TraceState()})
+	if !sampled {
+		s := &quietSpan{sc: sc, p: t.p}
+		return trace.ContextWithSpan(ctx, s), s
+	}
+	s := &span{t: t, sc: sc, parent: parent, name: name, kind: trace.ValidateSpanKind(c.SpanKind()), start: c.Timestamp()}
+	s.attrs = s.attrBuf[:0]
+	if s.start.IsZero() {
+		s.start = time.Now()
+	}
+	s.addAttributes(c.Attributes())
+	for _, l := range c.Links() {
+		s.addLink(l)
+	}
+	return trace.ContextWithSpan(ctx, s), s
+}
+
+// span is a recorded span of a provider. Its fields change only under mu
+// until End; then the exporter reads them (the queue's lock orders the
+// two) and every setter is a no-op.
+type span struct {
+	embedded.Span
+	t      *tracer
+	sc     trace.SpanContext
+	parent trace.SpanContext
+
+	mu            sync.Mutex
+	ended         bool
+	name          string
+	kind          trace.SpanKind
+	start, end    time.Time
+	attrs         []attribute.KeyValue
+	events        []sdktrace.Event
+	links         []sdktrace.Link
+	status        sdktrace.Status
+	stages        []Stage
+	droppedAttrs  int
+	droppedEvents int
+	droppedLinks  int
+	dedupe        bool // a key was set twice
+	// attrBuf holds the first attributes, allocated with the span: the
+	// router's and workers' spans have up to about a dozen.
+	attrBuf [12]attribute.KeyValue
+}
+
+// addAttributes adds kvs, the invalid ones (an empty key) dropped; a key
+// set again is overwritten (dedupeAttributes, at the end). Caller holds mu
+// or owns s.
+func (s *span) addAttributes(kvs []attribute.KeyValue) {
+	for _, kv := range kvs {
+		if !kv.Valid() {
+			s.droppedAttrs++
+			continue
+		}
+		if len(s.attrs) > 0 && !s.dedupe {
+			for _, a := range s.attrs {
+				if a.Key == kv.Key {
+					s.dedupe = true
+					break
+				}
+			}
+		}
+		s.attrs = append(s.attrs, kv)
+	}
+}
+
+// dedupeAttributes keeps the last value of every key, in the order of
+// its first appearance, and the first maxSpanAttributes of them, counting
+// the rest as dropped. Caller holds mu or owns s.
+func (s *span) dedupeAttributes() {
+	if s.dedupe {
+		at := make(map[attribute.Key]int, len(s.attrs))
+		out := s.attrs[:0] // written at or before where s.attrs is read
+		for _, a := range s.attrs {
+			if j, ok := at[a.Key]; ok {
+				out[j] = a
+				continue
+			}
+			at[a.Key] = len(out)
+			out = append(out, a)
+		}
+		clear(s.attrs[len(out):])
+		s.attrs = out
+		s.dedupe = false
+	}
+	if n := len(s.attrs); n > maxSpanAttributes {
+		s.droppedAttrs += n - maxSpanAttributes
+		clear(s.attrs[maxSpanAttributes:])
+		s.attrs = s.attrs[:maxSpanAttributes]
+	}
+}
+
+// addLink adds l unless it names no span (as the SDK does). Caller holds
+// mu or owns s.
+func (s *span) addLink(l trace.Link) {
+	if !l.SpanContext.IsValid() {
+		return
+	}
+	if len(s.links) >= maxSpanLinks {
+		s.droppedLinks++
+		return
+	}
+	s.links = append(s.links, sdktrace.Link{SpanContext: l.SpanContext, Attributes: l.Attributes})
+}
+
+// End implements trace.Span.
+func (s *span) End(opts ...trace.SpanEndOption) {
+	end := time.Time{}
+	if len(opts) > 0 {
+		c := trace.NewSpanEndConfig(opts...)
+		end = c.Timestamp()
+	}
+	if end.IsZero() {
+		end = time.Now()
+	}
+	s.mu.Lock()
+	if s.ended {
+		s.mu.Unlock()
+		return
+	}
+	s.ended, s.end = true, end
+	s.dedupeAttributes()
+	s.mu.Unlock()
+	s.t.p.ended(s)
+}
+
+// endWithStages ends s at end with stages as its children.
+func (s *span) endWithStages(end time.Time, stages []Stage) {
+	s.mu.Lock()
+	if !s.ended {
+		s.stages = stages
+	}
+	s.mu.Unlock()
+	s.End(trace.WithTimestamp(end))
+}
+
+// AddEvent implements trace.Span.
+func (s *span) AddEvent(name string, opts ...trace.EventOption) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		s.addEvent(name, trace.NewEventConfig(opts...))
+	}
+}
+
+func (s *span) addEvent(name string, c trace.EventConfig) {
+	if len(s.events) >= maxSpanEvents {
+		s.droppedEvents++
+		return
+	}
+	at := c.Timestamp()
+	if at.IsZero() {
+		at = time.Now()
+	}
+	s.events = append(s.events, sdktrace.Event{Name: name, Attributes: c.Attributes(), Time: at})
+}
+
+// AddLink implements trace.Span.
+func (s *span) AddLink(l trace.Link) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		s.addLink(l)
+	}
+}
+
+// IsRecording implements trace.Span: true until End.
+func (s *span) IsRecording() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.ended
+}
+
+// RecordError implements trace.Span: an "exception" event with the
+// error's type and message (and a stack trace when asked), as the SDK
+// records it.
+func (s *span) RecordError(err error, opts ...trace.EventOption) {
+	if err == nil {
+		return
+	}
+	opts = append(opts, trace.WithAttributes(semconv.ExceptionType(errorType(err)), semconv.ExceptionMessage(err.Error())))
+	c := trace.NewEventConfig(opts...)
+	if c.StackTrace() {
+		buf := make([]byte, 2048)
+		buf = buf[:runtime.Stack(buf, false)]
+		c = trace.NewEventConfig(append(opts, trace.WithAttributes(semconv.ExceptionStacktrace(string(buf))))...)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		s.addEvent(semconv.ExceptionEventName, c)
+	}
+}
+
+// errorType is the exception.type of err: its package path and type name.
+func errorType(err error) string {
+	t := reflect.TypeOf(err)
+	if t.PkgPath() == "" && t.Name() == "" {
+		return t.String() // a pointer or another unnamed type
+	}
+	return t.PkgPath() + "." + t.Name()
+}
+
+// SpanContext implements trace.Span.
+func (s *span) SpanContext() trace.SpanContext { return s.sc }
+
+// SetStatus implements trace.Span: a code lower than the one set is
+// ignored (Ok > Error > Unset); the description is kept for Error only.
+func (s *span) SetStatus(code codes.Code, description string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended || s.status.Code > code {
+		return
+	}
+	st := sdktrace.Status{Code: code}
+	if code == codes.Error {
+		st.Description = description
+	}
+	s.status = st
+}
+
+// SetName implements trace.Span.
+func (s *span) SetName(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		s.name = name
+	}
+}
+
+// SetAttributes implements trace.Span.
+func (s *span) SetAttributes(kvs ...attribute.KeyValue) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ended {
+		s.addAttributes(kvs)
+	}
+}
+
+// TracerProvider implements trace.Span.
+func (s *span) TracerProvider() trace.TracerProvider { return s.t.p }
+
+// The span's fields for the exporter (encodable) and the tail sampler,
+// read once it ended.
+
+func (s *span) Parent() trace.SpanContext                   { return s.parent }
+func (s *span) Name() string                                { return s.name }
+func (s *span) SpanKind() trace.SpanKind                    { return s.kind }
+func (s *span) StartTime() time.Time                        { return s.start }
+func (s *span) EndTime() time.Time                          { return s.end }
+func (s *span) Attributes() []attribute.KeyValue            { return s.attrs }
+func (s *span) DroppedAttributes() int                      { return s.droppedAttrs }
+func (s *span) Events() []sdktrace.Event                    { return s.events }
+func (s *span) DroppedEvents() int                          { return s.droppedEvents }
+func (s *span) Links() []sdktrace.Link                      { return s.links }
+func (s *span) DroppedLinks() int                           { return s.droppedLinks }
+func (s *span) Status() sdktrace.Status                     { return s.status }
+func (s *span) Resource() *resource.Resource                { return s.t.p.res }
+func (s *span) InstrumentationScope() instrumentation.Scope { return s.t.scope }
+func (s *span) stageList() []Stage                          { return s.stages }
+
+// quietSpan is a span its sampler did not record: it carries its context
+// (unsampled, so its children are not recorded either) and nothing else.
+type quietSpan struct {
+	embedded.Span
+	sc trace.SpanContext
+	p  *provider
+}
+
+func (s *quietSpan) End(...trace.SpanEndOption)              {}
+func (s *quietSpan) AddEvent(string, ...trace.EventOption)   {}
+func (s *quietSpan) AddLink(trace.Link)                      {}
+func (s *quietSpan) IsRecording() bool                       { return false }
+func (s *quietSpan) RecordError(error, ...trace.EventOption) {}
+func (s *quietSpan) SpanContext() trace.SpanContext          { return s.sc }
+func (s *quietSpan) SetStatus(codes.Code, string)            {}
+func (s *quietSpan) SetName(string)                          {}
+func (s *quietSpan) SetAttributes(...attribute.KeyValue)     {}
+func (s *quietSpan) TracerProvider() trace.TracerProvider    { return s.p }
+
+// queueConfig is the batching of the exporter's queue: the SDK's batch
+// span processor's settings and defaults, from the same variables
+// (OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_EXPORT_TIMEOUT in milliseconds,
+// OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE).
+type queueConfig struct {
+	delay, timeout time.Duration
+	max, batch     int
+}
+
+// queueConfigOf reads queueConfig from the environment; a value that is
+// not a positive integer is an error.
+func queueConfigOf(getenv func(string) string) (queueConfig, error) {
+	c := queueConfig{delay: 5 * time.Second, timeout: 30 * time.Second, max: 2048, batch: 512}
+	for _, v := range []struct {
+		name string
+		ms   *time.Duration
+		n    *int
+	}{{"OTEL_BSP_SCHEDULE_DELAY", &c.delay, nil}, {"OTEL_BSP_EXPORT_TIMEOUT", &c.timeout, nil},
+		{"OTEL_BSP_MAX_QUEUE_SIZE", nil, &c.max}, {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE", nil, &c.batch}} {
+		s := strings.TrimSpace(getenv(v.name))
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return queueConfig{}, fmt.Errorf("%s %q: want a positive integer", v.name, s)
+		}
+		if v.ms != nil {
+			*v.ms = time.Duration(n) * time.Millisecond
+		} else {
+			*v.n = n
+		}
+	}
+	c.batch = min(c.batch, c.max) // as the SDK does
+	return c, nil
+}
+
+// queue holds ended spans until they are exported: a batch at a time once
+// a batch is full or the delay passed, from one goroutine. A span that
+// finds the queue full is dropped (and counted), as the SDK's batch
+// processor drops it: tracing never blocks a request.
+type queue struct {
+	cfg  queueConfig
+	exp  *exporter
+	kick chan struct{}
+	stop chan struct{}
+	done chan struct{}
+
+	mu      sync.Mutex
+	spans   []encodable
+	dropped int
+	closed  bool
+}
+
+func newQueue(cfg queueConfig, exp *exporter) *queue {
+	q := &queue{cfg: cfg, exp: exp, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go q.run()
+	return q
+}
+
+// add queues s.
+func (q *queue) add(s encodable) {
+	q.mu.Lock()
+	if q.closed || len(q.spans) >= q.cfg.max {
+		q.dropped++
+		q.mu.Unlock()
+		return
+	}
+	q.spans = append(q.spans, s)
+	full := len(q.spans) >= q.cfg.batch
+	q.mu.Unlock()
+	if full {
+		select {
+		case q.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// run exports the queue every delay, or sooner when a batch is full, until
+// stop; then once more.
+func (q *queue) run() {
+	defer close(q.done)
+	tick := time.NewTicker(q.cfg.delay)
+	defer tick.Stop()
+	var spare []encodable
+	for {
+		select {
+		case <-q.stop:
+			q.flush(&spare)
+			return
+		case <-tick.C:
+		case <-q.kick:
+		}
+		q.flush(&spare)
+	}
+}
+
+// flush exports what is queued, a batch at a time; *spare is the slice
+// the next spans are queued in (the two are swapped, so neither grows
+// again).
+func (q *queue) flush(spare *[]encodable) {
+	q.mu.Lock()
+	spans := q.spans
+	q.spans = (*spare)[:0]
+	q.mu.Unlock()
+	for len(spans) > 0 {
+		n := min(len(spans), q.cfg.batch)
+		ctx, cancel := context.WithTimeout(context.Background(), q.cfg.timeout)
+		_ = q.exp.export(ctx, spans[:n]) // as the SDK's processor: a failed export is not retried here (the client retries)
+		cancel()
+		spans = spans[n:]
+	}
+	spans = spans[:0:cap(spans)]
+	clear(spans[:cap(spans)])
+	*spare = spans
+}
+
+// shutdown exports what is queued (or gives up when ctx ends) and stops
+// the exporter.
+func (q *queue) shutdown(ctx context.Context) error {
+	q.mu.Lock()
+	already := q.closed
+	q.closed = true
+	q.mu.Unlock()
+	if !already {
+		close(q.stop)
+	}
+	select {
+	case <-q.done:
+	case <-ctx.Done():
+		return errors.Join(context.Cause(ctx), q.exp.Shutdown(ctx))
+	}
+	return q.exp.Shutdown(ctx)
+}

@@ -1,0 +1,247 @@
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/pdserve/pdserve/internal/testbin"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/testing/protocmp"
+)
+
+// testProvider is New's provider at ratio and slow, exporting to a
+// capture; its queue exports only when full or shut down.
+func testProvider(t *testing.T, ratio float64, slow time.Duration) (*provider, *capture) {
+	t.Helper()
+	sent := &capture{}
+	exp, err := newExporter(context.Background(), sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &provider{res: resource.NewSchemaless(semconv.ServiceName("s")), ratio: ratio, slow: slow,
+		q:       newQueue(queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 2048, batch: 512}, exp),
+		tracers: map[instrumentation.Scope]*tracer{}}
+	if ratio < 1 {
+		p.tail = newTailSampler(p.q, ratio, slow)
+	}
+	t.Cleanup(func() { _ = p.q.shutdown(context.Background()) })
+	return p, sent
+}
+
+// exportedSpans is every span c was sent.
+func exportedSpans(t *testing.T, c *capture) []*tracepb.Span {
+	t.Helper()
+	var out []*tracepb.Span
+	for _, rs := range c.decoded(t) {
+		for _, ss := range rs.ScopeSpans {
+			out = append(out, ss.Spans...)
+		}
+	}
+	return out
+}
+
+// exercise makes the same spans with tp: every call of the trace API the
+// router and workers use and the others (events, errors, links, status
+// rules, attribute overwrites and limits, renames, calls after End, a
+// remote parent sampled and not), at fixed times.
+func exercise(tp trace.TracerProvider) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	tr := tp.Tracer(Instrumentation, trace.WithInstrumentationVersion("v1"))
+	ctx, root := tr.Start(context.Background(), "root", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(t0),
+		trace.WithAttributes(attribute.String("a", "1"), attribute.Int("n", 1)))
+	root.SetAttributes(attribute.String("a", "2"), attribute.Bool("b", true), attribute.String("", "invalid"))
+	root.AddEvent("first token", trace.WithTimestamp(t0.Add(time.Millisecond)), trace.WithAttributes(attribute.Int("i", 3)))
+	root.RecordError(errors.New("boom"), trace.WithTimestamp(t0.Add(2*time.Millisecond)))
+	root.RecordError(nil)
+	root.SetStatus(codes.Error, "it failed")
+	root.SetStatus(codes.Unset, "ignored")
+	_, child := tr.Start(ctx, "child", trace.WithTimestamp(t0.Add(time.Millisecond)))
+	peer := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{7}, SpanID: trace.SpanID{8},
+		TraceFlags: trace.FlagsSampled, Remote: true})
+	child.AddLink(trace.Link{SpanContext: peer, Attributes: []attribute.KeyValue{attribute.String("l", "x")}})
+	child.AddLink(trace.Link{}) // names no span: dropped
+	child.SetName("child renamed")
+	child.SetStatus(codes.Ok, "description dropped")
+	child.SetStatus(codes.Error, "lower than Ok")
+	for i := range 130 {
+		child.SetAttributes(attribute.Int("k"+strings.Repeat("x", i), i))
+	}
+	child.End(trace.WithTimestamp(t0.Add(3 * time.Millisecond)))
+	child.SetAttributes(attribute.String("after", "end"))
+	child.End() // a second End: nothing
+	remote := trace.ContextWithRemoteSpanContext(context.Background(), peer)
+	_, leg := tr.Start(remote, "leg", trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(t0),
+		trace.WithLinks(trace.Link{SpanContext: peer}))
+	leg.End(trace.WithTimestamp(t0.Add(time.Millisecond)))
+	unsampled := trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{9}, SpanID: trace.SpanID{9}, Remote: true}))
+	uctx, quiet := tr.Start(unsampled, "not sampled")
+	_, quietChild := tr.Start(uctx, "not sampled either")
+	quietChild.End()
+	quiet.End()
+	_, other := tp.Tracer("other").Start(context.Background(), "other scope", trace.WithTimestamp(t0), trace.WithNewRoot())
+	other.End(trace.WithTimestamp(t0))
+	root.End(trace.WithTimestamp(t0.Add(4 * time.Millisecond)))
+}
+
+// TestProviderMatchesSDK: New's provider exports what the OpenTelemetry
+// SDK's provider (parent-based always-on sampler, the SDK's OTLP exporter)
+// exports for the same calls, field for field but the random ids; the
+// ids keep the same parent/child and trace relations.
+func TestProviderMatchesSDK(t *testing.T) {
+	ctx := context.Background()
+	p, got := testProvider(t, 1, 0)
+	exercise(p)
+	if err := p.q.shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var want capture
+	sdk := sdktrace.NewTracerProvider(sdktrace.WithSyncer(otlptrace.NewUnstarted(&want)), sdktrace.WithResource(p.res))
+	exercise(sdk)
+	if err := sdk.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gs, ws := exportedSpans(t, got), exportedSpans(t, &want)
+	if len(gs) != 4 || len(ws) != 4 {
+		t.Fatalf("exported %d spans, the SDK %d; want 4", len(gs), len(ws))
+	}
+	// Relations, by name: child under root, leg under the remote peer.
+	rel := func(spans []*tracepb.Span) map[string]string {
+		byID := map[string]string{}
+		for _, s := range spans {
+			byID[string(s.SpanId)] = s.Name
+		}
+		out := map[string]string{}
+		for _, s := range spans {
+			out[s.Name] = byID[string(s.ParentSpanId)]
+			if len(s.ParentSpanId) > 0 && out[s.Name] == "" {
+				out[s.Name] = "remote " + trace.SpanID(s.ParentSpanId).String()
+			}
+		}
+		return out
+	}
+	if diff := cmp.Diff(rel(ws), rel(gs)); diff != "" {
+		t.Errorf("parents (-sdk +provider):\n%s", diff)
+	}
+	byName := func(spans []*tracepb.Span) []*tracepb.Span {
+		spans = slices.Clone(spans)
+		slices.SortFunc(spans, func(a, b *tracepb.Span) int { return strings.Compare(a.Name, b.Name) })
+		return spans
+	}
+	ignoreIDs := protocmp.IgnoreFields(&tracepb.Span{}, "trace_id", "span_id", "parent_span_id")
+	sortAttrs := protocmp.SortRepeated(func(a, b *commonpb.KeyValue) bool { return a.Key < b.Key })
+	if diff := cmp.Diff(byName(ws), byName(gs), protocmp.Transform(), ignoreIDs, sortAttrs); diff != "" {
+		t.Errorf("spans (-sdk +provider):\n%s", diff)
+	}
+	// Each span's resource and scope (the SDK's syncer sends one request
+	// per span, the queue one per batch).
+	where := func(c *capture) map[string]string {
+		out := map[string]string{}
+		for _, rs := range c.decoded(t) {
+			for _, ss := range rs.ScopeSpans {
+				for _, s := range ss.Spans {
+					out[s.Name] = fmt.Sprint(rs.Resource.GetAttributes(), " ", ss.Scope.GetName(), " ", ss.Scope.GetVersion())
+				}
+			}
+		}
+		return out
+	}
+	if diff := cmp.Diff(where(&want), where(got)); diff != "" {
+		t.Errorf("resources and scopes (-sdk +provider):\n%s", diff)
+	}
+}
+
+// TestQueueBoundsAndShutdown: spans past the queue's bound are dropped
+// rather than waited for; a full batch is exported without waiting for
+// the delay; Shutdown exports the rest, and spans ended after it are
+// dropped.
+func TestQueueBoundsAndShutdown(t *testing.T) {
+	sent := &blockingCapture{release: make(chan struct{})}
+	exp, err := newExporter(context.Background(), sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := newQueue(queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 8, batch: 4}, exp)
+	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	tr := p.Tracer("t")
+	for range 4 { // a full batch: exported at once, and held up in the client
+		_, s := tr.Start(context.Background(), "s")
+		s.End()
+	}
+	if state, ok := testbin.WaitUntil(5*time.Second, func() (bool, string) {
+		n := sent.uploads()
+		return n == 1, fmt.Sprint(n, " uploads started")
+	}); !ok {
+		t.Fatalf("a full batch was not exported: %s", state)
+	}
+	for range 20 { // 8 fit the queue, the other 12 are dropped, none blocks
+		_, s := tr.Start(context.Background(), "s")
+		s.End()
+	}
+	q.mu.Lock()
+	queued, dropped := len(q.spans), q.dropped
+	q.mu.Unlock()
+	if queued != 8 || dropped != 12 {
+		t.Errorf("queued %d, dropped %d; want 8 and 12", queued, dropped)
+	}
+	close(sent.release)
+	if err := q.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := sent.spans(t); n != 12 {
+		t.Errorf("%d spans exported, want 4 + 8", n)
+	}
+	_, late := tr.Start(context.Background(), "late")
+	late.End()
+	if q.dropped != 13 {
+		t.Errorf("a span ended after shutdown was not dropped (%d dropped)", q.dropped)
+	}
+}
+
+// blockingCapture is a capture whose uploads wait for release.
+type blockingCapture struct {
+	release chan struct{}
+	mu      sync.Mutex
+	started int
+	c       capture
+}
+
+func (b *blockingCapture) Start(context.Context) error { return nil }
+func (b *blockingCapture) Stop(context.Context) error  { return nil }
+func (b *blockingCapture) UploadTraces(ctx context.Context, rs []*tracepb.ResourceSpans) error {
+	b.mu.Lock()
+	b.started++
+	b.mu.Unlock()
+	<-b.release
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.c.UploadTraces(ctx, rs)
+}
+
+func (b *blockingCapture) uploads() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.started
+}
+
+func (b *blockingCapture) spans(t *testing.T) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(exportedSpans(t, &b.c))
+}

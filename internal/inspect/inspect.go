@@ -268,10 +268,15 @@ func Print(w io.Writer, rep Report) error {
 	if len(perRole) > 0 {
 		live = "live requests: " + strings.Join(perRole, ", ")
 	}
+	// The mark's legend only when a row carries it.
+	legend := ""
+	if flagged > 0 {
+		legend = " (!)"
+	}
 	if len(rep.Rows) < total {
-		fmt.Fprintf(w, "%s; %d of %d entries listed, %d of them past half their stage deadline (!)\n", live, len(rep.Rows), total, flagged)
+		fmt.Fprintf(w, "%s; %d of %d entries listed, %d of them past half their stage deadline%s\n", live, len(rep.Rows), total, flagged, legend)
 	} else {
-		fmt.Fprintf(w, "%s; %d entries past half their stage deadline (!)\n", live, flagged)
+		fmt.Fprintf(w, "%s; %d entries past half their stage deadline%s\n", live, flagged, legend)
 	}
 	for _, e := range rep.Errors {
 		fmt.Fprintf(w, "error: %s\n", e)

@@ -123,6 +123,17 @@ func TestSummaryFilterAndDecodeProgress(t *testing.T) {
 		!strings.Contains(b.String(), "live requests: router 2, decode 3;") || !strings.Contains(b.String(), "legs (migrated 1×)") {
 		t.Errorf("printed (want the live count per role, not summed over the router and its workers):\n%s", b.String())
 	}
+	// The mark's legend only beside a count that has marked rows.
+	if !strings.Contains(b.String(), "1 entries past half their stage deadline (!)") {
+		t.Errorf("no legend beside the flagged count:\n%s", b.String())
+	}
+	b.Reset()
+	if err := Print(&b, rep.Filter("nope", 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "0 of them past half their stage deadline\n") {
+		t.Errorf("a legend beside a count of 0:\n%s", b.String())
+	}
 	j, _ := json.Marshal(rep.Filter("nope", 0, 0))
 	if !strings.Contains(string(j), `"requests":[]`) {
 		t.Errorf("empty list in JSON: %s", j)

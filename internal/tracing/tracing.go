@@ -112,6 +112,12 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 	if err != nil {
 		return Provider{}, err
 	}
+	// As the SDK's provider with WithResource: OTEL_RESOURCE_ATTRIBUTES and
+	// OTEL_SERVICE_NAME, then the service name.
+	res, err := resource.Merge(resource.Environment(), resource.NewSchemaless(semconv.ServiceName(cfg.Service)))
+	if err != nil {
+		return Provider{}, fmt.Errorf("tracing resource: %w", err)
+	}
 	client, err := otlpClient(endpoint, proto)
 	if err != nil {
 		return Provider{}, err
@@ -119,12 +125,6 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 	exp, err := newExporter(ctx, client)
 	if err != nil {
 		return Provider{}, err
-	}
-	// As the SDK's provider with WithResource: OTEL_RESOURCE_ATTRIBUTES and
-	// OTEL_SERVICE_NAME, then the service name.
-	res, err := resource.Merge(resource.Environment(), resource.NewSchemaless(semconv.ServiceName(cfg.Service)))
-	if err != nil {
-		return Provider{}, fmt.Errorf("tracing resource: %w", err)
 	}
 	p := &provider{res: res, ratio: ratio, slow: cfg.SlowThreshold, q: newQueue(qc, exp),
 		tracers: map[instrumentation.Scope]*tracer{}}

@@ -50,7 +50,9 @@ func TestNew(t *testing.T) {
 	}
 	for _, bad := range []Config{{Endpoint: "http://"}, {Endpoint: "127.0.0.1:1", Getenv: env(map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})},
 		{Endpoint: "ftp://x:1"}, {Endpoint: "127.0.0.1"}, {Endpoint: ":::"}, {Endpoint: "http://127.0.0.1:99999"},
-		{Endpoint: "127.0.0.1:1", Getenv: env(map[string]string{"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "NaN"})}} {
+		{Endpoint: "127.0.0.1:1", Getenv: env(map[string]string{"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "NaN"})},
+		{Endpoint: "127.0.0.1:1", Getenv: env(map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "0"})},
+		{Endpoint: "127.0.0.1:1", Getenv: env(map[string]string{"OTEL_BSP_SCHEDULE_DELAY": "5s"})}} {
 		if bad.Getenv == nil {
 			bad.Getenv = env(nil)
 		}

@@ -11,9 +11,9 @@ import (
 // batch from the queries and the KV in the pages of one layer (Vaswani et
 // al., "Attention Is All You Need", 2017; Ainslie et al., "GQA", 2023). A
 // task is one token and a subgroup of sub query heads that share a KV head:
-// with sub = G = heads/kvHeads, each K and V row is read once for all of
-// them; a small batch (a decode step) uses sub = 1, so that its few tokens
-// still make enough tasks for the team.
+// with sub = G = heads/kvHeads (the forward pass's choice), each K and V row
+// is read, and widened from BF16 or F16, once for all of them; a smaller
+// sub splits the work finer with the same result (the tests check sub = 1).
 //
 // For the token at position p of its sequence, query head h, KV head g:
 //

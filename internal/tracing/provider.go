@@ -490,16 +490,15 @@ func (q *queue) flush(spare *[]encodable) {
 	spans := q.spans
 	q.spans = (*spare)[:0]
 	q.mu.Unlock()
-	for len(spans) > 0 {
-		n := min(len(spans), q.cfg.batch)
+	for rest := spans; len(rest) > 0; {
+		n := min(len(rest), q.cfg.batch)
 		ctx, cancel := context.WithTimeout(context.Background(), q.cfg.timeout)
-		_ = q.exp.export(ctx, spans[:n]) // as the SDK's processor: a failed export is not retried here (the client retries)
+		_ = q.exp.export(ctx, rest[:n]) // as the SDK's processor: a failed export is not retried here (the client retries)
 		cancel()
-		spans = spans[n:]
+		rest = rest[n:]
 	}
-	spans = spans[:0:cap(spans)]
-	clear(spans[:cap(spans)])
-	*spare = spans
+	clear(spans) // let the spans go
+	*spare = spans[:0]
 }
 
 // shutdown exports what is queued (or gives up when ctx ends) and stops

@@ -245,3 +245,34 @@ func (b *blockingCapture) spans(t *testing.T) int {
 	defer b.mu.Unlock()
 	return len(exportedSpans(t, &b.c))
 }
+
+// TestQueueFlushReusesItsSlices: a flush exports every queued span in
+// batches and hands back the whole slice, emptied and cleared (no span kept
+// alive by it), to queue the next spans in.
+func TestQueueFlushReusesItsSlices(t *testing.T) {
+	sent := &capture{}
+	exp, err := newExporter(context.Background(), sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 16, batch: 2}, exp: exp} // not running
+	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	for range 5 {
+		_, s := p.Tracer("t").Start(context.Background(), "s")
+		s.End()
+	}
+	queued := q.spans
+	var spare []encodable
+	q.flush(&spare)
+	if n := len(exportedSpans(t, sent)); n != 5 || len(sent.sent) != 3 {
+		t.Fatalf("exported %d spans in %d requests, want 5 in 3", n, len(sent.sent))
+	}
+	if len(spare) != 0 || cap(spare) != cap(queued) || &spare[:1][0] != &queued[:1][0] {
+		t.Fatalf("spare: len %d cap %d, want the flushed slice (cap %d) emptied", len(spare), cap(spare), cap(queued))
+	}
+	for i, s := range queued[:cap(queued)] {
+		if s != nil {
+			t.Fatalf("slot %d still holds a span", i)
+		}
+	}
+}

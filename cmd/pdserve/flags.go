@@ -387,7 +387,8 @@ func (p *providers) forService(service string) trace.TracerProvider {
 		p.err = usagef("--trace-slow-threshold must not be negative, got %s", p.f.slow)
 		return nil
 	}
-	tp, err := tracing.New(p.ctx, tracing.Config{Endpoint: p.f.endpoint, Service: service, SlowThreshold: p.f.slow})
+	tp, err := tracing.New(p.ctx, tracing.Config{Endpoint: p.f.endpoint, Service: service, SlowThreshold: p.f.slow,
+		Logger: p.log.With("service", service)})
 	if err != nil {
 		p.err = usageError{err}
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"runtime"
 	"strconv"
@@ -428,9 +429,15 @@ func queueConfigOf(getenv func(string) string) (queueConfig, error) {
 type queue struct {
 	cfg  queueConfig
 	exp  *exporter
+	log  *slog.Logger // nil: failures are not logged
 	kick chan struct{}
 	stop chan struct{}
 	done chan struct{}
+
+	// The export goroutine's failure log: when it last logged and the
+	// failures since.
+	loggedAt time.Time
+	failed   int
 
 	mu      sync.Mutex
 	spans   []encodable
@@ -438,8 +445,8 @@ type queue struct {
 	closed  bool
 }
 
-func newQueue(cfg queueConfig, exp *exporter) *queue {
-	q := &queue{cfg: cfg, exp: exp, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+func newQueue(cfg queueConfig, exp *exporter, log *slog.Logger) *queue {
+	q := &queue{cfg: cfg, exp: exp, log: log, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go q.run()
 	return q
 }
@@ -493,12 +500,31 @@ func (q *queue) flush(spare *[]encodable) {
 	for rest := spans; len(rest) > 0; {
 		n := min(len(rest), q.cfg.batch)
 		ctx, cancel := context.WithTimeout(context.Background(), q.cfg.timeout)
-		_ = q.exp.export(ctx, rest[:n]) // as the SDK's processor: a failed export is not retried here (the client retries)
+		// As the SDK's processor: a failed export is reported, not
+		// retried here (the OTLP client retries).
+		q.exportFailed(q.exp.export(ctx, rest[:n]), n)
 		cancel()
 		rest = rest[n:]
 	}
 	clear(spans) // let the spans go
 	*spare = spans[:0]
+}
+
+// exportLogEvery bounds how often a queue logs failed exports.
+const exportLogEvery = time.Minute
+
+// exportFailed logs err, the failure of an export of n spans, if it is the
+// first or exportLogEvery passed since the last line (the SDK's processor
+// hands every failure to the global error handler, which logs it).
+func (q *queue) exportFailed(err error, n int) {
+	if err == nil || q.log == nil {
+		return
+	}
+	q.failed++
+	if now := time.Now(); q.loggedAt.IsZero() || now.Sub(q.loggedAt) >= exportLogEvery {
+		q.log.Warn("traces not exported", "err", err, "spans", n, "failed_exports", q.failed)
+		q.loggedAt, q.failed = now, 0
+	}
 }
 
 // shutdown exports what is queued (or gives up when ctx ends) and stops

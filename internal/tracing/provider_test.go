@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -35,7 +36,7 @@ func testProvider(t *testing.T, ratio float64, slow time.Duration) (*provider, *
 		t.Fatal(err)
 	}
 	p := &provider{res: resource.NewSchemaless(semconv.ServiceName("s")), ratio: ratio, slow: slow,
-		q:       newQueue(queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 2048, batch: 512}, exp),
+		q:       newQueue(queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 2048, batch: 512}, exp, nil),
 		tracers: map[instrumentation.Scope]*tracer{}}
 	if ratio < 1 {
 		p.tail = newTailSampler(p.q, ratio, slow)
@@ -177,7 +178,7 @@ func TestQueueBoundsAndShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := newQueue(queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 8, batch: 4}, exp)
+	q := newQueue(queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 8, batch: 4}, exp, nil)
 	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
 	tr := p.Tracer("t")
 	for range 4 { // a full batch: exported at once, and held up in the client
@@ -274,5 +275,41 @@ func TestQueueFlushReusesItsSlices(t *testing.T) {
 		if s != nil {
 			t.Fatalf("slot %d still holds a span", i)
 		}
+	}
+}
+
+// failingClient is an OTLP client whose uploads fail.
+type failingClient struct{}
+
+func (failingClient) Start(context.Context) error { return nil }
+func (failingClient) Stop(context.Context) error  { return nil }
+func (failingClient) UploadTraces(context.Context, []*tracepb.ResourceSpans) error {
+	return errors.New("connection refused")
+}
+
+// TestQueueLogsFailedExports: a failed export is logged (the SDK's batch
+// processor hands it to the global error handler, which logs it), once,
+// not once per batch.
+func TestQueueLogsFailedExports(t *testing.T) {
+	exp, err := newExporter(context.Background(), failingClient{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged testbin.Buffer
+	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 16, batch: 2}, exp: exp, // not running
+		log: slog.New(slog.NewTextHandler(&logged, nil))}
+	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	for range 5 {
+		_, s := p.Tracer("t").Start(context.Background(), "s")
+		s.End()
+	}
+	var spare []encodable
+	q.flush(&spare) // three batches, three failures
+	out := logged.String()
+	if strings.Count(out, "traces not exported") != 1 || !strings.Contains(out, "connection refused") {
+		t.Fatalf("log:\n%s\nwant one line naming the error", out)
+	}
+	if q.failed != 2 {
+		t.Errorf("%d failures counted since the line, want 2", q.failed)
 	}
 }

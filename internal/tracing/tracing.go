@@ -24,6 +24,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -66,6 +67,9 @@ type Config struct {
 	SlowThreshold time.Duration
 	// Getenv reads the environment (nil: os.Getenv).
 	Getenv func(string) string
+	// Logger, if set, is told when an export fails: the first failure, then
+	// at most one line per exportLogEvery with the failures since.
+	Logger *slog.Logger
 }
 
 // Provider is a component's tracer provider and how to flush it.
@@ -126,7 +130,7 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 	if err != nil {
 		return Provider{}, err
 	}
-	p := &provider{res: res, ratio: ratio, slow: cfg.SlowThreshold, q: newQueue(qc, exp),
+	p := &provider{res: res, ratio: ratio, slow: cfg.SlowThreshold, q: newQueue(qc, exp, cfg.Logger),
 		tracers: map[instrumentation.Scope]*tracer{}}
 	if ratio < 1 {
 		// Every span is recorded; the tail sampler exports the traces

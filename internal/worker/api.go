@@ -569,6 +569,13 @@ func (w *Worker) load(timeout time.Duration) workerapi.Health {
 	h := workerapi.Health{Status: workerapi.HealthOK, Role: apiRole(w.role), Instance: w.instance}
 	if !ok {
 		h.Status = workerapi.HealthStuck
+		select {
+		case <-w.stop:
+			// Stopped on purpose (Shutdown), not stuck: a router still
+			// checking it while the process stops sees it going away.
+			h.Status = workerapi.HealthDraining
+		default:
+		}
 		return h
 	}
 	st := ll.st

@@ -148,3 +148,25 @@ func TestDrainTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestStoppedWorkerAnswersDraining: once Shutdown stopped the worker's loop,
+// /health answers 503 "draining", not "loop not answering": a router still
+// checking it while the process stops sees a worker going away, not a
+// stuck one to warn about.
+func TestStoppedWorkerAnswersDraining(t *testing.T) {
+	m, err := sim.New(sim.Config{Geometry: kvcache.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, DType: kvcache.F32}, ContextLen: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(Config{Model: m, Machine: lifecycle.DefaultConfig(lifecycle.RoleColocated), KVCacheMemory: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	if err := w.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if code, hl, _ := getHealth(t, w.Handler(nil), workerapi.PathHealth); code != http.StatusServiceUnavailable || hl.Status != workerapi.HealthDraining {
+		t.Fatalf("health after Shutdown: %d %+v, want 503 draining", code, hl)
+	}
+}

@@ -15,11 +15,11 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestQueryTimeoutDoesNotRace: a query that times out while the loop is
-// stuck returns false, and when the loop later runs it, its result goes
-// nowhere the caller reads (run with -race).
-func TestQueryTimeoutDoesNotRace(t *testing.T) {
-	m, err := sim.New(sim.Config{Geometry: kvcache.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, DType: kvcache.F32}, ContextLen: 64})
+// startSim starts a colocated worker on a one-layer simulated model of
+// contextLen tokens, shut down when the test ends.
+func startSim(t *testing.T, contextLen int) *Worker {
+	t.Helper()
+	m, err := sim.New(sim.Config{Geometry: kvcache.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, DType: kvcache.F32}, ContextLen: contextLen})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +28,15 @@ func TestQueryTimeoutDoesNotRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Start()
-	defer w.Shutdown(context.Background())
+	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
+	return w
+}
+
+// TestQueryTimeoutDoesNotRace: a query that times out while the loop is
+// stuck returns false, and when the loop later runs it, its result goes
+// nowhere the caller reads (run with -race).
+func TestQueryTimeoutDoesNotRace(t *testing.T) {
+	w := startSim(t, 64)
 	release := make(chan struct{})
 	w.mbox.post(item{fn: func() { <-release }}) // the loop is stuck in this
 	if _, ok := w.Stats(10 * time.Millisecond); ok {

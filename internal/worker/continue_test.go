@@ -17,12 +17,10 @@ import (
 
 	testingclock "k8s.io/utils/clock/testing"
 
-	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/model"
 	"github.com/pdserve/pdserve/internal/model/llama"
 	"github.com/pdserve/pdserve/internal/model/llama/llamatest"
-	"github.com/pdserve/pdserve/internal/model/sim"
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
 	"github.com/pdserve/pdserve/internal/workerapi"
@@ -142,16 +140,7 @@ func TestContinuationOnRealModel(t *testing.T) {
 // negative or not below the input's length, n > 1, prompt_logprobs (on a
 // decode leg too, which otherwise ignores them), max_tokens 0.
 func TestContinuationRefused(t *testing.T) {
-	m, err := sim.New(sim.Config{Geometry: kvcache.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, DType: kvcache.F32}, ContextLen: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := New(Config{Model: m, Machine: lifecycle.DefaultConfig(lifecycle.RoleColocated), KVCacheMemory: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Start()
-	defer w.Shutdown(context.Background())
+	w := startSim(t, 64)
 	h := w.Handler(nil)
 	one := 1
 	for _, tc := range []struct {
@@ -184,7 +173,7 @@ func TestContinuationRefused(t *testing.T) {
 	// A decode leg never scores the prompt; the worker refuses the pair
 	// before the machine sees it.
 	dw := &Worker{role: lifecycle.RoleDecode}
-	_, err = dw.request(&workerapi.GenerateBody{RID: "d", Room: "00000000000000000000000000000001", InputIDs: []int32{1, 2},
+	_, err := dw.request(&workerapi.GenerateBody{RID: "d", Room: "00000000000000000000000000000001", InputIDs: []int32{1, 2},
 		MaxTokens: 2, ContinuedTokens: 1, PromptLogprobs: &one, PrefillKVAddr: "p:1"}, false)
 	if err == nil || !strings.Contains(err.Error(), "prompt_logprobs must be unset") {
 		t.Fatalf("decode leg with prompt_logprobs: %v", err)

@@ -154,15 +154,7 @@ func TestDrainTimeout(t *testing.T) {
 // checking it while the process stops sees a worker going away, not a
 // stuck one to warn about.
 func TestStoppedWorkerAnswersDraining(t *testing.T) {
-	m, err := sim.New(sim.Config{Geometry: kvcache.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, DType: kvcache.F32}, ContextLen: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := New(Config{Model: m, Machine: lifecycle.DefaultConfig(lifecycle.RoleColocated), KVCacheMemory: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Start()
+	w := startSim(t, 256)
 	if err := w.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}

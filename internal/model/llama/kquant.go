@@ -145,13 +145,20 @@ func dotQ4KGo(w []byte, a *q8KActs, k int) float32 {
 		for l := range 8 {
 			acc[l] = fma32(d, float32(isum[l]), acc[l])
 		}
-		for kk := range 4 {
-			s0 := x.bsums[4*kk] + x.bsums[4*kk+1]
-			s1 := x.bsums[4*kk+2] + x.bsums[4*kk+3]
-			accm[kk] = fma32(dmin, float32(mn[2*kk]*s0+mn[2*kk+1]*s1), accm[kk])
-		}
+		addMins(&accm, dmin, &mn, &x.bsums)
 	}
 	return reduce8(&acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]))
+}
+
+// addMins adds a Q4_K or Q5_K block's min term, dmin · Σ_j m_j · (sum of
+// the activation quants of sub-block j), to accm in the canonical order:
+// lane kk takes sub-blocks 2kk and 2kk+1 (bsums are per 16 quants).
+func addMins(accm *[4]float32, dmin float32, mn *[8]int32, bsums *[16]int32) {
+	for kk := range 4 {
+		s0 := bsums[4*kk] + bsums[4*kk+1]
+		s1 := bsums[4*kk+2] + bsums[4*kk+3]
+		accm[kk] = fma32(dmin, float32(mn[2*kk]*s0+mn[2*kk+1]*s1), accm[kk])
+	}
 }
 
 // dotQ6KGo is the canonical dot product of Q6_K row w with token row k of

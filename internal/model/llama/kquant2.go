@@ -196,11 +196,7 @@ func dotQ5KGo(w []byte, a *q8KActs, k int) float32 {
 		for l := range 8 {
 			acc[l] = fma32(d, float32(isum[l]), acc[l])
 		}
-		for kk := range 4 {
-			s0 := x.bsums[4*kk] + x.bsums[4*kk+1]
-			s1 := x.bsums[4*kk+2] + x.bsums[4*kk+3]
-			accm[kk] = fma32(dmin, float32(mn[2*kk]*s0+mn[2*kk+1]*s1), accm[kk])
-		}
+		addMins(&accm, dmin, &mn, &x.bsums)
 	}
 	return reduce8(&acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]))
 }

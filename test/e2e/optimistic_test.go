@@ -19,9 +19,10 @@ import (
 //   - forced: the test hook holds every ROOM_OPEN back until the
 //     optimistic prefill has ended, so each request parks before its room
 //     opens and is sent on the held ROOM_OPEN, whatever the legs' timing;
-//   - slow decode: decode admits every leg 300 ms late (a busy decode),
-//     so prefill computes the 200-token prompts (200 ms) before the rooms
-//     open.
+//   - slow decode: decode admits every leg 500 ms late (a busy decode),
+//     so prefill computes the 200-token prompts (100 ms) before the rooms
+//     open, with room to spare on a loaded CI machine (at 200 ms against
+//     300 one prompt in eight once finished late there).
 func TestOptimisticPrefill(t *testing.T) {
 	t.Parallel()
 	prompts := make([]string, 8)
@@ -46,7 +47,7 @@ func TestOptimisticPrefill(t *testing.T) {
 	}
 	want := complete(startPair(t, nil, nil))
 	slowPrefill := func(o *cluster.WorkerOptions) {
-		m, err := sim.New(sim.Config{Geometry: testGeometry, ContextLen: testContext, PrefillPerToken: time.Millisecond})
+		m, err := sim.New(sim.Config{Geometry: testGeometry, ContextLen: testContext, PrefillPerToken: 500 * time.Microsecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,7 +64,7 @@ func TestOptimisticPrefill(t *testing.T) {
 		{"slow decode", func(o *cluster.WorkerOptions) {
 			slowPrefill(o)
 			o.Machine.OptimisticAttempts = 1
-		}, func(o *cluster.WorkerOptions) { o.AdmissionDelay = 300 * time.Millisecond }},
+		}, func(o *cluster.WorkerOptions) { o.AdmissionDelay = 500 * time.Millisecond }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := startPair(t, tc.modP, tc.modD)

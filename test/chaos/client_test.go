@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -195,6 +196,9 @@ type result struct {
 	Elapsed  time.Duration
 	// Diag is the workers' state when a liveness bound was exceeded.
 	Diag string
+	// Pause is how long the client waits before its next request: the
+	// answer's Retry-After, capped by client.maxPause (0: none).
+	Pause time.Duration
 }
 
 // label is the result's row in the summary.
@@ -252,6 +256,13 @@ func (e *wireError) code() string {
 // client sends the chaos requests over its own connection pool.
 type client struct {
 	hc *http.Client
+	// maxPause caps the pause after an answer with Retry-After (a 503
+	// no_worker or draining, a 429) before the client's next request; 0
+	// does not pause. A real client waits out the header (OpenAI's SDKs
+	// do); one that does not turns a moment without a ready worker into
+	// hundreds of instant 503s, and ends a run before its chaos schedule
+	// has struck every stage.
+	maxPause time.Duration
 }
 
 // newClient returns a client with its own connection pool.
@@ -315,6 +326,9 @@ func (c *client) do(base string, s *reqSpec, bound time.Duration, onLate func() 
 	}
 	defer resp.Body.Close()
 	res.Status = resp.StatusCode
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+		res.Pause = min(time.Duration(secs)*time.Second, c.maxPause)
+	}
 	if resp.StatusCode != http.StatusOK || !s.Stream {
 		body, err := io.ReadAll(resp.Body)
 		if err != nil {
@@ -418,6 +432,9 @@ func runClients(specs []*reqSpec, n int, do func(*reqSpec) result) []result {
 					time.Sleep(d) // pacing drawn from the seed, not a wait for state
 				}
 				results[i] = do(specs[i])
+				if d := results[i].Pause; d > 0 {
+					time.Sleep(d) // a client's back-off after Retry-After, not a wait for state
+				}
 			}
 		})
 	}

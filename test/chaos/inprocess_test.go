@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/pdserve/pdserve/internal/cluster"
+	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/kvcache"
 	"github.com/pdserve/pdserve/internal/kvxfer"
 	"github.com/pdserve/pdserve/internal/kvxfer/fault"
@@ -58,6 +59,11 @@ func inProcessRequests() int {
 	}
 	return 2000
 }
+
+// chaosHealthInterval is the router's health check interval in the
+// in-process deployment: a twentieth of the default (2 s), as its leases
+// and heartbeats are scaled.
+const chaosHealthInterval = 100 * time.Millisecond
 
 // decodeMaxRunning bounds a decode worker's running batch, so that
 // requests also wait in decode's queued stage.
@@ -572,7 +578,7 @@ func (h *inproc) setUp() {
 	h.spans = tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(h.spans))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	ro := cluster.RouterOptions{Addr: "127.0.0.1:0", Info: m.Info(), Tokenizer: m.Tokenizer(), HealthInterval: 100 * time.Millisecond,
+	ro := cluster.RouterOptions{Addr: "127.0.0.1:0", Info: m.Info(), Tokenizer: m.Tokenizer(), HealthInterval: chaosHealthInterval,
 		RouterTuning: cluster.RouterTuning{Admission: &router.Admission{}, BreakerCooldown: 2 * time.Second}, Tracer: tp}
 	for _, s := range h.slots {
 		if s.role == lifecycle.RolePrefill {
@@ -623,6 +629,10 @@ func TestChaosInProcess(t *testing.T) {
 		nReq, nClients, bound, routerAttempts, h.dl.MaxRequest, h.dl.lease(), peerFailureGrace, clientSlack)
 
 	cl := newClient()
+	// After a Retry-After the client pauses as long as a not_ready worker
+	// takes to be ready again at the test's health interval (two checks
+	// in a row pass, fleet.DefaultSuccessThreshold).
+	cl.maxPause = fleet.DefaultSuccessThreshold * chaosHealthInterval
 	defer cl.close()
 	stop := make(chan struct{})
 	var bg sync.WaitGroup

@@ -7,7 +7,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdserve/pdserve/internal/fleet"
@@ -45,7 +44,7 @@ func (r *Router) requestSpan(ctx context.Context, g *openai.GenerateRequest, arr
 	if r.tracer == nil {
 		return ctx, nil
 	}
-	ctx, span := r.tracer.Start(ctx, "router.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(arrived))
+	ctx, span := tracing.Start(ctx, r.tracer, "router.request", tracing.SpanStart{Kind: trace.SpanKindServer, Time: arrived})
 	if span.IsRecording() {
 		span.SetAttributes(attrRID.String(g.RID), attrModel.String(r.cfg.ModelName), attrInputTokens.Int(len(g.InputIDs)),
 			attrMaxTokens.Int(g.MaxTokens), attrChoices.Int(max(g.N, 1)))
@@ -62,7 +61,7 @@ func (r *Router) attemptSpan(ctx context.Context, base context.Context, gen uint
 	if r.tracer == nil || !parent.SpanContext().IsValid() {
 		return base, nil
 	}
-	_, span := r.tracer.Start(ctx, "router.attempt", trace.WithSpanKind(trace.SpanKindClient))
+	_, span := tracing.Start(ctx, r.tracer, "router.attempt", tracing.SpanStart{Kind: trace.SpanKindClient})
 	if span.IsRecording() {
 		attrs := make([]attribute.KeyValue, 0, 6)
 		attrs = append(attrs, attrGen.Int(int(gen)))
@@ -106,9 +105,7 @@ func endSpan(span trace.Span, o outcome.Outcome, msg string, extra ...attribute.
 // injectTrace puts the trace context of ctx (an attempt's) into a leg's
 // headers as traceparent; nothing when ctx has none.
 func injectTrace(ctx context.Context, h http.Header) {
-	if trace.SpanContextFromContext(ctx).IsValid() {
-		tracing.Propagator().Inject(ctx, propagation.HeaderCarrier(h))
-	}
+	tracing.InjectHeader(trace.SpanContextFromContext(ctx), h)
 }
 
 // spanCause is the first failure a failed request's span names: e's first

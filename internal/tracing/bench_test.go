@@ -11,7 +11,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -42,13 +41,16 @@ func BenchmarkPDRequestSpans(b *testing.B) {
 		providers[svc] = p
 	}
 	router := providers["pdserve-router"].Tracer(Instrumentation)
-	prop := Propagator()
 	leg := func(svc string, h http.Header, stages int, peer trace.SpanContext) {
 		p := providers[svc]
 		tr := p.Tracer(Instrumentation)
 		t0 := time.Now()
-		lctx := prop.Extract(ctx, propagation.HeaderCarrier(h))
-		_, span := tr.Start(lctx, "leg", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(t0))
+		parent := ExtractHeader(h)
+		o := SpanStart{Kind: trace.SpanKindServer, Time: t0}
+		if !peer.IsValid() { // the prefill leg: its id is the one decode links to
+			o.ID = LegSpanID(parent.TraceID(), "0123456789abcdef", 1, "prefill")
+		}
+		span := StartChild(tr, parent, "leg", o)
 		if span.IsRecording() {
 			span.SetAttributes(attribute.String("pdserve.rid", "cmpl-0123456789abcdef"), attribute.Int("gen_ai.usage.input_tokens", 32),
 				attribute.String("pdserve.room", "0123456789abcdef"), attribute.Int("pdserve.gen", 1),
@@ -70,17 +72,17 @@ func BenchmarkPDRequestSpans(b *testing.B) {
 	c0 := cpu()
 	b.ReportAllocs()
 	for b.Loop() {
-		rctx, req := router.Start(ctx, "router.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(time.Now()))
+		rctx, req := Start(ctx, router, "router.request", SpanStart{Kind: trace.SpanKindServer, Time: time.Now()})
 		req.SetAttributes(attribute.String("pdserve.rid", "cmpl-0123456789abcdef"), attribute.String("gen_ai.request.model", "m"),
 			attribute.Int("gen_ai.usage.input_tokens", 32), attribute.Int("gen_ai.request.max_tokens", 16),
 			attribute.Int("gen_ai.request.choice.count", 1))
-		_, att := router.Start(rctx, "router.attempt", trace.WithSpanKind(trace.SpanKindClient))
+		_, att := Start(rctx, router, "router.attempt", SpanStart{Kind: trace.SpanKindClient})
 		att.SetAttributes(attribute.Int("pdserve.gen", 1), attribute.String("pdserve.room", "0123456789abcdef"),
 			attribute.String("pdserve.prefill", "http://127.0.0.1:30000"), attribute.String("pdserve.decode", "http://127.0.0.1:30001"))
 		actx := trace.ContextWithSpan(ctx, att)
 		hp, hd := http.Header{}, http.Header{}
-		prop.Inject(actx, propagation.HeaderCarrier(hp))
-		prop.Inject(actx, propagation.HeaderCarrier(hd))
+		InjectHeader(trace.SpanContextFromContext(actx), hp)
+		InjectHeader(trace.SpanContextFromContext(actx), hd)
 		leg("pdserve-prefill-0", hp, 5, trace.SpanContext{})
 		leg("pdserve-decode-0", hd, 4, att.SpanContext())
 		att.SetAttributes(attribute.String("pdserve.outcome", "ok"))

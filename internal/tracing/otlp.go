@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,8 +23,8 @@ import (
 )
 
 // exporter is an OTLP span exporter that writes the protobuf encoding of
-// the spans itself, straight from the spans into one reused buffer, and
-// hands it to the OTLP client (HTTP or gRPC, with everything the
+// the spans itself, straight from the spans into reused buffers (encoded:
+// New's queue writes each span as it ends), and hands it to the OTLP client (HTTP or gRPC, with everything the
 // OTEL_EXPORTER_OTLP_* variables configure: headers, timeout, TLS,
 // compression, retries) as the unknown fields of an otherwise empty
 // ResourceSpans, which the client's marshalling copies verbatim. The SDK's
@@ -34,11 +35,12 @@ type exporter struct {
 	client otlptrace.Client
 	stop   sync.Once
 
-	// The queue exports from one goroutine at a time; mu guards the
-	// buffers for any other caller.
-	mu     sync.Mutex
-	groups []spanGroup
-	bufs   [][]byte
+	// mu guards scratch, the spans export writes; sendMu the buffers send
+	// writes the request in (the queue's goroutine and export's callers).
+	mu      sync.Mutex
+	scratch encoded
+	sendMu  sync.Mutex
+	bufs    [][]byte
 }
 
 // encodable is what the exporter reads of an ended span: the methods of
@@ -66,12 +68,78 @@ type encodable interface {
 // staged is a span ended with stages.
 type staged interface{ stageList() []Stage }
 
-// spanGroup is the spans of one resource and instrumentation scope, in
-// the order they came.
-type spanGroup struct {
+// encoded is ended spans written as OTLP Span messages, grouped by
+// resource and scope as OTLP nests them: the groups of one resource next
+// to each other, each group's spans and the groups in the order they
+// came. New's queue writes each span as it ends, while its fields are
+// still in the cache and so that the span is garbage at once (a queue of
+// span objects kept hundreds of them alive for the collector to scan).
+type encoded struct {
+	groups []encGroup
+	spans  int // spans added (stages not counted)
+}
+
+// encGroup is the spans of one resource and scope.
+type encGroup struct {
 	res   *resource.Resource
 	scope instrumentation.Scope
-	spans []encodable
+	// tr is the tracer whose spans are this group's, when they are New's:
+	// a span finds its group by its tracer, without comparing scopes.
+	tr *tracer
+	// b is the group's ScopeSpans.spans fields (empty: no span since the
+	// last reset).
+	b []byte
+}
+
+// add writes s, and its stages as its child spans when it has them.
+func (e *encoded) add(s encodable) {
+	g := e.group(s)
+	g.b = appendSpan(g.b, s)
+	if ws, ok := s.(staged); ok {
+		for _, st := range ws.stageList() {
+			g.b = appendStage(g.b, s, st)
+		}
+	}
+	e.spans++
+}
+
+// group is s's group, made if it has none: after the last one of its
+// resource.
+func (e *encoded) group(s encodable) *encGroup {
+	own, _ := s.(*span)
+	if own != nil {
+		for i := range e.groups {
+			if e.groups[i].tr == own.t {
+				return &e.groups[i]
+			}
+		}
+	}
+	res, scope := s.Resource(), s.InstrumentationScope()
+	at := len(e.groups)
+	for i := range e.groups {
+		g := &e.groups[i]
+		if !sameResource(g.res, res) {
+			continue
+		}
+		if g.tr == nil && own == nil && sameScope(g.scope, scope) {
+			return g
+		}
+		at = i + 1
+	}
+	ng := encGroup{res: res, scope: scope}
+	if own != nil {
+		ng.tr = own.t
+	}
+	e.groups = slices.Insert(e.groups, at, ng)
+	return &e.groups[at]
+}
+
+// reset empties e, keeping its groups' buffers for the next spans.
+func (e *encoded) reset() {
+	for i := range e.groups {
+		e.groups[i].b = e.groups[i].b[:0]
+	}
+	e.spans = 0
 }
 
 // newExporter returns an exporter sending over client, started.
@@ -84,36 +152,47 @@ func newExporter(ctx context.Context, client otlptrace.Client) (*exporter, error
 
 // export sends spans as one OTLP request.
 func (e *exporter) export(ctx context.Context, spans []encodable) error {
-	if len(spans) == 0 {
-		return nil
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.groups = groupSpans(e.groups[:0], spans)
-	var rs []*tracepb.ResourceSpans
-	for i, g := range e.groups {
-		if i > 0 && sameResource(e.groups[i-1].res, g.res) {
-			continue // in the previous resource's message
+	e.scratch.reset()
+	for _, s := range spans {
+		if s != nil {
+			e.scratch.add(s)
 		}
+	}
+	return e.send(ctx, &e.scratch)
+}
+
+// send sends the spans of enc as one OTLP request (none when it holds
+// none).
+func (e *exporter) send(ctx context.Context, enc *encoded) error {
+	if enc.spans == 0 {
+		return nil
+	}
+	e.sendMu.Lock()
+	defer e.sendMu.Unlock()
+	var rs []*tracepb.ResourceSpans
+	gs := enc.groups
+	for i := 0; i < len(gs); {
 		j := i + 1
-		for j < len(e.groups) && sameResource(e.groups[j].res, g.res) {
+		for j < len(gs) && sameResource(gs[j].res, gs[i].res) {
 			j++
+		}
+		run := gs[i:j]
+		i = j
+		if !slices.ContainsFunc(run, func(g encGroup) bool { return len(g.b) > 0 }) {
+			continue
 		}
 		if len(rs) == len(e.bufs) {
 			e.bufs = append(e.bufs, nil)
 		}
-		b := appendResourceSpans(e.bufs[len(rs)][:0], e.groups[i:j])
+		b := appendResourceSpans(e.bufs[len(rs)][:0], run)
 		e.bufs[len(rs)] = b
 		m := &tracepb.ResourceSpans{}
 		m.ProtoReflect().SetUnknown(protoreflect.RawFields(b))
 		rs = append(rs, m)
 	}
-	err := e.client.UploadTraces(ctx, rs)
-	for i := range e.groups {
-		clear(e.groups[i].spans) // let the spans go
-		e.groups[i] = spanGroup{spans: e.groups[i].spans[:0]}
-	}
-	if err != nil {
+	if err := e.client.UploadTraces(ctx, rs); err != nil {
 		return fmt.Errorf("traces export: %w", err)
 	}
 	return nil
@@ -124,44 +203,6 @@ func (e *exporter) Shutdown(ctx context.Context) error {
 	err := context.Cause(ctx)
 	e.stop.Do(func() { err = e.client.Stop(ctx) })
 	return err
-}
-
-// groupSpans appends to groups (whose span slices it reuses) spans grouped
-// by resource and scope, as OTLP nests them: the groups of one resource
-// next to each other, each group's spans and the groups in the order they
-// came.
-func groupSpans(groups []spanGroup, spans []encodable) []spanGroup {
-	n := 0
-next:
-	for _, s := range spans {
-		if s == nil {
-			continue
-		}
-		res, scope := s.Resource(), s.InstrumentationScope()
-		for i := range n {
-			if g := &groups[i]; sameResource(g.res, res) && sameScope(g.scope, scope) {
-				g.spans = append(g.spans, s)
-				continue next
-			}
-		}
-		// A new group, after the last one of its resource.
-		at := n
-		for i := range n {
-			if sameResource(groups[i].res, res) {
-				at = i + 1
-			}
-		}
-		if n < cap(groups) {
-			groups = groups[:n+1] // keeps what the slot's span slice had
-		} else {
-			groups = append(groups, spanGroup{})
-		}
-		reused := groups[n].spans[:0]
-		copy(groups[at+1:n+1], groups[at:n])
-		groups[at] = spanGroup{res: res, scope: scope, spans: append(reused, s)}
-		n++
-	}
-	return groups[:n]
 }
 
 func sameResource(a, b *resource.Resource) bool {
@@ -304,8 +345,8 @@ func clampCount(n int) uint64 { return uint64(min(max(n, 0), math.MaxUint32)) }
 func unixNano(t time.Time) uint64 { return uint64(max(0, t.UnixNano())) }
 
 // appendResourceSpans appends the fields of a ResourceSpans holding gs,
-// groups of one resource.
-func appendResourceSpans(b []byte, gs []spanGroup) []byte {
+// groups of one resource (those with no span left out).
+func appendResourceSpans(b []byte, gs []encGroup) []byte {
 	res := gs[0].res
 	if res != nil {
 		var at int
@@ -316,7 +357,9 @@ func appendResourceSpans(b []byte, gs []spanGroup) []byte {
 		b = endField(b, at)
 	}
 	for _, g := range gs {
-		b = appendScopeSpans(b, g)
+		if len(g.b) > 0 {
+			b = appendScopeSpans(b, g)
+		}
 	}
 	if res != nil {
 		b = appendString(b, fResourceSpansSchemaURL, res.SchemaURL())
@@ -325,7 +368,7 @@ func appendResourceSpans(b []byte, gs []spanGroup) []byte {
 }
 
 // appendScopeSpans appends g as field ResourceSpans.scope_spans.
-func appendScopeSpans(b []byte, g spanGroup) []byte {
+func appendScopeSpans(b []byte, g encGroup) []byte {
 	b, ss := beginField(b, fResourceSpansScopeSpans)
 	if g.scope != (instrumentation.Scope{}) {
 		var at int
@@ -337,14 +380,7 @@ func appendScopeSpans(b []byte, g spanGroup) []byte {
 		}
 		b = endField(b, at)
 	}
-	for _, s := range g.spans {
-		b = appendSpan(b, s)
-		if ws, ok := s.(staged); ok {
-			for _, st := range ws.stageList() {
-				b = appendStage(b, s, st)
-			}
-		}
-	}
+	b = append(b, g.b...)
 	b = appendString(b, fScopeSpansSchemaURL, g.scope.SchemaURL)
 	return endField(b, ss)
 }

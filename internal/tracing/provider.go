@@ -91,12 +91,32 @@ func (t *tracer) Start(ctx context.Context, name string, opts ...trace.SpanStart
 	if !c.NewRoot() {
 		parent = trace.SpanContextFromContext(ctx)
 	}
-	var tid trace.TraceID
 	var sid trace.SpanID
+	if id, ok := ctx.Value(spanIDKey{}).(trace.SpanID); ok {
+		sid = id
+	}
+	sp := t.start(parent, name, trace.ValidateSpanKind(c.SpanKind()), c.Timestamp(), sid)
+	if s, ok := sp.(*span); ok {
+		s.addAttributes(c.Attributes())
+		for _, l := range c.Links() {
+			s.addLink(l)
+		}
+	}
+	return trace.ContextWithSpan(ctx, sp), sp
+}
+
+// start starts a span named name of kind at start (zero: now), a child of
+// parent (invalid: a root), with span id sid (invalid: a random one): a
+// *span, or a *quietSpan when the sampler does not record it.
+func (t *tracer) start(parent trace.SpanContext, name string, kind trace.SpanKind, start time.Time, sid trace.SpanID) trace.Span {
+	var tid trace.TraceID
 	if parent.TraceID().IsValid() {
-		tid, sid = parent.TraceID(), IDs{}.NewSpanID(ctx, parent.TraceID())
+		tid = parent.TraceID()
 	} else {
-		tid, sid = IDs{}.NewIDs(ctx)
+		tid = randomTraceID()
+	}
+	if !sid.IsValid() {
+		sid = randomSpanID()
 	}
 	// At ratio 1 the sampler is parent-based: no parent or a sampled one.
 	sampled := t.p.ratio < 1 || !parent.IsValid() || parent.IsSampled()
@@ -107,19 +127,14 @@ func (t *tracer) Start(ctx context.Context, name string, opts ...trace.SpanStart
 	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: flags,
 		TraceState: parent.TraceState()})
 	if !sampled {
-		s := &quietSpan{sc: sc, p: t.p}
-		return trace.ContextWithSpan(ctx, s), s
+		return &quietSpan{sc: sc, p: t.p}
 	}
-	s := &span{t: t, sc: sc, parent: parent, name: name, kind: trace.ValidateSpanKind(c.SpanKind()), start: c.Timestamp()}
+	s := &span{t: t, sc: sc, parent: parent, name: name, kind: kind, start: start}
 	s.attrs = s.attrBuf[:0]
 	if s.start.IsZero() {
 		s.start = time.Now()
 	}
-	s.addAttributes(c.Attributes())
-	for _, l := range c.Links() {
-		s.addLink(l)
-	}
-	return trace.ContextWithSpan(ctx, s), s
+	return s
 }
 
 // span is a recorded span of a provider. Its fields change only under mu
@@ -422,10 +437,11 @@ func queueConfigOf(getenv func(string) string) (queueConfig, error) {
 	return c, nil
 }
 
-// queue holds ended spans until they are exported: a batch at a time once
-// a batch is full or the delay passed, from one goroutine. A span that
-// finds the queue full is dropped (and counted), as the SDK's batch
-// processor drops it: tracing never blocks a request.
+// queue holds ended spans, written as OTLP as they come (encoded), until
+// they are exported: a batch at a time once a batch is full or the delay
+// passed, from one goroutine. A span that finds the queue full is dropped
+// (and counted), as the SDK's batch processor drops it: tracing never
+// blocks a request.
 type queue struct {
 	cfg  queueConfig
 	exp  *exporter
@@ -439,8 +455,14 @@ type queue struct {
 	loggedAt time.Time
 	failed   int
 
-	mu      sync.Mutex
-	spans   []encodable
+	mu sync.Mutex
+	// full are batches of cfg.batch spans waiting for export, cur the
+	// batch being filled (nil: none yet), spare emptied batches to fill
+	// again; queued counts the spans of full and cur.
+	full    []*encoded
+	cur     *encoded
+	spare   []*encoded
+	queued  int
 	dropped int
 	closed  bool
 }
@@ -451,16 +473,28 @@ func newQueue(cfg queueConfig, exp *exporter, log *slog.Logger) *queue {
 	return q
 }
 
-// add queues s.
+// add writes s into the batch being filled.
 func (q *queue) add(s encodable) {
 	q.mu.Lock()
-	if q.closed || len(q.spans) >= q.cfg.max {
+	if q.closed || q.queued >= q.cfg.max {
 		q.dropped++
 		q.mu.Unlock()
 		return
 	}
-	q.spans = append(q.spans, s)
-	full := len(q.spans) >= q.cfg.batch
+	if q.cur == nil {
+		if n := len(q.spare); n > 0 {
+			q.cur, q.spare = q.spare[n-1], q.spare[:n-1]
+		} else {
+			q.cur = &encoded{}
+		}
+	}
+	q.cur.add(s)
+	q.queued++
+	full := q.cur.spans >= q.cfg.batch
+	if full {
+		q.full = append(q.full, q.cur)
+		q.cur = nil
+	}
 	q.mu.Unlock()
 	if full {
 		select {
@@ -476,38 +510,48 @@ func (q *queue) run() {
 	defer close(q.done)
 	tick := time.NewTicker(q.cfg.delay)
 	defer tick.Stop()
-	var spare []encodable
+	var batches []*encoded
 	for {
 		select {
 		case <-q.stop:
-			q.flush(&spare)
+			q.flush(&batches)
 			return
 		case <-tick.C:
 		case <-q.kick:
 		}
-		q.flush(&spare)
+		q.flush(&batches)
 	}
 }
 
-// flush exports what is queued, a batch at a time; *spare is the slice
-// the next spans are queued in (the two are swapped, so neither grows
-// again).
-func (q *queue) flush(spare *[]encodable) {
+// flush exports what is queued, a batch at a time, and hands the batches
+// back emptied for the next spans; *batches is the slice it takes them in
+// (reused, so that neither it nor the queue's grows again).
+func (q *queue) flush(batches *[]*encoded) {
 	q.mu.Lock()
-	spans := q.spans
-	q.spans = (*spare)[:0]
+	taken := append((*batches)[:0], q.full...)
+	clear(q.full)
+	q.full = q.full[:0]
+	if q.cur != nil {
+		taken = append(taken, q.cur)
+		q.cur = nil
+	}
+	q.queued = 0
 	q.mu.Unlock()
-	for rest := spans; len(rest) > 0; {
-		n := min(len(rest), q.cfg.batch)
+	for _, b := range taken {
 		ctx, cancel := context.WithTimeout(context.Background(), q.cfg.timeout)
 		// As the SDK's processor: a failed export is reported, not
 		// retried here (the OTLP client retries).
-		q.exportFailed(q.exp.export(ctx, rest[:n]), n)
+		q.exportFailed(q.exp.send(ctx, b), b.spans)
 		cancel()
-		rest = rest[n:]
+		b.reset()
 	}
-	clear(spans) // let the spans go
-	*spare = spans[:0]
+	q.mu.Lock()
+	// Kept, with their buffers: there are never more batches than the
+	// queue's bound holds (cfg.max / cfg.batch, and one being filled).
+	q.spare = append(q.spare, taken...)
+	q.mu.Unlock()
+	clear(taken)
+	*batches = taken[:0]
 }
 
 // exportLogEvery bounds how often a queue logs failed exports.

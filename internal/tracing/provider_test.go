@@ -60,7 +60,8 @@ func exportedSpans(t *testing.T, c *capture) []*tracepb.Span {
 // exercise makes the same spans with tp: every call of the trace API the
 // router and workers use and the others (events, errors, links, status
 // rules, attribute overwrites and limits, renames, calls after End, a
-// remote parent sampled and not), at fixed times.
+// remote parent sampled and not), and this package's Start and StartChild,
+// at fixed times.
 func exercise(tp trace.TracerProvider) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
 	tr := tp.Tracer(Instrumentation, trace.WithInstrumentationVersion("v1"))
@@ -96,6 +97,12 @@ func exercise(tp trace.TracerProvider) {
 	_, quietChild := tr.Start(uctx, "not sampled either")
 	quietChild.End()
 	quiet.End()
+	// The fast path's starts (Start, StartChild): as the options say.
+	_, fast := Start(ctx, tr, "fast", SpanStart{Kind: trace.SpanKindClient, Time: t0.Add(time.Millisecond)})
+	fast.SetAttributes(attribute.String("f", "1"))
+	fast.End(trace.WithTimestamp(t0.Add(2 * time.Millisecond)))
+	fastChild := StartChild(tr, peer, "fast child", SpanStart{Kind: trace.SpanKindServer, Time: t0})
+	fastChild.End(trace.WithTimestamp(t0.Add(time.Millisecond)))
 	_, other := tp.Tracer("other").Start(context.Background(), "other scope", trace.WithTimestamp(t0), trace.WithNewRoot())
 	other.End(trace.WithTimestamp(t0))
 	root.End(trace.WithTimestamp(t0.Add(4 * time.Millisecond)))
@@ -119,8 +126,8 @@ func TestProviderMatchesSDK(t *testing.T) {
 		t.Fatal(err)
 	}
 	gs, ws := exportedSpans(t, got), exportedSpans(t, &want)
-	if len(gs) != 4 || len(ws) != 4 {
-		t.Fatalf("exported %d spans, the SDK %d; want 4", len(gs), len(ws))
+	if len(gs) != 6 || len(ws) != 6 {
+		t.Fatalf("exported %d spans, the SDK %d; want 6", len(gs), len(ws))
 	}
 	// Relations, by name: child under root, leg under the remote peer.
 	rel := func(spans []*tracepb.Span) map[string]string {
@@ -196,7 +203,7 @@ func TestQueueBoundsAndShutdown(t *testing.T) {
 		s.End()
 	}
 	q.mu.Lock()
-	queued, dropped := len(q.spans), q.dropped
+	queued, dropped := q.queued, q.dropped
 	q.mu.Unlock()
 	if queued != 8 || dropped != 12 {
 		t.Errorf("queued %d, dropped %d; want 8 and 12", queued, dropped)
@@ -247,10 +254,11 @@ func (b *blockingCapture) spans(t *testing.T) int {
 	return len(exportedSpans(t, &b.c))
 }
 
-// TestQueueFlushReusesItsSlices: a flush exports every queued span in
-// batches and hands back the whole slice, emptied and cleared (no span kept
-// alive by it), to queue the next spans in.
-func TestQueueFlushReusesItsSlices(t *testing.T) {
+// TestQueueFlushReusesItsBatches: a flush exports every queued span, a
+// batch per request, and hands the batches back emptied, to write the
+// next spans in; the queue keeps no span object (each is written as it
+// ends).
+func TestQueueFlushReusesItsBatches(t *testing.T) {
 	sent := &capture{}
 	exp, err := newExporter(context.Background(), sent)
 	if err != nil {
@@ -262,19 +270,34 @@ func TestQueueFlushReusesItsSlices(t *testing.T) {
 		_, s := p.Tracer("t").Start(context.Background(), "s")
 		s.End()
 	}
-	queued := q.spans
-	var spare []encodable
-	q.flush(&spare)
+	if q.queued != 5 || len(q.full) != 2 || q.cur == nil || q.cur.spans != 1 {
+		t.Fatalf("queued %d in %d full batches and %v; want 5: 2 full of 2, 1 in the current one", q.queued, len(q.full), q.cur)
+	}
+	used := map[*encoded]bool{q.cur: true}
+	for _, b := range q.full {
+		used[b] = true
+	}
+	var batches []*encoded
+	q.flush(&batches)
 	if n := len(exportedSpans(t, sent)); n != 5 || len(sent.sent) != 3 {
 		t.Fatalf("exported %d spans in %d requests, want 5 in 3", n, len(sent.sent))
 	}
-	if len(spare) != 0 || cap(spare) != cap(queued) || &spare[:1][0] != &queued[:1][0] {
-		t.Fatalf("spare: len %d cap %d, want the flushed slice (cap %d) emptied", len(spare), cap(spare), cap(queued))
+	if q.queued != 0 || len(q.full) != 0 || q.cur != nil || len(q.spare) != 3 {
+		t.Fatalf("after the flush: queued %d, %d full, current %v, %d spare; want 0, 0, nil, 3", q.queued, len(q.full), q.cur, len(q.spare))
 	}
-	for i, s := range queued[:cap(queued)] {
-		if s != nil {
-			t.Fatalf("slot %d still holds a span", i)
+	for _, b := range q.spare {
+		if !used[b] || b.spans != 0 || slices.ContainsFunc(b.groups, func(g encGroup) bool { return len(g.b) > 0 }) {
+			t.Fatalf("spare batch %p: used before %v, %d spans; want a flushed batch, emptied", b, used[b], b.spans)
 		}
+	}
+	_, s := p.Tracer("t").Start(context.Background(), "next")
+	s.End()
+	if !used[q.cur] {
+		t.Error("the next span was not written into a flushed batch")
+	}
+	q.flush(&batches)
+	if got := exportedSpans(t, sent); len(got) != 6 || got[5].Name != "next" {
+		t.Errorf("the batch reused sent %d spans, want the 5 before and \"next\"", len(got))
 	}
 }
 
@@ -303,8 +326,8 @@ func TestQueueLogsFailedExports(t *testing.T) {
 		_, s := p.Tracer("t").Start(context.Background(), "s")
 		s.End()
 	}
-	var spare []encodable
-	q.flush(&spare) // three batches, three failures
+	var batches []*encoded
+	q.flush(&batches) // three batches, three failures
 	out := logged.String()
 	if strings.Count(out, "traces not exported") != 1 || !strings.Contains(out, "connection refused") {
 		t.Fatalf("log:\n%s\nwant one line naming the error", out)

@@ -180,15 +180,16 @@ func otlpClient(endpoint, proto string) (otlptrace.Client, error) {
 }
 
 // Propagator is how trace context crosses processes: W3C traceparent and
-// tracestate headers.
-func Propagator() propagation.TextMapPropagator { return propagation.TraceContext{} }
+// tracestate headers (propagation.TraceContext, through InjectHeader and
+// ExtractHeader when the carrier is an http.Header).
+func Propagator() propagation.TextMapPropagator { return headerPropagator{} }
 
 // Extracting is h with an incoming traceparent honoured: the request's
 // context carries it, so the spans its handler starts are its children.
 func Extracting(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Header.Get("Traceparent") != "" {
-			req = req.WithContext(Propagator().Extract(req.Context(), propagation.HeaderCarrier(req.Header)))
+		if sc := ExtractHeader(req.Header); sc.IsValid() {
+			req = req.WithContext(trace.ContextWithRemoteSpanContext(req.Context(), sc))
 		}
 		h.ServeHTTP(w, req)
 	})
@@ -210,10 +211,7 @@ type IDs struct{}
 
 // NewIDs implements sdktrace.IDGenerator.
 func (IDs) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
-	var tid trace.TraceID
-	binary.BigEndian.PutUint64(tid[:8], rand.Uint64())
-	binary.BigEndian.PutUint64(tid[8:], rand.Uint64())
-	return tid, IDs{}.NewSpanID(ctx, tid)
+	return randomTraceID(), IDs{}.NewSpanID(ctx, trace.TraceID{})
 }
 
 // NewSpanID implements sdktrace.IDGenerator.
@@ -221,6 +219,21 @@ func (IDs) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
 	if id, ok := ctx.Value(spanIDKey{}).(trace.SpanID); ok && id.IsValid() {
 		return id
 	}
+	return randomSpanID()
+}
+
+// randomTraceID is a random, valid trace id.
+func randomTraceID() trace.TraceID {
+	var tid trace.TraceID
+	for !tid.IsValid() {
+		binary.BigEndian.PutUint64(tid[:8], rand.Uint64())
+		binary.BigEndian.PutUint64(tid[8:], rand.Uint64())
+	}
+	return tid
+}
+
+// randomSpanID is a random, valid span id.
+func randomSpanID() trace.SpanID {
 	var sid trace.SpanID
 	for !sid.IsValid() {
 		binary.BigEndian.PutUint64(sid[:], rand.Uint64())
@@ -229,16 +242,21 @@ func (IDs) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
 }
 
 // LegSpanID is the span id of the role leg of attempt (room, gen) in trace
-// tid: the first 8 bytes of SHA-256 over them. The prefill worker gives its
-// leg this id, and the decode worker links its KV hop to it: the two ends
-// of one transfer, found in the trace without the id crossing the KV
-// channel.
+// tid: the first 8 bytes of SHA-256 over the trace id's 16 bytes and
+// "room/gen/role". The prefill worker gives its leg this id, and the
+// decode worker links its KV hop to it: the two ends of one transfer,
+// found in the trace without the id crossing the KV channel.
 func LegSpanID(tid trace.TraceID, room string, gen uint32, role string) trace.SpanID {
-	h := sha256.New()
-	h.Write(tid[:])
-	fmt.Fprintf(h, "%s/%d/%s", room, gen, role)
+	var buf [128]byte
+	b := append(buf[:0], tid[:]...)
+	b = append(b, room...)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, uint64(gen), 10)
+	b = append(b, '/')
+	b = append(b, role...)
+	sum := sha256.Sum256(b)
 	var sid trace.SpanID
-	copy(sid[:], h.Sum(nil))
+	copy(sid[:], sum[:])
 	if !sid.IsValid() {
 		sid[7] = 1
 	}

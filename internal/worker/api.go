@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/utils/clock"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
@@ -729,7 +730,7 @@ func (w *Worker) Generate(ctx context.Context, g *openai.GenerateRequest) (opena
 		if start.IsZero() {
 			start = w.clock.Now()
 		}
-		s.q, s.span = q, legTrace{ctx: ctx, start: start}
+		s.q, s.span = q, legTrace{on: true, parent: trace.SpanContextFromContext(ctx), start: start}
 	}
 	return s, nil
 }

@@ -1,14 +1,12 @@
 package worker
 
 import (
-	"context"
 	"net/http"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pdserve/pdserve/internal/lifecycle"
@@ -89,8 +87,9 @@ func (w *Worker) Traced() bool { return w.tracer != nil }
 // it is known: its parent's context and its arrival. The zero value:
 // tracing off.
 type legTrace struct {
-	ctx   context.Context
-	start time.Time
+	on     bool
+	parent trace.SpanContext
+	start  time.Time
 }
 
 // legSpan notes a leg that arrived at start, a child of the router's
@@ -100,11 +99,7 @@ func (w *Worker) legSpan(r *http.Request, start time.Time) legTrace {
 	if w.tracer == nil {
 		return legTrace{}
 	}
-	ctx := r.Context()
-	if r.Header.Get("Traceparent") != "" {
-		ctx = tracing.Propagator().Extract(ctx, propagation.HeaderCarrier(r.Header))
-	}
-	return legTrace{ctx: ctx, start: start}
+	return legTrace{on: true, parent: tracing.ExtractHeader(r.Header), start: start}
 }
 
 // endLegSpan makes the span of leg lt of request q, whose end is fin (nil:
@@ -119,19 +114,19 @@ func (w *Worker) legSpan(r *http.Request, start time.Time) legTrace {
 // sampler does not record costs no more than its start and end.
 func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin *lifecycle.Finalize) {
 	t := w.tracer
-	if t == nil || lt.ctx == nil {
+	if t == nil || !lt.on {
 		return
 	}
 	end := w.clock.Now()
 	if name == "" {
 		name = t.legName
 	}
-	ctx := lt.ctx
-	if parent := trace.SpanContextFromContext(ctx); parent.IsValid() && !q.Room.IsZero() && t.role == lifecycle.RolePrefill {
+	o := tracing.SpanStart{Kind: trace.SpanKindServer, Time: lt.start}
+	if parent := lt.parent; parent.IsValid() && !q.Room.IsZero() && t.role == lifecycle.RolePrefill {
 		// Decode links its KV hop to this leg by this id.
-		ctx = tracing.WithSpanID(ctx, tracing.LegSpanID(parent.TraceID(), q.Room.String(), q.Gen, lifecycle.RolePrefill.String()))
+		o.ID = tracing.LegSpanID(parent.TraceID(), q.Room.String(), q.Gen, lifecycle.RolePrefill.String())
 	}
-	_, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(lt.start))
+	span := tracing.StartChild(t.tracer, lt.parent, name, o)
 	if !span.IsRecording() {
 		span.End(trace.WithTimestamp(end))
 		return

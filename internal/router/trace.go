@@ -46,7 +46,7 @@ func (r *Router) requestSpan(ctx context.Context, g *openai.GenerateRequest, arr
 	}
 	ctx, span := tracing.Start(ctx, r.tracer, "router.request", tracing.SpanStart{Kind: trace.SpanKindServer, Time: arrived})
 	if span.IsRecording() {
-		span.SetAttributes(attrRID.String(g.RID), attrModel.String(r.cfg.ModelName), attrInputTokens.Int(len(g.InputIDs)),
+		tracing.SetAttributes(span, attrRID.String(g.RID), attrModel.String(r.cfg.ModelName), attrInputTokens.Int(len(g.InputIDs)),
 			attrMaxTokens.Int(g.MaxTokens), attrChoices.Int(max(g.N, 1)))
 	}
 	return ctx, span
@@ -63,7 +63,7 @@ func (r *Router) attemptSpan(ctx context.Context, base context.Context, gen uint
 	}
 	_, span := tracing.Start(ctx, r.tracer, "router.attempt", tracing.SpanStart{Kind: trace.SpanKindClient})
 	if span.IsRecording() {
-		attrs := make([]attribute.KeyValue, 0, 6)
+		attrs := make([]attribute.KeyValue, 0, 6) // on the stack: tracing.SetAttributes copies them
 		attrs = append(attrs, attrGen.Int(int(gen)))
 		if continued > 0 {
 			attrs = append(attrs, attrContinued.Int(continued))
@@ -72,7 +72,7 @@ func (r *Router) attemptSpan(ctx context.Context, base context.Context, gen uint
 			// A retry or a continuation: the trace is kept whatever the
 			// sampling ratio (tracing.AttrKeep), the request's span too.
 			attrs = append(attrs, tracing.AttrKeep.Bool(true))
-			parent.SetAttributes(tracing.AttrKeep.Bool(true))
+			tracing.SetAttributes(parent, tracing.AttrKeep.Bool(true))
 		}
 		if room != "" {
 			attrs = append(attrs, attrRoom.String(room))
@@ -82,7 +82,7 @@ func (r *Router) attemptSpan(ctx context.Context, base context.Context, gen uint
 		} else {
 			attrs = append(attrs, attrWorker.String(pw.URL()))
 		}
-		span.SetAttributes(attrs...)
+		tracing.SetAttributes(span, attrs...)
 	}
 	return trace.ContextWithSpan(base, span), span
 }
@@ -94,7 +94,8 @@ func endSpan(span trace.Span, o outcome.Outcome, msg string, extra ...attribute.
 		return
 	}
 	if span.IsRecording() {
-		span.SetAttributes(append(extra, attrOutcome.String(o.String()))...)
+		tracing.SetAttributes(span, extra...)
+		tracing.SetAttributes(span, attrOutcome.String(o.String()))
 		if o != outcome.OK && o != outcome.None {
 			span.SetStatus(codes.Error, msg)
 		}
@@ -132,7 +133,7 @@ func failedSpan(ctx context.Context, cause outcome.Cause, routerStage string) {
 	if stage == "" {
 		stage = "router " + routerStage
 	}
-	span.SetAttributes(tracing.AttrCauseOutcome.String(cause.Outcome.String()),
+	tracing.SetAttributes(span, tracing.AttrCauseOutcome.String(cause.Outcome.String()),
 		tracing.AttrCauseRole.String(cause.Role), tracing.AttrCauseStage.String(stage))
 	span.SetStatus(codes.Error, cause.Detail)
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"reflect"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -232,29 +233,41 @@ func (s *span) End(opts ...trace.SpanEndOption) {
 		c := trace.NewSpanEndConfig(opts...)
 		end = c.Timestamp()
 	}
+	s.endAt(end, nil)
+}
+
+// endAt ends s at end (zero: now), with stages as its children when
+// there are some. The stages are written before it returns and not kept
+// (but by the tail sampler, which holds the span: a copy).
+func (s *span) endAt(end time.Time, stages []Stage) {
 	if end.IsZero() {
 		end = time.Now()
 	}
+	tail := s.t.p.tail != nil
 	s.mu.Lock()
 	if s.ended {
 		s.mu.Unlock()
 		return
 	}
 	s.ended, s.end = true, end
+	if len(stages) > 0 {
+		if tail {
+			stages = slices.Clone(stages)
+		}
+		s.stages = stages
+	}
 	s.dedupeAttributes()
 	s.mu.Unlock()
 	s.t.p.ended(s)
+	if !tail && len(stages) > 0 {
+		s.mu.Lock()
+		s.stages = nil // the caller's, written: it may reuse them
+		s.mu.Unlock()
+	}
 }
 
 // endWithStages ends s at end with stages as its children.
-func (s *span) endWithStages(end time.Time, stages []Stage) {
-	s.mu.Lock()
-	if !s.ended {
-		s.stages = stages
-	}
-	s.mu.Unlock()
-	s.End(trace.WithTimestamp(end))
-}
+func (s *span) endWithStages(end time.Time, stages []Stage) { s.endAt(end, stages) }
 
 // AddEvent implements trace.Span.
 func (s *span) AddEvent(name string, opts ...trace.EventOption) {
@@ -348,6 +361,18 @@ func (s *span) SetName(name string) {
 	if !s.ended {
 		s.name = name
 	}
+}
+
+// SetAttributes sets kvs on span as span.SetAttributes does, without
+// making the caller's kvs escape to the heap when span is one of New's
+// (the trace.Span interface call does: a list of attributes written at
+// each request's end was an allocation).
+func SetAttributes(sp trace.Span, kvs ...attribute.KeyValue) {
+	if s, ok := sp.(*span); ok {
+		s.SetAttributes(kvs...)
+		return
+	}
+	sp.SetAttributes(slices.Clone(kvs)...)
 }
 
 // SetAttributes implements trace.Span.

@@ -23,7 +23,8 @@ type Stage struct {
 // StageRecorder ends a span with its stages as child spans: the providers
 // of New, whose exporter writes the stages into the OTLP batch with their
 // parent (no span object per stage: they cost a few hundred bytes of
-// protobuf each), keeping or dropping them with it.
+// protobuf each), keeping or dropping them with it. It does not keep the
+// stages slice once EndWithStages returns.
 type StageRecorder interface {
 	EndWithStages(span trace.Span, end time.Time, stages []Stage)
 }
@@ -31,7 +32,8 @@ type StageRecorder interface {
 // EndWithStages ends span at end with stages as its children: through tp's
 // StageRecorder when it has one (New's providers), else as spans started
 // and ended by tp's tracer tr (any other provider: a test's in-memory
-// one). The child spans' kind is internal.
+// one). The child spans' kind is internal. stages is not kept: the caller
+// may reuse it once EndWithStages returns.
 func EndWithStages(tp trace.TracerProvider, tr trace.Tracer, span trace.Span, end time.Time, stages []Stage) {
 	if r, ok := tp.(StageRecorder); ok {
 		r.EndWithStages(span, end, stages)

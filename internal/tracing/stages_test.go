@@ -127,3 +127,57 @@ func TestEndWithStagesElsewhere(t *testing.T) {
 		t.Errorf("kv transfer: %+v", s)
 	}
 }
+
+// TestStagesListReusable: EndWithStages does not keep the stage list, so
+// a caller may reuse it at once (the workers pool theirs); under the tail
+// sampler, which holds a span until its trace is decided, the span keeps a
+// copy.
+func TestStagesListReusable(t *testing.T) {
+	for _, ratio := range []float64{1, 0.5} {
+		p, sent := testProvider(t, ratio, 0)
+		tr := p.Tracer(Instrumentation)
+		t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+		stages, _ := testStages(t0)
+		_, root := tr.Start(context.Background(), "root", trace.WithTimestamp(t0))
+		leg := StartChild(tr, root.SpanContext(), "leg", SpanStart{Time: t0})
+		Provider{TracerProvider: p}.EndWithStages(leg, t0.Add(3*time.Millisecond), stages)
+		for i := range stages {
+			stages[i] = Stage{Name: "overwritten", Start: t0, End: t0}
+		}
+		SetAttributes(root, AttrKeep.Bool(true)) // kept whatever the ratio
+		root.End(trace.WithTimestamp(t0.Add(4 * time.Millisecond)))
+		if err := p.q.shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		names := map[string]bool{}
+		for _, s := range exportedSpans(t, sent) {
+			names[s.Name] = true
+		}
+		if !names["decode queued"] || !names["kv transfer"] || names["overwritten"] || len(names) != 4 {
+			t.Errorf("ratio %v: exported %v; want root, leg and the two stages as they were when the leg ended", ratio, names)
+		}
+	}
+}
+
+// TestSetAttributesOnTheStack: SetAttributes on New's spans does not make
+// the caller's attributes escape (no allocation per call), and on another
+// provider's spans sets them as the span's own method does.
+func TestSetAttributesOnTheStack(t *testing.T) {
+	p, _ := testProvider(t, 1, 0)
+	_, s := p.Tracer(Instrumentation).Start(context.Background(), "s")
+	defer s.End()
+	if n := testing.AllocsPerRun(100, func() {
+		SetAttributes(s, AttrOutcome.String("ok"), AttrGen.Int(1), AttrRID.String("cmpl-1"))
+	}); n != 0 {
+		t.Errorf("SetAttributes allocates %v times per call", n)
+	}
+	exp := tracetest.NewInMemoryExporter()
+	sdk := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	_, o := sdk.Tracer("t").Start(context.Background(), "other")
+	SetAttributes(o, AttrOutcome.String("ok"), AttrGen.Int(2))
+	o.End() // exported at once: a syncer
+	if got := exp.GetSpans(); len(got) != 1 || len(got[0].Attributes) != 2 || got[0].Attributes[1] != AttrGen.Int(2) {
+		t.Errorf("the SDK's span got %v", got)
+	}
+	_ = sdk.Shutdown(context.Background())
+}

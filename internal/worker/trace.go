@@ -46,9 +46,9 @@ type legTracer struct {
 	role     lifecycle.Role
 	legName  string
 	stages   []stageSpan
-	// attrs holds the attribute slices a leg's span is given (the span
-	// copies them).
-	attrs sync.Pool
+	// stageLists holds the stage lists a leg's span is ended with
+	// (*[]tracing.Stage; EndWithStages does not keep them).
+	stageLists sync.Pool
 	// linkAttrs are the KV hop's link's.
 	linkAttrs []attribute.KeyValue
 }
@@ -68,7 +68,7 @@ func newLegTracer(tp trace.TracerProvider, role lifecycle.Role) *legTracer {
 	}
 	t := &legTracer{provider: tp, tracer: tp.Tracer(tracing.Instrumentation), role: role, legName: role.String() + ".leg",
 		linkAttrs: []attribute.KeyValue{attribute.String("pdserve.link", "prefill leg that sent the KV")}}
-	t.attrs.New = func() any { s := make([]attribute.KeyValue, 0, maxLegAttrs); return &s }
+	t.stageLists.New = func() any { s := make([]tracing.Stage, 0, len(role.Stages())); return &s }
 	stages := role.Stages()
 	for i := len(stages) - 1; i >= 0; i-- {
 		st := stageSpan{stage: stages[i], name: role.String() + " " + stages[i].String()}
@@ -131,8 +131,8 @@ func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin 
 		span.End(trace.WithTimestamp(end))
 		return
 	}
-	ap := t.attrs.Get().(*[]attribute.KeyValue)
-	attrs := append((*ap)[:0], attrRID.String(q.RID), attrInputTokens.Int(len(q.InputIDs)))
+	var buf [maxLegAttrs]attribute.KeyValue // on the stack: tracing.SetAttributes copies them
+	attrs := append(buf[:0], attrRID.String(q.RID), attrInputTokens.Int(len(q.InputIDs)))
 	if q.Continued > 0 {
 		attrs = append(attrs, attrContinued.Int(q.Continued))
 	}
@@ -150,8 +150,7 @@ func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin 
 	}
 	if fin == nil {
 		attrs = append(attrs, attrOutcome.String(outcome.AbortedClient.String()))
-		span.SetAttributes(attrs...)
-		t.putAttrs(ap, attrs)
+		tracing.SetAttributes(span, attrs...)
 		span.SetStatus(codes.Error, "the router hung up the leg")
 		span.End(trace.WithTimestamp(end))
 		return
@@ -181,15 +180,9 @@ func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin 
 		}
 		span.SetStatus(codes.Error, fin.Err)
 	}
-	span.SetAttributes(attrs...)
-	t.putAttrs(ap, attrs)
-	n := 0
-	for _, st := range t.stages {
-		if fin.StageTime[st.stage] > 0 {
-			n++
-		}
-	}
-	stages := make([]tracing.Stage, 0, n)
+	tracing.SetAttributes(span, attrs...)
+	sp := t.stageLists.Get().(*[]tracing.Stage)
+	stages := (*sp)[:0]
 	at := end
 	for _, st := range t.stages {
 		d := fin.StageTime[st.stage]
@@ -208,12 +201,7 @@ func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin 
 		at = s.Start
 	}
 	tracing.EndWithStages(t.provider, t.tracer, span, end, stages)
-}
-
-// putAttrs returns a leg's attribute slice (at ap, its contents attrs,
-// which the span copied) for the next leg.
-func (t *legTracer) putAttrs(ap *[]attribute.KeyValue, attrs []attribute.KeyValue) {
-	clear(attrs) // no strings kept alive
-	*ap = attrs[:0]
-	t.attrs.Put(ap)
+	clear(stages) // no span context or name kept alive
+	*sp = stages[:0]
+	t.stageLists.Put(sp)
 }

@@ -44,9 +44,10 @@ type exporter struct {
 }
 
 // encodable is what the exporter reads of an ended span: the methods of
-// the SDK's sdktrace.ReadOnlySpan it uses, which New's spans have too. A
-// span that also has stageList() (New's spans ended with stages) is
-// written with a child span per stage.
+// the SDK's sdktrace.ReadOnlySpan it uses, which New's spans have too, and
+// the attributes: an SDK span's Attributes(), New's spans' written as they
+// were set (encodedAttributes). A span that also has stageList() (New's
+// spans ended with stages) is written with a child span per stage.
 type encodable interface {
 	SpanContext() trace.SpanContext
 	Parent() trace.SpanContext
@@ -54,7 +55,6 @@ type encodable interface {
 	SpanKind() trace.SpanKind
 	StartTime() time.Time
 	EndTime() time.Time
-	Attributes() []attribute.KeyValue
 	DroppedAttributes() int
 	Events() []sdktrace.Event
 	DroppedEvents() int
@@ -413,8 +413,13 @@ func appendSpan(b []byte, s encodable) []byte {
 	b = appendUint(b, fSpanKind, uint64(otlpKind(s.SpanKind())))
 	b = appendFixed64(b, fSpanStart, unixNano(s.StartTime()))
 	b = appendFixed64(b, fSpanEnd, unixNano(s.EndTime()))
-	for _, a := range s.Attributes() {
-		b = appendKeyValue(b, fSpanAttributes, a)
+	switch a := s.(type) {
+	case interface{ encodedAttributes() []byte }: // New's spans: written as set
+		b = append(b, a.encodedAttributes()...)
+	case interface{ Attributes() []attribute.KeyValue }:
+		for _, kv := range a.Attributes() {
+			b = appendKeyValue(b, fSpanAttributes, kv)
+		}
 	}
 	b = appendUint(b, fSpanDroppedAttrs, clampCount(s.DroppedAttributes()))
 	for _, e := range s.Events() {

@@ -21,6 +21,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/embedded"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // The span limits of New's providers: the OpenTelemetry SDK's defaults
@@ -147,70 +148,101 @@ type span struct {
 	sc     trace.SpanContext
 	parent trace.SpanContext
 
-	mu            sync.Mutex
-	ended         bool
-	name          string
-	kind          trace.SpanKind
-	start, end    time.Time
-	attrs         []attribute.KeyValue
-	events        []sdktrace.Event
-	links         []sdktrace.Link
-	status        sdktrace.Status
-	stages        []Stage
-	droppedAttrs  int
-	droppedEvents int
-	droppedLinks  int
-	dedupe        bool // a key was set twice
-	// attrBuf holds the first attributes, allocated with the span: the
-	// router's and workers' spans have up to about a dozen.
-	attrBuf [12]attribute.KeyValue
+	mu     sync.Mutex
+	ended  bool
+	keep   bool // AttrKeep's value (the tail sampler keeps the trace)
+	kind   trace.SpanKind
+	name   string
+	status sdktrace.Status
+	start  time.Time
+	end    time.Time
+	// attrs is the span's attributes as OTLP writes them, each written
+	// when set: a Span.attributes field (KeyValue) per key, with the last
+	// value set, in the order the keys were first set; nattrs counts them.
+	attrs        []byte
+	nattrs       int32
+	droppedAttrs int32
+	rare         *spanRare // nil until an event or link
+	stages       []Stage
+	// attrBuf holds attrs, allocated with the span: the router's and
+	// workers' spans have about ten attributes of 20 to 50 bytes. (Kept
+	// as KeyValues, a dozen of them made every span 1,280 bytes; it is 768
+	// now.)
+	attrBuf [attrInline]byte
 }
 
-// addAttributes adds kvs, the invalid ones (an empty key) dropped; a key
-// set again is overwritten (dedupeAttributes, at the end). Caller holds mu
-// or owns s.
+// attrInline is the bytes of encoded attributes a span holds inline: what
+// makes the span a 768-byte object (a size class of the Go allocator).
+const attrInline = 440
+
+// spanRare is what few spans have: events and links.
+type spanRare struct {
+	events        []sdktrace.Event
+	links         []sdktrace.Link
+	droppedEvents int
+	droppedLinks  int
+}
+
+// rareOf is s's spanRare, made if it has none. Caller holds mu or owns s.
+func (s *span) rareOf() *spanRare {
+	if s.rare == nil {
+		s.rare = &spanRare{}
+	}
+	return s.rare
+}
+
+// addAttributes adds kvs, the invalid ones (an empty key) dropped: each
+// is written as OTLP at once; a key set again takes the new value where
+// it was first set; a new key past maxSpanAttributes is dropped and
+// counted (the SDK's rules). Caller holds mu or owns s.
 func (s *span) addAttributes(kvs []attribute.KeyValue) {
 	for _, kv := range kvs {
 		if !kv.Valid() {
 			s.droppedAttrs++
 			continue
 		}
-		if len(s.attrs) > 0 && !s.dedupe {
-			for _, a := range s.attrs {
-				if a.Key == kv.Key {
-					s.dedupe = true
-					break
-				}
-			}
+		n := len(s.attrs)
+		s.attrs = appendKeyValue(s.attrs, fSpanAttributes, kv)
+		if at, size := findAttr(s.attrs[:n], string(kv.Key)); at >= 0 {
+			// Set before: the new field takes the old one's place.
+			var tmp [256]byte
+			field := append(tmp[:0], s.attrs[n:]...)
+			s.attrs = slices.Replace(s.attrs[:n], at, at+size, field...)
+		} else if s.nattrs >= maxSpanAttributes {
+			s.attrs = s.attrs[:n]
+			s.droppedAttrs++
+			continue
+		} else {
+			s.nattrs++
 		}
-		s.attrs = append(s.attrs, kv)
+		if kv.Key == AttrKeep {
+			s.keep = kv.Value.AsBool()
+		}
 	}
 }
 
-// dedupeAttributes keeps the last value of every key, in the order of
-// its first appearance, and the first maxSpanAttributes of them, counting
-// the rest as dropped. Caller holds mu or owns s.
-func (s *span) dedupeAttributes() {
-	if s.dedupe {
-		at := make(map[attribute.Key]int, len(s.attrs))
-		out := s.attrs[:0] // written at or before where s.attrs is read
-		for _, a := range s.attrs {
-			if j, ok := at[a.Key]; ok {
-				out[j] = a
-				continue
-			}
-			at[a.Key] = len(out)
-			out = append(out, a)
+// findAttr returns where in b, a run of Span.attributes fields, the field
+// of key is, and its size; -1 if none is.
+func findAttr(b []byte, key string) (at, size int) {
+	for i := 0; i < len(b); {
+		_, _, tn := protowire.ConsumeTag(b[i:])
+		if tn < 0 {
+			return -1, 0
 		}
-		clear(s.attrs[len(out):])
-		s.attrs = out
-		s.dedupe = false
+		fl, ln := protowire.ConsumeVarint(b[i+tn:])
+		if ln < 0 {
+			return -1, 0
+		}
+		body := b[i+tn+ln : i+tn+ln+int(fl)]
+		// KeyValue: the key (field 1) first, as appendKeyValue writes it.
+		if _, _, kt := protowire.ConsumeTag(body); kt > 0 {
+			if k, kl := protowire.ConsumeBytes(body[kt:]); kl > 0 && string(k) == key {
+				return i, tn + ln + int(fl)
+			}
+		}
+		i += tn + ln + int(fl)
 	}
-	if n := len(s.attrs); n > maxSpanAttributes {
-		s.droppedAttrs += n - maxSpanAttributes
-		clear(s.attrs[maxSpanAttributes:])
-		s.attrs = s.attrs[:maxSpanAttributes]
-	}
+	return -1, 0
 }
 
 // addLink adds l unless it names no span (as the SDK does). Caller holds
@@ -219,11 +251,12 @@ func (s *span) addLink(l trace.Link) {
 	if !l.SpanContext.IsValid() {
 		return
 	}
-	if len(s.links) >= maxSpanLinks {
-		s.droppedLinks++
+	r := s.rareOf()
+	if len(r.links) >= maxSpanLinks {
+		r.droppedLinks++
 		return
 	}
-	s.links = append(s.links, sdktrace.Link{SpanContext: l.SpanContext, Attributes: l.Attributes})
+	r.links = append(r.links, sdktrace.Link{SpanContext: l.SpanContext, Attributes: l.Attributes})
 }
 
 // End implements trace.Span.
@@ -256,7 +289,6 @@ func (s *span) endAt(end time.Time, stages []Stage) {
 		}
 		s.stages = stages
 	}
-	s.dedupeAttributes()
 	s.mu.Unlock()
 	s.t.p.ended(s)
 	if !tail && len(stages) > 0 {
@@ -279,15 +311,16 @@ func (s *span) AddEvent(name string, opts ...trace.EventOption) {
 }
 
 func (s *span) addEvent(name string, c trace.EventConfig) {
-	if len(s.events) >= maxSpanEvents {
-		s.droppedEvents++
+	r := s.rareOf()
+	if len(r.events) >= maxSpanEvents {
+		r.droppedEvents++
 		return
 	}
 	at := c.Timestamp()
 	if at.IsZero() {
 		at = time.Now()
 	}
-	s.events = append(s.events, sdktrace.Event{Name: name, Attributes: c.Attributes(), Time: at})
+	r.events = append(r.events, sdktrace.Event{Name: name, Attributes: c.Attributes(), Time: at})
 }
 
 // AddLink implements trace.Span.
@@ -395,16 +428,24 @@ func (s *span) Name() string                                { return s.name }
 func (s *span) SpanKind() trace.SpanKind                    { return s.kind }
 func (s *span) StartTime() time.Time                        { return s.start }
 func (s *span) EndTime() time.Time                          { return s.end }
-func (s *span) Attributes() []attribute.KeyValue            { return s.attrs }
-func (s *span) DroppedAttributes() int                      { return s.droppedAttrs }
-func (s *span) Events() []sdktrace.Event                    { return s.events }
-func (s *span) DroppedEvents() int                          { return s.droppedEvents }
-func (s *span) Links() []sdktrace.Link                      { return s.links }
-func (s *span) DroppedLinks() int                           { return s.droppedLinks }
+func (s *span) DroppedAttributes() int                      { return int(s.droppedAttrs) }
+func (s *span) encodedAttributes() []byte                   { return s.attrs }
+func (s *span) Events() []sdktrace.Event                    { return s.rareOrNone().events }
+func (s *span) DroppedEvents() int                          { return s.rareOrNone().droppedEvents }
+func (s *span) Links() []sdktrace.Link                      { return s.rareOrNone().links }
+func (s *span) DroppedLinks() int                           { return s.rareOrNone().droppedLinks }
 func (s *span) Status() sdktrace.Status                     { return s.status }
 func (s *span) Resource() *resource.Resource                { return s.t.p.res }
 func (s *span) InstrumentationScope() instrumentation.Scope { return s.t.scope }
 func (s *span) stageList() []Stage                          { return s.stages }
+
+// rareOrNone is s's spanRare, or an empty one.
+func (s *span) rareOrNone() *spanRare {
+	if s.rare == nil {
+		return &spanRare{}
+	}
+	return s.rare
+}
 
 // quietSpan is a span its sampler did not record: it carries its context
 // (unsampled, so its children are not recorded either) and nothing else.

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/pdserve/pdserve/internal/testbin"
@@ -334,5 +335,24 @@ func TestQueueLogsFailedExports(t *testing.T) {
 	}
 	if q.failed != 2 {
 		t.Errorf("%d failures counted since the line, want 2", q.failed)
+	}
+}
+
+// TestSpanSize: a span is one 768-byte object, its attributes inline (the
+// allocation per span that tracing's cost is mostly made of).
+func TestSpanSize(t *testing.T) {
+	if n := unsafe.Sizeof(span{}); n > 768 {
+		t.Errorf("a span is %d bytes, over the 768-byte size class", n)
+	}
+	p, _ := testProvider(t, 1, 0)
+	tr := p.Tracer(Instrumentation)
+	if n := testing.AllocsPerRun(100, func() {
+		s := StartChild(tr, trace.SpanContext{}, "leg", SpanStart{})
+		SetAttributes(s, AttrRID.String("cmpl-0123456789abcdef"), AttrInputTokens.Int(32), AttrRoom.String("0123456789abcdef"),
+			AttrGen.Int(1), AttrOutcome.String("ok"), AttrOutputTokens.Int(16), AttrModel.String("a-model-name"),
+			attribute.Float64("gen_ai.latency.time_to_first_token", 0.01), attribute.Int("pdserve.cached_tokens", 0),
+			AttrOutcome.String("ok again"))
+	}); n != 1 {
+		t.Errorf("a span with ten attributes is %v allocations, want 1", n)
 	}
 }

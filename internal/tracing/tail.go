@@ -83,15 +83,7 @@ func newTailSampler(q *queue, ratio float64, slow time.Duration) *tailSampler {
 
 // interesting reports a span that keeps its trace.
 func interesting(s *span) bool {
-	if s.status.Code == codes.Error {
-		return true
-	}
-	for _, a := range s.attrs {
-		if a.Key == AttrKeep && a.Value.AsBool() {
-			return true
-		}
-	}
-	return false
+	return s.status.Code == codes.Error || s.keep
 }
 
 // onEnd takes span s once it ended.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -236,6 +237,10 @@ func BenchmarkTracingCost(b *testing.B) {
 	}
 }
 
+// tracingAA makes BenchmarkTracingAB's "on" cluster trace nothing either:
+// an A/A run, whose ratios are the method's own bias.
+var tracingAA = flag.Bool("tracing-aa", false, "BenchmarkTracingAB: both clusters with tracing off (an A/A run)")
+
 // BenchmarkTracingAB measures what tracing every request costs `up`, as
 // BenchmarkTracingCost does, with two clusters in this one process, one
 // with tracing off and one on, sent alternate rounds of tracingABRound
@@ -278,7 +283,7 @@ func BenchmarkTracingAB(b *testing.B) {
 	var providers []tracing.Provider
 	pprof.Do(context.Background(), pprof.Labels("cluster", "off"), func(context.Context) { off, _ = tracingCluster(b, false, "") })
 	defer off.Shutdown(context.Background())
-	pprof.Do(context.Background(), pprof.Labels("cluster", "on"), func(context.Context) { on, providers = tracingCluster(b, true, sinkURL) })
+	pprof.Do(context.Background(), pprof.Labels("cluster", "on"), func(context.Context) { on, providers = tracingCluster(b, !*tracingAA, sinkURL) })
 	defer on.Shutdown(context.Background())
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
 	defer client.CloseIdleConnections()

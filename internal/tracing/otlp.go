@@ -134,10 +134,19 @@ func (e *encoded) group(s encodable) *encGroup {
 	return &e.groups[at]
 }
 
-// reset empties e, keeping its groups' buffers for the next spans.
+// maxKeptBuffer bounds the capacity of a buffer kept for the next batch:
+// one that grew past it (spans with very large attributes) goes.
+const maxKeptBuffer = 4 << 20
+
+// reset empties e, keeping its groups' buffers for the next spans (but
+// one grown past maxKeptBuffer).
 func (e *encoded) reset() {
 	for i := range e.groups {
-		e.groups[i].b = e.groups[i].b[:0]
+		if cap(e.groups[i].b) > maxKeptBuffer {
+			e.groups[i].b = nil
+		} else {
+			e.groups[i].b = e.groups[i].b[:0]
+		}
 	}
 	e.spans = 0
 }
@@ -192,7 +201,13 @@ func (e *exporter) send(ctx context.Context, enc *encoded) error {
 		m.ProtoReflect().SetUnknown(protoreflect.RawFields(b))
 		rs = append(rs, m)
 	}
-	if err := e.client.UploadTraces(ctx, rs); err != nil {
+	err := e.client.UploadTraces(ctx, rs)
+	for i, b := range e.bufs {
+		if cap(b) > maxKeptBuffer {
+			e.bufs[i] = nil
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("traces export: %w", err)
 	}
 	return nil

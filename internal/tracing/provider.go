@@ -423,29 +423,41 @@ func (s *span) TracerProvider() trace.TracerProvider { return s.t.p }
 // The span's fields for the exporter (encodable) and the tail sampler,
 // read once it ended.
 
-func (s *span) Parent() trace.SpanContext                   { return s.parent }
-func (s *span) Name() string                                { return s.name }
-func (s *span) SpanKind() trace.SpanKind                    { return s.kind }
-func (s *span) StartTime() time.Time                        { return s.start }
-func (s *span) EndTime() time.Time                          { return s.end }
-func (s *span) DroppedAttributes() int                      { return int(s.droppedAttrs) }
-func (s *span) encodedAttributes() []byte                   { return s.attrs }
-func (s *span) Events() []sdktrace.Event                    { return s.rareOrNone().events }
-func (s *span) DroppedEvents() int                          { return s.rareOrNone().droppedEvents }
-func (s *span) Links() []sdktrace.Link                      { return s.rareOrNone().links }
-func (s *span) DroppedLinks() int                           { return s.rareOrNone().droppedLinks }
+func (s *span) Parent() trace.SpanContext { return s.parent }
+func (s *span) Name() string              { return s.name }
+func (s *span) SpanKind() trace.SpanKind  { return s.kind }
+func (s *span) StartTime() time.Time      { return s.start }
+func (s *span) EndTime() time.Time        { return s.end }
+func (s *span) DroppedAttributes() int    { return int(s.droppedAttrs) }
+func (s *span) encodedAttributes() []byte { return s.attrs }
+func (s *span) Events() []sdktrace.Event {
+	if s.rare == nil {
+		return nil
+	}
+	return s.rare.events
+}
+func (s *span) DroppedEvents() int {
+	if s.rare == nil {
+		return 0
+	}
+	return s.rare.droppedEvents
+}
+func (s *span) Links() []sdktrace.Link {
+	if s.rare == nil {
+		return nil
+	}
+	return s.rare.links
+}
+func (s *span) DroppedLinks() int {
+	if s.rare == nil {
+		return 0
+	}
+	return s.rare.droppedLinks
+}
 func (s *span) Status() sdktrace.Status                     { return s.status }
 func (s *span) Resource() *resource.Resource                { return s.t.p.res }
 func (s *span) InstrumentationScope() instrumentation.Scope { return s.t.scope }
 func (s *span) stageList() []Stage                          { return s.stages }
-
-// rareOrNone is s's spanRare, or an empty one.
-func (s *span) rareOrNone() *spanRare {
-	if s.rare == nil {
-		return &spanRare{}
-	}
-	return s.rare
-}
 
 // quietSpan is a span its sampler did not record: it carries its context
 // (unsampled, so its children are not recorded either) and nothing else.

@@ -356,3 +356,38 @@ func TestSpanSize(t *testing.T) {
 		t.Errorf("a span with ten attributes is %v allocations, want 1", n)
 	}
 }
+
+// TestBatchBuffersBounded: a batch whose buffer grew past maxKeptBuffer
+// (spans with very large attributes) does not keep it for the next spans.
+func TestBatchBuffersBounded(t *testing.T) {
+	sent := &capture{}
+	exp, err := newExporter(context.Background(), sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 16, batch: 4}, exp: exp} // not running
+	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	big := strings.Repeat("x", maxKeptBuffer/2)
+	for i := range 3 {
+		_, s := p.Tracer("t").Start(context.Background(), "big")
+		s.SetAttributes(attribute.String("a", big), attribute.Int("i", i))
+		s.End()
+	}
+	var batches []*encoded
+	q.flush(&batches)
+	if n := len(exportedSpans(t, sent)); n != 3 {
+		t.Fatalf("exported %d spans, want 3", n)
+	}
+	for _, b := range q.spare {
+		for _, g := range b.groups {
+			if cap(g.b) > maxKeptBuffer {
+				t.Errorf("a spare batch keeps a %d-byte buffer", cap(g.b))
+			}
+		}
+	}
+	for _, b := range exp.bufs {
+		if cap(b) > maxKeptBuffer {
+			t.Errorf("the exporter keeps a %d-byte buffer", cap(b))
+		}
+	}
+}

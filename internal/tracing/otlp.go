@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -353,6 +354,39 @@ func appendFixed32(b []byte, num protowire.Number, v uint32) []byte {
 	return protowire.AppendFixed32(b, v)
 }
 
+// maxValueBytes bounds a string attribute value and a status description
+// as written: the longest error message or request field a span carries
+// (a model name a client sent, echoed in the error) is cut to it, so that
+// one request cannot make a batch too large for the collector to take
+// (gRPC's default 4 MiB) and lose the other requests' spans with it.
+const maxValueBytes = 4096
+
+// clip is s cut to maxValueBytes at a UTF-8 character boundary.
+func clip(s string) string {
+	if len(s) <= maxValueBytes {
+		return s
+	}
+	i := maxValueBytes
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
+}
+
+// maxBatchBytes bounds the encoded spans of one export request: a batch
+// reaching it is sent before it has OTEL_BSP_MAX_EXPORT_BATCH_SIZE spans,
+// so that a request stays under gRPC's default 4 MiB a collector takes.
+const maxBatchBytes = 2 << 20
+
+// size is the bytes of e's encoded spans.
+func (e *encoded) size() int {
+	n := 0
+	for i := range e.groups {
+		n += len(e.groups[i].b)
+	}
+	return n
+}
+
 // clampCount is a dropped count as OTLP's uint32.
 func clampCount(n int) uint64 { return uint64(min(max(n, 0), math.MaxUint32)) }
 
@@ -466,7 +500,7 @@ func appendSpan(b []byte, s encodable) []byte {
 	var st int
 	b, st = beginField(b, fSpanStatus) // present even when unset, as the SDK's exporter sends it
 	status := s.Status()
-	b = appendString(b, fStatusMessage, status.Description)
+	b = appendString(b, fStatusMessage, clip(status.Description))
 	switch status.Code {
 	case codes.Ok:
 		b = appendUint(b, fStatusCode, statusCodeOK)
@@ -554,7 +588,7 @@ func appendAnyValue(b []byte, v attribute.Value) []byte {
 	case attribute.STRING:
 		// A oneof member: present even when empty.
 		b = protowire.AppendTag(b, fAnyString, protowire.BytesType)
-		b = protowire.AppendString(b, v.AsString())
+		b = protowire.AppendString(b, clip(v.AsString()))
 	case attribute.BYTESLICE:
 		b = appendBytes(b, fAnyBytes, v.AsByteSlice())
 	case attribute.BOOLSLICE, attribute.INT64SLICE, attribute.FLOAT64SLICE, attribute.STRINGSLICE, attribute.SLICE:

@@ -529,12 +529,15 @@ type queue struct {
 	done chan struct{}
 
 	// The export goroutine's failure log: when it last logged and the
-	// failures since.
-	loggedAt time.Time
-	failed   int
+	// failures since; when it last logged dropped spans and their count
+	// then.
+	loggedAt      time.Time
+	failed        int
+	droppedAt     time.Time
+	droppedLogged int
 
 	mu sync.Mutex
-	// full are batches of cfg.batch spans waiting for export, cur the
+	// full are batches of cfg.batch spans (or maxBatchBytes) waiting for export, cur the
 	// batch being filled (nil: none yet), spare emptied batches to fill
 	// again; queued counts the spans of full and cur.
 	full    []*encoded
@@ -568,7 +571,7 @@ func (q *queue) add(s encodable) {
 	}
 	q.cur.add(s)
 	q.queued++
-	full := q.cur.spans >= q.cfg.batch
+	full := q.cur.spans >= q.cfg.batch || q.cur.size() >= maxBatchBytes
 	if full {
 		q.full = append(q.full, q.cur)
 		q.cur = nil
@@ -588,48 +591,71 @@ func (q *queue) run() {
 	defer close(q.done)
 	tick := time.NewTicker(q.cfg.delay)
 	defer tick.Stop()
-	var batches []*encoded
 	for {
 		select {
 		case <-q.stop:
-			q.flush(&batches)
+			q.flush()
 			return
 		case <-tick.C:
 		case <-q.kick:
 		}
-		q.flush(&batches)
+		q.flush()
 	}
 }
 
-// flush exports what is queued, a batch at a time, and hands the batches
-// back emptied for the next spans; *batches is the slice it takes them in
-// (reused, so that neither it nor the queue's grows again).
-func (q *queue) flush(batches *[]*encoded) {
-	q.mu.Lock()
-	taken := append((*batches)[:0], q.full...)
-	clear(q.full)
-	q.full = q.full[:0]
-	if q.cur != nil {
-		taken = append(taken, q.cur)
-		q.cur = nil
-	}
-	q.queued = 0
-	q.mu.Unlock()
-	for _, b := range taken {
+// flush exports what is queued, a batch at a time, each taken off the
+// queue as its export starts (so that, as with the SDK's processor, the
+// queue holds up to cfg.max spans besides the batch being sent), and hands
+// the batches back emptied for the next spans.
+func (q *queue) flush() {
+	for {
+		q.mu.Lock()
+		var b *encoded
+		switch {
+		case len(q.full) > 0:
+			b = q.full[0]
+			n := copy(q.full, q.full[1:])
+			q.full[n] = nil
+			q.full = q.full[:n]
+		case q.cur != nil:
+			b, q.cur = q.cur, nil
+		}
+		if b != nil {
+			q.queued -= b.spans
+		}
+		dropped := q.dropped
+		q.mu.Unlock()
+		q.droppedSince(dropped)
+		if b == nil {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), q.cfg.timeout)
 		// As the SDK's processor: a failed export is reported, not
 		// retried here (the OTLP client retries).
 		q.exportFailed(q.exp.send(ctx, b), b.spans)
 		cancel()
 		b.reset()
+		q.mu.Lock()
+		// Kept, with their buffers: there are never more batches than the
+		// queue's bound holds (cfg.max / cfg.batch, one being filled and
+		// one being sent).
+		q.spare = append(q.spare, b)
+		q.mu.Unlock()
 	}
-	q.mu.Lock()
-	// Kept, with their buffers: there are never more batches than the
-	// queue's bound holds (cfg.max / cfg.batch, and one being filled).
-	q.spare = append(q.spare, taken...)
-	q.mu.Unlock()
-	clear(taken)
-	*batches = taken[:0]
+}
+
+// droppedSince logs, at most once per exportLogEvery, how many spans the
+// queue dropped (it was full) since it last said; dropped is its count so
+// far.
+func (q *queue) droppedSince(dropped int) {
+	if q.log == nil || dropped == q.droppedLogged {
+		return
+	}
+	if now := time.Now(); q.droppedAt.IsZero() || now.Sub(q.droppedAt) >= exportLogEvery {
+		q.log.Warn("spans dropped: the export queue was full (OTEL_BSP_MAX_QUEUE_SIZE)",
+			"dropped", dropped-q.droppedLogged, "queue_size", q.cfg.max)
+		q.droppedAt, q.droppedLogged = now, dropped
+	}
 }
 
 // exportLogEvery bounds how often a queue logs failed exports.

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
@@ -278,8 +279,7 @@ func TestQueueFlushReusesItsBatches(t *testing.T) {
 	for _, b := range q.full {
 		used[b] = true
 	}
-	var batches []*encoded
-	q.flush(&batches)
+	q.flush()
 	if n := len(exportedSpans(t, sent)); n != 5 || len(sent.sent) != 3 {
 		t.Fatalf("exported %d spans in %d requests, want 5 in 3", n, len(sent.sent))
 	}
@@ -296,7 +296,7 @@ func TestQueueFlushReusesItsBatches(t *testing.T) {
 	if !used[q.cur] {
 		t.Error("the next span was not written into a flushed batch")
 	}
-	q.flush(&batches)
+	q.flush()
 	if got := exportedSpans(t, sent); len(got) != 6 || got[5].Name != "next" {
 		t.Errorf("the batch reused sent %d spans, want the 5 before and \"next\"", len(got))
 	}
@@ -327,8 +327,7 @@ func TestQueueLogsFailedExports(t *testing.T) {
 		_, s := p.Tracer("t").Start(context.Background(), "s")
 		s.End()
 	}
-	var batches []*encoded
-	q.flush(&batches) // three batches, three failures
+	q.flush() // three batches, three failures
 	out := logged.String()
 	if strings.Count(out, "traces not exported") != 1 || !strings.Contains(out, "connection refused") {
 		t.Fatalf("log:\n%s\nwant one line naming the error", out)
@@ -358,7 +357,8 @@ func TestSpanSize(t *testing.T) {
 }
 
 // TestBatchBuffersBounded: a batch whose buffer grew past maxKeptBuffer
-// (spans with very large attributes) does not keep it for the next spans.
+// (a span with many events of many long attributes) does not keep it for
+// the next spans.
 func TestBatchBuffersBounded(t *testing.T) {
 	sent := &capture{}
 	exp, err := newExporter(context.Background(), sent)
@@ -367,16 +367,22 @@ func TestBatchBuffersBounded(t *testing.T) {
 	}
 	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 16, batch: 4}, exp: exp} // not running
 	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
-	big := strings.Repeat("x", maxKeptBuffer/2)
-	for i := range 3 {
-		_, s := p.Tracer("t").Start(context.Background(), "big")
-		s.SetAttributes(attribute.String("a", big), attribute.Int("i", i))
-		s.End()
+	long := attribute.String("long", strings.Repeat("x", maxValueBytes))
+	attrs := make([]attribute.KeyValue, 100)
+	for i := range attrs {
+		attrs[i] = attribute.String(fmt.Sprint("a", i), long.Value.AsString())
 	}
-	var batches []*encoded
-	q.flush(&batches)
-	if n := len(exportedSpans(t, sent)); n != 3 {
-		t.Fatalf("exported %d spans, want 3", n)
+	_, s := p.Tracer("t").Start(context.Background(), "big")
+	for range 15 { // 15 × 100 × 4 KB: 6 MB
+		s.AddEvent("e", trace.WithAttributes(attrs...))
+	}
+	s.End()
+	if q.cur != nil || len(q.full) != 1 || q.full[0].size() <= maxKeptBuffer {
+		t.Fatalf("the big span's batch is not full and over %d bytes", maxKeptBuffer)
+	}
+	q.flush()
+	if n := len(exportedSpans(t, sent)); n != 1 {
+		t.Fatalf("exported %d spans, want 1", n)
 	}
 	for _, b := range q.spare {
 		for _, g := range b.groups {
@@ -389,5 +395,97 @@ func TestBatchBuffersBounded(t *testing.T) {
 		if cap(b) > maxKeptBuffer {
 			t.Errorf("the exporter keeps a %d-byte buffer", cap(b))
 		}
+	}
+}
+
+// TestLongValuesClipped: a string attribute and a status description are
+// written cut to maxValueBytes, at a character boundary (a client's 3.5 MB
+// model name echoed in an error must not make the batch too big for the
+// collector), and a batch is sent once its spans reach maxBatchBytes.
+func TestLongValuesClipped(t *testing.T) {
+	p, sent := testProvider(t, 1, 0)
+	tr := p.Tracer(Instrumentation)
+	huge := strings.Repeat("é", 2<<20) // 2 bytes each: the cut falls inside one
+	for range 8 {
+		_, s := tr.Start(context.Background(), "s")
+		attrs := make([]attribute.KeyValue, 100)
+		for i := range attrs {
+			attrs[i] = attribute.String(fmt.Sprint("a", i), huge)
+		}
+		s.SetAttributes(attrs...)
+		s.SetStatus(codes.Error, huge)
+		s.End()
+	}
+	if err := p.q.shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := exportedSpans(t, sent)
+	if len(spans) != 8 {
+		t.Fatalf("exported %d spans, want 8", len(spans))
+	}
+	for _, s := range spans {
+		v := s.Attributes[0].Value.GetStringValue()
+		if d := s.Status.Message; len(v) > maxValueBytes || len(v) < maxValueBytes-1 || !utf8.ValidString(v) ||
+			len(d) > maxValueBytes || !utf8.ValidString(d) {
+			t.Fatalf("value of %d bytes (valid UTF-8 %v), description of %d: want each cut to %d", len(v), utf8.ValidString(v), len(d), maxValueBytes)
+		}
+	}
+	// 8 spans of 100 × 4 KB: 400 KB each; a request once 2 MB are reached.
+	if len(sent.sent) < 2 {
+		t.Errorf("8 spans of 400 KB went in %d request(s), want one per %d bytes", len(sent.sent), maxBatchBytes)
+	}
+	for _, req := range sent.sent {
+		if n := len(req); n > maxBatchBytes+512<<10 { // a request's one resource's bytes
+			t.Errorf("a request of %d bytes", n)
+		}
+	}
+}
+
+// TestQueueBoundDuringExport: while a batch is being sent, the queue
+// takes at most its bound of new spans (the SDK's processor's rule), not
+// its bound again on top of batches taken for export but not yet sent; and
+// the spans it dropped are logged.
+func TestQueueBoundDuringExport(t *testing.T) {
+	sent := &blockingCapture{release: make(chan struct{})}
+	exp, err := newExporter(context.Background(), sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged testbin.Buffer
+	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 8, batch: 4}, exp: exp, // not running
+		log: slog.New(slog.NewTextHandler(&logged, nil))}
+	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	tr := p.Tracer("t")
+	end := func(n int) {
+		for range n {
+			_, s := tr.Start(context.Background(), "s")
+			s.End()
+		}
+	}
+	end(8) // two full batches
+	done := make(chan struct{})
+	go func() { q.flush(); close(done) }()
+	if state, ok := testbin.WaitUntil(5*time.Second, func() (bool, string) {
+		n := sent.uploads()
+		return n == 1, fmt.Sprint(n, " uploads started")
+	}); !ok {
+		t.Fatalf("no export started: %s", state)
+	}
+	end(20)
+	q.mu.Lock()
+	queued, dropped := q.queued, q.dropped
+	q.mu.Unlock()
+	if queued != 8 || dropped != 16 {
+		t.Errorf("with one batch of 4 being sent and 4 spans waiting: queued %d, dropped %d; want 8 and 16", queued, dropped)
+	}
+	close(sent.release)
+	<-done
+	if out := logged.String(); !strings.Contains(out, "spans dropped") || !strings.Contains(out, "dropped=16") {
+		t.Errorf("log:\n%s\nwant the 16 dropped spans named", out)
+	}
+	before := logged.String()
+	q.flush()
+	if logged.String() != before {
+		t.Errorf("a flush with no new drop logged again:\n%s", logged.String())
 	}
 }

@@ -365,10 +365,10 @@ func (w *Worker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 	fin, err := wt.wait(r.Context())
 	if err != nil {
 		w.abortClient(q.RID)
-		w.endLegSpan(lt, "", &q, nil)
+		w.endLegSpan(lt, "", &q, nil, nil)
 		return
 	}
-	w.endLegSpan(lt, "", &q, fin)
+	w.endLegSpan(lt, "", &q, fin, nil) // prefill: no output
 	if fin.Outcome != outcome.OK {
 		workerapi.WriteError(rw, finalError(fin))
 		return
@@ -396,7 +396,12 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	lt := w.legSpan(r, start)
-	w.endLegSpan(lt, "", &q, w.streamLeg(r.Context(), rw, q.RID, wt, buffered))
+	fin := w.streamLeg(r.Context(), rw, q.RID, wt, buffered)
+	var reasons []string
+	if w.Traced() {
+		reasons = wt.finishReasons(fin, q.N)
+	}
+	w.endLegSpan(lt, "", &q, fin, reasons)
 }
 
 // streamLeg writes request rid's output, as wt brings it, as NDJSON lines
@@ -811,7 +816,11 @@ func (s *localStream) Close() {
 	if !s.finished && !s.stopped {
 		s.w.abortClient(s.rid)
 	}
-	s.w.endLegSpan(s.span, "serve.request", &s.q, s.fin)
+	var reasons []string
+	if s.w.Traced() {
+		reasons = s.wt.finishReasons(s.fin, s.q.N)
+	}
+	s.w.endLegSpan(s.span, "serve.request", &s.q, s.fin, reasons)
 }
 
 // Ended implements openai.Ender: Close never waits.

@@ -103,16 +103,17 @@ func (w *Worker) legSpan(r *http.Request, start time.Time) legTrace {
 }
 
 // endLegSpan makes the span of leg lt of request q, whose end is fin (nil:
-// the router hung up first), named name ("" for the role's leg): a child
-// of lt's context, from its arrival to now, with a child span per stage
-// the request went through, each as long as the request spent in it
-// (summed over its visits), laid end to end in the role's stage order up
-// to the end (tracing.EndWithStages: with New's providers the stages are
-// written at export, not made as spans of the SDK). On decode, awaiting_kv
+// the router hung up first) and whose choices ended with reasons (one per
+// choice; nil: none, or no output on this side), named name ("" for the
+// role's leg): a child of lt's parent, from its arrival to now, with a
+// child span per stage the request went through, each as long as the
+// request spent in it (summed over its visits), laid end to end in the
+// role's stage order up to the end (tracing.EndWithStages: with New's
+// providers the stages are written with the span, not made as spans). On decode, awaiting_kv
 // is the KV hop: the transfer of the prompt's KV from the prefill worker
 // (pdserve.peer), linked to the prefill leg that sent it. A span its
 // sampler does not record costs no more than its start and end.
-func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin *lifecycle.Finalize) {
+func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin *lifecycle.Finalize, reasons []string) {
 	t := w.tracer
 	if t == nil || !lt.on {
 		return
@@ -157,8 +158,8 @@ func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin 
 	}
 	attrs = append(attrs, attrOutcome.String(fin.Outcome.String()), attrOutputTokens.Int(fin.OutputTokens),
 		attrCached.Int(fin.CachedTokens))
-	if fin.FinishReason != "" {
-		attrs = append(attrs, attrFinishReasons.StringSlice([]string{fin.FinishReason}))
+	if len(reasons) > 0 {
+		attrs = append(attrs, attrFinishReasons.StringSlice(reasons))
 	}
 	if fin.SentPages > 0 {
 		attrs = append(attrs, attrPagesSent.Int(fin.SentPages))

@@ -27,6 +27,9 @@ type waiter struct {
 	pieces []piece
 	final  *lifecycle.Finalize
 	notify chan struct{}
+	// reasons are the finish reasons of the choices of a request with
+	// N > 1, by choice, as each ended ("" until then).
+	reasons []string
 
 	// loop-only
 	arrived      time.Time
@@ -54,8 +57,33 @@ func (w *waiter) push(e lifecycle.Emit) {
 	} else {
 		w.pieces = append(w.pieces, piece{choice: e.Choice, tokens: e.Tokens, finish: e.Finish, prompt: e.Prompt})
 	}
+	if e.Finish != "" && e.Choice >= 0 {
+		for len(w.reasons) <= e.Choice {
+			w.reasons = append(w.reasons, "")
+		}
+		w.reasons[e.Choice] = e.Finish
+	}
 	w.mu.Unlock()
 	w.wake()
+}
+
+// finishReasons is the finish reason of each of the n choices of a request
+// that ended with fin: a choice's own when it ended before the request
+// (N > 1), else the request's. Nil when fin names none (a failure).
+func (w *waiter) finishReasons(fin *lifecycle.Finalize, n int) []string {
+	if fin == nil || fin.FinishReason == "" {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]string, max(n, 1))
+	for i := range out {
+		out[i] = fin.FinishReason
+		if i < len(w.reasons) && w.reasons[i] != "" {
+			out[i] = w.reasons[i]
+		}
+	}
+	return out
 }
 
 func (w *waiter) finish(f lifecycle.Finalize) {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -88,6 +89,34 @@ func TestOneTraceAcrossPD(t *testing.T) {
 	if attrs["pdserve.outcome"] != "ok" || attrs["gen_ai.usage.output_tokens"] != "5" || attrs["gen_ai.request.model"] == "" {
 		t.Errorf("router.request attributes %v", attrs)
 	}
+	// A request of 3 choices: the decode leg names each choice's finish
+	// reason, as the answer does. (They are the worker's: a stop string is
+	// matched by the router's front end, which the worker does not see.)
+	const nTrace = "5bf92f3577b34da6a3ce929d0e0e4736"
+	answer := postTracedBody(t, c.URL(), `{"prompt":"hello","max_tokens":6,"n":3,"temperature":1,"seed":7}`, nTrace, parent)
+	var want []string
+	for _, ch := range answer.Choices {
+		want = append(want, ch.FinishReason)
+	}
+	if len(want) != 3 {
+		t.Fatalf("%d choices, want 3", len(want))
+	}
+	t.Logf("the answer's finish reasons: %v", want)
+	waitFor(t, 5*time.Second, "the n=3 request's decode leg", func() (bool, string) {
+		for _, s := range exp.GetSpans() {
+			if s.Name != "decode.leg" || s.SpanContext.TraceID().String() != nTrace {
+				continue
+			}
+			for _, a := range s.Attributes {
+				if a.Key == "gen_ai.response.finish_reasons" {
+					got := a.Value.AsStringSlice()
+					return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprintf("finish_reasons %v, the answer's %v", got, want)
+				}
+			}
+			return false, "no gen_ai.response.finish_reasons"
+		}
+		return false, "no decode.leg in the trace"
+	})
 	// A request the front end refuses before the router takes it is a
 	// span too, in the client's trace, naming the router's front end.
 	const badTrace = "7bf92f3577b34da6a3ce929d0e0e4736"
@@ -147,6 +176,31 @@ func TestServeTraced(t *testing.T) {
 
 // postTraced posts a completion request body to base with the client's
 // traceparent (traceID, parent span) and checks its status.
+// postTracedBody is postTraced with status 200, returning the completion's
+// choices.
+func postTracedBody(t *testing.T, base, body, traceID, parent string) (answer struct {
+	Choices []struct {
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+}) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Traceparent", "00-"+traceID+"-"+parent+"-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, want 200", resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
+		t.Fatal(err)
+	}
+	return answer
+}
+
 func postTraced(t *testing.T, base, body, traceID, parent string, status int) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))

@@ -184,24 +184,23 @@ func postTracedBody(t *testing.T, base, body, traceID, parent string) (answer st
 	} `json:"choices"`
 }) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Traceparent", "00-"+traceID+"-"+parent+"-01")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := sendTraced(t, base, body, traceID, parent, http.StatusOK)
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d, want 200", resp.StatusCode)
-	}
 	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
 		t.Fatal(err)
 	}
 	return answer
 }
 
+// postTraced sends a completion request with a client's traceparent
+// (traceID, parent) and checks its answer's status.
 func postTraced(t *testing.T, base, body, traceID, parent string, status int) {
+	t.Helper()
+	sendTraced(t, base, body, traceID, parent, status).Body.Close()
+}
+
+// sendTraced is postTraced's request; the caller closes the answer.
+func sendTraced(t *testing.T, base, body, traceID, parent string, status int) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
@@ -210,8 +209,9 @@ func postTraced(t *testing.T, base, body, traceID, parent string, status int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
 	if resp.StatusCode != status {
+		resp.Body.Close()
 		t.Fatalf("status %d, want %d", resp.StatusCode, status)
 	}
+	return resp
 }

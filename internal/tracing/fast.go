@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -168,28 +167,4 @@ func lowerHex(c byte) (byte, bool) {
 		return c - 'a' + 10, true
 	}
 	return 0, false
-}
-
-// headerPropagator is Propagator: propagation.TraceContext, through
-// InjectHeader and ExtractHeader when the carrier is an http.Header.
-type headerPropagator struct{ propagation.TraceContext }
-
-// Inject implements propagation.TextMapPropagator.
-func (p headerPropagator) Inject(ctx context.Context, c propagation.TextMapCarrier) {
-	if h, ok := c.(propagation.HeaderCarrier); ok {
-		InjectHeader(trace.SpanContextFromContext(ctx), http.Header(h))
-		return
-	}
-	p.TraceContext.Inject(ctx, c)
-}
-
-// Extract implements propagation.TextMapPropagator.
-func (p headerPropagator) Extract(ctx context.Context, c propagation.TextMapCarrier) context.Context {
-	if h, ok := c.(propagation.HeaderCarrier); ok {
-		if sc := ExtractHeader(http.Header(h)); sc.IsValid() {
-			return trace.ContextWithRemoteSpanContext(ctx, sc)
-		}
-		return ctx
-	}
-	return p.TraceContext.Extract(ctx, c)
 }

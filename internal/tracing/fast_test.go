@@ -97,10 +97,6 @@ func TestHeaderCodecMatchesTraceContext(t *testing.T) {
 			if !got.Equal(want) {
 				t.Fatalf("extract %q, tracestate %q: %v, otel %v", m.Get("Traceparent"), m.Get("Tracestate"), got, want)
 			}
-			gotCtx := Propagator().Extract(context.Background(), propagation.HeaderCarrier(m))
-			if !trace.SpanContextFromContext(gotCtx).Equal(want) {
-				t.Fatalf("Propagator().Extract %q differs from otel's", m.Get("Traceparent"))
-			}
 			cases++
 			if want.IsValid() {
 				valid++

@@ -36,12 +36,9 @@ type exporter struct {
 	client otlptrace.Client
 	stop   sync.Once
 
-	// mu guards scratch, the spans export writes; sendMu the buffers send
-	// writes the request in (the queue's goroutine and export's callers).
-	mu      sync.Mutex
-	scratch encoded
-	sendMu  sync.Mutex
-	bufs    [][]byte
+	// mu guards bufs, the buffers send writes the request in.
+	mu   sync.Mutex
+	bufs [][]byte
 }
 
 // encodable is what the exporter reads of an ended span: the methods of
@@ -160,27 +157,14 @@ func newExporter(ctx context.Context, client otlptrace.Client) (*exporter, error
 	return &exporter{client: client}, nil
 }
 
-// export sends spans as one OTLP request.
-func (e *exporter) export(ctx context.Context, spans []encodable) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.scratch.reset()
-	for _, s := range spans {
-		if s != nil {
-			e.scratch.add(s)
-		}
-	}
-	return e.send(ctx, &e.scratch)
-}
-
 // send sends the spans of enc as one OTLP request (none when it holds
 // none).
 func (e *exporter) send(ctx context.Context, enc *encoded) error {
 	if enc.spans == 0 {
 		return nil
 	}
-	e.sendMu.Lock()
-	defer e.sendMu.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	var rs []*tracepb.ResourceSpans
 	gs := enc.groups
 	for i := 0; i < len(gs); {

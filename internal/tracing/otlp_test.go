@@ -101,18 +101,20 @@ func spansOfEveryShape() []sdktrace.ReadOnlySpan {
 	return tracetest.SpanStubs(stubs).Snapshots()
 }
 
-// encodables is spans as the exporter takes them.
-func encodables(spans []sdktrace.ReadOnlySpan) []encodable {
-	out := make([]encodable, len(spans))
-	for i, s := range spans {
-		out[i] = s
+// sendSpans writes spans into enc (emptied first) as the queue writes
+// ended spans, and sends it with e.
+func sendSpans(ctx context.Context, e *exporter, enc *encoded, spans []sdktrace.ReadOnlySpan) error {
+	enc.reset()
+	for _, s := range spans {
+		enc.add(s)
 	}
-	return out
+	return e.send(ctx, enc)
 }
 
 // TestExporterEncoding: the exporter's own encoding decodes to exactly
 // what the SDK's OTLP exporter would send for the same spans, and a
-// second batch through the same (reused) buffers too.
+// second batch through the same (reused) buffers too; a batch of no span
+// sends nothing.
 func TestExporterEncoding(t *testing.T) {
 	ctx := context.Background()
 	spans := spansOfEveryShape()
@@ -125,9 +127,10 @@ func TestExporterEncoding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var enc encoded
 	for range 2 {
 		got.sent = nil
-		if err := e.export(ctx, encodables(spans)); err != nil {
+		if err := sendSpans(ctx, e, &enc, spans); err != nil {
 			t.Fatal(err)
 		}
 		w, g := want.decoded(t), got.decoded(t)
@@ -140,7 +143,7 @@ func TestExporterEncoding(t *testing.T) {
 			}
 		}
 	}
-	if err := e.export(ctx, nil); err != nil || len(got.sent) != 2 {
+	if err := sendSpans(ctx, e, &enc, nil); err != nil || len(got.sent) != 2 {
 		t.Errorf("no spans: %v, sent %d (want nothing more)", err, len(got.sent))
 	}
 	if err := e.Shutdown(ctx); err != nil {
@@ -152,8 +155,8 @@ func TestExporterEncoding(t *testing.T) {
 // default batch) shaped like a PD request's.
 func BenchmarkExporter(b *testing.B) {
 	ctx := context.Background()
-	one := encodables(spansOfEveryShape()[:2])
-	var spans []encodable
+	one := spansOfEveryShape()[:2]
+	var spans []sdktrace.ReadOnlySpan
 	for len(spans) < 512 {
 		spans = append(spans, one...)
 	}
@@ -161,9 +164,10 @@ func BenchmarkExporter(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	var enc encoded
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := e.export(ctx, spans); err != nil {
+		if err := sendSpans(ctx, e, &enc, spans); err != nil {
 			b.Fatal(err)
 		}
 	}

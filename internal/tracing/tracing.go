@@ -15,7 +15,7 @@
 // OTEL_EXPORTER_OTLP_* variables (headers, timeout, TLS).
 //
 // Trace context crosses the router's legs as W3C traceparent headers, and an
-// incoming request's traceparent is honoured (Propagator).
+// incoming request's traceparent is honoured (InjectHeader, ExtractHeader).
 package tracing
 
 import (
@@ -37,7 +37,6 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
@@ -178,11 +177,6 @@ func otlpClient(endpoint, proto string) (otlptrace.Client, error) {
 	}
 	return nil, errors.New("OTEL_EXPORTER_OTLP_PROTOCOL " + proto + ": want grpc or http/protobuf")
 }
-
-// Propagator is how trace context crosses processes: W3C traceparent and
-// tracestate headers (propagation.TraceContext, through InjectHeader and
-// ExtractHeader when the carrier is an http.Header).
-func Propagator() propagation.TextMapPropagator { return headerPropagator{} }
 
 // Extracting is h with an incoming traceparent honoured: the request's
 // context carries it, so the spans its handler starts are its children.

@@ -183,6 +183,14 @@ type spanRare struct {
 	droppedLinks  int
 }
 
+// rareFields is s's spanRare, or the zero one if it has none.
+func (s *span) rareFields() spanRare {
+	if s.rare == nil {
+		return spanRare{}
+	}
+	return *s.rare
+}
+
 // rareOf is s's spanRare, made if it has none. Caller holds mu or owns s.
 func (s *span) rareOf() *spanRare {
 	if s.rare == nil {
@@ -423,37 +431,17 @@ func (s *span) TracerProvider() trace.TracerProvider { return s.t.p }
 // The span's fields for the exporter (encodable) and the tail sampler,
 // read once it ended.
 
-func (s *span) Parent() trace.SpanContext { return s.parent }
-func (s *span) Name() string              { return s.name }
-func (s *span) SpanKind() trace.SpanKind  { return s.kind }
-func (s *span) StartTime() time.Time      { return s.start }
-func (s *span) EndTime() time.Time        { return s.end }
-func (s *span) DroppedAttributes() int    { return int(s.droppedAttrs) }
-func (s *span) encodedAttributes() []byte { return s.attrs }
-func (s *span) Events() []sdktrace.Event {
-	if s.rare == nil {
-		return nil
-	}
-	return s.rare.events
-}
-func (s *span) DroppedEvents() int {
-	if s.rare == nil {
-		return 0
-	}
-	return s.rare.droppedEvents
-}
-func (s *span) Links() []sdktrace.Link {
-	if s.rare == nil {
-		return nil
-	}
-	return s.rare.links
-}
-func (s *span) DroppedLinks() int {
-	if s.rare == nil {
-		return 0
-	}
-	return s.rare.droppedLinks
-}
+func (s *span) Parent() trace.SpanContext                   { return s.parent }
+func (s *span) Name() string                                { return s.name }
+func (s *span) SpanKind() trace.SpanKind                    { return s.kind }
+func (s *span) StartTime() time.Time                        { return s.start }
+func (s *span) EndTime() time.Time                          { return s.end }
+func (s *span) DroppedAttributes() int                      { return int(s.droppedAttrs) }
+func (s *span) encodedAttributes() []byte                   { return s.attrs }
+func (s *span) Events() []sdktrace.Event                    { return s.rareFields().events }
+func (s *span) DroppedEvents() int                          { return s.rareFields().droppedEvents }
+func (s *span) Links() []sdktrace.Link                      { return s.rareFields().links }
+func (s *span) DroppedLinks() int                           { return s.rareFields().droppedLinks }
 func (s *span) Status() sdktrace.Status                     { return s.status }
 func (s *span) Resource() *resource.Resource                { return s.t.p.res }
 func (s *span) InstrumentationScope() instrumentation.Scope { return s.t.scope }
@@ -537,13 +525,12 @@ type queue struct {
 	droppedLogged int
 
 	mu sync.Mutex
-	// full are batches of cfg.batch spans (or maxBatchBytes) waiting for export, cur the
-	// batch being filled (nil: none yet), spare emptied batches to fill
-	// again; queued counts the spans of full and cur.
+	// full are batches of cfg.batch spans (or maxBatchBytes) waiting for
+	// export, cur the batch being filled (nil: none yet), spare emptied
+	// batches to fill again.
 	full    []*encoded
 	cur     *encoded
 	spare   []*encoded
-	queued  int
 	dropped int
 	closed  bool
 }
@@ -554,10 +541,23 @@ func newQueue(cfg queueConfig, exp *exporter, log *slog.Logger) *queue {
 	return q
 }
 
+// queued is the spans waiting for export: those of full and cur (not
+// those of a batch being sent). Caller holds mu.
+func (q *queue) queued() int {
+	n := 0
+	for _, b := range q.full {
+		n += b.spans
+	}
+	if q.cur != nil {
+		n += q.cur.spans
+	}
+	return n
+}
+
 // add writes s into the batch being filled.
 func (q *queue) add(s encodable) {
 	q.mu.Lock()
-	if q.closed || q.queued >= q.cfg.max {
+	if q.closed || q.queued() >= q.cfg.max {
 		q.dropped++
 		q.mu.Unlock()
 		return
@@ -570,7 +570,6 @@ func (q *queue) add(s encodable) {
 		}
 	}
 	q.cur.add(s)
-	q.queued++
 	full := q.cur.spans >= q.cfg.batch || q.cur.size() >= maxBatchBytes
 	if full {
 		q.full = append(q.full, q.cur)
@@ -608,6 +607,7 @@ func (q *queue) run() {
 // queue holds up to cfg.max spans besides the batch being sent), and hands
 // the batches back emptied for the next spans.
 func (q *queue) flush() {
+	partial := false // the batch being filled was taken: once per flush
 	for {
 		q.mu.Lock()
 		var b *encoded
@@ -617,11 +617,10 @@ func (q *queue) flush() {
 			n := copy(q.full, q.full[1:])
 			q.full[n] = nil
 			q.full = q.full[:n]
-		case q.cur != nil:
-			b, q.cur = q.cur, nil
-		}
-		if b != nil {
-			q.queued -= b.spans
+		case q.cur != nil && !partial:
+			// Once: while spans keep coming, taking it again would send
+			// a few spans at a time for as long as they do.
+			b, q.cur, partial = q.cur, nil, true
 		}
 		dropped := q.dropped
 		q.mu.Unlock()

@@ -205,7 +205,7 @@ func TestQueueBoundsAndShutdown(t *testing.T) {
 		s.End()
 	}
 	q.mu.Lock()
-	queued, dropped := q.queued, q.dropped
+	queued, dropped := q.queued(), q.dropped
 	q.mu.Unlock()
 	if queued != 8 || dropped != 12 {
 		t.Errorf("queued %d, dropped %d; want 8 and 12", queued, dropped)
@@ -272,8 +272,8 @@ func TestQueueFlushReusesItsBatches(t *testing.T) {
 		_, s := p.Tracer("t").Start(context.Background(), "s")
 		s.End()
 	}
-	if q.queued != 5 || len(q.full) != 2 || q.cur == nil || q.cur.spans != 1 {
-		t.Fatalf("queued %d in %d full batches and %v; want 5: 2 full of 2, 1 in the current one", q.queued, len(q.full), q.cur)
+	if q.queued() != 5 || len(q.full) != 2 || q.cur == nil || q.cur.spans != 1 {
+		t.Fatalf("queued %d in %d full batches and %v; want 5: 2 full of 2, 1 in the current one", q.queued(), len(q.full), q.cur)
 	}
 	used := map[*encoded]bool{q.cur: true}
 	for _, b := range q.full {
@@ -283,8 +283,8 @@ func TestQueueFlushReusesItsBatches(t *testing.T) {
 	if n := len(exportedSpans(t, sent)); n != 5 || len(sent.sent) != 3 {
 		t.Fatalf("exported %d spans in %d requests, want 5 in 3", n, len(sent.sent))
 	}
-	if q.queued != 0 || len(q.full) != 0 || q.cur != nil || len(q.spare) != 3 {
-		t.Fatalf("after the flush: queued %d, %d full, current %v, %d spare; want 0, 0, nil, 3", q.queued, len(q.full), q.cur, len(q.spare))
+	if q.queued() != 0 || len(q.full) != 0 || q.cur != nil || len(q.spare) != 3 {
+		t.Fatalf("after the flush: queued %d, %d full, current %v, %d spare; want 0, 0, nil, 3", q.queued(), len(q.full), q.cur, len(q.spare))
 	}
 	for _, b := range q.spare {
 		if !used[b] || b.spans != 0 || slices.ContainsFunc(b.groups, func(g encGroup) bool { return len(g.b) > 0 }) {
@@ -473,7 +473,7 @@ func TestQueueBoundDuringExport(t *testing.T) {
 	}
 	end(20)
 	q.mu.Lock()
-	queued, dropped := q.queued, q.dropped
+	queued, dropped := q.queued(), q.dropped
 	q.mu.Unlock()
 	if queued != 8 || dropped != 16 {
 		t.Errorf("with one batch of 4 being sent and 4 spans waiting: queued %d, dropped %d; want 8 and 16", queued, dropped)
@@ -487,5 +487,51 @@ func TestQueueBoundDuringExport(t *testing.T) {
 	q.flush()
 	if logged.String() != before {
 		t.Errorf("a flush with no new drop logged again:\n%s", logged.String())
+	}
+}
+
+// hookClient is a capture that calls hook at each upload.
+type hookClient struct {
+	capture
+	hook func()
+}
+
+func (h *hookClient) UploadTraces(ctx context.Context, rs []*tracepb.ResourceSpans) error {
+	h.hook()
+	return h.capture.UploadTraces(ctx, rs)
+}
+
+// TestFlushTakesThePartialBatchOnce: a flush sends the full batches and
+// the one being filled, once: spans that keep ending while it sends wait
+// for the next flush instead of going out a few at a time for as long as
+// they come.
+func TestFlushTakesThePartialBatchOnce(t *testing.T) {
+	var p *provider
+	uploads := 0
+	client := &hookClient{hook: func() {
+		uploads++
+		if uploads < 50 { // a span ends during each export
+			_, s := p.Tracer("t").Start(context.Background(), "during")
+			s.End()
+		}
+	}}
+	exp, err := newExporter(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 100, batch: 4}, exp: exp} // not running
+	p = &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	for range 6 { // a full batch and 2 spans
+		_, s := p.Tracer("t").Start(context.Background(), "before")
+		s.End()
+	}
+	q.flush()
+	if uploads != 2 {
+		t.Errorf("the flush sent %d requests, want 2: the full batch and the partial one", uploads)
+	}
+	// The span that ended during the first export went with the partial
+	// batch; the one that ended during the second waits.
+	if n := q.queued(); n != 1 {
+		t.Errorf("%d spans left for the next flush, want 1", n)
 	}
 }

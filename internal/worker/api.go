@@ -396,12 +396,7 @@ func (w *Worker) handleStream(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	lt := w.legSpan(r, start)
-	fin := w.streamLeg(r.Context(), rw, q.RID, wt, buffered)
-	var reasons []string
-	if w.Traced() {
-		reasons = wt.finishReasons(fin, q.N)
-	}
-	w.endLegSpan(lt, "", &q, fin, reasons)
+	w.endLegSpan(lt, "", &q, w.streamLeg(r.Context(), rw, q.RID, wt, buffered), wt)
 }
 
 // streamLeg writes request rid's output, as wt brings it, as NDJSON lines
@@ -816,11 +811,7 @@ func (s *localStream) Close() {
 	if !s.finished && !s.stopped {
 		s.w.abortClient(s.rid)
 	}
-	var reasons []string
-	if s.w.Traced() {
-		reasons = s.wt.finishReasons(s.fin, s.q.N)
-	}
-	s.w.endLegSpan(s.span, "serve.request", &s.q, s.fin, reasons)
+	s.w.endLegSpan(s.span, "serve.request", &s.q, s.fin, s.wt)
 }
 
 // Ended implements openai.Ender: Close never waits.

@@ -103,17 +103,18 @@ func (w *Worker) legSpan(r *http.Request, start time.Time) legTrace {
 }
 
 // endLegSpan makes the span of leg lt of request q, whose end is fin (nil:
-// the router hung up first) and whose choices ended with reasons (one per
-// choice; nil: none, or no output on this side), named name ("" for the
+// the router hung up first) and whose output wt brought (its choices'
+// finish reasons; nil: a prefill leg, no output), named name ("" for the
 // role's leg): a child of lt's parent, from its arrival to now, with a
 // child span per stage the request went through, each as long as the
 // request spent in it (summed over its visits), laid end to end in the
 // role's stage order up to the end (tracing.EndWithStages: with New's
-// providers the stages are written with the span, not made as spans). On decode, awaiting_kv
-// is the KV hop: the transfer of the prompt's KV from the prefill worker
-// (pdserve.peer), linked to the prefill leg that sent it. A span its
+// providers the stages are written with the span, not made as spans). On
+// decode, awaiting_kv is the KV hop: the transfer of the prompt's KV from
+// the prefill worker (pdserve.peer), linked to the prefill leg that sent
+// it. A span its
 // sampler does not record costs no more than its start and end.
-func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin *lifecycle.Finalize, reasons []string) {
+func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin *lifecycle.Finalize, wt *waiter) {
 	t := w.tracer
 	if t == nil || !lt.on {
 		return
@@ -158,8 +159,10 @@ func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin 
 	}
 	attrs = append(attrs, attrOutcome.String(fin.Outcome.String()), attrOutputTokens.Int(fin.OutputTokens),
 		attrCached.Int(fin.CachedTokens))
-	if len(reasons) > 0 {
-		attrs = append(attrs, attrFinishReasons.StringSlice(reasons))
+	if wt != nil {
+		if reasons := wt.finishReasons(fin, q.N); len(reasons) > 0 {
+			attrs = append(attrs, attrFinishReasons.StringSlice(reasons))
+		}
 	}
 	if fin.SentPages > 0 {
 		attrs = append(attrs, attrPagesSent.Int(fin.SentPages))

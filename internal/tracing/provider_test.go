@@ -47,6 +47,19 @@ func testProvider(t *testing.T, ratio float64, slow time.Duration) (*provider, *
 	return p, sent
 }
 
+// idleQueue is a provider whose queue (max spans, batches of batch)
+// exports over client but has no goroutine: the test flushes it. log, if
+// set, gets its warnings.
+func idleQueue(t *testing.T, client otlptrace.Client, max, batch int, log *slog.Logger) (*queue, *provider) {
+	t.Helper()
+	exp, err := newExporter(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: max, batch: batch}, exp: exp, log: log}
+	return q, &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+}
+
 // exportedSpans is every span c was sent.
 func exportedSpans(t *testing.T, c *capture) []*tracepb.Span {
 	t.Helper()
@@ -262,12 +275,7 @@ func (b *blockingCapture) spans(t *testing.T) int {
 // ends).
 func TestQueueFlushReusesItsBatches(t *testing.T) {
 	sent := &capture{}
-	exp, err := newExporter(context.Background(), sent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 16, batch: 2}, exp: exp} // not running
-	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	q, p := idleQueue(t, sent, 16, 2, nil)
 	for range 5 {
 		_, s := p.Tracer("t").Start(context.Background(), "s")
 		s.End()
@@ -315,14 +323,8 @@ func (failingClient) UploadTraces(context.Context, []*tracepb.ResourceSpans) err
 // processor hands it to the global error handler, which logs it), once,
 // not once per batch.
 func TestQueueLogsFailedExports(t *testing.T) {
-	exp, err := newExporter(context.Background(), failingClient{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logged testbin.Buffer
-	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 16, batch: 2}, exp: exp, // not running
-		log: slog.New(slog.NewTextHandler(&logged, nil))}
-	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	q, p := idleQueue(t, failingClient{}, 16, 2, slog.New(slog.NewTextHandler(&logged, nil)))
 	for range 5 {
 		_, s := p.Tracer("t").Start(context.Background(), "s")
 		s.End()
@@ -361,12 +363,7 @@ func TestSpanSize(t *testing.T) {
 // the next spans.
 func TestBatchBuffersBounded(t *testing.T) {
 	sent := &capture{}
-	exp, err := newExporter(context.Background(), sent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 16, batch: 4}, exp: exp} // not running
-	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	q, p := idleQueue(t, sent, 16, 4, nil)
 	long := attribute.String("long", strings.Repeat("x", maxValueBytes))
 	attrs := make([]attribute.KeyValue, 100)
 	for i := range attrs {
@@ -391,7 +388,7 @@ func TestBatchBuffersBounded(t *testing.T) {
 			}
 		}
 	}
-	for _, b := range exp.bufs {
+	for _, b := range q.exp.bufs {
 		if cap(b) > maxKeptBuffer {
 			t.Errorf("the exporter keeps a %d-byte buffer", cap(b))
 		}
@@ -447,14 +444,8 @@ func TestLongValuesClipped(t *testing.T) {
 // the spans it dropped are logged.
 func TestQueueBoundDuringExport(t *testing.T) {
 	sent := &blockingCapture{release: make(chan struct{})}
-	exp, err := newExporter(context.Background(), sent)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logged testbin.Buffer
-	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 8, batch: 4}, exp: exp, // not running
-		log: slog.New(slog.NewTextHandler(&logged, nil))}
-	p := &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	q, p := idleQueue(t, sent, 8, 4, slog.New(slog.NewTextHandler(&logged, nil)))
 	tr := p.Tracer("t")
 	end := func(n int) {
 		for range n {
@@ -515,12 +506,8 @@ func TestFlushTakesThePartialBatchOnce(t *testing.T) {
 			s.End()
 		}
 	}}
-	exp, err := newExporter(context.Background(), client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := &queue{cfg: queueConfig{delay: time.Hour, timeout: 10 * time.Second, max: 100, batch: 4}, exp: exp} // not running
-	p = &provider{res: resource.Empty(), ratio: 1, q: q, tracers: map[instrumentation.Scope]*tracer{}}
+	var q *queue
+	q, p = idleQueue(t, client, 100, 4, nil)
 	for range 6 { // a full batch and 2 spans
 		_, s := p.Tracer("t").Start(context.Background(), "before")
 		s.End()

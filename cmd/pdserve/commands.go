@@ -182,6 +182,9 @@ stops at once, answering what is left with an error (exit status 1).`,
 			}
 			watchTLS(cmd.Context(), log, frontTLS)
 			tps := tf.newProviders(cmd.Context(), log)
+			if err := tps.check(); err != nil {
+				return err // before any worker starts
+			}
 			defer tps.shutdown()
 			c, err := cluster.Up(cmd.Context(), cluster.Options{Host: host, RouterPort: port, WorkerPortBase: portBase,
 				PrefillWorkers: nPrefill, DecodeWorkers: nDecode, ColocatedWorkers: nServe,

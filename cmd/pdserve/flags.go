@@ -380,11 +380,23 @@ func (f *traceFlags) newProviders(ctx context.Context, log *slog.Logger) *provid
 	return &providers{ctx: ctx, f: f, log: log}
 }
 
+// check returns the usage error forService would record, without making a
+// provider: `up` checks before it starts its first component.
+func (p *providers) check() error {
+	if p.f.slow < 0 {
+		return usagef("--trace-slow-threshold must not be negative, got %s", p.f.slow)
+	}
+	if err := tracing.Check(tracing.Config{Endpoint: p.f.endpoint, Service: "pdserve", SlowThreshold: p.f.slow}); err != nil {
+		return usageError{err}
+	}
+	return nil
+}
+
 // forService returns service's tracer provider, or nil when tracing is off
 // (an endpoint that cannot be used is remembered as err and is off too).
 func (p *providers) forService(service string) trace.TracerProvider {
-	if p.f.slow < 0 {
-		p.err = usagef("--trace-slow-threshold must not be negative, got %s", p.f.slow)
+	if err := p.check(); err != nil {
+		p.err = err
 		return nil
 	}
 	tp, err := tracing.New(p.ctx, tracing.Config{Endpoint: p.f.endpoint, Service: service, SlowThreshold: p.f.slow,

@@ -517,10 +517,11 @@ type queue struct {
 	done chan struct{}
 
 	// The export goroutine's failure log: when it last logged and the
-	// failures since; when it last logged dropped spans and their count
-	// then.
+	// failed exports and their spans since; when it last logged dropped
+	// spans and their count then.
 	loggedAt      time.Time
 	failed        int
+	failedSpans   int
 	droppedAt     time.Time
 	droppedLogged int
 
@@ -661,16 +662,18 @@ func (q *queue) droppedSince(dropped int) {
 const exportLogEvery = time.Minute
 
 // exportFailed logs err, the failure of an export of n spans, if it is the
-// first or exportLogEvery passed since the last line (the SDK's processor
-// hands every failure to the global error handler, which logs it).
+// first or exportLogEvery passed since the last line, with the failed
+// exports and their spans since that line (the SDK's processor hands every
+// failure to the global error handler, which logs it).
 func (q *queue) exportFailed(err error, n int) {
 	if err == nil || q.log == nil {
 		return
 	}
 	q.failed++
+	q.failedSpans += n
 	if now := time.Now(); q.loggedAt.IsZero() || now.Sub(q.loggedAt) >= exportLogEvery {
-		q.log.Warn("traces not exported", "err", err, "spans", n, "failed_exports", q.failed)
-		q.loggedAt, q.failed = now, 0
+		q.log.Warn("traces not exported", "err", err, "failed_exports", q.failed, "spans", q.failedSpans)
+		q.loggedAt, q.failed, q.failedSpans = now, 0, 0
 	}
 }
 

@@ -334,8 +334,13 @@ func TestQueueLogsFailedExports(t *testing.T) {
 	if strings.Count(out, "traces not exported") != 1 || !strings.Contains(out, "connection refused") {
 		t.Fatalf("log:\n%s\nwant one line naming the error", out)
 	}
-	if q.failed != 2 {
-		t.Errorf("%d failures counted since the line, want 2", q.failed)
+	// 5 spans in batches of 2: the first failure (2 spans) is logged, the
+	// other two (3 spans) counted for the next line.
+	if !strings.Contains(out, "failed_exports=1 spans=2") {
+		t.Errorf("log:\n%s\nwant the first failure's count and spans", out)
+	}
+	if q.failed != 2 || q.failedSpans != 3 {
+		t.Errorf("%d failures and %d spans counted since the line, want 2 and 3", q.failed, q.failedSpans)
 	}
 }
 

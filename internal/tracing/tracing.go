@@ -89,19 +89,62 @@ func Off() Provider {
 // New returns the provider cfg asks for: Off without an endpoint. The
 // exporter connects lazily; an endpoint that cannot be parsed is an error.
 func New(ctx context.Context, cfg Config) (Provider, error) {
+	st, err := settingsOf(cfg)
+	if err != nil {
+		return Provider{}, err
+	}
+	if st.client == nil {
+		return Off(), nil
+	}
+	exp, err := newExporter(ctx, st.client)
+	if err != nil {
+		return Provider{}, err
+	}
+	p := &provider{res: st.res, ratio: st.ratio, slow: cfg.SlowThreshold, q: newQueue(st.qc, exp, cfg.Logger),
+		tracers: map[instrumentation.Scope]*tracer{}}
+	if st.ratio < 1 {
+		// Every span is recorded; the tail sampler exports the traces
+		// within the ratio and those that matter (failed, slow, retried).
+		p.tail = newTailSampler(p.q, st.ratio, cfg.SlowThreshold)
+	}
+	return Provider{TracerProvider: p, On: true, Shutdown: p.q.shutdown}, nil
+}
+
+// Check returns the error New would return for cfg (an endpoint or an
+// OTEL_* variable it cannot use), without starting anything: a process
+// that starts several components checks before it starts the first.
+func Check(cfg Config) error {
+	_, err := settingsOf(cfg)
+	return err
+}
+
+// settings is what New makes a provider of; client is nil when tracing is
+// off.
+type settings struct {
+	client otlptrace.Client
+	ratio  float64
+	qc     queueConfig
+	res    *resource.Resource
+}
+
+// settingsOf reads cfg and the environment. The general
+// OTEL_EXPORTER_OTLP_ENDPOINT is a base URL, as the OpenTelemetry
+// specification has it: over HTTP, traces go to its path + /v1/traces;
+// the flag and OTEL_EXPORTER_OTLP_TRACES_ENDPOINT name the whole URL.
+func settingsOf(cfg Config) (settings, error) {
 	getenv := cfg.Getenv
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	endpoint := cfg.Endpoint
+	endpoint, base := cfg.Endpoint, false
 	if endpoint == "" {
 		endpoint = getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 	}
 	if endpoint == "" {
-		endpoint = getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+		endpoint, base = getenv("OTEL_EXPORTER_OTLP_ENDPOINT"), true
 	}
 	if endpoint == "" {
-		return Off(), nil
+		return settings{}, nil
 	}
 	proto := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 	if proto == "" {
@@ -109,39 +152,30 @@ func New(ctx context.Context, cfg Config) (Provider, error) {
 	}
 	ratio, err := ratioOf(getenv)
 	if err != nil {
-		return Provider{}, err
+		return settings{}, err
 	}
 	qc, err := queueConfigOf(getenv)
 	if err != nil {
-		return Provider{}, err
+		return settings{}, err
 	}
 	// As the SDK's provider with WithResource: OTEL_RESOURCE_ATTRIBUTES and
 	// OTEL_SERVICE_NAME, then the service name.
 	res, err := resource.Merge(resource.Environment(), resource.NewSchemaless(semconv.ServiceName(cfg.Service)))
 	if err != nil {
-		return Provider{}, fmt.Errorf("tracing resource: %w", err)
+		return settings{}, fmt.Errorf("tracing resource: %w", err)
 	}
-	client, err := otlpClient(endpoint, proto)
+	client, err := otlpClient(endpoint, proto, base)
 	if err != nil {
-		return Provider{}, err
+		return settings{}, err
 	}
-	exp, err := newExporter(ctx, client)
-	if err != nil {
-		return Provider{}, err
-	}
-	p := &provider{res: res, ratio: ratio, slow: cfg.SlowThreshold, q: newQueue(qc, exp, cfg.Logger),
-		tracers: map[instrumentation.Scope]*tracer{}}
-	if ratio < 1 {
-		// Every span is recorded; the tail sampler exports the traces
-		// within the ratio and those that matter (failed, slow, retried).
-		p.tail = newTailSampler(p.q, ratio, cfg.SlowThreshold)
-	}
-	return Provider{TracerProvider: p, On: true, Shutdown: p.q.shutdown}, nil
+	return settings{client: client, ratio: ratio, qc: qc, res: res}, nil
 }
 
 // otlpClient returns the OTLP client of endpoint: gRPC unless the URL's
-// scheme or proto says HTTP.
-func otlpClient(endpoint, proto string) (otlptrace.Client, error) {
+// scheme or proto says HTTP. Over HTTP the path is the URL's, or
+// /v1/traces when it names none or base says it is a base URL (then
+// appended to it).
+func otlpClient(endpoint, proto string, base bool) (otlptrace.Client, error) {
 	bad := func(why string) error {
 		return fmt.Errorf("OTLP traces endpoint %q: %s (want grpc://host:4317, http://host:4318 or host:port)", endpoint, why)
 	}
@@ -152,6 +186,9 @@ func otlpClient(endpoint, proto string) (otlptrace.Client, error) {
 			return nil, bad("not a URL with a host")
 		}
 		scheme, host, path = u.Scheme, u.Host, u.Path
+		if scheme != "grpc" && scheme != "http" && scheme != "https" {
+			return nil, bad("scheme " + scheme)
+		}
 	}
 	if h, port, err := net.SplitHostPort(host); err != nil || h == "" {
 		return nil, bad("no host:port")
@@ -163,17 +200,16 @@ func otlpClient(endpoint, proto string) (otlptrace.Client, error) {
 		return otlptracegrpc.NewClient(otlptracegrpc.WithEndpoint(host), otlptracegrpc.WithInsecure()), nil
 	case scheme == "http" || scheme == "https" || (scheme == "" && proto == "http/protobuf"):
 		// The standard path unless the URL names one (so the traces
-		// variable's plain http://host:4318 works as the flag does).
-		if path == "" || path == "/" {
-			path = "/v1/traces"
+		// variable's plain http://host:4318 works as the flag does), or
+		// after a base URL's.
+		if path == "" || path == "/" || base {
+			path = strings.TrimSuffix(path, "/") + "/v1/traces"
 		}
 		opts := []otlptracehttp.Option{otlptracehttp.WithEndpoint(host), otlptracehttp.WithURLPath(path)}
 		if scheme != "https" {
 			opts = append(opts, otlptracehttp.WithInsecure())
 		}
 		return otlptracehttp.NewClient(opts...), nil
-	case scheme != "":
-		return nil, bad("scheme " + scheme)
 	}
 	return nil, errors.New("OTEL_EXPORTER_OTLP_PROTOCOL " + proto + ": want grpc or http/protobuf")
 }

@@ -2,6 +2,10 @@ package tracing
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,6 +63,58 @@ func TestNew(t *testing.T) {
 		if _, err := New(ctx, bad); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
+	}
+}
+
+// TestEndpointPath: over OTLP/HTTP the flag and the traces variable name
+// the whole URL (a bare host:port, /v1/traces), the general variable a
+// base URL whose path /v1/traces is appended to (the OpenTelemetry
+// specification's rule, for collectors behind a path prefix).
+func TestEndpointPath(t *testing.T) {
+	var mu sync.Mutex
+	var paths []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	defer srv.Close()
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		env  map[string]string
+		want string
+	}{
+		{"flag, no path", Config{Endpoint: srv.URL}, nil, "/v1/traces"},
+		{"flag with a path", Config{Endpoint: srv.URL + "/x/v1/traces"}, nil, "/x/v1/traces"},
+		{"traces variable with a path", Config{}, map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": srv.URL + "/custom/traces"}, "/custom/traces"},
+		{"general variable, a base URL", Config{}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": srv.URL + "/otlp/"}, "/otlp/v1/traces"},
+		{"general variable, no path", Config{}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": srv.URL}, "/v1/traces"},
+	} {
+		c.cfg.Service = "s"
+		c.cfg.Getenv = func(k string) string { return c.env[k] }
+		if err := Check(c.cfg); err != nil {
+			t.Fatalf("%s: Check: %v", c.name, err)
+		}
+		p, err := New(context.Background(), c.cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		_, s := p.Tracer("t").Start(context.Background(), "x")
+		s.End()
+		if err := p.Shutdown(context.Background()); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		mu.Lock()
+		got := paths[len(paths)-1]
+		mu.Unlock()
+		if got != c.want {
+			t.Errorf("%s: posted to %s, want %s", c.name, got, c.want)
+		}
+	}
+	if err := Check(Config{Endpoint: "ftp://x", Getenv: func(string) string { return "" }}); err == nil || !strings.Contains(err.Error(), "scheme ftp") {
+		t.Errorf("ftp://x: %v, want the scheme named", err)
 	}
 }
 

@@ -3,6 +3,7 @@ package llama
 import (
 	"encoding/binary"
 	"math"
+	"unsafe"
 )
 
 // # IQ4_XS
@@ -15,12 +16,51 @@ import (
 // high ones, as IQ4_NL's: w = d·(ls_j − 32)·kvaluesIQ4NL[nibble]
 // (ggml-quants.c dequantize_row_iq4_xs).
 //
-// Its canonical dot product with Q8_K activations is K-quant shaped
-// (kquant.go), after ggml's x86 AVX2 ggml_vec_dot_iq4_xs_q8_K: per block
-// of 256, isum_L = Σ_j (ls_j − 32) · Σ_{i<4} k·x over the 8 sub-blocks j
-// (k the grid values, x the activation quants, elements 32j + 4L + i),
-// exact in int32; then acc_L = fma(dx·d, float32(isum_L), acc_L) and
-// reduce8 at the end.
+// Its canonical dot product with Q8_K activations has the K-quants' shape
+// (kquant.go) with a lane per sub-block: per block of 256, isum_L =
+// (ls_j − 32) · Σ_{i<32} k_{32j+i}·x_{32j+i} for sub-block j =
+// iq4xsLane[L] (k the grid values, x the activation quants), exact in
+// int32; then acc_L = fma(dx·d, float32(isum_L), acc_L) and reduce8 at the
+// end. A lane per sub-block lets the kernels apply the scales once per
+// block and lane instead of once per sub-block: they take the activations
+// in the order of q8KPerm, 4 values of each sub-block side by side, and
+// the AVX-512 VNNI kernel multiplies the grid values plus 128 (unsigned)
+// by them with one VPDPBUSD per 64 products, from a start of −128·Σx per
+// sub-block.
+
+// iq4xsLane gives the sub-block of each lane of the canonical IQ4_XS dot
+// product: the order in which the AVX2 kernel's unpacking (two rounds of
+// VPUNPCKL/HDQ and VPUNPCKL/HQDQ on the 4 registers of a block's nibbles)
+// leaves them.
+var iq4xsLane = [8]int{0, 2, 4, 6, 1, 3, 5, 7}
+
+// q8KPerm is a Q8_K activation block (q8KBlock) in the order of the IQ4_XS
+// kernels: qs[32q + 4L + i] = x[32·iq4xsLane[L] + 4q + i] for q, L < 8 and
+// i < 4 — 32 bytes per group q of 4 values, lane L of each group from the
+// lane's sub-block, as the kernels unpack the weights. init holds the
+// starting lane sums of the AVX-512 kernel: −128·s_j (s_j the sum of
+// sub-block j's 32 quants, j = iq4xsLane[L]) in lanes 0–7, zero in 8–15;
+// d is the block's scale. 384 bytes (asmgen's pbQS, pbInit, pbD, pbSize).
+type q8KPerm struct {
+	qs   [256]int8
+	init [16]int32
+	d    float32
+	_    [60]byte
+}
+
+// set fills p from Q8_K block b.
+func (p *q8KPerm) set(b *q8KBlock) {
+	// Groups of 4 quants as uint32: group q of lane L's sub-block j.
+	src := (*[64]uint32)(unsafe.Pointer(&b.qs))
+	dst := (*[64]uint32)(unsafe.Pointer(&p.qs))
+	for L, j := range iq4xsLane {
+		for q := range 8 {
+			dst[8*q+L] = src[8*j+q]
+		}
+		p.init[L] = -128 * (b.bsums[2*j] + b.bsums[2*j+1])
+	}
+	p.d = b.d
+}
 
 // iq4xsScales returns the 8 sub-block scales of IQ4_XS block blk, less 32
 // (−32…31).
@@ -75,12 +115,12 @@ func dotIQ4XSGo(w []byte, a *q8KActs, k int) float32 {
 		d := x.d * f16At(blk, 0)
 		sc := iq4xsScales(blk)
 		iq4xsQuants(blk, &q)
-		var isum [8]int32
-		for j := range 8 {
-			isum8(&isum, q[32*j:32*j+32], x.qs[32*j:32*j+32], sc[j], sc[j])
-		}
-		for l := range 8 {
-			acc[l] = fma32(d, float32(isum[l]), acc[l])
+		for L, j := range iq4xsLane {
+			var s int32
+			for i, k := range q[32*j : 32*j+32] {
+				s += int32(k) * int32(x.qs[32*j+i])
+			}
+			acc[L] = fma32(d, float32(sc[j]*s), acc[L])
 		}
 	}
 	return reduce8(&acc)

@@ -28,19 +28,41 @@ type q8KBlock struct {
 }
 
 // q8KActs holds T token rows of n values (a multiple of 256) quantized to
-// Q8_K: block b (of nb = n/256) of token t is blk[t·nb + b].
+// Q8_K: block b (of nb = n/256) of token t is blk[t·nb + b], and, when perm
+// is set (for IQ4_XS weights), the same block in the IQ4_XS kernels' order
+// is pblk[t·nb + b].
 type q8KActs struct {
 	n, nb int
 	blk   []q8KBlock
+	perm  bool
+	pblk  []q8KPerm
 }
 
-// reset sizes a for T rows of n values.
-func (a *q8KActs) reset(T, n int) {
-	a.n, a.nb = n, n/256
-	if need := T * a.nb; cap(a.blk) < need {
+// reset sizes a for T rows of n values, with the blocks in the IQ4_XS
+// kernels' order too if perm.
+func (a *q8KActs) reset(T, n int, perm bool) {
+	a.n, a.nb, a.perm = n, n/256, perm
+	need := T * a.nb
+	if cap(a.blk) < need {
 		a.blk = make([]q8KBlock, need)
 	}
-	a.blk = a.blk[:T*a.nb]
+	a.blk = a.blk[:need]
+	a.pblk = a.pblk[:0]
+	if perm {
+		if cap(a.pblk) < need {
+			a.pblk = make([]q8KPerm, need)
+		}
+		a.pblk = a.pblk[:need]
+	}
+}
+
+// rows returns a view of token rows [t0, t0+T) of a.
+func (a *q8KActs) rows(t0, T int) q8KActs {
+	v := q8KActs{n: a.n, nb: a.nb, perm: a.perm, blk: a.blk[t0*a.nb : (t0+T)*a.nb]}
+	if a.perm {
+		v.pblk = a.pblk[t0*a.nb : (t0+T)*a.nb]
+	}
+	return v
 }
 
 // quantizeRows quantizes rows [t0, t1) of x ([T, n]) into a.
@@ -59,6 +81,9 @@ func (a *q8KActs) quantizeRows(x []float32, t0, t1 int) {
 			}
 			if amax == 0 {
 				*blk = q8KBlock{}
+				if a.perm {
+					a.pblk[t*a.nb+b] = q8KPerm{}
+				}
 				continue
 			}
 			iscale := -127 / m
@@ -76,6 +101,9 @@ func (a *q8KActs) quantizeRows(x []float32, t0, t1 int) {
 				blk.ssum[j] = int16(blk.bsums[2*j] + blk.bsums[2*j+1])
 			}
 			blk.d = 1 / iscale
+			if a.perm {
+				a.pblk[t*a.nb+b].set(blk)
+			}
 		}
 	}
 }
@@ -238,7 +266,11 @@ func matRowsK(ks *kernelSet, dst []float32, ds int, a *q8KActs, T int, w *tensor
 			for t := 0; t < T; t += ks.kvecs {
 				nv := min(ks.kvecs, T-t)
 				for j := range nv {
-					args.x[j] = unsafe.Pointer(&a.blk[(t+j)*a.nb])
+					if w.Quant == gguf.IQ4_XS {
+						args.x[j] = unsafe.Pointer(&a.pblk[(t+j)*a.nb])
+					} else {
+						args.x[j] = unsafe.Pointer(&a.blk[(t+j)*a.nb])
+					}
 				}
 				args.out = unsafe.Pointer(&dst[t*ds+r])
 				ks.ktile(kind, nv, &args)

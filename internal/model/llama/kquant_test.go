@@ -68,7 +68,7 @@ func TestQ8KActivations(t *testing.T) {
 		x[i] = 0
 	}
 	var a q8KActs
-	a.reset(2, 512)
+	a.reset(2, 512, false)
 	a.quantizeRows(x, 0, 2)
 	for k, blk := range a.blk {
 		if k == 1 {
@@ -111,7 +111,7 @@ func TestDotK(t *testing.T) {
 			dequantRow(c.typ, w, wf)
 			x := randVec(rng, 2*n)
 			var a q8KActs
-			a.reset(2, n)
+			a.reset(2, n, c.typ == gguf.IQ4_XS)
 			a.quantizeRows(x, 0, 2)
 			for tok := range 2 {
 				var want, mag float64
@@ -136,6 +136,7 @@ func TestDotK(t *testing.T) {
 func TestKTileKernel(t *testing.T) {
 	var a ktileArgs
 	var blk q8KBlock
+	var pb q8KPerm
 	for _, c := range []struct {
 		name      string
 		got, want uintptr
@@ -144,6 +145,8 @@ func TestKTileKernel(t *testing.T) {
 		{"ktileArgs.out", unsafe.Offsetof(a.out), 48}, {"ktileArgs.os", unsafe.Offsetof(a.os), 56},
 		{"ktileArgs.scr", unsafe.Offsetof(a.scr), 64}, {"q8KBlock.qs", unsafe.Offsetof(blk.qs), 4},
 		{"q8KBlock.ssum", unsafe.Offsetof(blk.ssum), 324}, {"q8KBlock size", unsafe.Sizeof(blk), 340},
+		{"q8KPerm.init", unsafe.Offsetof(pb.init), 256}, {"q8KPerm.d", unsafe.Offsetof(pb.d), 320},
+		{"q8KPerm size", unsafe.Sizeof(pb), 384},
 	} {
 		if c.got != c.want {
 			t.Fatalf("%s at %d, the assembly assumes %d", c.name, c.got, c.want)
@@ -172,7 +175,7 @@ func TestKTileKernel(t *testing.T) {
 				}
 				x := randVec(rng, T*n)
 				var acts q8KActs
-				acts.reset(T, n)
+				acts.reset(T, n, c.typ == gguf.IQ4_XS)
 				acts.quantizeRows(x, 0, T)
 				want := make([]float32, T*rows)
 				matRowsK(nil, want, rows, &acts, T, w, 0, rows)
@@ -215,7 +218,7 @@ func BenchmarkKKernels(b *testing.B) {
 				}
 				b.Run(name+"/"+c.typ.String()+"/T"+itoaT(T), func(b *testing.B) {
 					var a q8KActs
-					a.reset(T, n)
+					a.reset(T, n, c.typ == gguf.IQ4_XS)
 					a.quantizeRows(randVec(rng, T*n), 0, T)
 					dst := make([]float32, T*rows)
 					for range b.N {

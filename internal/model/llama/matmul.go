@@ -4,6 +4,7 @@ import (
 	"unsafe"
 
 	"github.com/pdserve/pdserve/internal/model"
+	"github.com/pdserve/pdserve/internal/model/llama/gguf"
 )
 
 // Linear layers on the canonical kernels (simd.go).
@@ -239,10 +240,11 @@ func addBias(dst []float32, ds, T int, bias []float32, r0, r1 int) {
 func linear(tm *team, j *linJob) {
 	n := j.tasks()
 	in := j.outs[0].w.Cols()
-	var q8, q8k bool
+	var q8, q8k, perm bool
 	for _, o := range j.outs {
 		q8 = q8 || o.w.quantized() && usesQ8(o.w.Quant)
 		q8k = q8k || o.w.quantized() && usesQ8K(o.w.Quant)
+		perm = perm || o.w.quantized() && o.w.Quant == gguf.IQ4_XS
 	}
 	if q8 {
 		if j.q8 == nil {
@@ -256,7 +258,7 @@ func linear(tm *team, j *linJob) {
 		if j.q8k == nil {
 			j.q8k = new(q8KActs)
 		}
-		j.q8k.reset(j.T, in)
+		j.q8k.reset(j.T, in, perm)
 		j.qkj = quantKJob{a: j.q8k, x: j.x}
 		tm.parallelFor(j.T, max(1, 8192/in), &j.qkj)
 	}

@@ -297,14 +297,17 @@ func (m *Model) runExperts(tm *team, ly *layer, x []float32, N, in int, outs fun
 	b := &m.buf
 	mb := &b.moe
 	// Quantize every row once for the experts' weight types.
-	var q8, q8k bool
+	var q8, q8k, perm bool
 	for e := range ly.experts {
 		if mb.off[e+1] == mb.off[e] {
 			continue
 		}
-		w := outs(&ly.experts[e], 0, 0, mb.lins[0].outs[:0])[0].w
-		q8 = q8 || w.quantized() && usesQ8(w.Quant)
-		q8k = q8k || w.quantized() && usesQ8K(w.Quant)
+		for _, o := range outs(&ly.experts[e], 0, 0, mb.lins[0].outs[:0]) {
+			w := o.w
+			q8 = q8 || w.quantized() && usesQ8(w.Quant)
+			q8k = q8k || w.quantized() && usesQ8K(w.Quant)
+			perm = perm || w.quantized() && w.Quant == gguf.IQ4_XS
+		}
 	}
 	if q8 {
 		mb.q8.reset(N, in)
@@ -312,7 +315,7 @@ func (m *Model) runExperts(tm *team, ly *layer, x []float32, N, in int, outs fun
 		tm.parallelFor(N, max(1, 8192/in), &b.lin.qj)
 	}
 	if q8k {
-		mb.q8k.reset(N, in)
+		mb.q8k.reset(N, in, perm)
 		b.lin.qkj = quantKJob{a: &mb.q8k, x: x}
 		tm.parallelFor(N, max(1, 8192/in), &b.lin.qkj)
 	}
@@ -330,7 +333,7 @@ func (m *Model) runExperts(tm *team, ly *layer, x []float32, N, in int, outs fun
 			ml.q8 = q8Acts{n: mb.q8.n, nb: mb.q8.nb, blk: mb.q8.blk[o0*mb.q8.nb : (o0+n)*mb.q8.nb]}
 		}
 		if q8k {
-			ml.q8k = q8KActs{n: mb.q8k.n, nb: mb.q8k.nb, blk: mb.q8k.blk[o0*mb.q8k.nb : (o0+n)*mb.q8k.nb]}
+			ml.q8k = mb.q8k.rows(o0, n)
 		}
 		ml.lin = linJob{ks: m.ks, scr: b.scr, x: x[o0*in : (o0+n)*in], T: n, outs: os, swiglu: len(os) == 2, glu: gluSiLU, q8: &ml.q8, q8k: &ml.q8k}
 		mb.job.first[active] = total

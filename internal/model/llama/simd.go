@@ -76,7 +76,7 @@ type qtileArgs struct {
 // (layout fixed by asmgen).
 type ktileArgs struct {
 	w   unsafe.Pointer    // the weight row, at its first block
-	x   [4]unsafe.Pointer // activation rows: q8KBlock arrays
+	x   [4]unsafe.Pointer // activation rows: q8KBlock arrays (q8KPerm for IQ4_XS)
 	nb  uintptr           // blocks of 256 per row, > 0
 	out unsafe.Pointer    // token v's result at out + v·os (float32)
 	os  uintptr

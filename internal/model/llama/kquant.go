@@ -251,7 +251,7 @@ func dotKGo(t gguf.Type) func([]byte, *q8KActs, int) float32 {
 
 // matRowsK is matRows for a Q4_K, Q6_K, Q5_K, Q3_K, Q2_K or IQ4_XS matrix: on the
 // K-quant kernels of ks if it has them (one weight row by up to ks.kvecs
-// tokens per call), else in Go.
+// tokens per call, ks.kvecsIQ4XS for IQ4_XS), else in Go.
 func matRowsK(ks *kernelSet, dst []float32, ds int, a *q8KActs, T int, w *tensor, r0, r1 int) {
 	if ks != nil && ks.kisa != 0 {
 		kind := -1
@@ -261,19 +261,30 @@ func matRowsK(ks *kernelSet, dst []float32, ds int, a *q8KActs, T int, w *tensor
 			}
 		}
 		args := ktileArgs{nb: uintptr(a.nb), os: uintptr(4 * ds)}
-		for r := r0; r < r1; r++ {
-			args.w = unsafe.Pointer(&w.q[r*w.rowBytes])
-			for t := 0; t < T; t += ks.kvecs {
-				nv := min(ks.kvecs, T-t)
-				for j := range nv {
-					if w.Quant == gguf.IQ4_XS {
-						args.x[j] = unsafe.Pointer(&a.pblk[(t+j)*a.nb])
-					} else {
-						args.x[j] = unsafe.Pointer(&a.blk[(t+j)*a.nb])
+		kvecs, blkBytes := ks.kvecs, int(unsafe.Sizeof(q8KBlock{}))
+		if w.Quant == gguf.IQ4_XS {
+			kvecs, blkBytes = ks.kvecsIQ4XS, int(unsafe.Sizeof(q8KPerm{}))
+		}
+		// Token blocks whose activations stay in L1 while the rows pass
+		// over them (a long prompt's would not: every row would read them
+		// all from L2 or beyond).
+		tb := max(kvecs, l1Budget/(a.nb*blkBytes)/kvecs*kvecs)
+		for t0 := 0; t0 < T; t0 += tb {
+			t1 := min(t0+tb, T)
+			for r := r0; r < r1; r++ {
+				args.w = unsafe.Pointer(&w.q[r*w.rowBytes])
+				for t := t0; t < t1; t += kvecs {
+					nv := min(kvecs, t1-t)
+					for j := range nv {
+						if w.Quant == gguf.IQ4_XS {
+							args.x[j] = unsafe.Pointer(&a.pblk[(t+j)*a.nb])
+						} else {
+							args.x[j] = unsafe.Pointer(&a.blk[(t+j)*a.nb])
+						}
 					}
+					args.out = unsafe.Pointer(&dst[t*ds+r])
+					ks.ktile(kind, nv, &args)
 				}
-				args.out = unsafe.Pointer(&dst[t*ds+r])
-				ks.ktile(kind, nv, &args)
 			}
 		}
 		return

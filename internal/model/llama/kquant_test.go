@@ -130,9 +130,10 @@ func TestDotK(t *testing.T) {
 }
 
 // TestKTileKernel checks the K-quant kernels of every kernel set
-// against the pure-Go canonical dot product bit for bit, for 7 activation
-// rows (calls of 4 and 3 rows on AVX-512; 2, 2, 2 and 1 on AVX2) and 1 to
-// 6 blocks; and the layouts the assembly assumes.
+// against the pure-Go canonical dot product bit for bit, for 1 to 9 and 15
+// activation rows (every call size: up to 4 rows per call on AVX-512, 8
+// for IQ4_XS, 2 on AVX2) and 1 to 6 blocks; and the layouts the assembly
+// assumes.
 func TestKTileKernel(t *testing.T) {
 	var a ktileArgs
 	var blk q8KBlock
@@ -141,9 +142,9 @@ func TestKTileKernel(t *testing.T) {
 		name      string
 		got, want uintptr
 	}{
-		{"ktileArgs.x", unsafe.Offsetof(a.x), 8}, {"ktileArgs.nb", unsafe.Offsetof(a.nb), 40},
-		{"ktileArgs.out", unsafe.Offsetof(a.out), 48}, {"ktileArgs.os", unsafe.Offsetof(a.os), 56},
-		{"ktileArgs.scr", unsafe.Offsetof(a.scr), 64}, {"q8KBlock.qs", unsafe.Offsetof(blk.qs), 4},
+		{"ktileArgs.x", unsafe.Offsetof(a.x), 8}, {"ktileArgs.nb", unsafe.Offsetof(a.nb), 72},
+		{"ktileArgs.out", unsafe.Offsetof(a.out), 80}, {"ktileArgs.os", unsafe.Offsetof(a.os), 88},
+		{"ktileArgs.scr", unsafe.Offsetof(a.scr), 96}, {"q8KBlock.qs", unsafe.Offsetof(blk.qs), 4},
 		{"q8KBlock.ssum", unsafe.Offsetof(blk.ssum), 324}, {"q8KBlock size", unsafe.Sizeof(blk), 340},
 		{"q8KPerm.init", unsafe.Offsetof(pb.init), 256}, {"q8KPerm.d", unsafe.Offsetof(pb.d), 320},
 		{"q8KPerm size", unsafe.Sizeof(pb), 384},
@@ -162,9 +163,10 @@ func TestKTileKernel(t *testing.T) {
 			q   func([]float32) []byte
 		}{{gguf.Q4_K, QuantizeQ4K}, {gguf.Q6_K, QuantizeQ6K}, {gguf.Q5_K, QuantizeQ5K}, {gguf.Q3_K, QuantizeQ3K}, {gguf.Q2_K, QuantizeQ2K},
 			{gguf.IQ4_XS, QuantizeIQ4XS}} {
-			for _, nb := range []int{1, 2, 6} {
+			for _, sh := range []struct{ nb, T int }{{1, 7}, {2, 7}, {6, 7}, {1, 1}, {2, 2}, {1, 3}, {2, 4}, {1, 5}, {2, 6}, {3, 8}, {1, 9}, {2, 15}} {
+				nb, T := sh.nb, sh.T
 				n := 256 * nb
-				const rows, T = 3, 7
+				const rows = 3
 				wf := randVec(rng, rows*n)
 				for i := range wf[:300] {
 					wf[i] = float32(math.Abs(float64(wf[i]))) // positive sub-blocks: mins 0
@@ -183,7 +185,7 @@ func TestKTileKernel(t *testing.T) {
 				matRowsK(ks, got, rows, &acts, T, w, 0, rows)
 				for i := range want {
 					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-						t.Fatalf("%s %s nb=%d: [%d, %d] = %v, Go %v", ks.name, c.typ, nb, i/rows, i%rows, got[i], want[i])
+						t.Fatalf("%s %s nb=%d T=%d: [%d, %d] = %v, Go %v", ks.name, c.typ, nb, T, i/rows, i%rows, got[i], want[i])
 					}
 				}
 			}

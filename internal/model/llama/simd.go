@@ -72,11 +72,11 @@ type qtileArgs struct {
 
 // ktileArgs is the argument block of a K-quant kernel: the canonical Q4_K,
 // Q6_K, Q5_K, Q3_K, Q2_K or IQ4_XS dot products (kquant.go, kquant2.go,
-// iq4xs.go) of one weight row with up to 4 rows of Q8_K activations
-// (layout fixed by asmgen).
+// iq4xs.go) of one weight row with up to 4 rows of Q8_K activations (8
+// for IQ4_XS on AVX-512; layout fixed by asmgen).
 type ktileArgs struct {
 	w   unsafe.Pointer    // the weight row, at its first block
-	x   [4]unsafe.Pointer // activation rows: q8KBlock arrays (q8KPerm for IQ4_XS)
+	x   [8]unsafe.Pointer // activation rows: q8KBlock arrays (q8KPerm for IQ4_XS)
 	nb  uintptr           // blocks of 256 per row, > 0
 	out unsafe.Pointer    // token v's result at out + v·os (float32)
 	os  uintptr
@@ -144,8 +144,9 @@ type kernelSet struct {
 	// and activation rows per call.
 	qisa, qrows, qvecs int
 	// kisa is the instruction set of the K-quant kernels (ktile), 0
-	// for none (pure Go); kvecs the activation rows per call.
-	kisa, kvecs int
+	// for none (pure Go); kvecs the activation rows per call, kvecsIQ4XS
+	// the IQ4_XS kernels'.
+	kisa, kvecs, kvecsIQ4XS int
 }
 
 // Kernel choices of Options.Kernels.

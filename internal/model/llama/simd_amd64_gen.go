@@ -849,6 +849,26 @@ func ktileIQ4XSAVX512V3(a *ktileArgs)
 //go:noescape
 func ktileIQ4XSAVX512V4(a *ktileArgs)
 
+// ktileIQ4XSAVX512V5: AVX-512 VNNI, one IQ4_XS row × 5 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX512V5(a *ktileArgs)
+
+// ktileIQ4XSAVX512V6: AVX-512 VNNI, one IQ4_XS row × 6 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX512V6(a *ktileArgs)
+
+// ktileIQ4XSAVX512V7: AVX-512 VNNI, one IQ4_XS row × 7 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX512V7(a *ktileArgs)
+
+// ktileIQ4XSAVX512V8: AVX-512 VNNI, one IQ4_XS row × 8 Q8_K activation rows
+//
+//go:noescape
+func ktileIQ4XSAVX512V8(a *ktileArgs)
+
 // ktileIQ4XSAVX2V1: AVX2, one IQ4_XS row × 1 Q8_K activation rows
 //
 //go:noescape
@@ -1522,6 +1542,18 @@ func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 				return
 			case 4:
 				ktileIQ4XSAVX512V4(a)
+				return
+			case 5:
+				ktileIQ4XSAVX512V5(a)
+				return
+			case 6:
+				ktileIQ4XSAVX512V6(a)
+				return
+			case 7:
+				ktileIQ4XSAVX512V7(a)
+				return
+			case 8:
+				ktileIQ4XSAVX512V8(a)
 				return
 			}
 		}

@@ -14,9 +14,14 @@ const (
 // IQ4_XS dot product.
 var iq4xsLane = [8]int{0, 2, 4, 6, 1, 3, 5, 7}
 
+// iq4xsMaxV is the most activation rows of an AVX-512 IQ4_XS kernel call
+// (kernelSet.kvecsIQ4XS): twice the other K-quant kernels', as its
+// per-row work is small beside unpacking a block.
+const iq4xsMaxV = 8
+
 // iq4xsKernels writes the IQ4_XS kernels and their tables.
 func (g *gen) iq4xsKernels() {
-	for V := 1; V <= 4; V++ {
+	for V := 1; V <= iq4xsMaxV; V++ {
 		g.ktileIQ4XS512(V)
 	}
 	for V := 1; V <= 2; V++ {
@@ -90,23 +95,34 @@ func (g *gen) iq4xsNext(loop string) {
 }
 
 // ktileIQ4XS512 writes the AVX-512 VNNI IQ4_XS kernel: one weight row × V
-// q8KPerm activation rows, the canonical dot product of dotIQ4XSGo. Per
-// block, two VPERMT2D gather the nibbles into the activations' order (a
-// register per 8 values of each sub-block), VPSHUFB looks up the grid
-// values plus 128 (unsigned, 1…241), and per activation row four
-// VPDPBUSD add the 256 products u·x, 4 per int32 lane, to the start
-// −128·Σx of each sub-block, which makes them Σ k·x exactly (at most
+// (≤ 8) q8KPerm activation rows, the canonical dot product of
+// dotIQ4XSGo. Per block, two VPERMT2D gather the nibbles into the
+// activations' order (a register per 8 values of each sub-block), VPSHUFB
+// looks up the grid values plus 128 (unsigned, 1…241), and per activation
+// row four VPDPBUSD add the 256 products u·x, 4 per int32 lane, to the
+// start −128·Σx of each sub-block, which makes them Σ k·x exactly (at most
 // 32·241·127 in magnitude before the start); the two halves of the
 // register (the same 8 sub-blocks) are added, VPMULLD applies the scales
-// less 32, and acc_L = fma(dx·d, float(isum_L), acc_L).
+// less 32, and acc_L = fma(dx·d, float(isum_L), acc_L). Rows 0–3 have
+// their pointers in registers, rows 4–7 are read from the argument block
+// (AX) as used.
 func (g *gen) ktileIQ4XS512(V int) {
 	name := fmt.Sprintf("ktileIQ4XSAVX512V%d", V)
 	g.text(name, fmt.Sprintf("AVX-512 VNNI, one IQ4_XS row × %d Q8_K activation rows", V))
 	pf := V <= prefetchMaxV
-	g.ktilePrologue(V, 136, pf)
-	// Registers: acc Y0–Y3; per row the lane sums Z4–Z7 and scratch
-	// Y8–Y11; the scales Y12, d Y13; the block's unsigned values Z16–Z19,
-	// the gathered nibbles Z20–Z21; the gather indices Z28–Z29, the grid
+	g.ktilePrologue(min(V, 4), 136, pf)
+	// row returns the base register of activation row v, loading it into
+	// R15 for v ≥ 4.
+	row := func(v int) string {
+		if v < 4 {
+			return xGPR[v]
+		}
+		g.op("MOVQ %d(AX), R15", ktX+8*v)
+		return "R15"
+	}
+	// Registers: acc Y0–Y7; per row the lane sums Z8–Z15; the block's
+	// unsigned values Z16–Z19, the gathered nibbles Z20–Z21; the scales
+	// Y22, d Y23; scratch Y24–Y27; the gather indices Z28–Z29, the grid
 	// plus 128 Z30, the nibble mask Z31.
 	acc := func(v int) string { return fmt.Sprintf("Y%d", v) }
 	for v := range V {
@@ -138,30 +154,29 @@ func (g *gen) ktileIQ4XS512(V int) {
 	for i := range 4 {
 		g.op("VPSHUFB Z%d, Z30, Z%d", 16+i, 16+i)
 	}
-	g.iq4xsScales(12, 0)
-	g.op("VPMOVSXBD X12, Y12")
-	g.op("VPBROADCASTW (R8)(R13*1), X13")
-	g.op("VCVTPH2PS X13, Y13") // d
+	g.iq4xsScales(22, 0)
+	g.op("VPMOVSXBD X22, Y22")
+	g.op("VPBROADCASTW (R8)(R13*1), X23")
+	g.op("VCVTPH2PS X23, Y23") // d
 	for v := range V {
-		g.op("VMOVDQU32 %d(%s)(R14*1), Z%d", pbInit, xGPR[v], 4+v)
+		g.op("VMOVDQU32 %d(%s)(R14*1), Z%d", pbInit, row(v), 8+v)
 	}
 	for i := range 4 {
 		for v := range V {
-			g.op("VPDPBUSD %d(%s)(R14*1), Z%d, Z%d", pbQS+64*i, xGPR[v], 16+i, 4+v)
+			g.op("VPDPBUSD %d(%s)(R14*1), Z%d, Z%d", pbQS+64*i, row(v), 16+i, 8+v)
 		}
 	}
 	for v := range V {
-		s, t := fmt.Sprintf("Y%d", 4+v), fmt.Sprintf("Y%d", 8+v)
-		g.op("VEXTRACTI64X4 $1, Z%d, %s", 4+v, t)
+		s, t := fmt.Sprintf("Y%d", 8+v), fmt.Sprintf("Y%d", 24+v%4)
+		g.op("VEXTRACTI64X4 $1, Z%d, %s", 8+v, t)
 		g.op("VPADDD %s, %s, %s", t, s, s)
-		g.op("VPMULLD Y12, %s, %s", s, s)
+		g.op("VPMULLD Y22, %s, %s", s, s)
 		g.op("VCVTDQ2PS %s, %s", s, s)
-		g.op("VBROADCASTSS %d(%s)(R14*1), %s", pbD, xGPR[v], t)
-		g.op("VMULPS Y13, %s, %s", t, t) // dx·d
+		g.op("VBROADCASTSS %d(%s)(R14*1), %s", pbD, row(v), t)
+		g.op("VMULPS Y23, %s, %s", t, t) // dx·d
 		g.op("VFMADD231PS %s, %s, %s", t, s, acc(v))
 	}
 	g.iq4xsNext(loop)
-	g.op("MOVQ a+0(FP), AX")
 	g.ktileStore(V, acc, nil)
 }
 

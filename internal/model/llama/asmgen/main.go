@@ -454,11 +454,11 @@ func (g *gen) q5BitsTable() {
 // ktileArgs layout (simd.go) and q8KBlock offsets (kquant.go).
 const (
 	ktW    = 0
-	ktX    = 8  // [4]pointer
-	ktNB   = 40 // blocks of 256
-	ktOut  = 48
-	ktOS   = 56
-	ktScr  = 64 // [16]byte: sc0…sc7, m0…m7 of the current block
+	ktX    = 8  // [8]pointer
+	ktNB   = 72 // blocks of 256
+	ktOut  = 80
+	ktOS   = 88
+	ktScr  = 96 // [16]byte: sc0…sc7, m0…m7 of the current block
 	kbD    = 0
 	kbQS   = 4
 	kbSSum = 324 // [8]int16
@@ -1863,7 +1863,11 @@ func (ks *kernelSet) ktile(kind, nv int, a *ktileArgs) {
 		fmt.Fprintf(&t, "\tcase isa%s:\n\t\tswitch kind {\n", isa.name)
 		for ki, k := range ktileNames {
 			fmt.Fprintf(&t, "\t\tcase %d:\n\t\t\tswitch nv {\n", ki)
-			for v := 1; v <= isa.v; v++ {
+			maxV := isa.v
+			if k == "IQ4XS" && isa.name == "AVX512" {
+				maxV = iq4xsMaxV
+			}
+			for v := 1; v <= maxV; v++ {
 				fmt.Fprintf(&t, "\t\t\tcase %d:\n\t\t\t\tktile%s%sV%d(a)\n\t\t\t\treturn\n", v, k, isa.name, v)
 			}
 			t.WriteString("\t\t\t}\n")

@@ -12,7 +12,7 @@
 //
 // From the repository root:
 //
-//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|gemma3|phi3|qwen3moe|mixtral] [-window 16] [-longrope 0] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m,q2_k,iq4_xs] [-kv f32|bf16|f16] [-work DIR]
+//	go run ./tools/llamacpp-bench [-arch llama|qwen3|gemma2|gemma3|phi3|qwen3moe|mixtral] [-window 16] [-longrope 0] [-partial-rotary 0] [-rounds 3] [-threads 2] [-types f32,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q4_k_m,q5_k_m,q3_k_m,q2_k,iq4_xs] [-kv f32|bf16|f16] [-work DIR]
 //
 // It installs node-llama-cpp@3.21.1 and @node-llama-cpp/linux-x64@3.21.1
 // (npm, --omit=optional; prebuilt binaries, no build, no download at run
@@ -75,6 +75,7 @@ func main() {
 	storiesRefs := flag.String("stories-refs", "", "instead of benchmarking, write llama.cpp's references for stories260K quantized to Q8_0, Q4_0 and Q5_0 into this directory (internal/model/llama/testdata/stories260K/gguf)")
 	kv := flag.String("kv", "f32", "KV cache element type on both sides, for the numerical check and the timing (f32, bf16, f16; -score and -stories-refs use f32)")
 	arch := flag.String("arch", "llama", "synthetic checkpoint: llama (SmolLM2-135M-shaped), qwen3 (llamatest.Qwen3Shaped: Qwen3-0.6B's layers, 8 of them, 32768-token vocabulary), gemma2 (llamatest.Gemma2Shaped: gemma-2-2b's layers, 2 of them, 16384-token vocabulary), gemma3 (llamatest.Gemma3Shaped: gemma-3-1b's layers, 6 of them, 16384-token vocabulary), phi3 (llamatest.Phi3Shaped: Phi-3-mini's layers, 2 of them, 8192-token vocabulary), qwen3moe (llamatest.Qwen3MoEShaped: Qwen3-30B-A3B's attention at half width, 4 layers of 16 experts, 2 per token) or mixtral (llamatest.MixtralShaped: 4 layers of 8 experts, 2 per token, llama.cpp's llama architecture with experts)")
+	partialRotary := flag.Float64("partial-rotary", 0, "phi3: partial_rotary_factor, RoPE on the first head_dim·f dimensions of each head (Phi-4-mini's 0.75; 0: all)")
 	longRope := flag.Int("longrope", 0, "phi3: write LongRoPE factors (llamatest's LongRopeFactors) with this original_max_position_embeddings (0: none; 128 makes every context both sides use, 256 to 4096 positions, take the long factors)")
 	window := flag.Int("window", 16, "gemma2 and gemma3: the sliding window written into the checkpoint, so that the check's 24-token prompt and 8 greedy tokens cross it (0: the shape's own, 4096 and 512)")
 	flag.Parse()
@@ -111,6 +112,10 @@ func main() {
 	if (*arch == "gemma2" || *arch == "gemma3") && *window > 0 {
 		sp.spec.SlidingWindow = *window
 		sp.name += fmt.Sprintf("-w%d", *window)
+	}
+	if *arch == "phi3" && *partialRotary > 0 {
+		sp.spec.PartialRotary = *partialRotary
+		sp.name += fmt.Sprintf("-partial%g", *partialRotary)
 	}
 	if *arch == "phi3" && *longRope > 0 {
 		sp.spec.LongRopeOrig = *longRope

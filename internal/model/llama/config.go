@@ -114,6 +114,12 @@ type Config struct {
 	// the layout of Meta's checkpoints and of GGUF files of llama.cpp's
 	// llama architecture, rather than Hugging Face's (x[i], x[i+d/2]).
 	RopeInterleaved bool
+	// RopeDim is how many of each head's first dimensions RoPE rotates:
+	// partial rotary embeddings (Phi-4-mini's partial_rotary_factor 0.75,
+	// transformers' rotary_ndims = head_dim·factor; a GGUF file's
+	// rope.dimension_count below the head dimension, ggml's n_dims). The
+	// other dimensions pass through unrotated. 0 means all of them.
+	RopeDim int
 	// RopeFactors, if set, divide the RoPE frequencies (headDim/2 values: a
 	// GGUF file's rope_freqs tensor, llama.cpp's form of llama3 scaling).
 	RopeFactors []float64
@@ -395,6 +401,13 @@ func ParseConfig(raw []byte) (Config, error) {
 	}
 	if c.Heads%c.KVHeads != 0 {
 		return Config{}, fmt.Errorf("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.Heads, c.KVHeads)
+	}
+	if c.Architecture == archPhi3 && r.PartialRotary != nil && *r.PartialRotary != 1 {
+		f := *r.PartialRotary
+		c.RopeDim = int(float64(c.HeadDim) * f) // transformers' int(head_dim * partial_rotary_factor)
+		if !(f > 0 && f < 1) || c.RopeDim < 2 || c.RopeDim%2 != 0 {
+			return Config{}, fmt.Errorf("partial_rotary_factor %v gives %d rotated dimensions of %d; want an even number from 2 to the head dimension", f, c.RopeDim, c.HeadDim)
+		}
 	}
 	if !(c.RMSNormEps > 0) || math.IsInf(c.RMSNormEps, 0) {
 		return Config{}, fmt.Errorf("rms_norm_eps must be positive, got %v", c.RMSNormEps)

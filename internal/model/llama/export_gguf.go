@@ -445,7 +445,7 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 		{Key: arch + ".attention.head_count_kv", Value: uint32(cfg.KVHeads)},
 		{Key: arch + ".attention.key_length", Value: uint32(cfg.HeadDim)},
 		{Key: arch + ".attention.value_length", Value: uint32(cfg.HeadDim)},
-		{Key: arch + ".rope.dimension_count", Value: uint32(cfg.HeadDim)},
+		{Key: arch + ".rope.dimension_count", Value: uint32(cfg.ropeDims())},
 		{Key: arch + ".rope.freq_base", Value: float32(cfg.RopeTheta)},
 		{Key: arch + ".attention.layer_norm_rms_epsilon", Value: float32(cfg.RMSNormEps)},
 		{Key: "tokenizer.ggml.model", Value: "llama"},

@@ -22,9 +22,9 @@ type buffers struct {
 	tmp  []float32 // sublayer output before the residual add [T, hidden]
 	gate []float32 // [T, inter]; silu(gate)·up after the MLP's first half
 	up   []float32 // [T, inter]
-	cos  []float32 // RoPE [T, headDim/2]
+	cos  []float32 // RoPE [T, d/2], d the rotated dimensions (Config.ropeDims)
 	sin  []float32
-	// cosL and sinL are the sliding layers' RoPE [T, headDim/2] when their
+	// cosL and sinL are the sliding layers' RoPE [T, d/2] when their
 	// base differs (Model.ropeLocal).
 	cosL, sinL []float32
 	sel        []float32 // final-normalised rows that need logits [R, hidden]
@@ -290,7 +290,8 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 	b.q, b.att = grow(b.q, T*qDim), grow(b.att, T*qDim)
 	b.k, b.v = grow(b.k, T*kvDim), grow(b.v, T*kvDim)
 	b.gate, b.up = grow(b.gate, T*I), grow(b.up, T*I)
-	b.cos, b.sin = grow(b.cos, T*D/2), grow(b.sin, T*D/2)
+	rd := cfg.ropeDims()
+	b.cos, b.sin = grow(b.cos, T*rd/2), grow(b.sin, T*rd/2)
 	for len(b.scr) < tm.size() {
 		b.scr = append(b.scr, scratch{})
 	}
@@ -332,7 +333,7 @@ func (m *Model) run(ctx context.Context, tm *team, pool *kvcache.Pool, seqs []mo
 		}
 	}
 	if m.ropeLocal != nil {
-		b.cosL, b.sinL = grow(b.cosL, T*D/2), grow(b.sinL, T*D/2)
+		b.cosL, b.sinL = grow(b.cosL, T*rd/2), grow(b.sinL, T*rd/2)
 		if cfg.GGMLNumerics {
 			ropeTableGGML(b.cosL, b.sinL, b.pos, m.ropeLocal)
 		} else {
@@ -505,7 +506,8 @@ func (j *tokJob) run(_, lo, hi int) {
 		rmsNorm(b.tmp[lo*H:hi*H], b.tmp[lo*H:hi*H], hi-lo, H, g, cfg.RMSNormEps, cfg.GGMLNumerics)
 		addInPlace(b.x[lo*H:hi*H], b.tmp[lo*H:hi*H])
 	case tokRopeKV:
-		qDim, kvDim, half := cfg.Heads*D, cfg.KVHeads*D, D/2
+		rd := cfg.ropeDims()
+		qDim, kvDim, half := cfg.Heads*D, cfg.KVHeads*D, rd/2
 		if cfg.QKNorm {
 			// Every head is a row of D values; normalised in place
 			// (rmsNorm reads each element before writing it).
@@ -516,8 +518,8 @@ func (j *tokJob) run(_, lo, hi int) {
 		if m.ropeLocal != nil && cfg.SlidingLayers[j.li] {
 			cos, sin = b.cosL, b.sinL
 		}
-		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, cos[lo*half:hi*half], sin[lo*half:hi*half], cfg.RopeInterleaved)
-		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, cos[lo*half:hi*half], sin[lo*half:hi*half], cfg.RopeInterleaved)
+		applyRope(b.q[lo*qDim:hi*qDim], hi-lo, cfg.Heads, D, rd, cos[lo*half:hi*half], sin[lo*half:hi*half], cfg.RopeInterleaved)
+		applyRope(b.k[lo*kvDim:hi*kvDim], hi-lo, cfg.KVHeads, D, rd, cos[lo*half:hi*half], sin[lo*half:hi*half], cfg.RopeInterleaved)
 		if m.qScale != 0 {
 			// llama.cpp's gemma2, gemma3 and phi3 scale q before q·k
 			// (ggml_scale), not the scores.

@@ -3,6 +3,7 @@ package llama_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -211,7 +212,8 @@ func TestGemma3Config(t *testing.T) {
 // Tiny's ±0.25 weights moves the logits by ~0.15, the logits themselves
 // span several units), that the
 // file holds the fused attn_qkv and the [gate; up] ffn_up as llama.cpp's
-// converter writes them, and the error for partial rotary embeddings.
+// converter writes them, and partial rotary embeddings (and the errors
+// for a factor that leaves no even number of dimensions).
 func TestPhi3(t *testing.T) {
 	spec := phi3Tiny()
 	tokens := randomTokens(rand.New(rand.NewPCG(19, 19)), 24, spec.Vocab)
@@ -254,15 +256,43 @@ func TestPhi3(t *testing.T) {
 		}
 	}
 
-	// Not supported: partial rotary embeddings.
-	c := spec.Config()
-	c["partial_rotary_factor"] = 0.75
-	cj, err := json.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
+	// Partial rotary embeddings (Phi-4-mini's partial_rotary_factor 0.75:
+	// 12 of the 16 dimensions of a head), from the checkpoint and its GGUF
+	// file (rope.dimension_count 12); a model rotating all 16 is far off.
+	pr := phi3Tiny()
+	pr.PartialRotary = 0.75
+	prDir := pr.WriteT(t)
+	prWant := newRefModel(pr).logits(tokens)
+	if d := refDist(logitsOf(t, load(t, dir, llama.Options{}), tokens), prWant); d < 0.05 {
+		t.Fatalf("partial and full rotation differ by %.3g only: the check cannot tell them apart", d)
 	}
-	if _, err := llama.ParseConfig(cj); err == nil || !strings.Contains(err.Error(), "partial_rotary_factor 0.75") {
-		t.Errorf("partial rotary: %v", err)
+	prFile := writeGGUF(t, prDir, gguf.F32)
+	for _, path := range []string{prDir, prFile} {
+		m := load(t, path, llama.Options{})
+		if rd := m.Config().RopeDim; rd != 12 {
+			t.Errorf("%s: RopeDim %d, want 12", path, rd)
+		}
+		if d := refDist(logitsOf(t, m, tokens), prWant); d > 2e-5 {
+			t.Errorf("%s: partial rotary: max |Δ logit| vs the reference = %.3g, want ≤ 2e-5", path, d)
+		}
+	}
+	if raw, err := os.ReadFile(prFile); err != nil {
+		t.Fatal(err)
+	} else if f, err := gguf.Parse(raw); err != nil {
+		t.Fatal(err)
+	} else if v, _, _ := f.Uint("phi3.rope.dimension_count"); v != 12 {
+		t.Errorf("phi3.rope.dimension_count %d, want 12", v)
+	}
+	for _, bad := range []float64{0.1, 1.5, -1} {
+		c := spec.Config()
+		c["partial_rotary_factor"] = bad
+		cj, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := llama.ParseConfig(cj); err == nil || !strings.Contains(err.Error(), "partial_rotary_factor") {
+			t.Errorf("partial_rotary_factor %v: %v", bad, err)
+		}
 	}
 }
 
@@ -314,10 +344,19 @@ func mustJSON(t *testing.T, v any) []byte {
 // short factors, a longer one with the long factors, as llama.cpp chooses;
 // the other choice is far from the reference (so the test tells them
 // apart), and the two choices get different digests (their KV differs, so
-// a prefill and a decode worker that chose differently are never paired).
+// a prefill and a decode worker that chose differently are never paired);
+// with all of a head rotated and with Phi-4-mini's partial rotation (its
+// factors one per rotated pair).
 func TestPhi3LongRope(t *testing.T) {
+	for _, partial := range []float64{0, 0.75} {
+		t.Run(fmt.Sprintf("partial_rotary_factor=%v", partial), func(t *testing.T) { phi3LongRope(t, partial) })
+	}
+}
+
+func phi3LongRope(t *testing.T, partial float64) {
 	spec := phi3Tiny()
 	spec.LongRopeOrig = 32
+	spec.PartialRotary = partial
 	tokens := randomTokens(rand.New(rand.NewPCG(23, 23)), 24, spec.Vocab)
 	dir := spec.WriteT(t)
 	refs := map[bool][][]float64{}
@@ -335,7 +374,7 @@ func TestPhi3LongRope(t *testing.T) {
 			}
 			m := load(t, c.path, llama.Options{ContextLen: ctxLen})
 			cfg := m.Config()
-			if len(cfg.RopeLongFactors) != 8 || cfg.RopeOrigPositions != 32 || math.Abs(cfg.RopeAttnFactor-math.Sqrt(1+math.Log(8)/math.Log(32))) > 1e-6 {
+			if len(cfg.RopeLongFactors) != spec.RopeDim()/2 || cfg.RopeOrigPositions != 32 || math.Abs(cfg.RopeAttnFactor-math.Sqrt(1+math.Log(8)/math.Log(32))) > 1e-6 {
 				t.Fatalf("%s: config %+v", c.name, cfg)
 			}
 			digests[long] = m.Info().Digest
@@ -359,8 +398,11 @@ func TestPhi3LongRope(t *testing.T) {
 	}{
 		{func(m map[string]any) { m["architectures"] = []string{"LlamaForCausalLM"} }, "longrope is supported for Phi3ForCausalLM only"},
 		{func(m map[string]any) { delete(m, "original_max_position_embeddings") }, "original_max_position_embeddings"},
-		{func(m map[string]any) { m["rope_scaling"].(map[string]any)["long_factor"] = []float64{1, 2} }, "long_factor has 2 values, want head_dim/2 = 8"},
-		{func(m map[string]any) { m["rope_scaling"].(map[string]any)["short_factor"] = make([]float64, 8) }, "short_factor holds 0"},
+		{func(m map[string]any) { m["rope_scaling"].(map[string]any)["long_factor"] = []float64{1, 2} },
+			fmt.Sprintf("long_factor has 2 values, want one per rotated pair, %d", spec.RopeDim()/2)},
+		{func(m map[string]any) {
+			m["rope_scaling"].(map[string]any)["short_factor"] = make([]float64, spec.RopeDim()/2)
+		}, "short_factor holds 0"},
 	} {
 		c := spec.Config()
 		e.edit(c)

@@ -158,7 +158,10 @@ func ggufConfig(f *gguf.File) (Config, error) {
 		return Config{}, fmt.Errorf("%s.attention.value_length %d differs from the key length %d; not supported", arch, valLen, c.HeadDim)
 	}
 	if ropeDim != 0 && ropeDim != c.HeadDim {
-		return Config{}, fmt.Errorf("%s.rope.dimension_count %d is not the head dimension %d (partial rotary embeddings are not supported)", arch, ropeDim, c.HeadDim)
+		if ropeDim > c.HeadDim || ropeDim%2 != 0 {
+			return Config{}, fmt.Errorf("%s.rope.dimension_count %d: want an even number up to the head dimension %d", arch, ropeDim, c.HeadDim)
+		}
+		c.RopeDim = ropeDim // partial rotary embeddings
 	}
 	if c.HeadDim%2 != 0 {
 		return Config{}, fmt.Errorf("the head dimension %d is odd (RoPE rotates pairs)", c.HeadDim)
@@ -455,7 +458,7 @@ func (w *weights) fromGGUF(f *gguf.File) error {
 		cfg.TieEmbeddings = true
 		w.lmHead = w.embed
 	}
-	if rf, err := vec("rope_freqs.weight", D/2, true); err != nil {
+	if rf, err := vec("rope_freqs.weight", cfg.ropeDims()/2, true); err != nil {
 		return err
 	} else if rf != nil {
 		cfg.RopeFactors = make([]float64, len(rf))

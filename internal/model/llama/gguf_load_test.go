@@ -392,7 +392,8 @@ func testGGUFKMix(t *testing.T, ft llama.FileType, tied bool, tol float64, want 
 
 // TestGGUFQwen3Errors checks that a qwen3 file without its q/k norms, or
 // with one of the wrong shape, or with a head dimension the metadata
-// contradicts, is refused with an error naming the problem.
+// contradicts, or with an odd or too large rope.dimension_count, is
+// refused with an error naming the problem.
 func TestGGUFQwen3Errors(t *testing.T) {
 	good := writeGGUF(t, qwen3Tiny().WriteT(t), gguf.F32)
 	f := readGGUF(t, good)
@@ -435,9 +436,23 @@ func TestGGUFQwen3Errors(t *testing.T) {
 			}
 			return kvs, ts
 		}), []string{`tensor "blk.0.attn_q.weight" has shape [128 64]`, "implies [64 64]"}},
+		{"odd rotary dimensions", setRopeDim(rewrite, 15), []string{"qwen3.rope.dimension_count 15: want an even number up to the head dimension 32"}},
+		{"rotary dimensions past the head", setRopeDim(rewrite, 34), []string{"qwen3.rope.dimension_count 34"}},
 	} {
 		t.Run(c.name, func(t *testing.T) { wantLoadError(t, c.path, llama.Options{}, c.want...) })
 	}
+}
+
+// setRopeDim returns rewrite's file with qwen3.rope.dimension_count n.
+func setRopeDim(rewrite func(func([]gguf.KV, []gguf.Tensor) ([]gguf.KV, []gguf.Tensor)) string, n int) string {
+	return rewrite(func(kvs []gguf.KV, ts []gguf.Tensor) ([]gguf.KV, []gguf.Tensor) {
+		for i := range kvs {
+			if kvs[i].Key == "qwen3.rope.dimension_count" {
+				kvs[i].Value = uint32(n)
+			}
+		}
+		return kvs, ts
+	})
 }
 
 // TestGGUFGemma2Errors checks that a gemma2 file without a soft-capping

@@ -13,14 +13,11 @@ import (
 // fused projection (qkv_proj [heads·hd + 2·kvHeads·hd, hidden], rows q
 // then k then v) and gate and up by another (gate_up_proj
 // [2·intermediate, hidden], gate rows first), no biases, SiLU. It returns an
-// error for a partial_rotary_factor other than 1 (Phi-4-mini's partial
-// RoPE is not supported) and for attention_bias; rope_scaling "longrope"
-// is read by hfLongRope. A sliding_window caps the context as Mistral's
+// error for attention_bias; rope_scaling "longrope" is read by hfLongRope
+// and partial_rotary_factor (Phi-4-mini's 0.75) by ParseConfig, once the
+// head dimension is known. A sliding_window caps the context as Mistral's
 // does.
 func phi3Config(c *Config, r *rawConfig) error {
-	if r.PartialRotary != nil && *r.PartialRotary != 1 {
-		return fmt.Errorf("partial_rotary_factor %v is not supported (Phi3 with partial rotary embeddings)", *r.PartialRotary)
-	}
 	if r.AttentionBias != nil && *r.AttentionBias {
 		return errors.New("attention_bias is not supported for Phi3")
 	}
@@ -67,7 +64,7 @@ func (w *weights) phi3LongRope(f *gguf.File, vec func(name string, n int, option
 	cfg := &w.cfg
 	var fs [2][]float64
 	for i, n := range []string{"rope_factors_long.weight", "rope_factors_short.weight"} {
-		v, err := vec(n, cfg.HeadDim/2, true)
+		v, err := vec(n, cfg.ropeDims()/2, true)
 		if err != nil {
 			return err
 		}
@@ -148,11 +145,11 @@ func hfLongRope(c *Config, r *rawConfig) error {
 	if orig <= 0 {
 		return errors.New("rope_scaling: longrope needs a positive original_max_position_embeddings")
 	}
-	long, err := ropeFactorList("long_factor", s.LongFactor, c.HeadDim/2)
+	long, err := ropeFactorList("long_factor", s.LongFactor, c.ropeDims()/2)
 	if err != nil {
 		return err
 	}
-	short, err := ropeFactorList("short_factor", s.ShortFactor, c.HeadDim/2)
+	short, err := ropeFactorList("short_factor", s.ShortFactor, c.ropeDims()/2)
 	if err != nil {
 		return err
 	}
@@ -168,7 +165,7 @@ func hfLongRope(c *Config, r *rawConfig) error {
 // ropeFactorList checks a LongRoPE factor list: n positive finite values.
 func ropeFactorList(name string, v []float64, n int) ([]float64, error) {
 	if len(v) != n {
-		return nil, fmt.Errorf("rope_scaling: %s has %d values, want head_dim/2 = %d", name, len(v), n)
+		return nil, fmt.Errorf("rope_scaling: %s has %d values, want one per rotated pair, %d", name, len(v), n)
 	}
 	for _, x := range v {
 		if !(x > 0) || math.IsInf(x, 0) {

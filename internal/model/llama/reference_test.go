@@ -71,7 +71,7 @@ func newRefModel(spec llamatest.Spec) *refModel {
 		}
 		r.w[t.Name] = v
 	}
-	D := r.headDim()
+	D := spec.RopeDim() // the rotated dimensions
 	for i := 0; i < D; i += 2 {
 		f := 1 / math.Pow(spec.RopeTheta, float64(i)/float64(D))
 		if sc := spec.RopeScaling; sc != nil && sc["rope_type"] == "linear" {
@@ -173,10 +173,13 @@ func (r *refModel) norm(name string, x []float64) []float64 {
 	return y
 }
 
+// rope rotates the first spec.RopeDim() dimensions of each head as
+// transformers' apply_rotary_pos_emb does (Phi3's splits q and k at
+// rotary_ndims and rotates the first part); the rest pass through.
 func (r *refModel) rope(x []float64, heads, pos int, inv []float64) {
-	D := r.headDim()
+	HD, D := r.headDim(), r.spec.RopeDim()
 	for h := range heads {
-		v := x[h*D : (h+1)*D]
+		v := x[h*HD : h*HD+D]
 		rot := make([]float64, D) // rotate_half: cat(-x2, x1)
 		for i := range D / 2 {
 			rot[i] = -v[i+D/2]
@@ -601,7 +604,7 @@ func (r *refModel) useLongRope(long bool) {
 	if long {
 		f = lf
 	}
-	D := r.headDim()
+	D := r.spec.RopeDim()
 	for i := range r.inv {
 		r.inv[i] = 1 / (f[i] * math.Pow(r.spec.RopeTheta, float64(2*i)/float64(D)))
 	}

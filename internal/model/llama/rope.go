@@ -15,9 +15,18 @@ import "math"
 // instead; converting them permutes the rows of wq and wk (see package
 // llama2c), after which both give the same function.
 
-// ropeInvFreq returns the inverse frequencies invFreq[i], i < headDim/2, of
-// cfg: base^(−2i/headDim) (transformers' _compute_default_rope_parameters)
-// adjusted by rope_scaling.
+// ropeDims returns the dimensions of each head that RoPE rotates: RopeDim,
+// or all of HeadDim.
+func (c *Config) ropeDims() int {
+	if c.RopeDim > 0 {
+		return c.RopeDim
+	}
+	return c.HeadDim
+}
+
+// ropeInvFreq returns the inverse frequencies invFreq[i], i < d/2, of cfg
+// (d the rotated dimensions, cfg.ropeDims()): base^(−2i/d) (transformers'
+// _compute_default_rope_parameters) adjusted by rope_scaling.
 //
 // "linear" divides every frequency by factor (the same as dividing the
 // positions: Chen et al., "Extending Context Window of Large Language Models
@@ -30,10 +39,10 @@ import "math"
 // f' = (1−s)·f/factor + s·f. RopeFactors (a GGUF file's rope_freqs tensor,
 // llama.cpp's form of the llama3 scaling) divide the frequencies.
 func ropeInvFreq(cfg *Config) []float64 {
-	half := cfg.HeadDim / 2
-	inv := make([]float64, half)
+	rd := cfg.ropeDims()
+	inv := make([]float64, rd/2)
 	for i := range inv {
-		inv[i] = 1 / math.Pow(cfg.RopeTheta, float64(2*i)/float64(cfg.HeadDim))
+		inv[i] = 1 / math.Pow(cfg.RopeTheta, float64(2*i)/float64(rd))
 		if cfg.RopeFactors != nil {
 			inv[i] /= cfg.RopeFactors[i]
 		}
@@ -79,14 +88,15 @@ func ropeTable(cos, sin []float32, pos []int32, invFreq []float64) {
 	}
 }
 
-// ropeTableGGML fills cos and sin ([len(pos), headDim/2]) as ggml's
-// rope_cache_init does (ggml-cpu ops.cpp) for llama.cpp's models: with
-// s = powf(base, −2/headDim), the angle of pair i at position p is
+// ropeTableGGML fills cos and sin ([len(pos), d/2], d = cfg.ropeDims()) as
+// ggml's rope_cache_init does (ggml-cpu ops.cpp) for llama.cpp's models:
+// with s = powf(base, −2/d) (d is ggml's n_dims), the angle of pair i at position p is
 // θ_i / factor_i with θ_0 = p and θ_{i+1} = θ_i·s in float32 arithmetic,
 // times 1/linear factor, and cosf and sinf of it (correctly rounded).
 func ropeTableGGML(cos, sin []float32, pos []int32, cfg *Config) {
-	half := cfg.HeadDim / 2
-	scale := float32(math.Pow(float64(float32(cfg.RopeTheta)), float64(float32(-2)/float32(cfg.HeadDim))))
+	rd := cfg.ropeDims()
+	half := rd / 2
+	scale := float32(math.Pow(float64(float32(cfg.RopeTheta)), float64(float32(-2)/float32(rd))))
 	freqScale := float32(1)
 	if s := cfg.RopeScaling; s != nil && s.Type == "linear" {
 		freqScale = float32(1 / s.Factor)
@@ -106,13 +116,15 @@ func ropeTableGGML(cos, sin []float32, pos []int32, cfg *Config) {
 	}
 }
 
-// applyRope rotates every head of x ([T, heads, headDim], row-major) in
-// place by the angles of its token: cos and sin are [T, headDim/2] (see
-// ropeTable). With interleaved, pair i is (x[2i], x[2i+1]) — Meta's layout,
+// applyRope rotates the first rotDim dimensions of every head of x ([T,
+// heads, headDim], row-major) in place by the angles of its token: cos and
+// sin are [T, rotDim/2] (see ropeTable). Pair i < rotDim/2 is (x[i],
+// x[i+rotDim/2]), or with interleaved (x[2i], x[2i+1]) — Meta's layout,
 // and llama.cpp's for its llama architecture (rope_norm in ggml-cpu's
-// ops.cpp) — instead of (x[i], x[i+headDim/2]).
-func applyRope(x []float32, T, heads, headDim int, cos, sin []float32, interleaved bool) {
-	half := headDim / 2
+// ops.cpp). Dimensions from rotDim on are left as they are (partial
+// rotary embeddings; ggml's n_dims < ne0).
+func applyRope(x []float32, T, heads, headDim, rotDim int, cos, sin []float32, interleaved bool) {
+	half := rotDim / 2
 	if interleaved {
 		for t := range T {
 			c := cos[t*half : (t+1)*half]
@@ -135,7 +147,7 @@ func applyRope(x []float32, T, heads, headDim int, cos, sin []float32, interleav
 		row := x[t*heads*headDim : (t+1)*heads*headDim]
 		for h := range heads {
 			lo := row[h*headDim : h*headDim+half]
-			hi := row[h*headDim+half : (h+1)*headDim]
+			hi := row[h*headDim+half : h*headDim+rotDim]
 			for i := range half {
 				a, b := lo[i], hi[i]
 				lo[i] = a*c[i] - b*s[i]

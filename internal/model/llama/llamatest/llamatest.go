@@ -159,6 +159,10 @@ type Spec struct {
 	// ("longrope", LongRopeFactors) with original_max_position_embeddings
 	// LongRopeOrig.
 	LongRopeOrig int
+	// PartialRotary, if > 0 (Phi3), is partial_rotary_factor: RoPE
+	// rotates the first RopeDim() dimensions of each head (Phi-4-mini's
+	// 0.75).
+	PartialRotary float64
 	// Scale is the half-width of the uniform distribution of matrix and
 	// embedding weights; 0 means 0.02·√3 (standard deviation 0.02, the
 	// transformers initializer_range).
@@ -342,15 +346,27 @@ func (s Spec) Config() map[string]any {
 		c["rope_scaling"] = map[string]any{"type": "longrope", "long_factor": long, "short_factor": short}
 		c["original_max_position_embeddings"] = s.LongRopeOrig
 	}
+	if s.PartialRotary > 0 {
+		c["partial_rotary_factor"] = s.PartialRotary
+	}
 	return c
 }
 
+// RopeDim is the number of each head's first dimensions RoPE rotates:
+// transformers' int(head_dim · partial_rotary_factor), or all.
+func (s Spec) RopeDim() int {
+	if s.PartialRotary > 0 {
+		return int(float64(s.headDim()) * s.PartialRotary)
+	}
+	return s.headDim()
+}
+
 // LongRopeFactors are the long and short LongRoPE factors the spec writes
-// (head_dim/2 each), rising smoothly as Phi-3-mini-128k's do: from 1 to 8
+// (RopeDim()/2 each), rising smoothly as Phi-3-mini-128k's do: from 1 to 8
 // (long) and from 1 to 1.5 (short) across the pairs, the low frequencies
 // divided most.
 func (s Spec) LongRopeFactors() (long, short []float64) {
-	n := s.headDim() / 2
+	n := s.RopeDim() / 2
 	for i := range n {
 		x := float64(i) / float64(max(1, n-1))
 		long = append(long, 1+7*x*x)

@@ -92,7 +92,9 @@ func ropeTable(cos, sin []float32, pos []int32, invFreq []float64) {
 // ggml's rope_cache_init does (ggml-cpu ops.cpp) for llama.cpp's models:
 // with s = powf(base, −2/d) (d is ggml's n_dims), the angle of pair i at position p is
 // θ_i / factor_i with θ_0 = p and θ_{i+1} = θ_i·s in float32 arithmetic,
-// times 1/linear factor, and cosf and sinf of it (correctly rounded).
+// times 1/linear factor, and its cosine and sine computed in float64 and
+// rounded to float32 (ggml calls glibc's cosf and sinf, which are not
+// correctly rounded: about 1% of a table's values differ in the last bit).
 func ropeTableGGML(cos, sin []float32, pos []int32, cfg *Config) {
 	rd := cfg.ropeDims()
 	half := rd / 2

@@ -141,7 +141,8 @@ func TestParseRejects(t *testing.T) {
 		{"alignment value", header(0, 1).str("general.alignment").u32(typeUint32).u32(48).Bytes(), "general.alignment 48"},
 		{"no dims", withData(tensor("t", nil, 0, 0), 64), `tensor 0 ("t"): 0 dimensions`},
 		{"five dims", withData(tensor("t", []uint64{1, 1, 1, 1, 1}, 0, 0), 64), "5 dimensions"},
-		{"zero dim", withData(tensor("t", []uint64{4, 0}, 0, 0), 64), "a zero dimension"},
+		{"zero dim", withData(tensor("t", []uint64{4, 0}, 0, 0), 64), "dimension 1 of 2 is zero"},
+		{"zero first dim", withData(tensor("t", []uint64{0, 4}, 0, 0), 64), "dimension 0 of 2 is zero"},
 		{"overflow", withData(tensor("t", []uint64{1 << 32, 1 << 32}, 0, 0), 64), "too many elements"},
 		{"unknown type", withData(tensor("t", []uint64{4}, 5, 0), 64), "unknown ggml type 5"},
 		{"partial block", withData(tensor("t", []uint64{48, 2}, uint32(Q8_0), 0), 256), "Q8_0 needs rows of a multiple of 32 elements, got 48"},
@@ -167,7 +168,17 @@ func TestParseRejects(t *testing.T) {
 		name string
 		data []byte
 		want string
-	}{"overlap", withData(ov, 128), `tensors "a" and "b" overlap`})
+	}{"overlap", withData(ov, 128), `tensor "b" has offset 32 in the data section, expected 64`})
+	// A gap: a's type says 8 bytes where the file gives it 32 (a type
+	// changed in place to a smaller one).
+	gap := header(2, 0)
+	gap.str("a").u32(1).u64(2).u32(0).u64(0)
+	gap.str("b").u32(1).u64(8).u32(0).u64(64)
+	cases = append(cases, struct {
+		name string
+		data []byte
+		want string
+	}{"gap", withData(gap, 128), `tensor "b" has offset 64 in the data section, expected 32`})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f, err := Parse(c.data)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"sort"
 )
 
 // Limits of what Parse accepts, beyond the bytes of the file: ggml's
@@ -361,8 +360,8 @@ func readSlice[T any](r *reader, n uint64, et uint32) ([]T, error) {
 // (up to MaxAlignment); a tensor with no or more than MaxDims dimensions, a
 // zero dimension, too many elements, an unknown type, an innermost
 // dimension that is not a multiple of its type's block size, a misaligned
-// offset, data past the end of the file or overlapping another tensor's,
-// and a duplicate name.
+// offset, data past the end of the file or not where the tensor before it
+// ends (llama.cpp's rule), and a duplicate name.
 func Parse(b []byte) (*File, error) {
 	r := &reader{b: b}
 	if len(b) < 24 {
@@ -446,6 +445,7 @@ func Parse(b []byte) (*File, error) {
 		return nil, fmt.Errorf("gguf: truncated: the data section would start at byte %d of %d", f.DataOffset, len(b))
 	}
 	data := uint64(len(b)) - min(f.DataOffset, uint64(len(b)))
+	var next uint64 // where the next tensor's data must start
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		size := t.Type.RowBytes(t.Elements())
@@ -454,11 +454,20 @@ func Parse(b []byte) (*File, error) {
 			return nil, fmt.Errorf("gguf: tensor %q: data [%d, %d) of the data section lies past its end (%d bytes): truncated file?",
 				t.Name, rel, rel+size, data)
 		}
+		// As llama.cpp's gguf_init_from_file_impl: the tensors' data
+		// follow each other in the order of their descriptions, each
+		// padded to the alignment — so a type or shape changed in a
+		// description (its size with it) cannot go unnoticed.
+		if rel != next {
+			prev := "the data section's start"
+			if i > 0 {
+				prev = fmt.Sprintf("the end of %q before it, aligned", f.Tensors[i-1].Name)
+			}
+			return nil, fmt.Errorf("gguf: tensor %q has offset %d in the data section, expected %d (%s): the type or shape of one of them does not match the data", t.Name, rel, next, prev)
+		}
+		next = align(rel+size, f.Alignment)
 		t.Offset = f.DataOffset + rel
 		t.Data = b[t.Offset : t.Offset+size : t.Offset+size]
-	}
-	if err := checkOverlap(f.Tensors); err != nil {
-		return nil, err
 	}
 	return f, nil
 }
@@ -500,7 +509,7 @@ func (r *reader) tensorInfo(alignment uint64) (TensorInfo, error) {
 			return ti, fmt.Errorf("dimensions: %w", err)
 		}
 		if d == 0 {
-			return ti, fmt.Errorf("a zero dimension in %v", append(ti.Dims, d))
+			return ti, fmt.Errorf("dimension %d of %d is zero", len(ti.Dims), nd)
 		}
 		hi, lo := bits.Mul64(elems, d)
 		if hi != 0 || lo > math.MaxInt64/8 {
@@ -527,20 +536,4 @@ func (r *reader) tensorInfo(alignment uint64) (TensorInfo, error) {
 		return ti, fmt.Errorf("offset %d is not a multiple of the alignment %d", ti.Offset, alignment)
 	}
 	return ti, nil
-}
-
-// checkOverlap returns an error if two tensors' data overlap.
-func checkOverlap(ts []TensorInfo) error {
-	idx := make([]int, len(ts))
-	for i := range idx {
-		idx[i] = i
-	}
-	sort.Slice(idx, func(a, b int) bool { return ts[idx[a]].Offset < ts[idx[b]].Offset })
-	for k := 1; k < len(idx); k++ {
-		p, q := &ts[idx[k-1]], &ts[idx[k]]
-		if p.Offset+uint64(len(p.Data)) > q.Offset {
-			return fmt.Errorf("gguf: tensors %q and %q overlap", p.Name, q.Name)
-		}
-	}
-	return nil
 }

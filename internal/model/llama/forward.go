@@ -531,8 +531,8 @@ func (j *tokJob) run(_, lo, hi int) {
 		for t := lo; t < hi; t++ {
 			s := &j.seqs[b.seqOf[t]]
 			p := int(b.pos[t])
-			encodeKV(dt, kvSlot(j.pool, s.Pages, p, j.li, 0), b.k[t*kvDim:(t+1)*kvDim])
-			encodeKV(dt, kvSlot(j.pool, s.Pages, p, j.li, 1), b.v[t*kvDim:(t+1)*kvDim])
+			encodeKV(m.ks, dt, kvSlot(j.pool, s.Pages, p, j.li, 0), b.k[t*kvDim:(t+1)*kvDim])
+			encodeKV(m.ks, dt, kvSlot(j.pool, s.Pages, p, j.li, 1), b.v[t*kvDim:(t+1)*kvDim])
 		}
 	}
 }
@@ -548,8 +548,9 @@ func kvSlot(pool *kvcache.Pool, pages []kvcache.PageID, p, li, kv int) []byte {
 }
 
 // encodeKV writes src into dst bytes in KV dtype dt (rounding to nearest
-// even for F16 and BF16).
-func encodeKV(dt kvcache.DType, dst []byte, src []float32) {
+// even for F16 and BF16). With kernel set ks (nil: pure Go), F16 rounds in
+// the narrowF16 kernel, which gives F32ToF16's bits.
+func encodeKV(ks *kernelSet, dt kvcache.DType, dst []byte, src []float32) {
 	switch dt {
 	case kvcache.F32:
 		copy(unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(dst))), len(src)), src)
@@ -560,8 +561,15 @@ func encodeKV(dt kvcache.DType, dst []byte, src []float32) {
 		}
 	case kvcache.F16:
 		d := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(dst))), len(src))
-		for i, v := range src {
-			d[i] = F32ToF16(v)
+		i := 0
+		if ks != nil {
+			if n := len(src) / ks.narrowWidth * ks.narrowWidth; n > 0 {
+				ks.narrowF16(&narrowArgs{src: unsafe.Pointer(&src[0]), dst: unsafe.Pointer(&d[0]), n: uintptr(n)})
+				i = n
+			}
+		}
+		for ; i < len(src); i++ {
+			d[i] = F32ToF16(src[i])
 		}
 	}
 }

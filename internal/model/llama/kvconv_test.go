@@ -92,7 +92,7 @@ func TestEncodeKV(t *testing.T) {
 	}
 	for _, dt := range []kvcache.DType{kvcache.F32, kvcache.BF16, kvcache.F16} {
 		dst := make([]byte, len(src)*dt.Size())
-		encodeKV(dt, dst, src)
+		encodeKV(nil, dt, dst, src)
 		got := kvRow(dt, unsafe.Pointer(&dst[0]), len(src), make([]float32, len(src)))
 		for i, v := range src {
 			var want float32
@@ -106,6 +106,56 @@ func TestEncodeKV(t *testing.T) {
 			}
 			if math.Float32bits(got[i]) != math.Float32bits(want) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want))) {
 				t.Errorf("%v: %v stored and read back as %v, want %v", dt, v, got[i], want)
+			}
+		}
+	}
+}
+
+// TestEncodeKVKernels checks that every kernel set writes an F16 slot
+// (encodeKV through narrowF16, the rest in Go) with F32ToF16's bits: for
+// every float32 exponent with random mantissas and signs, the ties and
+// near-ties of binary16's normal and subnormal ranges, overflow, ±0, ±Inf,
+// and NaNs with payloads in the bits kept and in those rounded away, at
+// lengths that leave every tail.
+func TestEncodeKVKernels(t *testing.T) {
+	rng := rand.New(rand.NewPCG(32, 32))
+	var src []float32
+	f := math.Float32frombits
+	for e := range uint32(256) {
+		for range 64 {
+			src = append(src, f(rng.Uint32()&0x80000000|e<<23|rng.Uint32()&0x7fffff))
+		}
+	}
+	for e := uint32(127 - 26); e <= 127+16; e++ { // binary16's range and beyond, with ties
+		for _, m := range []uint32{0, 1 << 12, 1<<12 | 1, 1<<12 - 1, 3 << 12, 0x7fffff, 0x7fe000, 0x7ff000} {
+			for _, sg := range []uint32{0, 0x80000000} {
+				src = append(src, f(sg|e<<23|m))
+				src = append(src, f(sg|e<<23|(m|1<<13)&0x7fffff)) // the other parity
+			}
+		}
+	}
+	for _, u := range []uint32{0, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000, 0x7f800001, 0xff800001,
+		0x7fffffff, 0xffffffff, 0x7fa00000, 0x7f802000, 0x7fc02000, 0x477ff000, 0x477fefff, 0x477fe000, 0xc77ff000} {
+		src = append(src, f(u))
+	}
+	want := make([]uint16, len(src))
+	for i, v := range src {
+		want[i] = F32ToF16(v)
+	}
+	for _, ks := range kernelSets(t) {
+		for _, n := range []int{len(src), 1, 7, 8, 9, 15, 16, 17, 31, 33, 192} {
+			s := src[len(src)-n:]
+			dst := make([]byte, 2*n+2)
+			dst[2*n], dst[2*n+1] = 0xa5, 0x5a // a guard past the end
+			encodeKV(ks, kvcache.F16, dst[:2*n], s)
+			if dst[2*n] != 0xa5 || dst[2*n+1] != 0x5a {
+				t.Fatalf("%s, n %d: wrote past the slot", ks.name, n)
+			}
+			got := unsafe.Slice((*uint16)(unsafe.Pointer(&dst[0])), n)
+			for i, w := range want[len(src)-n:] {
+				if got[i] != w {
+					t.Fatalf("%s, n %d: %#08x stored as %#04x, want %#04x (F32ToF16)", ks.name, n, math.Float32bits(s[i]), got[i], w)
+				}
 			}
 		}
 	}

@@ -115,6 +115,14 @@ type siluArgs struct {
 	n    uintptr        // a multiple of kernelSet.siluWidth
 }
 
+// narrowArgs is the argument block of the float32 → binary16 kernel
+// (layout fixed by asmgen): dst[i] = F32ToF16(src[i]) for i < n.
+type narrowArgs struct {
+	src unsafe.Pointer // float32
+	dst unsafe.Pointer // binary16 bit patterns
+	n   uintptr        // a multiple of kernelSet.narrowWidth
+}
+
 // kernelSet is one implementation of the canonical kernels: assembly for an
 // instruction set, called through the methods tile, pv, expSum and silu
 // (generated, simd_amd64_gen.go). A nil *kernelSet means the pure-Go code.
@@ -138,6 +146,8 @@ type kernelSet struct {
 	// multiples of siluWidth elements.
 	expTail   bool
 	siluWidth int
+	// narrowWidth: narrowF16 converts multiples of narrowWidth elements.
+	narrowWidth int
 	// qisa is the instruction set of the integer tile kernels (qtile) for
 	// the 32-element block types, 0 for none (the pure-Go dot products):
 	// isaAVX512 needs VNNI and BW besides; qrows and qvecs are the weight

@@ -17,7 +17,7 @@ func kernelSetFor(limit int) *kernelSet {
 	case limit >= 2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL:
 		ks := &kernelSet{name: "avx512", isa: isaAVX512, rows: 4, vecs: 6,
 			tileDT: [4]bool{F32: true, BF16: true, F16: true}, pvDT: [4]bool{F32: true, BF16: true, F16: true},
-			pvChunks: []int{4, 1}, pvMasked: true, anyN: true, expTail: true, siluWidth: 16}
+			pvChunks: []int{4, 1}, pvMasked: true, anyN: true, expTail: true, siluWidth: 16, narrowWidth: 16}
 		switch {
 		case cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW: // Ice Lake, Sapphire Rapids, Zen 4 and later
 			ks.qisa, ks.qrows, ks.qvecs, ks.kisa, ks.kvecs, ks.kvecsIQ4XS = isaAVX512, 4, 4, isaAVX512, 4, 8
@@ -28,7 +28,7 @@ func kernelSetFor(limit int) *kernelSet {
 	case limit >= 1 && avx2:
 		return &kernelSet{name: "avx2", isa: isaAVX2, rows: 2, vecs: 3,
 			tileDT: [4]bool{F32: true, BF16: true, F16: true}, pvDT: [4]bool{F32: true, BF16: true, F16: true},
-			pvChunks: []int{1}, siluWidth: 8, qisa: isaAVX2, qrows: 2, qvecs: 2,
+			pvChunks: []int{1}, siluWidth: 8, narrowWidth: 8, qisa: isaAVX2, qrows: 2, qvecs: 2,
 			kisa: isaAVX2, kvecs: 2, kvecsIQ4XS: 2}
 	}
 	return nil

@@ -899,6 +899,16 @@ func siluAVX512(a *siluArgs)
 //go:noescape
 func siluAVX2(a *siluArgs)
 
+// narrowF16AVX512: AVX-512: dst = float32 src rounded to binary16 (F32ToF16), n a multiple of 16
+//
+//go:noescape
+func narrowF16AVX512(a *narrowArgs)
+
+// narrowF16AVX2: AVX2 (F16C): dst = float32 src rounded to binary16 (F32ToF16), n a multiple of 8
+//
+//go:noescape
+func narrowF16AVX2(a *narrowArgs)
+
 // Instruction sets of a kernelSet.
 const (
 	isaAVX2   = 1
@@ -1633,5 +1643,15 @@ func (ks *kernelSet) silu(a *siluArgs) {
 		siluAVX512(a)
 	} else {
 		siluAVX2(a)
+	}
+}
+
+// narrowF16 calls the float32 → binary16 kernel: a.n is a multiple of
+// ks.narrowWidth.
+func (ks *kernelSet) narrowF16(a *narrowArgs) {
+	if ks.isa == isaAVX512 {
+		narrowF16AVX512(a)
+	} else {
+		narrowF16AVX2(a)
 	}
 }

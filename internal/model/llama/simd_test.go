@@ -298,7 +298,7 @@ func TestAttentionPaths(t *testing.T) {
 			const n = 70 // positions 0..69 over 5 pages
 			for p := range n {
 				for kv := range 2 {
-					encodeKV(kvdt, kvSlot(pool, pages, p, 0, kv), randVec(rng, kvH*D))
+					encodeKV(nil, kvdt, kvSlot(pool, pages, p, 0, kv), randVec(rng, kvH*D))
 				}
 			}
 			T := 4
@@ -516,6 +516,7 @@ func TestArgLayout(t *testing.T) {
 	var e expArgs
 	var s siluArgs
 	var q qtileArgs
+	var nw narrowArgs
 	for _, c := range []struct {
 		name      string
 		got, want uintptr
@@ -532,6 +533,7 @@ func TestArgLayout(t *testing.T) {
 		{"qtileArgs.x", unsafe.Offsetof(q.x), 32}, {"qtileArgs.nb", unsafe.Offsetof(q.nb), 64},
 		{"qtileArgs.out", unsafe.Offsetof(q.out), 72}, {"qtileArgs.os", unsafe.Offsetof(q.os), 80},
 		{"qtileArgs.pf", unsafe.Offsetof(q.pf), 88},
+		{"narrowArgs.dst", unsafe.Offsetof(nw.dst), 8}, {"narrowArgs.n", unsafe.Offsetof(nw.n), 16},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s at offset %d, the assembly reads %d", c.name, c.got, c.want)
@@ -583,7 +585,7 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		const n = 256
 		for p := range n {
 			for kv := range 2 {
-				encodeKV(dt, kvSlot(pool, pages, p, 0, kv), randVec(rng, kvH*D))
+				encodeKV(nil, dt, kvSlot(pool, pages, p, 0, kv), randVec(rng, kvH*D))
 			}
 		}
 		j := &attnJob{ks: kernelSetFor(2), scr: make([]scratch, 2), pool: pool, seqs: []model.SeqInput{{Pages: pages}},
@@ -601,15 +603,18 @@ func BenchmarkAttentionDecode(b *testing.B) {
 }
 
 // BenchmarkEncodeKV measures writing one token's K or V for SmolLM2's 3
-// KV heads of 64 into a slot of each dtype (ns per 192 values).
+// KV heads of 64 into a slot of each dtype (ns per 192 values), in pure Go
+// and with the widest kernels.
 func BenchmarkEncodeKV(b *testing.B) {
 	src := randVec(rand.New(rand.NewPCG(10, 10)), 192)
-	for _, dt := range []kvcache.DType{kvcache.F32, kvcache.BF16, kvcache.F16} {
-		dst := make([]byte, len(src)*dt.Size())
-		b.Run(dt.String(), func(b *testing.B) {
-			for range b.N {
-				encodeKV(dt, dst, src)
-			}
-		})
+	for _, ks := range []*kernelSet{nil, kernelSetFor(2)} {
+		for _, dt := range []kvcache.DType{kvcache.F32, kvcache.BF16, kvcache.F16} {
+			dst := make([]byte, len(src)*dt.Size())
+			b.Run(kernelName(ks)+"/"+dt.String(), func(b *testing.B) {
+				for range b.N {
+					encodeKV(ks, dt, dst, src)
+				}
+			})
+		}
 	}
 }

@@ -1018,6 +1018,8 @@ func argType(name string) string {
 		return "pvArgs"
 	case strings.HasPrefix(name, "exp"):
 		return "expArgs"
+	case strings.HasPrefix(name, "narrow"):
+		return "narrowArgs"
 	}
 	return "siluArgs"
 }
@@ -1696,6 +1698,65 @@ func (g *gen) silu256() {
 	g.op("RET")
 }
 
+// narrowArgs layout: source and destination pointers, count (a multiple
+// of the vector width; the caller does the rest).
+const (
+	narrowSrc = 0
+	narrowDst = 8
+	narrowN   = 16
+)
+
+// narrowF16 writes narrowF16AVX512 (isa512) or narrowF16AVX2: dst[i] =
+// F32ToF16(src[i]) for n elements, n a multiple of 16 (8 for AVX2), with
+// VCVTPS2PH rounding to nearest even (imm8 0, not MXCSR's mode). VCVTPS2PH
+// rounds, overflows to ±Inf, makes subnormals and keeps signs of zero as
+// F32ToF16 does, but keeps the top 9 bits of a NaN's payload where F32ToF16
+// stores the one quiet NaN 0x7e00 (with the sign): so a NaN lane is first
+// replaced by sign | 0x7fc00000, the float32 quiet NaN with no payload,
+// which converts to sign | 0x7e00.
+func (g *gen) narrowF16(isa512 bool) {
+	name, w, reg := "narrowF16AVX2", 8, "Y"
+	doc := "AVX2 (F16C): dst = float32 src rounded to binary16 (F32ToF16), n a multiple of 8"
+	if isa512 {
+		name, w, reg = "narrowF16AVX512", 16, "Z"
+		doc = "AVX-512: dst = float32 src rounded to binary16 (F32ToF16), n a multiple of 16"
+	}
+	g.text(name, doc)
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), SI", narrowSrc)
+	g.op("MOVQ %d(AX), DI", narrowDst)
+	g.op("MOVQ %d(AX), CX", narrowN)
+	// The sign mask in register 14, the quiet NaN in 15.
+	g.op("MOVL $0x80000000, DX")
+	g.op("MOVQ DX, X14")
+	g.op("VPBROADCASTD X14, %s14", reg)
+	g.op("MOVL $0x7fc00000, DX")
+	g.op("MOVQ DX, X15")
+	g.op("VPBROADCASTD X15, %s15", reg)
+	g.op("TESTQ CX, CX")
+	g.op("JEQ %s_done", name)
+	g.label(name + "_loop")
+	g.op("VMOVUPS (SI), %s0", reg)
+	if isa512 {
+		g.op("VCMPPS $3, Z0, Z0, K1") // unordered: NaN lanes
+		g.op("VPANDD Z14, Z0, K1, Z0")
+		g.op("VPORD Z15, Z0, K1, Z0")
+	} else {
+		g.op("VCMPPS $3, Y0, Y0, Y1") // unordered: NaN lanes
+		g.op("VANDPS Y14, Y0, Y2")
+		g.op("VORPS Y15, Y2, Y2")
+		g.op("VBLENDVPS Y1, Y2, Y0, Y0")
+	}
+	g.op("VCVTPS2PH $0, %s0, (DI)", reg)
+	g.op("ADDQ $%d, SI", 4*w)
+	g.op("ADDQ $%d, DI", 2*w)
+	g.op("SUBQ $%d, CX", w)
+	g.op("JGT %s_loop", name)
+	g.label(name + "_done")
+	g.op("VZEROUPPER")
+	g.op("RET")
+}
+
 func main() {
 	sOut := flag.String("s", "simd_amd64.s", "assembly output")
 	goOut := flag.String("go", "simd_amd64_gen.go", "Go declarations output")
@@ -1766,6 +1827,8 @@ func main() {
 	g.expSum256()
 	g.silu512()
 	g.silu256()
+	g.narrowF16(true)
+	g.narrowF16(false)
 
 	// Dispatch: direct calls (an indirect call would make the argument
 	// block escape to the heap).
@@ -1891,6 +1954,16 @@ func (ks *kernelSet) silu(a *siluArgs) {
 		siluAVX512(a)
 	} else {
 		siluAVX2(a)
+	}
+}
+
+// narrowF16 calls the float32 → binary16 kernel: a.n is a multiple of
+// ks.narrowWidth.
+func (ks *kernelSet) narrowF16(a *narrowArgs) {
+	if ks.isa == isaAVX512 {
+		narrowF16AVX512(a)
+	} else {
+		narrowF16AVX2(a)
 	}
 }
 `)

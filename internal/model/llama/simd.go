@@ -123,6 +123,15 @@ type narrowArgs struct {
 	n   uintptr        // a multiple of kernelSet.narrowWidth
 }
 
+// prefetchArgs is the argument block of the prefetch kernel (layout fixed
+// by asmgen): the lines of rows rows of bytes bytes each.
+type prefetchArgs struct {
+	p     unsafe.Pointer // the first row
+	s     uintptr        // bytes between rows
+	rows  uintptr        // > 0
+	bytes uintptr        // bytes per row, > 0
+}
+
 // kernelSet is one implementation of the canonical kernels: assembly for an
 // instruction set, called through the methods tile, pv, expSum and silu
 // (generated, simd_amd64_gen.go). A nil *kernelSet means the pure-Go code.

@@ -20688,3 +20688,22 @@ narrowF16AVX2_loop:
 narrowF16AVX2_done:
 	VZEROUPPER
 	RET
+
+// func prefetchRowsT1(a *prefetchArgs)
+TEXT ·prefetchRowsT1(SB), NOSPLIT, $0-8
+	MOVQ a+0(FP), AX
+	MOVQ 0(AX), SI
+	MOVQ 8(AX), DX
+	MOVQ 16(AX), CX
+	MOVQ 24(AX), BX
+prefetchRowsT1_row:
+	XORQ R8, R8
+prefetchRowsT1_line:
+	PREFETCHT1 (SI)(R8*1)
+	ADDQ $64, R8
+	CMPQ R8, BX
+	JLT prefetchRowsT1_line
+	ADDQ DX, SI
+	DECQ CX
+	JNZ prefetchRowsT1_row
+	RET

@@ -909,6 +909,11 @@ func narrowF16AVX512(a *narrowArgs)
 //go:noescape
 func narrowF16AVX2(a *narrowArgs)
 
+// prefetchRowsT1: PREFETCHT1 of rows (KV rows of attention's next task)
+//
+//go:noescape
+func prefetchRowsT1(a *prefetchArgs)
+
 // Instruction sets of a kernelSet.
 const (
 	isaAVX2   = 1
@@ -1655,3 +1660,7 @@ func (ks *kernelSet) narrowF16(a *narrowArgs) {
 		narrowF16AVX2(a)
 	}
 }
+
+// prefetchRows prefetches rows into L2 (prefetchRowsT1, for either
+// instruction set).
+func (ks *kernelSet) prefetchRows(a *prefetchArgs) { prefetchRowsT1(a) }

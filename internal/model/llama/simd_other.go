@@ -13,5 +13,6 @@ func (ks *kernelSet) pv(DType, int, int, *pvArgs) { panic("llama: no assembly ke
 func (ks *kernelSet) expSum(*expArgs)             { panic("llama: no assembly kernels") }
 func (ks *kernelSet) silu(*siluArgs)              { panic("llama: no assembly kernels") }
 func (ks *kernelSet) narrowF16(*narrowArgs)       { panic("llama: no assembly kernels") }
+func (ks *kernelSet) prefetchRows(*prefetchArgs)  { panic("llama: no assembly kernels") }
 func (ks *kernelSet) qtile(int, int, *qtileArgs)  { panic("llama: no assembly kernels") }
 func (ks *kernelSet) ktile(int, int, *ktileArgs)  { panic("llama: no assembly kernels") }

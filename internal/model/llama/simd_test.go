@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/pdserve/pdserve/internal/kvcache"
@@ -517,6 +518,7 @@ func TestArgLayout(t *testing.T) {
 	var s siluArgs
 	var q qtileArgs
 	var nw narrowArgs
+	var pa prefetchArgs
 	for _, c := range []struct {
 		name      string
 		got, want uintptr
@@ -534,6 +536,8 @@ func TestArgLayout(t *testing.T) {
 		{"qtileArgs.out", unsafe.Offsetof(q.out), 72}, {"qtileArgs.os", unsafe.Offsetof(q.os), 80},
 		{"qtileArgs.pf", unsafe.Offsetof(q.pf), 88},
 		{"narrowArgs.dst", unsafe.Offsetof(nw.dst), 8}, {"narrowArgs.n", unsafe.Offsetof(nw.n), 16},
+		{"prefetchArgs.s", unsafe.Offsetof(pa.s), 8}, {"prefetchArgs.rows", unsafe.Offsetof(pa.rows), 16},
+		{"prefetchArgs.bytes", unsafe.Offsetof(pa.bytes), 24},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s at offset %d, the assembly reads %d", c.name, c.got, c.want)
@@ -614,6 +618,67 @@ func BenchmarkEncodeKV(b *testing.B) {
 				for range b.N {
 					encodeKV(ks, dt, dst, src)
 				}
+			})
+		}
+	}
+}
+
+// BenchmarkAttentionBatch16 measures one decode step's attention for 16
+// sequences with 160 tokens of context each over SmolLM2's 30 layers (9
+// query and 3 KV heads of 64) with each KV dtype on 1 and 2 workers and the
+// widest kernels: the KV (75 MiB in F32) does not stay in the caches, and
+// between layers a 16 MiB buffer is read as the layers' weights would
+// (untimed). It reports attention wall and CPU µs per step.
+func BenchmarkAttentionBatch16(b *testing.B) {
+	const layers, heads, kvH, D, seqs, n = 30, 9, 3, 64, 16, 160
+	evict := make([]byte, 16<<20)
+	for _, dt := range []kvcache.DType{kvcache.F32, kvcache.BF16, kvcache.F16} {
+		rng := rand.New(rand.NewPCG(11, 11))
+		geo := kvcache.Geometry{Layers: layers, KVHeads: kvH, HeadDim: D, DType: dt}
+		pool, err := kvcache.NewPool(geo, 16, int64(seqs*(n+16)*geo.BytesPerToken()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		in := make([]model.SeqInput, seqs)
+		pos, seqOf := make([]int32, seqs), make([]int32, seqs)
+		for i := range in {
+			pages, ok := pool.Alloc(pool.PagesFor(n))
+			if !ok {
+				b.Fatal("pool exhausted")
+			}
+			in[i] = model.SeqInput{Pages: pages}
+			for li := range layers {
+				for p := range n {
+					for kv := range 2 {
+						encodeKV(nil, dt, kvSlot(pool, pages, p, li, kv), randVec(rng, kvH*D))
+					}
+				}
+			}
+			pos[i], seqOf[i] = n-1, int32(i)
+		}
+		j := &attnJob{ks: kernelSetFor(2), scr: make([]scratch, 2), pool: pool, seqs: in,
+			q: randVec(rng, seqs*heads*D), att: make([]float32, seqs*heads*D), pos: pos, seqOf: seqOf, heads: heads, kvH: kvH, d: D, scale: float32(1 / math.Sqrt(float64(D)))}
+		for _, th := range []int{1, 2} {
+			b.Run(dt.String()+"/threads"+itoaT(th), func(b *testing.B) {
+				tm := startTeam(th)
+				defer tm.stop()
+				var d, cpu time.Duration
+				var sink byte
+				for range b.N {
+					for li := range layers {
+						for i := 0; i < len(evict); i += 64 {
+							sink += evict[i]
+						}
+						j.li = li
+						start, cpu0 := time.Now(), processCPU()
+						tm.parallelFor(j.tasks(seqs), 1, j)
+						d += time.Since(start)
+						cpu += processCPU() - cpu0
+					}
+				}
+				evict[0] = sink
+				b.ReportMetric(float64(d.Microseconds())/float64(b.N), "µs/step")
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/step")
 			})
 		}
 	}

@@ -1020,6 +1020,8 @@ func argType(name string) string {
 		return "expArgs"
 	case strings.HasPrefix(name, "narrow"):
 		return "narrowArgs"
+	case strings.HasPrefix(name, "prefetch"):
+		return "prefetchArgs"
 	}
 	return "siluArgs"
 }
@@ -1757,6 +1759,40 @@ func (g *gen) narrowF16(isa512 bool) {
 	g.op("RET")
 }
 
+// prefetchArgs layout: first row, bytes between rows, rows (> 0), bytes
+// per row (> 0).
+const (
+	pfP     = 0
+	pfS     = 8
+	pfRows  = 16
+	pfBytes = 24
+)
+
+// prefetchRows writes prefetchRowsT1 (plain amd64, for either kernel
+// set): a PREFETCHT1 of every 64-byte line at offsets 0, 64, … below bytes
+// from the start of each of rows rows (rows at p, p+s, …; aligned rows
+// take exactly their lines). A prefetch never faults.
+func (g *gen) prefetchRows() {
+	const name, op = "prefetchRowsT1", "PREFETCHT1"
+	g.text(name, "PREFETCHT1 of rows (KV rows of attention's next task)")
+	g.op("MOVQ a+0(FP), AX")
+	g.op("MOVQ %d(AX), SI", pfP)
+	g.op("MOVQ %d(AX), DX", pfS)
+	g.op("MOVQ %d(AX), CX", pfRows)
+	g.op("MOVQ %d(AX), BX", pfBytes)
+	g.label(name + "_row")
+	g.op("XORQ R8, R8")
+	g.label(name + "_line")
+	g.op("%s (SI)(R8*1)", op)
+	g.op("ADDQ $64, R8")
+	g.op("CMPQ R8, BX")
+	g.op("JLT %s_line", name)
+	g.op("ADDQ DX, SI")
+	g.op("DECQ CX")
+	g.op("JNZ %s_row", name)
+	g.op("RET")
+}
+
 func main() {
 	sOut := flag.String("s", "simd_amd64.s", "assembly output")
 	goOut := flag.String("go", "simd_amd64_gen.go", "Go declarations output")
@@ -1829,6 +1865,7 @@ func main() {
 	g.silu256()
 	g.narrowF16(true)
 	g.narrowF16(false)
+	g.prefetchRows()
 
 	// Dispatch: direct calls (an indirect call would make the argument
 	// block escape to the heap).
@@ -1966,6 +2003,10 @@ func (ks *kernelSet) narrowF16(a *narrowArgs) {
 		narrowF16AVX2(a)
 	}
 }
+
+// prefetchRows prefetches rows into L2 (prefetchRowsT1, for either
+// instruction set).
+func (ks *kernelSet) prefetchRows(a *prefetchArgs) { prefetchRowsT1(a) }
 `)
 	g.decl.WriteString(t.String())
 

@@ -133,8 +133,9 @@ type prefetchArgs struct {
 }
 
 // kernelSet is one implementation of the canonical kernels: assembly for an
-// instruction set, called through the methods tile, pv, expSum and silu
-// (generated, simd_amd64_gen.go). A nil *kernelSet means the pure-Go code.
+// instruction set, called through the methods tile, pv, expSum, silu,
+// narrowF16 and prefetchRows (generated, simd_amd64_gen.go). A nil
+// *kernelSet means the pure-Go code.
 type kernelSet struct {
 	name string
 	isa  int // isaAVX2 or isaAVX512

@@ -88,7 +88,7 @@ func BenchmarkPDRequestSpans(b *testing.B) {
 		leg("pdserve-decode-0", hd, 4, att.SpanContext())
 		SetAttributes(att, attribute.String("pdserve.outcome", "ok"))
 		att.End()
-		req.AddEvent("first token")
+		AddEventAt(req, "first token", time.Now())
 		SetAttributes(req, attribute.Float64("gen_ai.latency.time_to_first_token", 0.01), attribute.String("pdserve.outcome", "ok"))
 		req.SetStatus(codes.Unset, "")
 		req.End()

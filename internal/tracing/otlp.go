@@ -90,15 +90,25 @@ type encGroup struct {
 }
 
 // add writes s, and its stages as its child spans when it has them.
-func (e *encoded) add(s encodable) {
+func (e *encoded) add(s encodable) { e.addEncoded(s, appendSpanStages(nil, s)) }
+
+// addEncoded adds s as enc, its encoding by appendSpanStages.
+func (e *encoded) addEncoded(s encodable, enc []byte) {
 	g := e.group(s)
-	g.b = appendSpan(g.b, s)
+	g.b = append(g.b, enc...)
+	e.spans++
+}
+
+// appendSpanStages appends s as a ScopeSpans.spans field, and its stages
+// as more, its children, when it has them.
+func appendSpanStages(b []byte, s encodable) []byte {
+	b = appendSpan(b, s)
 	if ws, ok := s.(staged); ok {
 		for _, st := range ws.stageList() {
-			g.b = appendStage(g.b, s, st)
+			b = appendStage(b, s, st)
 		}
 	}
-	e.spans++
+	return b
 }
 
 // group is s's group, made if it has none: after the last one of its

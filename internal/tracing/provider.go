@@ -49,6 +49,9 @@ type provider struct {
 	slow  time.Duration
 	tail  *tailSampler // nil at ratio 1
 	q     *queue
+	// data is the spanData of the provider's spans, reused once a span
+	// was written (span.release).
+	data sync.Pool
 
 	mu      sync.Mutex
 	tracers map[instrumentation.Scope]*tracer
@@ -70,13 +73,14 @@ func (p *provider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer 
 }
 
 // ended takes span s once it ended: to the tail sampler below ratio 1,
-// else to the exporter's queue.
+// else to the exporter's queue, and then its spanData back to the pool.
 func (p *provider) ended(s *span) {
 	if p.tail != nil {
 		p.tail.onEnd(s)
 		return
 	}
 	p.q.add(s)
+	s.release()
 }
 
 // tracer is a provider's tracer of one instrumentation scope.
@@ -131,25 +135,35 @@ func (t *tracer) start(parent trace.SpanContext, name string, kind trace.SpanKin
 	if !sampled {
 		return &quietSpan{sc: sc, p: t.p}
 	}
-	s := &span{t: t, sc: sc, parent: parent, name: name, kind: kind, start: start}
-	s.attrs = s.attrBuf[:0]
-	if s.start.IsZero() {
-		s.start = time.Now()
+	d := t.p.spanData()
+	d.parent, d.name, d.kind, d.start = parent, name, kind, start
+	if d.start.IsZero() {
+		d.start = time.Now()
 	}
-	return s
+	return &span{t: t, sc: sc, spanData: d}
 }
 
-// span is a recorded span of a provider. Its fields change only under mu
-// until End; then the exporter reads them (the queue's lock orders the
-// two) and every setter is a no-op.
+// span is a recorded span of a provider: what its callers hold (its
+// context, whether it ended), and its spanData, what it records. Its
+// fields change only under mu until End; then the exporter reads them (the
+// queue's lock orders the two) and every setter is a no-op. Once written
+// into the exporter's batch (or dropped) its spanData goes back to the
+// provider's pool for another span (spanData nil): a span that ended costs
+// its holders 112 bytes, and the ~1 KB it recorded into is reused warm
+// instead of being allocated per span and collected.
 type span struct {
 	embedded.Span
-	t      *tracer
-	sc     trace.SpanContext
-	parent trace.SpanContext
+	t  *tracer
+	sc trace.SpanContext
 
-	mu     sync.Mutex
-	ended  bool
+	mu    sync.Mutex
+	ended bool
+	*spanData
+}
+
+// spanData is what a span records, reused across spans (provider.data).
+type spanData struct {
+	parent trace.SpanContext
 	keep   bool // AttrKeep's value (the tail sampler keeps the trace)
 	kind   trace.SpanKind
 	name   string
@@ -162,22 +176,56 @@ type span struct {
 	attrs        []byte
 	nattrs       int32
 	droppedAttrs int32
-	rare         *spanRare // nil until an event or link
-	stages       []Stage
-	// attrBuf holds attrs, allocated with the span: the router's and
-	// workers' spans have about ten attributes of 20 to 50 bytes. (Kept
-	// as KeyValues, a dozen of them made every span 1,280 bytes; it is 768
-	// now.)
-	attrBuf [attrInline]byte
+	// keys has bit keyBit(k) set for every key k in attrs: a key whose bit
+	// is clear is new, without a look through attrs.
+	keys   uint64
+	events []sdktrace.Event
+	rare   *spanRare // nil until a link, or an event or link dropped
+	stages []Stage
+	// enc is the span written as OTLP (Span fields, stages included) as
+	// the queue takes it, outside the queue's lock; kept for the next span.
+	enc []byte
+	// attrBuf holds attrs, eventBuf events: the router's and workers'
+	// spans have about ten attributes of 20 to 50 bytes, and the router's
+	// request span one event (the first token).
+	attrBuf  [attrInline]byte
+	eventBuf [1]sdktrace.Event
 }
 
-// attrInline is the bytes of encoded attributes a span holds inline: what
-// makes the span a 768-byte object (a size class of the Go allocator).
-const attrInline = 440
+// attrInline is the bytes of encoded attributes a span holds inline.
+const attrInline = 512
 
-// spanRare is what few spans have: events and links.
+// maxKeptEnc bounds the capacity of spanData.enc kept for the next span.
+const maxKeptEnc = 16 << 10
+
+// spanData is an empty spanData: one from the pool, else a new one.
+func (p *provider) spanData() *spanData {
+	if d, _ := p.data.Get().(*spanData); d != nil {
+		return d
+	}
+	d := &spanData{}
+	d.attrs, d.events = d.attrBuf[:0], d.eventBuf[:0]
+	return d
+}
+
+// reset empties d for another span, keeping its inline buffers (their
+// bytes are not cleared: attrs and events say how much of them is used)
+// and its encoding buffer (unless it grew past maxKeptEnc).
+func (d *spanData) reset() {
+	enc := d.enc[:0]
+	if cap(enc) > maxKeptEnc {
+		enc = nil
+	}
+	d.eventBuf[0] = sdktrace.Event{} // no name or attribute kept alive
+	d.parent, d.keep, d.kind, d.name, d.status = trace.SpanContext{}, false, 0, "", sdktrace.Status{}
+	d.start, d.end = time.Time{}, time.Time{}
+	d.attrs, d.nattrs, d.droppedAttrs, d.keys = d.attrBuf[:0], 0, 0, 0
+	d.events, d.rare, d.stages, d.enc = d.eventBuf[:0], nil, nil, enc
+}
+
+// spanRare is what few spans have: links, and the counts of the events
+// and links dropped past their limits.
 type spanRare struct {
-	events        []sdktrace.Event
 	links         []sdktrace.Link
 	droppedEvents int
 	droppedLinks  int
@@ -199,6 +247,30 @@ func (s *span) rareOf() *spanRare {
 	return s.rare
 }
 
+// release hands s's spanData back to its provider's pool, once s was
+// written into a batch or dropped. No lock: s ended, and nothing reads its
+// spanData after (the setters see, under mu, that s ended and return
+// before they touch it; the queue and the tail sampler are done with it).
+func (s *span) release() {
+	d := s.spanData
+	s.spanData = nil
+	if d != nil {
+		d.reset()
+		s.t.p.data.Put(d)
+	}
+}
+
+// keyBit is the bit of key k in spanData.keys: a hash of its length and
+// three of its bytes, which tell the keys a span has apart.
+func keyBit(k string) uint64 {
+	n := len(k)
+	x := uint64(n)
+	if n > 0 {
+		x |= uint64(k[n-1])<<8 | uint64(k[n/2])<<16 | uint64(k[n/3])<<24
+	}
+	return 1 << ((x * 0x9E3779B97F4A7C15) >> 58)
+}
+
 // addAttributes adds kvs, the invalid ones (an empty key) dropped: each
 // is written as OTLP at once; a key set again takes the new value where
 // it was first set; a new key past maxSpanAttributes is dropped and
@@ -211,7 +283,12 @@ func (s *span) addAttributes(kvs []attribute.KeyValue) {
 		}
 		n := len(s.attrs)
 		s.attrs = appendKeyValue(s.attrs, fSpanAttributes, kv)
-		if at, size := findAttr(s.attrs[:n], string(kv.Key)); at >= 0 {
+		bit := keyBit(string(kv.Key))
+		at, size := -1, 0
+		if s.keys&bit != 0 {
+			at, size = findAttr(s.attrs[:n], string(kv.Key))
+		}
+		if at >= 0 {
 			// Set before: the new field takes the old one's place.
 			var tmp [256]byte
 			field := append(tmp[:0], s.attrs[n:]...)
@@ -222,6 +299,7 @@ func (s *span) addAttributes(kvs []attribute.KeyValue) {
 			continue
 		} else {
 			s.nattrs++
+			s.keys |= bit
 		}
 		if kv.Key == AttrKeep {
 			s.keep = kv.Value.AsBool()
@@ -298,12 +376,7 @@ func (s *span) endAt(end time.Time, stages []Stage) {
 		s.stages = stages
 	}
 	s.mu.Unlock()
-	s.t.p.ended(s)
-	if !tail && len(stages) > 0 {
-		s.mu.Lock()
-		s.stages = nil // the caller's, written: it may reuse them
-		s.mu.Unlock()
-	}
+	s.t.p.ended(s) // at ratio 1 written and released: stages no longer held
 }
 
 // endWithStages ends s at end with stages as its children.
@@ -319,16 +392,35 @@ func (s *span) AddEvent(name string, opts ...trace.EventOption) {
 }
 
 func (s *span) addEvent(name string, c trace.EventConfig) {
-	r := s.rareOf()
-	if len(r.events) >= maxSpanEvents {
-		r.droppedEvents++
+	s.addEventAt(name, c.Timestamp(), c.Attributes())
+}
+
+// addEventAt adds the event name at at (zero: now) with attrs. Caller
+// holds mu.
+func (s *span) addEventAt(name string, at time.Time, attrs []attribute.KeyValue) {
+	if len(s.events) >= maxSpanEvents {
+		s.rareOf().droppedEvents++
 		return
 	}
-	at := c.Timestamp()
 	if at.IsZero() {
 		at = time.Now()
 	}
-	r.events = append(r.events, sdktrace.Event{Name: name, Attributes: c.Attributes(), Time: at})
+	s.events = append(s.events, sdktrace.Event{Name: name, Attributes: attrs, Time: at})
+}
+
+// AddEventAt adds to span sp the event name at time at, as
+// sp.AddEvent(name, trace.WithTimestamp(at)) does, without the option
+// list (an allocation per call) when sp is one of New's.
+func AddEventAt(sp trace.Span, name string, at time.Time) {
+	if s, ok := sp.(*span); ok {
+		s.mu.Lock()
+		if !s.ended {
+			s.addEventAt(name, at, nil)
+		}
+		s.mu.Unlock()
+		return
+	}
+	sp.AddEvent(name, trace.WithTimestamp(at))
 }
 
 // AddLink implements trace.Span.
@@ -438,7 +530,7 @@ func (s *span) StartTime() time.Time                        { return s.start }
 func (s *span) EndTime() time.Time                          { return s.end }
 func (s *span) DroppedAttributes() int                      { return int(s.droppedAttrs) }
 func (s *span) encodedAttributes() []byte                   { return s.attrs }
-func (s *span) Events() []sdktrace.Event                    { return s.rareFields().events }
+func (s *span) Events() []sdktrace.Event                    { return s.events }
 func (s *span) DroppedEvents() int                          { return s.rareFields().droppedEvents }
 func (s *span) Links() []sdktrace.Link                      { return s.rareFields().links }
 func (s *span) DroppedLinks() int                           { return s.rareFields().droppedLinks }
@@ -555,8 +647,19 @@ func (q *queue) queued() int {
 	return n
 }
 
-// add writes s into the batch being filled.
+// add writes s into the batch being filled: encoded first, outside the
+// lock (into the span's own buffer when it is one of New's), so that the
+// queue's lock is held only for the copy.
 func (q *queue) add(s encodable) {
+	var enc []byte
+	own, _ := s.(*span)
+	if own != nil {
+		enc = own.enc[:0]
+	}
+	enc = appendSpanStages(enc, s)
+	if own != nil {
+		own.enc = enc
+	}
 	q.mu.Lock()
 	if q.closed || q.queued() >= q.cfg.max {
 		q.dropped++
@@ -570,7 +673,7 @@ func (q *queue) add(s encodable) {
 			q.cur = &encoded{}
 		}
 	}
-	q.cur.add(s)
+	q.cur.addEncoded(s, enc)
 	full := q.cur.spans >= q.cfg.batch || q.cur.size() >= maxBatchBytes
 	if full {
 		q.full = append(q.full, q.cur)

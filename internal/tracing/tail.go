@@ -118,10 +118,16 @@ func (t *tailSampler) onEnd(s *span) {
 	}
 	t.mu.Unlock()
 	if !keep {
+		for _, h := range held {
+			h.release()
+		}
+		s.release()
 		return
 	}
 	for _, h := range held {
 		t.q.add(h)
+		h.release()
 	}
 	t.q.add(s)
+	s.release()
 }

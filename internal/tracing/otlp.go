@@ -556,12 +556,68 @@ func otlpKind(k trace.SpanKind) trace.SpanKind {
 
 // appendKeyValue appends kv as KeyValue field num.
 func appendKeyValue(b []byte, num protowire.Number, kv attribute.KeyValue) []byte {
+	if out, ok := appendSmallKeyValue(b, num, kv); ok {
+		return out
+	}
+	return appendAnyKeyValue(b, num, kv)
+}
+
+// appendAnyKeyValue appends kv, of any value, as KeyValue field num.
+func appendAnyKeyValue(b []byte, num protowire.Number, kv attribute.KeyValue) []byte {
 	b, at := beginField(b, num)
 	b = appendString(b, fKeyValueKey, string(kv.Key))
 	b, v := beginField(b, fKeyValueValue)
 	b = appendAnyValue(b, kv.Value)
 	b = endField(b, v)
 	return endField(b, at)
+}
+
+// appendSmallKeyValue appends kv as KeyValue field num (under 16) as
+// appendKeyValue does, byte by byte, when its value is a string, an
+// integer, a bool or a float and the whole KeyValue is under 128 bytes
+// (its lengths one byte each) and its key not empty (the general path
+// leaves an empty key out): the attributes of pdserve's spans. false (b as
+// it was) for any other.
+func appendSmallKeyValue(b []byte, num protowire.Number, kv attribute.KeyValue) ([]byte, bool) {
+	key := string(kv.Key)
+	var scalar [1 + binary.MaxVarintLen64]byte // AnyValue of a number or bool
+	var str string                             // or of a string
+	n := 0
+	switch kv.Value.Type() {
+	case attribute.STRING:
+		str = kv.Value.AsString()
+		if len(str) > smallMessage {
+			return b, false
+		}
+		n = 2 + len(str)
+	case attribute.INT64:
+		scalar[0] = fAnyInt<<3 | byte(protowire.VarintType)
+		n = 1 + binary.PutUvarint(scalar[1:], uint64(kv.Value.AsInt64()))
+	case attribute.BOOL:
+		scalar[0] = fAnyBool<<3 | byte(protowire.VarintType)
+		scalar[1] = byte(protowire.EncodeBool(kv.Value.AsBool()))
+		n = 2
+	case attribute.FLOAT64:
+		scalar[0] = fAnyDouble<<3 | byte(protowire.Fixed64Type)
+		binary.LittleEndian.PutUint64(scalar[1:], math.Float64bits(kv.Value.AsFloat64()))
+		n = 9
+	default:
+		return b, false
+	}
+	// KeyValue: key (tag, length, bytes), value (tag, length, AnyValue).
+	body := 2 + len(key) + 2 + n
+	if num >= 16 || key == "" || body > smallMessage {
+		return b, false
+	}
+	b = append(b, byte(num)<<3|byte(protowire.BytesType), byte(body),
+		fKeyValueKey<<3|byte(protowire.BytesType), byte(len(key)))
+	b = append(b, key...)
+	b = append(b, fKeyValueValue<<3|byte(protowire.BytesType), byte(n))
+	if kv.Value.Type() == attribute.STRING {
+		b = append(b, fAnyString<<3|byte(protowire.BytesType), byte(len(str)))
+		return append(b, str...), true
+	}
+	return append(b, scalar[:n]...), true
 }
 
 // appendAnyValue appends the fields of v's AnyValue. An empty value is an

@@ -181,3 +181,48 @@ func (discardClient) UploadTraces(_ context.Context, rs []*tracepb.ResourceSpans
 	_, err := proto.Marshal(rs[0])
 	return err
 }
+
+// TestSmallKeyValue: the attributes appendSmallKeyValue writes byte by
+// byte are the bytes the general encoding writes, at the one-byte length
+// limits and past them (where it declines), and decode as the SDK's
+// exporter's KeyValue.
+func TestSmallKeyValue(t *testing.T) {
+	var kvs []attribute.KeyValue
+	for _, key := range []string{"", "k", "pdserve.rid", strings.Repeat("k", 60), strings.Repeat("k", 123), strings.Repeat("k", 200)} {
+		for _, n := range []int{0, 1, 50, 100, 118, 119, 120, 121, 122, 127, 128, 300} {
+			kvs = append(kvs, attribute.String(key, strings.Repeat("é", n/2)+strings.Repeat("v", n%2)))
+		}
+		for _, v := range []int64{0, 1, -1, 127, 128, 1 << 40, -1 << 63, 1<<63 - 1} {
+			kvs = append(kvs, attribute.Int64(key, v))
+		}
+		for _, v := range []float64{0, -0.5, 1e300} {
+			kvs = append(kvs, attribute.Float64(key, v))
+		}
+		kvs = append(kvs, attribute.Bool(key, true), attribute.Bool(key, false),
+			attribute.StringSlice(key, []string{"length"}), attribute.Int64Slice(key, []int64{1}))
+	}
+	small := 0
+	for _, kv := range kvs {
+		general := appendAnyKeyValue([]byte{1}, fSpanAttributes, kv)
+		if got, ok := appendSmallKeyValue([]byte{1}, fSpanAttributes, kv); ok {
+			small++
+			if string(got) != string(general) {
+				t.Errorf("%s=%v: %x, want %x", kv.Key, kv.Value.Emit(), got, general)
+			}
+		} else if string(got) != "\x01" {
+			t.Errorf("%s=%v: declined but wrote %x", kv.Key, kv.Value.Emit(), got)
+		}
+		if got := appendKeyValue(nil, fSpanAttributes, kv); string(got) != string(general[1:]) {
+			t.Errorf("%s=%v: appendKeyValue %x, want %x", kv.Key, kv.Value.Emit(), got, general[1:])
+		}
+	}
+	if small == 0 {
+		t.Error("no attribute written by the small path")
+	}
+	for _, kv := range []attribute.KeyValue{AttrRID.String("cmpl-0123456789abcdef"), AttrGen.Int(1),
+		attribute.Float64("gen_ai.latency.time_to_first_token", 0.01), AttrKeep.Bool(true)} {
+		if _, ok := appendSmallKeyValue(nil, fSpanAttributes, kv); !ok {
+			t.Errorf("%s=%v: not written by the small path", kv.Key, kv.Value.Emit())
+		}
+	}
+}

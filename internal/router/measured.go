@@ -9,6 +9,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/openai"
 	"github.com/pdserve/pdserve/internal/outcome"
+	"github.com/pdserve/pdserve/internal/tracing"
 )
 
 // measured wraps a request's stream to observe what its client sees: time
@@ -121,7 +122,7 @@ func (m *measured) Close() {
 			o = a.answeredWith()
 		}
 		if m.seen && m.span.IsRecording() {
-			m.span.AddEvent("first token", trace.WithTimestamp(m.first))
+			tracing.AddEventAt(m.span, "first token", m.first)
 			endSpan(m.span, o, o.String(), attrTTFT.Float64(m.first.Sub(m.arrived).Seconds()),
 				attrOutputTokens.Int(m.tokens), attrE2E.Float64(m.r.clock.Now().Sub(m.arrived).Seconds()))
 		} else {

@@ -61,7 +61,9 @@ func (r *Router) attemptSpan(ctx context.Context, base context.Context, gen uint
 	if r.tracer == nil || !parent.SpanContext().IsValid() {
 		return base, nil
 	}
-	_, span := tracing.Start(ctx, r.tracer, "router.attempt", tracing.SpanStart{Kind: trace.SpanKindClient})
+	// Started from the request's span context: the context Start would
+	// return is not the one the legs carry (base is).
+	span := tracing.StartChild(r.tracer, parent.SpanContext(), "router.attempt", tracing.SpanStart{Kind: trace.SpanKindClient})
 	if span.IsRecording() {
 		attrs := make([]attribute.KeyValue, 0, 6) // on the stack: tracing.SetAttributes copies them
 		attrs = append(attrs, attrGen.Int(int(gen)))
@@ -94,8 +96,8 @@ func endSpan(span trace.Span, o outcome.Outcome, msg string, extra ...attribute.
 		return
 	}
 	if span.IsRecording() {
-		tracing.SetAttributes(span, extra...)
-		tracing.SetAttributes(span, attrOutcome.String(o.String()))
+		var buf [4]attribute.KeyValue // on the stack: tracing.SetAttributes copies them
+		tracing.SetAttributes(span, append(append(buf[:0], extra...), attrOutcome.String(o.String()))...)
 		if o != outcome.OK && o != outcome.None {
 			span.SetStatus(codes.Error, msg)
 		}

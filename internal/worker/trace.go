@@ -123,10 +123,11 @@ func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin 
 	if name == "" {
 		name = t.legName
 	}
+	room := q.Room.String() // once: hex, an allocation
 	o := tracing.SpanStart{Kind: trace.SpanKindServer, Time: lt.start}
 	if parent := lt.parent; parent.IsValid() && !q.Room.IsZero() && t.role == lifecycle.RolePrefill {
 		// Decode links its KV hop to this leg by this id.
-		o.ID = tracing.LegSpanID(parent.TraceID(), q.Room.String(), q.Gen, lifecycle.RolePrefill.String())
+		o.ID = tracing.LegSpanID(parent.TraceID(), room, q.Gen, lifecycle.RolePrefill.String())
 	}
 	span := tracing.StartChild(t.tracer, lt.parent, name, o)
 	if !span.IsRecording() {
@@ -139,7 +140,7 @@ func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin 
 		attrs = append(attrs, attrContinued.Int(q.Continued))
 	}
 	if !q.Room.IsZero() {
-		attrs = append(attrs, attrRoom.String(q.Room.String()), attrGen.Int(int(q.Gen)))
+		attrs = append(attrs, attrRoom.String(room), attrGen.Int(int(q.Gen)))
 	}
 	if q.PeerAddr != "" {
 		attrs = append(attrs, attrPeer.String(q.PeerAddr))
@@ -198,7 +199,7 @@ func (w *Worker) endLegSpan(lt legTrace, name string, q *lifecycle.Request, fin 
 			// The KV hop, linked to the prefill leg that sent the KV.
 			tid := span.SpanContext().TraceID()
 			s.Link = trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, Remote: true, TraceFlags: trace.FlagsSampled,
-				SpanID: tracing.LegSpanID(tid, q.Room.String(), q.Gen, lifecycle.RolePrefill.String())})
+				SpanID: tracing.LegSpanID(tid, room, q.Gen, lifecycle.RolePrefill.String())})
 			s.LinkAttrs = t.linkAttrs
 		}
 		stages = append(stages, s)

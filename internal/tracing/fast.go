@@ -111,12 +111,17 @@ func ExtractHeader(h http.Header) trace.SpanContext {
 	tp := v[0]
 	var scc trace.SpanContextConfig
 	var ver, flags [1]byte
-	if !hexPart(ver[:], &tp) || ver[0] == 0xff ||
-		!hexPart(scc.TraceID[:], &tp) || !hexPart(scc.SpanID[:], &tp) || !hexPart(flags[:], &tp) {
-		return trace.SpanContext{}
+	rest := "" // what follows the flags
+	if !hexFields(tp, ver[:], scc.TraceID[:], scc.SpanID[:], flags[:]) {
+		rest = tp
+		if !hexPart(ver[:], &rest) || ver[0] == 0xff ||
+			!hexPart(scc.TraceID[:], &rest) || !hexPart(scc.SpanID[:], &rest) || !hexPart(flags[:], &rest) {
+			return trace.SpanContext{}
+		}
 	}
-	if ver[0] == 0 && (tp != "" || flags[0] > 3) {
-		// Version 00 allows no further field and no reserved flag bit.
+	if ver[0] == 0xff || ver[0] == 0 && (rest != "" || flags[0] > 3) {
+		// Version ff is invalid; 00 allows no further field and no
+		// reserved flag bit.
 		return trace.SpanContext{}
 	}
 	scc.TraceFlags = trace.TraceFlags(flags[0]) & (trace.FlagsSampled | trace.FlagsRandom)
@@ -129,6 +134,45 @@ func ExtractHeader(h http.Header) trace.SpanContext {
 		return trace.SpanContext{}
 	}
 	return sc
+}
+
+// hexFields decodes tp into ver, tid, sid and flags when it has the
+// length and the dashes of a version 00 traceparent and all its other
+// characters are lower-case hex digits: the one pass a traceparent pdserve
+// sent takes. false (tp to be read field by field) for any other.
+func hexFields(tp string, ver, tid, sid, flags []byte) bool {
+	if len(tp) != traceparentLen || tp[2] != '-' || tp[35] != '-' || tp[52] != '-' {
+		return false
+	}
+	return decodeLowerHex(ver, tp[0:2]) && decodeLowerHex(tid, tp[3:35]) &&
+		decodeLowerHex(sid, tp[36:52]) && decodeLowerHex(flags, tp[53:55])
+}
+
+// decodeLowerHex decodes src, 2×len(dst) lower-case hex digits, into dst;
+// false if a character is not one.
+func decodeLowerHex(dst []byte, src string) bool {
+	if len(src) != 2*len(dst) {
+		return false
+	}
+	bad := byte(0)
+	for i := range dst {
+		hi, lo := hexNibble(src[2*i]), hexNibble(src[2*i+1])
+		bad |= (hi | lo) & 0xf0
+		dst[i] = hi<<4 | lo&0x0f
+	}
+	return bad == 0
+}
+
+// hexNibble is the value of the lower-case hex digit c, or a value with a
+// bit of 0xf0 set if c is not one.
+func hexNibble(c byte) byte {
+	if d := c - '0'; d <= 9 {
+		return d
+	}
+	if d := c - 'a'; d <= 5 {
+		return d + 10
+	}
+	return 0xff
 }
 
 // hexPart decodes into dst the field of *s up to the next '-' (or its

@@ -178,3 +178,16 @@ func TestSpanStartIDAndParent(t *testing.T) {
 		root.End()
 	}
 }
+
+// BenchmarkExtractHeader: reading the traceparent a router sent a leg.
+func BenchmarkExtractHeader(b *testing.B) {
+	h := http.Header{}
+	InjectHeader(trace.NewSpanContext(trace.SpanContextConfig{TraceID: randomTraceID(), SpanID: randomSpanID(),
+		TraceFlags: trace.FlagsSampled}), h)
+	b.ReportAllocs()
+	for b.Loop() {
+		if !ExtractHeader(h).IsValid() {
+			b.Fatal("invalid")
+		}
+	}
+}

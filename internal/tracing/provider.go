@@ -195,6 +195,10 @@ type spanData struct {
 // attrInline is the bytes of encoded attributes a span holds inline.
 const attrInline = 512
 
+// spanEncSize is the capacity spanData.enc starts with: a worker's leg
+// span with its stages is about 1 KB of OTLP.
+const spanEncSize = 1536
+
 // maxKeptEnc bounds the capacity of spanData.enc kept for the next span.
 const maxKeptEnc = 16 << 10
 
@@ -216,7 +220,9 @@ func (d *spanData) reset() {
 	if cap(enc) > maxKeptEnc {
 		enc = nil
 	}
-	d.eventBuf[0] = sdktrace.Event{} // no name or attribute kept alive
+	if len(d.events) > 0 {
+		clear(d.eventBuf[:]) // no name or attribute kept alive
+	}
 	d.parent, d.keep, d.kind, d.name, d.status = trace.SpanContext{}, false, 0, "", sdktrace.Status{}
 	d.start, d.end = time.Time{}, time.Time{}
 	d.attrs, d.nattrs, d.droppedAttrs, d.keys = d.attrBuf[:0], 0, 0, 0
@@ -655,6 +661,9 @@ func (q *queue) add(s encodable) {
 	own, _ := s.(*span)
 	if own != nil {
 		enc = own.enc[:0]
+		if enc == nil {
+			enc = make([]byte, 0, spanEncSize) // not grown from nothing, a doubling at a time
+		}
 	}
 	enc = appendSpanStages(enc, s)
 	if own != nil {

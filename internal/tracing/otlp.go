@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -509,13 +508,59 @@ func appendSpan(b []byte, s encodable) []byte {
 // appendStage appends stage st of span s as a span of its own in
 // ScopeSpans.spans: s's child, of kind internal, with a random id.
 func appendStage(b []byte, s encodable, st Stage) []byte {
-	b, at := beginField(b, fScopeSpansSpans)
 	sc := s.SpanContext()
-	tid, parent := sc.TraceID(), sc.SpanID()
-	var sid trace.SpanID
-	for !sid.IsValid() {
-		binary.BigEndian.PutUint64(sid[:], rand.Uint64())
+	sid := randomSpanID()
+	if b, ok := appendPlainStage(b, sc, sid, st); ok {
+		return b
 	}
+	return appendStageFields(b, sc, sid, st)
+}
+
+// Tags of the Span fields appendPlainStage writes: (field << 3) | wire
+// type, each one byte but the flags' two.
+const (
+	tagBytes   = 2 // protowire.BytesType
+	tagFixed64 = 1 // protowire.Fixed64Type
+	tagVarint  = 0 // protowire.VarintType
+	tagFixed32 = 5 // protowire.Fixed32Type
+
+	plainStageFixed = 2 + 16 + 2 + 8 + 2 + 8 + 2 + 2 + 1 + 8 + 1 + 8 + 2 + 2 + 4 // its fields but the name's bytes
+)
+
+// appendPlainStage appends stage st, of the span of sc, with span id sid,
+// as appendStageFields does, byte by byte, when it is the common stage:
+// no tracestate, no link, times after 1970, a name (the general path
+// leaves an empty one out) and the whole span under 128 bytes (its name
+// under 60). false (b as it was) for any other.
+func appendPlainStage(b []byte, sc trace.SpanContext, sid trace.SpanID, st Stage) ([]byte, bool) {
+	start, end := unixNano(st.Start), unixNano(st.End)
+	if sc.TraceState().Len() > 0 || st.Link.IsValid() || start == 0 || end == 0 || st.Name == "" ||
+		plainStageFixed+len(st.Name) > smallMessage {
+		return b, false
+	}
+	tid, parent := sc.TraceID(), sc.SpanID()
+	b = append(b, fScopeSpansSpans<<3|tagBytes, byte(plainStageFixed+len(st.Name)), fSpanTraceID<<3|tagBytes, 16)
+	b = append(b, tid[:]...)
+	b = append(b, fSpanSpanID<<3|tagBytes, 8)
+	b = append(b, sid[:]...)
+	b = append(b, fSpanParentSpanID<<3|tagBytes, 8)
+	b = append(b, parent[:]...)
+	b = append(b, fSpanName<<3|tagBytes, byte(len(st.Name)))
+	b = append(b, st.Name...)
+	b = append(b, fSpanKind<<3|tagVarint, byte(trace.SpanKindInternal), fSpanStart<<3|tagFixed64)
+	b = binary.LittleEndian.AppendUint64(b, start)
+	b = append(b, fSpanEnd<<3|tagFixed64)
+	b = binary.LittleEndian.AppendUint64(b, end)
+	// The status, empty; the flags (field 16: a two-byte tag).
+	b = append(b, fSpanStatus<<3|tagBytes, 0, fSpanFlags<<3&0x7f|tagFixed32|0x80, fSpanFlags>>4)
+	return binary.LittleEndian.AppendUint32(b, spanFlags(sc.TraceFlags(), trace.SpanContext{})), true
+}
+
+// appendStageFields appends stage st, of the span of sc, with span id
+// sid, field by field.
+func appendStageFields(b []byte, sc trace.SpanContext, sid trace.SpanID, st Stage) []byte {
+	b, at := beginField(b, fScopeSpansSpans)
+	tid, parent := sc.TraceID(), sc.SpanID()
 	b = appendBytes(b, fSpanTraceID, tid[:])
 	b = appendBytes(b, fSpanSpanID, sid[:])
 	if ts := sc.TraceState(); ts.Len() > 0 {

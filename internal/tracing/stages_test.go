@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -180,4 +181,48 @@ func TestSetAttributesOnTheStack(t *testing.T) {
 		t.Errorf("the SDK's span got %v", got)
 	}
 	_ = sdk.Shutdown(context.Background())
+}
+
+// TestPlainStage: the stages appendPlainStage writes byte by byte are the
+// bytes appendStageFields writes, for names up to its limit and past it
+// (where it declines, as for a tracestate, a link or a time before 1970).
+func TestPlainStage(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	sid := trace.SpanID{1, 2, 3, 4, 5, 6, 7, 8}
+	ts, _ := trace.ParseTraceState("vendor=v")
+	link := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{3}, SpanID: trace.SpanID{4}, Remote: true})
+	plain := 0
+	for _, flags := range []trace.TraceFlags{0, trace.FlagsSampled, trace.FlagsSampled | trace.FlagsRandom} {
+		for _, state := range []trace.TraceState{{}, ts} {
+			sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 9}, SpanID: trace.SpanID{2, 9},
+				TraceFlags: flags, TraceState: state})
+			for _, n := range []int{0, 1, 13, 58, 59, 60, 61, 200} {
+				for _, st := range []Stage{
+					{Name: strings.Repeat("s", n), Start: t0, End: t0.Add(time.Millisecond)},
+					{Name: strings.Repeat("s", n), Start: time.Unix(0, 0), End: t0},
+					{Name: strings.Repeat("s", n), Start: t0, End: t0, Link: link, LinkAttrs: []attribute.KeyValue{attribute.String("k", "v")}},
+				} {
+					want := appendStageFields([]byte{7}, sc, sid, st)
+					got, ok := appendPlainStage([]byte{7}, sc, sid, st)
+					if !ok {
+						if string(got) != "\x07" {
+							t.Errorf("%q: declined but wrote %x", st.Name, got)
+						}
+						continue
+					}
+					plain++
+					if string(got) != string(want) {
+						t.Errorf("%q (flags %v, tracestate %q): %x, want %x", st.Name, flags, state, got, want)
+					}
+				}
+			}
+		}
+	}
+	if plain == 0 {
+		t.Error("no stage written byte by byte")
+	}
+	if _, ok := appendPlainStage(nil, trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}}),
+		sid, Stage{Name: "decode awaiting_kv", Start: t0, End: t0}); !ok {
+		t.Error("a worker's stage not written byte by byte")
+	}
 }

@@ -287,11 +287,28 @@ const (
 	smallMessage = 1<<7 - 1
 )
 
+// appendTag appends the tag of field num of wire type typ: one byte for
+// the fields under 16 (inlined, where protowire.AppendTag is a call).
+func appendTag(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	if num < 16 {
+		return append(b, byte(num)<<3|byte(typ))
+	}
+	return protowire.AppendTag(b, num, typ)
+}
+
+// appendVarint appends v as a varint: one byte under 128 (inlined).
+func appendVarint(b []byte, v uint64) []byte {
+	if v < 0x80 {
+		return append(b, byte(v))
+	}
+	return protowire.AppendVarint(b, v)
+}
+
 // beginField starts length-delimited field num of b: its tag and a
 // one-byte length placeholder. It returns where the placeholder is, for
 // endField.
 func beginField(b []byte, num protowire.Number) ([]byte, int) {
-	b = protowire.AppendTag(b, num, protowire.BytesType)
+	b = appendTag(b, num, protowire.BytesType)
 	return append(b, 0), len(b)
 }
 
@@ -314,37 +331,39 @@ func appendString(b []byte, num protowire.Number, s string) []byte {
 	if s == "" {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendString(b, s)
+	b = appendTag(b, num, protowire.BytesType)
+	b = appendVarint(b, uint64(len(s)))
+	return append(b, s...)
 }
 
 func appendBytes(b []byte, num protowire.Number, v []byte) []byte {
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendBytes(b, v)
+	b = appendTag(b, num, protowire.BytesType)
+	b = appendVarint(b, uint64(len(v)))
+	return append(b, v...)
 }
 
 func appendUint(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.VarintType)
-	return protowire.AppendVarint(b, v)
+	b = appendTag(b, num, protowire.VarintType)
+	return appendVarint(b, v)
 }
 
 func appendFixed64(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.Fixed64Type)
-	return protowire.AppendFixed64(b, v)
+	b = appendTag(b, num, protowire.Fixed64Type)
+	return binary.LittleEndian.AppendUint64(b, v)
 }
 
 func appendFixed32(b []byte, num protowire.Number, v uint32) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.Fixed32Type)
-	return protowire.AppendFixed32(b, v)
+	b = appendTag(b, num, protowire.Fixed32Type)
+	return binary.LittleEndian.AppendUint32(b, v)
 }
 
 // maxValueBytes bounds a string attribute value and a status description

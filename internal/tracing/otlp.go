@@ -89,12 +89,9 @@ type encGroup struct {
 }
 
 // add writes s, and its stages as its child spans when it has them.
-func (e *encoded) add(s encodable) { e.addEncoded(s, appendSpanStages(nil, s)) }
-
-// addEncoded adds s as enc, its encoding by appendSpanStages.
-func (e *encoded) addEncoded(s encodable, enc []byte) {
+func (e *encoded) add(s encodable) {
 	g := e.group(s)
-	g.b = append(g.b, enc...)
+	g.b = appendSpanStages(g.b, s)
 	e.spans++
 }
 

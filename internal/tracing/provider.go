@@ -182,9 +182,6 @@ type spanData struct {
 	events []sdktrace.Event
 	rare   *spanRare // nil until a link, or an event or link dropped
 	stages []Stage
-	// enc is the span written as OTLP (Span fields, stages included) as
-	// the queue takes it, outside the queue's lock; kept for the next span.
-	enc []byte
 	// attrBuf holds attrs, eventBuf events: the router's and workers'
 	// spans have about ten attributes of 20 to 50 bytes, and the router's
 	// request span one event (the first token).
@@ -194,13 +191,6 @@ type spanData struct {
 
 // attrInline is the bytes of encoded attributes a span holds inline.
 const attrInline = 512
-
-// spanEncSize is the capacity spanData.enc starts with: a worker's leg
-// span with its stages is about 1 KB of OTLP.
-const spanEncSize = 1536
-
-// maxKeptEnc bounds the capacity of spanData.enc kept for the next span.
-const maxKeptEnc = 16 << 10
 
 // spanData is an empty spanData: one from the pool, else a new one.
 func (p *provider) spanData() *spanData {
@@ -213,20 +203,15 @@ func (p *provider) spanData() *spanData {
 }
 
 // reset empties d for another span, keeping its inline buffers (their
-// bytes are not cleared: attrs and events say how much of them is used)
-// and its encoding buffer (unless it grew past maxKeptEnc).
+// bytes are not cleared: attrs and events say how much of them is used).
 func (d *spanData) reset() {
-	enc := d.enc[:0]
-	if cap(enc) > maxKeptEnc {
-		enc = nil
-	}
 	if len(d.events) > 0 {
 		clear(d.eventBuf[:]) // no name or attribute kept alive
 	}
 	d.parent, d.keep, d.kind, d.name, d.status = trace.SpanContext{}, false, 0, "", sdktrace.Status{}
 	d.start, d.end = time.Time{}, time.Time{}
 	d.attrs, d.nattrs, d.droppedAttrs, d.keys = d.attrBuf[:0], 0, 0, 0
-	d.events, d.rare, d.stages, d.enc = d.eventBuf[:0], nil, nil, enc
+	d.events, d.rare, d.stages = d.eventBuf[:0], nil, nil
 }
 
 // spanRare is what few spans have: links, and the counts of the events
@@ -653,22 +638,10 @@ func (q *queue) queued() int {
 	return n
 }
 
-// add writes s into the batch being filled: encoded first, outside the
-// lock (into the span's own buffer when it is one of New's), so that the
-// queue's lock is held only for the copy.
+// add writes s into the batch being filled, under the queue's lock (the
+// span's fields are read once, straight into the batch: an encoding
+// buffer per span, copied in after, cost more in `up` than the lock).
 func (q *queue) add(s encodable) {
-	var enc []byte
-	own, _ := s.(*span)
-	if own != nil {
-		enc = own.enc[:0]
-		if enc == nil {
-			enc = make([]byte, 0, spanEncSize) // not grown from nothing, a doubling at a time
-		}
-	}
-	enc = appendSpanStages(enc, s)
-	if own != nil {
-		own.enc = enc
-	}
 	q.mu.Lock()
 	if q.closed || q.queued() >= q.cfg.max {
 		q.dropped++
@@ -682,7 +655,7 @@ func (q *queue) add(s encodable) {
 			q.cur = &encoded{}
 		}
 	}
-	q.cur.addEncoded(s, enc)
+	q.cur.add(s)
 	full := q.cur.spans >= q.cfg.batch || q.cur.size() >= maxBatchBytes
 	if full {
 		q.full = append(q.full, q.cur)

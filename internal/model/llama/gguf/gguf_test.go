@@ -114,11 +114,12 @@ func TestParseRejects(t *testing.T) {
 		return b
 	}
 	withData := func(b *le, n int) []byte { return append(b.Bytes(), make([]byte, n)...) }
-	cases := []struct {
+	type parseCase struct {
 		name string
 		data []byte
 		want string
-	}{
+	}
+	cases := []parseCase{
 		{"empty", nil, "truncated: 0 bytes"},
 		{"short", good[:20], "truncated: 20 bytes"},
 		{"magic", append([]byte("GGML"), good[4:]...), `not a GGUF file: magic "GGML"`},
@@ -156,29 +157,17 @@ func TestParseRejects(t *testing.T) {
 	for _, n := range []string{"a", "a"} {
 		two.str(n).u32(1).u64(8).u32(0).u64(0)
 	}
-	cases = append(cases, struct {
-		name string
-		data []byte
-		want string
-	}{"duplicate tensor", withData(two, 64), `tensor "a" appears twice`})
+	cases = append(cases, parseCase{"duplicate tensor", withData(two, 64), `tensor "a" appears twice`})
 	ov := header(2, 0)
 	ov.str("a").u32(1).u64(16).u32(0).u64(0)
 	ov.str("b").u32(1).u64(8).u32(0).u64(32)
-	cases = append(cases, struct {
-		name string
-		data []byte
-		want string
-	}{"overlap", withData(ov, 128), `tensor "b" has offset 32 in the data section, expected 64`})
+	cases = append(cases, parseCase{"overlap", withData(ov, 128), `tensor "b" has offset 32 in the data section, expected 64`})
 	// A gap: a's type says 8 bytes where the file gives it 32 (a type
 	// changed in place to a smaller one).
 	gap := header(2, 0)
 	gap.str("a").u32(1).u64(2).u32(0).u64(0)
 	gap.str("b").u32(1).u64(8).u32(0).u64(64)
-	cases = append(cases, struct {
-		name string
-		data []byte
-		want string
-	}{"gap", withData(gap, 128), `tensor "b" has offset 64 in the data section, expected 32`})
+	cases = append(cases, parseCase{"gap", withData(gap, 128), `tensor "b" has offset 64 in the data section, expected 32`})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f, err := Parse(c.data)

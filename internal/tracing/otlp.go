@@ -91,20 +91,13 @@ type encGroup struct {
 // add writes s, and its stages as its child spans when it has them.
 func (e *encoded) add(s encodable) {
 	g := e.group(s)
-	g.b = appendSpanStages(g.b, s)
-	e.spans++
-}
-
-// appendSpanStages appends s as a ScopeSpans.spans field, and its stages
-// as more, its children, when it has them.
-func appendSpanStages(b []byte, s encodable) []byte {
-	b = appendSpan(b, s)
+	g.b = appendSpan(g.b, s)
 	if ws, ok := s.(staged); ok {
 		for _, st := range ws.stageList() {
-			b = appendStage(b, s, st)
+			g.b = appendStage(g.b, s, st)
 		}
 	}
-	return b
+	e.spans++
 }
 
 // group is s's group, made if it has none: after the last one of its
@@ -532,13 +525,14 @@ func appendStage(b []byte, s encodable, st Stage) []byte {
 	return appendStageFields(b, sc, sid, st)
 }
 
-// Tags of the Span fields appendPlainStage writes: (field << 3) | wire
-// type, each one byte but the flags' two.
+// The wire types of the fields appendPlainStage and appendSmallKeyValue
+// write byte by byte, each tag (field << 3) | wire type: one byte for the
+// fields under 16, two for the span's flags (field 16).
 const (
-	tagBytes   = 2 // protowire.BytesType
-	tagFixed64 = 1 // protowire.Fixed64Type
-	tagVarint  = 0 // protowire.VarintType
-	tagFixed32 = 5 // protowire.Fixed32Type
+	tagBytes   = byte(protowire.BytesType)
+	tagFixed64 = byte(protowire.Fixed64Type)
+	tagVarint  = byte(protowire.VarintType)
+	tagFixed32 = byte(protowire.Fixed32Type)
 
 	plainStageFixed = 2 + 16 + 2 + 8 + 2 + 8 + 2 + 2 + 1 + 8 + 1 + 8 + 2 + 2 + 4 // its fields but the name's bytes
 )
@@ -652,14 +646,14 @@ func appendSmallKeyValue(b []byte, num protowire.Number, kv attribute.KeyValue) 
 		}
 		n = 2 + len(str)
 	case attribute.INT64:
-		scalar[0] = fAnyInt<<3 | byte(protowire.VarintType)
+		scalar[0] = fAnyInt<<3 | tagVarint
 		n = 1 + binary.PutUvarint(scalar[1:], uint64(kv.Value.AsInt64()))
 	case attribute.BOOL:
-		scalar[0] = fAnyBool<<3 | byte(protowire.VarintType)
+		scalar[0] = fAnyBool<<3 | tagVarint
 		scalar[1] = byte(protowire.EncodeBool(kv.Value.AsBool()))
 		n = 2
 	case attribute.FLOAT64:
-		scalar[0] = fAnyDouble<<3 | byte(protowire.Fixed64Type)
+		scalar[0] = fAnyDouble<<3 | tagFixed64
 		binary.LittleEndian.PutUint64(scalar[1:], math.Float64bits(kv.Value.AsFloat64()))
 		n = 9
 	default:
@@ -670,12 +664,12 @@ func appendSmallKeyValue(b []byte, num protowire.Number, kv attribute.KeyValue) 
 	if num >= 16 || key == "" || body > smallMessage {
 		return b, false
 	}
-	b = append(b, byte(num)<<3|byte(protowire.BytesType), byte(body),
-		fKeyValueKey<<3|byte(protowire.BytesType), byte(len(key)))
+	b = append(b, byte(num)<<3|tagBytes, byte(body),
+		fKeyValueKey<<3|tagBytes, byte(len(key)))
 	b = append(b, key...)
-	b = append(b, fKeyValueValue<<3|byte(protowire.BytesType), byte(n))
+	b = append(b, fKeyValueValue<<3|tagBytes, byte(n))
 	if kv.Value.Type() == attribute.STRING {
-		b = append(b, fAnyString<<3|byte(protowire.BytesType), byte(len(str)))
+		b = append(b, fAnyString<<3|tagBytes, byte(len(str)))
 		return append(b, str...), true
 	}
 	return append(b, scalar[:n]...), true

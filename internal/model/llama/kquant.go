@@ -28,20 +28,19 @@ type q8KBlock struct {
 }
 
 // q8KActs holds T token rows of n values (a multiple of 256) quantized to
-// Q8_K: block b (of nb = n/256) of token t is blk[t·nb + b], and, when perm
-// is set (for IQ4_XS weights), the same block in the IQ4_XS kernels' order
-// is pblk[t·nb + b].
+// Q8_K: block b (of nb = n/256) of token t is blk[t·nb + b], and, for IQ4_XS
+// weights, the same block in the IQ4_XS kernels' order is pblk[t·nb + b]
+// (pblk is empty otherwise).
 type q8KActs struct {
 	n, nb int
 	blk   []q8KBlock
-	perm  bool
 	pblk  []q8KPerm
 }
 
 // reset sizes a for T rows of n values, with the blocks in the IQ4_XS
 // kernels' order too if perm.
 func (a *q8KActs) reset(T, n int, perm bool) {
-	a.n, a.nb, a.perm = n, n/256, perm
+	a.n, a.nb = n, n/256
 	need := T * a.nb
 	if cap(a.blk) < need {
 		a.blk = make([]q8KBlock, need)
@@ -58,8 +57,8 @@ func (a *q8KActs) reset(T, n int, perm bool) {
 
 // rows returns a view of token rows [t0, t0+T) of a.
 func (a *q8KActs) rows(t0, T int) q8KActs {
-	v := q8KActs{n: a.n, nb: a.nb, perm: a.perm, blk: a.blk[t0*a.nb : (t0+T)*a.nb]}
-	if a.perm {
+	v := q8KActs{n: a.n, nb: a.nb, blk: a.blk[t0*a.nb : (t0+T)*a.nb]}
+	if len(a.pblk) > 0 {
 		v.pblk = a.pblk[t0*a.nb : (t0+T)*a.nb]
 	}
 	return v
@@ -81,7 +80,7 @@ func (a *q8KActs) quantizeRows(x []float32, t0, t1 int) {
 			}
 			if amax == 0 {
 				*blk = q8KBlock{}
-				if a.perm {
+				if len(a.pblk) > 0 {
 					a.pblk[t*a.nb+b] = q8KPerm{}
 				}
 				continue
@@ -101,7 +100,7 @@ func (a *q8KActs) quantizeRows(x []float32, t0, t1 int) {
 				blk.ssum[j] = int16(blk.bsums[2*j] + blk.bsums[2*j+1])
 			}
 			blk.d = 1 / iscale
-			if a.perm {
+			if len(a.pblk) > 0 {
 				a.pblk[t*a.nb+b].set(blk)
 			}
 		}

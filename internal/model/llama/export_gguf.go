@@ -310,7 +310,8 @@ func WriteGGUF(dir, path string, ft FileType) (rep GGUFReport, err error) {
 			data = vals
 		case gguf.BF16, gguf.F16:
 			if t.DType != map[gguf.Type]DType{gguf.BF16: BF16, gguf.F16: F16}[tt] {
-				convErr = fmt.Errorf("llama: cannot export %s weights as %s exactly", safetensorsName(t.DType), tt)
+				convErr = fmt.Errorf("llama: cannot export %s weights as %s exactly (--type %s needs a checkpoint in %s; for this one use f32 or a quantized type such as q8_0)",
+					safetensorsName(t.DType), tt, strings.ToLower(tt.String()), tt)
 				return
 			}
 			data = BF16Bytes(f) // exact: the values are bf16

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,9 @@ func TestExitCodes(t *testing.T) {
 		{"port out of range", nil, []string{"up", "--port", "70000"}, 2, "--port"},
 		{"bad memory", nil, []string{"serve", "--kv-cache-memory", "lots"}, 2, "--kv-cache-memory"},
 		{"unknown model", nil, []string{"serve", "--model", "gpt-9"}, 2, "gpt-9"},
+		{"missing model path", nil, []string{"serve", "--model", "/no/such/file"}, 2, `--model "/no/such/file": no such file or directory`},
+		{"missing model path (up)", nil, []string{"up", "--model", "/no/such/file"}, 2, `--model "/no/such/file": no such file or directory`},
+		{"model path of the wrong kind", nil, []string{"serve", "--model", os.DevNull}, 2, `--model "` + os.DevNull + `": want "sim"`},
 		{"bad dtype", nil, []string{"serve", "--sim-dtype", "int3"}, 2, "int3"},
 		{"negative timeout", nil, []string{"serve", "--queue-timeout", "-1s"}, 2, "queue timeout"},
 		{"bad env value", map[string]string{"PDSERVE_PORT": "x"}, []string{"serve"}, 2, "PDSERVE_PORT"},

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"slices"
 	"strings"
@@ -18,8 +20,18 @@ import (
 // a factory of instances sharing its memory-mapped weights. The loaded
 // instance is kept for the life of the process.
 func (f *modelFlags) llamaFactory() (cluster.ModelFactory, error) {
-	if fi, err := os.Stat(f.model); err != nil || !(fi.IsDir() || fi.Mode().IsRegular()) {
-		return nil, usagef("--model %q: want %q, a checkpoint directory (config.json + model.safetensors) or a GGUF file", f.model, SimModel)
+	const want = "want %q, a checkpoint directory (config.json + model.safetensors) or a GGUF file"
+	if fi, err := os.Stat(f.model); err != nil {
+		// Say why the path cannot be read ("no such file or directory",
+		// "permission denied"), not what it is not.
+		why := err.Error()
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			why = pe.Err.Error()
+		}
+		return nil, usagef("--model %q: %s; "+want, f.model, why, SimModel)
+	} else if !(fi.IsDir() || fi.Mode().IsRegular()) {
+		return nil, usagef("--model %q: "+want, f.model, SimModel)
 	}
 	dt := llama.DefaultKVDType
 	if f.kvDType != kvDTypeAuto {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -38,7 +39,7 @@ carry no tokenizer, so the result serves token-id prompts
 		RunE: func(_ *cobra.Command, args []string) error {
 			h, err := llama2c.Convert(args[0], args[1])
 			if err != nil {
-				return err
+				return alreadyGGUF(args[0], err)
 			}
 			tied := "tied"
 			if !h.Shared {
@@ -101,7 +102,7 @@ vocabulary written is a placeholder (token-id prompts only).`,
 				}
 				defer os.RemoveAll(tmp)
 				if _, err := llama2c.Convert(in, tmp); err != nil {
-					return err
+					return alreadyGGUF(in, err)
 				}
 				in = tmp
 			}
@@ -118,4 +119,13 @@ vocabulary written is a placeholder (token-id prompts only).`,
 	}
 	cmd.Flags().StringVar(&typ, "type", "q8_0", "element type of the matrices: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q4_k_m, q5_k_m, q3_k_m, q2_k, iq4_xs")
 	return cmd
+}
+
+// alreadyGGUF turns llama2c.Convert's error for a GGUF file in into a usage
+// error that says what to do with it instead; other errors pass unchanged.
+func alreadyGGUF(in string, err error) error {
+	if !errors.Is(err, llama2c.ErrGGUF) {
+		return err
+	}
+	return usagef("%s is already a GGUF file: serve it as it is (pdserve serve --model %s); convert reads llama2.c checkpoints and Hugging Face checkpoint directories, it does not re-quantize a GGUF file", in, in)
 }

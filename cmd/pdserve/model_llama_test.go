@@ -87,6 +87,29 @@ func TestConvertAndServeGGUF(t *testing.T) {
 	}
 }
 
+// TestConvertRefusesGGUF: a GGUF file given to `convert llama2c` or
+// `convert gguf` is a usage error saying it is a GGUF file already and how
+// to serve it, not a llama2.c header error.
+func TestConvertRefusesGGUF(t *testing.T) {
+	spec := llamatest.Tiny()
+	spec.Vocab = 300 // ExportGGUF's placeholder vocabulary needs 259
+	dir := spec.WriteT(t)
+	in := filepath.Join(t.TempDir(), "tiny.gguf")
+	if code, stdout, stderr := runArgs(t, nil, "convert", "gguf", dir, in, "--type", "f32"); code != 0 {
+		t.Fatalf("convert: exit %d, %q %q", code, stdout, stderr)
+	}
+	for _, args := range [][]string{
+		{"convert", "llama2c", in, t.TempDir()},
+		{"convert", "gguf", in, filepath.Join(t.TempDir(), "out.gguf")},
+	} {
+		code, _, stderr := runArgs(t, nil, args...)
+		want := in + " is already a GGUF file: serve it as it is (pdserve serve --model " + in + ")"
+		if code != 2 || !strings.Contains(stderr, want) || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line saying %q", args, code, stderr, want)
+		}
+	}
+}
+
 // TestKVCacheDTypeFlag: --kv-cache-dtype reaches the model's KV geometry
 // (auto, the default: llama.DefaultKVDType for a checkpoint, --sim-dtype
 // for the simulated model), an explicit value sets the simulated model's

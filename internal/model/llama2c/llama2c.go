@@ -35,8 +35,10 @@
 package llama2c
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -84,12 +86,20 @@ const magicV1 = 0x616b3432
 // maxDim bounds every header field so that sizes cannot overflow.
 const maxDim = 1 << 20
 
+// ErrGGUF is the error ParseHeader (and Convert) returns for a file that
+// starts with the GGUF magic: it is a GGUF file already, not a llama2.c
+// checkpoint.
+var ErrGGUF = errors.New(`llama2c: this is a GGUF file (magic "GGUF"), not a llama2.c checkpoint`)
+
 // ParseHeader reads and validates the 28-byte header of a legacy checkpoint
-// of fileSize bytes. It returns an error for a newer (magic "ak42") export,
-// a non-positive or oversized field, heads that do not divide dim, KV heads
-// that do not divide heads, an odd head size, and a file size other than
-// the header implies.
+// of fileSize bytes. It returns ErrGGUF for a GGUF file, and an error for a
+// newer (magic "ak42") export, a non-positive or oversized field, heads
+// that do not divide dim, KV heads that do not divide heads, an odd head
+// size, and a file size other than the header implies.
 func ParseHeader(b []byte, fileSize int64) (Header, error) {
+	if bytes.HasPrefix(b, []byte("GGUF")) {
+		return Header{}, ErrGGUF
+	}
 	if len(b) < 28 {
 		return Header{}, fmt.Errorf("llama2c: %d bytes is too short for a llama2.c header (28 bytes)", len(b))
 	}

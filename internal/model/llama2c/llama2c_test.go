@@ -246,6 +246,7 @@ func TestConvertErrors(t *testing.T) {
 		{"short header", good[:20], "too short"},
 		{"truncated", good[:len(good)-4], "implies"},
 		{"trailing bytes", append(append([]byte(nil), good...), 0, 0, 0, 0), "implies"},
+		{"GGUF file", append([]byte("GGUF\x03\x00\x00\x00"), good[8:]...), `this is a GGUF file (magic "GGUF")`},
 		{"version 1 magic", append([]byte("24ka\x01\x00\x00\x00"), good[8:]...), `version-1 llama2.c export (magic "ak42")`},
 		{"zero layers", func() []byte {
 			b := append([]byte(nil), good...)

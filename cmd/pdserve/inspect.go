@@ -7,11 +7,15 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pdserve/pdserve/internal/inspect"
+	"github.com/pdserve/pdserve/internal/lifecycle"
+	"github.com/pdserve/pdserve/internal/metrics"
 )
 
 func newInspectCmd(stdout io.Writer) *cobra.Command {
@@ -39,6 +43,9 @@ answer within --timeout, the others are still listed and the exit status is 1.`,
 			}
 			if limit < 0 || olderThan < 0 {
 				return usagef("--limit and --older-than must not be negative")
+			}
+			if stages := inspectStages(); stage != "" && !slices.Contains(stages, stage) {
+				return usagef("--stage %q: want one of %s", stage, strings.Join(stages, ", "))
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
@@ -71,6 +78,21 @@ answer within --timeout, the others are still listed and the exit status is 1.`,
 	fs.DurationVar(&olderThan, "older-than", 0, "list only requests that have been in their stage at least this long")
 	fs.IntVar(&limit, "limit", 0, "list at most this many requests, oldest first (0: all)")
 	return cmd
+}
+
+// inspectStages lists the stages --stage accepts: the router's (legs,
+// streaming), then the non-terminal stages of every worker role, in
+// lifecycle order, each once.
+func inspectStages() []string {
+	out := slices.Clone(metrics.RouterStages)
+	for _, r := range []lifecycle.Role{lifecycle.RolePrefill, lifecycle.RoleDecode, lifecycle.RoleColocated} {
+		for _, s := range r.Stages() {
+			if n := s.String(); !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
 }
 
 // bearer sends key (if any) as "Authorization: Bearer" on requests to the

@@ -69,6 +69,7 @@ func TestExitCodes(t *testing.T) {
 		{"unlisted grace with static discovery", nil, []string{"router", "--prefill", "http://p:1", "--decode", "http://d:1", "--unlisted-grace", "10s"}, 2, "--unlisted-grace"},
 		{"negative unlisted grace", nil, []string{"router", "--discovery", "etcd", "--etcd-endpoints", "http://127.0.0.1:1", "--unlisted-grace", "-1s"}, 2, "--unlisted-grace"},
 		{"etcd verify interval too short", nil, []string{"router", "--discovery", "etcd", "--etcd-endpoints", "http://127.0.0.1:1", "--etcd-verify-interval", "1ms"}, 2, "--etcd-verify-interval"},
+		{"worker port not a number", nil, []string{"router", "--prefill", "http://host:notaport", "--decode", "http://d:1"}, 2, `worker URL "http://host:notaport": port "notaport" is not a number` + "\n"},
 		{"worker port out of range", nil, []string{"router", "--prefill", "http://p:70000", "--decode", "http://d:1"}, 2, "65535"},
 		{"advertised KV address without etcd", nil, []string{"prefill", "--advertise-kv-addr", "10.0.0.1:8998"}, 2, "--advertise-kv-addr"},
 		{"bad advertised KV address", nil, []string{"prefill", "--etcd-endpoints", "http://127.0.0.1:1", "--advertise-kv-addr", "10.0.0.1:99999"}, 2, "--advertise-kv-addr"},

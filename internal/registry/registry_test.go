@@ -24,6 +24,25 @@ func TestParseURL(t *testing.T) {
 	}
 }
 
+// TestParseURLNamesANonNumericPort: a worker URL whose port is not a
+// number says so, naming the port, rather than only what it wants.
+func TestParseURLNamesANonNumericPort(t *testing.T) {
+	for raw, port := range map[string]string{
+		"http://host:notaport":        "notaport",
+		"http://host:80x/":            "80x",
+		"https://u@h:p0rt":            "p0rt",
+		"http://[::1]:eighty?q":       "eighty",
+		"http://10.0.0.1:3o000/v1":    "3o000",
+		"http://host:notaport#anchor": "notaport",
+	} {
+		_, err := ParseURL(raw)
+		want := `worker URL "` + raw + `": port "` + port + `" is not a number`
+		if err == nil || err.Error() != want {
+			t.Errorf("ParseURL(%q) = %v, want %q", raw, err, want)
+		}
+	}
+}
+
 func TestEntryValidate(t *testing.T) {
 	ok := Entry{ID: "p", Role: RolePrefill, URL: "http://h:1", KVAddr: "h:2"}
 	if err := ok.Validate(); err != nil {

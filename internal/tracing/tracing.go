@@ -171,6 +171,30 @@ func settingsOf(cfg Config) (settings, error) {
 	return settings{client: client, ratio: ratio, qc: qc, res: res}, nil
 }
 
+// nonNumericPort returns the port of URL raw (scheme://[user@]host:port/...)
+// when it has one that is not a decimal number, which url.Parse refuses
+// without naming it.
+func nonNumericPort(raw string) (string, bool) {
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return "", false
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	rest = rest[strings.LastIndexByte(rest, '@')+1:]
+	rest = rest[strings.LastIndexByte(rest, ']')+1:] // after an IPv6 literal
+	i := strings.LastIndexByte(rest, ':')
+	if i < 0 || i == len(rest)-1 {
+		return "", false
+	}
+	p := rest[i+1:]
+	if strings.Trim(p, "0123456789") == "" {
+		return "", false
+	}
+	return p, true
+}
+
 // otlpClient returns the OTLP client of endpoint: gRPC unless the URL's
 // scheme or proto says HTTP. Over HTTP the path is the URL's, or
 // /v1/traces when it names none or base says it is a base URL (then
@@ -182,6 +206,9 @@ func otlpClient(endpoint, proto string, base bool) (otlptrace.Client, error) {
 	scheme, host, path := "", endpoint, ""
 	if strings.Contains(endpoint, "://") {
 		u, err := url.Parse(endpoint)
+		if p, ok := nonNumericPort(endpoint); err != nil && ok {
+			return nil, bad(fmt.Sprintf("port %q is not a number", p))
+		}
 		if err != nil || u.Host == "" {
 			return nil, bad("not a URL with a host")
 		}
@@ -192,7 +219,9 @@ func otlpClient(endpoint, proto string, base bool) (otlptrace.Client, error) {
 	}
 	if h, port, err := net.SplitHostPort(host); err != nil || h == "" {
 		return nil, bad("no host:port")
-	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+	} else if n, err := strconv.Atoi(port); err != nil && strings.Trim(port, "0123456789") != "" {
+		return nil, bad(fmt.Sprintf("port %q is not a number", port))
+	} else if err != nil || n < 1 || n > 65535 {
 		return nil, bad("port " + port + " out of range")
 	}
 	switch {

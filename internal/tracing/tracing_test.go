@@ -118,6 +118,22 @@ func TestEndpointPath(t *testing.T) {
 	}
 }
 
+// TestEndpointPortNotANumber: an endpoint whose port is not a number says
+// so, naming the port, with or without a scheme.
+func TestEndpointPortNotANumber(t *testing.T) {
+	for _, c := range []struct{ endpoint, port string }{
+		{"http://host:notaport", "notaport"},
+		{"grpc://host:43l7/", "43l7"},
+		{"host:notaport", "notaport"},
+	} {
+		err := Check(Config{Endpoint: c.endpoint, Getenv: func(string) string { return "" }})
+		want := `OTLP traces endpoint "` + c.endpoint + `": port "` + c.port + `" is not a number`
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", c.endpoint, err, want)
+		}
+	}
+}
+
 // TestLegSpanID: the id is a function of (trace, room, gen, role) alone,
 // different for each, and a provider with IDs gives a span the id asked
 // for with WithSpanID (and random ids otherwise).

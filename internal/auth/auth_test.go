@@ -46,6 +46,44 @@ func errBody(t *testing.T, rec *httptest.ResponseRecorder) openai.ErrorObject {
 	return b.Error
 }
 
+// TestFrontDoorRefusalSentences: a refusal's message is written in
+// sentences, each starting with a capital letter (not "... API key. the API
+// needs one").
+func TestFrontDoorRefusalSentences(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	for _, tc := range []struct {
+		p          FrontDoor
+		path, key  string
+		status     int
+		wantPrefix string
+	}{
+		{FrontDoor{APIKeys: NewKeys("sk-api")}, "/v1/completions", "", 401,
+			"You didn't provide an API key. The API needs one in an Authorization header: Authorization: Bearer YOUR_KEY."},
+		{FrontDoor{APIKeys: NewKeys("sk-api")}, "/workers", "", 401,
+			"You didn't provide an API key. The admin API needs an admin key (--admin-api-key) in an Authorization header"},
+		{FrontDoor{APIKeys: NewKeys("sk-api"), AdminKeys: NewKeys("sk-admin")}, "/internal/v1/generate", "", 401,
+			"You didn't provide an API key. The worker API needs one in an Authorization header"},
+		{FrontDoor{APIKeys: NewKeys("sk-api")}, "/workers", "sk-api", 403,
+			"The admin API needs an admin key: this server has no --admin-api-key"},
+		{FrontDoor{APIKeys: NewKeys("sk-api"), AdminKeys: NewKeys("sk-admin")}, "/debug/requests", "", 401,
+			"You didn't provide an API key. /debug needs one in an Authorization header"},
+	} {
+		hr := httptest.NewRequest("GET", tc.path, nil)
+		if tc.key != "" {
+			hr.Header.Set("Authorization", "Bearer "+tc.key)
+		}
+		rec := httptest.NewRecorder()
+		tc.p.Wrap(ok).ServeHTTP(rec, hr)
+		if rec.Code != tc.status {
+			t.Errorf("%s key %q: status %d, want %d", tc.path, tc.key, rec.Code, tc.status)
+			continue
+		}
+		if msg := errBody(t, rec).Message; !strings.HasPrefix(msg, tc.wantPrefix) {
+			t.Errorf("%s key %q: message %q, want it to start %q", tc.path, tc.key, msg, tc.wantPrefix)
+		}
+	}
+}
+
 // TestFrontDoorPolicy: every path class, with and without each key, gets
 // the documented answer; refusals are OpenAI errors with
 // WWW-Authenticate and are reported.

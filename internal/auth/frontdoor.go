@@ -122,6 +122,15 @@ func unauthorized(format string, args ...any) *openai.Error {
 		Code: CodeInvalidAPIKey, Message: fmt.Sprintf(format, args...)}
 }
 
+// capitalized returns what (the part of the API a refusal is about, "the
+// API", "/debug") with its first letter upper-case, to start a sentence.
+func capitalized(what string) string {
+	if what != "" && 'a' <= what[0] && what[0] <= 'z' {
+		return string(what[0]-'a'+'A') + what[1:]
+	}
+	return what
+}
+
 // check returns why r is refused, or nil.
 func (p *FrontDoor) check(r *http.Request) *openai.Error {
 	class := ClassOf(r.URL.Path)
@@ -155,10 +164,10 @@ func (p *FrontDoor) check(r *http.Request) *openai.Error {
 		return p.need(r, what, p.AdminKeys)
 	}
 	if _, ok := BearerToken(r); !ok {
-		return unauthorized("You didn't provide an API key. %s needs an admin key (--admin-api-key) in an Authorization header: Authorization: Bearer YOUR_KEY.", what)
+		return unauthorized("You didn't provide an API key. %s needs an admin key (--admin-api-key) in an Authorization header: Authorization: Bearer YOUR_KEY.", capitalized(what))
 	}
 	return &openai.Error{Status: http.StatusForbidden, Type: openai.TypeInvalidRequest, Code: CodeAdminAPIKeyRequired,
-		Message: what + " needs an admin key: this server has no --admin-api-key, and an API key reaches the OpenAI API only"}
+		Message: capitalized(what) + " needs an admin key: this server has no --admin-api-key, and an API key reaches the OpenAI API only"}
 }
 
 // Admin reports whether r may read what only an admin reaches (the admin
@@ -177,7 +186,7 @@ func (p *FrontDoor) Admin(r *http.Request) bool {
 func (p *FrontDoor) need(r *http.Request, what string, sets ...*Keys) *openai.Error {
 	token, ok := BearerToken(r)
 	if !ok {
-		return unauthorized("You didn't provide an API key. %s needs one in an Authorization header: Authorization: Bearer YOUR_KEY.", what)
+		return unauthorized("You didn't provide an API key. %s needs one in an Authorization header: Authorization: Bearer YOUR_KEY.", capitalized(what))
 	}
 	matched := false
 	for _, s := range sets {

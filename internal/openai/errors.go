@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Error types, as the official OpenAI API spells them in the "type" field of
@@ -114,9 +115,22 @@ func NotFound(format string, args ...any) *Error {
 	return &Error{Status: http.StatusNotFound, Type: TypeInvalidRequest, Message: fmt.Sprintf(format, args...)}
 }
 
+// MaxEchoedModel bounds the bytes of a requested model name that
+// ModelNotFound repeats in its message; a longer name is cut there (at a
+// character boundary) and marked with "…".
+const MaxEchoedModel = 256
+
 // ModelNotFound returns the 404 for a request naming a model this server
-// does not serve: param "model", code CodeModelNotFound.
+// does not serve: param "model", code CodeModelNotFound. The message names
+// the model, cut to MaxEchoedModel bytes.
 func ModelNotFound(name string) *Error {
+	if len(name) > MaxEchoedModel {
+		cut := MaxEchoedModel
+		for cut > 0 && !utf8.RuneStart(name[cut]) {
+			cut--
+		}
+		name = name[:cut] + "…"
+	}
 	return &Error{Status: http.StatusNotFound, Type: TypeInvalidRequest, Param: "model",
 		Code: CodeModelNotFound, Message: fmt.Sprintf("The model `%s` does not exist.", name)}
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -80,6 +82,27 @@ func nilIfEmpty(s string) any {
 		return nil
 	}
 	return s
+}
+
+// TestModelNotFoundBoundsTheName: the 404 repeats at most MaxEchoedModel
+// bytes of the requested name, cut at a character boundary and marked
+// "…"; a name of MaxEchoedModel bytes is repeated whole.
+func TestModelNotFoundBoundsTheName(t *testing.T) {
+	exact := strings.Repeat("m", MaxEchoedModel)
+	if got, want := ModelNotFound(exact).Message, "The model `"+exact+"` does not exist."; got != want {
+		t.Errorf("a %d-byte name: %q, want it whole", len(exact), got)
+	}
+	for _, name := range []string{
+		strings.Repeat("a", 1<<20),
+		strings.Repeat("a", MaxEchoedModel-1) + strings.Repeat("é", 100), // é straddles the cut
+	} {
+		msg := ModelNotFound(name).Message
+		want := "The model `" + name[:MaxEchoedModel-1]
+		if !strings.HasPrefix(msg, want) || !strings.HasSuffix(msg, "…` does not exist.") ||
+			len(msg) > MaxEchoedModel+len("The model `…` does not exist.") || !utf8.ValidString(msg) {
+			t.Errorf("a %d-byte name: %d-byte message %.300q..., want the name's first %d bytes at most, then …", len(name), len(msg), msg, MaxEchoedModel)
+		}
+	}
 }
 
 func TestWriteErrorExactBody(t *testing.T) {

@@ -547,6 +547,27 @@ func TestValidationThroughHandler(t *testing.T) {
 	}
 }
 
+// TestUnknownModelAnswerIsBounded: a 512 KiB model name in a request (or in
+// GET /v1/models/{id}) gets a 404 model_not_found of a few hundred bytes,
+// not the name back in full.
+func TestUnknownModelAnswerIsBounded(t *testing.T) {
+	eng := newFakeEngine()
+	srv := newServer(t, eng)
+	name := strings.Repeat("x", 512<<10) // a GET's path fits the server's header limit (1 MiB)
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/completions", `{"model":"` + name + `","prompt":"hi"}`},
+		{"POST", "/v1/chat/completions", `{"model":"` + name + `","messages":[{"role":"user","content":"hi"}]}`},
+		{"GET", "/v1/models/" + name, ""},
+	} {
+		resp, body := do(t, srv, c.method, c.path, c.body)
+		e := DecodeError(resp.StatusCode, []byte(body))
+		if resp.StatusCode != 404 || e.Code != CodeModelNotFound || len(body) > 1024 ||
+			!strings.Contains(e.Message, strings.Repeat("x", MaxEchoedModel)+"…") {
+			t.Errorf("%s %s: status %d, code %q, %d-byte body %.200s; want a 404 %s under 1 KiB", c.method, c.path[:20], resp.StatusCode, e.Code, len(body), body, CodeModelNotFound)
+		}
+	}
+}
+
 func TestNoTokenizerTokenIDs(t *testing.T) {
 	eng := newFakeEngine(chunksOf("ab", 1, "length")...)
 	srv := newServer(t, eng, func(c *Config) { c.Tokenizer = nil })

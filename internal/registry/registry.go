@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/kvxfer"
+	"github.com/pdserve/pdserve/internal/netaddr"
 )
 
 // Worker roles as registries spell them.
@@ -104,7 +105,7 @@ func (e Entry) Validate() error {
 // slash.
 func ParseURL(raw string) (string, error) {
 	u, err := url.Parse(strings.TrimRight(raw, "/"))
-	if p, ok := nonNumericPort(raw); err != nil && ok {
+	if p, ok := netaddr.NonNumericPort(raw); err != nil && ok {
 		return "", fmt.Errorf("worker URL %q: port %q is not a number", raw, p)
 	}
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.Path != "" ||
@@ -115,30 +116,6 @@ func ParseURL(raw string) (string, error) {
 		return "", fmt.Errorf("worker URL %q: the port must be from 1 to 65535", raw)
 	}
 	return u.String(), nil
-}
-
-// nonNumericPort returns the port of URL raw (scheme://[user@]host:port/...)
-// when it has one that is not a decimal number, which url.Parse refuses
-// without naming it.
-func nonNumericPort(raw string) (string, bool) {
-	_, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return "", false
-	}
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		rest = rest[:i]
-	}
-	rest = rest[strings.LastIndexByte(rest, '@')+1:]
-	rest = rest[strings.LastIndexByte(rest, ']')+1:] // after an IPv6 literal
-	i := strings.LastIndexByte(rest, ':')
-	if i < 0 || i == len(rest)-1 {
-		return "", false
-	}
-	p := rest[i+1:]
-	if strings.Trim(p, "0123456789") == "" {
-		return "", false
-	}
-	return p, true
 }
 
 // validPort reports whether p is a decimal TCP port from 1 to 65535.

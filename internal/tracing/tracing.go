@@ -42,6 +42,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/pdserve/pdserve/internal/netaddr"
 )
 
 // Instrumentation is the name of pdserve's tracers.
@@ -171,30 +173,6 @@ func settingsOf(cfg Config) (settings, error) {
 	return settings{client: client, ratio: ratio, qc: qc, res: res}, nil
 }
 
-// nonNumericPort returns the port of URL raw (scheme://[user@]host:port/...)
-// when it has one that is not a decimal number, which url.Parse refuses
-// without naming it.
-func nonNumericPort(raw string) (string, bool) {
-	_, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return "", false
-	}
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		rest = rest[:i]
-	}
-	rest = rest[strings.LastIndexByte(rest, '@')+1:]
-	rest = rest[strings.LastIndexByte(rest, ']')+1:] // after an IPv6 literal
-	i := strings.LastIndexByte(rest, ':')
-	if i < 0 || i == len(rest)-1 {
-		return "", false
-	}
-	p := rest[i+1:]
-	if strings.Trim(p, "0123456789") == "" {
-		return "", false
-	}
-	return p, true
-}
-
 // otlpClient returns the OTLP client of endpoint: gRPC unless the URL's
 // scheme or proto says HTTP. Over HTTP the path is the URL's, or
 // /v1/traces when it names none or base says it is a base URL (then
@@ -206,7 +184,7 @@ func otlpClient(endpoint, proto string, base bool) (otlptrace.Client, error) {
 	scheme, host, path := "", endpoint, ""
 	if strings.Contains(endpoint, "://") {
 		u, err := url.Parse(endpoint)
-		if p, ok := nonNumericPort(endpoint); err != nil && ok {
+		if p, ok := netaddr.NonNumericPort(endpoint); err != nil && ok {
 			return nil, bad(fmt.Sprintf("port %q is not a number", p))
 		}
 		if err != nil || u.Host == "" {

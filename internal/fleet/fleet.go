@@ -345,6 +345,16 @@ func (w *Worker) Usable() bool {
 // usableLocked is Usable with w.mu held.
 func (w *Worker) usableLocked() bool { return w.state == StateReady && w.failures == 0 }
 
+// Failing reports whether the worker is ready but its last health check
+// failed (fewer than FailureThreshold in a row): out of new pairs while a
+// usable worker of its role is left, the router's last resort when none is
+// (a missed check on a loaded host is not yet a lost worker).
+func (w *Worker) Failing() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.state == StateReady && w.failures > 0
+}
+
 // Weight is the worker's share of new requests in [0, 1]: 0 unless usable,
 // ramping linearly from 0.1 to 1 over SlowStart after it became ready.
 func (w *Worker) Weight() float64 {

@@ -753,6 +753,52 @@ func TestFrozenDecodeOutOfPairsAfterOneFailedCheck(t *testing.T) {
 	})
 }
 
+// TestEveryDecodeMissedOneCheck: when every decode worker missed one health
+// check at once (a loaded host slows them all), they are still ready and the
+// router's last resort: requests are served on them, not refused with a 503
+// that calls them ready; once one passes a check again, only it gets pairs.
+func TestEveryDecodeMissedOneCheck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 2, 0, func(cfg *Config) {
+			cfg.HealthInterval, cfg.CheckTimeout = 2*time.Second, time.Second
+		})
+		defer tr.r.Close()
+		slow := func(ctx context.Context) int { <-ctx.Done(); return http.StatusServiceUnavailable }
+		for _, d := range tr.decode {
+			d.setHealth(slow)
+		}
+		advance(2*time.Second + time.Second) // the next check, and its timeout
+		for _, d := range tr.decode {
+			if st := workerNamed(t, tr.r, d.url()).Status(); st.State.String() != "ready" || st.Healthy {
+				t.Fatalf("decode after one failed check: %+v, want ready and not healthy", st)
+			}
+		}
+		before := legCounts(tr.decode)
+		for i := range 20 {
+			if a := generate(t.Context(), tr.r, fmt.Sprintf("rid%d", i)); a.err != nil || !cmp.Equal(a.tokens, okTokens) {
+				t.Fatalf("request %d with every decode worker one check down: %+v", i, a)
+			}
+		}
+		if after := legCounts(tr.decode); after[0]+after[1] != before[0]+before[1]+20 {
+			t.Fatalf("decode legs %v -> %v, want 20 more", before, after)
+		}
+		tr.decode[0].setHealth(nil) // answers again
+		advance(2 * time.Second)
+		if st := workerNamed(t, tr.r, tr.decode[0].url()).Status(); !st.Healthy {
+			t.Fatalf("decode 0 after a passed check: %+v", st)
+		}
+		before = legCounts(tr.decode)
+		for i := range 10 {
+			if a := generate(t.Context(), tr.r, fmt.Sprintf("again%d", i)); a.err != nil {
+				t.Fatalf("request %d: %+v", i, a)
+			}
+		}
+		if after := legCounts(tr.decode); after[1] != before[1] || after[0] != before[0]+10 {
+			t.Fatalf("decode legs %v -> %v: with a usable worker back, the failing one got pairs", before, after)
+		}
+	})
+}
+
 // TestBootstrapTimeoutProbedAndRetried: a prefill leg that fails with
 // timeout_bootstrap (its decode never opened the room: frozen) makes the
 // router probe the pair; the frozen decode fails its probe and the retry

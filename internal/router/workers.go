@@ -470,9 +470,19 @@ func (r *Router) pickPlainExcept(req *PickRequest, exclude exclusions) (*fleet.W
 // not rule out, as candidates with their load: ready counts them, cands
 // holds those admission lets through (all of them unless admit), and why
 // is the reason the last one refused was refused (ShedNone if none was).
+// When no usable worker is left, the ready workers whose last health check
+// failed (fleet.Worker.Failing) stand in: one missed check, which a loaded
+// host gives every worker of a role at once, must not refuse every request
+// while each of them is still ready; a worker that is really gone leaves at
+// the health check's failure threshold, and its legs fail over then.
 func (r *Router) candidates(role workerapi.Role, now time.Time, admit bool, skip func(*fleet.Worker) bool) (cands []Candidate, ready int, why ShedReason) {
-	for _, w := range r.set.Workers(role.String()) {
-		if !w.Usable() || (skip != nil && skip(w)) {
+	ws := r.set.Workers(role.String())
+	usable := (*fleet.Worker).Usable
+	if !slices.ContainsFunc(ws, func(w *fleet.Worker) bool { return w.Usable() && (skip == nil || !skip(w)) }) {
+		usable = (*fleet.Worker).Failing
+	}
+	for _, w := range ws {
+		if !usable(w) || (skip != nil && skip(w)) {
 			continue
 		}
 		ready++
@@ -680,6 +690,8 @@ func (r *Router) whyNone(role workerapi.Role, exclude exclusions, req *PickReque
 			why = fmt.Sprintf("serving a context of %d tokens (this request needs %d)", req.short(w), req.need())
 		case req.computesOtherwise(w) != "":
 			why = "computing otherwise than the workers of this request's output so far (" + req.computesOtherwise(w) + ")"
+		case st.State == fleet.StateReady && !st.Healthy:
+			why = "ready but failing health checks"
 		}
 		if counts[why] == 0 {
 			order = append(order, why)

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/pdserve/pdserve/internal/fleet"
 	"github.com/pdserve/pdserve/internal/metrics"
@@ -57,10 +58,14 @@ const LocalBoostCap = 4
 // LocalThreshold returns the uncached prompt length below which a request
 // is served on its decode worker alone, for --disagg-min-prompt-tokens
 // minTokens and a prefill backlog of backlog prompt tokens (0 when minTokens
-// is 0: always disaggregate).
+// is 0: always disaggregate). It saturates at math.MaxInt (always local)
+// instead of overflowing for a huge minTokens.
 func LocalThreshold(minTokens, backlog int) int {
 	if minTokens <= 0 {
 		return 0
+	}
+	if minTokens > math.MaxInt/LocalBoostCap {
+		return math.MaxInt
 	}
 	return minTokens + min(max(backlog, 0), (LocalBoostCap-1)*minTokens)
 }

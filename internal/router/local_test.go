@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -61,6 +62,9 @@ func TestLocalDecision(t *testing.T) {
 func TestLocalThreshold(t *testing.T) {
 	for _, c := range []struct{ min, backlog, want int }{
 		{0, 1000, 0}, {-5, 0, 0}, {64, 0, 64}, {64, -10, 64}, {64, 100, 164}, {64, 192, 256}, {64, 10_000, LocalBoostCap * 64},
+		// Huge thresholds saturate (always local), never wrap around.
+		{math.MaxInt / LocalBoostCap, math.MaxInt, LocalBoostCap * (math.MaxInt / LocalBoostCap)},
+		{math.MaxInt/LocalBoostCap + 1, 0, math.MaxInt}, {1 << 62, 0, math.MaxInt}, {math.MaxInt, math.MaxInt, math.MaxInt},
 	} {
 		if got := LocalThreshold(c.min, c.backlog); got != c.want {
 			t.Errorf("LocalThreshold(%d, %d) = %d, want %d", c.min, c.backlog, got, c.want)

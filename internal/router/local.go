@@ -156,7 +156,7 @@ func (r *Router) pickLocalExcept(req *PickRequest, exclude exclusions) (*fleet.W
 		return exclude.has(w) || req.unfit(w) || !hasFeature(w, workerapi.FeatureLocal)
 	})
 	if len(cands) == 0 {
-		e := openai.Unavailable("no other healthy decode worker%s (see /debug/workers)", r.whyNone(workerapi.RoleDecode, exclude, req))
+		e := openai.Unavailable("no other healthy decode worker%s (see /workers)", r.whyNone(workerapi.RoleDecode, exclude, req))
 		e.Code = outcome.NoWorker.String()
 		return nil, e
 	}

@@ -519,7 +519,7 @@ func malformed(format string, args ...any) *workerapi.Error {
 // downError is a leg's failure because its worker stopped answering.
 func downError(role workerapi.Role) *workerapi.Error {
 	return workerapi.NewError(outcome.WorkerUnreachable,
-		fmt.Sprintf("the %s worker stopped answering health checks (details: the router's /debug/workers)", role), outcome.Cause{})
+		fmt.Sprintf("the %s worker stopped answering health checks (details: the router's /workers)", role), outcome.Cause{})
 }
 
 // withTimeout returns a context that ends after d on the router's clock;

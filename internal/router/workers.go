@@ -441,7 +441,7 @@ func (r *Router) pickPlain(req *PickRequest) (*fleet.Worker, *openai.Error) {
 	case ready > 0 && req == nil:
 		return cands[0].Worker, nil
 	case ready == 0:
-		e := openai.Unavailable("no healthy colocated worker%s (see /debug/workers)", r.whyNone(workerapi.RoleColocated, nil, req))
+		e := openai.Unavailable("no healthy colocated worker%s (see /workers)", r.whyNone(workerapi.RoleColocated, nil, req))
 		e.Code = outcome.NoWorker.String()
 		return nil, e
 	case len(cands) == 0:
@@ -459,7 +459,7 @@ func (r *Router) pickPlainExcept(req *PickRequest, exclude exclusions) (*fleet.W
 		return exclude.has(w) || req.unfit(w)
 	})
 	if len(cands) == 0 {
-		e := openai.Unavailable("no other healthy colocated worker%s (see /debug/workers)", r.whyNone(workerapi.RoleColocated, exclude, req))
+		e := openai.Unavailable("no other healthy colocated worker%s (see /workers)", r.whyNone(workerapi.RoleColocated, exclude, req))
 		e.Code = outcome.NoWorker.String()
 		return nil, e
 	}

@@ -43,8 +43,10 @@ type Inputs struct {
 	DecodeKVTokens   int `json:"decode_kv_tokens"`
 	DecodeMaxRunning int `json:"decode_max_running"`
 	// DecodeKVHeld is the KV tokens the decode workers taking requests
-	// hold now, by their last load reports.
-	DecodeKVHeld int `json:"decode_kv_held"`
+	// hold by their load reports, the median of the window's ticks;
+	// DecodeKVHeldNow is this tick's.
+	DecodeKVHeld    int `json:"decode_kv_held"`
+	DecodeKVHeldNow int `json:"decode_kv_held_now"`
 	// TTFTp90 and ITLp90 are the 90th percentiles of the time to first
 	// token and of the mean inter-token latency (TPOT) of the requests that
 	// ended in the window; Finished counts them, WithinSLOs is the fraction
@@ -230,7 +232,7 @@ func Estimate(in Inputs, slo SLOs) (Need, bool) {
 			// Requests that arrived before the window still hold their KV:
 			// the workers' reports are a floor.
 			held = k
-			nd.DecodeWhy = fmt.Sprintf("%.0f tokens held now (the decode workers' reports; the window's arrivals alone: less)", k)
+			nd.DecodeWhy = fmt.Sprintf("%.0f tokens held (the decode workers' reports, median over the window; the window's arrivals alone: less)", k)
 		}
 		nd.Decode = held / kmax
 		nd.DecodeWhy += fmt.Sprintf(" / %.0f per worker%s = %.2f", kmax, capped, nd.Decode)

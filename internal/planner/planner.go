@@ -18,7 +18,9 @@
 //
 // It never flaps: a change must be called for over Dwell in a row, at
 // least Dwell after the last one (unless a role is overloaded, its load
-// ratio over 1: then a flip relieves it at once), a flip must cut the
+// ratio over 1: then a flip relieves it as soon as two ticks in a row call
+// for it), the KV the decode workers hold counts as its median over the
+// window's ticks, a flip must cut the
 // worse load ratio by MinGain, scaling down waits Dwell (scaling up does
 // not), nothing is decided while a change is under way or a worker is
 // leaving, and an elastic actuator is asked for the counts it was last
@@ -35,6 +37,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -408,6 +411,13 @@ func (p *Planner) inputsLocked(snap snapshot, fleet []WorkerLoad) Inputs {
 	for len(p.snaps) > 1 && snap.at.Sub(p.snaps[1].at) >= p.cfg.Window {
 		p.snaps = p.snaps[1:]
 	}
+	// The KV held is the median of the window's ticks, not this tick's
+	// alone: one tick's reports swing with the load (a long prompt's KV
+	// lands on decode for the few tokens of its answer), and the planner
+	// must not flip on a swing; KV held through most of the window (long
+	// answers still running) counts.
+	in.DecodeKVHeldNow = in.DecodeKVHeld
+	in.DecodeKVHeld = p.medianHeldLocked()
 	old := p.snaps[0]
 	span := snap.at.Sub(old.at)
 	in.Window = Duration(span)
@@ -485,6 +495,27 @@ func (p *Planner) inputsLocked(snap snapshot, fleet []WorkerLoad) Inputs {
 	return in
 }
 
+// medianHeldLocked is the median over the window's ticks of the KV tokens
+// the decode workers taking requests reported holding.
+func (p *Planner) medianHeldLocked() int {
+	held := make([]int, 0, len(p.snaps))
+	for _, s := range p.snaps {
+		k := 0
+		for _, w := range s.fleet {
+			if w.Taking && w.Role == roleDecode {
+				k += w.KVTokens
+			}
+		}
+		held = append(held, k)
+	}
+	slices.Sort(held)
+	n := len(held)
+	if n%2 == 1 {
+		return held[n/2]
+	}
+	return (held[n/2-1] + held[n/2]) / 2
+}
+
 // ratio is the worse of the two roles' load ratios with p and d workers.
 func ratio(nd Need, p, d int) float64 {
 	return math.Max(nd.Prefill/float64(p), nd.Decode/float64(d))
@@ -532,9 +563,17 @@ func (p *Planner) decideSplitLocked(d *Decision) {
 		max(n, -n), roleName(n < 0), roleName(n > 0), now, next, best, total-best)
 	if now > 1 {
 		// A role is over its capacity: its requests miss the SLO from now
-		// on, so it is relieved at once (the gain rule still applies).
-		p.pending = pendingChange{}
-		d.Action, d.Reason = ActionFlip, why+"; a role is overloaded: at once"
+		// on, so it is relieved without the dwell (the gain rule still
+		// applies) — once a second tick in a row calls for the same split,
+		// so that one tick's swing of the inputs flips nothing.
+		if p.pending.p == d.DesiredPrefill && p.pending.d == d.DesiredDecode && !p.pending.since.IsZero() &&
+			d.At.After(p.pending.since) {
+			p.pending = pendingChange{}
+			d.Action, d.Reason = ActionFlip, why+"; a role is overloaded: at once"
+			return
+		}
+		p.pending = pendingChange{p: d.DesiredPrefill, d: d.DesiredDecode, since: d.At}
+		d.Reason = why + "; a role is overloaded: at the next tick if it still calls for this split"
 		return
 	}
 	p.callFor(d, why, ActionFlip)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -95,7 +96,7 @@ func TestEstimate(t *testing.T) {
 	// account for: the reports are the floor (175,000 / 350,000 = 0.5).
 	held := in
 	held.DecodeKVTokens, held.DecodeMaxRunning, held.DecodeKVHeld = 0, 0, 175000
-	if nd, _ := Estimate(held, slo); !near(nd.Decode, 0.5, 1e-6) || !strings.Contains(nd.DecodeWhy, "held now") {
+	if nd, _ := Estimate(held, slo); !near(nd.Decode, 0.5, 1e-6) || !strings.Contains(nd.DecodeWhy, "tokens held (the decode workers' reports, median over the window") {
 		t.Errorf("decode need with 175,000 tokens held: %v (%s)", nd.Decode, nd.DecodeWhy)
 	}
 	// Half the arrivals served by decode alone, with 200-token prompts:
@@ -810,5 +811,77 @@ func TestLightLoadNoFlip(t *testing.T) {
 	}
 	if f.n() != 0 || !strings.Contains(d.Reason, "lightly loaded") {
 		t.Fatalf("%d flips at light load; last: %s", f.n(), d.Reason)
+	}
+}
+
+// TestOneTickSwingFlipsNothing: on a steady load that fits 2P:2D, one tick
+// at which the decode workers report holding twenty times their pool (long
+// prompts' KV landing for a few tokens of answer) flips nothing: the KV
+// held counts as its median over the window, and an overload must be
+// called for on two ticks in a row.
+func TestOneTickSwingFlipsNothing(t *testing.T) {
+	w := newWorld(t, 2, 2)
+	f := &flipper{w: w}
+	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 2 * time.Second,
+		Window: 10 * time.Second, Dwell: 6 * time.Second, Fleet: w.fleet, Recorder: w.rec, Actuator: f, Clock: w.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rate, w.prompt, w.output = 14, 2000, 32 // prefill load ratio ~0.8 on two workers
+	for s := range 60 {
+		w.second()
+		if s%2 != 1 {
+			continue
+		}
+		if s == 31 {
+			w.mu.Lock()
+			for i := range w.workers {
+				if w.workers[i].Role == roleDecode {
+					w.workers[i].KVTokens = 20 * w.workers[i].KVCapacity
+				}
+			}
+			w.mu.Unlock()
+		}
+		d := p.Tick(context.Background(), w.clk.Now())
+		if s == 31 && (d.Inputs.DecodeKVHeldNow < 20*500000 || d.Inputs.DecodeKVHeld >= 500000) {
+			t.Fatalf("the swing: %d tokens held now, %d counted; want it seen now and the window's median far below",
+				d.Inputs.DecodeKVHeldNow, d.Inputs.DecodeKVHeld)
+		}
+		if d.Action != ActionHold && d.DesiredDecode > d.Decode {
+			t.Fatalf("flipped toward decode at %ds: %s (need %+v)", s+1, d.Reason, d.Need)
+		}
+		p.wg.Wait()
+	}
+}
+
+// TestOverloadFlipsOnTheSecondTick: an overloaded role (1P:3D under 12 req/s
+// of 4,000-token prompts) is relieved without the dwell, but only once two
+// ticks in a row call for the same split.
+func TestOverloadFlipsOnTheSecondTick(t *testing.T) {
+	w := newWorld(t, 1, 3)
+	f := &flipper{w: w}
+	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
+		Window: 30 * time.Second, Dwell: time.Minute, Fleet: w.fleet, Recorder: w.rec, Actuator: f, Clock: w.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rate, w.prompt, w.output = 12, 4000, 32
+	var ds []Decision
+	for s := range 30 {
+		w.second()
+		if s%5 == 4 {
+			ds = append(ds, p.Tick(context.Background(), w.clk.Now()))
+			p.wg.Wait()
+		}
+	}
+	first := slices.IndexFunc(ds, func(d Decision) bool { return d.DesiredPrefill > d.Prefill })
+	if first < 0 || first+1 >= len(ds) {
+		t.Fatalf("no overload called for: %+v", ds)
+	}
+	if d := ds[first]; d.Action != ActionHold || !strings.Contains(d.Reason, "at the next tick") {
+		t.Fatalf("first tick calling for %dP: %s %q, want a hold until the next tick", d.DesiredPrefill, d.Action, d.Reason)
+	}
+	if d := ds[first+1]; d.Action != ActionFlip || !strings.Contains(d.Reason, "overloaded: at once") {
+		t.Fatalf("second tick: %s %q, want the flip (well within the minute's dwell)", d.Action, d.Reason)
 	}
 }

@@ -315,6 +315,21 @@ func newWorld(t *testing.T, nP, nD int) *world {
 	return w
 }
 
+// planner is a Planner over w (its Recorder, fleet and clock) with cfg's
+// SLOs, timing and bounds, and act as its Actuator (nil: none).
+func (w *world) planner(t *testing.T, cfg Config, act Actuator) *Planner {
+	t.Helper()
+	cfg.Recorder, cfg.Fleet, cfg.Clock = w.rec, w.fleet, w.clk
+	if act != nil {
+		cfg.Actuator = act
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func roles(ws []WorkerLoad) (p, d int) {
 	for _, w := range ws {
 		if w.Role == rolePrefill {
@@ -334,11 +349,8 @@ func TestSplitFollowsTheLoad(t *testing.T) {
 	w := newWorld(t, 1, 3)
 	f := &flipper{w: w}
 	reg := prometheus.NewRegistry()
-	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
-		Window: 30 * time.Second, Dwell: 20 * time.Second, Recorder: w.rec, Fleet: w.fleet, Actuator: f, Clock: w.clk, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
+		Window: 30 * time.Second, Dwell: 20 * time.Second, Registerer: reg}, f)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// Prefill-bound: 12 req/s of 4,000-token prompts is 48,000 tokens/s for
@@ -457,11 +469,8 @@ func (s *scaler) Apply(_ context.Context, d Decision) error {
 func TestScaleUpAtOnceDownAfterDwell(t *testing.T) {
 	w := newWorld(t, 1, 1)
 	s := &scaler{w: w}
-	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
-		Window: 10 * time.Second, Dwell: 30 * time.Second, MaxPrefill: 4, Recorder: w.rec, Fleet: w.fleet, Actuator: s, Clock: w.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
+		Window: 10 * time.Second, Dwell: 30 * time.Second, MaxPrefill: 4}, s)
 	ctx := context.Background()
 	w.rate, w.prompt, w.output = 30, 4000, 32 // 120,000 tokens/s: over 4 prefill workers' worth
 	var up time.Duration
@@ -526,11 +535,7 @@ func (s *stuckScaler) Apply(_ context.Context, d Decision) error {
 func TestElasticAsksAgainAfterTwoDwells(t *testing.T) {
 	w := newWorld(t, 1, 1)
 	s := &stuckScaler{}
-	p, err := New(Config{Interval: 5 * time.Second, Window: 10 * time.Second, Dwell: 20 * time.Second,
-		Recorder: w.rec, Fleet: w.fleet, Actuator: s, Clock: w.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{Interval: 5 * time.Second, Window: 10 * time.Second, Dwell: 20 * time.Second}, s)
 	w.rate, w.prompt, w.output = 30, 4000, 32
 	var at []time.Duration
 	start := w.clk.Now()
@@ -573,10 +578,7 @@ func TestElasticAsksAgainAfterTwoDwells(t *testing.T) {
 func TestNoActuatorPublishes(t *testing.T) {
 	w := newWorld(t, 1, 1)
 	reg := prometheus.NewRegistry()
-	p, err := New(Config{Interval: 5 * time.Second, Window: 10 * time.Second, Recorder: w.rec, Fleet: w.fleet, Clock: w.clk, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{Interval: 5 * time.Second, Window: 10 * time.Second, Registerer: reg}, nil)
 	w.rate, w.prompt, w.output = 30, 4000, 32
 	scales := 0
 	for i := range 30 {
@@ -618,10 +620,7 @@ func TestNoActuatorPublishes(t *testing.T) {
 // each interval and returns when its context ends.
 func TestRunStopsWithItsContext(t *testing.T) {
 	w := newWorld(t, 1, 1)
-	p, err := New(Config{Interval: time.Second, Window: 5 * time.Second, Recorder: w.rec, Fleet: w.fleet, Clock: w.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{Interval: time.Second, Window: 5 * time.Second}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); p.Run(ctx) }()
@@ -661,10 +660,7 @@ func TestPrefillThroughputFromForwardTime(t *testing.T) {
 	for _, forward := range []bool{true, false} {
 		w := newWorld(t, 2, 2)
 		w.rate, w.prompt, w.output, w.legWait, w.forward = 4, 2000, 64, 3, forward
-		p, err := New(Config{Interval: 5 * time.Second, Window: 20 * time.Second, Fleet: w.fleet, Recorder: w.rec, Clock: w.clk})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := w.planner(t, Config{Interval: 5 * time.Second, Window: 20 * time.Second}, nil)
 		var d Decision
 		for i := range 30 {
 			w.second()
@@ -693,11 +689,8 @@ func TestPrefillThroughputFromForwardTime(t *testing.T) {
 func TestMaxStepFlipsOneAtATime(t *testing.T) {
 	w := newWorld(t, 1, 3)
 	f := &flipper{w: w}
-	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
-		Window: 30 * time.Second, Dwell: 20 * time.Second, MaxStep: 1, Fleet: w.fleet, Recorder: w.rec, Actuator: f, Clock: w.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
+		Window: 30 * time.Second, Dwell: 20 * time.Second, MaxStep: 1}, f)
 	w.rate, w.prompt, w.output = 12, 4000, 32
 	var at []time.Time
 	for s := range 120 {
@@ -723,11 +716,8 @@ func TestMaxStepFlipsOneAtATime(t *testing.T) {
 func TestDwellWithoutOverload(t *testing.T) {
 	w := newWorld(t, 2, 2)
 	f := &flipper{w: w}
-	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
-		Window: 10 * time.Second, Dwell: 20 * time.Second, Fleet: w.fleet, Recorder: w.rec, Actuator: f, Clock: w.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
+		Window: 10 * time.Second, Dwell: 20 * time.Second}, f)
 	w.rate, w.prompt, w.output = 14, 2000, 32
 	var first, flip time.Time
 	for s := range 90 {
@@ -759,11 +749,8 @@ func TestIdleFleetScalesDown(t *testing.T) {
 	w := newWorld(t, 1, 1)
 	s := &scaler{w: w}
 	reg := prometheus.NewRegistry()
-	p, err := New(Config{Interval: 5 * time.Second, Window: 10 * time.Second, Dwell: 20 * time.Second, MaxPrefill: 4,
-		Fleet: w.fleet, Recorder: w.rec, Actuator: s, Clock: w.clk, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{Interval: 5 * time.Second,
+		Window: 10 * time.Second, Dwell: 20 * time.Second, MaxPrefill: 4, Registerer: reg}, s)
 	w.rate, w.prompt, w.output = 30, 4000, 32
 	tick := func(seconds int) {
 		for i := range seconds {
@@ -796,11 +783,7 @@ func TestIdleFleetScalesDown(t *testing.T) {
 func TestLightLoadNoFlip(t *testing.T) {
 	w := newWorld(t, 2, 2)
 	f := &flipper{w: w}
-	p, err := New(Config{Interval: 5 * time.Second, Window: 10 * time.Second, Dwell: 10 * time.Second,
-		Fleet: w.fleet, Recorder: w.rec, Actuator: f, Clock: w.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{Interval: 5 * time.Second, Window: 10 * time.Second, Dwell: 10 * time.Second}, f)
 	w.rate, w.prompt, w.output = 3, 2000, 32 // 0.34 prefill workers' worth, decode idle
 	var d Decision
 	for i := range 60 {
@@ -822,11 +805,8 @@ func TestLightLoadNoFlip(t *testing.T) {
 func TestOneTickSwingFlipsNothing(t *testing.T) {
 	w := newWorld(t, 2, 2)
 	f := &flipper{w: w}
-	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 2 * time.Second,
-		Window: 10 * time.Second, Dwell: 6 * time.Second, Fleet: w.fleet, Recorder: w.rec, Actuator: f, Clock: w.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 2 * time.Second,
+		Window: 10 * time.Second, Dwell: 6 * time.Second}, f)
 	w.rate, w.prompt, w.output = 14, 2000, 32 // prefill load ratio ~0.8 on two workers
 	for s := range 60 {
 		w.second()
@@ -860,11 +840,8 @@ func TestOneTickSwingFlipsNothing(t *testing.T) {
 func TestOverloadFlipsOnTheSecondTick(t *testing.T) {
 	w := newWorld(t, 1, 3)
 	f := &flipper{w: w}
-	p, err := New(Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
-		Window: 30 * time.Second, Dwell: time.Minute, Fleet: w.fleet, Recorder: w.rec, Actuator: f, Clock: w.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.planner(t, Config{SLOs: SLOs{TTFT: time.Second, ITL: 50 * time.Millisecond}, Interval: 5 * time.Second,
+		Window: 30 * time.Second, Dwell: time.Minute}, f)
 	w.rate, w.prompt, w.output = 12, 4000, 32
 	var ds []Decision
 	for s := range 30 {

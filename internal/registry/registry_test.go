@@ -27,14 +27,8 @@ func TestParseURL(t *testing.T) {
 // TestParseURLNamesANonNumericPort: a worker URL whose port is not a
 // number says so, naming the port, rather than only what it wants.
 func TestParseURLNamesANonNumericPort(t *testing.T) {
-	for raw, port := range map[string]string{
-		"http://host:notaport":        "notaport",
-		"http://host:80x/":            "80x",
-		"https://u@h:p0rt":            "p0rt",
-		"http://[::1]:eighty?q":       "eighty",
-		"http://10.0.0.1:3o000/v1":    "3o000",
-		"http://host:notaport#anchor": "notaport",
-	} {
+	// The cases of the port's parse are netaddr's; these check the message.
+	for raw, port := range map[string]string{"http://host:notaport": "notaport", "http://[::1]:eighty?q": "eighty"} {
 		_, err := ParseURL(raw)
 		want := `worker URL "` + raw + `": port "` + port + `" is not a number`
 		if err == nil || err.Error() != want {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"testing/synctest"
+
+	"github.com/pdserve/pdserve/internal/openai"
 )
 
 // TestAdminAnswersAreJSON: through the router's whole handler, every
@@ -119,6 +121,20 @@ func TestUnpairableWorkerShowsWhy(t *testing.T) {
 					t.Errorf("%s: %s no_pair %q, want %q", path, id, got[id], why)
 				}
 			}
+		}
+	})
+}
+
+// TestPlannerOffSaysSo: GET /planner on a router without --planner is a
+// 404 that says the planner is off and how to turn it on.
+func TestPlannerOffSaysSo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := newTestRouter(t, 1, 1, 0, nil)
+		defer tr.r.Close()
+		rec := httptest.NewRecorder()
+		tr.r.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/planner", nil))
+		if e := openai.DecodeError(rec.Code, rec.Body.Bytes()); rec.Code != 404 || !strings.Contains(e.Message, "--planner") {
+			t.Fatalf("GET /planner without a planner: %d %s", rec.Code, rec.Body)
 		}
 	})
 }

@@ -625,6 +625,10 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("GET /debug/pairs", r.handlePairs)
 	if r.cfg.Planner != nil {
 		mux.Handle("GET /planner", r.cfg.Planner)
+	} else {
+		mux.HandleFunc("GET /planner", func(w http.ResponseWriter, _ *http.Request) {
+			openai.WriteError(w, openai.NotFound("the planner is off: start the router (or pdserve up) with --planner"))
+		})
 	}
 	admin := r.set.AdminHandler()
 	mux.Handle("/workers", admin)

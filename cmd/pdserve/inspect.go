@@ -16,6 +16,7 @@ import (
 	"github.com/pdserve/pdserve/internal/inspect"
 	"github.com/pdserve/pdserve/internal/lifecycle"
 	"github.com/pdserve/pdserve/internal/metrics"
+	"github.com/pdserve/pdserve/internal/netaddr"
 )
 
 func newInspectCmd(stdout io.Writer) *cobra.Command {
@@ -43,6 +44,12 @@ answer within --timeout, the others are still listed and the exit status is 1.`,
 			}
 			if limit < 0 || olderThan < 0 {
 				return usagef("--limit and --older-than must not be negative")
+			}
+			if u, err := url.Parse(routerURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				if p, ok := netaddr.NonNumericPort(routerURL); ok {
+					return usagef("--router %q: port %q is not a number", routerURL, p)
+				}
+				return usagef("--router %q: want http://host:port or https://host:port", routerURL)
 			}
 			if stages := inspectStages(); stage != "" && !slices.Contains(stages, stage) {
 				return usagef("--stage %q: want one of %s", stage, strings.Join(stages, ", "))

@@ -142,7 +142,14 @@ PDSERVE_KV_CACHE_MEMORY. The command line wins.`,
 	root.SetContext(ctx)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		if name, ok := strings.CutPrefix(err.Error(), "unknown flag: --"); ok {
+			if near := nearestFlag(c, name); near != "" {
+				return usagef("%v (did you mean --%s?)", err, near)
+			}
+		}
+		return usageError{err}
+	})
 	root.AddCommand(
 		newUpCmd(stdout, stderr),
 		newWorkerCmd("prefill", stdout, stderr),
@@ -155,4 +162,41 @@ PDSERVE_KV_CACHE_MEMORY. The command line wins.`,
 		newVersionCmd(stdout),
 	)
 	return root
+}
+
+// nearestFlag is the flag of c whose name is closest to name, a flag c does
+// not have, by edit distance: "" when none is within a third of name's
+// length (at least 1, at most 3 edits), as cobra suggests commands.
+func nearestFlag(c *cobra.Command, name string) string {
+	best, bestD := "", min(3, max(1, len(name)/3))+1
+	c.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Hidden {
+			return
+		}
+		if d := editDistance(name, f.Name); d < bestD {
+			best, bestD = f.Name, d
+		}
+	})
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

@@ -73,6 +73,8 @@ func TestExitCodes(t *testing.T) {
 		{"worker port out of range", nil, []string{"router", "--prefill", "http://p:70000", "--decode", "http://d:1"}, 2, "65535"},
 		{"advertised KV address without etcd", nil, []string{"prefill", "--advertise-kv-addr", "10.0.0.1:8998"}, 2, "--advertise-kv-addr"},
 		{"bad advertised KV address", nil, []string{"prefill", "--etcd-endpoints", "http://127.0.0.1:1", "--advertise-kv-addr", "10.0.0.1:99999"}, 2, "--advertise-kv-addr"},
+		{"misspelled flag", nil, []string{"up", "--prefil-workers", "2"}, 2, "unknown flag: --prefil-workers (did you mean --prefill-workers?)\n"},
+		{"unknown flag nothing like any", nil, []string{"up", "--zzzzzzzzzzzz", "2"}, 2, "unknown flag: --zzzzzzzzzzzz\n"},
 		{"inspect router not a URL", nil, []string{"inspect", "--router", "not-a-url"}, 2, `--router "not-a-url": want http://host:port or https://host:port` + "\n"},
 		{"inspect router port not a number", nil, []string{"inspect", "--router", "http://host:notaport"}, 2, `--router "http://host:notaport": port "notaport" is not a number` + "\n"},
 		{"unknown inspect stage", nil, []string{"inspect", "--stage", "bogus", "--router", "http://127.0.0.1:1"}, 2, `--stage "bogus": want one of legs, streaming, bootstrap, waiting, prefilling, parked, transferring, prealloc, awaiting_kv, queued, decoding, preempted` + "\n"},

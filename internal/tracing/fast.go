@@ -114,7 +114,7 @@ func ExtractHeader(h http.Header) trace.SpanContext {
 	rest := "" // what follows the flags
 	if !hexFields(tp, ver[:], scc.TraceID[:], scc.SpanID[:], flags[:]) {
 		rest = tp
-		if !hexPart(ver[:], &rest) || ver[0] == 0xff ||
+		if !hexPart(ver[:], &rest) ||
 			!hexPart(scc.TraceID[:], &rest) || !hexPart(scc.SpanID[:], &rest) || !hexPart(flags[:], &rest) {
 			return trace.SpanContext{}
 		}
@@ -188,27 +188,5 @@ func hexPart(dst []byte, s *string) bool {
 		}
 	}
 	*s = rest
-	if len(part) != 2*len(dst) {
-		return false
-	}
-	for i := range dst {
-		hi, ok1 := lowerHex(part[2*i])
-		lo, ok2 := lowerHex(part[2*i+1])
-		if !ok1 || !ok2 {
-			return false
-		}
-		dst[i] = hi<<4 | lo
-	}
-	return true
-}
-
-// lowerHex is the value of the lower-case hex digit c.
-func lowerHex(c byte) (byte, bool) {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0', true
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10, true
-	}
-	return 0, false
+	return decodeLowerHex(dst, part)
 }

@@ -495,13 +495,11 @@ func TestHealthCheckFailsLegInFlight(t *testing.T) {
 		tr.decode[0].setHealth(nil)
 		tr.decode[0].setLeg(okLeg(workerapi.RoleDecode))
 		tr.prefill[0].setLeg(okLeg(workerapi.RolePrefill))
-		time.Sleep(2 * time.Second) // the bubble's clock: one health interval
-		synctest.Wait()
+		advance(2 * time.Second) // one health interval
 		if ok, _ := tr.r.Serving(); ok {
 			t.Fatal("serving after one passing check (two are needed)")
 		}
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
+		advance(2 * time.Second)
 		if ok, why := tr.r.Serving(); !ok {
 			t.Fatalf("not serving after the worker recovered: %s", why)
 		}
@@ -866,13 +864,13 @@ func TestDecodeLegHandedOver(t *testing.T) {
 					}
 					tok(10, "")
 					<-prefilled
-					time.Sleep(time.Millisecond) // the bubble's clock: the router takes prefill's answer
+					synctest.Wait() // the router has taken prefill's answer
 					tok(11, "")
 					if end != "finish" {
 						hungUpFirst <- !abortedFirst(ctx, ab)
 						return
 					}
-					time.Sleep(time.Millisecond)
+					synctest.Wait()
 					tok(12, "length")
 				})
 				ctx, cancel := context.WithCancel(t.Context())
